@@ -1,0 +1,34 @@
+# kvpool — one command each on a fresh clone: `make run`, `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+# NOTE: torch is pinned here, not by a bare requirement: torch==2.13.0 is the CPU
+# build on local disk; a GPU host overrides it (make install TORCH='torch==2.13.0 --index-url ...').
+TORCH  ?= torch==2.13.0
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test run bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH) numpy
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+run: $(STAMP)
+	PYTHON=$(PY) bash deploy/run.sh
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

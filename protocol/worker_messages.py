@@ -1,0 +1,124 @@
+"""Messages between the scheduler (ROUTER, worker port) and its workers (DEALER).
+
+The contract (DESIGN.md): block ids are the only memory the scheduler knows; rows
+are append-only; steps are consecutive from 0; full blocks are read-only; the
+worker derives what it can, so a plan carries only what changed.
+
+Requests are named on this wire by ``seq_id``, a small integer the scheduler gives
+each request for its lifetime, not by the client's string id: a plan for a batch
+that goes on unchanged is then a handful of bytes (rule 5).
+
+All structs are ``array_like`` (encoded as msgpack arrays, tag first) with
+``omit_defaults`` (trailing default fields are left out).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+_OPTS = dict(array_like=True, omit_defaults=True, gc=False, tag_field="t")
+
+
+class RequestRow(msgspec.Struct, **_OPTS, tag=0):
+    """A request's whole row: sent once when the request starts (StepPlan.new_rows),
+    again when it resumes after preemption (StepPlan.resumed_rows) and for every live
+    request on a resync (WorkerReady.resync_rows)."""
+
+    seq_id: int
+    # Every token the request has so far: prompt, then any already-sampled output.
+    token_ids: list[int]
+    # The block table, in order; position p lives in block_ids[p // block_size].
+    block_ids: list[int]
+    # Tokens whose K/V are already in the cache (prefix-cache hits; a multiple of
+    # block_size). The first scheduled token of this row is at this position.
+    num_computed_tokens: int = 0
+
+
+class AppendedBlocks(msgspec.Struct, **_OPTS, tag=1):
+    """Block ids appended to the end of a live row (rule 2: rows only grow)."""
+
+    seq_id: int
+    block_ids: list[int]
+
+
+class WorkerHello(msgspec.Struct, **_OPTS, tag=2):
+    """First message of a worker: who it is and what memory it has."""
+
+    rank: int
+    world_size: int
+    # KV blocks that fit this worker's memory budget (block 0 included).
+    num_blocks: int
+    block_size: int
+    vocab_size: int
+    eos_token_id: int
+    num_layers: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    # A label for metrics and logs ("cpu", "cuda:0", ...).
+    device: str = ""
+
+
+class WorkerReady(msgspec.Struct, **_OPTS, tag=3):
+    """The scheduler's answer to WorkerHello: the pool size it chose and the limits
+    the worker's block table must hold. next_step_id is the step_id of the next plan;
+    resync_rows (after a reconnect) are the live rows, sent whole."""
+
+    num_blocks: int
+    block_size: int
+    max_num_seqs: int
+    max_model_len: int
+    next_step_id: int = 0
+    resync_rows: list[RequestRow] = []
+
+
+class StepPlan(msgspec.Struct, **_OPTS, tag=4):
+    """One step. Applied in this order (rule 3): drop finished and preempted rows,
+    add new rows, replace resumed rows, append block ids; then for the scheduled
+    tokens write K/V into their slots, run attention and sample.
+
+    Scheduled tokens: every live row decodes exactly one token this step unless
+    ``num_scheduled_tokens`` names it (a prefill chunk, or 0 for a row left out of
+    this step). A row whose computed tokens reach its token count samples one token.
+    """
+
+    step_id: int
+    num_scheduled_tokens: dict[int, int] = {}
+    new_rows: list[RequestRow] = []
+    resumed_rows: list[RequestRow] = []
+    appended: list[AppendedBlocks] = []
+    finished_seq_ids: list[int] = []
+    preempted_seq_ids: list[int] = []
+
+
+class StepResult(msgspec.Struct, **_OPTS, tag=5):
+    """The worker's answer to a StepPlan: the token sampled for every row that
+    finished its prefill or decoded this step (two parallel lists)."""
+
+    step_id: int
+    seq_ids: list[int] = []
+    sampled_token_ids: list[int] = []
+    # Seconds the worker spent executing the step (apply + forward + sample).
+    execute_time_s: float = 0.0
+
+
+class WorkerError(msgspec.Struct, **_OPTS, tag=6):
+    """A plan (or frame) the worker refused; its state is as it was before."""
+
+    message: str
+    step_id: int = -1
+
+
+class Heartbeat(msgspec.Struct, **_OPTS, tag=7):
+    """Liveness, both ways, on an idle link."""
+
+    sent_at: float = 0.0
+
+
+class Shutdown(msgspec.Struct, **_OPTS, tag=8):
+    """The scheduler tells a worker to exit cleanly."""
+
+    reason: str = ""
+
+
+WorkerToScheduler = WorkerHello | StepResult | WorkerError | Heartbeat
+SchedulerToWorker = WorkerReady | StepPlan | Heartbeat | Shutdown
