@@ -1,0 +1,175 @@
+"""KVCacheManager: request block tables over the BlockPool (one attention group).
+
+The scheduler asks three things of it: which prefix of a request is already cached
+(`get_computed_blocks`), room for the tokens it is about to schedule
+(`allocate_slots`), and to give a request's blocks back (`free`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduler.free_policies import pool_class
+from scheduler.kv_cache_block import KVCacheBlock
+from scheduler.kv_events import KVEventSink
+from scheduler.request import Request
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Cumulative prefix-cache counters, in tokens (vllm:prefix_cache_queries/_hits)."""
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        enable_caching: bool = True,
+        event_sink: KVEventSink | None = None,
+        policy: str = "vllm",
+    ):
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.block_pool = pool_class(policy)(num_gpu_blocks, enable_caching, event_sink)
+        # NOTE: reverse (deepest block first) unless studying the "forward" policy.
+        self.free_in_reverse = policy != "forward"
+        # request_id -> its block table, in order (append-only while it runs).
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # request_id -> how many leading blocks of its table are cached (hashed).
+        self.num_cached_block: dict[str, int] = {}
+        self.prefix_cache_stats = PrefixCacheStats()
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest cached prefix of the request's full blocks, and its length in
+        tokens. Capped so the last prompt token is always computed: the worker needs
+        its logits to sample the first output token."""
+        if not self.enable_caching:
+            return [], 0
+        max_hit_blocks = min((request.num_tokens - 1) // self.block_size, len(request.block_hashes))
+        get_one_block = self.block_pool.cached_block_hash_to_block.get_one_block
+        hashes = request.block_hashes
+        computed: list[KVCacheBlock] = []
+        for i in range(max_hit_blocks):
+            block = get_one_block(hashes[i])
+            if block is None:
+                break
+            computed.append(block)
+        num_computed_tokens = len(computed) * self.block_size
+        stats = self.prefix_cache_stats
+        stats.requests += 1
+        stats.queries += request.num_tokens
+        stats.hits += num_computed_tokens
+        return computed, num_computed_tokens
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: list[KVCacheBlock] | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> list[KVCacheBlock] | None:
+        """Make room for ``num_new_tokens`` more tokens of ``request`` (after its
+        computed tokens and the ``new_computed_blocks`` prefix hits).
+
+        Returns the newly allocated blocks (not the hits), or None — with nothing
+        changed — when they do not fit. Then caches the request's full blocks up to
+        min(computed + new, request.num_tokens): only final tokens are hashed.
+        """
+        if num_new_tokens < 0 or num_new_computed_tokens < 0 or num_lookahead_tokens < 0:
+            raise ValueError("token counts must be >= 0")
+        new_computed_blocks = new_computed_blocks or []
+        request_id = request.request_id
+        req_blocks = self.req_to_blocks.get(request_id)
+        num_held = len(req_blocks) if req_blocks is not None else 0
+        if new_computed_blocks and num_held:
+            raise ValueError(f"request {request_id!r} already holds blocks; prefix hits only at admission")
+        num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
+        num_tokens_need_slot = min(num_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        num_new_blocks = cdiv(num_tokens_need_slot, self.block_size) - num_held - len(new_computed_blocks)
+
+        # NOTE: a hit on a free block takes it out of the free queue, so those hits
+        # are not free for this request's new blocks.
+        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
+        if num_new_blocks > self.block_pool.get_num_free_blocks() - num_evictable_hits:
+            return None
+
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[request_id] = []
+            self.num_cached_block[request_id] = 0
+        if new_computed_blocks:
+            self.block_pool.touch(new_computed_blocks)
+            req_blocks.extend(new_computed_blocks)
+            # Hits are cached already.
+            self.num_cached_block[request_id] = len(req_blocks)
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
+        req_blocks.extend(new_blocks)
+
+        if self.enable_caching:
+            num_tokens_to_cache = min(num_computed_tokens + num_new_tokens, request.num_tokens)
+            self.cache_blocks(request, num_tokens_to_cache)
+        return new_blocks
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Hash and register the request's full blocks within its first ``num_tokens``."""
+        request_id = request.request_id
+        num_full_blocks = num_tokens // self.block_size
+        num_cached = self.num_cached_block[request_id]
+        if num_cached >= num_full_blocks:
+            return
+        self.block_pool.cache_full_blocks(
+            self.req_to_blocks[request_id], request.block_hashes, num_cached, num_full_blocks,
+            request.all_token_ids, self.block_size,
+        )  # fmt: skip
+        self.num_cached_block[request_id] = num_full_blocks
+
+    def free(self, request: Request) -> None:
+        """Give back the request's blocks, last block first, so that its deepest
+        blocks are evicted before its first ones."""
+        blocks = self.req_to_blocks.pop(request.request_id, None)
+        self.num_cached_block.pop(request.request_id, None)
+        if blocks:
+            if self.free_in_reverse:
+                blocks.reverse()
+            self.block_pool.free_blocks(blocks)
+
+    def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
+        return self.req_to_blocks.get(request_id, [])
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()
+
+    def check_invariants(self) -> None:
+        """Pool invariants, plus: every held block's ref_cnt equals the number of
+        tables holding it."""
+        self.block_pool.check_invariants()
+        owners: dict[int, int] = {}
+        for blocks in self.req_to_blocks.values():
+            for b in blocks:
+                owners[b.block_id] = owners.get(b.block_id, 0) + 1
+        for block in self.block_pool.blocks[1:]:
+            assert block.ref_cnt == owners.get(block.block_id, 0), (
+                f"block {block.block_id}: ref_cnt {block.ref_cnt}, in {owners.get(block.block_id, 0)} tables"
+            )
