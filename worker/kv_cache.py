@@ -1,0 +1,78 @@
+"""KV cache sizing and allocation.
+
+One tensor per layer, ``(2, num_blocks, block_size, num_kv_heads, head_dim)`` (index 0
+holds K, 1 holds V), allocated once at start-up and never reallocated while serving.
+The number of blocks is the memory budget divided by the bytes one block takes across
+all layers; block 0 is the scheduler's null block and is counted like any other.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
+_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from a size like ``512MiB``, ``2GiB``, ``64M``, ``1.5G``, ``4096``.
+
+    K/M/G/T and KiB/MiB/GiB/TiB are binary (powers of 1024); KB/MB/GB/TB are decimal
+    (powers of 1000); a bare number is bytes. Raises ValueError on anything else.
+    """
+    m = _SIZE_RE.match(text)
+    if m is None:
+        raise ValueError(f"invalid size {text!r}: expected a number with an optional unit, e.g. 512MiB, 2GiB, 64M, 1000000")
+    number, prefix, binary, byte_suffix = m.groups()
+    prefix = prefix.lower()
+    if binary and not prefix:
+        raise ValueError(f"invalid size {text!r}: 'i' needs a unit prefix (KiB, MiB, GiB, TiB)")
+    # NOTE: "64M" means MiB, as in most command-line tools; only an explicit
+    # "MB" is decimal.
+    base = 1000 if (byte_suffix and not binary and prefix) else 1024
+    size = int(float(number) * base ** _POWERS[prefix])
+    if size <= 0:
+        raise ValueError(f"invalid size {text!r}: must be more than 0 bytes")
+    return size
+
+
+def dtype_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes one block takes across all layers, K and V."""
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes(dtype)
+
+
+def num_blocks_for_budget(budget_bytes: int, bytes_per_block: int) -> int:
+    return budget_bytes // bytes_per_block
+
+
+def cuda_kv_budget(device: torch.device, gpu_memory_utilization: float) -> int:
+    """Bytes left for the KV cache when this process may use ``gpu_memory_utilization``
+    of the device's total memory, counting what is already in use (weights, other
+    processes) against it, as vLLM does."""
+    free, total = torch.cuda.mem_get_info(device)
+    used = total - free
+    return max(0, int(total * gpu_memory_utilization) - used)
+
+
+def allocate_kv_caches(
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> list[torch.Tensor]:
+    """One zeroed ``(2, num_blocks, block_size, num_kv_heads, head_dim)`` tensor per layer."""
+    if num_blocks < 2:
+        raise ValueError(f"a KV cache needs at least 2 blocks (block 0 is the null block), got {num_blocks}")
+    shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
+    # NOTE: zeroed, not empty: padding slots of the null block are read (and masked
+    # out) by batched attention; garbage there could be NaN, and 0 * NaN is NaN.
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]

@@ -1,0 +1,130 @@
+"""Checking a StepPlan against the worker's state before anything is changed.
+
+A plan that breaks the contract is refused whole (a ``PlanError`` naming the problem)
+and the worker's state stays exactly as it was, so the scheduler can answer it and
+send the next valid plan. Checking first and then applying (which cannot fail) is what
+makes that true: there is nothing to roll back.
+
+The check simulates the plan's order (DESIGN.md rule 3) on an overlay of the rows it
+touches: drop finished and preempted rows, add new rows, replace resumed rows, append
+block ids, then every live row's scheduled tokens must exist and fit its blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from protocol.worker_messages import RequestRow, StepPlan
+
+
+class PlanError(ValueError):
+    """A plan the worker refuses; the message names what broke the contract."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    num_blocks: int
+    block_size: int
+    max_num_seqs: int
+    max_blocks_per_seq: int
+    max_model_len: int
+    vocab_size: int
+
+
+# (num_tokens, num_computed_tokens, num_blocks) of one row.
+RowView = tuple[int, int, int]
+
+
+def check_row(row: RequestRow, limits: Limits, where: str) -> RowView:
+    sid, n_blocks, n_tokens = row.seq_id, len(row.block_ids), len(row.token_ids)
+    if n_blocks > limits.max_blocks_per_seq:
+        raise PlanError(f"{where}: seq_id {sid} has {n_blocks} blocks, past max_blocks_per_seq {limits.max_blocks_per_seq}")
+    check_block_ids(row.block_ids, limits, f"{where}: seq_id {sid}")
+    if n_tokens == 0:
+        raise PlanError(f"{where}: seq_id {sid} has no tokens")
+    if n_tokens > limits.max_model_len:
+        raise PlanError(f"{where}: seq_id {sid} has {n_tokens} tokens, past max_model_len {limits.max_model_len}")
+    if min(row.token_ids) < 0 or max(row.token_ids) >= limits.vocab_size:
+        bad = next(t for t in row.token_ids if not 0 <= t < limits.vocab_size)
+        raise PlanError(f"{where}: seq_id {sid} has token id {bad} outside the vocabulary of {limits.vocab_size}")
+    computed = row.num_computed_tokens
+    if not 0 <= computed <= n_tokens:
+        raise PlanError(f"{where}: seq_id {sid} has num_computed_tokens {computed} outside 0..{n_tokens}")
+    if computed > n_blocks * limits.block_size:
+        raise PlanError(f"{where}: seq_id {sid} has {computed} computed tokens but {n_blocks} blocks hold {n_blocks * limits.block_size}")
+    return (n_tokens, computed, n_blocks)
+
+
+def check_block_ids(block_ids: list[int], limits: Limits, where: str) -> None:
+    # NOTE: block 0 is the null block (rule 1): never handed out, so never in a row.
+    if block_ids and (min(block_ids) < 1 or max(block_ids) >= limits.num_blocks):
+        bad = next(b for b in block_ids if not 1 <= b < limits.num_blocks)
+        raise PlanError(f"{where}: block id {bad} is outside the cache (valid ids 1..{limits.num_blocks - 1})")
+
+
+def check_plan(
+    plan: StepPlan,
+    expected_step_id: int,
+    live_seq_ids: Collection[int],
+    row_view: Callable[[int], RowView],
+    limits: Limits,
+) -> None:
+    """Raise PlanError if ``plan`` cannot be applied to the live rows; change nothing."""
+    step = plan.step_id
+    if step != expected_step_id:
+        kind = "a repeat" if step < expected_step_id else "a gap"
+        raise PlanError(f"step_id {step} is {kind}: expected step_id {expected_step_id}")
+    where = f"step {step}"
+    removed: set[int] = set()
+    for field, ids in (("finished_seq_ids", plan.finished_seq_ids), ("preempted_seq_ids", plan.preempted_seq_ids)):
+        for sid in ids:
+            if sid not in live_seq_ids:
+                raise PlanError(f"{where}: unknown seq_id {sid} in {field}")
+            if sid in removed:
+                raise PlanError(f"{where}: seq_id {sid} is removed twice (finished_seq_ids/preempted_seq_ids)")
+            removed.add(sid)
+    overlay: dict[int, RowView] = {}
+
+    def exists(sid: int) -> bool:
+        return sid in overlay or (sid in live_seq_ids and sid not in removed)
+
+    def view(sid: int) -> RowView:
+        return overlay[sid] if sid in overlay else row_view(sid)
+
+    for row in plan.new_rows:
+        if exists(row.seq_id):
+            raise PlanError(f"{where}: new row seq_id {row.seq_id} is already live")
+        overlay[row.seq_id] = check_row(row, limits, f"{where} new_rows")
+    for row in plan.resumed_rows:
+        if row.seq_id in overlay:
+            raise PlanError(f"{where}: resumed row seq_id {row.seq_id} is sent twice in one plan")
+        # NOTE: a resumed row replaces its live row whole, or comes back after its
+        # preemption dropped it; either way it is live afterwards.
+        overlay[row.seq_id] = check_row(row, limits, f"{where} resumed_rows")
+    for ap in plan.appended:
+        if not exists(ap.seq_id):
+            raise PlanError(f"{where}: unknown seq_id {ap.seq_id} in appended")
+        n_tokens, computed, n_blocks = view(ap.seq_id)
+        check_block_ids(ap.block_ids, limits, f"{where} appended: seq_id {ap.seq_id}")
+        n_blocks += len(ap.block_ids)
+        if n_blocks > limits.max_blocks_per_seq:
+            raise PlanError(f"{where}: appending to seq_id {ap.seq_id} makes {n_blocks} blocks, past max_blocks_per_seq {limits.max_blocks_per_seq}")
+        overlay[ap.seq_id] = (n_tokens, computed, n_blocks)
+    untouched = [sid for sid in live_seq_ids if sid not in removed and sid not in overlay]
+    num_rows = len(untouched) + len(overlay)
+    if num_rows > limits.max_num_seqs:
+        raise PlanError(f"{where}: {num_rows} live rows, more than max_num_seqs {limits.max_num_seqs}")
+    for sid, n in plan.num_scheduled_tokens.items():
+        if not exists(sid):
+            raise PlanError(f"{where}: unknown seq_id {sid} in num_scheduled_tokens")
+        if n < 0:
+            raise PlanError(f"{where}: seq_id {sid} has a negative number of scheduled tokens ({n})")
+    scheduled = plan.num_scheduled_tokens
+    for sid in (*untouched, *overlay):
+        n = scheduled.get(sid, 1)
+        n_tokens, computed, n_blocks = view(sid)
+        if computed + n > n_tokens:
+            raise PlanError(f"{where}: seq_id {sid} is scheduled {n} tokens but has only {n_tokens - computed} not yet computed")
+        if computed + n > n_blocks * limits.block_size:
+            raise PlanError(f"{where}: seq_id {sid} is scheduled up to position {computed + n - 1} but its {n_blocks} blocks hold {n_blocks * limits.block_size} tokens")

@@ -1,0 +1,176 @@
+"""The step runner: apply a plan's deltas, run the model over the scheduled tokens
+through the paged cache, and sample.
+
+For each live request the runner keeps its tokens (from its RequestRow plus what it
+sampled) and how many of them have K/V in the cache. Scheduled tokens of a row are
+``token_ids[computed : computed + n]`` at those positions; after the step
+``computed += n``, and a row whose computed tokens reach its token count samples one
+token greedily (a row still mid-prefill samples nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from protocol.worker_messages import RequestRow, StepPlan
+from worker.block_table import BlockTable
+from worker.model import TinyModel
+from worker.paged_attention import DEFAULT_WORKSPACE_BYTES, PagedAttention
+from worker.plan_check import Limits, RowView, check_plan
+
+
+@dataclass(slots=True)
+class RowState:
+    token_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass(slots=True)
+class StepOutput:
+    seq_ids: list[int]
+    sampled_token_ids: list[int]
+    logits: torch.Tensor | None  # (len(seq_ids), V), row i for seq_ids[i]
+    num_scheduled_tokens: int
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: TinyModel,
+        kv_caches: list[torch.Tensor],
+        max_num_seqs: int,
+        max_model_len: int,
+        next_step_id: int = 0,
+        workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
+    ):
+        self.model = model
+        _, num_blocks, block_size, kvh, hd = kv_caches[0].shape
+        self.block_size = block_size
+        self.device = kv_caches[0].device
+        max_blocks_per_seq = -(-max_model_len // block_size)
+        self.limits = Limits(
+            num_blocks=num_blocks,
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_blocks_per_seq=max_blocks_per_seq,
+            max_model_len=max_model_len,
+            vocab_size=model.config.vocab_size,
+        )
+        self.block_table = BlockTable(max_num_seqs, max_blocks_per_seq, block_size, self.device)
+        self.attention = PagedAttention(kv_caches, model.config.num_heads, max_blocks_per_seq, workspace_bytes)
+        self.rows: dict[int, RowState] = {}
+        self.next_step_id = next_step_id
+        # Counters for the process loop to export; never reset.
+        self.num_steps = 0
+        self.num_tokens_computed = 0
+        self.kv_bytes_written = 0
+        self._kv_bytes_per_token = 2 * len(kv_caches) * kvh * hd * kv_caches[0].element_size()
+
+    def _row_view(self, seq_id: int) -> RowView:
+        st = self.rows[seq_id]
+        return (len(st.token_ids), st.num_computed_tokens, self.block_table.num_blocks(seq_id))
+
+    def resync(self, rows: list[RequestRow], next_step_id: int) -> None:
+        """Drop every row and install ``rows`` as the live rows (WorkerReady after a
+        (re)connect). Raises PlanError, changing nothing, if they break the contract."""
+        check = StepPlan(step_id=next_step_id, new_rows=rows, num_scheduled_tokens={r.seq_id: 0 for r in rows})
+        check_plan(check, next_step_id, (), self._row_view, self.limits)
+        for sid in list(self.rows):
+            self._remove(sid)
+        for row in rows:
+            self._add(row)
+        self.block_table.commit()
+        self.next_step_id = next_step_id
+
+    def _add(self, row: RequestRow) -> None:
+        self.block_table.add_row(row.seq_id, row.block_ids)
+        self.rows[row.seq_id] = RowState(list(row.token_ids), row.num_computed_tokens)
+
+    def _remove(self, seq_id: int) -> None:
+        self.block_table.remove_row(seq_id)
+        del self.rows[seq_id]
+
+    def apply(self, plan: StepPlan) -> None:
+        """The plan's row deltas, in rule-3 order. Only after ``check_plan`` passed."""
+        for sid in plan.finished_seq_ids:
+            self._remove(sid)
+        for sid in plan.preempted_seq_ids:
+            self._remove(sid)
+        for row in plan.new_rows:
+            self._add(row)
+        for row in plan.resumed_rows:
+            if row.seq_id in self.rows:
+                self._remove(row.seq_id)
+            self._add(row)
+        for ap in plan.appended:
+            self.block_table.append(ap.seq_id, ap.block_ids)
+        self.block_table.commit()
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StepOutput:
+        """Check, apply and run one plan. Raises PlanError (state unchanged) if the
+        plan breaks the contract."""
+        check_plan(plan, self.next_step_id, self.rows.keys(), self._row_view, self.limits)
+        self.apply(plan)
+        self.next_step_id += 1
+        self.num_steps += 1
+        scheduled = plan.num_scheduled_tokens
+        row_of = self.block_table.row_of
+        # Decodes (one token) first, then prefill chunks: see paged_attention.
+        dec_seq, dec_rows, dec_tokens, dec_pos = [], [], [], []
+        pre_seq, pre_chunks, pre_tokens, pre_pos, pre_rows = [], [], [], [], []
+        for sid, st in self.rows.items():
+            n = scheduled.get(sid, 1)
+            c = st.num_computed_tokens
+            if n == 1:
+                dec_seq.append(sid)
+                dec_rows.append(row_of[sid])
+                dec_tokens.append(st.token_ids[c])
+                dec_pos.append(c)
+            elif n > 1:
+                pre_seq.append(sid)
+                pre_chunks.append((row_of[sid], c, n))
+                pre_tokens.extend(st.token_ids[c : c + n])
+                pre_pos.extend(range(c, c + n))
+                pre_rows.extend([row_of[sid]] * n)
+        num_tokens = len(dec_tokens) + len(pre_tokens)
+        if num_tokens == 0:
+            return StepOutput([], [], None, 0)
+        dev = self.device
+        token_ids = torch.tensor(dec_tokens + pre_tokens, dtype=torch.long, device=dev)  # (T,)
+        positions = torch.tensor(dec_pos + pre_pos, dtype=torch.long, device=dev)  # (T,)
+        rows = torch.tensor(dec_rows + pre_rows, dtype=torch.long, device=dev)  # (T,)
+        slot_mapping = self.block_table.compute_slot_mapping(rows, positions)  # (T,)
+        md = self.attention.build_metadata(
+            self.block_table.block_table, slot_mapping, dec_rows, [p + 1 for p in dec_pos], pre_chunks
+        )
+        hidden = self.model.forward(token_ids, positions, self.attention.for_step(md))  # (T, H)
+
+        # Advance computed counts; rows that reach their token count sample.
+        sample_seq, sample_idx = [], []
+        for i, sid in enumerate(dec_seq):
+            st = self.rows[sid]
+            st.num_computed_tokens += 1
+            if st.num_computed_tokens == len(st.token_ids):
+                sample_seq.append(sid)
+                sample_idx.append(i)
+        offset = len(dec_seq)
+        for sid, (_, _, n) in zip(pre_seq, pre_chunks, strict=True):
+            st = self.rows[sid]
+            st.num_computed_tokens += n
+            offset += n
+            if st.num_computed_tokens == len(st.token_ids):
+                sample_seq.append(sid)
+                sample_idx.append(offset - 1)
+        self.num_tokens_computed += num_tokens
+        self.kv_bytes_written += num_tokens * self._kv_bytes_per_token
+        if not sample_seq:
+            return StepOutput([], [], None, num_tokens)
+        idx = torch.tensor(sample_idx, dtype=torch.long, device=dev)
+        logits = self.model.compute_logits(hidden[idx])  # (N, V)
+        sampled = logits.argmax(dim=-1).tolist()
+        for sid, tok in zip(sample_seq, sampled, strict=True):
+            self.rows[sid].token_ids.append(tok)
+        return StepOutput(sample_seq, sampled, logits, num_tokens)
