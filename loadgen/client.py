@@ -1,0 +1,204 @@
+"""The scheduler's client: one zmq DEALER socket, many concurrent streaming requests.
+
+A dispatcher task reads every response frame and routes it by `request_id` to that
+request's queue; `generate` sends one `Generate`, then reads its queue until the
+`TokenOutput` with finished=True or a `RequestError`, timing each token message.
+A request that hears nothing for `request_timeout` seconds is aborted and fails.
+
+`connect` waits for the ZMTP handshake (via a socket monitor) so that an unreachable
+scheduler is reported at once instead of requests queueing forever in libzmq.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from protocol.client_messages import Abort, ClientResponse, Generate, RequestError, TokenOutput
+from protocol.codec import Codec, ProtocolError
+
+log = logging.getLogger(__name__)
+
+# NOTE: "length" (max_tokens reached) and "stop" (EOS) are the only normal endings;
+# "abort" and "error" mean the request did not complete.
+SUCCESS_FINISH_REASONS = frozenset({"length", "stop"})
+
+
+class SchedulerUnreachable(ConnectionError):
+    """No connection to the scheduler's client port could be made in time."""
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """What happened to one request; times in seconds (perf_counter based)."""
+
+    index: int
+    request_id: str
+    prompt_len: int
+    success: bool = False
+    error: str | None = None
+    finish_reason: str | None = None
+    start_s: float = 0.0
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0
+
+    @property
+    def output_len(self) -> int:
+        return len(self.token_ids)
+
+
+class KVPoolClient:
+    """Async client of the scheduler's client port. Use `async with` or connect/close."""
+
+    def __init__(self, address: str, ctx: zmq.asyncio.Context | None = None):
+        self.address = address
+        self._ctx = ctx or zmq.asyncio.Context.instance()
+        self._sock: zmq.asyncio.Socket | None = None
+        self._codec: Codec[ClientResponse] = Codec(ClientResponse)
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._dispatcher: asyncio.Task | None = None
+        self.num_bad_frames = 0
+        self.num_unrouted = 0
+
+    async def __aenter__(self) -> KVPoolClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def connect(self, timeout: float) -> None:
+        """Connect and wait for the handshake; raise SchedulerUnreachable after `timeout` s."""
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED)
+        self._sock = sock
+        sock.connect(self.address)
+        retries = 0
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not await monitor.poll(left * 1000):
+                    raise SchedulerUnreachable(
+                        f"cannot reach the scheduler at {self.address}: no connection within "
+                        f"{timeout:g} s ({retries} connection attempts refused or unanswered); "
+                        "is `python -m scheduler` running on that port?"
+                    )
+                event = parse_monitor_message(await monitor.recv_multipart())["event"]
+                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    break
+                retries += 1
+        finally:
+            sock.disable_monitor()
+            monitor.close(linger=0)
+        self._dispatcher = asyncio.create_task(self._dispatch(), name="loadgen-dispatcher")
+
+    async def close(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            try:
+                await self._dispatcher
+            except asyncio.CancelledError:
+                pass
+            self._dispatcher = None
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+    async def _dispatch(self) -> None:
+        assert self._sock is not None
+        while True:
+            frames = await self._sock.recv_multipart()
+            try:
+                # NOTE: one frame per message; take the last in case a ROUTER peer
+                # adds an empty delimiter frame (REQ-style envelope).
+                msg = self._codec.decode(frames[-1])
+            except ProtocolError as e:
+                self.num_bad_frames += 1
+                log.warning("unreadable frame from the scheduler: %s", e)
+                continue
+            queue = self._queues.get(msg.request_id) if msg.request_id is not None else None
+            if queue is None:
+                self.num_unrouted += 1
+                if isinstance(msg, RequestError):
+                    log.warning("scheduler error for %s: %s", msg.request_id, msg.message)
+                continue
+            queue.put_nowait(msg)
+
+    async def abort(self, request_ids: list[str] | None = None) -> None:
+        """Ask the scheduler to stop these requests (default: every one in flight)."""
+        if self._sock is None:
+            return
+        ids = list(self._queues) if request_ids is None else request_ids
+        for rid in ids:
+            await self._sock.send(self._codec.encode(Abort(request_id=rid)))
+
+    @property
+    def in_flight(self) -> list[str]:
+        return list(self._queues)
+
+    async def generate(
+        self,
+        index: int,
+        request_id: str,
+        prompt_token_ids: list[int],
+        max_tokens: int,
+        ignore_eos: bool,
+        request_timeout: float,
+    ) -> RequestResult:
+        """Send one request and stream its tokens until it finishes or fails."""
+        if self._sock is None or self._dispatcher is None:
+            raise RuntimeError("connect() first")
+        if request_id in self._queues:
+            raise ValueError(f"request id {request_id!r} already in flight")
+        res = RequestResult(index, request_id, len(prompt_token_ids))
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = queue
+        msg = Generate(
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            max_tokens=max_tokens,
+            ignore_eos=ignore_eos,
+        )
+        try:
+            res.start_s = last_token_s = time.perf_counter()
+            await self._sock.send(self._codec.encode(msg))
+            while True:
+                try:
+                    reply = await asyncio.wait_for(queue.get(), request_timeout)
+                except TimeoutError:
+                    res.error = f"no response from the scheduler for {request_timeout:g} s"
+                    await self.abort([request_id])
+                    break
+                now = time.perf_counter()
+                res.latency_s = now - res.start_s
+                if isinstance(reply, RequestError):
+                    res.error = f"rejected by the scheduler: {reply.message}"
+                    break
+                assert isinstance(reply, TokenOutput)
+                res.num_cached_tokens = max(res.num_cached_tokens, reply.num_cached_tokens)
+                if reply.new_token_ids:
+                    if res.ttft_s is None:
+                        res.ttft_s = now - res.start_s
+                    else:
+                        res.itl_s.append(now - last_token_s)
+                    last_token_s = now
+                    res.token_ids.extend(reply.new_token_ids)
+                if reply.finished:
+                    res.finish_reason = reply.finish_reason
+                    res.success = reply.finish_reason in SUCCESS_FINISH_REASONS
+                    if not res.success:
+                        res.error = f"finished with reason {reply.finish_reason!r}"
+                    break
+        finally:
+            self._queues.pop(request_id, None)
+        return res

@@ -1,0 +1,106 @@
+"""The client against an in-test fake scheduler (zmq ROUTER on a random port)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from loadgen.client import KVPoolClient, SchedulerUnreachable
+from loadgen.datasets import shared_prefix_requests
+from loadgen.runner import run_benchmark
+
+
+def _run(coro, bound=30):
+    return asyncio.run(asyncio.wait_for(coro, bound))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_generate_streams_tokens(fake_scheduler_factory, expected_tokens):
+    sched = fake_scheduler_factory()
+
+    async def go():
+        async with KVPoolClient(sched.address) as client:
+            await client.connect(5)
+            return await asyncio.gather(
+                *(client.generate(i, f"t-{i}", [2, 3, 4 + i], 5, True, 5) for i in range(4))
+            )
+
+    results = _run(go())
+    for i, r in enumerate(results):
+        assert r.success and r.finish_reason == "length" and r.error is None
+        assert r.token_ids == expected_tokens([2, 3, 4 + i], 5)
+        assert len(r.itl_s) == 2  # chunks [1], [2], [2]: two gaps after the first
+        assert 0 <= r.ttft_s <= r.latency_s
+        assert r.num_cached_tokens == 16
+    assert [m.ignore_eos for m in sched.received] == [True] * 4
+    assert sorted(m.request_id for m in sched.received) == [f"t-{i}" for i in range(4)]
+
+
+def test_rejection_abort_and_silence(fake_scheduler_factory):
+    sched = fake_scheduler_factory(lambda i: {1: "reject", 2: "silent", 3: "abort"}.get(i, "ok"))
+
+    async def go():
+        async with KVPoolClient(sched.address) as client:
+            await client.connect(5)
+            return await asyncio.gather(
+                *(client.generate(i, f"t-{i}", [5] * 8, 3, False, 0.5) for i in range(4))
+            )
+
+    ok, rejected, silent, aborted = _run(go())
+    assert ok.success
+    assert not rejected.success and "prompt too long" in rejected.error
+    assert not silent.success and "no response" in silent.error
+    assert not aborted.success and aborted.finish_reason == "abort"
+    deadline = time.monotonic() + 5
+    while "t-2" not in sched.aborted and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sched.aborted == ["t-2"]  # the silent request was aborted at the scheduler
+
+
+def test_unreachable_raises_quickly():
+    port = _free_port()
+
+    async def go():
+        async with KVPoolClient(f"tcp://127.0.0.1:{port}") as client:
+            await client.connect(1.0)
+
+    t = time.monotonic()
+    with pytest.raises(SchedulerUnreachable, match=f"127.0.0.1:{port}"):
+        _run(go(), bound=10)
+    assert time.monotonic() - t < 5
+
+
+def test_runner_concurrency_and_overall_timeout(fake_scheduler_factory):
+    sched = fake_scheduler_factory(lambda i: "silent" if i >= 3 else "ok")
+    reqs = shared_prefix_requests(6, 2, 16, 4, 4)
+
+    outcome = _run(
+        run_benchmark(
+            reqs,
+            np.zeros(6),
+            scheduler=sched.address,
+            metrics_url=None,
+            ignore_eos=True,
+            max_concurrency=2,
+            request_timeout=60,
+            timeout=1.0,
+        )
+    )
+    assert outcome.timed_out
+    assert [r.success for r in outcome.results] == [True] * 3 + [False] * 3
+    assert all("--timeout" in r.error for r in outcome.results[3:])
+    assert 1.0 <= outcome.duration_s < 5
+    deadline = time.monotonic() + 5
+    while len(sched.aborted) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    # the two in flight (concurrency 2) were aborted; the sixth never got a slot
+    assert sorted(sched.aborted) == sorted(r.request_id for r in outcome.results[3:5])
