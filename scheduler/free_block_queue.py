@@ -52,7 +52,8 @@ class FreeKVCacheBlockQueue:
         """Take the n front blocks, front first."""
         if n == 0:
             return []
-        if n > self.num_free_blocks:
+        # NOTE: a negative n would pop nothing yet raise num_free_blocks.
+        if not 0 < n <= self.num_free_blocks:
             raise ValueError(f"Cannot pop {n} blocks: only {self.num_free_blocks} free")
         head = self.fake_free_list_head
         block = head.next_free_block
