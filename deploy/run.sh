@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# kvpool demo launcher (what `make run` runs): a scheduler and one worker on loopback,
+# the load generator's default workload against them, its report, then both stopped.
+#
+#   PYTHON=.venv/bin/python bash deploy/run.sh [extra loadgen args...]
+#
+# Extra arguments go to `python -m loadgen` after the defaults, so they override them
+# (e.g. `bash deploy/run.sh --num-requests 50 --plot out/run.png`).
+# Environment overrides (defaults in brackets):
+#   PYTHON [python3]            interpreter with kvpool installed
+#   KVPOOL_HOST [127.0.0.1]     address every socket binds / connects to
+#   KVPOOL_CLIENT_PORT [5555]   scheduler client port (loadgen)
+#   KVPOOL_WORKER_PORT [5556]   scheduler worker port
+#   KVPOOL_HTTP_PORT [8000]     scheduler /metrics and /health
+#   KVPOOL_WORKER_HTTP_PORT [8001]  worker /metrics
+#   KVPOOL_DEVICE [cpu]         worker --device (cpu | cuda)
+#   KVPOOL_KV_CACHE_MEMORY [4MiB]   worker KV budget: 16 KiB a block (fp32) -> 256 blocks,
+#                               small on purpose so that eviction and preemption happen
+#   KVPOOL_BLOCK_SIZE [16]
+#   KVPOOL_SCHEDULER_ARGS / KVPOOL_WORKER_ARGS  extra flags (word-split)
+#   KVPOOL_READY_TIMEOUT [60]   seconds to wait for /health = 200
+#   KVPOOL_STOP_TIMEOUT [10]    seconds between SIGTERM and SIGKILL at shutdown
+#   KVPOOL_LOG_DIR [mktemp -d]  where scheduler.log and worker.log go
+# Exit status: the load generator's (0 = every request completed), or 1 when the
+# servers did not come up.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+HOST=${KVPOOL_HOST:-127.0.0.1}
+CLIENT_PORT=${KVPOOL_CLIENT_PORT:-5555}
+WORKER_PORT=${KVPOOL_WORKER_PORT:-5556}
+HTTP_PORT=${KVPOOL_HTTP_PORT:-8000}
+WORKER_HTTP_PORT=${KVPOOL_WORKER_HTTP_PORT:-8001}
+DEVICE=${KVPOOL_DEVICE:-cpu}
+KV_CACHE_MEMORY=${KVPOOL_KV_CACHE_MEMORY:-4MiB}
+BLOCK_SIZE=${KVPOOL_BLOCK_SIZE:-16}
+READY_TIMEOUT=${KVPOOL_READY_TIMEOUT:-60}
+STOP_TIMEOUT=${KVPOOL_STOP_TIMEOUT:-10}
+LOG_DIR=${KVPOOL_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/kvpool-run.XXXXXX")}
+mkdir -p "$LOG_DIR"
+
+pids=()
+names=()
+stopping=0
+
+log() { echo "run.sh: $*" >&2; }
+
+show_logs() {
+    local name
+    for name in scheduler worker; do
+        if [ -s "$LOG_DIR/$name.log" ]; then
+            echo "----- last lines of $LOG_DIR/$name.log -----" >&2
+            tail -n 40 "$LOG_DIR/$name.log" >&2
+        fi
+    done
+}
+
+stop_all() {
+    local i pid deadline
+    for pid in "${pids[@]}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    deadline=$((SECONDS + STOP_TIMEOUT))
+    for i in "${!pids[@]}"; do
+        pid=${pids[$i]}
+        while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do
+            sleep 0.2
+        done
+        if kill -0 "$pid" 2>/dev/null; then
+            log "${names[$i]} (pid $pid) ignored SIGTERM for ${STOP_TIMEOUT}s; sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+        wait "$pid" 2>/dev/null || true
+    done
+    pids=()
+}
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    if [ "$stopping" -eq 0 ]; then
+        stopping=1
+        stop_all
+        if [ "$rc" -ne 0 ]; then
+            show_logs
+        fi
+        log "server logs in $LOG_DIR"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+start() {  # start NAME CMD...: in the background, output to $LOG_DIR/NAME.log
+    local name=$1
+    shift
+    "$@" >"$LOG_DIR/$name.log" 2>&1 &
+    pids+=($!)
+    names+=("$name")
+    log "started $name (pid $!): $*"
+}
+
+check_alive() {
+    local i
+    for i in "${!pids[@]}"; do
+        if ! kill -0 "${pids[$i]}" 2>/dev/null; then
+            log "${names[$i]} exited during start-up"
+            return 1
+        fi
+    done
+}
+
+# shellcheck disable=SC2086  # the *_ARGS overrides are meant to be word-split
+start scheduler "$PYTHON" -m scheduler --host "$HOST" --port "$CLIENT_PORT" \
+    --worker-port "$WORKER_PORT" --http-port "$HTTP_PORT" --block-size "$BLOCK_SIZE" \
+    ${KVPOOL_SCHEDULER_ARGS:-}
+# shellcheck disable=SC2086
+start worker "$PYTHON" -m worker --scheduler "tcp://$HOST:$WORKER_PORT" --device "$DEVICE" \
+    --kv-cache-memory "$KV_CACHE_MEMORY" --block-size "$BLOCK_SIZE" \
+    --http-port "$WORKER_HTTP_PORT" ${KVPOOL_WORKER_ARGS:-}
+
+health_url="http://$HOST:$HTTP_PORT/health"
+log "waiting up to ${READY_TIMEOUT}s for $health_url"
+deadline=$((SECONDS + READY_TIMEOUT))
+until "$PYTHON" - "$health_url" <<'EOF' 2>/dev/null
+import sys, urllib.request
+try:
+    sys.exit(0 if urllib.request.urlopen(sys.argv[1], timeout=2).status == 200 else 1)
+except Exception:
+    sys.exit(1)
+EOF
+do
+    check_alive || exit 1
+    if [ "$SECONDS" -ge "$deadline" ]; then
+        log "the scheduler did not report healthy within ${READY_TIMEOUT}s"
+        exit 1
+    fi
+    sleep 0.5
+done
+log "ready; running the load generator"
+
+set +e
+"$PYTHON" -m loadgen --scheduler "tcp://$HOST:$CLIENT_PORT" \
+    --metrics-url "http://$HOST:$HTTP_PORT/metrics" \
+    --dataset shared-prefix --num-requests 200 --num-prefixes 8 --prefix-len 256 \
+    --suffix-len 64 --output-len 32 --request-timeout 300 --timeout 900 "$@"
+rc=$?
+set -e
+exit "$rc"

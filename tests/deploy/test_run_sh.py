@@ -1,0 +1,124 @@
+"""deploy/run.sh: syntax, and a full launch against stand-in servers (tests/deploy/fake_kvpool.py)
+checking the exit status, the report, and that no process is left behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_SH = ROOT / "deploy" / "run.sh"
+FAKE = Path(__file__).resolve().parent / "fake_kvpool.py"
+
+
+def test_bash_syntax():
+    subprocess.run(["bash", "-n", str(RUN_SH)], check=True, timeout=30)
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); it is dead for our purposes
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _launch(tmp_path: Path, extra_env: dict[str, str], *loadgen_args: str, bound: float = 90):
+    wrapper = tmp_path / "python"
+    wrapper.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$1" = "-m" ] && { [ "$2" = scheduler ] || [ "$2" = worker ]; }; then\n'
+        f'    role=$2; shift 2; exec "{sys.executable}" "{FAKE}" "$role" "$@"\n'
+        "fi\n"
+        f'exec "{sys.executable}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    client, worker, http, worker_http = _free_ports(4)
+    env = dict(
+        os.environ,
+        PYTHON=str(wrapper),
+        PYTHONPATH=str(ROOT),
+        KVPOOL_CLIENT_PORT=str(client),
+        KVPOOL_WORKER_PORT=str(worker),
+        KVPOOL_HTTP_PORT=str(http),
+        KVPOOL_WORKER_HTTP_PORT=str(worker_http),
+        KVPOOL_LOG_DIR=str(tmp_path / "logs"),
+        KVPOOL_READY_TIMEOUT="30",
+        KVPOOL_STOP_TIMEOUT="2",
+        **extra_env,
+    )
+    proc = subprocess.Popen(
+        ["bash", str(RUN_SH), *loadgen_args],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=bound)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=10)
+    pids = [int(p) for p in re.findall(r"started \w+ \(pid (\d+)\)", err)]
+    try:
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [p for p in pids if _alive(p)]
+    finally:
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+    return proc.returncode, out, err, pids, left
+
+
+@pytest.mark.e2e
+def test_run_sh_end_to_end(tmp_path):
+    rc, out, err, pids, left = _launch(tmp_path, {}, "--num-requests", "5", "--output-len", "2")
+    assert rc == 0, err
+    assert "Serving Benchmark Result" in out and "Successful requests:" in out
+    assert len(pids) == 2 and not left
+    assert (tmp_path / "logs" / "scheduler.log").read_text().startswith("fake scheduler up")
+
+
+@pytest.mark.e2e
+def test_run_sh_kills_a_stubborn_worker_and_passes_loadgen_status(tmp_path):
+    # a bad loadgen flag: loadgen exits 2, run.sh must return 2 and still stop both servers
+    rc, out, err, pids, left = _launch(tmp_path, {"FAKE_IGNORE_TERM": "worker"}, "--no-such-flag")
+    assert rc == 2
+    assert "SIGKILL" in err and "last lines of" in err
+    assert len(pids) == 2 and not left
+
+
+@pytest.mark.e2e
+def test_run_sh_fails_fast_when_a_server_dies(tmp_path):
+    rc, out, err, pids, left = _launch(tmp_path, {"KVPOOL_SCHEDULER_ARGS": "--port notanumber"})
+    assert rc == 1
+    assert "scheduler exited during start-up" in err and "last lines of" in err
+    assert not left
