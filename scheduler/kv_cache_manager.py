@@ -58,10 +58,14 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.block_pool.get_usage()
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+    def get_computed_blocks(self, request: Request, record_stats: bool = True) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of the request's full blocks, and its length in
         tokens. Capped so the last prompt token is always computed: the worker needs
-        its logits to sample the first output token."""
+        its logits to sample the first output token.
+
+        ``record_stats=False`` lets a caller count the lookup only once it admits the
+        request (`record_prefix_cache_query`), so a request that waits several steps
+        for room is counted once."""
         if not self.enable_caching:
             return [], 0
         max_hit_blocks = min((request.num_tokens - 1) // self.block_size, len(request.block_hashes))
@@ -74,11 +78,17 @@ class KVCacheManager:
                 break
             computed.append(block)
         num_computed_tokens = len(computed) * self.block_size
+        if record_stats:
+            self.record_prefix_cache_query(request.num_tokens, num_computed_tokens)
+        return computed, num_computed_tokens
+
+    def record_prefix_cache_query(self, num_tokens: int, num_hit_tokens: int) -> None:
+        if not self.enable_caching:
+            return
         stats = self.prefix_cache_stats
         stats.requests += 1
-        stats.queries += request.num_tokens
-        stats.hits += num_computed_tokens
-        return computed, num_computed_tokens
+        stats.queries += num_tokens
+        stats.hits += num_hit_tokens
 
     def allocate_slots(
         self,

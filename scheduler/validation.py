@@ -1,0 +1,50 @@
+"""Checks on a client's Generate before it touches any state.
+
+Each failure names the problem; the request is refused with a RequestError and
+nothing else changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol.client_messages import Generate
+
+
+class RequestRejected(ValueError):
+    """A request that cannot be served; the message goes back to the client."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    vocab_size: int
+    max_model_len: int
+    block_size: int
+    # Usable blocks (the null block excluded).
+    num_usable_blocks: int
+
+
+def validate_generate(msg: Generate, limits: RequestLimits, live_request_ids) -> None:
+    """Raise RequestRejected naming the first problem with ``msg``."""
+    rid = msg.request_id
+    if rid in live_request_ids:
+        raise RequestRejected(f"duplicate request id {rid!r}: a request with this id is still running")
+    n = len(msg.prompt_token_ids)
+    if n == 0:
+        raise RequestRejected("empty prompt: prompt_token_ids must hold at least one token")
+    if msg.max_tokens < 1:
+        raise RequestRejected(f"max_tokens must be at least 1, got {msg.max_tokens}")
+    bad = next((t for t in msg.prompt_token_ids if t >= limits.vocab_size), None)
+    if bad is not None:
+        raise RequestRejected(f"token id {bad} is outside the vocabulary (0..{limits.vocab_size - 1})")
+    total = n + msg.max_tokens
+    if total > limits.max_model_len:
+        raise RequestRejected(
+            f"prompt ({n} tokens) + max_tokens ({msg.max_tokens}) = {total} is over max_model_len ({limits.max_model_len})"
+        )
+    # NOTE: the last sampled token is never written to the cache, hence total - 1.
+    blocks = -(-(total - 1) // limits.block_size)
+    if blocks > limits.num_usable_blocks:
+        raise RequestRejected(
+            f"request needs {blocks} KV blocks but the whole pool holds {limits.num_usable_blocks}"
+        )

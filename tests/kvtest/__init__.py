@@ -1,0 +1,1 @@
+"""Helpers shared by kvpool's tests (not tests themselves)."""

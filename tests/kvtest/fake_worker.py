@@ -1,0 +1,165 @@
+"""An in-process fake worker that replays StepPlans onto its own model of the block
+tables and of the KV slots, and fails on any breach of the contract (DESIGN.md):
+
+* a step gap or repeat;
+* a row changed other than by append outside resume/resync (a new row for a live
+  seq_id, a resumed row that was never preempted, appends to unknown rows);
+* a block id outside the cache, or the null block in a row;
+* a KV slot written twice since its block was handed out (full blocks are final:
+  a block shared by several rows is read by all and written by none);
+* a token that would read a KV slot that does not hold exactly its own prefix
+  (never written, or overwritten by another sequence): the real worker would
+  compute wrong attention.
+
+Each slot remembers *which prefix* wrote it (a rolling hash of the tokens up to
+that position), so a reader can tell its own data from anyone else's.
+
+Sampling is a deterministic function of a row's tokens, so a workload's outputs
+do not depend on scheduling: runs with caching on/off, small pools or small
+budgets must produce identical outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from protocol.worker_messages import RequestRow, StepPlan, StepResult
+
+
+class ContractViolation(AssertionError):
+    pass
+
+
+def fake_sample(token_ids: list[int], vocab_size: int) -> int:
+    h = 0
+    for t in token_ids[-4:]:
+        h = (h * 1_000_003 + t) & 0xFFFFFFFF
+    h = (h ^ (len(token_ids) * 2_654_435_761)) & 0xFFFFFFFF
+    return h % vocab_size
+
+
+@dataclass
+class _Row:
+    token_ids: list[int]
+    block_ids: list[int]
+    num_computed: int
+    prefix_keys: list[int] = field(default_factory=list)
+
+    def key(self, pos: int) -> int:
+        keys = self.prefix_keys
+        while len(keys) <= pos:
+            prev = keys[-1] if keys else 0x9E3779B9
+            keys.append(hash((prev, self.token_ids[len(keys)])))
+        return keys[pos]
+
+
+class FakeWorker:
+    def __init__(self, num_blocks: int, block_size: int, vocab_size: int = 512, check_reads: bool = True):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.vocab_size = vocab_size
+        self.check_reads = check_reads
+        self.rows: dict[int, _Row] = {}
+        self.preempted: set[int] = set()
+        # (block_id, offset) -> prefix key written there.
+        self.slots: dict[tuple[int, int], int] = {}
+        self.expected_step = 0
+        self.num_tokens_written = 0
+
+    def _check_row(self, row: RequestRow, what: str) -> None:
+        for b in row.block_ids:
+            if not 0 < b < self.num_blocks:
+                raise ContractViolation(f"{what} row {row.seq_id}: block id {b} outside 1..{self.num_blocks - 1}")
+        if len(set(row.block_ids)) != len(row.block_ids):
+            raise ContractViolation(f"{what} row {row.seq_id}: a block id twice in one row")
+        if row.num_computed_tokens % self.block_size or row.num_computed_tokens > len(row.token_ids):
+            raise ContractViolation(f"{what} row {row.seq_id}: bad num_computed_tokens {row.num_computed_tokens}")
+
+    def _fresh(self, block_ids) -> None:
+        # A freshly allocated block: whatever it held is forgotten (and must not be read).
+        for b in block_ids:
+            for off in range(self.block_size):
+                self.slots.pop((b, off), None)
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        if plan.step_id != self.expected_step:
+            raise ContractViolation(f"step {plan.step_id}, expected {self.expected_step}")
+        self.expected_step += 1
+        bs = self.block_size
+        for seq_id in plan.finished_seq_ids:
+            if self.rows.pop(seq_id, None) is None:
+                raise ContractViolation(f"finished row {seq_id} is not live")
+        for seq_id in plan.preempted_seq_ids:
+            if self.rows.pop(seq_id, None) is None:
+                raise ContractViolation(f"preempted row {seq_id} is not live")
+            self.preempted.add(seq_id)
+        fresh: set[int] = set()
+        for row in plan.new_rows:
+            if row.seq_id in self.rows or row.seq_id in self.preempted:
+                raise ContractViolation(f"new row {row.seq_id} already known: rows are sent whole only once")
+            self._check_row(row, "new")
+            self.rows[row.seq_id] = _Row(list(row.token_ids), list(row.block_ids), row.num_computed_tokens)
+            self._fresh(row.block_ids[row.num_computed_tokens // bs :])
+            fresh.add(row.seq_id)
+        for row in plan.resumed_rows:
+            if row.seq_id not in self.preempted or row.seq_id in self.rows:
+                raise ContractViolation(f"resumed row {row.seq_id} was not preempted")
+            self.preempted.discard(row.seq_id)
+            self._check_row(row, "resumed")
+            self.rows[row.seq_id] = _Row(list(row.token_ids), list(row.block_ids), row.num_computed_tokens)
+            self._fresh(row.block_ids[row.num_computed_tokens // bs :])
+            fresh.add(row.seq_id)
+        for app in plan.appended:
+            r = self.rows.get(app.seq_id)
+            if r is None or app.seq_id in fresh:
+                raise ContractViolation(f"append to row {app.seq_id}, which is not a live row from an earlier step")
+            for b in app.block_ids:
+                if not 0 < b < self.num_blocks or b in r.block_ids:
+                    raise ContractViolation(f"append to row {app.seq_id}: bad block id {b}")
+            r.block_ids.extend(app.block_ids)
+            self._fresh(app.block_ids)
+        for seq_id in plan.num_scheduled_tokens:
+            if seq_id not in self.rows:
+                raise ContractViolation(f"tokens scheduled for unknown row {seq_id}")
+
+        owners: dict[int, int] = {}
+        for r in self.rows.values():
+            for b in r.block_ids:
+                owners[b] = owners.get(b, 0) + 1
+
+        # Writes first (all rows), then reads: the worker writes a layer's K/V for the
+        # whole batch before attention, so a row may read what another wrote this step.
+        work: list[tuple[int, _Row, int, int]] = []
+        for seq_id, r in self.rows.items():
+            n = plan.num_scheduled_tokens.get(seq_id, 1)
+            if n == 0:
+                continue
+            start = r.num_computed
+            if start + n > len(r.token_ids):
+                raise ContractViolation(f"row {seq_id}: {n} tokens scheduled but only {len(r.token_ids) - start} to compute")
+            if start + n > len(r.block_ids) * bs:
+                raise ContractViolation(f"row {seq_id}: {start + n} tokens but blocks for {len(r.block_ids) * bs}")
+            work.append((seq_id, r, start, n))
+        for seq_id, r, start, n in work:
+            for pos in range(start, start + n):
+                slot = (r.block_ids[pos // bs], pos % bs)
+                if slot in self.slots:
+                    shared = " (shared)" if owners[slot[0]] > 1 else ""
+                    raise ContractViolation(f"row {seq_id} writes position {pos} again into full block {slot[0]}{shared}")
+                self.slots[slot] = r.key(pos)
+                self.num_tokens_written += 1
+        seq_ids, sampled = [], []
+        for seq_id, r, start, n in work:
+            if self.check_reads:
+                last = start + n - 1
+                for pos in range(last + 1):
+                    slot = (r.block_ids[pos // bs], pos % bs)
+                    if self.slots.get(slot) != r.key(pos):
+                        raise ContractViolation(f"row {seq_id} reads position {pos} from block {slot[0]}: not its KV")
+            r.num_computed = start + n
+            if r.num_computed == len(r.token_ids):
+                token = fake_sample(r.token_ids, self.vocab_size)
+                r.token_ids.append(token)
+                seq_ids.append(seq_id)
+                sampled.append(token)
+        return StepResult(plan.step_id, seq_ids, sampled)
