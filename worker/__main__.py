@@ -1,0 +1,136 @@
+"""``python -m worker`` / ``kvpool-worker``: the worker process.
+
+Builds the one frozen WorkerConfig from the command line, the model from its seed,
+sizes the KV cache from the memory budget, then runs the process loop
+(``worker.process``) against the scheduler's worker port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import torch
+import zmq
+
+from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
+from worker.kv_cache import cuda_kv_budget, kv_bytes_per_block, num_blocks_for_budget, parse_size
+from worker.metrics import WorkerMetrics
+from worker.model import DTYPES, ModelConfig, build_model
+from worker.process import WorkerProcess
+
+log = logging.getLogger("worker")
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid fraction {text!r}: expected a number in (0, 1]") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"invalid fraction {text!r}: expected a number in (0, 1]")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d, dm = WorkerConfig(), ModelConfig()
+    p = argparse.ArgumentParser(prog="kvpool-worker", description="kvpool worker: owns the KV memory, executes the scheduler's step plans.")
+    p.add_argument("--scheduler", default=d.scheduler, help="the scheduler's worker port (default %(default)s)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--dtype", choices=list(DTYPES), default=d.dtype, help="model and KV cache dtype (default %(default)s)")
+    p.add_argument("--kv-cache-memory", type=_size, default=None, metavar="SIZE",
+                   help=f"KV cache budget, e.g. 512MiB, 2GiB, 64M (default on CPU: {CPU_DEFAULT_KV_CACHE_MEMORY // 2**20}MiB)")
+    p.add_argument("--gpu-memory-utilization", type=_fraction, default=d.gpu_memory_utilization,
+                   help="on CUDA without --kv-cache-memory: share of device memory this process may use (default %(default)s)")
+    p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block (default %(default)s)")
+    p.add_argument("--http-port", type=int, default=d.http_port, help="/metrics on 127.0.0.1 (default %(default)s; 0 disables)")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the model weights (default %(default)s)")
+    p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
+    p.add_argument("--scheduler-timeout", type=float, default=d.scheduler_timeout_s, metavar="SECONDS",
+                   help="exit (or reconnect) after this long without a message from the scheduler (default %(default)s)")
+    p.add_argument("--reconnect", action="store_true", help="on scheduler timeout, drop every row and handshake again instead of exiting")
+    g = p.add_argument_group("model shape (the scheduler and load generator assume the defaults)")
+    g.add_argument("--vocab-size", type=int, default=dm.vocab_size)
+    g.add_argument("--hidden-size", type=int, default=dm.hidden_size)
+    g.add_argument("--num-layers", type=int, default=dm.num_layers)
+    g.add_argument("--num-heads", type=int, default=dm.num_heads)
+    g.add_argument("--num-kv-heads", type=int, default=dm.num_kv_heads)
+    g.add_argument("--head-dim", type=int, default=dm.head_dim)
+    g.add_argument("--intermediate-size", type=int, default=dm.intermediate_size)
+    g.add_argument("--eos-token-id", type=int, default=dm.eos_token_id)
+    g.add_argument("--rope-theta", type=float, default=dm.rope_theta)
+    return p
+
+
+def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
+    p = build_parser()
+    a = p.parse_args(argv)
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
+    if a.block_size < 1:
+        p.error(f"--block-size must be positive, got {a.block_size}")
+    if not 0 <= a.http_port < 65536:
+        p.error(f"--http-port must be 0..65535, got {a.http_port}")
+    if a.scheduler_timeout <= 0:
+        p.error(f"--scheduler-timeout must be positive, got {a.scheduler_timeout}")
+    try:
+        model = ModelConfig(
+            vocab_size=a.vocab_size, hidden_size=a.hidden_size, num_layers=a.num_layers, num_heads=a.num_heads,
+            num_kv_heads=a.num_kv_heads, head_dim=a.head_dim, intermediate_size=a.intermediate_size,
+            eos_token_id=a.eos_token_id, rope_theta=a.rope_theta,
+        )
+    except ValueError as e:
+        p.error(str(e))
+    return WorkerConfig(
+        scheduler=a.scheduler, device=device, dtype=a.dtype, kv_cache_memory=a.kv_cache_memory,
+        gpu_memory_utilization=a.gpu_memory_utilization, block_size=a.block_size, http_port=a.http_port,
+        seed=a.seed, log_level=a.log_level, scheduler_timeout_s=a.scheduler_timeout, reconnect=a.reconnect,
+        model=model,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = config_from_args(argv)
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    m = config.model
+    model = build_model(m, seed=config.seed, dtype=config.dtype, device=config.device)
+    if config.kv_cache_memory is not None:
+        budget = config.kv_cache_memory
+    elif config.device == "cuda":
+        budget = cuda_kv_budget(model.device, config.gpu_memory_utilization)
+    else:
+        budget = CPU_DEFAULT_KV_CACHE_MEMORY
+    per_block = kv_bytes_per_block(m.num_layers, config.block_size, m.num_kv_heads, m.head_dim, DTYPES[config.dtype])
+    num_blocks = num_blocks_for_budget(budget, per_block)
+    if num_blocks < 2:
+        log.error("a KV budget of %d bytes holds %d blocks of %d bytes; at least 2 are needed", budget, num_blocks, per_block)
+        return 2
+    log.info("device %s, dtype %s: %d KV blocks of %d bytes fit a budget of %d bytes", model.device, config.dtype, num_blocks, per_block, budget)
+    metrics = None
+    if config.http_port:
+        metrics = WorkerMetrics()
+        try:
+            metrics.serve(config.http_port)
+        except OSError as e:
+            log.error("cannot serve /metrics on 127.0.0.1:%d: %s (choose another --http-port, or 0 to disable)", config.http_port, e)
+            return 2
+    ctx = zmq.Context()
+    try:
+        return WorkerProcess(config, model, num_blocks, metrics).run(ctx)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        ctx.destroy(linger=0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""The worker process's configuration: one frozen dataclass, built from argparse in
+``worker.__main__`` and read only by the process loop, which hands plain values to
+the objects it builds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from worker.model import ModelConfig
+
+CPU_DEFAULT_KV_CACHE_MEMORY = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    scheduler: str = "tcp://127.0.0.1:5556"
+    device: str = "cpu"
+    dtype: str = "float32"
+    # Bytes for the KV cache; None means: on CUDA a share of device memory
+    # (gpu_memory_utilization), on CPU CPU_DEFAULT_KV_CACHE_MEMORY.
+    kv_cache_memory: int | None = None
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    http_port: int = 8001  # 0 disables /metrics
+    seed: int = 0
+    log_level: str = "INFO"
+    scheduler_timeout_s: float = 2.0
+    heartbeat_interval_s: float = 0.5
+    reconnect: bool = False
+    model: ModelConfig = field(default_factory=ModelConfig)

@@ -1,0 +1,217 @@
+"""The worker's process loop: handshake with the scheduler, then execute plans.
+
+A plain blocking ZeroMQ DEALER with poll timeouts. Every message is one frame (a
+msgspec msgpack message; the scheduler's ROUTER sees ``[identity, frame]``).
+
+* Connect, send WorkerHello, wait for WorkerReady; allocate the KV cache with the
+  number of blocks the scheduler chose (at most ours) and install its resync rows.
+* Then answer each StepPlan with a StepResult (or a WorkerError, state unchanged);
+  Shutdown exits 0. Incoming heartbeats only prove the scheduler is alive: they are
+  not answered (two sides that answer each other's heartbeats would ping-pong);
+  instead the worker sends its own whenever it has sent nothing for a heartbeat
+  interval.
+* Silence from the scheduler for ``scheduler_timeout_s`` after being ready: exit
+  non-zero, or with ``reconnect`` drop every row and handshake again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import torch
+import zmq
+
+from protocol.codec import Codec, ProtocolError
+from protocol.worker_messages import (
+    Heartbeat,
+    SchedulerToWorker,
+    Shutdown,
+    StepPlan,
+    StepResult,
+    WorkerError,
+    WorkerHello,
+    WorkerReady,
+)
+from worker.config import WorkerConfig
+from worker.kv_cache import allocate_kv_caches
+from worker.metrics import WorkerMetrics
+from worker.model import DTYPES, TinyModel
+from worker.plan_check import PlanError
+from worker.runner import ModelRunner
+
+log = logging.getLogger("worker")
+
+EXIT_SCHEDULER_LOST = 3
+EXIT_REFUSED = 4
+
+
+class SchedulerLost(Exception):
+    """No message from the scheduler within the timeout."""
+
+
+class WorkerProcess:
+    def __init__(self, config: WorkerConfig, model: TinyModel, num_blocks: int, metrics: WorkerMetrics | None):
+        self.config = config
+        self.model = model
+        self.hello_num_blocks = num_blocks  # what fits our budget
+        self.metrics = metrics
+        self.codec: Codec = Codec(SchedulerToWorker)
+        self.kv_caches: list[torch.Tensor] | None = None
+        self.runner: ModelRunner | None = None
+
+    def hello(self) -> WorkerHello:
+        c, m = self.config, self.config.model
+        return WorkerHello(
+            rank=0, world_size=1, num_blocks=self.hello_num_blocks, block_size=c.block_size,
+            vocab_size=m.vocab_size, eos_token_id=m.eos_token_id, num_layers=m.num_layers,
+            num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, device=str(self.model.device),
+        )
+
+    def run(self, ctx: zmq.Context) -> int:
+        """Serve until Shutdown (0) or a fatal condition (non-zero)."""
+        while True:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.config.scheduler)
+            try:
+                ready = self._handshake(sock)
+                if ready is None:
+                    return 0
+                refused = self._install(ready)
+                if refused is not None:
+                    self._send(sock, WorkerError(refused))
+                    log.error("refusing WorkerReady: %s", refused)
+                    return EXIT_REFUSED
+                return self._serve(sock)
+            except SchedulerLost as e:
+                if not self.config.reconnect:
+                    log.error("%s; exiting (use --reconnect to handshake again instead)", e)
+                    return EXIT_SCHEDULER_LOST
+                log.warning("%s; dropping every row and handshaking again", e)
+                self.runner = None
+            finally:
+                sock.close(linger=0)
+
+    def _send(self, sock: zmq.Socket, msg) -> None:
+        sock.send(self.codec.encode(msg))
+
+    def _recv(self, sock: zmq.Socket):
+        frames = sock.recv_multipart()
+        # NOTE: the message is the last frame, so an empty delimiter frame (REQ-style
+        # envelope) from the scheduler is tolerated.
+        return self.codec.decode(frames[-1])
+
+    def _handshake(self, sock: zmq.Socket) -> WorkerReady | None:
+        self._send(sock, self.hello())
+        log.info("sent WorkerHello (%d blocks of %d tokens) to %s", self.hello_num_blocks, self.config.block_size, self.config.scheduler)
+        waited = 0.0
+        while True:
+            if not sock.poll(5000):
+                waited += 5.0
+                log.info("still waiting for WorkerReady from %s (%.0f s)", self.config.scheduler, waited)
+                continue
+            try:
+                msg = self._recv(sock)
+            except ProtocolError as e:
+                self._send(sock, WorkerError(str(e)))
+                continue
+            match msg:
+                case WorkerReady():
+                    return msg
+                case Shutdown(reason=reason):
+                    log.info("shutdown before ready: %s", reason or "(no reason)")
+                    return None
+                case Heartbeat():
+                    pass
+                case StepPlan(step_id=step_id):
+                    self._send(sock, WorkerError("plan before WorkerReady", step_id=step_id))
+
+    def _install(self, ready: WorkerReady) -> str | None:
+        """Size the cache and the runner from WorkerReady; a reason string if refused."""
+        c, m = self.config, self.config.model
+        if ready.block_size != c.block_size:
+            return f"WorkerReady block_size {ready.block_size} differs from this worker's {c.block_size}"
+        if not 2 <= ready.num_blocks <= self.hello_num_blocks:
+            return f"WorkerReady num_blocks {ready.num_blocks} is outside 2..{self.hello_num_blocks} (what fits this worker)"
+        if ready.max_num_seqs < 1 or ready.max_model_len < 1:
+            return f"WorkerReady max_num_seqs {ready.max_num_seqs} / max_model_len {ready.max_model_len} must be positive"
+        if self.kv_caches is None:
+            # NOTE: the only KV allocation of the process; a re-handshake reuses it.
+            self.kv_caches = allocate_kv_caches(
+                m.num_layers, ready.num_blocks, c.block_size, m.num_kv_heads, m.head_dim, DTYPES[c.dtype], self.model.device
+            )
+        allocated = self.kv_caches[0].shape[1]
+        if ready.num_blocks > allocated:
+            return f"WorkerReady num_blocks {ready.num_blocks} is more than the {allocated} blocks allocated at the first handshake"
+        caches = [kv[:, : ready.num_blocks] for kv in self.kv_caches]
+        runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id)
+        try:
+            runner.resync(ready.resync_rows, ready.next_step_id)
+        except PlanError as e:
+            return f"resync rows: {e}"
+        self.runner = runner
+        if self.metrics is not None:
+            self.metrics.num_blocks.set(ready.num_blocks)
+            self.metrics.reset_totals()
+        log.info(
+            "ready: %d blocks, max_num_seqs %d, max_model_len %d, next step %d, %d resync rows",
+            ready.num_blocks, ready.max_num_seqs, ready.max_model_len, ready.next_step_id, len(ready.resync_rows),
+        )
+        return None
+
+    def _serve(self, sock: zmq.Socket) -> int:
+        timeout, interval = self.config.scheduler_timeout_s, self.config.heartbeat_interval_s
+        last_heard = last_sent = time.monotonic()
+        while True:
+            now = time.monotonic()
+            wait = min(last_heard + timeout, last_sent + interval) - now
+            # NOTE: poll even when the wait is over, so a message that queued up
+            # during a long step counts as heard rather than as a timeout.
+            if sock.poll(max(0, math.ceil(wait * 1000))):
+                reply = self._handle(sock)
+                if reply is None:
+                    return 0
+                if reply is not False:
+                    self._send(sock, reply)
+                    last_sent = time.monotonic()
+                last_heard = time.monotonic()
+                continue
+            now = time.monotonic()
+            if now - last_heard >= timeout:
+                raise SchedulerLost(f"no message from the scheduler at {self.config.scheduler} for {now - last_heard:.1f} s (--scheduler-timeout {timeout} s)")
+            if now - last_sent >= interval:
+                self._send(sock, Heartbeat(sent_at=time.time()))
+                last_sent = now
+
+    def _handle(self, sock: zmq.Socket):
+        """The reply to one incoming message: a message, False for none, None to exit."""
+        try:
+            msg = self._recv(sock)
+        except ProtocolError as e:
+            log.warning("bad frame from the scheduler: %s", e)
+            return WorkerError(str(e))
+        match msg:
+            case StepPlan():
+                return self._execute(msg)
+            case Heartbeat():
+                return False
+            case Shutdown(reason=reason):
+                log.info("shutdown: %s", reason or "(no reason)")
+                return None
+            case WorkerReady():
+                return WorkerError("unexpected WorkerReady: this worker is already ready")
+
+    def _execute(self, plan: StepPlan) -> StepResult | WorkerError:
+        runner = self.runner
+        t0 = time.perf_counter()
+        try:
+            out = runner.execute(plan)
+        except PlanError as e:
+            log.warning("refused plan %d: %s", plan.step_id, e)
+            return WorkerError(str(e), step_id=plan.step_id)
+        elapsed = time.perf_counter() - t0
+        if self.metrics is not None:
+            self.metrics.observe_step(elapsed, runner.num_tokens_computed, runner.kv_bytes_written)
+        return StepResult(plan.step_id, out.seq_ids, out.sampled_token_ids, elapsed)
