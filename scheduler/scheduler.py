@@ -43,6 +43,10 @@ class RequestOutput:
     new_token_ids: list[int]
     finished: bool = False
     finish_reason: str | None = None
+    # Latencies this output completes (seconds): time to first token, or the gap
+    # since the previous token.
+    ttft_s: float | None = None
+    itl_s: float | None = None
 
 
 class Scheduler:
@@ -230,6 +234,14 @@ class Scheduler:
         self.waiting.appendleft(request)
         self.num_preemptions += 1
 
+    def preempt_all(self) -> None:
+        """The worker is gone with every row: all running requests go back to the
+        front of the waiting queue, in order, to be recomputed."""
+        for request in reversed(self.running):
+            self._preempt(request)
+        self.running.clear()
+        self._pending_finished_seq_ids.clear()
+
     def update_from_output(self, result: StepResult) -> list[RequestOutput]:
         """Apply the worker's result of the plan in flight: append sampled tokens,
         stop requests that are done. Raises ValueError on a result that does not
@@ -249,16 +261,20 @@ class Scheduler:
 
         now = time.monotonic()
         outputs: list[RequestOutput] = []
-        for seq_id, token_id in zip(result.seq_ids, result.sampled_token_ids):
+        for seq_id, token_id in zip(result.seq_ids, result.sampled_token_ids, strict=True):
             request = self.seq_id_to_request.get(seq_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # ended (aborted) while the step ran
             request.append_output_token_id(token_id)
             self.num_generation_tokens += 1
+            ttft_s = itl_s = None
             if request.first_token_time is None:
                 request.first_token_time = now
+                ttft_s = now - request.arrival_time
                 # As vLLM counts it: the whole prompt, cached tokens included, once.
                 self.num_prompt_tokens += request.num_prompt_tokens
+            else:
+                itl_s = now - request.last_token_time
             request.last_token_time = now
             status = None
             if request.num_output_tokens >= request.max_tokens:
@@ -270,7 +286,8 @@ class Scheduler:
             if status is not None:
                 self.running.remove(request)
                 self._finish(request, status)
-            outputs.append(RequestOutput(request, [token_id], status is not None, status.value if status else None))
+            reason = status.value if status else None
+            outputs.append(RequestOutput(request, [token_id], status is not None, reason, ttft_s, itl_s))
         return outputs
 
     def abandon_in_flight(self) -> SchedulerOutput | None:

@@ -1,0 +1,336 @@
+"""The scheduler process: sockets, the worker handshake, the step loop.
+
+One asyncio loop (uvloop) runs three tasks over two ZMQ ROUTER sockets and the
+HTTP server:
+
+* clients: Generate / Abort in; TokenOutput as tokens are produced, or RequestError;
+* worker: WorkerHello -> WorkerReady (sizes the BlockPool), then StepResults;
+* steps: schedule -> send the plan -> await its result -> stream tokens out.
+
+Steps are strictly sequential: a plan is sent only after the previous result is
+applied, which is what makes caching blocks at scheduling time safe (rule 3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+import zmq
+import zmq.asyncio
+
+from protocol.client_messages import Abort, ClientRequest, Generate, RequestError, TokenOutput
+from protocol.codec import Codec, ProtocolError
+from protocol.worker_messages import (
+    Heartbeat,
+    Shutdown,
+    StepResult,
+    WorkerError,
+    WorkerHello,
+    WorkerReady,
+    WorkerToScheduler,
+)
+from scheduler.config import SchedulerConfig
+from scheduler.hashing import BlockHasher
+from scheduler.http_server import build_app, start_http
+from scheduler.kv_cache_manager import KVCacheManager
+from scheduler.metrics import SchedulerMetrics
+from scheduler.request import Request, RequestStatus
+from scheduler.scheduler import RequestOutput, Scheduler
+from scheduler.validation import RequestLimits, RequestRejected, validate_generate
+
+log = logging.getLogger("scheduler")
+
+HEARTBEAT_INTERVAL_S = 0.5
+
+
+class WorkerLost(Exception):
+    pass
+
+
+class EngineCore:
+    def __init__(self, config: SchedulerConfig):
+        self.config = config
+        self.ctx = zmq.asyncio.Context()
+        self.client_sock = self._bind(config.client_address)
+        self.worker_sock = self._bind(config.worker_address)
+        self.client_codec: Codec = Codec(ClientRequest, config.max_frame_bytes)
+        self.worker_codec: Codec = Codec(WorkerToScheduler)
+        self.metrics = SchedulerMetrics(config.model_name)
+        self.hasher = BlockHasher(config.block_size, config.prefix_caching_hash_algo)
+        # Made at the first WorkerHello, when the pool's size is known.
+        self.kv: KVCacheManager | None = None
+        self.scheduler: Scheduler | None = None
+        self.limits: RequestLimits | None = None
+        self.eos_token_id = 0
+        self.worker_id: bytes | None = None
+        self.worker_ready = False
+        self.last_worker_msg = 0.0
+        self.last_sent_to_worker = 0.0
+        self._result: asyncio.Future[StepResult] | None = None
+        self._wakeup = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._stopping = False
+        self._next_seq_id = 0
+
+    def _bind(self, address: str) -> zmq.asyncio.Socket:
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.bind(address)
+        return sock
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        reset = self._http_reset_prefix_cache if self.config.dev_mode else None
+        http = await start_http(build_app(self._render_metrics, self._health, reset), self.config.host, self.config.http_port)
+        log.info(
+            "scheduler listening: clients %s, workers %s, http http://%s:%d",
+            self.config.client_address, self.config.worker_address, self.config.host, self.config.http_port,
+        )  # fmt: skip
+        tasks = [asyncio.create_task(c) for c in (self._client_loop(), self._worker_loop(), self._step_loop())]
+        await self._stop.wait()
+        # Steps stop at a step boundary; then everything still live ends with "abort".
+        for t in tasks[:2]:
+            t.cancel()
+        try:
+            await asyncio.wait_for(tasks[2], timeout=max(self.config.worker_timeout_s, 1.0) + 1.0)
+        except (TimeoutError, asyncio.CancelledError):
+            tasks[2].cancel()
+        await self._abort_everything()
+        if self.worker_id is not None:
+            await self.worker_sock.send_multipart([self.worker_id, self.worker_codec.encode(Shutdown("scheduler shutting down"))])
+        await http.cleanup()
+        self.client_sock.close(linger=1000)
+        self.worker_sock.close(linger=1000)
+        self.ctx.term()
+        log.info("scheduler stopped")
+        return 0
+
+    def request_stop(self) -> None:
+        if not self._stopping:
+            log.info("stopping: no new requests; running ones end with finish reason 'abort'")
+        self._stopping = True
+        self._stop.set()
+        self._wakeup.set()
+
+    async def _abort_everything(self) -> None:
+        if self.scheduler is None:
+            return
+        ended = self.scheduler.finish_requests(list(self.scheduler.requests), RequestStatus.FINISHED_ABORTED)
+        for request in ended:
+            await self._send_output(RequestOutput(request, [], True, "abort"))
+
+    # --- clients ----------------------------------------------------------------------
+
+    async def _client_loop(self) -> None:
+        while True:
+            frames = await self.client_sock.recv_multipart(copy=False)
+            ident = frames[0].bytes
+            if len(frames) != 2:
+                await self._send_error(ident, None, f"expected one frame per message, got {len(frames) - 1}")
+                continue
+            try:
+                msg = self.client_codec.decode(frames[1].buffer)
+            except ProtocolError as e:
+                await self._send_error(ident, None, str(e))
+                continue
+            match msg:
+                case Generate():
+                    await self._on_generate(ident, msg)
+                case Abort(request_id=rid):
+                    await self._on_abort(ident, rid)
+
+    async def _on_generate(self, ident: bytes, msg: Generate) -> None:
+        if self._stopping:
+            return await self._send_error(ident, msg.request_id, "the scheduler is shutting down")
+        if not self.worker_ready or self.scheduler is None:
+            return await self._send_error(ident, msg.request_id, "no worker is ready: try again once /health returns 200")
+        try:
+            validate_generate(msg, self.limits, self.scheduler.requests)
+        except RequestRejected as e:
+            return await self._send_error(ident, msg.request_id, str(e))
+        request = Request(
+            msg.request_id, list(msg.prompt_token_ids), msg.max_tokens, seq_id=self._next_seq_id, client_id=ident,
+            ignore_eos=msg.ignore_eos, eos_token_id=self.eos_token_id, cache_salt=msg.cache_salt, block_hasher=self.hasher,
+        )  # fmt: skip
+        self._next_seq_id += 1
+        self.scheduler.add_request(request)
+        self._wakeup.set()
+
+    async def _on_abort(self, ident: bytes, request_id: str) -> None:
+        request = self.scheduler.requests.get(request_id) if self.scheduler else None
+        if request is None or request.client_id != ident:
+            return await self._send_error(ident, request_id, f"unknown request id {request_id!r}: nothing to abort")
+        self.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
+        await self._send_output(RequestOutput(request, [], True, "abort"))
+        self._wakeup.set()
+
+    async def _send_error(self, ident: bytes, request_id: str | None, message: str) -> None:
+        log.debug("request error to %r: %s", ident, message)
+        await self.client_sock.send_multipart([ident, self.client_codec.encode(RequestError(message, request_id))])
+
+    async def _send_output(self, out: RequestOutput) -> None:
+        r = out.request
+        msg = TokenOutput(r.request_id, out.new_token_ids, out.finished, out.finish_reason, max(r.num_cached_tokens, 0))
+        await self.client_sock.send_multipart([r.client_id, self.client_codec.encode(msg)])
+
+    # --- the worker -------------------------------------------------------------------
+
+    async def _worker_loop(self) -> None:
+        while True:
+            frames = await self.worker_sock.recv_multipart()
+            ident = frames[0]
+            try:
+                msg = self.worker_codec.decode(frames[-1])
+            except ProtocolError as e:
+                log.error("bad frame from worker %r: %s", ident, e)
+                continue
+            if ident == self.worker_id:
+                self.last_worker_msg = time.monotonic()
+            match msg:
+                case WorkerHello():
+                    await self._on_hello(ident, msg)
+                case StepResult():
+                    if ident == self.worker_id and self._result is not None and not self._result.done():
+                        self._result.set_result(msg)
+                case WorkerError(message=message, step_id=step_id):
+                    log.error("worker refused step %d: %s", step_id, message)
+                    if ident == self.worker_id and self._result is not None and not self._result.done():
+                        self._result.set_exception(WorkerLost(f"worker refused step {step_id}: {message}"))
+                case Heartbeat():
+                    pass
+
+    async def _refuse_worker(self, ident: bytes, reason: str) -> None:
+        log.error("refusing worker %r: %s", ident, reason)
+        await self.worker_sock.send_multipart([ident, self.worker_codec.encode(Shutdown(reason))])
+
+    async def _on_hello(self, ident: bytes, hello: WorkerHello) -> None:
+        c = self.config
+        if self.worker_ready and ident != self.worker_id:
+            return await self._refuse_worker(ident, "a worker is already connected (one worker per scheduler)")
+        if hello.world_size != 1:
+            return await self._refuse_worker(ident, f"world_size {hello.world_size}: tensor parallelism is not supported yet")
+        if hello.block_size != c.block_size:
+            return await self._refuse_worker(ident, f"block size {hello.block_size} differs from the scheduler's --block-size {c.block_size}")
+        if self.kv is None:
+            num_blocks = hello.num_blocks
+            if c.num_gpu_blocks_override is not None:
+                if c.num_gpu_blocks_override > hello.num_blocks:
+                    return await self._refuse_worker(
+                        ident, f"--num-gpu-blocks-override {c.num_gpu_blocks_override} is more than the {hello.num_blocks} blocks the worker holds"
+                    )
+                num_blocks = c.num_gpu_blocks_override
+            if num_blocks < 2:
+                return await self._refuse_worker(ident, f"the worker holds {num_blocks} blocks; at least 2 are needed")
+            self.kv = KVCacheManager(num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching)
+            self.scheduler = Scheduler(self.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len)
+            self.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
+            self.eos_token_id = hello.eos_token_id
+            log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d)", num_blocks, c.block_size, hello.device, hello.num_blocks)
+        elif hello.num_blocks < self.kv.block_pool.num_gpu_blocks or hello.vocab_size != self.limits.vocab_size:
+            return await self._refuse_worker(ident, "a returning worker must hold at least the pool's blocks and the same model")
+        self.worker_id = ident
+        self.last_worker_msg = time.monotonic()
+        ready = WorkerReady(self.kv.block_pool.num_gpu_blocks, c.block_size, c.max_num_seqs, c.max_model_len, self.scheduler.next_step_id)
+        await self._send_to_worker(ready)
+        self.worker_ready = True
+        self._wakeup.set()
+        log.info("worker %r ready", ident)
+
+    async def _send_to_worker(self, msg) -> int:
+        frame = self.worker_codec.encode(msg)
+        await self.worker_sock.send_multipart([self.worker_id, frame])
+        self.last_sent_to_worker = time.monotonic()
+        return len(frame)
+
+    def _on_worker_lost(self, why: str) -> None:
+        """Requests in flight go back to waiting, as if preempted; the cache is void."""
+        log.error("worker lost: %s", why)
+        self.worker_ready = False
+        self.worker_id = None
+        if self.scheduler is not None:
+            self.scheduler.abandon_in_flight()
+            self.scheduler.preempt_all()
+            # NOTE: a new worker's KV memory is empty: every hash is void.
+            self.kv.reset_prefix_cache()
+
+    # --- steps ------------------------------------------------------------------------
+
+    async def _step_loop(self) -> None:
+        while not self._stopping:
+            self._wakeup.clear()
+            if self.worker_ready and time.monotonic() - self.last_worker_msg > self.config.worker_timeout_s:
+                self._on_worker_lost(f"silent for more than {self.config.worker_timeout_s} s")
+            out = self.scheduler.schedule() if self.worker_ready else None
+            if out is None:
+                if self.worker_ready and time.monotonic() - self.last_sent_to_worker > HEARTBEAT_INTERVAL_S:
+                    await self._send_to_worker(Heartbeat(time.time()))
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), HEARTBEAT_INTERVAL_S)
+                except TimeoutError:
+                    pass
+                continue
+            t0 = time.perf_counter()
+            self._result = asyncio.get_running_loop().create_future()
+            nbytes = await self._send_to_worker(out.plan)
+            try:
+                result = await self._await_result()
+                outputs = self.scheduler.update_from_output(result)
+            except (WorkerLost, ValueError) as e:
+                self._on_worker_lost(str(e))
+                continue
+            finally:
+                self._result = None
+            for o in outputs:
+                await self._send_output(o)
+            self._observe(outputs, nbytes, time.perf_counter() - t0)
+
+    async def _await_result(self) -> StepResult:
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(self._result), HEARTBEAT_INTERVAL_S)
+            except TimeoutError:
+                if time.monotonic() - self.last_worker_msg > self.config.worker_timeout_s:
+                    raise WorkerLost(f"no result for {self.config.worker_timeout_s} s") from None
+
+    def _observe(self, outputs: list[RequestOutput], plan_bytes: int, step_s: float) -> None:
+        m = self.metrics
+        m.steps.inc()
+        m.plan_bytes.inc(plan_bytes)
+        m.step_duration.observe(step_s)
+        for o in outputs:
+            if o.ttft_s is not None:
+                m.ttft.observe(o.ttft_s)
+            if o.itl_s is not None:
+                m.itl.observe(o.itl_s)
+            if o.finished:
+                m.e2e.observe(time.monotonic() - o.request.arrival_time)
+        m.update(self.scheduler, self.kv)
+
+    # --- HTTP -------------------------------------------------------------------------
+
+    def _render_metrics(self) -> bytes:
+        if self.scheduler is not None:
+            self.metrics.update(self.scheduler, self.kv)
+        return self.metrics.render()
+
+    def _health(self) -> tuple[bool, str]:
+        if self._stopping:
+            return False, "shutting down"
+        return (True, "ok") if self.worker_ready else (False, "no worker is ready")
+
+    def _http_reset_prefix_cache(self) -> tuple[bool, str]:
+        if self.kv is None:
+            return False, "no pool yet: no worker has connected"
+        if self.kv.reset_prefix_cache():
+            return True, "prefix cache reset"
+        used = self.kv.block_pool.num_gpu_blocks - 1 - self.kv.block_pool.get_num_free_blocks()
+        return False, f"refused: {used} blocks are held by running requests"
