@@ -1,0 +1,80 @@
+"""KV cache sizing, size parsing, the paged write, and the command line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worker.__main__ import config_from_args
+from worker.cache_ops import reshape_and_cache
+from worker.kv_cache import (
+    allocate_kv_caches,
+    kv_bytes_per_block,
+    num_blocks_for_budget,
+    parse_size,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("512MiB", 512 << 20), ("2GiB", 2 << 30), ("64M", 64 << 20), ("64m", 64 << 20), ("1.5G", 3 << 29),
+     ("4096", 4096), ("10KB", 10_000), ("1 GiB", 1 << 30), ("3k", 3072)],
+)
+def test_parse_size(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "garbage", "-1", "0", "0MiB", "12Q", "1iB", "MiB", "1e3", "5 GiBs", "1.2.3M"])
+def test_parse_size_rejects_garbage(text):
+    with pytest.raises(ValueError, match="invalid size"):
+        parse_size(text)
+
+
+def test_cli_rejects_bad_kv_cache_memory_with_a_clear_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        config_from_args(["--kv-cache-memory", "lots"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--kv-cache-memory" in err and "invalid size 'lots'" in err and "512MiB" in err
+
+
+def test_cli_defaults_and_flags():
+    c = config_from_args(["--device", "cpu", "--kv-cache-memory", "1MiB", "--block-size", "8", "--http-port", "0", "--dtype", "float64", "--num-layers", "3"])
+    assert (c.device, c.dtype, c.kv_cache_memory, c.block_size, c.http_port) == ("cpu", "float64", 1 << 20, 8, 0)
+    assert c.model.num_layers == 3 and c.model.vocab_size == 512 and c.model.eos_token_id == 1
+    assert c.scheduler == "tcp://127.0.0.1:5556" and c.scheduler_timeout_s == 2.0
+
+
+def test_cli_rejects_bad_model_shape(capsys):
+    with pytest.raises(SystemExit):
+        config_from_args(["--num-heads", "3", "--num-kv-heads", "2"])
+    assert "num_heads (3) must be a multiple of num_kv_heads (2)" in capsys.readouterr().err
+
+
+def test_blocks_for_budget():
+    per_block = kv_bytes_per_block(num_layers=2, block_size=16, num_kv_heads=2, head_dim=32, dtype=torch.float32)
+    assert per_block == 2 * 2 * 16 * 2 * 32 * 4
+    assert num_blocks_for_budget(64 << 20, per_block) == 4096
+    assert num_blocks_for_budget(per_block * 3 - 1, per_block) == 2
+
+
+def test_allocation_layout():
+    caches = allocate_kv_caches(3, 10, 4, 2, 8, torch.float16, "cpu")
+    assert len(caches) == 3
+    assert all(kv.shape == (2, 10, 4, 2, 8) and kv.dtype == torch.float16 for kv in caches)
+    assert caches[0].data_ptr() != caches[1].data_ptr()
+    with pytest.raises(ValueError, match="at least 2 blocks"):
+        allocate_kv_caches(1, 1, 4, 2, 8, torch.float32, "cpu")
+
+
+def test_reshape_and_cache_writes_each_token_into_its_slot():
+    bs, kvh, hd = 4, 2, 3
+    cache = allocate_kv_caches(1, 6, bs, kvh, hd, torch.float32, "cpu")[0]  # (2, 6, 4, 2, 3)
+    k = torch.randn(5, kvh, hd)
+    v = torch.randn(5, kvh, hd)
+    slots = torch.tensor([5 * bs + 1, 2 * bs + 0, 2 * bs + 3, 1 * bs + 2, 5 * bs + 0])
+    reshape_and_cache(k, v, cache, slots)
+    for i, s in enumerate(slots.tolist()):
+        assert torch.equal(cache[0, s // bs, s % bs], k[i])
+        assert torch.equal(cache[1, s // bs, s % bs], v[i])
+    assert int((cache != 0).sum()) == 2 * 5 * kvh * hd  # nothing else written

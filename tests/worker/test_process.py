@@ -1,0 +1,165 @@
+"""``python -m worker`` as a real process against a fake scheduler ROUTER socket.
+
+Every wait is bounded by a poll timeout and the process is always killed in a finally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+import zmq
+
+from protocol.codec import Codec
+from protocol.worker_messages import (
+    Heartbeat,
+    RequestRow,
+    Shutdown,
+    StepPlan,
+    StepResult,
+    WorkerError,
+    WorkerHello,
+    WorkerReady,
+    WorkerToScheduler,
+)
+from worker.model import ModelConfig, build_model
+from worker.reference import reference_generate
+
+pytestmark = pytest.mark.e2e
+
+STARTUP_S = 60.0  # importing torch on a loaded 2-core machine can be slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FakeScheduler:
+    def __init__(self):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind("tcp://127.0.0.1:0")
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.codec: Codec = Codec(WorkerToScheduler)
+        self.identity: bytes | None = None
+
+    def recv(self, timeout_s: float, skip_heartbeats: bool = True):
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            if not self.sock.poll(int(left * 1000) + 1):
+                break
+            ident, frame = self.sock.recv_multipart()
+            self.identity = ident
+            msg = self.codec.decode(frame)
+            if skip_heartbeats and isinstance(msg, Heartbeat):
+                continue
+            return msg
+        raise AssertionError(f"nothing from the worker within {timeout_s} s")
+
+    def send(self, msg) -> None:
+        self.sock.send_multipart([self.identity, self.codec.encode(msg)])
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self.ctx.term()
+
+
+@contextlib.contextmanager
+def worker_process(endpoint: str, *extra: str):
+    cmd = [sys.executable, "-m", "worker", "--scheduler", endpoint, "--device", "cpu", "--dtype", "float64",
+           "--block-size", "4", "--kv-cache-memory", "1MiB", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+def handshake(sched: FakeScheduler, **ready) -> WorkerHello:
+    hello = sched.recv(STARTUP_S)
+    assert isinstance(hello, WorkerHello)
+    sched.send(WorkerReady(**{"num_blocks": 64, "block_size": 4, "max_num_seqs": 4, "max_model_len": 64, **ready}))
+    return hello
+
+
+def test_hello_plans_heartbeat_metrics_and_shutdown():
+    model = build_model(ModelConfig(), seed=0, dtype=torch.float64)
+    prompt = [3, 14, 15, 92, 65, 35]
+    expected = reference_generate(model, prompt, 3)
+    sched, port = FakeScheduler(), free_port()
+    try:
+        with worker_process(sched.endpoint, "--http-port", str(port)) as proc:
+            hello = handshake(sched)
+            # 1 MiB / (2 * 2 layers * 4 tokens * 2 kv heads * 32 dims * 8 bytes)
+            assert (hello.num_blocks, hello.block_size, hello.vocab_size, hello.eos_token_id) == (128, 4, 512, 1)
+            assert (hello.num_layers, hello.num_kv_heads, hello.head_dim, hello.device) == (2, 2, 32, "cpu")
+            sched.send(StepPlan(0, {7: 4}, new_rows=[RequestRow(7, prompt, [9, 2])]))
+            r0 = sched.recv(10)
+            assert isinstance(r0, StepResult) and r0.step_id == 0 and r0.seq_ids == []
+            sched.send(StepPlan(1, {7: 2}))
+            r1 = sched.recv(10)
+            assert (r1.step_id, r1.seq_ids, r1.sampled_token_ids) == (1, [7], expected[:1])
+            assert r1.execute_time_s > 0
+            sched.send(StepPlan(5))  # a gap: refused, state unchanged
+            err = sched.recv(10)
+            assert isinstance(err, WorkerError) and err.step_id == 5 and "gap" in err.message
+            sched.send(StepPlan(2))
+            r2 = sched.recv(10)
+            assert (r2.step_id, r2.seq_ids, r2.sampled_token_ids) == (2, [7], expected[1:2])
+            # Idle: the worker says it is alive about every 0.5 s.
+            sched.send(Heartbeat(time.time()))
+            assert isinstance(sched.recv(3, skip_heartbeats=False), Heartbeat)
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            for name in ("kvpool_worker_step_duration_seconds_bucket", "kvpool_worker_tokens_computed_total",
+                         "kvpool_worker_kv_bytes_written_total", "kvpool_worker_steps_total", "kvpool_worker_num_blocks"):
+                assert name in body, name
+            assert 'kvpool_worker_tokens_computed_total{engine="0",model_name="kvpool-tiny"} 7.0' in body
+            assert 'kvpool_worker_num_blocks{engine="0",model_name="kvpool-tiny"} 64.0' in body
+            sched.send(Shutdown("test over"))
+            assert proc.wait(timeout=10) == 0
+    finally:
+        sched.close()
+
+
+def test_exits_nonzero_when_the_scheduler_goes_silent():
+    sched = FakeScheduler()
+    try:
+        with worker_process(sched.endpoint, "--http-port", "0", "--scheduler-timeout", "0.5") as proc:
+            handshake(sched)
+            t0 = time.monotonic()
+            rc = proc.wait(timeout=15)
+            assert rc != 0 and time.monotonic() - t0 < 10
+            _, err = proc.communicate(timeout=5)
+            assert "no message from the scheduler" in err and "--scheduler-timeout" in err
+    finally:
+        sched.close()
+
+
+def test_reconnect_handshakes_again_and_resyncs():
+    model = build_model(ModelConfig(), seed=0, dtype=torch.float64)
+    prompt = [5, 6, 7]
+    sched = FakeScheduler()
+    try:
+        with worker_process(sched.endpoint, "--http-port", "0", "--scheduler-timeout", "0.5", "--reconnect") as proc:
+            handshake(sched)
+            hello = sched.recv(10)  # silence: the worker drops its rows and says hello again
+            assert isinstance(hello, WorkerHello)
+            sched.send(WorkerReady(64, 4, 4, 64, next_step_id=40, resync_rows=[RequestRow(3, prompt, [8])]))
+            sched.send(StepPlan(40, {3: 3}))
+            res = sched.recv(10)
+            assert (res.step_id, res.seq_ids, res.sampled_token_ids) == (40, [3], reference_generate(model, prompt, 1))
+            sched.send(Shutdown())
+            assert proc.wait(timeout=10) == 0
+    finally:
+        sched.close()
