@@ -24,7 +24,7 @@ COUNTERS = {
     "kvpool_evictions_total",
     "kvpool_steps_total",
     "kvpool_plan_bytes_total",
-    "kvpool_worker_tokens_total",
+    "kvpool_worker_tokens_computed_total",
     "kvpool_worker_kv_bytes_written_total",
 }
 GAUGES = {
@@ -39,7 +39,7 @@ HISTOGRAMS = {
     "vllm:e2e_request_latency_seconds",
     "vllm:inter_token_latency_seconds",
     "kvpool_step_duration_seconds",
-    "kvpool_worker_step_seconds",
+    "kvpool_worker_step_duration_seconds",
 }
 EXPORTED = (
     COUNTERS | GAUGES | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")} | {"up"}
