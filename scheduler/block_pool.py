@@ -149,7 +149,8 @@ class BlockPool:
         if num_cached_blocks >= num_full_blocks or not self.enable_caching:
             return
         insert = self.cached_block_hash_to_block.insert
-        stored: list[BlockHash] = []
+        # Indices of the blocks whose hash no block held before (what a router learns).
+        stored: list[int] = []
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
             if block.is_null:
@@ -159,13 +160,22 @@ class BlockPool:
             block_hash = block_hashes[i]
             block.block_hash = block_hash
             if insert(block_hash, block):
-                stored.append(block_hash)
+                stored.append(i)
         if stored and self.event_sink is not None:
-            parent = block_hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None
-            tokens = None
-            if token_ids is not None:
-                tokens = list(token_ids[num_cached_blocks * block_size : num_full_blocks * block_size])
-            self.event_sink.block_stored(stored, parent, tokens, block_size)
+            # NOTE: a BlockStored's hashes form one chain from its parent, and its
+            # tokens are exactly theirs. Duplicates are left out, so one event per
+            # run of consecutive new blocks, else the tokens would not line up.
+            start = prev = stored[0]
+            for i in stored[1:] + [-1]:
+                if i == prev + 1:
+                    prev = i
+                    continue
+                parent = block_hashes[start - 1] if start > 0 else None
+                tokens = None
+                if token_ids is not None:
+                    tokens = list(token_ids[start * block_size : (prev + 1) * block_size])
+                self.event_sink.block_stored(list(block_hashes[start : prev + 1]), parent, tokens, block_size)
+                start = prev = i
 
     def reset_prefix_cache(self) -> bool:
         """Drop every hash. Refused (False, nothing changed) while any request holds a block."""
