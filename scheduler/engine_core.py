@@ -98,12 +98,15 @@ class EngineCore:
         tasks = [asyncio.create_task(c) for c in (self._client_loop(), self._worker_loop(), self._step_loop())]
         await self._stop.wait()
         # Steps stop at a step boundary; then everything still live ends with "abort".
-        for t in tasks[:2]:
-            t.cancel()
+        # NOTE: the worker loop must outlive the step in flight: it delivers that
+        # step's result. Cancelling it first left the step waiting the whole worker
+        # timeout, then taking the worker for lost (and never sending it Shutdown).
+        tasks[0].cancel()
         try:
             await asyncio.wait_for(tasks[2], timeout=max(self.config.worker_timeout_s, 1.0) + 1.0)
         except (TimeoutError, asyncio.CancelledError):
             tasks[2].cancel()
+        tasks[1].cancel()
         await self._abort_everything()
         if self.worker_id is not None:
             await self.worker_sock.send_multipart([self.worker_id, self.worker_codec.encode(Shutdown("scheduler shutting down"))])
