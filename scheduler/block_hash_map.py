@@ -32,9 +32,9 @@ class BlockHashToBlockMap:
 
     def insert(self, key: BlockHash, block: KVCacheBlock) -> bool:
         """Register ``block`` under ``key``; True when ``key`` was new (no block held it)."""
-        blocks = self._cache.get(key)
-        if blocks is None:
-            self._cache[key] = block
+        # NOTE: one dict operation in the common case (a new hash), not a get and a set.
+        blocks = self._cache.setdefault(key, block)
+        if blocks is block:
             return True
         if type(blocks) is KVCacheBlock:
             self._cache[key] = {blocks.block_id: blocks, block.block_id: block}
