@@ -10,7 +10,6 @@ import ipaddress
 import os
 from dataclasses import dataclass
 
-from protocol.codec import DEFAULT_MAX_FRAME_BYTES
 from scheduler.hashing import HASH_ALGOS
 
 
@@ -32,7 +31,10 @@ class SchedulerConfig:
     model_name: str = "kvpool-tiny"
     # A worker silent for this long (no heartbeat, no result) is taken for dead.
     worker_timeout_s: float = 10.0
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    # With no worker for this long, waiting requests end with a RequestError.
+    worker_reconnect_timeout_s: float = 30.0
+    # Largest client frame answered; ZeroMQ drops connections sending 4x this.
+    max_frame_bytes: int = 1 << 20
 
     @property
     def client_address(self) -> str:
@@ -72,7 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", dest="model_name", default=d.model_name, help="the model_name label of every metric")
     p.add_argument("--worker-timeout", dest="worker_timeout_s", type=float, default=d.worker_timeout_s, metavar="SECONDS",
                    help="a worker silent this long is taken for dead (default %(default)s)")  # fmt: skip
-    p.add_argument("--max-frame-bytes", type=int, default=d.max_frame_bytes, help="largest frame accepted from a client (default %(default)s)")
+    p.add_argument("--worker-reconnect-timeout", dest="worker_reconnect_timeout_s", type=float, default=d.worker_reconnect_timeout_s,
+                   metavar="SECONDS", help="with no worker this long, waiting requests fail (default %(default)s)")  # fmt: skip
+    p.add_argument("--max-frame-bytes", type=int, default=d.max_frame_bytes,
+                   help="largest client frame answered (default %(default)s); a peer sending 4x this is disconnected")  # fmt: skip
     return p
 
 
@@ -88,8 +93,8 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
     if a.num_gpu_blocks_override is not None and a.num_gpu_blocks_override < 2:
         p.error(f"--num-gpu-blocks-override must be at least 2 (block 0 is the null block), got {a.num_gpu_blocks_override}")
-    if a.worker_timeout_s <= 0:
-        p.error("--worker-timeout must be positive")
+    if a.worker_timeout_s <= 0 or a.worker_reconnect_timeout_s <= 0:
+        p.error("--worker-timeout and --worker-reconnect-timeout must be positive")
     if not is_loopback(a.host):
         p.error(f"--host {a.host} is not a loopback address: binding it without CURVE authentication is refused")
     return SchedulerConfig(**vars(a))

@@ -1,14 +1,19 @@
-"""The scheduler process: sockets, the worker handshake, the step loop.
+"""The scheduler process: sockets, the worker handshake, the step loop, faults.
 
-One asyncio loop (uvloop) runs three tasks over two ZMQ ROUTER sockets and the
-HTTP server:
+One asyncio loop (uvloop) runs these tasks over two ZMQ ROUTER ports and HTTP:
 
 * clients: Generate / Abort in; TokenOutput as tokens are produced, or RequestError;
 * worker: WorkerHello -> WorkerReady (sizes the BlockPool), then StepResults;
-* steps: schedule -> send the plan -> await its result -> stream tokens out.
+* steps: schedule -> send the plan -> await its result -> stream tokens out;
+* watchers: a peer disconnecting on either port is probed at once.
 
 Steps are strictly sequential: a plan is sent only after the previous result is
 applied, which is what makes caching blocks at scheduling time safe (rule 3).
+
+Faults (docs/operations.md): a worker that is gone or silent sends its running
+requests back to waiting, as if preempted, and voids the prefix cache; a returning
+worker resumes them. With no worker for --worker-reconnect-timeout, waiting
+requests end with a RequestError. A client that is gone has its requests aborted.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import logging
 import signal
 import time
 
-import zmq
 import zmq.asyncio
 
 from protocol.client_messages import Abort, ClientRequest, Generate, RequestError, TokenOutput
@@ -39,6 +43,7 @@ from scheduler.kv_cache_manager import KVCacheManager
 from scheduler.metrics import SchedulerMetrics
 from scheduler.request import Request, RequestStatus
 from scheduler.scheduler import RequestOutput, Scheduler
+from scheduler.sockets import RouterPort
 from scheduler.validation import RequestLimits, RequestRejected, validate_generate
 
 log = logging.getLogger("scheduler")
@@ -54,19 +59,20 @@ class EngineCore:
     def __init__(self, config: SchedulerConfig):
         self.config = config
         self.ctx = zmq.asyncio.Context()
-        self.client_sock = self._bind(config.client_address)
-        self.worker_sock = self._bind(config.worker_address)
+        self.clients = RouterPort(self.ctx, config.client_address, rcvhwm=1000, max_msg_size=4 * config.max_frame_bytes)
+        self.workers = RouterPort(self.ctx, config.worker_address)
         self.client_codec: Codec = Codec(ClientRequest, config.max_frame_bytes)
         self.worker_codec: Codec = Codec(WorkerToScheduler)
         self.metrics = SchedulerMetrics(config.model_name)
         self.hasher = BlockHasher(config.block_size, config.prefix_caching_hash_algo)
-        # Made at the first WorkerHello, when the pool's size is known.
+        # Made at the first WorkerHello, when the pool's size is known; kept after.
         self.kv: KVCacheManager | None = None
         self.scheduler: Scheduler | None = None
         self.limits: RequestLimits | None = None
         self.eos_token_id = 0
         self.worker_id: bytes | None = None
         self.worker_ready = False
+        self.worker_lost_at: float | None = None
         self.last_worker_msg = 0.0
         self.last_sent_to_worker = 0.0
         self._result: asyncio.Future[StepResult] | None = None
@@ -74,14 +80,6 @@ class EngineCore:
         self._stop = asyncio.Event()
         self._stopping = False
         self._next_seq_id = 0
-
-    def _bind(self, address: str) -> zmq.asyncio.Socket:
-        sock = self.ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 1000)
-        sock.setsockopt(zmq.SNDHWM, 100_000)
-        sock.setsockopt(zmq.RCVHWM, 100_000)
-        sock.bind(address)
-        return sock
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -95,24 +93,28 @@ class EngineCore:
             "scheduler listening: clients %s, workers %s, http http://%s:%d",
             self.config.client_address, self.config.worker_address, self.config.host, self.config.http_port,
         )  # fmt: skip
-        tasks = [asyncio.create_task(c) for c in (self._client_loop(), self._worker_loop(), self._step_loop())]
+        step = asyncio.create_task(self._step_loop())
+        others = [
+            asyncio.create_task(c)
+            for c in (
+                self._client_loop(), self._worker_loop(),
+                self.clients.watch_disconnects(self._sweep_clients), self.workers.watch_disconnects(self._probe_worker),
+            )
+        ]  # fmt: skip
         await self._stop.wait()
+        for t in others:
+            t.cancel()
         # Steps stop at a step boundary; then everything still live ends with "abort".
-        # NOTE: the worker loop must outlive the step in flight: it delivers that
-        # step's result. Cancelling it first left the step waiting the whole worker
-        # timeout, then taking the worker for lost (and never sending it Shutdown).
-        tasks[0].cancel()
         try:
-            await asyncio.wait_for(tasks[2], timeout=max(self.config.worker_timeout_s, 1.0) + 1.0)
+            await asyncio.wait_for(step, timeout=self.config.worker_timeout_s + 1.0)
         except (TimeoutError, asyncio.CancelledError):
-            tasks[2].cancel()
-        tasks[1].cancel()
-        await self._abort_everything()
+            step.cancel()
+        await self._end_all(RequestStatus.FINISHED_ABORTED)
         if self.worker_id is not None:
-            await self.worker_sock.send_multipart([self.worker_id, self.worker_codec.encode(Shutdown("scheduler shutting down"))])
+            await self.workers.send(self.worker_id, self.worker_codec.encode(Shutdown("scheduler shutting down")))
         await http.cleanup()
-        self.client_sock.close(linger=1000)
-        self.worker_sock.close(linger=1000)
+        self.clients.close()
+        self.workers.close()
         self.ctx.term()
         log.info("scheduler stopped")
         return 0
@@ -124,18 +126,21 @@ class EngineCore:
         self._stop.set()
         self._wakeup.set()
 
-    async def _abort_everything(self) -> None:
+    async def _end_all(self, status: RequestStatus, message: str = "") -> None:
+        """End every live request; each client hears of it (abort, or a RequestError)."""
         if self.scheduler is None:
             return
-        ended = self.scheduler.finish_requests(list(self.scheduler.requests), RequestStatus.FINISHED_ABORTED)
-        for request in ended:
-            await self._send_output(RequestOutput(request, [], True, "abort"))
+        for request in self.scheduler.finish_requests(list(self.scheduler.requests), status):
+            if status == RequestStatus.FINISHED_ERROR:
+                await self._send_error(request.client_id, request.request_id, message)
+            else:
+                await self._send_output(RequestOutput(request, [], True, status.value))
 
     # --- clients ----------------------------------------------------------------------
 
     async def _client_loop(self) -> None:
         while True:
-            frames = await self.client_sock.recv_multipart(copy=False)
+            frames = await self.clients.recv()
             ident = frames[0].bytes
             if len(frames) != 2:
                 await self._send_error(ident, None, f"expected one frame per message, got {len(frames) - 1}")
@@ -178,21 +183,45 @@ class EngineCore:
 
     async def _send_error(self, ident: bytes, request_id: str | None, message: str) -> None:
         log.debug("request error to %r: %s", ident, message)
-        await self.client_sock.send_multipart([ident, self.client_codec.encode(RequestError(message, request_id))])
+        # NOTE: an error reply that cannot be delivered is dropped: the peer is gone or
+        # is flooding without reading, and nothing else is owed to it.
+        await self.clients.send(ident, self.client_codec.encode(RequestError(message, request_id)))
 
     async def _send_output(self, out: RequestOutput) -> None:
         r = out.request
         msg = TokenOutput(r.request_id, out.new_token_ids, out.finished, out.finish_reason, max(r.num_cached_tokens, 0))
-        await self.client_sock.send_multipart([r.client_id, self.client_codec.encode(msg)])
+        if not await self.clients.send(r.client_id, self.client_codec.encode(msg)):
+            self._drop_client(r.client_id)
+
+    def _drop_client(self, ident: bytes) -> None:
+        """The client is gone (or stopped reading): abort its requests, free their blocks."""
+        if self.scheduler is None:
+            return
+        ids = [rid for rid, r in self.scheduler.requests.items() if r.client_id == ident]
+        if ids:
+            log.warning("client %r is gone: aborting its %d requests", ident, len(ids))
+            self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
+            self._wakeup.set()
+
+    async def _sweep_clients(self) -> None:
+        """A client disconnected: probe every client with live requests (an empty
+        TokenOutput is a no-op for a client) and drop those that are gone."""
+        if self.scheduler is None:
+            return
+        first: dict[bytes, Request] = {}
+        for r in self.scheduler.requests.values():
+            first.setdefault(r.client_id, r)
+        for r in first.values():
+            await self._send_output(RequestOutput(r, []))
 
     # --- the worker -------------------------------------------------------------------
 
     async def _worker_loop(self) -> None:
         while True:
-            frames = await self.worker_sock.recv_multipart()
-            ident = frames[0]
+            frames = await self.workers.recv()
+            ident = frames[0].bytes
             try:
-                msg = self.worker_codec.decode(frames[-1])
+                msg = self.worker_codec.decode(frames[-1].buffer)
             except ProtocolError as e:
                 log.error("bad frame from worker %r: %s", ident, e)
                 continue
@@ -213,12 +242,14 @@ class EngineCore:
 
     async def _refuse_worker(self, ident: bytes, reason: str) -> None:
         log.error("refusing worker %r: %s", ident, reason)
-        await self.worker_sock.send_multipart([ident, self.worker_codec.encode(Shutdown(reason))])
+        await self.workers.send(ident, self.worker_codec.encode(Shutdown(reason)))
 
     async def _on_hello(self, ident: bytes, hello: WorkerHello) -> None:
         c = self.config
         if self.worker_ready and ident != self.worker_id:
-            return await self._refuse_worker(ident, "a worker is already connected (one worker per scheduler)")
+            await self._probe_worker()
+            if self.worker_ready:
+                return await self._refuse_worker(ident, "a worker is already connected (one worker per scheduler)")
         if hello.world_size != 1:
             return await self._refuse_worker(ident, f"world_size {hello.world_size}: tensor parallelism is not supported yet")
         if hello.block_size != c.block_size:
@@ -238,44 +269,74 @@ class EngineCore:
             self.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
             self.eos_token_id = hello.eos_token_id
             log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d)", num_blocks, c.block_size, hello.device, hello.num_blocks)
-        elif hello.num_blocks < self.kv.block_pool.num_gpu_blocks or hello.vocab_size != self.limits.vocab_size:
+        elif hello.num_blocks < self.kv.block_pool.num_gpu_blocks or (hello.vocab_size, hello.eos_token_id) != (
+            self.limits.vocab_size, self.eos_token_id,
+        ):  # fmt: skip
             return await self._refuse_worker(ident, "a returning worker must hold at least the pool's blocks and the same model")
+        elif self.worker_ready:
+            # The same worker again (it restarted its handshake): its rows are gone.
+            self._on_worker_lost("the worker handshook again")
         self.worker_id = ident
         self.last_worker_msg = time.monotonic()
         ready = WorkerReady(self.kv.block_pool.num_gpu_blocks, c.block_size, c.max_num_seqs, c.max_model_len, self.scheduler.next_step_id)
         await self._send_to_worker(ready)
         self.worker_ready = True
+        self.worker_lost_at = None
         self._wakeup.set()
-        log.info("worker %r ready", ident)
+        log.info("worker %r ready (%d requests waiting)", ident, self.scheduler.num_waiting)
 
     async def _send_to_worker(self, msg) -> int:
         frame = self.worker_codec.encode(msg)
-        await self.worker_sock.send_multipart([self.worker_id, frame])
+        if not await self.workers.send(self.worker_id, frame):
+            raise WorkerLost("the worker's connection is gone")
         self.last_sent_to_worker = time.monotonic()
         return len(frame)
 
+    async def _probe_worker(self) -> None:
+        """A worker-port peer disconnected: is it ours?"""
+        if not self.worker_ready:
+            return
+        try:
+            await self._send_to_worker(Heartbeat(time.time()))
+        except WorkerLost as e:
+            if self._result is not None and not self._result.done():
+                self._result.set_exception(e)
+            else:
+                self._on_worker_lost(str(e))
+
     def _on_worker_lost(self, why: str) -> None:
         """Requests in flight go back to waiting, as if preempted; the cache is void."""
-        log.error("worker lost: %s", why)
+        if not self.worker_ready:
+            return
+        log.error("worker lost: %s; %d running requests go back to waiting", why, self.scheduler.num_running)
         self.worker_ready = False
         self.worker_id = None
-        if self.scheduler is not None:
-            self.scheduler.abandon_in_flight()
-            self.scheduler.preempt_all()
-            # NOTE: a new worker's KV memory is empty: every hash is void.
-            self.kv.reset_prefix_cache()
+        self.worker_lost_at = time.monotonic()
+        self.scheduler.abandon_in_flight()
+        self.scheduler.preempt_all()
+        # NOTE: the next worker's KV memory is empty: every hash is void.
+        self.kv.reset_prefix_cache()
+        self.metrics.update(self.scheduler, self.kv)
 
     # --- steps ------------------------------------------------------------------------
 
     async def _step_loop(self) -> None:
         while not self._stopping:
             self._wakeup.clear()
-            if self.worker_ready and time.monotonic() - self.last_worker_msg > self.config.worker_timeout_s:
+            now = time.monotonic()
+            if self.worker_ready and now - self.last_worker_msg > self.config.worker_timeout_s:
                 self._on_worker_lost(f"silent for more than {self.config.worker_timeout_s} s")
+            if self.worker_lost_at is not None and now - self.worker_lost_at > self.config.worker_reconnect_timeout_s:
+                if self.scheduler.has_unfinished_requests():
+                    log.error("no worker for %.0f s: failing %d waiting requests", now - self.worker_lost_at, self.scheduler.num_waiting)
+                    await self._end_all(RequestStatus.FINISHED_ERROR, f"no worker returned within {self.config.worker_reconnect_timeout_s} s")
             out = self.scheduler.schedule() if self.worker_ready else None
             if out is None:
-                if self.worker_ready and time.monotonic() - self.last_sent_to_worker > HEARTBEAT_INTERVAL_S:
-                    await self._send_to_worker(Heartbeat(time.time()))
+                if self.worker_ready and now - self.last_sent_to_worker > HEARTBEAT_INTERVAL_S:
+                    try:
+                        await self._send_to_worker(Heartbeat(time.time()))
+                    except WorkerLost as e:
+                        self._on_worker_lost(str(e))
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), HEARTBEAT_INTERVAL_S)
                 except TimeoutError:
@@ -283,8 +344,8 @@ class EngineCore:
                 continue
             t0 = time.perf_counter()
             self._result = asyncio.get_running_loop().create_future()
-            nbytes = await self._send_to_worker(out.plan)
             try:
+                nbytes = await self._send_to_worker(out.plan)
                 result = await self._await_result()
                 outputs = self.scheduler.update_from_output(result)
             except (WorkerLost, ValueError) as e:

@@ -1,0 +1,82 @@
+"""The scheduler's two ROUTER sockets, with liveness.
+
+ZeroMQ hides connections, but two things show them: a monitor socket reports
+that *some* peer disconnected, and a ROUTER with ROUTER_MANDATORY refuses a send
+to a peer that is gone (EHOSTUNREACH). `RouterPort.send` never waits: a peer that
+is gone, or that has stopped reading (send queue full), makes it return False, and
+the caller decides what that peer's requests become.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+log = logging.getLogger("scheduler")
+
+
+class RouterPort:
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        address: str,
+        *,
+        rcvhwm: int = 10_000,
+        sndhwm: int = 100_000,
+        max_msg_size: int = -1,
+    ):
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.RCVHWM, rcvhwm)
+        sock.setsockopt(zmq.SNDHWM, sndhwm)
+        # A peer sending a frame over this size is disconnected by ZeroMQ itself,
+        # before the frame is buffered: memory stays bounded whatever is sent.
+        sock.setsockopt(zmq.MAXMSGSIZE, max_msg_size)
+        # ZMTP heartbeats are answered by ZeroMQ's I/O thread, so a peer that is busy
+        # computing still answers; a dead or cut-off one is dropped within the timeout.
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 500)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 1500)
+        sock.bind(address)
+        self.sock = sock
+        self.address = address
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.num_send_failures = 0
+
+    async def recv(self) -> list[zmq.Frame]:
+        return await self.sock.recv_multipart(copy=False)
+
+    async def send(self, ident: bytes, frame: bytes) -> bool:
+        """Send without waiting; False when the peer is gone or not reading."""
+        try:
+            await self.sock.send_multipart([ident, frame], flags=zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            self.num_send_failures += 1
+            return False
+        except zmq.ZMQError as e:
+            if e.errno == zmq.EHOSTUNREACH:
+                self.num_send_failures += 1
+                return False
+            raise
+
+    async def watch_disconnects(self, on_disconnect: Callable[[], object]) -> None:
+        """Call ``on_disconnect`` (sync or async) after each peer disconnect."""
+        while True:
+            event = parse_monitor_message(await self._monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                # NOTE: the peer's routing entry goes a moment after the event.
+                await asyncio.sleep(0.05)
+                result = on_disconnect()
+                if asyncio.iscoroutine(result):
+                    await result
+
+    def close(self) -> None:
+        self.sock.disable_monitor()
+        self._monitor.close(linger=0)
+        self.sock.close(linger=1000)
