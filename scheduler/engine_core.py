@@ -102,13 +102,18 @@ class EngineCore:
             )
         ]  # fmt: skip
         await self._stop.wait()
-        for t in others:
-            t.cancel()
         # Steps stop at a step boundary; then everything still live ends with "abort".
+        # NOTE: the worker loop (others[1]) must outlive the step in flight: it
+        # delivers that step's result. Cancelled first, it left the step waiting the
+        # whole --worker-timeout, then taking the worker for lost (never sent Shutdown).
+        for t in (others[0], others[2]):
+            t.cancel()
         try:
             await asyncio.wait_for(step, timeout=self.config.worker_timeout_s + 1.0)
         except (TimeoutError, asyncio.CancelledError):
             step.cancel()
+        for t in (others[1], others[3]):
+            t.cancel()
         await self._end_all(RequestStatus.FINISHED_ABORTED)
         if self.worker_id is not None:
             await self.workers.send(self.worker_id, self.worker_codec.encode(Shutdown("scheduler shutting down")))
