@@ -14,7 +14,7 @@ chunks (several consecutive tokens of one request, possibly starting mid-sequenc
   gather the request's blocks, then SDPA with a causal mask offset by the number of
   tokens already computed.
 
-K/V of the step are written into the cache before attention (``reshape_and_cache``),
+K/V of the step are written into the cache before attention (``KVCacheWriter``, vLLM's reshape_and_cache),
 so every token reads its own K/V, and its request's earlier ones, from the pages.
 """
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from worker.cache_ops import reshape_and_cache
+from worker.cache_ops import KVCacheWriter
 
 DEFAULT_WORKSPACE_BYTES = 16 * 1024 * 1024  # per K and per V
 
@@ -70,6 +70,7 @@ class PagedAttention:
         workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
     ):
         self.kv_caches = kv_caches  # per layer (2, num_blocks, block_size, kvh, hd)
+        self.writers = [KVCacheWriter(kv) for kv in kv_caches]
         _, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim = kv_caches[0].shape
         self.num_heads = num_heads
         self.group = num_heads // self.num_kv_heads
@@ -137,7 +138,7 @@ class PagedAttention:
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata
     ) -> torch.Tensor:
         """q (T, nh, hd); k, v (T, kvh, hd) -> (T, nh, hd)."""
-        reshape_and_cache(k, v, self.kv_caches[layer], md.slot_mapping)
+        self.writers[layer].write(k, v, md.slot_mapping)
         out = torch.empty_like(q)  # (T, nh, hd)
         kvh, hd = self.num_kv_heads, self.head_dim
         for g in md.decode_groups:
