@@ -6,7 +6,10 @@ request's queue; `generate` sends one `Generate`, then reads its queue until the
 A request that hears nothing for `request_timeout` seconds is aborted and fails.
 
 `connect` waits for the ZMTP handshake (via a socket monitor) so that an unreachable
-scheduler is reported at once instead of requests queueing forever in libzmq.
+scheduler is reported at once instead of requests queueing forever in libzmq. The
+same monitor then watches the connection: if the scheduler goes away, every request
+in flight fails at once with a clear error instead of waiting for its timeout (a
+restarted scheduler would not know them anyway).
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ SUCCESS_FINISH_REASONS = frozenset({"length", "stop"})
 
 class SchedulerUnreachable(ConnectionError):
     """No connection to the scheduler's client port could be made in time."""
+
+
+# Put in every request's queue when the connection to the scheduler is lost.
+_CONNECTION_LOST = object()
 
 
 @dataclass(slots=True)
@@ -66,6 +73,9 @@ class KVPoolClient:
         self._codec: Codec[ClientResponse] = Codec(ClientResponse)
         self._queues: dict[str, asyncio.Queue] = {}
         self._dispatcher: asyncio.Task | None = None
+        self._watcher: asyncio.Task | None = None
+        # Why the connection is gone, once it is.
+        self.lost: str | None = None
         self.num_bad_frames = 0
         self.num_unrouted = 0
 
@@ -79,7 +89,7 @@ class KVPoolClient:
         """Connect and wait for the handshake; raise SchedulerUnreachable after `timeout` s."""
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED)
+        monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED)
         self._sock = sock
         sock.connect(self.address)
         retries = 0
@@ -97,12 +107,36 @@ class KVPoolClient:
                 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     break
                 retries += 1
-        finally:
+        except BaseException:
             sock.disable_monitor()
             monitor.close(linger=0)
+            raise
         self._dispatcher = asyncio.create_task(self._dispatch(), name="loadgen-dispatcher")
+        self._watcher = asyncio.create_task(self._watch(monitor), name="loadgen-connection-watch")
+
+    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
+        try:
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())["event"]
+                if event == zmq.EVENT_DISCONNECTED:
+                    self.lost = f"lost the connection to the scheduler at {self.address} (did it stop?)"
+                    log.error("%s; failing %d requests in flight", self.lost, len(self._queues))
+                    for queue in self._queues.values():
+                        queue.put_nowait(_CONNECTION_LOST)
+                    return
+        finally:
+            if self._sock is not None:
+                self._sock.disable_monitor()
+            monitor.close(linger=0)
 
     async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            try:
+                await self._watcher
+            except asyncio.CancelledError:
+                pass
+            self._watcher = None
         if self._dispatcher is not None:
             self._dispatcher.cancel()
             try:
@@ -161,6 +195,9 @@ class KVPoolClient:
         if request_id in self._queues:
             raise ValueError(f"request id {request_id!r} already in flight")
         res = RequestResult(index, request_id, len(prompt_token_ids))
+        if self.lost is not None:
+            res.error = self.lost
+            return res
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
         msg = Generate(
@@ -178,6 +215,9 @@ class KVPoolClient:
                 except TimeoutError:
                     res.error = f"no response from the scheduler for {request_timeout:g} s"
                     await self.abort([request_id])
+                    break
+                if reply is _CONNECTION_LOST:
+                    res.error = self.lost
                     break
                 now = time.perf_counter()
                 res.latency_s = now - res.start_s

@@ -95,8 +95,10 @@ class Cluster:
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
+        # Processes a test killed on purpose before this call are not watched.
+        watched = {name: p for name, p in self.procs.items() if p.poll() is None}
         while time.monotonic() < deadline:
-            for name, p in self.procs.items():
+            for name, p in watched.items():
                 if p.poll() is not None:
                     raise RuntimeError(f"{name} exited with {p.returncode} before the cluster was ready")
             if self.health() == 200:
