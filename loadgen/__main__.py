@@ -30,6 +30,7 @@ from loadgen.datasets import (
 from loadgen.progress import Progress
 from loadgen.report import format_report, summarize, write_result_json
 from loadgen.runner import run_benchmark
+from protocol.curve import CurveKeyError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 DEFAULT_NUM_REQUESTS = 200
@@ -64,6 +65,8 @@ class LoadgenConfig:
     plot: str | None
     save_outputs: bool
     log_level: str
+    curve_client_key: str | None = None
+    curve_server_key: str | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-interval", type=float, default=0.5, help="seconds between /metrics polls"
     )
     g.add_argument("--log-level", default="WARNING")
+    g = p.add_argument_group("security (when the scheduler uses ZeroMQ CURVE)")
+    g.add_argument("--curve-client-key", metavar="FILE", help="this client's secret certificate (NAME.key_secret)")
+    g.add_argument("--curve-server-key", metavar="FILE", help="the scheduler's public certificate (NAME.key)")
     return p
 
 
@@ -183,6 +189,8 @@ def parse_config(argv: list[str] | None = None) -> LoadgenConfig:
         p.error("--vocab-size must be > 2")
     if a.save_outputs and not a.result_json:
         p.error("--save-outputs needs --result-json")
+    if (a.curve_client_key is None) != (a.curve_server_key is None):
+        p.error("--curve-client-key and --curve-server-key go together")
     fields = dict(vars(a))
     fields["metrics_url"] = a.metrics_url or None
     return LoadgenConfig(**fields)
@@ -226,6 +234,7 @@ async def _amain(cfg: LoadgenConfig, requests: list[SampleRequest]) -> int:
         requests,
         offsets,
         scheduler=cfg.scheduler,
+        curve_keys=(cfg.curve_client_key, cfg.curve_server_key) if cfg.curve_client_key else None,
         metrics_url=cfg.metrics_url,
         ignore_eos=not cfg.respect_eos,
         max_concurrency=cfg.max_concurrency,
@@ -284,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with runner:
             return runner.run(_amain(cfg, requests))
-    except SchedulerUnreachable as e:
+    except (SchedulerUnreachable, CurveKeyError) as e:
         print(f"loadgen: error: {e}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except KeyboardInterrupt:

@@ -25,6 +25,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from protocol.client_messages import Abort, ClientResponse, Generate, RequestError, TokenOutput
 from protocol.codec import Codec, ProtocolError
+from protocol.curve import apply_client
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,10 @@ class RequestResult:
 class KVPoolClient:
     """Async client of the scheduler's client port. Use `async with` or connect/close."""
 
-    def __init__(self, address: str, ctx: zmq.asyncio.Context | None = None):
+    def __init__(self, address: str, ctx: zmq.asyncio.Context | None = None, curve_keys: tuple[str, str] | None = None):
         self.address = address
+        # (own secret certificate, the scheduler's public certificate), for CURVE.
+        self.curve_keys = curve_keys
         self._ctx = ctx or zmq.asyncio.Context.instance()
         self._sock: zmq.asyncio.Socket | None = None
         self._codec: Codec[ClientResponse] = Codec(ClientResponse)
@@ -89,6 +92,8 @@ class KVPoolClient:
         """Connect and wait for the handshake; raise SchedulerUnreachable after `timeout` s."""
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        if self.curve_keys is not None:
+            apply_client(sock, *self.curve_keys)
         monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED)
         self._sock = sock
         sock.connect(self.address)

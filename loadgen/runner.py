@@ -43,6 +43,7 @@ async def run_benchmark(
     *,
     scheduler: str,
     metrics_url: str | None,
+    curve_keys: tuple[str, str] | None = None,
     ignore_eos: bool,
     max_concurrency: int | None = None,
     request_timeout: float = 120.0,
@@ -54,7 +55,7 @@ async def run_benchmark(
 ) -> RunOutcome:
     """Run the workload; raises SchedulerUnreachable if the scheduler cannot be reached."""
     scraper = MetricsScraper(metrics_url, metrics_interval) if metrics_url else None
-    client = KVPoolClient(scheduler)
+    client = KVPoolClient(scheduler, curve_keys=curve_keys)
     try:
         await client.connect(connect_timeout)
         before = await scraper.scrape() if scraper else None

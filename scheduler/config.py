@@ -10,6 +10,7 @@ import ipaddress
 import os
 from dataclasses import dataclass
 
+from protocol.curve import CurveKeyError, load_keypair
 from scheduler.hashing import HASH_ALGOS
 
 
@@ -35,6 +36,13 @@ class SchedulerConfig:
     worker_reconnect_timeout_s: float = 30.0
     # Largest client frame answered; ZeroMQ drops connections sending 4x this.
     max_frame_bytes: int = 1 << 20
+    # CURVE: the scheduler's secret certificate and the folder of peers' public ones.
+    curve_secret_key: str | None = None
+    curve_authorized_keys: str | None = None
+
+    @property
+    def curve(self) -> bool:
+        return self.curve_secret_key is not None
 
     @property
     def client_address(self) -> str:
@@ -78,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="SECONDS", help="with no worker this long, waiting requests fail (default %(default)s)")  # fmt: skip
     p.add_argument("--max-frame-bytes", type=int, default=d.max_frame_bytes,
                    help="largest client frame answered (default %(default)s); a peer sending 4x this is disconnected")  # fmt: skip
+    g = p.add_argument_group("security (ZeroMQ CURVE; required to bind a non-loopback --host)")
+    g.add_argument("--curve-secret-key", metavar="FILE", help="the scheduler's secret certificate (NAME.key_secret, see `python -m protocol.curve`)")
+    g.add_argument("--curve-authorized-keys", metavar="DIR", help="folder of the public certificates of allowed workers and clients")
     return p
 
 
@@ -95,6 +106,16 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
         p.error(f"--num-gpu-blocks-override must be at least 2 (block 0 is the null block), got {a.num_gpu_blocks_override}")
     if a.worker_timeout_s <= 0 or a.worker_reconnect_timeout_s <= 0:
         p.error("--worker-timeout and --worker-reconnect-timeout must be positive")
-    if not is_loopback(a.host):
-        p.error(f"--host {a.host} is not a loopback address: binding it without CURVE authentication is refused")
+    if (a.curve_secret_key is None) != (a.curve_authorized_keys is None):
+        p.error("--curve-secret-key and --curve-authorized-keys go together")
+    if a.curve_secret_key is not None:
+        try:
+            load_keypair(a.curve_secret_key)
+        except CurveKeyError as e:
+            p.error(str(e))
+        if not os.path.isdir(a.curve_authorized_keys):
+            p.error(f"--curve-authorized-keys {a.curve_authorized_keys} is not a folder")
+    elif not is_loopback(a.host):
+        p.error(f"--host {a.host} is not a loopback address: binding it without CURVE authentication is refused "
+                "(give --curve-secret-key and --curve-authorized-keys)")  # fmt: skip
     return SchedulerConfig(**vars(a))

@@ -24,6 +24,7 @@ import signal
 import time
 
 import zmq.asyncio
+from zmq.auth.asyncio import AsyncioAuthenticator
 
 from protocol.client_messages import Abort, ClientRequest, Generate, RequestError, TokenOutput
 from protocol.codec import Codec, ProtocolError
@@ -59,8 +60,15 @@ class EngineCore:
     def __init__(self, config: SchedulerConfig):
         self.config = config
         self.ctx = zmq.asyncio.Context()
-        self.clients = RouterPort(self.ctx, config.client_address, rcvhwm=1000, max_msg_size=4 * config.max_frame_bytes)
-        self.workers = RouterPort(self.ctx, config.worker_address)
+        self.authenticator = None
+        if config.curve:
+            # Only peers whose public certificate is in the folder get through.
+            self.authenticator = AsyncioAuthenticator(self.ctx)
+            self.authenticator.start()
+            self.authenticator.configure_curve(domain="*", location=config.curve_authorized_keys)
+        key = config.curve_secret_key
+        self.clients = RouterPort(self.ctx, config.client_address, rcvhwm=1000, max_msg_size=4 * config.max_frame_bytes, curve_secret_key=key)
+        self.workers = RouterPort(self.ctx, config.worker_address, curve_secret_key=key)
         self.client_codec: Codec = Codec(ClientRequest, config.max_frame_bytes)
         self.worker_codec: Codec = Codec(WorkerToScheduler)
         self.metrics = SchedulerMetrics(config.model_name)
@@ -120,6 +128,8 @@ class EngineCore:
         await http.cleanup()
         self.clients.close()
         self.workers.close()
+        if self.authenticator is not None:
+            self.authenticator.stop()
         self.ctx.term()
         log.info("scheduler stopped")
         return 0

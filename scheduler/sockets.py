@@ -17,6 +17,8 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from protocol.curve import apply_server
+
 log = logging.getLogger("scheduler")
 
 
@@ -29,8 +31,11 @@ class RouterPort:
         rcvhwm: int = 10_000,
         sndhwm: int = 100_000,
         max_msg_size: int = -1,
+        curve_secret_key: str | None = None,
     ):
         sock = ctx.socket(zmq.ROUTER)
+        if curve_secret_key is not None:
+            apply_server(sock, curve_secret_key)
         sock.setsockopt(zmq.LINGER, 1000)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.RCVHWM, rcvhwm)
