@@ -14,6 +14,7 @@ import sys
 import torch
 import zmq
 
+from protocol.curve import CurveKeyError, load_keypair
 from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
 from worker.kv_cache import cuda_kv_budget, kv_bytes_per_block, num_blocks_for_budget, parse_size
 from worker.metrics import WorkerMetrics
@@ -57,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler-timeout", type=float, default=d.scheduler_timeout_s, metavar="SECONDS",
                    help="exit (or reconnect) after this long without a message from the scheduler (default %(default)s)")
     p.add_argument("--reconnect", action="store_true", help="on scheduler timeout, drop every row and handshake again instead of exiting")
+    p.add_argument("--curve-client-key", metavar="FILE", help="CURVE: this worker's secret certificate (NAME.key_secret)")
+    p.add_argument("--curve-server-key", metavar="FILE", help="CURVE: the scheduler's public certificate (NAME.key)")
     g = p.add_argument_group("model shape (the scheduler and load generator assume the defaults)")
     g.add_argument("--vocab-size", type=int, default=dm.vocab_size)
     g.add_argument("--hidden-size", type=int, default=dm.hidden_size)
@@ -82,6 +85,14 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
         p.error(f"--http-port must be 0..65535, got {a.http_port}")
     if a.scheduler_timeout <= 0:
         p.error(f"--scheduler-timeout must be positive, got {a.scheduler_timeout}")
+    if (a.curve_client_key is None) != (a.curve_server_key is None):
+        p.error("--curve-client-key and --curve-server-key go together")
+    if a.curve_client_key is not None:
+        try:
+            load_keypair(a.curve_client_key)
+            load_keypair(a.curve_server_key, need_secret=False)
+        except CurveKeyError as e:
+            p.error(str(e))
     try:
         model = ModelConfig(
             vocab_size=a.vocab_size, hidden_size=a.hidden_size, num_layers=a.num_layers, num_heads=a.num_heads,
@@ -94,7 +105,7 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
         scheduler=a.scheduler, device=device, dtype=a.dtype, kv_cache_memory=a.kv_cache_memory,
         gpu_memory_utilization=a.gpu_memory_utilization, block_size=a.block_size, http_port=a.http_port,
         seed=a.seed, log_level=a.log_level, scheduler_timeout_s=a.scheduler_timeout, reconnect=a.reconnect,
-        model=model,
+        curve_client_key=a.curve_client_key, curve_server_key=a.curve_server_key, model=model,
     )
 
 

@@ -27,4 +27,7 @@ class WorkerConfig:
     scheduler_timeout_s: float = 2.0
     heartbeat_interval_s: float = 0.5
     reconnect: bool = False
+    # CURVE: this worker's secret certificate and the scheduler's public one.
+    curve_client_key: str | None = None
+    curve_server_key: str | None = None
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -24,6 +24,7 @@ import torch
 import zmq
 
 from protocol.codec import Codec, ProtocolError
+from protocol.curve import apply_client
 from protocol.worker_messages import (
     Heartbeat,
     SchedulerToWorker,
@@ -74,6 +75,8 @@ class WorkerProcess:
         while True:
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            if self.config.curve_client_key is not None:
+                apply_client(sock, self.config.curve_client_key, self.config.curve_server_key)
             sock.connect(self.config.scheduler)
             try:
                 ready = self._handshake(sock)
