@@ -10,8 +10,10 @@ format (see protocol/kv_events.py), so a router built for vLLM reads it unchange
   sequence number with every buffered batch from there on, then vLLM's end
   marker. The buffer keeps the last ``buffer_steps`` batches.
 
-Every endpoint must be loopback tcp, ipc:// or inproc://: there is no CURVE
-authentication yet. Unlike vLLM (which connects to a non-wildcard tcp endpoint),
+Every endpoint must be loopback tcp, ipc:// or inproc:// unless CURVE is on
+(``curve_secret_key``): then both sockets are CURVE servers and the ZAP
+authenticator already running on the caller's context (the scheduler's) decides
+which subscribers may connect. Unlike vLLM (which connects to a non-wildcard tcp endpoint),
 both sockets always bind; subscribers connect.
 """
 
@@ -26,13 +28,15 @@ import msgspec
 import zmq
 
 from protocol import kv_events as wire
+from protocol.curve import apply_server
 from scheduler import kv_events
 
 REPLAY_POLL_MS = 100
 
 
-def check_local_endpoint(endpoint: str, what: str = "endpoint") -> None:
-    """Raise ValueError unless ``endpoint`` is loopback tcp, ipc:// or inproc://."""
+def check_local_endpoint(endpoint: str, what: str = "endpoint", allow_remote: bool = False) -> None:
+    """Raise ValueError unless ``endpoint`` is loopback tcp (any tcp host with
+    ``allow_remote``), ipc:// or inproc://."""
     scheme, sep, rest = endpoint.partition("://")
     if sep and scheme in ("ipc", "inproc") and rest:
         return
@@ -41,11 +45,12 @@ def check_local_endpoint(endpoint: str, what: str = "endpoint") -> None:
         if not colon or not (port.isdigit() or port == "*"):
             raise ValueError(f"{what} {endpoint!r}: expected tcp://HOST:PORT")
         host = host.removeprefix("[").removesuffix("]")
-        if host == "localhost" or _is_loopback_ip(host):
+        if allow_remote or host == "localhost" or _is_loopback_ip(host):
             return
         raise ValueError(
             f"{what} {endpoint!r} is not a loopback address: publishing KV events on it without "
-            "CURVE authentication is refused; use tcp://127.0.0.1:PORT, ipc:// or inproc://"
+            "CURVE authentication is refused; use tcp://127.0.0.1:PORT, ipc:// or inproc://, "
+            "or turn CURVE on"
         )
     raise ValueError(f"{what} {endpoint!r}: expected tcp://127.0.0.1:PORT, ipc://PATH or inproc://NAME")
 
@@ -94,10 +99,14 @@ class KVEventPublisher:
         hwm: int = 100_000,
         int_block_hashes: bool = False,
         data_parallel_rank: int = 0,
+        curve_secret_key: str | None = None,
     ):
-        check_local_endpoint(endpoint, "--kv-events-endpoint")
+        curve = curve_secret_key is not None
+        if curve and ctx is None:
+            raise ValueError("CURVE needs the caller's context, where its ZAP authenticator runs")
+        check_local_endpoint(endpoint, "--kv-events-endpoint", allow_remote=curve)
         if replay_endpoint is not None:
-            check_local_endpoint(replay_endpoint, "--kv-events-replay-endpoint")
+            check_local_endpoint(replay_endpoint, "--kv-events-replay-endpoint", allow_remote=curve)
         if buffer_steps < 1:
             raise ValueError(f"buffer_steps must be positive, got {buffer_steps}")
         self.topic = topic.encode("utf-8")
@@ -121,12 +130,16 @@ class KVEventPublisher:
 
         self._pub = self._ctx.socket(zmq.PUB)
         try:
+            if curve:
+                apply_server(self._pub, curve_secret_key)
             self._pub.setsockopt(zmq.SNDHWM, hwm)
             self._pub.setsockopt(zmq.LINGER, 500)
             self._pub.bind(endpoint)
             self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
             if replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
+                if curve:
+                    apply_server(self._replay, curve_secret_key)
                 # vLLM's sizing: a whole replay plus its end marker always fits.
                 self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))
                 self._replay.setsockopt(zmq.LINGER, 0)
@@ -215,6 +228,7 @@ def make_kv_event_sink(
     replay_endpoint: str | None = None,
     topic: str = "",
     buffer_steps: int = 10_000,
+    curve_secret_key: str | None = None,
 ) -> tuple[kv_events.KVEventRecorder | None, KVEventPublisher | None]:
     """(the pool's event_sink, the publisher), or (None, None) without an endpoint.
 
@@ -224,5 +238,5 @@ def make_kv_event_sink(
         if replay_endpoint is not None:
             raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
         return None, None
-    publisher = KVEventPublisher(ctx, endpoint, replay_endpoint, topic, buffer_steps)
+    publisher = KVEventPublisher(ctx, endpoint, replay_endpoint, topic, buffer_steps, curve_secret_key=curve_secret_key)
     return kv_events.KVEventRecorder(), publisher
