@@ -19,6 +19,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import msgspec
+
 from protocol.worker_messages import AppendedBlocks, RequestRow, StepPlan, StepResult
 from scheduler.kv_cache_manager import KVCacheManager
 from scheduler.request import Request, RequestStatus
@@ -33,11 +35,16 @@ class SchedulerOutput:
     scheduled: list[tuple[Request, int]]
     num_scheduled_tokens: int
     preempted: list[Request] = field(default_factory=list)
+    # seq_ids of the rows whose computed tokens reach their token count this step:
+    # each samples exactly one token (what the result must name).
+    sampling_seq_ids: list[int] = field(default_factory=list)
 
 
-@dataclass(slots=True)
-class RequestOutput:
-    """New tokens of one request after a step (or its end)."""
+class RequestOutput(msgspec.Struct):
+    """New tokens of one request after a step (or its end).
+
+    A msgspec Struct, not a dataclass: one is made per running request per step,
+    and a Struct's C __init__ is ~10x cheaper (~0.1 vs ~0.8 us, 256 a step)."""
 
     request: Request
     new_token_ids: list[int]
@@ -143,29 +150,63 @@ class Scheduler:
         appended: list[AppendedBlocks] = []
         preempted: list[Request] = []
 
+        sampling: list[int] = []
+
         # 1. Running requests, in order.
+        # NOTE: this loop runs once per running request per step (256 x ~50 steps/s);
+        # it is written for speed: locals, no properties, and a fast path that skips
+        # allocate_slots when it would do nothing (see below).
+        running = self.running
+        block_size = self.block_size
+        req_to_blocks = kv.req_to_blocks
+        num_cached_block = kv.num_cached_block
+        caching = kv.enable_caching
         index = 0
-        while index < len(self.running) and token_budget > 0:
-            request = self.running[index]
-            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, token_budget)
-            while True:
-                new_blocks = kv.allocate_slots(request, num_new_tokens)
-                if new_blocks is not None:
-                    break
-                # Out of blocks: preempt the lowest-priority request (the last running).
-                victim = self.running.pop()
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is request:
-                    break
-            if new_blocks is None:
+        # NOTE: a preemption pops the end of `running`; the iterator sees it shorter.
+        for request in running:
+            if token_budget <= 0:
                 break
+            num_computed = request.num_computed_tokens
+            num_tokens = len(request.all_token_ids)
+            num_new_tokens = num_tokens - num_computed
+            if num_new_tokens > token_budget:
+                num_new_tokens = token_budget
+            end = num_computed + num_new_tokens
+            # NOTE: fast path, the common decode step: the tokens fit the blocks the
+            # request holds and fill no new block, so allocate_slots would allocate
+            # nothing and cache nothing (exactly: it returns [] with no side effect).
+            blocks = req_to_blocks.get(request.request_id)
+            if (
+                blocks is not None
+                and end <= len(blocks) * block_size
+                and (not caching or end // block_size <= num_cached_block[request.request_id])
+            ):
+                new_blocks = None
+            else:
+                while True:
+                    new_blocks = kv.allocate_slots(request, num_new_tokens)
+                    if new_blocks is not None:
+                        break
+                    # Out of blocks: preempt the lowest-priority request (the last running).
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim is request:
+                        break
+                if new_blocks is None:
+                    break
+            seq_id = request.seq_id
             scheduled.append((request, num_new_tokens))
             if num_new_tokens != 1:
-                num_scheduled_tokens[request.seq_id] = num_new_tokens
+                num_scheduled_tokens[seq_id] = num_new_tokens
             if new_blocks:
-                appended.append(AppendedBlocks(request.seq_id, [b.block_id for b in new_blocks]))
-                self._num_sent_blocks[request.seq_id] += len(new_blocks)
+                appended.append(AppendedBlocks(seq_id, [b.block_id for b in new_blocks]))
+                self._num_sent_blocks[seq_id] += len(new_blocks)
+            # NOTE: safe to count now: a preemption victim is always a request this
+            # loop has not reached yet (the last running one), never a scheduled one.
+            request.num_computed_tokens = end
+            if end == num_tokens:
+                sampling.append(seq_id)
             token_budget -= num_new_tokens
             index += 1
         # Running rows left out of this step (budget spent) must say so: default is 1.
@@ -186,7 +227,6 @@ class Scheduler:
                 kv.record_prefix_cache_query(request.num_tokens, num_hit_tokens)
                 self.waiting.popleft()
                 self.running.append(request)
-                request.num_computed_tokens = num_hit_tokens
                 if request.num_cached_tokens < 0:
                     request.num_cached_tokens = num_hit_tokens
                 block_ids = kv.get_block_ids(request.request_id)
@@ -197,6 +237,9 @@ class Scheduler:
                 scheduled.append((request, num_new_tokens))
                 if num_new_tokens != 1:
                     num_scheduled_tokens[request.seq_id] = num_new_tokens
+                request.num_computed_tokens = num_hit_tokens + num_new_tokens
+                if request.num_computed_tokens == request.num_tokens:
+                    sampling.append(request.seq_id)
                 token_budget -= num_new_tokens
 
         finished_seq_ids = self._pending_finished_seq_ids
@@ -207,8 +250,6 @@ class Scheduler:
             self._pending_finished_seq_ids.extend(r.seq_id for r in preempted)
             return None
 
-        for request, n in scheduled:
-            request.num_computed_tokens += n
         plan = StepPlan(
             step_id=self.next_step_id,
             num_scheduled_tokens=num_scheduled_tokens,
@@ -220,7 +261,7 @@ class Scheduler:
         )
         self.next_step_id += 1
         total = self.max_num_batched_tokens - token_budget
-        self._in_flight = SchedulerOutput(plan, scheduled, total, preempted)
+        self._in_flight = SchedulerOutput(plan, scheduled, total, preempted, sampling)
         return self._in_flight
 
     def _preempt(self, request: Request) -> None:
@@ -253,20 +294,25 @@ class Scheduler:
         if len(result.seq_ids) != len(result.sampled_token_ids):
             raise ValueError("result has different numbers of seq_ids and sampled tokens")
         # Rows that completed their tokens this step sample exactly one token each.
-        expects = {r.seq_id for r, _ in out.scheduled if r.num_computed_tokens == r.num_tokens}
         got = set(result.seq_ids)
+        expects = set(out.sampling_seq_ids)
         if got != expects or len(got) != len(result.seq_ids):
             raise ValueError(f"step {result.step_id}: sampled rows {sorted(got)} but expected {sorted(expects)}")
         self._in_flight = None
 
+        # NOTE: once per sampled row per step: locals, no properties (see schedule()).
         now = time.monotonic()
         outputs: list[RequestOutput] = []
+        seq_id_to_request = self.seq_id_to_request
+        max_model_len = self.max_model_len
+        running_status = RequestStatus.RUNNING
+        num_generated = 0
         for seq_id, token_id in zip(result.seq_ids, result.sampled_token_ids, strict=True):
-            request = self.seq_id_to_request.get(seq_id)
-            if request is None or request.status != RequestStatus.RUNNING:
+            request = seq_id_to_request.get(seq_id)
+            if request is None or request.status is not running_status:
                 continue  # ended (aborted) while the step ran
             request.append_output_token_id(token_id)
-            self.num_generation_tokens += 1
+            num_generated += 1
             ttft_s = itl_s = None
             if request.first_token_time is None:
                 request.first_token_time = now
@@ -276,18 +322,21 @@ class Scheduler:
             else:
                 itl_s = now - request.last_token_time
             request.last_token_time = now
+            num_tokens = len(request.all_token_ids)
             status = None
-            if request.num_output_tokens >= request.max_tokens:
+            if num_tokens - request.num_prompt_tokens >= request.max_tokens:
                 status = RequestStatus.FINISHED_LENGTH
             elif not request.ignore_eos and token_id == request.eos_token_id:
                 status = RequestStatus.FINISHED_STOPPED
-            elif request.num_tokens >= self.max_model_len:
+            elif num_tokens >= max_model_len:
                 status = RequestStatus.FINISHED_LENGTH
-            if status is not None:
+            if status is None:
+                outputs.append(RequestOutput(request, [token_id], False, None, ttft_s, itl_s))
+            else:
                 self.running.remove(request)
                 self._finish(request, status)
-            reason = status.value if status else None
-            outputs.append(RequestOutput(request, [token_id], status is not None, reason, ttft_s, itl_s))
+                outputs.append(RequestOutput(request, [token_id], True, status.value, ttft_s, itl_s))
+        self.num_generation_tokens += num_generated
         return outputs
 
     def abandon_in_flight(self) -> SchedulerOutput | None:
