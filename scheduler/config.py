@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from protocol.curve import CurveKeyError, load_keypair
 from scheduler.hashing import HASH_ALGOS
+from scheduler.kv_event_publisher import check_local_endpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,11 @@ class SchedulerConfig:
     # CURVE: the scheduler's secret certificate and the folder of peers' public ones.
     curve_secret_key: str | None = None
     curve_authorized_keys: str | None = None
+    # KV events in vLLM's wire format (for KV-aware routers); off without an endpoint.
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
+    kv_events_topic: str = ""
+    kv_events_buffer_steps: int = 10_000
 
     @property
     def curve(self) -> bool:
@@ -89,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("security (ZeroMQ CURVE; required to bind a non-loopback --host)")
     g.add_argument("--curve-secret-key", metavar="FILE", help="the scheduler's secret certificate (NAME.key_secret, see `python -m protocol.curve`)")
     g.add_argument("--curve-authorized-keys", metavar="DIR", help="folder of the public certificates of allowed workers and clients")
+    g = p.add_argument_group("KV events (vLLM's ZMQ format, for KV-aware routers)")
+    g.add_argument("--kv-events-endpoint", metavar="ENDPOINT", help="bind a ZMQ PUB socket here and publish KV cache events, e.g. tcp://127.0.0.1:5557")
+    g.add_argument("--kv-events-replay-endpoint", metavar="ENDPOINT", help="ROUTER socket serving missed batches, e.g. tcp://127.0.0.1:5558")
+    g.add_argument("--kv-events-topic", default=d.kv_events_topic, help="topic frame of every batch (default: empty)")
+    g.add_argument("--kv-events-buffer-steps", type=int, default=d.kv_events_buffer_steps, help="batches kept for replay (default %(default)s)")
     return p
 
 
@@ -118,4 +129,14 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
     elif not is_loopback(a.host):
         p.error(f"--host {a.host} is not a loopback address: binding it without CURVE authentication is refused "
                 "(give --curve-secret-key and --curve-authorized-keys)")  # fmt: skip
+    if a.kv_events_replay_endpoint is not None and a.kv_events_endpoint is None:
+        p.error("--kv-events-replay-endpoint needs --kv-events-endpoint")
+    if a.kv_events_buffer_steps < 1:
+        p.error("--kv-events-buffer-steps must be positive")
+    for flag, ep in (("--kv-events-endpoint", a.kv_events_endpoint), ("--kv-events-replay-endpoint", a.kv_events_replay_endpoint)):
+        if ep is not None:
+            try:
+                check_local_endpoint(ep, flag, allow_remote=a.curve_secret_key is not None)
+            except ValueError as e:
+                p.error(str(e))
     return SchedulerConfig(**vars(a))

@@ -41,11 +41,13 @@ from scheduler.config import SchedulerConfig
 from scheduler.hashing import BlockHasher
 from scheduler.http_server import build_app, start_http
 from scheduler.kv_cache_manager import KVCacheManager
+from scheduler.kv_event_publisher import make_kv_event_sink
 from scheduler.metrics import SchedulerMetrics
 from scheduler.request import Request, RequestStatus
 from scheduler.scheduler import RequestOutput, Scheduler
 from scheduler.sockets import RouterPort
 from scheduler.validation import RequestLimits, RequestRejected, validate_generate
+from scheduler.worker_checks import PoolShape, WorkerRefused, check_result, pool_size_for
 
 log = logging.getLogger("scheduler")
 
@@ -69,6 +71,10 @@ class EngineCore:
         key = config.curve_secret_key
         self.clients = RouterPort(self.ctx, config.client_address, rcvhwm=1000, max_msg_size=4 * config.max_frame_bytes, curve_secret_key=key)
         self.workers = RouterPort(self.ctx, config.worker_address, curve_secret_key=key)
+        self.kv_event_sink, self.kv_event_publisher = make_kv_event_sink(
+            self.ctx, config.kv_events_endpoint, config.kv_events_replay_endpoint,
+            config.kv_events_topic, config.kv_events_buffer_steps, curve_secret_key=key,
+        )  # fmt: skip
         self.client_codec: Codec = Codec(ClientRequest, config.max_frame_bytes)
         self.worker_codec: Codec = Codec(WorkerToScheduler)
         self.metrics = SchedulerMetrics(config.model_name)
@@ -128,6 +134,8 @@ class EngineCore:
         await http.cleanup()
         self.clients.close()
         self.workers.close()
+        if self.kv_event_publisher is not None:
+            self.kv_event_publisher.close()
         if self.authenticator is not None:
             self.authenticator.stop()
         self.ctx.term()
@@ -239,6 +247,9 @@ class EngineCore:
                 msg = self.worker_codec.decode(frames[-1].buffer)
             except ProtocolError as e:
                 log.error("bad frame from worker %r: %s", ident, e)
+                if ident == self.worker_id and self._result is not None and not self._result.done():
+                    # The result of the step in flight may be this frame: never wait for it.
+                    self._result.set_exception(WorkerLost(f"unreadable frame from the worker: {e}"))
                 continue
             if ident == self.worker_id:
                 self.last_worker_msg = time.monotonic()
@@ -265,29 +276,17 @@ class EngineCore:
             await self._probe_worker()
             if self.worker_ready:
                 return await self._refuse_worker(ident, "a worker is already connected (one worker per scheduler)")
-        if hello.world_size != 1:
-            return await self._refuse_worker(ident, f"world_size {hello.world_size}: tensor parallelism is not supported yet")
-        if hello.block_size != c.block_size:
-            return await self._refuse_worker(ident, f"block size {hello.block_size} differs from the scheduler's --block-size {c.block_size}")
+        current = None if self.kv is None else PoolShape(self.kv.block_pool.num_gpu_blocks, self.limits.vocab_size, self.eos_token_id)
+        try:
+            num_blocks = pool_size_for(hello, c.block_size, c.num_gpu_blocks_override, current)
+        except WorkerRefused as e:
+            return await self._refuse_worker(ident, str(e))
         if self.kv is None:
-            num_blocks = hello.num_blocks
-            if c.num_gpu_blocks_override is not None:
-                if c.num_gpu_blocks_override > hello.num_blocks:
-                    return await self._refuse_worker(
-                        ident, f"--num-gpu-blocks-override {c.num_gpu_blocks_override} is more than the {hello.num_blocks} blocks the worker holds"
-                    )
-                num_blocks = c.num_gpu_blocks_override
-            if num_blocks < 2:
-                return await self._refuse_worker(ident, f"the worker holds {num_blocks} blocks; at least 2 are needed")
-            self.kv = KVCacheManager(num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching)
+            self.kv = KVCacheManager(num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink)
             self.scheduler = Scheduler(self.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len)
             self.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
             self.eos_token_id = hello.eos_token_id
             log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d)", num_blocks, c.block_size, hello.device, hello.num_blocks)
-        elif hello.num_blocks < self.kv.block_pool.num_gpu_blocks or (hello.vocab_size, hello.eos_token_id) != (
-            self.limits.vocab_size, self.eos_token_id,
-        ):  # fmt: skip
-            return await self._refuse_worker(ident, "a returning worker must hold at least the pool's blocks and the same model")
         elif self.worker_ready:
             # The same worker again (it restarted its handshake): its rows are gone.
             self._on_worker_lost("the worker handshook again")
@@ -331,7 +330,13 @@ class EngineCore:
         self.scheduler.preempt_all()
         # NOTE: the next worker's KV memory is empty: every hash is void.
         self.kv.reset_prefix_cache()
+        self._publish_kv_events()
         self.metrics.update(self.scheduler, self.kv)
+
+    def _publish_kv_events(self) -> None:
+        """One batch per step (and per reset): what the pool's cache gained and lost."""
+        if self.kv_event_publisher is not None:
+            self.kv_event_publisher.publish(self.kv_event_sink.take())
 
     # --- steps ------------------------------------------------------------------------
 
@@ -362,6 +367,7 @@ class EngineCore:
             try:
                 nbytes = await self._send_to_worker(out.plan)
                 result = await self._await_result()
+                check_result(result, self.limits.vocab_size)
                 outputs = self.scheduler.update_from_output(result)
             except (WorkerLost, ValueError) as e:
                 self._on_worker_lost(str(e))
@@ -370,7 +376,9 @@ class EngineCore:
                 self._result = None
             for o in outputs:
                 await self._send_output(o)
-            self._observe(outputs, nbytes, time.perf_counter() - t0)
+            self.metrics.observe_step(outputs, nbytes, time.perf_counter() - t0)
+            self.metrics.update(self.scheduler, self.kv)
+            self._publish_kv_events()
 
     async def _await_result(self) -> StepResult:
         while True:
@@ -379,20 +387,6 @@ class EngineCore:
             except TimeoutError:
                 if time.monotonic() - self.last_worker_msg > self.config.worker_timeout_s:
                     raise WorkerLost(f"no result for {self.config.worker_timeout_s} s") from None
-
-    def _observe(self, outputs: list[RequestOutput], plan_bytes: int, step_s: float) -> None:
-        m = self.metrics
-        m.steps.inc()
-        m.plan_bytes.inc(plan_bytes)
-        m.step_duration.observe(step_s)
-        for o in outputs:
-            if o.ttft_s is not None:
-                m.ttft.observe(o.ttft_s)
-            if o.itl_s is not None:
-                m.itl.observe(o.itl_s)
-            if o.finished:
-                m.e2e.observe(time.monotonic() - o.request.arrival_time)
-        m.update(self.scheduler, self.kv)
 
     # --- HTTP -------------------------------------------------------------------------
 
@@ -410,6 +404,7 @@ class EngineCore:
         if self.kv is None:
             return False, "no pool yet: no worker has connected"
         if self.kv.reset_prefix_cache():
+            self._publish_kv_events()
             return True, "prefix cache reset"
         used = self.kv.block_pool.num_gpu_blocks - 1 - self.kv.block_pool.get_num_free_blocks()
         return False, f"refused: {used} blocks are held by running requests"

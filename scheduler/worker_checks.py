@@ -1,0 +1,60 @@
+"""What the scheduler checks of a worker before trusting it.
+
+A worker is a separate process, possibly a different build: its hello must fit
+the scheduler's configuration (and, for a returning worker, the pool already
+built), and its results must be tokens of the model's vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol.worker_messages import StepResult, WorkerHello
+
+# A pool is one Python object per block: past this the hello is not believable.
+MAX_NUM_BLOCKS = 1 << 27
+MAX_VOCAB_SIZE = 1 << 31
+
+
+class WorkerRefused(ValueError):
+    """A worker that cannot serve this scheduler; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolShape:
+    """What a returning worker must match: the pool and the model it serves."""
+
+    num_blocks: int
+    vocab_size: int
+    eos_token_id: int
+
+
+def pool_size_for(hello: WorkerHello, block_size: int, num_gpu_blocks_override: int | None, current: PoolShape | None) -> int:
+    """The number of blocks the pool gets with this worker, or WorkerRefused."""
+    if hello.world_size != 1 or hello.rank != 0:
+        raise WorkerRefused(f"rank {hello.rank} of world_size {hello.world_size}: tensor parallelism is not supported yet")
+    if hello.block_size != block_size:
+        raise WorkerRefused(f"block size {hello.block_size} differs from the scheduler's --block-size {block_size}")
+    if not 2 <= hello.num_blocks <= MAX_NUM_BLOCKS:
+        raise WorkerRefused(f"the worker reports {hello.num_blocks} blocks; 2..{MAX_NUM_BLOCKS} are supported")
+    if not 2 <= hello.vocab_size <= MAX_VOCAB_SIZE or not 0 <= hello.eos_token_id < hello.vocab_size:
+        raise WorkerRefused(f"vocabulary of {hello.vocab_size} tokens with EOS {hello.eos_token_id} is not a model's")
+    if current is not None:
+        if hello.num_blocks < current.num_blocks or (hello.vocab_size, hello.eos_token_id) != (current.vocab_size, current.eos_token_id):
+            raise WorkerRefused(
+                f"a returning worker must hold at least the pool's {current.num_blocks} blocks and the same model "
+                f"(vocabulary {current.vocab_size}, EOS {current.eos_token_id})"
+            )
+        return current.num_blocks
+    if num_gpu_blocks_override is None:
+        return hello.num_blocks
+    if num_gpu_blocks_override > hello.num_blocks:
+        raise WorkerRefused(f"--num-gpu-blocks-override {num_gpu_blocks_override} is more than the {hello.num_blocks} blocks the worker holds")
+    return num_gpu_blocks_override
+
+
+def check_result(result: StepResult, vocab_size: int) -> None:
+    """Raise ValueError if the result samples a token outside the vocabulary."""
+    bad = next((t for t in result.sampled_token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"step {result.step_id}: the worker sampled token id {bad}, outside the vocabulary (0..{vocab_size - 1})")
