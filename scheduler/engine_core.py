@@ -163,10 +163,10 @@ class EngineCore:
 
     async def _client_loop(self) -> None:
         while True:
-            frames = await self.clients.recv()
+            frames, num_frames = await self.clients.recv()
             ident = frames[0].bytes
-            if len(frames) != 2:
-                await self._send_error(ident, None, f"expected one frame per message, got {len(frames) - 1}")
+            if num_frames != 2:
+                await self._send_error(ident, None, f"expected one frame per message, got {num_frames - 1}")
                 continue
             try:
                 msg = self.client_codec.decode(frames[1].buffer)
@@ -241,7 +241,7 @@ class EngineCore:
 
     async def _worker_loop(self) -> None:
         while True:
-            frames = await self.workers.recv()
+            frames, _ = await self.workers.recv()
             ident = frames[0].bytes
             try:
                 msg = self.worker_codec.decode(frames[-1].buffer)

@@ -21,6 +21,12 @@ from protocol.curve import apply_server
 
 log = logging.getLogger("scheduler")
 
+# Frames of one message that `RouterPort.recv` keeps: the peer's identity and one
+# payload frame, plus one to show there were more. The rest are counted and dropped.
+MAX_KEPT_FRAMES = 3
+# While dropping the frames of an oversized multi-part message, yield every so often.
+_YIELD_EVERY_FRAMES = 4096
+
 
 class RouterPort:
     def __init__(
@@ -49,12 +55,38 @@ class RouterPort:
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 1500)
         sock.bind(address)
         self.sock = sock
+        # Plain (blocking-API) view of the same socket, for the frames after the first.
+        self._sync = zmq.Socket.shadow(sock.underlying)
         self.address = address
         self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.num_send_failures = 0
 
-    async def recv(self) -> list[zmq.Frame]:
-        return await self.sock.recv_multipart(copy=False)
+    async def recv(self) -> tuple[list[zmq.Frame], int]:
+        """One message: its first frames (the peer's identity first; at most
+        MAX_KEPT_FRAMES of them) and the number of frames it had.
+
+        NOTE: MAXMSGSIZE bounds each frame, not how many one message has: a million
+        empty frames are 2 MB on the wire. recv_multipart held them all as Python
+        objects (250 MB, and the loop blocked for seconds, long enough to lose the
+        worker). Frames past the first few are read and dropped one at a time here.
+        """
+        first = await self.sock.recv(copy=False)
+        frames = [first]
+        num_frames = 1
+        more = first.more
+        sync = self._sync
+        while more:
+            try:
+                frame = sync.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:  # not expected: libzmq delivers a message once all of it is in
+                frame = await self.sock.recv(copy=False)
+            num_frames += 1
+            more = frame.more
+            if len(frames) < MAX_KEPT_FRAMES:
+                frames.append(frame)
+            elif num_frames % _YIELD_EVERY_FRAMES == 0:
+                await asyncio.sleep(0)
+        return frames, num_frames
 
     async def send(self, ident: bytes, frame: bytes) -> bool:
         """Send without waiting; False when the peer is gone or not reading."""
