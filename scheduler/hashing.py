@@ -77,6 +77,22 @@ class BlockHasher:
             parent = digest(data)
             block_hashes.append(parent)
 
+    def chain_packed_blocks(self, parent_block_hash: BlockHash, packed_token_ids: bytes) -> list[BlockHash]:
+        """The hashes of consecutive full blocks given as packed little-endian uint32
+        token ids (``numpy.ndarray.astype('<u4').tobytes()``), chained from
+        ``parent_block_hash``, no salt: what extend_block_hashes gives for the same
+        blocks, without a pack call per block."""
+        step = 4 * self.block_size
+        if len(packed_token_ids) % step:
+            raise ValueError(f"{len(packed_token_ids)} bytes is not a whole number of {self.block_size}-token blocks")
+        digest = self._digest
+        parent = parent_block_hash
+        out: list[BlockHash] = []
+        for i in range(0, len(packed_token_ids), step):
+            parent = digest(parent + packed_token_ids[i : i + step])
+            out.append(parent)
+        return out
+
     def block_hashes(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[BlockHash]:
         out: list[BlockHash] = []
         self.extend_block_hashes(out, token_ids, cache_salt)

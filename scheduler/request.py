@@ -50,6 +50,7 @@ class Request:
         cache_salt: str | None = None,
         block_hasher: BlockHasher | None = None,
         arrival_time: float | None = None,
+        block_hashes: list[BlockHash] | None = None,
     ):
         self.request_id = request_id
         self.seq_id = seq_id
@@ -67,7 +68,10 @@ class Request:
         self.num_computed_tokens = 0
         # Prompt tokens served by the prefix cache at first admission; -1 until then.
         self.num_cached_tokens = -1
-        self.block_hashes: list[BlockHash] = []
+        # NOTE: ``block_hashes`` lets a caller that already hashed the prompt (the
+        # offline simulator memoises shared trace prefixes) pass them in: they must
+        # be what ``block_hasher`` would give; it hashes on from where they end.
+        self.block_hashes: list[BlockHash] = [] if block_hashes is None else list(block_hashes)
         self._hasher = block_hasher
         if block_hasher is not None:
             block_hasher.extend_block_hashes(self.block_hashes, self.all_token_ids, cache_salt)
@@ -91,6 +95,12 @@ class Request:
     def append_output_token_id(self, token_id: int) -> None:
         self.all_token_ids.append(token_id)
         if self._hasher is not None and len(self.all_token_ids) % self._hasher.block_size == 0:
+            self._hasher.extend_block_hashes(self.block_hashes, self.all_token_ids, self.cache_salt)
+
+    def append_output_token_ids(self, token_ids: list[int]) -> None:
+        """Append several sampled tokens at once (as many append_output_token_id calls)."""
+        self.all_token_ids.extend(token_ids)
+        if self._hasher is not None:
             self._hasher.extend_block_hashes(self.block_hashes, self.all_token_ids, self.cache_salt)
 
     def __repr__(self) -> str:
