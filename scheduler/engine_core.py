@@ -48,15 +48,9 @@ from scheduler.scheduler import RequestOutput, Scheduler
 from scheduler.sockets import RouterPort
 from scheduler.validation import RequestLimits, RequestRejected, validate_generate
 from scheduler.worker_checks import PoolShape, WorkerRefused, check_result, pool_size_for
+from scheduler.worker_link import HEARTBEAT_INTERVAL_S, WorkerLink, WorkerLost
 
 log = logging.getLogger("scheduler")
-
-HEARTBEAT_INTERVAL_S = 0.5
-
-
-class WorkerLost(Exception):
-    pass
-
 
 class EngineCore:
     def __init__(self, config: SchedulerConfig):
@@ -71,12 +65,12 @@ class EngineCore:
         key = config.curve_secret_key
         self.clients = RouterPort(self.ctx, config.client_address, rcvhwm=1000, max_msg_size=4 * config.max_frame_bytes, curve_secret_key=key)
         self.workers = RouterPort(self.ctx, config.worker_address, curve_secret_key=key)
+        self.worker = WorkerLink(self.workers, Codec(WorkerToScheduler), config.worker_timeout_s)
         self.kv_event_sink, self.kv_event_publisher = make_kv_event_sink(
             self.ctx, config.kv_events_endpoint, config.kv_events_replay_endpoint,
             config.kv_events_topic, config.kv_events_buffer_steps, curve_secret_key=key,
         )  # fmt: skip
         self.client_codec: Codec = Codec(ClientRequest, config.max_frame_bytes)
-        self.worker_codec: Codec = Codec(WorkerToScheduler)
         self.metrics = SchedulerMetrics(config.model_name)
         self.hasher = BlockHasher(config.block_size, config.prefix_caching_hash_algo)
         # Made at the first WorkerHello, when the pool's size is known; kept after.
@@ -84,12 +78,7 @@ class EngineCore:
         self.scheduler: Scheduler | None = None
         self.limits: RequestLimits | None = None
         self.eos_token_id = 0
-        self.worker_id: bytes | None = None
-        self.worker_ready = False
         self.worker_lost_at: float | None = None
-        self.last_worker_msg = 0.0
-        self.last_sent_to_worker = 0.0
-        self._result: asyncio.Future[StepResult] | None = None
         self._wakeup = asyncio.Event()
         self._stop = asyncio.Event()
         self._stopping = False
@@ -129,8 +118,11 @@ class EngineCore:
         for t in (others[1], others[3]):
             t.cancel()
         await self._end_all(RequestStatus.FINISHED_ABORTED)
-        if self.worker_id is not None:
-            await self.workers.send(self.worker_id, self.worker_codec.encode(Shutdown("scheduler shutting down")))
+        if self.worker.worker_id is not None:
+            try:
+                await self.worker.send(Shutdown("scheduler shutting down"))
+            except WorkerLost:
+                pass
         await http.cleanup()
         self.clients.close()
         self.workers.close()
@@ -182,7 +174,7 @@ class EngineCore:
     async def _on_generate(self, ident: bytes, msg: Generate) -> None:
         if self._stopping:
             return await self._send_error(ident, msg.request_id, "the scheduler is shutting down")
-        if not self.worker_ready or self.scheduler is None:
+        if not self.worker.ready or self.scheduler is None:
             return await self._send_error(ident, msg.request_id, "no worker is ready: try again once /health returns 200")
         try:
             validate_generate(msg, self.limits, self.scheduler.requests)
@@ -244,37 +236,35 @@ class EngineCore:
             frames, _ = await self.workers.recv()
             ident = frames[0].bytes
             try:
-                msg = self.worker_codec.decode(frames[-1].buffer)
+                msg = self.worker.codec.decode(frames[-1].buffer)
             except ProtocolError as e:
                 log.error("bad frame from worker %r: %s", ident, e)
-                if ident == self.worker_id and self._result is not None and not self._result.done():
+                if self.worker.is_ours(ident):
                     # The result of the step in flight may be this frame: never wait for it.
-                    self._result.set_exception(WorkerLost(f"unreadable frame from the worker: {e}"))
+                    self.worker.fail_step(WorkerLost(f"unreadable frame from the worker: {e}"))
                 continue
-            if ident == self.worker_id:
-                self.last_worker_msg = time.monotonic()
+            self.worker.heard_from(ident)
             match msg:
                 case WorkerHello():
                     await self._on_hello(ident, msg)
                 case StepResult():
-                    if ident == self.worker_id and self._result is not None and not self._result.done():
-                        self._result.set_result(msg)
+                    self.worker.deliver(ident, msg)
                 case WorkerError(message=message, step_id=step_id):
                     log.error("worker refused step %d: %s", step_id, message)
-                    if ident == self.worker_id and self._result is not None and not self._result.done():
-                        self._result.set_exception(WorkerLost(f"worker refused step {step_id}: {message}"))
+                    if self.worker.is_ours(ident):
+                        self.worker.fail_step(WorkerLost(f"worker refused step {step_id}: {message}"))
                 case Heartbeat():
                     pass
 
     async def _refuse_worker(self, ident: bytes, reason: str) -> None:
         log.error("refusing worker %r: %s", ident, reason)
-        await self.workers.send(ident, self.worker_codec.encode(Shutdown(reason)))
+        await self.workers.send(ident, self.worker.codec.encode(Shutdown(reason)))
 
     async def _on_hello(self, ident: bytes, hello: WorkerHello) -> None:
         c = self.config
-        if self.worker_ready and ident != self.worker_id:
+        if self.worker.ready and not self.worker.is_ours(ident):
             await self._probe_worker()
-            if self.worker_ready:
+            if self.worker.ready:
                 return await self._refuse_worker(ident, "a worker is already connected (one worker per scheduler)")
         current = None if self.kv is None else PoolShape(self.kv.block_pool.num_gpu_blocks, self.limits.vocab_size, self.eos_token_id)
         try:
@@ -287,44 +277,39 @@ class EngineCore:
             self.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
             self.eos_token_id = hello.eos_token_id
             log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d)", num_blocks, c.block_size, hello.device, hello.num_blocks)
-        elif self.worker_ready:
+        elif self.worker.ready:
             # The same worker again (it restarted its handshake): its rows are gone.
             self._on_worker_lost("the worker handshook again")
-        self.worker_id = ident
-        self.last_worker_msg = time.monotonic()
+        self.worker.attach(ident)
         ready = WorkerReady(self.kv.block_pool.num_gpu_blocks, c.block_size, c.max_num_seqs, c.max_model_len, self.scheduler.next_step_id)
-        await self._send_to_worker(ready)
-        self.worker_ready = True
+        # NOTE: ready before the send yields to the loop, so that once the worker holds
+        # WorkerReady, /health already says 200.
+        self.worker.ready = True
         self.worker_lost_at = None
+        try:
+            await self.worker.send(ready)
+        except WorkerLost as e:
+            self._on_worker_lost(str(e))
+            return
         self._wakeup.set()
         log.info("worker %r ready (%d requests waiting)", ident, self.scheduler.num_waiting)
 
-    async def _send_to_worker(self, msg) -> int:
-        frame = self.worker_codec.encode(msg)
-        if not await self.workers.send(self.worker_id, frame):
-            raise WorkerLost("the worker's connection is gone")
-        self.last_sent_to_worker = time.monotonic()
-        return len(frame)
-
     async def _probe_worker(self) -> None:
         """A worker-port peer disconnected: is it ours?"""
-        if not self.worker_ready:
+        if not self.worker.ready:
             return
         try:
-            await self._send_to_worker(Heartbeat(time.time()))
+            await self.worker.send(Heartbeat(time.time()))
         except WorkerLost as e:
-            if self._result is not None and not self._result.done():
-                self._result.set_exception(e)
-            else:
+            if not self.worker.fail_step(e):
                 self._on_worker_lost(str(e))
 
     def _on_worker_lost(self, why: str) -> None:
         """Requests in flight go back to waiting, as if preempted; the cache is void."""
-        if not self.worker_ready:
+        if not self.worker.ready:
             return
         log.error("worker lost: %s; %d running requests go back to waiting", why, self.scheduler.num_running)
-        self.worker_ready = False
-        self.worker_id = None
+        self.worker.detach()
         self.worker_lost_at = time.monotonic()
         self.scheduler.abandon_in_flight()
         self.scheduler.preempt_all()
@@ -344,17 +329,17 @@ class EngineCore:
         while not self._stopping:
             self._wakeup.clear()
             now = time.monotonic()
-            if self.worker_ready and now - self.last_worker_msg > self.config.worker_timeout_s:
+            if self.worker.ready and self.worker.silent():
                 self._on_worker_lost(f"silent for more than {self.config.worker_timeout_s} s")
             if self.worker_lost_at is not None and now - self.worker_lost_at > self.config.worker_reconnect_timeout_s:
                 if self.scheduler.has_unfinished_requests():
                     log.error("no worker for %.0f s: failing %d waiting requests", now - self.worker_lost_at, self.scheduler.num_waiting)
                     await self._end_all(RequestStatus.FINISHED_ERROR, f"no worker returned within {self.config.worker_reconnect_timeout_s} s")
-            out = self.scheduler.schedule() if self.worker_ready else None
+            out = self.scheduler.schedule() if self.worker.ready else None
             if out is None:
-                if self.worker_ready and now - self.last_sent_to_worker > HEARTBEAT_INTERVAL_S:
+                if self.worker.ready:
                     try:
-                        await self._send_to_worker(Heartbeat(time.time()))
+                        await self.worker.heartbeat_if_idle()
                     except WorkerLost as e:
                         self._on_worker_lost(str(e))
                 try:
@@ -363,30 +348,20 @@ class EngineCore:
                     pass
                 continue
             t0 = time.perf_counter()
-            self._result = asyncio.get_running_loop().create_future()
+            self.worker.expect_result()
             try:
-                nbytes = await self._send_to_worker(out.plan)
-                result = await self._await_result()
+                nbytes = await self.worker.send(out.plan)
+                result = await self.worker.await_result()
                 check_result(result, self.limits.vocab_size)
                 outputs = self.scheduler.update_from_output(result)
             except (WorkerLost, ValueError) as e:
                 self._on_worker_lost(str(e))
                 continue
-            finally:
-                self._result = None
             for o in outputs:
                 await self._send_output(o)
             self.metrics.observe_step(outputs, nbytes, time.perf_counter() - t0)
             self.metrics.update(self.scheduler, self.kv)
             self._publish_kv_events()
-
-    async def _await_result(self) -> StepResult:
-        while True:
-            try:
-                return await asyncio.wait_for(asyncio.shield(self._result), HEARTBEAT_INTERVAL_S)
-            except TimeoutError:
-                if time.monotonic() - self.last_worker_msg > self.config.worker_timeout_s:
-                    raise WorkerLost(f"no result for {self.config.worker_timeout_s} s") from None
 
     # --- HTTP -------------------------------------------------------------------------
 
@@ -398,7 +373,7 @@ class EngineCore:
     def _health(self) -> tuple[bool, str]:
         if self._stopping:
             return False, "shutting down"
-        return (True, "ok") if self.worker_ready else (False, "no worker is ready")
+        return (True, "ok") if self.worker.ready else (False, "no worker is ready")
 
     def _http_reset_prefix_cache(self) -> tuple[bool, str]:
         if self.kv is None:
