@@ -47,6 +47,7 @@ class SchedulerMetrics:
         self.free_cached_blocks = gauge("kvpool_free_cached_blocks", "Free blocks that still hold a prefix-cache hash.")
         self.free_blocks = gauge("kvpool_free_blocks", "Free blocks (cached or not).")
         self.num_gpu_blocks = gauge("kvpool_num_gpu_blocks", "Blocks in the pool, the null block included.")
+        self.cached_hashes = gauge("kvpool_cached_block_hashes", "Distinct block hashes in the prefix cache (held or free).")
         self.evictions = counter("kvpool_evictions", "Cached blocks that lost their hash to a new owner (lazy eviction).")
         self.steps = counter("kvpool_steps", "Steps executed.")
         self.plan_bytes = counter("kvpool_plan_bytes", "Bytes of step plans sent to workers.")
@@ -65,6 +66,7 @@ class SchedulerMetrics:
         self.free_blocks.set(pool.get_num_free_blocks())
         self.free_cached_blocks.set(pool.num_free_cached_blocks)
         self.num_gpu_blocks.set(pool.num_gpu_blocks)
+        self.cached_hashes.set(len(pool.cached_block_hash_to_block))
         self.num_running.set(scheduler.num_running)
         self.num_waiting.set(scheduler.num_waiting)
         stats = kv.prefix_cache_stats
