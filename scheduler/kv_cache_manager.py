@@ -107,7 +107,8 @@ class KVCacheManager:
         """
         if num_new_tokens < 0 or num_new_computed_tokens < 0 or num_lookahead_tokens < 0:
             raise ValueError("token counts must be >= 0")
-        new_computed_blocks = new_computed_blocks or []
+        if new_computed_blocks is None:
+            new_computed_blocks = []
         request_id = request.request_id
         req_blocks = self.req_to_blocks.get(request_id)
         num_held = len(req_blocks) if req_blocks is not None else 0
@@ -115,29 +116,47 @@ class KVCacheManager:
             raise ValueError(f"request {request_id!r} already holds blocks; prefix hits only at admission")
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_tokens_need_slot = min(num_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        num_new_blocks = cdiv(num_tokens_need_slot, self.block_size) - num_held - len(new_computed_blocks)
+        block_size = self.block_size
+        num_new_blocks = -(-num_tokens_need_slot // block_size) - num_held - len(new_computed_blocks)
 
         # NOTE: a hit on a free block takes it out of the free queue, so those hits
         # are not free for this request's new blocks.
-        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
-        if num_new_blocks > self.block_pool.get_num_free_blocks() - num_evictable_hits:
+        pool = self.block_pool
+        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null) if new_computed_blocks else 0
+        if num_new_blocks > pool.free_block_queue.num_free_blocks - num_evictable_hits:
             return None
 
         if req_blocks is None:
             req_blocks = self.req_to_blocks[request_id] = []
             self.num_cached_block[request_id] = 0
         if new_computed_blocks:
-            self.block_pool.touch(new_computed_blocks)
+            pool.touch(new_computed_blocks)
             req_blocks.extend(new_computed_blocks)
             # Hits are cached already.
             self.num_cached_block[request_id] = len(req_blocks)
-        new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
-        req_blocks.extend(new_blocks)
+        if num_new_blocks > 0:
+            new_blocks = pool.get_new_blocks(num_new_blocks)
+            req_blocks.extend(new_blocks)
+        else:
+            new_blocks = []
 
         if self.enable_caching:
-            num_tokens_to_cache = min(num_computed_tokens + num_new_tokens, request.num_tokens)
-            self.cache_blocks(request, num_tokens_to_cache)
+            num_tokens_to_cache = min(num_computed_tokens + num_new_tokens, len(request.all_token_ids))
+            if num_tokens_to_cache // block_size > self.num_cached_block[request_id]:
+                self.cache_blocks(request, num_tokens_to_cache)
         return new_blocks
+
+    def fast_until(self, request: Request) -> int:
+        """The most computed tokens the request can reach for which
+        ``allocate_slots(request, n)`` would allocate nothing and cache nothing: its
+        held blocks have room, and no block beyond the cached ones becomes full. Valid
+        until the next allocate_slots or free of this request; the scheduler uses it to
+        skip the call in the common decode step."""
+        request_id = request.request_id
+        limit = len(self.req_to_blocks.get(request_id, ())) * self.block_size
+        if self.enable_caching:
+            limit = min(limit, (self.num_cached_block.get(request_id, 0) + 1) * self.block_size - 1)
+        return limit
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Hash and register the request's full blocks within its first ``num_tokens``."""

@@ -33,8 +33,8 @@ class Request:
     __slots__ = (
         "request_id", "seq_id", "client_id", "prompt_token_ids", "all_token_ids", "num_prompt_tokens",
         "max_tokens", "ignore_eos", "eos_token_id", "cache_salt", "status", "num_computed_tokens",
-        "num_cached_tokens", "block_hashes", "_hasher", "arrival_time", "first_token_time",
-        "last_token_time", "num_preemptions",
+        "num_cached_tokens", "block_hashes", "block_hasher", "arrival_time", "first_token_time",
+        "last_token_time", "num_preemptions", "kv_fast_until", "max_num_tokens", "stop_token_id",
     )  # fmt: skip
 
     def __init__(
@@ -72,13 +72,20 @@ class Request:
         # offline simulator memoises shared trace prefixes) pass them in: they must
         # be what ``block_hasher`` would give; it hashes on from where they end.
         self.block_hashes: list[BlockHash] = [] if block_hashes is None else list(block_hashes)
-        self._hasher = block_hasher
+        self.block_hasher = block_hasher
         if block_hasher is not None:
             block_hasher.extend_block_hashes(self.block_hashes, self.all_token_ids, cache_salt)
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         self.num_preemptions = 0
+        # The scheduler's cache of KVCacheManager.fast_until(): while the request's
+        # computed tokens stay at or below it, allocate_slots would change nothing.
+        self.kv_fast_until = 0
+        # Where it stops: at this many tokens (the scheduler caps it at max_model_len),
+        # or after sampling stop_token_id (None with ignore_eos).
+        self.max_num_tokens = self.num_prompt_tokens + max_tokens
+        self.stop_token_id = None if ignore_eos else eos_token_id
 
     @property
     def num_tokens(self) -> int:
@@ -94,14 +101,14 @@ class Request:
 
     def append_output_token_id(self, token_id: int) -> None:
         self.all_token_ids.append(token_id)
-        if self._hasher is not None and len(self.all_token_ids) % self._hasher.block_size == 0:
-            self._hasher.extend_block_hashes(self.block_hashes, self.all_token_ids, self.cache_salt)
+        if self.block_hasher is not None and len(self.all_token_ids) % self.block_hasher.block_size == 0:
+            self.block_hasher.extend_block_hashes(self.block_hashes, self.all_token_ids, self.cache_salt)
 
     def append_output_token_ids(self, token_ids: list[int]) -> None:
         """Append several sampled tokens at once (as many append_output_token_id calls)."""
         self.all_token_ids.extend(token_ids)
-        if self._hasher is not None:
-            self._hasher.extend_block_hashes(self.block_hashes, self.all_token_ids, self.cache_salt)
+        if self.block_hasher is not None:
+            self.block_hasher.extend_block_hashes(self.block_hashes, self.all_token_ids, self.cache_salt)
 
     def __repr__(self) -> str:
         return (
