@@ -63,7 +63,12 @@ class EngineCore:
             self.authenticator.start()
             self.authenticator.configure_curve(domain="*", location=config.curve_authorized_keys)
         key = config.curve_secret_key
-        self.clients = RouterPort(self.ctx, config.client_address, rcvhwm=1000, max_msg_size=4 * config.max_frame_bytes, curve_secret_key=key)
+        # A client may pause reading for up to 30 s (a slow consumer, a GC pause) before
+        # it counts as gone; a worker is taken for gone after 1.5 s of no ZMTP pong.
+        self.clients = RouterPort(
+            self.ctx, config.client_address, rcvhwm=1000, max_msg_size=4 * config.max_frame_bytes,
+            curve_secret_key=key, heartbeat_timeout_ms=30_000,
+        )  # fmt: skip
         self.workers = RouterPort(self.ctx, config.worker_address, curve_secret_key=key)
         self.worker = WorkerLink(self.workers, Codec(WorkerToScheduler), config.worker_timeout_s)
         self.kv_event_sink, self.kv_event_publisher = make_kv_event_sink(

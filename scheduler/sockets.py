@@ -38,6 +38,7 @@ class RouterPort:
         sndhwm: int = 100_000,
         max_msg_size: int = -1,
         curve_secret_key: str | None = None,
+        heartbeat_timeout_ms: int = 1500,
     ):
         sock = ctx.socket(zmq.ROUTER)
         if curve_secret_key is not None:
@@ -51,8 +52,10 @@ class RouterPort:
         sock.setsockopt(zmq.MAXMSGSIZE, max_msg_size)
         # ZMTP heartbeats are answered by ZeroMQ's I/O thread, so a peer that is busy
         # computing still answers; a dead or cut-off one is dropped within the timeout.
-        sock.setsockopt(zmq.HEARTBEAT_IVL, 500)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 1500)
+        # NOTE: a PING queues behind data: a peer that stops reading while data flows
+        # to it cannot answer, and is dropped too. Clients get a lenient timeout.
+        sock.setsockopt(zmq.HEARTBEAT_IVL, min(500, heartbeat_timeout_ms // 3))
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, heartbeat_timeout_ms)
         sock.bind(address)
         self.sock = sock
         # Plain (blocking-API) view of the same socket, for the frames after the first.

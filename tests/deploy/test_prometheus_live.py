@@ -22,8 +22,9 @@ def _names(text: str) -> set[str]:
 
 def test_prometheus_scrapes_what_the_scheduler_reports(prometheus_server, tmp_path):
     worker_http = free_port()
-    # A long max_model_len: one request can decode for a minute while Prometheus scrapes.
-    with Cluster(["--max-model-len", "16384"], ["--http-port", str(worker_http)], log_dir=tmp_path) as c:
+    # A long max_model_len and a cache to match: one request decodes for minutes (it
+    # is aborted long before it ends) while Prometheus scrapes.
+    with Cluster(["--max-model-len", "131072"], ["--http-port", str(worker_http), "--kv-cache-memory", "256MiB"], log_dir=tmp_path) as c:
         rng = random.Random(0)
         prefix = [rng.randrange(2, 512) for _ in range(32)]
         # Two rounds of requests sharing a prefix: queries and hits both move.
@@ -32,7 +33,7 @@ def test_prometheus_scrapes_what_the_scheduler_reports(prometheus_server, tmp_pa
         sock = c.client()
         try:
             # A request that holds blocks while Prometheus scrapes: usage > 0.
-            sock.send(c.codec.encode(Generate("long", [rng.randrange(2, 512) for _ in range(40)], 16000, ignore_eos=True)))
+            sock.send(c.codec.encode(Generate("long", [rng.randrange(2, 512) for _ in range(40)], 120_000, ignore_eos=True)))
             assert sock.poll(30_000), "no first token"
             reported = c.metrics()
             assert reported["vllm:kv_cache_usage_perc"] > 0, "the long request holds no block"
