@@ -87,6 +87,8 @@ class EngineCore:
         self._wakeup = asyncio.Event()
         self._stop = asyncio.Event()
         self._stopping = False
+        # An internal error that stopped the process (exit status 1).
+        self._fatal: BaseException | None = None
         self._next_seq_id = 0
 
     # --- lifecycle --------------------------------------------------------------------
@@ -109,6 +111,8 @@ class EngineCore:
                 self.clients.watch_disconnects(self._sweep_clients), self.workers.watch_disconnects(self._probe_worker),
             )
         ]  # fmt: skip
+        for t in (step, *others):
+            t.add_done_callback(self._on_task_done)
         await self._stop.wait()
         # Steps stop at a step boundary; then everything still live ends with "abort".
         # NOTE: the worker loop (others[1]) must outlive the step in flight: it
@@ -120,6 +124,8 @@ class EngineCore:
             await asyncio.wait_for(step, timeout=self.config.worker_timeout_s + 1.0)
         except (TimeoutError, asyncio.CancelledError):
             step.cancel()
+        except Exception:
+            pass  # already logged by _on_task_done
         for t in (others[1], others[3]):
             t.cancel()
         await self._end_all(RequestStatus.FINISHED_ABORTED)
@@ -136,8 +142,20 @@ class EngineCore:
         if self.authenticator is not None:
             self.authenticator.stop()
         self.ctx.term()
+        if self._fatal is not None:
+            log.critical("scheduler stopped after an internal error: %r", self._fatal)
+            return 1
         log.info("scheduler stopped")
         return 0
+
+    def _on_task_done(self, task: asyncio.Task) -> None:
+        """A loop that ends by itself is a bug: say so loudly and stop, rather than go
+        on serving /health while nothing is scheduled."""
+        if task.cancelled() or self._stopping:
+            return
+        self._fatal = task.exception() or RuntimeError(f"task {task.get_coro().__qualname__} ended")
+        log.critical("internal error in %s; stopping", task.get_coro().__qualname__, exc_info=task.exception())
+        self.request_stop()
 
     def request_stop(self) -> None:
         if not self._stopping:
