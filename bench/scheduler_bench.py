@@ -51,7 +51,7 @@ def _decode_setup(num_running: int, num_steps: int) -> tuple[Scheduler, Codec]:
         sched.add_request(Request(f"r{i}", _prompt(i, CONTEXT), MAX_MODEL_LEN // 2, seq_id=i, ignore_eos=True, block_hasher=hasher))
     out = sched.schedule()
     assert len(out.plan.new_rows) == num_running
-    ids = [r.seq_id for r, _ in out.scheduled]
+    ids = [r.seq_id for r in out.scheduled]
     sched.update_from_output(StepResult(out.plan.step_id, ids, [SAMPLED] * len(ids)))
     return sched, Codec(SchedulerToWorker)
 

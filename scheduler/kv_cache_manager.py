@@ -108,7 +108,7 @@ class KVCacheManager:
         if num_new_tokens < 0 or num_new_computed_tokens < 0 or num_lookahead_tokens < 0:
             raise ValueError("token counts must be >= 0")
         if new_computed_blocks is None:
-            new_computed_blocks = []
+            new_computed_blocks = ()
         request_id = request.request_id
         req_blocks = self.req_to_blocks.get(request_id)
         num_held = len(req_blocks) if req_blocks is not None else 0
@@ -141,41 +141,26 @@ class KVCacheManager:
             new_blocks = []
 
         if self.enable_caching:
-            num_tokens_to_cache = min(num_computed_tokens + num_new_tokens, len(request.all_token_ids))
-            if num_tokens_to_cache // block_size > self.num_cached_block[request_id]:
-                self.cache_blocks(request, num_tokens_to_cache)
+            # Cache (hash and register) the full blocks within the final tokens.
+            num_cached = self.num_cached_block[request_id]
+            num_full_blocks = min(num_computed_tokens + num_new_tokens, len(request.all_token_ids)) // block_size
+            if num_full_blocks > num_cached:
+                pool.cache_full_blocks(req_blocks, request.block_hashes, num_cached, num_full_blocks, request.all_token_ids, block_size)
+                self.num_cached_block[request_id] = num_cached = num_full_blocks
+            # While its computed tokens stay at or below this, a call for this request
+            # would allocate nothing (its blocks have room) and cache nothing (no block
+            # past the cached ones fills): the scheduler skips the call (fast path).
+            request.kv_fast_until = min(len(req_blocks) * block_size, (num_cached + 1) * block_size - 1)
+        else:
+            request.kv_fast_until = len(req_blocks) * block_size
         return new_blocks
-
-    def fast_until(self, request: Request) -> int:
-        """The most computed tokens the request can reach for which
-        ``allocate_slots(request, n)`` would allocate nothing and cache nothing: its
-        held blocks have room, and no block beyond the cached ones becomes full. Valid
-        until the next allocate_slots or free of this request; the scheduler uses it to
-        skip the call in the common decode step."""
-        request_id = request.request_id
-        limit = len(self.req_to_blocks.get(request_id, ())) * self.block_size
-        if self.enable_caching:
-            limit = min(limit, (self.num_cached_block.get(request_id, 0) + 1) * self.block_size - 1)
-        return limit
-
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Hash and register the request's full blocks within its first ``num_tokens``."""
-        request_id = request.request_id
-        num_full_blocks = num_tokens // self.block_size
-        num_cached = self.num_cached_block[request_id]
-        if num_cached >= num_full_blocks:
-            return
-        self.block_pool.cache_full_blocks(
-            self.req_to_blocks[request_id], request.block_hashes, num_cached, num_full_blocks,
-            request.all_token_ids, self.block_size,
-        )  # fmt: skip
-        self.num_cached_block[request_id] = num_full_blocks
 
     def free(self, request: Request) -> None:
         """Give back the request's blocks, last block first, so that its deepest
         blocks are evicted before its first ones."""
         blocks = self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_block.pop(request.request_id, None)
+        request.kv_fast_until = 0
         if blocks:
             if self.free_in_reverse:
                 blocks.reverse()

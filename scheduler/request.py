@@ -79,8 +79,9 @@ class Request:
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         self.num_preemptions = 0
-        # The scheduler's cache of KVCacheManager.fast_until(): while the request's
-        # computed tokens stay at or below it, allocate_slots would change nothing.
+        # Kept by KVCacheManager.allocate_slots: while the request's computed tokens
+        # stay at or below it, allocate_slots would change nothing (the scheduler's
+        # decode fast path).
         self.kv_fast_until = 0
         # Where it stops: at this many tokens (the scheduler caps it at max_model_len),
         # or after sampling stop_token_id (None with ignore_eos).

@@ -31,8 +31,9 @@ class SchedulerOutput:
     """One scheduled step: the plan for the worker, and what it means here."""
 
     plan: StepPlan
-    # (request, tokens scheduled) in batch order.
-    scheduled: list[tuple[Request, int]]
+    # The requests scheduled, in batch order; each computes one token unless
+    # plan.num_scheduled_tokens says otherwise (seq_id -> count).
+    scheduled: list[Request]
     num_scheduled_tokens: int
     preempted: list[Request] = field(default_factory=list)
     # seq_ids of the rows whose computed tokens reach their token count this step:
@@ -148,7 +149,7 @@ class Scheduler:
             raise RuntimeError(f"step {self._in_flight.plan.step_id} is still in flight")
         kv = self.kv_cache_manager
         token_budget = self.max_num_batched_tokens
-        scheduled: list[tuple[Request, int]] = []
+        scheduled: list[Request] = []
         num_scheduled_tokens: dict[int, int] = {}
         appended: list[AppendedBlocks] = []
         preempted: list[Request] = []
@@ -160,8 +161,6 @@ class Scheduler:
         # it is written for speed: locals, no properties, and a fast path that skips
         # allocate_slots when it would do nothing (see below).
         running = self.running
-        fast_until = kv.fast_until
-        index = 0
         # NOTE: a preemption pops the end of `running`; the iterator sees it shorter.
         for request in running:
             if token_budget <= 0:
@@ -172,10 +171,9 @@ class Scheduler:
             if num_new_tokens > token_budget:
                 num_new_tokens = token_budget
             end = num_computed + num_new_tokens
-            if end <= request.kv_fast_until:
-                # The common decode step: allocate_slots would do nothing (fast_until).
-                new_blocks = None
-            else:
+            # NOTE: the common decode step skips this: allocate_slots keeps
+            # request.kv_fast_until, below which it would allocate and cache nothing.
+            if end > request.kv_fast_until:
                 while True:
                     new_blocks = kv.allocate_slots(request, num_new_tokens)
                     if new_blocks is not None:
@@ -188,23 +186,20 @@ class Scheduler:
                         break
                 if new_blocks is None:
                     break
-                request.kv_fast_until = fast_until(request)
-            seq_id = request.seq_id
-            scheduled.append((request, num_new_tokens))
+                if new_blocks:
+                    appended.append(AppendedBlocks(request.seq_id, [b.block_id for b in new_blocks]))
+                    self._num_sent_blocks[request.seq_id] += len(new_blocks)
+            scheduled.append(request)
             if num_new_tokens != 1:
-                num_scheduled_tokens[seq_id] = num_new_tokens
-            if new_blocks:
-                appended.append(AppendedBlocks(seq_id, [b.block_id for b in new_blocks]))
-                self._num_sent_blocks[seq_id] += len(new_blocks)
+                num_scheduled_tokens[request.seq_id] = num_new_tokens
             # NOTE: safe to count now: a preemption victim is always a request this
             # loop has not reached yet (the last running one), never a scheduled one.
             request.num_computed_tokens = end
             if end == num_tokens:
-                sampling.append(seq_id)
+                sampling.append(request.seq_id)
             token_budget -= num_new_tokens
-            index += 1
         # Running rows left out of this step (budget spent) must say so: default is 1.
-        for request in self.running[index:]:
+        for request in self.running[len(scheduled) :]:
             num_scheduled_tokens[request.seq_id] = 0
 
         # 2. Waiting requests, FCFS, unless this step had to preempt.
@@ -218,7 +213,6 @@ class Scheduler:
                 new_blocks = kv.allocate_slots(request, num_new_tokens, num_hit_tokens, hits)
                 if new_blocks is None:
                     break  # FCFS: nobody overtakes the head of the queue
-                request.kv_fast_until = kv.fast_until(request)
                 kv.record_prefix_cache_query(request.num_tokens, num_hit_tokens)
                 self.waiting.popleft()
                 self.running.append(request)
@@ -229,7 +223,7 @@ class Scheduler:
                 (resumed_rows if request.status == RequestStatus.PREEMPTED else new_rows).append(row)
                 request.status = RequestStatus.RUNNING
                 self._num_sent_blocks[request.seq_id] = len(block_ids)
-                scheduled.append((request, num_new_tokens))
+                scheduled.append(request)
                 if num_new_tokens != 1:
                     num_scheduled_tokens[request.seq_id] = num_new_tokens
                 request.num_computed_tokens = num_hit_tokens + num_new_tokens
@@ -289,10 +283,12 @@ class Scheduler:
         if len(result.seq_ids) != len(result.sampled_token_ids):
             raise ValueError("result has different numbers of seq_ids and sampled tokens")
         # Rows that completed their tokens this step sample exactly one token each.
-        got = set(result.seq_ids)
-        expects = set(out.sampling_seq_ids)
-        if got != expects or len(got) != len(result.seq_ids):
-            raise ValueError(f"step {result.step_id}: sampled rows {sorted(got)} but expected {sorted(expects)}")
+        # NOTE: the list compare is the cheap common case (the worker answers in plan
+        # order); the sets decide when it does not.
+        if result.seq_ids != out.sampling_seq_ids:
+            got, expects = set(result.seq_ids), set(out.sampling_seq_ids)
+            if got != expects or len(got) != len(result.seq_ids):
+                raise ValueError(f"step {result.step_id}: sampled rows {sorted(got)} but expected {sorted(expects)}")
         self._in_flight = None
 
         # NOTE: once per sampled row per step: locals, no properties (see schedule()).
@@ -300,6 +296,7 @@ class Scheduler:
         outputs: list[RequestOutput] = []
         seq_id_to_request = self.seq_id_to_request
         num_generated = 0
+        block_size = self.block_size
         for seq_id, token_id in zip(result.seq_ids, result.sampled_token_ids, strict=True):
             request = seq_id_to_request.get(seq_id)
             if request is None:
@@ -308,9 +305,8 @@ class Scheduler:
             all_token_ids = request.all_token_ids
             all_token_ids.append(token_id)
             num_tokens = len(all_token_ids)
-            hasher = request.block_hasher
-            if hasher is not None and num_tokens % hasher.block_size == 0:
-                hasher.extend_block_hashes(request.block_hashes, all_token_ids, request.cache_salt)
+            if not num_tokens % block_size and request.block_hasher is not None:
+                request.block_hasher.extend_block_hashes(request.block_hashes, all_token_ids, request.cache_salt)
             num_generated += 1
             if request.first_token_time is None:
                 request.first_token_time = now
@@ -334,7 +330,8 @@ class Scheduler:
         """The worker is gone: forget the plan in flight (its tokens were not produced)."""
         out, self._in_flight = self._in_flight, None
         if out is not None:
-            for request, n in out.scheduled:
+            counts = out.plan.num_scheduled_tokens
+            for request in out.scheduled:
                 if request.status == RequestStatus.RUNNING:
-                    request.num_computed_tokens -= n
+                    request.num_computed_tokens -= counts.get(request.seq_id, 1)
         return out

@@ -144,7 +144,7 @@ def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], N
         step_ns = overhead_ns + per_token_ns * out.num_scheduled_tokens
         now += step_ns
         seq_ids, token_ids = [], []
-        for req, _ in out.scheduled:
+        for req in out.scheduled:
             if req.num_computed_tokens == req.num_tokens:
                 seq_ids.append(req.seq_id)
                 token_ids.append(token_base[req.seq_id] + req.num_output_tokens)
