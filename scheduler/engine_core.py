@@ -24,7 +24,6 @@ import signal
 import time
 
 import zmq.asyncio
-from zmq.auth.asyncio import AsyncioAuthenticator
 
 from protocol.client_messages import Abort, ClientRequest, Generate, RequestError, TokenOutput
 from protocol.codec import Codec, ProtocolError
@@ -45,7 +44,7 @@ from scheduler.kv_event_publisher import make_kv_event_sink
 from scheduler.metrics import SchedulerMetrics
 from scheduler.request import Request, RequestStatus
 from scheduler.scheduler import RequestOutput, Scheduler
-from scheduler.sockets import RouterPort
+from scheduler.sockets import open_ports
 from scheduler.validation import RequestLimits, RequestRejected, validate_generate
 from scheduler.worker_checks import PoolShape, WorkerRefused, check_result, pool_size_for
 from scheduler.worker_link import HEARTBEAT_INTERVAL_S, WorkerLink, WorkerLost
@@ -56,20 +55,8 @@ class EngineCore:
     def __init__(self, config: SchedulerConfig):
         self.config = config
         self.ctx = zmq.asyncio.Context()
-        self.authenticator = None
-        if config.curve:
-            # Only peers whose public certificate is in the folder get through.
-            self.authenticator = AsyncioAuthenticator(self.ctx)
-            self.authenticator.start()
-            self.authenticator.configure_curve(domain="*", location=config.curve_authorized_keys)
+        self.clients, self.workers, self.authenticator = open_ports(self.ctx, config)
         key = config.curve_secret_key
-        # A client may pause reading for up to 30 s (a slow consumer, a GC pause) before
-        # it counts as gone; a worker is taken for gone after 1.5 s of no ZMTP pong.
-        self.clients = RouterPort(
-            self.ctx, config.client_address, rcvhwm=1000, max_msg_size=4 * config.max_frame_bytes,
-            curve_secret_key=key, heartbeat_timeout_ms=30_000,
-        )  # fmt: skip
-        self.workers = RouterPort(self.ctx, config.worker_address, curve_secret_key=key)
         self.worker = WorkerLink(self.workers, Codec(WorkerToScheduler), config.worker_timeout_s)
         self.kv_event_sink, self.kv_event_publisher = make_kv_event_sink(
             self.ctx, config.kv_events_endpoint, config.kv_events_replay_endpoint,

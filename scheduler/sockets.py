@@ -15,9 +15,11 @@ from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
+from zmq.auth.asyncio import AsyncioAuthenticator
 from zmq.utils.monitor import parse_monitor_message
 
 from protocol.curve import apply_server
+from scheduler.config import SchedulerConfig
 
 log = logging.getLogger("scheduler")
 
@@ -120,3 +122,22 @@ class RouterPort:
         self.sock.disable_monitor()
         self._monitor.close(linger=0)
         self.sock.close(linger=1000)
+
+
+def open_ports(ctx: zmq.asyncio.Context, config: SchedulerConfig) -> tuple[RouterPort, RouterPort, AsyncioAuthenticator | None]:
+    """The client port, the worker port and, with CURVE, the authenticator that
+    admits only peers whose public certificate is in --curve-authorized-keys."""
+    authenticator = None
+    if config.curve:
+        authenticator = AsyncioAuthenticator(ctx)
+        authenticator.start()
+        authenticator.configure_curve(domain="*", location=config.curve_authorized_keys)
+    key = config.curve_secret_key
+    # A client may pause reading for up to 30 s (a slow consumer, a GC pause) before
+    # it counts as gone; a worker is taken for gone after 1.5 s of no ZMTP pong.
+    clients = RouterPort(
+        ctx, config.client_address, rcvhwm=1000, max_msg_size=4 * config.max_frame_bytes,
+        curve_secret_key=key, heartbeat_timeout_ms=30_000,
+    )  # fmt: skip
+    workers = RouterPort(ctx, config.worker_address, curve_secret_key=key)
+    return clients, workers, authenticator
