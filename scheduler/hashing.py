@@ -69,6 +69,10 @@ class BlockHasher:
         if start >= num_full:
             return
         pack, digest = self._pack, self._digest
+        if num_full == start + 1 and start:
+            # NOTE: the decode case, one block more past the (salted) first: no loop.
+            block_hashes.append(digest(block_hashes[-1] + pack(*token_ids[start * bs : num_full * bs])))
+            return
         parent = block_hashes[-1] if start else NONE_HASH
         for i in range(start, num_full):
             data = parent + pack(*token_ids[i * bs : (i + 1) * bs])
