@@ -77,8 +77,9 @@ class KVPoolClient:
         self._queues: dict[str, asyncio.Queue] = {}
         self._dispatcher: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
-        # Why the connection is gone, once it is.
+        # Why the connection is gone, once it is; the event lets waiters stop early.
         self.lost: str | None = None
+        self._lost_event = asyncio.Event()
         self.num_bad_frames = 0
         self.num_unrouted = 0
 
@@ -125,6 +126,7 @@ class KVPoolClient:
                 event = parse_monitor_message(await monitor.recv_multipart())["event"]
                 if event == zmq.EVENT_DISCONNECTED:
                     self.lost = f"lost the connection to the scheduler at {self.address} (did it stop?)"
+                    self._lost_event.set()
                     log.error("%s; failing %d requests in flight", self.lost, len(self._queues))
                     for queue in self._queues.values():
                         queue.put_nowait(_CONNECTION_LOST)
@@ -180,6 +182,13 @@ class KVPoolClient:
         ids = list(self._queues) if request_ids is None else request_ids
         for rid in ids:
             await self._sock.send(self._codec.encode(Abort(request_id=rid)))
+
+    async def sleep_unless_lost(self, seconds: float) -> None:
+        """Sleep, but wake as soon as the connection to the scheduler is lost."""
+        try:
+            await asyncio.wait_for(self._lost_event.wait(), seconds)
+        except TimeoutError:
+            pass
 
     @property
     def in_flight(self) -> list[str]:

@@ -111,7 +111,9 @@ async def _send_all(
     async def one(i: int) -> None:
         delay = t0 + float(offsets[i]) - time.perf_counter()
         if delay > 0:
-            await asyncio.sleep(delay)
+            # NOTE: a lost scheduler fails every request still to come at once
+            # (generate returns the error) instead of one by one on the schedule.
+            await client.sleep_unless_lost(delay)
         req = requests[i]
         async with slots:
             results[i] = await client.generate(

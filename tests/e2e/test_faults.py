@@ -109,13 +109,17 @@ def test_load_generator_reports_a_lost_scheduler_instead_of_hanging(tmp_path):
     with Cluster(["--max-model-len", "8192"], log_dir=tmp_path) as c:
         lg = subprocess.Popen(
             [sys.executable, "-m", "loadgen", "--scheduler", f"tcp://127.0.0.1:{c.port}", "--metrics-url", "",
-             "--dataset", "random", "--num-requests", "8", "--input-len", "32", "--output-len", "6000"],
+             "--dataset", "random", "--num-requests", "400", "--request-rate", "10", "--input-len", "32",
+             "--output-len", "6000"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         try:
             time.sleep(3)
             c.procs["scheduler"].send_signal(signal.SIGKILL)
+            # Its schedule would run 40 s; requests still to come fail at once.
+            t0 = time.monotonic()
             out, _ = lg.communicate(timeout=30)
+            assert time.monotonic() - t0 < 10
         finally:
             if lg.poll() is None:
                 lg.kill()
