@@ -17,23 +17,12 @@ from scheduler.kv_cache_block import KVCacheBlock
 
 class FreeKVCacheBlockQueue:
     def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
-        self.num_free_blocks = len(blocks)
+        self.num_free_blocks = 0
         self.fake_free_list_head = KVCacheBlock(-1)
         self.fake_free_list_tail = KVCacheBlock(-1)
-        head, tail = self.fake_free_list_head, self.fake_free_list_tail
-        n = len(blocks)
-        if n == 0:
-            head.next_free_block = tail
-            tail.prev_free_block = head
-            return
-        # NOTE: one pass with local names; this loop is most of a 1M-block pool's start-up.
-        prev = head
-        for block in blocks:
-            prev.next_free_block = block
-            block.prev_free_block = prev
-            prev = block
-        prev.next_free_block = tail
-        tail.prev_free_block = prev
+        self.fake_free_list_head.next_free_block = self.fake_free_list_tail
+        self.fake_free_list_tail.prev_free_block = self.fake_free_list_head
+        self.append_n(blocks)
 
     def popleft(self) -> KVCacheBlock:
         """Take the front block (the next to reuse)."""
