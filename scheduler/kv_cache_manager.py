@@ -28,10 +28,6 @@ class PrefixCacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 class KVCacheManager:
     def __init__(
         self,
