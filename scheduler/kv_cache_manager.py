@@ -112,8 +112,7 @@ class KVCacheManager:
             raise ValueError(f"request {request_id!r} already holds blocks; prefix hits only at admission")
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_tokens_need_slot = min(num_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        block_size = self.block_size
-        num_new_blocks = -(-num_tokens_need_slot // block_size) - num_held - len(new_computed_blocks)
+        num_new_blocks = -(-num_tokens_need_slot // self.block_size) - num_held - len(new_computed_blocks)
 
         # NOTE: a hit on a free block takes it out of the free queue, so those hits
         # are not free for this request's new blocks.
@@ -136,20 +135,65 @@ class KVCacheManager:
         else:
             new_blocks = []
 
-        if self.enable_caching:
-            # Cache (hash and register) the full blocks within the final tokens.
-            num_cached = self.num_cached_block[request_id]
-            num_full_blocks = min(num_computed_tokens + num_new_tokens, len(request.all_token_ids)) // block_size
-            if num_full_blocks > num_cached:
-                pool.cache_full_blocks(req_blocks, request.block_hashes, num_cached, num_full_blocks, request.all_token_ids, block_size)
-                self.num_cached_block[request_id] = num_cached = num_full_blocks
-            # While its computed tokens stay at or below this, a call for this request
-            # would allocate nothing (its blocks have room) and cache nothing (no block
-            # past the cached ones fills): the scheduler skips the call (fast path).
-            request.kv_fast_until = min(len(req_blocks) * block_size, (num_cached + 1) * block_size - 1)
-        else:
-            request.kv_fast_until = len(req_blocks) * block_size
+        self._cache_and_bound(request, req_blocks, min(num_computed_tokens + num_new_tokens, len(request.all_token_ids)))
         return new_blocks
+
+    def allocate_next_slot(self, request: Request) -> list[KVCacheBlock] | None:
+        """``allocate_slots(request, 1)`` for a running request (a decode step, or
+        the last token of a chunked prompt): the same effect and result, without the
+        general path's work. The scheduler calls it at every block boundary of
+        every running request (twice a block: it fills, then the next is needed)."""
+        request_id = request.request_id
+        req_blocks = self.req_to_blocks.get(request_id)
+        end = request.num_computed_tokens + 1
+        if req_blocks is None or end > self.max_model_len:
+            return self.allocate_slots(request, 1)
+        block_size = self.block_size
+        num_held = len(req_blocks)
+        # A running request holds blocks for its computed tokens: one more token needs
+        # at most one more block, and fills at most one.
+        if end > num_held * block_size:
+            pool = self.block_pool
+            if not pool.free_block_queue.num_free_blocks:
+                return None
+            new_blocks = pool.get_new_blocks(1)
+            req_blocks += new_blocks
+            num_held += 1
+        else:
+            new_blocks = []
+        if not self.enable_caching:
+            request.kv_fast_until = num_held * block_size
+            return new_blocks
+        # NOTE: _cache_and_bound, for one token.
+        num_cached = self.num_cached_block[request_id]
+        if end <= len(request.all_token_ids) and end >= (num_cached + 1) * block_size:
+            self.block_pool.cache_full_blocks(
+                req_blocks, request.block_hashes, num_cached, num_cached + 1, request.all_token_ids, block_size
+            )
+            self.num_cached_block[request_id] = num_cached = num_cached + 1
+        request.kv_fast_until = min(num_held * block_size, (num_cached + 1) * block_size - 1)
+        return new_blocks
+
+    def _cache_and_bound(self, request: Request, req_blocks: list[KVCacheBlock], num_final_tokens: int) -> None:
+        """Cache (hash and register) the request's full blocks within its first
+        ``num_final_tokens`` tokens (final, and computed or scheduled), and set
+        request.kv_fast_until."""
+        block_size = self.block_size
+        if not self.enable_caching:
+            request.kv_fast_until = len(req_blocks) * block_size
+            return
+        request_id = request.request_id
+        num_cached = self.num_cached_block[request_id]
+        num_full_blocks = num_final_tokens // block_size
+        if num_full_blocks > num_cached:
+            self.block_pool.cache_full_blocks(
+                req_blocks, request.block_hashes, num_cached, num_full_blocks, request.all_token_ids, block_size
+            )
+            self.num_cached_block[request_id] = num_cached = num_full_blocks
+        # While its computed tokens stay at or below this, a call for this request
+        # would allocate nothing (its blocks have room) and cache nothing (no block
+        # past the cached ones fills): the scheduler skips the call (fast path).
+        request.kv_fast_until = min(len(req_blocks) * block_size, (num_cached + 1) * block_size - 1)
 
     def free(self, request: Request) -> None:
         """Give back the request's blocks, last block first, so that its deepest
