@@ -43,7 +43,7 @@ from scheduler.kv_cache_manager import KVCacheManager
 from scheduler.kv_event_publisher import make_kv_event_sink
 from scheduler.metrics import SchedulerMetrics
 from scheduler.request import Request, RequestStatus
-from scheduler.scheduler import RequestOutput, Scheduler
+from scheduler.scheduler import Scheduler
 from scheduler.sockets import open_ports
 from scheduler.validation import RequestLimits, RequestRejected, validate_generate
 from scheduler.worker_checks import PoolShape, WorkerRefused, check_result, pool_size_for
@@ -159,7 +159,7 @@ class EngineCore:
             if status == RequestStatus.FINISHED_ERROR:
                 await self._send_error(request.client_id, request.request_id, message)
             else:
-                await self._send_output(RequestOutput(request, [], True, status.value))
+                await self._send_output(request, [], status.value)
 
     # --- clients ----------------------------------------------------------------------
 
@@ -203,7 +203,7 @@ class EngineCore:
         if request is None or request.client_id != ident:
             return await self._send_error(ident, request_id, f"unknown request id {request_id!r}: nothing to abort")
         self.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
-        await self._send_output(RequestOutput(request, [], True, "abort"))
+        await self._send_output(request, [], "abort")
         self._wakeup.set()
 
     async def _send_error(self, ident: bytes, request_id: str | None, message: str) -> None:
@@ -212,9 +212,10 @@ class EngineCore:
         # is flooding without reading, and nothing else is owed to it.
         await self.clients.send(ident, self.client_codec.encode(RequestError(message, request_id)))
 
-    async def _send_output(self, out: RequestOutput) -> None:
-        r = out.request
-        msg = TokenOutput(r.request_id, out.new_token_ids, out.finished, out.finish_reason, max(r.num_cached_tokens, 0))
+    async def _send_output(self, r: Request, new_token_ids: list[int], finish_reason: str | None = None) -> None:
+        """New tokens of ``r`` to its client; a finish reason ends the request there."""
+        finished = finish_reason is not None
+        msg = TokenOutput(r.request_id, new_token_ids, finished, finish_reason, max(r.num_cached_tokens, 0))
         if not await self.clients.send(r.client_id, self.client_codec.encode(msg)):
             self._drop_client(r.client_id)
 
@@ -237,7 +238,7 @@ class EngineCore:
         for r in self.scheduler.requests.values():
             first.setdefault(r.client_id, r)
         for r in first.values():
-            await self._send_output(RequestOutput(r, []))
+            await self._send_output(r, [])
 
     # --- the worker -------------------------------------------------------------------
 
@@ -367,8 +368,9 @@ class EngineCore:
             except (WorkerLost, ValueError) as e:
                 self._on_worker_lost(str(e))
                 continue
-            for o in outputs:
-                await self._send_output(o)
+            reasons, token_ids = outputs.finish_reasons, outputs.token_ids
+            for i, request in enumerate(outputs.requests):
+                await self._send_output(request, [token_ids[i]], reasons.get(i))
             self.metrics.observe_step(outputs, nbytes, time.perf_counter() - t0)
             self.metrics.update(self.scheduler, self.kv)
             self._publish_kv_events()

@@ -6,12 +6,11 @@ them into Prometheus objects once per step (never inside the hot loops).
 
 from __future__ import annotations
 
-import time
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from scheduler.kv_cache_manager import KVCacheManager
-from scheduler.scheduler import RequestOutput, Scheduler
+from scheduler.outputs import StepOutputs
+from scheduler.scheduler import Scheduler
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -77,19 +76,19 @@ class SchedulerMetrics:
         self._sync("generation", self.generation_tokens, scheduler.num_generation_tokens)
         self._sync("evictions", self.evictions, pool.num_evictions)
 
-    def observe_step(self, outputs: list[RequestOutput], plan_bytes: int, step_s: float) -> None:
+    def observe_step(self, outputs: StepOutputs, plan_bytes: int, step_s: float) -> None:
         """One executed step: its plan's size, its wall time, the latencies it completed."""
         self.steps.inc()
         self.plan_bytes.inc(plan_bytes)
         self.step_duration.observe(step_s)
-        now = time.monotonic()
-        for o in outputs:
-            if o.ttft_s is not None:
-                self.ttft.observe(o.ttft_s)
-            if o.itl_s is not None:
-                self.itl.observe(o.itl_s)
-            if o.finished:
-                self.e2e.observe(now - o.request.arrival_time)
+        now = outputs.time
+        for request, prev in zip(outputs.requests, outputs.prev_token_times, strict=True):
+            if prev is None:
+                self.ttft.observe(now - request.arrival_time)
+            else:
+                self.itl.observe(now - prev)
+        for i in outputs.finish_reasons:
+            self.e2e.observe(now - outputs.requests[i].arrival_time)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -34,7 +34,7 @@ class Request:
         "request_id", "seq_id", "client_id", "prompt_token_ids", "all_token_ids", "num_prompt_tokens",
         "max_tokens", "ignore_eos", "eos_token_id", "cache_salt", "status", "num_computed_tokens",
         "num_cached_tokens", "block_hashes", "block_hasher", "arrival_time", "first_token_time",
-        "last_token_time", "num_preemptions", "kv_fast_until", "max_num_tokens", "stop_token_id",
+        "last_token_time", "num_preemptions", "kv_fast_until", "max_num_tokens", "stop_token_id", "fast_append_below",
     )  # fmt: skip
 
     def __init__(
@@ -87,6 +87,10 @@ class Request:
         # or after sampling stop_token_id (None with ignore_eos).
         self.max_num_tokens = self.num_prompt_tokens + max_tokens
         self.stop_token_id = None if ignore_eos else eos_token_id
+        # Kept by the scheduler: while the request holds fewer tokens than this, a
+        # sampled token fills no block, reaches no limit and is not its first: it
+        # is appended and nothing else (update_from_output's fast path). 0: not yet.
+        self.fast_append_below = 0
 
     @property
     def num_tokens(self) -> int:

@@ -17,45 +17,15 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-
-import msgspec
+from operator import attrgetter
 
 from protocol.worker_messages import AppendedBlocks, RequestRow, StepPlan, StepResult
 from scheduler.kv_cache_manager import KVCacheManager
+from scheduler.outputs import SchedulerOutput, StepOutputs
 from scheduler.request import Request, RequestStatus
 
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    """One scheduled step: the plan for the worker, and what it means here."""
-
-    plan: StepPlan
-    # The requests scheduled, in batch order; each computes one token unless
-    # plan.num_scheduled_tokens says otherwise (seq_id -> count).
-    scheduled: list[Request]
-    num_scheduled_tokens: int
-    preempted: list[Request] = field(default_factory=list)
-    # seq_ids of the rows whose computed tokens reach their token count this step:
-    # each samples exactly one token (what the result must name).
-    sampling_seq_ids: list[int] = field(default_factory=list)
-
-
-class RequestOutput(msgspec.Struct, gc=False):
-    """New tokens of one request after a step (or its end).
-
-    A msgspec Struct, not a dataclass: one is made per running request per step,
-    and a Struct's C __init__ is ~10x cheaper (~0.1 vs ~0.8 us, 256 a step).
-    gc=False: it holds no cycle (a Request never points back at its outputs)."""
-
-    request: Request
-    new_token_ids: list[int]
-    finished: bool = False
-    finish_reason: str | None = None
-    # Latencies this output completes (seconds): time to first token, or the gap
-    # since the previous token.
-    ttft_s: float | None = None
-    itl_s: float | None = None
+_SEQ_ID = attrgetter("seq_id")
+_BLOCK_ID = attrgetter("block_id")
 
 
 class Scheduler:
@@ -81,8 +51,6 @@ class Scheduler:
         self.next_step_id = 0
         # Rows the worker holds that must be dropped in the next plan.
         self._pending_finished_seq_ids: list[int] = []
-        # seq_id -> number of block ids of that row the worker has been sent.
-        self._num_sent_blocks: dict[int, int] = {}
         # The plan in flight: its results must be applied before the next schedule().
         self._in_flight: SchedulerOutput | None = None
         # Counters the process exports.
@@ -123,10 +91,10 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus) -> None:
         was_on_worker = request.status == RequestStatus.RUNNING
         request.status = status
+        request.fast_append_below = 0
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         del self.seq_id_to_request[request.seq_id]
-        self._num_sent_blocks.pop(request.seq_id, None)
         if was_on_worker:
             self._pending_finished_seq_ids.append(request.seq_id)
 
@@ -149,33 +117,41 @@ class Scheduler:
             raise RuntimeError(f"step {self._in_flight.plan.step_id} is still in flight")
         kv = self.kv_cache_manager
         token_budget = self.max_num_batched_tokens
-        scheduled: list[Request] = []
         num_scheduled_tokens: dict[int, int] = {}
         appended: list[AppendedBlocks] = []
         preempted: list[Request] = []
 
-        sampling: list[int] = []
-
         # 1. Running requests, in order.
         # NOTE: this loop runs once per running request per step (256 x ~50 steps/s);
-        # it is written for speed: locals, no properties, and a fast path that skips
-        # allocate_slots when it would do nothing (see below).
+        # it is written for speed. The common case, one decode token with room in
+        # the request's blocks and nothing to cache (request.kv_fast_until, kept by
+        # the KV cache manager), only counts the token; the batch lists are made after
+        # the loop, at C speed.
         running = self.running
+        allocate_next_slot = kv.allocate_next_slot
+        num_scheduled_running = -1  # -1: every request left in `running`
+        all_sampling = True  # every scheduled running request completes its tokens
         # NOTE: a preemption pops the end of `running`; the iterator sees it shorter.
         for request in running:
-            if token_budget <= 0:
-                break
             num_computed = request.num_computed_tokens
             num_tokens = len(request.all_token_ids)
             num_new_tokens = num_tokens - num_computed
+            if num_new_tokens == 1 and num_computed < request.kv_fast_until and token_budget > 0:
+                request.num_computed_tokens = num_tokens
+                token_budget -= 1
+                continue
+            if token_budget <= 0:
+                num_scheduled_running = running.index(request)
+                break
             if num_new_tokens > token_budget:
                 num_new_tokens = token_budget
             end = num_computed + num_new_tokens
-            # NOTE: the common decode step skips this: allocate_slots keeps
-            # request.kv_fast_until, below which it would allocate and cache nothing.
             if end > request.kv_fast_until:
                 while True:
-                    new_blocks = kv.allocate_slots(request, num_new_tokens)
+                    if num_new_tokens == 1:
+                        new_blocks = allocate_next_slot(request)
+                    else:
+                        new_blocks = kv.allocate_slots(request, num_new_tokens)
                     if new_blocks is not None:
                         break
                     # Out of blocks: preempt the lowest-priority request (the last running).
@@ -185,22 +161,29 @@ class Scheduler:
                     if victim is request:
                         break
                 if new_blocks is None:
-                    break
+                    break  # it preempted itself: the requests before it are scheduled
                 if new_blocks:
-                    appended.append(AppendedBlocks(request.seq_id, [b.block_id for b in new_blocks]))
-                    self._num_sent_blocks[request.seq_id] += len(new_blocks)
-            scheduled.append(request)
+                    appended.append(AppendedBlocks(request.seq_id, list(map(_BLOCK_ID, new_blocks))))
             if num_new_tokens != 1:
                 num_scheduled_tokens[request.seq_id] = num_new_tokens
             # NOTE: safe to count now: a preemption victim is always a request this
             # loop has not reached yet (the last running one), never a scheduled one.
             request.num_computed_tokens = end
-            if end == num_tokens:
-                sampling.append(request.seq_id)
+            if end != num_tokens:
+                all_sampling = False
             token_budget -= num_new_tokens
-        # Running rows left out of this step (budget spent) must say so: default is 1.
-        for request in self.running[len(scheduled) :]:
-            num_scheduled_tokens[request.seq_id] = 0
+        if num_scheduled_running < 0:
+            scheduled = running.copy()
+        else:
+            scheduled = running[:num_scheduled_running]
+            # Running rows left out of this step (budget spent) must say so: default is 1.
+            for request in running[num_scheduled_running:]:
+                num_scheduled_tokens[request.seq_id] = 0
+        # The requests whose computed tokens reach their token count this step.
+        if all_sampling:
+            sampling = scheduled.copy()
+        else:
+            sampling = [r for r in scheduled if r.num_computed_tokens == len(r.all_token_ids)]
 
         # 2. Waiting requests, FCFS, unless this step had to preempt.
         new_rows: list[RequestRow] = []
@@ -222,13 +205,12 @@ class Scheduler:
                 row = RequestRow(request.seq_id, list(request.all_token_ids), block_ids, num_hit_tokens)
                 (resumed_rows if request.status == RequestStatus.PREEMPTED else new_rows).append(row)
                 request.status = RequestStatus.RUNNING
-                self._num_sent_blocks[request.seq_id] = len(block_ids)
                 scheduled.append(request)
                 if num_new_tokens != 1:
                     num_scheduled_tokens[request.seq_id] = num_new_tokens
                 request.num_computed_tokens = num_hit_tokens + num_new_tokens
                 if request.num_computed_tokens == request.num_tokens:
-                    sampling.append(request.seq_id)
+                    sampling.append(request)
                 token_budget -= num_new_tokens
 
         finished_seq_ids = self._pending_finished_seq_ids
@@ -260,7 +242,6 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
-        self._num_sent_blocks.pop(request.seq_id, None)
         self.waiting.appendleft(request)
         self.num_preemptions += 1
 
@@ -272,7 +253,7 @@ class Scheduler:
         self.running.clear()
         self._pending_finished_seq_ids.clear()
 
-    def update_from_output(self, result: StepResult) -> list[RequestOutput]:
+    def update_from_output(self, result: StepResult) -> StepOutputs:
         """Apply the worker's result of the plan in flight: append sampled tokens,
         stop requests that are done. Raises ValueError on a result that does not
         match the plan (nothing applied then)."""
@@ -280,51 +261,75 @@ class Scheduler:
         if out is None or result.step_id != out.plan.step_id:
             expected = None if out is None else out.plan.step_id
             raise ValueError(f"result for step {result.step_id}, expected {expected}")
-        if len(result.seq_ids) != len(result.sampled_token_ids):
+        token_ids = result.sampled_token_ids
+        if len(result.seq_ids) != len(token_ids):
             raise ValueError("result has different numbers of seq_ids and sampled tokens")
         # Rows that completed their tokens this step sample exactly one token each.
         # NOTE: the list compare is the cheap common case (the worker answers in plan
-        # order); the sets decide when it does not.
-        if result.seq_ids != out.sampling_seq_ids:
-            got, expects = set(result.seq_ids), set(out.sampling_seq_ids)
-            if got != expects or len(got) != len(result.seq_ids):
-                raise ValueError(f"step {result.step_id}: sampled rows {sorted(got)} but expected {sorted(expects)}")
+        # order); otherwise the rows are matched by seq_id.
+        requests = out.sampling
+        expected_ids = list(map(_SEQ_ID, requests))
+        if result.seq_ids != expected_ids:
+            got = set(result.seq_ids)
+            if got != set(expected_ids) or len(got) != len(result.seq_ids):
+                raise ValueError(f"step {result.step_id}: sampled rows {sorted(got)} but expected {sorted(expected_ids)}")
+            by_seq_id = {r.seq_id: r for r in requests}
+            requests = [by_seq_id[seq_id] for seq_id in result.seq_ids]
         self._in_flight = None
 
-        # NOTE: once per sampled row per step: locals, no properties (see schedule()).
+        # NOTE: once per sampled row per step: locals, no properties, and one test for
+        # the common case, a token that fills no block, ends nothing and is not the
+        # first (request.fast_append_below, kept by _append_token).
         now = time.monotonic()
-        outputs: list[RequestOutput] = []
-        seq_id_to_request = self.seq_id_to_request
-        num_generated = 0
-        block_size = self.block_size
-        for seq_id, token_id in zip(result.seq_ids, result.sampled_token_ids, strict=True):
-            request = seq_id_to_request.get(seq_id)
-            if request is None:
-                continue  # ended (aborted) while the step ran
-            # NOTE: Request.append_output_token_id, inlined.
+        prev_token_times: list[float | None] = []
+        append_prev = prev_token_times.append
+        outputs = StepOutputs(now, requests, token_ids, prev_token_times)
+        skipped: list[int] = []
+        for request, token_id in zip(requests, token_ids, strict=True):
             all_token_ids = request.all_token_ids
-            all_token_ids.append(token_id)
-            num_tokens = len(all_token_ids)
-            if not num_tokens % block_size and request.block_hasher is not None:
-                request.block_hasher.extend_block_hashes(request.block_hashes, all_token_ids, request.cache_salt)
-            num_generated += 1
-            if request.first_token_time is None:
-                request.first_token_time = now
-                ttft_s, itl_s = now - request.arrival_time, None
-                # As vLLM counts it: the whole prompt, cached tokens included, once.
-                self.num_prompt_tokens += request.num_prompt_tokens
-            else:
-                ttft_s, itl_s = None, now - request.last_token_time
-            request.last_token_time = now
-            if num_tokens < request.max_num_tokens and token_id != request.stop_token_id:
-                outputs.append(RequestOutput(request, [token_id], False, None, ttft_s, itl_s))
+            if len(all_token_ids) < request.fast_append_below and token_id != request.stop_token_id:
+                all_token_ids.append(token_id)
+                append_prev(request.last_token_time)
+                request.last_token_time = now
                 continue
-            status = RequestStatus.FINISHED_STOPPED if num_tokens < request.max_num_tokens else RequestStatus.FINISHED_LENGTH
-            self.running.remove(request)
-            self._finish(request, status)
-            outputs.append(RequestOutput(request, [token_id], True, status.value, ttft_s, itl_s))
-        self.num_generation_tokens += num_generated
+            # The general case; this request's index in the outputs is:
+            i = len(prev_token_times)
+            append_prev(request.last_token_time)
+            if request.status is not RequestStatus.RUNNING:
+                skipped.append(i)  # ended (aborted) while the step ran
+                continue
+            reason = self._append_token(request, token_id, now)
+            if reason is not None:
+                outputs.finish_reasons[i] = reason
+        if skipped:
+            outputs = _without(outputs, skipped)
+        self.num_generation_tokens += len(outputs.requests)
         return outputs
+
+    def _append_token(self, request: Request, token_id: int, now: float) -> str | None:
+        """update_from_output's general case for one sampled token of a running
+        request: its first token, a token that fills a block (hashed now, cached
+        when next scheduled), or its last. Returns the finish reason if it ended."""
+        # NOTE: Request.append_output_token_id, inlined.
+        all_token_ids = request.all_token_ids
+        all_token_ids.append(token_id)
+        num_tokens = len(all_token_ids)
+        if not num_tokens % self.block_size and request.block_hasher is not None:
+            request.block_hasher.extend_block_hashes(request.block_hashes, all_token_ids, request.cache_salt)
+        if request.last_token_time is None:
+            request.first_token_time = now
+            # As vLLM counts it: the whole prompt, cached tokens included, once.
+            self.num_prompt_tokens += request.num_prompt_tokens
+        request.last_token_time = now
+        if num_tokens < request.max_num_tokens and token_id != request.stop_token_id:
+            # The next token takes the fast path unless it fills a block or is the last.
+            block_size = self.block_size
+            request.fast_append_below = min(request.max_num_tokens - 1, (num_tokens // block_size + 1) * block_size - 1)
+            return None
+        status = RequestStatus.FINISHED_STOPPED if num_tokens < request.max_num_tokens else RequestStatus.FINISHED_LENGTH
+        self.running.remove(request)
+        self._finish(request, status)
+        return status.value
 
     def abandon_in_flight(self) -> SchedulerOutput | None:
         """The worker is gone: forget the plan in flight (its tokens were not produced)."""
@@ -335,3 +340,16 @@ class Scheduler:
                 if request.status == RequestStatus.RUNNING:
                     request.num_computed_tokens -= counts.get(request.seq_id, 1)
         return out
+
+
+def _without(outputs: StepOutputs, skipped: list[int]) -> StepOutputs:
+    """``outputs`` less the rows at the indices ``skipped`` (ascending)."""
+    keep = sorted(set(range(len(outputs.requests))) - set(skipped))
+    position = {old: new for new, old in enumerate(keep)}
+    return StepOutputs(
+        outputs.time,
+        [outputs.requests[i] for i in keep],
+        [outputs.token_ids[i] for i in keep],
+        [outputs.prev_token_times[i] for i in keep],
+        {position[i]: reason for i, reason in outputs.finish_reasons.items()},
+    )

@@ -149,14 +149,12 @@ def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], N
                 seq_ids.append(req.seq_id)
                 token_ids.append(token_base[req.seq_id] + req.num_output_tokens)
         outputs = sched.update_from_output(StepResult(plan.step_id, seq_ids, token_ids))
-        any_finished = False
-        for o in outputs:
-            seq_id = o.request.seq_id
-            if first_token_ns[seq_id] == NOT_YET:
-                first_token_ns[seq_id] = now
-            if o.finished:
-                finish_ns[seq_id] = now
-                any_finished = True
+        for r in outputs.requests:
+            if first_token_ns[r.seq_id] == NOT_YET:
+                first_token_ns[r.seq_id] = now
+        for i in outputs.finish_reasons:
+            finish_ns[outputs.requests[i].seq_id] = now
+        any_finished = bool(outputs.finish_reasons)
         if not cfg.fast_forward or any_finished or plan.new_rows or plan.resumed_rows or out.preempted:
             continue
         running = sched.running

@@ -107,16 +107,11 @@ def fast_forward_decode(scheduler: Scheduler, num_steps: int, output_token_base:
         r.append_output_token_ids(list(range(base + r.num_tokens, base + num_tokens)))
         r.num_computed_tokens = num_tokens - 1
 
-    # NOTE: the scheduler's count of block ids sent per row; kept as a real step would.
-    num_sent_blocks = scheduler._num_sent_blocks
     for j, i in sorted(events):
         r = running[i]
         advance(r, start[i] + j)
-        new_blocks = kv.allocate_slots(r, 1)
-        if new_blocks is None:
+        if kv.allocate_slots(r, 1) is None:
             raise RuntimeError(f"fast-forward ran out of blocks at step {j}: decode_horizon was wrong")
-        if new_blocks:
-            num_sent_blocks[r.seq_id] += len(new_blocks)
     for i, r in enumerate(running):
         advance(r, start[i] + num_steps)
     scheduler.next_step_id += num_steps
