@@ -6,6 +6,9 @@ them into Prometheus objects once per step (never inside the hot loops).
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections import Counter as Tally
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from scheduler.kv_cache_manager import KVCacheManager
@@ -82,13 +85,35 @@ class SchedulerMetrics:
         self.plan_bytes.inc(plan_bytes)
         self.step_duration.observe(step_s)
         now = outputs.time
-        for request, prev in zip(outputs.requests, outputs.prev_token_times, strict=True):
-            if prev is None:
-                self.ttft.observe(now - request.arrival_time)
-            else:
-                self.itl.observe(now - prev)
+        # NOTE: the requests of a decode step mostly got their previous token in the
+        # same step, so their gaps are a handful of distinct values: each is observed
+        # once with its count (Histogram.observe costs ~1 us, 256 a step otherwise).
+        gaps = Tally(outputs.prev_token_times)
+        if gaps.pop(None, 0):
+            for request, prev in zip(outputs.requests, outputs.prev_token_times, strict=True):
+                if prev is None:
+                    self.ttft.observe(now - request.arrival_time)
+        for prev, count in gaps.items():
+            observe_repeated(self.itl, now - prev, count)
         for i in outputs.finish_reasons:
             self.e2e.observe(now - outputs.requests[i].arrival_time)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def observe_repeated(histogram: Histogram, value: float, count: int) -> None:
+    """``histogram.observe(value)``, ``count`` times, at the cost of one.
+
+    NOTE: prometheus_client's Histogram has no count argument; this does what its
+    observe does (the sum, and one bucket: the first whose bound is >= value)
+    through its internals, and falls back to observe() should they change. A test
+    holds it to observe()."""
+    try:
+        buckets, bounds, total = histogram._buckets, histogram._upper_bounds, histogram._sum
+    except AttributeError:
+        for _ in range(count):
+            histogram.observe(value)
+        return
+    total.inc(value * count)
+    buckets[bisect_left(bounds, value)].inc(count)
