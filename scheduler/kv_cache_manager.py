@@ -143,35 +143,21 @@ class KVCacheManager:
         the last token of a chunked prompt): the same effect and result, without the
         general path's work. The scheduler calls it at every block boundary of
         every running request (twice a block: it fills, then the next is needed)."""
-        request_id = request.request_id
-        req_blocks = self.req_to_blocks.get(request_id)
+        req_blocks = self.req_to_blocks.get(request.request_id)
         end = request.num_computed_tokens + 1
         if req_blocks is None or end > self.max_model_len:
             return self.allocate_slots(request, 1)
-        block_size = self.block_size
-        num_held = len(req_blocks)
         # A running request holds blocks for its computed tokens: one more token needs
-        # at most one more block, and fills at most one.
-        if end > num_held * block_size:
+        # at most one more block.
+        if end > len(req_blocks) * self.block_size:
             pool = self.block_pool
             if not pool.free_block_queue.num_free_blocks:
                 return None
             new_blocks = pool.get_new_blocks(1)
             req_blocks += new_blocks
-            num_held += 1
         else:
             new_blocks = []
-        if not self.enable_caching:
-            request.kv_fast_until = num_held * block_size
-            return new_blocks
-        # NOTE: _cache_and_bound, for one token.
-        num_cached = self.num_cached_block[request_id]
-        if end <= len(request.all_token_ids) and end >= (num_cached + 1) * block_size:
-            self.block_pool.cache_full_blocks(
-                req_blocks, request.block_hashes, num_cached, num_cached + 1, request.all_token_ids, block_size
-            )
-            self.num_cached_block[request_id] = num_cached = num_cached + 1
-        request.kv_fast_until = min(num_held * block_size, (num_cached + 1) * block_size - 1)
+        self._cache_and_bound(request, req_blocks, min(end, len(request.all_token_ids)))
         return new_blocks
 
     def _cache_and_bound(self, request: Request, req_blocks: list[KVCacheBlock], num_final_tokens: int) -> None:
