@@ -90,9 +90,9 @@ class SchedulerMetrics:
         # once with its count (Histogram.observe costs ~1 us, 256 a step otherwise).
         gaps = Tally(outputs.prev_token_times)
         if gaps.pop(None, 0):
-            for request, prev in zip(outputs.requests, outputs.prev_token_times, strict=True):
+            for i, prev in enumerate(outputs.prev_token_times):
                 if prev is None:
-                    self.ttft.observe(now - request.arrival_time)
+                    self.ttft.observe(outputs.ttft_s(i))
         for prev, count in gaps.items():
             observe_repeated(self.itl, now - prev, count)
         for i in outputs.finish_reasons:

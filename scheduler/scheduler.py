@@ -310,12 +310,8 @@ class Scheduler:
         """update_from_output's general case for one sampled token of a running
         request: its first token, a token that fills a block (hashed now, cached
         when next scheduled), or its last. Returns the finish reason if it ended."""
-        # NOTE: Request.append_output_token_id, inlined.
-        all_token_ids = request.all_token_ids
-        all_token_ids.append(token_id)
-        num_tokens = len(all_token_ids)
-        if not num_tokens % self.block_size and request.block_hasher is not None:
-            request.block_hasher.extend_block_hashes(request.block_hashes, all_token_ids, request.cache_salt)
+        request.append_output_token_id(token_id)
+        num_tokens = len(request.all_token_ids)
         if request.last_token_time is None:
             request.first_token_time = now
             # As vLLM counts it: the whole prompt, cached tokens included, once.
