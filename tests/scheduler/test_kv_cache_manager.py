@@ -6,54 +6,9 @@ comments, front (reused first) on the left, ``*`` marking a block with a hash.
 
 from __future__ import annotations
 
-from scheduler.hashing import BlockHasher
-from scheduler.kv_cache_manager import KVCacheManager
+from kvtest.kv_manager import BS, admit, ids, manager, queue, req, snapshot
+
 from scheduler.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventRecorder
-from scheduler.request import Request
-
-BS = 4
-HASHER = BlockHasher(BS)
-
-
-def req(rid: str, tokens: list[int], salt: str | None = None) -> Request:
-    return Request(rid, list(tokens), max_tokens=16, cache_salt=salt, block_hasher=HASHER)
-
-
-def manager(num_blocks: int = 16, max_model_len: int = 64, **kw) -> KVCacheManager:
-    return KVCacheManager(num_blocks, BS, max_model_len, **kw)
-
-
-def admit(m: KVCacheManager, r: Request):
-    """get_computed_blocks + allocate_slots for the whole prompt, as a scheduler
-    admits a request; on success the prompt counts as computed."""
-    hits, n = m.get_computed_blocks(r)
-    new = m.allocate_slots(r, r.num_tokens - n, n, hits)
-    if new is not None:
-        r.num_computed_tokens = r.num_tokens
-    m.check_invariants()
-    return hits, new
-
-
-def queue(m: KVCacheManager) -> str:
-    return " ".join(f"{b.block_id}*" if b.block_hash is not None else str(b.block_id) for b in m.block_pool.free_block_queue)
-
-
-def ids(blocks) -> list[int]:
-    return [b.block_id for b in blocks]
-
-
-def snapshot(m: KVCacheManager):
-    pool = m.block_pool
-    return (
-        ids(pool.free_block_queue),
-        [(b.block_id, b.ref_cnt, b.block_hash) for b in pool.blocks],
-        sorted((k, b.block_id) for k, b in pool.cached_block_hash_to_block.items()),
-        {k: ids(v) for k, v in m.req_to_blocks.items()},
-        dict(m.num_cached_block),
-        pool.num_evictions,
-        pool.num_free_cached_blocks,
-    )
-
 
 A8 = [1, 2, 3, 4, 5, 6, 7, 8]
 A10 = A8 + [9, 10]
@@ -392,49 +347,3 @@ def test_kv_event_tokens_line_up_with_stored_hashes():
         BlockStored([b"x2"], hc[1], tokens[8:12], BS),
     ]
 
-
-def test_allocate_next_slot_is_allocate_slots_for_one_token():
-    """The scheduler's decode path must be indistinguishable from the general one:
-    two managers driven through the same random workload (shared prefixes, a pool
-    small enough to run out, requests finishing at random, max_model_len reached),
-    one calling allocate_slots(r, 1) and one allocate_next_slot(r), agree on every
-    result, every block table, the free queue, the hash map, the counters and each
-    request's kv_fast_until, after every call."""
-    import random
-
-    for seed in range(40):
-        rng = random.Random(seed)
-        caching = seed % 4 != 3
-        num_blocks = rng.randint(4, 12)
-        pair = [manager(num_blocks=num_blocks, max_model_len=24, enable_caching=caching) for _ in range(2)]
-        running: list[tuple[Request, Request]] = []
-        for step in range(120):
-            if len(running) < 3 and rng.random() < 0.3:
-                prompt = [rng.randint(0, 2) for _ in range(rng.randint(1, 9))]
-                twins = (req(f"s{seed}-{step}", prompt), req(f"s{seed}-{step}", prompt))
-                results = [admit(m, r) for m, r in zip(pair, twins, strict=True)]
-                assert ids(results[0][1] or []) == ids(results[1][1] or [])
-                if results[0][1] is not None:
-                    for r in twins:
-                        r.append_output_token_id(r.num_tokens % 3)
-                    running.append(twins)
-            elif running:
-                twins = running[rng.randrange(len(running))]
-                slow, fast = twins
-                done = rng.random() < 0.1 or slow.num_tokens > 25  # past max_model_len too
-                got = None if done else (pair[0].allocate_slots(slow, 1), pair[1].allocate_next_slot(fast))
-                if got is not None:
-                    assert (got[0] is None) == (got[1] is None)
-                    assert ids(got[0] or []) == ids(got[1] or [])
-                    assert slow.kv_fast_until == fast.kv_fast_until
-                if done or got[0] is None:
-                    running.remove(twins)
-                    for m, r in zip(pair, twins, strict=True):
-                        m.free(r)
-                else:
-                    token = rng.randint(0, 2)
-                    for r in twins:
-                        r.num_computed_tokens += 1
-                        r.append_output_token_id(token)
-            assert snapshot(pair[0]) == snapshot(pair[1])
-            pair[1].check_invariants()
