@@ -93,16 +93,9 @@ class KVEventSubscriber:
                 batch = self._codec.decode(payload)
             except (ValueError, ProtocolError):
                 continue
-            if seq <= self.last_seq:
-                continue  # already had it (from a replay)
             if seq > self.last_seq + 1:
-                applied += self.replay(on_batch)
-                if seq <= self.last_seq:
-                    continue
-                if seq > self.last_seq + 1:
-                    self.num_lost += seq - self.last_seq - 1
-            self._apply(seq, batch, on_batch)
-            applied += 1
+                applied += self.replay(on_batch)  # a gap: ask for what was missed
+            applied += self._apply_in_order(seq, batch, on_batch)
         return applied
 
     def sync(self, on_batch=None) -> int:
@@ -139,17 +132,22 @@ class KVEventSubscriber:
                     batch = self._codec.decode(frames[-1])
                 except (ValueError, ProtocolError):
                     continue
-                if seq <= self.last_seq:
-                    continue
-                if seq > self.last_seq + 1:
-                    # The start was already out of the publisher's buffer.
-                    self.num_lost += seq - self.last_seq - 1
-                self._apply(seq, batch, on_batch)
-                applied += 1
+                applied += self._apply_in_order(seq, batch, on_batch)
         finally:
             self.num_replayed_batches += applied
             sock.close(linger=0)
         return applied
+
+    def _apply_in_order(self, seq: int, batch: KVEventBatch, on_batch) -> bool:
+        """Apply batch ``seq`` unless it was applied already (it came live and in a
+        replay); batches still missing before it are counted lost. True if applied."""
+        if seq <= self.last_seq:
+            return False
+        if seq > self.last_seq + 1:
+            # Missed, and no replay supplied them (they had left the publisher's buffer).
+            self.num_lost += seq - self.last_seq - 1
+        self._apply(seq, batch, on_batch)
+        return True
 
     def _apply(self, seq: int, batch: KVEventBatch, on_batch) -> None:
         cached = self.cached_hashes
