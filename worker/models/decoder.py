@@ -1,0 +1,81 @@
+"""The decoder-only transformer for every supported architecture (Llama, Mistral,
+Qwen2, Qwen3): pre-norm blocks of grouped-query attention and a SwiGLU MLP.
+
+The variants are flags of one layer, not copies of the model: q/k/v (and o) biases are
+``Linear`` biases that may be None; Qwen3's per-head q/k RMSNorm is ``q_norm``/``k_norm``
+(None elsewhere). The model owns no KV cache: ``forward`` takes an ``AttentionFn`` that
+receives each layer's rotated q and k and v and returns the attention output; the paged
+runner plugs in paged attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from worker.models.config import ModelConfig
+from worker.models.layers import GatedMLP, Linear, rms_norm
+from worker.models.rope import RotaryEmbedding, apply_rope
+
+
+class AttentionFn(Protocol):
+    """Attention for one layer over the tokens of one forward call.
+
+    q: (T, num_heads, head_dim); k, v: (T, num_kv_heads, head_dim), already rotated.
+    Returns (T, num_heads, head_dim). Implementations store k/v in their cache first,
+    so each token attends to every earlier token of its request and to itself.
+    """
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(slots=True)
+class DecoderLayer:
+    input_norm: torch.Tensor  # (H,)
+    qkv: Linear  # (q_size + 2 * kv_size, H): q_proj, k_proj, v_proj rows
+    o: Linear  # (H, q_size)
+    post_attention_norm: torch.Tensor  # (H,)
+    mlp: GatedMLP
+    q_norm: torch.Tensor | None = None  # (hd,) Qwen3
+    k_norm: torch.Tensor | None = None  # (hd,)
+
+
+class DecoderModel:
+    """Weights plus the forward pass; stateless between calls."""
+
+    def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[DecoderLayer], norm: torch.Tensor, lm_head: torch.Tensor):
+        self.config = config
+        self.embed = embed  # (V, H)
+        self.layers = layers
+        self.norm = norm  # (H,)
+        self.lm_head = lm_head  # (V, H); the embedding itself when tied
+        self.dtype = embed.dtype
+        self.device = embed.device
+        self.rotary = RotaryEmbedding(config, self.device)
+
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
+        """token_ids, positions: (T,) int64 on the model's device. Returns the final
+        normed hidden states (T, H); ``compute_logits`` turns the rows you need into logits."""
+        c = self.config
+        T, eps = token_ids.shape[0], c.rms_norm_eps
+        cos, sin = self.rotary.cos_sin(positions, self.dtype)  # (T, 1, hd/2) each
+        x = self.embed[token_ids]  # (T, H)
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.input_norm, eps)
+            q, k, v = layer.qkv(h).split((c.q_size, c.kv_size, c.kv_size), dim=-1)
+            q = q.view(T, c.num_heads, c.head_dim)  # (T, nh, hd)
+            k = k.view(T, c.num_kv_heads, c.head_dim)  # (T, kvh, hd)
+            v = v.reshape(T, c.num_kv_heads, c.head_dim)  # (T, kvh, hd)
+            if layer.q_norm is not None:
+                q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
+            o = attention(i, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)  # (T, nh, hd)
+            x = x + layer.o(o.reshape(T, c.q_size))
+            x = x + layer.mlp(rms_norm(x, layer.post_attention_norm, eps))
+        return rms_norm(x, self.norm, eps)  # (T, H)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(N, H) -> (N, V), float32 (float64 for a float64 model) for the sampler."""
+        logits = torch.nn.functional.linear(hidden, self.lm_head)  # (N, V)
+        return logits if logits.dtype == torch.float64 else logits.float()

@@ -1,0 +1,41 @@
+"""The small layers every supported architecture is built from.
+
+Weights keep the checkpoint's layout (``(out, in)``, as ``nn.Linear``), so loading is
+a copy and ``F.linear`` runs them; fused projections are rows concatenated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x (..., D) normalised over D in float32, then scaled by weight (D,), as
+    transformers' LlamaRMSNorm computes it (the reference the tests hold us to)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+@dataclass(slots=True)
+class Linear:
+    weight: torch.Tensor  # (out, in)
+    bias: torch.Tensor | None = None  # (out,)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)  # (..., out)
+
+
+@dataclass(slots=True)
+class GatedMLP:
+    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up fused into one projection."""
+
+    gate_up: Linear  # (2 * I, H)
+    down: Linear  # (H, I)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)  # (T, I) each
+        return self.down(F.silu(gate) * up)  # (T, H)

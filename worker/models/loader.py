@@ -1,0 +1,92 @@
+"""From a checkpoint directory to a ``DecoderModel``: checkpoint names to fused weights.
+
+The table is vLLM's ``stacked_params_mapping``: q_proj, k_proj, v_proj become one qkv
+projection (rows concatenated in that order) and gate_proj, up_proj one gate_up. Every
+tensor's shape is checked against config.json before it is used; a tied lm_head is the
+embedding itself.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from worker.checkpoint import Checkpoint, CheckpointError
+from worker.models.config import ModelConfig, model_config_from_hf
+from worker.models.decoder import DecoderLayer, DecoderModel
+from worker.models.layers import GatedMLP, Linear
+
+# fused name -> the checkpoint's parts, concatenated along dim 0
+STACKED = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+
+
+def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor kvpool reads, by checkpoint name, with its shape."""
+    H, V, inter, hd = c.hidden_size, c.vocab_size, c.intermediate_size, c.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (V, H)
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        attn = {"q_proj": c.q_size, "k_proj": c.kv_size, "v_proj": c.kv_size}
+        for name, out in attn.items():
+            shapes[f"{p}self_attn.{name}.weight"] = (out, H)
+            if c.qkv_bias:
+                shapes[f"{p}self_attn.{name}.bias"] = (out,)
+        shapes[f"{p}self_attn.o_proj.weight"] = (H, c.q_size)
+        if c.o_bias:
+            shapes[f"{p}self_attn.o_proj.bias"] = (H,)
+        if c.qk_norm:
+            shapes[f"{p}self_attn.q_norm.weight"] = (hd,)
+            shapes[f"{p}self_attn.k_norm.weight"] = (hd,)
+        shapes[f"{p}mlp.gate_proj.weight"] = (inter, H)
+        shapes[f"{p}mlp.up_proj.weight"] = (inter, H)
+        shapes[f"{p}mlp.down_proj.weight"] = (H, inter)
+        shapes[f"{p}input_layernorm.weight"] = (H,)
+        shapes[f"{p}post_attention_layernorm.weight"] = (H,)
+    return shapes
+
+
+def _stacked(w: dict[str, torch.Tensor], prefix: str, fused: str, suffix: str) -> torch.Tensor | None:
+    parts = [f"{prefix}{name}.{suffix}" for name in STACKED[fused]]
+    if parts[0] not in w:
+        return None
+    return torch.cat([w.pop(p) for p in parts])
+
+
+def build_decoder(config: ModelConfig, w: dict[str, torch.Tensor]) -> DecoderModel:
+    """The model from checked tensors (``w`` is consumed)."""
+    layers = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        a, m = f"{p}self_attn.", f"{p}mlp."
+        layers.append(DecoderLayer(
+            input_norm=w.pop(f"{p}input_layernorm.weight"),
+            qkv=Linear(_stacked(w, a, "qkv_proj", "weight"), _stacked(w, a, "qkv_proj", "bias")),
+            o=Linear(w.pop(f"{a}o_proj.weight"), w.pop(f"{a}o_proj.bias", None)),
+            post_attention_norm=w.pop(f"{p}post_attention_layernorm.weight"),
+            mlp=GatedMLP(Linear(_stacked(w, m, "gate_up_proj", "weight")), Linear(w.pop(f"{m}down_proj.weight"))),
+            q_norm=w.pop(f"{a}q_norm.weight", None),
+            k_norm=w.pop(f"{a}k_norm.weight", None),
+        ))
+    embed = w.pop("model.embed_tokens.weight")
+    lm_head = embed if config.tie_word_embeddings else w.pop("lm_head.weight")
+    return DecoderModel(config, embed, layers, w.pop("model.norm.weight"), lm_head)
+
+
+def load_model(
+    checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device | str, config: ModelConfig | None = None
+) -> DecoderModel:
+    """Read, check and assemble. Raises CheckpointError (or ModelConfigError) naming
+    the file and tensor at fault."""
+    if config is None:
+        config = model_config_from_hf(checkpoint.config, checkpoint.generation_config, str(checkpoint.config_path))
+    shapes = expected_shapes(config)
+    weights = checkpoint.load(list(shapes), dtype, device)
+    for name, shape in shapes.items():
+        if tuple(weights[name].shape) != shape:
+            file = checkpoint.tensor_files[name]
+            raise CheckpointError(f"{file}: tensor {name!r} has shape {tuple(weights[name].shape)}, config.json says {shape}")
+    return build_decoder(config, weights)
