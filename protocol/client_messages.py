@@ -24,6 +24,22 @@ class Generate(msgspec.Struct, tag="generate", tag_field="type", omit_defaults=T
     ignore_eos: bool = False
     # Requests with different salts never share a KV block (tenant isolation).
     cache_salt: str | None = None
+    # vLLM's SamplingParams subset (ranges: protocol.sampling_params.check_sampling).
+    # NOTE: temperature defaults to 0 (greedy), not vLLM's 1.0: this protocol's clients
+    # are benchmarks and tests, which want the same tokens every run.
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    # Finish ("stop") on any of these, as on EOS; the stop token is included.
+    stop_token_ids: list[TokenId] = []
+    # Return each sampled token's logprob and the top-k (k <= 20).
+    logprobs: int | None = None
 
 
 class Abort(msgspec.Struct, tag="abort", tag_field="type", forbid_unknown_fields=True):
@@ -33,6 +49,15 @@ class Abort(msgspec.Struct, tag="abort", tag_field="type", forbid_unknown_fields
 
 
 ClientRequest = Generate | Abort
+
+
+class TokenLogprobs(msgspec.Struct, omit_defaults=True):
+    """The logprob of a sampled token (from the model's raw logits, as vLLM's default
+    ``raw_logprobs``) and the top-k tokens with theirs, most likely first."""
+
+    logprob: float
+    top_token_ids: list[int] = []
+    top_logprobs: list[float] = []
 
 
 class TokenOutput(msgspec.Struct, tag="output", tag_field="type", omit_defaults=True):
@@ -45,6 +70,8 @@ class TokenOutput(msgspec.Struct, tag="output", tag_field="type", omit_defaults=
     finish_reason: str | None = None
     # Prompt tokens served from the prefix cache at admission.
     num_cached_tokens: int = 0
+    # One per new token when the request asked for logprobs.
+    logprobs: list[TokenLogprobs] | None = None
 
 
 class RequestError(msgspec.Struct, tag="error", tag_field="type", omit_defaults=True):

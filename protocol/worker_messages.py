@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import msgspec
 
+from protocol.sampling_params import SamplingParams
+
 _OPTS = dict(array_like=True, omit_defaults=True, gc=False, tag_field="t")
 
 
@@ -32,6 +34,10 @@ class RequestRow(msgspec.Struct, **_OPTS, tag=0):
     # Tokens whose K/V are already in the cache (prefix-cache hits; a multiple of
     # block_size). The first scheduled token of this row is at this position.
     num_computed_tokens: int = 0
+    # How many of token_ids are the prompt (the rest were sampled); None: all of them.
+    num_prompt_tokens: int | None = None
+    # None: greedy, no logprobs (no bytes on the wire).
+    sampling: SamplingParams | None = None
 
 
 class AppendedBlocks(msgspec.Struct, **_OPTS, tag=1):
@@ -56,6 +62,14 @@ class WorkerHello(msgspec.Struct, **_OPTS, tag=2):
     head_dim: int = 0
     # A label for metrics and logs ("cpu", "cuda:0", ...).
     device: str = ""
+    # The model's identity: its architecture and a hash of config.json and the weights'
+    # index. A scheduler whose pool was built for another model refuses the worker.
+    architecture: str = ""
+    model_hash: str = ""
+    # Every EOS id (config.json and generation_config.json; eos_token_id is the first).
+    eos_token_ids: list[int] = []
+    # The longest context the model serves (max_position_embeddings, or less).
+    max_model_len: int = 0
 
 
 class WorkerReady(msgspec.Struct, **_OPTS, tag=3):
@@ -90,6 +104,15 @@ class StepPlan(msgspec.Struct, **_OPTS, tag=4):
     preempted_seq_ids: list[int] = []
 
 
+class SampledLogprobs(msgspec.Struct, **_OPTS, tag=9):
+    """Logprobs of one sampled token, for a row whose SamplingParams asked for them."""
+
+    seq_id: int
+    logprob: float
+    top_token_ids: list[int] = []
+    top_logprobs: list[float] = []
+
+
 class StepResult(msgspec.Struct, **_OPTS, tag=5):
     """The worker's answer to a StepPlan: the token sampled for every row that
     finished its prefill or decoded this step (two parallel lists)."""
@@ -99,6 +122,8 @@ class StepResult(msgspec.Struct, **_OPTS, tag=5):
     sampled_token_ids: list[int] = []
     # Seconds the worker spent executing the step (apply + forward + sample).
     execute_time_s: float = 0.0
+    # Only rows that asked for logprobs, in seq_ids order.
+    logprobs: list[SampledLogprobs] = []
 
 
 class WorkerError(msgspec.Struct, **_OPTS, tag=6):
