@@ -1,8 +1,9 @@
 """``python -m worker`` / ``kvpool-worker``: the worker process.
 
-Builds the one frozen WorkerConfig from the command line, the model from its seed,
-sizes the KV cache from the memory budget, then runs the process loop
-(``worker.process``) against the scheduler's worker port.
+Builds the one frozen WorkerConfig from the command line, loads the checkpoint
+(``--model DIR``, or the tiny default generated on first use), sizes the KV cache from
+the memory budget, then runs the process loop (``worker.process``) against the
+scheduler's worker port. A checkpoint that cannot be served exits 2 before hello.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import torch
 import zmq
 
 from protocol.curve import CurveKeyError, load_keypair
+from worker.checkpoint import CheckpointError
 from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
 from worker.kv_cache import cuda_kv_budget, kv_bytes_per_block, num_blocks_for_budget, parse_size
 from worker.metrics import WorkerMetrics
-from worker.model import DTYPES, ModelConfig, build_model
+from worker.models.config import DTYPES, ModelConfigError
 from worker.process import WorkerProcess
+from worker.serving_model import load_serving_model
 
 log = logging.getLogger("worker")
 
@@ -42,34 +45,30 @@ def _fraction(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d, dm = WorkerConfig(), ModelConfig()
+    d = WorkerConfig()
     p = argparse.ArgumentParser(prog="kvpool-worker", description="kvpool worker: owns the KV memory, executes the scheduler's step plans.")
     p.add_argument("--scheduler", default=d.scheduler, help="the scheduler's worker port (default %(default)s)")
+    p.add_argument("--model", metavar="DIR", default=None,
+                   help="a Hugging Face checkpoint directory (config.json, *.safetensors); default: the tiny generated Llama")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--dtype", choices=list(DTYPES), default=d.dtype, help="model and KV cache dtype (default %(default)s)")
+    p.add_argument("--dtype", choices=["auto", *DTYPES], default=d.dtype,
+                   help="model and KV cache dtype; auto: the checkpoint's torch_dtype (default %(default)s)")
+    p.add_argument("--max-model-len", type=int, default=None, help="longest context served (default: the model's max_position_embeddings)")
     p.add_argument("--kv-cache-memory", type=_size, default=None, metavar="SIZE",
                    help=f"KV cache budget, e.g. 512MiB, 2GiB, 64M (default on CPU: {CPU_DEFAULT_KV_CACHE_MEMORY // 2**20}MiB)")
     p.add_argument("--gpu-memory-utilization", type=_fraction, default=d.gpu_memory_utilization,
-                   help="on CUDA without --kv-cache-memory: share of device memory this process may use (default %(default)s)")
+                   help="on CUDA without --kv-cache-memory: share of device memory this process may use, weights and "
+                        "the profiled activation peak included (default %(default)s)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
+                   help="on CUDA: tokens of the dummy forward that profiles the activation peak (default %(default)s)")
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block (default %(default)s)")
     p.add_argument("--http-port", type=int, default=d.http_port, help="/metrics on 127.0.0.1 (default %(default)s; 0 disables)")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed of the model weights (default %(default)s)")
     p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
     p.add_argument("--scheduler-timeout", type=float, default=d.scheduler_timeout_s, metavar="SECONDS",
                    help="exit (or reconnect) after this long without a message from the scheduler (default %(default)s)")
     p.add_argument("--reconnect", action="store_true", help="on scheduler timeout, drop every row and handshake again instead of exiting")
     p.add_argument("--curve-client-key", metavar="FILE", help="CURVE: this worker's secret certificate (NAME.key_secret)")
     p.add_argument("--curve-server-key", metavar="FILE", help="CURVE: the scheduler's public certificate (NAME.key)")
-    g = p.add_argument_group("model shape (the scheduler and load generator assume the defaults)")
-    g.add_argument("--vocab-size", type=int, default=dm.vocab_size)
-    g.add_argument("--hidden-size", type=int, default=dm.hidden_size)
-    g.add_argument("--num-layers", type=int, default=dm.num_layers)
-    g.add_argument("--num-heads", type=int, default=dm.num_heads)
-    g.add_argument("--num-kv-heads", type=int, default=dm.num_kv_heads)
-    g.add_argument("--head-dim", type=int, default=dm.head_dim)
-    g.add_argument("--intermediate-size", type=int, default=dm.intermediate_size)
-    g.add_argument("--eos-token-id", type=int, default=dm.eos_token_id)
-    g.add_argument("--rope-theta", type=float, default=dm.rope_theta)
     return p
 
 
@@ -93,39 +92,45 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
             load_keypair(a.curve_server_key, need_secret=False)
         except CurveKeyError as e:
             p.error(str(e))
-    try:
-        model = ModelConfig(
-            vocab_size=a.vocab_size, hidden_size=a.hidden_size, num_layers=a.num_layers, num_heads=a.num_heads,
-            num_kv_heads=a.num_kv_heads, head_dim=a.head_dim, intermediate_size=a.intermediate_size,
-            eos_token_id=a.eos_token_id, rope_theta=a.rope_theta,
-        )
-    except ValueError as e:
-        p.error(str(e))
+    if a.max_model_len is not None and a.max_model_len < 1:
+        p.error(f"--max-model-len must be positive, got {a.max_model_len}")
+    if a.max_num_batched_tokens < 1:
+        p.error(f"--max-num-batched-tokens must be positive, got {a.max_num_batched_tokens}")
     return WorkerConfig(
-        scheduler=a.scheduler, device=device, dtype=a.dtype, kv_cache_memory=a.kv_cache_memory,
-        gpu_memory_utilization=a.gpu_memory_utilization, block_size=a.block_size, http_port=a.http_port,
-        seed=a.seed, log_level=a.log_level, scheduler_timeout_s=a.scheduler_timeout, reconnect=a.reconnect,
-        curve_client_key=a.curve_client_key, curve_server_key=a.curve_server_key, model=model,
+        scheduler=a.scheduler, model=a.model, device=device, dtype=a.dtype, max_model_len=a.max_model_len,
+        kv_cache_memory=a.kv_cache_memory, gpu_memory_utilization=a.gpu_memory_utilization,
+        max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size, http_port=a.http_port,
+        log_level=a.log_level, scheduler_timeout_s=a.scheduler_timeout, reconnect=a.reconnect,
+        curve_client_key=a.curve_client_key, curve_server_key=a.curve_server_key,
     )
-
 
 def main(argv: list[str] | None = None) -> int:
     config = config_from_args(argv)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    m = config.model
-    model = build_model(m, seed=config.seed, dtype=config.dtype, device=config.device)
+    try:
+        serving = load_serving_model(config.model, config.dtype, config.device, config.max_model_len)
+    except (CheckpointError, ModelConfigError) as e:
+        log.error("cannot serve this checkpoint: %s", e)
+        return 2
+    m, model = serving.config, serving.model
+    log.info("%s from %s: %s, %s on %s, loaded in %.2f s", m.architecture, serving.directory, serving.identity,
+             serving.dtype, model.device, serving.load_seconds)
     if config.kv_cache_memory is not None:
         budget = config.kv_cache_memory
     elif config.device == "cuda":
-        budget = cuda_kv_budget(model.device, config.gpu_memory_utilization)
+        from worker.profile import profile_activation_peak
+
+        peak = profile_activation_peak(model, config.max_num_batched_tokens)
+        budget = cuda_kv_budget(model.device, config.gpu_memory_utilization, peak)
+        log.info("activation peak of a %d-token forward: %d bytes", config.max_num_batched_tokens, peak)
     else:
         budget = CPU_DEFAULT_KV_CACHE_MEMORY
-    per_block = kv_bytes_per_block(m.num_layers, config.block_size, m.num_kv_heads, m.head_dim, DTYPES[config.dtype])
+    per_block = kv_bytes_per_block(m.num_layers, config.block_size, m.num_kv_heads, m.head_dim, DTYPES[serving.dtype])
     num_blocks = num_blocks_for_budget(budget, per_block)
     if num_blocks < 2:
         log.error("a KV budget of %d bytes holds %d blocks of %d bytes; at least 2 are needed", budget, num_blocks, per_block)
         return 2
-    log.info("device %s, dtype %s: %d KV blocks of %d bytes fit a budget of %d bytes", model.device, config.dtype, num_blocks, per_block, budget)
+    log.info("device %s, dtype %s: %d KV blocks of %d bytes fit a budget of %d bytes", model.device, serving.dtype, num_blocks, per_block, budget)
     metrics = None
     if config.http_port:
         metrics = WorkerMetrics()
@@ -136,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     ctx = zmq.Context()
     try:
-        return WorkerProcess(config, model, num_blocks, metrics).run(ctx)
+        return WorkerProcess(config, serving, num_blocks, metrics).run(ctx)
     except KeyboardInterrupt:
         return 130
     finally:

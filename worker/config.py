@@ -4,9 +4,7 @@ the objects it builds."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from worker.model import ModelConfig
+from dataclasses import dataclass
 
 CPU_DEFAULT_KV_CACHE_MEMORY = 64 * 1024 * 1024
 
@@ -14,15 +12,20 @@ CPU_DEFAULT_KV_CACHE_MEMORY = 64 * 1024 * 1024
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
     scheduler: str = "tcp://127.0.0.1:5556"
+    # A Hugging Face checkpoint directory; None: the tiny default checkpoint.
+    model: str | None = None
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"  # auto: the checkpoint's torch_dtype
+    # None: the model's max_position_embeddings.
+    max_model_len: int | None = None
     # Bytes for the KV cache; None means: on CUDA a share of device memory
     # (gpu_memory_utilization), on CPU CPU_DEFAULT_KV_CACHE_MEMORY.
     kv_cache_memory: int | None = None
     gpu_memory_utilization: float = 0.9
+    # Tokens of the dummy forward that profiles the activation peak on CUDA.
+    max_num_batched_tokens: int = 2048
     block_size: int = 16
     http_port: int = 8001  # 0 disables /metrics
-    seed: int = 0
     log_level: str = "INFO"
     scheduler_timeout_s: float = 2.0
     heartbeat_interval_s: float = 0.5
@@ -30,4 +33,3 @@ class WorkerConfig:
     # CURVE: this worker's secret certificate and the scheduler's public one.
     curve_client_key: str | None = None
     curve_server_key: str | None = None
-    model: ModelConfig = field(default_factory=ModelConfig)

@@ -51,13 +51,13 @@ def num_blocks_for_budget(budget_bytes: int, bytes_per_block: int) -> int:
     return budget_bytes // bytes_per_block
 
 
-def cuda_kv_budget(device: torch.device, gpu_memory_utilization: float) -> int:
+def cuda_kv_budget(device: torch.device, gpu_memory_utilization: float, activation_peak_bytes: int = 0) -> int:
     """Bytes left for the KV cache when this process may use ``gpu_memory_utilization``
     of the device's total memory, counting what is already in use (weights, other
-    processes) against it, as vLLM does."""
+    processes) and the profiled activation peak against it, as vLLM does."""
     free, total = torch.cuda.mem_get_info(device)
     used = total - free
-    return max(0, int(total * gpu_memory_utilization) - used)
+    return max(0, int(total * gpu_memory_utilization) - used - activation_peak_bytes)
 
 
 def allocate_kv_caches(

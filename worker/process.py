@@ -27,6 +27,7 @@ from protocol.codec import Codec, ProtocolError
 from protocol.curve import apply_client
 from protocol.worker_messages import (
     Heartbeat,
+    SampledLogprobs,
     SchedulerToWorker,
     Shutdown,
     StepPlan,
@@ -38,9 +39,10 @@ from protocol.worker_messages import (
 from worker.config import WorkerConfig
 from worker.kv_cache import allocate_kv_caches
 from worker.metrics import WorkerMetrics
-from worker.model import DTYPES, TinyModel
+from worker.models.config import DTYPES
 from worker.plan_check import PlanError
 from worker.runner import ModelRunner
+from worker.serving_model import ServingModel
 
 log = logging.getLogger("worker")
 
@@ -53,9 +55,10 @@ class SchedulerLost(Exception):
 
 
 class WorkerProcess:
-    def __init__(self, config: WorkerConfig, model: TinyModel, num_blocks: int, metrics: WorkerMetrics | None):
+    def __init__(self, config: WorkerConfig, serving: ServingModel, num_blocks: int, metrics: WorkerMetrics | None):
         self.config = config
-        self.model = model
+        self.serving = serving
+        self.model = serving.model
         self.hello_num_blocks = num_blocks  # what fits our budget
         self.metrics = metrics
         self.codec: Codec = Codec(SchedulerToWorker)
@@ -63,11 +66,14 @@ class WorkerProcess:
         self.runner: ModelRunner | None = None
 
     def hello(self) -> WorkerHello:
-        c, m = self.config, self.config.model
+        c, s = self.config, self.serving
+        m = s.config
         return WorkerHello(
             rank=0, world_size=1, num_blocks=self.hello_num_blocks, block_size=c.block_size,
-            vocab_size=m.vocab_size, eos_token_id=m.eos_token_id, num_layers=m.num_layers,
+            vocab_size=m.vocab_size, eos_token_id=m.eos_token_ids[0], num_layers=m.num_layers,
             num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, device=str(self.model.device),
+            architecture=m.architecture, model_hash=s.identity, eos_token_ids=list(m.eos_token_ids),
+            max_model_len=s.max_model_len,
         )
 
     def run(self, ctx: zmq.Context) -> int:
@@ -133,17 +139,19 @@ class WorkerProcess:
 
     def _install(self, ready: WorkerReady) -> str | None:
         """Size the cache and the runner from WorkerReady; a reason string if refused."""
-        c, m = self.config, self.config.model
+        c, m = self.config, self.serving.config
         if ready.block_size != c.block_size:
             return f"WorkerReady block_size {ready.block_size} differs from this worker's {c.block_size}"
         if not 2 <= ready.num_blocks <= self.hello_num_blocks:
             return f"WorkerReady num_blocks {ready.num_blocks} is outside 2..{self.hello_num_blocks} (what fits this worker)"
         if ready.max_num_seqs < 1 or ready.max_model_len < 1:
             return f"WorkerReady max_num_seqs {ready.max_num_seqs} / max_model_len {ready.max_model_len} must be positive"
+        if ready.max_model_len > self.serving.max_model_len:
+            return f"WorkerReady max_model_len {ready.max_model_len} is over this worker's {self.serving.max_model_len}"
         if self.kv_caches is None:
             # NOTE: the only KV allocation of the process; a re-handshake reuses it.
             self.kv_caches = allocate_kv_caches(
-                m.num_layers, ready.num_blocks, c.block_size, m.num_kv_heads, m.head_dim, DTYPES[c.dtype], self.model.device
+                m.num_layers, ready.num_blocks, c.block_size, m.num_kv_heads, m.head_dim, DTYPES[self.serving.dtype], self.model.device
             )
         allocated = self.kv_caches[0].shape[1]
         if ready.num_blocks > allocated:
@@ -217,4 +225,8 @@ class WorkerProcess:
         elapsed = time.perf_counter() - t0
         if self.metrics is not None:
             self.metrics.observe_step(elapsed, runner.num_tokens_computed, runner.kv_bytes_written)
-        return StepResult(plan.step_id, out.seq_ids, out.sampled_token_ids, elapsed)
+        logprobs = [] if out.logprobs is None else [
+            SampledLogprobs(sid, lp.logprob, lp.top_token_ids, lp.top_logprobs)
+            for sid, lp in zip(out.seq_ids, out.logprobs, strict=True) if lp is not None
+        ]
+        return StepResult(plan.step_id, out.seq_ids, out.sampled_token_ids, elapsed, logprobs)

@@ -5,7 +5,8 @@ For each live request the runner keeps its tokens (from its RequestRow plus what
 sampled) and how many of them have K/V in the cache. Scheduled tokens of a row are
 ``token_ids[computed : computed + n]`` at those positions; after the step
 ``computed += n``, and a row whose computed tokens reach its token count samples one
-token greedily (a row still mid-prefill samples nothing).
+token with its SamplingParams (``worker.sampling_state``; a row still mid-prefill
+samples nothing).
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ import torch
 
 from protocol.worker_messages import RequestRow, StepPlan
 from worker.block_table import BlockTable
-from worker.model import TinyModel
+from worker.models.decoder import DecoderModel
 from worker.paged_attention import DEFAULT_WORKSPACE_BYTES, PagedAttention
 from worker.plan_check import Limits, RowView, check_plan
+from worker.sampling_state import RowLogprobs, SamplingState
 
 
 @dataclass(slots=True)
 class RowState:
     token_ids: list[int]
     num_computed_tokens: int
+    num_prompt_tokens: int
 
 
 @dataclass(slots=True)
@@ -33,12 +36,13 @@ class StepOutput:
     sampled_token_ids: list[int]
     logits: torch.Tensor | None  # (len(seq_ids), V), row i for seq_ids[i]
     num_scheduled_tokens: int
+    logprobs: list[RowLogprobs | None] | None = None  # per seq_ids[i], when asked
 
 
 class ModelRunner:
     def __init__(
         self,
-        model: TinyModel,
+        model: DecoderModel,
         kv_caches: list[torch.Tensor],
         max_num_seqs: int,
         max_model_len: int,
@@ -60,6 +64,7 @@ class ModelRunner:
         )
         self.block_table = BlockTable(max_num_seqs, max_blocks_per_seq, block_size, self.device)
         self.attention = PagedAttention(kv_caches, model.config.num_heads, max_blocks_per_seq, workspace_bytes)
+        self.sampling = SamplingState(max_num_seqs, model.config.vocab_size, self.device)
         self.rows: dict[int, RowState] = {}
         self.next_step_id = next_step_id
         # Counters for the process loop to export; never reset.
@@ -85,10 +90,14 @@ class ModelRunner:
         self.next_step_id = next_step_id
 
     def _add(self, row: RequestRow) -> None:
-        self.block_table.add_row(row.seq_id, row.block_ids)
-        self.rows[row.seq_id] = RowState(list(row.token_ids), row.num_computed_tokens)
+        table_row = self.block_table.add_row(row.seq_id, row.block_ids)
+        n = len(row.token_ids)
+        num_prompt = n if row.num_prompt_tokens is None else min(row.num_prompt_tokens, n)
+        self.rows[row.seq_id] = RowState(list(row.token_ids), row.num_computed_tokens, num_prompt)
+        self.sampling.add(table_row, row.sampling, row.token_ids, num_prompt)
 
     def _remove(self, seq_id: int) -> None:
+        self.sampling.remove(self.block_table.row_of[seq_id])
         self.block_table.remove_row(seq_id)
         del self.rows[seq_id]
 
@@ -170,7 +179,10 @@ class ModelRunner:
             return StepOutput([], [], None, num_tokens)
         idx = torch.tensor(sample_idx, dtype=torch.long, device=dev)
         logits = self.model.compute_logits(hidden[idx])  # (N, V)
-        sampled = logits.argmax(dim=-1).tolist()
+        rows = self.rows
+        table_rows = [row_of[sid] for sid in sample_seq]
+        num_outputs = [len(rows[sid].token_ids) - rows[sid].num_prompt_tokens for sid in sample_seq]
+        sampled, logprobs = self.sampling.sample(logits, table_rows, num_outputs)
         for sid, tok in zip(sample_seq, sampled, strict=True):
-            self.rows[sid].token_ids.append(tok)
-        return StepOutput(sample_seq, sampled, logits, num_tokens)
+            rows[sid].token_ids.append(tok)
+        return StepOutput(sample_seq, sampled, logits, num_tokens, logprobs)

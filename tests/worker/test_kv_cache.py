@@ -39,16 +39,18 @@ def test_cli_rejects_bad_kv_cache_memory_with_a_clear_error(capsys):
 
 
 def test_cli_defaults_and_flags():
-    c = config_from_args(["--device", "cpu", "--kv-cache-memory", "1MiB", "--block-size", "8", "--http-port", "0", "--dtype", "float64", "--num-layers", "3"])
+    c = config_from_args(["--device", "cpu", "--kv-cache-memory", "1MiB", "--block-size", "8", "--http-port", "0", "--dtype", "float64"])
     assert (c.device, c.dtype, c.kv_cache_memory, c.block_size, c.http_port) == ("cpu", "float64", 1 << 20, 8, 0)
-    assert c.model.num_layers == 3 and c.model.vocab_size == 512 and c.model.eos_token_id == 1
+    assert c.model is None and c.max_model_len is None  # the tiny default checkpoint, its own length
     assert c.scheduler == "tcp://127.0.0.1:5556" and c.scheduler_timeout_s == 2.0
+    d = config_from_args(["--model", "/some/dir", "--max-model-len", "2048"])
+    assert (d.model, d.max_model_len, d.dtype) == ("/some/dir", 2048, "auto")
 
 
-def test_cli_rejects_bad_model_shape(capsys):
+def test_cli_rejects_a_dtype_it_does_not_know(capsys):
     with pytest.raises(SystemExit):
-        config_from_args(["--num-heads", "3", "--num-kv-heads", "2"])
-    assert "num_heads (3) must be a multiple of num_kv_heads (2)" in capsys.readouterr().err
+        config_from_args(["--dtype", "int8"])
+    assert "invalid choice: 'int8'" in capsys.readouterr().err
 
 
 def test_blocks_for_budget():

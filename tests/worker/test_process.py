@@ -13,8 +13,8 @@ import time
 import urllib.request
 
 import pytest
-import torch
 import zmq
+from kvtest.hf_models import reference_generate
 
 from protocol.codec import Codec
 from protocol.worker_messages import (
@@ -28,8 +28,6 @@ from protocol.worker_messages import (
     WorkerReady,
     WorkerToScheduler,
 )
-from worker.model import ModelConfig, build_model
-from worker.reference import reference_generate
 
 pytestmark = pytest.mark.e2e
 
@@ -93,17 +91,18 @@ def handshake(sched: FakeScheduler, **ready) -> WorkerHello:
     return hello
 
 
-def test_hello_plans_heartbeat_metrics_and_shutdown():
-    model = build_model(ModelConfig(), seed=0, dtype=torch.float64)
+def test_hello_plans_heartbeat_metrics_and_shutdown(tiny_reference):
     prompt = [3, 14, 15, 92, 65, 35]
-    expected = reference_generate(model, prompt, 3)
+    expected = reference_generate(tiny_reference, prompt, 3)
     sched, port = FakeScheduler(), free_port()
     try:
         with worker_process(sched.endpoint, "--http-port", str(port)) as proc:
             hello = handshake(sched)
-            # 1 MiB / (2 * 2 layers * 4 tokens * 2 kv heads * 32 dims * 8 bytes)
-            assert (hello.num_blocks, hello.block_size, hello.vocab_size, hello.eos_token_id) == (128, 4, 512, 1)
-            assert (hello.num_layers, hello.num_kv_heads, hello.head_dim, hello.device) == (2, 2, 32, "cpu")
+            # 1 MiB / (2 * 4 layers * 4 tokens * 2 kv heads * 32 dims * 8 bytes)
+            assert (hello.num_blocks, hello.block_size, hello.vocab_size, hello.eos_token_id) == (64, 4, 512, 1)
+            assert (hello.num_layers, hello.num_kv_heads, hello.head_dim, hello.device) == (4, 2, 32, "cpu")
+            assert (hello.architecture, hello.eos_token_ids, hello.max_model_len) == ("LlamaForCausalLM", [1], 131072)
+            assert len(hello.model_hash) == 32
             sched.send(StepPlan(0, {7: 4}, new_rows=[RequestRow(7, prompt, [9, 2])]))
             r0 = sched.recv(10)
             assert isinstance(r0, StepResult) and r0.step_id == 0 and r0.seq_ids == []
@@ -146,8 +145,7 @@ def test_exits_nonzero_when_the_scheduler_goes_silent():
         sched.close()
 
 
-def test_reconnect_handshakes_again_and_resyncs():
-    model = build_model(ModelConfig(), seed=0, dtype=torch.float64)
+def test_reconnect_handshakes_again_and_resyncs(tiny_reference):
     prompt = [5, 6, 7]
     sched = FakeScheduler()
     try:
@@ -158,7 +156,7 @@ def test_reconnect_handshakes_again_and_resyncs():
             sched.send(WorkerReady(64, 4, 4, 64, next_step_id=40, resync_rows=[RequestRow(3, prompt, [8])]))
             sched.send(StepPlan(40, {3: 3}))
             res = sched.recv(10)
-            assert (res.step_id, res.seq_ids, res.sampled_token_ids) == (40, [3], reference_generate(model, prompt, 1))
+            assert (res.step_id, res.seq_ids, res.sampled_token_ids) == (40, [3], reference_generate(tiny_reference, prompt, 1))
             sched.send(Shutdown())
             assert proc.wait(timeout=10) == 0
     finally:

@@ -7,27 +7,29 @@ import copy
 
 import pytest
 import torch
+from kvtest.hf_models import reference_generate
 
 from protocol.worker_messages import AppendedBlocks, RequestRow, StepPlan
+from worker.checkpoint import Checkpoint
 from worker.kv_cache import allocate_kv_caches
-from worker.model import ModelConfig, build_model
+from worker.models.loader import load_model
 from worker.plan_check import PlanError
-from worker.reference import reference_generate
 from worker.runner import ModelRunner
 
-CONFIG = ModelConfig()
+VOCAB_SIZE = 512  # the tiny default checkpoint's
 BS, NUM_BLOCKS, MAX_SEQS, MAX_LEN = 4, 32, 3, 32  # max_blocks_per_seq = 8
 PROMPT_A = [11, 22, 33, 44, 55, 66]
 PROMPT_B = [7, 8, 9]
 
 
 @pytest.fixture(scope="module")
-def model():
-    return build_model(CONFIG, seed=0, dtype=torch.float64)
+def model(tiny_checkpoint):
+    return load_model(Checkpoint(tiny_checkpoint), torch.float64, "cpu")
 
 
 def new_runner(model) -> ModelRunner:
-    caches = allocate_kv_caches(CONFIG.num_layers, NUM_BLOCKS, BS, CONFIG.num_kv_heads, CONFIG.head_dim, torch.float64, "cpu")
+    c = model.config
+    caches = allocate_kv_caches(c.num_layers, NUM_BLOCKS, BS, c.num_kv_heads, c.head_dim, torch.float64, "cpu")
     return ModelRunner(model, caches, MAX_SEQS, MAX_LEN)
 
 
@@ -62,7 +64,7 @@ def assert_same(a, b):
     assert a[8] == b[8]
 
 
-def test_rows_new_append_finish_preempt_resume(model):
+def test_rows_new_append_finish_preempt_resume(model, tiny_reference):
     r = started(model)
     bt = r.block_table
     assert bt.row_of == {1: 0, 2: 1}
@@ -80,7 +82,7 @@ def test_rows_new_append_finish_preempt_resume(model):
     # Step 3: B resumes whole on new blocks, recomputed from 0.
     out = r.execute(StepPlan(3, {2: 3}, resumed_rows=[RequestRow(2, PROMPT_B, [30])]))
     assert bt.block_ids(2) == [30] and r.rows[2].num_computed_tokens == 3
-    assert out.sampled_token_ids[out.seq_ids.index(2)] == reference_generate(model, PROMPT_B, 1)[0]
+    assert out.sampled_token_ids[out.seq_ids.index(2)] == reference_generate(tiny_reference, PROMPT_B, 1)[0]
     # A resumed row replaces a live one whole.
     r.execute(StepPlan(4, {2: 0, 3: 0}, resumed_rows=[RequestRow(3, [1, 2, 3], [25], 0)]))
     assert bt.block_ids(3) == [25] and r.rows[3].token_ids == [1, 2, 3]
@@ -111,7 +113,7 @@ BAD_PLANS = [
     (StepPlan(1, {2: 5}), "seq_id 2 is scheduled 5 tokens but has only 1 not yet computed"),
     (StepPlan(1, {3: 5}, new_rows=[RequestRow(3, list(range(10)), [3])]), "its 1 blocks hold 4 tokens"),
     (StepPlan(1, {2: -1}), "negative number of scheduled tokens"),
-    (StepPlan(1, {3: 1}, new_rows=[RequestRow(3, [1, CONFIG.vocab_size], [3])]), f"token id {CONFIG.vocab_size} outside the vocabulary"),
+    (StepPlan(1, {3: 1}, new_rows=[RequestRow(3, [1, VOCAB_SIZE], [3])]), f"token id {VOCAB_SIZE} outside the vocabulary"),
     (StepPlan(1, {3: 0}, new_rows=[RequestRow(3, [1, 2], [3], 4)]), "num_computed_tokens 4 outside 0..2"),
     (StepPlan(1, {3: 0}, new_rows=[RequestRow(3, [], [3])]), "seq_id 3 has no tokens"),
     (StepPlan(1, {3: 1}, new_rows=[RequestRow(3, [1] * (MAX_LEN + 1), [3])]), "past max_model_len"),
@@ -120,7 +122,7 @@ BAD_PLANS = [
 
 
 @pytest.mark.parametrize(("plan", "message"), BAD_PLANS, ids=[m for _, m in BAD_PLANS])
-def test_bad_plan_is_refused_and_state_is_unchanged(model, plan, message):
+def test_bad_plan_is_refused_and_state_is_unchanged(model, tiny_reference, plan, message):
     r = started(model)
     before = snapshot(r)
     with pytest.raises(PlanError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -129,15 +131,15 @@ def test_bad_plan_is_refused_and_state_is_unchanged(model, plan, message):
     # The next valid plan works, and decodes as if nothing had happened.
     out = r.execute(StepPlan(1, {2: 1}))
     sampled = dict(zip(out.seq_ids, out.sampled_token_ids, strict=True))
-    assert sampled == {1: reference_generate(model, PROMPT_A, 2)[1], 2: reference_generate(model, PROMPT_B, 1)[0]}
+    assert sampled == {1: reference_generate(tiny_reference, PROMPT_A, 2)[1], 2: reference_generate(tiny_reference, PROMPT_B, 1)[0]}
 
 
-def test_resync_installs_rows_and_next_step(model):
+def test_resync_installs_rows_and_next_step(model, tiny_reference):
     r = started(model)
     r.resync([RequestRow(4, PROMPT_A, [3, 4], 0)], next_step_id=17)
     assert set(r.rows) == {4} and list(r.block_table.row_of) == [4]
     out = r.execute(StepPlan(17, {4: 6}))
-    assert out.seq_ids == [4] and out.sampled_token_ids == reference_generate(model, PROMPT_A, 1)
+    assert out.seq_ids == [4] and out.sampled_token_ids == reference_generate(tiny_reference, PROMPT_A, 1)
     with pytest.raises(PlanError):
         r.resync([RequestRow(5, [1], [NUM_BLOCKS + 3])], next_step_id=0)
     assert set(r.rows) == {4}
