@@ -14,7 +14,8 @@
 #   KVPOOL_HTTP_PORT [8000]     scheduler /metrics and /health
 #   KVPOOL_WORKER_HTTP_PORT [8001]  worker /metrics
 #   KVPOOL_DEVICE [cpu]         worker --device (cpu | cuda)
-#   KVPOOL_KV_CACHE_MEMORY [4MiB]   worker KV budget: 16 KiB a block (fp32) -> 256 blocks,
+#   KVPOOL_MODEL [the tiny generated checkpoint]  worker --model DIR (a Hugging Face checkpoint)
+#   KVPOOL_KV_CACHE_MEMORY [8MiB]   worker KV budget: 32 KiB a block (fp32) -> 256 blocks,
 #                               small on purpose so that eviction and preemption happen
 #   KVPOOL_BLOCK_SIZE [16]
 #   KVPOOL_SCHEDULER_ARGS / KVPOOL_WORKER_ARGS  extra flags (word-split)
@@ -33,7 +34,8 @@ WORKER_PORT=${KVPOOL_WORKER_PORT:-5556}
 HTTP_PORT=${KVPOOL_HTTP_PORT:-8000}
 WORKER_HTTP_PORT=${KVPOOL_WORKER_HTTP_PORT:-8001}
 DEVICE=${KVPOOL_DEVICE:-cpu}
-KV_CACHE_MEMORY=${KVPOOL_KV_CACHE_MEMORY:-4MiB}
+MODEL=${KVPOOL_MODEL:-}
+KV_CACHE_MEMORY=${KVPOOL_KV_CACHE_MEMORY:-8MiB}
 BLOCK_SIZE=${KVPOOL_BLOCK_SIZE:-16}
 READY_TIMEOUT=${KVPOOL_READY_TIMEOUT:-60}
 STOP_TIMEOUT=${KVPOOL_STOP_TIMEOUT:-10}
@@ -119,7 +121,7 @@ start scheduler "$PYTHON" -m scheduler --host "$HOST" --port "$CLIENT_PORT" \
 # shellcheck disable=SC2086
 start worker "$PYTHON" -m worker --scheduler "tcp://$HOST:$WORKER_PORT" --device "$DEVICE" \
     --kv-cache-memory "$KV_CACHE_MEMORY" --block-size "$BLOCK_SIZE" \
-    --http-port "$WORKER_HTTP_PORT" ${KVPOOL_WORKER_ARGS:-}
+    --http-port "$WORKER_HTTP_PORT" ${MODEL:+--model "$MODEL"} ${KVPOOL_WORKER_ARGS:-}
 
 health_url="http://$HOST:$HTTP_PORT/health"
 log "waiting up to ${READY_TIMEOUT}s for $health_url"
