@@ -107,18 +107,18 @@ def test_small_workspace_splits_decode_groups(checkpoint):
     assert_logits_close(sched, hf)
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_bfloat16_greedy_is_close_to_transformers(checkpoint):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_bfloat16_top_token_is_the_reference_or_a_near_tie(checkpoint, device):
     path, hf = checkpoint
-    model = load_model(Checkpoint(path), torch.bfloat16, "cuda")
+    model = load_model(Checkpoint(path), torch.bfloat16, device)
     c = model.config
-    caches = allocate_kv_caches(c.num_layers, NUM_BLOCKS, 16, c.num_kv_heads, c.head_dim, torch.bfloat16, "cuda")
-    runner = ModelRunner(model, caches, 8, 128)
-    sched = drive(runner, 0, 16)
+    caches = allocate_kv_caches(c.num_layers, NUM_BLOCKS, 16, c.num_kv_heads, c.head_dim, torch.bfloat16, device)
+    sched = drive(ModelRunner(model, caches, 16, 128), 0, 16)
     for req in sched.done.values():
-        ref = reference_logits(hf, req.prompt + req.out)
+        ref = reference_logits(hf, req.prompt + req.out)  # float32 transformers, (T, V)
         for pos, logits in req.logits:
-            # bfloat16 keeps ~3 significant digits: the top token is the reference's or a near-tie
+            # NOTE: bfloat16 keeps ~3 significant digits, so the paged argmax is the
+            # reference's own or within 5% of the logit range of it.
             top = int(logits.argmax())
-            assert ref[pos][top] >= ref[pos].max() - 0.05 * ref[pos].abs().max()
+            assert ref[pos][top] >= ref[pos].max() - 0.05 * (ref[pos].max() - ref[pos].min()), (pos, top)

@@ -13,6 +13,7 @@ import time
 import urllib.request
 
 import pytest
+import torch
 import zmq
 from kvtest.hf_models import reference_generate
 
@@ -157,6 +158,23 @@ def test_reconnect_handshakes_again_and_resyncs(tiny_reference):
             sched.send(StepPlan(40, {3: 3}))
             res = sched.recv(10)
             assert (res.step_id, res.seq_ids, res.sampled_token_ids) == (40, [3], reference_generate(tiny_reference, prompt, 1))
+            sched.send(Shutdown())
+            assert proc.wait(timeout=10) == 0
+    finally:
+        sched.close()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_bfloat16_worker_serves_a_step():
+    sched = FakeScheduler()
+    try:
+        with worker_process(sched.endpoint, "--http-port", "0", "--device", "cuda", "--dtype", "bfloat16") as proc:
+            hello = handshake(sched)
+            assert hello.device.startswith("cuda") and hello.num_blocks >= 64
+            sched.send(StepPlan(0, {7: 6}, new_rows=[RequestRow(7, [3, 14, 15, 92, 65, 35], [9, 2])]))
+            res = sched.recv(30)
+            assert isinstance(res, StepResult) and res.seq_ids == [7] and 0 <= res.sampled_token_ids[0] < 512
             sched.send(Shutdown())
             assert proc.wait(timeout=10) == 0
     finally:

@@ -216,3 +216,26 @@ def test_seeded_requests_through_the_runner_ignore_batch_and_preemption(tiny):
     crowded, sched = run_requests(tiny, {0: (prompt, seeded), **others}, seed=3)
     assert crowded[0] == alone[0]
     assert sched.num_preempted > 0  # and preemption/resume happened along the way
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_seeded_rows_are_reproducible_and_greedy_rows_are_argmax():
+    dev = torch.device("cuda")
+    runs = []
+    for extra in (False, True):
+        state = SamplingState(4, V, dev)
+        state.add(0, SamplingParams(temperature=1.0, top_k=20, seed=5, frequency_penalty=0.3), [1, 2], 2)
+        state.add(1, None, [1], 1)
+        if extra:
+            state.add(2, SamplingParams(temperature=0.5), [1], 1)
+        rows = [0, 1, 2] if extra else [0, 1]
+        out = {r: [] for r in rows}
+        for step in range(20):
+            logits = torch.stack([logits_for(step, r) for r in rows]).to(dev)
+            tokens, _ = state.sample(logits, rows, [len(out[r]) for r in rows])
+            for r, t in zip(rows, tokens, strict=True):
+                out[r].append(t)
+        assert out[1] == [int(logits_for(s, 1).argmax()) for s in range(20)]
+        runs.append(out[0])
+    assert runs[0] == runs[1]
