@@ -11,10 +11,10 @@ import hashlib
 import time
 
 from bench.table import Row, best_per_op_us
-from scheduler.block_pool import BlockPool
-from scheduler.hashing import NONE_HASH, BlockHasher
-from scheduler.kv_cache_manager import KVCacheManager
-from scheduler.request import Request
+from scheduler.core.block_pool import BlockPool
+from scheduler.core.hashing import NONE_HASH, BlockHasher
+from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.sched.request import Request
 
 LARGE_POOL = 100_000
 # NOTE: many short repeats, best taken: on a shared 2-core machine the best of many

@@ -22,10 +22,10 @@ import time
 from bench.table import Row
 from protocol.codec import Codec
 from protocol.worker_messages import SchedulerToWorker, StepResult
-from scheduler.hashing import BlockHasher
-from scheduler.kv_cache_manager import KVCacheManager
-from scheduler.request import Request
-from scheduler.scheduler import Scheduler
+from scheduler.core.hashing import BlockHasher
+from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.sched.request import Request
+from scheduler.sched.scheduler import Scheduler
 
 BS = 16
 CONTEXT = 1000

@@ -1,14 +1,16 @@
-"""The repository's layout and its process boundary.
+"""The repository's layout and the boundaries between its rooms (DESIGN.md, Layout).
 
-``scheduler/`` and ``protocol/`` never import torch or ``worker``: the scheduler
-process must start, and the wire protocol must load, on a machine without torch.
-Checked twice: statically (every import statement, even inside functions) and by
-importing every module in a fresh interpreter.
+Each rule names a folder and the top-level packages (or subpackages) its modules
+must not import. Checked twice: statically (every import statement, even inside
+functions, ``__import__`` and ``importlib.import_module`` calls, relative imports
+resolved against the file's own package) and, for the torch-free rooms, by importing
+every module in a fresh interpreter and listing what got loaded.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,19 +18,37 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-TORCH_FREE = ("scheduler", "protocol")
-FORBIDDEN = ("torch", "worker")
+
+PROJECT = ("protocol", "scheduler", "worker", "loadgen", "simulator", "frontend", "bench")
+
+# folder -> import prefixes its modules must not use. A prefix matches a module and
+# everything under it ("scheduler" matches "scheduler.core.block_pool").
+RULES: dict[str, tuple[str, ...]] = {
+    "protocol": tuple(p for p in PROJECT if p != "protocol") + ("torch",),
+    "scheduler": ("torch", "worker", "loadgen", "simulator", "frontend", "bench"),
+    # The KV-cache core: itself and protocol/ only (no policy, no process).
+    "scheduler/core": ("scheduler.sched", "scheduler.engine"),
+    # The policy: the core and protocol/, never the process around it.
+    "scheduler/sched": ("scheduler.engine",),
+    "worker": ("scheduler", "loadgen", "simulator", "frontend", "bench"),
+    "loadgen": ("scheduler", "worker", "simulator", "bench"),
+    "simulator": ("worker", "frontend", "bench"),
+}
 
 REQUIRED = [
     "pyproject.toml",
     "Makefile",
     "README.md",
-    "scheduler",
-    "worker",
     "protocol",
+    "scheduler/core",
+    "scheduler/sched",
+    "scheduler/engine",
+    "worker",
     "deploy",
     "tests",
     "loadgen",
+    "simulator",
+    "bench",
     ".ci/run",
     "docs/architecture.md",
 ]
@@ -39,19 +59,24 @@ def test_required_layout_exists(path):
     assert (REPO / path).exists(), f"{path} is missing from the repository root"
 
 
-def _forbidden_imports(source: str, filename: str) -> list[str]:
-    """(line: statement) for every import of a forbidden top-level package."""
-    found = []
+def imported_modules(source: str, filename: str, package: str) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in ``source``; ``package`` is the
+    file's own package ("scheduler.core"), used to resolve relative imports."""
+    found: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(source, filename)):
-        names: list[str] = []
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level == 0 and node.module:
-                names = [node.module]
-            elif node.level >= 2:
-                # `from .. import worker` / `from ..worker import x` out of a top-level package.
-                names = [node.module] if node.module else [alias.name for alias in node.names]
+            if node.level == 0:
+                base = node.module or ""
+            else:
+                parts = package.split(".")
+                keep = len(parts) - (node.level - 1)
+                base = ".".join(parts[: max(keep, 0)] + ([node.module] if node.module else []))
+            if base:
+                found.append((node.lineno, base))
+            # `from scheduler import engine` imports the subpackage scheduler.engine.
+            found += [(node.lineno, f"{base}.{alias.name}".lstrip(".")) for alias in node.names]
         elif (
             isinstance(node, ast.Call)
             and node.args
@@ -62,43 +87,86 @@ def _forbidden_imports(source: str, filename: str) -> list[str]:
                 or (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
             )
         ):
-            names = [node.args[0].value]
-        for name in names:
-            if name.split(".")[0] in FORBIDDEN:
-                found.append(f"{filename}:{node.lineno}: {ast.unparse(node)}")
+            found.append((node.lineno, node.args[0].value))
     return found
 
 
-def _py_files() -> list[Path]:
-    return sorted(p for pkg in TORCH_FREE for p in (REPO / pkg).rglob("*.py"))
+def violations(source: str, filename: str, package: str, forbidden: tuple[str, ...]) -> list[str]:
+    """One line per import statement that reaches a forbidden module."""
+    bad: dict[int, str] = {}
+    for line, module in imported_modules(source, filename, package):
+        for prefix in forbidden:
+            if line not in bad and (module == prefix or module.startswith(prefix + ".")):
+                bad[line] = f"{filename}:{line}: imports {module} ({prefix} is off limits here)"
+    return list(bad.values())
 
 
-def test_static_scan_finds_no_torch_or_worker_imports():
-    files = _py_files()
-    assert any(p.parent.name == "scheduler" for p in files) and any(p.parent.name == "protocol" for p in files)
+def tree_violations(root: Path = REPO) -> list[str]:
     bad = []
-    for path in files:
-        bad += _forbidden_imports(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))
-    assert bad == [], "scheduler/ and protocol/ must not import torch or worker:\n" + "\n".join(bad)
+    for folder, forbidden in RULES.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            rel = path.relative_to(root)
+            bad += violations(path.read_text(encoding="utf-8"), str(rel), ".".join(rel.parent.parts), forbidden)
+    return bad
 
 
-def test_static_scan_catches_what_it_should():
-    src = (
-        "import os\n"
-        "def f():\n"
-        "    import torch.nn as nn\n"
-        "    from worker.model import M\n"
-        "    import importlib; importlib.import_module('torch')\n"
-        "from torchvision import x\n"  # a different package: allowed
-        "from .. import worker\n"
-    )
-    bad = _forbidden_imports(src, "x.py")
-    assert sorted(int(b.split(":")[1]) for b in bad) == [3, 4, 5, 7]
+def test_every_boundary_holds_on_the_tree():
+    assert all((REPO / folder).is_dir() for folder in RULES), "a ruled folder is missing"
+    bad = tree_violations()
+    assert bad == [], "layout boundaries broken:\n" + "\n".join(bad)
+
+
+def test_the_tree_has_modules_under_every_rule():
+    # A rule over an empty folder would pass vacuously.
+    for folder in RULES:
+        assert any((REPO / folder).rglob("*.py")), f"{folder} has no modules"
+
+
+# --- a test of the test: deliberate violations are caught ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("folder", "package", "source", "bad_lines"),
+    [
+        ("scheduler", "scheduler.engine", "import os\ndef f():\n    import torch.nn as nn\n", [3]),
+        ("scheduler", "scheduler.engine", "from worker.model import M\n", [1]),
+        ("scheduler", "scheduler.sched", "import importlib\nimportlib.import_module('loadgen.datasets')\n", [2]),
+        ("scheduler", "scheduler.engine", "x = __import__('simulator')\n", [1]),
+        ("scheduler", "scheduler.engine", "from torchvision import x\n", []),  # another package
+        ("scheduler/core", "scheduler.core", "from scheduler.sched.request import Request\n", [1]),
+        ("scheduler/core", "scheduler.core", "from ..engine import metrics\n", [1]),
+        ("scheduler/core", "scheduler.core", "from .. import sched\n", [1]),
+        ("scheduler/core", "scheduler.core", "from scheduler import engine\n", [1]),
+        ("scheduler/core", "scheduler.core", "from scheduler.core.block_pool import BlockPool\nfrom protocol import codec\n", []),
+        ("scheduler/sched", "scheduler.sched", "from scheduler.engine.config import X\n", [1]),
+        ("scheduler/sched", "scheduler.sched", "from scheduler.core.hashing import BlockHasher\n", []),
+        ("protocol", "protocol", "from scheduler.core import kv_events\n", [1]),
+        ("protocol", "protocol", "from . import codec\n", []),
+        ("worker", "worker", "from scheduler.core.block_pool import BlockPool\n", [1]),
+        ("worker", "worker.models", "from ...scheduler import core\n", [1]),
+    ],
+)
+def test_violations_are_caught(folder, package, source, bad_lines):
+    bad = violations(source, "x.py", package, RULES[folder])
+    assert [int(b.split(":")[1]) for b in bad] == bad_lines, bad
+
+
+def test_a_violation_planted_in_a_copy_of_the_tree_fails_the_check(tmp_path):
+    # The whole check, on a copy of the rooms with one bad import added to the core.
+    for folder in {f.split("/")[0] for f in RULES}:
+        for path in (REPO / folder).rglob("*.py"):
+            dest = tmp_path / path.relative_to(REPO)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    assert tree_violations(tmp_path) == []
+    planted = tmp_path / "scheduler" / "core" / "block_pool.py"
+    planted.write_text(planted.read_text() + "\nfrom scheduler.engine.metrics import SchedulerMetrics\n")
+    bad = tree_violations(tmp_path)
+    assert len(bad) == 1 and bad[0].startswith("scheduler/core/block_pool.py:")
 
 
 _CHILD = """
 import importlib, pkgutil, sys
-failed = []
 for pkg_name in %r:
     pkg = importlib.import_module(pkg_name)
     for info in pkgutil.walk_packages(pkg.__path__, pkg_name + "."):
@@ -111,9 +179,10 @@ print("LEAKED:" + " ".join(leaked))
 """
 
 
-def test_importing_every_module_loads_no_torch_or_worker():
+def test_importing_every_scheduler_and_protocol_module_loads_no_torch_or_other_room():
+    forbidden = ("torch", "worker", "loadgen", "simulator", "frontend")
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD % (TORCH_FREE, FORBIDDEN)],
+        [sys.executable, "-c", _CHILD % (("scheduler", "protocol"), forbidden)],
         cwd=REPO,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
         capture_output=True,
@@ -122,5 +191,13 @@ def test_importing_every_module_loads_no_torch_or_worker():
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert "scheduler.block_pool" in lines and "protocol.codec" in lines
+    assert "scheduler.core.block_pool" in lines and "scheduler.engine.engine_core" in lines and "protocol.codec" in lines
     assert lines[-1] == "LEAKED:", f"imported by scheduler/ or protocol/: {lines[-1].removeprefix('LEAKED:')}"
+
+
+def test_architecture_doc_names_only_modules_that_exist():
+    doc = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    paths = set(re.findall(r"`((?:protocol|scheduler|worker|loadgen|simulator|frontend|bench|deploy|tests)/[\w/.]+)`", doc))
+    assert paths, "docs/architecture.md names no module path"
+    missing = sorted(p for p in paths if not (REPO / p.rstrip("/")).exists())
+    assert missing == [], f"docs/architecture.md names paths that do not exist: {missing}"

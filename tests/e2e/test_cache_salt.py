@@ -15,10 +15,10 @@ from kvtest.cluster import Cluster
 from kvtest.fake_worker import FakeWorker
 
 from protocol.client_messages import Generate
-from scheduler.hashing import BlockHasher
-from scheduler.kv_cache_manager import KVCacheManager
-from scheduler.request import Request
-from scheduler.scheduler import Scheduler
+from scheduler.core.hashing import BlockHasher
+from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.sched.request import Request
+from scheduler.sched.scheduler import Scheduler
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,7 +12,7 @@ from kvtest.cluster import Cluster, free_port
 
 from loadgen.kv_events import KVEventSubscriber
 from protocol.client_messages import Generate
-from scheduler.hashing import BlockHasher
+from scheduler.core.hashing import BlockHasher
 
 pytestmark = pytest.mark.e2e
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from scheduler.hashing import BlockHasher
-from scheduler.kv_cache_manager import KVCacheManager
-from scheduler.request import Request
+from scheduler.core.hashing import BlockHasher
+from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.sched.request import Request
 
 BS = 4
 HASHER = BlockHasher(BS)

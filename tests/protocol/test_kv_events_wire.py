@@ -70,7 +70,7 @@ H2 = hashlib.sha256(b"block 2").digest()
 
 
 def kvpool_batch() -> wire.KVEventBatch:
-    """What kvpool's publisher sends (see scheduler/kv_event_publisher.to_wire_event)."""
+    """What kvpool's publisher sends (see scheduler/engine/kv_event_publisher.to_wire_event)."""
     return wire.KVEventBatch(
         ts=1_700_000_000.25,
         events=[

@@ -33,10 +33,10 @@ from protocol.worker_messages import (
     WorkerReady,
     WorkerToScheduler,
 )
-from scheduler.hashing import BlockHasher
-from scheduler.kv_cache_manager import KVCacheManager
-from scheduler.request import Request
-from scheduler.scheduler import Scheduler
+from scheduler.core.hashing import BlockHasher
+from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.sched.request import Request
+from scheduler.sched.scheduler import Scheduler
 
 CLIENT_IN = Codec(ClientRequest)
 CLIENT_OUT = Codec(ClientResponse)

@@ -1,0 +1,123 @@
+"""FreeKVCacheBlockQueue: a doubly linked list threaded through the blocks.
+
+A deque cannot remove from the middle in O(1), and a cache hit on a free block
+does exactly that. So the links live in the blocks themselves, and no Python
+object is allocated while the list is manipulated. Two sentinels (id -1) sit at
+the ends so that no operation tests for an empty list.
+
+The queue's order *is* the eviction policy: the front is reused first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from scheduler.core.kv_cache_block import KVCacheBlock
+
+
+class FreeKVCacheBlockQueue:
+    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
+        self.num_free_blocks = 0
+        self.fake_free_list_head = KVCacheBlock(-1)
+        self.fake_free_list_tail = KVCacheBlock(-1)
+        self.fake_free_list_head.next_free_block = self.fake_free_list_tail
+        self.fake_free_list_tail.prev_free_block = self.fake_free_list_head
+        self.append_n(blocks)
+
+    def popleft(self) -> KVCacheBlock:
+        """Take the front block (the next to reuse)."""
+        if not self.num_free_blocks:
+            raise ValueError("No free blocks available")
+        return self.popleft_n(1)[0]
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        """Take the n front blocks, front first."""
+        # NOTE: a negative n would pop nothing yet raise num_free_blocks.
+        if not 0 <= n <= self.num_free_blocks:
+            raise ValueError(f"Cannot get {n} free blocks: only {self.num_free_blocks} free")
+        head = self.fake_free_list_head
+        block = head.next_free_block
+        out = []
+        append = out.append
+        for _ in range(n):
+            append(block)
+            nxt = block.next_free_block
+            block.prev_free_block = block.next_free_block = None
+            block = nxt
+        head.next_free_block = block
+        block.prev_free_block = head
+        self.num_free_blocks -= n
+        return out
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """Unlink a block from anywhere in the queue in O(1) (a cache hit on a free block)."""
+        self.remove_n((block,))
+
+    def remove_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Unlink each of ``blocks`` (all in the queue) in O(1) apiece."""
+        for block in blocks:
+            prev, nxt = block.prev_free_block, block.next_free_block
+            if prev is None or nxt is None:
+                self.num_free_blocks -= blocks.index(block)  # the ones before it are out
+                raise RuntimeError(f"remove() called on block {block.block_id}, which is not in the free queue")
+            prev.next_free_block = nxt
+            nxt.prev_free_block = prev
+            block.prev_free_block = block.next_free_block = None
+        self.num_free_blocks -= len(blocks)
+
+    def append(self, block: KVCacheBlock) -> None:
+        """Put a block at the back (reused last)."""
+        self.append_n((block,))
+
+    def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Put blocks at the back, in the given order (the last given is reused last)."""
+        if not blocks:
+            return
+        tail = self.fake_free_list_tail
+        last = tail.prev_free_block
+        for block in blocks:
+            block.prev_free_block = last
+            last.next_free_block = block
+            last = block
+        last.next_free_block = tail
+        tail.prev_free_block = last
+        self.num_free_blocks += len(blocks)
+
+    def put_back(self, blocks: Sequence[KVCacheBlock]) -> int:
+        """Return freed blocks to the queue, each in the given order: a block without
+        a hash to the front (it can never be hit: reuse it first, LIFO), a block with
+        one to the back (cached data: least recently used first). Returns how many
+        went to the back."""
+        front = self.fake_free_list_head
+        tail = self.fake_free_list_tail
+        num_hashed = 0
+        for block in blocks:
+            if block.block_hash is None:
+                nxt = front.next_free_block
+                block.prev_free_block = front
+                block.next_free_block = nxt
+                front.next_free_block = block
+                nxt.prev_free_block = block
+                front = block
+            else:
+                last = tail.prev_free_block
+                block.prev_free_block = last
+                block.next_free_block = tail
+                last.next_free_block = block
+                tail.prev_free_block = block
+                num_hashed += 1
+        self.num_free_blocks += len(blocks)
+        return num_hashed
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        block = self.fake_free_list_head.next_free_block
+        tail = self.fake_free_list_tail
+        while block is not tail:
+            yield block
+            block = block.next_free_block
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        return list(self)
+
+    def __len__(self) -> int:
+        return self.num_free_blocks

@@ -1,0 +1,65 @@
+"""Where the pool reports prefix-cache changes, for KV events (routers) and tests.
+
+The pool calls a sink only when caching changes what a router could hit:
+a hash newly stored, the last block holding a hash losing it, or a reset.
+`KVEventRecorder` keeps them in order until the step loop takes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from scheduler.core.kv_cache_block import BlockHash
+
+
+class KVEventSink(Protocol):
+    def block_stored(
+        self, block_hashes: Sequence[BlockHash], parent_block_hash: BlockHash | None, token_ids: list[int] | None, block_size: int
+    ) -> None: ...
+
+    def block_removed(self, block_hash: BlockHash) -> None: ...
+
+    def all_blocks_cleared(self) -> None: ...
+
+
+@dataclass(slots=True)
+class BlockStored:
+    block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None
+    token_ids: list[int] | None
+    block_size: int
+
+
+@dataclass(slots=True)
+class BlockRemoved:
+    block_hashes: list[BlockHash]
+
+
+@dataclass(slots=True)
+class AllBlocksCleared:
+    pass
+
+
+KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(slots=True)
+class KVEventRecorder:
+    """A KVEventSink that keeps events in order until `take()`."""
+
+    events: list[KVCacheEvent] = field(default_factory=list)
+
+    def block_stored(self, block_hashes, parent_block_hash, token_ids, block_size) -> None:
+        self.events.append(BlockStored(list(block_hashes), parent_block_hash, token_ids, block_size))
+
+    def block_removed(self, block_hash: BlockHash) -> None:
+        self.events.append(BlockRemoved([block_hash]))
+
+    def all_blocks_cleared(self) -> None:
+        self.events.append(AllBlocksCleared())
+
+    def take(self) -> list[KVCacheEvent]:
+        events, self.events = self.events, []
+        return events

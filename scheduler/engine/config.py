@@ -1,0 +1,142 @@
+"""The scheduler process's one frozen config, built from the command line.
+
+Flags use vLLM's names where vLLM has one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+from dataclasses import dataclass
+
+from protocol.curve import CurveKeyError, load_keypair
+from scheduler.core.hashing import HASH_ALGOS
+from scheduler.engine.kv_event_publisher import check_local_endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    host: str = "127.0.0.1"
+    port: int = 5555
+    worker_port: int = 5556
+    http_port: int = 8000
+    block_size: int = 16
+    num_gpu_blocks_override: int | None = None
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 4096
+    prefix_caching_hash_algo: str = "sha256"
+    dev_mode: bool = False
+    log_level: str = "INFO"
+    model_name: str = "kvpool-tiny"
+    # A worker silent for this long (no heartbeat, no result) is taken for dead.
+    worker_timeout_s: float = 10.0
+    # With no worker for this long, waiting requests end with a RequestError.
+    worker_reconnect_timeout_s: float = 30.0
+    # Largest client frame answered; ZeroMQ drops connections sending 4x this.
+    max_frame_bytes: int = 1 << 20
+    # CURVE: the scheduler's secret certificate and the folder of peers' public ones.
+    curve_secret_key: str | None = None
+    curve_authorized_keys: str | None = None
+    # KV events in vLLM's wire format (for KV-aware routers); off without an endpoint.
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
+    kv_events_topic: str = ""
+    kv_events_buffer_steps: int = 10_000
+
+    @property
+    def curve(self) -> bool:
+        return self.curve_secret_key is not None
+
+    @property
+    def client_address(self) -> str:
+        return f"tcp://{self.host}:{self.port}"
+
+    @property
+    def worker_address(self) -> str:
+        return f"tcp://{self.host}:{self.worker_port}"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = SchedulerConfig()
+    p = argparse.ArgumentParser(prog="kvpool-scheduler", description="kvpool scheduler: owns the BlockPool and schedules steps for the worker.")
+    p.add_argument("--host", default=d.host, help="address every socket binds (default %(default)s)")
+    p.add_argument("--port", type=int, default=d.port, help="client ROUTER port (default %(default)s)")
+    p.add_argument("--worker-port", type=int, default=d.worker_port, help="worker ROUTER port (default %(default)s)")
+    p.add_argument("--http-port", type=int, default=d.http_port, help="/metrics, /health (default %(default)s)")
+    p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block (default %(default)s)")
+    p.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="N", help="use N blocks instead of what the worker reports")
+    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false", help="turn the prefix cache off")
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once (default %(default)s)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, help="token budget of one step (default %(default)s)")
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len, help="most tokens of one request, prompt + output (default %(default)s)")
+    p.add_argument("--prefix-caching-hash-algo", choices=HASH_ALGOS, default=d.prefix_caching_hash_algo)
+    p.add_argument("--dev-mode", action="store_true", default=os.environ.get("KVPOOL_DEV_MODE") == "1",
+                   help="enable development endpoints (POST /reset_prefix_cache); also KVPOOL_DEV_MODE=1")  # fmt: skip
+    p.add_argument("--log-level", default=d.log_level, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--served-model-name", dest="model_name", default=d.model_name, help="the model_name label of every metric")
+    p.add_argument("--worker-timeout", dest="worker_timeout_s", type=float, default=d.worker_timeout_s, metavar="SECONDS",
+                   help="a worker silent this long is taken for dead (default %(default)s)")  # fmt: skip
+    p.add_argument("--worker-reconnect-timeout", dest="worker_reconnect_timeout_s", type=float, default=d.worker_reconnect_timeout_s,
+                   metavar="SECONDS", help="with no worker this long, waiting requests fail (default %(default)s)")  # fmt: skip
+    p.add_argument("--max-frame-bytes", type=int, default=d.max_frame_bytes,
+                   help="largest client frame answered (default %(default)s); a peer sending 4x this is disconnected")  # fmt: skip
+    g = p.add_argument_group("security (ZeroMQ CURVE; required to bind a non-loopback --host)")
+    g.add_argument("--curve-secret-key", metavar="FILE", help="the scheduler's secret certificate (NAME.key_secret, see `python -m protocol.curve`)")
+    g.add_argument("--curve-authorized-keys", metavar="DIR", help="folder of the public certificates of allowed workers and clients")
+    g = p.add_argument_group("KV events (vLLM's ZMQ format, for KV-aware routers)")
+    g.add_argument("--kv-events-endpoint", metavar="ENDPOINT", help="bind a ZMQ PUB socket here and publish KV cache events, e.g. tcp://127.0.0.1:5557")
+    g.add_argument("--kv-events-replay-endpoint", metavar="ENDPOINT", help="ROUTER socket serving missed batches, e.g. tcp://127.0.0.1:5558")
+    g.add_argument("--kv-events-topic", default=d.kv_events_topic, help="topic frame of every batch (default: empty)")
+    g.add_argument("--kv-events-buffer-steps", type=int, default=d.kv_events_buffer_steps, help="batches kept for replay (default %(default)s)")
+    return p
+
+
+def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
+    p = build_parser()
+    a = p.parse_args(argv)
+    for name in ("port", "worker_port", "http_port"):
+        value = getattr(a, name)
+        if not 0 <= value <= 65535:
+            p.error(f"--{name.replace('_', '-')} must be a port number, got {value}")
+    for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_frame_bytes"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
+    if a.num_gpu_blocks_override is not None and a.num_gpu_blocks_override < 2:
+        p.error(f"--num-gpu-blocks-override must be at least 2 (block 0 is the null block), got {a.num_gpu_blocks_override}")
+    if a.worker_timeout_s <= 0 or a.worker_reconnect_timeout_s <= 0:
+        p.error("--worker-timeout and --worker-reconnect-timeout must be positive")
+    if (a.curve_secret_key is None) != (a.curve_authorized_keys is None):
+        p.error("--curve-secret-key and --curve-authorized-keys go together")
+    if a.curve_secret_key is not None:
+        try:
+            load_keypair(a.curve_secret_key)
+        except CurveKeyError as e:
+            p.error(str(e))
+        if not os.path.isdir(a.curve_authorized_keys):
+            p.error(f"--curve-authorized-keys {a.curve_authorized_keys} is not a folder")
+    elif not is_loopback(a.host):
+        p.error(f"--host {a.host} is not a loopback address: binding it without CURVE authentication is refused "
+                "(give --curve-secret-key and --curve-authorized-keys)")  # fmt: skip
+    if a.kv_events_replay_endpoint is not None and a.kv_events_endpoint is None:
+        p.error("--kv-events-replay-endpoint needs --kv-events-endpoint")
+    if a.kv_events_buffer_steps < 1:
+        p.error("--kv-events-buffer-steps must be positive")
+    for flag, ep in (("--kv-events-endpoint", a.kv_events_endpoint), ("--kv-events-replay-endpoint", a.kv_events_replay_endpoint)):
+        if ep is not None:
+            try:
+                check_local_endpoint(ep, flag, allow_remote=a.curve_secret_key is not None)
+            except ValueError as e:
+                p.error(str(e))
+    return SchedulerConfig(**vars(a))

@@ -1,0 +1,397 @@
+"""The scheduler process: sockets, the worker handshake, the step loop, faults.
+
+One asyncio loop (uvloop) runs these tasks over two ZMQ ROUTER ports and HTTP:
+
+* clients: Generate / Abort in; TokenOutput as tokens are produced, or RequestError;
+* worker: WorkerHello -> WorkerReady (sizes the BlockPool), then StepResults;
+* steps: schedule -> send the plan -> await its result -> stream tokens out;
+* watchers: a peer disconnecting on either port is probed at once.
+
+Steps are strictly sequential: a plan is sent only after the previous result is
+applied, which is what makes caching blocks at scheduling time safe (rule 3).
+
+Faults (docs/operations.md): a worker that is gone or silent sends its running
+requests back to waiting, as if preempted, and voids the prefix cache; a returning
+worker resumes them. With no worker for --worker-reconnect-timeout, waiting
+requests end with a RequestError. A client that is gone has its requests aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+import zmq.asyncio
+
+from protocol.client_messages import Abort, ClientRequest, Generate, RequestError, TokenOutput
+from protocol.codec import Codec, ProtocolError
+from protocol.worker_messages import (
+    Heartbeat,
+    Shutdown,
+    StepResult,
+    WorkerError,
+    WorkerHello,
+    WorkerReady,
+    WorkerToScheduler,
+)
+from scheduler.core.hashing import BlockHasher
+from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.engine.config import SchedulerConfig
+from scheduler.engine.http_server import build_app, start_http
+from scheduler.engine.kv_event_publisher import make_kv_event_sink
+from scheduler.engine.metrics import SchedulerMetrics
+from scheduler.engine.sockets import open_ports
+from scheduler.engine.worker_checks import PoolShape, WorkerRefused, check_result, pool_size_for
+from scheduler.engine.worker_link import HEARTBEAT_INTERVAL_S, WorkerLink, WorkerLost
+from scheduler.sched.request import Request, RequestStatus
+from scheduler.sched.scheduler import Scheduler
+from scheduler.sched.validation import RequestLimits, RequestRejected, validate_generate
+
+log = logging.getLogger("scheduler")
+
+class EngineCore:
+    def __init__(self, config: SchedulerConfig):
+        self.config = config
+        self.ctx = zmq.asyncio.Context()
+        self.clients, self.workers, self.authenticator = open_ports(self.ctx, config)
+        key = config.curve_secret_key
+        self.worker = WorkerLink(self.workers, Codec(WorkerToScheduler), config.worker_timeout_s)
+        self.kv_event_sink, self.kv_event_publisher = make_kv_event_sink(
+            self.ctx, config.kv_events_endpoint, config.kv_events_replay_endpoint,
+            config.kv_events_topic, config.kv_events_buffer_steps, curve_secret_key=key,
+        )  # fmt: skip
+        self.client_codec: Codec = Codec(ClientRequest, config.max_frame_bytes)
+        self.metrics = SchedulerMetrics(config.model_name)
+        self.hasher = BlockHasher(config.block_size, config.prefix_caching_hash_algo)
+        # Made at the first WorkerHello, when the pool's size is known; kept after.
+        self.kv: KVCacheManager | None = None
+        self.scheduler: Scheduler | None = None
+        self.limits: RequestLimits | None = None
+        self.eos_token_id = 0
+        self.worker_lost_at: float | None = None
+        self._wakeup = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._stopping = False
+        # An internal error that stopped the process (exit status 1).
+        self._fatal: BaseException | None = None
+        self._next_seq_id = 0
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        reset = self._http_reset_prefix_cache if self.config.dev_mode else None
+        http = await start_http(build_app(self._render_metrics, self._health, reset), self.config.host, self.config.http_port)
+        log.info(
+            "scheduler listening: clients %s, workers %s, http http://%s:%d",
+            self.config.client_address, self.config.worker_address, self.config.host, self.config.http_port,
+        )  # fmt: skip
+        step = asyncio.create_task(self._step_loop())
+        others = [
+            asyncio.create_task(c)
+            for c in (
+                self._client_loop(), self._worker_loop(),
+                self.clients.watch_disconnects(self._sweep_clients), self.workers.watch_disconnects(self._probe_worker),
+            )
+        ]  # fmt: skip
+        for t in (step, *others):
+            t.add_done_callback(self._on_task_done)
+        await self._stop.wait()
+        # Steps stop at a step boundary; then everything still live ends with "abort".
+        # NOTE: the worker loop (others[1]) must outlive the step in flight: it
+        # delivers that step's result. Cancelled first, it left the step waiting the
+        # whole --worker-timeout, then taking the worker for lost (never sent Shutdown).
+        for t in (others[0], others[2]):
+            t.cancel()
+        try:
+            await asyncio.wait_for(step, timeout=self.config.worker_timeout_s + 1.0)
+        except (TimeoutError, asyncio.CancelledError):
+            step.cancel()
+        except Exception:
+            pass  # already logged by _on_task_done
+        for t in (others[1], others[3]):
+            t.cancel()
+        await self._end_all(RequestStatus.FINISHED_ABORTED)
+        if self.worker.worker_id is not None:
+            try:
+                await self.worker.send(Shutdown("scheduler shutting down"))
+            except WorkerLost:
+                pass
+        await http.cleanup()
+        self.clients.close()
+        self.workers.close()
+        if self.kv_event_publisher is not None:
+            self.kv_event_publisher.close()
+        if self.authenticator is not None:
+            self.authenticator.stop()
+        self.ctx.term()
+        if self._fatal is not None:
+            log.critical("scheduler stopped after an internal error: %r", self._fatal)
+            return 1
+        log.info("scheduler stopped")
+        return 0
+
+    def _on_task_done(self, task: asyncio.Task) -> None:
+        """A loop that ends by itself is a bug: say so loudly and stop, rather than go
+        on serving /health while nothing is scheduled."""
+        if task.cancelled() or self._stopping:
+            return
+        self._fatal = task.exception() or RuntimeError(f"task {task.get_coro().__qualname__} ended")
+        log.critical("internal error in %s; stopping", task.get_coro().__qualname__, exc_info=task.exception())
+        self.request_stop()
+
+    def request_stop(self) -> None:
+        if not self._stopping:
+            log.info("stopping: no new requests; running ones end with finish reason 'abort'")
+        self._stopping = True
+        self._stop.set()
+        self._wakeup.set()
+
+    async def _end_all(self, status: RequestStatus, message: str = "") -> None:
+        """End every live request; each client hears of it (abort, or a RequestError)."""
+        if self.scheduler is None:
+            return
+        for request in self.scheduler.finish_requests(list(self.scheduler.requests), status):
+            if status == RequestStatus.FINISHED_ERROR:
+                await self._send_error(request.client_id, request.request_id, message)
+            else:
+                await self._send_output(request, [], status.value)
+
+    # --- clients ----------------------------------------------------------------------
+
+    async def _client_loop(self) -> None:
+        while True:
+            frames, num_frames = await self.clients.recv()
+            ident = frames[0].bytes
+            if num_frames != 2:
+                await self._send_error(ident, None, f"expected one frame per message, got {num_frames - 1}")
+                continue
+            try:
+                msg = self.client_codec.decode(frames[1].buffer)
+            except ProtocolError as e:
+                await self._send_error(ident, None, str(e))
+                continue
+            match msg:
+                case Generate():
+                    await self._on_generate(ident, msg)
+                case Abort(request_id=rid):
+                    await self._on_abort(ident, rid)
+
+    async def _on_generate(self, ident: bytes, msg: Generate) -> None:
+        if self._stopping:
+            return await self._send_error(ident, msg.request_id, "the scheduler is shutting down")
+        if not self.worker.ready or self.scheduler is None:
+            return await self._send_error(ident, msg.request_id, "no worker is ready: try again once /health returns 200")
+        try:
+            validate_generate(msg, self.limits, self.scheduler.requests)
+        except RequestRejected as e:
+            return await self._send_error(ident, msg.request_id, str(e))
+        request = Request(
+            msg.request_id, list(msg.prompt_token_ids), msg.max_tokens, seq_id=self._next_seq_id, client_id=ident,
+            ignore_eos=msg.ignore_eos, eos_token_id=self.eos_token_id, cache_salt=msg.cache_salt, block_hasher=self.hasher,
+        )  # fmt: skip
+        self._next_seq_id += 1
+        self.scheduler.add_request(request)
+        self._wakeup.set()
+
+    async def _on_abort(self, ident: bytes, request_id: str) -> None:
+        request = self.scheduler.requests.get(request_id) if self.scheduler else None
+        if request is None or request.client_id != ident:
+            return await self._send_error(ident, request_id, f"unknown request id {request_id!r}: nothing to abort")
+        self.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
+        await self._send_output(request, [], "abort")
+        self._wakeup.set()
+
+    async def _send_error(self, ident: bytes, request_id: str | None, message: str) -> None:
+        log.debug("request error to %r: %s", ident, message)
+        # NOTE: an error reply that cannot be delivered is dropped: the peer is gone or
+        # is flooding without reading, and nothing else is owed to it.
+        await self.clients.send(ident, self.client_codec.encode(RequestError(message, request_id)))
+
+    async def _send_output(self, r: Request, new_token_ids: list[int], finish_reason: str | None = None) -> None:
+        """New tokens of ``r`` to its client; a finish reason ends the request there."""
+        finished = finish_reason is not None
+        msg = TokenOutput(r.request_id, new_token_ids, finished, finish_reason, max(r.num_cached_tokens, 0))
+        if not await self.clients.send(r.client_id, self.client_codec.encode(msg)):
+            self._drop_client(r.client_id)
+
+    def _drop_client(self, ident: bytes) -> None:
+        """The client is gone (or stopped reading): abort its requests, free their blocks."""
+        if self.scheduler is None:
+            return
+        ids = [rid for rid, r in self.scheduler.requests.items() if r.client_id == ident]
+        if ids:
+            log.warning("client %r is gone: aborting its %d requests", ident, len(ids))
+            self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
+            self._wakeup.set()
+
+    async def _sweep_clients(self) -> None:
+        """A client disconnected: probe every client with live requests (an empty
+        TokenOutput is a no-op for a client) and drop those that are gone."""
+        if self.scheduler is None:
+            return
+        first: dict[bytes, Request] = {}
+        for r in self.scheduler.requests.values():
+            first.setdefault(r.client_id, r)
+        for r in first.values():
+            await self._send_output(r, [])
+
+    # --- the worker -------------------------------------------------------------------
+
+    async def _worker_loop(self) -> None:
+        while True:
+            frames, _ = await self.workers.recv()
+            ident = frames[0].bytes
+            try:
+                msg = self.worker.codec.decode(frames[-1].buffer)
+            except ProtocolError as e:
+                log.error("bad frame from worker %r: %s", ident, e)
+                if self.worker.is_ours(ident):
+                    # The result of the step in flight may be this frame: never wait for it.
+                    self.worker.fail_step(WorkerLost(f"unreadable frame from the worker: {e}"))
+                continue
+            self.worker.heard_from(ident)
+            match msg:
+                case WorkerHello():
+                    await self._on_hello(ident, msg)
+                case StepResult():
+                    self.worker.deliver(ident, msg)
+                case WorkerError(message=message, step_id=step_id):
+                    log.error("worker refused step %d: %s", step_id, message)
+                    if self.worker.is_ours(ident):
+                        self.worker.fail_step(WorkerLost(f"worker refused step {step_id}: {message}"))
+                case Heartbeat():
+                    pass
+
+    async def _refuse_worker(self, ident: bytes, reason: str) -> None:
+        log.error("refusing worker %r: %s", ident, reason)
+        await self.workers.send(ident, self.worker.codec.encode(Shutdown(reason)))
+
+    async def _on_hello(self, ident: bytes, hello: WorkerHello) -> None:
+        c = self.config
+        if self.worker.ready and not self.worker.is_ours(ident):
+            await self._probe_worker()
+            if self.worker.ready:
+                return await self._refuse_worker(ident, "a worker is already connected (one worker per scheduler)")
+        current = None if self.kv is None else PoolShape(self.kv.block_pool.num_gpu_blocks, self.limits.vocab_size, self.eos_token_id)
+        try:
+            num_blocks = pool_size_for(hello, c.block_size, c.num_gpu_blocks_override, current)
+        except WorkerRefused as e:
+            return await self._refuse_worker(ident, str(e))
+        if self.kv is None:
+            self.kv = KVCacheManager(num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink)
+            self.scheduler = Scheduler(self.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len)
+            self.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
+            self.eos_token_id = hello.eos_token_id
+            log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d)", num_blocks, c.block_size, hello.device, hello.num_blocks)
+        elif self.worker.ready:
+            # The same worker again (it restarted its handshake): its rows are gone.
+            self._on_worker_lost("the worker handshook again")
+        self.worker.attach(ident)
+        ready = WorkerReady(self.kv.block_pool.num_gpu_blocks, c.block_size, c.max_num_seqs, c.max_model_len, self.scheduler.next_step_id)
+        # NOTE: ready before the send yields to the loop, so that once the worker holds
+        # WorkerReady, /health already says 200.
+        self.worker.ready = True
+        self.worker_lost_at = None
+        try:
+            await self.worker.send(ready)
+        except WorkerLost as e:
+            self._on_worker_lost(str(e))
+            return
+        self._wakeup.set()
+        log.info("worker %r ready (%d requests waiting)", ident, self.scheduler.num_waiting)
+
+    async def _probe_worker(self) -> None:
+        """A worker-port peer disconnected: is it ours?"""
+        if not self.worker.ready:
+            return
+        try:
+            await self.worker.send(Heartbeat(time.time()))
+        except WorkerLost as e:
+            if not self.worker.fail_step(e):
+                self._on_worker_lost(str(e))
+
+    def _on_worker_lost(self, why: str) -> None:
+        """Requests in flight go back to waiting, as if preempted; the cache is void."""
+        if not self.worker.ready:
+            return
+        log.error("worker lost: %s; %d running requests go back to waiting", why, self.scheduler.num_running)
+        self.worker.detach()
+        self.worker_lost_at = time.monotonic()
+        self.scheduler.abandon_in_flight()
+        self.scheduler.preempt_all()
+        # NOTE: the next worker's KV memory is empty: every hash is void.
+        self.kv.reset_prefix_cache()
+        self._publish_kv_events()
+        self.metrics.update(self.scheduler, self.kv)
+
+    def _publish_kv_events(self) -> None:
+        """One batch per step (and per reset): what the pool's cache gained and lost."""
+        if self.kv_event_publisher is not None:
+            self.kv_event_publisher.publish(self.kv_event_sink.take())
+
+    # --- steps ------------------------------------------------------------------------
+
+    async def _step_loop(self) -> None:
+        while not self._stopping:
+            self._wakeup.clear()
+            now = time.monotonic()
+            if self.worker.ready and self.worker.silent():
+                self._on_worker_lost(f"silent for more than {self.config.worker_timeout_s} s")
+            if self.worker_lost_at is not None and now - self.worker_lost_at > self.config.worker_reconnect_timeout_s:
+                if self.scheduler.has_unfinished_requests():
+                    log.error("no worker for %.0f s: failing %d waiting requests", now - self.worker_lost_at, self.scheduler.num_waiting)
+                    await self._end_all(RequestStatus.FINISHED_ERROR, f"no worker returned within {self.config.worker_reconnect_timeout_s} s")
+            out = self.scheduler.schedule() if self.worker.ready else None
+            if out is None:
+                if self.worker.ready:
+                    try:
+                        await self.worker.heartbeat_if_idle()
+                    except WorkerLost as e:
+                        self._on_worker_lost(str(e))
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), HEARTBEAT_INTERVAL_S)
+                except TimeoutError:
+                    pass
+                continue
+            t0 = time.perf_counter()
+            self.worker.expect_result()
+            try:
+                nbytes = await self.worker.send(out.plan)
+                result = await self.worker.await_result()
+                check_result(result, self.limits.vocab_size)
+                outputs = self.scheduler.update_from_output(result)
+            except (WorkerLost, ValueError) as e:
+                self._on_worker_lost(str(e))
+                continue
+            reasons, token_ids = outputs.finish_reasons, outputs.token_ids
+            for i, request in enumerate(outputs.requests):
+                await self._send_output(request, [token_ids[i]], reasons.get(i))
+            self.metrics.observe_step(outputs, nbytes, time.perf_counter() - t0)
+            self.metrics.update(self.scheduler, self.kv)
+            self._publish_kv_events()
+
+    # --- HTTP -------------------------------------------------------------------------
+
+    def _render_metrics(self) -> bytes:
+        if self.scheduler is not None:
+            self.metrics.update(self.scheduler, self.kv)
+        return self.metrics.render()
+
+    def _health(self) -> tuple[bool, str]:
+        if self._stopping:
+            return False, "shutting down"
+        return (True, "ok") if self.worker.ready else (False, "no worker is ready")
+
+    def _http_reset_prefix_cache(self) -> tuple[bool, str]:
+        if self.kv is None:
+            return False, "no pool yet: no worker has connected"
+        if self.kv.reset_prefix_cache():
+            self._publish_kv_events()
+            return True, "prefix cache reset"
+        used = self.kv.block_pool.num_gpu_blocks - 1 - self.kv.block_pool.get_num_free_blocks()
+        return False, f"refused: {used} blocks are held by running requests"

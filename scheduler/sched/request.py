@@ -1,0 +1,122 @@
+"""A request as the scheduler sees it: tokens, progress, and its block hashes."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from scheduler.core.hashing import BlockHasher
+from scheduler.core.kv_cache_block import BlockHash
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_LENGTH = "length"
+    FINISHED_STOPPED = "stop"
+    FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.value in ("length", "stop", "abort", "error")
+
+
+class Request:
+    """One generation request.
+
+    ``all_token_ids`` is the prompt followed by the output so far; ``block_hashes``
+    holds the hash of every full block of it, kept up to date as tokens arrive.
+    """
+
+    __slots__ = (
+        "request_id", "seq_id", "client_id", "prompt_token_ids", "all_token_ids", "num_prompt_tokens",
+        "max_tokens", "ignore_eos", "eos_token_id", "cache_salt", "status", "num_computed_tokens",
+        "num_cached_tokens", "block_hashes", "block_hasher", "arrival_time", "first_token_time",
+        "last_token_time", "num_preemptions", "kv_fast_until", "max_num_tokens", "stop_token_id", "fast_append_below",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        max_tokens: int,
+        *,
+        seq_id: int = 0,
+        client_id: bytes = b"",
+        ignore_eos: bool = False,
+        eos_token_id: int | None = None,
+        cache_salt: str | None = None,
+        block_hasher: BlockHasher | None = None,
+        arrival_time: float | None = None,
+        block_hashes: list[BlockHash] | None = None,
+    ):
+        self.request_id = request_id
+        self.seq_id = seq_id
+        # The ROUTER identity of the client that sent it (opaque to the policy).
+        self.client_id = client_id
+        self.prompt_token_ids = prompt_token_ids
+        self.all_token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.max_tokens = max_tokens
+        self.ignore_eos = ignore_eos
+        self.eos_token_id = eos_token_id
+        self.cache_salt = cache_salt
+        self.status = RequestStatus.WAITING
+        # Tokens whose K/V are in the cache (or scheduled to be, in the step in flight).
+        self.num_computed_tokens = 0
+        # Prompt tokens served by the prefix cache at first admission; -1 until then.
+        self.num_cached_tokens = -1
+        # NOTE: ``block_hashes`` lets a caller that already hashed the prompt (the
+        # offline simulator memoises shared trace prefixes) pass them in: they must
+        # be what ``block_hasher`` would give; it hashes on from where they end.
+        self.block_hashes: list[BlockHash] = [] if block_hashes is None else list(block_hashes)
+        self.block_hasher = block_hasher
+        if block_hasher is not None:
+            block_hasher.extend_block_hashes(self.block_hashes, self.all_token_ids, cache_salt)
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self.num_preemptions = 0
+        # Kept by KVCacheManager.allocate_slots: while the request's computed tokens
+        # stay at or below it, allocate_slots would change nothing (the scheduler's
+        # decode fast path).
+        self.kv_fast_until = 0
+        # Where it stops: at this many tokens (the scheduler caps it at max_model_len),
+        # or after sampling stop_token_id (None with ignore_eos).
+        self.max_num_tokens = self.num_prompt_tokens + max_tokens
+        self.stop_token_id = None if ignore_eos else eos_token_id
+        # Kept by the scheduler: while the request holds fewer tokens than this, a
+        # sampled token fills no block, reaches no limit and is not its first: it
+        # is appended and nothing else (update_from_output's fast path). 0: not yet.
+        self.fast_append_below = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens :]
+
+    def append_output_token_id(self, token_id: int) -> None:
+        self.all_token_ids.append(token_id)
+        if self.block_hasher is not None and len(self.all_token_ids) % self.block_hasher.block_size == 0:
+            self.block_hasher.extend_block_hashes(self.block_hashes, self.all_token_ids, self.cache_salt)
+
+    def append_output_token_ids(self, token_ids: list[int]) -> None:
+        """Append several sampled tokens at once (as many append_output_token_id calls)."""
+        self.all_token_ids.extend(token_ids)
+        if self.block_hasher is not None:
+            self.block_hasher.extend_block_hashes(self.block_hashes, self.all_token_ids, self.cache_salt)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, seq_id={self.seq_id}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, {self.status.value})"
+        )

@@ -1,0 +1,351 @@
+"""The scheduling policy of vLLM v1, emitting delta plans for the worker.
+
+Each step: running requests first (one token each when decoding, a chunk while
+still prefilling), then waiting requests FCFS while the token budget
+(max_num_batched_tokens) and max_num_seqs allow; a prompt may be split across
+steps (chunked prefill). Out of blocks: preempt the last running request by
+recompute. Finish on max_tokens or EOS (unless ignore_eos), or abort.
+
+The worker keeps a copy of every running row, so the plan says only what changed
+(DESIGN.md, the contract): rows are sent whole once (new, or resumed after a
+preemption), then only grow by appended block ids; finished and preempted rows are
+named by seq_id; a row decodes one token unless the plan says otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+from operator import attrgetter
+
+from protocol.worker_messages import AppendedBlocks, RequestRow, StepPlan, StepResult
+from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.sched.outputs import SchedulerOutput, StepOutputs
+from scheduler.sched.request import Request, RequestStatus
+
+_SEQ_ID = attrgetter("seq_id")
+_BLOCK_ID = attrgetter("block_id")
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv_cache_manager: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+    ):
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        self.kv_cache_manager = kv_cache_manager
+        self.block_size = kv_cache_manager.block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        # Every unfinished request, by the client's id and by the wire's seq_id.
+        self.requests: dict[str, Request] = {}
+        self.seq_id_to_request: dict[int, Request] = {}
+        self.next_step_id = 0
+        # Rows the worker holds that must be dropped in the next plan.
+        self._pending_finished_seq_ids: list[int] = []
+        # The plan in flight: its results must be applied before the next schedule().
+        self._in_flight: SchedulerOutput | None = None
+        # Counters the process exports.
+        self.num_preemptions = 0
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
+
+    # --- requests ---------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a validated request (see scheduler/sched/validation.py) at the back."""
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        if request.seq_id in self.seq_id_to_request:
+            raise ValueError(f"duplicate seq_id {request.seq_id}")
+        self.requests[request.request_id] = request
+        self.seq_id_to_request[request.seq_id] = request
+        # It stops at max_tokens, or when it fills max_model_len, whichever is first.
+        request.max_num_tokens = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
+        self.waiting.append(request)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        """End requests early (abort, shutdown, client gone): free their blocks now;
+        rows the worker holds are dropped in the next plan. Returns those ended."""
+        ended = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            self._finish(request, status)
+            ended.append(request)
+        return ended
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        was_on_worker = request.status == RequestStatus.RUNNING
+        request.status = status
+        request.fast_append_below = 0
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+        del self.seq_id_to_request[request.seq_id]
+        if was_on_worker:
+            self._pending_finished_seq_ids.append(request.seq_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # --- one step ---------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput | None:
+        """Decide the next step. None when there is nothing to run."""
+        if self._in_flight is not None:
+            raise RuntimeError(f"step {self._in_flight.plan.step_id} is still in flight")
+        kv = self.kv_cache_manager
+        token_budget = self.max_num_batched_tokens
+        num_scheduled_tokens: dict[int, int] = {}
+        appended: list[AppendedBlocks] = []
+        preempted: list[Request] = []
+
+        # 1. Running requests, in order.
+        # NOTE: this loop runs once per running request per step (256 x ~50 steps/s);
+        # it is written for speed. The common case, one decode token with room in
+        # the request's blocks and nothing to cache (request.kv_fast_until, kept by
+        # the KV cache manager), only counts the token; the batch lists are made after
+        # the loop, at C speed.
+        running = self.running
+        allocate_next_slot = kv.allocate_next_slot
+        num_scheduled_running = -1  # -1: every request left in `running`
+        all_sampling = True  # every scheduled running request completes its tokens
+        # NOTE: a preemption pops the end of `running`; the iterator sees it shorter.
+        for request in running:
+            num_computed = request.num_computed_tokens
+            num_tokens = len(request.all_token_ids)
+            num_new_tokens = num_tokens - num_computed
+            if num_new_tokens == 1 and num_computed < request.kv_fast_until and token_budget > 0:
+                request.num_computed_tokens = num_tokens
+                token_budget -= 1
+                continue
+            if token_budget <= 0:
+                num_scheduled_running = running.index(request)
+                break
+            if num_new_tokens > token_budget:
+                num_new_tokens = token_budget
+            end = num_computed + num_new_tokens
+            if end > request.kv_fast_until:
+                while True:
+                    if num_new_tokens == 1:
+                        new_blocks = allocate_next_slot(request)
+                    else:
+                        new_blocks = kv.allocate_slots(request, num_new_tokens)
+                    if new_blocks is not None:
+                        break
+                    # Out of blocks: preempt the lowest-priority request (the last running).
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim is request:
+                        break
+                if new_blocks is None:
+                    break  # it preempted itself: the requests before it are scheduled
+                if new_blocks:
+                    appended.append(AppendedBlocks(request.seq_id, list(map(_BLOCK_ID, new_blocks))))
+            if num_new_tokens != 1:
+                num_scheduled_tokens[request.seq_id] = num_new_tokens
+            # NOTE: safe to count now: a preemption victim is always a request this
+            # loop has not reached yet (the last running one), never a scheduled one.
+            request.num_computed_tokens = end
+            if end != num_tokens:
+                all_sampling = False
+            token_budget -= num_new_tokens
+        if num_scheduled_running < 0:
+            scheduled = running.copy()
+        else:
+            scheduled = running[:num_scheduled_running]
+            # Running rows left out of this step (budget spent) must say so: default is 1.
+            for request in running[num_scheduled_running:]:
+                num_scheduled_tokens[request.seq_id] = 0
+        # The requests whose computed tokens reach their token count this step.
+        if all_sampling:
+            sampling = scheduled.copy()
+        else:
+            sampling = [r for r in scheduled if r.num_computed_tokens == len(r.all_token_ids)]
+
+        # 2. Waiting requests, FCFS, unless this step had to preempt.
+        new_rows: list[RequestRow] = []
+        resumed_rows: list[RequestRow] = []
+        if not preempted:
+            while self.waiting and token_budget > 0 and len(self.running) < self.max_num_seqs:
+                request = self.waiting[0]
+                hits, num_hit_tokens = kv.get_computed_blocks(request, record_stats=False)
+                num_new_tokens = min(request.num_tokens - num_hit_tokens, token_budget)
+                new_blocks = kv.allocate_slots(request, num_new_tokens, num_hit_tokens, hits)
+                if new_blocks is None:
+                    break  # FCFS: nobody overtakes the head of the queue
+                kv.record_prefix_cache_query(request.num_tokens, num_hit_tokens)
+                self.waiting.popleft()
+                self.running.append(request)
+                if request.num_cached_tokens < 0:
+                    request.num_cached_tokens = num_hit_tokens
+                block_ids = kv.get_block_ids(request.request_id)
+                row = RequestRow(request.seq_id, list(request.all_token_ids), block_ids, num_hit_tokens)
+                (resumed_rows if request.status == RequestStatus.PREEMPTED else new_rows).append(row)
+                request.status = RequestStatus.RUNNING
+                scheduled.append(request)
+                if num_new_tokens != 1:
+                    num_scheduled_tokens[request.seq_id] = num_new_tokens
+                request.num_computed_tokens = num_hit_tokens + num_new_tokens
+                if request.num_computed_tokens == request.num_tokens:
+                    sampling.append(request)
+                token_budget -= num_new_tokens
+
+        finished_seq_ids = self._pending_finished_seq_ids
+        self._pending_finished_seq_ids = []
+        if not scheduled:
+            # Nothing to run; rows to drop ride along with the next plan.
+            self._pending_finished_seq_ids = finished_seq_ids
+            self._pending_finished_seq_ids.extend(r.seq_id for r in preempted)
+            return None
+
+        plan = StepPlan(
+            step_id=self.next_step_id,
+            num_scheduled_tokens=num_scheduled_tokens,
+            new_rows=new_rows,
+            resumed_rows=resumed_rows,
+            appended=appended,
+            finished_seq_ids=finished_seq_ids,
+            preempted_seq_ids=[r.seq_id for r in preempted],
+        )
+        self.next_step_id += 1
+        total = self.max_num_batched_tokens - token_budget
+        self._in_flight = SchedulerOutput(plan, scheduled, total, preempted, sampling)
+        return self._in_flight
+
+    def _preempt(self, request: Request) -> None:
+        """Preemption by recompute: free its blocks (deepest first), computed tokens
+        back to 0, front of the waiting queue. Its prefix may still hit the cache."""
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+        self.num_preemptions += 1
+
+    def preempt_all(self) -> None:
+        """The worker is gone with every row: all running requests go back to the
+        front of the waiting queue, in order, to be recomputed."""
+        for request in reversed(self.running):
+            self._preempt(request)
+        self.running.clear()
+        self._pending_finished_seq_ids.clear()
+
+    def update_from_output(self, result: StepResult) -> StepOutputs:
+        """Apply the worker's result of the plan in flight: append sampled tokens,
+        stop requests that are done. Raises ValueError on a result that does not
+        match the plan (nothing applied then)."""
+        out = self._in_flight
+        if out is None or result.step_id != out.plan.step_id:
+            expected = None if out is None else out.plan.step_id
+            raise ValueError(f"result for step {result.step_id}, expected {expected}")
+        token_ids = result.sampled_token_ids
+        if len(result.seq_ids) != len(token_ids):
+            raise ValueError("result has different numbers of seq_ids and sampled tokens")
+        # Rows that completed their tokens this step sample exactly one token each.
+        # NOTE: the list compare is the cheap common case (the worker answers in plan
+        # order); otherwise the rows are matched by seq_id.
+        requests = out.sampling
+        expected_ids = list(map(_SEQ_ID, requests))
+        if result.seq_ids != expected_ids:
+            got = set(result.seq_ids)
+            if got != set(expected_ids) or len(got) != len(result.seq_ids):
+                raise ValueError(f"step {result.step_id}: sampled rows {sorted(got)} but expected {sorted(expected_ids)}")
+            by_seq_id = {r.seq_id: r for r in requests}
+            requests = [by_seq_id[seq_id] for seq_id in result.seq_ids]
+        self._in_flight = None
+
+        # NOTE: once per sampled row per step: locals, no properties, and one test for
+        # the common case, a token that fills no block, ends nothing and is not the
+        # first (request.fast_append_below, kept by _append_token).
+        now = time.monotonic()
+        prev_token_times: list[float | None] = []
+        append_prev = prev_token_times.append
+        outputs = StepOutputs(now, requests, token_ids, prev_token_times)
+        skipped: list[int] = []
+        for request, token_id in zip(requests, token_ids, strict=True):
+            all_token_ids = request.all_token_ids
+            if len(all_token_ids) < request.fast_append_below and token_id != request.stop_token_id:
+                all_token_ids.append(token_id)
+                append_prev(request.last_token_time)
+                request.last_token_time = now
+                continue
+            # The general case; this request's index in the outputs is:
+            i = len(prev_token_times)
+            append_prev(request.last_token_time)
+            if request.status is not RequestStatus.RUNNING:
+                skipped.append(i)  # ended (aborted) while the step ran
+                continue
+            reason = self._append_token(request, token_id, now)
+            if reason is not None:
+                outputs.finish_reasons[i] = reason
+        if skipped:
+            outputs = _without(outputs, skipped)
+        self.num_generation_tokens += len(outputs.requests)
+        return outputs
+
+    def _append_token(self, request: Request, token_id: int, now: float) -> str | None:
+        """update_from_output's general case for one sampled token of a running
+        request: its first token, a token that fills a block (hashed now, cached
+        when next scheduled), or its last. Returns the finish reason if it ended."""
+        request.append_output_token_id(token_id)
+        num_tokens = len(request.all_token_ids)
+        if request.last_token_time is None:
+            request.first_token_time = now
+            # As vLLM counts it: the whole prompt, cached tokens included, once.
+            self.num_prompt_tokens += request.num_prompt_tokens
+        request.last_token_time = now
+        if num_tokens < request.max_num_tokens and token_id != request.stop_token_id:
+            # The next token takes the fast path unless it fills a block or is the last.
+            block_size = self.block_size
+            request.fast_append_below = min(request.max_num_tokens - 1, (num_tokens // block_size + 1) * block_size - 1)
+            return None
+        status = RequestStatus.FINISHED_STOPPED if num_tokens < request.max_num_tokens else RequestStatus.FINISHED_LENGTH
+        self.running.remove(request)
+        self._finish(request, status)
+        return status.value
+
+    def abandon_in_flight(self) -> SchedulerOutput | None:
+        """The worker is gone: forget the plan in flight (its tokens were not produced)."""
+        out, self._in_flight = self._in_flight, None
+        if out is not None:
+            counts = out.plan.num_scheduled_tokens
+            for request in out.scheduled:
+                if request.status == RequestStatus.RUNNING:
+                    request.num_computed_tokens -= counts.get(request.seq_id, 1)
+        return out
+
+
+def _without(outputs: StepOutputs, skipped: list[int]) -> StepOutputs:
+    """``outputs`` less the rows at the indices ``skipped`` (ascending)."""
+    keep = sorted(set(range(len(outputs.requests))) - set(skipped))
+    position = {old: new for new, old in enumerate(keep)}
+    return StepOutputs(
+        outputs.time,
+        [outputs.requests[i] for i in keep],
+        [outputs.token_ids[i] for i in keep],
+        [outputs.prev_token_times[i] for i in keep],
+        {position[i]: reason for i, reason in outputs.finish_reasons.items()},
+    )

@@ -1,0 +1,61 @@
+"""SchedulerMetrics.observe_step: the latency histograms it fills equal what one
+Histogram.observe per token would give."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, Histogram
+
+from scheduler.engine.metrics import LATENCY_BUCKETS, SchedulerMetrics, observe_repeated
+from scheduler.sched.outputs import StepOutputs
+from scheduler.sched.request import Request
+
+
+def samples(registry: CollectorRegistry, name: str) -> dict[tuple[str, str], float]:
+    """(sample name, le) -> value, for one histogram; _created left out."""
+    out = {}
+    for family in registry.collect():
+        if family.name == name:
+            for s in family.samples:
+                if not s.name.endswith("_created"):
+                    out[(s.name, s.labels.get("le", ""))] = s.value
+    return out
+
+
+@pytest.mark.parametrize("value", [0.0, 0.001, 0.0010001, 0.01, 0.0375, 0.04, 79.9, 80.0, 80.1, 1e9])
+def test_observe_repeated_is_observe_count_times(value):
+    one, many = CollectorRegistry(), CollectorRegistry()
+    h1 = Histogram("h", "h", buckets=LATENCY_BUCKETS, registry=one)
+    h2 = Histogram("h", "h", buckets=LATENCY_BUCKETS, registry=many)
+    for _ in range(7):
+        h1.observe(value)
+    observe_repeated(h2, value, 7)
+    a, b = samples(one, "h"), samples(many, "h")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert b[key] == pytest.approx(a[key], rel=1e-12), key
+
+
+def test_observe_step_matches_one_observe_per_token():
+    fast, ref = SchedulerMetrics("m"), SchedulerMetrics("m")
+    reqs = [Request(f"r{i}", [2, 3], 5, arrival_time=90.0 + i) for i in range(9)]
+    now = 100.0
+    # Three first tokens (TTFT), gaps from two earlier steps and one odd one, and two
+    # requests that finished.
+    prev = [None, 99.99, 99.99, None, 99.5, 99.99, 97.0, None, 99.5]
+    outputs = StepOutputs(now, reqs, [7] * 9, prev, {2: "stop", 6: "length"})
+    fast.observe_step(outputs, 11, 0.002)
+    for r, p in zip(reqs, prev, strict=True):
+        if p is None:
+            ref.ttft.observe(now - r.arrival_time)
+        else:
+            ref.itl.observe(now - p)
+    for i in (2, 6):
+        ref.e2e.observe(now - reqs[i].arrival_time)
+    for name in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds"):
+        got, want = samples(fast.registry, name), samples(ref.registry, name)
+        assert got.keys() == want.keys() and got
+        for key in want:
+            assert got[key] == pytest.approx(want[key], rel=1e-12), (name, key)
+    assert samples(fast.registry, "vllm:time_to_first_token_seconds")[("vllm:time_to_first_token_seconds_count", "")] == 3
+    assert samples(fast.registry, "vllm:inter_token_latency_seconds")[("vllm:inter_token_latency_seconds_count", "")] == 6

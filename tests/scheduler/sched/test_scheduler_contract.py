@@ -1,0 +1,169 @@
+"""The scheduling policy against an in-process fake worker that checks the
+contract on every plan, over randomized workloads: small pools (preemptions),
+small budgets (chunked prefill), caching on and off, aborts.
+
+Outputs are a deterministic function of each request's tokens (see
+kvtest.fake_worker), so every configuration must produce the same outputs.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from kvtest.fake_worker import ContractViolation, FakeWorker
+
+from protocol.worker_messages import StepPlan
+from scheduler.core.hashing import BlockHasher
+from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.sched.request import Request, RequestStatus
+from scheduler.sched.scheduler import Scheduler
+
+VOCAB = 64
+EOS = 1
+
+
+def make_workload(seed: int, n: int, block_size: int) -> list[dict]:
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(2, VOCAB) for _ in range(rng.randrange(1, 4) * block_size)] for _ in range(3)]
+    reqs = []
+    for i in range(n):
+        prompt = (rng.choice(prefixes) if rng.random() < 0.7 else []) + [rng.randrange(2, VOCAB) for _ in range(rng.randrange(1, 20))]
+        reqs.append(
+            dict(
+                request_id=f"r{i}", prompt=prompt, max_tokens=rng.randrange(1, 24), ignore_eos=rng.random() < 0.5,
+                arrive_step=rng.randrange(0, n // 2 + 1), abort_step=(rng.randrange(1, 30) if rng.random() < 0.1 else None),
+            )  # fmt: skip
+        )
+    return reqs
+
+
+def run(workload, *, num_blocks, block_size=4, max_num_seqs=8, budget=64, caching=True, max_model_len=256, check=True):
+    hasher = BlockHasher(block_size)
+    kv = KVCacheManager(num_blocks, block_size, max_model_len, enable_caching=caching)
+    sched = Scheduler(kv, max_num_seqs, budget, max_model_len)
+    worker = FakeWorker(num_blocks, block_size, VOCAB)
+    outputs: dict[str, list[int]] = {w["request_id"]: [] for w in workload}
+    reasons: dict[str, str] = {}
+    step = 0
+    pending = sorted(workload, key=lambda w: w["arrive_step"])
+    live_since: dict[str, int] = {}
+    for _ in range(10_000):
+        while pending and pending[0]["arrive_step"] <= step:
+            w = pending.pop(0)
+            req = Request(w["request_id"], w["prompt"], w["max_tokens"], seq_id=len(live_since), ignore_eos=w["ignore_eos"],
+                          eos_token_id=EOS, block_hasher=hasher)  # fmt: skip
+            sched.add_request(req)
+            live_since[w["request_id"]] = step
+        for w in workload:
+            a = w["abort_step"]
+            if a is not None and w["request_id"] in sched.requests and step - live_since[w["request_id"]] == a:
+                for r in sched.finish_requests([w["request_id"]], RequestStatus.FINISHED_ABORTED):
+                    reasons[r.request_id] = "abort"
+        out = sched.schedule()
+        if out is not None:
+            assert len(StepPlan.__struct_fields__)  # plan is a real StepPlan
+            result = worker.execute(out.plan)
+            for o in sched.update_from_output(result):
+                outputs[o.request.request_id].extend(o.new_token_ids)
+                if o.finished:
+                    reasons[o.request.request_id] = o.finish_reason
+            # The worker's rows equal the scheduler's block tables and tokens.
+            for req in sched.running:
+                row = worker.rows[req.seq_id]
+                assert row.block_ids == kv.get_block_ids(req.request_id)
+                assert row.token_ids == req.all_token_ids
+            if check:
+                kv.check_invariants()
+        step += 1
+        if not pending and not sched.has_unfinished_requests():
+            break
+    else:
+        raise AssertionError("workload did not drain")
+    assert kv.usage == 0.0
+    assert len(sched.running) == 0 and len(sched.waiting) == 0
+    return outputs, reasons, sched, kv
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_workloads_obey_the_contract_and_agree_across_configs(seed):
+    wl = make_workload(seed, 40, 4)
+    # Aborts depend on timing; compare only the configurations' non-aborted outputs.
+    ref_out, ref_reasons, _, _ = run([dict(w, abort_step=None) for w in wl], num_blocks=2000, budget=4096, caching=False, max_num_seqs=64)
+    for kwargs in (
+        dict(num_blocks=2000, budget=4096, caching=True, max_num_seqs=64),
+        dict(num_blocks=24, budget=64, caching=True),  # preemptions
+        dict(num_blocks=24, budget=64, caching=False),
+        dict(num_blocks=40, budget=5, caching=True),  # chunked prefill
+        dict(num_blocks=16, budget=7, caching=True, max_num_seqs=3),
+    ):
+        out, reasons, sched, kv = run(wl, **kwargs)
+        for w in wl:
+            rid = w["request_id"]
+            if reasons[rid] == "abort":
+                assert ref_out[rid][: len(out[rid])] == out[rid]
+            else:
+                assert out[rid] == ref_out[rid], (kwargs, rid)
+                assert reasons[rid] == ref_reasons[rid]
+                n = len(out[rid])
+                assert n == w["max_tokens"] or (reasons[rid] == "stop" and out[rid][-1] == EOS)
+
+
+def test_small_pools_do_preempt_and_small_budgets_do_chunk():
+    wl = make_workload(1, 40, 4)
+    _, _, sched, _ = run(wl, num_blocks=24, budget=64)
+    assert sched.num_preemptions > 0
+    chunked = []
+    kv = KVCacheManager(40, 4, 256)
+    s = Scheduler(kv, 8, 5, 256)
+    s.add_request(Request("a", list(range(2, 14)), 2, block_hasher=BlockHasher(4)))
+    w = FakeWorker(40, 4, VOCAB)
+    while s.has_unfinished_requests():
+        out = s.schedule()
+        chunked.append(out.plan.num_scheduled_tokens.get(0, 1))
+        s.update_from_output(w.execute(out.plan))
+    assert chunked == [5, 5, 2, 1]
+
+
+def test_unchanged_decode_steps_send_tiny_plans():
+    kv = KVCacheManager(4096, 16, 4096)
+    s = Scheduler(kv, 256, 1 << 20, 4096)
+    w = FakeWorker(4096, 16, VOCAB, check_reads=False)
+    for i in range(256):
+        s.add_request(Request(f"r{i}", [2 + (i % 50)] * 20, 30, seq_id=i, ignore_eos=True, block_hasher=BlockHasher(16)))
+    sizes = []
+    from protocol.codec import Codec
+    from protocol.worker_messages import SchedulerToWorker
+
+    codec = Codec(SchedulerToWorker)
+    for _ in range(8):
+        out = s.schedule()
+        sizes.append(len(codec.encode(out.plan)))
+        s.update_from_output(w.execute(out.plan))
+    # Step 0 admits everyone; later steps decode 256 rows, and tokens 21..32 need no new block
+    # (positions 20..31 are in block 1, which arrived at admission).
+    assert sizes[0] > 256 * 20
+    assert all(size <= 64 for size in sizes[2:]), sizes
+
+
+def test_fake_worker_catches_breaches():
+    kv = KVCacheManager(40, 4, 256)
+    s = Scheduler(kv, 8, 64, 256)
+    s.add_request(Request("a", list(range(2, 10)), 5, block_hasher=BlockHasher(4)))
+    w = FakeWorker(40, 4, VOCAB)
+    out = s.schedule()
+    s.update_from_output(w.execute(out.plan))
+    out = s.schedule()
+    # A gap in step ids.
+    bad = StepPlan(step_id=out.plan.step_id + 1)
+    with pytest.raises(ContractViolation, match="expected"):
+        w.execute(bad)
+    # A row sent whole twice.
+    w2 = FakeWorker(40, 4, VOCAB)
+    kv2 = KVCacheManager(40, 4, 256)
+    s2 = Scheduler(kv2, 8, 64, 256)
+    s2.add_request(Request("a", list(range(2, 10)), 5, block_hasher=BlockHasher(4)))
+    first = s2.schedule().plan
+    w2.execute(first)
+    with pytest.raises(ContractViolation, match="sent whole only once"):
+        w2.execute(StepPlan(step_id=1, new_rows=first.new_rows))
