@@ -21,6 +21,14 @@ from protocol.sampling_params import SamplingParams
 _OPTS = dict(array_like=True, omit_defaults=True, gc=False, tag_field="t")
 
 
+class RowSampling(msgspec.Struct, array_like=True, gc=False, frozen=True):
+    """How a row samples: its SamplingParams, and how many of its tokens are the prompt
+    (penalties, min_tokens and seeded draws count the output after it)."""
+
+    num_prompt_tokens: int
+    params: SamplingParams
+
+
 class RequestRow(msgspec.Struct, **_OPTS, tag=0):
     """A request's whole row: sent once when the request starts (StepPlan.new_rows),
     again when it resumes after preemption (StepPlan.resumed_rows) and for every live
@@ -34,10 +42,8 @@ class RequestRow(msgspec.Struct, **_OPTS, tag=0):
     # Tokens whose K/V are already in the cache (prefix-cache hits; a multiple of
     # block_size). The first scheduled token of this row is at this position.
     num_computed_tokens: int = 0
-    # How many of token_ids are the prompt (the rest were sampled); None: all of them.
-    num_prompt_tokens: int | None = None
-    # None: greedy, no logprobs (no bytes on the wire).
-    sampling: SamplingParams | None = None
+    # None: greedy, no logprobs (one byte on the wire).
+    sampling: RowSampling | None = None
 
 
 class AppendedBlocks(msgspec.Struct, **_OPTS, tag=1):

@@ -91,10 +91,11 @@ class ModelRunner:
 
     def _add(self, row: RequestRow) -> None:
         table_row = self.block_table.add_row(row.seq_id, row.block_ids)
-        n = len(row.token_ids)
-        num_prompt = n if row.num_prompt_tokens is None else min(row.num_prompt_tokens, n)
+        n, sampling = len(row.token_ids), row.sampling
+        # NOTE: a row without sampling parameters never reads its prompt length.
+        num_prompt = n if sampling is None else min(sampling.num_prompt_tokens, n)
         self.rows[row.seq_id] = RowState(list(row.token_ids), row.num_computed_tokens, num_prompt)
-        self.sampling.add(table_row, row.sampling, row.token_ids, num_prompt)
+        self.sampling.add(table_row, None if sampling is None else sampling.params, row.token_ids, num_prompt)
 
     def _remove(self, seq_id: int) -> None:
         self.sampling.remove(self.block_table.row_of[seq_id])

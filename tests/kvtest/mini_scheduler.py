@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from protocol.sampling_params import SamplingParams
-from protocol.worker_messages import AppendedBlocks, RequestRow, StepPlan
+from protocol.worker_messages import AppendedBlocks, RequestRow, RowSampling, StepPlan
 from worker.runner import ModelRunner
 
 
@@ -46,6 +46,10 @@ class MiniScheduler:
         # What the random plans covered, for tests to assert on.
         self.num_chunked = self.num_shared = self.num_preempted = self.num_resumed = 0
 
+    @staticmethod
+    def _sampling(req: Req) -> RowSampling | None:
+        return None if req.sampling is None else RowSampling(len(req.prompt), req.sampling)
+
     def _alloc(self, n: int) -> list[int]:
         ids = [self.free.pop() for _ in range(n)]
         for b in ids:
@@ -74,7 +78,7 @@ class MiniScheduler:
             self.num_shared += k > 0
             req.computed = k * self.bs
         self.live[seq_id] = req
-        self.new_rows.append(RequestRow(seq_id, list(req.tokens), list(req.blocks), req.computed, len(req.prompt), sampling))
+        self.new_rows.append(RequestRow(seq_id, list(req.tokens), list(req.blocks), req.computed, self._sampling(req)))
 
     def step(self) -> None:
         sched: dict[int, int] = {}
@@ -128,7 +132,7 @@ class MiniScheduler:
             req = self.preempted.pop(sid)
             self.live[sid] = req
             self.num_resumed += 1
-            self.resumed.append(RequestRow(sid, list(req.tokens), [], 0, len(req.prompt), req.sampling))
+            self.resumed.append(RequestRow(sid, list(req.tokens), [], 0, self._sampling(req)))
 
     def run(self, max_steps: int = 500) -> None:
         for _ in range(max_steps):
