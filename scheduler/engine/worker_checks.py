@@ -27,9 +27,15 @@ class PoolShape:
     num_blocks: int
     vocab_size: int
     eos_token_id: int
+    # The model's identity from the first hello (architecture, hash of its config and weights).
+    architecture: str = ""
+    model_hash: str = ""
 
 
-def pool_size_for(hello: WorkerHello, block_size: int, num_gpu_blocks_override: int | None, current: PoolShape | None) -> int:
+def pool_size_for(
+    hello: WorkerHello, block_size: int, num_gpu_blocks_override: int | None, current: PoolShape | None,
+    max_model_len: int | None = None,
+) -> int:
     """The number of blocks the pool gets with this worker, or WorkerRefused."""
     if hello.world_size != 1 or hello.rank != 0:
         raise WorkerRefused(f"rank {hello.rank} of world_size {hello.world_size}: tensor parallelism is not supported yet")
@@ -39,7 +45,17 @@ def pool_size_for(hello: WorkerHello, block_size: int, num_gpu_blocks_override: 
         raise WorkerRefused(f"the worker reports {hello.num_blocks} blocks; 2..{MAX_NUM_BLOCKS} are supported")
     if not 2 <= hello.vocab_size <= MAX_VOCAB_SIZE or not 0 <= hello.eos_token_id < hello.vocab_size:
         raise WorkerRefused(f"vocabulary of {hello.vocab_size} tokens with EOS {hello.eos_token_id} is not a model's")
+    if max_model_len is not None and hello.max_model_len and max_model_len > hello.max_model_len:
+        raise WorkerRefused(
+            f"the scheduler's --max-model-len {max_model_len} is over the {hello.max_model_len} tokens the worker's model "
+            f"serves ({hello.architecture or 'its model'}); lower --max-model-len"
+        )
     if current is not None:
+        if (hello.architecture, hello.model_hash) != (current.architecture, current.model_hash):
+            raise WorkerRefused(
+                f"the worker serves another model ({hello.architecture or '?'} {hello.model_hash or '?'}) than the pool "
+                f"was built for ({current.architecture or '?'} {current.model_hash or '?'})"
+            )
         if hello.num_blocks < current.num_blocks or (hello.vocab_size, hello.eos_token_id) != (current.vocab_size, current.eos_token_id):
             raise WorkerRefused(
                 f"a returning worker must hold at least the pool's {current.num_blocks} blocks and the same model "

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Iterable, Sequence
 
+from protocol.sampling_params import SamplingParams
+from protocol.worker_messages import RowSampling
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_block import BlockHash
 
@@ -34,7 +37,8 @@ class Request:
         "request_id", "seq_id", "client_id", "prompt_token_ids", "all_token_ids", "num_prompt_tokens",
         "max_tokens", "ignore_eos", "eos_token_id", "cache_salt", "status", "num_computed_tokens",
         "num_cached_tokens", "block_hashes", "block_hasher", "arrival_time", "first_token_time",
-        "last_token_time", "num_preemptions", "kv_fast_until", "max_num_tokens", "stop_token_id", "fast_append_below",
+        "last_token_time", "num_preemptions", "kv_fast_until", "max_num_tokens", "stop_token_ids", "fast_append_below",
+        "min_tokens", "sampling",
     )  # fmt: skip
 
     def __init__(
@@ -46,11 +50,14 @@ class Request:
         seq_id: int = 0,
         client_id: bytes = b"",
         ignore_eos: bool = False,
-        eos_token_id: int | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
         cache_salt: str | None = None,
         block_hasher: BlockHasher | None = None,
         arrival_time: float | None = None,
         block_hashes: list[BlockHash] | None = None,
+        stop_token_ids: Iterable[int] = (),
+        min_tokens: int = 0,
+        sampling: SamplingParams | None = None,
     ):
         self.request_id = request_id
         self.seq_id = seq_id
@@ -84,9 +91,14 @@ class Request:
         # decode fast path).
         self.kv_fast_until = 0
         # Where it stops: at this many tokens (the scheduler caps it at max_model_len),
-        # or after sampling stop_token_id (None with ignore_eos).
+        # or after sampling one of stop_token_ids (the model's EOS ids unless
+        # ignore_eos, and the request's own), once it has min_tokens outputs.
         self.max_num_tokens = self.num_prompt_tokens + max_tokens
-        self.stop_token_id = None if ignore_eos else eos_token_id
+        eos = () if eos_token_id is None or ignore_eos else (eos_token_id,) if isinstance(eos_token_id, int) else eos_token_id
+        self.stop_token_ids = frozenset((*eos, *stop_token_ids))
+        self.min_tokens = min_tokens
+        # What the worker samples with (None: greedy, no logprobs).
+        self.sampling = None if sampling is None else RowSampling(self.num_prompt_tokens, sampling)
         # Kept by the scheduler: while the request holds fewer tokens than this, a
         # sampled token fills no block, reaches no limit and is not its first: it
         # is appended and nothing else (update_from_output's fast path). 0: not yet.

@@ -4,7 +4,8 @@ Each step: running requests first (one token each when decoding, a chunk while
 still prefilling), then waiting requests FCFS while the token budget
 (max_num_batched_tokens) and max_num_seqs allow; a prompt may be split across
 steps (chunked prefill). Out of blocks: preempt the last running request by
-recompute. Finish on max_tokens or EOS (unless ignore_eos), or abort.
+recompute. Finish on max_tokens, or on a stop token (EOS unless ignore_eos, and the
+request's stop_token_ids) once min_tokens are out, or abort.
 
 The worker keeps a copy of every running row, so the plan says only what changed
 (DESIGN.md, the contract): rows are sent whole once (new, or resumed after a
@@ -196,13 +197,13 @@ class Scheduler:
                 new_blocks = kv.allocate_slots(request, num_new_tokens, num_hit_tokens, hits)
                 if new_blocks is None:
                     break  # FCFS: nobody overtakes the head of the queue
-                kv.record_prefix_cache_query(request.num_tokens, num_hit_tokens)
+                kv.record_prefix_cache_query(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
                 self.waiting.popleft()
                 self.running.append(request)
                 if request.num_cached_tokens < 0:
                     request.num_cached_tokens = num_hit_tokens
                 block_ids = kv.get_block_ids(request.request_id)
-                row = RequestRow(request.seq_id, list(request.all_token_ids), block_ids, num_hit_tokens)
+                row = RequestRow(request.seq_id, list(request.all_token_ids), block_ids, num_hit_tokens, request.sampling)
                 (resumed_rows if request.status == RequestStatus.PREEMPTED else new_rows).append(row)
                 request.status = RequestStatus.RUNNING
                 scheduled.append(request)
@@ -287,7 +288,7 @@ class Scheduler:
         skipped: list[int] = []
         for request, token_id in zip(requests, token_ids, strict=True):
             all_token_ids = request.all_token_ids
-            if len(all_token_ids) < request.fast_append_below and token_id != request.stop_token_id:
+            if len(all_token_ids) < request.fast_append_below and token_id not in request.stop_token_ids:
                 all_token_ids.append(token_id)
                 append_prev(request.last_token_time)
                 request.last_token_time = now
@@ -317,7 +318,9 @@ class Scheduler:
             # As vLLM counts it: the whole prompt, cached tokens included, once.
             self.num_prompt_tokens += request.num_prompt_tokens
         request.last_token_time = now
-        if num_tokens < request.max_num_tokens and token_id != request.stop_token_id:
+        # NOTE: as vLLM, a stop token counts once min_tokens outputs came before it.
+        stops = token_id in request.stop_token_ids and num_tokens - request.num_prompt_tokens > request.min_tokens
+        if num_tokens < request.max_num_tokens and not stops:
             # The next token takes the fast path unless it fills a block or is the last.
             block_size = self.block_size
             request.fast_append_below = min(request.max_num_tokens - 1, (num_tokens // block_size + 1) * block_size - 1)

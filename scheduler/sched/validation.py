@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol.client_messages import Generate
+from protocol.sampling_params import check_sampling
 
 
 class RequestRejected(ValueError):
@@ -34,6 +35,10 @@ def validate_generate(msg: Generate, limits: RequestLimits, live_request_ids) ->
         raise RequestRejected("empty prompt: prompt_token_ids must hold at least one token")
     if msg.max_tokens < 1:
         raise RequestRejected(f"max_tokens must be at least 1, got {msg.max_tokens}")
+    try:
+        check_sampling(msg, limits.vocab_size)
+    except ValueError as e:
+        raise RequestRejected(str(e)) from None
     bad = next((t for t in msg.prompt_token_ids if t >= limits.vocab_size), None)
     if bad is not None:
         raise RequestRejected(f"token id {bad} is outside the vocabulary (0..{limits.vocab_size - 1})")

@@ -1,0 +1,34 @@
+"""pool_size_for: a worker is refused when it serves another model than the pool was
+built for, or a shorter context than --max-model-len."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.worker_messages import WorkerHello
+from scheduler.engine.worker_checks import PoolShape, WorkerRefused, pool_size_for
+
+
+def hello(**kw) -> WorkerHello:
+    base = dict(rank=0, world_size=1, num_blocks=100, block_size=16, vocab_size=512, eos_token_id=1,
+                architecture="LlamaForCausalLM", model_hash="aa" * 16, eos_token_ids=[1], max_model_len=8192)  # fmt: skip
+    return WorkerHello(**{**base, **kw})
+
+
+POOL = PoolShape(100, 512, 1, "LlamaForCausalLM", "aa" * 16)
+
+
+def test_the_same_model_comes_back():
+    assert pool_size_for(hello(), 16, None, POOL, 4096) == 100
+
+
+@pytest.mark.parametrize("change", [{"model_hash": "bb" * 16}, {"architecture": "Qwen3ForCausalLM"}])
+def test_another_model_is_refused(change):
+    with pytest.raises(WorkerRefused, match="serves another model"):
+        pool_size_for(hello(**change), 16, None, POOL, 4096)
+
+
+def test_a_context_shorter_than_max_model_len_is_refused():
+    with pytest.raises(WorkerRefused, match="--max-model-len 16384 is over the 8192 tokens"):
+        pool_size_for(hello(), 16, None, None, 16384)
+    assert pool_size_for(hello(max_model_len=0), 16, None, None, 16384) == 100  # a worker that does not say
