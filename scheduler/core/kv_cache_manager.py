@@ -31,6 +31,8 @@ class Request(Protocol):
     # Set here: the computed-token count below which another allocation would
     # allocate and cache nothing (the scheduler's decode fast path).
     kv_fast_until: int
+    # Times preempted so far: a resumed request's lookups are counted apart.
+    num_preemptions: int
 
     @property
     def num_tokens(self) -> int: ...
@@ -38,15 +40,39 @@ class Request(Protocol):
 
 @dataclass(slots=True)
 class PrefixCacheStats:
-    """Cumulative prefix-cache counters, in tokens (vllm:prefix_cache_queries/_hits)."""
+    """Cumulative prefix-cache counters, in tokens, as vLLM's PrefixCacheStats.
+
+    ``requests/queries/hits`` count first admissions only (vllm:prefix_cache_queries
+    and _hits); a request resumed after preemption is counted apart, in the
+    ``preempted_*`` fields. NOTE: a victim re-admitted hits its own freed blocks,
+    so counting it again would raise the hit rate exactly when the pool is too
+    small."""
 
     requests: int = 0
     queries: int = 0
     hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+        else:
+            self.requests += 1
+            self.queries += num_tokens
+            self.hits += num_hits
 
     @property
     def hit_rate(self) -> float:
+        """Of first admissions: hits / queries (0.0 before any query)."""
         return self.hits / self.queries if self.queries else 0.0
+
+    @property
+    def preempted_hit_rate(self) -> float:
+        return self.preempted_hits / self.preempted_queries if self.preempted_queries else 0.0
 
 
 class KVCacheManager:
@@ -94,16 +120,15 @@ class KVCacheManager:
             computed.append(block)
         num_computed_tokens = len(computed) * self.block_size
         if record_stats:
-            self.record_prefix_cache_query(request.num_tokens, num_computed_tokens)
+            self.record_prefix_cache_query(request.num_tokens, num_computed_tokens, request.num_preemptions > 0)
         return computed, num_computed_tokens
 
-    def record_prefix_cache_query(self, num_tokens: int, num_hit_tokens: int) -> None:
+    def record_prefix_cache_query(self, num_tokens: int, num_hit_tokens: int, preempted: bool = False) -> None:
+        """Count one admission's lookup; ``preempted``: the request is resumed after
+        a preemption (vLLM: ``request.num_preemptions > 0``), counted apart."""
         if not self.enable_caching:
             return
-        stats = self.prefix_cache_stats
-        stats.requests += 1
-        stats.queries += num_tokens
-        stats.hits += num_hit_tokens
+        self.prefix_cache_stats.record(num_tokens, num_hit_tokens, preempted)
 
     def allocate_slots(
         self,

@@ -38,6 +38,13 @@ class SchedulerMetrics:
         self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
         self.prefix_cache_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
         self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        # vLLM keeps these in PrefixCacheStats.preempted_* without exporting them.
+        self.prefix_cache_preempted_queries = counter(
+            "kvpool_prefix_cache_preempted_queries", "Prefix cache queries of requests resumed after preemption, in tokens."
+        )
+        self.prefix_cache_preempted_hits = counter(
+            "kvpool_prefix_cache_preempted_hits", "Prefix cache hits of requests resumed after preemption, in tokens."
+        )
         self.num_running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.num_waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
         self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions.")
@@ -74,6 +81,8 @@ class SchedulerMetrics:
         stats = kv.prefix_cache_stats
         self._sync("queries", self.prefix_cache_queries, stats.queries)
         self._sync("hits", self.prefix_cache_hits, stats.hits)
+        self._sync("preempted_queries", self.prefix_cache_preempted_queries, stats.preempted_queries)
+        self._sync("preempted_hits", self.prefix_cache_preempted_hits, stats.preempted_hits)
         self._sync("preemptions", self.num_preemptions, scheduler.num_preemptions)
         self._sync("prompt", self.prompt_tokens, scheduler.num_prompt_tokens)
         self._sync("generation", self.generation_tokens, scheduler.num_generation_tokens)

@@ -204,6 +204,18 @@ def test_prefix_cache_stats_count_tokens():
     assert s.hit_rate == 12 / 28
 
 
+def test_prefix_cache_stats_count_resumed_requests_apart():
+    m = manager()
+    admit(m, req("r0", A10))
+    r1 = req("r1", A10)
+    r1.num_preemptions = 1  # resumed after a preemption
+    admit(m, r1)
+    s = m.prefix_cache_stats
+    assert (s.requests, s.queries, s.hits) == (1, 10, 0)
+    assert (s.preempted_requests, s.preempted_queries, s.preempted_hits) == (1, 10, 8)
+    assert s.hit_rate == 0.0 and s.preempted_hit_rate == 8 / 10
+
+
 def test_caching_disabled_no_hits_no_hashes_lifo_reuse():
     m = manager(num_blocks=8, enable_caching=False)
     pool = m.block_pool

@@ -59,3 +59,28 @@ def test_observe_step_matches_one_observe_per_token():
             assert got[key] == pytest.approx(want[key], rel=1e-12), (name, key)
     assert samples(fast.registry, "vllm:time_to_first_token_seconds")[("vllm:time_to_first_token_seconds_count", "")] == 3
     assert samples(fast.registry, "vllm:inter_token_latency_seconds")[("vllm:inter_token_latency_seconds_count", "")] == 6
+
+
+LABELS = {"model_name": "m", "engine": "0"}
+
+
+def pool_and_policy(num_blocks: int = 16, block_size: int = 4):
+    from scheduler.core.kv_cache_manager import KVCacheManager
+    from scheduler.sched.scheduler import Scheduler
+
+    kv = KVCacheManager(num_blocks, block_size, 64)
+    return kv, Scheduler(kv, 8, 64, 64)
+
+
+def test_prefix_cache_counters_count_first_admissions_and_preempted_apart():
+    kv, sched = pool_and_policy()
+    m = SchedulerMetrics("m")
+    kv.record_prefix_cache_query(10, 8, preempted=False)
+    kv.record_prefix_cache_query(10, 8, preempted=True)
+    kv.record_prefix_cache_query(6, 4, preempted=True)
+    m.update(sched, kv)
+    value = m.registry.get_sample_value
+    assert value("vllm:prefix_cache_queries_total", LABELS) == 10
+    assert value("vllm:prefix_cache_hits_total", LABELS) == 8
+    assert value("kvpool_prefix_cache_preempted_queries_total", LABELS) == 16
+    assert value("kvpool_prefix_cache_preempted_hits_total", LABELS) == 12

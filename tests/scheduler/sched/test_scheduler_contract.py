@@ -48,6 +48,7 @@ def run(workload, *, num_blocks, block_size=4, max_num_seqs=8, budget=64, cachin
     step = 0
     pending = sorted(workload, key=lambda w: w["arrive_step"])
     live_since: dict[str, int] = {}
+    num_plans = 0
     for _ in range(10_000):
         while pending and pending[0]["arrive_step"] <= step:
             w = pending.pop(0)
@@ -62,7 +63,8 @@ def run(workload, *, num_blocks, block_size=4, max_num_seqs=8, budget=64, cachin
                     reasons[r.request_id] = "abort"
         out = sched.schedule()
         if out is not None:
-            assert len(StepPlan.__struct_fields__)  # plan is a real StepPlan
+            check_plan(out, sched, kv, num_plans, max_num_seqs, budget)
+            num_plans += 1
             result = worker.execute(out.plan)
             for o in sched.update_from_output(result):
                 outputs[o.request.request_id].extend(o.new_token_ids)
@@ -83,6 +85,31 @@ def run(workload, *, num_blocks, block_size=4, max_num_seqs=8, budget=64, cachin
     assert kv.usage == 0.0
     assert len(sched.running) == 0 and len(sched.waiting) == 0
     return outputs, reasons, sched, kv
+
+
+def check_plan(out, sched: Scheduler, kv: KVCacheManager, num_plans: int, max_num_seqs: int, budget: int) -> None:
+    """What a plan must say about the step just scheduled (the fake worker checks
+    the plans against each other; this checks one against the scheduler)."""
+    plan = out.plan
+    assert type(plan) is StepPlan and plan.step_id == num_plans
+    # Within the batch bounds, and the plan's counts (default 1) add up to the step's.
+    assert 0 < len(out.scheduled) <= max_num_seqs
+    counts = [plan.num_scheduled_tokens.get(r.seq_id, 1) for r in out.scheduled]
+    assert all(c > 0 for c in counts) and sum(counts) == out.num_scheduled_tokens <= budget
+    scheduled_ids = {r.seq_id for r in out.scheduled}
+    assert all(n == 0 or seq_id in scheduled_ids for seq_id, n in plan.num_scheduled_tokens.items())
+    # Victims hold nothing, wait to be recomputed, and are named in the plan.
+    assert plan.preempted_seq_ids == [r.seq_id for r in out.preempted]
+    for r in out.preempted:
+        assert r.status == RequestStatus.PREEMPTED and r.num_computed_tokens == 0 and not kv.get_blocks(r.request_id)
+        assert r in sched.waiting and r.seq_id not in scheduled_ids
+    # A row sent whole carries the request's whole table and tokens, as now.
+    by_seq = {r.seq_id: r for r in out.scheduled}
+    for row in plan.new_rows + plan.resumed_rows:
+        r = by_seq[row.seq_id]
+        assert row.block_ids == kv.get_block_ids(r.request_id) and row.token_ids == r.all_token_ids
+    # Every request that samples is scheduled and has computed all its tokens.
+    assert all(r.seq_id in scheduled_ids and r.num_computed_tokens == r.num_tokens for r in out.sampling)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -123,6 +150,19 @@ def test_small_pools_do_preempt_and_small_budgets_do_chunk():
         chunked.append(out.plan.num_scheduled_tokens.get(0, 1))
         s.update_from_output(w.execute(out.plan))
     assert chunked == [5, 5, 2, 1]
+
+
+def test_resumed_requests_are_counted_apart_in_prefix_cache_stats():
+    # As vLLM: vllm:prefix_cache_queries/hits count each request's first admission
+    # only; a victim's re-admission (which hits its own freed blocks) goes apart.
+    wl = [dict(w, abort_step=None) for w in make_workload(1, 40, 4)]
+    _, _, sched, kv = run(wl, num_blocks=24, budget=64)
+    stats = kv.prefix_cache_stats
+    assert sched.num_preemptions > 0
+    assert stats.requests == 40
+    assert stats.queries == sum(len(w["prompt"]) for w in wl)
+    assert stats.preempted_requests == sched.num_preemptions
+    assert stats.preempted_queries > 0 and stats.preempted_hits > 0
 
 
 def test_unchanged_decode_steps_send_tiny_plans():
