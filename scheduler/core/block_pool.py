@@ -81,27 +81,14 @@ class BlockPool:
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """A cache hit: one more owner; a free block leaves the free queue."""
-        # NOTE: every block touched is a hit, so it holds a hash.
-        free: list[KVCacheBlock] = []
-        for block in blocks:
-            if block.ref_cnt == 0 and not block.is_null:
-                free.append(block)
-            block.ref_cnt += 1
-        if free:
-            self.free_block_queue.remove_n(free)
-            self.num_free_cached_blocks -= len(free)
+        # NOTE: every block touched is a hit, so each one leaving the queue held a hash.
+        self.num_free_cached_blocks -= self.free_block_queue.acquire(blocks)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """One owner fewer for each block; blocks reaching ref_cnt 0 go back to the
-        queue (`FreeKVCacheBlockQueue.put_back`): unhashed to the front, hashed to
+        queue (`FreeKVCacheBlockQueue.release`): unhashed to the front, hashed to
         the back, in the given order."""
-        freed: list[KVCacheBlock] = []
-        for block in ordered_blocks:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0 and not block.is_null:
-                freed.append(block)
-        if freed:
-            self.num_free_cached_blocks += self.free_block_queue.put_back(freed)
+        self.num_free_cached_blocks += self.free_block_queue.release(ordered_blocks)
 
     # --- the prefix cache -------------------------------------------------------------
 

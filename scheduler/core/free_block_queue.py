@@ -10,7 +10,7 @@ The queue's order *is* the eviction policy: the front is reused first.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from scheduler.core.kv_cache_block import KVCacheBlock
 
@@ -25,10 +25,13 @@ class FreeKVCacheBlockQueue:
         self.append_n(blocks)
 
     def popleft(self) -> KVCacheBlock:
-        """Take the front block (the next to reuse)."""
-        if not self.num_free_blocks:
+        """Take the front block, ref_cnt untouched (how the pool sets the null block apart)."""
+        head = self.fake_free_list_head
+        block = head.next_free_block
+        if block is self.fake_free_list_tail:
             raise ValueError("No free blocks available")
-        return self.popleft_n(1)[0]
+        self.remove(block)
+        return block
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
         """Take the n front blocks, front first."""
@@ -50,20 +53,14 @@ class FreeKVCacheBlockQueue:
         return out
 
     def remove(self, block: KVCacheBlock) -> None:
-        """Unlink a block from anywhere in the queue in O(1) (a cache hit on a free block)."""
-        self.remove_n((block,))
-
-    def remove_n(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """Unlink each of ``blocks`` (all in the queue) in O(1) apiece."""
-        for block in blocks:
-            prev, nxt = block.prev_free_block, block.next_free_block
-            if prev is None or nxt is None:
-                self.num_free_blocks -= blocks.index(block)  # the ones before it are out
-                raise RuntimeError(f"remove() called on block {block.block_id}, which is not in the free queue")
-            prev.next_free_block = nxt
-            nxt.prev_free_block = prev
-            block.prev_free_block = block.next_free_block = None
-        self.num_free_blocks -= len(blocks)
+        """Unlink a block from anywhere in the queue in O(1)."""
+        prev, nxt = block.prev_free_block, block.next_free_block
+        if prev is None or nxt is None:
+            raise RuntimeError(f"remove() called on block {block.block_id}, which is not in the free queue")
+        prev.next_free_block = nxt
+        nxt.prev_free_block = prev
+        block.prev_free_block = block.next_free_block = None
+        self.num_free_blocks -= 1
 
     def append(self, block: KVCacheBlock) -> None:
         """Put a block at the back (reused last)."""
@@ -83,15 +80,42 @@ class FreeKVCacheBlockQueue:
         tail.prev_free_block = last
         self.num_free_blocks += len(blocks)
 
-    def put_back(self, blocks: Sequence[KVCacheBlock]) -> int:
-        """Return freed blocks to the queue, each in the given order: a block without
-        a hash to the front (it can never be hit: reuse it first, LIFO), a block with
-        one to the back (cached data: least recently used first). Returns how many
-        went to the back."""
+    # --- owners come and go -------------------------------------------------------
+    # The queue holds exactly the blocks nobody holds (ref_cnt 0; never the null
+    # block), so the two operations that add an owner to a block or take its last
+    # one move it across that line too, in one pass, with no list built on the way.
+
+    def acquire(self, blocks: Iterable[KVCacheBlock]) -> int:
+        """One more owner for each block (a cache hit); a block that had none leaves
+        the queue, wherever it is, in O(1). Returns how many left the queue."""
+        num_removed = 0
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null:
+                prev, nxt = block.prev_free_block, block.next_free_block
+                if prev is None or nxt is None:
+                    self.num_free_blocks -= num_removed
+                    raise RuntimeError(f"free block {block.block_id} is not in the free queue")
+                prev.next_free_block = nxt
+                nxt.prev_free_block = prev
+                block.prev_free_block = block.next_free_block = None
+                num_removed += 1
+            block.ref_cnt += 1
+        self.num_free_blocks -= num_removed
+        return num_removed
+
+    def release(self, ordered_blocks: Iterable[KVCacheBlock]) -> int:
+        """One owner fewer for each block; a block left with none joins the queue, in
+        the given order: without a hash at the front (it can never be hit: reuse it
+        first, LIFO, which keeps the device's caches warm), with one at the back
+        (cached data: least recently used first). Returns how many joined with a hash."""
         front = self.fake_free_list_head
         tail = self.fake_free_list_tail
-        num_hashed = 0
-        for block in blocks:
+        num_freed = num_hashed = 0
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt or block.is_null:
+                continue
+            num_freed += 1
             if block.block_hash is None:
                 nxt = front.next_free_block
                 block.prev_free_block = front
@@ -106,7 +130,7 @@ class FreeKVCacheBlockQueue:
                 last.next_free_block = block
                 tail.prev_free_block = block
                 num_hashed += 1
-        self.num_free_blocks += len(blocks)
+        self.num_free_blocks += num_freed
         return num_hashed
 
     def __iter__(self) -> Iterator[KVCacheBlock]:

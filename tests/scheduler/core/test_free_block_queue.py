@@ -219,25 +219,61 @@ def test_append_n_keeps_the_given_order_at_the_back():
     check_links(q, blocks)
 
 
-def test_put_back_sends_unhashed_blocks_to_the_front_and_hashed_to_the_back_in_order():
+def _owned(*blocks):
+    for b in blocks:
+        b.ref_cnt = 1
+    return list(blocks)
+
+
+def test_release_sends_unhashed_blocks_to_the_front_and_hashed_to_the_back_in_order():
     blocks, q = make(8)
     taken = q.popleft_n(5)
     # head -> 5 -> 6 -> 7 -> tail
     taken[1].block_hash = b"h1"
     taken[3].block_hash = b"h3"
-    assert q.put_back([taken[4], taken[3], taken[2], taken[1], taken[0]]) == 2
+    assert q.release(_owned(taken[4], taken[3], taken[2], taken[1], taken[0])) == 2
     # unhashed 4, 2, 0 at the front (the first given reused first), hashed 3, 1 at the back
     assert ids(q) == [4, 2, 0, 5, 6, 7, 3, 1]
-    assert len(q) == 8
+    assert len(q) == 8 and all(b.ref_cnt == 0 for b in blocks)
     check_links(q, blocks)
-    assert q.put_back([]) == 0
+    assert q.release([]) == 0
     assert ids(q) == [4, 2, 0, 5, 6, 7, 3, 1]
     q.popleft_n(8)
     # An empty queue: both ends are linked through the sentinels.
-    assert q.put_back([taken[3], taken[4]]) == 1
+    assert q.release(_owned(taken[3], taken[4])) == 1
     assert ids(q) == [4, 3]
     check_links(q, blocks)
 
+
+def test_release_keeps_blocks_that_still_have_an_owner_and_the_null_block_out():
+    blocks, q = make(4)
+    taken = q.popleft_n(3)
+    taken[0].ref_cnt = 2  # shared by two requests
+    taken[1].ref_cnt = 1
+    taken[2].ref_cnt = 1
+    taken[2].is_null = True
+    assert q.release(taken) == 0
+    assert ids(q) == [1, 3]
+    assert [b.ref_cnt for b in taken] == [1, 0, 0]
+    check_links(q, blocks[1:])
+
+
+def test_acquire_takes_free_blocks_out_wherever_they_are_and_counts_owners():
+    blocks, q = make(6)
+    held = q.popleft_n(1)[0]  # block 0, owned elsewhere
+    held.ref_cnt = 1
+    # head -> 1 -> 2 -> 3 -> 4 -> 5 -> tail
+    assert q.acquire([blocks[3], held, blocks[5], blocks[1]]) == 3
+    assert ids(q) == [2, 4]
+    assert len(q) == 2
+    assert [b.ref_cnt for b in blocks] == [2, 1, 0, 1, 0, 1]
+    check_links(q, [b for b in blocks if b.ref_cnt == 0])
+    # A block with no owner that is not in the queue is a broken pool: said, and
+    # the count still matches the list.
+    blocks[3].ref_cnt = 0
+    with pytest.raises(RuntimeError, match="block 3 is not in the free queue"):
+        q.acquire([blocks[2], blocks[3]])
+    assert len(q) == len(ids(q)) == 1
 
 
 def test_mixed_operations_keep_links_consistent():
@@ -249,7 +285,7 @@ def test_mixed_operations_keep_links_consistent():
     # head -> 4 -> 5 -> 6 -> 8 -> 9 -> tail
     q.append_n([a[3], a[2]])
     # head -> 4 -> 5 -> 6 -> 8 -> 9 -> 3 -> 2 -> tail
-    q.put_back([a[1]])  # unhashed: to the front
+    q.release(_owned(a[1]))  # unhashed: to the front
     # head -> 1 -> 4 -> 5 -> 6 -> 8 -> 9 -> 3 -> 2 -> tail
     q.append(blocks[7])
     # head -> 1 -> 4 -> 5 -> 6 -> 8 -> 9 -> 3 -> 2 -> 7 -> tail
@@ -295,7 +331,7 @@ def test_random_operations_match_a_list():
             model.extend(b.block_id for b in chosen)
         elif op == 5 and out:
             chosen = rng.sample(out, rng.randrange(len(out) + 1))
-            q.put_back(chosen)  # unhashed blocks: to the front, in order
+            q.release(_owned(*chosen))  # unhashed blocks: to the front, in order
             model[:0] = [b.block_id for b in chosen]
         assert ids(q) == model
         check_links(q, blocks)
