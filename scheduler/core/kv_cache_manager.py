@@ -16,7 +16,7 @@ from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
 from scheduler.core.kv_events import KVEventSink
 
 # (num_gpu_blocks, enable_caching, event_sink) -> the pool. BlockPool itself by
-# default; the simulator passes what-if pools (other free-queue rules).
+# default; what-if studies pass pools with other free-queue rules.
 PoolFactory = Callable[[int, bool, "KVEventSink | None"], BlockPool]
 
 
