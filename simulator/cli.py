@@ -3,7 +3,10 @@
 Replays a workload (a Mooncake trace, or one of the load generator's synthetic
 datasets) through the real Scheduler, KVCacheManager and BlockPool with no worker,
 in virtual time (simulator/engine.py), once per capacity and free policy,
-and prints a row for each: prefix-cache hit rate (hit tokens / looked-up tokens),
+and prints a row for each: prefix-cache hit rate (hit tokens / looked-up tokens, at
+each request's first admission, as vllm:prefix_cache_hits/_queries count them), the
+same for preempted requests' re-admissions (counted apart: they hit their own freed
+blocks, which would inflate the figure exactly when the pool is too small),
 evictions, preemptions, rejected requests, peak KV usage, mean queueing delay
 (first admission − arrival).
 
@@ -30,6 +33,7 @@ from pathlib import Path
 from scheduler.core.hashing import HASH_ALGOS
 from simulator.engine import SimConfig, SimResult, simulate
 from simulator.free_policies import FREE_POLICIES
+from simulator.plot import plot_hit_rates
 from simulator.workload import SampleWorkload, TraceWorkload, Workload
 
 DATASETS = ("mooncake", "shared-prefix", "random")
@@ -115,7 +119,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--time-scale must be >= 0, --request-rate and --burstiness > 0")
     if a.vocab_size <= 2:
         p.error("--vocab-size must be > 2")
+    for flag, path in (("--result-json", a.result_json), ("--plot", a.plot)):
+        if path is not None:
+            _check_output_path(p, flag, Path(path))
     return a
+
+
+def _check_output_path(p: argparse.ArgumentParser, flag: str, path: Path) -> None:
+    """Refuse before the run (not after it) an output that cannot be written; a
+    missing folder is created."""
+    if path.is_dir():
+        p.error(f"{flag} {path}: is a folder, expected a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        p.error(f"{flag} {path}: cannot create its folder: {e.strerror or e}")
+    if not path.parent.is_dir():
+        p.error(f"{flag} {path}: {path.parent} is not a folder")
 
 
 def build_workload(a: argparse.Namespace) -> Workload:
@@ -138,6 +158,7 @@ def build_workload(a: argparse.Namespace) -> Workload:
 
 COLUMNS = (
     ("num_blocks", "blocks", "d"), ("policy", "policy", "s"), ("prefix_cache_hit_rate", "hit rate", ".2%"),
+    ("prefix_cache_preempted_hit_rate", "preempted hit rate", ".2%"),
     ("num_evictions", "evictions", "d"), ("num_preemptions", "preemptions", "d"), ("num_rejected", "rejected", "d"),
     ("peak_usage", "peak usage", ".1%"), ("mean_queueing_delay_ms", "mean queue ms", ".1f"), ("wall_s", "wall s", ".1f"),
 )  # fmt: skip
@@ -152,27 +173,6 @@ def format_table(results: list[SimResult]) -> str:
     return "\n".join(lines)
 
 
-def plot_hit_rates(results: list[SimResult], path: str | Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for policy in dict.fromkeys(r.policy for r in results):
-        pts = sorted((r.num_blocks, r.prefix_cache_hit_rate) for r in results if r.policy == policy)
-        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=policy)
-    ax.set_xlabel("KV cache capacity (blocks)")
-    ax.set_ylabel("prefix-cache hit rate (tokens)")
-    ax.set_ylim(0, 1)
-    ax.grid(True, alpha=0.3)
-    ax.legend(title="free policy")
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     try:
@@ -181,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvpool-simulate: error: {e}", file=sys.stderr)
         return 2
     source = a.trace if a.dataset == "mooncake" else a.dataset
+    if len(workload) == 0:
+        print(f"kvpool-simulate: error: {source} holds no requests: nothing to simulate", file=sys.stderr)
+        return 2
     print(f"{source}: {len(workload)} requests, block size {a.block_size}, max_num_seqs {a.max_num_seqs}, "
           f"max_num_batched_tokens {a.max_num_batched_tokens}", file=sys.stderr)  # fmt: skip
     results = []
@@ -192,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             results.append(simulate(workload, cfg))
             r = results[-1]
-            print(f"  {num_blocks} blocks, {policy}: hit rate {r.prefix_cache_hit_rate:.2%} ({r.wall_s:.1f} s)", file=sys.stderr)
+            print(f"  {num_blocks} blocks, {policy}: hit rate {r.prefix_cache_hit_rate:.2%}, preempted "
+                  f"{r.prefix_cache_preempted_hit_rate:.2%} ({r.wall_s:.1f} s)", file=sys.stderr)  # fmt: skip
     print(format_table(results))
     if a.result_json:
         config = {k: (str(v) if isinstance(v, float) and math.isinf(v) else v) for k, v in vars(a).items()}

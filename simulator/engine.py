@@ -52,9 +52,14 @@ class SimResult:
 
     num_blocks: int
     policy: str
+    # First admissions only, as vllm:prefix_cache_queries/_hits count them.
     prefix_cache_hit_rate: float
     prefix_cache_queries: int
     prefix_cache_hits: int
+    # Re-admissions of preempted requests (they hit their own freed blocks), apart.
+    prefix_cache_preempted_hit_rate: float
+    prefix_cache_preempted_queries: int
+    prefix_cache_preempted_hits: int
     num_evictions: int
     num_preemptions: int
     num_rejected: int
@@ -187,6 +192,9 @@ def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], N
         prefix_cache_hit_rate=stats.hit_rate,
         prefix_cache_queries=stats.queries,
         prefix_cache_hits=stats.hits,
+        prefix_cache_preempted_hit_rate=stats.preempted_hit_rate,
+        prefix_cache_preempted_queries=stats.preempted_queries,
+        prefix_cache_preempted_hits=stats.preempted_hits,
         num_evictions=pool.num_evictions,
         num_preemptions=sched.num_preemptions,
         num_rejected=num_rejected,
