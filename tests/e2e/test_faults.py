@@ -10,12 +10,10 @@ import sys
 import time
 
 import pytest
-import torch
 from kvtest.cluster import ROOT, Cluster
+from kvtest.hf_models import reference_generate
 
 from protocol.client_messages import Generate, RequestError, TokenOutput
-from worker.model import ModelConfig, build_model
-from worker.reference import reference_generate
 
 pytestmark = pytest.mark.e2e
 
@@ -29,11 +27,10 @@ def _wait(pred, timeout: float, what: str) -> float:
     raise AssertionError(f"{what} not within {timeout} s")
 
 
-def test_killed_worker_is_noticed_and_its_requests_finish_on_a_new_one(tmp_path):
+def test_killed_worker_is_noticed_and_its_requests_finish_on_a_new_one(tmp_path, tiny_reference):
     rng = random.Random(11)
     reqs = [Generate(f"k{i}", [rng.randrange(2, 512) for _ in range(20 + 7 * i)], 300, ignore_eos=True) for i in range(3)]
-    model = build_model(ModelConfig(), seed=0, dtype=torch.float64)
-    expected = {g.request_id: reference_generate(model, g.prompt_token_ids, g.max_tokens) for g in reqs}
+    expected = {g.request_id: reference_generate(tiny_reference, g.prompt_token_ids, g.max_tokens) for g in reqs}
     with Cluster(["--worker-reconnect-timeout", "60"], ["--dtype", "float64"], log_dir=tmp_path) as c:
         sock = c.client()
         try:

@@ -1,6 +1,7 @@
-"""End to end, real processes over loopback: greedy outputs through the paged KV
-cache equal the contiguous-KV reference, with prefix caching on and off, with a
-pool small enough to preempt and a budget small enough to chunk prefills.
+"""End to end, real processes over loopback: greedy outputs of the default (tiny
+generated) checkpoint through the paged KV cache equal transformers' generate of the
+same checkpoint, with prefix caching on and off, with a pool small enough to preempt
+and a budget small enough to chunk prefills.
 
 The worker runs in float64 so that no near-tie can flip a greedy token between
 differently-chunked computations.
@@ -11,12 +12,10 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 from kvtest.cluster import Cluster
+from kvtest.hf_models import reference_generate
 
 from protocol.client_messages import Generate
-from worker.model import ModelConfig, build_model
-from worker.reference import reference_generate
 
 pytestmark = pytest.mark.e2e
 
@@ -35,9 +34,8 @@ def mixed_workload(seed: int = 7, n: int = 14) -> list[Generate]:
 
 
 @pytest.fixture(scope="module")
-def reference_outputs():
-    model = build_model(ModelConfig(), seed=0, dtype=torch.float64)
-    return {g.request_id: reference_generate(model, g.prompt_token_ids, g.max_tokens, g.ignore_eos) for g in mixed_workload()}
+def reference_outputs(tiny_reference):
+    return {g.request_id: reference_generate(tiny_reference, g.prompt_token_ids, g.max_tokens, g.ignore_eos) for g in mixed_workload()}
 
 
 CONFIGS = {
