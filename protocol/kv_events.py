@@ -15,8 +15,9 @@ Checked against vLLM 0.33.0 (`vllm/distributed/kv_events.py` in the release whee
 
 Block hashes are `ExternalBlockHash = bytes | int` in vLLM. vLLM 0.33.0 sends the
 low 64 bits of its SHA-256 hash as an int unless VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0,
-in which case it sends the bytes. kvpool sends the full hash bytes by default
-(what its own prefix cache keys on); `int_block_hash` gives vLLM's int form.
+in which case it sends the bytes. kvpool does the same: ints by default
+(`int_block_hash`), the full hash bytes (what its own prefix cache keys on) when
+that variable is 0 or the scheduler runs with --no-kv-events-int-block-hashes.
 
 The Struct definitions below are vLLM's, field for field and in order (order and
 names are the wire contract; the docstrings are ours).
@@ -88,6 +89,20 @@ class AllBlocksCleared(KVCacheEvent):
 
 class KVEventBatch(EventBatch):
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+
+# vLLM's environment variable (vllm/envs.py): "1" (the default) or "0".
+INT_BLOCK_HASHES_ENV = "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"
+
+
+def int_block_hashes_from_env(environ: dict[str, str]) -> bool:
+    """Whether hashes go out as ints, read as vLLM reads it: ``bool(int(value))``,
+    default 1. Raises ValueError naming the variable on a value that is not an int."""
+    value = environ.get(INT_BLOCK_HASHES_ENV, "1")
+    try:
+        return bool(int(value))
+    except ValueError:
+        raise ValueError(f"{INT_BLOCK_HASHES_ENV}={value!r}: expected 1 (ints, the default) or 0 (bytes)") from None
 
 
 def int_block_hash(block_hash: bytes) -> int:

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 from protocol.curve import CurveKeyError, load_keypair
+from protocol.kv_events import INT_BLOCK_HASHES_ENV, int_block_hashes_from_env
 from scheduler.core.hashing import HASH_ALGOS
 from scheduler.engine.kv_event_publisher import check_local_endpoint
 
@@ -45,6 +46,8 @@ class SchedulerConfig:
     kv_events_replay_endpoint: str | None = None
     kv_events_topic: str = ""
     kv_events_buffer_steps: int = 10_000
+    # Hashes as 64-bit ints (vLLM 0.33's default) or the full bytes.
+    kv_events_int_block_hashes: bool = True
 
     @property
     def curve(self) -> bool:
@@ -100,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kv-events-replay-endpoint", metavar="ENDPOINT", help="ROUTER socket serving missed batches, e.g. tcp://127.0.0.1:5558")
     g.add_argument("--kv-events-topic", default=d.kv_events_topic, help="topic frame of every batch (default: empty)")
     g.add_argument("--kv-events-buffer-steps", type=int, default=d.kv_events_buffer_steps, help="batches kept for replay (default %(default)s)")
+    g.add_argument("--kv-events-int-block-hashes", action=argparse.BooleanOptionalAction, default=None,
+                   help="block hashes as 64-bit ints, as vLLM 0.33 sends them (the default), or with --no-... the full "
+                        f"hash bytes; default from {INT_BLOCK_HASHES_ENV} (1 = ints, 0 = bytes) as in vLLM")  # fmt: skip
     return p
 
 
@@ -133,6 +139,11 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
         p.error("--kv-events-replay-endpoint needs --kv-events-endpoint")
     if a.kv_events_buffer_steps < 1:
         p.error("--kv-events-buffer-steps must be positive")
+    if a.kv_events_int_block_hashes is None:
+        try:
+            a.kv_events_int_block_hashes = int_block_hashes_from_env(os.environ)
+        except ValueError as e:
+            p.error(str(e))
     for flag, ep in (("--kv-events-endpoint", a.kv_events_endpoint), ("--kv-events-replay-endpoint", a.kv_events_replay_endpoint)):
         if ep is not None:
             try:

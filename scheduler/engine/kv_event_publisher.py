@@ -62,9 +62,10 @@ def _is_loopback_ip(host: str) -> bool:
         return False
 
 
-def to_wire_event(event: kv_events.KVCacheEvent, int_block_hashes: bool = False) -> wire.KVCacheEvent:
+def to_wire_event(event: kv_events.KVCacheEvent, int_block_hashes: bool = True) -> wire.KVCacheEvent:
     """Our event as vLLM's, filled in as vLLM's own BlockPool fills it for a request
-    without LoRA on a single full-attention KV cache group."""
+    without LoRA on a single full-attention KV cache group. Hashes as 64-bit ints
+    (vLLM 0.33's default), or the bytes with ``int_block_hashes=False``."""
     h = wire.int_block_hash if int_block_hashes else bytes
     match event:
         case kv_events.BlockStored():
@@ -97,7 +98,7 @@ class KVEventPublisher:
         buffer_steps: int = 10_000,
         *,
         hwm: int = 100_000,
-        int_block_hashes: bool = False,
+        int_block_hashes: bool = True,
         data_parallel_rank: int = 0,
         curve_secret_key: str | None = None,
     ):
@@ -229,6 +230,7 @@ def make_kv_event_sink(
     topic: str = "",
     buffer_steps: int = 10_000,
     curve_secret_key: str | None = None,
+    int_block_hashes: bool = True,
 ) -> tuple[kv_events.KVEventRecorder | None, KVEventPublisher | None]:
     """(the pool's event_sink, the publisher), or (None, None) without an endpoint.
 
@@ -238,5 +240,7 @@ def make_kv_event_sink(
         if replay_endpoint is not None:
             raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
         return None, None
-    publisher = KVEventPublisher(ctx, endpoint, replay_endpoint, topic, buffer_steps, curve_secret_key=curve_secret_key)
+    publisher = KVEventPublisher(
+        ctx, endpoint, replay_endpoint, topic, buffer_steps, curve_secret_key=curve_secret_key, int_block_hashes=int_block_hashes
+    )
     return kv_events.KVEventRecorder(), publisher

@@ -29,8 +29,9 @@ BLOCK_SIZE = 4
 LOCAL = "tcp://127.0.0.1:*"
 
 
-def pool_hashes(kv: KVCacheManager) -> set[bytes]:
-    return set(kv.block_pool.cached_block_hash_to_block.keys())
+def pool_hashes(kv: KVCacheManager) -> set[int]:
+    """The pool's hashes as the publisher sends them by default (vLLM's int form)."""
+    return {wire.int_block_hash(h) for h in kv.block_pool.cached_block_hash_to_block.keys()}
 
 
 class Seqs:
@@ -186,7 +187,7 @@ def test_a_gap_older_than_the_buffer_is_counted_as_lost():
         seen = Seqs()
         catch_up(sub, pub, seen)
         assert seen.seqs == [3, 4] and sub.num_lost == 3
-        assert sub.cached_hashes == set(hashes[3:])
+        assert sub.cached_hashes == {0x0303030303030303, 0x0404040404040404}
     finally:
         sub.close()
         pub.close()
@@ -237,7 +238,7 @@ def test_curve_admits_only_authorized_subscribers(tmp_path):
         bad = KVEventSubscriber(pub.endpoint, pub.replay_endpoint, replay_timeout_s=0.5,
                                 curve_secret_key=str(other / "stranger.key_secret"), curve_server_key=server_public)  # fmt: skip
         subs += [good, bad]
-        assert good.sync() == 1 and good.cached_hashes == {b"\x01" * 32}
+        assert good.sync() == 1 and good.cached_hashes == {0x0101010101010101}
         assert bad.sync() == 0 and bad.cached_hashes == set()
         with pytest.raises(ValueError, match="together"):
             KVEventSubscriber(pub.endpoint, curve_secret_key=server_secret)

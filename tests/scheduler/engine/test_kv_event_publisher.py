@@ -53,16 +53,18 @@ def test_loopback_ipc_and_inproc_are_allowed(endpoint):
 
 def test_to_wire_event_fills_what_vllm_fills():
     h = [bytes([i]) * 32 for i in range(3)]
-    stored = to_wire_event(BlockStored(h[1:], h[0], list(range(8)), 4))
+    stored = to_wire_event(BlockStored(h[1:], h[0], list(range(8)), 4), int_block_hashes=False)
     assert stored == wire.BlockStored(
         block_hashes=h[1:], parent_block_hash=h[0], token_ids=list(range(8)), block_size=4, lora_id=None,
         medium="GPU", lora_name=None, group_idx=0, kv_cache_spec_kind="full_attention",
     )  # fmt: skip
     assert to_wire_event(BlockStored(h[:1], None, None, 4)).token_ids == []
-    assert to_wire_event(BlockRemoved([h[2]])) == wire.BlockRemoved(block_hashes=[h[2]], medium="GPU", group_idx=0)
+    assert to_wire_event(BlockRemoved([h[2]]), int_block_hashes=False) == wire.BlockRemoved(block_hashes=[h[2]], medium="GPU", group_idx=0)
     assert to_wire_event(AllBlocksCleared()) == wire.AllBlocksCleared()
-    as_int = to_wire_event(BlockStored([h[1]], h[0], [1, 2, 3, 4], 4), int_block_hashes=True)
-    assert as_int.block_hashes == [wire.int_block_hash(h[1])] and as_int.parent_block_hash == wire.int_block_hash(h[0])
+    # The default, as vLLM 0.33's: the low 64 bits as an int (h[1] = 0x0101...01).
+    as_int = to_wire_event(BlockStored([h[1]], h[0], [1, 2, 3, 4], 4))
+    assert as_int.block_hashes == [0x0101010101010101] and as_int.parent_block_hash == 0
+    assert to_wire_event(BlockRemoved([h[2]])).block_hashes == [0x0202020202020202]
 
 
 def replay_frames(endpoint: str, start_seq: int, ctx: zmq.Context, timeout_s: float = 5.0) -> list[list[bytes]]:
@@ -98,7 +100,7 @@ def test_batches_are_numbered_and_replayed_as_vllm_does():
         assert [f[:3] for f in replies[:-1]] == [[b"", b"kv", s.to_bytes(8, "big")] for s in (2, 3, 4)]
         assert replies[-1] == [b"", b"", b"\xff" * 8, b""]
         batch = wire.batch_codec().decode(replies[0][3])
-        assert batch.data_parallel_rank == 0 and batch.events[0].block_hashes == [b"\x02" * 32]
+        assert batch.data_parallel_rank == 0 and batch.events[0].block_hashes == [0x0202020202020202]
         assert [f[2] for f in replay_frames(pub.replay_endpoint, 4, ctx)] == [(4).to_bytes(8, "big"), b"\xff" * 8]
         assert replay_frames(pub.replay_endpoint, 9, ctx) == [[b"", b"", b"\xff" * 8, b""]]
     finally:
@@ -182,3 +184,44 @@ def test_block_removed_only_when_the_last_duplicate_goes():
 
 
 # --- a random workload through the scheduler -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env, argv, expected",
+    [
+        (None, [], True),  # vLLM 0.33's default: ints
+        ("1", [], True),
+        ("0", [], False),
+        ("0", ["--kv-events-int-block-hashes"], True),  # the flag wins over the variable
+        ("1", ["--no-kv-events-int-block-hashes"], False),
+    ],
+)
+def test_hash_form_follows_vllms_variable_and_the_flag(env, argv, expected, monkeypatch):
+    from scheduler.engine.config import config_from_args
+
+    if env is None:
+        monkeypatch.delenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", env)
+    assert config_from_args(argv).kv_events_int_block_hashes is expected
+
+
+def test_a_bad_hash_form_variable_is_refused_naming_it(monkeypatch, capsys):
+    from scheduler.engine.config import config_from_args
+
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "yes")
+    with pytest.raises(SystemExit) as e:
+        config_from_args([])
+    assert e.value.code == 2 and "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES='yes'" in capsys.readouterr().err
+
+
+def test_the_bytes_form_goes_out_whole():
+    ctx = zmq.Context()
+    pub = KVEventPublisher(ctx, LOCAL, LOCAL, int_block_hashes=False)
+    try:
+        pub.publish([BlockStored([b"\x07" * 32], None, [1] * 4, 4)])
+        batch = wire.batch_codec().decode(replay_frames(pub.replay_endpoint, 0, ctx)[0][3])
+        assert batch.events[0].block_hashes == [b"\x07" * 32]
+    finally:
+        pub.close()
+        ctx.term()
