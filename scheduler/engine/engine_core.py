@@ -25,10 +25,19 @@ import time
 
 import zmq.asyncio
 
-from protocol.client_messages import Abort, ClientRequest, Generate, RequestError, TokenOutput
+from protocol.client_messages import (
+    Abort,
+    ClientRequest,
+    Generate,
+    RequestError,
+    TokenLogprobs,
+    TokenOutput,
+)
 from protocol.codec import Codec, ProtocolError
+from protocol.sampling_params import sampling_params_of
 from protocol.worker_messages import (
     Heartbeat,
+    SampledLogprobs,
     Shutdown,
     StepResult,
     WorkerError,
@@ -70,7 +79,8 @@ class EngineCore:
         self.kv: KVCacheManager | None = None
         self.scheduler: Scheduler | None = None
         self.limits: RequestLimits | None = None
-        self.eos_token_id = 0
+        self.eos_token_ids: tuple[int, ...] = ()
+        self.model_identity = ("", "")  # (architecture, model_hash) of the first worker
         self.worker_lost_at: float | None = None
         self._wakeup = asyncio.Event()
         self._stop = asyncio.Event()
@@ -193,7 +203,8 @@ class EngineCore:
             return await self._send_error(ident, msg.request_id, str(e))
         request = Request(
             msg.request_id, list(msg.prompt_token_ids), msg.max_tokens, seq_id=self._next_seq_id, client_id=ident,
-            ignore_eos=msg.ignore_eos, eos_token_id=self.eos_token_id, cache_salt=msg.cache_salt, block_hasher=self.hasher,
+            ignore_eos=msg.ignore_eos, eos_token_id=self.eos_token_ids, cache_salt=msg.cache_salt, block_hasher=self.hasher,
+            stop_token_ids=msg.stop_token_ids, min_tokens=msg.min_tokens, sampling=sampling_params_of(msg, self.eos_token_ids),
         )  # fmt: skip
         self._next_seq_id += 1
         self.scheduler.add_request(request)
@@ -213,10 +224,14 @@ class EngineCore:
         # is flooding without reading, and nothing else is owed to it.
         await self.clients.send(ident, self.client_codec.encode(RequestError(message, request_id)))
 
-    async def _send_output(self, r: Request, new_token_ids: list[int], finish_reason: str | None = None) -> None:
+    async def _send_output(
+        self, r: Request, new_token_ids: list[int], finish_reason: str | None = None, logprobs: SampledLogprobs | None = None
+    ) -> None:
         """New tokens of ``r`` to its client; a finish reason ends the request there."""
         finished = finish_reason is not None
         msg = TokenOutput(r.request_id, new_token_ids, finished, finish_reason, max(r.num_cached_tokens, 0))
+        if logprobs is not None:
+            msg.logprobs = [TokenLogprobs(logprobs.logprob, logprobs.top_token_ids, logprobs.top_logprobs)]
         if not await self.clients.send(r.client_id, self.client_codec.encode(msg)):
             self._drop_client(r.client_id)
 
@@ -278,16 +293,19 @@ class EngineCore:
             await self._probe_worker()
             if self.worker.ready:
                 return await self._refuse_worker(ident, "a worker is already connected (one worker per scheduler)")
-        current = None if self.kv is None else PoolShape(self.kv.block_pool.num_gpu_blocks, self.limits.vocab_size, self.eos_token_id)
+        current = None if self.kv is None else PoolShape(
+            self.kv.block_pool.num_gpu_blocks, self.limits.vocab_size, self.eos_token_ids[0], *self.model_identity
+        )
         try:
-            num_blocks = pool_size_for(hello, c.block_size, c.num_gpu_blocks_override, current)
+            num_blocks = pool_size_for(hello, c.block_size, c.num_gpu_blocks_override, current, c.max_model_len)
         except WorkerRefused as e:
             return await self._refuse_worker(ident, str(e))
         if self.kv is None:
             self.kv = KVCacheManager(num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink)
             self.scheduler = Scheduler(self.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len)
             self.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
-            self.eos_token_id = hello.eos_token_id
+            self.eos_token_ids = tuple(hello.eos_token_ids) or (hello.eos_token_id,)
+            self.model_identity = (hello.architecture, hello.model_hash)
             log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d)", num_blocks, c.block_size, hello.device, hello.num_blocks)
         elif self.worker.ready:
             # The same worker again (it restarted its handshake): its rows are gone.
@@ -370,8 +388,11 @@ class EngineCore:
                 self._on_worker_lost(str(e))
                 continue
             reasons, token_ids = outputs.finish_reasons, outputs.token_ids
+            # Only rows whose SamplingParams asked for logprobs have them (rarely any).
+            logprobs = {x.seq_id: x for x in result.logprobs} if result.logprobs else None
             for i, request in enumerate(outputs.requests):
-                await self._send_output(request, [token_ids[i]], reasons.get(i))
+                lp = None if logprobs is None else logprobs.get(request.seq_id)
+                await self._send_output(request, [token_ids[i]], reasons.get(i), lp)
             self.metrics.observe_step(outputs, nbytes, time.perf_counter() - t0)
             self.metrics.update(self.scheduler, self.kv)
             self._publish_kv_events()

@@ -40,6 +40,7 @@ class Result:
     finish_reason: str | None = None
     num_cached_tokens: int = 0
     error: str | None = None
+    logprobs: list = field(default_factory=list)  # TokenLogprobs, when the request asked
 
 
 class Cluster:
@@ -148,6 +149,7 @@ class Cluster:
                         r = results[msg.request_id]
                         r.token_ids.extend(msg.new_token_ids)
                         r.num_cached_tokens = msg.num_cached_tokens
+                        r.logprobs.extend(msg.logprobs or ())
                         if msg.finished:
                             r.finish_reason = msg.finish_reason
                             pending.discard(msg.request_id)

@@ -20,10 +20,12 @@ from protocol.client_messages import (
     TokenOutput,
 )
 from protocol.codec import Codec
+from protocol.sampling_params import SamplingParams
 from protocol.worker_messages import (
     AppendedBlocks,
     Heartbeat,
     RequestRow,
+    RowSampling,
     SchedulerToWorker,
     Shutdown,
     StepPlan,
@@ -125,7 +127,10 @@ def test_worker_messages_are_arrays_tag_first():
     # NOTE: msgspec ignores omit_defaults on array_like structs (jcrist/msgspec#720):
     # every field is encoded. A sender may still leave trailing defaults out.
     assert msgspec.msgpack.decode(TO_WORKER.encode(StepPlan(step_id=9))) == [4, 9, {}, [], [], [], [], []]
-    assert msgspec.msgpack.decode(TO_WORKER.encode(ROW)) == [0, 7, [3, 4, 5, 2**31 - 1], [9, 10], 16]
+    # A greedy row's sampling is None: one byte.
+    assert msgspec.msgpack.decode(TO_WORKER.encode(ROW)) == [0, 7, [3, 4, 5, 2**31 - 1], [9, 10], 16, None]
+    sampled = RequestRow(1, [2], [3], 0, RowSampling(1, SamplingParams(temperature=0.5, seed=3)))
+    assert msgspec.msgpack.decode(TO_WORKER.encode(sampled), type=RequestRow) == sampled
     assert TO_WORKER.decode(msgspec.msgpack.encode([4, 9])) == StepPlan(step_id=9)
     assert TO_WORKER.decode(msgspec.msgpack.encode([7])) == Heartbeat()
 
