@@ -33,6 +33,9 @@ RULES: dict[str, tuple[str, ...]] = {
     "worker": ("scheduler", "loadgen", "simulator", "frontend", "bench"),
     "loadgen": ("scheduler", "worker", "simulator", "bench"),
     "simulator": ("worker", "frontend", "bench"),
+    # The API server: a client of the scheduler's port; tokenizes with `tokenizers`
+    # (transformers is the tests' reference, never a dependency of the server).
+    "frontend": ("scheduler", "worker", "loadgen", "simulator", "bench", "torch", "transformers"),
 }
 
 REQUIRED = [
@@ -48,6 +51,7 @@ REQUIRED = [
     "tests",
     "loadgen",
     "simulator",
+    "frontend",
     "bench",
     ".ci/run",
     "docs/architecture.md",
@@ -193,6 +197,22 @@ def test_importing_every_scheduler_and_protocol_module_loads_no_torch_or_other_r
     lines = out.stdout.splitlines()
     assert "scheduler.core.block_pool" in lines and "scheduler.engine.engine_core" in lines and "protocol.codec" in lines
     assert lines[-1] == "LEAKED:", f"imported by scheduler/ or protocol/: {lines[-1].removeprefix('LEAKED:')}"
+
+
+def test_importing_every_frontend_module_loads_no_torch_transformers_or_other_room():
+    forbidden = ("torch", "transformers", "scheduler", "worker", "loadgen", "simulator")
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD % (("frontend",), forbidden)],
+        cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "frontend.tokenizer" in lines and "frontend.detokenizer" in lines
+    assert lines[-1] == "LEAKED:", f"imported by frontend/: {lines[-1].removeprefix('LEAKED:')}"
 
 
 def test_architecture_doc_names_only_modules_that_exist():

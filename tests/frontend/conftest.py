@@ -1,0 +1,44 @@
+"""Shared fixtures of the frontend tests: checkpoint folders and transformers' view of them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(tiny_checkpoint):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_checkpoint))
+
+
+@pytest.fixture(scope="session")
+def bos_checkpoint(tiny_checkpoint, tmp_path_factory):
+    """The tiny checkpoint's tokenizer with a post-processor that adds BOS (as Llama's
+    tokenizer.json has), the chat template moved to chat_template.jinja (where
+    transformers 5 writes it) and given to the config as well, differently."""
+    d = tmp_path_factory.mktemp("bos-tokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_checkpoint / name, d / name)
+    tok = json.loads((d / "tokenizer.json").read_text())
+    tok["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<|bos|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": "<|bos|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<|bos|>": {"id": "<|bos|>", "ids": [0], "tokens": ["<|bos|>"]}},
+    }
+    (d / "tokenizer.json").write_text(json.dumps(tok))
+    config = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if loop.first and m['role'] == 'system' %}[SYS]{{ m['content'] | trim }}\n"
+        "{% else %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}\n{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    config["chat_template"] = "{{ 'the config template: not used when chat_template.jinja exists' }}"
+    (d / "tokenizer_config.json").write_text(json.dumps(config))
+    return d

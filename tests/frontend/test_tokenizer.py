@@ -1,0 +1,73 @@
+"""frontend.tokenizer against transformers' AutoTokenizer on the same files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kvtest.unicode_texts import TEXTS
+
+from frontend.tokenizer import Tokenizer, TokenizerError
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_checkpoint):
+    return Tokenizer(tiny_checkpoint)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("add_special_tokens", [True, False])
+def test_encode_equals_transformers(tok, hf_tokenizer, text, add_special_tokens):
+    expected = hf_tokenizer(text, add_special_tokens=add_special_tokens).input_ids
+    assert tok.encode(text, add_special_tokens=add_special_tokens) == expected
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("skip", [True, False])
+def test_decode_equals_transformers(tok, hf_tokenizer, text, skip):
+    ids = hf_tokenizer(text).input_ids + [1, 0]
+    assert tok.decode(ids, skip_special_tokens=skip) == hf_tokenizer.decode(ids, skip_special_tokens=skip)
+
+
+def test_special_tokens_come_from_tokenizer_config(tok, hf_tokenizer):
+    assert (tok.bos_token_id, tok.eos_token_id) == (hf_tokenizer.bos_token_id, hf_tokenizer.eos_token_id) == (0, 1)
+    assert tok.special_tokens_map == {"bos_token": "<|bos|>", "eos_token": "<|eos|>"}
+    assert tok.vocab_size == len(hf_tokenizer)
+
+
+def test_a_post_processor_that_adds_bos_is_honoured(bos_checkpoint):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(bos_checkpoint))
+    tok = Tokenizer(bos_checkpoint)
+    for text in TEXTS:
+        assert tok.encode(text) == hf(text).input_ids
+        assert tok.encode(text, add_special_tokens=False) == hf(text, add_special_tokens=False).input_ids
+    assert tok.encode("hi")[0] == 0
+
+
+def test_chat_template_file_wins_over_the_config_key(bos_checkpoint, tiny_checkpoint):
+    assert Tokenizer(bos_checkpoint).chat_template.startswith("{% for m in messages %}")
+    assert Tokenizer(tiny_checkpoint).chat_template == json.loads((tiny_checkpoint / "tokenizer_config.json").read_text())["chat_template"]
+
+
+def test_a_special_token_missing_from_the_vocabulary_is_added_as_transformers_does(tiny_checkpoint, tmp_path):
+    from transformers import AutoTokenizer
+
+    (tmp_path / "tokenizer.json").write_bytes((tiny_checkpoint / "tokenizer.json").read_bytes())
+    config = json.loads((tiny_checkpoint / "tokenizer_config.json").read_text())
+    config["pad_token"] = "<|pad|>"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    hf = AutoTokenizer.from_pretrained(str(tmp_path))
+    tok = Tokenizer(tmp_path)
+    assert tok.token_id("pad_token") == hf.pad_token_id is not None
+    assert tok.encode("a <|pad|> b") == hf("a <|pad|> b").input_ids
+    assert tok.decode(tok.encode("a <|pad|> b")) == hf.decode(hf("a <|pad|> b").input_ids, skip_special_tokens=True)
+
+
+def test_a_folder_without_tokenizer_json_is_refused_by_name(tmp_path):
+    with pytest.raises(TokenizerError, match="has no tokenizer.json"):
+        Tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(TokenizerError, match="not a readable tokenizer"):
+        Tokenizer(tmp_path)
