@@ -48,6 +48,9 @@ class SchedulerConfig:
     kv_events_buffer_steps: int = 10_000
     # Hashes as 64-bit ints (vLLM 0.33's default) or the full bytes.
     kv_events_int_block_hashes: bool = True
+    # vLLM's KV residency histograms; kvpool watches every block by default (vLLM: 0.01).
+    kv_cache_metrics: bool = False
+    kv_cache_metrics_sample: float = 1.0
 
     @property
     def curve(self) -> bool:
@@ -98,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("security (ZeroMQ CURVE; required to bind a non-loopback --host)")
     g.add_argument("--curve-secret-key", metavar="FILE", help="the scheduler's secret certificate (NAME.key_secret, see `python -m protocol.curve`)")
     g.add_argument("--curve-authorized-keys", metavar="DIR", help="folder of the public certificates of allowed workers and clients")
+    p.add_argument("--kv-cache-metrics", action="store_true",
+                   help="KV residency histograms (vllm:kv_block_lifetime_seconds, _idle_before_evict_, _reuse_gap_)")  # fmt: skip
+    p.add_argument("--kv-cache-metrics-sample", type=float, default=d.kv_cache_metrics_sample, metavar="FRACTION",
+                   help="fraction of block allocations watched, in (0, 1] (default %(default)s: every block; vLLM's is 0.01)")  # fmt: skip
     g = p.add_argument_group("KV events (vLLM's ZMQ format, for KV-aware routers)")
     g.add_argument("--kv-events-endpoint", metavar="ENDPOINT", help="bind a ZMQ PUB socket here and publish KV cache events, e.g. tcp://127.0.0.1:5557")
     g.add_argument("--kv-events-replay-endpoint", metavar="ENDPOINT", help="ROUTER socket serving missed batches, e.g. tcp://127.0.0.1:5558")
@@ -139,6 +146,8 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
         p.error("--kv-events-replay-endpoint needs --kv-events-endpoint")
     if a.kv_events_buffer_steps < 1:
         p.error("--kv-events-buffer-steps must be positive")
+    if not 0.0 < a.kv_cache_metrics_sample <= 1.0:
+        p.error(f"--kv-cache-metrics-sample must be in (0, 1], got {a.kv_cache_metrics_sample}")
     if a.kv_events_int_block_hashes is None:
         try:
             a.kv_events_int_block_hashes = int_block_hashes_from_env(os.environ)

@@ -45,6 +45,8 @@ from protocol.worker_messages import (
     WorkerReady,
     WorkerToScheduler,
 )
+from scheduler.core.block_pool import BlockPool
+from scheduler.core.block_residency import residency_pool_factory
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.engine.config import SchedulerConfig
@@ -73,7 +75,7 @@ class EngineCore:
             int_block_hashes=config.kv_events_int_block_hashes,
         )  # fmt: skip
         self.client_codec: Codec = Codec(ClientRequest, config.max_frame_bytes)
-        self.metrics = SchedulerMetrics(config.model_name)
+        self.metrics = SchedulerMetrics(config.model_name, kv_cache_metrics=config.kv_cache_metrics)
         self.hasher = BlockHasher(config.block_size, config.prefix_caching_hash_algo)
         # Made at the first WorkerHello, when the pool's size is known; kept after.
         self.kv: KVCacheManager | None = None
@@ -301,7 +303,11 @@ class EngineCore:
         except WorkerRefused as e:
             return await self._refuse_worker(ident, str(e))
         if self.kv is None:
-            self.kv = KVCacheManager(num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink)
+            # NOTE: without --kv-cache-metrics the pool is the plain one: no hook at all.
+            pool_factory = residency_pool_factory(c.kv_cache_metrics_sample) if c.kv_cache_metrics else BlockPool
+            self.kv = KVCacheManager(
+                num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory
+            )
             self.scheduler = Scheduler(self.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len)
             self.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
             self.eos_token_ids = tuple(hello.eos_token_ids) or (hello.eos_token_id,)

@@ -11,6 +11,7 @@ from collections import Counter as Tally
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from scheduler.core.block_residency import RESIDENCY_BUCKETS, ResidencyBlockPool
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.outputs import StepOutputs
 from scheduler.sched.scheduler import Scheduler
@@ -20,7 +21,9 @@ STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 
 
 class SchedulerMetrics:
-    def __init__(self, model_name: str, engine: str = "0"):
+    def __init__(self, model_name: str, engine: str = "0", kv_cache_metrics: bool = False):
+        """``kv_cache_metrics``: also the KV residency histograms (vLLM's
+        --kv-cache-metrics; the pool must be a `ResidencyBlockPool`)."""
         self.registry = CollectorRegistry()
         labels = ["model_name", "engine"]
         self._label_values = (model_name, engine)
@@ -36,6 +39,14 @@ class SchedulerMetrics:
             return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(*self._label_values)
 
         self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.peak_kv_cache_usage = gauge(
+            "kvpool_peak_kv_cache_usage_perc", "Highest vllm:kv_cache_usage_perc since start, taken at every allocation."
+        )
+        # NOTE: read at scrape time (set_function): it walks the running requests.
+        self.kv_cache_token_usage = gauge(
+            "kvpool_kv_cache_token_usage_perc",
+            "KV-cache usage in tokens: token slots of held blocks that hold a token, over all token slots.",
+        )
         self.prefix_cache_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
         self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
         # vLLM keeps these in PrefixCacheStats.preempted_* without exporting them.
@@ -61,7 +72,23 @@ class SchedulerMetrics:
         self.steps = counter("kvpool_steps", "Steps executed.")
         self.plan_bytes = counter("kvpool_plan_bytes", "Bytes of step plans sent to workers.")
         self.step_duration = histogram("kvpool_step_duration_seconds", "Wall time of one step: schedule, worker round trip, update.", STEP_BUCKETS)
+        self.kv_block_lifetime = self.kv_block_idle_before_evict = self.kv_block_reuse_gap = None
+        if kv_cache_metrics:
+            self.kv_block_lifetime = histogram(
+                "vllm:kv_block_lifetime_seconds", "Histogram of KV cache block lifetime from allocation to eviction. "
+                "Sampled metrics (controlled by --kv-cache-metrics-sample).", RESIDENCY_BUCKETS,
+            )  # fmt: skip
+            self.kv_block_idle_before_evict = histogram(
+                "vllm:kv_block_idle_before_evict_seconds", "Histogram of idle time before KV cache block eviction. "
+                "Sampled metrics (controlled by --kv-cache-metrics-sample).", RESIDENCY_BUCKETS,
+            )  # fmt: skip
+            self.kv_block_reuse_gap = histogram(
+                "vllm:kv_block_reuse_gap_seconds", "Histogram of time gaps between consecutive KV cache block accesses. "
+                "Only the most recent accesses are included (up to 4). "
+                "Sampled metrics (controlled by --kv-cache-metrics-sample).", RESIDENCY_BUCKETS,
+            )  # fmt: skip
         self._last: dict[str, int] = {}
+        self._token_usage_of: tuple[Scheduler, KVCacheManager] | None = None
 
     def _sync(self, key: str, counter, value: int) -> None:
         delta = value - self._last.get(key, 0)
@@ -87,6 +114,15 @@ class SchedulerMetrics:
         self._sync("prompt", self.prompt_tokens, scheduler.num_prompt_tokens)
         self._sync("generation", self.generation_tokens, scheduler.num_generation_tokens)
         self._sync("evictions", self.evictions, pool.num_evictions)
+        self.peak_kv_cache_usage.set(kv.peak_usage)
+        if self._token_usage_of is None or self._token_usage_of[0] is not scheduler or self._token_usage_of[1] is not kv:
+            self._token_usage_of = (scheduler, kv)
+            self.kv_cache_token_usage.set_function(lambda: kv.get_token_usage(scheduler.running))
+        if self.kv_block_lifetime is not None and isinstance(pool, ResidencyBlockPool):
+            samples = pool.take_residency()
+            observe_many(self.kv_block_lifetime, samples.lifetimes)
+            observe_many(self.kv_block_idle_before_evict, samples.idle_before_evict)
+            observe_many(self.kv_block_reuse_gap, samples.reuse_gaps)
 
     def observe_step(self, outputs: StepOutputs, plan_bytes: int, step_s: float) -> None:
         """One executed step: its plan's size, its wall time, the latencies it completed."""
@@ -126,3 +162,21 @@ def observe_repeated(histogram: Histogram, value: float, count: int) -> None:
         return
     total.inc(value * count)
     buckets[bisect_left(bounds, value)].inc(count)
+
+
+def observe_many(histogram: Histogram, values: list[float]) -> None:
+    """``histogram.observe(v)`` for every value, one increment per bucket touched.
+
+    NOTE: as `observe_repeated`, through prometheus_client's internals (the sum, and
+    for each value the first bucket whose bound is >= it), falling back to observe()."""
+    if not values:
+        return
+    try:
+        buckets, bounds, total = histogram._buckets, histogram._upper_bounds, histogram._sum
+    except AttributeError:
+        for value in values:
+            histogram.observe(value)
+        return
+    total.inc(sum(values))
+    for index, count in Tally(bisect_left(bounds, value) for value in values).items():
+        buckets[index].inc(count)

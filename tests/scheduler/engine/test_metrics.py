@@ -84,3 +84,74 @@ def test_prefix_cache_counters_count_first_admissions_and_preempted_apart():
     assert value("vllm:prefix_cache_hits_total", LABELS) == 8
     assert value("kvpool_prefix_cache_preempted_queries_total", LABELS) == 16
     assert value("kvpool_prefix_cache_preempted_hits_total", LABELS) == 12
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_observe_many_is_one_observe_per_value(seed):
+    import random
+
+    from scheduler.core.block_residency import RESIDENCY_BUCKETS
+    from scheduler.engine.metrics import observe_many
+
+    rng = random.Random(seed)
+    values = [rng.choice(RESIDENCY_BUCKETS) for _ in range(20)] + [rng.uniform(0, 2000) for _ in range(50)] + [0.0, 5000.0]
+    one, many = CollectorRegistry(), CollectorRegistry()
+    h1 = Histogram("h", "h", buckets=RESIDENCY_BUCKETS, registry=one)
+    h2 = Histogram("h", "h", buckets=RESIDENCY_BUCKETS, registry=many)
+    for v in values:
+        h1.observe(v)
+    observe_many(h2, values)
+    a, b = samples(one, "h"), samples(many, "h")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert b[key] == pytest.approx(a[key], rel=1e-12), key
+
+
+def test_residency_histograms_exist_only_with_kv_cache_metrics():
+    from scheduler.core.block_residency import residency_pool_factory
+    from scheduler.core.kv_cache_manager import KVCacheManager
+    from scheduler.sched.scheduler import Scheduler
+
+    clock = iter([0.0, 3.0]).__next__  # read once per get_new_blocks
+    kv = KVCacheManager(4, 4, 64, pool_factory=lambda n, c, s: residency_pool_factory()(n, c, s, clock=clock))
+    sched = Scheduler(kv, 8, 64, 64)
+    pool = kv.block_pool
+    blocks = pool.get_new_blocks(3)  # t=0
+    pool.free_blocks(blocks)
+    pool.get_new_blocks(3)  # t=3: three tenancies of 3 s end
+    on, off = SchedulerMetrics("m", kv_cache_metrics=True), SchedulerMetrics("m")
+    on.update(sched, kv)
+    value = on.registry.get_sample_value
+    assert value("vllm:kv_block_lifetime_seconds_count", LABELS) == 3
+    assert value("vllm:kv_block_lifetime_seconds_sum", LABELS) == 9.0
+    assert value("vllm:kv_block_lifetime_seconds_bucket", dict(LABELS, le="2.0")) == 0
+    assert value("vllm:kv_block_lifetime_seconds_bucket", dict(LABELS, le="5.0")) == 3
+    assert value("vllm:kv_block_idle_before_evict_seconds_count", LABELS) == 3
+    assert value("vllm:kv_block_reuse_gap_seconds_count", LABELS) == 0
+    off.update(sched, kv)
+    assert b"kv_block_lifetime" not in off.render()
+
+
+def test_peak_and_token_usage_gauges():
+    from scheduler.core.hashing import BlockHasher
+    from scheduler.sched.request import Request
+
+    kv, sched = pool_and_policy(num_blocks=11, block_size=4)  # 10 usable blocks, 40 token slots
+    hasher = BlockHasher(4)
+    sched.add_request(Request("a", list(range(2, 8)), 4, seq_id=0, block_hasher=hasher))  # 6 tokens: 2 blocks
+    sched.add_request(Request("b", list(range(2, 11)), 4, seq_id=1, block_hasher=hasher))  # 9 tokens, 1 hit: 3 blocks
+    sched.schedule()
+    m = SchedulerMetrics("m")
+    m.update(sched, kv)
+    value = m.registry.get_sample_value
+    # Held: "a" 2 blocks, "b" 1 shared + 2 own = 4 blocks; filled: 6 + 9 - 4 shared = 11 tokens.
+    assert value("vllm:kv_cache_usage_perc", LABELS) == pytest.approx(0.4)
+    assert value("kvpool_kv_cache_token_usage_perc", LABELS) == pytest.approx(11 / 40)
+    assert value("kvpool_peak_kv_cache_usage_perc", LABELS) == pytest.approx(0.4)
+    for request in list(sched.running):
+        kv.free(request)
+    sched.running.clear()
+    m.update(sched, kv)
+    assert value("vllm:kv_cache_usage_perc", LABELS) == 0.0
+    assert value("kvpool_kv_cache_token_usage_perc", LABELS) == 0.0
+    assert value("kvpool_peak_kv_cache_usage_perc", LABELS) == pytest.approx(0.4)
