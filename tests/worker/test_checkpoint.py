@@ -106,9 +106,22 @@ def test_eos_ids_from_config_and_generation_config(copy):
     assert load_serving_model(str(copy), "auto", "cpu").config.eos_token_ids == (1, 7, 9)
 
 
+def _break_weights(d):
+    (d / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header")
+    return "model.safetensors"
+
+
+def _unknown_architecture(d):
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["architectures"] = ["FalconForCausalLM"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    return "FalconForCausalLM"
+
+
 @pytest.mark.e2e
-def test_the_worker_exits_nonzero_before_hello_on_a_bad_checkpoint(copy):
-    (copy / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header")
+@pytest.mark.parametrize("breakage", [_break_weights, _unknown_architecture])
+def test_the_worker_exits_nonzero_before_hello_on_a_bad_checkpoint(copy, breakage):
+    named = breakage(copy)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -118,7 +131,7 @@ def test_the_worker_exits_nonzero_before_hello_on_a_bad_checkpoint(copy):
         proc = subprocess.run([sys.executable, "-m", "worker", "--scheduler", endpoint, "--model", str(copy), "--device", "cpu",
                                "--http-port", "0"], capture_output=True, text=True, timeout=120)  # fmt: skip
         assert proc.returncode == 2
-        assert "cannot serve this checkpoint" in proc.stderr and "model.safetensors" in proc.stderr
+        assert "cannot serve this checkpoint" in proc.stderr and named in proc.stderr
         assert not sock.poll(200)  # it never said hello
     finally:
         sock.close(linger=0)
