@@ -35,7 +35,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
         return self.temperature < GREEDY_TEMPERATURE
 
 
-FIELDS = tuple(f for f in SamplingParams.__struct_fields__)
+GREEDY = SamplingParams()
 
 
 def check_sampling(msg, vocab_size: int) -> None:
@@ -82,6 +82,3 @@ def sampling_params_of(msg, eos_token_ids: tuple[int, ...] = ()) -> SamplingPara
         stop_token_ids=stop if msg.min_tokens else [], logprobs=msg.logprobs,
     )
     return None if p == GREEDY else p
-
-
-GREEDY = SamplingParams()

@@ -123,5 +123,5 @@ def top_logprobs(raw_logits: torch.Tensor, tokens: torch.Tensor, k: int) -> tupl
     logprobs (N,), and the top-k logprobs (N, k) and token ids (N, k)."""
     logprobs = raw_logits.float().log_softmax(dim=-1)  # (N, V)
     sampled = logprobs.gather(1, tokens[:, None])[:, 0]  # (N,)
-    top_values, top_ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], tokens[:, None][:, :0])
+    top_values, top_ids = logprobs.topk(k, dim=-1)  # (N, k) each; k may be 0
     return sampled, top_values, top_ids
