@@ -1,8 +1,9 @@
 """The scheduler's client: one zmq DEALER socket, many concurrent streaming requests.
 
-A dispatcher task reads every response frame and routes it by `request_id` to that
-request's queue; `generate` sends one `Generate`, then reads its queue until the
-`TokenOutput` with finished=True or a `RequestError`, timing each token message.
+A dispatcher task reads every response frame (one `EngineCoreOutputs` per step, or a
+`RequestError`) and routes each `TokenOutput` by `request_id` to that request's
+queue; `generate` sends one `Generate`, then reads its queue until the TokenOutput
+with finished=True or a RequestError, timing each token.
 A request that hears nothing for `request_timeout` seconds is aborted and fails.
 
 `connect` waits for the ZMTP handshake (via a socket monitor) so that an unreachable
@@ -23,7 +24,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from protocol.client_messages import Abort, ClientResponse, Generate, RequestError, TokenOutput
+from protocol.client_messages import Abort, ClientResponse, EngineCoreOutputs, Generate, RequestError, TokenOutput
 from protocol.codec import Codec, ProtocolError
 from protocol.curve import apply_client
 
@@ -167,11 +168,19 @@ class KVPoolClient:
                 self.num_bad_frames += 1
                 log.warning("unreadable frame from the scheduler: %s", e)
                 continue
+            if isinstance(msg, EngineCoreOutputs):
+                queues = self._queues
+                for out in msg.outputs:
+                    queue = queues.get(out.request_id)
+                    if queue is None:
+                        self.num_unrouted += 1
+                    else:
+                        queue.put_nowait(out)
+                continue
             queue = self._queues.get(msg.request_id) if msg.request_id is not None else None
             if queue is None:
                 self.num_unrouted += 1
-                if isinstance(msg, RequestError):
-                    log.warning("scheduler error for %s: %s", msg.request_id, msg.message)
+                log.warning("scheduler error for %s: %s", msg.request_id, msg.message)
                 continue
             queue.put_nowait(msg)
 

@@ -3,7 +3,8 @@
 Two conversations, each its own union:
 
 * client <-> scheduler (`protocol.client_messages`): Generate / Abort in,
-  TokenOutput / RequestError out.
+  EngineCoreOutputs (a TokenOutput per request, one frame per client per step) /
+  RequestError out.
 * scheduler <-> worker (`protocol.worker_messages`): WorkerHello, WorkerReady,
   StepPlan, StepResult, WorkerError, Heartbeat, Shutdown.
 

@@ -2,7 +2,8 @@
 
 One asyncio loop (uvloop) runs these tasks over two ZMQ ROUTER ports and HTTP:
 
-* clients: Generate / Abort in; TokenOutput as tokens are produced, or RequestError;
+* clients: Generate / Abort in; one EngineCoreOutputs per client per step (a
+  TokenOutput per request), or a RequestError;
 * worker: WorkerHello -> WorkerReady (sizes the BlockPool), then StepResults;
 * steps: schedule -> send the plan -> await its result -> stream tokens out;
 * watchers: a peer disconnecting on either port is probed at once.
@@ -25,19 +26,11 @@ import time
 
 import zmq.asyncio
 
-from protocol.client_messages import (
-    Abort,
-    ClientRequest,
-    Generate,
-    RequestError,
-    TokenLogprobs,
-    TokenOutput,
-)
+from protocol.client_messages import Abort, ClientRequest, EngineCoreOutputs, Generate, RequestError
 from protocol.codec import Codec, ProtocolError
 from protocol.sampling_params import sampling_params_of
 from protocol.worker_messages import (
     Heartbeat,
-    SampledLogprobs,
     Shutdown,
     StepResult,
     WorkerError,
@@ -49,6 +42,7 @@ from scheduler.core.block_pool import BlockPool
 from scheduler.core.block_residency import residency_pool_factory
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.engine.client_outputs import final_outputs_by_client, outputs_by_client, send_outputs
 from scheduler.engine.config import SchedulerConfig
 from scheduler.engine.http_server import build_app, start_http
 from scheduler.engine.kv_event_publisher import make_kv_event_sink
@@ -168,11 +162,12 @@ class EngineCore:
         """End every live request; each client hears of it (abort, or a RequestError)."""
         if self.scheduler is None:
             return
-        for request in self.scheduler.finish_requests(list(self.scheduler.requests), status):
-            if status == RequestStatus.FINISHED_ERROR:
+        ended = self.scheduler.finish_requests(list(self.scheduler.requests), status)
+        if status == RequestStatus.FINISHED_ERROR:
+            for request in ended:
                 await self._send_error(request.client_id, request.request_id, message)
-            else:
-                await self._send_output(request, [], status.value)
+        else:
+            await self._send_outputs(final_outputs_by_client(ended, status.value))
 
     # --- clients ----------------------------------------------------------------------
 
@@ -217,7 +212,7 @@ class EngineCore:
         if request is None or request.client_id != ident:
             return await self._send_error(ident, request_id, f"unknown request id {request_id!r}: nothing to abort")
         self.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
-        await self._send_output(request, [], "abort")
+        await self._send_outputs(final_outputs_by_client([request], "abort"))
         self._wakeup.set()
 
     async def _send_error(self, ident: bytes, request_id: str | None, message: str) -> None:
@@ -226,16 +221,10 @@ class EngineCore:
         # is flooding without reading, and nothing else is owed to it.
         await self.clients.send(ident, self.client_codec.encode(RequestError(message, request_id)))
 
-    async def _send_output(
-        self, r: Request, new_token_ids: list[int], finish_reason: str | None = None, logprobs: SampledLogprobs | None = None
-    ) -> None:
-        """New tokens of ``r`` to its client; a finish reason ends the request there."""
-        finished = finish_reason is not None
-        msg = TokenOutput(r.request_id, new_token_ids, finished, finish_reason, max(r.num_cached_tokens, 0))
-        if logprobs is not None:
-            msg.logprobs = [TokenLogprobs(logprobs.logprob, logprobs.top_token_ids, logprobs.top_logprobs)]
-        if not await self.clients.send(r.client_id, self.client_codec.encode(msg)):
-            self._drop_client(r.client_id)
+    async def _send_outputs(self, batches: dict[bytes, EngineCoreOutputs]) -> None:
+        """One frame per client; a client that cannot take it is dropped."""
+        for ident in await send_outputs(self.clients, self.client_codec, batches):
+            self._drop_client(ident)
 
     def _drop_client(self, ident: bytes) -> None:
         """The client is gone (or stopped reading): abort its requests, free their blocks."""
@@ -249,14 +238,11 @@ class EngineCore:
 
     async def _sweep_clients(self) -> None:
         """A client disconnected: probe every client with live requests (an empty
-        TokenOutput is a no-op for a client) and drop those that are gone."""
+        EngineCoreOutputs is a no-op for a client) and drop those that are gone."""
         if self.scheduler is None:
             return
-        first: dict[bytes, Request] = {}
-        for r in self.scheduler.requests.values():
-            first.setdefault(r.client_id, r)
-        for r in first.values():
-            await self._send_output(r, [])
+        probe = EngineCoreOutputs()
+        await self._send_outputs({r.client_id: probe for r in self.scheduler.requests.values()})
 
     # --- the worker -------------------------------------------------------------------
 
@@ -393,12 +379,7 @@ class EngineCore:
             except (WorkerLost, ValueError) as e:
                 self._on_worker_lost(str(e))
                 continue
-            reasons, token_ids = outputs.finish_reasons, outputs.token_ids
-            # Only rows whose SamplingParams asked for logprobs have them (rarely any).
-            logprobs = {x.seq_id: x for x in result.logprobs} if result.logprobs else None
-            for i, request in enumerate(outputs.requests):
-                lp = None if logprobs is None else logprobs.get(request.seq_id)
-                await self._send_output(request, [token_ids[i]], reasons.get(i), lp)
+            await self._send_outputs(outputs_by_client(outputs, result.logprobs))
             self.metrics.observe_step(outputs, nbytes, time.perf_counter() - t0)
             self.metrics.update(self.scheduler, self.kv)
             self._publish_kv_events()

@@ -19,7 +19,7 @@ import threading
 
 import zmq
 
-from protocol.client_messages import ClientRequest, Generate, TokenOutput
+from protocol.client_messages import ClientRequest, EngineCoreOutputs, Generate, TokenOutput
 from protocol.codec import Codec
 
 
@@ -70,7 +70,7 @@ def main() -> int:
             msg = codec.decode(frame)
             if isinstance(msg, Generate):
                 out = TokenOutput(msg.request_id, [2] * msg.max_tokens, True, "length")
-                sock.send_multipart([ident, codec.encode(out)])
+                sock.send_multipart([ident, codec.encode(EngineCoreOutputs([out]))])
     finally:
         sock.close(linger=0)
         ctx.term()

@@ -13,6 +13,7 @@ import time
 import pytest
 import zmq
 from kvtest.cluster import Cluster, Result
+from kvtest.replies import Replies
 
 from protocol.client_messages import ClientResponse, Generate, RequestError, TokenOutput
 from protocol.codec import Codec
@@ -29,17 +30,12 @@ def prompt(seed: int, n: int = 40) -> list[int]:
     return [rng.randrange(2, 500) for _ in range(n)]
 
 
-def recv(sock: zmq.Socket, timeout: float):
-    assert sock.poll(int(timeout * 1000)), f"no message within {timeout} s"
-    return codec.decode(sock.recv())
-
-
-def collect(sock: zmq.Socket, ids: set[str], timeout: float) -> dict[str, Result]:
+def collect(replies: Replies, ids: set[str], timeout: float) -> dict[str, Result]:
     results = {rid: Result(rid) for rid in ids}
     pending = set(ids)
     deadline = time.monotonic() + timeout
     while pending:
-        msg = recv(sock, max(deadline - time.monotonic(), 0.001))
+        msg = replies.recv(max(deadline - time.monotonic(), 0.001))
         match msg:
             case TokenOutput():
                 results[msg.request_id].token_ids.extend(msg.new_token_ids)
@@ -78,8 +74,9 @@ def test_a_closed_client_has_its_running_and_waiting_requests_aborted(tmp_path):
         # 4 run (--max-num-seqs 4), 2 wait.
         for i in range(6):
             gone.send(codec.encode(Generate(f"gone-{i}", prompt(i), LONG, ignore_eos=True)))
+        gone_replies = Replies(gone)
         for _ in range(2):
-            assert isinstance(recv(gone, 30), TokenOutput)
+            assert isinstance(gone_replies.recv(30), TokenOutput)
         other = c.client()
         other.send(codec.encode(Generate("other", prompt(99), 30, ignore_eos=True)))
         wait_for(c, running=4, waiting=3)
@@ -88,7 +85,7 @@ def test_a_closed_client_has_its_running_and_waiting_requests_aborted(tmp_path):
         m = wait_drained(c)
         drained_s = time.monotonic() - t0
         # The other client's request was admitted once the gone client's left, and ran to the end.
-        result = collect(other, {"other"}, 30)["other"]
+        result = collect(Replies(other), {"other"}, 30)["other"]
         assert result.finish_reason == "length" and len(result.token_ids) == 30
         time.sleep(0.3)
         after = c.metrics()

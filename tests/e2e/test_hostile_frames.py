@@ -39,6 +39,7 @@ from kvtest.hostile_frames import (
     worker_messages,
     wrong_shapes,
 )
+from kvtest.replies import Replies
 from prometheus_client.parser import text_string_to_metric_families
 
 from protocol.client_messages import (
@@ -52,6 +53,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 
 def recv_reply(sock: zmq.Socket, timeout_s: float):
+    """One frame of a hostile client (it has no requests: only RequestErrors)."""
     assert sock.poll(int(timeout_s * 1000)), f"no reply within {timeout_s} s"
     return replies.decode(sock.recv())
 
@@ -183,8 +185,9 @@ def test_thousands_of_hostile_frames_each_answered_once_and_the_port_survives(tm
 
         # The good client's request ran to the end through the flood.
         tokens: list[int] = []
+        good_replies = Replies(good)
         while True:
-            msg = recv_reply(good, 60)
+            msg = good_replies.recv(60)
             assert isinstance(msg, TokenOutput) and msg.request_id == "good", msg
             tokens += msg.new_token_ids
             if msg.finished:
@@ -230,7 +233,8 @@ def test_one_message_of_many_empty_frames_is_counted_not_held(tmp_path):
         rss_before = rss_kb(pid)
         good = c.client()
         good.send(requests.encode(Generate("good", list(range(2, 42)), 3000, ignore_eos=True)))
-        assert isinstance(recv_reply(good, 30), TokenOutput)
+        good_replies = Replies(good)
+        assert isinstance(good_replies.recv(30), TokenOutput)
 
         rss_max = [rss_before]
         done = threading.Event()
@@ -252,7 +256,7 @@ def test_one_message_of_many_empty_frames_is_counted_not_held(tmp_path):
             sampler.join(5)
 
         good.send(requests.encode(Abort("good")))
-        while not (msg := recv_reply(good, 30)).finished:
+        while not (msg := good_replies.recv(30)).finished:
             assert isinstance(msg, TokenOutput)
         assert msg.finish_reason == "abort"
         good.close(linger=0)

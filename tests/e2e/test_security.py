@@ -12,6 +12,7 @@ import pytest
 import zmq
 import zmq.auth
 from kvtest.cluster import ROOT, Cluster
+from kvtest.replies import Replies
 
 from protocol.client_messages import Generate, TokenOutput
 from protocol.curve import apply_client
@@ -39,8 +40,8 @@ def _ask(c: Cluster, sock: zmq.Socket, timeout_ms: int) -> object | None:
     sock.connect(f"tcp://127.0.0.1:{c.port}")
     sock.send(c.codec.encode(Generate("hello", [5, 6, 7, 8], 3, ignore_eos=True)))
     got = []
-    while sock.poll(timeout_ms):
-        msg = c.codec.decode(sock.recv())
+    replies = Replies(sock)
+    while (msg := replies.poll(timeout_ms / 1000)) is not None:
         got.append(msg)
         if isinstance(msg, TokenOutput) and msg.finished:
             break

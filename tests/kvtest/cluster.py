@@ -21,7 +21,7 @@ from pathlib import Path
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from protocol.client_messages import ClientResponse, Generate, RequestError, TokenOutput
+from protocol.client_messages import ClientResponse, EngineCoreOutputs, Generate, RequestError
 from protocol.codec import Codec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,14 +145,15 @@ class Cluster:
                     raise TimeoutError(f"{len(pending)} requests unfinished after {timeout} s: {sorted(pending)[:5]}")
                 msg = self.codec.decode(sock.recv())
                 match msg:
-                    case TokenOutput():
-                        r = results[msg.request_id]
-                        r.token_ids.extend(msg.new_token_ids)
-                        r.num_cached_tokens = msg.num_cached_tokens
-                        r.logprobs.extend(msg.logprobs or ())
-                        if msg.finished:
-                            r.finish_reason = msg.finish_reason
-                            pending.discard(msg.request_id)
+                    case EngineCoreOutputs(outputs=outputs):
+                        for out in outputs:
+                            r = results[out.request_id]
+                            r.token_ids.extend(out.new_token_ids)
+                            r.num_cached_tokens = out.num_cached_tokens
+                            r.logprobs.extend(out.logprobs or ())
+                            if out.finished:
+                                r.finish_reason = out.finish_reason
+                                pending.discard(out.request_id)
                     case RequestError():
                         if msg.request_id in results:
                             results[msg.request_id].error = msg.message

@@ -15,6 +15,7 @@ from protocol.client_messages import (
     Abort,
     ClientRequest,
     ClientResponse,
+    EngineCoreOutputs,
     Generate,
     RequestError,
     TokenOutput,
@@ -105,7 +106,8 @@ def wrong_shapes(rng: random.Random) -> list[Case]:
         elif what == 1:
             del d[rng.choice(["request_id", "prompt_token_ids"])]
         else:
-            d[rng.choice(["foo", "prompt", "max_new_tokens", "seed", ""])] = rng.choice([1, "x", None, [1]])
+            # NOTE: names Generate does not have ("seed" is one of its fields now).
+            d[rng.choice(["foo", "prompt", "max_new_tokens", "random_seed", ""])] = rng.choice([1, "x", None, [1]])
         cases.append(one(pack(d)))
 
     # Frames that decode but are refused: the error carries the request's id.
@@ -148,7 +150,7 @@ def worker_messages(rng: random.Random) -> list[Case]:
             WorkerHello(0, 1, r, 16, VOCAB, 1), WorkerReady(r, 16, 8, 4096, r, [row]),
             StepPlan(r, {r: 3}, [row], [], [AppendedBlocks(r, [3])], [r], []), StepResult(r, [r], [5]),
             WorkerError("no", r), Heartbeat(time.time()), Shutdown("bye"),
-            TokenOutput("x", [1], True, "length"), RequestError("echo", "x"),
+            EngineCoreOutputs([TokenOutput("x", [1], True, "length")]), RequestError("echo", "x"),
         ]  # fmt: skip
         out += [one(pack(m)) for m in msgs]
     return out

@@ -22,9 +22,9 @@ from pathlib import Path
 import zmq
 
 from kvtest.fake_worker import FakeWorker, fake_sample
+from kvtest.replies import Replies
 from protocol.client_messages import (
     ClientRequest,
-    ClientResponse,
     Generate,
     RequestError,
     TokenOutput,
@@ -264,7 +264,7 @@ class Client:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(address)
         self.out: Codec = Codec(ClientRequest)
-        self.inp: Codec = Codec(ClientResponse)
+        self.replies = Replies(self.sock)
 
     def send(self, msg) -> None:
         self.sock.send(self.out.encode(msg))
@@ -272,10 +272,9 @@ class Client:
     def send_raw(self, *frames: bytes) -> None:
         self.sock.send_multipart(list(frames))
 
-    def recv(self, timeout_s: float = 5.0):
-        if not self.sock.poll(int(timeout_s * 1000)):
-            raise AssertionError(f"no reply from the scheduler within {timeout_s} s")
-        return self.inp.decode(self.sock.recv())
+    def recv(self, timeout_s: float = 5.0) -> TokenOutput | RequestError:
+        """The next TokenOutput (of a step's EngineCoreOutputs frame) or RequestError."""
+        return self.replies.recv(timeout_s)
 
     def error(self, timeout_s: float = 5.0) -> RequestError:
         msg = self.recv(timeout_s)

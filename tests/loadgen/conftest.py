@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import zmq
 
-from protocol.client_messages import Abort, ClientRequest, Generate, RequestError, TokenOutput
+from protocol.client_messages import Abort, ClientRequest, EngineCoreOutputs, Generate, RequestError, TokenOutput
 from protocol.codec import Codec, ProtocolError
 
 # behaviour(index) -> "ok" | "reject" | "silent" | "abort"; index parsed from "<prefix>-<index>".
@@ -25,7 +25,8 @@ def fake_tokens(prompt: list[int], n: int, vocab_size: int = 512) -> list[int]:
 
 
 class FakeScheduler:
-    """Answers Generate with max_tokens tokens (first alone, then pairs), finished='length'."""
+    """Answers Generate with max_tokens tokens (first alone, then pairs), finished='length',
+    each TokenOutput in an EngineCoreOutputs frame of its own."""
 
     def __init__(self, behaviour: Behaviour | None = None):
         self.behaviour = behaviour or (lambda i: "ok")
@@ -75,7 +76,7 @@ class FakeScheduler:
             out = TokenOutput(
                 request_id=rid, new_token_ids=[], finished=True, finish_reason="abort"
             )
-            self._send(ident, out, codec)
+            self._send(ident, EngineCoreOutputs([out]), codec)
             return
         tokens = fake_tokens(msg.prompt_token_ids, msg.max_tokens)
         chunks = [tokens[:1]] + [tokens[i : i + 2] for i in range(1, len(tokens), 2)]
@@ -88,7 +89,7 @@ class FakeScheduler:
                 finish_reason="length" if last else None,
                 num_cached_tokens=16 if k == 0 else 0,
             )
-            self._send(ident, out, codec)
+            self._send(ident, EngineCoreOutputs([out]), codec)
 
     def stop(self) -> None:
         self._stop.set()

@@ -13,6 +13,7 @@ from protocol.client_messages import (
     Abort,
     ClientRequest,
     ClientResponse,
+    EngineCoreOutputs,
     Generate,
     RequestError,
     TokenOutput,
@@ -44,7 +45,7 @@ raw = msgspec.msgpack.encode
 VALID = [
     (CODECS["client_in"], Generate("req-1", [3, 4, 5], max_tokens=7, ignore_eos=True, cache_salt="s")),
     (CODECS["client_in"], Abort("req-1")),
-    (CODECS["client_out"], TokenOutput("req-1", [9], finished=True, finish_reason="stop", num_cached_tokens=16)),
+    (CODECS["client_out"], EngineCoreOutputs([TokenOutput("req-1", [9], finished=True, finish_reason="stop", num_cached_tokens=16)])),
     (CODECS["client_out"], RequestError("nope", "req-1")),
     (CODECS["to_worker"], WorkerReady(64, 16, 8, 512, 3, [RequestRow(1, [2, 3], [4], 0)])),
     (CODECS["to_worker"], StepPlan(5, {1: 0}, [RequestRow(2, [5] * 17, [6, 7])], [], [AppendedBlocks(1, [8])], [3], [4])),

@@ -15,8 +15,10 @@ from protocol.client_messages import (
     Abort,
     ClientRequest,
     ClientResponse,
+    EngineCoreOutputs,
     Generate,
     RequestError,
+    TokenLogprobs,
     TokenOutput,
 )
 from protocol.codec import Codec
@@ -67,8 +69,12 @@ CLIENT_REQUESTS = [
     Abort("req-1"),
 ]
 CLIENT_RESPONSES = [
-    TokenOutput("req-1", [7, 8], finished=True, finish_reason="length", num_cached_tokens=32),
-    TokenOutput("req-2", []),
+    EngineCoreOutputs([
+        TokenOutput("req-1", [7, 8], finished=True, finish_reason="length", num_cached_tokens=32),
+        TokenOutput("req-2", []),
+        TokenOutput("req-3", [9], logprobs=[TokenLogprobs(-0.25, [9, 4], [-0.25, -2.0])]),
+    ]),  # fmt: skip
+    EngineCoreOutputs(),
     RequestError("token id 999 is outside the vocabulary", request_id="req-1"),
     RequestError("malformed frame"),
 ]
@@ -121,6 +127,13 @@ def test_client_messages_are_maps_tagged_by_type():
     raw = msgspec.msgpack.decode(CLIENT_IN.encode(Generate("a", [1, 2], max_tokens=3)))
     assert raw == {"type": "generate", "request_id": "a", "prompt_token_ids": [1, 2], "max_tokens": 3}
     assert msgspec.msgpack.decode(CLIENT_OUT.encode(RequestError("no"))) == {"type": "error", "message": "no"}
+    # One frame per client per step: the TokenOutputs inside carry no tag of their own.
+    batch = EngineCoreOutputs([TokenOutput("a", [5]), TokenOutput("b", [6], True, "stop", 16)])
+    assert msgspec.msgpack.decode(CLIENT_OUT.encode(batch)) == {"type": "outputs", "outputs": [
+        {"request_id": "a", "new_token_ids": [5]},
+        {"request_id": "b", "new_token_ids": [6], "finished": True, "finish_reason": "stop", "num_cached_tokens": 16},
+    ]}  # fmt: skip
+    assert msgspec.msgpack.decode(CLIENT_OUT.encode(EngineCoreOutputs())) == {"type": "outputs"}
 
 
 def test_worker_messages_are_arrays_tag_first():
@@ -149,9 +162,10 @@ client_requests = st.one_of(
               st.none() | st.text(max_size=40)),  # fmt: skip
     st.builds(Abort, request_ids),
 )
+token_outputs = st.builds(TokenOutput, st.text(max_size=300), st.lists(any_ints, max_size=10), st.booleans(),
+                          st.none() | st.sampled_from(["length", "stop", "abort", "error"]), small_ints)  # fmt: skip
 client_responses = st.one_of(
-    st.builds(TokenOutput, st.text(max_size=300), st.lists(any_ints, max_size=10), st.booleans(),
-              st.none() | st.sampled_from(["length", "stop", "abort", "error"]), small_ints),  # fmt: skip
+    st.builds(EngineCoreOutputs, st.lists(token_outputs, max_size=8)),
     st.builds(RequestError, st.text(max_size=200), st.none() | st.text(max_size=300)),
 )
 to_worker = st.one_of(

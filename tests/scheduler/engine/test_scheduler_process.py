@@ -90,6 +90,29 @@ def test_generate_streams_tokens_and_reports_cached_tokens(served):
     served.wait_idle()
 
 
+def test_one_frame_per_client_per_step_carries_all_its_requests(served):
+    """Four requests on one socket run side by side for 20 steps: each step's tokens
+    come in one EngineCoreOutputs frame, each request at most once in it."""
+    prompts = {f"b{i}": prompt_of(40 + i, 20) for i in range(4)}
+    for rid, prompt in prompts.items():
+        served.client.send(Generate(rid, prompt, max_tokens=20, ignore_eos=True))
+    outs: dict[str, list[TokenOutput]] = {rid: [] for rid in prompts}
+    first_frame = len(served.client.replies.frames)
+    while not all(o and o[-1].finished for o in outs.values()):
+        msg = served.client.recv(15)
+        assert isinstance(msg, TokenOutput), msg
+        outs[msg.request_id].append(msg)
+    frames = served.client.replies.frames[first_frame:]
+    for rid, prompt in prompts.items():
+        assert tokens_of(outs[rid]) == expected_tokens(prompt, 20)
+    assert all(len(ids) == len(set(ids)) for ids in frames), frames
+    assert sum(map(len, frames)) == 80
+    # Sent at once, all four run side by side for most of their 20 steps (17 when
+    # admitted in 4 successive steps; 10 leaves room for a loaded machine).
+    assert sum(len(ids) == 4 for ids in frames) >= 10, frames
+    served.wait_idle()
+
+
 @pytest.mark.parametrize(
     "msg,words",
     [

@@ -1,0 +1,66 @@
+"""A step's tokens to the clients: one `EngineCoreOutputs` frame per client per step.
+
+`outputs_by_client` builds each client's batch straight from the scheduler's
+`StepOutputs` columns (no per-request `RequestOutput` on the way), in batch order,
+as vLLM's `Scheduler.update_from_output` groups its EngineCoreOutputs by client.
+`send_outputs` encodes each batch once and sends it without waiting; it returns
+the clients that could not be sent to (gone, or not reading), for the caller to
+drop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from protocol.client_messages import EngineCoreOutputs, TokenLogprobs, TokenOutput
+from protocol.codec import Codec
+from protocol.worker_messages import SampledLogprobs
+from scheduler.engine.sockets import RouterPort
+from scheduler.sched.outputs import StepOutputs
+from scheduler.sched.request import Request
+
+
+def outputs_by_client(step: StepOutputs, logprobs: Iterable[SampledLogprobs] = ()) -> dict[bytes, EngineCoreOutputs]:
+    """client id -> that client's TokenOutputs of this step, in batch order."""
+    batches: dict[bytes, list[TokenOutput]] = {}
+    outputs: list[TokenOutput] = []
+    for r, token_id in zip(step.requests, step.token_ids):
+        # NOTE: a request that sampled was admitted, so its num_cached_tokens is set (>= 0).
+        out = TokenOutput(r.request_id, [token_id], num_cached_tokens=r.num_cached_tokens)
+        outputs.append(out)
+        batch = batches.get(r.client_id)
+        if batch is None:
+            batches[r.client_id] = [out]
+        else:
+            batch.append(out)
+    for i, reason in step.finish_reasons.items():
+        outputs[i].finished = True
+        outputs[i].finish_reason = reason
+    # NOTE: only rows whose SamplingParams asked for logprobs have them (rarely any).
+    if logprobs:
+        index = {r.seq_id: i for i, r in enumerate(step.requests)}
+        for lp in logprobs:
+            i = index.get(lp.seq_id)
+            if i is not None:
+                outputs[i].logprobs = [TokenLogprobs(lp.logprob, lp.top_token_ids, lp.top_logprobs)]
+    return {client: EngineCoreOutputs(batch) for client, batch in batches.items()}
+
+
+def final_outputs_by_client(requests: Iterable[Request], finish_reason: str) -> dict[bytes, EngineCoreOutputs]:
+    """The last (token-less) TokenOutput of each request ended outside a step
+    (abort, shutdown), grouped by client."""
+    batches: dict[bytes, list[TokenOutput]] = {}
+    for r in requests:
+        out = TokenOutput(r.request_id, [], True, finish_reason, max(r.num_cached_tokens, 0))
+        batches.setdefault(r.client_id, []).append(out)
+    return {client: EngineCoreOutputs(batch) for client, batch in batches.items()}
+
+
+async def send_outputs(port: RouterPort, codec: Codec, batches: dict[bytes, EngineCoreOutputs]) -> list[bytes]:
+    """One encode and one send per client; the clients whose send failed."""
+    failed = []
+    encode, send = codec.encode, port.send
+    for client, batch in batches.items():
+        if not await send(client, encode(batch)):
+            failed.append(client)
+    return failed
