@@ -146,10 +146,17 @@ class Heartbeat(msgspec.Struct, **_OPTS, tag=7):
 
 
 class Shutdown(msgspec.Struct, **_OPTS, tag=8):
-    """The scheduler tells a worker to exit cleanly."""
+    """The scheduler tells a worker to exit: cleanly (0) once ready; before
+    WorkerReady it is a refusal, and the worker exits 4 so a supervisor retries."""
 
     reason: str = ""
 
 
-WorkerToScheduler = WorkerHello | StepResult | WorkerError | Heartbeat
+class WorkerExit(msgspec.Struct, **_OPTS, tag=10):
+    """A worker stopping on purpose (SIGTERM): its rows go with it, but nothing failed."""
+
+    reason: str = ""
+
+
+WorkerToScheduler = WorkerHello | StepResult | WorkerError | Heartbeat | WorkerExit
 SchedulerToWorker = WorkerReady | StepPlan | Heartbeat | Shutdown

@@ -2,14 +2,17 @@
 
 Builds the one frozen WorkerConfig from the command line, loads the checkpoint
 (``--model DIR``, or the tiny default generated on first use), sizes the KV cache from
-the memory budget, then runs the process loop (``worker.process``) against the
-scheduler's worker port. A checkpoint that cannot be served exits 2 before hello.
+the memory budget, allocates it, then runs the process loop (``worker.process``)
+against the scheduler's worker port. A checkpoint that cannot be served, or a KV
+budget the device cannot hold, exits 2 before hello.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import re
+import signal
 import sys
 
 import torch
@@ -18,16 +21,25 @@ import zmq
 from protocol.curve import CurveKeyError, load_keypair
 from worker.checkpoint import CheckpointError
 from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
-from worker.kv_cache import cuda_kv_budget, kv_bytes_per_block, num_blocks_for_budget, parse_size
+from worker.device_memory import check_kv_budget
+from worker.kv_cache import (
+    allocate_kv_caches,
+    cuda_kv_budget,
+    kv_bytes_per_block,
+    num_blocks_for_budget,
+    parse_size,
+)
 from worker.metrics import WorkerMetrics
 from worker.models.config import DTYPES, ModelConfigError
-from worker.process import WorkerProcess
+from worker.process import WorkerProcess, WorkerStopping
 from worker.serving_model import load_serving_model
 
 log = logging.getLogger("worker")
 
 
 def _size(text: str) -> int:
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: a memory size cannot be negative")
     try:
         return parse_size(text)
     except ValueError as e:
@@ -44,37 +56,72 @@ def _fraction(text: str) -> float:
     return value
 
 
+# A value that starts like a negative number ("-4MiB", "-.5G"): argparse would take
+# it for an option and say only "expected one argument".
+_NEGATIVE_VALUE = re.compile(r"^-\.?\d")
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """``--flag -4MiB`` as ``--flag=-4MiB``, so the flag's own check names the problem."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and _NEGATIVE_VALUE.match(arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
+def _check_endpoint(endpoint: str) -> str | None:
+    """Why ``endpoint`` is not one a ZeroMQ socket can connect to, or None."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        sock.connect(endpoint)
+    except zmq.ZMQError as e:
+        return f"--scheduler {endpoint!r} is not a ZeroMQ endpoint ({e}); expected e.g. tcp://127.0.0.1:5556"
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = WorkerConfig()
     p = argparse.ArgumentParser(prog="kvpool-worker", description="kvpool worker: owns the KV memory, executes the scheduler's step plans.")
-    p.add_argument("--scheduler", default=d.scheduler, help="the scheduler's worker port (default %(default)s)")
+    p.add_argument("--scheduler", default=d.scheduler, metavar="ENDPOINT",
+                   help="the scheduler's worker port, a ZeroMQ endpoint (default %(default)s)")
     p.add_argument("--model", metavar="DIR", default=None,
-                   help="a Hugging Face checkpoint directory (config.json, *.safetensors); default: the tiny generated Llama")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available, else cpu")
+                   help="a Hugging Face checkpoint directory (config.json, *.safetensors) (default: the tiny generated Llama)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="where the model and KV cache live (default: cuda if available, else cpu)")
     p.add_argument("--dtype", choices=["auto", *DTYPES], default=d.dtype,
                    help="model and KV cache dtype; auto: the checkpoint's torch_dtype (default %(default)s)")
     p.add_argument("--max-model-len", type=int, default=None, help="longest context served (default: the model's max_position_embeddings)")
     p.add_argument("--kv-cache-memory", type=_size, default=None, metavar="SIZE",
-                   help=f"KV cache budget, e.g. 512MiB, 2GiB, 64M (default on CPU: {CPU_DEFAULT_KV_CACHE_MEMORY // 2**20}MiB)")
+                   help=f"KV cache budget, e.g. 512MiB, 2GiB, 64M; at most what the device has available "
+                        f"(default: on CPU {CPU_DEFAULT_KV_CACHE_MEMORY // 2**20}MiB, on CUDA see --gpu-memory-utilization)")
     p.add_argument("--gpu-memory-utilization", type=_fraction, default=d.gpu_memory_utilization,
                    help="on CUDA without --kv-cache-memory: share of device memory this process may use, weights and "
                         "the profiled activation peak included (default %(default)s)")
     p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
                    help="on CUDA: tokens of the dummy forward that profiles the activation peak (default %(default)s)")
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block (default %(default)s)")
-    p.add_argument("--http-port", type=int, default=d.http_port, help="/metrics on 127.0.0.1 (default %(default)s; 0 disables)")
-    p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
+    p.add_argument("--http-port", type=int, default=d.http_port, help="/metrics and /health on 127.0.0.1 (default %(default)s; 0 disables)")
+    p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
+                   help="log verbosity (default %(default)s)")
     p.add_argument("--scheduler-timeout", type=float, default=d.scheduler_timeout_s, metavar="SECONDS",
-                   help="exit (or reconnect) after this long without a message from the scheduler (default %(default)s)")
-    p.add_argument("--reconnect", action="store_true", help="on scheduler timeout, drop every row and handshake again instead of exiting")
-    p.add_argument("--curve-client-key", metavar="FILE", help="CURVE: this worker's secret certificate (NAME.key_secret)")
-    p.add_argument("--curve-server-key", metavar="FILE", help="CURVE: the scheduler's public certificate (NAME.key)")
+                   help="exit 3 (or reconnect) after this long without a message from the scheduler, or without "
+                        "WorkerReady after hello; the scheduler's --worker-timeout is the same (default %(default)s)")
+    p.add_argument("--reconnect", action="store_true",
+                   help="on scheduler timeout, drop every row and handshake again instead of exiting (default: off)")
+    p.add_argument("--curve-client-key", metavar="FILE", help="CURVE: this worker's secret certificate (NAME.key_secret) (default: no CURVE)")
+    p.add_argument("--curve-server-key", metavar="FILE", help="CURVE: the scheduler's public certificate (NAME.key) (default: no CURVE)")
     return p
 
 
 def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
     p = build_parser()
-    a = p.parse_args(argv)
+    a = p.parse_args(_join_negative_values(sys.argv[1:] if argv is None else list(argv)))
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
@@ -82,6 +129,8 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
         p.error(f"--block-size must be positive, got {a.block_size}")
     if not 0 <= a.http_port < 65536:
         p.error(f"--http-port must be 0..65535, got {a.http_port}")
+    if (why := _check_endpoint(a.scheduler)) is not None:
+        p.error(why)
     if a.scheduler_timeout <= 0:
         p.error(f"--scheduler-timeout must be positive, got {a.scheduler_timeout}")
     if (a.curve_client_key is None) != (a.curve_server_key is None):
@@ -104,9 +153,14 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
         curve_client_key=a.curve_client_key, curve_server_key=a.curve_server_key,
     )
 
+def _on_sigterm(_signum, _frame) -> None:
+    raise WorkerStopping()
+
+
 def main(argv: list[str] | None = None) -> int:
     config = config_from_args(argv)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         serving = load_serving_model(config.model, config.dtype, config.device, config.max_model_len)
     except (CheckpointError, ModelConfigError) as e:
@@ -131,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
         log.error("a KV budget of %d bytes holds %d blocks of %d bytes; at least 2 are needed", budget, num_blocks, per_block)
         return 2
     log.info("device %s, dtype %s: %d KV blocks of %d bytes fit a budget of %d bytes", model.device, serving.dtype, num_blocks, per_block, budget)
+    try:
+        check_kv_budget(num_blocks * per_block, model.device)
+        kv_caches = allocate_kv_caches(m.num_layers, num_blocks, config.block_size, m.num_kv_heads, m.head_dim, DTYPES[serving.dtype], model.device)
+    except (ValueError, RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        log.error("cannot allocate the KV cache (%d blocks of %d bytes): %s", num_blocks, per_block, e)
+        return 2
     metrics = None
     if config.http_port:
         metrics = WorkerMetrics()
@@ -141,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     ctx = zmq.Context()
     try:
-        return WorkerProcess(config, serving, num_blocks, metrics).run(ctx)
+        return WorkerProcess(config, serving, kv_caches, metrics).run(ctx)
+    except WorkerStopping:
+        return 0
     except KeyboardInterrupt:
         return 130
     finally:

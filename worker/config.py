@@ -27,7 +27,8 @@ class WorkerConfig:
     block_size: int = 16
     http_port: int = 8001  # 0 disables /metrics
     log_level: str = "INFO"
-    scheduler_timeout_s: float = 2.0
+    # NOTE: the same as the scheduler's --worker-timeout (docs/operations.md, "Liveness").
+    scheduler_timeout_s: float = 10.0
     heartbeat_interval_s: float = 0.5
     reconnect: bool = False
     # CURVE: this worker's secret certificate and the scheduler's public one.

@@ -1,4 +1,5 @@
-"""The worker's Prometheus metrics, served on 127.0.0.1 (``--http-port``).
+"""The worker's Prometheus metrics and health, served on 127.0.0.1 (``--http-port``):
+GET /metrics, GET /health (200 once WorkerReady is installed, else 503), 404 elsewhere.
 
 The runner only keeps plain counters; the process loop calls ``observe_step`` after
 each step to turn them into metrics (STYLE.md rule 5: no metrics in hot loops). Each
@@ -7,7 +8,17 @@ worker has its own registry, so nothing here is global.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -39,6 +50,8 @@ class WorkerMetrics:
         ).labels(**labels)
         self._last_tokens = 0
         self._last_bytes = 0
+        # Set by the process loop: True while a scheduler's WorkerReady is installed.
+        self.ready = False
 
     def observe_step(self, seconds: float, num_tokens_computed: int, kv_bytes_written: int) -> None:
         """Record one step; the two counts are the runner's running totals."""
@@ -52,7 +65,33 @@ class WorkerMetrics:
         """Call when a new runner (counting from 0) replaces the old one."""
         self._last_tokens = self._last_bytes = 0
 
-    def serve(self, port: int, host: str = "127.0.0.1"):
-        """Start the /metrics HTTP server in a daemon thread; returns the server."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+        """Start the HTTP server in a daemon thread; returns the server (OSError if the
+        port is taken)."""
+        metrics = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._reply(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
+                elif path == "/health":
+                    ok = metrics.ready
+                    self._reply(200 if ok else 503, b"ok\n" if ok else b"not ready: no WorkerReady from a scheduler\n")
+                else:
+                    self._reply(404, b"not found: GET /metrics or /health\n")
+
+            def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_args) -> None:
+                pass  # no access log
+
+        server = ThreadingHTTPServer((host, port), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="worker-http", daemon=True).start()
         return server

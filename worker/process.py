@@ -3,15 +3,22 @@
 A plain blocking ZeroMQ DEALER with poll timeouts. Every message is one frame (a
 msgspec msgpack message; the scheduler's ROUTER sees ``[identity, frame]``).
 
-* Connect, send WorkerHello, wait for WorkerReady; allocate the KV cache with the
-  number of blocks the scheduler chose (at most ours) and install its resync rows.
+* The KV cache is allocated before any of this (``worker.__main__``): a hello
+  promises only memory the worker holds.
+* Connect, send WorkerHello, wait for WorkerReady; use the number of blocks the
+  scheduler chose (at most ours), install its resync rows, and acknowledge with a
+  Heartbeat (the scheduler is ready only once it hears it). A Shutdown instead is a
+  refusal: exit 4 (EXIT_REFUSED), so that a supervisor tries again. No WorkerReady
+  within ``scheduler_timeout_s``: the scheduler is unreachable, as below.
 * Then answer each StepPlan with a StepResult (or a WorkerError, state unchanged);
   Shutdown exits 0. Incoming heartbeats only prove the scheduler is alive: they are
   not answered (two sides that answer each other's heartbeats would ping-pong);
   instead the worker sends its own whenever it has sent nothing for a heartbeat
   interval.
-* Silence from the scheduler for ``scheduler_timeout_s`` after being ready: exit
-  non-zero, or with ``reconnect`` drop every row and handshake again.
+* Silence from the scheduler for ``scheduler_timeout_s``: exit 3, or with
+  ``reconnect`` drop every row and handshake again.
+* SIGTERM (``WorkerStopping``, raised by the handler ``worker.__main__`` installs):
+  tell the scheduler with WorkerExit and exit 0.
 """
 
 from __future__ import annotations
@@ -33,13 +40,12 @@ from protocol.worker_messages import (
     StepPlan,
     StepResult,
     WorkerError,
+    WorkerExit,
     WorkerHello,
     WorkerReady,
 )
 from worker.config import WorkerConfig
-from worker.kv_cache import allocate_kv_caches
 from worker.metrics import WorkerMetrics
-from worker.models.config import DTYPES
 from worker.plan_check import PlanError
 from worker.runner import ModelRunner
 from worker.serving_model import ServingModel
@@ -54,15 +60,25 @@ class SchedulerLost(Exception):
     """No message from the scheduler within the timeout."""
 
 
+class Refused(Exception):
+    """The scheduler answered the hello with Shutdown: the reason."""
+
+
+class WorkerStopping(Exception):
+    """SIGTERM: stop cleanly."""
+
+
 class WorkerProcess:
-    def __init__(self, config: WorkerConfig, serving: ServingModel, num_blocks: int, metrics: WorkerMetrics | None):
+    def __init__(self, config: WorkerConfig, serving: ServingModel, kv_caches: list[torch.Tensor], metrics: WorkerMetrics | None):
         self.config = config
         self.serving = serving
         self.model = serving.model
-        self.hello_num_blocks = num_blocks  # what fits our budget
+        # NOTE: the only KV allocation of the process, made before hello; a
+        # re-handshake reuses it. Each (2, num_blocks, block_size, kv_heads, head_dim).
+        self.kv_caches = kv_caches
+        self.hello_num_blocks = kv_caches[0].shape[1]  # what fits our budget
         self.metrics = metrics
         self.codec: Codec = Codec(SchedulerToWorker)
-        self.kv_caches: list[torch.Tensor] | None = None
         self.runner: ModelRunner | None = None
 
     def hello(self) -> WorkerHello:
@@ -86,22 +102,35 @@ class WorkerProcess:
             sock.connect(self.config.scheduler)
             try:
                 ready = self._handshake(sock)
-                if ready is None:
-                    return 0
                 refused = self._install(ready)
                 if refused is not None:
                     self._send(sock, WorkerError(refused))
                     log.error("refusing WorkerReady: %s", refused)
                     return EXIT_REFUSED
+                self._send(sock, Heartbeat(sent_at=time.time()))  # acknowledges WorkerReady
                 return self._serve(sock)
+            except Refused as e:
+                log.error("refused by the scheduler at %s: %s", self.config.scheduler, e)
+                return EXIT_REFUSED
             except SchedulerLost as e:
                 if not self.config.reconnect:
                     log.error("%s; exiting (use --reconnect to handshake again instead)", e)
                     return EXIT_SCHEDULER_LOST
                 log.warning("%s; dropping every row and handshaking again", e)
-                self.runner = None
+                self._set_ready(None)
+            except WorkerStopping:
+                log.info("SIGTERM: telling the scheduler and exiting")
+                # NOTE: linger, so the goodbye leaves before the socket closes.
+                self._send(sock, WorkerExit("SIGTERM"))
+                sock.close(linger=1000)
+                return 0
             finally:
                 sock.close(linger=0)
+
+    def _set_ready(self, runner: ModelRunner | None) -> None:
+        self.runner = runner
+        if self.metrics is not None:
+            self.metrics.ready = runner is not None
 
     def _send(self, sock: zmq.Socket, msg) -> None:
         sock.send(self.codec.encode(msg))
@@ -112,14 +141,21 @@ class WorkerProcess:
         # envelope) from the scheduler is tolerated.
         return self.codec.decode(frames[-1])
 
-    def _handshake(self, sock: zmq.Socket) -> WorkerReady | None:
+    def _handshake(self, sock: zmq.Socket) -> WorkerReady:
+        """WorkerReady; Refused on Shutdown, SchedulerLost after scheduler_timeout_s."""
         self._send(sock, self.hello())
         log.info("sent WorkerHello (%d blocks of %d tokens) to %s", self.hello_num_blocks, self.config.block_size, self.config.scheduler)
-        waited = 0.0
+        timeout = self.config.scheduler_timeout_s
+        start = time.monotonic()
         while True:
-            if not sock.poll(5000):
-                waited += 5.0
-                log.info("still waiting for WorkerReady from %s (%.0f s)", self.config.scheduler, waited)
+            waited = time.monotonic() - start
+            if waited >= timeout:
+                raise SchedulerLost(
+                    f"no WorkerReady from the scheduler at {self.config.scheduler} within {timeout} s "
+                    "(--scheduler-timeout): is it running, and is --scheduler its worker port?"
+                )
+            if not sock.poll(math.ceil(min(5.0, timeout - waited) * 1000)):
+                log.info("still waiting for WorkerReady from %s (%.0f s)", self.config.scheduler, time.monotonic() - start)
                 continue
             try:
                 msg = self._recv(sock)
@@ -130,8 +166,7 @@ class WorkerProcess:
                 case WorkerReady():
                     return msg
                 case Shutdown(reason=reason):
-                    log.info("shutdown before ready: %s", reason or "(no reason)")
-                    return None
+                    raise Refused(reason or "(no reason given)")
                 case Heartbeat():
                     pass
                 case StepPlan(step_id=step_id):
@@ -139,7 +174,7 @@ class WorkerProcess:
 
     def _install(self, ready: WorkerReady) -> str | None:
         """Size the cache and the runner from WorkerReady; a reason string if refused."""
-        c, m = self.config, self.serving.config
+        c = self.config
         if ready.block_size != c.block_size:
             return f"WorkerReady block_size {ready.block_size} differs from this worker's {c.block_size}"
         if not 2 <= ready.num_blocks <= self.hello_num_blocks:
@@ -148,21 +183,13 @@ class WorkerProcess:
             return f"WorkerReady max_num_seqs {ready.max_num_seqs} / max_model_len {ready.max_model_len} must be positive"
         if ready.max_model_len > self.serving.max_model_len:
             return f"WorkerReady max_model_len {ready.max_model_len} is over this worker's {self.serving.max_model_len}"
-        if self.kv_caches is None:
-            # NOTE: the only KV allocation of the process; a re-handshake reuses it.
-            self.kv_caches = allocate_kv_caches(
-                m.num_layers, ready.num_blocks, c.block_size, m.num_kv_heads, m.head_dim, DTYPES[self.serving.dtype], self.model.device
-            )
-        allocated = self.kv_caches[0].shape[1]
-        if ready.num_blocks > allocated:
-            return f"WorkerReady num_blocks {ready.num_blocks} is more than the {allocated} blocks allocated at the first handshake"
         caches = [kv[:, : ready.num_blocks] for kv in self.kv_caches]
         runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id)
         try:
             runner.resync(ready.resync_rows, ready.next_step_id)
         except PlanError as e:
             return f"resync rows: {e}"
-        self.runner = runner
+        self._set_ready(runner)
         if self.metrics is not None:
             self.metrics.num_blocks.set(ready.num_blocks)
             self.metrics.reset_totals()

@@ -42,7 +42,7 @@ def test_cli_defaults_and_flags():
     c = config_from_args(["--device", "cpu", "--kv-cache-memory", "1MiB", "--block-size", "8", "--http-port", "0", "--dtype", "float64"])
     assert (c.device, c.dtype, c.kv_cache_memory, c.block_size, c.http_port) == ("cpu", "float64", 1 << 20, 8, 0)
     assert c.model is None and c.max_model_len is None  # the tiny default checkpoint, its own length
-    assert c.scheduler == "tcp://127.0.0.1:5556" and c.scheduler_timeout_s == 2.0
+    assert c.scheduler == "tcp://127.0.0.1:5556" and c.scheduler_timeout_s == 10.0  # = the scheduler's --worker-timeout
     d = config_from_args(["--model", "/some/dir", "--max-model-len", "2048"])
     assert (d.model, d.max_model_len, d.dtype) == ("/some/dir", 2048, "auto")
 

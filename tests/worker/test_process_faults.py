@@ -1,0 +1,153 @@
+"""``python -m worker`` at its edges: refused, unreachable, stopped, over budget, its HTTP.
+
+Real worker processes against a ROUTER socket in the test; every wait is bounded and
+every process is killed in a finally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import zmq
+
+from protocol.codec import Codec
+from protocol.worker_messages import Heartbeat, Shutdown, WorkerExit, WorkerHello, WorkerReady, WorkerToScheduler
+from worker.process import EXIT_REFUSED, EXIT_SCHEDULER_LOST
+
+pytestmark = pytest.mark.e2e
+
+STARTUP_S = 60.0  # importing torch on a loaded 2-core machine can be slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Router:
+    def __init__(self):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind("tcp://127.0.0.1:0")
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.codec: Codec = Codec(WorkerToScheduler)
+        self.ident: bytes | None = None
+
+    def recv(self, timeout_s: float, skip_heartbeats: bool = False):
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            if not self.sock.poll(int(left * 1000) + 1):
+                break
+            self.ident, frame = self.sock.recv_multipart()
+            msg = self.codec.decode(frame)
+            if not (skip_heartbeats and isinstance(msg, Heartbeat)):
+                return msg
+        raise AssertionError(f"nothing from the worker within {timeout_s} s")
+
+    def send(self, msg) -> None:
+        self.sock.send_multipart([self.ident, self.codec.encode(msg)])
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self.ctx.term()
+
+
+@contextlib.contextmanager
+def worker(endpoint: str, *extra: str):
+    cmd = [sys.executable, "-m", "worker", "--scheduler", endpoint, "--device", "cpu", "--dtype", "float32",
+           "--block-size", "4", "--kv-cache-memory", "1MiB", *extra]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+def _stderr(proc: subprocess.Popen) -> str:
+    return proc.communicate(timeout=10)[1]
+
+
+def test_a_refused_worker_exits_4_with_the_reason():
+    r = Router()
+    try:
+        with worker(r.endpoint, "--http-port", "0") as proc:
+            assert isinstance(r.recv(STARTUP_S), WorkerHello)
+            r.send(Shutdown("the worker serves another model"))
+            assert proc.wait(timeout=15) == EXIT_REFUSED
+            err = _stderr(proc)
+            assert "refused by the scheduler" in err and "another model" in err
+    finally:
+        r.close()
+
+
+def test_a_worker_that_never_reaches_its_scheduler_gives_up_after_its_timeout():
+    port = free_port()  # nothing listens there
+    with worker(f"tcp://127.0.0.1:{port}", "--http-port", "0", "--scheduler-timeout", "1") as proc:
+        assert proc.wait(timeout=STARTUP_S + 30) == EXIT_SCHEDULER_LOST
+        err = _stderr(proc)
+        assert "no WorkerReady" in err and "--scheduler-timeout" in err and str(port) in err
+
+
+def test_sigterm_tells_the_scheduler_and_exits_0():
+    r = Router()
+    try:
+        with worker(r.endpoint, "--http-port", "0") as proc:
+            assert isinstance(r.recv(STARTUP_S), WorkerHello)
+            r.send(WorkerReady(64, 4, 4, 64))
+            assert isinstance(r.recv(10), Heartbeat)  # the acknowledgement
+            proc.send_signal(signal.SIGTERM)
+            assert isinstance(r.recv(10, skip_heartbeats=True), WorkerExit)
+            assert proc.wait(timeout=15) == 0
+    finally:
+        r.close()
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_http_serves_health_and_metrics_and_404_elsewhere():
+    r, port = Router(), free_port()
+    try:
+        with worker(r.endpoint, "--http-port", str(port)):
+            assert isinstance(r.recv(STARTUP_S), WorkerHello)
+            status, body = _get(port, "/health")
+            assert status == 503 and "not ready" in body
+            r.send(WorkerReady(64, 4, 4, 64))
+            assert isinstance(r.recv(10), Heartbeat)
+            assert _get(port, "/health") == (200, "ok\n")
+            status, body = _get(port, "/metrics")
+            assert status == 200 and "kvpool_worker_num_blocks" in body
+            status, body = _get(port, "/anything")
+            assert status == 404 and "kvpool_worker" not in body
+            r.send(Shutdown())
+    finally:
+        r.close()
+
+
+def test_a_kv_budget_over_the_device_memory_is_refused_before_hello():
+    r = Router()
+    try:
+        with worker(r.endpoint, "--http-port", "0", "--kv-cache-memory", "1000TiB") as proc:
+            assert proc.wait(timeout=STARTUP_S + 30) == 2
+            err = _stderr(proc)
+            assert "cannot allocate the KV cache" in err and "available" in err and "--kv-cache-memory" in err
+            assert not r.sock.poll(0), "the worker said hello with memory it does not have"
+    finally:
+        r.close()
