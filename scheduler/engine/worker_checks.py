@@ -56,10 +56,17 @@ def pool_size_for(
                 f"the worker serves another model ({hello.architecture or '?'} {hello.model_hash or '?'}) than the pool "
                 f"was built for ({current.architecture or '?'} {current.model_hash or '?'})"
             )
-        if hello.num_blocks < current.num_blocks or (hello.vocab_size, hello.eos_token_id) != (current.vocab_size, current.eos_token_id):
+        # NOTE: each mismatch is named alone, with both values: the operator fixes that one.
+        if hello.vocab_size != current.vocab_size:
             raise WorkerRefused(
-                f"a returning worker must hold at least the pool's {current.num_blocks} blocks and the same model "
-                f"(vocabulary {current.vocab_size}, EOS {current.eos_token_id})"
+                f"vocabulary of {hello.vocab_size} tokens, but the pool was built for a model with {current.vocab_size}"
+            )
+        if hello.eos_token_id != current.eos_token_id:
+            raise WorkerRefused(f"EOS token id {hello.eos_token_id}, but the pool was built for a model with EOS {current.eos_token_id}")
+        if hello.num_blocks < current.num_blocks:
+            raise WorkerRefused(
+                f"the worker holds {hello.num_blocks} blocks, fewer than the pool's {current.num_blocks}: "
+                "give it a larger --kv-cache-memory, or restart the scheduler to size a new pool"
             )
         return current.num_blocks
     if num_gpu_blocks_override is None:

@@ -32,3 +32,29 @@ def test_a_context_shorter_than_max_model_len_is_refused():
     with pytest.raises(WorkerRefused, match="--max-model-len 16384 is over the 8192 tokens"):
         pool_size_for(hello(), 16, None, None, 16384)
     assert pool_size_for(hello(max_model_len=0), 16, None, None, 16384) == 100  # a worker that does not say
+
+
+@pytest.mark.parametrize(
+    "kw,words,absent",
+    [
+        ({"vocab_size": 513}, ["vocabulary of 513", "512"], ["blocks"]),
+        ({"eos_token_id": 3}, ["EOS token id 3", "EOS 1"], ["blocks", "vocabulary"]),
+        ({"num_blocks": 60}, ["60 blocks", "pool's 100", "--kv-cache-memory"], ["vocabulary", "EOS"]),
+    ],
+)
+def test_a_returning_worker_is_told_the_exact_mismatch(kw, words, absent):
+    with pytest.raises(WorkerRefused) as e:
+        pool_size_for(hello(**kw), 16, None, POOL, 4096)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+    for w in absent:
+        assert w not in str(e.value), str(e.value)
+
+
+def test_a_first_worker_sizes_the_pool_or_the_override_does():
+    assert pool_size_for(hello(num_blocks=300), 16, None, None) == 300
+    assert pool_size_for(hello(num_blocks=300), 16, 200, None) == 200
+    with pytest.raises(WorkerRefused, match="more than the 300 blocks"):
+        pool_size_for(hello(num_blocks=300), 16, 400, None)
+    with pytest.raises(WorkerRefused, match="block size 8"):
+        pool_size_for(hello(block_size=8), 16, None, None)
