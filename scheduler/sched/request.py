@@ -34,7 +34,7 @@ class Request:
     """
 
     __slots__ = (
-        "request_id", "seq_id", "client_id", "prompt_token_ids", "all_token_ids", "num_prompt_tokens",
+        "request_id", "seq_id", "client_id", "all_token_ids", "num_prompt_tokens",
         "max_tokens", "ignore_eos", "eos_token_id", "cache_salt", "status", "num_computed_tokens",
         "num_cached_tokens", "block_hashes", "block_hasher", "arrival_time", "first_token_time",
         "last_token_time", "num_preemptions", "kv_fast_until", "max_num_tokens", "stop_token_ids", "fast_append_below",
@@ -63,7 +63,8 @@ class Request:
         self.seq_id = seq_id
         # The ROUTER identity of the client that sent it (opaque to the policy).
         self.client_id = client_id
-        self.prompt_token_ids = prompt_token_ids
+        # NOTE: the prompt is held once, as the head of all_token_ids (a waiting
+        # queue of long prompts is most of the scheduler's memory).
         self.all_token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.max_tokens = max_tokens
@@ -76,7 +77,7 @@ class Request:
         # Prompt tokens served by the prefix cache at first admission; -1 until then.
         self.num_cached_tokens = -1
         # NOTE: ``block_hashes`` lets a caller that already hashed the prompt (the
-        # offline simulator memoises shared trace prefixes) pass them in: they must
+        # offline what-if replay memoises shared trace prefixes) pass them in: they must
         # be what ``block_hasher`` would give; it hashes on from where they end.
         self.block_hashes: list[BlockHash] = [] if block_hashes is None else list(block_hashes)
         self.block_hasher = block_hasher
@@ -111,6 +112,10 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.all_token_ids[: self.num_prompt_tokens]
 
     @property
     def output_token_ids(self) -> list[int]:
