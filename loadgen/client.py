@@ -96,7 +96,10 @@ class KVPoolClient:
         sock.setsockopt(zmq.LINGER, 0)
         if self.curve_keys is not None:
             apply_client(sock, *self.curve_keys)
-        monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED)
+        monitor = sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        )  # fmt: skip
         self._sock = sock
         sock.connect(self.address)
         retries = 0
@@ -110,9 +113,14 @@ class KVPoolClient:
                         f"{timeout:g} s ({retries} connection attempts refused or unanswered); "
                         "is `python -m scheduler` running on that port?"
                     )
-                event = parse_monitor_message(await monitor.recv_multipart())["event"]
+                message = parse_monitor_message(await monitor.recv_multipart())
+                event = message["event"]
                 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     break
+                # NOTE: a handshake that failed will fail again: say why at once.
+                refused = self._handshake_refused(event, message["value"])
+                if refused is not None:
+                    raise SchedulerUnreachable(refused)
                 retries += 1
         except BaseException:
             sock.disable_monitor()
@@ -120,6 +128,21 @@ class KVPoolClient:
             raise
         self._dispatcher = asyncio.create_task(self._dispatch(), name="loadgen-dispatcher")
         self._watcher = asyncio.create_task(self._watch(monitor), name="loadgen-connection-watch")
+
+    def _handshake_refused(self, event: int, value: int) -> str | None:
+        """Why the scheduler refused the handshake, naming the flags that fix it
+        (None: not a refusal)."""
+        if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            if self.curve_keys is None:
+                return (f"the scheduler at {self.address} requires CURVE authentication: give "
+                        "--curve-client-key (this client's NAME.key_secret) and --curve-server-key (the "
+                        "scheduler's public .key)")  # fmt: skip
+            return f"the scheduler at {self.address} does not use CURVE: drop --curve-client-key and --curve-server-key"
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return (f"the scheduler at {self.address} refused this client's CURVE key (status {value}): is its "
+                    "public .key in the scheduler's --curve-authorized-keys folder, and --curve-server-key the "
+                    "scheduler's?")  # fmt: skip
+        return None
 
     async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
         try:

@@ -1,15 +1,16 @@
 """ZeroMQ CURVE for every kvpool socket: keys from certificate files (`zmq.auth`).
 
-Make certificates with ``python -m protocol.curve DIR NAME`` (or
-``zmq.auth.create_certificates``): ``NAME.key`` holds the public key, to be shared;
-``NAME.key_secret`` both keys, to be kept. The scheduler is the CURVE server: it
-loads its secret certificate and accepts only peers whose public certificate lies
-in its authorized-keys folder. Workers and clients load their own secret
-certificate and the scheduler's public one.
+Make certificates with ``python -m protocol.curve DIR NAME``: ``NAME.key`` holds
+the public key, to be shared; ``NAME.key_secret`` both keys, to be kept (written
+with mode 0600; ``zmq.auth.create_certificates`` alone leaves it world-readable).
+The scheduler is the CURVE server: it loads its secret certificate and accepts
+only peers whose public certificate lies in its authorized-keys folder. Workers
+and clients load their own secret certificate and the scheduler's public one.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -52,15 +53,40 @@ def apply_client(sock: zmq.Socket, own_secret_cert: str | Path, server_public_ce
     sock.curve_serverkey = server_public
 
 
+def create_certificates(folder: str | Path, name: str) -> tuple[Path, Path]:
+    """Write ``folder/name.key`` (public, mode 0644) and ``folder/name.key_secret``
+    (mode 0600: only its owner may read it). Refuses (CurveKeyError, nothing
+    written) when either exists: overwriting a secret key loses it."""
+    folder = Path(folder)
+    public, secret = folder / f"{name}.key", folder / f"{name}.key_secret"
+    for p in (public, secret):
+        if p.exists():
+            raise CurveKeyError(f"{p} already exists: not overwritten (remove it first to make a new pair)")
+    folder.mkdir(parents=True, exist_ok=True)
+    # NOTE: zmq.auth writes with the process umask (often 0644, world-readable); a
+    # umask of 077 while it writes means the secret is never readable by others,
+    # not even for an instant before a chmod.
+    old = os.umask(0o077)
+    try:
+        made_public, made_secret = zmq.auth.create_certificates(folder, name)
+    finally:
+        os.umask(old)
+    os.chmod(made_secret, 0o600)
+    os.chmod(made_public, 0o644)
+    return Path(made_public), Path(made_secret)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
         print("usage: python -m protocol.curve DIR NAME   (writes DIR/NAME.key and DIR/NAME.key_secret)", file=sys.stderr)
         return 2
-    folder = Path(args[0])
-    folder.mkdir(parents=True, exist_ok=True)
-    public, secret = zmq.auth.create_certificates(folder, args[1])
-    print(f"public: {public}\nsecret: {secret}")
+    try:
+        public, secret = create_certificates(args[0], args[1])
+    except (CurveKeyError, OSError) as e:
+        print(f"python -m protocol.curve: error: {e}", file=sys.stderr)
+        return 1
+    print(f"public: {public}\nsecret: {secret} (mode 0600: keep it private)")
     return 0
 
 
