@@ -12,6 +12,7 @@ import time
 
 from bench.table import Row, best_per_op_us
 from scheduler.core.block_pool import BlockPool
+from scheduler.core.block_residency import ResidencyBlockPool
 from scheduler.core.hashing import NONE_HASH, BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.request import Request
@@ -28,23 +29,25 @@ def _row(name: str, value: float, unit: str, target: float | None = None) -> Row
     return Row(name, value, unit, f"≤ {target:g} {unit}", value <= target)
 
 
-def alloc_free_us() -> float:
+def alloc_free_us(pool_class: type[BlockPool] = BlockPool) -> float:
     """get_new_blocks(4) + free_blocks(reversed) on a large pool of unhashed blocks."""
-    pool = BlockPool(LARGE_POOL)
+    pool = pool_class(LARGE_POOL)
     get, free = pool.get_new_blocks, pool.free_blocks
+    take = getattr(pool, "take_residency", lambda: None)
 
     def cycle() -> None:
         for _ in range(100):
             blocks = get(4)
             blocks.reverse()
             free(blocks)
+        take()  # as the process loop does once a step (every 100 cycles here)
 
     return best_per_op_us(cycle, ops_per_call=100, **FAST)
 
 
-def touch_free_us() -> float:
+def touch_free_us(pool_class: type[BlockPool] = BlockPool) -> float:
     """4 cached, free blocks: touch them (out of the free queue) and free them (back in)."""
-    pool = BlockPool(LARGE_POOL)
+    pool = pool_class(LARGE_POOL)
     blocks = pool.get_new_blocks(4)
     pool.cache_full_blocks(blocks, [hashlib.sha256(bytes([i])).digest() for i in range(4)], 0, 4)
     pool.free_blocks(blocks[::-1])
@@ -63,12 +66,12 @@ def touch_free_us() -> float:
     return us
 
 
-def alloc_cache_evict_us() -> float:
+def alloc_cache_evict_us(pool_class: type[BlockPool] = BlockPool) -> float:
     """get_new_blocks(4) from a free queue full of hashed blocks (each allocation
     evicts 4), cache_full_blocks with 4 fresh hashes, free_blocks(reversed): the
     blocks go to the back, hashed, so the queue stays full of cached blocks."""
     num_blocks = 4_097
-    pool = BlockPool(num_blocks)
+    pool = pool_class(num_blocks)
     # Precomputed, distinct hashes: hashing is not what is measured here.
     hashes = [hashlib.sha256(i.to_bytes(8, "little")).digest() for i in range(200_000)]
     all_blocks = pool.get_new_blocks(num_blocks - 1)
@@ -76,6 +79,8 @@ def alloc_cache_evict_us() -> float:
     pool.free_blocks(all_blocks)
     get, cache, free = pool.get_new_blocks, pool.cache_full_blocks, pool.free_blocks
     pos = [num_blocks]
+
+    take = getattr(pool, "take_residency", lambda: None)
 
     def cycle() -> None:
         i = pos[0]
@@ -88,6 +93,7 @@ def alloc_cache_evict_us() -> float:
             free(blocks)
             i += 4
         pos[0] = i
+        take()
 
     evictions = pool.num_evictions
     us = best_per_op_us(cycle, ops_per_call=100, **FAST)
@@ -161,6 +167,10 @@ def rows() -> list[Row]:
         "alloc": alloc_free_us,
         "touch": touch_free_us,
         "evict": alloc_cache_evict_us,
+        # --kv-cache-metrics, every block watched (vLLM samples 1 % by default).
+        "alloc_res": lambda: alloc_free_us(ResidencyBlockPool),
+        "touch_res": lambda: touch_free_us(ResidencyBlockPool),
+        "evict_res": lambda: alloc_cache_evict_us(ResidencyBlockPool),
         "sha256": lambda: hash_block_us("sha256"),
         "xxhash": lambda: hash_block_us("xxhash"),
         "build": build_1m_s,
@@ -173,6 +183,11 @@ def rows() -> list[Row]:
         _row("pool: get_new_blocks(4) + free_blocks", best["alloc"], "µs", 1.5),
         _row("pool: touch 4 cached + free", best["touch"], "µs", 1.2),
         _row("pool: allocate 4 + cache + free, evicting", best["evict"], "µs", 5),
+        # NOTE: without --kv-cache-metrics the engine builds the plain BlockPool, so the
+        # three rows above are the cost with the flag off; these, with it on.
+        _row("pool: get_new_blocks(4) + free, --kv-cache-metrics", best["alloc_res"], "µs", 3),
+        _row("pool: touch 4 cached + free, --kv-cache-metrics", best["touch_res"], "µs", 2.5),
+        _row("pool: allocate 4 + cache + free, evicting, --kv-cache-metrics", best["evict_res"], "µs", 6.5),
         _row("hash: one 16-token block, sha256", best["sha256"], "µs", 1.2),
         _row("hash: one 16-token block, xxhash", best["xxhash"], "µs"),
         _row("pool: build 1,000,000 blocks", best["build"], "s", 0.5),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -72,29 +73,38 @@ class ResidencyBlockPool(BlockPool):
         self._born: list[float | None] = [None] * num_gpu_blocks
         self._last_access = [0.0] * num_gpu_blocks
         # block id -> times of its last hits (None: no hit yet).
-        self._hits: list[list[float] | None] = [None] * num_gpu_blocks
+        self._hits: list[deque[float] | None] = [None] * num_gpu_blocks
         self._samples = ResidencySamples()
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        blocks = super().get_new_blocks(num_blocks)
+        blocks = BlockPool.get_new_blocks(self, num_blocks)
         now = self._clock()
         born, last, hits = self._born, self._last_access, self._hits
+        samples = self._samples
         observe = self.enable_caching
         sampled = self.sample_rate >= 1.0
+        # NOTE: inlined (no call per block): this runs for every block handed out.
         for block in blocks:
             i = block.block_id
             t = born[i]
-            if t is not None and observe:
-                self._evicted(t, last[i], hits[i], now)
+            if t is not None:
+                if observe:
+                    samples.lifetimes.append(now - t)
+                    samples.idle_before_evict.append(now - last[i])
+                history = hits[i]
+                if history is not None:
+                    if observe and len(history) > 1:
+                        gaps = list(history)
+                        samples.reuse_gaps.extend([b - a for a, b in zip(gaps, gaps[1:])])
+                    hits[i] = None
             if sampled or self._rng() < self.sample_rate:
                 born[i] = last[i] = now
-            else:
+            elif t is not None:
                 born[i] = None
-            hits[i] = None
         return blocks
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
-        super().touch(blocks)
+        BlockPool.touch(self, blocks)
         now = self._clock()
         born, last, hits = self._born, self._last_access, self._hits
         for block in blocks:
@@ -104,18 +114,8 @@ class ResidencyBlockPool(BlockPool):
             last[i] = now
             history = hits[i]
             if history is None:
-                hits[i] = [now]
-            else:
-                history.append(now)
-                if len(history) > MAX_ACCESS_HISTORY:
-                    del history[0]
-
-    def _evicted(self, born: float, last_access: float, hits: list[float] | None, now: float) -> None:
-        samples = self._samples
-        samples.lifetimes.append(now - born)
-        samples.idle_before_evict.append(now - last_access)
-        if hits is not None and len(hits) > 1:
-            samples.reuse_gaps.extend(b - a for a, b in zip(hits, hits[1:]))
+                hits[i] = history = deque(maxlen=MAX_ACCESS_HISTORY)
+            history.append(now)
 
     def reset_prefix_cache(self) -> bool:
         # As vLLM's collector.reset(): every block starts untracked again.
