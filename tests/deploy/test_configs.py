@@ -43,6 +43,10 @@ def test_grafana_dashboard_parses_and_uses_exported_metrics():
         "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket",
         "vllm:inter_token_latency_seconds_bucket",
         "kvpool_step_duration_seconds_bucket",
+        "kvpool_kv_cache_token_usage_perc",
+        "kvpool_peak_kv_cache_usage_perc",
+        "rate(kvpool_prefix_cache_preempted_hits_total",
+        "vllm:kv_block_lifetime_seconds_bucket",
     ):
         assert needed in text
     ids = [p["id"] for p in dash["panels"]]

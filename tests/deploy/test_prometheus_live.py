@@ -24,7 +24,7 @@ def test_prometheus_scrapes_what_the_scheduler_reports(prometheus_server, tmp_pa
     worker_http = free_port()
     # A long max_model_len and a cache to match: one request decodes for minutes (it
     # is aborted long before it ends) while Prometheus scrapes.
-    with Cluster(["--max-model-len", "131072"], ["--http-port", str(worker_http), "--kv-cache-memory", "256MiB"], log_dir=tmp_path) as c:
+    with Cluster(["--max-model-len", "131072", "--kv-cache-metrics"], ["--http-port", str(worker_http), "--kv-cache-memory", "256MiB"], log_dir=tmp_path) as c:
         rng = random.Random(0)
         prefix = [rng.randrange(2, 512) for _ in range(32)]
         # Two rounds of requests sharing a prefix: queries and hits both move.

@@ -17,6 +17,8 @@ PROM = DEPLOY / "prometheus"
 COUNTERS = {
     "vllm:prefix_cache_queries_total",
     "vllm:prefix_cache_hits_total",
+    "kvpool_prefix_cache_preempted_queries_total",
+    "kvpool_prefix_cache_preempted_hits_total",
     "vllm:num_preemptions_total",
     "vllm:prompt_tokens_total",
     "vllm:generation_tokens_total",
@@ -32,6 +34,8 @@ GAUGES = {
     "vllm:num_requests_waiting",
     "kvpool_free_cached_blocks",
     "kvpool_num_gpu_blocks",
+    "kvpool_peak_kv_cache_usage_perc",
+    "kvpool_kv_cache_token_usage_perc",
 }
 HISTOGRAMS = {
     "vllm:time_to_first_token_seconds",
@@ -39,6 +43,10 @@ HISTOGRAMS = {
     "vllm:inter_token_latency_seconds",
     "kvpool_step_duration_seconds",
     "kvpool_worker_step_duration_seconds",
+    # Only with the scheduler's --kv-cache-metrics (the live test turns it on).
+    "vllm:kv_block_lifetime_seconds",
+    "vllm:kv_block_idle_before_evict_seconds",
+    "vllm:kv_block_reuse_gap_seconds",
 }
 EXPORTED = (
     COUNTERS | GAUGES | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")} | {"up"}
