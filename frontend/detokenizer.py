@@ -46,6 +46,7 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
         stop: list[str] | None = None,
         include_stop_str_in_output: bool = False,
+        min_tokens: int = 0,
     ):
         self._tokenizer = tokenizer
         self._backend = tokenizer.backend
@@ -53,6 +54,8 @@ class IncrementalDetokenizer:
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self.stop = [s for s in (stop or []) if s]
         self.include_stop_str_in_output = include_stop_str_in_output
+        # NOTE: as vLLM, stop strings are not looked for until more than min_tokens came.
+        self.min_tokens = min_tokens
         self.stop_buffer_length = 0 if include_stop_str_in_output or not self.stop else max(len(s) for s in self.stop) - 1
         self.token_ids: list[int] = []
         self.output_text = ""
@@ -71,6 +74,8 @@ class IncrementalDetokenizer:
             if not piece:
                 continue
             self.output_text += piece
+            if len(self.token_ids) <= self.min_tokens:
+                continue
             hit = check_stop_strings(self.output_text, len(piece), self.stop, self.include_stop_str_in_output)
             if hit is not None:
                 self.stop_reason, cut = hit

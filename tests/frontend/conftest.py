@@ -8,7 +8,6 @@ import shutil
 import pytest
 
 
-
 @pytest.fixture(scope="session")
 def hf_tokenizer(tiny_checkpoint):
     from transformers import AutoTokenizer

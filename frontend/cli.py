@@ -1,0 +1,77 @@
+"""The ``kvpool`` command. ``kvpool serve MODEL`` starts the scheduler, a worker and
+the OpenAI-compatible frontend (``frontend.launcher``), with ``vllm serve``'s flags."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvpool", description="kvpool: vLLM v1's KV-cache manager as a service.")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve a checkpoint with vLLM's OpenAI-compatible API",
+                       description="Serve MODEL (a Hugging Face checkpoint folder) on vLLM's OpenAI-compatible API.")  # fmt: skip
+    s.add_argument("model", metavar="MODEL", help="checkpoint folder (config.json, safetensors, tokenizer files)")
+    s.add_argument("--host", default="127.0.0.1", help="the API's address (default %(default)s)")
+    s.add_argument("--port", type=int, default=8000, help="the API's port (default %(default)s)")
+    s.add_argument("--served-model-name", default=None, help="the model's name in the API (default: MODEL as given)")
+    s.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    s.add_argument("--block-size", type=int, default=16)
+    s.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    s.add_argument("--max-num-seqs", type=int, default=256)
+    s.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    s.add_argument("--max-model-len", type=int, default=None, help="default: the model's max_position_embeddings, at most 4096")
+    s.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    s.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    s.add_argument("--generation-config", default="auto", help='"auto" (the model\'s generation_config.json), "vllm" or a folder')
+    s.add_argument("--return-tokens-as-token-ids", action="store_true")
+    g = s.add_argument_group("kvpool's own")
+    g.add_argument("--kv-cache-memory", default=None, metavar="SIZE", help="the worker's KV budget, e.g. 8MiB (default: the worker's)")
+    g.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    g.add_argument("--dev-mode", action="store_true", help="POST /reset_prefix_cache")
+    g.add_argument("--kv-cache-metrics", action="store_true", help="KV residency histograms")
+    g.add_argument("--kv-events-endpoint", default=None, metavar="ENDPOINT")
+    g.add_argument("--kv-events-replay-endpoint", default=None, metavar="ENDPOINT")
+    g.add_argument("--scheduler-args", type=shlex.split, default=[], metavar="'ARGS'", help="more flags for the scheduler")
+    g.add_argument("--worker-args", type=shlex.split, default=[], metavar="'ARGS'", help="more flags for the worker (CURVE keys...)")
+    g.add_argument("--worker-restarts", type=int, default=5, help="restarts of a crashed worker before giving up (default %(default)s)")
+    g.add_argument("--ready-timeout", type=float, default=120.0, metavar="SECONDS")
+    g.add_argument("--stop-timeout", type=float, default=10.0, metavar="SECONDS")
+    g.add_argument("--log-dir", default=None, help="write each process's log to DIR/NAME.log (default: this terminal)")
+    return p
+
+
+def max_position_embeddings(model_dir: Path) -> int | None:
+    import json
+
+    try:
+        return int(json.loads((model_dir / "config.json").read_text())["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    a = p.parse_args(argv)
+    if a.command == "serve":
+        from frontend.launcher import main_serve
+
+        a.model_dir = Path(a.model).expanduser().resolve()
+        if a.served_model_name is None:
+            a.served_model_name = a.model
+        if a.max_model_len is None:
+            # NOTE: vLLM takes max_position_embeddings whole; here it is capped at 4096,
+            # the scheduler's default, so a chat request without max_tokens fits a small pool.
+            a.max_model_len = min(max_position_embeddings(a.model_dir) or 4096, 4096)
+        for flag in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(a, flag) < 1:
+                p.error(f"--{flag.replace('_', '-')} must be positive")
+        return main_serve(a)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""The frontend process's one frozen config, built from the command line
+(``python -m frontend``; ``kvpool serve`` passes these for you). Flags as
+``vllm serve`` names them where it has them."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendConfig:
+    model: str
+    served_model_name: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    scheduler: str = "tcp://127.0.0.1:5555"
+    scheduler_http: str = "http://127.0.0.1:8001"
+    max_model_len: int = 4096
+    generation_config: str = "auto"
+    return_tokens_as_token_ids: bool = False
+    dev_mode: bool = False
+    # NOTE: aiohttp refuses a larger body with 413 before reading it; 4 MiB is far
+    # more text than --max-model-len tokens of any tokenizer.
+    max_request_body_bytes: int = 4 << 20
+    connect_timeout_s: float = 60.0
+    curve_client_key: str | None = None
+    curve_server_key: str | None = None
+    log_level: str = "INFO"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = FrontendConfig("", "")
+    p = argparse.ArgumentParser(prog="kvpool-frontend", description="kvpool's OpenAI-compatible API server (a client of the scheduler).")
+    p.add_argument("--model", required=True, help="checkpoint folder (its tokenizer files are read)")
+    p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model as given)")
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--scheduler", default=d.scheduler, help="the scheduler's client port (default %(default)s)")
+    p.add_argument("--scheduler-http", default=d.scheduler_http, help="the scheduler's /health and /metrics (default %(default)s)")
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    p.add_argument("--generation-config", default=d.generation_config, help='"auto" (the model\'s), "vllm" (none) or a folder')
+    p.add_argument("--return-tokens-as-token-ids", action="store_true")
+    p.add_argument("--dev-mode", action="store_true", help="enable POST /reset_prefix_cache")
+    p.add_argument("--max-request-body-bytes", type=int, default=d.max_request_body_bytes)
+    p.add_argument("--connect-timeout", dest="connect_timeout_s", type=float, default=d.connect_timeout_s)
+    p.add_argument("--curve-client-key", metavar="FILE", help="this client's secret certificate (NAME.key_secret)")
+    p.add_argument("--curve-server-key", metavar="FILE", help="the scheduler's public certificate (NAME.key)")
+    p.add_argument("--log-level", default=d.log_level, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def config_from_args(argv: list[str] | None = None) -> FrontendConfig:
+    p = build_parser()
+    a = p.parse_args(argv)
+    if not 0 <= a.port <= 65535:
+        p.error(f"--port must be a port number, got {a.port}")
+    if a.max_model_len < 2:
+        p.error(f"--max-model-len must be at least 2, got {a.max_model_len}")
+    if (a.curve_client_key is None) != (a.curve_server_key is None):
+        p.error("--curve-client-key and --curve-server-key go together")
+    if a.served_model_name is None:
+        a.served_model_name = a.model
+    return FrontendConfig(**vars(a))

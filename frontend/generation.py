@@ -1,0 +1,113 @@
+"""One HTTP request's engine requests: a choice is one engine request, detokenized
+as it streams, stopped early on a stop string (aborting the engine request, so its
+blocks are freed at once). ``n > 1`` or several prompts are several choices, merged
+into one stream in the order their outputs arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from frontend.detokenizer import IncrementalDetokenizer
+from frontend.engine_client import EngineClient
+from frontend.sampling import EngineParams
+from frontend.tokenizer import Tokenizer
+from protocol.client_messages import TokenLogprobs
+
+
+@dataclass(slots=True)
+class ChoiceDelta:
+    """What one engine output added to one choice."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs] | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    num_cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class Choice:
+    """A finished choice, every delta folded in (non-streaming responses)."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    num_cached_tokens: int = 0
+
+    def add(self, d: ChoiceDelta) -> None:
+        self.text += d.text
+        self.token_ids += d.token_ids
+        if d.logprobs:
+            self.logprobs += d.logprobs
+        self.finish_reason, self.stop_reason = d.finish_reason, d.stop_reason
+        self.num_cached_tokens = max(self.num_cached_tokens, d.num_cached_tokens)
+
+
+async def run_choice(
+    engine: EngineClient, tokenizer: Tokenizer, request_id: str, index: int, prompt_token_ids: list[int], params: EngineParams,
+) -> AsyncIterator[ChoiceDelta]:
+    detok = IncrementalDetokenizer(tokenizer, params.skip_special_tokens, params.stop, params.include_stop_str_in_output,
+                                   min_tokens=params.generate["min_tokens"])  # fmt: skip
+    stop_ids = params.generate["stop_token_ids"]
+    stream = engine.generate(request_id, prompt_token_ids, params.generate)
+    try:
+        async for out in stream:
+            stop_str = detok.update(out.new_token_ids)
+            if stop_str is not None:
+                finish_reason, stop_reason = "stop", stop_str
+            else:
+                finish_reason, stop_reason = out.finish_reason, None
+                if finish_reason == "stop" and detok.token_ids and detok.token_ids[-1] in stop_ids:
+                    stop_reason = detok.token_ids[-1]
+            finished = stop_str is not None or out.finished
+            if finished:
+                detok.finish()
+            yield ChoiceDelta(index, detok.get_next_output_text(finished, delta=True), out.new_token_ids, out.logprobs,
+                              finish_reason if finished else None, stop_reason, out.num_cached_tokens)  # fmt: skip
+            if finished:
+                return  # NOTE: leaving the engine stream early aborts the engine request
+    finally:
+        await stream.aclose()
+
+
+async def merge(streams: list[AsyncIterator[ChoiceDelta]]) -> AsyncIterator[ChoiceDelta]:
+    """Every delta of every stream, as they come; the first error stops them all."""
+    if len(streams) == 1:
+        async for d in streams[0]:
+            yield d
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    end = object()
+
+    async def drain(s):
+        try:
+            async for d in s:
+                queue.put_nowait(d)
+        except Exception as e:  # noqa: BLE001 - handed to the consumer
+            queue.put_nowait(e)
+        finally:
+            queue.put_nowait(end)
+
+    tasks = [asyncio.create_task(drain(s)) for s in streams]
+    try:
+        left = len(tasks)
+        while left:
+            item = await queue.get()
+            if item is end:
+                left -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

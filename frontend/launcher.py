@@ -1,0 +1,258 @@
+"""``kvpool serve MODEL``: the scheduler, the worker and the frontend as three
+processes, supervised (vLLM's ``vllm serve``, with the engine core split out).
+
+* Internal sockets bind loopback ports chosen free at start, so two ``kvpool serve``
+  on one host never collide; only ``--host``/``--port`` is the operator's.
+* One line when ready: the model, the URL, the KV pool (blocks × block size, bytes).
+* SIGINT/SIGTERM stop every child (SIGTERM, then SIGKILL after ``--stop-timeout``);
+  children get SIGTERM should the launcher itself die (``PR_SET_PDEATHSIG``).
+* The scheduler or the frontend exiting stops the rest, and the launcher exits 1. The
+  worker exiting is restarted (``--worker-restarts`` times, with doubling backoff):
+  the scheduler puts its requests back in the queue, so a crashed worker costs none.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+POLL_S = 0.2
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """n distinct free ports (every socket held open until all are chosen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def kv_bytes_per_block(model_dir: Path, block_size: int, dtype: str) -> int | None:
+    """K and V of one block across every layer, from config.json (None if unknown)."""
+    try:
+        c = json.loads((model_dir / "config.json").read_text())
+        head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        kv_heads = c.get("num_key_value_heads") or c["num_attention_heads"]
+        name = c.get("torch_dtype") or c.get("dtype") or "float32" if dtype == "auto" else dtype
+        size = {"float32": 4, "float16": 2, "bfloat16": 2, "half": 2, "float": 4}.get(str(name), 2)
+        return 2 * c["num_hidden_layers"] * block_size * kv_heads * head_dim * size
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def scrape_gauge(url: str, name: str) -> float | None:
+    try:
+        text = urllib.request.urlopen(url, timeout=2).read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def http_ok(url: str) -> bool:
+    try:
+        return urllib.request.urlopen(url, timeout=2).status == 200
+    except OSError:
+        return False
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log_path: Path | None
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    _log: object = field(default=None, repr=False)
+
+    def start(self) -> None:
+        out = None
+        if self.log_path is not None:
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's life
+            out = self._log
+        self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT if out else None, preexec_fn=_die_with_parent)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class Launcher:
+    def __init__(self, args, log=print):
+        self.args = args
+        self.log = log
+        self.children: dict[str, Child] = {}
+        self.stopping = False
+
+    def build(self) -> None:
+        a = self.args
+        py = sys.executable
+        client_port, worker_port, sched_http, worker_http = free_ports(4)
+        self.scheduler_http = f"http://127.0.0.1:{sched_http}"
+        self.url = f"http://{a.host}:{a.port}"
+        logs = Path(a.log_dir) if a.log_dir else None
+        if logs is not None:
+            logs.mkdir(parents=True, exist_ok=True)
+        sched = [py, "-m", "scheduler", "--host", "127.0.0.1", "--port", str(client_port), "--worker-port", str(worker_port),
+                 "--http-port", str(sched_http), "--block-size", str(a.block_size), "--served-model-name", a.served_model_name,
+                 "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
+                 "--max-num-batched-tokens", str(a.max_num_batched_tokens)]  # fmt: skip
+        if a.num_gpu_blocks_override is not None:
+            sched += ["--num-gpu-blocks-override", str(a.num_gpu_blocks_override)]
+        if not a.enable_prefix_caching:
+            sched.append("--no-enable-prefix-caching")
+        if a.dev_mode:
+            sched.append("--dev-mode")
+        if a.kv_cache_metrics:
+            sched.append("--kv-cache-metrics")
+        if a.kv_events_endpoint:
+            sched += ["--kv-events-endpoint", a.kv_events_endpoint]
+        if a.kv_events_replay_endpoint:
+            sched += ["--kv-events-replay-endpoint", a.kv_events_replay_endpoint]
+        sched += a.scheduler_args
+        worker = [py, "-m", "worker", "--scheduler", f"tcp://127.0.0.1:{worker_port}", "--model", str(a.model_dir),
+                  "--block-size", str(a.block_size), "--max-model-len", str(a.max_model_len), "--dtype", a.dtype,
+                  "--http-port", str(worker_http), "--gpu-memory-utilization", str(a.gpu_memory_utilization)]  # fmt: skip
+        if a.device:
+            worker += ["--device", a.device]
+        if a.kv_cache_memory:
+            worker += ["--kv-cache-memory", a.kv_cache_memory]
+        worker += a.worker_args
+        front = [py, "-m", "frontend", "--model", str(a.model_dir), "--served-model-name", a.served_model_name,
+                 "--host", a.host, "--port", str(a.port), "--scheduler", f"tcp://127.0.0.1:{client_port}",
+                 "--scheduler-http", self.scheduler_http, "--max-model-len", str(a.max_model_len),
+                 "--generation-config", a.generation_config]  # fmt: skip
+        if a.dev_mode:
+            front.append("--dev-mode")
+        if a.return_tokens_as_token_ids:
+            front.append("--return-tokens-as-token-ids")
+        for name, argv in (("scheduler", sched), ("worker", worker), ("frontend", front)):
+            self.children[name] = Child(name, argv, logs / f"{name}.log" if logs else None)
+
+    def run(self) -> int:
+        self.build()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+        try:
+            for c in self.children.values():
+                c.start()
+            rc = self._wait_ready()
+            if rc is None:
+                rc = self._supervise()
+        finally:
+            self.stop_all()
+        return rc
+
+    def _on_signal(self, signum, _frame) -> None:
+        self.stopping = True
+
+    def _dead(self, names=("scheduler", "frontend")) -> str | None:
+        return next((n for n in names if not self.children[n].alive()), None)
+
+    def _wait_ready(self) -> int | None:
+        deadline = time.monotonic() + self.args.ready_timeout
+        while not self.stopping:
+            dead = self._dead(("scheduler", "worker", "frontend"))
+            if dead is not None:
+                self.log(f"kvpool serve: the {dead} exited during start-up (status {self.children[dead].proc.returncode})")
+                return 1
+            if http_ok(self.url.replace("0.0.0.0", "127.0.0.1") + "/health"):
+                self._print_ready()
+                return None
+            if time.monotonic() > deadline:
+                self.log(f"kvpool serve: not ready within {self.args.ready_timeout:g} s")
+                return 1
+            time.sleep(POLL_S)
+        return 0
+
+    def _print_ready(self) -> None:
+        blocks = scrape_gauge(self.scheduler_http + "/metrics", "kvpool_num_gpu_blocks")
+        a = self.args
+        pool = "KV cache: unknown"
+        if blocks is not None:
+            per_block = kv_bytes_per_block(a.model_dir, a.block_size, a.dtype)
+            size = f", {human_bytes(blocks * per_block)}" if per_block else ""
+            pool = f"KV cache: {int(blocks)} blocks × {a.block_size} tokens{size}"
+        print(f"kvpool serve: {a.served_model_name} ready at {self.url}/v1 ({pool})", flush=True)
+
+    def _supervise(self) -> int:
+        while not self.stopping:
+            dead = self._dead()
+            if dead is not None:
+                self.log(f"kvpool serve: the {dead} exited (status {self.children[dead].proc.returncode}); stopping")
+                return 1
+            worker = self.children["worker"]
+            if not worker.alive():
+                if worker.restarts >= self.args.worker_restarts:
+                    self.log(f"kvpool serve: the worker exited {worker.restarts + 1} times; giving up")
+                    return 1
+                delay = min(2.0**worker.restarts, 30.0)
+                self.log(f"kvpool serve: the worker exited (status {worker.proc.returncode}); restarting it in {delay:g} s")
+                end = time.monotonic() + delay
+                while time.monotonic() < end and not self.stopping:
+                    time.sleep(POLL_S)
+                if self.stopping:
+                    break
+                worker.restarts += 1
+                worker.start()
+            time.sleep(POLL_S)
+        return 0
+
+    def stop_all(self) -> None:
+        # NOTE: the frontend first (no new requests), the scheduler last (it tells
+        # its clients their requests ended).
+        order = [self.children[n] for n in ("frontend", "worker", "scheduler") if n in self.children]
+        for c in order:
+            if c.alive():
+                c.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.args.stop_timeout
+        for c in order:
+            if c.proc is None:
+                continue
+            try:
+                c.proc.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                self.log(f"kvpool serve: the {c.name} ignored SIGTERM for {self.args.stop_timeout:g} s; killing it")
+                c.proc.kill()
+                c.proc.wait()
+            if c._log is not None:
+                c._log.close()
+
+
+def main_serve(args) -> int:
+    if not os.path.isdir(args.model_dir):
+        print(f"kvpool serve: {args.model} is not a checkpoint folder", file=sys.stderr)
+        return 2
+    return Launcher(args, log=lambda *a, **k: print(*a, file=sys.stderr, **k)).run()

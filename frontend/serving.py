@@ -1,0 +1,121 @@
+"""What every endpoint shares: the served model, the tokenizer and engine client, the
+request checks common to completions and chat, usage, and SSE framing."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import msgspec
+from aiohttp import web
+
+from frontend.engine_client import EngineClient, EngineError
+from frontend.errors import APIError, bad_request, model_not_found
+from frontend.generation import Choice, ChoiceDelta, merge, run_choice
+from frontend.metrics import FrontendMetrics
+from frontend.sampling import EngineParams
+from frontend.tokenizer import Tokenizer
+
+_encode = msgspec.json.encode
+
+
+@dataclass(slots=True)
+class ServingContext:
+    model_name: str
+    model_path: str
+    max_model_len: int
+    tokenizer: Tokenizer
+    engine: EngineClient
+    metrics: FrontendMetrics
+    default_sampling: dict
+    return_tokens_as_token_ids: bool = False
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise model_not_found(model)
+
+    def check_token_ids(self, token_ids: list[int], param: str = "prompt") -> None:
+        vocab = self.tokenizer.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request(f"Token id {bad} is out of vocabulary", param)
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens, "prompt_tokens_details": {"cached_tokens": cached_tokens}}  # fmt: skip
+
+
+def choice_streams(ctx: ServingContext, request_id: str, prompts: list[list[int]], params: EngineParams) -> list[AsyncIterator[ChoiceDelta]]:
+    """n engine requests per prompt; choice i * n + j is prompt i's j-th sample
+    (seeded samples get seed + j, as vLLM's ParentRequest does)."""
+    streams = []
+    for i, prompt in enumerate(prompts):
+        for j in range(params.n):
+            p = params
+            if params.n > 1 and params.generate["seed"] is not None:
+                p = EngineParams({**params.generate, "seed": params.generate["seed"] + j}, params.stop,
+                                 params.include_stop_str_in_output, params.skip_special_tokens, params.n)  # fmt: skip
+            index = i * params.n + j
+            streams.append(run_choice(ctx.engine, ctx.tokenizer, f"{request_id}-{index}", index, prompt, p))
+    return streams
+
+
+async def collect(ctx: ServingContext, request_id: str, prompts: list[list[int]], params: EngineParams) -> list[Choice]:
+    """Run every choice to its end (non-streaming)."""
+    choices = [Choice(i) for i in range(len(prompts) * params.n)]
+    try:
+        async for d in merge(choice_streams(ctx, request_id, prompts, params)):
+            choices[d.index].add(d)
+    except EngineError as e:
+        raise engine_error(e) from None
+    for c, prompt in zip(choices, (p for p in prompts for _ in range(params.n)), strict=True):
+        ctx.metrics.request_finished(c.finish_reason, len(prompt), len(c.token_ids))
+    return choices
+
+
+def engine_error(e: EngineError) -> APIError:
+    """A scheduler refusal is the request's fault (400, its message); a lost scheduler is 503."""
+    message = str(e)
+    if message.startswith("lost the connection") or "no worker" in message:
+        return APIError(message, 503)
+    return bad_request(message)
+
+
+def cached_tokens(choices, n: int) -> int:
+    """Prompt tokens found in the prefix cache: the first sample's of each prompt."""
+    return sum(c.num_cached_tokens for c in choices[::n])
+
+
+async def start_sse(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    return resp
+
+
+async def send_event(resp: web.StreamResponse, data: dict) -> None:
+    await resp.write(b"data: " + _encode(data) + b"\n\n")
+
+
+async def send_error_event(resp: web.StreamResponse, error: APIError) -> None:
+    # NOTE: headers are gone once streaming: vLLM sends the error object as an event.
+    await send_event(resp, error.body())
+
+
+async def end_sse(resp: web.StreamResponse) -> None:
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+
+
+def json_response(data: dict) -> web.Response:
+    return web.Response(body=_encode(data), content_type="application/json")

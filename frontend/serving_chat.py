@@ -1,0 +1,137 @@
+"""``POST /v1/chat/completions`` (vLLM's ``OpenAIServingChat``): the messages rendered
+with the checkpoint's chat template, tokenized without special tokens (the template
+wrote them), streamed as ``chat.completion.chunk`` deltas or answered whole."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from frontend.chat_template import ChatTemplateError, render_chat
+from frontend.engine_client import EngineError
+from frontend.errors import APIError, bad_request
+from frontend.generation import merge
+from frontend.logprobs import chat_logprobs
+from frontend.protocol import ChatCompletionRequest
+from frontend.sampling import check_prompt_length, engine_params
+from frontend.serving import (
+    ServingContext,
+    cached_tokens,
+    choice_streams,
+    collect,
+    end_sse,
+    engine_error,
+    json_response,
+    now,
+    random_id,
+    send_error_event,
+    send_event,
+    start_sse,
+    usage,
+)  # fmt: skip
+
+
+def conversation(messages: list[dict]) -> list[dict]:
+    """Messages as chat templates read them: text parts joined with new lines, as
+    vLLM's "string" content format does."""
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m.get("role"), str):
+            raise bad_request(f"messages[{i}] has no role", "messages")
+        content = m.get("content")
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise bad_request(f"messages[{i}]: only text content parts are supported", "messages")
+                texts.append(part["text"])
+            content = "\n".join(texts)
+        elif content is not None and not isinstance(content, str):
+            raise bad_request(f"messages[{i}].content must be a string or a list of content parts", "messages")
+        out.append({**m, "content": content})
+    return out
+
+
+def chat_prompt(ctx: ServingContext, messages: list[dict], add_generation_prompt: bool, add_special_tokens: bool,
+                tools=None, documents=None, chat_template_kwargs=None) -> list[int]:  # fmt: skip
+    try:
+        text = render_chat(ctx.tokenizer.chat_template, conversation(messages), ctx.tokenizer.special_tokens_map,
+                           add_generation_prompt, tools, documents, **(chat_template_kwargs or {}))  # fmt: skip
+    except ChatTemplateError as e:
+        raise bad_request(str(e), "messages") from None
+    return ctx.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+async def create_chat_completion(ctx: ServingContext, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
+    ctx.check_model(req.model)
+    if not req.messages:
+        raise bad_request("messages must not be empty", "messages")
+    if req.top_logprobs and not req.logprobs:
+        raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+    ids = chat_prompt(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens, req.tools, req.documents,
+                      req.chat_template_kwargs)  # fmt: skip
+    requested = req.max_completion_tokens or req.max_tokens
+    check_prompt_length(len(ids), requested, ctx.max_model_len)
+    max_tokens = requested if requested is not None else ctx.max_model_len - len(ids)
+    num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = engine_params(req, max_tokens, num_logprobs, ctx.default_sampling)
+    ctx.metrics.request_started(params.n, max_tokens)
+    request_id = req.request_id or random_id("chatcmpl")
+    as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
+    if req.stream:
+        return await _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids)
+
+    choices = await collect(ctx, request_id, [ids], params)
+    out = [{
+        "index": c.index, "message": {"role": "assistant", "content": c.text, "tool_calls": []},
+        "logprobs": chat_logprobs(ctx.tokenizer, c.token_ids, c.logprobs, num_logprobs, as_ids) if num_logprobs is not None else None,
+        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+    } for c in choices]  # fmt: skip
+    return json_response({
+        "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.model_name, "choices": out,
+        "usage": usage(len(ids), sum(len(c.token_ids) for c in choices), cached_tokens(choices, params.n)),
+        "system_fingerprint": None, "prompt_logprobs": None, "kv_transfer_params": None,
+    })  # fmt: skip
+
+
+async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids) -> web.StreamResponse:
+    created = now()
+    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    continuous = include_usage and req.stream_options.continuous_usage_stats
+    resp = await start_sse(request)
+    generated = [0] * params.n
+    cached = [0] * params.n
+
+    def chunk(choices: list[dict], use: dict | None = None) -> dict:
+        c = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": ctx.model_name, "choices": choices}
+        if use is not None:
+            c["usage"] = use
+        return c
+
+    try:
+        # NOTE: as vLLM, the first chunk of every choice carries only the role.
+        for i in range(params.n):
+            first = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            await send_event(resp, chunk([first], usage(len(ids), 0, 0) if continuous else None))
+        async for d in merge(choice_streams(ctx, request_id, [ids], params)):
+            i = d.index
+            generated[i] += len(d.token_ids)
+            cached[i] = max(cached[i], d.num_cached_tokens)
+            if not d.text and d.finish_reason is None:
+                continue
+            lp = None
+            if num_logprobs is not None and d.logprobs:
+                lp = chat_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, num_logprobs, as_ids)
+            delta = {"content": d.text} if d.text or d.finish_reason is None else {}
+            use = usage(len(ids), sum(generated), cached[0]) if continuous else None
+            await send_event(resp, chunk([{"index": i, "delta": delta, "logprobs": lp, "finish_reason": d.finish_reason,
+                                           "stop_reason": d.stop_reason}], use))  # fmt: skip
+            if d.finish_reason is not None:
+                ctx.metrics.request_finished(d.finish_reason, len(ids), generated[i])
+        if include_usage:
+            await send_event(resp, chunk([], usage(len(ids), sum(generated), cached[0])))
+    except EngineError as e:
+        await send_error_event(resp, engine_error(e))
+    except APIError as e:
+        await send_error_event(resp, e)
+    await end_sse(resp)
+    return resp

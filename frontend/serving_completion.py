@@ -1,0 +1,136 @@
+"""``POST /v1/completions`` (vLLM's ``OpenAIServingCompletion``): the prompt as a
+string, a list of strings, a token-id list or a list of them; streamed or not."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from frontend.engine_client import EngineError
+from frontend.errors import APIError, bad_request
+from frontend.generation import merge
+from frontend.logprobs import completion_logprobs
+from frontend.protocol import CompletionRequest
+from frontend.sampling import check_prompt_length, engine_params
+from frontend.serving import (
+    ServingContext,
+    cached_tokens,
+    choice_streams,
+    collect,
+    end_sse,
+    engine_error,
+    json_response,
+    now,
+    random_id,
+    send_error_event,
+    send_event,
+    start_sse,
+    usage,
+)  # fmt: skip
+
+
+def _is_token_id(t) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool)
+
+
+def prompt_token_ids(ctx: ServingContext, req: CompletionRequest) -> tuple[list[list[int]], list[str | None]]:
+    """Each prompt's token ids, and its text where it came as text."""
+    p = req.prompt
+    if isinstance(p, str) or (p and all(_is_token_id(t) for t in p)):
+        p = [p]
+    if not p:
+        raise bad_request("Prompt cannot be empty", "prompt")
+    if not all(isinstance(one, str) or (isinstance(one, list) and all(_is_token_id(t) for t in one)) for one in p):
+        raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of token-id lists", "prompt")
+    ids, texts = [], []
+    for one in p:
+        if isinstance(one, str):
+            ids.append(ctx.tokenizer.encode(one, add_special_tokens=req.add_special_tokens))
+            texts.append(one)
+        else:
+            if not one:
+                raise bad_request("Prompt cannot be empty", "prompt")
+            ctx.check_token_ids(one)
+            ids.append(one)
+            texts.append(None)
+    return ids, texts
+
+
+async def create_completion(ctx: ServingContext, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
+    ctx.check_model(req.model)
+    if req.suffix is not None:
+        raise bad_request("suffix is not currently supported", "suffix")
+    prompts, texts = prompt_token_ids(ctx, req)
+    for ids in prompts:
+        check_prompt_length(len(ids), req.max_tokens, ctx.max_model_len)
+    max_tokens = req.max_tokens if req.max_tokens is not None else ctx.max_model_len - max(len(p) for p in prompts)
+    params = engine_params(req, max_tokens, req.logprobs, ctx.default_sampling)
+    ctx.metrics.request_started(params.n, max_tokens)
+    request_id = req.request_id or random_id("cmpl")
+    as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
+    echo = [(t if t is not None else ctx.tokenizer.decode(ids)) if req.echo else "" for ids, t in zip(prompts, texts, strict=True)]
+    n = params.n
+    if req.stream:
+        return await _stream(ctx, request, req, request_id, prompts, params, echo, as_ids)
+
+    choices = await collect(ctx, request_id, prompts, params)
+    out = []
+    for c in choices:
+        prefix = echo[c.index // n]
+        lp = None
+        if req.logprobs is not None:
+            lp = completion_logprobs(ctx.tokenizer, c.token_ids, c.logprobs, req.logprobs, as_ids, len(prefix))
+        out.append({"index": c.index, "text": prefix + c.text, "logprobs": lp, "finish_reason": c.finish_reason,
+                    "stop_reason": c.stop_reason, "prompt_logprobs": None})  # fmt: skip
+    num_prompt = sum(len(p) for p in prompts)
+    return json_response({
+        "id": request_id, "object": "text_completion", "created": now(), "model": ctx.model_name, "choices": out,
+        "usage": usage(num_prompt, sum(len(c.token_ids) for c in choices), cached_tokens(choices, n)),
+        "system_fingerprint": None, "kv_transfer_params": None,
+    })  # fmt: skip
+
+
+async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) -> web.StreamResponse:
+    n = params.n
+    created = now()
+    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    continuous = include_usage and req.stream_options.continuous_usage_stats
+    num_prompt = sum(len(p) for p in prompts)
+    resp = await start_sse(request)
+    generated = [0] * (len(prompts) * n)
+    cached = [0] * len(generated)
+    offsets = [len(echo[i // n]) for i in range(len(generated))]
+    first = [bool(req.echo)] * len(generated)
+
+    def chunk(choices: list[dict], use: dict | None = None) -> dict:
+        c = {"id": request_id, "object": "text_completion", "created": created, "model": ctx.model_name, "choices": choices}
+        if use is not None:
+            c["usage"] = use
+        return c
+
+    try:
+        async for d in merge(choice_streams(ctx, request_id, prompts, params)):
+            i = d.index
+            generated[i] += len(d.token_ids)
+            cached[i] = max(cached[i], d.num_cached_tokens)
+            text = d.text
+            if first[i]:
+                text, first[i] = echo[i // n] + text, False
+            if not text and d.finish_reason is None:
+                continue
+            lp = None
+            if req.logprobs is not None and d.logprobs:
+                lp = completion_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, req.logprobs, as_ids, offsets[i])
+                offsets[i] += sum(len(t) for t in lp["tokens"])
+            use = usage(num_prompt, sum(generated), sum(cached[::n])) if continuous else None
+            await send_event(resp, chunk([{"index": i, "text": text, "logprobs": lp, "finish_reason": d.finish_reason,
+                                           "stop_reason": d.stop_reason}], use))  # fmt: skip
+            if d.finish_reason is not None:
+                ctx.metrics.request_finished(d.finish_reason, len(prompts[i // n]), generated[i])
+        if include_usage:
+            await send_event(resp, chunk([], usage(num_prompt, sum(generated), sum(cached[::n]))))
+    except EngineError as e:
+        await send_error_event(resp, engine_error(e))
+    except APIError as e:
+        await send_error_event(resp, e)
+    await end_sse(resp)
+    return resp

@@ -1,0 +1,213 @@
+"""The openai SDK against a live `kvpool serve` of the tiny generated checkpoint.
+
+Expected texts come from transformers (greedy generation in float32 on the same
+checkpoint, its AutoTokenizer), never from the server itself.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+openai = pytest.importorskip("openai")
+torch = pytest.importorskip("torch")
+
+BLOCK = 16
+PROMPT = "The scheduler owns every block of KV memory as a number, and the worker owns the memory itself."
+
+
+@pytest.fixture(scope="module")
+def served(tiny_checkpoint, tmp_path_factory):
+    from kvtest.serve import kvpool_serve
+
+    with kvpool_serve(tiny_checkpoint, tmp_path_factory.mktemp("serve-logs"), "--max-model-len", "1024", "--dev-mode") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=served.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def model(served, tiny_checkpoint):
+    return str(tiny_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_checkpoint):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_checkpoint))
+    m = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), dtype=torch.float32).eval()
+    return tok, m
+
+
+def hf_greedy(hf, ids: list[int], max_new_tokens: int) -> list[int]:
+    tok, m = hf
+    with torch.no_grad():
+        out = m.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.eos_token_id, attention_mask=torch.ones(1, len(ids), dtype=torch.long))  # fmt: skip
+    return out[0, len(ids):].tolist()
+
+
+def post(served, path: str, body: bytes | dict, content_type: str = "application/json") -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(served.base_url + path, data=data, headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def get_metrics(served) -> str:
+    return urllib.request.urlopen(served.base_url + "/metrics", timeout=10).read().decode()
+
+
+def metric(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+# --- models, health, version -----------------------------------------------------------
+
+
+def test_ready_line_names_model_url_and_pool(served, tiny_checkpoint):
+    line = served.ready_line
+    assert str(tiny_checkpoint) in line and served.base_url in line
+    assert "256 blocks × 16 tokens, 8.0 MiB" in line  # 8 MiB / (2 * 4 layers * 16 * 2 heads * 32 * 4 B)
+
+
+def test_models_lists_the_model_as_given(client, model):
+    (card,) = client.models.list().data
+    assert card.id == model and card.root == model and card.model_extra["max_model_len"] == 1024
+
+
+def test_health_and_version(served):
+    assert urllib.request.urlopen(served.base_url + "/health", timeout=10).status == 200
+    version = json.loads(urllib.request.urlopen(served.base_url + "/version", timeout=10).read())
+    assert version["version"] == "0.1.0"
+
+
+# --- greedy equals transformers --------------------------------------------------------
+
+
+def test_greedy_completion_equals_transformers(client, model, hf):
+    tok, _ = hf
+    expected = hf_greedy(hf, tok(PROMPT).input_ids, 24)
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=24, temperature=0, logprobs=0,
+                                  extra_body={"return_tokens_as_token_ids": True})  # fmt: skip
+    ids = [int(t.removeprefix("token_id:")) for t in r.choices[0].logprobs.tokens]
+    assert ids == expected
+    assert r.choices[0].text == tok.decode(expected, skip_special_tokens=True)
+    assert r.usage.prompt_tokens == len(tok(PROMPT).input_ids) and r.usage.completion_tokens == len(expected)
+
+
+def test_greedy_chat_equals_transformers(client, model, hf):
+    tok, _ = hf
+    messages = [{"role": "system", "content": "Réponds brièvement ✓"}, {"role": "user", "content": "Où est le cache? 日本"}]
+    prompt_ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    prompt_ids = prompt_ids["input_ids"] if not isinstance(prompt_ids, list) else prompt_ids
+    expected = hf_greedy(hf, prompt_ids, 16)
+    r = client.chat.completions.create(model=model, messages=messages, max_tokens=16, temperature=0)
+    assert r.choices[0].message.content == tok.decode(expected, skip_special_tokens=True)
+    assert r.usage.prompt_tokens == len(prompt_ids)
+
+
+def test_token_id_prompts_and_prompt_lists(client, model, hf):
+    tok, _ = hf
+    ids = tok("a list of prompts").input_ids
+    r = client.completions.create(model=model, prompt=[PROMPT, ids], max_tokens=6, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.choices[0].text == tok.decode(hf_greedy(hf, tok(PROMPT).input_ids, 6), skip_special_tokens=True)
+    assert r.choices[1].text == tok.decode(hf_greedy(hf, ids, 6), skip_special_tokens=True)
+
+
+# --- streaming, usage, cached tokens -------------------------------------------------
+
+
+def test_streamed_text_equals_the_whole_response_and_usage_comes_last(client, model):
+    whole = client.completions.create(model=model, prompt=PROMPT, max_tokens=20, temperature=0, extra_body={"ignore_eos": True})
+    chunks = list(client.completions.create(model=model, prompt=PROMPT, max_tokens=20, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))  # fmt: skip
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_streamed_chat_starts_with_the_role(client, model):
+    chunks = list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                                 temperature=0, stream=True))  # fmt: skip
+    assert chunks[0].choices[0].delta.role == "assistant"
+    whole = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+
+
+def test_a_repeated_prompt_reports_its_cached_tokens(client, model, hf):
+    tok, _ = hf
+    prompt = "cached tokens: " + PROMPT * 3
+    n = len(tok(prompt).input_ids)
+    client.completions.create(model=model, prompt=prompt, max_tokens=2, temperature=0)
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=2, temperature=0)
+    # Full blocks only, and the last prompt token is always computed.
+    assert r.usage.prompt_tokens_details.cached_tokens == (n - 1) // BLOCK * BLOCK > 0
+
+
+# --- stop strings, n, seeds, logprobs ------------------------------------------------
+
+
+def test_stop_string_cuts_the_text(client, model, hf):
+    tok, _ = hf
+    full = tok.decode(hf_greedy(hf, tok(PROMPT).input_ids, 24), skip_special_tokens=True)
+    stop = full[6:9]
+    assert stop and full.index(stop) == 6
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop])
+    assert r.choices[0].text == full[:6]
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].model_extra["stop_reason"] == stop
+    streamed = client.completions.create(model=model, prompt=PROMPT, max_tokens=24, temperature=0, stop=stop, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == full[:6]
+
+
+def test_n_samples_seeded_and_reproducible(client, model):
+    kw = dict(model=model, prompt=PROMPT, max_tokens=12, temperature=1.0, n=3, seed=1234, extra_body={"ignore_eos": True})
+    a = client.completions.create(**kw)
+    b = client.completions.create(**kw)
+    assert sorted(c.index for c in a.choices) == [0, 1, 2]
+    assert [c.text for c in sorted(a.choices, key=lambda c: c.index)] == [c.text for c in sorted(b.choices, key=lambda c: c.index)]
+    assert len({c.text for c in a.choices}) > 1  # seed + index: the samples differ
+    assert a.usage.completion_tokens == 36
+
+
+def test_logprobs_shapes(client, model):
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=3, extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    assert all(x <= 0 for x in lp.token_logprobs)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
+    c = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}], max_tokens=4, temperature=0,
+                                       logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})  # fmt: skip
+    content = c.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(t.top_logprobs) == 2 for t in content)
+    # greedy: the sampled token is the most likely one
+    assert all(t.logprob == pytest.approx(t.top_logprobs[0].logprob) for t in content)
+
+
+# --- tokenize / detokenize -----------------------------------------------------------
+
+
+def test_tokenize_and_detokenize_equal_transformers(served, hf):
+    tok, _ = hf
+    text = "héllo 世界 🎉 <|eos|>"
+    status, body = post(served, "/tokenize", {"prompt": text})
+    assert status == 200 and body["tokens"] == tok(text).input_ids and body["count"] == len(body["tokens"])
+    messages = [{"role": "user", "content": text}]
+    status, body = post(served, "/tokenize", {"messages": messages})
+    expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    assert body["tokens"] == (expected if isinstance(expected, list) else expected["input_ids"])
+    status, body = post(served, "/detokenize", {"tokens": tok(text).input_ids})
+    assert status == 200 and body["prompt"] == tok.decode(tok(text).input_ids, skip_special_tokens=True)

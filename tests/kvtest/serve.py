@@ -1,0 +1,78 @@
+"""A live `kvpool serve` for tests: started on free ports, stopped (SIGTERM, then
+SIGKILL) when the block ends, also on failure. Every wait is bounded."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+KVPOOL = str(Path(sys.executable).with_name("kvpool"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen
+    port: int
+    log_dir: Path
+    ready_line: str
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(self.log_dir.glob("*.log")))
+
+
+@contextlib.contextmanager
+def kvpool_serve(model_dir, log_dir, *extra: str, ready_timeout: float = 120.0, env: dict | None = None):
+    port = free_port()
+    log_dir = Path(log_dir)
+    argv = [KVPOOL, "serve", str(model_dir), "--port", str(port), "--log-dir", str(log_dir), "--kv-cache-memory", "8MiB",
+            "--device", "cpu", *extra]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if " ready at " in line:
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while not ready.wait(0.2):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"kvpool serve did not get ready (status {proc.poll()}):\n{''.join(lines)}")
+        yield Served(proc, port, log_dir, next(line for line in lines if " ready at " in line))
+    finally:
+        stop(proc)
+        reader.join(5)
+
+
+def stop(proc: subprocess.Popen, timeout: float = 30.0) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode
