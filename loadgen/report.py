@@ -18,6 +18,10 @@ from loadgen.client import RequestResult
 from loadgen.metrics_scraper import MetricsSample, delta
 
 LATENCY_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
+# Distinct errors the report lists; the rest are counted in one line (all are in the JSON).
+MAX_LISTED_ERRORS = 5
+# Words of the scheduler's refusals of a request too long for it (scheduler/sched/validation.py).
+TOO_LONG_WORDS = ("over max_model_len", "KV blocks but the whole pool")
 LATENCY_TITLES = {
     "ttft_ms": "Time to First Token",
     "tpot_ms": "Time per Output Token (excl. 1st token)",
@@ -81,7 +85,12 @@ def summarize(
         "mean_kv_cache_usage": mean_usage,
         # What the scheduler told each client about its own prompt (TokenOutput.num_cached_tokens).
         "client_cached_token_frac": cached / in_tokens if in_tokens else None,
+        # The pool the run met (kvpool_num_gpu_blocks, the null block included).
+        "num_gpu_blocks": int(after.num_gpu_blocks) if after is not None and after.num_gpu_blocks is not None else None,
         "errors": _error_counts(results),
+        "num_rejected_too_long": sum(
+            1 for r in results if not r.success and r.error and any(w in r.error for w in TOO_LONG_WORDS)
+        ),
     }
     return summary
 
@@ -124,6 +133,11 @@ def format_report(summary: dict, title: str = "Serving Benchmark Result") -> str
     def row(label: str, value, spec: str = "") -> None:
         lines.append(f"{label:<40}{_fmt(value, spec):>10}")
 
+    if summary.get("workload"):
+        lines.append(f"Workload: {summary['workload']}")
+    if "num_gpu_blocks" in summary:
+        row("KV pool (blocks, /metrics):", summary["num_gpu_blocks"])
+
     row("Successful requests:", summary["completed"])
     row("Failed requests:", summary["failed"])
     row("Benchmark duration (s):", summary["duration_s"], ".2f")
@@ -145,6 +159,17 @@ def format_report(summary: dict, title: str = "Serving Benchmark Result") -> str
     row("Mean KV cache usage:", summary["mean_kv_cache_usage"], ".2%")
     row("Preemptions:", summary["num_preemptions"])
     lines.append("=" * w)
-    for err, n in sorted(summary.get("errors", {}).items(), key=lambda kv: -kv[1])[:5]:
+    errors = sorted(summary.get("errors", {}).items(), key=lambda kv: -kv[1])
+    for err, n in errors[:MAX_LISTED_ERRORS]:
         lines.append(f"failed x{n}: {err}")
+    rest = errors[MAX_LISTED_ERRORS:]
+    if rest:
+        more = sum(n for _, n in rest)
+        lines.append(f"... and {more} more failed requests with {len(rest)} other errors (all in --result-json)")
+    if summary.get("num_rejected_too_long"):
+        lines.append(
+            f"hint: {summary['num_rejected_too_long']} requests were refused as longer than the scheduler's "
+            "--max-model-len or pool: shorten them (--max-input-len N for a trace, --prefix-len/--suffix-len/"
+            "--input-len, --output-len) or give the scheduler more room"
+        )
     return "\n".join(lines)

@@ -104,3 +104,35 @@ def test_result_json_keys_and_outputs(tmp_path):
     assert data["outputs"][0] == {"index": 0, "request_id": "r-0", "token_ids": [2, 3]}
     write_result_json(path, s)
     assert "outputs" not in json.loads(path.read_text())
+
+
+def _failed(i: int, error: str) -> RequestResult:
+    return RequestResult(i, f"r-{i}", 10, error=error)
+
+
+def test_every_failure_is_accounted_for_beyond_the_listed_five():
+    # 17 distinct rejections (the scheduler names each request's length): 5 listed, 12 counted.
+    results = [_failed(i, f"rejected by the scheduler: prompt ({1000 + i} tokens) + max_tokens (8) = {1008 + i} "
+                          f"is over max_model_len (1000)") for i in range(17)]  # fmt: skip
+    results += [_failed(17, "no response from the scheduler for 5 s")]
+    text = format_report(summarize(results, 1.0))
+    lines = text.splitlines()
+    assert sum(line.startswith("failed x1: ") for line in lines) == 5
+    assert "... and 13 more failed requests with 13 other errors (all in --result-json)" in lines
+    hint = next(line for line in lines if line.startswith("hint: "))
+    assert hint.startswith("hint: 17 requests were refused as longer than") and "--max-input-len" in hint
+
+
+def test_no_more_line_and_no_hint_when_all_are_listed_and_none_too_long():
+    text = format_report(summarize([_failed(i, f"error {i}") for i in range(5)], 1.0))
+    assert "more failed requests" not in text and "hint:" not in text
+
+
+def test_the_report_names_its_workload_and_the_pool_it_met():
+    after = MetricsSample(t=1.0, num_gpu_blocks=256.0)
+    s = summarize([_ok(0, 0.1, 0.2, [0.1], 2)], 1.0, MetricsSample(t=0.0), after, [])
+    s["workload"] = "shared-prefix: 1 requests (...)"
+    text = format_report(s)
+    assert "Workload: shared-prefix: 1 requests (...)" in text.splitlines()
+    assert next(line for line in text.splitlines() if line.startswith("KV pool (blocks, /metrics):")).split()[-1] == "256"
+    assert summarize([], 1.0)["num_gpu_blocks"] is None
