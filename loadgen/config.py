@@ -1,0 +1,186 @@
+"""The load generator's command line: one frozen `LoadgenConfig`, built by `parse_config`.
+
+Every flag's help gives its default. Bad combinations are refused here, before
+anything runs (exit status 2): a `--trace` without `--dataset mooncake`, an output
+file whose folder cannot be made, `--plot` without matplotlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadgen.datasets import DEFAULT_VOCAB_SIZE
+
+DEFAULT_NUM_REQUESTS = 200
+DATASETS = ("shared-prefix", "random", "mooncake")
+
+
+@dataclass(frozen=True)
+class LoadgenConfig:
+    scheduler: str
+    metrics_url: str | None
+    dataset: str
+    num_requests: int | None
+    request_rate: float
+    burstiness: float
+    max_concurrency: int | None
+    seed: int
+    vocab_size: int
+    num_prefixes: int
+    prefix_len: int
+    suffix_len: int
+    output_len: int
+    input_len: int
+    range_ratio: float
+    trace: str | None
+    time_scale: float
+    max_input_len: int | None
+    respect_eos: bool
+    request_timeout: float
+    connect_timeout: float
+    timeout: float | None
+    metrics_interval: float
+    result_json: str | None
+    plot: str | None
+    save_outputs: bool
+    log_level: str
+    curve_client_key: str | None = None
+    curve_server_key: str | None = None
+
+
+DESCRIPTION = """Drive the scheduler and report, like `vllm bench serve`.
+
+Exit status: 0 when every request completed; 1 when any failed or the run hit
+--timeout; 2 on bad arguments or an unreadable or empty dataset; 3 when the
+scheduler cannot be reached."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvpool-loadgen", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    g = p.add_argument_group("target")
+    g.add_argument("--scheduler", default="tcp://127.0.0.1:5555", help="the scheduler's client port, a ZMQ address (default %(default)s)")
+    g.add_argument("--metrics-url", default="http://127.0.0.1:8000/metrics", help="the scheduler's /metrics; '' to skip (default %(default)s)")
+    g = p.add_argument_group("workload")
+    g.add_argument("--dataset", choices=DATASETS, default=None,
+                   help="the workload (default shared-prefix, or mooncake when --trace is given)")  # fmt: skip
+    g.add_argument("--num-requests", type=int, default=None,
+                   help=f"requests to send (default {DEFAULT_NUM_REQUESTS}; mooncake: the whole trace)")  # fmt: skip
+    g.add_argument("--request-rate", type=float, default=math.inf, help="requests/s, Poisson or gamma arrivals; inf = all at once (default %(default)s)")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps between arrivals; 1.0 = Poisson (default %(default)s)")
+    g.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight (default: no limit)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompts and arrivals (default %(default)s)")
+    g.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="token ids are drawn from [2, vocab) (default %(default)s)")
+    g.add_argument("--output-len", type=int, default=32, help="tokens to generate per request, shared-prefix and random (default %(default)s)")
+    g.add_argument("--respect-eos", action="store_true", help="stop at EOS (default: off, ignore_eos: exactly the output length)")
+    g = p.add_argument_group("shared-prefix dataset")
+    g.add_argument("--num-prefixes", type=int, default=8, help="distinct shared prefixes (default %(default)s)")
+    g.add_argument("--prefix-len", type=int, default=256, help="tokens in each shared prefix (default %(default)s)")
+    g.add_argument("--suffix-len", type=int, default=64, help="tokens of each request's own suffix (default %(default)s)")
+    g = p.add_argument_group("random dataset")
+    g.add_argument("--input-len", type=int, default=256, help="prompt tokens (default %(default)s)")
+    g.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in [len*(1-r), len*(1+r)] (default %(default)s)")
+    g = p.add_argument_group("mooncake dataset")
+    g.add_argument("--trace", default=None, help="a Mooncake JSONL trace to replay (default: none; implies --dataset mooncake)")
+    g.add_argument("--time-scale", type=float, default=1.0, help="multiplies the trace's timestamps; 0 = all at once (default %(default)s)")
+    g.add_argument("--max-input-len", type=int, default=None,
+                   help="cut longer prompts to this many tokens, to fit a small pool (default: no cut)")  # fmt: skip
+    g = p.add_argument_group("bounds")
+    g.add_argument("--request-timeout", type=float, default=120.0, help="a request silent this long fails, in s (default %(default)s)")
+    g.add_argument("--connect-timeout", type=float, default=10.0, help="give up reaching the scheduler after this long, in s (default %(default)s)")
+    g.add_argument("--timeout", type=float, default=None, help="stop the whole run after this many seconds (default: no limit)")
+    g = p.add_argument_group("output")
+    g.add_argument("--result-json", default=None, help="write the summary (and outputs) to this file; its folder is made (default: none)")
+    g.add_argument("--save-outputs", action="store_true", help="put every request's token ids in the JSON (default: off)")
+    g.add_argument("--plot", default=None, help="a PNG of the scheduler's KV-cache metrics over time; its folder is made (default: none)")
+    g.add_argument("--metrics-interval", type=float, default=0.5, help="seconds between /metrics polls (default %(default)s)")
+    g.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR (default %(default)s)")
+    g = p.add_argument_group("security (when the scheduler uses ZeroMQ CURVE)")
+    g.add_argument("--curve-client-key", metavar="FILE", help="this client's secret certificate, NAME.key_secret (default: none, no CURVE)")
+    g.add_argument("--curve-server-key", metavar="FILE", help="the scheduler's public certificate, NAME.key (default: none, no CURVE)")
+    return p
+
+
+def _check_output_path(p: argparse.ArgumentParser, flag: str, path: str) -> None:
+    """Refuse, before the run, an output file that could not be written after it."""
+    target = Path(path)
+    if target.is_dir():
+        p.error(f"{flag} {path}: is a folder; give a file name")
+    parent = target.parent
+    for folder in (parent, *parent.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                p.error(f"{flag} {path}: {folder} is not a folder")
+            if not os.access(folder, os.W_OK | os.X_OK):
+                p.error(f"{flag} {path}: cannot write in {folder}")
+            break
+
+
+def parse_config(argv: list[str] | None = None) -> LoadgenConfig:
+    p = build_parser()
+    a = p.parse_args(argv)
+    if a.dataset is None:
+        a.dataset = "mooncake" if a.trace else "shared-prefix"
+    if a.trace and a.dataset != "mooncake":
+        p.error(f"--trace replays a Mooncake trace: it needs --dataset mooncake, not --dataset {a.dataset}")
+    if a.dataset == "mooncake" and not a.trace:
+        p.error("--dataset mooncake needs --trace FILE")
+    if a.num_requests is None and a.dataset != "mooncake":
+        a.num_requests = DEFAULT_NUM_REQUESTS
+    if a.num_requests is not None and a.num_requests < 1:
+        p.error(f"--num-requests must be >= 1, got {a.num_requests}")
+    for name in ("output_len", "prefix_len", "suffix_len", "input_len", "num_prefixes"):
+        if getattr(a, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0")
+    if a.max_input_len is not None and a.max_input_len < 1:
+        p.error(f"--max-input-len must be >= 1, got {a.max_input_len}")
+    if a.max_concurrency is not None and a.max_concurrency < 1:
+        p.error("--max-concurrency must be >= 1")
+    if a.request_rate <= 0 or a.burstiness <= 0:
+        p.error("--request-rate and --burstiness must be > 0")
+    if a.vocab_size <= 2:
+        p.error("--vocab-size must be > 2")
+    if a.save_outputs and not a.result_json:
+        p.error("--save-outputs needs --result-json")
+    if (a.curve_client_key is None) != (a.curve_server_key is None):
+        p.error("--curve-client-key and --curve-server-key go together")
+    for flag, path in (("--result-json", a.result_json), ("--plot", a.plot)):
+        if path:
+            _check_output_path(p, flag, path)
+    if a.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            p.error("--plot needs matplotlib (pip install matplotlib)")
+    fields = dict(vars(a))
+    fields["metrics_url"] = a.metrics_url or None
+    return LoadgenConfig(**fields)
+
+
+def make_output_folders(cfg: LoadgenConfig) -> None:
+    """Make the folders of --result-json and --plot (before the run, not after it)."""
+    for path in (cfg.result_json, cfg.plot):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+
+def describe_workload(cfg: LoadgenConfig, num_requests: int) -> str:
+    """One line saying what was sent, for the report."""
+    if cfg.dataset == "shared-prefix":
+        shape = f"{cfg.num_prefixes} prefixes x {cfg.prefix_len} tokens + {cfg.suffix_len}-token suffixes, {cfg.output_len} out"
+    elif cfg.dataset == "random":
+        shape = f"{cfg.input_len} tokens in (range ratio {cfg.range_ratio:g}), {cfg.output_len} out"
+    else:
+        cut = f", prompts cut to {cfg.max_input_len}" if cfg.max_input_len else ""
+        shape = f"{Path(cfg.trace).name}, time scale {cfg.time_scale:g}{cut}"
+    if cfg.dataset == "mooncake":
+        rate = "at the trace's times"
+    else:
+        rate = "all at once" if math.isinf(cfg.request_rate) else f"{cfg.request_rate:g} req/s"
+    conc = f", concurrency {cfg.max_concurrency}" if cfg.max_concurrency else ""
+    return f"{cfg.dataset}: {num_requests} requests ({shape}), {rate}{conc}"
