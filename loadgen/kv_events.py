@@ -205,11 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     on_batch = _print_batch if a.events else None
     end = None if a.duration is None else time.monotonic() + a.duration
     last_count = None
+    print(f"subscribed to {a.endpoint}; waiting for the first batch of KV events", flush=True)
     try:
         sub.sync(on_batch)
         while end is None or time.monotonic() < end:
             sub.poll(0.5, on_batch)
-            if not a.events and len(sub.cached_hashes) != last_count:
+            # NOTE: nothing to say before the first batch (last_seq is still -1, which
+            # read like the replay's end marker).
+            if not a.events and sub.num_batches and len(sub.cached_hashes) != last_count:
                 last_count = len(sub.cached_hashes)
                 print(f"seq {sub.last_seq}: {last_count} cached block hashes (lost {sub.num_lost})", flush=True)
     except KeyboardInterrupt:
