@@ -66,17 +66,17 @@ def test_rejection_abort_and_silence(fake_scheduler_factory):
     assert sched.aborted == ["t-2"]  # the silent request was aborted at the scheduler
 
 
-def test_unreachable_raises_quickly():
+def test_unreachable_raises_at_its_connect_timeout():
     port = _free_port()
 
     async def go():
         async with KVPoolClient(f"tcp://127.0.0.1:{port}") as client:
             await client.connect(1.0)
 
-    t = time.monotonic()
-    with pytest.raises(SchedulerUnreachable, match=f"127.0.0.1:{port}"):
-        _run(go(), bound=10)
-    assert time.monotonic() - t < 5
+    # NOTE: no timed assertion: a hang would end in the 60 s bound's TimeoutError,
+    # not in SchedulerUnreachable naming the 1 s connect timeout.
+    with pytest.raises(SchedulerUnreachable, match=f"127.0.0.1:{port}: no connection within 1 s"):
+        _run(go(), bound=60)
 
 
 def test_runner_concurrency_and_overall_timeout(fake_scheduler_factory):
@@ -98,7 +98,9 @@ def test_runner_concurrency_and_overall_timeout(fake_scheduler_factory):
     assert outcome.timed_out
     assert [r.success for r in outcome.results] == [True] * 3 + [False] * 3
     assert all("--timeout" in r.error for r in outcome.results[3:])
-    assert 1.0 <= outcome.duration_s < 5
+    # At least the 1 s --timeout; far less than the 60 s request timeout (a generous
+    # bound for a loaded 2-core machine: what ended the run was --timeout).
+    assert 1.0 <= outcome.duration_s < 30
     deadline = time.monotonic() + 5
     while len(sched.aborted) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -101,7 +100,8 @@ def test_mooncake_trace_equal_prefix_property():
     assert len({tuple(r.prompt_token_ids[:512]) for r in reqs}) == 1
 
 
-def test_mooncake_cut_time_scale_and_speed():
+def test_mooncake_cut_and_time_scale():
+    # NOTE: how fast a trace expands is a `make bench` figure (bench/loadgen_bench.py).
     records = load_mooncake_trace(TRACE)
     reqs = mooncake_requests(records[:50], time_scale=0.5, max_input_len=1000, num_requests=20)
     assert len(reqs) == 20
@@ -109,12 +109,6 @@ def test_mooncake_cut_time_scale_and_speed():
         r.prompt_len == min(1000, rec.input_length) for r, rec in zip(reqs, records, strict=False)
     )
     assert reqs[-1].arrival_s == records[19].timestamp / 1000.0 * 0.5
-    t = time.perf_counter()
-    total = sum(len(expand_hash_ids(r.hash_ids, r.input_length)) for r in records[:2000])
-    elapsed = time.perf_counter() - t
-    assert total > 10_000_000
-    # NOTE: a loose bound (the whole trace is ~149M tokens): catches an accidental per-token loop.
-    assert elapsed < 20, f"{total} tokens took {elapsed:.1f} s"
 
 
 def test_bad_trace_line(tmp_path):
