@@ -80,28 +80,32 @@ class ResidencyBlockPool(BlockPool):
         blocks = BlockPool.get_new_blocks(self, num_blocks)
         now = self._clock()
         born, last, hits = self._born, self._last_access, self._hits
-        samples = self._samples
         observe = self.enable_caching
-        sampled = self.sample_rate >= 1.0
-        # NOTE: inlined (no call per block): this runs for every block handed out.
+        lifetime = self._samples.lifetimes.append
+        idle = self._samples.idle_before_evict.append
+        every = self.sample_rate >= 1.0
+        # NOTE: inlined, names bound outside the loop: this runs for every block handed out.
         for block in blocks:
             i = block.block_id
             t = born[i]
             if t is not None:
                 if observe:
-                    samples.lifetimes.append(now - t)
-                    samples.idle_before_evict.append(now - last[i])
-                history = hits[i]
-                if history is not None:
-                    if observe and len(history) > 1:
-                        gaps = list(history)
-                        samples.reuse_gaps.extend([b - a for a, b in zip(gaps, gaps[1:])])
-                    hits[i] = None
-            if sampled or self._rng() < self.sample_rate:
+                    lifetime(now - t)
+                    idle(now - last[i])
+                if hits[i] is not None:
+                    self._end_hits(i, observe)
+            if every or self._rng() < self.sample_rate:
                 born[i] = last[i] = now
             elif t is not None:
                 born[i] = None
         return blocks
+
+    def _end_hits(self, i: int, observe: bool) -> None:
+        history = self._hits[i]
+        self._hits[i] = None
+        if observe and len(history) > 1:
+            times = list(history)
+            self._samples.reuse_gaps.extend([b - a for a, b in zip(times, times[1:])])
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         BlockPool.touch(self, blocks)
