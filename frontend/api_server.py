@@ -48,8 +48,9 @@ def kvpool_version() -> str:
 async def read_body(request: web.Request, type_):
     try:
         body = await request.read()
-    except web.HTTPRequestEntityTooLarge as e:
-        raise APIError(f"Request body too large: {e.actual_size} bytes is over the limit of {e.max_size} bytes.", 413) from None
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app["max_request_body_bytes"]
+        raise APIError(f"Request body too large: over the limit of {limit} bytes (--max-request-body-bytes).", 413) from None
     try:
         return msgspec.json.decode(body, type=type_)
     except msgspec.ValidationError as e:
@@ -62,9 +63,9 @@ class APIServer:
     def __init__(self, config: FrontendConfig, tokenizer: Tokenizer | None = None):
         self.config = config
         self.tokenizer = tokenizer or Tokenizer(config.model)
-        self.metrics = FrontendMetrics(config.served_model_name)
         keys = (config.curve_client_key, config.curve_server_key) if config.curve_client_key else None
         self.engine = EngineClient(config.scheduler, keys)
+        self.metrics = FrontendMetrics(config.served_model_name, in_flight=lambda: self.engine.num_in_flight)
         self.ctx = ServingContext(
             config.served_model_name, config.model, config.max_model_len, self.tokenizer, self.engine, self.metrics,
             default_sampling(config.generation_config, config.model), config.return_tokens_as_token_ids,
@@ -108,6 +109,7 @@ class APIServer:
 
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_request_body_bytes, middlewares=[self._middleware])
+        app["max_request_body_bytes"] = self.config.max_request_body_bytes
         r = app.router
         r.add_post("/v1/completions", self._completions)
         r.add_post("/v1/chat/completions", self._chat)

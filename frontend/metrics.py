@@ -8,11 +8,13 @@ merged ``/metrics`` page: the scheduler's metrics (fetched) followed by these.
 * ``http_requests_total{handler,method,status}`` and
   ``http_request_duration_seconds{handler,method}``, as vLLM's
   prometheus-fastapi-instrumentator exports them (status grouped: ``2xx``).
+* ``kvpool_frontend_engine_requests_in_flight``: engine requests this frontend has
+  open on the scheduler (0 when idle: nothing leaked).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # vLLM's build_1_2_5_buckets up to 10^6 tokens, and its request-size buckets.
 TOKEN_BUCKETS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5) if m * 10**e <= 1_000_000)
@@ -21,7 +23,7 @@ HTTP_BUCKETS = (0.1, 0.5, 1.0)
 
 
 class FrontendMetrics:
-    def __init__(self, model_name: str, engine: str = "0"):
+    def __init__(self, model_name: str, engine: str = "0", in_flight=lambda: 0):
         self.registry = r = CollectorRegistry()
         labels, values = ["model_name", "engine"], (model_name, engine)
         self._success = Counter("vllm:request_success", "Count of successfully processed requests.",
@@ -39,6 +41,8 @@ class FrontendMetrics:
                                            labels, buckets=TOKEN_BUCKETS, registry=r).labels(*values)  # fmt: skip
         self.http_requests = Counter("http_requests", "Total number of requests by method, status and handler.",
                                      ["method", "status", "handler"], registry=r)  # fmt: skip
+        Gauge("kvpool_frontend_engine_requests_in_flight", "Engine requests open on the scheduler.",
+              registry=r).set_function(in_flight)  # fmt: skip
         self.http_duration = Histogram("http_request_duration_seconds", "Latency with only few buckets by handler.",
                                        ["method", "handler"], buckets=HTTP_BUCKETS, registry=r)  # fmt: skip
 

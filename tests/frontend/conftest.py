@@ -41,3 +41,34 @@ def bos_checkpoint(tiny_checkpoint, tmp_path_factory):
     config["chat_template"] = "{{ 'the config template: not used when chat_template.jinja exists' }}"
     (d / "tokenizer_config.json").write_text(json.dumps(config))
     return d
+
+
+@pytest.fixture(scope="session")
+def served(tiny_checkpoint, tmp_path_factory):
+    """One live `kvpool serve` of the tiny checkpoint for the API tests."""
+    from kvtest.serve import kvpool_serve
+
+    with kvpool_serve(tiny_checkpoint, tmp_path_factory.mktemp("serve-logs"), "--max-model-len", "1024", "--dev-mode") as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def client(served):
+    import openai
+
+    return openai.OpenAI(base_url=served.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def model(served, tiny_checkpoint):
+    return str(tiny_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def hf(tiny_checkpoint):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_checkpoint))
+    m = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), dtype=torch.float32).eval()
+    return tok, m

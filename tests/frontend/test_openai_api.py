@@ -7,10 +7,10 @@ checkpoint, its AutoTokenizer), never from the server itself.
 from __future__ import annotations
 
 import json
-import urllib.error
 import urllib.request
 
 import pytest
+from kvtest.http_api import PROMPT, post
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -18,34 +18,6 @@ openai = pytest.importorskip("openai")
 torch = pytest.importorskip("torch")
 
 BLOCK = 16
-PROMPT = "The scheduler owns every block of KV memory as a number, and the worker owns the memory itself."
-
-
-@pytest.fixture(scope="module")
-def served(tiny_checkpoint, tmp_path_factory):
-    from kvtest.serve import kvpool_serve
-
-    with kvpool_serve(tiny_checkpoint, tmp_path_factory.mktemp("serve-logs"), "--max-model-len", "1024", "--dev-mode") as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    return openai.OpenAI(base_url=served.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def model(served, tiny_checkpoint):
-    return str(tiny_checkpoint)
-
-
-@pytest.fixture(scope="module")
-def hf(tiny_checkpoint):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tiny_checkpoint))
-    m = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), dtype=torch.float32).eval()
-    return tok, m
 
 
 def hf_greedy(hf, ids: list[int], max_new_tokens: int) -> list[int]:
@@ -54,24 +26,6 @@ def hf_greedy(hf, ids: list[int], max_new_tokens: int) -> list[int]:
         out = m.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.eos_token_id, attention_mask=torch.ones(1, len(ids), dtype=torch.long))  # fmt: skip
     return out[0, len(ids):].tolist()
-
-
-def post(served, path: str, body: bytes | dict, content_type: str = "application/json") -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(served.base_url + path, data=data, headers={"Content-Type": content_type})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
-def get_metrics(served) -> str:
-    return urllib.request.urlopen(served.base_url + "/metrics", timeout=10).read().decode()
-
-
-def metric(text: str, name: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{") or line.startswith(name + " "))
 
 
 # --- models, health, version -----------------------------------------------------------

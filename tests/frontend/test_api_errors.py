@@ -1,0 +1,149 @@
+"""Bad requests get OpenAI's error object with the right status and vLLM's wording,
+change nothing, and the server keeps serving; nothing leaks (no engine request left
+open, no block held)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from kvtest.http_api import PROMPT, get_metrics, metric, post
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def error_of(status_body, status: int):
+    got, body = status_body
+    assert got == status, body
+    assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["code"] == status
+    return body["error"]
+
+
+def assert_idle(served, timeout: float = 30.0):
+    """Bounded wait for: no engine request open, no running request, no block held."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = get_metrics(served)
+        state = (metric(text, "kvpool_frontend_engine_requests_in_flight"), metric(text, "vllm:num_requests_running"),
+                 metric(text, "vllm:kv_cache_usage_perc"))  # fmt: skip
+        if state == (0, 0, 0):
+            return
+        assert time.monotonic() < deadline, f"not idle after {timeout} s: in flight, running, usage = {state}"
+        time.sleep(0.2)
+
+
+def test_unknown_model_is_404(served):
+    e = error_of(post(served, "/v1/completions", {"model": "gpt-4", "prompt": "x"}), 404)
+    assert e["message"] == "The model `gpt-4` does not exist." and e["type"] == "NotFoundError" and e["param"] == "model"
+
+
+def test_prompt_over_the_context_length_uses_vllms_wording(served, model):
+    e = error_of(post(served, "/v1/completions", {"model": model, "prompt": [7] * 1024, "max_tokens": 1}), 400)
+    assert e["message"] == ("This model's maximum context length is 1024 tokens. However, your request has 1024 input "
+                            "tokens. Please reduce the length of the input messages.")  # fmt: skip
+    e = error_of(post(served, "/v1/completions", {"model": model, "prompt": [5] * 1000, "max_tokens": 100}), 400)
+    assert e["message"].startswith("'max_tokens' or 'max_completion_tokens' is too large: 100.") and e["param"] == "max_tokens"
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "needle"),
+    [
+        ({"max_tokens": -3}, "max_tokens", "max_tokens must be at least 1, got -3."),
+        ({"temperature": -1}, "temperature", "temperature must be non-negative"),
+        ({"top_p": 0}, "top_p", "top_p must be in (0, 1]"),
+        ({"n": 0}, "n", "n must be at least 1"),
+        ({"logprobs": 21}, "logprobs", "greater than max allowed: 20"),
+        ({"min_tokens": 99, "max_tokens": 4}, "min_tokens", "min_tokens must be less than or equal to max_tokens=4"),
+        ({"prompt": [10**6]}, "prompt", "Token id 1000000 is out of vocabulary"),
+        ({"prompt": []}, "prompt", "Prompt cannot be empty"),
+        ({"prompt": [1.5]}, "prompt", "prompt must be a string"),
+    ],
+)
+def test_invalid_parameters_are_named(served, model, body, param, needle):
+    e = error_of(post(served, "/v1/completions", {"model": model, "prompt": "x", **body}), 400)
+    assert needle in e["message"] and e["param"] == param
+
+
+def test_malformed_json_and_wrong_types(served, model):
+    assert "JSON decode error" in error_of(post(served, "/v1/completions", b'{"prompt": "x",'), 400)["message"]
+    e = error_of(post(served, "/v1/completions", {"model": model, "prompt": "x", "max_tokens": "ten"}), 400)
+    assert "$.max_tokens" in e["message"]
+    e = error_of(post(served, "/v1/chat/completions", {"model": model, "messages": "hi"}), 400)
+    assert "$.messages" in e["message"]
+    e = error_of(post(served, "/v1/chat/completions", {"model": model, "messages": [{"content": "no role"}]}), 400)
+    assert "no role" in e["message"]
+
+
+def test_a_10_mb_prompt_is_refused_with_413(served, model):
+    e = error_of(post(served, "/v1/completions", {"model": model, "prompt": "a" * (10 << 20)}), 413)
+    assert "too large" in e["message"]
+
+
+def test_unknown_route_is_an_error_object(served):
+    req = urllib.request.Request(served.base_url + "/v1/nothing-here")
+    try:
+        urllib.request.urlopen(req, timeout=10)
+        raise AssertionError("expected 404")
+    except urllib.error.HTTPError as e:
+        assert e.code == 404 and json.loads(e.read())["error"]["code"] == 404
+
+
+def test_a_flood_of_idle_connections_does_not_stop_the_server(served, model):
+    socks = []
+    try:
+        for _ in range(300):
+            s = socket.create_connection(("127.0.0.1", served.port), timeout=10)
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")  # never finished
+            socks.append(s)
+        status, body = post(served, "/v1/completions", {"model": model, "prompt": PROMPT, "max_tokens": 3, "temperature": 0})
+        assert status == 200 and body["usage"]["completion_tokens"] == 3
+    finally:
+        for s in socks:
+            s.close()
+    status, _ = post(served, "/v1/completions", {"model": model, "prompt": "after", "max_tokens": 2})
+    assert status == 200
+
+
+def test_after_every_bad_request_nothing_is_left_open(served):
+    assert_idle(served)
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_blocks(served, model):
+    body = json.dumps({"model": model, "prompt": PROMPT * 4, "max_tokens": 800, "temperature": 0, "ignore_eos": True,
+                       "stream": True}).encode()  # fmt: skip
+    s = socket.create_connection(("127.0.0.1", served.port), timeout=30)
+    try:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+        got = b""
+        while got.count(b"data: ") < 3:
+            chunk = s.recv(65536)
+            assert chunk, "the server closed the stream early"
+            got += chunk
+        text = get_metrics(served)
+        assert metric(text, "vllm:num_requests_running") == 1 and metric(text, "vllm:kv_cache_usage_perc") > 0
+    finally:
+        s.close()
+    assert_idle(served)
+    text = get_metrics(served)
+    assert metric(text, 'vllm:request_success_total{engine="0",finished_reason="abort"') >= 0  # the family exists
+
+
+def test_metrics_page_has_the_scheduler_and_the_frontend_under_vllm_names(served):
+    text = get_metrics(served)
+    for name in ("vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:num_requests_running",
+                 "vllm:time_to_first_token_seconds_bucket", "vllm:request_success_total",
+                 "vllm:request_prompt_tokens_bucket", "http_requests_total"):  # fmt: skip
+        assert metric(text, name) >= 0 and name in text, name
+    assert metric(text, "vllm:request_success_total") > 0
+    names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(names) == len(set(names)), "a metric family appears twice"
+
+
+def test_dev_mode_reset_prefix_cache(served):
+    req = urllib.request.Request(served.base_url + "/reset_prefix_cache", data=b"", method="POST")
+    assert urllib.request.urlopen(req, timeout=10).status == 200

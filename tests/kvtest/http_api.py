@@ -1,0 +1,27 @@
+"""Plain-HTTP helpers for the API tests (urllib: no SDK in the way of what is sent)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+PROMPT = "The scheduler owns every block of KV memory as a number, and the worker owns the memory itself."
+
+
+def post(served, path: str, body: bytes | dict, content_type: str = "application/json") -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(served.base_url + path, data=data, headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def get_metrics(served) -> str:
+    return urllib.request.urlopen(served.base_url + "/metrics", timeout=10).read().decode()
+
+
+def metric(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{") or line.startswith(name + " "))
