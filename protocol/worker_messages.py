@@ -31,8 +31,8 @@ class RowSampling(msgspec.Struct, array_like=True, gc=False, frozen=True):
 
 class RequestRow(msgspec.Struct, **_OPTS, tag=0):
     """A request's whole row: sent once when the request starts (StepPlan.new_rows),
-    again when it resumes after preemption (StepPlan.resumed_rows) and for every live
-    request on a resync (WorkerReady.resync_rows)."""
+    and again when it resumes after preemption (StepPlan.resumed_rows) -- also after
+    a worker was lost, when every running request resumes by recompute."""
 
     seq_id: int
     # Every token the request has so far: prompt, then any already-sampled output.
@@ -80,15 +80,18 @@ class WorkerHello(msgspec.Struct, **_OPTS, tag=2):
 
 class WorkerReady(msgspec.Struct, **_OPTS, tag=3):
     """The scheduler's answer to WorkerHello: the pool size it chose and the limits
-    the worker's block table must hold. next_step_id is the step_id of the next plan;
-    resync_rows (after a reconnect) are the live rows, sent whole."""
+    the worker's block table must hold. next_step_id is the step_id of the next plan.
+    The worker starts with no rows: a worker that handshakes again has lost them.
+
+    NOTE: no resync (rows handed back whole to a returning worker, docs/architecture.md):
+    the scheduler cannot tell that a returning worker's KV is the one it wrote, and the
+    outcome of the step in flight at the loss is unknown."""
 
     num_blocks: int
     block_size: int
     max_num_seqs: int
     max_model_len: int
     next_step_id: int = 0
-    resync_rows: list[RequestRow] = []
 
 
 class StepPlan(msgspec.Struct, **_OPTS, tag=4):

@@ -6,8 +6,8 @@ msgspec msgpack message; the scheduler's ROUTER sees ``[identity, frame]``).
 * The KV cache is allocated before any of this (``worker.__main__``): a hello
   promises only memory the worker holds.
 * Connect, send WorkerHello, wait for WorkerReady; use the number of blocks the
-  scheduler chose (at most ours), install its resync rows, and acknowledge with a
-  Heartbeat (the scheduler is ready only once it hears it). A Shutdown instead is a
+  scheduler chose (at most ours) with no rows, and acknowledge with a Heartbeat
+  (the scheduler is ready only once it hears it). A Shutdown instead is a
   refusal: exit 4 (EXIT_REFUSED), so that a supervisor tries again. No WorkerReady
   within ``scheduler_timeout_s``: the scheduler is unreachable, as below.
 * Then answer each StepPlan with a StepResult (or a WorkerError, state unchanged);
@@ -185,17 +185,13 @@ class WorkerProcess:
             return f"WorkerReady max_model_len {ready.max_model_len} is over this worker's {self.serving.max_model_len}"
         caches = [kv[:, : ready.num_blocks] for kv in self.kv_caches]
         runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id)
-        try:
-            runner.resync(ready.resync_rows, ready.next_step_id)
-        except PlanError as e:
-            return f"resync rows: {e}"
         self._set_ready(runner)
         if self.metrics is not None:
             self.metrics.num_blocks.set(ready.num_blocks)
             self.metrics.reset_totals()
         log.info(
-            "ready: %d blocks, max_num_seqs %d, max_model_len %d, next step %d, %d resync rows",
-            ready.num_blocks, ready.max_num_seqs, ready.max_model_len, ready.next_step_id, len(ready.resync_rows),
+            "ready: %d blocks, max_num_seqs %d, max_model_len %d, next step %d",
+            ready.num_blocks, ready.max_num_seqs, ready.max_model_len, ready.next_step_id,
         )
         return None
 

@@ -77,18 +77,6 @@ class ModelRunner:
         st = self.rows[seq_id]
         return (len(st.token_ids), st.num_computed_tokens, self.block_table.num_blocks(seq_id))
 
-    def resync(self, rows: list[RequestRow], next_step_id: int) -> None:
-        """Drop every row and install ``rows`` as the live rows (WorkerReady after a
-        (re)connect). Raises PlanError, changing nothing, if they break the contract."""
-        check = StepPlan(step_id=next_step_id, new_rows=rows, num_scheduled_tokens={r.seq_id: 0 for r in rows})
-        check_plan(check, next_step_id, (), self._row_view, self.limits)
-        for sid in list(self.rows):
-            self._remove(sid)
-        for row in rows:
-            self._add(row)
-        self.block_table.commit()
-        self.next_step_id = next_step_id
-
     def _add(self, row: RequestRow) -> None:
         table_row = self.block_table.add_row(row.seq_id, row.block_ids)
         n, sampling = len(row.token_ids), row.sampling

@@ -2,7 +2,7 @@
 tables and of the KV slots, and fails on any breach of the contract (DESIGN.md):
 
 * a step gap or repeat;
-* a row changed other than by append outside resume/resync (a new row for a live
+* a row changed other than by append outside a resume (a new row for a live
   seq_id, a resumed row that was never preempted, appends to unknown rows);
 * a block id outside the cache, or the null block in a row;
 * a KV slot written twice since its block was handed out (full blocks are final:

@@ -147,7 +147,7 @@ def worker_messages(rng: random.Random) -> list[Case]:
         r = rng.randrange(1 << 20)
         row = RequestRow(r, [rng.randrange(VOCAB) for _ in range(8)], [1, 2], 0)
         msgs = [
-            WorkerHello(0, 1, r, 16, VOCAB, 1), WorkerReady(r, 16, 8, 4096, r, [row]),
+            WorkerHello(0, 1, r, 16, VOCAB, 1), WorkerReady(r, 16, 8, 4096, r),
             StepPlan(r, {r: 3}, [row], [], [AppendedBlocks(r, [3])], [r], []), StepResult(r, [r], [5]),
             WorkerError("no", r), Heartbeat(time.time()), Shutdown("bye"),
             EngineCoreOutputs([TokenOutput("x", [1], True, "length")]), RequestError("echo", "x"),

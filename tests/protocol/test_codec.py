@@ -47,7 +47,7 @@ VALID = [
     (CODECS["client_in"], Abort("req-1")),
     (CODECS["client_out"], EngineCoreOutputs([TokenOutput("req-1", [9], finished=True, finish_reason="stop", num_cached_tokens=16)])),
     (CODECS["client_out"], RequestError("nope", "req-1")),
-    (CODECS["to_worker"], WorkerReady(64, 16, 8, 512, 3, [RequestRow(1, [2, 3], [4], 0)])),
+    (CODECS["to_worker"], WorkerReady(64, 16, 8, 512, 3)),
     (CODECS["to_worker"], StepPlan(5, {1: 0}, [RequestRow(2, [5] * 17, [6, 7])], [], [AppendedBlocks(1, [8])], [3], [4])),
     (CODECS["to_worker"], Shutdown("bye")),
     (CODECS["to_scheduler"], WorkerHello(0, 1, 64, 16, 512, 1, 2, 2, 8, "cpu")),
@@ -161,7 +161,7 @@ def test_wrong_shapes_on_the_client_port(value):
         ("to_worker", [4, 0, {}, [[1, 2]]]),  # a new row that is not a RequestRow
         ("to_worker", [4, 0, {}, [[0, 1, "tokens", [3]]]]),
         ("to_worker", [4, 0, {}, [], [], [[0, 1, [2]]]]),  # appended entry tagged as a RequestRow
-        ("to_worker", [3, 64, 16, 8, 512, 0, [[1, 1, [2], [3]]]]),  # resync row tagged as AppendedBlocks
+        ("to_worker", [3, 64, 16, 8, "512"]),  # WorkerReady.max_model_len not an int
         ("client_out", {"type": "output", "request_id": "a", "new_token_ids": "x"}),
         ("client_out", {"type": "generate", "request_id": "a", "prompt_token_ids": [1]}),
     ],

@@ -79,7 +79,7 @@ CLIENT_RESPONSES = [
     RequestError("malformed frame"),
 ]
 TO_WORKER_MSGS = [
-    WorkerReady(num_blocks=64, block_size=16, max_num_seqs=8, max_model_len=512, next_step_id=42, resync_rows=[ROW]),
+    WorkerReady(num_blocks=64, block_size=16, max_num_seqs=8, max_model_len=512, next_step_id=42),
     StepPlan(
         step_id=3,
         num_scheduled_tokens={7: 0, 8: 12},
@@ -169,7 +169,7 @@ client_responses = st.one_of(
     st.builds(RequestError, st.text(max_size=200), st.none() | st.text(max_size=300)),
 )
 to_worker = st.one_of(
-    st.builds(WorkerReady, small_ints, small_ints, small_ints, small_ints, small_ints, st.lists(rows, max_size=4)),
+    st.builds(WorkerReady, small_ints, small_ints, small_ints, small_ints, small_ints),
     st.builds(
         StepPlan, small_ints, st.dictionaries(small_ints, small_ints, max_size=8), st.lists(rows, max_size=3),
         st.lists(rows, max_size=3), st.lists(st.builds(AppendedBlocks, small_ints, st.lists(small_ints, max_size=4)), max_size=4),

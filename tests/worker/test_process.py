@@ -146,16 +146,21 @@ def test_exits_nonzero_when_the_scheduler_goes_silent():
         sched.close()
 
 
-def test_reconnect_handshakes_again_and_resyncs(tiny_reference):
+def test_reconnect_handshakes_again_with_no_rows(tiny_reference):
     prompt = [5, 6, 7]
     sched = FakeScheduler()
     try:
         with worker_process(sched.endpoint, "--http-port", "0", "--scheduler-timeout", "0.5", "--reconnect") as proc:
             handshake(sched)
+            sched.send(StepPlan(0, {3: 3}, new_rows=[RequestRow(3, prompt, [8])]))
+            assert isinstance(sched.recv(10), StepResult)
             hello = sched.recv(10)  # silence: the worker drops its rows and says hello again
             assert isinstance(hello, WorkerHello)
-            sched.send(WorkerReady(64, 4, 4, 64, next_step_id=40, resync_rows=[RequestRow(3, prompt, [8])]))
-            sched.send(StepPlan(40, {3: 3}))
+            sched.send(WorkerReady(64, 4, 4, 64, next_step_id=40))
+            sched.send(StepPlan(40, {3: 1}))  # row 3 went with the old handshake
+            err = sched.recv(10)
+            assert isinstance(err, WorkerError) and err.step_id == 40
+            sched.send(StepPlan(40, {3: 3}, new_rows=[RequestRow(3, prompt, [8])]))
             res = sched.recv(10)
             assert (res.step_id, res.seq_ids, res.sampled_token_ids) == (40, [3], reference_generate(tiny_reference, prompt, 1))
             sched.send(Shutdown())

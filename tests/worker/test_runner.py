@@ -134,12 +134,3 @@ def test_bad_plan_is_refused_and_state_is_unchanged(model, tiny_reference, plan,
     assert sampled == {1: reference_generate(tiny_reference, PROMPT_A, 2)[1], 2: reference_generate(tiny_reference, PROMPT_B, 1)[0]}
 
 
-def test_resync_installs_rows_and_next_step(model, tiny_reference):
-    r = started(model)
-    r.resync([RequestRow(4, PROMPT_A, [3, 4], 0)], next_step_id=17)
-    assert set(r.rows) == {4} and list(r.block_table.row_of) == [4]
-    out = r.execute(StepPlan(17, {4: 6}))
-    assert out.seq_ids == [4] and out.sampled_token_ids == reference_generate(tiny_reference, PROMPT_A, 1)
-    with pytest.raises(PlanError):
-        r.resync([RequestRow(5, [1], [NUM_BLOCKS + 3])], next_step_id=0)
-    assert set(r.rows) == {4}
