@@ -28,11 +28,17 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_model_len: int = 4096
+    # Requests queued beyond the running ones; more are refused with a RequestError.
+    # NOTE: a waiting request holds its prompt once, ~36 bytes a token as a Python
+    # list: 100,000 requests of 1,000 tokens are ~3.6 GB of scheduler memory.
+    max_num_waiting: int = 100_000
     prefix_caching_hash_algo: str = "sha256"
     dev_mode: bool = False
     log_level: str = "INFO"
     model_name: str = "kvpool-tiny"
     # A worker silent for this long (no heartbeat, no result) is taken for dead.
+    # NOTE: the same as the worker's --scheduler-timeout; both sides heartbeat every
+    # 0.5 s when idle (docs/operations.md, "Liveness").
     worker_timeout_s: float = 10.0
     # With no worker for this long, waiting requests end with a RequestError.
     worker_reconnect_timeout_s: float = 30.0
@@ -87,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once (default %(default)s)")
     p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, help="token budget of one step (default %(default)s)")
     p.add_argument("--max-model-len", type=int, default=d.max_model_len, help="most tokens of one request, prompt + output (default %(default)s)")
+    p.add_argument("--max-num-waiting", type=int, default=d.max_num_waiting,
+                   help="most requests waiting to run; more are refused (default %(default)s, ~36 bytes a prompt token each)")  # fmt: skip
     p.add_argument("--prefix-caching-hash-algo", choices=HASH_ALGOS, default=d.prefix_caching_hash_algo)
     p.add_argument("--dev-mode", action="store_true", default=os.environ.get("KVPOOL_DEV_MODE") == "1",
                    help="enable development endpoints (POST /reset_prefix_cache); also KVPOOL_DEV_MODE=1")  # fmt: skip
@@ -123,7 +131,7 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
         value = getattr(a, name)
         if not 0 <= value <= 65535:
             p.error(f"--{name.replace('_', '-')} must be a port number, got {value}")
-    for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_frame_bytes"):
+    for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_frame_bytes", "max_num_waiting"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
     if a.num_gpu_blocks_override is not None and a.num_gpu_blocks_override < 2:

@@ -4,7 +4,8 @@ One asyncio loop (uvloop) runs these tasks over two ZMQ ROUTER ports and HTTP:
 
 * clients: Generate / Abort in; one EngineCoreOutputs per client per step (a
   TokenOutput per request), or a RequestError;
-* worker: WorkerHello -> WorkerReady (sizes the BlockPool), then StepResults;
+* worker: WorkerHello -> WorkerReady -> its acknowledging Heartbeat (the BlockPool
+  is built only then), then StepResults (scheduler/engine/worker_link.py);
 * steps: schedule -> send the plan -> await its result -> stream tokens out;
 * watchers: a peer disconnecting on either port is probed at once.
 
@@ -34,6 +35,7 @@ from protocol.worker_messages import (
     Shutdown,
     StepResult,
     WorkerError,
+    WorkerExit,
     WorkerHello,
     WorkerReady,
     WorkerToScheduler,
@@ -47,9 +49,9 @@ from scheduler.engine.config import SchedulerConfig
 from scheduler.engine.http_server import build_app, start_http
 from scheduler.engine.kv_event_publisher import make_kv_event_sink
 from scheduler.engine.metrics import SchedulerMetrics
-from scheduler.engine.sockets import open_ports
+from scheduler.engine.sockets import LoopYield, open_ports, peer_name
 from scheduler.engine.worker_checks import PoolShape, WorkerRefused, check_result, pool_size_for
-from scheduler.engine.worker_link import HEARTBEAT_INTERVAL_S, WorkerLink, WorkerLost
+from scheduler.engine.worker_link import HEARTBEAT_INTERVAL_S, LinkState, WorkerLink, WorkerLost
 from scheduler.sched.request import Request, RequestStatus
 from scheduler.sched.scheduler import Scheduler
 from scheduler.sched.validation import RequestLimits, RequestRejected, validate_generate
@@ -62,7 +64,7 @@ class EngineCore:
         self.ctx = zmq.asyncio.Context()
         self.clients, self.workers, self.authenticator = open_ports(self.ctx, config)
         key = config.curve_secret_key
-        self.worker = WorkerLink(self.workers, Codec(WorkerToScheduler), config.worker_timeout_s)
+        self.worker = WorkerLink(self.workers, Codec(WorkerToScheduler), config.worker_timeout_s, self._on_worker_lost)
         self.kv_event_sink, self.kv_event_publisher = make_kv_event_sink(
             self.ctx, config.kv_events_endpoint, config.kv_events_replay_endpoint,
             config.kv_events_topic, config.kv_events_buffer_steps, curve_secret_key=key,
@@ -71,7 +73,7 @@ class EngineCore:
         self.client_codec: Codec = Codec(ClientRequest, config.max_frame_bytes)
         self.metrics = SchedulerMetrics(config.model_name, kv_cache_metrics=config.kv_cache_metrics)
         self.hasher = BlockHasher(config.block_size, config.prefix_caching_hash_algo)
-        # Made at the first WorkerHello, when the pool's size is known; kept after.
+        # Made when the first worker acknowledges WorkerReady (the pool's size is known); kept after.
         self.kv: KVCacheManager | None = None
         self.scheduler: Scheduler | None = None
         self.limits: RequestLimits | None = None
@@ -92,7 +94,12 @@ class EngineCore:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         reset = self._http_reset_prefix_cache if self.config.dev_mode else None
-        http = await start_http(build_app(self._render_metrics, self._health, reset), self.config.host, self.config.http_port)
+        try:
+            http = await start_http(build_app(self._render_metrics, self._health, reset), self.config.host, self.config.http_port)
+        except OSError as e:
+            log.error("cannot start: HTTP on %s:%d: %s (choose another --http-port)", self.config.host, self.config.http_port, e)
+            self._close()
+            return 1
         log.info(
             "scheduler listening: clients %s, workers %s, http http://%s:%d",
             self.config.client_address, self.config.worker_address, self.config.host, self.config.http_port,
@@ -129,6 +136,14 @@ class EngineCore:
             except WorkerLost:
                 pass
         await http.cleanup()
+        self._close()
+        if self._fatal is not None:
+            log.critical("scheduler stopped after an internal error: %r", self._fatal)
+            return 1
+        log.info("scheduler stopped")
+        return 0
+
+    def _close(self) -> None:
         self.clients.close()
         self.workers.close()
         if self.kv_event_publisher is not None:
@@ -136,11 +151,6 @@ class EngineCore:
         if self.authenticator is not None:
             self.authenticator.stop()
         self.ctx.term()
-        if self._fatal is not None:
-            log.critical("scheduler stopped after an internal error: %r", self._fatal)
-            return 1
-        log.info("scheduler stopped")
-        return 0
 
     def _on_task_done(self, task: asyncio.Task) -> None:
         """A loop that ends by itself is a bug: say so loudly and stop, rather than go
@@ -172,7 +182,9 @@ class EngineCore:
     # --- clients ----------------------------------------------------------------------
 
     async def _client_loop(self) -> None:
+        pause = LoopYield()
         while True:
+            await pause()
             frames, num_frames = await self.clients.recv()
             ident = frames[0].bytes
             if num_frames != 2:
@@ -198,8 +210,13 @@ class EngineCore:
             validate_generate(msg, self.limits, self.scheduler.requests)
         except RequestRejected as e:
             return await self._send_error(ident, msg.request_id, str(e))
+        if self.scheduler.num_waiting >= self.config.max_num_waiting:
+            return await self._send_error(
+                ident, msg.request_id,
+                f"the waiting queue is full ({self.scheduler.num_waiting} requests, --max-num-waiting): try again later",
+            )  # fmt: skip
         request = Request(
-            msg.request_id, list(msg.prompt_token_ids), msg.max_tokens, seq_id=self._next_seq_id, client_id=ident,
+            msg.request_id, msg.prompt_token_ids, msg.max_tokens, seq_id=self._next_seq_id, client_id=ident,
             ignore_eos=msg.ignore_eos, eos_token_id=self.eos_token_ids, cache_salt=msg.cache_salt, block_hasher=self.hasher,
             stop_token_ids=msg.stop_token_ids, min_tokens=msg.min_tokens, sampling=sampling_params_of(msg, self.eos_token_ids),
         )  # fmt: skip
@@ -232,7 +249,7 @@ class EngineCore:
             return
         ids = [rid for rid, r in self.scheduler.requests.items() if r.client_id == ident]
         if ids:
-            log.warning("client %r is gone: aborting its %d requests", ident, len(ids))
+            log.warning("client %s is gone: aborting its %d requests", peer_name(ident), len(ids))
             self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
             self._wakeup.set()
 
@@ -247,40 +264,49 @@ class EngineCore:
     # --- the worker -------------------------------------------------------------------
 
     async def _worker_loop(self) -> None:
+        link, pause = self.worker, LoopYield()
         while True:
+            await pause()
             frames, _ = await self.workers.recv()
             ident = frames[0].bytes
             try:
-                msg = self.worker.codec.decode(frames[-1].buffer)
+                msg = link.codec.decode(frames[-1].buffer)
             except ProtocolError as e:
-                log.error("bad frame from worker %r: %s", ident, e)
-                if self.worker.is_ours(ident):
+                log.error("bad frame from worker %s: %s", peer_name(ident), e)
+                if link.is_ours(ident):
                     # The result of the step in flight may be this frame: never wait for it.
-                    self.worker.fail_step(WorkerLost(f"unreadable frame from the worker: {e}"))
+                    link.lose(f"unreadable frame from the worker: {e}")
                 continue
-            self.worker.heard_from(ident)
+            link.heard_from(ident)
             match msg:
                 case WorkerHello():
                     await self._on_hello(ident, msg)
                 case StepResult():
-                    self.worker.deliver(ident, msg)
-                case WorkerError(message=message, step_id=step_id):
-                    log.error("worker refused step %d: %s", step_id, message)
-                    if self.worker.is_ours(ident):
-                        self.worker.fail_step(WorkerLost(f"worker refused step {step_id}: {message}"))
+                    link.deliver(ident, msg)
                 case Heartbeat():
-                    pass
+                    if link.acknowledge(ident):
+                        self._on_worker_ready()
+                case WorkerError(message=message, step_id=step_id) if link.is_ours(ident):
+                    what = "WorkerReady" if link.state is LinkState.HANDSHAKING else f"step {step_id}"
+                    link.lose(f"the worker refused {what}: {message}")
+                case WorkerExit(reason=reason) if link.is_ours(ident):
+                    link.lose(f"the worker is stopping ({reason or 'no reason given'})", clean=True)
+                case WorkerError() | WorkerExit():
+                    log.warning("%s from worker %s, which is not this scheduler's worker", msg, peer_name(ident))
 
     async def _refuse_worker(self, ident: bytes, reason: str) -> None:
-        log.error("refusing worker %r: %s", ident, reason)
+        log.error("refusing worker %s: %s", peer_name(ident), reason)
         await self.workers.send(ident, self.worker.codec.encode(Shutdown(reason)))
 
     async def _on_hello(self, ident: bytes, hello: WorkerHello) -> None:
-        c = self.config
-        if self.worker.ready and not self.worker.is_ours(ident):
-            await self._probe_worker()
-            if self.worker.ready:
-                return await self._refuse_worker(ident, "a worker is already connected (one worker per scheduler)")
+        c, link = self.config, self.worker
+        if link.is_ours(ident):
+            # The same worker again: it restarted its handshake, its rows are gone.
+            link.lose("the worker said hello again (it restarted its handshake)")
+        elif link.state is not LinkState.DETACHED:
+            await self._probe_worker()  # a worker that is gone is lost here
+            if link.state is not LinkState.DETACHED:
+                return await self._refuse_worker(ident, f"worker {link.name} is already connected (one worker per scheduler)")
         current = None if self.kv is None else PoolShape(
             self.kv.block_pool.num_gpu_blocks, self.limits.vocab_size, self.eos_token_ids[0], *self.model_identity
         )
@@ -288,6 +314,17 @@ class EngineCore:
             num_blocks = pool_size_for(hello, c.block_size, c.num_gpu_blocks_override, current, c.max_model_len)
         except WorkerRefused as e:
             return await self._refuse_worker(ident, str(e))
+        link.begin_handshake(ident, hello, num_blocks)
+        next_step_id = 0 if self.scheduler is None else self.scheduler.next_step_id
+        try:
+            await link.send(WorkerReady(num_blocks, c.block_size, c.max_num_seqs, c.max_model_len, next_step_id))
+        except WorkerLost:
+            return
+        log.info("worker %s: WorkerReady sent (%d blocks), awaiting its acknowledgement", link.name, num_blocks)
+
+    def _on_worker_ready(self) -> None:
+        """The worker acknowledged WorkerReady: only now is a pool built for it."""
+        c, hello, num_blocks = self.config, self.worker.hello, self.worker.num_blocks
         if self.kv is None:
             # NOTE: without --kv-cache-metrics the pool is the plain one: no hook at all.
             pool_factory = residency_pool_factory(c.kv_cache_metrics_sample) if c.kv_cache_metrics else BlockPool
@@ -299,44 +336,36 @@ class EngineCore:
             self.eos_token_ids = tuple(hello.eos_token_ids) or (hello.eos_token_id,)
             self.model_identity = (hello.architecture, hello.model_hash)
             log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d)", num_blocks, c.block_size, hello.device, hello.num_blocks)
-        elif self.worker.ready:
-            # The same worker again (it restarted its handshake): its rows are gone.
-            self._on_worker_lost("the worker handshook again")
-        self.worker.attach(ident)
-        ready = WorkerReady(self.kv.block_pool.num_gpu_blocks, c.block_size, c.max_num_seqs, c.max_model_len, self.scheduler.next_step_id)
-        # NOTE: ready before the send yields to the loop, so that once the worker holds
-        # WorkerReady, /health already says 200.
-        self.worker.ready = True
         self.worker_lost_at = None
-        try:
-            await self.worker.send(ready)
-        except WorkerLost as e:
-            self._on_worker_lost(str(e))
-            return
         self._wakeup.set()
-        log.info("worker %r ready (%d requests waiting)", ident, self.scheduler.num_waiting)
+        log.info("worker %s ready (%d requests waiting)", self.worker.name, self.scheduler.num_waiting)
 
     async def _probe_worker(self) -> None:
-        """A worker-port peer disconnected: is it ours?"""
-        if not self.worker.ready:
+        """A worker-port peer disconnected: is it ours? (A failed send loses it.)"""
+        if self.worker.state is LinkState.DETACHED:
             return
         try:
             await self.worker.send(Heartbeat(time.time()))
-        except WorkerLost as e:
-            if not self.worker.fail_step(e):
-                self._on_worker_lost(str(e))
+        except WorkerLost:
+            pass
 
-    def _on_worker_lost(self, why: str) -> None:
-        """Requests in flight go back to waiting, as if preempted; the cache is void."""
-        if not self.worker.ready:
+    def _on_worker_lost(self, why: str, was: LinkState, clean: bool) -> None:
+        """The link lost its worker (called once per loss, by WorkerLink.lose).
+        Requests in flight go back to waiting, as if preempted; the cache is void."""
+        name = self.worker.name
+        if was is LinkState.HANDSHAKING or self.scheduler is None:
+            log.warning("worker %s lost during its handshake: %s", name, why)
             return
-        log.error("worker lost: %s; %d running requests go back to waiting", why, self.scheduler.num_running)
-        self.worker.detach()
+        log.log(logging.INFO if clean else logging.ERROR, "worker %s %s: %s; %d running requests go back to waiting",
+                name, "left" if clean else "lost", why, self.scheduler.num_running)  # fmt: skip
         self.worker_lost_at = time.monotonic()
         self.scheduler.abandon_in_flight()
         self.scheduler.preempt_all()
-        # NOTE: the next worker's KV memory is empty: every hash is void.
-        self.kv.reset_prefix_cache()
+        # NOTE: the next worker's KV memory is empty: every hash is void. A block
+        # still held here would be served to it as a cache hit of memory it never wrote.
+        if not self.kv.reset_prefix_cache():
+            held = self.kv.block_pool.num_gpu_blocks - 1 - self.kv.block_pool.get_num_free_blocks()
+            raise RuntimeError(f"worker lost but {held} blocks are still held after preempting every request")
         self._publish_kv_events()
         self.metrics.update(self.scheduler, self.kv)
 
@@ -351,8 +380,7 @@ class EngineCore:
         while not self._stopping:
             self._wakeup.clear()
             now = time.monotonic()
-            if self.worker.ready and self.worker.silent():
-                self._on_worker_lost(f"silent for more than {self.config.worker_timeout_s} s")
+            self.worker.check_silence()
             if self.worker_lost_at is not None and now - self.worker_lost_at > self.config.worker_reconnect_timeout_s:
                 if self.scheduler.has_unfinished_requests():
                     log.error("no worker for %.0f s: failing %d waiting requests", now - self.worker_lost_at, self.scheduler.num_waiting)
@@ -362,22 +390,25 @@ class EngineCore:
                 if self.worker.ready:
                     try:
                         await self.worker.heartbeat_if_idle()
-                    except WorkerLost as e:
-                        self._on_worker_lost(str(e))
+                    except WorkerLost:
+                        pass  # lost (and handled) by the link
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), HEARTBEAT_INTERVAL_S)
                 except TimeoutError:
                     pass
                 continue
             t0 = time.perf_counter()
-            self.worker.expect_result()
+            self.worker.begin_step(out.plan.step_id)
             try:
                 nbytes = await self.worker.send(out.plan)
                 result = await self.worker.await_result()
+            except WorkerLost:
+                continue  # the link lost the worker; the step was abandoned with it
+            try:
                 check_result(result, self.limits.vocab_size)
                 outputs = self.scheduler.update_from_output(result)
-            except (WorkerLost, ValueError) as e:
-                self._on_worker_lost(str(e))
+            except ValueError as e:
+                self.worker.lose(str(e))
                 continue
             await self._send_outputs(outputs_by_client(outputs, result.logprobs))
             self.metrics.observe_step(outputs, nbytes, time.perf_counter() - t0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 import zmq
@@ -28,6 +29,34 @@ log = logging.getLogger("scheduler")
 MAX_KEPT_FRAMES = 3
 # While dropping the frames of an oversized multi-part message, yield every so often.
 _YIELD_EVERY_FRAMES = 4096
+# A receive loop yields to the other tasks (steps, heartbeats, HTTP) after this long.
+YIELD_INTERVAL_S = 0.002
+
+
+def peer_name(ident: bytes | None) -> str:
+    """A ZeroMQ routing id as logs show it: hex (ROUTER's own ids are 5 raw bytes)."""
+    return "-" if ident is None else ident.hex()
+
+
+class LoopYield:
+    """Bounds how long a receive loop runs without letting other tasks in.
+
+    NOTE: pyzmq hands back an already-completed future when a frame is queued, and
+    awaiting a done future does not yield: a loop draining 1,000 queued frames
+    (each hashed on arrival) would otherwise starve the step loop, heartbeats and
+    /health until the queue is empty.
+    """
+
+    __slots__ = ("interval_s", "_since")
+
+    def __init__(self, interval_s: float = YIELD_INTERVAL_S):
+        self.interval_s = interval_s
+        self._since = time.perf_counter()
+
+    async def __call__(self) -> None:
+        if time.perf_counter() - self._since >= self.interval_s:
+            await asyncio.sleep(0)
+            self._since = time.perf_counter()
 
 
 class RouterPort:
@@ -92,6 +121,10 @@ class RouterPort:
             elif num_frames % _YIELD_EVERY_FRAMES == 0:
                 await asyncio.sleep(0)
         return frames, num_frames
+
+    def has_pending(self) -> bool:
+        """A message is queued, not yet received."""
+        return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
 
     async def send(self, ident: bytes, frame: bytes) -> bool:
         """Send without waiting; False when the peer is gone or not reading."""

@@ -36,6 +36,7 @@ from protocol.worker_messages import (
     Shutdown,
     StepPlan,
     WorkerError,
+    WorkerExit,
     WorkerHello,
     WorkerReady,
     WorkerToScheduler,
@@ -177,8 +178,13 @@ class WorkerThread:
         self.fake: FakeWorker | None = None
         self._stop = threading.Event()
         self._rehello = threading.Event()
+        self._leave: str | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
+
+    def leave(self, reason: str) -> None:
+        """Say WorkerExit (a worker stopping on SIGTERM), then go silent."""
+        self._leave = reason
 
     def rehello(self) -> None:
         self.ready.clear()
@@ -200,6 +206,9 @@ class WorkerThread:
             sock.send(self.to_scheduler.encode(self._hello()))
             last_sent = time.monotonic()
             while not self._stop.is_set():
+                if self._leave is not None:
+                    sock.send(self.to_scheduler.encode(WorkerExit(self._leave)))
+                    self._leave, self.silent = None, True
                 if self._rehello.is_set():
                     self._rehello.clear()
                     sock.send(self.to_scheduler.encode(self._hello()))
@@ -223,6 +232,9 @@ class WorkerThread:
                         self.fake = FakeWorker(msg.num_blocks, BS, VOCAB)
                         self.fake.expected_step = msg.next_step_id
                         self.ready.set()
+                        # The acknowledgement: the scheduler is ready only once it hears it.
+                        sock.send(self.to_scheduler.encode(Heartbeat(time.time())))
+                        last_sent = time.monotonic()
                     case StepPlan():
                         reply = self._execute(msg)
                         if self.silent or self._stop.is_set():
