@@ -19,7 +19,14 @@ import pytest
 import zmq
 
 from protocol.codec import Codec
-from protocol.worker_messages import Heartbeat, Shutdown, WorkerExit, WorkerHello, WorkerReady, WorkerToScheduler
+from protocol.worker_messages import (
+    Heartbeat,
+    Shutdown,
+    WorkerExit,
+    WorkerHello,
+    WorkerReady,
+    WorkerToScheduler,
+)
 from worker.process import EXIT_REFUSED, EXIT_SCHEDULER_LOST
 
 pytestmark = pytest.mark.e2e
