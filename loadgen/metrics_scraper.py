@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 # without `_total` (the parser's family names drop it; the samples keep it).
 SAMPLE_NAMES = {
     "kv_cache_usage": "vllm:kv_cache_usage_perc",
+    # The scheduler's own peak since its start, taken at every allocation.
+    "peak_kv_cache_usage": "kvpool_peak_kv_cache_usage_perc",
     "prefix_cache_queries": "vllm:prefix_cache_queries_total",
     "prefix_cache_hits": "vllm:prefix_cache_hits_total",
     "num_running": "vllm:num_requests_running",
@@ -39,6 +41,7 @@ class MetricsSample:
 
     t: float
     kv_cache_usage: float | None = None
+    peak_kv_cache_usage: float | None = None
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
     num_running: float | None = None

@@ -49,6 +49,24 @@ def _series_stats(series: Sequence[MetricsSample], name: str) -> tuple[float | N
     return float(max(vals)), float(np.mean(vals))
 
 
+def run_peak_usage(
+    before: MetricsSample | None, after: MetricsSample | None, polled_peak: float | None
+) -> tuple[float | None, bool | None]:
+    """The run's peak KV usage, and whether it is exact.
+
+    NOTE: polls between steps miss the peak (a step's frees come at its end), so a
+    short run can poll 0 % beside many preemptions. The scheduler tracks its own peak
+    since start (kvpool_peak_kv_cache_usage_perc): if it rose during the run, it is the
+    run's peak. If not, an earlier run set it and the polled peak is all there is."""
+    b = before.peak_kv_cache_usage if before is not None else None
+    a = after.peak_kv_cache_usage if after is not None else None
+    if a is None or b is None:
+        return polled_peak, None
+    if a > b or a == 0.0:
+        return a, True
+    return polled_peak, False
+
+
 def summarize(
     results: Sequence[RequestResult],
     duration_s: float,
@@ -64,7 +82,8 @@ def summarize(
     d_queries = delta(before, after, "prefix_cache_queries")
     d_hits = delta(before, after, "prefix_cache_hits")
     d_pre = delta(before, after, "num_preemptions")
-    peak_usage, mean_usage = _series_stats(series, "kv_cache_usage")
+    polled_peak, mean_usage = _series_stats(series, "kv_cache_usage")
+    peak_usage, peak_exact = run_peak_usage(before, after, polled_peak)
     cached = sum(r.num_cached_tokens for r in ok)
     summary = {
         "completed": len(ok),
@@ -82,6 +101,10 @@ def summarize(
         "prefix_cache_hit_rate": d_hits / d_queries if d_queries and d_hits is not None else None,
         "num_preemptions": int(d_pre) if d_pre is not None else None,
         "peak_kv_cache_usage": peak_usage,
+        # True: the scheduler's own peak (it rose during the run); False: the highest
+        # polled value (the scheduler's peak is an earlier run's); None: no such gauge.
+        "peak_kv_cache_usage_exact": peak_exact,
+        "scheduler_peak_kv_cache_usage": after.peak_kv_cache_usage if after is not None else None,
         "mean_kv_cache_usage": mean_usage,
         # What the scheduler told each client about its own prompt (TokenOutput.num_cached_tokens).
         "client_cached_token_frac": cached / in_tokens if in_tokens else None,
@@ -156,6 +179,8 @@ def format_report(summary: dict, title: str = "Serving Benchmark Result") -> str
     lines.append(f"{' KV cache (scheduler /metrics) ':-^{w}}")
     row("Prefix cache hit rate:", summary["prefix_cache_hit_rate"], ".2%")
     row("Peak KV cache usage:", summary["peak_kv_cache_usage"], ".2%")
+    if summary.get("peak_kv_cache_usage_exact") is False:
+        lines.append(f"  (polled: the scheduler's own peak, {summary['scheduler_peak_kv_cache_usage']:.2%}, is an earlier run's)")
     row("Mean KV cache usage:", summary["mean_kv_cache_usage"], ".2%")
     row("Preemptions:", summary["num_preemptions"])
     lines.append("=" * w)

@@ -136,3 +136,28 @@ def test_the_report_names_its_workload_and_the_pool_it_met():
     assert "Workload: shared-prefix: 1 requests (...)" in text.splitlines()
     assert next(line for line in text.splitlines() if line.startswith("KV pool (blocks, /metrics):")).split()[-1] == "256"
     assert summarize([], 1.0)["num_gpu_blocks"] is None
+
+
+def test_peak_usage_is_the_schedulers_own_when_it_rose_during_the_run():
+    # The polls saw 0 % (between steps), but the scheduler's own peak rose to 75 %.
+    before = MetricsSample(0.0, kv_cache_usage=0.0, peak_kv_cache_usage=0.1)
+    after = MetricsSample(1.0, kv_cache_usage=0.0, peak_kv_cache_usage=0.75)
+    s = summarize([_ok(0, 0.1, 0.2, [0.1], 2)], 1.0, before, after, [before, after])
+    assert s["peak_kv_cache_usage"] == 0.75 and s["peak_kv_cache_usage_exact"] is True
+    assert "75.00%" in format_report(s) and "polled" not in format_report(s)
+
+
+def test_peak_usage_falls_back_to_the_polls_when_an_earlier_run_peaked_higher():
+    before = MetricsSample(0.0, kv_cache_usage=0.0, peak_kv_cache_usage=0.9)
+    mid = MetricsSample(0.5, kv_cache_usage=0.25)
+    after = MetricsSample(1.0, kv_cache_usage=0.0, peak_kv_cache_usage=0.9)
+    s = summarize([_ok(0, 0.1, 0.2, [0.1], 2)], 1.0, before, after, [before, mid, after])
+    assert s["peak_kv_cache_usage"] == 0.25 and s["peak_kv_cache_usage_exact"] is False
+    text = format_report(s)
+    assert "25.00%" in text and "polled: the scheduler's own peak, 90.00%, is an earlier run's" in text
+
+
+def test_peak_usage_without_the_gauge_is_the_polled_one():
+    before, after = MetricsSample(0.0, kv_cache_usage=0.5), MetricsSample(1.0, kv_cache_usage=0.2)
+    s = summarize([_ok(0, 0.1, 0.2, [0.1], 2)], 1.0, before, after, [before, after])
+    assert s["peak_kv_cache_usage"] == 0.5 and s["peak_kv_cache_usage_exact"] is None
