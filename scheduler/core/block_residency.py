@@ -105,7 +105,7 @@ class ResidencyBlockPool(BlockPool):
         self._hits[i] = None
         if observe and len(history) > 1:
             times = list(history)
-            self._samples.reuse_gaps.extend([b - a for a, b in zip(times, times[1:])])
+            self._samples.reuse_gaps.extend([b - a for a, b in zip(times, times[1:], strict=False)])
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         BlockPool.touch(self, blocks)

@@ -11,7 +11,11 @@ import pytest
 from kvtest.kv_manager import BS, admit, req, snapshot
 
 from scheduler.core.block_pool import BlockPool
-from scheduler.core.block_residency import MAX_ACCESS_HISTORY, ResidencyBlockPool, residency_pool_factory
+from scheduler.core.block_residency import (
+    MAX_ACCESS_HISTORY,
+    ResidencyBlockPool,
+    residency_pool_factory,
+)
 from scheduler.core.kv_cache_manager import KVCacheManager
 
 
