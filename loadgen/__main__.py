@@ -60,6 +60,17 @@ def build_dataset(cfg: LoadgenConfig) -> list[SampleRequest]:
     )
 
 
+def http_client(cfg: LoadgenConfig):
+    from loadgen.openai_client import OpenAIClient
+
+    tokenizer = None
+    if cfg.tokenizer:
+        from frontend.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer(cfg.tokenizer)
+    return OpenAIClient(cfg.base_url, cfg.endpoint, cfg.model, cfg.backend == "openai-chat", tokenizer)
+
+
 async def _amain(cfg: LoadgenConfig, requests: list[SampleRequest]) -> int:
     if cfg.dataset == "mooncake":
         offsets = np.array([r.arrival_s for r in requests], dtype=np.float64)
@@ -80,6 +91,7 @@ async def _amain(cfg: LoadgenConfig, requests: list[SampleRequest]) -> int:
         metrics_interval=cfg.metrics_interval,
         request_id_prefix=f"loadgen-{secrets.token_hex(4)}",
         progress=Progress(len(requests)),
+        client=None if cfg.backend == "kvpool" else http_client(cfg),
     )
     series = [s for s in (outcome.before, *outcome.series) if s is not None]
     summary = summarize(outcome.results, outcome.duration_s, outcome.before, outcome.after, series)

@@ -50,8 +50,15 @@ class LoadgenConfig:
     log_level: str
     curve_client_key: str | None = None
     curve_server_key: str | None = None
+    # openai | openai-chat (HTTP, an OpenAI-compatible server) | kvpool (the native client port)
+    backend: str = "openai"
+    base_url: str = "http://127.0.0.1:8000"
+    endpoint: str = "/v1/completions"
+    model: str | None = None
+    tokenizer: str | None = None
 
 
+BACKENDS = ("openai", "openai-chat", "kvpool")
 DESCRIPTION = """Drive the scheduler and report, like `vllm bench serve`.
 
 Exit status: 0 when every request completed; 1 when any failed or the run hit
@@ -64,7 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kvpool-loadgen", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     g = p.add_argument_group("target")
-    g.add_argument("--scheduler", default="tcp://127.0.0.1:5555", help="the scheduler's client port, a ZMQ address (default %(default)s)")
+    g.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="openai: /v1/completions of an OpenAI-compatible server (kvpool serve, vLLM); openai-chat: "
+                        "/v1/chat/completions; kvpool: the scheduler's client port (default openai, or kvpool "
+                        "when --scheduler is given)")  # fmt: skip
+    g.add_argument("--base-url", default="http://127.0.0.1:8000", help="the HTTP server, openai backends (default %(default)s)")
+    g.add_argument("--endpoint", default=None, help="the API path (default /v1/completions, openai-chat /v1/chat/completions)")
+    g.add_argument("--model", default=None, help="the model name sent (default: the first of the server's /v1/models)")
+    g.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="a checkpoint folder whose tokenizer decodes prompts to text, openai-chat (default: the served model's root folder)")  # fmt: skip
+    g.add_argument("--scheduler", default=None, help="the scheduler's client port, a ZMQ address, kvpool backend (default tcp://127.0.0.1:5555)")
     g.add_argument("--metrics-url", default="http://127.0.0.1:8000/metrics", help="the scheduler's /metrics; '' to skip (default %(default)s)")
     g = p.add_argument_group("workload")
     g.add_argument("--dataset", choices=DATASETS, default=None,
@@ -157,6 +173,14 @@ def parse_config(argv: list[str] | None = None) -> LoadgenConfig:
             import matplotlib  # noqa: F401
         except ImportError:
             p.error("--plot needs matplotlib (pip install matplotlib)")
+    if a.backend is None:
+        a.backend = "kvpool" if a.scheduler is not None else "openai"
+    if a.scheduler is None:
+        a.scheduler = "tcp://127.0.0.1:5555"
+    if a.endpoint is None:
+        a.endpoint = "/v1/chat/completions" if a.backend == "openai-chat" else "/v1/completions"
+    if a.tokenizer is not None and not (Path(a.tokenizer) / "tokenizer.json").is_file():
+        p.error(f"--tokenizer {a.tokenizer}: no tokenizer.json there")
     fields = dict(vars(a))
     fields["metrics_url"] = a.metrics_url or None
     return LoadgenConfig(**fields)
@@ -183,4 +207,5 @@ def describe_workload(cfg: LoadgenConfig, num_requests: int) -> str:
     else:
         rate = "all at once" if math.isinf(cfg.request_rate) else f"{cfg.request_rate:g} req/s"
     conc = f", concurrency {cfg.max_concurrency}" if cfg.max_concurrency else ""
-    return f"{cfg.dataset}: {num_requests} requests ({shape}), {rate}{conc}"
+    via = f"kvpool client port {cfg.scheduler}" if cfg.backend == "kvpool" else f"{cfg.base_url}{cfg.endpoint}"
+    return f"{cfg.dataset}: {num_requests} requests ({shape}), {rate}{conc}, via {via}"

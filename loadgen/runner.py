@@ -52,10 +52,12 @@ async def run_benchmark(
     metrics_interval: float = 0.5,
     request_id_prefix: str = "loadgen",
     progress: Progress | None = None,
+    client=None,
 ) -> RunOutcome:
-    """Run the workload; raises SchedulerUnreachable if the scheduler cannot be reached."""
+    """Run the workload; raises SchedulerUnreachable if the scheduler cannot be reached.
+    ``client``: another client with KVPoolClient's interface (the HTTP one) instead."""
     scraper = MetricsScraper(metrics_url, metrics_interval) if metrics_url else None
-    client = KVPoolClient(scheduler, curve_keys=curve_keys)
+    client = client or KVPoolClient(scheduler, curve_keys=curve_keys)
     try:
         await client.connect(connect_timeout)
         before = await scraper.scrape() if scraper else None

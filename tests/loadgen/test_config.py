@@ -72,8 +72,14 @@ def test_missing_output_folders_are_made(tmp_path):
 def test_the_workload_line_says_what_was_sent(tmp_path):
     cfg = parse_config(["--num-requests", "10", "--request-rate", "4", "--max-concurrency", "2"])
     assert describe_workload(cfg, 10) == (
-        "shared-prefix: 10 requests (8 prefixes x 256 tokens + 64-token suffixes, 32 out), 4 req/s, concurrency 2"
+        "shared-prefix: 10 requests (8 prefixes x 256 tokens + 64-token suffixes, 32 out), 4 req/s, concurrency 2, "
+        "via http://127.0.0.1:8000/v1/completions"
     )
     cfg = parse_config(["--trace", str(tmp_path / "conv.jsonl"), "--max-input-len", "1024"])
-    assert describe_workload(cfg, 3) == "mooncake: 3 requests (conv.jsonl, time scale 1, prompts cut to 1024), at the trace's times"
+    assert describe_workload(cfg, 3) == ("mooncake: 3 requests (conv.jsonl, time scale 1, prompts cut to 1024), at the trace's times, "
+                                         "via http://127.0.0.1:8000/v1/completions")
+    cfg = parse_config(["--scheduler", "tcp://127.0.0.1:7", "--num-requests", "1"])
+    assert cfg.backend == "kvpool" and describe_workload(cfg, 1).endswith(", via kvpool client port tcp://127.0.0.1:7")
+    cfg = parse_config(["--backend", "openai-chat"])
+    assert cfg.endpoint == "/v1/chat/completions" and cfg.base_url == "http://127.0.0.1:8000"
     assert math.isinf(parse_config([]).request_rate)
