@@ -2,12 +2,12 @@
 # kvpool demo launcher (what `make run` runs): a scheduler and one worker on loopback,
 # the load generator's default workload against them, its report, then both stopped.
 #
-#   PYTHON=.venv/bin/python bash deploy/run.sh [extra loadgen args...]
+#   bash deploy/run.sh [extra loadgen args...]      (after `make install`)
 #
 # Extra arguments go to `python -m loadgen` after the defaults, so they override them
 # (e.g. `bash deploy/run.sh --num-requests 50 --plot out/run.png`).
 # Environment overrides (defaults in brackets):
-#   PYTHON [python3]            interpreter with kvpool installed
+#   PYTHON [.venv/bin/python if it exists, else python3]  interpreter with kvpool installed
 #   KVPOOL_HOST [127.0.0.1]     address every socket binds / connects to
 #   KVPOOL_CLIENT_PORT [5555]   scheduler client port (loadgen)
 #   KVPOOL_WORKER_PORT [5556]   scheduler worker port
@@ -27,7 +27,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON=${PYTHON:-python3}
+if [ -z "${PYTHON:-}" ]; then
+    # NOTE: `make install` makes .venv; a fresh clone's python3 has no kvpool in it.
+    if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
 HOST=${KVPOOL_HOST:-127.0.0.1}
 CLIENT_PORT=${KVPOOL_CLIENT_PORT:-5555}
 WORKER_PORT=${KVPOOL_WORKER_PORT:-5556}
@@ -141,7 +144,7 @@ do
     fi
     sleep 0.5
 done
-log "ready; running the load generator"
+log "ready; running the load generator (pool: $KV_CACHE_MEMORY of KV on $DEVICE, block size $BLOCK_SIZE)"
 
 set +e
 "$PYTHON" -m loadgen --scheduler "tcp://$HOST:$CLIENT_PORT" \

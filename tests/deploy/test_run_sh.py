@@ -3,6 +3,7 @@ checking the exit status, the report, and that no process is left behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -46,8 +47,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _launch(tmp_path: Path, extra_env: dict[str, str], *loadgen_args: str, bound: float = 90):
+def _launch(tmp_path: Path, extra_env: dict[str, str], *loadgen_args: str, bound: float = 90, clone: Path | None = None):
+    """Run run.sh with the stand-in servers. With ``clone``, run a copy of run.sh in that
+    folder as a fresh clone after `make install` would: PYTHON unset, the wrapper at
+    ``clone/.venv/bin/python``."""
+    run_sh = RUN_SH
     wrapper = tmp_path / "python"
+    if clone is not None:
+        (clone / "deploy").mkdir(parents=True)
+        run_sh = clone / "deploy" / "run.sh"
+        run_sh.write_text(RUN_SH.read_text())
+        (clone / ".venv" / "bin").mkdir(parents=True)
+        wrapper = clone / ".venv" / "bin" / "python"
     wrapper.write_text(
         "#!/usr/bin/env bash\n"
         'if [ "$1" = "-m" ] && { [ "$2" = scheduler ] || [ "$2" = worker ]; }; then\n'
@@ -58,8 +69,8 @@ def _launch(tmp_path: Path, extra_env: dict[str, str], *loadgen_args: str, bound
     wrapper.chmod(0o755)
     client, worker, http, worker_http = _free_ports(4)
     env = dict(
-        os.environ,
-        PYTHON=str(wrapper),
+        {k: v for k, v in os.environ.items() if k != "PYTHON"},
+        **({} if clone is not None else {"PYTHON": str(wrapper)}),
         PYTHONPATH=str(ROOT),
         KVPOOL_CLIENT_PORT=str(client),
         KVPOOL_WORKER_PORT=str(worker),
@@ -71,7 +82,7 @@ def _launch(tmp_path: Path, extra_env: dict[str, str], *loadgen_args: str, bound
         **extra_env,
     )
     proc = subprocess.Popen(
-        ["bash", str(RUN_SH), *loadgen_args],
+        ["bash", str(run_sh), *loadgen_args],
         cwd=ROOT,
         env=env,
         text=True,
@@ -105,6 +116,22 @@ def test_run_sh_end_to_end(tmp_path):
     assert "Serving Benchmark Result" in out and "Successful requests:" in out
     assert len(pids) == 2 and not left
     assert (tmp_path / "logs" / "scheduler.log").read_text().startswith("fake scheduler up")
+
+
+@pytest.mark.e2e
+def test_the_readme_demo_runs_on_a_fresh_clone_without_python_or_out(tmp_path):
+    """deploy/README's `bash deploy/run.sh --num-requests 50 --plot out/run.png --result-json
+    out/run.json` (fewer requests): no PYTHON, no out/ folder beforehand."""
+    clone = tmp_path / "clone"
+    rc, out, err, pids, left = _launch(tmp_path, {}, "--num-requests", "5", "--output-len", "2", "--plot", "out/run.png",
+                                       "--result-json", "out/run.json", clone=clone)  # fmt: skip
+    assert rc == 0, err
+    assert (clone / "out" / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((clone / "out" / "run.json").read_text())["completed"] == 5
+    # The report says what ran, and against what.
+    assert "Workload: shared-prefix: 5 requests (8 prefixes x 256 tokens + 64-token suffixes, 2 out)" in out
+    assert "pool: 8MiB of KV on cpu, block size 16" in err
+    assert len(pids) == 2 and not left
 
 
 @pytest.mark.e2e
