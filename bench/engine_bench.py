@@ -125,9 +125,9 @@ async def _engine_steps(num_running: int, batched: bool, cycles: int) -> tuple[f
                 batches = outputs_by_client(outputs, result.logprobs)
                 if not batched:  # the old way: one frame per request
                     batches = [{c: EngineCoreOutputs([o])} for c, b in batches.items() for o in b.outputs]
-                    failed = [c for b in batches for c in await send_outputs(port, client_codec, b)]
+                    failed = [c for b in batches for c in send_outputs(port, client_codec, b)]
                 else:
-                    failed = await send_outputs(port, client_codec, batches)
+                    failed = send_outputs(port, client_codec, batches)
                 assert not failed, failed
             best = min(best, (time.perf_counter() - t0) / BS)
             frames += await clients.drain()

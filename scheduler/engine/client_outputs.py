@@ -3,9 +3,9 @@
 `outputs_by_client` builds each client's batch straight from the scheduler's
 `StepOutputs` columns (no per-request `RequestOutput` on the way), in batch order,
 as vLLM's `Scheduler.update_from_output` groups its EngineCoreOutputs by client.
-`send_outputs` encodes each batch once and sends it without waiting; it returns
-the clients that could not be sent to (gone, or not reading), for the caller to
-drop.
+`send_outputs` encodes each batch once and sends them all without waiting
+(`RouterPort.send_batch`); it returns the clients that could not be sent to (gone,
+or not reading), for the caller to drop.
 """
 
 from __future__ import annotations
@@ -56,11 +56,7 @@ def final_outputs_by_client(requests: Iterable[Request], finish_reason: str) -> 
     return {client: EngineCoreOutputs(batch) for client, batch in batches.items()}
 
 
-async def send_outputs(port: RouterPort, codec: Codec, batches: dict[bytes, EngineCoreOutputs]) -> list[bytes]:
-    """One encode and one send per client; the clients whose send failed."""
-    failed = []
-    encode, send = codec.encode, port.send
-    for client, batch in batches.items():
-        if not await send(client, encode(batch)):
-            failed.append(client)
-    return failed
+def send_outputs(port: RouterPort, codec: Codec, batches: dict[bytes, EngineCoreOutputs]) -> list[bytes]:
+    """One encode and one send per client, none waiting; the clients whose send failed."""
+    encode = codec.encode
+    return port.send_batch([(client, encode(batch)) for client, batch in batches.items()])

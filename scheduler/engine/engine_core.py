@@ -240,7 +240,7 @@ class EngineCore:
 
     async def _send_outputs(self, batches: dict[bytes, EngineCoreOutputs]) -> None:
         """One frame per client; a client that cannot take it is dropped."""
-        for ident in await send_outputs(self.clients, self.client_codec, batches):
+        for ident in send_outputs(self.clients, self.client_codec, batches):
             self._drop_client(ident)
 
     def _drop_client(self, ident: bytes) -> None:

@@ -69,7 +69,7 @@ def test_send_outputs_one_frame_per_client_and_reports_a_gone_one():
             assert await asyncio.wait_for(port.recv(), 10)
             step = StepOutputs(1.0, REQS, [7, 8, 9, 6], [None] * 4)
             codec = Codec(ClientResponse)
-            failed = await send_outputs(port, codec, outputs_by_client(step))
+            failed = send_outputs(port, codec, outputs_by_client(step))
             frames = [await asyncio.wait_for(dealer.recv(), 10)]
             assert await dealer.poll(200) == 0  # nothing more: one frame for both of A's
             return failed, [codec.decode(f) for f in frames]
@@ -81,3 +81,40 @@ def test_send_outputs_one_frame_per_client_and_reports_a_gone_one():
     failed, msgs = asyncio.run(go())
     assert failed == [B]  # never connected: unroutable
     assert msgs == [EngineCoreOutputs([TokenOutput("a0", [7], num_cached_tokens=16), TokenOutput("a1", [9], num_cached_tokens=4)])]
+
+
+def test_a_recv_pending_during_send_batch_still_wakes():
+    """send_batch goes through the plain view of the socket; the asyncio recv waiting
+    on the same socket must still hear the next message (its reader is re-armed)."""
+
+    async def go():
+        ctx = zmq.asyncio.Context()
+        port = RouterPort(ctx, "tcp://127.0.0.1:*")
+        address = port.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.IDENTITY, A)
+        dealer.setsockopt(zmq.LINGER, 0)
+        try:
+            dealer.connect(address)
+            await dealer.send(b"hello")
+            await asyncio.wait_for(port.recv(), 10)
+            pending = asyncio.ensure_future(port.recv())
+            await asyncio.sleep(0.05)  # the recv is waiting on the socket
+            replies = []
+            for k in range(20):
+                assert port.send_batch([(A, b"out-%d" % k)]) == []
+                await dealer.send(b"in-%d" % k)
+                frames, _ = await asyncio.wait_for(pending, 10)
+                replies.append(frames[1].bytes)
+                pending = asyncio.ensure_future(port.recv())
+            pending.cancel()
+            got = [await asyncio.wait_for(dealer.recv(), 10) for _ in range(20)]
+            return replies, got
+        finally:
+            dealer.close(linger=0)
+            port.close()
+            ctx.term()
+
+    replies, got = asyncio.run(go())
+    assert replies == [b"in-%d" % k for k in range(20)]
+    assert got == [b"out-%d" % k for k in range(20)]
