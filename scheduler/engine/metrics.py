@@ -84,7 +84,7 @@ class SchedulerMetrics:
             )  # fmt: skip
             self.kv_block_reuse_gap = histogram(
                 "vllm:kv_block_reuse_gap_seconds", "Histogram of time gaps between consecutive KV cache block accesses. "
-                "Only the most recent accesses are included (up to 4). "
+                "Only the most recent accesses are recorded (ring buffer). "
                 "Sampled metrics (controlled by --kv-cache-metrics-sample).", RESIDENCY_BUCKETS,
             )  # fmt: skip
         self._last: dict[str, int] = {}
