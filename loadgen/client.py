@@ -24,7 +24,14 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from protocol.client_messages import Abort, ClientResponse, EngineCoreOutputs, Generate, RequestError, TokenOutput
+from protocol.client_messages import (
+    Abort,
+    ClientResponse,
+    EngineCoreOutputs,
+    Generate,
+    RequestError,
+    TokenOutput,
+)
 from protocol.codec import Codec, ProtocolError
 from protocol.curve import apply_client
 

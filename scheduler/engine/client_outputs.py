@@ -24,7 +24,7 @@ def outputs_by_client(step: StepOutputs, logprobs: Iterable[SampledLogprobs] = (
     """client id -> that client's TokenOutputs of this step, in batch order."""
     batches: dict[bytes, list[TokenOutput]] = {}
     outputs: list[TokenOutput] = []
-    for r, token_id in zip(step.requests, step.token_ids):
+    for r, token_id in zip(step.requests, step.token_ids, strict=True):
         # NOTE: a request that sampled was admitted, so its num_cached_tokens is set (>= 0).
         out = TokenOutput(r.request_id, [token_id], num_cached_tokens=r.num_cached_tokens)
         outputs.append(out)

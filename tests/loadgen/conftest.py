@@ -11,7 +11,14 @@ from collections.abc import Callable, Iterator
 import pytest
 import zmq
 
-from protocol.client_messages import Abort, ClientRequest, EngineCoreOutputs, Generate, RequestError, TokenOutput
+from protocol.client_messages import (
+    Abort,
+    ClientRequest,
+    EngineCoreOutputs,
+    Generate,
+    RequestError,
+    TokenOutput,
+)
 from protocol.codec import Codec, ProtocolError
 
 # behaviour(index) -> "ok" | "reject" | "silent" | "abort"; index parsed from "<prefix>-<index>".
