@@ -41,7 +41,6 @@ class MetricsSample:
 
     t: float
     kv_cache_usage: float | None = None
-    peak_kv_cache_usage: float | None = None
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
     num_running: float | None = None
@@ -50,6 +49,8 @@ class MetricsSample:
     free_cached_blocks: float | None = None
     num_gpu_blocks: float | None = None
     evictions: float | None = None
+    # NOTE: last, so that positional construction keeps its meaning.
+    peak_kv_cache_usage: float | None = None
 
 
 def _lookup_names() -> dict[str, str]:
