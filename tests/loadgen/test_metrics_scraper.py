@@ -88,3 +88,9 @@ def test_scraper_failure_is_counted_not_raised():
 def test_parse_rejects_garbage():
     with pytest.raises(ValueError):
         parse_metrics_text("not metrics {{{")
+
+
+def test_parse_reads_the_schedulers_peak_usage_gauge():
+    text = TEXT + '# TYPE kvpool_peak_kv_cache_usage_perc gauge\nkvpool_peak_kv_cache_usage_perc{engine="0",model_name="tiny"} 0.625\n'
+    assert parse_metrics_text(text).peak_kv_cache_usage == 0.625
+    assert parse_metrics_text(TEXT).peak_kv_cache_usage is None
