@@ -110,7 +110,6 @@ def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], N
     order = sorted(range(n), key=lambda i: specs[i].arrival_ns)
     next_arrival = 0
     num_rejected = num_steps = num_ff_steps = 0
-    peak_free_drop = 0  # most blocks in use at once
     usable = cfg.num_blocks - 1
     now = 0
 
@@ -146,7 +145,6 @@ def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], N
         plan = out.plan
         for row in plan.new_rows:
             admit_ns[row.seq_id] = now
-        peak_free_drop = max(peak_free_drop, usable - pool.get_num_free_blocks())
         step_ns = overhead_ns + per_token_ns * out.num_scheduled_tokens
         now += step_ns
         seq_ids, token_ids = [], []
@@ -176,7 +174,6 @@ def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], N
         k = decode_horizon(sched, limit)
         if k > 0:
             fast_forward_decode(sched, k, token_base)
-            peak_free_drop = max(peak_free_drop, usable - pool.get_num_free_blocks())
             num_steps += k
             num_ff_steps += k
             now += k * step_ns
@@ -200,7 +197,7 @@ def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], N
         num_rejected=num_rejected,
         num_requests=n,
         num_finished=sum(1 for t in finish_ns if t != NOT_YET),
-        peak_usage=peak_free_drop / usable,
+        peak_usage=kv.peak_usage,
         mean_queueing_delay_ms=sum(delays) / len(delays) / 1e6 if delays else 0.0,
         p99_queueing_delay_ms=_percentile(delays, 0.99) / 1e6,
         mean_ttft_ms=sum(ttfts) / len(ttfts) / 1e6 if ttfts else 0.0,
