@@ -1,0 +1,147 @@
+"""The frontend's cost (``python -m bench frontend``): one scheduler, one worker (the
+tiny checkpoint, CPU) and one frontend, started here, driven two ways in
+interleaved rounds over the same workload.
+
+* TPOT at 64 concurrent streams (64 random 32-token prompts, 64 tokens out, greedy,
+  ignore_eos) through ``/v1/completions`` (the HTTP load generator: SSE, usage)
+  against the native client on the scheduler's port. Target: ≤ 1.1×.
+* Tiny non-streamed completions (8-token prompt, 1 token out) the frontend sustains,
+  64 in flight: requests per second (context only).
+
+NOTE: on the 2-core development machine the load generator, the frontend, the
+scheduler and the worker share the cores, so the HTTP path also pays for its
+client's JSON parsing; medians of 3 rounds each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+from bench.table import Row
+from loadgen.datasets import random_requests
+from loadgen.openai_client import OpenAIClient
+from loadgen.report import summarize
+from loadgen.runner import run_benchmark
+
+STREAMS, PROMPT_LEN, OUTPUT_LEN, ROUNDS = 64, 32, 64, 3
+TPOT_RATIO_TARGET = 1.1
+
+
+def _free_ports(n: int) -> list[int]:
+    from frontend.launcher import free_ports
+
+    return free_ports(n)
+
+
+class Stack:
+    """Scheduler + worker + frontend as three processes, stopped on exit."""
+
+    def __init__(self, model: Path):
+        self.client_port, worker_port, self.http_port, self.api_port = _free_ports(4)
+        py = sys.executable
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        self.procs = [
+            subprocess.Popen([py, "-m", "scheduler", "--port", str(self.client_port), "--worker-port", str(worker_port),
+                              "--http-port", str(self.http_port), "--max-num-seqs", "128", "--max-model-len", "1024"], **quiet),
+            subprocess.Popen([py, "-m", "worker", "--scheduler", f"tcp://127.0.0.1:{worker_port}", "--model", str(model),
+                              "--device", "cpu", "--kv-cache-memory", "64MiB", "--http-port", "0"], **quiet),
+            subprocess.Popen([py, "-m", "frontend", "--model", str(model), "--port", str(self.api_port), "--max-model-len", "1024",
+                              "--scheduler", f"tcp://127.0.0.1:{self.client_port}",
+                              "--scheduler-http", f"http://127.0.0.1:{self.http_port}"], **quiet),
+        ]  # fmt: skip
+        self.base_url = f"http://127.0.0.1:{self.api_port}"
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if urllib.request.urlopen(self.base_url + "/health", timeout=2).status == 200:
+                    return
+            except OSError:
+                pass
+            if any(p.poll() is not None for p in self.procs):
+                break
+            time.sleep(0.3)
+        raise RuntimeError("the bench's scheduler/worker/frontend did not get ready")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def _median_tpot_ms(stack: Stack, http: bool) -> float:
+    requests = random_requests(STREAMS, PROMPT_LEN, OUTPUT_LEN, 0.0, 512, seed=int(time.time()))
+    client = OpenAIClient(stack.base_url, "/v1/completions", None, chat=False) if http else None
+    outcome = asyncio.run(run_benchmark(
+        requests, np.zeros(STREAMS), scheduler=f"tcp://127.0.0.1:{stack.client_port}", metrics_url=None, ignore_eos=True,
+        max_concurrency=STREAMS, request_timeout=300, client=client,
+    ))  # fmt: skip
+    s = summarize(outcome.results, outcome.duration_s)
+    if s["failed"]:
+        raise RuntimeError(f"{s['failed']} requests failed: {s['errors']}")
+    return s["tpot_ms"]["median"]
+
+
+async def _tiny_rps(base_url: str, total: int = 600, concurrency: int = 64) -> float:
+    body = {"prompt": [5, 6, 7, 8, 9, 10, 11, 12], "max_tokens": 1, "temperature": 0}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        model = (await (await session.get(base_url + "/v1/models")).json())["data"][0]["id"]
+        body["model"] = model
+        left = total
+
+        async def worker():
+            nonlocal left
+            while left > 0:
+                left -= 1
+                async with session.post(base_url + "/v1/completions", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    await r.read()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return total / (time.perf_counter() - t0)
+
+
+def rows() -> list[Row]:
+    from worker.tiny.generate import default_checkpoint
+
+    with Stack(default_checkpoint()) as stack:
+        stack.wait_ready()
+        _median_tpot_ms(stack, http=False)  # warm-up: first passes over fresh memory are slow
+        native, http = [], []
+        for _ in range(ROUNDS):
+            native.append(_median_tpot_ms(stack, http=False))
+            http.append(_median_tpot_ms(stack, http=True))
+        rps = asyncio.run(_tiny_rps(stack.base_url))
+    n, h = statistics.median(native), statistics.median(http)
+    ratio = h / n
+    return [
+        Row(f"TPOT, {STREAMS} streams, native client", n, "ms"),
+        Row(f"TPOT, {STREAMS} streams, /v1/completions (SSE)", h, "ms"),
+        Row("frontend TPOT overhead (HTTP / native)", ratio, "x", f"≤ {TPOT_RATIO_TARGET:g}x", ratio <= TPOT_RATIO_TARGET),
+        Row("tiny non-streamed completions, 64 in flight", rps, "r/s"),
+    ]
+
+
+if __name__ == "__main__":
+    from bench.table import print_table
+
+    print_table(rows())
