@@ -18,13 +18,15 @@ from scheduler.core.hashing import BlockHasher
 pytestmark = pytest.mark.e2e
 
 
-def test_subscriber_rebuilds_the_cached_hashes_of_a_real_scheduler(tmp_path):
+@pytest.mark.parametrize("hash_form", ["int", "bytes"])
+def test_subscriber_rebuilds_the_cached_hashes_of_a_real_scheduler(hash_form, tmp_path):
     pub, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     rng = random.Random(5)
     prefix = [rng.randrange(2, 512) for _ in range(40)]
     workload = [Generate(f"e{i}", prefix + [rng.randrange(2, 512) for _ in range(rng.randrange(1, 30))], rng.randrange(2, 30),
                          ignore_eos=True) for i in range(12)]  # fmt: skip
-    with Cluster(["--kv-events-endpoint", pub, "--kv-events-replay-endpoint", replay, "--dev-mode"], log_dir=tmp_path) as c:
+    form_flags = [] if hash_form == "int" else ["--no-kv-events-int-block-hashes"]
+    with Cluster(["--kv-events-endpoint", pub, "--kv-events-replay-endpoint", replay, "--dev-mode", *form_flags], log_dir=tmp_path) as c:
         sub = KVEventSubscriber(pub, replay)
         try:
             results = c.generate(workload)
@@ -34,8 +36,9 @@ def test_subscriber_rebuilds_the_cached_hashes_of_a_real_scheduler(tmp_path):
             expected = set()
             for g in workload:
                 tokens = g.prompt_token_ids + results[g.request_id].token_ids
-                # As vLLM 0.33 sends them by default: the low 64 bits, as ints.
-                expected |= {int_block_hash(h) for h in hasher.block_hashes(tokens[:-1])}
+                hashes = hasher.block_hashes(tokens[:-1])
+                # By default as vLLM 0.33 sends them: the low 64 bits, as ints.
+                expected |= {int_block_hash(h) for h in hashes} if hash_form == "int" else set(hashes)
             assert m["kvpool_cached_block_hashes"] == len(expected)
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and sub.cached_hashes != expected:
