@@ -145,3 +145,9 @@ def test_the_pool_behaves_exactly_as_the_plain_one(seed):
         assert snapshot(plain) == snapshot(watched)
     watched.check_invariants()
     assert watched.block_pool.take_residency().lifetimes  # it did observe
+
+
+def test_the_factory_builds_a_pool_with_its_sample_rate():
+    m = KVCacheManager(8, BS, 64, enable_caching=False, pool_factory=residency_pool_factory(0.25))
+    assert type(m.block_pool) is ResidencyBlockPool
+    assert m.block_pool.sample_rate == 0.25 and m.block_pool.enable_caching is False
