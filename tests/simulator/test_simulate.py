@@ -232,11 +232,12 @@ def test_cli_writes_table_json_and_plot(trace_slice: Path, tmp_path: Path):
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "hit rate" in proc.stdout and "vllm" in proc.stdout and "tail" in proc.stdout
+    assert "hit rate" in proc.stdout and "preempted hit rate" in proc.stdout and "vllm" in proc.stdout and "tail" in proc.stdout
     results = json.loads(out_json.read_text())["results"]
     assert [(r["num_blocks"], r["policy"]) for r in results] == [(1000, "vllm"), (1000, "tail"), (4000, "vllm"), (4000, "tail")]
     for r in results:
-        for key in ("prefix_cache_hit_rate", "num_evictions", "num_preemptions", "num_rejected", "peak_usage", "mean_queueing_delay_ms"):
+        for key in ("prefix_cache_hit_rate", "prefix_cache_preempted_hit_rate", "prefix_cache_preempted_queries",
+                    "num_evictions", "num_preemptions", "num_rejected", "peak_usage", "mean_queueing_delay_ms"):  # fmt: skip
             assert key in r
         assert 0 <= r["prefix_cache_hit_rate"] <= 1 and r["num_finished"] + r["num_rejected"] == 40
     assert results[0]["num_rejected"] > results[2]["num_rejected"]  # 1,000 blocks: 16k tokens
