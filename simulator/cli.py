@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     source = a.trace if a.dataset == "mooncake" else a.dataset
     if len(workload) == 0:
-        print(f"kvpool-simulate: error: {source} holds no requests: nothing to simulate", file=sys.stderr)
+        why = f"{source} holds no requests" if a.num_requests != 0 else "--num-requests 0 leaves no requests"
+        print(f"kvpool-simulate: error: {why}: nothing to simulate", file=sys.stderr)
         return 2
     print(f"{source}: {len(workload)} requests, block size {a.block_size}, max_num_seqs {a.max_num_seqs}, "
           f"max_num_batched_tokens {a.max_num_batched_tokens}", file=sys.stderr)  # fmt: skip

@@ -283,7 +283,9 @@ def test_cli_empty_trace_is_an_error_not_zero_requests(tmp_path: Path, capsys):
     empty.write_text("\n")
     assert main(["--trace", str(empty), "--num-blocks", "100"]) == 2
     captured = capsys.readouterr()
-    assert "holds no requests" in captured.err and captured.out == ""
+    assert f"{empty} holds no requests: nothing to simulate" in captured.err and captured.out == ""
+    assert main(["--dataset", "random", "--num-requests", "0", "--num-blocks", "100"]) == 2
+    assert "--num-requests 0 leaves no requests" in capsys.readouterr().err
 
 
 def test_cli_outputs_into_a_missing_folder_are_written(tmp_path: Path, capsys):
