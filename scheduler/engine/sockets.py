@@ -123,8 +123,11 @@ class RouterPort:
         return frames, num_frames
 
     def has_pending(self) -> bool:
-        """A message is queued, not yet received."""
-        return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        """A message is queued, not yet received.
+
+        NOTE: ``get`` on the asyncio socket, which re-arms its own reader after reading
+        ZMQ_EVENTS (edge-triggered: a bare read could swallow the wake-up of recv)."""
+        return bool(self.sock.get(zmq.EVENTS) & zmq.POLLIN)
 
     async def send(self, ident: bytes, frame: bytes) -> bool:
         """Send without waiting; False when the peer is gone or not reading."""
