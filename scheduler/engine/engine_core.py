@@ -5,7 +5,8 @@ One asyncio loop (uvloop) runs these tasks over two ZMQ ROUTER ports and HTTP:
 * clients: Generate / Abort in; one EngineCoreOutputs per client per step (a
   TokenOutput per request), or a RequestError;
 * worker: WorkerHello -> WorkerReady -> its acknowledging Heartbeat (the BlockPool
-  is built only then), then StepResults (scheduler/engine/worker_link.py);
+  is built only then), then StepResults (scheduler/engine/worker_side.py, the link's
+  state machine in scheduler/engine/worker_link.py);
 * steps: schedule -> send the plan -> await its result -> stream tokens out;
 * watchers: a peer disconnecting on either port is probed at once.
 
@@ -31,17 +32,9 @@ from protocol.client_messages import Abort, ClientRequest, EngineCoreOutputs, Ge
 from protocol.codec import Codec, ProtocolError
 from protocol.sampling_params import sampling_params_of
 from protocol.worker_messages import (
-    Heartbeat,
     Shutdown,
-    StepResult,
-    WorkerError,
-    WorkerExit,
-    WorkerHello,
-    WorkerReady,
     WorkerToScheduler,
 )
-from scheduler.core.block_pool import BlockPool
-from scheduler.core.block_residency import residency_pool_factory
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.engine.client_outputs import final_outputs_by_client, outputs_by_client, send_outputs
@@ -50,15 +43,16 @@ from scheduler.engine.http_server import build_app, start_http
 from scheduler.engine.kv_event_publisher import make_kv_event_sink
 from scheduler.engine.metrics import SchedulerMetrics
 from scheduler.engine.sockets import LoopYield, open_ports, peer_name
-from scheduler.engine.worker_checks import PoolShape, WorkerRefused, check_result, pool_size_for
-from scheduler.engine.worker_link import HEARTBEAT_INTERVAL_S, LinkState, WorkerLink, WorkerLost
+from scheduler.engine.worker_checks import check_result
+from scheduler.engine.worker_link import HEARTBEAT_INTERVAL_S, WorkerLink, WorkerLost
+from scheduler.engine.worker_side import WorkerSide
 from scheduler.sched.request import Request, RequestStatus
 from scheduler.sched.scheduler import Scheduler
 from scheduler.sched.validation import RequestLimits, RequestRejected, validate_generate
 
 log = logging.getLogger("scheduler")
 
-class EngineCore:
+class EngineCore(WorkerSide):
     def __init__(self, config: SchedulerConfig):
         self.config = config
         self.ctx = zmq.asyncio.Context()
@@ -260,114 +254,6 @@ class EngineCore:
             return
         probe = EngineCoreOutputs()
         await self._send_outputs({r.client_id: probe for r in self.scheduler.requests.values()})
-
-    # --- the worker -------------------------------------------------------------------
-
-    async def _worker_loop(self) -> None:
-        link, pause = self.worker, LoopYield()
-        while True:
-            await pause()
-            frames, _ = await self.workers.recv()
-            ident = frames[0].bytes
-            try:
-                msg = link.codec.decode(frames[-1].buffer)
-            except ProtocolError as e:
-                log.error("bad frame from worker %s: %s", peer_name(ident), e)
-                if link.is_ours(ident):
-                    # The result of the step in flight may be this frame: never wait for it.
-                    link.lose(f"unreadable frame from the worker: {e}")
-                continue
-            link.heard_from(ident)
-            match msg:
-                case WorkerHello():
-                    await self._on_hello(ident, msg)
-                case StepResult():
-                    link.deliver(ident, msg)
-                case Heartbeat():
-                    if link.acknowledge(ident):
-                        self._on_worker_ready()
-                case WorkerError(message=message, step_id=step_id) if link.is_ours(ident):
-                    what = "WorkerReady" if link.state is LinkState.HANDSHAKING else f"step {step_id}"
-                    link.lose(f"the worker refused {what}: {message}")
-                case WorkerExit(reason=reason) if link.is_ours(ident):
-                    link.lose(f"the worker is stopping ({reason or 'no reason given'})", clean=True)
-                case WorkerError() | WorkerExit():
-                    log.warning("%s from worker %s, which is not this scheduler's worker", msg, peer_name(ident))
-
-    async def _refuse_worker(self, ident: bytes, reason: str) -> None:
-        log.error("refusing worker %s: %s", peer_name(ident), reason)
-        await self.workers.send(ident, self.worker.codec.encode(Shutdown(reason)))
-
-    async def _on_hello(self, ident: bytes, hello: WorkerHello) -> None:
-        c, link = self.config, self.worker
-        if link.is_ours(ident):
-            # The same worker again: it restarted its handshake, its rows are gone.
-            link.lose("the worker said hello again (it restarted its handshake)")
-        elif link.state is not LinkState.DETACHED:
-            await self._probe_worker()  # a worker that is gone is lost here
-            if link.state is not LinkState.DETACHED:
-                return await self._refuse_worker(ident, f"worker {link.name} is already connected (one worker per scheduler)")
-        current = None if self.kv is None else PoolShape(
-            self.kv.block_pool.num_gpu_blocks, self.limits.vocab_size, self.eos_token_ids[0], *self.model_identity
-        )
-        try:
-            num_blocks = pool_size_for(hello, c.block_size, c.num_gpu_blocks_override, current, c.max_model_len)
-        except WorkerRefused as e:
-            return await self._refuse_worker(ident, str(e))
-        link.begin_handshake(ident, hello, num_blocks)
-        next_step_id = 0 if self.scheduler is None else self.scheduler.next_step_id
-        try:
-            await link.send(WorkerReady(num_blocks, c.block_size, c.max_num_seqs, c.max_model_len, next_step_id))
-        except WorkerLost:
-            return
-        log.info("worker %s: WorkerReady sent (%d blocks), awaiting its acknowledgement", link.name, num_blocks)
-
-    def _on_worker_ready(self) -> None:
-        """The worker acknowledged WorkerReady: only now is a pool built for it."""
-        c, hello, num_blocks = self.config, self.worker.hello, self.worker.num_blocks
-        if self.kv is None:
-            # NOTE: without --kv-cache-metrics the pool is the plain one: no hook at all.
-            pool_factory = residency_pool_factory(c.kv_cache_metrics_sample) if c.kv_cache_metrics else BlockPool
-            self.kv = KVCacheManager(
-                num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory
-            )
-            self.scheduler = Scheduler(self.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len)
-            self.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
-            self.eos_token_ids = tuple(hello.eos_token_ids) or (hello.eos_token_id,)
-            self.model_identity = (hello.architecture, hello.model_hash)
-            log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d)", num_blocks, c.block_size, hello.device, hello.num_blocks)
-        self.worker_lost_at = None
-        self._wakeup.set()
-        log.info("worker %s ready (%d requests waiting)", self.worker.name, self.scheduler.num_waiting)
-
-    async def _probe_worker(self) -> None:
-        """A worker-port peer disconnected: is it ours? (A failed send loses it.)"""
-        if self.worker.state is LinkState.DETACHED:
-            return
-        try:
-            await self.worker.send(Heartbeat(time.time()))
-        except WorkerLost:
-            pass
-
-    def _on_worker_lost(self, why: str, was: LinkState, clean: bool) -> None:
-        """The link lost its worker (called once per loss, by WorkerLink.lose).
-        Requests in flight go back to waiting, as if preempted; the cache is void."""
-        name = self.worker.name
-        if was is LinkState.HANDSHAKING or self.scheduler is None:
-            log.warning("worker %s lost during its handshake: %s", name, why)
-            return
-        log.log(logging.INFO if clean else logging.ERROR, "worker %s %s: %s; %d running requests go back to waiting",
-                name, "left" if clean else "lost", why, self.scheduler.num_running)  # fmt: skip
-        self.worker_lost_at = time.monotonic()
-        self.scheduler.abandon_in_flight()
-        self.scheduler.preempt_all()
-        # NOTE: the next worker's KV memory is empty: every hash is void. A block
-        # still held here would be served to it as a cache hit of memory it never wrote.
-        if not self.kv.reset_prefix_cache():
-            held = self.kv.block_pool.num_gpu_blocks - 1 - self.kv.block_pool.get_num_free_blocks()
-            raise RuntimeError(f"worker lost but {held} blocks are still held after preempting every request")
-        self._publish_kv_events()
-        self.metrics.update(self.scheduler, self.kv)
 
     def _publish_kv_events(self) -> None:
         """One batch per step (and per reset): what the pool's cache gained and lost."""

@@ -1,0 +1,163 @@
+"""The engine's side of its worker: the worker port's receive loop, the handshake,
+and what a lost worker means for the requests.
+
+``WorkerSide`` is a part of ``EngineCore`` (scheduler/engine/engine_core.py), kept in
+its own file; the link's state machine itself is ``worker_link.WorkerLink``.
+
+* hello: a refusal (``Shutdown``, the worker exits 4), or WorkerReady and the
+  handshake; the worker's acknowledging Heartbeat makes it ready, and only then is
+  the BlockPool built (for the first worker).
+* a hello from the attached worker is a loss then a handshake; from another, the
+  attached one is probed and the newcomer refused only if it still answers.
+* a loss (``_on_worker_lost``, called once per loss by the link): running requests
+  go back to waiting as if preempted, and the prefix cache must reset.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from protocol.codec import ProtocolError
+from protocol.worker_messages import (
+    Heartbeat,
+    Shutdown,
+    StepResult,
+    WorkerError,
+    WorkerExit,
+    WorkerHello,
+    WorkerReady,
+)
+from scheduler.core.block_pool import BlockPool
+from scheduler.core.block_residency import residency_pool_factory
+from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.engine.config import SchedulerConfig
+from scheduler.engine.metrics import SchedulerMetrics
+from scheduler.engine.sockets import LoopYield, RouterPort, peer_name
+from scheduler.engine.worker_checks import PoolShape, WorkerRefused, pool_size_for
+from scheduler.engine.worker_link import LinkState, WorkerLink, WorkerLost
+from scheduler.sched.scheduler import Scheduler
+from scheduler.sched.validation import RequestLimits
+
+log = logging.getLogger("scheduler")
+
+
+class WorkerSide:
+    """EngineCore's worker methods; the state they use is EngineCore's."""
+
+    config: SchedulerConfig
+    workers: RouterPort
+    worker: WorkerLink
+    metrics: SchedulerMetrics
+    kv: KVCacheManager | None
+    scheduler: Scheduler | None
+    limits: RequestLimits | None
+    eos_token_ids: tuple[int, ...]
+    model_identity: tuple[str, str]
+    worker_lost_at: float | None
+
+    async def _worker_loop(self) -> None:
+        link, pause = self.worker, LoopYield()
+        while True:
+            await pause()
+            frames, _ = await self.workers.recv()
+            ident = frames[0].bytes
+            try:
+                msg = link.codec.decode(frames[-1].buffer)
+            except ProtocolError as e:
+                log.error("bad frame from worker %s: %s", peer_name(ident), e)
+                if link.is_ours(ident):
+                    # The result of the step in flight may be this frame: never wait for it.
+                    link.lose(f"unreadable frame from the worker: {e}")
+                continue
+            link.heard_from(ident)
+            match msg:
+                case WorkerHello():
+                    await self._on_hello(ident, msg)
+                case StepResult():
+                    link.deliver(ident, msg)
+                case Heartbeat():
+                    if link.acknowledge(ident):
+                        self._on_worker_ready()
+                case WorkerError(message=message, step_id=step_id) if link.is_ours(ident):
+                    what = "WorkerReady" if link.state is LinkState.HANDSHAKING else f"step {step_id}"
+                    link.lose(f"the worker refused {what}: {message}")
+                case WorkerExit(reason=reason) if link.is_ours(ident):
+                    link.lose(f"the worker is stopping ({reason or 'no reason given'})", clean=True)
+                case WorkerError() | WorkerExit():
+                    log.warning("%s from worker %s, which is not this scheduler's worker", msg, peer_name(ident))
+
+    async def _refuse_worker(self, ident: bytes, reason: str) -> None:
+        log.error("refusing worker %s: %s", peer_name(ident), reason)
+        await self.workers.send(ident, self.worker.codec.encode(Shutdown(reason)))
+
+    async def _on_hello(self, ident: bytes, hello: WorkerHello) -> None:
+        c, link = self.config, self.worker
+        if link.is_ours(ident):
+            # The same worker again: it restarted its handshake, its rows are gone.
+            link.lose("the worker said hello again (it restarted its handshake)")
+        elif link.state is not LinkState.DETACHED:
+            await self._probe_worker()  # a worker that is gone is lost here
+            if link.state is not LinkState.DETACHED:
+                return await self._refuse_worker(ident, f"worker {link.name} is already connected (one worker per scheduler)")
+        current = None if self.kv is None else PoolShape(
+            self.kv.block_pool.num_gpu_blocks, self.limits.vocab_size, self.eos_token_ids[0], *self.model_identity
+        )
+        try:
+            num_blocks = pool_size_for(hello, c.block_size, c.num_gpu_blocks_override, current, c.max_model_len)
+        except WorkerRefused as e:
+            return await self._refuse_worker(ident, str(e))
+        link.begin_handshake(ident, hello, num_blocks)
+        next_step_id = 0 if self.scheduler is None else self.scheduler.next_step_id
+        try:
+            await link.send(WorkerReady(num_blocks, c.block_size, c.max_num_seqs, c.max_model_len, next_step_id))
+        except WorkerLost:
+            return
+        log.info("worker %s: WorkerReady sent (%d blocks), awaiting its acknowledgement", link.name, num_blocks)
+
+    def _on_worker_ready(self) -> None:
+        """The worker acknowledged WorkerReady: only now is a pool built for it."""
+        c, hello, num_blocks = self.config, self.worker.hello, self.worker.num_blocks
+        if self.kv is None:
+            # NOTE: without --kv-cache-metrics the pool is the plain one: no hook at all.
+            pool_factory = residency_pool_factory(c.kv_cache_metrics_sample) if c.kv_cache_metrics else BlockPool
+            self.kv = KVCacheManager(
+                num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory
+            )
+            self.scheduler = Scheduler(self.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len)
+            self.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
+            self.eos_token_ids = tuple(hello.eos_token_ids) or (hello.eos_token_id,)
+            self.model_identity = (hello.architecture, hello.model_hash)
+            log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d)", num_blocks, c.block_size, hello.device, hello.num_blocks)
+        self.worker_lost_at = None
+        self._wakeup.set()
+        log.info("worker %s ready (%d requests waiting)", self.worker.name, self.scheduler.num_waiting)
+
+    async def _probe_worker(self) -> None:
+        """A worker-port peer disconnected: is it ours? (A failed send loses it.)"""
+        if self.worker.state is LinkState.DETACHED:
+            return
+        try:
+            await self.worker.send(Heartbeat(time.time()))
+        except WorkerLost:
+            pass
+
+    def _on_worker_lost(self, why: str, was: LinkState, clean: bool) -> None:
+        """The link lost its worker (called once per loss, by WorkerLink.lose).
+        Requests in flight go back to waiting, as if preempted; the cache is void."""
+        name = self.worker.name
+        if was is LinkState.HANDSHAKING or self.scheduler is None:
+            log.warning("worker %s lost during its handshake: %s", name, why)
+            return
+        log.log(logging.INFO if clean else logging.ERROR, "worker %s %s: %s; %d running requests go back to waiting",
+                name, "left" if clean else "lost", why, self.scheduler.num_running)  # fmt: skip
+        self.worker_lost_at = time.monotonic()
+        self.scheduler.abandon_in_flight()
+        self.scheduler.preempt_all()
+        # NOTE: the next worker's KV memory is empty: every hash is void. A block
+        # still held here would be served to it as a cache hit of memory it never wrote.
+        if not self.kv.reset_prefix_cache():
+            held = self.kv.block_pool.num_gpu_blocks - 1 - self.kv.block_pool.get_num_free_blocks()
+            raise RuntimeError(f"worker lost but {held} blocks are still held after preempting every request")
+        self._publish_kv_events()
+        self.metrics.update(self.scheduler, self.kv)
