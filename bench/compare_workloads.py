@@ -1,0 +1,130 @@
+"""The workloads of ``make compare``, each driven by the same client against both servers:
+vLLM's own ``vllm bench serve`` (from ``.venv-vllm``), and for greedy agreement a small
+completions client here that asks for the sampled token ids.
+
+* ``prefix-c8`` / ``prefix-c64``: ``--dataset-name prefix_repetition`` (4 prefixes of 256
+  tokens, 32-token suffixes, 64 output tokens, ignore_eos), concurrency 8 and 64.
+* ``small-pool``: the same shape with long outputs on a pool too small for the batch,
+  so both engines must preempt.
+* ``mooncake``: a slice of a Mooncake trace replayed by ``--dataset-name timed_trace``
+  (vLLM 0.32 replays such traces), its lengths scaled down so that one 512-token hash
+  id of the trace becomes one block here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCH_KEYS = ("completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
+              "output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+              "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    pool: str  # which ServerConfig: "main" or "small"
+    args: tuple[str, ...]  # vllm bench serve's dataset and load flags
+    what: str = ""
+    shared_prefix: bool = field(default=False)
+
+
+def prefix_args(num_prompts: int, concurrency: int, output_len: int, seed: int) -> tuple[str, ...]:
+    return ("--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", "256",
+            "--prefix-repetition-suffix-len", "32", "--prefix-repetition-num-prefixes", "4",
+            "--prefix-repetition-output-len", str(output_len), "--num-prompts", str(num_prompts),
+            "--max-concurrency", str(concurrency), "--ignore-eos", "--seed", str(seed))  # fmt: skip
+
+
+def mooncake_slice(trace: Path, out: Path, num_requests: int, scale: int, max_model_len: int, max_output: int) -> Path:
+    """The first num_requests of trace that fit max_model_len once their lengths are
+    divided by scale; one hash id of 512 tokens becomes 512 // scale tokens."""
+    rows = []
+    with open(trace) as f:
+        for line in f:
+            r = json.loads(line)
+            inp = max(1, r["input_length"] // scale)
+            outp = max(4, min(max_output, r["output_length"] // scale))
+            if inp + outp > max_model_len:
+                continue
+            rows.append({"timestamp": r["timestamp"], "input_length": inp, "output_length": outp,
+                         "hash_ids": r["hash_ids"]})  # fmt: skip
+            if len(rows) == num_requests:
+                break
+    if not rows:
+        raise ValueError(f"{trace}: no request fits --max-model-len {max_model_len} at 1/{scale} of its length")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
+def mooncake_args(path: Path, chunk: int, concurrency: int, time_scale: float) -> tuple[str, ...]:
+    return ("--dataset-name", "timed_trace", "--dataset-path", str(path), "--timed-trace-chunk-hash-size", str(chunk),
+            "--timed-trace-sec-multiplier", str(0.001 * time_scale), "--num-prompts", "1000000", "--max-concurrency", str(concurrency))  # fmt: skip
+
+
+def default_workloads(a) -> list[Workload]:
+    ws = [
+        Workload("prefix-c8", "main", prefix_args(a.num_prompts, 8, 64, seed=1), "shared prefix, concurrency 8", True),
+        Workload("prefix-c64", "main", prefix_args(max(a.num_prompts, 128), 64, 64, seed=2), "shared prefix, concurrency 64", True),
+        Workload("small-pool", "small", prefix_args(a.num_prompts, 32, 256, seed=3), f"{a.small_num_blocks} blocks, 256 out, concurrency 32"),
+    ]  # fmt: skip
+    if a.trace:
+        scale = 512 // a.block_size
+        path = mooncake_slice(Path(a.trace), a.out / "mooncake_slice.jsonl", a.trace_requests, scale, a.max_model_len, 64)
+        ws.append(Workload("mooncake", "main", mooncake_args(path, a.block_size, 8, a.trace_time_scale),
+                           f"{Path(a.trace).name}, first {a.trace_requests} fitting, lengths / {scale}"))  # fmt: skip
+    return [w for w in ws if not a.workloads or w.name in a.workloads]
+
+
+def run_bench(root: Path, url: str, model: Path, name: str, w: Workload, out: Path, timeout_s: float) -> dict:
+    """One ``vllm bench serve`` run; its result JSON's figures."""
+    out.mkdir(parents=True, exist_ok=True)
+    result = out / f"{w.name}.json"
+    result.unlink(missing_ok=True)
+    cmd = [str(root / ".venv-vllm/bin/vllm"), "bench", "serve", "--backend", "vllm", "--base-url", url,
+           "--endpoint", "/v1/completions", "--model", name, "--tokenizer", str(model), "--temperature", "0",
+           *w.args, "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+           "--save-result", "--result-dir", str(out), "--result-filename", result.name, "--disable-tqdm"]  # fmt: skip
+    # NOTE: timed_trace expands a hash id into tokens seeded by Python's hash() of a
+    # string; a fixed PYTHONHASHSEED makes both engines see the same prompts.
+    env = {**os.environ, "PYTHONHASHSEED": "0", "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+    with open(out / f"{w.name}.log", "wb") as log:
+        p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
+    if p.returncode != 0 or not result.exists():
+        raise RuntimeError(f"vllm bench serve ({w.name}) failed with {p.returncode}; see {out / (w.name + '.log')}")
+    data = json.loads(result.read_text())
+    return {k: data.get(k) for k in BENCH_KEYS}
+
+
+def agreement_prompts(n: int, vocab: int, seed: int = 7) -> list[list[int]]:
+    """n prompts of token ids: 4 shared 64-token prefixes, 16-token suffixes (ids past the
+    tiny tokenizer's 5 special tokens)."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(5, vocab) for _ in range(64)] for _ in range(4)]
+    return [prefixes[i % 4] + [rng.randrange(5, vocab) for _ in range(16)] for i in range(n)]
+
+
+def greedy_token_ids(url: str, name: str, prompts: list[list[int]], max_tokens: int, timeout_s: float) -> list[list[int] | None]:
+    """Each prompt's greedy completion as token ids (None where the request failed)."""
+
+    def one(prompt: list[int]) -> list[int] | None:
+        body = {"model": name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+                "logprobs": 1, "return_tokens_as_token_ids": True}  # fmt: skip
+        req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
+                tokens = json.loads(r.read())["choices"][0]["logprobs"]["tokens"]
+            return [int(t.removeprefix("token_id:")) for t in tokens]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(one, prompts))

@@ -1,0 +1,131 @@
+"""`make compare` (bench/compare*.py): the goal logic, the table, the Mooncake slice and the
+servers' command lines, always; and, marked ``compare`` (skipped without ``.venv-vllm``
+and unless selected with ``-m compare``, so never in CI), one small real run of both
+engines whose result JSON must carry every key the table is built from."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.compare_report import FIGURES, agreement_row, format_table, rows
+from bench.compare_servers import ServerConfig, server_command
+from bench.compare_workloads import agreement_prompts, mooncake_slice
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fig(**kw) -> dict:
+    return {key: 1.0 for key, _, _ in FIGURES} | kw
+
+
+def by(table, workload, label):
+    (row,) = [r for r in table if r["workload"] == workload and r["figure"] == label]
+    return row
+
+
+def test_goals_are_judged_on_the_workloads_the_issue_names():
+    results = {
+        "prefix-c8": {"vllm": fig(output_throughput=100.0, median_ttft_ms=50.0, **{"vllm:prefix_cache_hits": 96.0}),
+                      "kvpool": fig(output_throughput=120.0, median_ttft_ms=60.0, **{"vllm:prefix_cache_hits": 95.0})},
+        "small-pool": {"vllm": fig(**{"vllm:num_preemptions": 20.0}), "kvpool": fig(**{"vllm:num_preemptions": 23.0})},
+    }  # fmt: skip
+    t = rows(results, {"prefix-c8": True, "small-pool": False})
+    assert by(t, "prefix-c8", "output tok/s")["met"] is True
+    assert by(t, "prefix-c8", "output tok/s")["ratio"] == pytest.approx(1.2)
+    assert by(t, "prefix-c8", "TTFT p50 ms")["met"] is False
+    assert by(t, "prefix-c8", "prefix-cache hits")["met"] is False  # exact equality, not close
+    assert by(t, "prefix-c8", "prefix-cache queries")["met"] is True
+    assert by(t, "small-pool", "preemptions")["met"] is False  # 15% off
+    assert by(t, "small-pool", "output tok/s")["goal"] == ""  # no speed goal with a starved pool
+    assert by(t, "small-pool", "prefix-cache hits")["met"] is None  # not a shared-prefix workload
+
+
+def test_preemptions_within_ten_percent_and_a_missing_engine_judges_nothing():
+    t = rows({"small-pool": {"vllm": fig(**{"vllm:num_preemptions": 20.0}), "kvpool": fig(**{"vllm:num_preemptions": 22.0})},
+              "prefix-c64": {"vllm": fig()}}, {"prefix-c64": True})  # fmt: skip
+    assert by(t, "small-pool", "preemptions")["met"] is True
+    assert all(r["met"] is None and r["kvpool"] is None for r in t if r["workload"] == "prefix-c64")
+
+
+def test_agreement_row_and_table_text():
+    row = agreement_row({"fraction_identical": 0.9375, "dtype": "float32"})
+    assert row["met"] is False and row["goal"] == ">= 95%"
+    text = format_table(rows({"prefix-c8": {"vllm": fig(), "kvpool": fig()}}, {"prefix-c8": True}) + [row])
+    lines = text.splitlines()
+    assert lines[0].split()[:4] == ["workload", "figure", "vLLM", "kvpool"]
+    assert len(lines) == 2 + len(FIGURES) + 1
+    assert "greedy identical (float32)" in text and "NO" in lines[-1]
+
+
+def test_mooncake_slice_scales_lengths_and_drops_what_does_not_fit(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"timestamp": 0, "input_length": 1024, "output_length": 100, "hash_ids": [0, 1]},
+        {"timestamp": 5, "input_length": 99999, "output_length": 10, "hash_ids": list(range(196))},
+        {"timestamp": 9, "input_length": 600, "output_length": 2000, "hash_ids": [0, 2]},
+    ]))  # fmt: skip
+    out = mooncake_slice(trace, tmp_path / "s.jsonl", 10, scale=16, max_model_len=2048, max_output=64)
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["timestamp"] for r in got] == [0, 9]
+    assert got[0] == {"timestamp": 0, "input_length": 64, "output_length": 6, "hash_ids": [0, 1]}
+    assert got[1]["input_length"] == 37 and got[1]["output_length"] == 64
+    with pytest.raises(ValueError, match="no request fits"):
+        mooncake_slice(trace, tmp_path / "x.jsonl", 10, scale=1, max_model_len=100, max_output=64)
+
+
+def test_both_servers_get_the_same_settings(tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2,
+                                                    "num_hidden_layers": 4, "head_dim": 32}))  # fmt: skip
+    cfg = ServerConfig(num_blocks=64, dtype="float32")
+    v = server_command("vllm", model, 9000, cfg, ROOT, "tiny")
+    k = server_command("kvpool", model, 9000, cfg, ROOT, "tiny")
+    assert v[1] == k[1] == "serve"
+    common = cfg.common_flags()
+    assert v[2 : 2 + 7 + len(common)] == k[2 : 2 + 7 + len(common)]
+    # 2 (K, V) x 4 layers x 2 heads x 32 dims x 32 tokens x 4 bytes, for all 64 blocks
+    assert k[k.index("--kv-cache-memory") + 1] == str(64 * 65536)
+    with pytest.raises(ValueError, match="unknown engine"):
+        server_command("sglang", model, 9000, cfg, ROOT, "tiny")
+
+
+def test_agreement_prompts_share_prefixes_and_avoid_special_tokens():
+    p = agreement_prompts(8, vocab=512)
+    assert len(p) == 8 and all(len(x) == 80 for x in p)
+    assert p[0][:64] == p[4][:64] != p[1][:64]
+    assert min(min(x) for x in p) >= 5 and max(max(x) for x in p) < 512
+
+
+def test_bad_block_size_is_refused_with_the_reason():
+    r = subprocess.run([sys.executable, "-m", "bench.compare", "--block-size", "16"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "multiple of 32" in r.stderr
+
+
+@pytest.mark.compare
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)
+def test_a_small_real_compare_writes_every_key(request, tmp_path):
+    if not (ROOT / ".venv-vllm/bin/vllm").exists():
+        pytest.skip("no .venv-vllm (make compare installs it)")
+    if "compare" not in (request.config.getoption("-m") or ""):
+        pytest.skip("runs vLLM for minutes: select it with -m compare")
+    out = tmp_path / "cmp"
+    r = subprocess.run([sys.executable, "-m", "bench.compare", "--workloads", "prefix-c8", "--num-prompts", "8",
+                        "--agreement-prompts", "4", "--agreement-tokens", "8", "--trace", "", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=1700)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.loads((out / "compare.json").read_text())
+    assert {"settings", "workloads", "results", "agreement", "table", "machine"} <= doc.keys()
+    for engine in ("vllm", "kvpool"):
+        assert {key for key, _, _ in FIGURES} <= doc["results"]["prefix-c8"][engine].keys()
+    assert {"fraction_identical", "num_requests", "num_identical", "num_failed", "dtype"} <= doc["agreement"].keys()
+    assert {"workload", "figure", "vllm", "kvpool", "ratio", "goal", "met"} <= doc["table"][0].keys()
+    assert doc["results"]["prefix-c8"]["vllm"]["completed"] == doc["results"]["prefix-c8"]["kvpool"]["completed"] == 8
+    assert (out / "compare.png").stat().st_size > 0
