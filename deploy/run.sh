@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# kvpool demo launcher (what `make run` runs): a scheduler and one worker on loopback,
-# the load generator's default workload against them, its report, then both stopped.
+# kvpool demo launcher (what `make run` runs): `kvpool serve` of the tiny generated
+# checkpoint (scheduler, worker and OpenAI-compatible frontend, on loopback), the load
+# generator's default workload through its HTTP API (/v1/completions, streamed), the
+# report, then everything stopped.
 #
 #   bash deploy/run.sh [extra loadgen args...]      (after `make install`)
 #
@@ -8,20 +10,21 @@
 # (e.g. `bash deploy/run.sh --num-requests 50 --plot out/run.png`).
 # Environment overrides (defaults in brackets):
 #   PYTHON [.venv/bin/python if it exists, else python3]  interpreter with kvpool installed
-#   KVPOOL_HOST [127.0.0.1]     address every socket binds / connects to
-#   KVPOOL_CLIENT_PORT [5555]   scheduler client port (loadgen)
-#   KVPOOL_WORKER_PORT [5556]   scheduler worker port
-#   KVPOOL_HTTP_PORT [8000]     scheduler /metrics and /health
-#   KVPOOL_WORKER_HTTP_PORT [8001]  worker /metrics
+#   KVPOOL_HOST [127.0.0.1]     the API's address
+#   KVPOOL_HTTP_PORT [8000]     the API's port: /v1/..., /health, /metrics (the internal
+#                               scheduler and worker ports are chosen free by kvpool serve)
 #   KVPOOL_DEVICE [cpu]         worker --device (cpu | cuda)
-#   KVPOOL_MODEL [the tiny generated checkpoint]  worker --model DIR (a Hugging Face checkpoint)
+#   KVPOOL_MODEL [the tiny generated checkpoint, made once into ~/.cache/kvpool]
+#                               a Hugging Face checkpoint folder
+#   KVPOOL_MAX_MODEL_LEN [2048]
 #   KVPOOL_KV_CACHE_MEMORY [8MiB]   worker KV budget: 32 KiB a block (fp32) -> 256 blocks,
 #                               small on purpose so that eviction and preemption happen
 #   KVPOOL_BLOCK_SIZE [16]
-#   KVPOOL_SCHEDULER_ARGS / KVPOOL_WORKER_ARGS  extra flags (word-split)
-#   KVPOOL_READY_TIMEOUT [60]   seconds to wait for /health = 200
+#   KVPOOL_SERVE_ARGS           extra `kvpool serve` flags (word-split)
+#   KVPOOL_SCHEDULER_ARGS / KVPOOL_WORKER_ARGS  extra scheduler / worker flags
+#   KVPOOL_READY_TIMEOUT [120]  seconds to wait for /health = 200
 #   KVPOOL_STOP_TIMEOUT [10]    seconds between SIGTERM and SIGKILL at shutdown
-#   KVPOOL_LOG_DIR [mktemp -d]  where scheduler.log and worker.log go
+#   KVPOOL_LOG_DIR [mktemp -d]  where serve.log, scheduler.log, worker.log, frontend.log go
 # Exit status: the load generator's (0 = every request completed), or 1 when the
 # servers did not come up.
 set -euo pipefail
@@ -32,15 +35,13 @@ if [ -z "${PYTHON:-}" ]; then
     if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
 HOST=${KVPOOL_HOST:-127.0.0.1}
-CLIENT_PORT=${KVPOOL_CLIENT_PORT:-5555}
-WORKER_PORT=${KVPOOL_WORKER_PORT:-5556}
 HTTP_PORT=${KVPOOL_HTTP_PORT:-8000}
-WORKER_HTTP_PORT=${KVPOOL_WORKER_HTTP_PORT:-8001}
 DEVICE=${KVPOOL_DEVICE:-cpu}
 MODEL=${KVPOOL_MODEL:-}
+MAX_MODEL_LEN=${KVPOOL_MAX_MODEL_LEN:-2048}
 KV_CACHE_MEMORY=${KVPOOL_KV_CACHE_MEMORY:-8MiB}
 BLOCK_SIZE=${KVPOOL_BLOCK_SIZE:-16}
-READY_TIMEOUT=${KVPOOL_READY_TIMEOUT:-60}
+READY_TIMEOUT=${KVPOOL_READY_TIMEOUT:-120}
 STOP_TIMEOUT=${KVPOOL_STOP_TIMEOUT:-10}
 LOG_DIR=${KVPOOL_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/kvpool-run.XXXXXX")}
 mkdir -p "$LOG_DIR"
@@ -53,7 +54,7 @@ log() { echo "run.sh: $*" >&2; }
 
 show_logs() {
     local name
-    for name in scheduler worker; do
+    for name in serve scheduler worker frontend; do
         if [ -s "$LOG_DIR/$name.log" ]; then
             echo "----- last lines of $LOG_DIR/$name.log -----" >&2
             tail -n 40 "$LOG_DIR/$name.log" >&2
@@ -117,14 +118,17 @@ check_alive() {
     done
 }
 
-# shellcheck disable=SC2086  # the *_ARGS overrides are meant to be word-split
-start scheduler "$PYTHON" -m scheduler --host "$HOST" --port "$CLIENT_PORT" \
-    --worker-port "$WORKER_PORT" --http-port "$HTTP_PORT" --block-size "$BLOCK_SIZE" \
-    ${KVPOOL_SCHEDULER_ARGS:-}
-# shellcheck disable=SC2086
-start worker "$PYTHON" -m worker --scheduler "tcp://$HOST:$WORKER_PORT" --device "$DEVICE" \
-    --kv-cache-memory "$KV_CACHE_MEMORY" --block-size "$BLOCK_SIZE" \
-    --http-port "$WORKER_HTTP_PORT" ${MODEL:+--model "$MODEL"} ${KVPOOL_WORKER_ARGS:-}
+if [ -z "$MODEL" ]; then
+    # NOTE: generated once (a few seconds) and cached; later runs reuse it.
+    MODEL=$("$PYTHON" -c 'from worker.tiny.generate import default_checkpoint; print(default_checkpoint())')
+fi
+
+# shellcheck disable=SC2086  # KVPOOL_SERVE_ARGS is meant to be word-split
+start serve "$PYTHON" -m frontend.cli serve "$MODEL" --host "$HOST" --port "$HTTP_PORT" \
+    --device "$DEVICE" --kv-cache-memory "$KV_CACHE_MEMORY" --block-size "$BLOCK_SIZE" \
+    --max-model-len "$MAX_MODEL_LEN" --log-dir "$LOG_DIR" --stop-timeout "$(( STOP_TIMEOUT > 2 ? STOP_TIMEOUT / 2 : 1 ))" \
+    --scheduler-args "${KVPOOL_SCHEDULER_ARGS:-}" --worker-args "${KVPOOL_WORKER_ARGS:-}" \
+    ${KVPOOL_SERVE_ARGS:-}
 
 health_url="http://$HOST:$HTTP_PORT/health"
 log "waiting up to ${READY_TIMEOUT}s for $health_url"
@@ -139,15 +143,16 @@ EOF
 do
     check_alive || exit 1
     if [ "$SECONDS" -ge "$deadline" ]; then
-        log "the scheduler did not report healthy within ${READY_TIMEOUT}s"
+        log "kvpool serve did not report healthy within ${READY_TIMEOUT}s"
         exit 1
     fi
     sleep 0.5
 done
+grep -h " ready at " "$LOG_DIR/serve.log" >&2 || true
 log "ready; running the load generator (pool: $KV_CACHE_MEMORY of KV on $DEVICE, block size $BLOCK_SIZE)"
 
 set +e
-"$PYTHON" -m loadgen --scheduler "tcp://$HOST:$CLIENT_PORT" \
+"$PYTHON" -m loadgen --backend openai --base-url "http://$HOST:$HTTP_PORT" \
     --metrics-url "http://$HOST:$HTTP_PORT/metrics" \
     --dataset shared-prefix --num-requests 200 --num-prefixes 8 --prefix-len 256 \
     --suffix-len 64 --output-len 32 --request-timeout 300 --timeout 900 "$@"

@@ -1,8 +1,12 @@
-"""Stand-ins for `python -m scheduler` / `python -m worker` to test deploy/run.sh.
+"""Stand-ins for `python -m scheduler` / `python -m worker` / `kvpool serve` to test
+deploy/run.sh.
 
     fake_kvpool.py scheduler --port P --http-port H ...   zmq ROUTER answering Generate
                                                          (2 tokens, "length"), /health 200
     fake_kvpool.py worker ...                            idles until SIGTERM
+    fake_kvpool.py serve MODEL --port P ...              the OpenAI API on P: /health 200,
+                                                         /v1/models, streamed /v1/completions
+                                                         (max_tokens tokens, usage), /metrics
 
 Both exit 0 on SIGTERM; with FAKE_IGNORE_TERM=<role> that role ignores SIGTERM (to test
 the launcher's SIGKILL path). Unknown flags are accepted and ignored.
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import http.server
+import json
 import os
 import signal
 import sys
@@ -40,6 +45,42 @@ def serve_http(port: int) -> http.server.ThreadingHTTPServer:
     return server
 
 
+def serve_api(port: int) -> http.server.ThreadingHTTPServer:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _send(self, body: bytes, content_type: str = "application/json"):
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):  # noqa: N802
+            if self.path == "/v1/models":
+                self._send(json.dumps({"data": [{"id": "fake", "root": "fake"}]}).encode())
+            elif self.path == "/health":
+                self._send(b"", "text/plain")
+            else:
+                self._send(b"vllm:kv_cache_usage_perc 0.5\n", "text/plain")
+
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            n = body.get("max_tokens", 16)
+            events = [{"choices": [{"index": 0, "text": "x", "finish_reason": "length" if i == n - 1 else None}]} for i in range(n)]
+            events.append({"choices": [], "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": n,
+                                                    "prompt_tokens_details": {"cached_tokens": 0}}})  # fmt: skip
+            self._send(b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n",
+                       "text/event-stream")  # fmt: skip
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 def main() -> int:
     role = sys.argv[1]
     p = argparse.ArgumentParser()
@@ -55,6 +96,13 @@ def main() -> int:
     if role == "worker":
         while not stop.wait(0.1):
             pass
+        return 0
+    if role == "serve":
+        server = serve_api(args.port)
+        print(f"kvpool serve: fake ready at http://127.0.0.1:{args.port}/v1 (KV cache: 256 blocks × 16 tokens, 8.0 MiB)", flush=True)
+        while not stop.wait(0.1):
+            pass
+        server.shutdown()
         return 0
     server = serve_http(args.http_port)
     ctx = zmq.Context()

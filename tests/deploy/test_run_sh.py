@@ -61,21 +61,19 @@ def _launch(tmp_path: Path, extra_env: dict[str, str], *loadgen_args: str, bound
         wrapper = clone / ".venv" / "bin" / "python"
     wrapper.write_text(
         "#!/usr/bin/env bash\n"
-        'if [ "$1" = "-m" ] && { [ "$2" = scheduler ] || [ "$2" = worker ]; }; then\n'
-        f'    role=$2; shift 2; exec "{sys.executable}" "{FAKE}" "$role" "$@"\n'
+        'if [ "$1" = "-m" ] && [ "$2" = frontend.cli ]; then\n'
+        f'    shift 2; exec "{sys.executable}" "{FAKE}" "$@"\n'
         "fi\n"
         f'exec "{sys.executable}" "$@"\n'
     )
     wrapper.chmod(0o755)
-    client, worker, http, worker_http = _free_ports(4)
+    (http,) = _free_ports(1)
     env = dict(
         {k: v for k, v in os.environ.items() if k != "PYTHON"},
         **({} if clone is not None else {"PYTHON": str(wrapper)}),
         PYTHONPATH=str(ROOT),
-        KVPOOL_CLIENT_PORT=str(client),
-        KVPOOL_WORKER_PORT=str(worker),
         KVPOOL_HTTP_PORT=str(http),
-        KVPOOL_WORKER_HTTP_PORT=str(worker_http),
+        KVPOOL_MODEL=str(tmp_path / "fake-model"),
         KVPOOL_LOG_DIR=str(tmp_path / "logs"),
         KVPOOL_READY_TIMEOUT="30",
         KVPOOL_STOP_TIMEOUT="2",
@@ -114,8 +112,9 @@ def test_run_sh_end_to_end(tmp_path):
     rc, out, err, pids, left = _launch(tmp_path, {}, "--num-requests", "5", "--output-len", "2")
     assert rc == 0, err
     assert "Serving Benchmark Result" in out and "Successful requests:" in out
-    assert len(pids) == 2 and not left
-    assert (tmp_path / "logs" / "scheduler.log").read_text().startswith("fake scheduler up")
+    assert len(pids) == 1 and not left
+    assert (tmp_path / "logs" / "serve.log").read_text().startswith("fake serve up")
+    assert "kvpool serve: fake ready at" in err  # the ready line (model, URL, pool) is shown
 
 
 @pytest.mark.e2e
@@ -131,21 +130,52 @@ def test_the_readme_demo_runs_on_a_fresh_clone_without_python_or_out(tmp_path):
     # The report says what ran, and against what.
     assert "Workload: shared-prefix: 5 requests (8 prefixes x 256 tokens + 64-token suffixes, 2 out)" in out
     assert "pool: 8MiB of KV on cpu, block size 16" in err
-    assert len(pids) == 2 and not left
+    assert len(pids) == 1 and not left
 
 
 @pytest.mark.e2e
-def test_run_sh_kills_a_stubborn_worker_and_passes_loadgen_status(tmp_path):
+def test_run_sh_kills_a_stubborn_server_and_passes_loadgen_status(tmp_path):
     # a bad loadgen flag: loadgen exits 2, run.sh must return 2 and still stop both servers
-    rc, out, err, pids, left = _launch(tmp_path, {"FAKE_IGNORE_TERM": "worker"}, "--no-such-flag")
+    rc, out, err, pids, left = _launch(tmp_path, {"FAKE_IGNORE_TERM": "serve"}, "--no-such-flag")
     assert rc == 2
     assert "SIGKILL" in err and "last lines of" in err
-    assert len(pids) == 2 and not left
+    assert len(pids) == 1 and not left
 
 
 @pytest.mark.e2e
 def test_run_sh_fails_fast_when_a_server_dies(tmp_path):
-    rc, out, err, pids, left = _launch(tmp_path, {"KVPOOL_SCHEDULER_ARGS": "--port notanumber"})
+    rc, out, err, pids, left = _launch(tmp_path, {"KVPOOL_SERVE_ARGS": "--port notanumber"})
     assert rc == 1
-    assert "scheduler exited during start-up" in err and "last lines of" in err
+    assert "serve exited during start-up" in err and "last lines of" in err
     assert not left
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_run_sh_for_real_through_kvpool_serve(tmp_path, tiny_checkpoint):
+    """What `make run` does, on a small workload: the real kvpool serve of the tiny
+    checkpoint, the HTTP load generator, the report, everything stopped."""
+    (http,) = _free_ports(1)
+    env = dict(os.environ, PYTHON=sys.executable, KVPOOL_HTTP_PORT=str(http), KVPOOL_MODEL=str(tiny_checkpoint),
+               KVPOOL_LOG_DIR=str(tmp_path / "logs"), KVPOOL_STOP_TIMEOUT="10")  # fmt: skip
+    proc = subprocess.Popen(["bash", str(RUN_SH), "--num-requests", "8", "--prefix-len", "32", "--suffix-len", "8",
+                             "--output-len", "4"], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=10)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Successful requests:" in out and f"via http://127.0.0.1:{http}/v1/completions" in out
+    assert f"{tiny_checkpoint} ready at http://127.0.0.1:{http}/v1 (KV cache: 256 blocks × 16 tokens, 8.0 MiB)" in err
+    for name in ("scheduler", "worker", "frontend"):
+        assert (tmp_path / "logs" / f"{name}.log").exists()
+    # nothing left: the API port is free again and no process still serves it
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is fine; a listener is not
+        s.bind(("127.0.0.1", http))
+        s.listen()
+    assert not any(f"--port {http} " in p.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                   for p in Path("/proc").glob("[0-9]*/cmdline") if p.exists())  # fmt: skip
