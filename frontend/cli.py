@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = s.add_argument_group("kvpool's own")
     g.add_argument("--kv-cache-memory", default=None, metavar="SIZE", help="the worker's KV budget, e.g. 8MiB (default: the worker's)")
     g.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    g.add_argument("--worker-http-port", type=int, default=None, metavar="PORT",
+                   help="the worker's /metrics on 127.0.0.1 (default: a free port; 0 disables)")  # fmt: skip
     g.add_argument("--dev-mode", action="store_true", help="POST /reset_prefix_cache")
     g.add_argument("--kv-cache-metrics", action="store_true", help="KV residency histograms")
     g.add_argument("--kv-events-endpoint", default=None, metavar="ENDPOINT")

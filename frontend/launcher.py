@@ -120,6 +120,8 @@ class Launcher:
         a = self.args
         py = sys.executable
         client_port, worker_port, sched_http, worker_http = free_ports(4)
+        if a.worker_http_port is not None:
+            worker_http = a.worker_http_port
         self.scheduler_http = f"http://127.0.0.1:{sched_http}"
         self.url = f"http://{a.host}:{a.port}"
         logs = Path(a.log_dir) if a.log_dir else None

@@ -87,7 +87,7 @@ def test_prometheus_config_scrapes_both_processes():
     assert "127.0.0.1:8000" in text and "127.0.0.1:8001" in text and "rules.yml" in text
 
 
-@pytest.mark.parametrize("unit", ["kvpool-scheduler.service", "kvpool-worker.service"])
+@pytest.mark.parametrize("unit", ["kvpool-scheduler.service", "kvpool-worker.service", "kvpool-serve.service"])
 def test_systemd_units(unit):
     text = (DEPLOY / "systemd" / unit).read_text()
     for section in ("[Unit]", "[Service]", "[Install]"):
@@ -96,3 +96,20 @@ def test_systemd_units(unit):
     if unit == "kvpool-worker.service":
         assert "Requires=kvpool-scheduler.service" in text
         assert "After=kvpool-scheduler.service" in text
+    if unit == "kvpool-serve.service":
+        assert "kvpool serve " in text and "--port 8000" in text and "--worker-http-port 8001" in text
+        assert "Conflicts=kvpool-scheduler.service kvpool-worker.service" in text
+
+
+def test_the_serve_unit_uses_only_flags_kvpool_serve_has():
+    import shlex
+
+    from frontend.cli import build_parser
+
+    text = (DEPLOY / "systemd" / "kvpool-serve.service").read_text()
+    start = text.split("ExecStart=", 1)[1].split("\n", 1)[0]
+    cmd = text[text.index(start):].split("\n# ", 1)[0].replace("\\\n", " ")
+    argv = shlex.split(cmd)[1:]  # after the kvpool binary
+    args = build_parser().parse_args(argv)  # exits 2 on an unknown flag
+    assert args.command == "serve" and args.port == 8000 and args.worker_http_port == 8001
+
