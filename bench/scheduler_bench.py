@@ -22,8 +22,10 @@ import time
 from bench.table import Row
 from protocol.codec import Codec
 from protocol.worker_messages import SchedulerToWorker, StepResult
+from scheduler.core.block_pool import BlockPool
+from scheduler.core.block_residency import residency_pool_factory
 from scheduler.core.hashing import BlockHasher
-from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.core.kv_cache_manager import KVCacheManager, PoolFactory
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
 
@@ -40,11 +42,11 @@ def _prompt(i: int, n: int) -> list[int]:
     return [2 + (i * 131 + j * 17) % 500 for j in range(n)]
 
 
-def _decode_setup(num_running: int, num_steps: int) -> tuple[Scheduler, Codec]:
+def _decode_setup(num_running: int, num_steps: int, pool_factory: PoolFactory = BlockPool) -> tuple[Scheduler, Codec]:
     """``num_running`` requests admitted and prefilled; every one decodes next."""
     blocks_per_request = -(-(CONTEXT + num_steps + 64) // BS)
     num_blocks = num_running * blocks_per_request + 16  # no preemption
-    kv = KVCacheManager(num_blocks, BS, MAX_MODEL_LEN)
+    kv = KVCacheManager(num_blocks, BS, MAX_MODEL_LEN, pool_factory=pool_factory)
     sched = Scheduler(kv, num_running, num_running * CONTEXT, MAX_MODEL_LEN)
     hasher = BlockHasher(BS)
     for i in range(num_running):
@@ -56,7 +58,7 @@ def _decode_setup(num_running: int, num_steps: int) -> tuple[Scheduler, Codec]:
     return sched, Codec(SchedulerToWorker)
 
 
-def decode_steps(num_running: int, cycles: int = 40, repeat: int = 2) -> dict[str, float]:
+def decode_steps(num_running: int, cycles: int = 40, repeat: int = 2, pool_factory: PoolFactory = BlockPool) -> dict[str, float]:
     """Microseconds per step over one whole 16-step cycle (best of ``cycles`` x
     ``repeat``: on a shared 2-core machine the best cycle is the least disturbed),
     the best median of a cycle's unchanged steps, and plan sizes."""
@@ -65,7 +67,7 @@ def decode_steps(num_running: int, cycles: int = 40, repeat: int = 2) -> dict[st
     unchanged_bytes: set[int] = set()
     total_bytes = 0
     for _ in range(repeat):
-        sched, codec = _decode_setup(num_running, num_steps)
+        sched, codec = _decode_setup(num_running, num_steps, pool_factory)
         encode, schedule, update = codec.encode, sched.schedule, sched.update_from_output
         seq_ids = [r.seq_id for r in sched.running]
         sampled = [SAMPLED] * num_running
@@ -136,6 +138,10 @@ def rows() -> list[Row]:
         out.append(Row(f"plan bytes, {n} running, unchanged batch", d["unchanged_bytes"], "B",
                        f"≤ {PLAN_TARGET_B} B", d["unchanged_bytes"] <= PLAN_TARGET_B))  # fmt: skip
         out.append(Row(f"plan bytes, {n} running, avg incl. new blocks", d["avg_bytes"], "B"))
+    # --kv-cache-metrics, every block watched: the step's cost with the residency hooks.
+    d = decode_steps(256, pool_factory=residency_pool_factory())
+    out.append(Row(f"sched decode step, 256 running x {CONTEXT} ctx, --kv-cache-metrics (avg)", d["avg_us"], "us",
+                   f"≤ {DECODE_TARGET_US:g} us", d["avg_us"] <= DECODE_TARGET_US))  # fmt: skip
     ms, nbytes = admission_ms()
     out.append(Row("sched admit 64 x 1000 tok, 512 cached (step)", ms, "ms", f"≤ {ADMIT_TARGET_MS:g} ms", ms <= ADMIT_TARGET_MS))
     out.append(Row("plan bytes, admit 64 x 1000 tok", nbytes / 1024, "KiB"))
