@@ -15,7 +15,8 @@ vLLM samples 1 % of blocks by default (a lock, a dict and a deque per block).
 Here the state is three flat lists indexed by block id, the clock is read once per
 call, and the observations wait in plain lists until the process loop takes them
 (`take_residency`) once a step: cheap enough to watch every block (bench/pool_bench.py
-measures it). With the metrics off the engine builds a plain `BlockPool`: the hot
+measures the pool's calls, bench/scheduler_bench.py a 256-decode step, each beside the
+plain pool). With the metrics off the engine builds a plain `BlockPool`: the hot
 paths carry no hook at all.
 """
 
