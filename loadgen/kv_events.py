@@ -191,11 +191,11 @@ def _print_batch(seq: int, batch: KVEventBatch) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadgen.kv_events", description=__doc__.split("\n\n")[0])
     p.add_argument("--endpoint", default="tcp://127.0.0.1:5557", help="the publisher's PUB endpoint (default %(default)s)")
-    p.add_argument("--replay-endpoint", default=None, help="its replay ROUTER endpoint, to fill gaps")
+    p.add_argument("--replay-endpoint", default=None, help="its replay ROUTER endpoint, to fill gaps (default: none, gaps stay lost)")
     p.add_argument("--topic", default="", help="topic prefix to subscribe to (default: all)")
-    p.add_argument("--curve-secret-key", metavar="FILE", help="this subscriber's secret certificate (with CURVE)")
-    p.add_argument("--curve-server-key", metavar="FILE", help="the scheduler's public certificate (with CURVE)")
-    p.add_argument("--events", action="store_true", help="print every event, not only the count of cached hashes")
+    p.add_argument("--curve-secret-key", metavar="FILE", help="this subscriber's secret certificate (default: none, no CURVE)")
+    p.add_argument("--curve-server-key", metavar="FILE", help="the scheduler's public certificate (default: none, no CURVE)")
+    p.add_argument("--events", action="store_true", help="print every event, not only the count of cached hashes (default: off)")
     p.add_argument("--duration", type=float, default=None, metavar="SECONDS", help="stop after this long (default: until Ctrl-C)")
     a = p.parse_args(argv)
     if (a.curve_secret_key is None) != (a.curve_server_key is None):

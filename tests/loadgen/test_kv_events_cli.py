@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import zmq
 
 from loadgen.kv_events import main
@@ -41,3 +42,12 @@ def test_a_batch_is_counted_from_its_own_sequence_number(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[1:] == ["seq 0: 2 cached block hashes (lost 0)"]
     assert not any("seq -1" in line for line in out)
+
+
+def test_every_flag_says_its_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for flag in ("--endpoint", "--replay-endpoint", "--topic", "--curve-secret-key", "--curve-server-key", "--events", "--duration"):
+        help_text = out.split(flag, 2)[-1].split(" --", 1)[0]  # after the usage line, up to the next flag
+        assert "default" in help_text, (flag, help_text)
