@@ -20,8 +20,9 @@ from loadgen.metrics_scraper import MetricsSample, delta
 LATENCY_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 # Distinct errors the report lists; the rest are counted in one line (all are in the JSON).
 MAX_LISTED_ERRORS = 5
-# Words of the scheduler's refusals of a request too long for it (scheduler/sched/validation.py).
-TOO_LONG_WORDS = ("over max_model_len", "KV blocks but the whole pool")
+# Words of a refusal of a request too long for the server: the scheduler's
+# (scheduler/sched/validation.py), and the OpenAI server's (vLLM's wording, also kvpool serve's).
+TOO_LONG_WORDS = ("over max_model_len", "KV blocks but the whole pool", "maximum context length")
 LATENCY_TITLES = {
     "ttft_ms": "Time to First Token",
     "tpot_ms": "Time per Output Token (excl. 1st token)",

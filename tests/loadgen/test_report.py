@@ -123,6 +123,13 @@ def test_every_failure_is_accounted_for_beyond_the_listed_five():
     assert hint.startswith("hint: 17 requests were refused as longer than") and "--max-input-len" in hint
 
 
+def test_the_openai_servers_refusal_gets_the_hint_too():
+    # vLLM's wording (kvpool serve's too), through --backend openai.
+    err = ("HTTP 400: This model's maximum context length is 2048 tokens. However, your request has "
+           "6909 input tokens. Please reduce the length of the input messages.")  # fmt: skip
+    assert "hint: 1 requests were refused" in format_report(summarize([_failed(0, err)], 1.0))
+
+
 def test_no_more_line_and_no_hint_when_all_are_listed_and_none_too_long():
     text = format_report(summarize([_failed(i, f"error {i}") for i in range(5)], 1.0))
     assert "more failed requests" not in text and "hint:" not in text
