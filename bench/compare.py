@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from dataclasses import asdict, replace
@@ -147,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     model = Path(a.model).resolve() if a.model else default_model()
     main_cfg = ServerConfig(a.block_size, a.num_blocks, a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
                             a.dtype, not a.no_prefix_caching)  # fmt: skip
-    pools = {"main": main_cfg, "small": replace(main_cfg, num_blocks=a.small_num_blocks)}
+    # NOTE: vLLM refuses to start unless the pool holds one max_model_len request (the
+    # null block excluded), so the small pool's max_model_len is cut to fit it.
+    small_len = min(a.max_model_len, (a.small_num_blocks - 1) * a.block_size)
+    pools = {"main": main_cfg, "small": replace(main_cfg, num_blocks=a.small_num_blocks, max_model_len=small_len)}
     workloads = default_workloads(a)
     load_before = os.getloadavg()
     results: dict = {}
@@ -155,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     prompts = agreement_prompts(a.agreement_prompts, vocab) if a.agreement_prompts else None
     ids: dict[str, list] = {}
+    errors: dict[str, str] = {}
     t0 = time.monotonic()
     try:
         for pool, cfg in pools.items():
@@ -162,7 +167,13 @@ def main(argv: list[str] | None = None) -> int:
             # NOTE: agreement is measured in float32; on the main server when it is float32.
             here = prompts if pool == "main" and cfg.dtype == "float32" else None
             for engine in a.engines if ws or here else []:
-                got = run_pool(engine, model, cfg, ws, a, pool, results, here)
+                try:
+                    got = run_pool(engine, model, cfg, ws, a, pool, results, here)
+                except (RuntimeError, TimeoutError, subprocess.TimeoutExpired) as e:
+                    # NOTE: one engine failing on one pool leaves the rest of the table.
+                    print(f"compare: {engine} on the {pool} pool failed: {e}", file=sys.stderr, flush=True)
+                    errors[f"{engine}/{pool}"] = str(e)
+                    continue
                 if got is not None:
                     ids[engine] = got
         if prompts and not ids:
@@ -179,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"settings": asdict(main_cfg) | {"small_num_blocks": a.small_num_blocks, "model": str(model), "engines": a.engines,
                                            "threads": a.threads},
            "workloads": {w.name: {"what": w.what, "pool": w.pool, "client_args": list(w.args)} for w in workloads},
-           "results": results, "agreement": agree, "table": table,
+           "results": results, "agreement": agree, "table": table, "errors": errors,
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before": load_before,
                        "loadavg_after": os.getloadavg(), "wall_s": round(time.monotonic() - t0, 1)}}  # fmt: skip
     result_json = a.result_json or a.out / "compare.json"
@@ -187,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     plot = a.plot or a.out / "compare.png"
     plot_ratios(table, plot)
     print(f"compare: {result_json}, {plot}; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after")
-    return 0
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
