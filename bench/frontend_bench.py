@@ -5,6 +5,8 @@ interleaved rounds over the same workload.
 * TPOT at 64 concurrent streams (64 random 32-token prompts, 64 tokens out, greedy,
   ignore_eos) through ``/v1/completions`` (the HTTP load generator: SSE, usage)
   against the native client on the scheduler's port. Target: ≤ 1.1×.
+* The frontend process's CPU time per streamed token over those HTTP rounds (context:
+  the part of the overhead that is the server's, not its client's).
 * Tiny non-streamed completions (8-token prompt, 1 token out) the frontend sustains,
   64 in flight: requests per second (context only).
 
@@ -34,6 +36,14 @@ from loadgen.runner import run_benchmark
 
 STREAMS, PROMPT_LEN, OUTPUT_LEN, ROUNDS = 64, 32, 64, 3
 TPOT_RATIO_TARGET = 1.1
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _free_ports(n: int) -> list[int]:
@@ -127,9 +137,12 @@ def rows() -> list[Row]:
         stack.wait_ready()
         _median_tpot_ms(stack, http=False)  # warm-up: first passes over fresh memory are slow
         native, http = [], []
+        frontend_cpu = 0.0
         for _ in range(ROUNDS):
             native.append(_median_tpot_ms(stack, http=False))
+            c0 = _cpu_s(stack.procs[2].pid)
             http.append(_median_tpot_ms(stack, http=True))
+            frontend_cpu += _cpu_s(stack.procs[2].pid) - c0
         rps = asyncio.run(_tiny_rps(stack.base_url))
     n, h = statistics.median(native), statistics.median(http)
     ratio = h / n
@@ -137,6 +150,7 @@ def rows() -> list[Row]:
         Row(f"TPOT, {STREAMS} streams, native client", n, "ms"),
         Row(f"TPOT, {STREAMS} streams, /v1/completions (SSE)", h, "ms"),
         Row("frontend TPOT overhead (HTTP / native)", ratio, "x", f"≤ {TPOT_RATIO_TARGET:g}x", ratio <= TPOT_RATIO_TARGET),
+        Row("frontend CPU per streamed token, 64 streams", frontend_cpu / (ROUNDS * STREAMS * OUTPUT_LEN) * 1e6, "us"),
         Row("tiny non-streamed completions, 64 in flight", rps, "r/s"),
     ]
 

@@ -78,12 +78,13 @@ async def run_choice(
         await stream.aclose()
 
 
-async def merge(streams: list[AsyncIterator[ChoiceDelta]]) -> AsyncIterator[ChoiceDelta]:
-    """Every delta of every stream, as they come; the first error stops them all."""
-    if len(streams) == 1:
-        async for d in streams[0]:
-            yield d
-        return
+def merge(streams: list[AsyncIterator[ChoiceDelta]]) -> AsyncIterator[ChoiceDelta]:
+    """Every delta of every stream, as they come; the first error stops them all.
+    NOTE: one stream (the common case) is returned as it is: no generator per token."""
+    return streams[0] if len(streams) == 1 else _merge(streams)
+
+
+async def _merge(streams: list[AsyncIterator[ChoiceDelta]]) -> AsyncIterator[ChoiceDelta]:
     queue: asyncio.Queue = asyncio.Queue()
     end = object()
 
