@@ -160,7 +160,6 @@ def _on_sigterm(_signum, _frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     config = config_from_args(argv)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         serving = load_serving_model(config.model, config.dtype, config.device, config.max_model_len)
     except (CheckpointError, ModelConfigError) as e:
@@ -201,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     ctx = zmq.Context()
     try:
+        # NOTE: only now, with a scheduler to tell; before, SIGTERM simply ends the process.
+        signal.signal(signal.SIGTERM, _on_sigterm)
         return WorkerProcess(config, serving, kv_caches, metrics).run(ctx)
     except WorkerStopping:
         return 0

@@ -150,7 +150,9 @@ def test_reconnect_handshakes_again_with_no_rows(tiny_reference):
     prompt = [5, 6, 7]
     sched = FakeScheduler()
     try:
-        with worker_process(sched.endpoint, "--http-port", "0", "--scheduler-timeout", "0.5", "--reconnect") as proc:
+        # NOTE: 2 s, not less: each exchange below must fit in one timeout on a loaded
+        # machine, or the worker handshakes again and the rest goes to its old socket.
+        with worker_process(sched.endpoint, "--http-port", "0", "--scheduler-timeout", "2", "--reconnect") as proc:
             handshake(sched)
             sched.send(StepPlan(0, {3: 3}, new_rows=[RequestRow(3, prompt, [8])]))
             assert isinstance(sched.recv(10), StepResult)
