@@ -144,6 +144,20 @@ def test_metrics_page_has_the_scheduler_and_the_frontend_under_vllm_names(served
     assert len(names) == len(set(names)), "a metric family appears twice"
 
 
+def test_the_dashboard_and_alerts_find_their_metrics_on_the_api_port(served):
+    """deploy/'s dashboard and alert rules, pointed at kvpool serve's :8000, find every
+    metric they use there (the worker's own, and the residency histograms that need
+    --kv-cache-metrics, are elsewhere)."""
+    from kvtest.deploy_config import FRONTEND, PROM, dashboard_metric_names, metric_names, rule_exprs
+    from prometheus_client.parser import text_string_to_metric_families
+
+    real = {s.name for f in text_string_to_metric_families(get_metrics(served)) for s in f.samples} | {"up"}
+    used = dashboard_metric_names().union(*(metric_names(e) for e in rule_exprs(PROM / "rules.yml")))
+    used = {n for n in used if not n.startswith(("kvpool_worker_", "vllm:kv_block_"))}
+    assert FRONTEND <= real
+    assert used <= real, f"not on the API's /metrics: {sorted(used - real)}"
+
+
 def test_dev_mode_reset_prefix_cache(served):
     req = urllib.request.Request(served.base_url + "/reset_prefix_cache", data=b"", method="POST")
     assert urllib.request.urlopen(req, timeout=10).status == 200

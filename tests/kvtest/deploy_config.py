@@ -48,8 +48,11 @@ HISTOGRAMS = {
     "vllm:kv_block_idle_before_evict_seconds",
     "vllm:kv_block_reuse_gap_seconds",
 }
+# What `kvpool serve`'s API adds on its /metrics (the frontend), beside the scheduler's.
+# NOTE: tests/frontend/test_api_errors.py checks these against a live kvpool serve.
+FRONTEND = {"vllm:request_success_total", "http_requests_total"}
 EXPORTED = (
-    COUNTERS | GAUGES | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")} | {"up"}
+    COUNTERS | GAUGES | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")} | {"up"} | FRONTEND
 )
 
 _KEYWORDS = {
