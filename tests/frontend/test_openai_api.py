@@ -165,3 +165,14 @@ def test_tokenize_and_detokenize_equal_transformers(served, hf):
     assert body["tokens"] == (expected if isinstance(expected, list) else expected["input_ids"])
     status, body = post(served, "/detokenize", {"tokens": tok(text).input_ids})
     assert status == 200 and body["prompt"] == tok.decode(tok(text).input_ids, skip_special_tokens=True)
+
+
+def test_echo_and_streamed_n(client, model, hf):
+    tok, _ = hf
+    expected = tok.decode(hf_greedy(hf, tok(PROMPT).input_ids, 5), skip_special_tokens=True)
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=5, temperature=0, echo=True)
+    assert r.choices[0].text == PROMPT + expected
+    chunks = list(client.completions.create(model=model, prompt=PROMPT, max_tokens=5, temperature=0, n=2, stream=True))
+    for i in (0, 1):
+        assert "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) == expected
+    assert sorted(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason) == ["length", "length"]
