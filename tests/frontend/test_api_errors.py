@@ -148,7 +148,13 @@ def test_the_dashboard_and_alerts_find_their_metrics_on_the_api_port(served):
     """deploy/'s dashboard and alert rules, pointed at kvpool serve's :8000, find every
     metric they use there (the worker's own, and the residency histograms that need
     --kv-cache-metrics, are elsewhere)."""
-    from kvtest.deploy_config import FRONTEND, PROM, dashboard_metric_names, metric_names, rule_exprs
+    from kvtest.deploy_config import (
+        FRONTEND,
+        PROM,
+        dashboard_metric_names,
+        metric_names,
+        rule_exprs,
+    )
     from prometheus_client.parser import text_string_to_metric_families
 
     real = {s.name for f in text_string_to_metric_families(get_metrics(served)) for s in f.samples} | {"up"}
