@@ -77,6 +77,7 @@ async def _amain(cfg: LoadgenConfig, requests: list[SampleRequest]) -> int:
         offsets = np.maximum(offsets - offsets.min(), 0.0) if len(offsets) else offsets
     else:
         offsets = arrival_offsets(len(requests), cfg.request_rate, cfg.burstiness, cfg.seed)
+    client = None if cfg.backend == "kvpool" else http_client(cfg)
     outcome = await run_benchmark(
         requests,
         offsets,
@@ -91,11 +92,13 @@ async def _amain(cfg: LoadgenConfig, requests: list[SampleRequest]) -> int:
         metrics_interval=cfg.metrics_interval,
         request_id_prefix=f"loadgen-{secrets.token_hex(4)}",
         progress=Progress(len(requests)),
-        client=None if cfg.backend == "kvpool" else http_client(cfg),
+        client=client,
     )
     series = [s for s in (outcome.before, *outcome.series) if s is not None]
     summary = summarize(outcome.results, outcome.duration_s, outcome.before, outcome.after, series)
     summary["workload"] = describe_workload(cfg, len(requests))
+    if client is not None and client.model:
+        summary["workload"] += f", model {client.model}"  # as the server's /v1/models names it
     print(format_report(summary), flush=True)
     if cfg.metrics_url and outcome.after is None:
         print(

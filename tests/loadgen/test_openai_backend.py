@@ -25,7 +25,7 @@ def loadgen(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("backend", ["openai", "openai-chat"])
-def test_http_backends_complete_every_request(served, tmp_path, backend):
+def test_http_backends_complete_every_request(served, tmp_path, backend, tiny_checkpoint):
     result = tmp_path / "r.json"
     p = loadgen("--backend", backend, "--base-url", served.base_url, "--metrics-url", served.base_url + "/metrics",
                 "--num-requests", "12", "--num-prefixes", "2", "--prefix-len", "48", "--suffix-len", "8",
@@ -40,7 +40,7 @@ def test_http_backends_complete_every_request(served, tmp_path, backend):
         assert r["client_cached_token_frac"] > 0.3
         assert r["prefix_cache_hit_rate"] > 0.3
     endpoint = "/v1/chat/completions" if backend == "openai-chat" else "/v1/completions"
-    assert f"via {served.base_url}{endpoint}" in p.stdout
+    assert f"via {served.base_url}{endpoint}, model {tiny_checkpoint}" in p.stdout
 
 
 def test_an_unreachable_server_exits_3(tmp_path):
