@@ -1,0 +1,75 @@
+"""`kvpool serve`'s flags (named as `vllm serve`'s) and what each child process is given,
+checked without starting anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from frontend.cli import build_parser
+from frontend.launcher import Launcher, kv_bytes_per_block
+
+
+def built(argv: list[str], model_dir: Path) -> dict[str, list[str]]:
+    a = build_parser().parse_args(["serve", str(model_dir), *argv])
+    a.model_dir, a.served_model_name = model_dir, a.served_model_name or a.model
+    a.max_model_len = a.max_model_len or 4096
+    launcher = Launcher(a, log=lambda *x, **k: None)
+    launcher.build()
+    return {name: c.argv for name, c in launcher.children.items()}
+
+
+def value(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_vllm_serve_flags_reach_the_right_process(tiny_checkpoint):
+    argv = built(["--host", "127.0.0.1", "--port", "8123", "--served-model-name", "tiny", "--dtype", "float32",
+                  "--block-size", "32", "--num-gpu-blocks-override", "100", "--max-num-seqs", "8",
+                  "--max-num-batched-tokens", "512", "--max-model-len", "1000", "--no-enable-prefix-caching",
+                  "--gpu-memory-utilization", "0.5", "--generation-config", "vllm", "--kv-cache-memory", "8MiB",
+                  "--kv-events-endpoint", "tcp://127.0.0.1:5999"], tiny_checkpoint)  # fmt: skip
+    s, w, f = argv["scheduler"], argv["worker"], argv["frontend"]
+    assert value(s, "--block-size") == value(w, "--block-size") == "32"
+    assert value(s, "--num-gpu-blocks-override") == "100" and value(s, "--max-num-seqs") == "8"
+    assert value(s, "--max-num-batched-tokens") == "512" and "--no-enable-prefix-caching" in s
+    assert value(s, "--max-model-len") == value(w, "--max-model-len") == value(f, "--max-model-len") == "1000"
+    assert value(s, "--served-model-name") == value(f, "--served-model-name") == "tiny"
+    assert value(s, "--kv-events-endpoint") == "tcp://127.0.0.1:5999"
+    assert value(w, "--dtype") == "float32" and value(w, "--kv-cache-memory") == "8MiB"
+    assert value(w, "--gpu-memory-utilization") == "0.5"
+    assert value(f, "--port") == "8123" and value(f, "--generation-config") == "vllm"
+    # internal sockets: loopback, ports chosen free and shared by the right ends
+    assert value(s, "--host") == "127.0.0.1"
+    assert value(w, "--scheduler") == f"tcp://127.0.0.1:{value(s, '--worker-port')}"
+    assert value(f, "--scheduler") == f"tcp://127.0.0.1:{value(s, '--port')}"
+    assert value(f, "--scheduler-http") == f"http://127.0.0.1:{value(s, '--http-port')}"
+
+
+def test_two_launches_get_different_internal_ports(tiny_checkpoint):
+    a, b = built([], tiny_checkpoint), built([], tiny_checkpoint)
+    assert value(a["scheduler"], "--port") != value(b["scheduler"], "--port")
+
+
+def test_the_served_name_defaults_to_model_as_given(tiny_checkpoint):
+    a = build_parser().parse_args(["serve", "./some/dir"])
+    assert a.served_model_name is None and a.model == "./some/dir"  # cli.main fills in the name as given
+
+
+def test_a_model_that_is_not_a_folder_is_refused(tmp_path, capsys):
+    from frontend.cli import main
+
+    assert main(["serve", str(tmp_path / "nope")]) == 2
+    assert "is not a checkpoint folder" in capsys.readouterr().err
+
+
+def test_unknown_flag_is_refused():
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "m", "--no-such-flag"])
+
+
+def test_kv_bytes_per_block_of_the_tiny_checkpoint(tiny_checkpoint):
+    # 2 (K, V) x 4 layers x 16 tokens x 2 KV heads x 32 dims x 4 bytes (float32)
+    assert kv_bytes_per_block(tiny_checkpoint, 16, "auto") == 2 * 4 * 16 * 2 * 32 * 4
+    assert kv_bytes_per_block(tiny_checkpoint, 16, "bfloat16") == 2 * 4 * 16 * 2 * 32 * 2
