@@ -77,3 +77,13 @@ def test_tokens_after_a_stop_are_not_added(tok, hf_tokenizer):
 )
 def test_check_stop_strings_as_vllm(text, new, stop, include, expected):
     assert check_stop_strings(text, new, stop, include) == expected
+
+
+def test_stop_strings_wait_for_min_tokens_as_vllm(tok, hf_tokenizer):
+    ids = hf_tokenizer("a b a b a b", add_special_tokens=False).input_ids
+    early = IncrementalDetokenizer(tok, stop=["b"])
+    assert early.update(ids) == "b" and early.output_text == "a "
+    # Not looked for until more than min_tokens tokens came: the first "b"s pass.
+    late = IncrementalDetokenizer(tok, stop=["b"], min_tokens=len(ids) - 1)
+    assert late.update(ids) == "b"
+    assert late.output_text == hf_tokenizer.decode(ids)[: hf_tokenizer.decode(ids).rindex("b")]
