@@ -43,6 +43,7 @@ from bench.compare_workloads import (
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "tiny"  # the served model name on both servers
+DEFAULT_TRACE = ROOT.parent / "shared/traces/conversation_trace.jsonl"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
                    help="OMP_NUM_THREADS of both servers (default: one core fewer than the machine's, as vLLM's CPU backend binds: %(default)s)")  # fmt: skip
     p.add_argument("--num-prompts", type=int, default=64)
-    p.add_argument("--trace", default=str(ROOT.parent / "shared/traces/conversation_trace.jsonl"), help="a Mooncake trace, '' for none")
+    p.add_argument("--trace", default=None, help=f"a Mooncake trace, '' for none (default {DEFAULT_TRACE} where it exists)")
     p.add_argument("--trace-requests", type=int, default=64)
     p.add_argument("--trace-time-scale", type=float, default=0.25, help="multiplies the trace's arrival times")
     p.add_argument("--agreement-prompts", type=int, default=64, help="0: no agreement row")
@@ -142,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     a.engines = [e for e in a.engines.split(",") if e]
     a.workloads = [w for w in a.workloads.split(",") if w]
+    if a.trace is None:
+        a.trace = str(DEFAULT_TRACE) if DEFAULT_TRACE.is_file() else ""
+        if not a.trace:
+            print(f"compare: no {DEFAULT_TRACE}: the mooncake workload is skipped (--trace FILE)", file=sys.stderr)
     check(a)
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)

@@ -62,14 +62,14 @@ def agreement_row(agree: dict) -> dict:
 def _fmt(x) -> str:
     if x is None:
         return "-"
-    if isinstance(x, float):
+    if isinstance(x, float) and not x.is_integer():
         return f"{x:,.3f}" if abs(x) < 10 else f"{x:,.1f}"
-    return f"{x:,}"
+    return f"{int(x):,}"
 
 
 def format_table(table: list[dict]) -> str:
     head = ("workload", "figure", "vLLM", "kvpool", "kvpool/vLLM", "goal", "met")
-    body = [(r["workload"], r["figure"], _fmt(r["vllm"]), _fmt(r["kvpool"]), _fmt(r["ratio"]), r["goal"],
+    body = [(r["workload"], r["figure"], _fmt(r["vllm"]), _fmt(r["kvpool"]), "-" if r["ratio"] is None else f"{r['ratio']:.3f}", r["goal"],
              {True: "yes", False: "NO", None: ""}[r["met"]]) for r in table]  # fmt: skip
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))  # noqa: E731
