@@ -346,6 +346,7 @@ def test_a_non_loopback_host_is_refused():
         (["--block-size", "0"], ["--block-size", "positive"]),
         (["--max-num-seqs", "-1"], ["--max-num-seqs", "positive"]),
         (["--worker-timeout", "0"], ["--worker-timeout", "positive"]),
+        (["--max-num-waiting", "0"], ["--max-num-waiting", "positive"]),
         (["--num-gpu-blocks-override", "1"], ["--num-gpu-blocks-override", "at least 2"]),
         (["--port", "70000"], ["--port", "port number"]),
         (["--block-size", "sixteen"], ["--block-size", "invalid int"]),
