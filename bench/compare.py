@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=32, help="a multiple of 32: vLLM's CPU attention needs it")
     p.add_argument("--num-blocks", type=int, default=256, help="the pool of the main workloads (null block included)")
     p.add_argument("--small-num-blocks", type=int, default=64, help="the pool of small-pool, which must preempt")
+    p.add_argument("--small-concurrency", type=int, default=32, help="the small-pool workload's concurrency")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-model-len", type=int, default=2048)

@@ -69,7 +69,9 @@ def _fmt(x) -> str:
 
 def format_table(table: list[dict]) -> str:
     head = ("workload", "figure", "vLLM", "kvpool", "kvpool/vLLM", "goal", "met")
-    body = [(r["workload"], r["figure"], _fmt(r["vllm"]), _fmt(r["kvpool"]), "-" if r["ratio"] is None else f"{r['ratio']:.3f}", r["goal"],
+    frac = ("peak_kv_cache_usage_perc", "fraction_identical")
+    f = lambda r, x: "-" if x is None else f"{x:.3f}" if r["key"] in frac else _fmt(x)  # noqa: E731
+    body = [(r["workload"], r["figure"], f(r, r["vllm"]), f(r, r["kvpool"]), "-" if r["ratio"] is None else f"{r['ratio']:.3f}", r["goal"],
              {True: "yes", False: "NO", None: ""}[r["met"]]) for r in table]  # fmt: skip
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))  # noqa: E731

@@ -74,7 +74,8 @@ def default_workloads(a) -> list[Workload]:
     ws = [
         Workload("prefix-c8", "main", prefix_args(a.num_prompts, 8, 64, seed=1), "shared prefix, concurrency 8", True),
         Workload("prefix-c64", "main", prefix_args(max(a.num_prompts, 128), 64, 64, seed=2), "shared prefix, concurrency 64", True),
-        Workload("small-pool", "small", prefix_args(a.num_prompts, 32, 256, seed=3), f"{a.small_num_blocks} blocks, 256 out, concurrency 32"),
+        Workload("small-pool", "small", prefix_args(a.num_prompts, a.small_concurrency, 256, seed=3),
+                 f"{a.small_num_blocks} blocks, 256 out, concurrency {a.small_concurrency}"),
     ]  # fmt: skip
     if a.trace:
         scale = 512 // a.block_size
