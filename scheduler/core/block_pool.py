@@ -62,19 +62,21 @@ class BlockPool:
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Hand out ``num_blocks`` blocks from the front of the free queue, ref_cnt 1."""
+        # Read before the blocks leave the queue: with no free block holding a hash,
+        # none of those taken can need an eviction.
+        may_evict = self.num_free_cached_blocks
         blocks = self.free_block_queue.popleft_n(num_blocks)
-        num_evicted = 0
-        for block in blocks:
-            block.ref_cnt = 1
-            block_hash = block.block_hash
-            if block_hash is not None:
-                # Lazy eviction: a free block with a hash is being reused; its hash goes.
-                block.block_hash = None
-                num_evicted += 1
-                if self.cached_block_hash_to_block.pop(block_hash, block.block_id)[1] and self.event_sink is not None:
-                    # NOTE: only when the last block holding the hash loses it (duplicates exist).
-                    self.event_sink.block_removed(block_hash)
-        if num_evicted:
+        if may_evict:
+            num_evicted = 0
+            for block in blocks:
+                block_hash = block.block_hash
+                if block_hash is not None:
+                    # Lazy eviction: a free block with a hash is being reused; its hash goes.
+                    block.block_hash = None
+                    num_evicted += 1
+                    if self.cached_block_hash_to_block.pop(block_hash, block.block_id)[1] and self.event_sink is not None:
+                        # NOTE: only when the last block holding the hash loses it (duplicates exist).
+                        self.event_sink.block_removed(block_hash)
             self.num_evictions += num_evicted
             self.num_free_cached_blocks -= num_evicted
         return blocks

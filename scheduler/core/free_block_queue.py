@@ -34,7 +34,8 @@ class FreeKVCacheBlockQueue:
         return block
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
-        """Take the n front blocks, front first."""
+        """Take the n front blocks, front first, each with its first owner (ref_cnt 1):
+        the queue holds the blocks nobody holds (see acquire and release)."""
         # NOTE: a negative n would pop nothing yet raise num_free_blocks.
         if not 0 <= n <= self.num_free_blocks:
             raise ValueError(f"Cannot get {n} free blocks: only {self.num_free_blocks} free")
@@ -44,6 +45,7 @@ class FreeKVCacheBlockQueue:
         append = out.append
         for _ in range(n):
             append(block)
+            block.ref_cnt = 1
             nxt = block.next_free_block
             block.prev_free_block = block.next_free_block = None
             block = nxt

@@ -228,7 +228,8 @@ def _owned(*blocks):
 def test_release_sends_unhashed_blocks_to_the_front_and_hashed_to_the_back_in_order():
     blocks, q = make(8)
     taken = q.popleft_n(5)
-    # head -> 5 -> 6 -> 7 -> tail
+    # head -> 5 -> 6 -> 7 -> tail; each block taken has its first owner
+    assert [b.ref_cnt for b in blocks] == [1] * 5 + [0] * 3
     taken[1].block_hash = b"h1"
     taken[3].block_hash = b"h3"
     assert q.release(_owned(taken[4], taken[3], taken[2], taken[1], taken[0])) == 2
