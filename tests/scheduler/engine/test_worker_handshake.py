@@ -44,7 +44,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 class ScriptedWorker:
     """One DEALER; the test says when it says hello, acknowledges, answers."""
 
-    def __init__(self, ctx: zmq.Context, address: str, num_blocks: int = 64):
+    def __init__(self, ctx: zmq.Context, address: str, num_blocks: int = 64, **identity):
+        self.identity = identity  # WorkerHello's model identity fields, if any
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(address)
@@ -67,7 +68,7 @@ class ScriptedWorker:
         raise AssertionError(f"nothing from the scheduler within {timeout_s} s")
 
     def hello(self) -> WorkerReady | Shutdown:
-        self.send(WorkerHello(rank=0, world_size=1, num_blocks=self.num_blocks, block_size=BS, vocab_size=VOCAB, eos_token_id=EOS))
+        self.send(WorkerHello(rank=0, world_size=1, num_blocks=self.num_blocks, block_size=BS, vocab_size=VOCAB, eos_token_id=EOS, **self.identity))
         reply = self.recv()
         assert isinstance(reply, WorkerReady | Shutdown), reply
         return reply
@@ -230,6 +231,38 @@ def test_a_loss_during_the_handshake_builds_no_pool(setup):
     assert metric(sched.metrics(), "kvpool_num_gpu_blocks") == 24
     client.send(Generate("r", prompt_of(5, 10), max_tokens=3, ignore_eos=True))
     assert tokens_of(b.serve_until(client, "r")) == expected_tokens(prompt_of(5, 10), 3)
+
+
+LLAMA_A = {"architecture": "LlamaForCausalLM", "model_hash": "aa" * 16}
+
+
+@pytest.mark.parametrize(
+    ("other", "named"),
+    [({"architecture": "LlamaForCausalLM", "model_hash": "bb" * 16}, "bb" * 16),
+     ({"architecture": "Qwen3ForCausalLM", "model_hash": "aa" * 16}, "Qwen3ForCausalLM")],
+)
+def test_a_returning_worker_serving_another_model_is_refused_and_the_same_model_is_not(setup, other, named):
+    sched, client, worker = setup
+    a = worker(**LLAMA_A)
+    prompt = prompt_of(6, 20)
+    a.join()
+    sched.wait_health(200)
+    client.send(Generate("first", prompt, max_tokens=3, ignore_eos=True))
+    assert tokens_of(a.serve_until(client, "first")) == expected_tokens(prompt, 3)
+    a.close()
+    sched.wait_health(503, bound_s=15)  # lost: silent past --worker-timeout 2
+    # The pool holds ids (and, until the reset, hashes) of model A: model B is refused,
+    # with both identities named.
+    refused = worker(**other).hello()
+    assert isinstance(refused, Shutdown), refused
+    assert "another model" in refused.reason and named in refused.reason and "aa" * 16 in refused.reason
+    assert sched.http("GET", "/health")[0] == 503
+    # A worker of the same model is taken, and serves.
+    c = worker(**LLAMA_A)
+    c.join()
+    sched.wait_health(200)
+    client.send(Generate("again", prompt, max_tokens=3, ignore_eos=True))
+    assert tokens_of(c.serve_until(client, "again")) == expected_tokens(prompt, 3)
 
 
 def test_a_worker_silent_during_its_handshake_is_dropped(setup):
