@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=32, help="a multiple of 32: vLLM's CPU attention needs it")
     p.add_argument("--num-blocks", type=int, default=256, help="the pool of the main workloads (null block included)")
     p.add_argument("--small-num-blocks", type=int, default=64, help="the pool of small-pool, which must preempt")
-    p.add_argument("--small-concurrency", type=int, default=32, help="the small-pool workload's concurrency")
+    p.add_argument("--small-concurrency", type=int, default=64, help="the small-pool workload's concurrency (default %(default)s: the whole load at once, so the schedule depends least on arrival times)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-model-len", type=int, default=2048)
@@ -142,6 +143,8 @@ def agreement(ids: dict[str, list]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    # NOTE: SIGTERM unwinds like Ctrl-C, so every server's context manager stops its group.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     a.engines = [e for e in a.engines.split(",") if e]
     a.workloads = [w for w in a.workloads.split(",") if w]
     if a.trace is None:
