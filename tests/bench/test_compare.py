@@ -122,7 +122,8 @@ def test_a_small_real_compare_writes_every_key(request, tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=1700)  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     doc = json.loads((out / "compare.json").read_text())
-    assert {"settings", "workloads", "results", "agreement", "table", "machine"} <= doc.keys()
+    assert {"settings", "workloads", "results", "agreement", "table", "machine", "errors"} <= doc.keys()
+    assert doc["errors"] == {}
     for engine in ("vllm", "kvpool"):
         assert {key for key, _, _ in FIGURES} <= doc["results"]["prefix-c8"][engine].keys()
     assert {"fraction_identical", "num_requests", "num_identical", "num_failed", "dtype"} <= doc["agreement"].keys()
