@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", default=None, help=f"a Mooncake trace, '' for none (default {DEFAULT_TRACE} where it exists)")
     p.add_argument("--trace-requests", type=int, default=64)
     p.add_argument("--trace-time-scale", type=float, default=0.25, help="multiplies the trace's arrival times")
+    p.add_argument("--usage-period", type=float, default=0.25, metavar="SECONDS",
+                   help="how often the KV usage gauge is sampled (a /metrics page costs each server a few ms)")  # fmt: skip
     p.add_argument("--agreement-prompts", type=int, default=64, help="0: no agreement row")
     p.add_argument("--agreement-tokens", type=int, default=32)
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds a server may take to start (vLLM compiles)")
@@ -117,7 +119,7 @@ def run_pool(engine: str, model: Path, cfg: ServerConfig, workloads, a, tag: str
         print(f"compare: {engine} ready in {time.monotonic() - t0:.0f} s ({cfg.num_blocks} blocks of {cfg.block_size}, {cfg.dtype})", flush=True)
         for w in workloads:
             before = scrape(s.url)
-            sampler = UsageSampler(s.url)
+            sampler = UsageSampler(s.url, a.usage_period)
             sampler.start()
             try:
                 fig = run_bench(ROOT, s.url, model, NAME, w, a.out / engine, a.bench_timeout)
