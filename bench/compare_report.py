@@ -8,6 +8,8 @@ from pathlib import Path
 
 # (key, label, goal on which workloads: ("speed", "fidelity", "preempt" or None))
 FIGURES = [
+    ("completed", "requests completed", None),
+    ("failed", "requests failed", None),
     ("output_throughput", "output tok/s", "speed"),
     ("request_throughput", "requests/s", None),
     ("mean_ttft_ms", "TTFT mean ms", None),
