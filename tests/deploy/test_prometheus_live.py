@@ -8,7 +8,14 @@ import time
 
 import pytest
 from kvtest.cluster import Cluster, free_port
-from kvtest.deploy_config import EXPORTED, FRONTEND, PROM, dashboard_metric_names, metric_names, rule_exprs
+from kvtest.deploy_config import (
+    EXPORTED,
+    FRONTEND,
+    PROM,
+    dashboard_metric_names,
+    metric_names,
+    rule_exprs,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from protocol.client_messages import Abort, Generate
