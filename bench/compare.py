@@ -117,6 +117,10 @@ def run_pool(engine: str, model: Path, cfg: ServerConfig, workloads, a, tag: str
         t0 = time.monotonic()
         s.wait_ready(a.ready_timeout)
         print(f"compare: {engine} ready in {time.monotonic() - t0:.0f} s ({cfg.num_blocks} blocks of {cfg.block_size}, {cfg.dtype})", flush=True)
+        # NOTE: the same warm-up on both servers before any figure is taken: vLLM's first
+        # requests after start-up pay for its compiled graph's first runs.
+        vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+        greedy_token_ids(s.url, NAME, agreement_prompts(16, vocab, seed=99), 16, a.bench_timeout)
         for w in workloads:
             before = scrape(s.url)
             sampler = UsageSampler(s.url, a.usage_period)
