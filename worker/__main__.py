@@ -33,6 +33,7 @@ from worker.metrics import WorkerMetrics
 from worker.models.config import DTYPES, ModelConfigError
 from worker.process import WorkerProcess, WorkerStopping
 from worker.serving_model import load_serving_model
+from worker.threads import set_cpu_threads
 
 log = logging.getLogger("worker")
 
@@ -160,6 +161,8 @@ def _on_sigterm(_signum, _frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     config = config_from_args(argv)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if config.device == "cpu":
+        log.info("torch uses %d CPU thread(s)", set_cpu_threads())
     try:
         serving = load_serving_model(config.model, config.dtype, config.device, config.max_model_len)
     except (CheckpointError, ModelConfigError) as e:
