@@ -6,7 +6,6 @@ Every wait is bounded by a poll timeout and the process is always killed in a fi
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import sys
 import time
@@ -14,10 +13,9 @@ import urllib.request
 
 import pytest
 import torch
-import zmq
+from kvtest.fake_scheduler import STARTUP_S, FakeScheduler, free_port
 from kvtest.hf_models import reference_generate
 
-from protocol.codec import Codec
 from protocol.worker_messages import (
     Heartbeat,
     RequestRow,
@@ -27,50 +25,9 @@ from protocol.worker_messages import (
     WorkerError,
     WorkerHello,
     WorkerReady,
-    WorkerToScheduler,
 )
 
 pytestmark = pytest.mark.e2e
-
-STARTUP_S = 60.0  # importing torch on a loaded 2-core machine can be slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class FakeScheduler:
-    def __init__(self):
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind("tcp://127.0.0.1:0")
-        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.codec: Codec = Codec(WorkerToScheduler)
-        self.identity: bytes | None = None
-
-    def recv(self, timeout_s: float, skip_heartbeats: bool = True):
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            if not self.sock.poll(int(left * 1000) + 1):
-                break
-            ident, frame = self.sock.recv_multipart()
-            self.identity = ident
-            msg = self.codec.decode(frame)
-            if skip_heartbeats and isinstance(msg, Heartbeat):
-                continue
-            return msg
-        raise AssertionError(f"nothing from the worker within {timeout_s} s")
-
-    def send(self, msg) -> None:
-        self.sock.send_multipart([self.identity, self.codec.encode(msg)])
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-        self.ctx.term()
-
 
 @contextlib.contextmanager
 def worker_process(endpoint: str, *extra: str):

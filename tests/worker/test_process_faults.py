@@ -8,66 +8,24 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
-import zmq
+from kvtest.fake_scheduler import STARTUP_S, FakeScheduler, free_port
 
-from protocol.codec import Codec
 from protocol.worker_messages import (
     Heartbeat,
     Shutdown,
     WorkerExit,
     WorkerHello,
     WorkerReady,
-    WorkerToScheduler,
 )
 from worker.process import EXIT_REFUSED, EXIT_SCHEDULER_LOST
 
 pytestmark = pytest.mark.e2e
-
-STARTUP_S = 60.0  # importing torch on a loaded 2-core machine can be slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Router:
-    def __init__(self):
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind("tcp://127.0.0.1:0")
-        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.codec: Codec = Codec(WorkerToScheduler)
-        self.ident: bytes | None = None
-
-    def recv(self, timeout_s: float, skip_heartbeats: bool = False):
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            if not self.sock.poll(int(left * 1000) + 1):
-                break
-            self.ident, frame = self.sock.recv_multipart()
-            msg = self.codec.decode(frame)
-            if not (skip_heartbeats and isinstance(msg, Heartbeat)):
-                return msg
-        raise AssertionError(f"nothing from the worker within {timeout_s} s")
-
-    def send(self, msg) -> None:
-        self.sock.send_multipart([self.ident, self.codec.encode(msg)])
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-        self.ctx.term()
-
 
 @contextlib.contextmanager
 def worker(endpoint: str, *extra: str):
@@ -87,10 +45,10 @@ def _stderr(proc: subprocess.Popen) -> str:
 
 
 def test_a_refused_worker_exits_4_with_the_reason():
-    r = Router()
+    r = FakeScheduler()
     try:
         with worker(r.endpoint, "--http-port", "0") as proc:
-            assert isinstance(r.recv(STARTUP_S), WorkerHello)
+            assert isinstance(r.recv(STARTUP_S, skip_heartbeats=False), WorkerHello)
             r.send(Shutdown("the worker serves another model"))
             assert proc.wait(timeout=15) == EXIT_REFUSED
             err = _stderr(proc)
@@ -108,14 +66,14 @@ def test_a_worker_that_never_reaches_its_scheduler_gives_up_after_its_timeout():
 
 
 def test_sigterm_tells_the_scheduler_and_exits_0():
-    r = Router()
+    r = FakeScheduler()
     try:
         with worker(r.endpoint, "--http-port", "0") as proc:
-            assert isinstance(r.recv(STARTUP_S), WorkerHello)
+            assert isinstance(r.recv(STARTUP_S, skip_heartbeats=False), WorkerHello)
             r.send(WorkerReady(64, 4, 4, 64))
-            assert isinstance(r.recv(10), Heartbeat)  # the acknowledgement
+            assert isinstance(r.recv(10, skip_heartbeats=False), Heartbeat)  # the acknowledgement
             proc.send_signal(signal.SIGTERM)
-            assert isinstance(r.recv(10, skip_heartbeats=True), WorkerExit)
+            assert isinstance(r.recv(10), WorkerExit)
             assert proc.wait(timeout=15) == 0
     finally:
         r.close()
@@ -130,14 +88,14 @@ def _get(port: int, path: str) -> tuple[int, str]:
 
 
 def test_http_serves_health_and_metrics_and_404_elsewhere():
-    r, port = Router(), free_port()
+    r, port = FakeScheduler(), free_port()
     try:
         with worker(r.endpoint, "--http-port", str(port)):
-            assert isinstance(r.recv(STARTUP_S), WorkerHello)
+            assert isinstance(r.recv(STARTUP_S, skip_heartbeats=False), WorkerHello)
             status, body = _get(port, "/health")
             assert status == 503 and "not ready" in body
             r.send(WorkerReady(64, 4, 4, 64))
-            assert isinstance(r.recv(10), Heartbeat)
+            assert isinstance(r.recv(10, skip_heartbeats=False), Heartbeat)
             assert _get(port, "/health") == (200, "ok\n")
             status, body = _get(port, "/metrics")
             assert status == 200 and "kvpool_worker_num_blocks" in body
@@ -149,7 +107,7 @@ def test_http_serves_health_and_metrics_and_404_elsewhere():
 
 
 def test_a_kv_budget_over_the_device_memory_is_refused_before_hello():
-    r = Router()
+    r = FakeScheduler()
     try:
         with worker(r.endpoint, "--http-port", "0", "--kv-cache-memory", "1000TiB") as proc:
             assert proc.wait(timeout=STARTUP_S + 30) == 2
