@@ -76,6 +76,9 @@ class WorkerHello(msgspec.Struct, **_OPTS, tag=2):
     eos_token_ids: list[int] = []
     # The longest context the model serves (max_position_embeddings, or less).
     max_model_len: int = 0
+    # Host-memory KV slots this worker preallocated for the offload tier
+    # (--kv-offloading-size); 0: no host tier.
+    num_host_blocks: int = 0
 
 
 class WorkerReady(msgspec.Struct, **_OPTS, tag=3):
@@ -92,12 +95,28 @@ class WorkerReady(msgspec.Struct, **_OPTS, tag=3):
     max_num_seqs: int
     max_model_len: int
     next_step_id: int = 0
+    # The host tier the scheduler manages (at most the hello's num_host_blocks); 0: none.
+    num_host_blocks: int = 0
+
+
+class TierCopies(msgspec.Struct, array_like=True, gc=False, frozen=True):
+    """A step's copies between the device pool and the host tier, as parallel lists:
+    device block store_device_ids[i] into host slot store_host_ids[i] (all stores
+    first), then host slot load_host_ids[i] into device block load_device_ids[i]."""
+
+    store_device_ids: list[int] = []
+    store_host_ids: list[int] = []
+    load_host_ids: list[int] = []
+    load_device_ids: list[int] = []
 
 
 class StepPlan(msgspec.Struct, **_OPTS, tag=4):
     """One step. Applied in this order (rule 3): drop finished and preempted rows,
-    add new rows, replace resumed rows, append block ids; then for the scheduled
-    tokens write K/V into their slots, run attention and sample.
+    add new rows, replace resumed rows, append block ids; then the offload tier's
+    copies -- every store (device block -> host slot) first, then every load (host
+    slot -> device block), so a device block stored and reused in the same step is
+    saved before it is overwritten; then for the scheduled tokens write K/V into
+    their slots, run attention and sample.
 
     Scheduled tokens: every live row decodes exactly one token this step unless
     ``num_scheduled_tokens`` names it (a prefill chunk, or 0 for a row left out of
@@ -111,6 +130,8 @@ class StepPlan(msgspec.Struct, **_OPTS, tag=4):
     appended: list[AppendedBlocks] = []
     finished_seq_ids: list[int] = []
     preempted_seq_ids: list[int] = []
+    # The offload tier's copies of this step; None (one byte) when there are none.
+    tier_copies: TierCopies | None = None
 
 
 class SampledLogprobs(msgspec.Struct, **_OPTS, tag=9):

@@ -32,6 +32,7 @@ from protocol.worker_messages import (
     Shutdown,
     StepPlan,
     StepResult,
+    TierCopies,
     WorkerError,
     WorkerHello,
     WorkerReady,
@@ -79,7 +80,7 @@ CLIENT_RESPONSES = [
     RequestError("malformed frame"),
 ]
 TO_WORKER_MSGS = [
-    WorkerReady(num_blocks=64, block_size=16, max_num_seqs=8, max_model_len=512, next_step_id=42),
+    WorkerReady(num_blocks=64, block_size=16, max_num_seqs=8, max_model_len=512, next_step_id=42, num_host_blocks=128),
     StepPlan(
         step_id=3,
         num_scheduled_tokens={7: 0, 8: 12},
@@ -88,6 +89,7 @@ TO_WORKER_MSGS = [
         appended=[AppendedBlocks(9, [12, 13])],
         finished_seq_ids=[1, 2],
         preempted_seq_ids=[4],
+        tier_copies=TierCopies(store_device_ids=[5, 6], store_host_ids=[0, 1], load_host_ids=[2], load_device_ids=[5]),
     ),
     StepPlan(step_id=0),
     Heartbeat(sent_at=1700000000.25),
@@ -139,7 +141,7 @@ def test_client_messages_are_maps_tagged_by_type():
 def test_worker_messages_are_arrays_tag_first():
     # NOTE: msgspec ignores omit_defaults on array_like structs (jcrist/msgspec#720):
     # every field is encoded. A sender may still leave trailing defaults out.
-    assert msgspec.msgpack.decode(TO_WORKER.encode(StepPlan(step_id=9))) == [4, 9, {}, [], [], [], [], []]
+    assert msgspec.msgpack.decode(TO_WORKER.encode(StepPlan(step_id=9))) == [4, 9, {}, [], [], [], [], [], None]
     # A greedy row's sampling is None: one byte.
     assert msgspec.msgpack.decode(TO_WORKER.encode(ROW)) == [0, 7, [3, 4, 5, 2**31 - 1], [9, 10], 16, None]
     sampled = RequestRow(1, [2], [3], 0, RowSampling(1, SamplingParams(temperature=0.5, seed=3)))
