@@ -32,6 +32,7 @@ from worker.kv_cache import (
 from worker.metrics import WorkerMetrics
 from worker.models.config import DTYPES, ModelConfigError
 from worker.process import WorkerProcess, WorkerStopping
+from worker.sampling_state import check_global_seed
 from worker.serving_model import load_serving_model
 from worker.threads import set_cpu_threads
 
@@ -55,6 +56,13 @@ def _fraction(text: str) -> float:
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"invalid fraction {text!r}: expected a number in (0, 1]")
     return value
+
+
+def _seed(text: str) -> int:
+    try:
+        return check_global_seed(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid seed {text!r}: expected an integer in 0..2**64-1") from None
 
 
 # A value that starts like a negative number ("-4MiB", "-.5G"): argparse would take
@@ -107,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
                    help="on CUDA: tokens of the dummy forward that profiles the activation peak (default %(default)s)")
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block (default %(default)s)")
+    p.add_argument("--seed", type=_seed, default=d.seed,
+                   help="global sampling seed: requests without a seed of their own draw from it, so they repeat "
+                        "across runs given the same requests in the same order (default %(default)s, as vLLM)")
     p.add_argument("--http-port", type=int, default=d.http_port, help="/metrics and /health on 127.0.0.1 (default %(default)s; 0 disables)")
     p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
                    help="log verbosity (default %(default)s)")
@@ -149,7 +160,7 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
     return WorkerConfig(
         scheduler=a.scheduler, model=a.model, device=device, dtype=a.dtype, max_model_len=a.max_model_len,
         kv_cache_memory=a.kv_cache_memory, gpu_memory_utilization=a.gpu_memory_utilization,
-        max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size, http_port=a.http_port,
+        max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size, seed=a.seed, http_port=a.http_port,
         log_level=a.log_level, scheduler_timeout_s=a.scheduler_timeout, reconnect=a.reconnect,
         curve_client_key=a.curve_client_key, curve_server_key=a.curve_server_key,
     )

@@ -25,6 +25,9 @@ class WorkerConfig:
     # Tokens of the dummy forward that profiles the activation peak on CUDA.
     max_num_batched_tokens: int = 2048
     block_size: int = 16
+    # The global sampling seed (vLLM's --seed, default 0 as in vLLM v1): the noise of
+    # every request without a seed of its own.
+    seed: int = 0
     http_port: int = 8001  # 0 disables /metrics
     log_level: str = "INFO"
     # NOTE: the same as the scheduler's --worker-timeout (docs/operations.md, "Liveness").

@@ -184,7 +184,7 @@ class WorkerProcess:
         if ready.max_model_len > self.serving.max_model_len:
             return f"WorkerReady max_model_len {ready.max_model_len} is over this worker's {self.serving.max_model_len}"
         caches = [kv[:, : ready.num_blocks] for kv in self.kv_caches]
-        runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id)
+        runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id, seed=c.seed)
         self._set_ready(runner)
         if self.metrics is not None:
             self.metrics.num_blocks.set(ready.num_blocks)

@@ -48,6 +48,7 @@ class ModelRunner:
         max_model_len: int,
         next_step_id: int = 0,
         workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
+        seed: int = 0,
     ):
         self.model = model
         _, num_blocks, block_size, kvh, hd = kv_caches[0].shape
@@ -64,7 +65,7 @@ class ModelRunner:
         )
         self.block_table = BlockTable(max_num_seqs, max_blocks_per_seq, block_size, self.device)
         self.attention = PagedAttention(kv_caches, model.config.num_heads, max_blocks_per_seq, workspace_bytes)
-        self.sampling = SamplingState(max_num_seqs, model.config.vocab_size, self.device)
+        self.sampling = SamplingState(max_num_seqs, model.config.vocab_size, self.device, seed)
         self.rows: dict[int, RowState] = {}
         self.next_step_id = next_step_id
         # Counters for the process loop to export; never reset.

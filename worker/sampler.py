@@ -3,7 +3,10 @@ then temperature, min-p, top-k and top-p, then one draw per row.
 
 Every step runs as tensor ops over the whole batch (N, V); the only Python loops are
 over rows that carry a seed (each draws its noise from its own generator, as vLLM) and
-over rows whose min_tokens still masks stop ids. The draw is the exponential race
+over rows whose min_tokens still masks stop ids. Every other row's noise comes from
+one generator for the whole batch, seeded once with the engine's global seed
+(``--seed``, vLLM's default 0), so unseeded sampling repeats across runs that see the
+same requests in the same order. The draw is the exponential race
 ``argmax(probs / q)``, q ~ Exp(1), which picks token i with probability probs[i]
 without a cumulative sum.
 
@@ -36,6 +39,8 @@ class BatchParams:
     use_min_p: bool
     # (row index, seed mixed with the output index) of each seeded, non-greedy row
     seeded: list[tuple[int, int]]
+    # the unseeded rows' noise (the global seed's); None: torch's default generator
+    generator: torch.Generator | None = None
 
 
 @dataclass(slots=True)
@@ -82,8 +87,8 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, _MASK)
 
 
-def _exponential_noise(probs: torch.Tensor, seeded: list[tuple[int, int]]) -> torch.Tensor:
-    q = torch.empty_like(probs).exponential_()  # (N, V)
+def _exponential_noise(probs: torch.Tensor, seeded: list[tuple[int, int]], generator: torch.Generator | None) -> torch.Tensor:
+    q = torch.empty_like(probs).exponential_(generator=generator)  # (N, V)
     if seeded:
         gen = torch.Generator(device=probs.device)
         for i, seed in seeded:
@@ -103,7 +108,7 @@ def sample(logits: torch.Tensor, bp: BatchParams) -> torch.Tensor:
     if bp.use_top_k or bp.use_top_p:
         logits = apply_top_k_top_p(logits, bp.top_k if bp.use_top_k else None, bp.top_p if bp.use_top_p else None)
     probs = logits.softmax(dim=-1, dtype=torch.float32)  # (N, V)
-    drawn = probs.div(_exponential_noise(probs, bp.seeded)).argmax(dim=-1)  # (N,)
+    drawn = probs.div(_exponential_noise(probs, bp.seeded, bp.generator)).argmax(dim=-1)  # (N,)
     return torch.where(bp.greedy, greedy_tokens, drawn)
 
 

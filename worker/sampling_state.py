@@ -7,6 +7,11 @@ penalties and the prompt masks for the repetition penalty live on the device,
 (max_num_seqs, V), allocated the first time a row needs them and updated in place each
 step (the worker knows every request's tokens: contract rule 5). A step in which no
 sampled row has parameters (greedy, no logprobs: most benchmark traffic) is one argmax.
+
+``seed`` is the engine's global seed (vLLM's ``--seed``): the generator of every row
+without a seed of its own, seeded once here. Only sampling draws from it (not the
+model, not greedy steps), so a fresh worker given the same seed and the same steps
+draws the same tokens.
 """
 
 from __future__ import annotations
@@ -41,9 +46,17 @@ class RowLogprobs:
     top_logprobs: list[float]
 
 
+def check_global_seed(seed: int) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _U64:
+        raise ValueError(f"the global seed must be an integer in 0..2**64-1, got {seed!r}")
+    return seed
+
+
 class SamplingState:
-    def __init__(self, max_num_seqs: int, vocab_size: int, device: torch.device):
+    def __init__(self, max_num_seqs: int, vocab_size: int, device: torch.device, seed: int = 0):
         self.vocab_size, self.device, self.max_num_seqs = vocab_size, device, max_num_seqs
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(check_global_seed(seed))
         n = max_num_seqs
         self.params: list[SamplingParams | None] = [None] * n
         self.special = np.zeros(n, dtype=bool)  # has SamplingParams at all
@@ -128,6 +141,7 @@ class SamplingState:
             use_top_p=bool((sampling & (self.top_p[idx] < 1)).any()),
             use_min_p=bool((sampling & (self.min_p[idx] > 0)).any()),
             seeded=[(int(i), mix_seed(self.params[rows[i]].seed, int(outs[i]))) for i in seeded],
+            generator=self.generator,
         )
         tokens = sample(logits, bp)  # (N,)
         if len(pen):

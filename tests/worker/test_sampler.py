@@ -61,6 +61,38 @@ def test_seeded_rows_draw_the_same_tokens_whatever_the_batch():
     assert run_batch(other, {0: 7}, 30)[0] != a
 
 
+def _unseeded_run(global_seed: int, steps: int = 30) -> dict[int, list[int]]:
+    state = SamplingState(8, V, torch.device("cpu"), seed=global_seed)
+    state.add(0, SamplingParams(temperature=1.0), [5], 1)  # no seed of its own
+    state.add(3, SamplingParams(temperature=0.8, top_p=0.9), [5], 1)
+    state.add(4, SamplingParams(temperature=1.0, seed=1234), [5], 1)
+    state.add(6, SamplingParams(temperature=0.0), [5], 1)  # greedy
+    return run_batch(state, {0: 7, 3: 8, 4: 7, 6: 9}, steps)
+
+
+def test_the_global_seed_repeats_unseeded_rows_and_leaves_seeded_and_greedy_rows_alone():
+    torch.manual_seed(999)  # the default generator's state must not matter
+    a = _unseeded_run(7)
+    torch.manual_seed(12345)
+    torch.rand(100)
+    b = _unseeded_run(7)
+    c = _unseeded_run(8)
+    assert a == b
+    assert len(set(a[0])) > 5  # it really sampled
+    assert a[0] != c[0] and a[3] != c[3]
+    # a row with its own seed draws what it draws alone, whatever the global seed
+    alone = SamplingState(8, V, torch.device("cpu"), seed=1)
+    alone.add(0, SamplingParams(temperature=1.0, seed=1234), [5], 1)
+    assert a[4] == c[4] == run_batch(alone, {0: 7}, 30)[0]
+    assert a[6] == c[6] == [int(logits_for(s, 9).argmax()) for s in range(30)]
+
+
+@pytest.mark.parametrize("bad", [-1, 2**64, 1.5, True, "7"])
+def test_a_bad_global_seed_is_refused(bad):
+    with pytest.raises(ValueError, match="global seed must be an integer in 0..2\\*\\*64-1"):
+        SamplingState(2, V, torch.device("cpu"), seed=bad)
+
+
 def test_top_k_1_and_temperature_to_0_equal_greedy():
     for params in (SamplingParams(temperature=1.0, top_k=1), SamplingParams(temperature=1e-6),
                    SamplingParams(temperature=1e-3), SamplingParams(temperature=2.0, top_k=1, seed=3)):
