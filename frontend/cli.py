@@ -9,6 +9,16 @@ import sys
 from pathlib import Path
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"invalid seed {text!r}: expected an integer in 0..2**64-1")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvpool", description="kvpool: vLLM v1's KV-cache manager as a service.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -26,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-model-len", type=int, default=None, help="default: the model's max_position_embeddings, at most 4096")
     s.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     s.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    s.add_argument("--seed", type=_seed, default=0,
+                   help="global sampling seed of requests without their own (default %(default)s, as vLLM v1)")
     s.add_argument("--generation-config", default="auto", help='"auto" (the model\'s generation_config.json), "vllm" or a folder')
     s.add_argument("--return-tokens-as-token-ids", action="store_true")
     g = s.add_argument_group("kvpool's own")

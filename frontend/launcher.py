@@ -146,7 +146,8 @@ class Launcher:
         sched += a.scheduler_args
         worker = [py, "-m", "worker", "--scheduler", f"tcp://127.0.0.1:{worker_port}", "--model", str(a.model_dir),
                   "--block-size", str(a.block_size), "--max-model-len", str(a.max_model_len), "--dtype", a.dtype,
-                  "--http-port", str(worker_http), "--gpu-memory-utilization", str(a.gpu_memory_utilization)]  # fmt: skip
+                  "--http-port", str(worker_http), "--gpu-memory-utilization", str(a.gpu_memory_utilization),
+                  "--seed", str(a.seed)]  # fmt: skip
         if a.device:
             worker += ["--device", a.device]
         if a.kv_cache_memory:

@@ -29,7 +29,7 @@ def test_vllm_serve_flags_reach_the_right_process(tiny_checkpoint):
                   "--block-size", "32", "--num-gpu-blocks-override", "100", "--max-num-seqs", "8",
                   "--max-num-batched-tokens", "512", "--max-model-len", "1000", "--no-enable-prefix-caching",
                   "--gpu-memory-utilization", "0.5", "--generation-config", "vllm", "--kv-cache-memory", "8MiB",
-                  "--kv-events-endpoint", "tcp://127.0.0.1:5999"], tiny_checkpoint)  # fmt: skip
+                  "--kv-events-endpoint", "tcp://127.0.0.1:5999", "--seed", "1234"], tiny_checkpoint)  # fmt: skip
     s, w, f = argv["scheduler"], argv["worker"], argv["frontend"]
     assert value(s, "--block-size") == value(w, "--block-size") == "32"
     assert value(s, "--num-gpu-blocks-override") == "100" and value(s, "--max-num-seqs") == "8"
@@ -39,12 +39,17 @@ def test_vllm_serve_flags_reach_the_right_process(tiny_checkpoint):
     assert value(s, "--kv-events-endpoint") == "tcp://127.0.0.1:5999"
     assert value(w, "--dtype") == "float32" and value(w, "--kv-cache-memory") == "8MiB"
     assert value(w, "--gpu-memory-utilization") == "0.5"
+    assert value(w, "--seed") == "1234" and "--seed" not in s and "--seed" not in f
     assert value(f, "--port") == "8123" and value(f, "--generation-config") == "vllm"
     # internal sockets: loopback, ports chosen free and shared by the right ends
     assert value(s, "--host") == "127.0.0.1"
     assert value(w, "--scheduler") == f"tcp://127.0.0.1:{value(s, '--worker-port')}"
     assert value(f, "--scheduler") == f"tcp://127.0.0.1:{value(s, '--port')}"
     assert value(f, "--scheduler-http") == f"http://127.0.0.1:{value(s, '--http-port')}"
+
+
+def test_the_global_seed_defaults_to_0_as_vllm_v1(tiny_checkpoint):
+    assert value(built([], tiny_checkpoint)["worker"], "--seed") == "0"
 
 
 def test_two_launches_get_different_internal_ports(tiny_checkpoint):
