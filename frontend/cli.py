@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kv-cache-metrics", action="store_true", help="KV residency histograms")
     g.add_argument("--kv-events-endpoint", default=None, metavar="ENDPOINT")
     g.add_argument("--kv-events-replay-endpoint", default=None, metavar="ENDPOINT")
+    g.add_argument("--kv-events-topic", default="", metavar="TOPIC", help="topic frame of every KV event batch (default: empty)")
+    g.add_argument("--data-parallel-rank", type=int, default=0, metavar="RANK",
+                   help="this replica's rank in its KV events, for an indexer over several replicas (default %(default)s)")  # fmt: skip
     g.add_argument("--scheduler-args", type=shlex.split, default=[], metavar="'ARGS'", help="more flags for the scheduler")
     g.add_argument("--worker-args", type=shlex.split, default=[], metavar="'ARGS'", help="more flags for the worker (CURVE keys...)")
     g.add_argument("--worker-restarts", type=int, default=5, help="restarts of a crashed worker before giving up (default %(default)s)")
@@ -83,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         for flag in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(a, flag) < 1:
                 p.error(f"--{flag.replace('_', '-')} must be positive")
+        if a.data_parallel_rank < 0:
+            p.error(f"--data-parallel-rank must be non-negative, got {a.data_parallel_rank}")
         return main_serve(a)
     return 2
 

@@ -143,6 +143,10 @@ class Launcher:
             sched += ["--kv-events-endpoint", a.kv_events_endpoint]
         if a.kv_events_replay_endpoint:
             sched += ["--kv-events-replay-endpoint", a.kv_events_replay_endpoint]
+        if a.kv_events_topic:
+            sched += ["--kv-events-topic", a.kv_events_topic]
+        if a.data_parallel_rank:
+            sched += ["--data-parallel-rank", str(a.data_parallel_rank)]
         sched += a.scheduler_args
         worker = [py, "-m", "worker", "--scheduler", f"tcp://127.0.0.1:{worker_port}", "--model", str(a.model_dir),
                   "--block-size", str(a.block_size), "--max-model-len", str(a.max_model_len), "--dtype", a.dtype,

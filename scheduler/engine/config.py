@@ -54,6 +54,8 @@ class SchedulerConfig:
     kv_events_buffer_steps: int = 10_000
     # Hashes as 64-bit ints (vLLM 0.33's default) or the full bytes.
     kv_events_int_block_hashes: bool = True
+    # This engine's rank among replicas, in every KV event batch (vLLM's data_parallel_rank).
+    data_parallel_rank: int = 0
     # vLLM's KV residency histograms; kvpool watches every block by default (vLLM: 0.01).
     kv_cache_metrics: bool = False
     kv_cache_metrics_sample: float = 1.0
@@ -121,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kv-events-int-block-hashes", action=argparse.BooleanOptionalAction, default=None,
                    help="block hashes as 64-bit ints, as vLLM 0.33 sends them (the default), or with --no-... the full "
                         f"hash bytes; default from {INT_BLOCK_HASHES_ENV} (1 = ints, 0 = bytes) as in vLLM")  # fmt: skip
+    g.add_argument("--data-parallel-rank", type=int, default=d.data_parallel_rank, metavar="RANK",
+                   help="this replica's rank, sent in every batch so an indexer tells replicas apart (default %(default)s)")  # fmt: skip
     return p
 
 
@@ -154,6 +158,8 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
         p.error("--kv-events-replay-endpoint needs --kv-events-endpoint")
     if a.kv_events_buffer_steps < 1:
         p.error("--kv-events-buffer-steps must be positive")
+    if a.data_parallel_rank < 0:
+        p.error(f"--data-parallel-rank must be non-negative, got {a.data_parallel_rank}")
     if not 0.0 < a.kv_cache_metrics_sample <= 1.0:
         p.error(f"--kv-cache-metrics-sample must be in (0, 1], got {a.kv_cache_metrics_sample}")
     if a.kv_events_int_block_hashes is None:

@@ -62,7 +62,7 @@ class EngineCore(WorkerSide):
         self.kv_event_sink, self.kv_event_publisher = make_kv_event_sink(
             self.ctx, config.kv_events_endpoint, config.kv_events_replay_endpoint,
             config.kv_events_topic, config.kv_events_buffer_steps, curve_secret_key=key,
-            int_block_hashes=config.kv_events_int_block_hashes,
+            int_block_hashes=config.kv_events_int_block_hashes, data_parallel_rank=config.data_parallel_rank,
         )  # fmt: skip
         self.client_codec: Codec = Codec(ClientRequest, config.max_frame_bytes)
         self.metrics = SchedulerMetrics(config.model_name, kv_cache_metrics=config.kv_cache_metrics)

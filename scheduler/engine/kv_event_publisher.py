@@ -110,6 +110,8 @@ class KVEventPublisher:
             check_local_endpoint(replay_endpoint, "--kv-events-replay-endpoint", allow_remote=curve)
         if buffer_steps < 1:
             raise ValueError(f"buffer_steps must be positive, got {buffer_steps}")
+        if data_parallel_rank < 0:
+            raise ValueError(f"data_parallel_rank must be non-negative, got {data_parallel_rank}")
         self.topic = topic.encode("utf-8")
         self.int_block_hashes = int_block_hashes
         self.data_parallel_rank = data_parallel_rank
@@ -231,8 +233,12 @@ def make_kv_event_sink(
     buffer_steps: int = 10_000,
     curve_secret_key: str | None = None,
     int_block_hashes: bool = True,
+    data_parallel_rank: int = 0,
 ) -> tuple[kv_events.KVEventRecorder | None, KVEventPublisher | None]:
     """(the pool's event_sink, the publisher), or (None, None) without an endpoint.
+
+    ``data_parallel_rank`` goes into every batch and ``topic`` into every frame, so
+    an indexer subscribed to several replicas tells them apart.
 
     The step loop calls ``publisher.publish(recorder.take())`` after each step and
     after anything else that changes the cache (a reset, a lost worker)."""
@@ -241,6 +247,7 @@ def make_kv_event_sink(
             raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
         return None, None
     publisher = KVEventPublisher(
-        ctx, endpoint, replay_endpoint, topic, buffer_steps, curve_secret_key=curve_secret_key, int_block_hashes=int_block_hashes
+        ctx, endpoint, replay_endpoint, topic, buffer_steps, curve_secret_key=curve_secret_key, int_block_hashes=int_block_hashes,
+        data_parallel_rank=data_parallel_rank,
     )
     return kv_events.KVEventRecorder(), publisher

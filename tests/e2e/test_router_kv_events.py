@@ -1,0 +1,74 @@
+"""Two `kvpool serve` replicas publish KV events an indexer can tell apart: each batch
+carries its instance's `--data-parallel-rank`, each frame its `--kv-events-topic`, read
+off the wire by a plain ZMQ SUB (not kvpool's own subscriber)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import urllib.request
+
+import msgspec
+import pytest
+import zmq
+from kvtest.cluster import free_port
+from kvtest.serve import kvpool_serve
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def complete(base_url: str, model: str, prompt: list[int]) -> None:
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 2, "ignore_eos": True}).encode()
+    req = urllib.request.Request(base_url + "/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.status == 200
+
+
+def test_each_replica_publishes_its_own_rank_and_topic(tiny_checkpoint, tmp_path):
+    model = str(tiny_checkpoint)
+    replicas = [(0, f"kv@replica-a@{model}"), (3, f"kv@replica-b@{model}")]
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in replicas]
+    ctx = zmq.Context()
+    with contextlib.ExitStack() as stack:
+        stack.callback(ctx.destroy, 0)
+        served = [
+            stack.enter_context(kvpool_serve(tiny_checkpoint, tmp_path / f"r{rank}", "--kv-events-endpoint", ep,
+                                             "--kv-events-topic", topic, "--data-parallel-rank", str(rank)))
+            for (rank, topic), ep in zip(replicas, endpoints, strict=True)
+        ]  # fmt: skip
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv@")  # one subscriber over both, as an indexer does
+        for ep in endpoints:
+            sub.connect(ep)
+        time.sleep(0.5)  # NOTE: a SUB misses what is published before it has joined
+        # Two full blocks of 16 tokens each, distinct per replica.
+        for i, s in enumerate(served):
+            complete(s.base_url, model, [7 + i] * 40)
+        seen: dict[bytes, set[int]] = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(seen) < 2:
+            if sub.poll(200):
+                topic, seq, payload = sub.recv_multipart()
+                assert len(seq) == 8
+                batch = msgspec.msgpack.decode(payload)  # [ts, events, data_parallel_rank]
+                assert batch[1], "an empty batch was published"
+                seen.setdefault(topic, set()).add(batch[2])
+        assert seen == {topic.encode(): {rank} for rank, topic in replicas}
+
+
+def test_a_negative_rank_is_refused(tiny_checkpoint, capsys):
+    from frontend.cli import main
+    from scheduler.engine.config import config_from_args
+    from scheduler.engine.kv_event_publisher import KVEventPublisher
+
+    for parse in (lambda: main(["serve", str(tiny_checkpoint), "--data-parallel-rank", "-1"]),
+                  lambda: config_from_args(["--data-parallel-rank", "-1"])):  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            parse()
+        assert e.value.code == 2
+        assert "--data-parallel-rank must be non-negative, got -1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="data_parallel_rank must be non-negative, got -2"):
+        KVEventPublisher(None, "inproc://never", data_parallel_rank=-2)
+    assert config_from_args(["--data-parallel-rank", "2"]).data_parallel_rank == 2
