@@ -42,3 +42,14 @@ def check_kv_budget(budget_bytes: int, device: torch.device, available_bytes: in
             f"a KV cache of {format_bytes(budget_bytes)} does not fit: the device ({device}) has "
             f"{format_bytes(available)} available; lower --kv-cache-memory"
         )
+
+
+def check_host_tier_budget(budget_bytes: int, available_bytes: int | None = None) -> None:
+    """Raise ValueError when the host KV tier (--kv-offloading-size) is more than the
+    host has available (MemAvailable, counted after the device cache is allocated)."""
+    available = available_memory_bytes(torch.device("cpu")) if available_bytes is None else available_bytes
+    if budget_bytes > available:
+        raise ValueError(
+            f"a host KV tier of {format_bytes(budget_bytes)} does not fit: the host has "
+            f"{format_bytes(available)} of memory available; lower --kv-offloading-size"
+        )

@@ -76,3 +76,20 @@ def allocate_kv_caches(
     # NOTE: zeroed, not empty: padding slots of the null block are read (and masked
     # out) by batched attention; garbage there could be NaN, and 0 * NaN is NaN.
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+
+def allocate_host_kv_caches(device_caches: list[torch.Tensor], num_host_blocks: int) -> list[torch.Tensor]:
+    """The offload tier's host memory: one zeroed tensor per layer with the layout of
+    that layer's device cache, ``(2, num_host_blocks, block_size, kvh, hd)``, pinned
+    when the device cache is on CUDA (so copies to and from it can run asynchronously).
+
+    NOTE: zeroed, so every page is backed now: the hello then promises only memory
+    the worker holds, not an overcommitted promise the kernel may break later.
+    """
+    if num_host_blocks < 1:
+        raise ValueError(f"a host KV tier needs at least 1 block, got {num_host_blocks}")
+    pin = device_caches[0].device.type == "cuda"
+    return [
+        torch.zeros((kv.shape[0], num_host_blocks, *kv.shape[2:]), dtype=kv.dtype, device="cpu", pin_memory=pin)
+        for kv in device_caches
+    ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from protocol.worker_messages import RequestRow, StepPlan
+from protocol.worker_messages import RequestRow, StepPlan, TierCopies
 
 
 class PlanError(ValueError):
@@ -30,6 +30,8 @@ class Limits:
     max_blocks_per_seq: int
     max_model_len: int
     vocab_size: int
+    # Host slots of the offload tier (WorkerReady.num_host_blocks); 0: no tier.
+    num_host_blocks: int = 0
 
 
 # (num_tokens, num_computed_tokens, num_blocks) of one row.
@@ -63,6 +65,29 @@ def check_block_ids(block_ids: list[int], limits: Limits, where: str) -> None:
         raise PlanError(f"{where}: block id {bad} is outside the cache (valid ids 1..{limits.num_blocks - 1})")
 
 
+def check_tier_copies(tc: TierCopies, limits: Limits, where: str) -> None:
+    """The offload tier's copies of a step: parallel lists of equal length, device ids
+    in the cache (never the null block), host ids in the tier, and no target written
+    twice in one direction (which copy would win?). A device block stored and loaded
+    into in the same step is legal (stores run first), as is a host slot stored and
+    loaded (the load reads what was just stored)."""
+    where = f"{where} tier_copies"
+    if limits.num_host_blocks == 0:
+        raise PlanError(f"{where}: this worker has no host tier (WorkerReady num_host_blocks 0)")
+    for kind, device_ids, host_ids in (("store", tc.store_device_ids, tc.store_host_ids), ("load", tc.load_device_ids, tc.load_host_ids)):
+        if len(device_ids) != len(host_ids):
+            raise PlanError(f"{where}: {len(device_ids)} {kind}_device_ids but {len(host_ids)} {kind}_host_ids")
+        check_block_ids(device_ids, limits, f"{where} {kind}_device_ids")
+        if host_ids and (min(host_ids) < 0 or max(host_ids) >= limits.num_host_blocks):
+            bad = next(h for h in host_ids if not 0 <= h < limits.num_host_blocks)
+            raise PlanError(f"{where}: {kind}_host_ids: host slot {bad} is outside the tier (valid slots 0..{limits.num_host_blocks - 1})")
+    for field, targets in (("store_host_ids", tc.store_host_ids), ("load_device_ids", tc.load_device_ids)):
+        if len(set(targets)) != len(targets):
+            seen: set[int] = set()
+            dup = next(t for t in targets if t in seen or seen.add(t))
+            raise PlanError(f"{where}: {field} names {dup} twice: two copies into one target in one step")
+
+
 def check_plan(
     plan: StepPlan,
     expected_step_id: int,
@@ -76,6 +101,8 @@ def check_plan(
         kind = "a repeat" if step < expected_step_id else "a gap"
         raise PlanError(f"step_id {step} is {kind}: expected step_id {expected_step_id}")
     where = f"step {step}"
+    if plan.tier_copies is not None:
+        check_tier_copies(plan.tier_copies, limits, where)
     removed: set[int] = set()
     for field, ids in (("finished_seq_ids", plan.finished_seq_ids), ("preempted_seq_ids", plan.preempted_seq_ids)):
         for sid in ids:

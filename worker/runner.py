@@ -21,6 +21,7 @@ from worker.models.decoder import DecoderModel
 from worker.paged_attention import DEFAULT_WORKSPACE_BYTES, PagedAttention
 from worker.plan_check import Limits, RowView, check_plan
 from worker.sampling_state import RowLogprobs, SamplingState
+from worker.tier_copies import TierCopier
 
 
 @dataclass(slots=True)
@@ -49,6 +50,7 @@ class ModelRunner:
         next_step_id: int = 0,
         workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
         seed: int = 0,
+        host_caches: list[torch.Tensor] | None = None,
     ):
         self.model = model
         _, num_blocks, block_size, kvh, hd = kv_caches[0].shape
@@ -62,7 +64,10 @@ class ModelRunner:
             max_blocks_per_seq=max_blocks_per_seq,
             max_model_len=max_model_len,
             vocab_size=model.config.vocab_size,
+            num_host_blocks=0 if not host_caches else host_caches[0].shape[1],
         )
+        # The offload tier's copies (plan.tier_copies), when this worker has a host tier.
+        self.tier = TierCopier(kv_caches, host_caches) if host_caches else None
         self.block_table = BlockTable(max_num_seqs, max_blocks_per_seq, block_size, self.device)
         self.attention = PagedAttention(kv_caches, model.config.num_heads, max_blocks_per_seq, workspace_bytes)
         self.sampling = SamplingState(max_num_seqs, model.config.vocab_size, self.device, seed)
@@ -115,6 +120,16 @@ class ModelRunner:
         self.apply(plan)
         self.next_step_id += 1
         self.num_steps += 1
+        if plan.tier_copies is not None:
+            # Stores then loads, before any token of the step is written or attended.
+            self.tier.copy(plan.tier_copies)
+            try:
+                return self._forward(plan)
+            finally:
+                self.tier.finish()
+        return self._forward(plan)
+
+    def _forward(self, plan: StepPlan) -> StepOutput:
         scheduled = plan.num_scheduled_tokens
         row_of = self.block_table.row_of
         # Decodes (one token) first, then prefill chunks: see paged_attention.
