@@ -57,6 +57,10 @@ class BlockPool:
         # Free blocks that still hold a hash: cache that usage metrics do not show.
         self.num_free_cached_blocks = 0
         self.event_sink = event_sink
+        # (block id, hash) of every hash evicted from its last device block, when not
+        # None: the offload tier stores them (KVCacheManager drains it after each
+        # allocation; the block is handed out, and the store precedes its reuse).
+        self.evicted: list[tuple[int, BlockHash]] | None = None
 
     # --- allocation -------------------------------------------------------------------
 
@@ -74,9 +78,12 @@ class BlockPool:
                     # Lazy eviction: a free block with a hash is being reused; its hash goes.
                     block.block_hash = None
                     num_evicted += 1
-                    if self.cached_block_hash_to_block.pop(block_hash, block.block_id)[1] and self.event_sink is not None:
+                    if self.cached_block_hash_to_block.pop(block_hash, block.block_id)[1]:
                         # NOTE: only when the last block holding the hash loses it (duplicates exist).
-                        self.event_sink.block_removed(block_hash)
+                        if self.event_sink is not None:
+                            self.event_sink.block_removed(block_hash)
+                        if self.evicted is not None:
+                            self.evicted.append((block.block_id, block_hash))
             self.num_evictions += num_evicted
             self.num_free_cached_blocks -= num_evicted
         return blocks

@@ -3,6 +3,16 @@
 The scheduler asks three things of it: which prefix of a request is already cached
 (`get_computed_blocks`), room for the tokens it is about to schedule
 (`allocate_slots`), and to give a request's blocks back (`free`).
+
+With a host tier (`scheduler/core/offload_tier.py`, vLLM's --kv-offloading-size)
+the cached prefix continues in host memory after the device's: those blocks get
+fresh device blocks and a load in the step's plan. Blocks go to the tier when
+their hash leaves its last device block (``offload_store="eviction"``, lazy
+eviction in get_new_blocks: the store is in the plan of the step that reuses the
+block, and stores run first) or once they are computed (``"full"``,
+write-through: stored in the plan after the one that computes them). The
+scheduler takes a step's copies with `take_tier_copies` and completes them with
+`complete_tier_copies` once the step's result is in.
 """
 
 from __future__ import annotations
@@ -11,13 +21,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from protocol.worker_messages import TierCopies
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
 from scheduler.core.kv_events import KVEventSink
+from scheduler.core.offload_tier import HostTier
 
 # (num_gpu_blocks, enable_caching, event_sink) -> the pool. BlockPool itself by
 # default; what-if studies pass pools with other free-queue rules.
 PoolFactory = Callable[[int, bool, "KVEventSink | None"], BlockPool]
+# When blocks are copied to the host tier (--kv-offloading-store).
+OFFLOAD_STORE_MODES = ("eviction", "full")
 
 
 class Request(Protocol):
@@ -84,7 +98,13 @@ class KVCacheManager:
         enable_caching: bool = True,
         event_sink: KVEventSink | None = None,
         pool_factory: PoolFactory = BlockPool,
+        host_tier: HostTier | None = None,
+        offload_store: str = "eviction",
     ):
+        if offload_store not in OFFLOAD_STORE_MODES:
+            raise ValueError(f"offload_store must be one of {OFFLOAD_STORE_MODES}, got {offload_store!r}")
+        if host_tier is not None and host_tier.block_size != block_size:
+            raise ValueError(f"the host tier's block size {host_tier.block_size} differs from the pool's {block_size}")
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -94,6 +114,19 @@ class KVCacheManager:
         # request_id -> how many leading blocks of its table are cached (hashed).
         self.num_cached_block: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
+        # The host tier (None: no offloading). Without caching nothing is hashed,
+        # so nothing could be stored or found: the tier is left out.
+        self.host_tier = host_tier if enable_caching else None
+        self.offload_store = offload_store
+        # vLLM's connector_prefix_cache_stats: tokens asked of the host tier (what the
+        # device did not hold) and found there (vllm:external_prefix_cache_*).
+        self.external_prefix_cache_stats = PrefixCacheStats()
+        # Write-through: (device block id, hash) cached by the step being scheduled,
+        # and by the step before (computed by its plan, stored in this one's).
+        self._written_this_step: list[tuple[int, BlockHash]] = []
+        self._written_last_step: list[tuple[int, BlockHash]] = []
+        if self.host_tier is not None and offload_store == "eviction":
+            self.block_pool.evicted = []
         # Fewest free blocks seen right after an allocation: the peak of usage, which
         # a poll between steps misses (frees come at the end of every step).
         self.min_num_free_blocks = self.block_pool.get_num_free_blocks()
@@ -135,6 +168,10 @@ class KVCacheManager:
         tokens. Capped so the last prompt token is always computed: the worker needs
         its logits to sample the first output token.
 
+        With a host tier the prefix continues there after the device's blocks: the
+        length counts those too (a multiple of block_size beyond the returned
+        device blocks), and `allocate_slots` loads them.
+
         ``record_stats=False`` lets a caller count the lookup only once it admits the
         request (`record_prefix_cache_query`), so a request that waits several steps
         for room is counted once."""
@@ -149,17 +186,30 @@ class KVCacheManager:
             if block is None:
                 break
             computed.append(block)
-        num_computed_tokens = len(computed) * self.block_size
+        num_hit_blocks = len(computed)
+        if self.host_tier is not None and num_hit_blocks < max_hit_blocks:
+            num_hit_blocks += self.host_tier.lookup(hashes[num_hit_blocks:max_hit_blocks])
+        num_computed_tokens = num_hit_blocks * self.block_size
         if record_stats:
-            self.record_prefix_cache_query(request.num_tokens, num_computed_tokens, request.num_preemptions > 0)
+            self.record_prefix_cache_query(
+                request.num_tokens, num_computed_tokens, request.num_preemptions > 0, num_computed_tokens - len(computed) * self.block_size
+            )
         return computed, num_computed_tokens
 
-    def record_prefix_cache_query(self, num_tokens: int, num_hit_tokens: int, preempted: bool = False) -> None:
+    def record_prefix_cache_query(self, num_tokens: int, num_hit_tokens: int, preempted: bool = False, num_host_hit_tokens: int = 0) -> None:
         """Count one admission's lookup; ``preempted``: the request is resumed after
-        a preemption (vLLM: ``request.num_preemptions > 0``), counted apart."""
+        a preemption (vLLM: ``request.num_preemptions > 0``), counted apart.
+
+        ``num_host_hit_tokens`` of the ``num_hit_tokens`` came from the host tier.
+        As vLLM counts them: prefix_cache_stats gets the device's hits only, and
+        external_prefix_cache_stats the tokens the device did not hold, with the
+        host tier's hits."""
         if not self.enable_caching:
             return
-        self.prefix_cache_stats.record(num_tokens, num_hit_tokens, preempted)
+        num_local = num_hit_tokens - num_host_hit_tokens
+        self.prefix_cache_stats.record(num_tokens, num_local, preempted)
+        if self.host_tier is not None:
+            self.external_prefix_cache_stats.record(num_tokens - num_local, num_host_hit_tokens, preempted)
 
     def allocate_slots(
         self,
@@ -185,6 +235,10 @@ class KVCacheManager:
         num_held = len(req_blocks) if req_blocks is not None else 0
         if new_computed_blocks and num_held:
             raise ValueError(f"request {request_id!r} already holds blocks; prefix hits only at admission")
+        # Host-tier hits: the computed tokens past the device's hit blocks.
+        num_host_hits = 0
+        if num_new_computed_tokens > len(new_computed_blocks) * self.block_size:
+            num_host_hits = self._check_host_hits(request, num_held, num_new_computed_tokens, len(new_computed_blocks))
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_tokens_need_slot = min(num_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         num_new_blocks = -(-num_tokens_need_slot // self.block_size) - num_held - len(new_computed_blocks)
@@ -204,11 +258,21 @@ class KVCacheManager:
             req_blocks.extend(new_computed_blocks)
             # Hits are cached already.
             self.num_cached_block[request_id] = len(req_blocks)
+        if num_host_hits:
+            # NOTE: pinned before the allocation below, whose evictions may need host
+            # slots for their stores: those must not take the slots about to be read.
+            first = len(new_computed_blocks)
+            host_entries = self.host_tier.pin(request.block_hashes[first : first + num_host_hits])
         if num_new_blocks > 0:
             new_blocks = pool.get_new_blocks(num_new_blocks)
             req_blocks.extend(new_blocks)
+            if pool.evicted:
+                self._store_evicted()
         else:
             new_blocks = []
+        if num_host_hits:
+            # The first new blocks take the host hits (their tokens are computed).
+            self.host_tier.add_loads(host_entries, [b.block_id for b in new_blocks[:num_host_hits]])
         if pool.free_block_queue.num_free_blocks < self.min_num_free_blocks:
             self.min_num_free_blocks = pool.free_block_queue.num_free_blocks
 
@@ -232,6 +296,8 @@ class KVCacheManager:
                 return None
             new_blocks = pool.get_new_blocks(1)
             req_blocks += new_blocks
+            if pool.evicted:
+                self._store_evicted()
             if pool.free_block_queue.num_free_blocks < self.min_num_free_blocks:
                 self.min_num_free_blocks = pool.free_block_queue.num_free_blocks
         else:
@@ -254,6 +320,9 @@ class KVCacheManager:
             self.block_pool.cache_full_blocks(
                 req_blocks, request.block_hashes, num_cached, num_full_blocks, request.all_token_ids, block_size
             )
+            if self.offload_store == "full" and self.host_tier is not None:
+                hashes = request.block_hashes
+                self._written_this_step.extend((req_blocks[i].block_id, hashes[i]) for i in range(num_cached, num_full_blocks))
             self.num_cached_block[request_id] = num_cached = num_full_blocks
         # While its computed tokens stay at or below this, a call for this request
         # would allocate nothing (its blocks have room) and cache nothing (no block
@@ -276,13 +345,78 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 
+    # --- the host tier -----------------------------------------------------------------
+
+    def _check_host_hits(self, request: Request, num_held: int, num_new_computed_tokens: int, num_device_hits: int) -> int:
+        """The number of host-tier hit blocks in an admission's computed tokens, or
+        ValueError if they are not what get_computed_blocks found."""
+        if self.host_tier is None:
+            raise ValueError(f"request {request.request_id!r}: computed tokens beyond its device hits, but there is no host tier")
+        if num_held or request.num_computed_tokens:
+            raise ValueError(f"request {request.request_id!r} already holds blocks; prefix hits only at admission")
+        if num_new_computed_tokens % self.block_size:
+            raise ValueError(f"num_new_computed_tokens {num_new_computed_tokens} is not a multiple of the block size {self.block_size}")
+        num_host_hits = num_new_computed_tokens // self.block_size - num_device_hits
+        hashes = request.block_hashes[num_device_hits : num_device_hits + num_host_hits]
+        if len(hashes) != num_host_hits or self.host_tier.lookup(hashes) != num_host_hits:
+            raise ValueError(f"request {request.request_id!r}: {num_host_hits} host-tier hits claimed, the tier holds fewer")
+        return num_host_hits
+
+    def _store_evicted(self) -> None:
+        """Eviction mode: every hash that just left its last device block goes to
+        the host tier, from the block now being reused (the store runs first)."""
+        evicted = self.block_pool.evicted
+        prepare_store = self.host_tier.prepare_store
+        for block_id, block_hash in evicted:
+            prepare_store(block_hash, block_id)
+        evicted.clear()
+
+    def take_tier_copies(self) -> TierCopies | None:
+        """The copies of the step being planned (None: none), for its StepPlan;
+        in flight until `complete_tier_copies`. Call once per plan, after every
+        allocation of the step."""
+        tier = self.host_tier
+        if tier is None:
+            return None
+        if self._written_last_step:
+            # Write-through: blocks computed by the previous plan.
+            for block_id, block_hash in self._written_last_step:
+                tier.prepare_store(block_hash, block_id)
+        self._written_last_step, self._written_this_step = self._written_this_step, []
+        return tier.take_copies()
+
+    def complete_tier_copies(self) -> None:
+        """The plan in flight ran: its copies are done."""
+        if self.host_tier is not None:
+            self.host_tier.complete_copies()
+
     def reset_prefix_cache(self) -> bool:
-        return self.block_pool.reset_prefix_cache()
+        """Drop every hash, on the device and in the host tier (vLLM's CPU tier
+        keeps serving after a reset; here both go). Refused (False, nothing
+        changed) while any request holds a block."""
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        if self.host_tier is not None:
+            self.host_tier.clear()
+            self._written_this_step.clear()
+            self._written_last_step.clear()
+            if self.block_pool.evicted:
+                self.block_pool.evicted.clear()
+        return True
 
     def check_invariants(self) -> None:
         """Pool invariants, plus: every held block's ref_cnt equals the number of
-        tables holding it."""
+        tables holding it; the host tier's invariants, and each load of the step
+        being planned goes to a held device block that holds the loaded hash."""
         self.block_pool.check_invariants()
+        if self.host_tier is not None:
+            self.host_tier.check_invariants()
+            assert not self.block_pool.evicted, "evicted hashes not handed to the host tier"
+            blocks = self.block_pool.blocks
+            for entry, device_block_id in self.host_tier.pending_loads():
+                block = blocks[device_block_id]
+                assert block.ref_cnt >= 1, f"a load into free device block {device_block_id}"
+                assert block.block_hash == entry.block_hash, f"device block {device_block_id} does not hold the hash loaded into it"
         owners: dict[int, int] = {}
         for blocks in self.req_to_blocks.values():
             for b in blocks:

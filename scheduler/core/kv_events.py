@@ -3,6 +3,10 @@
 The pool calls a sink only when caching changes what a router could hit:
 a hash newly stored, the last block holding a hash losing it, or a reset.
 `KVEventRecorder` keeps them in order until the step loop takes them.
+
+Each stored/removed event names its medium, as vLLM's do: "GPU" for the device
+pool, "CPU" for the host tier (scheduler/core/offload_tier.py), whose events are
+vLLM's offloading connector's: no parent hash, no tokens.
 """
 
 from __future__ import annotations
@@ -13,13 +17,22 @@ from typing import Protocol
 
 from scheduler.core.kv_cache_block import BlockHash
 
+# vLLM's medium names (the device pool's, and its CPU offloading tier's).
+MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"
+
 
 class KVEventSink(Protocol):
     def block_stored(
-        self, block_hashes: Sequence[BlockHash], parent_block_hash: BlockHash | None, token_ids: list[int] | None, block_size: int
+        self,
+        block_hashes: Sequence[BlockHash],
+        parent_block_hash: BlockHash | None,
+        token_ids: list[int] | None,
+        block_size: int,
+        medium: str = MEDIUM_GPU,
     ) -> None: ...
 
-    def block_removed(self, block_hash: BlockHash) -> None: ...
+    def block_removed(self, block_hash: BlockHash, medium: str = MEDIUM_GPU) -> None: ...
 
     def all_blocks_cleared(self) -> None: ...
 
@@ -30,11 +43,13 @@ class BlockStored:
     parent_block_hash: BlockHash | None
     token_ids: list[int] | None
     block_size: int
+    medium: str = MEDIUM_GPU
 
 
 @dataclass(slots=True)
 class BlockRemoved:
     block_hashes: list[BlockHash]
+    medium: str = MEDIUM_GPU
 
 
 @dataclass(slots=True)
@@ -51,11 +66,11 @@ class KVEventRecorder:
 
     events: list[KVCacheEvent] = field(default_factory=list)
 
-    def block_stored(self, block_hashes, parent_block_hash, token_ids, block_size) -> None:
-        self.events.append(BlockStored(list(block_hashes), parent_block_hash, token_ids, block_size))
+    def block_stored(self, block_hashes, parent_block_hash, token_ids, block_size, medium: str = MEDIUM_GPU) -> None:
+        self.events.append(BlockStored(list(block_hashes), parent_block_hash, token_ids, block_size, medium))
 
-    def block_removed(self, block_hash: BlockHash) -> None:
-        self.events.append(BlockRemoved([block_hash]))
+    def block_removed(self, block_hash: BlockHash, medium: str = MEDIUM_GPU) -> None:
+        self.events.append(BlockRemoved([block_hash], medium))
 
     def all_blocks_cleared(self) -> None:
         self.events.append(AllBlocksCleared())

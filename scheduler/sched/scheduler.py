@@ -197,7 +197,9 @@ class Scheduler:
                 new_blocks = kv.allocate_slots(request, num_new_tokens, num_hit_tokens, hits)
                 if new_blocks is None:
                     break  # FCFS: nobody overtakes the head of the queue
-                kv.record_prefix_cache_query(request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
+                kv.record_prefix_cache_query(
+                    request.num_tokens, num_hit_tokens, request.num_preemptions > 0, num_hit_tokens - len(hits) * self.block_size
+                )
                 self.waiting.popleft()
                 self.running.append(request)
                 if request.num_cached_tokens < 0:
@@ -230,6 +232,8 @@ class Scheduler:
             appended=appended,
             finished_seq_ids=finished_seq_ids,
             preempted_seq_ids=[r.seq_id for r in preempted],
+            # The host tier's stores and loads of this step (None without a tier).
+            tier_copies=kv.take_tier_copies(),
         )
         self.next_step_id += 1
         total = self.max_num_batched_tokens - token_budget
@@ -277,6 +281,8 @@ class Scheduler:
             by_seq_id = {r.seq_id: r for r in requests}
             requests = [by_seq_id[seq_id] for seq_id in result.seq_ids]
         self._in_flight = None
+        if out.plan.tier_copies is not None:
+            self.kv_cache_manager.complete_tier_copies()
 
         # NOTE: once per sampled row per step: locals, no properties, and one test for
         # the common case, a token that fills no block, ends nothing and is not the
