@@ -3,7 +3,9 @@
 Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``
 (503 until the scheduler has a worker), ``/version``, ``/tokenize``,
 ``/detokenize``, ``/metrics`` (the scheduler's and the frontend's), and in dev mode
-``/reset_prefix_cache``. Every failure is OpenAI's error object (``frontend.errors``).
+``/reset_prefix_cache``; for vllm-router, the render endpoints (``frontend.render``),
+``/get_model_info``, ``/get_server_info``, ``/get_load``, ``/health_generate`` and
+``/flush_cache`` (dev mode). Every failure is OpenAI's error object (``frontend.errors``).
 A client that disconnects cancels its handler, which aborts its engine requests.
 """
 
@@ -19,7 +21,7 @@ import msgspec
 from aiohttp import web
 
 from frontend.config import FrontendConfig
-from frontend.engine_client import EngineClient
+from frontend.engine_client import EngineClient, EngineError
 from frontend.errors import APIError, bad_request, unavailable
 from frontend.metrics import FrontendMetrics, family_names
 from frontend.protocol import (
@@ -28,14 +30,17 @@ from frontend.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from frontend.render import render_chat, render_completion
 from frontend.sampling import default_sampling
-from frontend.serving import ServingContext, json_response, now
+from frontend.serving import ServingContext, json_response, now, random_id
 from frontend.serving_chat import chat_prompt, create_chat_completion
 from frontend.serving_completion import create_completion
 from frontend.tokenizer import Tokenizer
 
 log = logging.getLogger("frontend")
 HEALTH_POLL_S = 0.5
+# GET /health_generate: the most a one-token generation may take before it is a failure.
+HEALTH_GENERATE_TIMEOUT_S = 30.0
 
 
 def kvpool_version() -> str:
@@ -121,6 +126,14 @@ class APIServer:
         r.add_get("/metrics", self._metrics)
         if self.config.dev_mode:
             r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
+        # What vllm-router probes besides the routes above (SGLang's names; docs/architecture.md).
+        r.add_post("/v1/completions/render", self._render_completion)
+        r.add_post("/v1/chat/completions/render", self._render_chat)
+        r.add_get("/get_model_info", self._model_info)
+        r.add_get("/get_server_info", self._server_info)
+        r.add_get("/get_load", self._load)
+        r.add_get("/health_generate", self._health_generate)
+        r.add_post("/flush_cache", self._flush_cache)
         return app
 
     @web.middleware
@@ -205,6 +218,48 @@ class APIServer:
                 return web.Response(status=r.status, text=await r.text())
         except (aiohttp.ClientError, TimeoutError) as e:
             raise unavailable(f"the scheduler is unreachable: {e}") from None
+
+    # --- what a router probes ---------------------------------------------------------
+
+    async def _render_completion(self, request: web.Request) -> web.Response:
+        return web.Response(body=msgspec.json.encode(render_completion(self.ctx, await read_body(request, CompletionRequest))),
+                            content_type="application/json")  # fmt: skip
+
+    async def _render_chat(self, request: web.Request) -> web.Response:
+        return json_response(render_chat(self.ctx, await read_body(request, ChatCompletionRequest)))
+
+    async def _model_info(self, _request: web.Request) -> web.Response:
+        return json_response({"model_path": self.ctx.model_path, "tokenizer_path": self.ctx.model_path, "is_generation": True,
+                              "served_model_name": self.ctx.model_name, "max_model_len": self.ctx.max_model_len})  # fmt: skip
+
+    async def _server_info(self, _request: web.Request) -> web.Response:
+        c = self.config
+        return json_response({"version": kvpool_version(), "model_path": c.model, "served_model_name": c.served_model_name,
+                              "max_model_len": c.max_model_len, "dev_mode": c.dev_mode, "ready": self.ready,
+                              "status": "ready" if self.ready else self.why_not_ready, "load": self.engine.num_in_flight})  # fmt: skip
+
+    async def _load(self, _request: web.Request) -> web.Response:
+        # The engine requests this server has running or waiting (vllm-router reads "load").
+        return json_response({"load": self.engine.num_in_flight})
+
+    async def _health_generate(self, _request: web.Request) -> web.Response:
+        """200 once a one-token generation has come back: the worker really computes."""
+        self._require_ready()
+        try:
+            async with asyncio.timeout(HEALTH_GENERATE_TIMEOUT_S):
+                async for _ in self.engine.generate(random_id("health"), [0], {"max_tokens": 1, "ignore_eos": True}):
+                    pass
+        except EngineError as e:
+            raise unavailable(f"a one-token generation failed: {e}") from None
+        except TimeoutError:
+            raise unavailable(f"a one-token generation did not finish within {HEALTH_GENERATE_TIMEOUT_S:g} s") from None
+        return web.Response(text="")
+
+    async def _flush_cache(self, request: web.Request) -> web.Response:
+        if not self.config.dev_mode:
+            raise APIError("POST /flush_cache resets the prefix cache, a development endpoint: start the server with "
+                           "--dev-mode (as for /reset_prefix_cache)", 403)  # fmt: skip
+        return await self._reset_prefix_cache(request)
 
 
 async def serve(config: FrontendConfig, stop: asyncio.Event) -> int:
