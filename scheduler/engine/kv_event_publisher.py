@@ -65,9 +65,19 @@ def _is_loopback_ip(host: str) -> bool:
 def to_wire_event(event: kv_events.KVCacheEvent, int_block_hashes: bool = True) -> wire.KVCacheEvent:
     """Our event as vLLM's, filled in as vLLM's own BlockPool fills it for a request
     without LoRA on a single full-attention KV cache group. Hashes as 64-bit ints
-    (vLLM 0.33's default), or the bytes with ``int_block_hashes=False``."""
+    (vLLM 0.33's default), or the bytes with ``int_block_hashes=False``.
+
+    Host-tier events (medium "CPU") as vLLM's offloading connector sends them: no
+    parent, no tokens, no group fields."""
     h = wire.int_block_hash if int_block_hashes else bytes
     match event:
+        case kv_events.BlockStored() if event.medium != kv_events.MEDIUM_GPU:
+            return wire.BlockStored(
+                block_hashes=[h(x) for x in event.block_hashes], parent_block_hash=None, token_ids=[],
+                block_size=event.block_size, lora_id=None, medium=event.medium, lora_name=None,
+            )  # fmt: skip
+        case kv_events.BlockRemoved() if event.medium != kv_events.MEDIUM_GPU:
+            return wire.BlockRemoved(block_hashes=[h(x) for x in event.block_hashes], medium=event.medium)
         case kv_events.BlockStored():
             parent = event.parent_block_hash
             return wire.BlockStored(
@@ -76,13 +86,13 @@ def to_wire_event(event: kv_events.KVCacheEvent, int_block_hashes: bool = True) 
                 token_ids=list(event.token_ids or ()),
                 block_size=event.block_size,
                 lora_id=None,
-                medium=wire.MEDIUM_GPU,
+                medium=event.medium,
                 lora_name=None,
                 group_idx=0,
                 kv_cache_spec_kind=wire.KV_CACHE_SPEC_KIND_FULL_ATTENTION,
             )
         case kv_events.BlockRemoved():
-            return wire.BlockRemoved(block_hashes=[h(x) for x in event.block_hashes], medium=wire.MEDIUM_GPU, group_idx=0)
+            return wire.BlockRemoved(block_hashes=[h(x) for x in event.block_hashes], medium=event.medium, group_idx=0)
         case kv_events.AllBlocksCleared():
             return wire.AllBlocksCleared()
     raise TypeError(f"not a KV cache event: {event!r}")

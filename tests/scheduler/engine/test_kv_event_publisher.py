@@ -67,6 +67,17 @@ def test_to_wire_event_fills_what_vllm_fills():
     assert to_wire_event(BlockRemoved([h[2]])).block_hashes == [0x0202020202020202]
 
 
+def test_host_tier_events_go_out_as_vllms_offloading_connector_sends_them():
+    h = [bytes([i]) * 32 for i in range(3)]
+    stored = to_wire_event(BlockStored(h[1:], None, [], 4, "CPU"), int_block_hashes=False)
+    assert stored == wire.BlockStored(
+        block_hashes=h[1:], parent_block_hash=None, token_ids=[], block_size=4, lora_id=None, medium="CPU", lora_name=None
+    )
+    assert stored.group_idx is None and stored.kv_cache_spec_kind is None
+    removed = to_wire_event(BlockRemoved([h[2]], "CPU"))
+    assert removed == wire.BlockRemoved(block_hashes=[0x0202020202020202], medium="CPU")
+
+
 def replay_frames(endpoint: str, start_seq: int, ctx: zmq.Context, timeout_s: float = 5.0) -> list[list[bytes]]:
     """A raw replay request, as vLLM's subscribers send it; every reply up to the end marker."""
     sock = ctx.socket(zmq.DEALER)
