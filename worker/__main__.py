@@ -21,8 +21,9 @@ import zmq
 from protocol.curve import CurveKeyError, load_keypair
 from worker.checkpoint import CheckpointError
 from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
-from worker.device_memory import check_kv_budget
+from worker.device_memory import check_host_tier_budget, check_kv_budget
 from worker.kv_cache import (
+    allocate_host_kv_caches,
     allocate_kv_caches,
     cuda_kv_budget,
     kv_bytes_per_block,
@@ -63,6 +64,16 @@ def _seed(text: str) -> int:
         return check_global_seed(int(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid seed {text!r}: expected an integer in 0..2**64-1") from None
+
+
+def _gib(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: expected a number of GiB, e.g. 4 or 0.5") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: expected a number of GiB >= 0")
+    return value
 
 
 # A value that starts like a negative number ("-4MiB", "-.5G"): argparse would take
@@ -115,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
                    help="on CUDA: tokens of the dummy forward that profiles the activation peak (default %(default)s)")
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block (default %(default)s)")
+    p.add_argument("--kv-offloading-size", type=_gib, default=d.kv_offloading_size, metavar="GIB",
+                   help="GiB of host memory for the offload tier of KV blocks, as vLLM's flag; allocated (pinned on CUDA) "
+                        "before hello; 0: no host tier (default %(default)s)")
     p.add_argument("--seed", type=_seed, default=d.seed,
                    help="global sampling seed: requests without a seed of their own draw from it, so they repeat "
                         "across runs given the same requests in the same order (default %(default)s, as vLLM)")
@@ -160,7 +174,7 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
     return WorkerConfig(
         scheduler=a.scheduler, model=a.model, device=device, dtype=a.dtype, max_model_len=a.max_model_len,
         kv_cache_memory=a.kv_cache_memory, gpu_memory_utilization=a.gpu_memory_utilization,
-        max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size, seed=a.seed, http_port=a.http_port,
+        max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size, kv_offloading_size=a.kv_offloading_size, seed=a.seed, http_port=a.http_port,
         log_level=a.log_level, scheduler_timeout_s=a.scheduler_timeout, reconnect=a.reconnect,
         curve_client_key=a.curve_client_key, curve_server_key=a.curve_server_key,
     )
@@ -204,6 +218,20 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
         log.error("cannot allocate the KV cache (%d blocks of %d bytes): %s", num_blocks, per_block, e)
         return 2
+    host_caches = None
+    if config.kv_offloading_size > 0:
+        num_host = int(config.kv_offloading_size * 2**30) // per_block
+        if num_host < 1:
+            log.error("--kv-offloading-size %g GiB holds no KV block of %d bytes", config.kv_offloading_size, per_block)
+            return 2
+        try:
+            check_host_tier_budget(num_host * per_block)
+            host_caches = allocate_host_kv_caches(kv_caches, num_host)
+        except (ValueError, RuntimeError, MemoryError) as e:
+            log.error("cannot allocate the host KV tier (%d blocks of %d bytes): %s", num_host, per_block, e)
+            return 2
+        log.info("host KV tier: %d blocks of %d bytes (%g GiB)%s", num_host, per_block, config.kv_offloading_size,
+                 ", pinned" if host_caches[0].is_pinned() else "")
     metrics = None
     if config.http_port:
         metrics = WorkerMetrics()
@@ -216,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # NOTE: only now, with a scheduler to tell; before, SIGTERM simply ends the process.
         signal.signal(signal.SIGTERM, _on_sigterm)
-        return WorkerProcess(config, serving, kv_caches, metrics).run(ctx)
+        return WorkerProcess(config, serving, kv_caches, metrics, host_caches).run(ctx)
     except WorkerStopping:
         return 0
     except KeyboardInterrupt:

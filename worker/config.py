@@ -25,6 +25,8 @@ class WorkerConfig:
     # Tokens of the dummy forward that profiles the activation peak on CUDA.
     max_num_batched_tokens: int = 2048
     block_size: int = 16
+    # GiB of host memory for the offload tier (vLLM's --kv-offloading-size); 0: none.
+    kv_offloading_size: float = 0.0
     # The global sampling seed (vLLM's --seed, default 0 as in vLLM v1): the noise of
     # every request without a seed of its own.
     seed: int = 0

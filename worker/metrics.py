@@ -21,6 +21,10 @@ from prometheus_client import (
 )
 
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# Bytes of one step's copies in one direction: vLLM's offloading connector's buckets.
+TRANSFER_SIZE_BUCKETS = (1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 200e6)
+# vLLM's transfer_type label values (its deprecated kv_offload_total_* counters).
+LOAD_TRANSFER_TYPE, STORE_TRANSFER_TYPE = "CPU_to_GPU", "GPU_to_CPU"
 
 
 class WorkerMetrics:
@@ -48,6 +52,7 @@ class WorkerMetrics:
             "kvpool_worker_num_blocks", "KV blocks in this worker's cache (block 0 included).",
             names, registry=self.registry,
         ).labels(**labels)
+        self._offload_metrics(names, labels)
         self._last_tokens = 0
         self._last_bytes = 0
         # Set by the process loop: True while a scheduler's WorkerReady is installed.
@@ -61,9 +66,53 @@ class WorkerMetrics:
         self.kv_bytes_written.inc(kv_bytes_written - self._last_bytes)
         self._last_tokens, self._last_bytes = num_tokens_computed, kv_bytes_written
 
+    def _offload_metrics(self, names: list[str], labels: dict[str, str]) -> None:
+        """The host tier's copies, under the names of vLLM's offloading connector
+        (vllm/distributed/kv_transfer/kv_connector/v1/offloading/metrics.py): the flat
+        load/store counters and size histograms, and the older total_bytes/total_time
+        counters by transfer_type that dashboards still read."""
+        r = self.registry
+        self.offload = {}
+        for kind, what in (("load", "loaded from the host tier to the device"), ("store", "stored from the device to the host tier")):
+            self.offload[f"{kind}_bytes"] = Counter(f"vllm:kv_offload_{kind}_bytes", f"Total bytes {what}.", names, registry=r).labels(**labels)
+            self.offload[f"{kind}_time"] = Counter(f"vllm:kv_offload_{kind}_time", f"Total seconds of copies {what}.", names, registry=r).labels(**labels)
+            self.offload[f"{kind}_size"] = Histogram(
+                f"vllm:kv_offload_{kind}_size", f"Bytes {what} in one step.", names, buckets=TRANSFER_SIZE_BUCKETS, registry=r,
+            ).labels(**labels)
+        total_bytes = Counter("vllm:kv_offload_total_bytes", "Number of bytes offloaded by KV connector", [*names, "transfer_type"], registry=r)
+        total_time = Counter("vllm:kv_offload_total_time", "Total time measured by all KV offloading operations", [*names, "transfer_type"], registry=r)
+        for kind, transfer in (("load", LOAD_TRANSFER_TYPE), ("store", STORE_TRANSFER_TYPE)):
+            self.offload[f"{kind}_total_bytes"] = total_bytes.labels(**labels, transfer_type=transfer)
+            self.offload[f"{kind}_total_time"] = total_time.labels(**labels, transfer_type=transfer)
+        self.host_kv_bytes = Gauge(
+            "kvpool_worker_host_kv_bytes", "Bytes of host memory allocated for the offload tier (--kv-offloading-size).",
+            names, registry=r,
+        ).labels(**labels)
+        self.num_host_blocks = Gauge(
+            "kvpool_worker_num_host_blocks", "Host-tier KV slots the scheduler manages (WorkerReady num_host_blocks).",
+            names, registry=r,
+        ).labels(**labels)
+        self._last_offload = (0, 0.0, 0, 0.0)
+
+    def observe_tier(self, store_bytes: int, store_seconds: float, load_bytes: int, load_seconds: float) -> None:
+        """Record one step's host-tier copies; the four figures are the copier's running
+        totals (worker/tier_copies.py)."""
+        now = (store_bytes, store_seconds, load_bytes, load_seconds)
+        sb, ss, lb, ls = (a - b for a, b in zip(now, self._last_offload, strict=True))
+        self._last_offload = now
+        for kind, nbytes, seconds in (("store", sb, ss), ("load", lb, ls)):
+            if nbytes:
+                o = self.offload
+                o[f"{kind}_bytes"].inc(nbytes)
+                o[f"{kind}_total_bytes"].inc(nbytes)
+                o[f"{kind}_time"].inc(seconds)
+                o[f"{kind}_total_time"].inc(seconds)
+                o[f"{kind}_size"].observe(nbytes)
+
     def reset_totals(self) -> None:
         """Call when a new runner (counting from 0) replaces the old one."""
         self._last_tokens = self._last_bytes = 0
+        self._last_offload = (0, 0.0, 0, 0.0)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
         """Start the HTTP server in a daemon thread; returns the server (OSError if the

@@ -69,7 +69,10 @@ class WorkerStopping(Exception):
 
 
 class WorkerProcess:
-    def __init__(self, config: WorkerConfig, serving: ServingModel, kv_caches: list[torch.Tensor], metrics: WorkerMetrics | None):
+    def __init__(
+        self, config: WorkerConfig, serving: ServingModel, kv_caches: list[torch.Tensor], metrics: WorkerMetrics | None,
+        host_caches: list[torch.Tensor] | None = None,
+    ):
         self.config = config
         self.serving = serving
         self.model = serving.model
@@ -77,6 +80,9 @@ class WorkerProcess:
         # re-handshake reuses it. Each (2, num_blocks, block_size, kv_heads, head_dim).
         self.kv_caches = kv_caches
         self.hello_num_blocks = kv_caches[0].shape[1]  # what fits our budget
+        # The offload tier's host memory (--kv-offloading-size), also allocated before
+        # hello; freed when a scheduler wants no host tier (then offered no more).
+        self.host_caches = host_caches or None
         self.metrics = metrics
         self.codec: Codec = Codec(SchedulerToWorker)
         self.runner: ModelRunner | None = None
@@ -89,8 +95,12 @@ class WorkerProcess:
             vocab_size=m.vocab_size, eos_token_id=m.eos_token_ids[0], num_layers=m.num_layers,
             num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, device=str(self.model.device),
             architecture=m.architecture, model_hash=s.identity, eos_token_ids=list(m.eos_token_ids),
-            max_model_len=s.max_model_len,
+            max_model_len=s.max_model_len, num_host_blocks=self.hello_num_host_blocks,
         )
+
+    @property
+    def hello_num_host_blocks(self) -> int:
+        return 0 if self.host_caches is None else self.host_caches[0].shape[1]
 
     def run(self, ctx: zmq.Context) -> int:
         """Serve until Shutdown (0) or a fatal condition (non-zero)."""
@@ -183,11 +193,19 @@ class WorkerProcess:
             return f"WorkerReady max_num_seqs {ready.max_num_seqs} / max_model_len {ready.max_model_len} must be positive"
         if ready.max_model_len > self.serving.max_model_len:
             return f"WorkerReady max_model_len {ready.max_model_len} is over this worker's {self.serving.max_model_len}"
+        if not 0 <= ready.num_host_blocks <= self.hello_num_host_blocks:
+            return f"WorkerReady num_host_blocks {ready.num_host_blocks} is outside 0..{self.hello_num_host_blocks} (the host tier this worker holds)"
+        if ready.num_host_blocks == 0 and self.host_caches is not None:
+            log.info("the scheduler manages no host tier: freeing its %d slots", self.hello_num_host_blocks)
+            self.host_caches = None
+        hosts = None if self.host_caches is None else [h[:, : ready.num_host_blocks] for h in self.host_caches]
         caches = [kv[:, : ready.num_blocks] for kv in self.kv_caches]
-        runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id, seed=c.seed)
+        runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id, seed=c.seed, host_caches=hosts)
         self._set_ready(runner)
         if self.metrics is not None:
             self.metrics.num_blocks.set(ready.num_blocks)
+            self.metrics.num_host_blocks.set(ready.num_host_blocks)
+            self.metrics.host_kv_bytes.set(sum(h.numel() * h.element_size() for h in self.host_caches or []))
             self.metrics.reset_totals()
         log.info(
             "ready: %d blocks, max_num_seqs %d, max_model_len %d, next step %d",
@@ -248,6 +266,8 @@ class WorkerProcess:
         elapsed = time.perf_counter() - t0
         if self.metrics is not None:
             self.metrics.observe_step(elapsed, runner.num_tokens_computed, runner.kv_bytes_written)
+            if (t := runner.tier) is not None:
+                self.metrics.observe_tier(t.store_bytes, t.store_seconds, t.load_bytes, t.load_seconds)
         logprobs = [] if out.logprobs is None else [
             SampledLogprobs(sid, lp.logprob, lp.top_token_ids, lp.top_logprobs)
             for sid, lp in zip(out.seq_ids, out.logprobs, strict=True) if lp is not None
