@@ -14,6 +14,11 @@ tables and of the KV slots, and fails on any breach of the contract (DESIGN.md):
 Each slot remembers *which prefix* wrote it (a rolling hash of the tokens up to
 that position), so a reader can tell its own data from anyone else's.
 
+With ``num_host_blocks`` it also models the offload tier: a plan's tier copies run
+after its row deltas, every store (device block -> host slot) first, then every
+load (host slot -> device block), then the writes; a copy moves the prefix keys
+of the whole block, so a load of the wrong data is caught by the reads.
+
 Sampling is a deterministic function of a row's tokens, so a workload's outputs
 do not depend on scheduling: runs with caching on/off, small pools or small
 budgets must produce identical outputs.
@@ -23,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protocol.worker_messages import RequestRow, StepPlan, StepResult
+from protocol.worker_messages import RequestRow, StepPlan, StepResult, TierCopies
 
 
 class ContractViolation(AssertionError):
@@ -54,8 +59,12 @@ class _Row:
 
 
 class FakeWorker:
-    def __init__(self, num_blocks: int, block_size: int, vocab_size: int = 512, check_reads: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, vocab_size: int = 512, check_reads: bool = True, num_host_blocks: int = 0):
         self.num_blocks = num_blocks
+        self.num_host_blocks = num_host_blocks
+        # (host slot, offset) -> prefix key copied there.
+        self.host_slots: dict[tuple[int, int], int] = {}
+        self.num_blocks_stored = self.num_blocks_loaded = 0
         self.block_size = block_size
         self.vocab_size = vocab_size
         self.check_reads = check_reads
@@ -81,6 +90,28 @@ class FakeWorker:
             for off in range(self.block_size):
                 self.slots.pop((b, off), None)
 
+    def _check_copies(self, copies: TierCopies) -> None:
+        if not self.num_host_blocks:
+            raise ContractViolation("tier copies in a plan, but this worker has no host tier")
+        if len(copies.store_device_ids) != len(copies.store_host_ids) or len(copies.load_host_ids) != len(copies.load_device_ids):
+            raise ContractViolation("tier copies: lists of different lengths")
+        for d in copies.store_device_ids + copies.load_device_ids:
+            if not 0 < d < self.num_blocks:
+                raise ContractViolation(f"tier copy of device block {d}, outside 1..{self.num_blocks - 1}")
+        for h in copies.store_host_ids + copies.load_host_ids:
+            if not 0 <= h < self.num_host_blocks:
+                raise ContractViolation(f"tier copy of host slot {h}, outside 0..{self.num_host_blocks - 1}")
+        if len(set(copies.store_host_ids)) != len(copies.store_host_ids) or len(set(copies.load_device_ids)) != len(copies.load_device_ids):
+            raise ContractViolation("tier copies: one host slot stored twice, or one device block loaded twice, in a step")
+
+    def _copy_block(self, src: dict, src_block: int, dst: dict, dst_block: int) -> None:
+        for off in range(self.block_size):
+            key = src.get((src_block, off))
+            if key is None:
+                dst.pop((dst_block, off), None)
+            else:
+                dst[(dst_block, off)] = key
+
     def execute(self, plan: StepPlan) -> StepResult:
         if plan.step_id != self.expected_step:
             raise ContractViolation(f"step {plan.step_id}, expected {self.expected_step}")
@@ -94,12 +125,14 @@ class FakeWorker:
                 raise ContractViolation(f"preempted row {seq_id} is not live")
             self.preempted.add(seq_id)
         fresh: set[int] = set()
+        # Blocks handed out this step: forgotten after the stores (which may read them).
+        fresh_blocks: list[int] = []
         for row in plan.new_rows:
             if row.seq_id in self.rows or row.seq_id in self.preempted:
                 raise ContractViolation(f"new row {row.seq_id} already known: rows are sent whole only once")
             self._check_row(row, "new")
             self.rows[row.seq_id] = _Row(list(row.token_ids), list(row.block_ids), row.num_computed_tokens)
-            self._fresh(row.block_ids[row.num_computed_tokens // bs :])
+            fresh_blocks.extend(row.block_ids[row.num_computed_tokens // bs :])
             fresh.add(row.seq_id)
         for row in plan.resumed_rows:
             if row.seq_id not in self.preempted or row.seq_id in self.rows:
@@ -107,7 +140,7 @@ class FakeWorker:
             self.preempted.discard(row.seq_id)
             self._check_row(row, "resumed")
             self.rows[row.seq_id] = _Row(list(row.token_ids), list(row.block_ids), row.num_computed_tokens)
-            self._fresh(row.block_ids[row.num_computed_tokens // bs :])
+            fresh_blocks.extend(row.block_ids[row.num_computed_tokens // bs :])
             fresh.add(row.seq_id)
         for app in plan.appended:
             r = self.rows.get(app.seq_id)
@@ -117,10 +150,21 @@ class FakeWorker:
                 if not 0 < b < self.num_blocks or b in r.block_ids:
                     raise ContractViolation(f"append to row {app.seq_id}: bad block id {b}")
             r.block_ids.extend(app.block_ids)
-            self._fresh(app.block_ids)
+            fresh_blocks.extend(app.block_ids)
         for seq_id in plan.num_scheduled_tokens:
             if seq_id not in self.rows:
                 raise ContractViolation(f"tokens scheduled for unknown row {seq_id}")
+        copies = plan.tier_copies
+        if copies is not None:
+            self._check_copies(copies)
+            for d, h in zip(copies.store_device_ids, copies.store_host_ids, strict=True):
+                self._copy_block(self.slots, d, self.host_slots, h)
+            self.num_blocks_stored += len(copies.store_device_ids)
+        self._fresh(fresh_blocks)
+        if copies is not None:
+            for h, d in zip(copies.load_host_ids, copies.load_device_ids, strict=True):
+                self._copy_block(self.host_slots, h, self.slots, d)
+            self.num_blocks_loaded += len(copies.load_host_ids)
 
         owners: dict[int, int] = {}
         for r in self.rows.values():

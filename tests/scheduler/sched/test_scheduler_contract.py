@@ -16,6 +16,7 @@ from kvtest.fake_worker import ContractViolation, FakeWorker
 from protocol.worker_messages import StepPlan
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.core.offload_tier import HostTier
 from scheduler.sched.request import Request, RequestStatus
 from scheduler.sched.scheduler import Scheduler
 
@@ -38,11 +39,13 @@ def make_workload(seed: int, n: int, block_size: int) -> list[dict]:
     return reqs
 
 
-def run(workload, *, num_blocks, block_size=4, max_num_seqs=8, budget=64, caching=True, max_model_len=256, check=True):
+def run(workload, *, num_blocks, block_size=4, max_num_seqs=8, budget=64, caching=True, max_model_len=256, check=True,
+        num_host_blocks=0, offload_store="eviction"):  # fmt: skip
     hasher = BlockHasher(block_size)
-    kv = KVCacheManager(num_blocks, block_size, max_model_len, enable_caching=caching)
+    tier = HostTier(num_host_blocks, block_size) if num_host_blocks else None
+    kv = KVCacheManager(num_blocks, block_size, max_model_len, enable_caching=caching, host_tier=tier, offload_store=offload_store)
     sched = Scheduler(kv, max_num_seqs, budget, max_model_len)
-    worker = FakeWorker(num_blocks, block_size, VOCAB)
+    worker = FakeWorker(num_blocks, block_size, VOCAB, num_host_blocks=num_host_blocks)
     outputs: dict[str, list[int]] = {w["request_id"]: [] for w in workload}
     reasons: dict[str, str] = {}
     step = 0
@@ -84,6 +87,9 @@ def run(workload, *, num_blocks, block_size=4, max_num_seqs=8, budget=64, cachin
         raise AssertionError("workload did not drain")
     assert kv.usage == 0.0
     assert len(sched.running) == 0 and len(sched.waiting) == 0
+    if kv.host_tier is not None:
+        # Idle: no copy in flight, no slot pinned.
+        assert kv.host_tier.get_usage() == 0.0 and not kv.host_tier.has_pending_copies()
     return outputs, reasons, sched, kv
 
 
@@ -207,3 +213,59 @@ def test_fake_worker_catches_breaches():
     w2.execute(first)
     with pytest.raises(ContractViolation, match="sent whole only once"):
         w2.execute(StepPlan(step_id=1, new_rows=first.new_rows))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("offload_store", ["eviction", "full"])
+def test_the_host_tier_keeps_outputs_and_the_contract(seed, offload_store):
+    # The fake worker runs the plan's copies (stores, then loads) on its model of
+    # the KV slots and checks every read: a load of the wrong data, or a store
+    # after its block was reused, fails the step.
+    wl = make_workload(seed, 40, 4)
+    ref_out, ref_reasons, _, _ = run([dict(w, abort_step=None) for w in wl], num_blocks=2000, budget=4096, caching=False, max_num_seqs=64)
+    num_loads = 0
+    for kwargs in (
+        dict(num_blocks=24, budget=64, num_host_blocks=64),  # preemptions
+        dict(num_blocks=40, budget=5, num_host_blocks=8),  # chunked prefill, a host tier smaller than the device pool
+        dict(num_blocks=16, budget=7, max_num_seqs=3, num_host_blocks=3),
+    ):
+        out, reasons, sched, kv = run(wl, offload_store=offload_store, **kwargs)
+        num_loads += kv.host_tier.num_loads
+        for w in wl:
+            rid = w["request_id"]
+            if reasons[rid] == "abort":
+                assert ref_out[rid][: len(out[rid])] == out[rid]
+            else:
+                assert out[rid] == ref_out[rid], (kwargs, rid)
+                assert reasons[rid] == ref_reasons[rid]
+    assert num_loads > 0
+
+
+def cycling_workload(num_prefixes: int, rounds: int, prefix_blocks: int, block_size: int = 4) -> list[dict]:
+    """Each prefix in turn, ``rounds`` times: a working set of num_prefixes x prefix_blocks."""
+    prefixes = [[2 + p] + [10 + (p * 7 + i) % 50 for i in range(prefix_blocks * block_size - 1)] for p in range(num_prefixes)]
+    return [
+        dict(request_id=f"r{r}-{p}", prompt=prefixes[p] + [3, 4 + r], max_tokens=2, ignore_eos=True, arrive_step=0, abort_step=None)
+        for r in range(rounds) for p in range(num_prefixes)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("offload_store", ["eviction", "full"])
+def test_a_working_set_over_the_device_pool_hits_in_the_host_tier(offload_store):
+    # 6 prefixes of 8 blocks: 48 blocks of working set; the device pool holds 20
+    # (about two prefixes), the host tier 64. One request at a time, cycling: the
+    # device alone misses every prefix again; with the tier the later rounds load it.
+    wl = cycling_workload(6, 3, 8)
+    ref_out, _, _, no_tier = run(wl, num_blocks=20, max_num_seqs=1)
+    out, _, _, kv = run(wl, num_blocks=20, max_num_seqs=1, num_host_blocks=64, offload_store=offload_store)
+    assert out == ref_out
+    queries = kv.prefix_cache_stats.queries
+    assert queries == no_tier.prefix_cache_stats.queries == sum(len(w["prompt"]) for w in wl)
+    hits_without = no_tier.prefix_cache_stats.hits
+    hits_with = kv.prefix_cache_stats.hits + kv.external_prefix_cache_stats.hits
+    assert hits_with > hits_without
+    # Rounds 2 and 3 find every prefix (32 tokens each) on the device or the host.
+    assert hits_with >= 2 * 6 * 32
+    ext = kv.external_prefix_cache_stats
+    assert ext.hits > 0 and ext.queries == queries - kv.prefix_cache_stats.hits
+    assert kv.host_tier.num_loads * 4 == ext.hits
