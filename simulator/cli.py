@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from scheduler.core.hashing import HASH_ALGOS
+from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
 from simulator.engine import SimConfig, SimResult, simulate
 from simulator.free_policies import FREE_POLICIES
 from simulator.plot import plot_hit_rates
@@ -88,6 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prefix-caching-hash-algo", choices=HASH_ALGOS, default=d.hash_algo,
                    help="block hash (default %(default)s: offline, so no adversary; results do not depend on it)")  # fmt: skip
     g.add_argument("--no-fast-forward", dest="fast_forward", action="store_false", help="step every decode step (slow; for checks)")
+    g = p.add_argument_group("host tier (offloading)")
+    g.add_argument("--kv-offloading-blocks", type=_int_list, default=[0], metavar="N",
+                   help="host-tier KV blocks (the scheduler's HostTier); a comma list runs each; 0: none (default 0)")
+    g.add_argument("--kv-offloading-store", choices=OFFLOAD_STORE_MODES, default=d.offload_store,
+                   help="when blocks go to the host tier: on eviction, or write-through when full (default %(default)s)")
+    g.add_argument("--offload-bandwidth-gbps", type=float, default=d.offload_bandwidth_gbps,
+                   help="host-to-device bandwidth a load is charged at, GB/s (default %(default)s)")
+    g.add_argument("--kv-bytes-per-token", type=int, default=d.kv_bytes_per_token,
+                   help="KV bytes of one token over all layers, for bytes moved (default %(default)s: Llama-3-8B, bfloat16)")
     g = p.add_argument_group("output")
     g.add_argument("--result-json", default=None, help='write {"results": [...]} here')
     g.add_argument("--plot", default=None, help="PNG of hit rate against capacity, a line per policy")
@@ -108,6 +118,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
+    if any(n < 0 for n in a.kv_offloading_blocks):
+        p.error(f"--kv-offloading-blocks must be >= 0, got {min(a.kv_offloading_blocks)}")
+    if not 0 < a.offload_bandwidth_gbps < math.inf:
+        p.error(f"--offload-bandwidth-gbps must be a positive number, got {a.offload_bandwidth_gbps}")
+    if a.kv_bytes_per_token < 1:
+        p.error(f"--kv-bytes-per-token must be positive, got {a.kv_bytes_per_token}")
     bad = [n for n in a.num_blocks if n < 2]
     if bad:
         p.error(f"--num-blocks must be at least 2 (block 0 is the null block), got {bad[0]}")
@@ -164,10 +180,25 @@ COLUMNS = (
 )  # fmt: skip
 
 
+# Shown when a run has a host tier: hit rate by tier (device + host = combined) and bytes moved.
+HOST_COLUMNS = (
+    ("num_host_blocks", "host blocks", "d"), ("host_hit_rate", "host hit rate", ".2%"),
+    ("combined_hit_rate", "both tiers", ".2%"), ("num_host_loads", "loads", "d"),
+    ("bytes_stored", "GB stored", "gb"), ("bytes_loaded", "GB loaded", "gb"), ("load_time_s", "load s", ".2f"),
+)  # fmt: skip
+
+
+def _cell(value, spec: str) -> str:
+    return f"{value / 1e9:.2f}" if spec == "gb" else format(value, spec)
+
+
 def format_table(results: list[SimResult]) -> str:
-    rows = [[h for _, h, _ in COLUMNS]]
-    rows += [[format(getattr(r, k), spec) for k, _, spec in COLUMNS] for r in results]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    cols = COLUMNS
+    if any(r.num_host_blocks for r in results):
+        cols = (*COLUMNS[:3], *HOST_COLUMNS, *COLUMNS[3:])
+    rows = [[h for _, h, _ in cols]]
+    rows += [[_cell(getattr(r, k), spec) for k, _, spec in cols] for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
     lines = ["  ".join(c.rjust(w) if i != 1 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))) for row in rows]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
@@ -189,15 +220,18 @@ def main(argv: list[str] | None = None) -> int:
           f"max_num_batched_tokens {a.max_num_batched_tokens}", file=sys.stderr)  # fmt: skip
     results = []
     for num_blocks in a.num_blocks:
-        for policy in a.policy:
-            cfg = SimConfig(
-                num_blocks, a.block_size, policy, a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
-                a.step_overhead_ms, a.ms_per_token, a.prefix_caching_hash_algo, a.fast_forward,
-            )  # fmt: skip
-            results.append(simulate(workload, cfg))
-            r = results[-1]
-            print(f"  {num_blocks} blocks, {policy}: hit rate {r.prefix_cache_hit_rate:.2%}, preempted "
-                  f"{r.prefix_cache_preempted_hit_rate:.2%} ({r.wall_s:.1f} s)", file=sys.stderr)  # fmt: skip
+        for num_host_blocks in a.kv_offloading_blocks:
+            for policy in a.policy:
+                cfg = SimConfig(
+                    num_blocks, a.block_size, policy, a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
+                    a.step_overhead_ms, a.ms_per_token, a.prefix_caching_hash_algo, a.fast_forward,
+                    num_host_blocks, a.kv_offloading_store, a.offload_bandwidth_gbps, a.kv_bytes_per_token,
+                )  # fmt: skip
+                results.append(simulate(workload, cfg))
+                r = results[-1]
+                host = f", host tier {num_host_blocks}: {r.host_hit_rate:.2%}" if num_host_blocks else ""
+                print(f"  {num_blocks} blocks, {policy}: hit rate {r.prefix_cache_hit_rate:.2%}{host}, preempted "
+                      f"{r.prefix_cache_preempted_hit_rate:.2%} ({r.wall_s:.1f} s)", file=sys.stderr)  # fmt: skip
     print(format_table(results))
     if a.result_json:
         config = {k: (str(v) if isinstance(v, float) and math.isinf(v) else v) for k, v in vars(a).items()}

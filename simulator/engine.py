@@ -10,7 +10,12 @@ completed its tokens, and `Scheduler.update_from_output` applies it. With nothin
 to run the clock jumps to the next arrival. Time is integer nanoseconds, so a run is
 exactly reproducible and fast-forwarding changes nothing.
 
-Pure decode stretches are fast-forwarded (simulator/fastforward.py).
+Pure decode stretches are fast-forwarded (simulator/fastforward.py), except with a
+host tier.
+
+With a host tier (``num_host_blocks``, the scheduler's own HostTier) a plan carries
+the tier's copies: its loads add ``bytes / offload_bandwidth_gbps`` to the step
+(they run before its tokens); its stores add nothing (the worker overlaps them).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 from protocol.worker_messages import StepResult
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.core.offload_tier import HostTier
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
 from simulator.fastforward import decode_horizon, fast_forward_decode
@@ -43,6 +49,14 @@ class SimConfig:
     ms_per_token: float = 0.02
     hash_algo: str = "xxhash"
     fast_forward: bool = True
+    # The host tier (scheduler/core/offload_tier.py): slots, when blocks go there
+    # ("eviction" or write-through "full"), the bandwidth a load is charged at, and
+    # the KV bytes of one token over all layers (bytes moved; the default is a
+    # Llama-3-8B in bfloat16: 2 x 32 layers x 8 KV heads x 128 dims x 2 bytes).
+    num_host_blocks: int = 0
+    offload_store: str = "eviction"
+    offload_bandwidth_gbps: float = 25.0
+    kv_bytes_per_token: int = 131072
 
 
 @dataclass(slots=True)
@@ -73,6 +87,23 @@ class SimResult:
     num_steps: int
     num_fast_forwarded_steps: int
     wall_s: float
+    # The host tier (zeros without one). host_hit_rate: host hits over all looked-up
+    # tokens, so prefix_cache_hit_rate + host_hit_rate = combined_hit_rate;
+    # external_prefix_cache_hit_rate is vLLM's: host hits over the tokens the device
+    # did not hold (vllm:external_prefix_cache_hits / _queries).
+    num_host_blocks: int = 0
+    host_hit_rate: float = 0.0
+    combined_hit_rate: float = 0.0
+    external_prefix_cache_hit_rate: float = 0.0
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
+    num_host_stores: int = 0
+    num_host_loads: int = 0
+    num_host_stores_skipped: int = 0
+    num_host_evictions: int = 0
+    bytes_stored: int = 0
+    bytes_loaded: int = 0
+    load_time_s: float = 0.0
     admit_ns: list[int] = field(default_factory=list, repr=False)
     first_token_ns: list[int] = field(default_factory=list, repr=False)
     finish_ns: list[int] = field(default_factory=list, repr=False)
@@ -95,7 +126,15 @@ def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], N
     wall_start = time.perf_counter()
     workload.reset()
     bs = cfg.block_size
-    kv = KVCacheManager(cfg.num_blocks, bs, cfg.max_model_len, pool_factory=pool_class(cfg.policy))
+    tier = HostTier(cfg.num_host_blocks, bs) if cfg.num_host_blocks else None
+    kv = KVCacheManager(cfg.num_blocks, bs, cfg.max_model_len, pool_factory=pool_class(cfg.policy), host_tier=tier,
+                        offload_store=cfg.offload_store)  # fmt: skip
+    # NOTE: no fast-forward with a host tier: its argument (module doc of
+    # fastforward.py) counts the waiting head's device hits only, and evictions
+    # there would move hits to the host tier, where a load needs fresh blocks.
+    fast_forward = cfg.fast_forward and tier is None
+    block_bytes = cfg.kv_bytes_per_token * bs
+    num_loads = 0
     sched = Scheduler(kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len)
     hasher = BlockHasher(bs, cfg.hash_algo)
     pool = kv.block_pool
@@ -146,6 +185,12 @@ def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], N
         for row in plan.new_rows:
             admit_ns[row.seq_id] = now
         step_ns = overhead_ns + per_token_ns * out.num_scheduled_tokens
+        if plan.tier_copies is not None and plan.tier_copies.load_device_ids:
+            # Loads run before the step's tokens: charged by bandwidth (1 GB/s = 1 byte/ns).
+            # Stores are not: the worker overlaps them (a side stream on CUDA).
+            loads = len(plan.tier_copies.load_device_ids)
+            num_loads += loads
+            step_ns += round(loads * block_bytes / cfg.offload_bandwidth_gbps)
         now += step_ns
         seq_ids, token_ids = [], []
         for req in out.scheduled:
@@ -159,7 +204,7 @@ def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], N
         for i in outputs.finish_reasons:
             finish_ns[outputs.requests[i].seq_id] = now
         any_finished = bool(outputs.finish_reasons)
-        if not cfg.fast_forward or any_finished or plan.new_rows or plan.resumed_rows or out.preempted:
+        if not fast_forward or any_finished or plan.new_rows or plan.resumed_rows or out.preempted:
             continue
         running = sched.running
         if out.num_scheduled_tokens != len(running) or len(seq_ids) != len(running):
@@ -180,7 +225,8 @@ def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], N
 
     if on_end is not None:
         on_end(sched)
-    stats = kv.prefix_cache_stats
+    stats, ext = kv.prefix_cache_stats, kv.external_prefix_cache_stats
+    host_hits = ext.hits if tier is not None else 0
     delays = [admit_ns[i] - specs[i].arrival_ns for i in range(n) if admit_ns[i] != NOT_YET]
     ttfts = [first_token_ns[i] - specs[i].arrival_ns for i in range(n) if first_token_ns[i] != NOT_YET]
     return SimResult(
@@ -205,6 +251,19 @@ def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], N
         num_steps=num_steps,
         num_fast_forwarded_steps=num_ff_steps,
         wall_s=time.perf_counter() - wall_start,
+        num_host_blocks=cfg.num_host_blocks,
+        host_hit_rate=host_hits / stats.queries if stats.queries else 0.0,
+        combined_hit_rate=(stats.hits + host_hits) / stats.queries if stats.queries else 0.0,
+        external_prefix_cache_hit_rate=ext.hit_rate if tier is not None else 0.0,
+        external_prefix_cache_queries=ext.queries if tier is not None else 0,
+        external_prefix_cache_hits=host_hits,
+        num_host_stores=tier.num_stores if tier is not None else 0,
+        num_host_loads=tier.num_loads if tier is not None else 0,
+        num_host_stores_skipped=tier.num_stores_skipped if tier is not None else 0,
+        num_host_evictions=tier.num_evictions if tier is not None else 0,
+        bytes_stored=(tier.num_stores if tier is not None else 0) * block_bytes,
+        bytes_loaded=(tier.num_loads if tier is not None else 0) * block_bytes,
+        load_time_s=num_loads * block_bytes / cfg.offload_bandwidth_gbps / 1e9,
         admit_ns=admit_ns,
         first_token_ns=first_token_ns,
         finish_ns=finish_ns,
