@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import signal
 import sys
@@ -22,6 +23,7 @@ from protocol.curve import CurveKeyError, load_keypair
 from worker.checkpoint import CheckpointError
 from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
 from worker.device_memory import check_host_tier_budget, check_kv_budget
+from worker.distributed import GroupError, TPGroup, parse_init_method
 from worker.kv_cache import (
     allocate_host_kv_caches,
     allocate_kv_caches,
@@ -33,6 +35,7 @@ from worker.kv_cache import (
 from worker.metrics import WorkerMetrics
 from worker.models.config import DTYPES, ModelConfigError
 from worker.process import WorkerProcess, WorkerStopping
+from worker.rank_group import LocalRanks, free_loopback_port, run_rank, threads_per_rank
 from worker.sampling_state import check_global_seed
 from worker.serving_model import load_serving_model
 from worker.threads import set_cpu_threads
@@ -142,6 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on scheduler timeout, drop every row and handshake again instead of exiting (default: off)")
     p.add_argument("--curve-client-key", metavar="FILE", help="CURVE: this worker's secret certificate (NAME.key_secret) (default: no CURVE)")
     p.add_argument("--curve-server-key", metavar="FILE", help="CURVE: the scheduler's public certificate (NAME.key) (default: no CURVE)")
+    p.add_argument("--tensor-parallel-size", type=int, default=d.tensor_parallel_size, metavar="N",
+                   help="ranks of one torch.distributed group (gloo on CPU, NCCL on CUDA), each holding 1/N of the heads and "
+                        "MLP; without --rank this process is rank 0 and starts the others on this host (default %(default)s)")
+    p.add_argument("--rank", type=int, default=None,
+                   help="this process's rank, when each rank is started by hand (several hosts; needs --distributed-init-method) "
+                        "(default: rank 0, starting the others on this host)")
+    p.add_argument("--distributed-init-method", default=None, metavar="tcp://HOST:PORT",
+                   help="rank 0's address for the group's TCP store (default: a free loopback port)")
+    p.add_argument("--distributed-timeout", type=float, default=d.distributed_timeout_s, metavar="SECONDS",
+                   help="how long a collective or the start-up rendezvous waits for another rank (default %(default)s)")
     return p
 
 
@@ -171,12 +184,27 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
         p.error(f"--max-model-len must be positive, got {a.max_model_len}")
     if a.max_num_batched_tokens < 1:
         p.error(f"--max-num-batched-tokens must be positive, got {a.max_num_batched_tokens}")
+    if a.tensor_parallel_size < 1:
+        p.error(f"--tensor-parallel-size must be positive, got {a.tensor_parallel_size}")
+    if a.rank is not None and not 0 <= a.rank < a.tensor_parallel_size:
+        p.error(f"--rank {a.rank} is outside 0..{a.tensor_parallel_size - 1} (--tensor-parallel-size {a.tensor_parallel_size})")
+    if a.rank is not None and a.distributed_init_method is None:
+        p.error("--rank needs --distributed-init-method (rank 0's address)")
+    if a.distributed_init_method is not None:
+        try:
+            parse_init_method(a.distributed_init_method)
+        except ValueError as e:
+            p.error(str(e))
+    if a.distributed_timeout <= 0:
+        p.error(f"--distributed-timeout must be positive, got {a.distributed_timeout}")
     return WorkerConfig(
         scheduler=a.scheduler, model=a.model, device=device, dtype=a.dtype, max_model_len=a.max_model_len,
         kv_cache_memory=a.kv_cache_memory, gpu_memory_utilization=a.gpu_memory_utilization,
         max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size, kv_offloading_size=a.kv_offloading_size, seed=a.seed, http_port=a.http_port,
         log_level=a.log_level, scheduler_timeout_s=a.scheduler_timeout, reconnect=a.reconnect,
         curve_client_key=a.curve_client_key, curve_server_key=a.curve_server_key,
+        tensor_parallel_size=a.tensor_parallel_size, rank=a.rank, distributed_init_method=a.distributed_init_method,
+        distributed_timeout_s=a.distributed_timeout,
     )
 
 def _on_sigterm(_signum, _frame) -> None:
@@ -188,11 +216,48 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if config.device == "cpu":
         log.info("torch uses %d CPU thread(s)", set_cpu_threads())
+    group = local_ranks = None
     try:
-        serving = load_serving_model(config.model, config.dtype, config.device, config.max_model_len)
+        if config.tensor_parallel_size > 1:
+            group, local_ranks = start_group(config, sys.argv[1:] if argv is None else list(argv))
+        serving = load_serving_model(config.model, config.dtype, config.device, config.max_model_len, group, config.block_size)
+        if group is not None:
+            group.start()
+        return _serve(config, serving, group)
     except (CheckpointError, ModelConfigError) as e:
         log.error("cannot serve this checkpoint: %s", e)
         return 2
+    except GroupError as e:
+        log.error("%s", e)
+        return 2
+    finally:
+        if group is not None:
+            group.close()
+        if local_ranks is not None:
+            local_ranks.stop()
+
+
+def start_group(config: WorkerConfig, argv: list[str]) -> tuple[TPGroup, LocalRanks | None]:
+    """This rank's group; rank 0 without --rank first starts ranks 1..N-1 here."""
+    n, local = config.tensor_parallel_size, None
+    init_method = config.distributed_init_method
+    if config.rank is None:
+        init_method = init_method or f"tcp://127.0.0.1:{free_loopback_port()}"
+        per_rank = threads_per_rank(n)
+        if config.device == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
+            torch.set_num_threads(per_rank)
+        local = LocalRanks(argv, n, init_method, per_rank)
+        log.info("rank 0 of %d: started ranks 1..%d (pids %s), store at %s", n, n - 1, local.pids, init_method)
+    rank = config.rank or 0
+    try:
+        return TPGroup(rank, n, init_method, torch.device(config.device), config.distributed_timeout_s, config.distributed_timeout_s), local
+    except GroupError:
+        if local is not None:
+            local.stop()
+        raise
+
+
+def _serve(config: WorkerConfig, serving, group: TPGroup | None) -> int:
     m, model = serving.config, serving.model
     log.info("%s from %s: %s, %s on %s, loaded in %.2f s", m.architecture, serving.directory, serving.identity,
              serving.dtype, model.device, serving.load_seconds)
@@ -206,15 +271,18 @@ def main(argv: list[str] | None = None) -> int:
         log.info("activation peak of a %d-token forward: %d bytes", config.max_num_batched_tokens, peak)
     else:
         budget = CPU_DEFAULT_KV_CACHE_MEMORY
-    per_block = kv_bytes_per_block(m.num_layers, config.block_size, m.num_kv_heads, m.head_dim, DTYPES[serving.dtype])
+    # NOTE: under tensor parallelism this rank's KV heads only; the pool is the smallest count over ranks.
+    per_block = kv_bytes_per_block(m.num_layers, config.block_size, model.num_kv_heads, m.head_dim, DTYPES[serving.dtype])
     num_blocks = num_blocks_for_budget(budget, per_block)
+    if group is not None:
+        num_blocks = group.min_over_ranks("num_blocks", num_blocks)
     if num_blocks < 2:
         log.error("a KV budget of %d bytes holds %d blocks of %d bytes; at least 2 are needed", budget, num_blocks, per_block)
         return 2
     log.info("device %s, dtype %s: %d KV blocks of %d bytes fit a budget of %d bytes", model.device, serving.dtype, num_blocks, per_block, budget)
     try:
         check_kv_budget(num_blocks * per_block, model.device)
-        kv_caches = allocate_kv_caches(m.num_layers, num_blocks, config.block_size, m.num_kv_heads, m.head_dim, DTYPES[serving.dtype], model.device)
+        kv_caches = allocate_kv_caches(m.num_layers, num_blocks, config.block_size, model.num_kv_heads, m.head_dim, DTYPES[serving.dtype], model.device)
     except (ValueError, RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
         log.error("cannot allocate the KV cache (%d blocks of %d bytes): %s", num_blocks, per_block, e)
         return 2
@@ -233,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("host KV tier: %d blocks of %d bytes (%g GiB)%s", num_host, per_block, config.kv_offloading_size,
                  ", pinned" if host_caches[0].is_pinned() else "")
     metrics = None
-    if config.http_port:
+    if config.http_port and (group is None or group.rank == 0):
         metrics = WorkerMetrics()
         try:
             metrics.serve(config.http_port)
@@ -244,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # NOTE: only now, with a scheduler to tell; before, SIGTERM simply ends the process.
         signal.signal(signal.SIGTERM, _on_sigterm)
+        if group is not None:
+            return run_rank(config, serving, kv_caches, metrics, group, ctx)
         return WorkerProcess(config, serving, kv_caches, metrics, host_caches).run(ctx)
     except WorkerStopping:
         return 0

@@ -39,3 +39,10 @@ class WorkerConfig:
     # CURVE: this worker's secret certificate and the scheduler's public one.
     curve_client_key: str | None = None
     curve_server_key: str | None = None
+    # Tensor parallelism: ranks in the group, this process's rank (None: rank 0, which
+    # starts the others on this host), rank 0's store address (None: a free loopback
+    # port), and how long a collective may wait for another rank.
+    tensor_parallel_size: int = 1
+    rank: int | None = None
+    distributed_init_method: str | None = None
+    distributed_timeout_s: float = 30.0

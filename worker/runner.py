@@ -69,9 +69,12 @@ class ModelRunner:
         # The offload tier's copies (plan.tier_copies), when this worker has a host tier.
         self.tier = TierCopier(kv_caches, host_caches) if host_caches else None
         self.block_table = BlockTable(max_num_seqs, max_blocks_per_seq, block_size, self.device)
-        self.attention = PagedAttention(kv_caches, model.config.num_heads, max_blocks_per_seq, workspace_bytes)
+        self.attention = PagedAttention(kv_caches, model.num_heads, max_blocks_per_seq, workspace_bytes)
         self.sampling = SamplingState(max_num_seqs, model.config.vocab_size, self.device, seed)
         self.rows: dict[int, RowState] = {}
+        # NOTE: False on tensor-parallel ranks other than 0: they run the model, rank 0
+        # samples, and its tokens reach them through append_sampled before the next plan.
+        self.samples = True
         self.next_step_id = next_step_id
         # Counters for the process loop to export; never reset.
         self.num_steps = 0
@@ -111,6 +114,11 @@ class ModelRunner:
         for ap in plan.appended:
             self.block_table.append(ap.seq_id, ap.block_ids)
         self.block_table.commit()
+
+    def append_sampled(self, seq_ids: list[int], token_ids: list[int]) -> None:
+        """The tokens rank 0 sampled for ``seq_ids`` (what an execute with ``samples`` False returned)."""
+        for sid, tok in zip(seq_ids, token_ids, strict=True):
+            self.rows[sid].token_ids.append(tok)
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepOutput:
@@ -182,6 +190,8 @@ class ModelRunner:
         self.kv_bytes_written += num_tokens * self._kv_bytes_per_token
         if not sample_seq:
             return StepOutput([], [], None, num_tokens)
+        if not self.samples:
+            return StepOutput(sample_seq, [], None, num_tokens)
         idx = torch.tensor(sample_idx, dtype=torch.long, device=dev)
         logits = self.model.compute_logits(hidden[idx])  # (N, V)
         rows = self.rows

@@ -3,6 +3,9 @@ context, and its identity for the scheduler (``WorkerHello``).
 
 Everything that can be wrong with a checkpoint is found here, before the worker says
 hello: a ``CheckpointError`` or ``ModelConfigError`` naming the file, tensor or reason.
+Under tensor parallelism a shard that cannot be cut (``ShardError``, a ModelConfigError)
+is found before anything is loaded; then every rank checks with rank 0 that they serve
+the same thing (``TPGroup.agree``: ``GroupError``) and loads only its shard.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ from pathlib import Path
 import torch
 
 from worker.checkpoint import Checkpoint
+from worker.distributed import TPGroup
 from worker.models.config import DTYPES, ModelConfig, ModelConfigError, model_config_from_hf
 from worker.models.decoder import DecoderModel
 from worker.models.loader import load_model
+from worker.parallel_linear import TPShard, plan_shard
 from worker.tiny.generate import default_checkpoint
 
 
@@ -29,6 +34,7 @@ class ServingModel:
     max_model_len: int
     identity: str  # hash of config.json and the weights' index
     load_seconds: float
+    shard: TPShard | None = None  # this rank's part, under tensor parallelism
 
 
 def resolve_dtype(requested: str, config: ModelConfig) -> str:
@@ -48,7 +54,10 @@ def check_max_model_len(config: ModelConfig, max_model_len: int | None, where: s
     return n
 
 
-def load_serving_model(model_dir: str | None, dtype: str, device: str, max_model_len: int | None = None) -> ServingModel:
+def load_serving_model(
+    model_dir: str | None, dtype: str, device: str, max_model_len: int | None = None, group: TPGroup | None = None,
+    block_size: int | None = None,
+) -> ServingModel:
     directory = Path(model_dir) if model_dir else default_checkpoint()
     t0 = time.perf_counter()
     ckpt = Checkpoint(directory)
@@ -58,7 +67,14 @@ def load_serving_model(model_dir: str | None, dtype: str, device: str, max_model
         raise ModelConfigError(f"{where}: no eos_token_id (in config.json or generation_config.json)")
     n = check_max_model_len(config, max_model_len, where)
     resolved = resolve_dtype(dtype, config)
-    model = load_model(ckpt, DTYPES[resolved], torch.device(device), config)
+    identity = ckpt.identity()
+    shard = None
+    if group is not None:
+        shard = plan_shard(config, group.rank, group.world_size, where)
+        # NOTE: the directory is not compared (hosts may mount it elsewhere); its identity is.
+        group.agree({"world_size": group.world_size, "architecture": config.architecture, "model": identity,
+                     "dtype": resolved, "max_model_len": n, "block_size": block_size, "device": torch.device(device).type})
+    model = load_model(ckpt, DTYPES[resolved], torch.device(device), config, shard, None if group is None else group.all_reduce)
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
-    return ServingModel(model, config, directory, resolved, n, ckpt.identity(), time.perf_counter() - t0)
+    return ServingModel(model, config, directory, resolved, n, identity, time.perf_counter() - t0, shard)

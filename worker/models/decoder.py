@@ -3,7 +3,9 @@ Qwen2, Qwen3): pre-norm blocks of grouped-query attention and a SwiGLU MLP.
 
 The variants are flags of one layer, not copies of the model: q/k/v (and o) biases are
 ``Linear`` biases that may be None; Qwen3's per-head q/k RMSNorm is ``q_norm``/``k_norm``
-(None elsewhere). The model owns no KV cache: ``forward`` takes an ``AttentionFn`` that
+(None elsewhere). Under tensor parallelism (``worker/parallel_linear.py``) a rank's model holds only its
+heads and MLP columns: ``num_heads``/``num_kv_heads`` are this rank's, o and down are
+row-parallel (one all-reduce each); with one rank they are the model's. The model owns no KV cache: ``forward`` takes an ``AttentionFn`` that
 receives each layer's rotated q and k and v and returns the attention output; the paged
 runner plugs in paged attention.
 """
@@ -18,6 +20,7 @@ import torch
 from worker.models.config import ModelConfig
 from worker.models.layers import GatedMLP, Linear, rms_norm
 from worker.models.rope import RotaryEmbedding, apply_rope
+from worker.parallel_linear import RowParallelLinear, TPShard
 
 
 class AttentionFn(Protocol):
@@ -34,8 +37,8 @@ class AttentionFn(Protocol):
 @dataclass(slots=True)
 class DecoderLayer:
     input_norm: torch.Tensor  # (H,)
-    qkv: Linear  # (q_size + 2 * kv_size, H): q_proj, k_proj, v_proj rows
-    o: Linear  # (H, q_size)
+    qkv: Linear  # (q_size + 2 * kv_size, H): q_proj, k_proj, v_proj rows (this rank's)
+    o: Linear | RowParallelLinear  # (H, q_size)
     post_attention_norm: torch.Tensor  # (H,)
     mlp: GatedMLP
     q_norm: torch.Tensor | None = None  # (hd,) Qwen3
@@ -45,8 +48,15 @@ class DecoderLayer:
 class DecoderModel:
     """Weights plus the forward pass; stateless between calls."""
 
-    def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[DecoderLayer], norm: torch.Tensor, lm_head: torch.Tensor):
+    def __init__(
+        self, config: ModelConfig, embed: torch.Tensor, layers: list[DecoderLayer], norm: torch.Tensor, lm_head: torch.Tensor,
+        shard: TPShard | None = None,
+    ):
         self.config = config
+        self.shard = shard
+        # This rank's heads (the model's without tensor parallelism).
+        self.num_heads = config.num_heads if shard is None else shard.num_heads
+        self.num_kv_heads = config.num_kv_heads if shard is None else shard.num_kv_heads
         self.embed = embed  # (V, H)
         self.layers = layers
         self.norm = norm  # (H,)
@@ -59,19 +69,21 @@ class DecoderModel:
         """token_ids, positions: (T,) int64 on the model's device. Returns the final
         normed hidden states (T, H); ``compute_logits`` turns the rows you need into logits."""
         c = self.config
-        T, eps = token_ids.shape[0], c.rms_norm_eps
+        T, eps, hd = token_ids.shape[0], c.rms_norm_eps, c.head_dim
+        nh, kvh = self.num_heads, self.num_kv_heads
+        q_size, kv_size = nh * hd, kvh * hd
         cos, sin = self.rotary.cos_sin(positions, self.dtype)  # (T, 1, hd/2) each
         x = self.embed[token_ids]  # (T, H)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, eps)
-            q, k, v = layer.qkv(h).split((c.q_size, c.kv_size, c.kv_size), dim=-1)
-            q = q.view(T, c.num_heads, c.head_dim)  # (T, nh, hd)
-            k = k.view(T, c.num_kv_heads, c.head_dim)  # (T, kvh, hd)
-            v = v.reshape(T, c.num_kv_heads, c.head_dim)  # (T, kvh, hd)
+            q, k, v = layer.qkv(h).split((q_size, kv_size, kv_size), dim=-1)
+            q = q.view(T, nh, hd)  # (T, nh, hd)
+            k = k.view(T, kvh, hd)  # (T, kvh, hd)
+            v = v.reshape(T, kvh, hd)  # (T, kvh, hd)
             if layer.q_norm is not None:
                 q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
             o = attention(i, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)  # (T, nh, hd)
-            x = x + layer.o(o.reshape(T, c.q_size))
+            x = x + layer.o(o.reshape(T, q_size))
             x = x + layer.mlp(rms_norm(x, layer.post_attention_norm, eps))
         return rms_norm(x, self.norm, eps)  # (T, H)
 

@@ -4,6 +4,10 @@ The table is vLLM's ``stacked_params_mapping``: q_proj, k_proj, v_proj become on
 projection (rows concatenated in that order) and gate_proj, up_proj one gate_up. Every
 tensor's shape is checked against config.json before it is used; a tied lm_head is the
 embedding itself.
+
+With a ``TPShard`` (tensor parallelism) the whole tensors are read, then each rank keeps
+its slice (``worker/parallel_linear.py``) and drops the rest; o_proj and down_proj become
+row-parallel around the group's all-reduce.
 """
 
 from __future__ import annotations
@@ -14,6 +18,14 @@ from worker.checkpoint import Checkpoint, CheckpointError
 from worker.models.config import ModelConfig, model_config_from_hf
 from worker.models.decoder import DecoderLayer, DecoderModel
 from worker.models.layers import GatedMLP, Linear
+from worker.parallel_linear import (
+    AllReduce,
+    RowParallelLinear,
+    TPShard,
+    shard_columns,
+    shard_gate_up,
+    shard_qkv,
+)
 
 # fused name -> the checkpoint's parts, concatenated along dim 0
 STACKED = {
@@ -56,8 +68,36 @@ def _stacked(w: dict[str, torch.Tensor], prefix: str, fused: str, suffix: str) -
     return torch.cat([w.pop(p) for p in parts])
 
 
-def build_decoder(config: ModelConfig, w: dict[str, torch.Tensor]) -> DecoderModel:
-    """The model from checked tensors (``w`` is consumed)."""
+def _sharded_layer(config: ModelConfig, w: dict[str, torch.Tensor], p: str, s: TPShard, all_reduce: AllReduce) -> DecoderLayer:
+    a, m, hd = f"{p}self_attn.", f"{p}mlp.", config.head_dim
+
+    def qkv(suffix: str) -> torch.Tensor | None:
+        return shard_qkv(*(w.pop(f"{a}{n}.{suffix}", None) for n in STACKED["qkv_proj"]), s, hd)
+
+    gate_up = shard_gate_up(w.pop(f"{m}gate_proj.weight"), w.pop(f"{m}up_proj.weight"), s)
+    return DecoderLayer(
+        input_norm=w.pop(f"{p}input_layernorm.weight"),
+        qkv=Linear(qkv("weight"), qkv("bias")),
+        o=RowParallelLinear(shard_columns(w.pop(f"{a}o_proj.weight"), s.q_start * hd, s.num_heads * hd), w.pop(f"{a}o_proj.bias", None), all_reduce),
+        post_attention_norm=w.pop(f"{p}post_attention_layernorm.weight"),
+        mlp=GatedMLP(Linear(gate_up), RowParallelLinear(
+            shard_columns(w.pop(f"{m}down_proj.weight"), s.rank * s.intermediate_size, s.intermediate_size), None, all_reduce)),
+        q_norm=w.pop(f"{a}q_norm.weight", None),
+        k_norm=w.pop(f"{a}k_norm.weight", None),
+    )
+
+
+def build_decoder(
+    config: ModelConfig, w: dict[str, torch.Tensor], shard: TPShard | None = None, all_reduce: AllReduce | None = None
+) -> DecoderModel:
+    """The model from checked tensors (``w`` is consumed); with ``shard``, this rank's part."""
+    if shard is not None and shard.size > 1:
+        if all_reduce is None:
+            raise ValueError("a sharded model needs the group's all_reduce")
+        layers = [_sharded_layer(config, w, f"model.layers.{i}.", shard, all_reduce) for i in range(config.num_layers)]
+        embed = w.pop("model.embed_tokens.weight")
+        lm_head = embed if config.tie_word_embeddings else w.pop("lm_head.weight")
+        return DecoderModel(config, embed, layers, w.pop("model.norm.weight"), lm_head, shard)
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
@@ -77,7 +117,8 @@ def build_decoder(config: ModelConfig, w: dict[str, torch.Tensor]) -> DecoderMod
 
 
 def load_model(
-    checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device | str, config: ModelConfig | None = None
+    checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device | str, config: ModelConfig | None = None,
+    shard: TPShard | None = None, all_reduce: AllReduce | None = None,
 ) -> DecoderModel:
     """Read, check and assemble. Raises CheckpointError (or ModelConfigError) naming
     the file and tensor at fault."""
@@ -89,4 +130,4 @@ def load_model(
         if tuple(weights[name].shape) != shape:
             file = checkpoint.tensor_files[name]
             raise CheckpointError(f"{file}: tensor {name!r} has shape {tuple(weights[name].shape)}, config.json says {shape}")
-    return build_decoder(config, weights)
+    return build_decoder(config, weights, shard, all_reduce)

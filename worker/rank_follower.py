@@ -1,0 +1,81 @@
+"""A tensor-parallel rank other than 0: it never talks to the scheduler.
+
+It does what rank 0 fans out (``worker.plan_fanout``), in order: builds its runner from
+the WorkerReady rank 0 accepted, and for each plan first appends the tokens rank 0
+sampled in the step before, then checks, applies and runs the plan on its shard (its
+all-reduces meet rank 0's) without sampling. A plan rank 0 refuses is refused here the
+same way (the same check over the same state), so no rank's rows change.
+
+Exits 0 on STOP; ``GroupLost`` (rank 0 died, or stopped broadcasting for longer than
+``--distributed-timeout``) propagates to ``worker.__main__``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from protocol.codec import Codec
+from protocol.worker_messages import SchedulerToWorker, StepPlan, WorkerReady
+from worker.distributed import GroupLost
+from worker.models.decoder import DecoderModel
+from worker.plan_check import PlanError
+from worker.plan_fanout import Kind, PlanFanout
+from worker.runner import ModelRunner
+
+log = logging.getLogger("worker")
+
+
+class RankFollower:
+    def __init__(self, model: DecoderModel, kv_caches: list[torch.Tensor], fanout: PlanFanout):
+        self.model = model
+        self.kv_caches = kv_caches  # each (2, num_blocks, block_size, local kv heads, head_dim)
+        self.fanout = fanout
+        self.codec: Codec = Codec(SchedulerToWorker)
+        self.runner: ModelRunner | None = None
+        self._waiting: list[int] = []  # rows that reached their last token in the step before
+        self.num_steps = 0
+
+    def run(self) -> int:
+        rank = self.fanout.group.rank
+        while True:
+            kind, tokens, frame = self.fanout.recv()
+            match kind:
+                case Kind.KEEPALIVE:
+                    pass
+                case Kind.PLAN:
+                    self._step(tokens, frame)
+                case Kind.READY:
+                    self._install(self.codec.decode(frame))
+                case Kind.RESET:
+                    self.runner, self._waiting = None, []
+                case Kind.STOP:
+                    log.info("rank %d: the group stops", rank)
+                    return 0
+
+    def _install(self, ready: WorkerReady) -> None:
+        caches = [kv[:, : ready.num_blocks] for kv in self.kv_caches]
+        self.runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id)
+        self.runner.samples = False
+        self._waiting = []
+        log.info("rank %d ready: %d blocks, next step %d", self.fanout.group.rank, ready.num_blocks, ready.next_step_id)
+
+    def _step(self, tokens: list[int], frame: bytes) -> None:
+        runner = self.runner
+        if runner is None:
+            raise GroupLost(f"rank {self.fanout.group.rank}: a plan before WorkerReady")
+        if len(tokens) != len(self._waiting):
+            raise GroupLost(
+                f"rank {self.fanout.group.rank}: rank 0 sampled {len(tokens)} tokens, this rank expected {len(self._waiting)}"
+            )
+        runner.append_sampled(self._waiting, tokens)
+        self._waiting = []
+        plan = self.codec.decode(frame)
+        assert type(plan) is StepPlan
+        try:
+            out = runner.execute(plan)
+        except PlanError:
+            return
+        self._waiting = out.seq_ids
+        self.num_steps += 1
