@@ -14,6 +14,7 @@ from protocol.worker_messages import StepResult, WorkerHello
 # A pool is one Python object per block: past this the hello is not believable.
 MAX_NUM_BLOCKS = 1 << 27
 MAX_VOCAB_SIZE = 1 << 31
+MAX_WORLD_SIZE = 1 << 10
 
 
 class WorkerRefused(ValueError):
@@ -37,8 +38,13 @@ def pool_size_for(
     max_model_len: int | None = None,
 ) -> int:
     """The number of blocks the pool gets with this worker, or WorkerRefused."""
-    if hello.world_size != 1 or hello.rank != 0:
-        raise WorkerRefused(f"rank {hello.rank} of world_size {hello.world_size}: tensor parallelism is not supported yet")
+    # NOTE: a tensor-parallel group talks to the scheduler through rank 0 alone, which
+    # fans each plan out to its other ranks (docs/architecture.md, "Tensor parallelism").
+    if hello.rank != 0 or not 1 <= hello.world_size <= MAX_WORLD_SIZE:
+        raise WorkerRefused(
+            f"rank {hello.rank} of world_size {hello.world_size}: only rank 0 of a tensor-parallel group (world_size "
+            f"1..{MAX_WORLD_SIZE}) says hello; the other ranks get their plans from it"
+        )
     if hello.block_size != block_size:
         raise WorkerRefused(f"block size {hello.block_size} differs from the scheduler's --block-size {block_size}")
     if not 2 <= hello.num_blocks <= MAX_NUM_BLOCKS:

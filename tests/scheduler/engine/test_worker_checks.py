@@ -58,3 +58,13 @@ def test_a_first_worker_sizes_the_pool_or_the_override_does():
         pool_size_for(hello(num_blocks=300), 16, 400, None)
     with pytest.raises(WorkerRefused, match="block size 8"):
         pool_size_for(hello(block_size=8), 16, None, None)
+
+
+def test_rank_0_of_a_tensor_parallel_group_is_taken():
+    assert pool_size_for(hello(world_size=2), 16, None, None, 4096) == 100
+
+
+@pytest.mark.parametrize("rank,world_size", [(1, 2), (0, 0), (0, 1 << 11)])
+def test_another_rank_or_an_impossible_group_is_refused(rank, world_size):
+    with pytest.raises(WorkerRefused, match=f"rank {rank} of world_size {world_size}: only rank 0 of a tensor-parallel group"):
+        pool_size_for(hello(rank=rank, world_size=world_size), 16, None, None, 4096)
