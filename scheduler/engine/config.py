@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from protocol.curve import CurveKeyError, load_keypair
 from protocol.kv_events import INT_BLOCK_HASHES_ENV, int_block_hashes_from_env
 from scheduler.core.hashing import HASH_ALGOS
+from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
 from scheduler.engine.kv_event_publisher import check_local_endpoint
 
 
@@ -59,6 +60,12 @@ class SchedulerConfig:
     # vLLM's KV residency histograms; kvpool watches every block by default (vLLM: 0.01).
     kv_cache_metrics: bool = False
     kv_cache_metrics_sample: float = 1.0
+    # The host-memory offload tier (vLLM's --kv-offloading-size, GiB): on when > 0.
+    # The worker allocates it; the tier gets the slots its WorkerHello offers.
+    kv_offloading_size: float = 0.0
+    # When blocks are copied to the host tier: "eviction" (when their hash leaves
+    # the device) or "full" (write-through, once computed).
+    kv_offloading_store: str = "eviction"
 
     @property
     def curve(self) -> bool:
@@ -115,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KV residency histograms (vllm:kv_block_lifetime_seconds, _idle_before_evict_, _reuse_gap_)")  # fmt: skip
     p.add_argument("--kv-cache-metrics-sample", type=float, default=d.kv_cache_metrics_sample, metavar="FRACTION",
                    help="fraction of block allocations watched, in (0, 1] (default %(default)s: every block; vLLM's is 0.01)")  # fmt: skip
+    g = p.add_argument_group("offload tier (vLLM's native CPU offloading)")
+    g.add_argument("--kv-offloading-size", type=float, default=d.kv_offloading_size, metavar="GIB",
+                   help="keep evicted KV blocks in host memory and load them back on a hit; the worker allocates the "
+                        "GiB (give it the same flag) and the tier takes the slots it offers (default %(default)s: off)")  # fmt: skip
+    g.add_argument("--kv-offloading-store", choices=OFFLOAD_STORE_MODES, default=d.kv_offloading_store,
+                   help="copy a block to host memory when it is evicted from the device, or as soon as it is computed "
+                        "(write-through) (default %(default)s)")  # fmt: skip
     g = p.add_argument_group("KV events (vLLM's ZMQ format, for KV-aware routers)")
     g.add_argument("--kv-events-endpoint", metavar="ENDPOINT", help="bind a ZMQ PUB socket here and publish KV cache events, e.g. tcp://127.0.0.1:5557")
     g.add_argument("--kv-events-replay-endpoint", metavar="ENDPOINT", help="ROUTER socket serving missed batches, e.g. tcp://127.0.0.1:5558")
@@ -160,6 +174,10 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
         p.error("--kv-events-buffer-steps must be positive")
     if a.data_parallel_rank < 0:
         p.error(f"--data-parallel-rank must be non-negative, got {a.data_parallel_rank}")
+    if not a.kv_offloading_size >= 0.0:
+        p.error(f"--kv-offloading-size must be a size in GiB, 0 or more, got {a.kv_offloading_size}")
+    if a.kv_offloading_size > 0 and not a.enable_prefix_caching:
+        p.error("--kv-offloading-size needs the prefix cache: blocks are offloaded and found by hash (drop --no-enable-prefix-caching)")
     if not 0.0 < a.kv_cache_metrics_sample <= 1.0:
         p.error(f"--kv-cache-metrics-sample must be in (0, 1], got {a.kv_cache_metrics_sample}")
     if a.kv_events_int_block_hashes is None:

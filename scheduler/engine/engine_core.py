@@ -65,7 +65,9 @@ class EngineCore(WorkerSide):
             int_block_hashes=config.kv_events_int_block_hashes, data_parallel_rank=config.data_parallel_rank,
         )  # fmt: skip
         self.client_codec: Codec = Codec(ClientRequest, config.max_frame_bytes)
-        self.metrics = SchedulerMetrics(config.model_name, kv_cache_metrics=config.kv_cache_metrics)
+        self.metrics = SchedulerMetrics(
+            config.model_name, kv_cache_metrics=config.kv_cache_metrics, kv_offloading=config.kv_offloading_size > 0
+        )
         self.hasher = BlockHasher(config.block_size, config.prefix_caching_hash_algo)
         # Made when the first worker acknowledges WorkerReady (the pool's size is known); kept after.
         self.kv: KVCacheManager | None = None

@@ -17,13 +17,16 @@ from scheduler.sched.outputs import StepOutputs
 from scheduler.sched.scheduler import Scheduler
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+# vLLM's sources of prompt tokens (vllm:prompt_tokens_by_source).
+PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 class SchedulerMetrics:
-    def __init__(self, model_name: str, engine: str = "0", kv_cache_metrics: bool = False):
+    def __init__(self, model_name: str, engine: str = "0", kv_cache_metrics: bool = False, kv_offloading: bool = False):
         """``kv_cache_metrics``: also the KV residency histograms (vLLM's
-        --kv-cache-metrics; the pool must be a `ResidencyBlockPool`)."""
+        --kv-cache-metrics; the pool must be a `ResidencyBlockPool`).
+        ``kv_offloading``: also the host tier's (--kv-offloading-size)."""
         self.registry = CollectorRegistry()
         labels = ["model_name", "engine"]
         self._label_values = (model_name, engine)
@@ -56,6 +59,16 @@ class SchedulerMetrics:
         self.prefix_cache_preempted_hits = counter(
             "kvpool_prefix_cache_preempted_hits", "Prefix cache hits of requests resumed after preemption, in tokens."
         )
+        # vLLM's KV connector counters: here the host tier is the connector.
+        self.external_prefix_cache_queries = counter(
+            "vllm:external_prefix_cache_queries", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens."
+        )
+        self.external_prefix_cache_hits = counter(
+            "vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens."
+        )
+        by_source = Counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", [*labels, "source"], registry=r)
+        # Of first admissions' prompt tokens: computed, found on the device, loaded from the host tier.
+        self.prompt_tokens_by_source = {s: by_source.labels(*self._label_values, s) for s in PROMPT_TOKEN_SOURCES}
         self.num_running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.num_waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
         self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions.")
@@ -87,6 +100,21 @@ class SchedulerMetrics:
                 "Only the most recent accesses are recorded (ring buffer). "
                 "Sampled metrics (controlled by --kv-cache-metrics-sample).", RESIDENCY_BUCKETS,
             )  # fmt: skip
+        self.offload = None
+        if kv_offloading:
+            # Blocks, not bytes: the scheduler does not know the KV dtype; the worker
+            # exports the bytes and times (vllm:kv_offload_total_bytes, ...).
+            self.offload = dict(
+                usage=gauge("vllm:kv_offload_cpu_cache_usage_perc",
+                            "Fraction of the CPU offload tier pinned by transfers in flight (vLLM's meaning: 0 when idle)."),
+                cached=gauge("kvpool_kv_offload_cpu_cached_blocks", "Host-tier slots holding a block hash (stored or being stored)."),
+                num_blocks=gauge("kvpool_kv_offload_num_cpu_blocks", "Slots of the host tier (WorkerReady num_host_blocks)."),
+                stores=counter("kvpool_kv_offload_stored_blocks", "Blocks copied from the device to the host tier."),
+                loads=counter("kvpool_kv_offload_loaded_blocks", "Blocks copied from the host tier to the device (host-tier hits)."),
+                skipped=counter("kvpool_kv_offload_stores_skipped", "Stores not made: the host tier held the block's hash already."),
+                dropped=counter("kvpool_kv_offload_stores_dropped", "Stores not made: every host slot was pinned by a transfer in flight."),
+                evictions=counter("kvpool_kv_offload_evictions", "Host-tier blocks evicted (LRU) to make room for a store."),
+            )  # fmt: skip
         self._last: dict[str, int] = {}
         self._token_usage_of: tuple[Scheduler, KVCacheManager] | None = None
 
@@ -114,6 +142,23 @@ class SchedulerMetrics:
         self._sync("prompt", self.prompt_tokens, scheduler.num_prompt_tokens)
         self._sync("generation", self.generation_tokens, scheduler.num_generation_tokens)
         self._sync("evictions", self.evictions, pool.num_evictions)
+        ext = kv.external_prefix_cache_stats
+        self._sync("ext_queries", self.external_prefix_cache_queries, ext.queries)
+        self._sync("ext_hits", self.external_prefix_cache_hits, ext.hits)
+        by_source = self.prompt_tokens_by_source
+        self._sync("src_compute", by_source["local_compute"], stats.queries - stats.hits - ext.hits)
+        self._sync("src_local", by_source["local_cache_hit"], stats.hits)
+        self._sync("src_external", by_source["external_kv_transfer"], ext.hits)
+        tier, m = kv.host_tier, self.offload
+        if tier is not None and m is not None:
+            m["usage"].set(tier.get_usage())
+            m["cached"].set(tier.num_cached_blocks)
+            m["num_blocks"].set(tier.num_host_blocks)
+            self._sync("offload_stores", m["stores"], tier.num_stores)
+            self._sync("offload_loads", m["loads"], tier.num_loads)
+            self._sync("offload_skipped", m["skipped"], tier.num_stores_skipped)
+            self._sync("offload_dropped", m["dropped"], tier.num_stores_dropped)
+            self._sync("offload_evictions", m["evictions"], tier.num_evictions)
         self.peak_kv_cache_usage.set(kv.peak_usage)
         if self._token_usage_of is None or self._token_usage_of[0] is not scheduler or self._token_usage_of[1] is not kv:
             self._token_usage_of = (scheduler, kv)

@@ -87,3 +87,26 @@ def check_result(result: StepResult, vocab_size: int) -> None:
     bad = next((t for t in result.sampled_token_ids if not 0 <= t < vocab_size), None)
     if bad is not None:
         raise ValueError(f"step {result.step_id}: the worker sampled token id {bad}, outside the vocabulary (0..{vocab_size - 1})")
+
+
+def host_tier_size_for(hello: WorkerHello, kv_offloading_size: float, current: int | None) -> int:
+    """The host-tier slots the scheduler manages with this worker (WorkerReady's
+    num_host_blocks; 0: no tier), or WorkerRefused. ``current``: the tier already
+    built for an earlier worker, None before the first."""
+    if kv_offloading_size <= 0:
+        return 0  # the worker frees any host memory it offered
+    if hello.num_host_blocks <= 0:
+        raise WorkerRefused(
+            f"the scheduler runs with --kv-offloading-size {kv_offloading_size:g} GiB but the worker offers no host KV "
+            "blocks: start the worker with --kv-offloading-size too (kvpool serve passes it to both)"
+        )
+    if hello.num_host_blocks > MAX_NUM_BLOCKS:
+        raise WorkerRefused(f"the worker offers {hello.num_host_blocks} host KV blocks; at most {MAX_NUM_BLOCKS} are supported")
+    if current is not None:
+        if hello.num_host_blocks < current:
+            raise WorkerRefused(
+                f"the worker offers {hello.num_host_blocks} host KV blocks, fewer than the host tier's {current}: "
+                "give it a larger --kv-offloading-size, or restart the scheduler to size a new tier"
+            )
+        return current
+    return hello.num_host_blocks

@@ -10,7 +10,8 @@ its own file; the link's state machine itself is ``worker_link.WorkerLink``.
 * a hello from the attached worker is a loss then a handshake; from another, the
   attached one is probed and the newcomer refused only if it still answers.
 * a loss (``_on_worker_lost``, called once per loss by the link): running requests
-  go back to waiting as if preempted, and the prefix cache must reset.
+  go back to waiting as if preempted, and the prefix cache must reset: both tiers,
+  since the host tier's contents are as unknown as the device's.
 """
 
 from __future__ import annotations
@@ -31,10 +32,16 @@ from protocol.worker_messages import (
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.block_residency import residency_pool_factory
 from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.core.offload_tier import HostTier
 from scheduler.engine.config import SchedulerConfig
 from scheduler.engine.metrics import SchedulerMetrics
 from scheduler.engine.sockets import LoopYield, RouterPort, peer_name
-from scheduler.engine.worker_checks import PoolShape, WorkerRefused, pool_size_for
+from scheduler.engine.worker_checks import (
+    PoolShape,
+    WorkerRefused,
+    host_tier_size_for,
+    pool_size_for,
+)
 from scheduler.engine.worker_link import LinkState, WorkerLink, WorkerLost
 from scheduler.sched.scheduler import Scheduler
 from scheduler.sched.validation import RequestLimits
@@ -105,15 +112,22 @@ class WorkerSide:
         )
         try:
             num_blocks = pool_size_for(hello, c.block_size, c.num_gpu_blocks_override, current, c.max_model_len)
+            num_host_blocks = host_tier_size_for(hello, c.kv_offloading_size, self._host_tier_size())
         except WorkerRefused as e:
             return await self._refuse_worker(ident, str(e))
         link.begin_handshake(ident, hello, num_blocks)
         next_step_id = 0 if self.scheduler is None else self.scheduler.next_step_id
         try:
-            await link.send(WorkerReady(num_blocks, c.block_size, c.max_num_seqs, c.max_model_len, next_step_id))
+            await link.send(WorkerReady(num_blocks, c.block_size, c.max_num_seqs, c.max_model_len, next_step_id, num_host_blocks))
         except WorkerLost:
             return
-        log.info("worker %s: WorkerReady sent (%d blocks), awaiting its acknowledgement", link.name, num_blocks)
+        log.info("worker %s: WorkerReady sent (%d blocks, %d host blocks), awaiting its acknowledgement", link.name, num_blocks, num_host_blocks)
+
+    def _host_tier_size(self) -> int | None:
+        """The host tier's slots, once built (None before the first worker)."""
+        if self.kv is None:
+            return None
+        return 0 if self.kv.host_tier is None else self.kv.host_tier.num_host_blocks
 
     def _on_worker_ready(self) -> None:
         """The worker acknowledged WorkerReady: only now is a pool built for it."""
@@ -121,14 +135,19 @@ class WorkerSide:
         if self.kv is None:
             # NOTE: without --kv-cache-metrics the pool is the plain one: no hook at all.
             pool_factory = residency_pool_factory(c.kv_cache_metrics_sample) if c.kv_cache_metrics else BlockPool
+            num_host_blocks = host_tier_size_for(hello, c.kv_offloading_size, None)
+            host_tier = HostTier(num_host_blocks, c.block_size, event_sink=self.kv_event_sink) if num_host_blocks else None
             self.kv = KVCacheManager(
-                num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory
-            )
+                num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory,
+                host_tier=host_tier, offload_store=c.kv_offloading_store,
+            )  # fmt: skip
             self.scheduler = Scheduler(self.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len)
             self.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
             self.eos_token_ids = tuple(hello.eos_token_ids) or (hello.eos_token_id,)
             self.model_identity = (hello.architecture, hello.model_hash)
             log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d)", num_blocks, c.block_size, hello.device, hello.num_blocks)
+            if host_tier is not None:
+                log.info("host tier of %d blocks (--kv-offloading-store %s)", num_host_blocks, c.kv_offloading_store)
         self.worker_lost_at = None
         self._wakeup.set()
         log.info("worker %s ready (%d requests waiting)", self.worker.name, self.scheduler.num_waiting)

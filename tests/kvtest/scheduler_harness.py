@@ -164,8 +164,10 @@ class WorkerThread:
     every message and send nothing (a hung worker). ``rehello()``: say hello again.
     """
 
-    def __init__(self, ctx: zmq.Context, address: str, num_blocks: int = NUM_BLOCKS):
+    def __init__(self, ctx: zmq.Context, address: str, num_blocks: int = NUM_BLOCKS, num_host_blocks: int = 0):
         self.ctx, self.address, self.num_blocks = ctx, address, num_blocks
+        # Host-tier slots offered in the hello (the offload tier); 0: none.
+        self.num_host_blocks = num_host_blocks
         self.to_worker: Codec = Codec(SchedulerToWorker)
         self.to_scheduler: Codec = Codec(WorkerToScheduler)
         self.delay_s = 0.0
@@ -196,7 +198,8 @@ class WorkerThread:
         self._thread.join(timeout=5)
 
     def _hello(self) -> WorkerHello:
-        return WorkerHello(rank=0, world_size=1, num_blocks=self.num_blocks, block_size=BS, vocab_size=VOCAB, eos_token_id=EOS)
+        return WorkerHello(rank=0, world_size=1, num_blocks=self.num_blocks, block_size=BS, vocab_size=VOCAB, eos_token_id=EOS,
+                           num_host_blocks=self.num_host_blocks)  # fmt: skip
 
     def _run(self) -> None:
         sock = self.ctx.socket(zmq.DEALER)
@@ -229,7 +232,7 @@ class WorkerThread:
                 match msg:
                     case WorkerReady():
                         self.readies.append(msg)
-                        self.fake = FakeWorker(msg.num_blocks, BS, VOCAB)
+                        self.fake = FakeWorker(msg.num_blocks, BS, VOCAB, num_host_blocks=msg.num_host_blocks)
                         self.fake.expected_step = msg.next_step_id
                         self.ready.set()
                         # The acknowledgement: the scheduler is ready only once it hears it.
@@ -334,8 +337,8 @@ class Setup:
             self.close()
             raise
 
-    def start_worker(self) -> WorkerThread:
-        self.worker = WorkerThread(self.ctx, self.sched.worker_address)
+    def start_worker(self, **kw) -> WorkerThread:
+        self.worker = WorkerThread(self.ctx, self.sched.worker_address, **kw)
         assert self.worker.ready.wait(10), "no WorkerReady"
         self.sched.wait_health(200)
         return self.worker

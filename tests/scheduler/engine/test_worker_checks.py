@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 
 from protocol.worker_messages import WorkerHello
-from scheduler.engine.worker_checks import PoolShape, WorkerRefused, pool_size_for
+from scheduler.engine.worker_checks import (
+    PoolShape,
+    WorkerRefused,
+    host_tier_size_for,
+    pool_size_for,
+)
 
 
 def hello(**kw) -> WorkerHello:
@@ -68,3 +73,19 @@ def test_rank_0_of_a_tensor_parallel_group_is_taken():
 def test_another_rank_or_an_impossible_group_is_refused(rank, world_size):
     with pytest.raises(WorkerRefused, match=f"rank {rank} of world_size {world_size}: only rank 0 of a tensor-parallel group"):
         pool_size_for(hello(rank=rank, world_size=world_size), 16, None, None, 4096)
+
+
+def test_the_host_tier_takes_the_slots_the_worker_offers_or_none_without_the_flag():
+    assert host_tier_size_for(hello(num_host_blocks=300), 1.5, None) == 300
+    # Off: the worker is told 0 and frees what it allocated.
+    assert host_tier_size_for(hello(num_host_blocks=300), 0.0, None) == 0
+    assert host_tier_size_for(hello(), 0.0, None) == 0
+    # A returning worker keeps the tier's size if it offers at least as many.
+    assert host_tier_size_for(hello(num_host_blocks=500), 1.5, 300) == 300
+
+
+def test_a_worker_without_host_blocks_is_refused_when_the_scheduler_offloads():
+    with pytest.raises(WorkerRefused, match=r"--kv-offloading-size 1.5 GiB but the worker offers no host KV blocks"):
+        host_tier_size_for(hello(), 1.5, None)
+    with pytest.raises(WorkerRefused, match="fewer than the host tier's 300"):
+        host_tier_size_for(hello(num_host_blocks=200), 1.5, 300)
