@@ -1,11 +1,14 @@
 """The frontend's client of the scheduler's client port (vLLM's ``EngineCoreClient``):
-one ZMQ DEALER, many concurrent requests, each an async iterator of its TokenOutputs.
+one ZMQ DEALER, many concurrent requests.
 
-A reader task routes every TokenOutput by request id to its request's queue. How a
-response frame is read is in one place, `token_outputs`. A request whose iterator is
-left before its last output (a stop string, a client gone, an error) is aborted at
-once, so its KV blocks are freed. A lost connection fails every request in flight;
-ZeroMQ reconnects by itself and later requests go through.
+A reader task routes every TokenOutput by request id to its request's sink, called
+right there, in the reader's pass over the step's outputs (`start`): a streaming
+response turns the output into its SSE chunk and writes it without waking its own
+task. `generate` is the same over a queue: an async iterator of the TokenOutputs. How
+a response frame is read is in one place, `token_outputs`. A request left before its
+last output (a stop string, a client gone, an error) is aborted at once, so its KV
+blocks are freed. A lost connection fails every request in flight; ZeroMQ reconnects
+by itself and later requests go through.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable
+from typing import Protocol
 
 import zmq
 import zmq.asyncio
@@ -25,11 +29,31 @@ from protocol.curve import apply_client
 
 log = logging.getLogger(__name__)
 
-_LOST = object()
-
-
 class EngineError(RuntimeError):
     """The scheduler refused a request (``RequestError``) or could not be reached."""
+
+
+class OutputSink(Protocol):
+    """Where one engine request's outputs go, called from the reader task: an output
+    (its last one has ``finished``), or the error that ends the request. Neither may
+    block; after ``on_error`` or the finished output nothing more comes."""
+
+    def on_output(self, out: TokenOutput) -> None: ...
+
+    def on_error(self, error: EngineError) -> None: ...
+
+
+class _QueueSink:
+    __slots__ = ("queue",)
+
+    def __init__(self):
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def on_output(self, out: TokenOutput) -> None:
+        self.queue.put_nowait(out)
+
+    def on_error(self, error: EngineError) -> None:
+        self.queue.put_nowait(error)
 
 
 class EngineUnreachable(EngineError):
@@ -50,13 +74,13 @@ class EngineClient:
         self._ctx = zmq.asyncio.Context.instance()
         self._codec: Codec[ClientResponse] = Codec(ClientResponse)
         self._sock: zmq.asyncio.Socket | None = None
-        self._queues: dict[str, asyncio.Queue] = {}
+        self._sinks: dict[str, OutputSink] = {}
         self._tasks: list[asyncio.Task] = []
         self.num_unrouted = 0
 
     @property
     def num_in_flight(self) -> int:
-        return len(self._queues)
+        return len(self._sinks)
 
     async def connect(self, timeout: float) -> None:
         sock = self._ctx.socket(zmq.DEALER)
@@ -95,15 +119,16 @@ class EngineClient:
         try:
             while True:
                 if parse_monitor_message(await monitor.recv_multipart())["event"] == zmq.EVENT_DISCONNECTED:
-                    log.error("lost the connection to the scheduler at %s; failing %d requests", self.address, len(self._queues))
-                    for queue in self._queues.values():
-                        queue.put_nowait(_LOST)
+                    log.error("lost the connection to the scheduler at %s; failing %d requests", self.address, len(self._sinks))
+                    sinks, self._sinks = self._sinks, {}
+                    for rid, sink in sinks.items():
+                        self._deliver_error(rid, sink, EngineError(f"lost the connection to the scheduler at {self.address}"))
         finally:
             monitor.close(linger=0)
 
     async def _read(self) -> None:
         assert self._sock is not None
-        recv, decode, queues = self._sock.recv_multipart, self._codec.decode, self._queues
+        recv, decode, sinks = self._sock.recv_multipart, self._codec.decode, self._sinks
         while True:
             frames = await recv()
             try:
@@ -112,56 +137,75 @@ class EngineClient:
                 log.warning("unreadable frame from the scheduler: %s", e)
                 continue
             if isinstance(msg, RequestError):
-                queue = queues.get(msg.request_id) if msg.request_id is not None else None
-                if queue is None:
+                sink = sinks.pop(msg.request_id, None) if msg.request_id is not None else None
+                if sink is None:
                     log.warning("scheduler error for %s: %s", msg.request_id, msg.message)
                 else:
-                    queue.put_nowait(msg)
+                    self._deliver_error(msg.request_id, sink, EngineError(msg.message))
                 continue
             for out in token_outputs(msg):
-                queue = queues.get(out.request_id)
-                if queue is None:
+                rid = out.request_id
+                sink = sinks.get(rid)
+                if sink is None:
                     self.num_unrouted += 1  # e.g. the last output of a request aborted here
-                else:
-                    queue.put_nowait(out)
+                    continue
+                if out.finished:
+                    del sinks[rid]
+                try:
+                    sink.on_output(out)
+                except Exception:  # noqa: BLE001 - one request's failure must not stop the reader
+                    log.exception("the sink of %s failed; aborting it", rid)
+                    if not out.finished:
+                        self.abort([rid])
+                    self._deliver_error(rid, sink, EngineError("internal error while streaming the request"))
+
+    @staticmethod
+    def _deliver_error(rid: str, sink: OutputSink, error: EngineError) -> None:
+        try:
+            sink.on_error(error)
+        except Exception:  # noqa: BLE001
+            log.exception("the sink of %s failed on an error", rid)
 
     def abort(self, request_ids: Iterable[str]) -> None:
         """Abort without waiting (a DEALER send does not block below its HWM)."""
         if self._sock is None:
             return
         for rid in request_ids:
-            self._queues.pop(rid, None)
+            self._sinks.pop(rid, None)
             try:
                 self._sock.send(self._codec.encode(Abort(request_id=rid)), zmq.NOBLOCK)
             except zmq.ZMQError as e:
                 log.warning("could not abort %s: %s", rid, e)
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params: dict) -> AsyncIterator[TokenOutput]:
-        """Send one Generate; yield its TokenOutputs until the finished one."""
+    async def start(self, request_id: str, prompt_token_ids: list[int], params: dict, sink: OutputSink) -> None:
+        """Send one Generate; its outputs go to ``sink`` until the finished one (or an
+        error). A caller that stops listening before then calls `abort`."""
         if self._sock is None:
             raise EngineError("the engine client is not connected")
-        if request_id in self._queues:
+        if request_id in self._sinks:
             raise EngineError(f"request id {request_id!r} is already in flight")
-        queue: asyncio.Queue = asyncio.Queue()
-        self._queues[request_id] = queue
-        done = False
+        self._sinks[request_id] = sink
         try:
             await self._sock.send(self._codec.encode(Generate(request_id=request_id, prompt_token_ids=prompt_token_ids, **params)))
+        except BaseException:
+            self.abort([request_id])  # NOTE: cancelled mid-send, the Generate may have gone
+            raise
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: dict) -> AsyncIterator[TokenOutput]:
+        """Send one Generate; yield its TokenOutputs until the finished one."""
+        sink = _QueueSink()
+        await self.start(request_id, prompt_token_ids, params, sink)
+        done = False
+        try:
             while True:
-                out = await queue.get()
-                if out is _LOST:
+                out = await sink.queue.get()
+                if isinstance(out, EngineError):
                     done = True
-                    raise EngineError(f"lost the connection to the scheduler at {self.address}")
-                if isinstance(out, RequestError):
-                    done = True
-                    raise EngineError(out.message)
-                if out.finished:
-                    done = True
+                    raise out
+                done = out.finished
                 yield out
                 if done:
                     return
         finally:
-            if done:
-                self._queues.pop(request_id, None)
-            else:
+            if not done:
                 self.abort([request_id])

@@ -1,7 +1,9 @@
 """One HTTP request's engine requests: a choice is one engine request, detokenized
-as it streams, stopped early on a stop string (aborting the engine request, so its
-blocks are freed at once). ``n > 1`` or several prompts are several choices, merged
-into one stream in the order their outputs arrive.
+as it streams (`ChoiceState`, fed one output at a time, no awaiting), stopped early on
+a stop string (aborting the engine request, so its blocks are freed at once).
+``n > 1`` or several prompts are several choices, merged into one stream in the order
+their outputs arrive (`run_choice` and `merge`, for responses that are not streamed;
+streamed ones are fed in the engine client's reader pass, ``frontend.streaming``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from frontend.detokenizer import IncrementalDetokenizer
 from frontend.engine_client import EngineClient
 from frontend.sampling import EngineParams
 from frontend.tokenizer import Tokenizer
-from protocol.client_messages import TokenLogprobs
+from protocol.client_messages import TokenLogprobs, TokenOutput
 
 
 @dataclass(slots=True)
@@ -51,28 +53,44 @@ class Choice:
         self.num_cached_tokens = max(self.num_cached_tokens, d.num_cached_tokens)
 
 
+class ChoiceState:
+    """One choice's detokenizer and stop checks. ``finished`` once the engine request
+    finished or a stop string ended the choice first (then the caller aborts it)."""
+
+    __slots__ = ("index", "detok", "stop_ids", "finished")
+
+    def __init__(self, tokenizer: Tokenizer, index: int, params: EngineParams):
+        self.index = index
+        self.detok = IncrementalDetokenizer(tokenizer, params.skip_special_tokens, params.stop,
+                                            params.include_stop_str_in_output, min_tokens=params.generate["min_tokens"])  # fmt: skip
+        self.stop_ids = params.generate["stop_token_ids"]
+        self.finished = False
+
+    def feed(self, out: TokenOutput) -> ChoiceDelta:
+        detok = self.detok
+        stop_str = detok.update(out.new_token_ids)
+        if stop_str is not None:
+            finish_reason, stop_reason = "stop", stop_str
+        else:
+            finish_reason, stop_reason = out.finish_reason, None
+            if finish_reason == "stop" and detok.token_ids and detok.token_ids[-1] in self.stop_ids:
+                stop_reason = detok.token_ids[-1]
+        finished = self.finished = stop_str is not None or out.finished
+        if finished:
+            detok.finish()
+        return ChoiceDelta(self.index, detok.get_next_output_text(finished, delta=True), out.new_token_ids, out.logprobs,
+                           finish_reason if finished else None, stop_reason, out.num_cached_tokens)  # fmt: skip
+
+
 async def run_choice(
     engine: EngineClient, tokenizer: Tokenizer, request_id: str, index: int, prompt_token_ids: list[int], params: EngineParams,
 ) -> AsyncIterator[ChoiceDelta]:
-    detok = IncrementalDetokenizer(tokenizer, params.skip_special_tokens, params.stop, params.include_stop_str_in_output,
-                                   min_tokens=params.generate["min_tokens"])  # fmt: skip
-    stop_ids = params.generate["stop_token_ids"]
+    state = ChoiceState(tokenizer, index, params)
     stream = engine.generate(request_id, prompt_token_ids, params.generate)
     try:
         async for out in stream:
-            stop_str = detok.update(out.new_token_ids)
-            if stop_str is not None:
-                finish_reason, stop_reason = "stop", stop_str
-            else:
-                finish_reason, stop_reason = out.finish_reason, None
-                if finish_reason == "stop" and detok.token_ids and detok.token_ids[-1] in stop_ids:
-                    stop_reason = detok.token_ids[-1]
-            finished = stop_str is not None or out.finished
-            if finished:
-                detok.finish()
-            yield ChoiceDelta(index, detok.get_next_output_text(finished, delta=True), out.new_token_ids, out.logprobs,
-                              finish_reason if finished else None, stop_reason, out.num_cached_tokens)  # fmt: skip
-            if finished:
+            yield state.feed(out)
+            if state.finished:
                 return  # NOTE: leaving the engine stream early aborts the engine request
     finally:
         await stream.aclose()

@@ -56,10 +56,11 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
             "completion_tokens": completion_tokens, "prompt_tokens_details": {"cached_tokens": cached_tokens}}  # fmt: skip
 
 
-def choice_streams(ctx: ServingContext, request_id: str, prompts: list[list[int]], params: EngineParams) -> list[AsyncIterator[ChoiceDelta]]:
-    """n engine requests per prompt; choice i * n + j is prompt i's j-th sample
-    (seeded samples get seed + j, as vLLM's ParentRequest does)."""
-    streams = []
+def choice_requests(request_id: str, prompts: list[list[int]], params: EngineParams) -> list[tuple[str, int, list[int], EngineParams]]:
+    """n engine requests per prompt, as (engine request id, choice index, prompt,
+    params): choice i * n + j is prompt i's j-th sample (seeded samples get seed + j,
+    as vLLM's ParentRequest does)."""
+    out = []
     for i, prompt in enumerate(prompts):
         for j in range(params.n):
             p = params
@@ -67,8 +68,14 @@ def choice_streams(ctx: ServingContext, request_id: str, prompts: list[list[int]
                 p = EngineParams({**params.generate, "seed": params.generate["seed"] + j}, params.stop,
                                  params.include_stop_str_in_output, params.skip_special_tokens, params.n)  # fmt: skip
             index = i * params.n + j
-            streams.append(run_choice(ctx.engine, ctx.tokenizer, f"{request_id}-{index}", index, prompt, p))
-    return streams
+            out.append((f"{request_id}-{index}", index, prompt, p))
+    return out
+
+
+def choice_streams(ctx: ServingContext, request_id: str, prompts: list[list[int]], params: EngineParams) -> list[AsyncIterator[ChoiceDelta]]:
+    """Each choice as an async iterator of its deltas."""
+    return [run_choice(ctx.engine, ctx.tokenizer, rid, index, prompt, p)
+            for rid, index, prompt, p in choice_requests(request_id, prompts, params)]  # fmt: skip
 
 
 async def collect(ctx: ServingContext, request_id: str, prompts: list[list[int]], params: EngineParams) -> list[Choice]:
@@ -100,6 +107,7 @@ def cached_tokens(choices, n: int) -> int:
 async def start_sse(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
+    await resp.write(b"")  # NOTE: sends the headers now (aiohttp holds them for the first body write)
     return resp
 
 

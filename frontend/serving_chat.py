@@ -4,19 +4,19 @@ wrote them), streamed as ``chat.completion.chunk`` deltas or answered whole."""
 
 from __future__ import annotations
 
+import msgspec
 from aiohttp import web
 
 from frontend.chat_template import ChatTemplateError, render_chat
 from frontend.engine_client import EngineError
 from frontend.errors import APIError, bad_request
-from frontend.generation import merge
 from frontend.logprobs import chat_logprobs
 from frontend.protocol import ChatCompletionRequest
 from frontend.sampling import check_prompt_length, engine_params
 from frontend.serving import (
     ServingContext,
     cached_tokens,
-    choice_streams,
+    choice_requests,
     collect,
     end_sse,
     engine_error,
@@ -28,6 +28,9 @@ from frontend.serving import (
     start_sse,
     usage,
 )  # fmt: skip
+from frontend.streaming import ClientGone, StreamedChoices, TextChunk
+
+_encode = msgspec.json.encode
 
 
 def conversation(messages: list[dict]) -> list[dict]:
@@ -107,28 +110,38 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
             c["usage"] = use
         return c
 
+    def choice(i, delta, lp=None, finish_reason=None, stop_reason=None) -> dict:
+        return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish_reason, "stop_reason": stop_reason}
+
+    text_chunk = TextChunk(lambda c: chunk([c]), lambda i, text: choice(i, {"content": text}))
+
+    def render(d) -> bytes | None:
+        i = d.index
+        generated[i] += len(d.token_ids)
+        cached[i] = max(cached[i], d.num_cached_tokens)
+        if not d.text and d.finish_reason is None:
+            return None
+        lp = None
+        if num_logprobs is not None and d.logprobs:
+            lp = chat_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, num_logprobs, as_ids)
+        if d.finish_reason is not None:
+            ctx.metrics.request_finished(d.finish_reason, len(ids), generated[i])
+        elif lp is None and not continuous:
+            return text_chunk(i, d.text)  # the common chunk: only new text
+        delta = {"content": d.text} if d.text or d.finish_reason is None else {}
+        use = usage(len(ids), sum(generated), cached[0]) if continuous else None
+        return _encode(chunk([choice(i, delta, lp, d.finish_reason, d.stop_reason)], use))
+
     try:
         # NOTE: as vLLM, the first chunk of every choice carries only the role.
         for i in range(params.n):
             first = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
             await send_event(resp, chunk([first], usage(len(ids), 0, 0) if continuous else None))
-        async for d in merge(choice_streams(ctx, request_id, [ids], params)):
-            i = d.index
-            generated[i] += len(d.token_ids)
-            cached[i] = max(cached[i], d.num_cached_tokens)
-            if not d.text and d.finish_reason is None:
-                continue
-            lp = None
-            if num_logprobs is not None and d.logprobs:
-                lp = chat_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, num_logprobs, as_ids)
-            delta = {"content": d.text} if d.text or d.finish_reason is None else {}
-            use = usage(len(ids), sum(generated), cached[0]) if continuous else None
-            await send_event(resp, chunk([{"index": i, "delta": delta, "logprobs": lp, "finish_reason": d.finish_reason,
-                                           "stop_reason": d.stop_reason}], use))  # fmt: skip
-            if d.finish_reason is not None:
-                ctx.metrics.request_finished(d.finish_reason, len(ids), generated[i])
+        await StreamedChoices(ctx, request, resp, render).run(choice_requests(request_id, [ids], params))
         if include_usage:
             await send_event(resp, chunk([], usage(len(ids), sum(generated), cached[0])))
+    except ClientGone:
+        return resp
     except EngineError as e:
         await send_error_event(resp, engine_error(e))
     except APIError as e:

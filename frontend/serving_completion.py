@@ -3,18 +3,18 @@ string, a list of strings, a token-id list or a list of them; streamed or not.""
 
 from __future__ import annotations
 
+import msgspec
 from aiohttp import web
 
 from frontend.engine_client import EngineError
 from frontend.errors import APIError, bad_request
-from frontend.generation import merge
 from frontend.logprobs import completion_logprobs
 from frontend.protocol import CompletionRequest
 from frontend.sampling import check_prompt_length, engine_params
 from frontend.serving import (
     ServingContext,
     cached_tokens,
-    choice_streams,
+    choice_requests,
     collect,
     end_sse,
     engine_error,
@@ -26,6 +26,9 @@ from frontend.serving import (
     start_sse,
     usage,
 )  # fmt: skip
+from frontend.streaming import ClientGone, StreamedChoices, TextChunk
+
+_encode = msgspec.json.encode
 
 
 def _is_token_id(t) -> bool:
@@ -107,27 +110,37 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
             c["usage"] = use
         return c
 
+    def choice(i, text, lp=None, finish_reason=None, stop_reason=None) -> dict:
+        return {"index": i, "text": text, "logprobs": lp, "finish_reason": finish_reason, "stop_reason": stop_reason}
+
+    text_chunk = TextChunk(lambda c: chunk([c]), choice)
+
+    def render(d) -> bytes | None:
+        i = d.index
+        generated[i] += len(d.token_ids)
+        cached[i] = max(cached[i], d.num_cached_tokens)
+        text = d.text
+        if first[i]:
+            text, first[i] = echo[i // n] + text, False
+        if not text and d.finish_reason is None:
+            return None
+        lp = None
+        if req.logprobs is not None and d.logprobs:
+            lp = completion_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, req.logprobs, as_ids, offsets[i])
+            offsets[i] += sum(len(t) for t in lp["tokens"])
+        if d.finish_reason is not None:
+            ctx.metrics.request_finished(d.finish_reason, len(prompts[i // n]), generated[i])
+        elif lp is None and not continuous:
+            return text_chunk(i, text)  # the common chunk: only new text
+        use = usage(num_prompt, sum(generated), sum(cached[::n])) if continuous else None
+        return _encode(chunk([choice(i, text, lp, d.finish_reason, d.stop_reason)], use))
+
     try:
-        async for d in merge(choice_streams(ctx, request_id, prompts, params)):
-            i = d.index
-            generated[i] += len(d.token_ids)
-            cached[i] = max(cached[i], d.num_cached_tokens)
-            text = d.text
-            if first[i]:
-                text, first[i] = echo[i // n] + text, False
-            if not text and d.finish_reason is None:
-                continue
-            lp = None
-            if req.logprobs is not None and d.logprobs:
-                lp = completion_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, req.logprobs, as_ids, offsets[i])
-                offsets[i] += sum(len(t) for t in lp["tokens"])
-            use = usage(num_prompt, sum(generated), sum(cached[::n])) if continuous else None
-            await send_event(resp, chunk([{"index": i, "text": text, "logprobs": lp, "finish_reason": d.finish_reason,
-                                           "stop_reason": d.stop_reason}], use))  # fmt: skip
-            if d.finish_reason is not None:
-                ctx.metrics.request_finished(d.finish_reason, len(prompts[i // n]), generated[i])
+        await StreamedChoices(ctx, request, resp, render).run(choice_requests(request_id, prompts, params))
         if include_usage:
             await send_event(resp, chunk([], usage(num_prompt, sum(generated), sum(cached[::n]))))
+    except ClientGone:
+        return resp
     except EngineError as e:
         await send_error_event(resp, engine_error(e))
     except APIError as e:

@@ -1,0 +1,139 @@
+"""A streamed response's choices, fed in the engine client's reader pass.
+
+Every output of a step reaches its choice's sink inside the reader task's one pass
+over the step (``EngineClient.start``): the choice's detokenizer runs
+(``ChoiceState``), the endpoint's ``render`` turns the delta into the JSON of one SSE
+event, and the event goes to the connection's transport at once, one chunked-encoding
+frame. No task wakes and no coroutine runs per token; the handler's task only waits
+for the last choice, then writes the tail (usage, ``[DONE]``) through aiohttp.
+
+Most chunks carry only new text: `TextChunk` encodes the JSON around index and text
+once per response, so such a chunk costs the text's encoding and one join.
+
+NOTE: these writes skip aiohttp's drain: a client that stops reading leaves its
+response in the transport's buffer, at most its max_tokens' chunks (vLLM holds it in
+the request's output queue instead). A closed connection ends the stream and aborts
+its engine requests; aiohttp also cancels the handler then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import msgspec
+from aiohttp import web
+
+from frontend.engine_client import EngineError
+from frontend.generation import ChoiceDelta, ChoiceState
+from frontend.sampling import EngineParams
+
+_encode = msgspec.json.encode
+_INDEX, _TEXT = "\x00index\x00", "\x00text\x00"
+
+
+class ClientGone(ConnectionResetError):
+    """The client closed the connection mid-stream: nothing more can be sent."""
+
+
+class TextChunk:
+    """The JSON of a chunk whose one choice carries only an index and new text.
+    ``chunk(choice)`` builds the whole chunk dict from the choice dict; the choice is
+    built once here with markers where the index and the text go."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self, chunk: Callable[[dict], dict], choice: Callable[[object, object], dict]):
+        data = _encode(chunk(choice(_INDEX, _TEXT)))
+        head, rest = data.split(_encode(_INDEX), 1)
+        middle, tail = rest.split(_encode(_TEXT), 1)
+        self._parts = (head, middle, tail)
+
+    def __call__(self, index: int, text: str) -> bytes:
+        head, middle, tail = self._parts
+        return b"%b%d%b%b%b" % (head, index, middle, _encode(text), tail)
+
+
+class _Sink:
+    __slots__ = ("stream", "request_id", "state")
+
+    def __init__(self, stream: StreamedChoices, request_id: str, state: ChoiceState):
+        self.stream, self.request_id, self.state = stream, request_id, state
+
+    def on_output(self, out) -> None:
+        self.stream._on_output(self, out)
+
+    def on_error(self, error: EngineError) -> None:
+        self.stream._on_error(self, error)
+
+
+class StreamedChoices:
+    """The choices of one streaming response. ``render(delta)``: the JSON of the SSE
+    event for a delta, or None to send nothing; called in the reader's pass, so it
+    must not block. `run` starts the choices and returns once every one finished."""
+
+    def __init__(self, ctx, request: web.Request, resp: web.StreamResponse, render: Callable[[ChoiceDelta], bytes | None]):
+        self.ctx, self.render = ctx, render
+        self.transport = request.transport
+        # NOTE: aiohttp chose the framing when it prepared the headers (chunked on HTTP/1.1)
+        self.chunked = resp.headers.get("Transfer-Encoding", "").lower() == "chunked"
+        self.done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.open: dict[str, _Sink] = {}  # engine request id -> its unfinished choice
+
+    async def run(self, requests: list[tuple[str, int, list[int], EngineParams]]) -> None:
+        """Raises what ended the stream early (EngineError, APIError, ClientGone);
+        every choice not finished by then is aborted, also when the handler is
+        cancelled."""
+        engine = self.ctx.engine
+        try:
+            for rid, index, prompt, params in requests:
+                if self.done.done():
+                    break
+                sink = self.open[rid] = _Sink(self, rid, ChoiceState(self.ctx.tokenizer, index, params))
+                try:
+                    await engine.start(rid, prompt, params.generate, sink)
+                except BaseException:
+                    self.open.pop(rid, None)
+                    raise
+            await self.done
+        finally:
+            if self.open:
+                engine.abort(list(self.open))
+                self.open.clear()
+            if self.done.done() and not self.done.cancelled():
+                self.done.exception()  # NOTE: retrieved, so asyncio never warns of it
+            else:
+                self.done.cancel()
+
+    def write(self, data: bytes) -> None:
+        """One SSE event, ``data`` its JSON, straight to the connection."""
+        t = self.transport
+        if t is None or t.is_closing():
+            raise ClientGone("the client closed the connection")
+        t.write(b"%x\r\ndata: %b\n\n\r\n" % (len(data) + 8, data) if self.chunked else b"data: %b\n\n" % data)
+
+    def _fail(self, error: BaseException) -> None:
+        if not self.done.done():
+            self.done.set_exception(error)
+
+    def _on_output(self, sink: _Sink, out) -> None:
+        if self.done.done():
+            return
+        state = sink.state
+        try:
+            data = self.render(state.feed(out))
+            if data is not None:
+                self.write(data)
+        except Exception as e:  # noqa: BLE001 - handed to the handler
+            self._fail(e)
+            return
+        if state.finished:
+            del self.open[sink.request_id]
+            if not out.finished:
+                self.ctx.engine.abort([sink.request_id])  # a stop string ended it first
+            if not self.open:
+                self.done.set_result(None)
+
+    def _on_error(self, sink: _Sink, error: EngineError) -> None:
+        self.open.pop(sink.request_id, None)
+        self._fail(error)
