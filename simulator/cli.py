@@ -18,6 +18,13 @@ Engine defaults differ from the server's on purpose: --max-num-batched-tokens 81
 (vLLM's for online serving on large GPUs) and --max-model-len 131072 (admits every
 request of the Mooncake conversation trace, up to ~128k tokens).
 
+Host tier: ``--kv-offloading-blocks N[,N...]`` gives the manager the scheduler's own
+HostTier of N slots (vLLM's --kv-offloading-size, in blocks); the table then adds
+the host tier's hit rate, both tiers' together, loads, GB stored and loaded
+(``--kv-bytes-per-token``) and the seconds the loads cost, each charged
+``bytes / --offload-bandwidth-gbps`` in its step. Decode steps are not
+fast-forwarded with a tier.
+
     python -m simulator --trace conversation_trace.jsonl --num-blocks 100000,200000 \\
         --policy vllm,tail,forward --result-json out.json --plot out.png
 """

@@ -168,3 +168,22 @@ def test_a_host_tier_that_does_not_match_the_device_cache_is_refused():
         TierCopier(dev, allocate_host_kv_caches(dev, 4)[:1])
     host = allocate_host_kv_caches(dev, 4)
     assert [tuple(h.shape) for h in host] == [(2, 4, 4, 2, 8)] * 2 and not host[0].is_pinned()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_copies_run_on_a_side_stream_and_reproduce_the_bytes():
+    dev = allocate_kv_caches(3, 16, 4, 2, 8, torch.bfloat16, "cuda")
+    for kv in dev:
+        kv.normal_()
+    host = allocate_host_kv_caches(dev, 8)
+    assert host[0].is_pinned()
+    tier = TierCopier(dev, host)
+    old = [kv[:, [3, 5]].cpu() for kv in dev]
+    # Block 5 is stored and loaded into in one step; slot 2 is stored and loaded too.
+    tier.copy(TierCopies([3, 5], [2, 7], [2, 7], [5, 9]))
+    tier.finish()
+    for kv, h, o in zip(dev, host, old, strict=True):
+        assert torch.equal(h[:, [2, 7]], o)
+        assert torch.equal(kv[:, 5].cpu(), o[:, 0]) and torch.equal(kv[:, 9].cpu(), o[:, 1])
+    assert tier.store_seconds > 0 and tier.load_seconds > 0
