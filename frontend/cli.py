@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-model-len", type=int, default=None, help="default: the model's max_position_embeddings, at most 4096")
     s.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     s.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    s.add_argument("--kv-offloading-size", type=float, default=0.0, metavar="GIB",
+                   help="GiB of host memory for evicted KV blocks, loaded back on a prefix hit (vLLM's flag; "
+                        "given to the worker, which allocates it, and the scheduler, which manages it; default: off)")  # fmt: skip
     s.add_argument("--seed", type=_seed, default=0,
                    help="global sampling seed of requests without their own (default %(default)s, as vLLM v1)")
     s.add_argument("--generation-config", default="auto", help='"auto" (the model\'s generation_config.json), "vllm" or a folder')
@@ -86,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         for flag in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(a, flag) < 1:
                 p.error(f"--{flag.replace('_', '-')} must be positive")
+        if not 0 <= a.kv_offloading_size < float("inf"):
+            p.error(f"--kv-offloading-size must be a number of GiB >= 0, got {a.kv_offloading_size}")
         if a.data_parallel_rank < 0:
             p.error(f"--data-parallel-rank must be non-negative, got {a.data_parallel_rank}")
         return main_serve(a)

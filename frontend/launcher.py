@@ -139,6 +139,9 @@ class Launcher:
             sched.append("--dev-mode")
         if a.kv_cache_metrics:
             sched.append("--kv-cache-metrics")
+        # NOTE: both sides: the worker allocates the host tier, the scheduler manages it.
+        offload = ["--kv-offloading-size", f"{a.kv_offloading_size:g}"] if getattr(a, "kv_offloading_size", 0) else []
+        sched += offload
         if a.kv_events_endpoint:
             sched += ["--kv-events-endpoint", a.kv_events_endpoint]
         if a.kv_events_replay_endpoint:
@@ -156,6 +159,7 @@ class Launcher:
             worker += ["--device", a.device]
         if a.kv_cache_memory:
             worker += ["--kv-cache-memory", a.kv_cache_memory]
+        worker += offload
         worker += a.worker_args
         front = [py, "-m", "frontend", "--model", str(a.model_dir), "--served-model-name", a.served_model_name,
                  "--host", a.host, "--port", str(a.port), "--scheduler", f"tcp://127.0.0.1:{client_port}",

@@ -78,3 +78,11 @@ def test_kv_bytes_per_block_of_the_tiny_checkpoint(tiny_checkpoint):
     # 2 (K, V) x 4 layers x 16 tokens x 2 KV heads x 32 dims x 4 bytes (float32)
     assert kv_bytes_per_block(tiny_checkpoint, 16, "auto") == 2 * 4 * 16 * 2 * 32 * 4
     assert kv_bytes_per_block(tiny_checkpoint, 16, "bfloat16") == 2 * 4 * 16 * 2 * 32 * 2
+
+
+def test_kv_offloading_size_goes_to_the_scheduler_and_the_worker(tiny_checkpoint):
+    argv = built(["--kv-offloading-size", "0.5"], tiny_checkpoint)
+    assert value(argv["scheduler"], "--kv-offloading-size") == value(argv["worker"], "--kv-offloading-size") == "0.5"
+    assert "--kv-offloading-size" not in argv["frontend"]
+    off = built([], tiny_checkpoint)
+    assert "--kv-offloading-size" not in off["scheduler"] and "--kv-offloading-size" not in off["worker"]
