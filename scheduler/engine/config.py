@@ -174,7 +174,7 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
         p.error("--kv-events-buffer-steps must be positive")
     if a.data_parallel_rank < 0:
         p.error(f"--data-parallel-rank must be non-negative, got {a.data_parallel_rank}")
-    if not a.kv_offloading_size >= 0.0:
+    if not 0.0 <= a.kv_offloading_size < float("inf"):
         p.error(f"--kv-offloading-size must be a size in GiB, 0 or more, got {a.kv_offloading_size}")
     if a.kv_offloading_size > 0 and not a.enable_prefix_caching:
         p.error("--kv-offloading-size needs the prefix cache: blocks are offloaded and found by hash (drop --no-enable-prefix-caching)")

@@ -130,6 +130,7 @@ def test_a_worker_offering_no_host_blocks_is_refused_naming_the_flag():
     [
         (["--kv-offloading-size", "-1"], "must be a size in GiB"),
         (["--kv-offloading-size", "nan"], "must be a size in GiB"),
+        (["--kv-offloading-size", "inf"], "must be a size in GiB"),
         (["--kv-offloading-size", "1", "--no-enable-prefix-caching"], "needs the prefix cache"),
         (["--kv-offloading-store", "sometimes"], "invalid choice"),
     ],
