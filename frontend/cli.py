@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kv-offloading-size", type=float, default=0.0, metavar="GIB",
                    help="GiB of host memory for evicted KV blocks, loaded back on a prefix hit (vLLM's flag; "
                         "given to the worker, which allocates it, and the scheduler, which manages it; default: off)")  # fmt: skip
+    s.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="worker ranks in one torch.distributed group, each with 1/N of the heads (default %(default)s)")
     s.add_argument("--seed", type=_seed, default=0,
                    help="global sampling seed of requests without their own (default %(default)s, as vLLM v1)")
     s.add_argument("--generation-config", default="auto", help='"auto" (the model\'s generation_config.json), "vllm" or a folder')
@@ -89,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         for flag in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(a, flag) < 1:
                 p.error(f"--{flag.replace('_', '-')} must be positive")
+        if a.tensor_parallel_size < 1:
+            p.error(f"--tensor-parallel-size must be positive, got {a.tensor_parallel_size}")
         if not 0 <= a.kv_offloading_size < float("inf"):
             p.error(f"--kv-offloading-size must be a number of GiB >= 0, got {a.kv_offloading_size}")
         if a.data_parallel_rank < 0:

@@ -9,6 +9,9 @@ processes, supervised (vLLM's ``vllm serve``, with the engine core split out).
 * The scheduler or the frontend exiting stops the rest, and the launcher exits 1. The
   worker exiting is restarted (``--worker-restarts`` times, with doubling backoff):
   the scheduler puts its requests back in the queue, so a crashed worker costs none.
+  With ``--tensor-parallel-size N`` the worker is rank 0 of a group that starts the
+  other ranks itself; any rank dying ends the group (rank 0 exits), so restarting the
+  worker restarts the whole group.
 """
 
 from __future__ import annotations
@@ -50,14 +53,16 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
-def kv_bytes_per_block(model_dir: Path, block_size: int, dtype: str) -> int | None:
-    """K and V of one block across every layer, from config.json (None if unknown)."""
+def kv_bytes_per_block(model_dir: Path, block_size: int, dtype: str, tensor_parallel_size: int = 1) -> int | None:
+    """K and V of one block across every layer, from config.json (None if unknown); under
+    tensor parallelism what each rank holds (its KV heads, one when they are replicated)."""
     try:
         c = json.loads((model_dir / "config.json").read_text())
         head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
         kv_heads = c.get("num_key_value_heads") or c["num_attention_heads"]
         name = c.get("torch_dtype") or c.get("dtype") or "float32" if dtype == "auto" else dtype
         size = {"float32": 4, "float16": 2, "bfloat16": 2, "half": 2, "float": 4}.get(str(name), 2)
+        kv_heads = max(1, kv_heads // tensor_parallel_size)
         return 2 * c["num_hidden_layers"] * block_size * kv_heads * head_dim * size
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -160,6 +165,8 @@ class Launcher:
         if a.kv_cache_memory:
             worker += ["--kv-cache-memory", a.kv_cache_memory]
         worker += offload
+        if a.tensor_parallel_size > 1:
+            worker += ["--tensor-parallel-size", str(a.tensor_parallel_size)]
         worker += a.worker_args
         front = [py, "-m", "frontend", "--model", str(a.model_dir), "--served-model-name", a.served_model_name,
                  "--host", a.host, "--port", str(a.port), "--scheduler", f"tcp://127.0.0.1:{client_port}",
@@ -213,8 +220,10 @@ class Launcher:
         a = self.args
         pool = "KV cache: unknown"
         if blocks is not None:
-            per_block = kv_bytes_per_block(a.model_dir, a.block_size, a.dtype)
+            tp = getattr(a, "tensor_parallel_size", 1)
+            per_block = kv_bytes_per_block(a.model_dir, a.block_size, a.dtype, tp)
             size = f", {human_bytes(blocks * per_block)}" if per_block else ""
+            size += f" on each of {tp} ranks" if size and tp > 1 else ""
             pool = f"KV cache: {int(blocks)} blocks × {a.block_size} tokens{size}"
         print(f"kvpool serve: {a.served_model_name} ready at {self.url}/v1 ({pool})", flush=True)
 

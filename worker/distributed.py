@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from datetime import timedelta
 from urllib.parse import urlparse
 
@@ -92,12 +93,23 @@ class TPGroup:
             except GroupError as e:
                 verdict = str(e)
             self.store.set(f"verdict/{k}", verdict)
+            if verdict:
+                self._linger_for_readers(k)
         else:
             verdict = self._wait(f"verdict/{k}", "no verdict from rank 0").decode()
+            self.store.add(f"read/{k}", 1)
             if not verdict and not r < identity["world_size"]:
                 verdict = f"rank {r} is outside a group of {identity['world_size']}"
         if verdict:
             raise GroupError(f"tensor-parallel group refused: {verdict}")
+
+    def _linger_for_readers(self, k: int, bound_s: float = 5.0) -> None:
+        """Keep the store up until every rank that said hello has read a refusal (so it
+        learns why, rather than that rank 0 vanished), for at most ``bound_s``."""
+        present = [r for r in range(1, self.world_size) if self.store.check([f"hello/{k}/{r}"])]
+        deadline = time.monotonic() + bound_s
+        while self.store.add(f"read/{k}", 0) < len(present) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def min_over_ranks(self, key: str, value: int) -> int:
         """The smallest ``value`` any rank passes under ``key`` (every rank calls it)."""

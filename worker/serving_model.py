@@ -70,10 +70,11 @@ def load_serving_model(
     identity = ckpt.identity()
     shard = None
     if group is not None:
-        shard = plan_shard(config, group.rank, group.world_size, where)
         # NOTE: the directory is not compared (hosts may mount it elsewhere); its identity is.
+        # Agreement first, so that a rank started with another group size is named as such.
         group.agree({"world_size": group.world_size, "architecture": config.architecture, "model": identity,
                      "dtype": resolved, "max_model_len": n, "block_size": block_size, "device": torch.device(device).type})
+        shard = plan_shard(config, group.rank, group.world_size, where)
     model = load_model(ckpt, DTYPES[resolved], torch.device(device), config, shard, None if group is None else group.all_reduce)
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)

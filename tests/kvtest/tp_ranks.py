@@ -4,7 +4,8 @@ plan out (``worker.plan_fanout``) to the other ranks, which run ``RankFollower``
 
 ``run_group(jobs, world_size)`` returns, per job, rank 0's sampled tokens and logits
 per request, and each rank's KV cache, for the test to compare with a one-rank run.
-Every child is joined within a bound (killed past it), also on failure.
+Every child is joined within a bound (killed past it), also on failure. ``rank_pids``
+finds the ranks a ``python -m worker --tensor-parallel-size N`` started.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import queue
 import random
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -156,3 +158,19 @@ def run_group(jobs: list[Job], world_size: int = 2, timeout: float = 240.0) -> d
             if p.is_alive():
                 p.kill()
                 p.join(5)
+
+
+def rank_pids(parent: int) -> dict[int, int]:
+    """rank -> pid of the ranks ``parent`` started (``--rank N`` on their command line)."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and b"--rank" in argv:
+            out[int(argv[argv.index(b"--rank") + 1])] = int(d.name)
+    return out
