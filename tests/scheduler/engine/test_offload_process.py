@@ -150,3 +150,29 @@ def test_offloading_flags_reach_the_config():
     assert c.kv_offloading_size == 4.0 and c.kv_offloading_store == "full"
     d = config_from_args([])
     assert d.kv_offloading_size == 0.0 and d.kv_offloading_store == "eviction"
+
+
+def test_a_lost_worker_voids_the_host_tier_too():
+    s = Setup("--kv-offloading-size", "1", "--num-gpu-blocks-override", str(NUM_BLOCKS), "--max-num-seqs", "1",
+              "--worker-timeout", "2", start_worker=False)  # fmt: skip
+    try:
+        w = s.start_worker(num_host_blocks=NUM_HOST_BLOCKS)
+        cycle(s, 1)
+        m = s.wait_idle()
+        assert metric(m, "kvpool_kv_offload_cpu_cached_blocks") > 0
+        w.leave("test")
+        s.sched.wait_health(503)
+        m = s.sched.metrics()
+        # Its host memory's contents are as unknown as its device's: both tiers are empty.
+        assert metric(m, "kvpool_kv_offload_cpu_cached_blocks") == 0
+        assert metric(m, "kvpool_cached_block_hashes") == 0
+        w.close()
+        w2 = s.start_worker(num_host_blocks=NUM_HOST_BLOCKS + 8)
+        assert w2.readies[-1].num_host_blocks == NUM_HOST_BLOCKS  # the tier keeps its size
+        before = metric(m, "vllm:external_prefix_cache_hits_total"), metric(m, "vllm:prefix_cache_hits_total")
+        cycle(s, 1)  # the same prompts again: nothing of them is left to hit
+        assert w2.errors == []
+        m = s.wait_idle()
+        assert (metric(m, "vllm:external_prefix_cache_hits_total"), metric(m, "vllm:prefix_cache_hits_total")) == before
+    finally:
+        s.close()
