@@ -289,6 +289,8 @@ def _serve(config: WorkerConfig, serving, group: TPGroup | None) -> int:
     host_caches = None
     if config.kv_offloading_size > 0:
         num_host = int(config.kv_offloading_size * 2**30) // per_block
+        if group is not None:
+            num_host = group.min_over_ranks("num_host_blocks", num_host)
         if num_host < 1:
             log.error("--kv-offloading-size %g GiB holds no KV block of %d bytes", config.kv_offloading_size, per_block)
             return 2
@@ -313,7 +315,7 @@ def _serve(config: WorkerConfig, serving, group: TPGroup | None) -> int:
         # NOTE: only now, with a scheduler to tell; before, SIGTERM simply ends the process.
         signal.signal(signal.SIGTERM, _on_sigterm)
         if group is not None:
-            return run_rank(config, serving, kv_caches, metrics, group, ctx)
+            return run_rank(config, serving, kv_caches, metrics, group, ctx, host_caches)
         return WorkerProcess(config, serving, kv_caches, metrics, host_caches).run(ctx)
     except WorkerStopping:
         return 0

@@ -44,8 +44,8 @@ EXIT_GROUP_LOST = 5
 
 class GroupLeader(WorkerProcess):
     def __init__(self, config: WorkerConfig, serving: ServingModel, kv_caches: list[torch.Tensor], metrics: WorkerMetrics | None,
-                 fanout: PlanFanout):  # fmt: skip
-        super().__init__(config, serving, kv_caches, metrics)
+                 fanout: PlanFanout, host_caches: list[torch.Tensor] | None = None):  # fmt: skip
+        super().__init__(config, serving, kv_caches, metrics, host_caches)
         self.fanout = fanout
         self._frame = b""
         self._last_tokens: list[int] = []  # sampled in the step before, not yet fanned out

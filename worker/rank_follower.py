@@ -28,9 +28,11 @@ log = logging.getLogger("worker")
 
 
 class RankFollower:
-    def __init__(self, model: DecoderModel, kv_caches: list[torch.Tensor], fanout: PlanFanout):
+    def __init__(self, model: DecoderModel, kv_caches: list[torch.Tensor], fanout: PlanFanout,
+                 host_caches: list[torch.Tensor] | None = None):  # fmt: skip
         self.model = model
         self.kv_caches = kv_caches  # each (2, num_blocks, block_size, local kv heads, head_dim)
+        self.host_caches = host_caches  # the offload tier of this rank's heads, or None
         self.fanout = fanout
         self.codec: Codec = Codec(SchedulerToWorker)
         self.runner: ModelRunner | None = None
@@ -56,7 +58,11 @@ class RankFollower:
 
     def _install(self, ready: WorkerReady) -> None:
         caches = [kv[:, : ready.num_blocks] for kv in self.kv_caches]
-        self.runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id)
+        hosts = None
+        if self.host_caches is not None and ready.num_host_blocks > 0:
+            hosts = [h[:, : ready.num_host_blocks] for h in self.host_caches]
+        self.runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id,
+                                  host_caches=hosts)  # fmt: skip
         self.runner.samples = False
         self._waiting = []
         log.info("rank %d ready: %d blocks, next step %d", self.fanout.group.rank, ready.num_blocks, ready.next_step_id)
@@ -72,7 +78,8 @@ class RankFollower:
         runner.append_sampled(self._waiting, tokens)
         self._waiting = []
         plan = self.codec.decode(frame)
-        assert type(plan) is StepPlan
+        if type(plan) is not StepPlan:
+            raise GroupLost(f"rank {self.fanout.group.rank}: rank 0 fanned out a {type(plan).__name__} as a plan")
         try:
             out = runner.execute(plan)
         except PlanError:

@@ -86,17 +86,17 @@ class LocalRanks:
 
 
 def run_rank(config: WorkerConfig, serving: ServingModel, kv_caches: list[torch.Tensor], metrics: WorkerMetrics | None,
-             group: TPGroup, ctx: zmq.Context) -> int:  # fmt: skip
+             group: TPGroup, ctx: zmq.Context, host_caches: list[torch.Tensor] | None = None) -> int:  # fmt: skip
     """Serve as this rank until the group stops; EXIT_GROUP_LOST if another rank died."""
     fanout = PlanFanout(group)
     try:
         if group.rank == 0:
-            leader = GroupLeader(config, serving, kv_caches, metrics, fanout)
+            leader = GroupLeader(config, serving, kv_caches, metrics, fanout, host_caches)
             try:
                 return leader.run(ctx)
             finally:
                 leader.stop_group()  # SIGTERM, refusal, scheduler lost: the others stop too
-        return RankFollower(serving.model, kv_caches, fanout).run()
+        return RankFollower(serving.model, kv_caches, fanout, host_caches).run()
     except GroupLost as e:
         log.error("rank %d: the tensor-parallel group is lost (%s); exiting %d", group.rank, e, EXIT_GROUP_LOST)
         return EXIT_GROUP_LOST

@@ -112,3 +112,19 @@ def test_a_model_whose_heads_do_not_split_is_refused(tmp_path):
     text = (tmp_path / "w.log").read_text()
     assert code == 2
     assert "num_attention_heads 8 is not divisible by --tensor-parallel-size 3" in text, text[-2000:]
+
+
+def test_two_ranks_with_the_host_tier_load_revisited_prefixes_and_keep_their_tokens(tmp_path, tiny_reference):
+    # Each rank offloads and loads the blocks of its own KV heads: a revisited prefix
+    # loaded from host memory must give the tokens it gave when computed.
+    rng = random.Random(2)
+    prefixes = [[rng.randrange(2, 512) for _ in range(64)] for _ in range(4)]
+    reqs = [Generate(f"r{r}-p{p}", prefixes[p] + [rng.randrange(2, 512) for _ in range(3)], 6, ignore_eos=True)
+            for r in range(2) for p in range(4)]  # fmt: skip
+    sched = ["--num-gpu-blocks-override", "12", "--max-num-seqs", "1", "--kv-offloading-size", "0.002"]
+    with Cluster(sched, [*TP2, "--kv-offloading-size", "0.002"], log_dir=tmp_path) as c:
+        for g in reqs:
+            r = c.generate([g], timeout=60)[g.request_id]
+            assert r.error is None and r.token_ids == reference_generate(tiny_reference, g.prompt_token_ids, 6, True), g.request_id
+        m = c.metrics()
+    assert m["kvpool_kv_offload_loaded_blocks_total"] >= 4 * 4
