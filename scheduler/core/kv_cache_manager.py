@@ -366,9 +366,7 @@ class KVCacheManager:
         """Eviction mode: every hash that just left its last device block goes to
         the host tier, from the block now being reused (the store runs first)."""
         evicted = self.block_pool.evicted
-        prepare_store = self.host_tier.prepare_store
-        for block_id, block_hash in evicted:
-            prepare_store(block_hash, block_id)
+        self.host_tier.prepare_stores(evicted)
         evicted.clear()
 
     def take_tier_copies(self) -> TierCopies | None:
@@ -380,8 +378,7 @@ class KVCacheManager:
             return None
         if self._written_last_step:
             # Write-through: blocks computed by the previous plan.
-            for block_id, block_hash in self._written_last_step:
-                tier.prepare_store(block_hash, block_id)
+            tier.prepare_stores(self._written_last_step)
         self._written_last_step, self._written_this_step = self._written_this_step, []
         return tier.take_copies()
 

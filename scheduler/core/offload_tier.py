@@ -133,27 +133,43 @@ class HostTier:
         """Copy device block ``device_block_id`` (holding ``block_hash``) into a host
         slot in this step's plan. Returns the slot, or None: skipped (the tier holds
         the hash already) or dropped (no free slot and none evictable)."""
+        n = len(self._store_blocks)
+        self.prepare_stores(((device_block_id, block_hash),))
+        return self._store_blocks[n].slot if len(self._store_blocks) > n else None
+
+    def prepare_stores(self, evicted: Sequence[tuple[int, BlockHash]]) -> None:
+        """`prepare_store` for each (device block id, hash), in order: the manager's
+        per-allocation batch. A slot comes from the free list, else from the policy's
+        victim (a CPU BlockRemoved). NOTE: names bound once: this runs for every
+        block evicted from the device."""
         blocks = self.blocks
-        if block_hash in blocks:
-            self.num_stores_skipped += 1
-            return None
-        if self._free_slots:
-            slot = self._free_slots.pop()
-        else:
-            victim = self.policy.evict()
-            if victim is None:
-                self.num_stores_dropped += 1
-                return None
-            slot = blocks.pop(victim).slot
-            self.num_evictions += 1
-            if self.event_sink is not None:
-                self.event_sink.block_removed(victim, MEDIUM_CPU)
-        entry = HostBlock(slot, block_hash)
-        blocks[block_hash] = entry
-        self._store_blocks.append(entry)
-        self._store_device_ids.append(device_block_id)
-        self.num_stores += 1
-        return slot
+        free_slots = self._free_slots
+        evict = self.policy.evict
+        sink = self.event_sink
+        store_blocks, store_device_ids = self._store_blocks, self._store_device_ids
+        num_stored = num_skipped = num_evicted = 0
+        for device_block_id, block_hash in evicted:
+            if block_hash in blocks:
+                num_skipped += 1
+                continue
+            if free_slots:
+                slot = free_slots.pop()
+            else:
+                victim = evict()
+                if victim is None:
+                    self.num_stores_dropped += 1
+                    continue
+                slot = blocks.pop(victim).slot
+                num_evicted += 1
+                if sink is not None:
+                    sink.block_removed(victim, MEDIUM_CPU)
+            entry = blocks[block_hash] = HostBlock(slot, block_hash)
+            store_blocks.append(entry)
+            store_device_ids.append(device_block_id)
+            num_stored += 1
+        self.num_stores += num_stored
+        self.num_stores_skipped += num_skipped
+        self.num_evictions += num_evicted
 
     # --- the step's copies ------------------------------------------------------------
 
@@ -174,17 +190,18 @@ class HostTier:
     def complete_copies(self) -> None:
         """The plan in flight ran (its result is in): its stores are ready, its
         loads unpin their slots."""
-        policy = self.policy
+        insert = self.policy.insert
         stored: list[BlockHash] = []
+        append = stored.append
         for entry in self._in_flight_stores:
             entry.is_ready = True
-            stored.append(entry.block_hash)
+            append(entry.block_hash)
             if entry.ref_cnt == 0:
-                policy.insert(entry.block_hash)
+                insert(entry.block_hash)
         for entry in self._in_flight_loads:
             entry.ref_cnt -= 1
             if entry.ref_cnt == 0 and entry.is_ready:
-                policy.insert(entry.block_hash)
+                insert(entry.block_hash)
         self._in_flight_stores = []
         self._in_flight_loads = []
         if stored and self.event_sink is not None:
