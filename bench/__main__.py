@@ -10,7 +10,7 @@ import sys
 
 from bench.table import print_table
 
-SUITES = ["pool_bench", "scheduler_bench", "engine_bench", "liveness_bench", "worker_bench", "model_bench", "loadgen_bench", "frontend_bench", "router_bench", "offload_bench", "offload_store_bench"]
+SUITES = ["pool_bench", "scheduler_bench", "engine_bench", "liveness_bench", "worker_bench", "model_bench", "loadgen_bench", "frontend_bench", "router_bench", "offload_bench", "offload_store_bench", "tp_bench"]
 
 
 def main() -> int:
