@@ -42,19 +42,24 @@ def test_each_replica_publishes_its_own_rank_and_topic(tiny_checkpoint, tmp_path
         sub.setsockopt(zmq.SUBSCRIBE, b"kv@")  # one subscriber over both, as an indexer does
         for ep in endpoints:
             sub.connect(ep)
-        time.sleep(0.5)  # NOTE: a SUB misses what is published before it has joined
-        # Two full blocks of 16 tokens each, distinct per replica.
-        for i, s in enumerate(served):
-            complete(s.base_url, model, [7 + i] * 40)
         seen: dict[bytes, set[int]] = {}
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
+        attempt = 0
+        # NOTE: a SUB misses what is published before it has joined: until both replicas
+        # have been heard, each unheard one gets a fresh prompt (two full blocks) a second.
         while time.monotonic() < deadline and len(seen) < 2:
-            if sub.poll(200):
-                topic, seq, payload = sub.recv_multipart()
-                assert len(seq) == 8
-                batch = msgspec.msgpack.decode(payload)  # [ts, events, data_parallel_rank]
-                assert batch[1], "an empty batch was published"
-                seen.setdefault(topic, set()).add(batch[2])
+            attempt += 1
+            for i, (s, (_, topic)) in enumerate(zip(served, replicas, strict=True)):
+                if topic.encode() not in seen:
+                    complete(s.base_url, model, [7 + i, attempt] * 20)
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end:
+                if sub.poll(100):
+                    topic, seq, payload = sub.recv_multipart()
+                    assert len(seq) == 8
+                    batch = msgspec.msgpack.decode(payload)  # [ts, events, data_parallel_rank]
+                    assert batch[1], "an empty batch was published"
+                    seen.setdefault(topic, set()).add(batch[2])
         assert seen == {topic.encode(): {rank} for rank, topic in replicas}
 
 
