@@ -35,7 +35,13 @@ from worker.kv_cache import (
 from worker.metrics import WorkerMetrics
 from worker.models.config import DTYPES, ModelConfigError
 from worker.process import WorkerProcess, WorkerStopping
-from worker.rank_group import LocalRanks, free_loopback_port, run_rank, threads_per_rank
+from worker.rank_group import (
+    LocalRanks,
+    free_loopback_port,
+    rank_device,
+    run_rank,
+    threads_per_rank,
+)
 from worker.sampling_state import check_global_seed
 from worker.serving_model import load_serving_model
 from worker.threads import set_cpu_threads
@@ -220,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if config.tensor_parallel_size > 1:
             group, local_ranks = start_group(config, sys.argv[1:] if argv is None else list(argv))
-        serving = load_serving_model(config.model, config.dtype, config.device, config.max_model_len, group, config.block_size)
+        device = config.device if group is None else str(group.device)
+        serving = load_serving_model(config.model, config.dtype, device, config.max_model_len, group, config.block_size)
         if group is not None:
             group.start()
         return _serve(config, serving, group)
@@ -250,7 +257,7 @@ def start_group(config: WorkerConfig, argv: list[str]) -> tuple[TPGroup, LocalRa
         log.info("rank 0 of %d: started ranks 1..%d (pids %s), store at %s", n, n - 1, local.pids, init_method)
     rank = config.rank or 0
     try:
-        return TPGroup(rank, n, init_method, torch.device(config.device), config.distributed_timeout_s, config.distributed_timeout_s), local
+        return TPGroup(rank, n, init_method, rank_device(config.device, rank), config.distributed_timeout_s, config.distributed_timeout_s), local
     except GroupError:
         if local is not None:
             local.stop()

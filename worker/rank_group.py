@@ -50,6 +50,16 @@ def free_loopback_port() -> int:
         return s.getsockname()[1]
 
 
+def rank_device(device: str, rank: int) -> torch.device:
+    """On CUDA each rank its own device (NCCL refuses two ranks on one): rank modulo
+    the devices this host has; on CPU the CPU."""
+    if device != "cuda":
+        return torch.device(device)
+    d = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(d)
+    return d
+
+
 def threads_per_rank(world_size: int) -> int:
     """This host's share of torch threads for each of ``world_size`` local ranks."""
     return max(1, torch.get_num_threads() // world_size)
