@@ -6,7 +6,9 @@ interleaved rounds over the same workload.
   ignore_eos) through ``/v1/completions`` (the HTTP load generator: SSE, usage)
   against the native client on the scheduler's port. Target: ≤ 1.1×.
 * The frontend process's CPU time per streamed token over those HTTP rounds (context:
-  the part of the overhead that is the server's, not its client's).
+  the part of the overhead that is the server's, not its client's), and the load
+  generator's own (this process) per token on each path: what the HTTP client's SSE
+  and JSON parsing costs beside the native client's msgspec frames.
 * Tiny non-streamed completions (8-token prompt, 1 token out) the frontend sustains,
   64 in flight: requests per second (context only).
 
@@ -137,20 +139,26 @@ def rows() -> list[Row]:
         stack.wait_ready()
         _median_tpot_ms(stack, http=False)  # warm-up: first passes over fresh memory are slow
         native, http = [], []
-        frontend_cpu = 0.0
+        frontend_cpu, client_cpu = 0.0, {False: 0.0, True: 0.0}
         for _ in range(ROUNDS):
+            t0 = time.process_time()
             native.append(_median_tpot_ms(stack, http=False))
-            c0 = _cpu_s(stack.procs[2].pid)
+            c0, t1 = _cpu_s(stack.procs[2].pid), time.process_time()
             http.append(_median_tpot_ms(stack, http=True))
             frontend_cpu += _cpu_s(stack.procs[2].pid) - c0
+            client_cpu[False] += t1 - t0
+            client_cpu[True] += time.process_time() - t1
         rps = asyncio.run(_tiny_rps(stack.base_url))
     n, h = statistics.median(native), statistics.median(http)
     ratio = h / n
+    per_token = 1e6 / (ROUNDS * STREAMS * OUTPUT_LEN)
     return [
         Row(f"TPOT, {STREAMS} streams, native client", n, "ms"),
         Row(f"TPOT, {STREAMS} streams, /v1/completions (SSE)", h, "ms"),
         Row("frontend TPOT overhead (HTTP / native)", ratio, "x", f"≤ {TPOT_RATIO_TARGET:g}x", ratio <= TPOT_RATIO_TARGET),
-        Row("frontend CPU per streamed token, 64 streams", frontend_cpu / (ROUNDS * STREAMS * OUTPUT_LEN) * 1e6, "us"),
+        Row("frontend CPU per streamed token, 64 streams", frontend_cpu * per_token, "us"),
+        Row("load generator CPU per token, native client", client_cpu[False] * per_token, "us"),
+        Row("load generator CPU per token, HTTP client", client_cpu[True] * per_token, "us"),
         Row("tiny non-streamed completions, 64 in flight", rps, "r/s"),
     ]
 
