@@ -43,7 +43,7 @@ from worker.rank_group import (
     threads_per_rank,
 )
 from worker.sampling_state import check_global_seed
-from worker.serving_model import load_serving_model
+from worker.serving_model import check_shardable, load_serving_model
 from worker.threads import set_cpu_threads
 
 log = logging.getLogger("worker")
@@ -225,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     group = local_ranks = None
     try:
         if config.tensor_parallel_size > 1:
+            if config.rank is None:
+                check_shardable(config.model, config.tensor_parallel_size)
             group, local_ranks = start_group(config, sys.argv[1:] if argv is None else list(argv))
         device = config.device if group is None else str(group.device)
         serving = load_serving_model(config.model, config.dtype, device, config.max_model_len, group, config.block_size)

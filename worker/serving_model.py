@@ -54,6 +54,14 @@ def check_max_model_len(config: ModelConfig, max_model_len: int | None, where: s
     return n
 
 
+def check_shardable(model_dir: str | None, world_size: int) -> None:
+    """ShardError (a ModelConfigError) if the model's heads cannot be split over
+    ``world_size`` ranks: rank 0 checks before it starts the others."""
+    ckpt = Checkpoint(Path(model_dir) if model_dir else default_checkpoint())
+    where = str(ckpt.config_path)
+    plan_shard(model_config_from_hf(ckpt.config, ckpt.generation_config, where), 0, world_size, where)
+
+
 def load_serving_model(
     model_dir: str | None, dtype: str, device: str, max_model_len: int | None = None, group: TPGroup | None = None,
     block_size: int | None = None,

@@ -112,6 +112,7 @@ def test_a_model_whose_heads_do_not_split_is_refused(tmp_path):
     text = (tmp_path / "w.log").read_text()
     assert code == 2
     assert "num_attention_heads 8 is not divisible by --tensor-parallel-size 3" in text, text[-2000:]
+    assert "started ranks" not in text  # refused before any other rank was started
 
 
 def test_two_ranks_with_the_host_tier_load_revisited_prefixes_and_keep_their_tokens(tmp_path, tiny_reference):
