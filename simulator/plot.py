@@ -33,10 +33,15 @@ def y_limits(values: list[float], pad: float = 0.1, min_span: float = 0.02) -> t
 
 
 def series(results: list[SimResult]) -> dict[str, list[tuple[int, float]]]:
-    """policy -> [(num_blocks, first-admission hit rate)], by capacity, in run order."""
+    """policy -> [(num_blocks, first-admission hit rate)], by capacity, in run order.
+    A run with a host tier is its own line, "policy + N host blocks", at the hit rate
+    of both tiers together."""
     out: dict[str, list[tuple[int, float]]] = {}
     for r in results:
-        out.setdefault(r.policy, []).append((r.num_blocks, r.prefix_cache_hit_rate))
+        if r.num_host_blocks:
+            out.setdefault(f"{r.policy} + {r.num_host_blocks} host blocks", []).append((r.num_blocks, r.combined_hit_rate))
+        else:
+            out.setdefault(r.policy, []).append((r.num_blocks, r.prefix_cache_hit_rate))
     return {policy: sorted(pts) for policy, pts in out.items()}
 
 
@@ -70,7 +75,7 @@ def plot_hit_rates(results: list[SimResult], path: str | Path, title: str) -> No
             markersize=max(3.0, 10.0 - 2.5 * i), linewidth=max(0.8, 3.0 - 0.7 * i), zorder=2 + i,
         )  # fmt: skip
     ax.set_xlabel("KV cache capacity (blocks)")
-    ax.set_ylabel("prefix-cache hit rate, first admissions (tokens)")
+    ax.set_ylabel("prefix-cache hit rate, first admissions (tokens; device + host tier)")
     ax.set_ylim(*y_limits([y for pts in lines.values() for _, y in pts]))
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.grid(True, alpha=0.3)

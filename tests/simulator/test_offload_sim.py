@@ -84,3 +84,11 @@ def test_cli_bad_host_tier_flags_exit_2_naming_the_problem(argv: list[str], mess
         main(["--dataset", "random", "--num-blocks", "100", *argv])
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_run_with_a_host_tier_is_its_own_line_at_both_tiers_hit_rate():
+    from simulator.plot import series
+
+    workload = sequential([PREFIX_A + [1, 2, 3, 4], PREFIX_B + [5, 6, 7, 8], PREFIX_A + [9, 9, 9, 9]])
+    runs = [simulate(workload, SimConfig(num_blocks=7, block_size=BS, max_num_seqs=1, num_host_blocks=h)) for h in (0, 64)]
+    assert series(runs) == {"vllm": [(7, 0.0)], "vllm + 64 host blocks": [(7, pytest.approx(16 / 60))]}
