@@ -126,3 +126,16 @@ def test_worker_ready_sizes_or_drops_the_host_tier(tiny_checkpoint):
     # A scheduler that wants no host tier: the worker frees it and offers none again.
     assert proc._install(WorkerReady(8, 4, 2, 64)) is None
     assert proc.runner.tier is None and proc.host_caches is None and proc.hello().num_host_blocks == 0
+
+
+@pytest.mark.parametrize(("value", "words"), [("-1", "expected a number of GiB >= 0"), ("lots", "expected a number of GiB, e.g. 4 or 0.5"),
+                                             ("inf", "expected a number of GiB >= 0")])  # fmt: skip
+def test_a_bad_kv_offloading_size_is_refused_naming_it(value, words, capsys):
+    from worker.__main__ import config_from_args
+
+    with pytest.raises(SystemExit) as e:
+        config_from_args(["--device", "cpu", "--kv-offloading-size", value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--kv-offloading-size" in err and words in err
+    assert config_from_args(["--device", "cpu", "--kv-offloading-size", "0.5"]).kv_offloading_size == 0.5
