@@ -118,6 +118,7 @@ class KVCacheManager:
         # so nothing could be stored or found: the tier is left out.
         self.host_tier = host_tier if enable_caching else None
         self.offload_store = offload_store
+        self._write_through = self.host_tier is not None and offload_store == "full"
         # vLLM's connector_prefix_cache_stats: tokens asked of the host tier (what the
         # device did not hold) and found there (vllm:external_prefix_cache_*).
         self.external_prefix_cache_stats = PrefixCacheStats()
@@ -320,7 +321,7 @@ class KVCacheManager:
             self.block_pool.cache_full_blocks(
                 req_blocks, request.block_hashes, num_cached, num_full_blocks, request.all_token_ids, block_size
             )
-            if self.offload_store == "full" and self.host_tier is not None:
+            if self._write_through:
                 hashes = request.block_hashes
                 self._written_this_step.extend((req_blocks[i].block_id, hashes[i]) for i in range(num_cached, num_full_blocks))
             self.num_cached_block[request_id] = num_cached = num_full_blocks
