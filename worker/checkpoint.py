@@ -88,9 +88,19 @@ class Checkpoint:
         h.update(self._index_bytes)
         return h.hexdigest()[:32]
 
-    def load(self, names: list[str], dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
+    def load(
+        self, names: list[str], dtype: torch.dtype, device: torch.device | str, narrow: dict[str, tuple[int, int, int]] | None = None
+    ) -> dict[str, torch.Tensor]:
         """The named tensors, on ``device`` in ``dtype``. Names the checkpoint lacks are
-        an error naming them; tensors it has beyond those are ignored."""
+        an error naming them; tensors it has beyond those are ignored.
+
+        ``narrow`` maps a name to ``(dim, start, length)``: only that slice is read (a
+        tensor-parallel rank's shard). ``self.shapes`` then holds every loaded tensor's
+        whole shape, for the caller to check; a slice that does not fit the stored
+        tensor is not taken (the whole tensor is returned, and its shape is wrong).
+        """
+        narrow = narrow or {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
         missing = [n for n in names if n not in self.tensor_files]
         if missing:
             where = INDEX_FILE if (self.dir / INDEX_FILE).is_file() else self.tensor_files[next(iter(self.tensor_files))].name
@@ -107,7 +117,18 @@ class Checkpoint:
                     for n in file_names:
                         if n not in present:
                             raise CheckpointError(f"{path}: missing tensor {n!r} (the index says it is here)")
-                        out[n] = f.get_tensor(n).to(dtype)
+                        if n not in narrow:
+                            out[n] = f.get_tensor(n).to(dtype)
+                            self.shapes[n] = tuple(out[n].shape)
+                            continue
+                        sl = f.get_slice(n)
+                        shape = self.shapes[n] = tuple(sl.get_shape())
+                        dim, start, length = narrow[n]
+                        if dim >= len(shape) or start + length > shape[dim]:
+                            out[n] = f.get_tensor(n).to(dtype)
+                            continue
+                        index = (slice(None),) * dim + (slice(start, start + length),)
+                        out[n] = sl[index].to(dtype)
             except (SafetensorError, OSError) as e:
                 raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
         return out

@@ -13,6 +13,9 @@
   replicated on N / kvh ranks and rank r holds KV head ``r // (N / kvh)``, the one its
   query heads read (vLLM's ``num_kv_head_replicas``).
 * Embedding and lm_head are replicated (see docs/architecture.md, "Tensor parallelism").
+
+Each rank reads only its slices from the safetensors files (``shard_spec``), as vLLM's
+weight loaders narrow each tensor, so no rank holds the whole model even while loading.
 """
 
 from __future__ import annotations
@@ -69,28 +72,35 @@ def plan_shard(config: ModelConfig, rank: int, size: int, where: str = "config.j
     return TPShard(rank, size, nh // size, local_kv, kv_start, inter // size)
 
 
-def shard_rows(w: torch.Tensor | None, start: int, n: int) -> torch.Tensor | None:
-    """Rows [start, start + n) of an (out, in) weight or (out,) bias, as its own tensor."""
-    return None if w is None else w.narrow(0, start, n).clone()
+Narrow = tuple[int, int, int]  # (dim, start, length) of a checkpoint tensor
 
 
-def shard_columns(w: torch.Tensor, start: int, n: int) -> torch.Tensor:
-    """Columns [start, start + n) of an (out, in) weight, contiguous."""
-    return w.narrow(1, start, n).contiguous()
+def shard_spec(config: ModelConfig, s: TPShard) -> dict[str, Narrow]:
+    """Which slice of each sharded checkpoint tensor rank ``s.rank`` reads (names absent
+    are read whole: norms, embedding, lm_head, o_proj's bias)."""
+    hd = config.head_dim
+    q = (s.q_start * hd, s.num_heads * hd)
+    kv = (s.kv_head_start * hd, s.num_kv_heads * hd)
+    mlp = (s.rank * s.intermediate_size, s.intermediate_size)
+    spec: dict[str, Narrow] = {}
+    for i in range(config.num_layers):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        for suffix in ("weight", "bias") if config.qkv_bias else ("weight",):
+            spec[f"{a}q_proj.{suffix}"] = (0, *q)  # column-parallel: output rows
+            spec[f"{a}k_proj.{suffix}"] = (0, *kv)
+            spec[f"{a}v_proj.{suffix}"] = (0, *kv)
+        spec[f"{a}o_proj.weight"] = (1, *q)  # row-parallel: input columns
+        spec[f"{m}gate_proj.weight"] = (0, *mlp)
+        spec[f"{m}up_proj.weight"] = (0, *mlp)
+        spec[f"{m}down_proj.weight"] = (1, *mlp)
+    return spec
 
 
-def shard_qkv(q: torch.Tensor | None, k: torch.Tensor | None, v: torch.Tensor | None, s: TPShard, head_dim: int) -> torch.Tensor | None:
-    """This rank's q, k and v rows (weights (heads * hd, H) or biases), fused in that order."""
-    if q is None:
-        return None
-    kv0, nkv = s.kv_head_start * head_dim, s.num_kv_heads * head_dim
-    return torch.cat([shard_rows(q, s.q_start * head_dim, s.num_heads * head_dim), shard_rows(k, kv0, nkv), shard_rows(v, kv0, nkv)])
-
-
-def shard_gate_up(gate: torch.Tensor, up: torch.Tensor, s: TPShard) -> torch.Tensor:
-    """This rank's gate and up rows, fused so that ``chunk(2)`` splits them again."""
-    n = s.intermediate_size
-    return torch.cat([shard_rows(gate, s.rank * n, n), shard_rows(up, s.rank * n, n)])
+def narrowed_shape(shape: tuple[int, ...], narrow: Narrow | None) -> tuple[int, ...]:
+    if narrow is None:
+        return shape
+    dim, _, length = narrow
+    return shape[:dim] + (length,) + shape[dim + 1 :]
 
 
 AllReduce = Callable[[torch.Tensor], None]  # sums a tensor over the group, in place

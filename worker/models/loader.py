@@ -5,9 +5,9 @@ projection (rows concatenated in that order) and gate_proj, up_proj one gate_up.
 tensor's shape is checked against config.json before it is used; a tied lm_head is the
 embedding itself.
 
-With a ``TPShard`` (tensor parallelism) the whole tensors are read, then each rank keeps
-its slice (``worker/parallel_linear.py``) and drops the rest; o_proj and down_proj become
-row-parallel around the group's all-reduce.
+With a ``TPShard`` (tensor parallelism) each rank reads only its slices
+(``worker/parallel_linear.py``: ``shard_spec``), fused the same way; o_proj and down_proj
+become row-parallel around the group's all-reduce.
 """
 
 from __future__ import annotations
@@ -18,14 +18,7 @@ from worker.checkpoint import Checkpoint, CheckpointError
 from worker.models.config import ModelConfig, model_config_from_hf
 from worker.models.decoder import DecoderLayer, DecoderModel
 from worker.models.layers import GatedMLP, Linear
-from worker.parallel_linear import (
-    AllReduce,
-    RowParallelLinear,
-    TPShard,
-    shard_columns,
-    shard_gate_up,
-    shard_qkv,
-)
+from worker.parallel_linear import AllReduce, RowParallelLinear, TPShard, narrowed_shape, shard_spec
 
 # fused name -> the checkpoint's parts, concatenated along dim 0
 STACKED = {
@@ -68,20 +61,15 @@ def _stacked(w: dict[str, torch.Tensor], prefix: str, fused: str, suffix: str) -
     return torch.cat([w.pop(p) for p in parts])
 
 
-def _sharded_layer(config: ModelConfig, w: dict[str, torch.Tensor], p: str, s: TPShard, all_reduce: AllReduce) -> DecoderLayer:
-    a, m, hd = f"{p}self_attn.", f"{p}mlp.", config.head_dim
-
-    def qkv(suffix: str) -> torch.Tensor | None:
-        return shard_qkv(*(w.pop(f"{a}{n}.{suffix}", None) for n in STACKED["qkv_proj"]), s, hd)
-
-    gate_up = shard_gate_up(w.pop(f"{m}gate_proj.weight"), w.pop(f"{m}up_proj.weight"), s)
+def _sharded_layer(w: dict[str, torch.Tensor], p: str, all_reduce: AllReduce) -> DecoderLayer:
+    """One layer from this rank's slices (already narrowed as ``shard_spec`` says)."""
+    a, m = f"{p}self_attn.", f"{p}mlp."
     return DecoderLayer(
         input_norm=w.pop(f"{p}input_layernorm.weight"),
-        qkv=Linear(qkv("weight"), qkv("bias")),
-        o=RowParallelLinear(shard_columns(w.pop(f"{a}o_proj.weight"), s.q_start * hd, s.num_heads * hd), w.pop(f"{a}o_proj.bias", None), all_reduce),
+        qkv=Linear(_stacked(w, a, "qkv_proj", "weight"), _stacked(w, a, "qkv_proj", "bias")),
+        o=RowParallelLinear(w.pop(f"{a}o_proj.weight"), w.pop(f"{a}o_proj.bias", None), all_reduce),
         post_attention_norm=w.pop(f"{p}post_attention_layernorm.weight"),
-        mlp=GatedMLP(Linear(gate_up), RowParallelLinear(
-            shard_columns(w.pop(f"{m}down_proj.weight"), s.rank * s.intermediate_size, s.intermediate_size), None, all_reduce)),
+        mlp=GatedMLP(Linear(_stacked(w, m, "gate_up_proj", "weight")), RowParallelLinear(w.pop(f"{m}down_proj.weight"), None, all_reduce)),
         q_norm=w.pop(f"{a}q_norm.weight", None),
         k_norm=w.pop(f"{a}k_norm.weight", None),
     )
@@ -94,7 +82,7 @@ def build_decoder(
     if shard is not None and shard.size > 1:
         if all_reduce is None:
             raise ValueError("a sharded model needs the group's all_reduce")
-        layers = [_sharded_layer(config, w, f"model.layers.{i}.", shard, all_reduce) for i in range(config.num_layers)]
+        layers = [_sharded_layer(w, f"model.layers.{i}.", all_reduce) for i in range(config.num_layers)]
         embed = w.pop("model.embed_tokens.weight")
         lm_head = embed if config.tie_word_embeddings else w.pop("lm_head.weight")
         return DecoderModel(config, embed, layers, w.pop("model.norm.weight"), lm_head, shard)
@@ -125,9 +113,12 @@ def load_model(
     if config is None:
         config = model_config_from_hf(checkpoint.config, checkpoint.generation_config, str(checkpoint.config_path))
     shapes = expected_shapes(config)
-    weights = checkpoint.load(list(shapes), dtype, device)
+    narrow = shard_spec(config, shard) if shard is not None and shard.size > 1 else {}
+    weights = checkpoint.load(list(shapes), dtype, device, narrow)
     for name, shape in shapes.items():
-        if tuple(weights[name].shape) != shape:
+        if checkpoint.shapes[name] != shape:
             file = checkpoint.tensor_files[name]
-            raise CheckpointError(f"{file}: tensor {name!r} has shape {tuple(weights[name].shape)}, config.json says {shape}")
+            raise CheckpointError(f"{file}: tensor {name!r} has shape {checkpoint.shapes[name]}, config.json says {shape}")
+        # NOTE: holds once the whole shape is right: every slice then fits.
+        assert tuple(weights[name].shape) == narrowed_shape(shape, narrow.get(name))
     return build_decoder(config, weights, shard, all_reduce)
