@@ -92,3 +92,12 @@ def test_a_run_with_a_host_tier_is_its_own_line_at_both_tiers_hit_rate():
     workload = sequential([PREFIX_A + [1, 2, 3, 4], PREFIX_B + [5, 6, 7, 8], PREFIX_A + [9, 9, 9, 9]])
     runs = [simulate(workload, SimConfig(num_blocks=7, block_size=BS, max_num_seqs=1, num_host_blocks=h)) for h in (0, 64)]
     assert series(runs) == {"vllm": [(7, 0.0)], "vllm + 64 host blocks": [(7, pytest.approx(16 / 60))]}
+
+
+def test_write_through_stores_every_full_block_once_as_worked_out_by_hand():
+    workload = sequential([PREFIX_A + [1, 2, 3, 4], PREFIX_B + [5, 6, 7, 8], PREFIX_A + [9, 9, 9, 9]])
+    r = simulate(workload, SimConfig(num_blocks=7, block_size=BS, max_num_seqs=1, num_host_blocks=64, offload_store="full"))
+    # A's 5 full blocks, B's 5, the third request's own suffix block: 11 stores; its 4
+    # loaded prefix blocks are full again but the tier holds their hashes: 4 skipped.
+    assert (r.num_host_stores, r.num_host_stores_skipped, r.num_host_loads, r.num_host_evictions) == (11, 4, 4, 0)
+    assert (r.prefix_cache_hits, r.external_prefix_cache_hits) == (0, 16)
