@@ -129,3 +129,19 @@ def test_two_ranks_with_the_host_tier_load_revisited_prefixes_and_keep_their_tok
             assert r.error is None and r.token_ids == reference_generate(tiny_reference, g.prompt_token_ids, 6, True), g.request_id
         m = c.metrics()
     assert m["kvpool_kv_offload_loaded_blocks_total"] >= 4 * 4
+
+
+def test_ranks_started_by_hand_form_a_group_and_the_pool_is_the_smallest_rank(tmp_path, tiny_reference):
+    # As on several hosts: each rank its own command, one --distributed-init-method; rank
+    # 1's budget is half rank 0's, so the pool is rank 1's count. Each rank's block holds
+    # one of the tiny checkpoint's 2 KV heads: 2 x 4 layers x 1 x 32 x 16 tokens x 4 bytes.
+    per_rank_block = 2 * 4 * 1 * 32 * 16 * 4
+    url = f"tcp://127.0.0.1:{free_port()}"
+    group = ["--dtype", "float64", "--tensor-parallel-size", "2", "--distributed-init-method", url]
+    with Cluster(start_worker=False, log_dir=tmp_path) as c:
+        c.spawn_worker("rank0", [*group, "--rank", "0", "--kv-cache-memory", "8MiB"])
+        c.spawn_worker("rank1", [*group, "--rank", "1", "--kv-cache-memory", "4MiB"])
+        c.wait_healthy(90)
+        assert c.metrics()["kvpool_num_gpu_blocks"] == 4 * 2**20 // (2 * per_rank_block)  # float64: twice the bytes
+        g = Generate("h", list(range(2, 40)), 12, ignore_eos=True)
+        assert c.generate([g])["h"].token_ids == reference_generate(tiny_reference, g.prompt_token_ids, 12)
