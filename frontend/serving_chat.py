@@ -119,11 +119,11 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
         i = d.index
         generated[i] += len(d.token_ids)
         cached[i] = max(cached[i], d.num_cached_tokens)
-        if not d.text and d.finish_reason is None:
-            return None
         lp = None
         if num_logprobs is not None and d.logprobs:
             lp = chat_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, num_logprobs, as_ids)
+        elif not d.text and d.finish_reason is None:
+            return None  # NOTE: as vLLM, a token with no text yet is still sent when it has logprobs
         if d.finish_reason is not None:
             ctx.metrics.request_finished(d.finish_reason, len(ids), generated[i])
         elif lp is None and not continuous:

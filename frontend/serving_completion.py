@@ -122,12 +122,12 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
         text = d.text
         if first[i]:
             text, first[i] = echo[i // n] + text, False
-        if not text and d.finish_reason is None:
-            return None
         lp = None
         if req.logprobs is not None and d.logprobs:
             lp = completion_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, req.logprobs, as_ids, offsets[i])
             offsets[i] += sum(len(t) for t in lp["tokens"])
+        elif not text and d.finish_reason is None:
+            return None  # NOTE: as vLLM, a token with no text yet is still sent when it has logprobs
         if d.finish_reason is not None:
             ctx.metrics.request_finished(d.finish_reason, len(prompts[i // n]), generated[i])
         elif lp is None and not continuous:

@@ -151,6 +151,26 @@ def test_logprobs_shapes(client, model):
     assert all(t.logprob == pytest.approx(t.top_logprobs[0].logprob) for t in content)
 
 
+def test_streamed_logprobs_and_continuous_usage_equal_the_whole_response(client, model):
+    kw = dict(model=model, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kw).choices[0].logprobs
+    chunks = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True,
+                                                                              "continuous_usage_stats": True}))  # fmt: skip
+    streamed = [c for c in chunks if c.choices]
+    assert sum(len(c.choices[0].logprobs.tokens) for c in streamed) == 6
+    assert [t for c in streamed for t in c.choices[0].logprobs.tokens] == whole.tokens
+    assert [x for c in streamed for x in c.choices[0].logprobs.token_logprobs] == pytest.approx(whole.token_logprobs)
+    assert [x for c in streamed for x in c.choices[0].logprobs.text_offset] == whole.text_offset
+    # every chunk carries the usage so far; the completion tokens only grow, to 6
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 6 and all(c.usage.prompt_tokens == chunks[0].usage.prompt_tokens for c in chunks)
+    messages = [{"role": "user", "content": "x"}]
+    chat = client.chat.completions.create(model=model, messages=messages, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2,
+                                          stream=True, extra_body={"ignore_eos": True})  # fmt: skip
+    content = [t for c in chat if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert len(content) == 4 and all(len(t.top_logprobs) == 2 for t in content)
+
+
 # --- tokenize / detokenize -----------------------------------------------------------
 
 
