@@ -145,3 +145,8 @@ def test_ranks_started_by_hand_form_a_group_and_the_pool_is_the_smallest_rank(tm
         assert c.metrics()["kvpool_num_gpu_blocks"] == 4 * 2**20 // (2 * per_rank_block)  # float64: twice the bytes
         g = Generate("h", list(range(2, 40)), 12, ignore_eos=True)
         assert c.generate([g])["h"].token_ids == reference_generate(tiny_reference, g.prompt_token_ids, 12)
+        # Rank 0 killed: rank 1 (not its child here) finds out from its next broadcast,
+        # at the latest rank 0's keepalive, and exits 5, well inside --distributed-timeout.
+        c.procs["rank0"].send_signal(signal.SIGKILL)
+        assert c.procs["rank1"].wait(20) == 5
+    assert "the tensor-parallel group is lost" in (tmp_path / "rank1.log").read_text()
