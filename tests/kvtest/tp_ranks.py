@@ -115,7 +115,9 @@ def _rank_main(rank: int, world_size: int, port: int, jobs: list[Job], results: 
                 runner = ModelRunner(m, caches, MAX_NUM_SEQS, MAX_MODEL_LEN)
                 sched = drive(FanningRunner(runner, fanout, codec), job.seed, c.vocab_size)
                 fanout.send(Kind.STOP)
-                results.put((i, rank, *_pack(outputs(sched), caches), fanout.bytes_sent))
+                covered = {"bytes_sent": fanout.bytes_sent, "chunked": sched.num_chunked, "shared": sched.num_shared,
+                           "preempted": sched.num_preempted}  # fmt: skip
+                results.put((i, rank, *_pack(outputs(sched), caches), covered))
             else:
                 follower = RankFollower(m, caches, fanout)
                 assert follower.run() == 0
@@ -125,7 +127,8 @@ def _rank_main(rank: int, world_size: int, port: int, jobs: list[Job], results: 
 
 
 def run_group(jobs: list[Job], world_size: int = 2, timeout: float = 240.0) -> dict[int, dict[int, tuple]]:
-    """{job index: {rank: (outputs or None, kv caches, bytes sent or steps run)}}."""
+    """{job index: {rank: (outputs or None, kv caches, rank 0: what the plans covered and
+    the bytes it fanned out / other ranks: the steps they ran)}}."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
