@@ -201,6 +201,9 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
             parse_init_method(a.distributed_init_method)
         except ValueError as e:
             p.error(str(e))
+    if device == "cuda" and a.rank is None and a.tensor_parallel_size > torch.cuda.device_count():
+        p.error(f"--tensor-parallel-size {a.tensor_parallel_size} on CUDA starts that many ranks on this host, one device each; "
+                f"it has {torch.cuda.device_count()} (NCCL refuses two ranks on one device)")
     if a.distributed_timeout <= 0:
         p.error(f"--distributed-timeout must be positive, got {a.distributed_timeout}")
     return WorkerConfig(
