@@ -18,7 +18,6 @@ scheduler takes a step's copies with `take_tier_copies` and completes them with
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from protocol.worker_messages import TierCopies
@@ -26,6 +25,7 @@ from scheduler.core.block_pool import BlockPool
 from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
 from scheduler.core.kv_events import KVEventSink
 from scheduler.core.offload_tier import HostTier
+from scheduler.core.prefix_cache_stats import PrefixCacheStats
 
 # (num_gpu_blocks, enable_caching, event_sink) -> the pool. BlockPool itself by
 # default; what-if studies pass pools with other free-queue rules.
@@ -50,43 +50,6 @@ class Request(Protocol):
 
     @property
     def num_tokens(self) -> int: ...
-
-
-@dataclass(slots=True)
-class PrefixCacheStats:
-    """Cumulative prefix-cache counters, in tokens, as vLLM's PrefixCacheStats.
-
-    ``requests/queries/hits`` count first admissions only (vllm:prefix_cache_queries
-    and _hits); a request resumed after preemption is counted apart, in the
-    ``preempted_*`` fields. NOTE: a victim re-admitted hits its own freed blocks,
-    so counting it again would raise the hit rate exactly when the pool is too
-    small."""
-
-    requests: int = 0
-    queries: int = 0
-    hits: int = 0
-    preempted_requests: int = 0
-    preempted_queries: int = 0
-    preempted_hits: int = 0
-
-    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
-        if preempted:
-            self.preempted_requests += 1
-            self.preempted_queries += num_tokens
-            self.preempted_hits += num_hits
-        else:
-            self.requests += 1
-            self.queries += num_tokens
-            self.hits += num_hits
-
-    @property
-    def hit_rate(self) -> float:
-        """Of first admissions: hits / queries (0.0 before any query)."""
-        return self.hits / self.queries if self.queries else 0.0
-
-    @property
-    def preempted_hit_rate(self) -> float:
-        return self.preempted_hits / self.preempted_queries if self.preempted_queries else 0.0
 
 
 class KVCacheManager:
