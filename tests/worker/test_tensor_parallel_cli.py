@@ -1,0 +1,45 @@
+"""The worker's tensor-parallel flags: good values reach WorkerConfig, bad ones are
+refused by argparse (exit 2) naming the flag and the problem."""
+
+from __future__ import annotations
+
+import pytest
+
+from frontend.cli import build_parser as serve_parser
+from worker.__main__ import config_from_args
+
+
+def test_the_flags_reach_the_config():
+    c = config_from_args(["--device", "cpu", "--tensor-parallel-size", "2", "--rank", "1",
+                          "--distributed-init-method", "tcp://10.0.0.5:29500", "--distributed-timeout", "12"])  # fmt: skip
+    assert (c.tensor_parallel_size, c.rank, c.distributed_init_method, c.distributed_timeout_s) == (2, 1, "tcp://10.0.0.5:29500", 12.0)
+    d = config_from_args(["--device", "cpu"])
+    assert (d.tensor_parallel_size, d.rank, d.distributed_init_method) == (1, None, None)
+
+
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--tensor-parallel-size", "0"], "--tensor-parallel-size must be positive, got 0"),
+        (["--tensor-parallel-size", "2", "--rank", "2", "--distributed-init-method", "tcp://h:1"], "--rank 2 is outside 0..1"),
+        (["--tensor-parallel-size", "2", "--rank", "1"], "--rank needs --distributed-init-method"),
+        (["--tensor-parallel-size", "2", "--distributed-init-method", "env://"], "expected tcp://HOST:PORT"),
+        (["--tensor-parallel-size", "2", "--distributed-init-method", "tcp://host"], "expected tcp://HOST:PORT"),
+        (["--distributed-timeout", "0"], "--distributed-timeout must be positive"),
+    ],
+)
+def test_bad_values_are_named(capsys, argv, words):
+    with pytest.raises(SystemExit) as e:
+        config_from_args(["--device", "cpu", *argv])
+    assert e.value.code == 2
+    assert words in " ".join(capsys.readouterr().err.split())
+
+
+def test_kvpool_serve_takes_the_flag_and_refuses_zero(capsys):
+    assert serve_parser().parse_args(["serve", "m", "-tp", "2"]).tensor_parallel_size == 2
+    from frontend.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "/nonexistent", "--tensor-parallel-size", "0"])
+    assert e.value.code == 2
+    assert "--tensor-parallel-size must be positive, got 0" in capsys.readouterr().err
