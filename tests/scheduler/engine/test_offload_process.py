@@ -176,3 +176,54 @@ def test_a_lost_worker_voids_the_host_tier_too():
         assert (metric(m, "vllm:external_prefix_cache_hits_total"), metric(m, "vllm:prefix_cache_hits_total")) == before
     finally:
         s.close()
+
+
+def test_kv_events_tell_a_subscriber_what_each_tier_holds():
+    from kvtest.cluster import free_port
+
+    from protocol.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, batch_codec
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    s = Setup("--kv-offloading-size", "1", "--num-gpu-blocks-override", str(NUM_BLOCKS), "--max-num-seqs", "1", "--dev-mode",
+              "--kv-events-endpoint", endpoint, start_worker=False)  # fmt: skip
+    sub = s.ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    held: dict[str, set] = {"GPU": set(), "CPU": set()}
+    codec = batch_codec()
+
+    def drain(until, bound_s: float = 10.0) -> None:
+        deadline = time.monotonic() + bound_s
+        while not until() and time.monotonic() < deadline:
+            if not sub.poll(200):
+                continue
+            _topic, _seq, payload = sub.recv_multipart()
+            for e in codec.decode(payload).events:
+                match e:
+                    case BlockStored():
+                        assert not held[e.medium] & set(e.block_hashes), "stored twice without a removal"
+                        held[e.medium] |= set(e.block_hashes)
+                        if e.medium == "CPU":  # as vLLM's offloading connector: no parent, no tokens
+                            assert e.parent_block_hash is None and e.token_ids == [] and e.block_size == BS
+                    case BlockRemoved():
+                        assert set(e.block_hashes) <= held[e.medium]
+                        held[e.medium] -= set(e.block_hashes)
+                    case AllBlocksCleared():
+                        held["GPU"].clear()
+
+    try:
+        time.sleep(0.3)  # the subscription reaches the publisher
+        s.start_worker(num_host_blocks=NUM_HOST_BLOCKS)
+        cycle(s, 2)
+        m = s.wait_idle()
+        num_cpu = metric(m, "kvpool_kv_offload_cpu_cached_blocks")
+        num_gpu = metric(m, "kvpool_cached_block_hashes")
+        drain(lambda: len(held["CPU"]) == num_cpu and len(held["GPU"]) == num_gpu)
+        assert len(held["CPU"]) == num_cpu > 0 and len(held["GPU"]) == num_gpu > 0
+        assert s.sched.http("POST", "/reset_prefix_cache")[0] == 200
+        drain(lambda: not held["CPU"] and not held["GPU"])
+        assert held == {"GPU": set(), "CPU": set()}
+    finally:
+        sub.close(linger=0)
+        s.close()
