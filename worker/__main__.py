@@ -37,7 +37,6 @@ from worker.models.config import DTYPES, ModelConfigError
 from worker.process import WorkerProcess, WorkerStopping
 from worker.rank_group import (
     LocalRanks,
-    free_loopback_port,
     rank_device,
     run_rank,
     threads_per_rank,
@@ -198,9 +197,11 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
         p.error("--rank needs --distributed-init-method (rank 0's address)")
     if a.distributed_init_method is not None:
         try:
-            parse_init_method(a.distributed_init_method)
+            _, port = parse_init_method(a.distributed_init_method)
         except ValueError as e:
             p.error(str(e))
+        if port == 0 and a.rank:
+            p.error(f"--distributed-init-method {a.distributed_init_method!r}: rank {a.rank} needs rank 0's real port, not 0")
     if device == "cuda" and a.rank is None and a.tensor_parallel_size > torch.cuda.device_count():
         p.error(f"--tensor-parallel-size {a.tensor_parallel_size} on CUDA starts that many ranks on this host, one device each; "
                 f"it has {torch.cuda.device_count()} (NCCL refuses two ranks on one device)")
@@ -251,22 +252,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def start_group(config: WorkerConfig, argv: list[str]) -> tuple[TPGroup, LocalRanks | None]:
     """This rank's group; rank 0 without --rank first starts ranks 1..N-1 here."""
-    n, local = config.tensor_parallel_size, None
-    init_method = config.distributed_init_method
-    if config.rank is None:
-        init_method = init_method or f"tcp://127.0.0.1:{free_loopback_port()}"
-        per_rank = threads_per_rank(n)
-        if config.device == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
-            torch.set_num_threads(per_rank)
-        local = LocalRanks(argv, n, init_method, per_rank)
-        log.info("rank 0 of %d: started ranks 1..%d (pids %s), store at %s", n, n - 1, local.pids, init_method)
-    rank = config.rank or 0
-    try:
-        return TPGroup(rank, n, init_method, rank_device(config.device, rank), config.distributed_timeout_s, config.distributed_timeout_s), local
-    except GroupError:
-        if local is not None:
-            local.stop()
-        raise
+    n, rank = config.tensor_parallel_size, config.rank or 0
+    # NOTE: rank 0 listens first (on port 0: a free loopback port), then starts the others.
+    init_method = config.distributed_init_method or "tcp://127.0.0.1:0"
+    group = TPGroup(rank, n, init_method, rank_device(config.device, rank), config.distributed_timeout_s, config.distributed_timeout_s)
+    if config.rank is not None:
+        return group, None
+    per_rank = threads_per_rank(n)
+    if config.device == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(per_rank)
+    local = LocalRanks(argv, n, group.init_method, per_rank)
+    log.info("rank 0 of %d: started ranks 1..%d (pids %s), store at %s", n, n - 1, local.pids, group.init_method)
+    return group, local
 
 
 def _serve(config: WorkerConfig, serving, group: TPGroup | None) -> int:

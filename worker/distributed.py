@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from datetime import timedelta
 from urllib.parse import urlparse
@@ -58,12 +59,21 @@ class TPGroup:
         if host in ("127.0.0.1", "localhost") and self.backend == "gloo":
             # NOTE: gloo binds the address of the interface it picks; on one host keep it loopback.
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        self._listener: socket.socket | None = None
         try:
+            listen_fd = None
+            if rank == 0:
+                # NOTE: the store listens on the init method's address only (TCPStore
+                # alone would listen on every interface); port 0 picks a free one.
+                self._listener = socket.create_server((host, port), backlog=128)
+                port = self._listener.getsockname()[1]
+                listen_fd = self._listener.fileno()
             self.store = dist.TCPStore(host, port, world_size=None, is_master=rank == 0, timeout=self.startup_timeout,
-                                       wait_for_workers=False)  # fmt: skip
+                                       wait_for_workers=False, master_listen_fd=listen_fd)  # fmt: skip
         except (RuntimeError, OSError) as e:
             who = "host the group's store on" if rank == 0 else "reach rank 0's store at"
             raise GroupError(f"rank {rank} cannot {who} {init_method}: {e}") from None
+        self.init_method = f"tcp://{host}:{port}"  # the port chosen, when 0 was asked
         self.started = False
         self._round = 0  # each agree() has keys of its own (a test loads several models)
 
@@ -141,6 +151,9 @@ class TPGroup:
             raise GroupLost(f"broadcast on rank {self.rank} failed: {e}") from None
 
     def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         if self.started:
             self.started = False
             try:

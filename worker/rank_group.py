@@ -2,8 +2,9 @@
 
 ``python -m worker --tensor-parallel-size N`` without ``--rank`` is rank 0 of a group
 on this host: it starts ranks 1..N-1 itself (the same command line plus ``--rank i``,
-a loopback ``--distributed-init-method`` on a free port, no /metrics), each with
-``PR_SET_PDEATHSIG`` so none outlives it, and an equal share of the CPU threads. When
+``--distributed-init-method`` on the free loopback port its store already listens on,
+no /metrics), each with ``PR_SET_PDEATHSIG`` so none outlives it, and an equal share of
+the CPU threads. When
 rank 0 exits it stops them (they have normally exited already: STOP, or their
 collective failed). A supervisor (``kvpool serve``) therefore restarts the whole group
 by restarting rank 0. With ``--rank`` each rank is started by hand (several hosts),
@@ -17,7 +18,6 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,12 +42,6 @@ STOP_TIMEOUT_S = 5.0
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def free_loopback_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_device(device: str, rank: int) -> torch.device:
