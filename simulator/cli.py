@@ -22,8 +22,7 @@ Host tier: ``--kv-offloading-blocks N[,N...]`` gives the manager the scheduler's
 HostTier of N slots (vLLM's --kv-offloading-size, in blocks); the table then adds
 the host tier's hit rate, both tiers' together, loads, GB stored and loaded
 (``--kv-bytes-per-token``) and the seconds the loads cost, each charged
-``bytes / --offload-bandwidth-gbps`` in its step. Decode steps are not
-fast-forwarded with a tier.
+``bytes / --offload-bandwidth-gbps`` in its step.
 
     python -m simulator --trace conversation_trace.jsonl --num-blocks 100000,200000 \\
         --policy vllm,tail,forward --result-json out.json --plot out.png

@@ -5,6 +5,7 @@ by hand; a tier raises the hit rate when the working set overflows the device.""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,36 @@ def test_write_through_stores_every_full_block_once_as_worked_out_by_hand():
     # loaded prefix blocks are full again but the tier holds their hashes: 4 skipped.
     assert (r.num_host_stores, r.num_host_stores_skipped, r.num_host_loads, r.num_host_evictions) == (11, 4, 4, 0)
     assert (r.prefix_cache_hits, r.external_prefix_cache_hits) == (0, 16)
+
+
+@pytest.mark.parametrize(("num_host_blocks", "store", "hits"), [(100, "eviction", True), (200, "full", True), (24, "eviction", False),
+                                                            (100, "full", False)])  # fmt: skip
+def test_fast_forward_with_a_host_tier_changes_nothing(num_host_blocks: int, store: str, hits: bool):
+    # 12 prefixes over a 40-block device with decode stretches of 40 tokens: stores in
+    # the stretches, host hits, host evictions and preemptions, stepped and fast-forwarded.
+    samples = shared_prefix_requests(120, 12, 128, 16, 40, 512, seed=1)
+    workload = SampleWorkload(samples, [0.05 * i for i in range(len(samples))], 512)
+    cfg = dict(num_blocks=41, block_size=16, max_num_seqs=4, num_host_blocks=num_host_blocks, offload_store=store)
+    fast, slow = simulate(workload, SimConfig(**cfg)), simulate(workload, SimConfig(**cfg, fast_forward=False))
+    assert fast.num_fast_forwarded_steps > fast.num_steps / 4 and slow.num_fast_forwarded_steps == 0
+    assert fast.num_host_stores > 0 and fast.num_host_loads > 0 and fast.num_host_evictions > 0 and fast.num_preemptions > 0
+    for name in ("prefix_cache_hits", "external_prefix_cache_queries", "external_prefix_cache_hits", "num_host_stores",
+                 "num_host_loads", "num_host_stores_skipped", "num_host_evictions", "num_evictions", "num_preemptions",
+                 "num_steps", "simulated_s", "admit_ns", "first_token_ns", "finish_ns"):  # fmt: skip
+        assert getattr(fast, name) == getattr(slow, name), name
+    assert (fast.external_prefix_cache_hits > 0) == hits
+
+
+def test_fast_forward_waits_when_write_through_evicts_the_heads_host_hits():
+    """Found by a random search (seed 45 of 400): a plan's write-through store evicted
+    the waiting head's host hits after it was tried, so it fit the next step; a
+    stretch started there admitted it 2 ms late."""
+    rnd = random.Random(45)
+    assert [rnd.randint(10, 50), rnd.randint(1, 6), rnd.randint(8, 80), rnd.randint(1, 16), rnd.randint(3, 40)] == [27, 4, 70, 9, 8]
+    samples = shared_prefix_requests(27, 4, 70, 9, 8, vocab_size=100, seed=45)
+    workload = SampleWorkload(samples, [i * rnd.choice([0, 0.002, 0.01, 0.05]) for i in range(27)], 100)  # the search's arrivals
+    cfg = dict(num_blocks=18, block_size=8, max_num_seqs=2, max_num_batched_tokens=8, step_overhead_ms=1.0, ms_per_token=0.01,
+               num_host_blocks=21, offload_store="full", policy="forward")  # fmt: skip
+    fast, slow = simulate(workload, SimConfig(**cfg)), simulate(workload, SimConfig(**cfg, fast_forward=False))
+    assert fast.num_fast_forwarded_steps > 0 and fast.num_host_evictions > 0
+    assert (fast.admit_ns, fast.finish_ns, fast.num_host_stores) == (slow.admit_ns, slow.finish_ns, slow.num_host_stores)
