@@ -60,6 +60,15 @@ class HostBlock:
 
 
 class HostTier:
+    """``num_host_blocks`` slots (0..n-1) of ``block_size`` tokens, keyed by hash.
+
+    A step's life (KVCacheManager drives it; the simulator through the manager):
+    `lookup` (admission), `pin` then `add_loads` (host hits get device blocks),
+    `prepare_stores` (blocks leaving the device, or write-through), `take_copies`
+    (the plan's TierCopies), `complete_copies` (the step's result is in). `clear`
+    on a reset or a lost worker. Read-only for callers: `blocks`, the counters,
+    `num_cached_blocks`, `num_pinned_blocks`, `get_usage`, `get_fill`."""
+
     def __init__(
         self,
         num_host_blocks: int,
