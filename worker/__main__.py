@@ -207,6 +207,10 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
                 f"it has {torch.cuda.device_count()} (NCCL refuses two ranks on one device)")
     if a.distributed_timeout <= 0:
         p.error(f"--distributed-timeout must be positive, got {a.distributed_timeout}")
+    if a.tensor_parallel_size > 1 and a.distributed_timeout <= a.scheduler_timeout:
+        # NOTE: while rank 0 waits for WorkerReady it broadcasts nothing.
+        p.error(f"--distributed-timeout {a.distributed_timeout:g} must be longer than --scheduler-timeout "
+                f"{a.scheduler_timeout:g}: the other ranks wait that long for rank 0's handshake")
     return WorkerConfig(
         scheduler=a.scheduler, model=a.model, device=device, dtype=a.dtype, max_model_len=a.max_model_len,
         kv_cache_memory=a.kv_cache_memory, gpu_memory_utilization=a.gpu_memory_utilization,

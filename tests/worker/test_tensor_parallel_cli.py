@@ -26,6 +26,7 @@ def test_the_flags_reach_the_config():
         (["--tensor-parallel-size", "2", "--distributed-init-method", "env://"], "expected tcp://HOST:PORT"),
         (["--tensor-parallel-size", "2", "--distributed-init-method", "tcp://host"], "expected tcp://HOST:PORT"),
         (["--distributed-timeout", "0"], "--distributed-timeout must be positive"),
+        (["--tensor-parallel-size", "2", "--distributed-timeout", "10"], "--distributed-timeout 10 must be longer than --scheduler-timeout 10"),
     ],
 )
 def test_bad_values_are_named(capsys, argv, words):
