@@ -81,21 +81,33 @@ def _tier_steps(kv, first: int, upto: int) -> None:
             kv.complete_tier_copies()
 
 
-def _host_store_room(scheduler: Scheduler) -> int | None:
-    """How many stores the stretch may make without evicting from the host tier, or
-    None where the tier cannot change the waiting head's admission.
+def _host_store_room(scheduler: Scheduler, max_stores: int) -> int | None:
+    """How many stores (of at most ``max_stores``) the stretch may make before one
+    evicts a host-tier hit of the waiting head, or None where none can.
 
     NOTE: a host eviction of one of the head's host hits leaves it fewer computed
-    tokens, so a smaller first chunk when the token budget cuts it, which can fit:
-    with a head that has host hits, no store of the stretch may evict."""
+    tokens, so a smaller first chunk when the token budget cuts it, which can fit.
+    Stores take free slots first, then the policy's victims in its order (entries
+    stored in the stretch go behind the others, as stepping completes them)."""
     kv = scheduler.kv_cache_manager
     tier, waiting, running = kv.host_tier, scheduler.waiting, scheduler.running
     if tier is None or not waiting or len(running) >= scheduler.max_num_seqs or len(running) >= scheduler.max_num_batched_tokens:
         return None
-    hits, num_hit_tokens = kv.get_computed_blocks(waiting[0], record_stats=False)
+    head = waiting[0]
+    hits, num_hit_tokens = kv.get_computed_blocks(head, record_stats=False)
     if num_hit_tokens <= len(hits) * kv.block_size:
         return None
-    return tier.num_host_blocks - tier.num_cached_blocks
+    room = tier.num_host_blocks - tier.num_cached_blocks
+    if not hasattr(tier.policy, "__iter__"):
+        return room  # a policy without an order to read: no eviction at all
+    host_hits = set(head.block_hashes[len(hits) : num_hit_tokens // kv.block_size])
+    for block_hash in tier.policy:  # eviction order
+        if room >= max_stores:
+            return None
+        if block_hash in host_hits:
+            return room
+        room += 1
+    return None
 
 
 def _num_filled_blocks(num_tokens: int, num_steps: int, block_size: int) -> int:
@@ -123,16 +135,17 @@ def decode_horizon(scheduler: Scheduler, limit: int) -> int:
 
     max_pops = min(pops(k), scheduler.kv_cache_manager.block_pool.get_num_free_blocks())
     max_pops = _head_watch_pops(scheduler, max_pops)
-    room = _host_store_room(scheduler)
+    write_through = scheduler.kv_cache_manager.offload_store == "full"
+
+    def fills(steps: int) -> int:
+        return sum(_num_filled_blocks(n, steps, bs) for n in lengths)
+
+    # Write-through stores every block filled: those of the step before (one a
+    # request at most), then those of the stretch; eviction, one a pop at most.
+    room = _host_store_room(scheduler, fills(k) + len(running) if write_through else max_pops)
     if room is not None:
-        if scheduler.kv_cache_manager.offload_store == "full":
-            # Write-through stores every block filled: those of the step before (one
-            # a request at most), then those of the stretch.
+        if write_through:
             room -= len(running)
-
-            def fills(steps: int) -> int:
-                return sum(_num_filled_blocks(n, steps, bs) for n in lengths)
-
             if room < 0:
                 k = 0
             elif fills(k) > room:
