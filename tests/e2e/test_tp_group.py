@@ -37,10 +37,9 @@ def test_a_killed_rank_takes_its_group_down_and_costs_no_request(tmp_path, tiny_
     rng = random.Random(5)
     reqs = [Generate(f"t{i}", [rng.randrange(2, 512) for _ in range(12 + 9 * i)], 40, ignore_eos=True) for i in range(3)]
     expected = {g.request_id: reference_generate(tiny_reference, g.prompt_token_ids, g.max_tokens) for g in reqs}
+    # NOTE: transformers' greedy float64 tokens are an uninterrupted run's: two ranks give
+    # them (test_ranks_started_by_hand_..., tests/worker/test_tensor_parallel.py).
     with Cluster(["--worker-reconnect-timeout", "60"], TP2, log_dir=tmp_path) as c:
-        # An uninterrupted run first: two ranks give transformers' tokens.
-        first = c.generate([Generate(f"u{i}", g.prompt_token_ids, g.max_tokens, ignore_eos=True) for i, g in enumerate(reqs)])
-        assert {f"t{i}": first[f"u{i}"].token_ids for i in range(3)} == expected
         leader = c.procs["worker"]
         ranks = rank_pids(leader.pid)
         assert list(ranks) == [1]
