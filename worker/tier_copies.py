@@ -55,7 +55,7 @@ def runs(sources: list[int], targets: list[int]) -> list[Run]:
 
 
 def _as_numpy(kv: torch.Tensor) -> np.ndarray:
-    """A CPU cache (2, blocks, ...) as a numpy (2, blocks, block_elems) view."""
+    """A CPU cache (2, blocks, bs, kvh, hd) as a numpy (2, blocks, bs * kvh * hd) view."""
     two, num_blocks = kv.shape[:2]
     return kv.view(two, num_blocks, -1).view(_BITS[kv.element_size()]).numpy()
 
@@ -150,7 +150,7 @@ class TierCopier:
             with torch.cuda.stream(side):
                 start.record(side)
                 idx = torch.tensor(tc.store_device_ids, dtype=torch.long).to(self.device, non_blocking=True)
-                on_device = [kv.index_select(1, idx) for kv in self.device_caches]
+                on_device = [kv.index_select(1, idx) for kv in self.device_caches]  # each (2, n, bs, kvh, hd)
                 gathered.record(side)
                 for g in on_device:
                     pinned = torch.empty(g.shape, dtype=g.dtype, pin_memory=True)
@@ -167,7 +167,7 @@ class TierCopier:
             hidx = torch.tensor(tc.load_host_ids, dtype=torch.long)
             staged = []
             for h in self.host_caches:
-                pinned = torch.empty((h.shape[0], len(tc.load_host_ids), *h.shape[2:]), dtype=h.dtype, pin_memory=True)
+                pinned = torch.empty((h.shape[0], len(tc.load_host_ids), *h.shape[2:]), dtype=h.dtype, pin_memory=True)  # (2, n, bs, kvh, hd)
                 torch.index_select(h, 1, hidx, out=pinned)
                 staged.append(pinned)
             self.load_seconds += time.perf_counter() - t0
