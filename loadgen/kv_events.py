@@ -2,7 +2,10 @@
 
 `KVEventSubscriber` reads vLLM-format KV event batches (protocol/kv_events.py)
 from a PUB endpoint and applies them: BlockStored adds hashes, BlockRemoved
-removes them, AllBlocksCleared empties the set. Sequence numbers must be
+removes them, AllBlocksCleared empties the set. Events name their medium, as
+vLLM's do: the host tier's ("CPU", the offloading connector's) go to
+``host_hashes``, the device pool's ("GPU", or none from older publishers) to
+``cached_hashes``; the same hash may be in both. Sequence numbers must be
 consecutive; a gap (a late start, a slow subscriber) is filled from the replay
 endpoint before the batch that revealed it is applied. A gap older than the
 publisher's replay buffer cannot be filled: it is counted in ``num_lost`` and the
@@ -28,6 +31,7 @@ import zmq
 from protocol.codec import ProtocolError
 from protocol.curve import apply_client
 from protocol.kv_events import (
+    MEDIUM_CPU,
     REPLAY_END_SEQ,
     AllBlocksCleared,
     BlockRemoved,
@@ -62,7 +66,9 @@ class KVEventSubscriber:
         self._own_ctx = ctx is None
         self._ctx = zmq.Context() if ctx is None else ctx
         self._codec = batch_codec()
+        # The device pool's hashes, and the host tier's (medium "CPU").
         self.cached_hashes: set[ExternalBlockHash] = set()
+        self.host_hashes: set[ExternalBlockHash] = set()
         # Sequence number of the last batch applied; -1 before the first.
         self.last_seq = -1
         self.num_batches = 0
@@ -150,15 +156,16 @@ class KVEventSubscriber:
         return True
 
     def _apply(self, seq: int, batch: KVEventBatch, on_batch) -> None:
-        cached = self.cached_hashes
+        device, host = self.cached_hashes, self.host_hashes
         for event in batch.events:
             match event:
-                case BlockStored(block_hashes=hashes):
-                    cached.update(hashes)
-                case BlockRemoved(block_hashes=hashes):
-                    cached.difference_update(hashes)
+                case BlockStored(block_hashes=hashes, medium=medium):
+                    (host if medium == MEDIUM_CPU else device).update(hashes)
+                case BlockRemoved(block_hashes=hashes, medium=medium):
+                    (host if medium == MEDIUM_CPU else device).difference_update(hashes)
                 case AllBlocksCleared():
-                    cached.clear()
+                    device.clear()
+                    host.clear()
         self.last_seq = seq
         self.num_batches += 1
         if on_batch is not None:
@@ -181,9 +188,9 @@ def _print_batch(seq: int, batch: KVEventBatch) -> None:
             case BlockStored():
                 parent = "-" if e.parent_block_hash is None else _hex(e.parent_block_hash)
                 print(f"  BlockStored {len(e.block_hashes)} blocks [{', '.join(map(_hex, e.block_hashes))}] "
-                      f"parent {parent} {len(e.token_ids)} tokens block_size {e.block_size}")  # fmt: skip
+                      f"parent {parent} {len(e.token_ids)} tokens block_size {e.block_size} medium {e.medium}")  # fmt: skip
             case BlockRemoved():
-                print(f"  BlockRemoved [{', '.join(map(_hex, e.block_hashes))}]")
+                print(f"  BlockRemoved [{', '.join(map(_hex, e.block_hashes))}] medium {e.medium}")
             case AllBlocksCleared():
                 print("  AllBlocksCleared")
 

@@ -33,7 +33,9 @@ from protocol.codec import Codec
 
 ExternalBlockHash = bytes | int
 
+# vLLM's medium names: the device pool's, and its CPU offloading tier's.
 MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"
 # vLLM's KVCacheSpecKind.FULL_ATTENTION: the only kind of layer kvpool has.
 KV_CACHE_SPEC_KIND_FULL_ATTENTION = "full_attention"
 

@@ -15,11 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from protocol.kv_events import MEDIUM_GPU
 from scheduler.core.kv_cache_block import BlockHash
-
-# vLLM's medium names (the device pool's, and its CPU offloading tier's).
-MEDIUM_GPU = "GPU"
-MEDIUM_CPU = "CPU"
 
 
 class KVEventSink(Protocol):

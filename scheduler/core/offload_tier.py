@@ -36,9 +36,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from protocol.kv_events import MEDIUM_CPU
 from protocol.worker_messages import TierCopies
 from scheduler.core.kv_cache_block import BlockHash
-from scheduler.core.kv_events import MEDIUM_CPU, KVEventSink
+from scheduler.core.kv_events import KVEventSink
 from scheduler.core.lru_policy import EvictionPolicy, LRUPolicy
 
 

@@ -13,9 +13,15 @@ from kvtest.fake_worker import FakeWorker
 
 from loadgen.kv_events import KVEventSubscriber
 from protocol import kv_events as wire
+from protocol.kv_events import MEDIUM_CPU
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
-from scheduler.core.kv_events import BlockRemoved, BlockStored, KVEventRecorder
+from scheduler.core.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventRecorder,
+)
 from scheduler.engine.kv_event_publisher import (
     KVEventPublisher,
     check_local_endpoint,
@@ -248,3 +254,24 @@ def test_curve_admits_only_authorized_subscribers(tmp_path):
         pub.close()
         auth.stop()
         ctx.term()
+
+
+def test_the_subscriber_keeps_the_host_tier_apart_from_the_device_pool():
+    # One hash cached in both tiers: losing its host copy leaves the device's.
+    pub = KVEventPublisher(None, LOCAL, LOCAL)
+    sub = KVEventSubscriber(pub.endpoint, pub.replay_endpoint)
+    try:
+        a, b = bytes([1]) * 32, bytes([2]) * 32
+        pub.publish([BlockStored([a, b], None, [1] * 8, 4)])
+        pub.publish([BlockStored([b], None, None, 4, MEDIUM_CPU), BlockStored([a], None, None, 4, MEDIUM_CPU)])
+        pub.publish([BlockRemoved([b], MEDIUM_CPU), BlockRemoved([a])])
+        catch_up(sub, pub, Seqs())
+        int_a, int_b = 0x0101010101010101, 0x0202020202020202
+        assert sub.cached_hashes == {int_b}
+        assert sub.host_hashes == {int_a}
+        pub.publish([AllBlocksCleared()])
+        catch_up(sub, pub, Seqs())
+        assert sub.cached_hashes == set() and sub.host_hashes == set()
+    finally:
+        sub.close()
+        pub.close()

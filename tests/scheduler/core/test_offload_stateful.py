@@ -13,9 +13,10 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from kvtest.fake_worker import FakeWorker
 
+from protocol.kv_events import MEDIUM_CPU
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
-from scheduler.core.kv_events import MEDIUM_CPU, BlockRemoved, BlockStored, KVEventRecorder
+from scheduler.core.kv_events import BlockRemoved, BlockStored, KVEventRecorder
 from scheduler.core.offload_tier import HostTier
 from scheduler.sched.request import Request, RequestStatus
 from scheduler.sched.scheduler import Scheduler

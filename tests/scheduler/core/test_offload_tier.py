@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from protocol.kv_events import MEDIUM_CPU
 from protocol.worker_messages import TierCopies
-from scheduler.core.kv_events import MEDIUM_CPU, BlockRemoved, BlockStored, KVEventRecorder
+from scheduler.core.kv_events import BlockRemoved, BlockStored, KVEventRecorder
 from scheduler.core.lru_policy import LRUPolicy
 from scheduler.core.offload_tier import HostTier
 
