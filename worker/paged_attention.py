@@ -6,10 +6,19 @@ chunks (several consecutive tokens of one request, possibly starting mid-sequenc
 * Decodes are batched. Requests are grouped so that a group's blocks fit a workspace
   allocated once at start-up; a group's blocks are gathered with one ``index_select``
   per K and V into the workspace, as (n, ctx, kvh, hd) padded to the group's longest
-  context, and attended with SDPA under a padding mask. GQA without copies: the query
-  heads of a kv head become SDPA's query-length axis, (n, kvh, group, hd).
+  context, and attended with SDPA under an additive padding mask built once per step
+  (None when no row is padded). GQA without copies: the query heads of a kv head become
+  SDPA's query-length axis, (n, kvh, group, hd).
   NOTE: grouping keeps the gathered K/V hot in the CPU cache for SDPA (one gather of a
   whole 64 x 1000-token batch is ~1.6x slower than groups of ~8 requests).
+* Shared prefixes (cascade attention, as vLLM's ``cascade_attention``; on CPU): decode
+  rows whose leading blocks are the same physical blocks (prefix caching) attend to
+  those blocks together: the prefix is gathered once per group, not once per row, and
+  the group's queries, (1, kvh, m * group, hd), meet it in one SDPA without a mask.
+  Each row's own blocks after the prefix go through the grouped path above. The two
+  partial results are merged by their log-sum-exps (the flash kernel returns them), so
+  the output is softmax over the whole context, up to rounding. A group is formed only
+  when it saves at least ``cascade_min_tokens`` gathered tokens.
 * Prefill chunks loop over requests (a chunk is many tokens, so the loop is cheap):
   gather the request's blocks, then SDPA with a causal mask offset by the number of
   tokens already computed.
@@ -22,21 +31,38 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from worker.cache_ops import KVCacheWriter
 
 DEFAULT_WORKSPACE_BYTES = 16 * 1024 * 1024  # per K and per V
+# NOTE: a shared-prefix group costs a dozen small ops per layer (0.1-0.2 ms on the loaded
+# 2-core machine); below this many gathered tokens saved ((rows - 1) x prefix length) the
+# plain path was faster: groups saving 256 and 768 tokens (8 and 16 rows over 4 prefixes
+# of 256) ran 0.70x and 0.84x, 3,840 (64 rows) 1.3x (bench/worker_bench.py's shape).
+DEFAULT_CASCADE_MIN_TOKENS = 2048
+
+# The CPU flash kernel behind SDPA, which also returns the log-sum-exp of each query's
+# scores: what merging two partial attentions needs. Not on other devices.
+_flash_with_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
 @dataclass(slots=True)
 class DecodeGroup:
     start: int  # token range [start, end) among the step's decode tokens
     end: int
-    block_ids: torch.Tensor  # (n * num_ctx_blocks,) int64: each row's first blocks
+    block_ids: torch.Tensor  # (n * num_ctx_blocks,) int64: each row's blocks after its shared prefix
     num_ctx_blocks: int
-    mask: torch.Tensor  # (n, 1, 1, num_ctx_blocks * block_size) bool, True = attend
+    bias: torch.Tensor | None  # (n, 1, 1, num_ctx_blocks * block_size), 0 or -inf; None: no padding
+
+
+@dataclass(slots=True)
+class SharedPrefix:
+    token_idx: torch.Tensor  # (m,) int64: the group's rows among the decode tokens
+    block_ids: torch.Tensor  # (num_blocks,) int64: the prefix every row of the group starts with
+    num_blocks: int
 
 
 @dataclass(slots=True)
@@ -56,6 +82,7 @@ class AttentionMetadata:
     num_decode_tokens: int
     decode_groups: list[DecodeGroup]
     prefills: list[PrefillChunk]
+    shared_prefixes: list[SharedPrefix]
 
 
 class PagedAttention:
@@ -68,6 +95,7 @@ class PagedAttention:
         num_heads: int,
         max_blocks_per_seq: int,
         workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
+        cascade_min_tokens: int | None = DEFAULT_CASCADE_MIN_TOKENS,
     ):
         self.kv_caches = kv_caches  # per layer (2, num_blocks, block_size, kvh, hd)
         self.writers = [KVCacheWriter(kv) for kv in kv_caches]
@@ -79,9 +107,35 @@ class PagedAttention:
         # NOTE: at least one whole row, so any single request's context fits.
         self.workspace_blocks = max(max_blocks_per_seq, workspace_bytes // block_bytes)
         dtype, device = kv_caches[0].dtype, kv_caches[0].device
+        self.dtype = dtype
+        # None: no shared-prefix groups (off, or not on CPU where the kernel lives).
+        self.cascade_min_tokens = cascade_min_tokens if device.type == "cpu" else None
         self._k_work = torch.empty((self.workspace_blocks, block_elems), dtype=dtype, device=device)
         self._v_work = torch.empty((self.workspace_blocks, block_elems), dtype=dtype, device=device)
         self._positions = torch.arange(max_blocks_per_seq * self.block_size, device=device)
+
+    def _shared_prefixes(self, table: np.ndarray, rows: np.ndarray, ctx: np.ndarray) -> tuple[list[SharedPrefix], np.ndarray]:
+        """Groups of decode rows that start with the same blocks; and per decode row, the
+        number of leading blocks its group covers (0 outside any group)."""
+        skip = np.zeros(len(rows), dtype=np.int64)
+        groups: list[SharedPrefix] = []
+        first = table[rows, 0]
+        uniq, inverse, counts = np.unique(first, return_inverse=True, return_counts=True)
+        for k in np.nonzero(counts >= 2)[0]:
+            members = np.nonzero(inverse == k)[0]  # indices among the decode tokens
+            # NOTE: only whole blocks before each row's last one: the last holds the
+            # token being decoded, and every row keeps at least that key of its own.
+            limit = int(((ctx[members] - 1) // self.block_size).min())
+            if limit == 0:
+                continue
+            sub = table[rows[members], :limit]  # (m, limit)
+            same = (sub == sub[0]).all(axis=0)
+            n = limit if same.all() else int(np.argmin(same))
+            if n == 0 or (len(members) - 1) * n * self.block_size < self.cascade_min_tokens:
+                continue
+            skip[members] = n
+            groups.append(SharedPrefix(torch.from_numpy(members), torch.from_numpy(sub[0, :n].astype(np.int64)), n))
+        return groups, skip
 
     def build_metadata(
         self,
@@ -96,17 +150,36 @@ class PagedAttention:
         context it attends to (its position + 1). prefills: (row, num_computed, n)."""
         bs, device = self.block_size, block_table.device
         groups: list[DecodeGroup] = []
+        shared: list[SharedPrefix] = []
         if decode_rows:
-            rows = torch.tensor(decode_rows, dtype=torch.long, device=device)  # (B,)
-            ctx = torch.tensor(decode_context_lens, dtype=torch.long, device=device)  # (B,)
+            rows_np = np.asarray(decode_rows, dtype=np.int64)
+            ctx_np = np.asarray(decode_context_lens, dtype=np.int64)
+            if self.cascade_min_tokens is not None and len(decode_rows) > 1:
+                shared, skip = self._shared_prefixes(block_table.numpy(), rows_np, ctx_np)
+            else:
+                skip = np.zeros(len(decode_rows), dtype=np.int64)
+            own = ctx_np - skip * bs  # keys of each row after its shared prefix, >= 1
+            own_blocks = (-(-own // bs)).tolist()
+            own_list = own.tolist()
+            rows = torch.from_numpy(rows_np).to(device)  # (B,)
+            first_col = torch.from_numpy(skip).to(device)  # (B,)
+            max_col = block_table.shape[1] - 1
             start, widest = 0, 0
-            for i, n_ctx in enumerate(decode_context_lens + [0]):
-                nb = -(-n_ctx // bs)
-                at_end = i == len(decode_context_lens)
+            for i in range(len(decode_rows) + 1):
+                nb = own_blocks[i] if i < len(decode_rows) else 0
+                at_end = i == len(decode_rows)
                 if at_end or (i > start and (i - start + 1) * max(widest, nb) > self.workspace_blocks):
-                    ids = block_table[rows[start:i], :widest].reshape(-1).long()
-                    mask = self._positions[: widest * bs] < ctx[start:i, None]  # (n, L)
-                    groups.append(DecodeGroup(start, i, ids, widest, mask[:, None, None, :]))
+                    cols = first_col[start:i, None] + torch.arange(widest, device=device)  # (n, widest)
+                    # NOTE: columns past a row's blocks read whatever block is there (the
+                    # null block or a clamped id); the bias masks them out.
+                    ids = block_table[rows[start:i, None], cols.clamp_(max=max_col)].reshape(-1).long()
+                    bias = None
+                    if any(n_own != widest * bs for n_own in own_list[start:i]):
+                        lens = torch.tensor(own_list[start:i], device=device)
+                        pad = self._positions[: widest * bs] >= lens[:, None]  # (n, L)
+                        bias = torch.zeros(pad.shape, dtype=self.dtype, device=device).masked_fill_(pad, float("-inf"))
+                        bias = bias[:, None, None, :]
+                    groups.append(DecodeGroup(start, i, ids, widest, bias))
                     start, widest = i, 0
                 widest = max(widest, nb)
         chunks: list[PrefillChunk] = []
@@ -118,7 +191,7 @@ class PagedAttention:
             mask = self._positions[: nb * bs][None, :] <= query_pos  # (n, L)
             chunks.append(PrefillChunk(offset, offset + n, ids, nb, mask))
             offset += n
-        return AttentionMetadata(slot_mapping, len(decode_rows), groups, chunks)
+        return AttentionMetadata(slot_mapping, len(decode_rows), groups, chunks, shared)
 
     def for_step(self, metadata: AttentionMetadata):
         def attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -140,15 +213,24 @@ class PagedAttention:
         """q (T, nh, hd); k, v (T, kvh, hd) -> (T, nh, hd)."""
         self.writers[layer].write(k, v, md.slot_mapping)
         out = torch.empty_like(q)  # (T, nh, hd)
-        kvh, hd = self.num_kv_heads, self.head_dim
+        kvh, hd, grp = self.num_kv_heads, self.head_dim, self.group
+        lse = None
+        if md.shared_prefixes:
+            # Each decode row's log-sum-exp over its own keys, for the merge below.
+            lse = torch.empty((md.num_decode_tokens, kvh, grp), dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
         for g in md.decode_groups:
             n, ctx = g.end - g.start, g.num_ctx_blocks * self.block_size
             kg, vg = self._gather(layer, g.block_ids)
             kg = kg.view(n, ctx, kvh, hd).transpose(1, 2)  # (n, kvh, ctx, hd)
             vg = vg.view(n, ctx, kvh, hd).transpose(1, 2)
-            qg = q[g.start : g.end].view(n, kvh, self.group, hd)  # (n, kvh, group, hd)
-            o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask)  # (n, kvh, group, hd)
+            qg = q[g.start : g.end].view(n, kvh, grp, hd)  # (n, kvh, group, hd)
+            if lse is None:
+                o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.bias)  # (n, kvh, group, hd)
+            else:
+                o, lse[g.start : g.end] = _flash_with_lse(qg, kg, vg, attn_mask=g.bias)
             out[g.start : g.end] = o.reshape(n, self.num_heads, hd)
+        for s in md.shared_prefixes:
+            self._merge_prefix(layer, q, out, lse, s)
         for c in md.prefills:
             ctx = c.num_ctx_blocks * self.block_size
             kc, vc = self._gather(layer, c.block_ids)
@@ -158,3 +240,24 @@ class PagedAttention:
             o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=c.mask, enable_gqa=True)  # (1, nh, n, hd)
             out[c.start : c.end] = o[0].transpose(0, 1)
         return out
+
+    def _merge_prefix(self, layer: int, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, s: SharedPrefix) -> None:
+        """Attend a group's queries to its shared prefix and merge that into ``out``,
+        which holds each row's attention over its own keys, whose log-sum-exp is ``lse``."""
+        kvh, hd, grp = self.num_kv_heads, self.head_dim, self.group
+        m, ctx = s.token_idx.shape[0], s.num_blocks * self.block_size
+        kp, vp = self._gather(layer, s.block_ids)
+        kp = kp.view(1, ctx, kvh, hd).transpose(1, 2)  # (1, kvh, ctx, hd)
+        vp = vp.view(1, ctx, kvh, hd).transpose(1, 2)
+        qp = q.index_select(0, s.token_idx).view(m, kvh, grp, hd).transpose(0, 1).reshape(1, kvh, m * grp, hd)
+        o1, l1 = _flash_with_lse(qp, kp, vp)  # (1, kvh, m * group, hd), (1, kvh, m * group)
+        o1 = o1.view(kvh, m, grp, hd).transpose(0, 1)  # (m, kvh, group, hd)
+        l1 = l1.view(kvh, m, grp).transpose(0, 1)  # (m, kvh, group)
+        l2 = lse.index_select(0, s.token_idx)
+        o2 = out.index_select(0, s.token_idx).view(m, kvh, grp, hd)
+        top = torch.maximum(l1, l2)
+        w1, w2 = (l1 - top).exp_(), (l2 - top).exp_()
+        total = w1 + w2
+        w1, w2 = (w1 / total).unsqueeze(-1), (w2 / total).unsqueeze(-1)  # (m, kvh, group, 1)
+        merged = o1.to(w1.dtype) * w1 + o2.to(w1.dtype) * w2
+        out.index_copy_(0, s.token_idx, merged.to(out.dtype).reshape(m, self.num_heads, hd))
