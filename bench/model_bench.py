@@ -10,6 +10,11 @@ Decode: 64 requests with 128-token prompts are prefilled, then 32 decode steps o
 64 are timed (best of 5 rounds), one torch thread (see worker_bench for why).
 FLOPs per decode token = 2 x (the matmul parameters, lm_head included) + 4 x layers x
 heads x head_dim x context (QK^T and PV).
+
+Shared-prefix decode: the shape of ``make compare``'s prefix workloads (block size 32,
+4 prefixes of 256 tokens each shared by a quarter of the rows through the same blocks,
+32-token suffixes), 64 and 8 rows, 32 decode steps (best of 3 rounds), with the
+shared-prefix (cascade) path at its default threshold and off, in alternating rounds.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from protocol.worker_messages import RequestRow, StepPlan
 from worker.checkpoint import Checkpoint
 from worker.kv_cache import allocate_kv_caches
 from worker.models.loader import load_model
+from worker.paged_attention import DEFAULT_CASCADE_MIN_TOKENS
 from worker.runner import ModelRunner
 from worker.tiny.generate import CONFIG, random_weights, write_tiny_checkpoint
 
@@ -76,6 +82,55 @@ def decode_throughput(model, rounds: int = 5) -> tuple[float, float]:
     return tokens_per_s, tokens_per_s * flops / 1e9
 
 
+SHARED_PREFIXES, PREFIX_LEN, SUFFIX_LEN, SHARED_BLOCK_SIZE = 4, 256, 32, 32
+
+
+def shared_prefix_decode(model, num_rows: int, cascade_min_tokens: int | None) -> float:
+    """Decode tokens/s of ``num_rows`` rows whose first 256 tokens are one of 4 prefixes,
+    held once in the pool (prefix caching's blocks), through the paged runner."""
+    c, bs = model.config, SHARED_BLOCK_SIZE
+    gen = torch.Generator().manual_seed(1)
+    prefixes = [torch.randint(2, c.vocab_size, (PREFIX_LEN,), generator=gen).tolist() for _ in range(SHARED_PREFIXES)]
+    prefix_blocks = PREFIX_LEN // bs
+    own_blocks = -(-(PREFIX_LEN + SUFFIX_LEN + DECODE_STEPS + 1) // bs) - prefix_blocks
+    num_blocks = 1 + SHARED_PREFIXES * prefix_blocks + num_rows * own_blocks
+    caches = allocate_kv_caches(c.num_layers, num_blocks, bs, c.num_kv_heads, c.head_dim, model.dtype, "cpu")
+    runner = ModelRunner(model, caches, num_rows, 2048)
+    runner.attention.cascade_min_tokens = cascade_min_tokens
+    rows = []
+    for i in range(num_rows):
+        p = i % SHARED_PREFIXES
+        shared = list(range(1 + p * prefix_blocks, 1 + (p + 1) * prefix_blocks))
+        first_own = 1 + SHARED_PREFIXES * prefix_blocks + i * own_blocks
+        prompt = prefixes[p] + torch.randint(2, c.vocab_size, (SUFFIX_LEN,), generator=gen).tolist()
+        rows.append(RequestRow(i, prompt, shared + list(range(first_own, first_own + own_blocks))))
+    # NOTE: the prefix blocks are written once per row here (same tokens, same K/V); only
+    # the decode steps are timed.
+    runner.execute(StepPlan(0, {i: PREFIX_LEN + SUFFIX_LEN for i in range(num_rows)}, new_rows=rows))
+    t0 = time.perf_counter()
+    for step in range(1, DECODE_STEPS + 1):
+        runner.execute(StepPlan(step))
+    return num_rows * DECODE_STEPS / (time.perf_counter() - t0)
+
+
+def shared_prefix_rows(model) -> list[Row]:
+    out = []
+    for n in (64, 8):
+        best = {"on": 0.0, "off": 0.0}
+        for r in range(3):  # NOTE: alternating rounds and which goes first, best kept
+            for side in ("on", "off") if r % 2 == 0 else ("off", "on"):
+                t = shared_prefix_decode(model, n, DEFAULT_CASCADE_MIN_TOKENS if side == "on" else None)
+                best[side] = max(best[side], t)
+        ratio = best["on"] / best["off"]
+        out += [
+            Row(f"model: shared-prefix decode, {n} rows, plain path (1 thread)", best["off"], "tok/s"),
+            Row(f"model: shared-prefix decode, {n} rows, default (cascade where it pays)", best["on"], "tok/s"),
+            Row(f"model: shared-prefix decode, {n} rows, default / plain", ratio, "x",
+                "≥ 1.1" if n == 64 else "≥ 0.9 (off: groups too small)", ratio >= (1.1 if n == 64 else 0.9)),
+        ]  # fmt: skip
+    return out
+
+
 def rows() -> list[Row]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -100,6 +155,7 @@ def rows() -> list[Row]:
                 tokens_per_s, gflops = a, b
             if d > toy_gflops:
                 toy_tps, toy_gflops = c, d
+        shared = shared_prefix_rows(model)
     finally:
         torch.set_num_threads(threads)
     return [
@@ -111,4 +167,5 @@ def rows() -> list[Row]:
         Row("model: decode GFLOP/s, tiny checkpoint", gflops, "GF/s", "≥ toy's, same run", gflops >= toy_gflops),
         Row("model: decode GFLOP/s, toy-shaped checkpoint, same run", toy_gflops, "GF/s"),
         Row("model: decode GFLOP/s, old toy model (recorded)", OLD_TOY_GFLOPS, "GF/s"),
+        *shared,
     ]
