@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 from aiohttp import web
@@ -16,6 +16,7 @@ from frontend.errors import APIError, bad_request, model_not_found
 from frontend.generation import Choice, ChoiceDelta, merge, run_choice
 from frontend.metrics import FrontendMetrics
 from frontend.sampling import EngineParams
+from frontend.streaming import WriteBatch
 from frontend.tokenizer import Tokenizer
 
 _encode = msgspec.json.encode
@@ -31,6 +32,7 @@ class ServingContext:
     metrics: FrontendMetrics
     default_sampling: dict
     return_tokens_as_token_ids: bool = False
+    writes: WriteBatch = field(default_factory=WriteBatch)  # every stream's frames of a step
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

@@ -1,6 +1,7 @@
 """Streamed responses fed in the engine client's reader pass (``frontend.streaming``),
 without a server: the pre-encoded chunk equals the chunk encoded whole; events reach
-the connection framed as HTTP chunks, in order; a stop string, a failing render, a
+the connection framed as HTTP chunks, in order, each connection's frames of a step in
+one write once the step's pass is over; a stop string, a failing render, a
 closed connection and a cancelled handler each abort what is still running. And the
 engine client itself over a real ZMQ socket: a sink that raises fails only its own
 request (aborted at the scheduler), the others keep streaming."""
@@ -18,7 +19,7 @@ import zmq.asyncio
 
 from frontend.engine_client import EngineClient, EngineError
 from frontend.sampling import EngineParams
-from frontend.streaming import ClientGone, StreamedChoices, TextChunk
+from frontend.streaming import ClientGone, StreamedChoices, TextChunk, WriteBatch
 from frontend.tokenizer import Tokenizer
 from protocol.client_messages import Abort, ClientRequest, EngineCoreOutputs, Generate, TokenOutput
 from protocol.codec import Codec
@@ -54,11 +55,13 @@ def test_a_text_chunk_is_the_chunk_encoded_whole(choice):
 class FakeTransport:
     def __init__(self):
         self.data = bytearray()
+        self.writes = 0
         self.closing = False
 
     def write(self, b: bytes) -> None:
         assert not self.closing
         self.data += b
+        self.writes += 1
 
     def is_closing(self) -> bool:
         return self.closing
@@ -102,7 +105,7 @@ def params(stop=()):
 
 def streamed(tokenizer, render=None, chunked=True):
     engine, transport = FakeEngine(), FakeTransport()
-    ctx = SimpleNamespace(engine=engine, tokenizer=tokenizer)
+    ctx = SimpleNamespace(engine=engine, tokenizer=tokenizer, writes=WriteBatch())
     resp = SimpleNamespace(headers={"Transfer-Encoding": "chunked"} if chunked else {})
     render = render or (lambda d: msgspec.json.encode({"index": d.index, "text": d.text, "finish": d.finish_reason}))
     return (lambda: StreamedChoices(ctx, SimpleNamespace(transport=transport), resp, render)), engine, transport
@@ -139,6 +142,23 @@ def test_events_are_framed_in_order_and_the_stream_ends_with_its_last_choice(tok
         assert "".join(e["text"] for e in mine) == "hello world, again"
         assert [e["finish"] for e in mine][-1] == "length" and all(e["finish"] is None for e in mine[:-1])
     assert engine.aborted == []  # both finished at the engine
+
+
+def test_a_steps_frames_reach_each_connection_in_one_write_after_the_pass(tokenizer):
+    make, engine, transport = streamed(tokenizer)
+    seen = {}
+
+    def feed(engine):
+        for k, t in enumerate((5, 6)):  # two steps, one pass each
+            for rid in ("r-0", "r-1"):  # n = 2: both choices on one connection
+                engine.sinks[rid].on_output(TokenOutput(rid, [40 + t], finished=k == 1, finish_reason="length" if k else None))
+            seen.setdefault("after the passes", transport.writes)
+
+    run_with(make, [("r-0", 0, [1], params()), ("r-1", 1, [1], params())], feed)
+    assert seen["after the passes"] == 0  # nothing written inside the passes
+    assert transport.writes == 1  # the loop ran once after both: one write, four frames
+    events = unchunk(bytes(transport.data))
+    assert [(e["index"], e["finish"]) for e in events] == [(0, None), (1, None), (0, "length"), (1, "length")]
 
 
 def test_without_chunked_framing_events_are_sent_as_they_are(tokenizer):
