@@ -76,26 +76,9 @@ show_logs() {
     done
 }
 
-stop_all() {
-    local i pid deadline
-    # NOTE: the router first, so that no request reaches a replica being stopped.
-    for pid in "${pids[@]}"; do
-        kill -TERM "$pid" 2>/dev/null || true
-    done
-    deadline=$((SECONDS + STOP_TIMEOUT))
-    for i in "${!pids[@]}"; do
-        pid=${pids[$i]}
-        while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do
-            sleep 0.2
-        done
-        if kill -0 "$pid" 2>/dev/null; then
-            log "${names[$i]} (pid $pid) ignored SIGTERM for ${STOP_TIMEOUT}s; sending SIGKILL"
-            kill -KILL "$pid" 2>/dev/null || true
-        fi
-        wait "$pid" 2>/dev/null || true
-    done
-    pids=()
-}
+# NOTE: start() puts the router first in pids, so stop_all stops it first: no request
+# reaches a replica being stopped.
+. deploy/processes.sh  # stop_all
 
 cleanup() {
     local rc=$?

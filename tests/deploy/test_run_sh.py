@@ -21,7 +21,8 @@ FAKE = Path(__file__).resolve().parent / "fake_kvpool.py"
 
 
 def test_bash_syntax():
-    subprocess.run(["bash", "-n", str(RUN_SH)], check=True, timeout=30)
+    for script in (RUN_SH, RUN_SH.parent / "processes.sh"):
+        subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
 
 
 def _free_ports(n: int) -> list[int]:
@@ -57,6 +58,7 @@ def _launch(tmp_path: Path, extra_env: dict[str, str], *loadgen_args: str, bound
         (clone / "deploy").mkdir(parents=True)
         run_sh = clone / "deploy" / "run.sh"
         run_sh.write_text(RUN_SH.read_text())
+        (clone / "deploy" / "processes.sh").write_text((RUN_SH.parent / "processes.sh").read_text())
         (clone / ".venv" / "bin").mkdir(parents=True)
         wrapper = clone / ".venv" / "bin" / "python"
     wrapper.write_text(
