@@ -112,6 +112,10 @@ class EngineClient:
                 pass
         self._tasks = []
         if self._sock is not None:
+            # NOTE: stop the monitor before the socket closes: otherwise its inproc
+            # endpoint (named after the socket's fd, in the shared context) can outlive
+            # it, and the next client whose socket gets that fd never hears its events.
+            self._sock.disable_monitor()
             self._sock.close(linger=0)
             self._sock = None
 
