@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from kvtest.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_SH = ROOT / "deploy" / "run.sh"
@@ -26,14 +27,7 @@ def test_bash_syntax():
 
 
 def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    return [free_port() for _ in range(n)]
 
 
 def _alive(pid: int) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,16 +20,11 @@ from pathlib import Path
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvtest.ports import free_port  # noqa: F401 (re-exported for the tests that import it from here)
 from protocol.client_messages import ClientResponse, EngineCoreOutputs, Generate, RequestError
 from protocol.codec import Codec
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -3,21 +3,15 @@ end of the worker's socket, driven by the test. Every receive is bounded."""
 
 from __future__ import annotations
 
-import socket
 import time
 
 import zmq
 
+from kvtest.ports import free_port  # noqa: F401 (re-exported for the tests that import it from here)
 from protocol.codec import Codec
 from protocol.worker_messages import Heartbeat, WorkerToScheduler
 
 STARTUP_S = 60.0  # importing torch on a loaded 2-core machine can be slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FakeScheduler:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from pathlib import Path
 import zmq
 
 from kvtest.fake_worker import FakeWorker, fake_sample
+from kvtest.ports import free_port  # noqa: F401 (re-exported for the tests that import it from here)
 from kvtest.replies import Replies
 from protocol.client_messages import (
     ClientRequest,
@@ -48,12 +48,6 @@ BS = 16
 VOCAB = 512
 EOS = 1
 MODEL = "test-model"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def expected_tokens(prompt: list[int], n: int) -> list[int]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -14,13 +13,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvtest.ports import free_port  # noqa: F401 (re-exported for the tests that import it from here)
+
 KVPOOL = str(Path(sys.executable).with_name("kvpool"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

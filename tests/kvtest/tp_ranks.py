@@ -13,12 +13,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue
 import random
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from kvtest.ports import free_port
 from protocol.codec import Codec
 from protocol.worker_messages import SchedulerToWorker, WorkerReady
 
@@ -129,9 +129,7 @@ def _rank_main(rank: int, world_size: int, port: int, jobs: list[Job], results: 
 def run_group(jobs: list[Job], world_size: int = 2, timeout: float = 240.0) -> dict[int, dict[int, tuple]]:
     """{job index: {rank: (outputs or None, kv caches, rank 0: what the plans covered and
     the bytes it fanned out / other ranks: the steps they ran)}}."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, jobs, results), daemon=True) for r in range(world_size)]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from kvtest.ports import free_port
 
 from loadgen.datasets import shared_prefix_requests
 
@@ -120,9 +120,7 @@ def test_failures_give_exit_1_and_are_counted(tmp_path, fake_scheduler_factory):
 
 
 def test_unreachable_scheduler_exits_nonzero_quickly():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     # NOTE: the 60 s bound (not a timed assertion) catches a hang; the exit status and
     # the message show the 2 s connect timeout is what ended it.
     p = _loadgen(

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import numpy as np
 import pytest
+from kvtest.ports import free_port
 
 from loadgen.client import KVPoolClient, SchedulerUnreachable
 from loadgen.datasets import shared_prefix_requests
@@ -19,9 +19,7 @@ def _run(coro, bound=30):
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
 
 
 def test_generate_streams_tokens(fake_scheduler_factory, expected_tokens):
