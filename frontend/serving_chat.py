@@ -12,7 +12,7 @@ from frontend.engine_client import EngineError
 from frontend.errors import APIError, bad_request
 from frontend.logprobs import chat_logprobs
 from frontend.protocol import ChatCompletionRequest
-from frontend.sampling import check_prompt_length, engine_params
+from frontend.sampling import EngineParams, check_prompt_length, engine_params
 from frontend.serving import (
     ServingContext,
     cached_tokens,
@@ -64,7 +64,9 @@ def chat_prompt(ctx: ServingContext, messages: list[dict], add_generation_prompt
     return ctx.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
-async def create_chat_completion(ctx: ServingContext, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
+def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest) -> tuple[list[int], int, int | None, EngineParams]:
+    """A checked chat request as the engine runs it: (prompt token ids, max_tokens,
+    logprobs asked for or None, engine params). Shared by the endpoint and its render."""
     ctx.check_model(req.model)
     if not req.messages:
         raise bad_request("messages must not be empty", "messages")
@@ -76,7 +78,11 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
     check_prompt_length(len(ids), requested, ctx.max_model_len)
     max_tokens = requested if requested is not None else ctx.max_model_len - len(ids)
     num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = engine_params(req, max_tokens, num_logprobs, ctx.default_sampling)
+    return ids, max_tokens, num_logprobs, engine_params(req, max_tokens, num_logprobs, ctx.default_sampling)
+
+
+async def create_chat_completion(ctx: ServingContext, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
+    ids, max_tokens, num_logprobs, params = chat_engine_input(ctx, req)
     ctx.metrics.request_started(params.n, max_tokens)
     request_id = req.request_id or random_id("chatcmpl")
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)

@@ -10,7 +10,7 @@ from frontend.engine_client import EngineError
 from frontend.errors import APIError, bad_request
 from frontend.logprobs import completion_logprobs
 from frontend.protocol import CompletionRequest
-from frontend.sampling import check_prompt_length, engine_params
+from frontend.sampling import EngineParams, check_prompt_length, engine_params
 from frontend.serving import (
     ServingContext,
     cached_tokens,
@@ -58,7 +58,10 @@ def prompt_token_ids(ctx: ServingContext, req: CompletionRequest) -> tuple[list[
     return ids, texts
 
 
-async def create_completion(ctx: ServingContext, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
+def completion_engine_input(ctx: ServingContext, req: CompletionRequest) -> tuple[list[list[int]], list[str | None], int, EngineParams]:
+    """A checked completion request as the engine runs it: (each prompt's token ids,
+    its text where one was given, max_tokens, engine params). Shared by the endpoint
+    and its render."""
     ctx.check_model(req.model)
     if req.suffix is not None:
         raise bad_request("suffix is not currently supported", "suffix")
@@ -66,7 +69,11 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
     for ids in prompts:
         check_prompt_length(len(ids), req.max_tokens, ctx.max_model_len)
     max_tokens = req.max_tokens if req.max_tokens is not None else ctx.max_model_len - max(len(p) for p in prompts)
-    params = engine_params(req, max_tokens, req.logprobs, ctx.default_sampling)
+    return prompts, texts, max_tokens, engine_params(req, max_tokens, req.logprobs, ctx.default_sampling)
+
+
+async def create_completion(ctx: ServingContext, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
+    prompts, texts, max_tokens, params = completion_engine_input(ctx, req)
     ctx.metrics.request_started(params.n, max_tokens)
     request_id = req.request_id or random_id("cmpl")
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
