@@ -25,6 +25,7 @@ from kvtest.hf_models import (
 )
 from kvtest.mini_scheduler import MiniScheduler
 
+from protocol.worker_messages import RequestRow, StepPlan
 from worker.checkpoint import Checkpoint
 from worker.kv_cache import allocate_kv_caches
 from worker.models.loader import load_model
@@ -122,3 +123,19 @@ def test_bfloat16_top_token_is_the_reference_or_a_near_tie(checkpoint, device):
             # reference's own or within 5% of the logit range of it.
             top = int(logits.argmax())
             assert ref[pos][top] >= ref[pos].max() - 0.05 * (ref[pos].max() - ref[pos].min()), (pos, top)
+
+
+def test_wide_prefill_step_matches_transformers(checkpoint):
+    # Two prompts prefilled whole in one step: 620 tokens, so the MLP runs in row chunks
+    # (worker.models.layers.MLP_CHUNK_ROWS) with a partial last chunk.
+    path, hf = checkpoint
+    _, runner = make_runner(path, max_model_len=512)
+    rng = random.Random(11)
+    prompts = {0: [rng.randrange(2, VOCAB) for _ in range(300)], 1: [rng.randrange(2, VOCAB) for _ in range(320)]}
+    free = iter(range(1, NUM_BLOCKS))
+    rows = [RequestRow(sid, p, [next(free) for _ in range(-(-len(p) // 16))], 0) for sid, p in prompts.items()]
+    out = runner.execute(StepPlan(0, {sid: len(p) for sid, p in prompts.items()}, rows))
+    assert out.num_scheduled_tokens == 620 and sorted(out.seq_ids) == [0, 1]
+    for i, sid in enumerate(out.seq_ids):
+        ref = reference_logits(hf, prompts[sid])[-1]
+        torch.testing.assert_close(out.logits[i].double(), ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()), msg=f"seq {sid}")
