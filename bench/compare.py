@@ -61,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the speed and fidelity runs' dtype (agreement is always float32)")
     p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
-                   help="OMP_NUM_THREADS of both servers (default: one core fewer than the machine's, as vLLM's CPU backend binds: %(default)s)")  # fmt: skip
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                   help="compute threads of both servers, on the same cores: OMP_NUM_THREADS for kvpool's worker, "
+                        "VLLM_CPU_OMP_THREADS_BIND for vLLM's (default: every core this process may use, %(default)s)")  # fmt: skip
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--trace", default=None, help=f"a Mooncake trace, '' for none (default {DEFAULT_TRACE} where it exists)")
     p.add_argument("--trace-requests", type=int, default=64)
@@ -103,10 +104,10 @@ def check(a) -> None:
 
 def serve(engine: str, model: Path, cfg: ServerConfig, a, tag: str) -> Server:
     port = free_port()
-    # NOTE: the same compute threads on both sides. vLLM's CPU backend sets its own (the
-    # machine's cores less one reserved); torch's default (every core) in kvpool's worker
-    # spins in OpenMP barriers against its own scheduler and frontend on a small machine.
-    env = {"OMP_NUM_THREADS": str(a.threads)} | (vllm_env(a.out / "cache", cfg, model) if engine == "vllm" else {})
+    # NOTE: the same compute threads on both sides. Left alone, both engines reserve a
+    # core for their other processes (vLLM's CPU backend binds the cores less one, kvpool's
+    # worker takes one thread fewer than the cores): on 2 cores that is one thread each.
+    env = {"OMP_NUM_THREADS": str(a.threads)} | (vllm_env(a.out / "cache", cfg, model, a.threads) if engine == "vllm" else {})
     return Server(engine, server_command(engine, model, port, cfg, ROOT, NAME), env, a.out / f"{engine}-{tag}.log", port)
 
 
@@ -157,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         a.trace = str(DEFAULT_TRACE) if DEFAULT_TRACE.is_file() else ""
         if not a.trace:
             print(f"compare: no {DEFAULT_TRACE}: the mooncake workload is skipped (--trace FILE)", file=sys.stderr)
+    if not 1 <= a.threads <= len(os.sched_getaffinity(0)):
+        raise SystemExit(f"compare: --threads {a.threads}: this process may use 1..{len(os.sched_getaffinity(0))} cores")
     check(a)
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)

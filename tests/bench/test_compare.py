@@ -6,6 +6,7 @@ engines whose result JSON must carry every key the table is built from."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.compare_report import FIGURES, agreement_row, format_table, rows
-from bench.compare_servers import ServerConfig, server_command
+from bench.compare_servers import ServerConfig, server_command, vllm_env
 from bench.compare_workloads import agreement_prompts, mooncake_slice
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,6 +94,23 @@ def test_both_servers_get_the_same_settings(tmp_path):
     assert k[k.index("--kv-cache-memory") + 1] == str(64 * 65536)
     with pytest.raises(ValueError, match="unknown engine"):
         server_command("sglang", model, 9000, cfg, ROOT, "tiny")
+
+
+def test_vllm_binds_as_many_cores_as_kvpool_gets_threads(tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2,
+                                                    "num_hidden_layers": 4, "head_dim": 32}))  # fmt: skip
+    cores = sorted(os.sched_getaffinity(0))
+    for n in {1, len(cores)}:
+        bind = vllm_env(tmp_path, ServerConfig(), model, n)["VLLM_CPU_OMP_THREADS_BIND"]
+        assert [int(c) for c in bind.split(",")] == cores[:n]
+
+
+@pytest.mark.parametrize("threads", ["0", str(len(os.sched_getaffinity(0)) + 1)])
+def test_threads_outside_the_cores_are_refused(threads):
+    r = subprocess.run([sys.executable, "-m", "bench.compare", "--threads", threads], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and f"--threads {threads}" in r.stderr
 
 
 def test_agreement_prompts_share_prefixes_and_avoid_special_tokens():
