@@ -76,13 +76,14 @@ class DecoderModel:
         x = self.embed[token_ids]  # (T, H)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, eps)
-            q, k, v = layer.qkv(h).split((q_size, kv_size, kv_size), dim=-1)
-            q = q.view(T, nh, hd)  # (T, nh, hd)
-            k = k.view(T, kvh, hd)  # (T, kvh, hd)
-            v = v.reshape(T, kvh, hd)  # (T, kvh, hd)
+            qkv = layer.qkv(h)  # (T, q_size + 2 * kv_size)
+            qk = qkv[:, : q_size + kv_size].view(T, nh + kvh, hd)  # q heads, then k heads
+            v = qkv[:, q_size + kv_size :].view(T, kvh, hd)  # (T, kvh, hd)
             if layer.q_norm is not None:
-                q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
-            o = attention(i, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)  # (T, nh, hd)
+                qk = torch.cat((rms_norm(qk[:, :nh], layer.q_norm, eps), rms_norm(qk[:, nh:], layer.k_norm, eps)), dim=1)
+            # NOTE: q and k rotated in one pass; q (T, nh, hd) and k (T, kvh, hd) are views of it.
+            qk = apply_rope(qk, cos, sin)
+            o = attention(i, qk[:, :nh], qk[:, nh:], v)  # (T, nh, hd)
             x = x + layer.o(o.reshape(T, q_size))
             x = x + layer.mlp(rms_norm(x, layer.post_attention_norm, eps))
         return rms_norm(x, self.norm, eps)  # (T, H)
