@@ -43,7 +43,7 @@ from worker.rank_group import (
 )
 from worker.sampling_state import check_global_seed
 from worker.serving_model import check_shardable, load_serving_model
-from worker.threads import set_cpu_threads
+from worker.threads import lower_cpu_priority, set_cpu_threads
 
 log = logging.getLogger("worker")
 
@@ -160,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rank 0's address for the group's TCP store (default: a free loopback port)")
     p.add_argument("--distributed-timeout", type=float, default=d.distributed_timeout_s, metavar="SECONDS",
                    help="how long a collective or the start-up rendezvous waits for another rank (default %(default)s)")
+    p.add_argument("--cpu-nice", type=int, default=d.cpu_nice, metavar="N",
+                   help="on CPU, run the worker at nice N at least, so that the scheduler and frontend sharing its cores "
+                        "are not kept waiting by its compute threads (default %(default)s; 0: the priority it was started with)")
     return p
 
 
@@ -205,6 +208,8 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
     if device == "cuda" and a.rank is None and a.tensor_parallel_size > torch.cuda.device_count():
         p.error(f"--tensor-parallel-size {a.tensor_parallel_size} on CUDA starts that many ranks on this host, one device each; "
                 f"it has {torch.cuda.device_count()} (NCCL refuses two ranks on one device)")
+    if not 0 <= a.cpu_nice <= 19:
+        p.error(f"--cpu-nice must be 0..19 (a nice value; lowering the priority needs no privilege), got {a.cpu_nice}")
     if a.distributed_timeout <= 0:
         p.error(f"--distributed-timeout must be positive, got {a.distributed_timeout}")
     if a.tensor_parallel_size > 1 and a.distributed_timeout <= a.scheduler_timeout:
@@ -218,7 +223,7 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
         log_level=a.log_level, scheduler_timeout_s=a.scheduler_timeout, reconnect=a.reconnect,
         curve_client_key=a.curve_client_key, curve_server_key=a.curve_server_key,
         tensor_parallel_size=a.tensor_parallel_size, rank=a.rank, distributed_init_method=a.distributed_init_method,
-        distributed_timeout_s=a.distributed_timeout,
+        distributed_timeout_s=a.distributed_timeout, cpu_nice=a.cpu_nice,
     )
 
 def _on_sigterm(_signum, _frame) -> None:
@@ -229,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from_args(argv)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if config.device == "cpu":
-        log.info("torch uses %d CPU thread(s)", set_cpu_threads())
+        nice = lower_cpu_priority(config.cpu_nice)
+        log.info("torch uses %d CPU thread(s), at nice %d", set_cpu_threads(), nice)
     group = local_ranks = None
     try:
         if config.tensor_parallel_size > 1:

@@ -46,3 +46,5 @@ class WorkerConfig:
     rank: int | None = None
     distributed_init_method: str | None = None
     distributed_timeout_s: float = 30.0
+    # On CPU the worker runs at least this nice value (worker.threads.DEFAULT_CPU_NICE).
+    cpu_nice: int = 5
