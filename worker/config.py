@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from worker.threads import DEFAULT_CPU_NICE
+
 CPU_DEFAULT_KV_CACHE_MEMORY = 64 * 1024 * 1024
 
 
@@ -46,5 +48,5 @@ class WorkerConfig:
     rank: int | None = None
     distributed_init_method: str | None = None
     distributed_timeout_s: float = 30.0
-    # On CPU the worker runs at least this nice value (worker.threads.DEFAULT_CPU_NICE).
-    cpu_nice: int = 5
+    # On CPU every thread of the worker runs at this nice value at least (--cpu-nice).
+    cpu_nice: int = DEFAULT_CPU_NICE

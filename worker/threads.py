@@ -10,9 +10,10 @@ Priority: on CPU the worker runs at nice 5 (``--cpu-nice``). It shares the cores
 scheduler and the frontend, which do little but must answer at once: a burst of requests
 is tokenized and admitted while the worker computes. At equal priority the worker's
 compute threads (OpenMP spins between ops) held them back: with two threads on 2 cores,
-`prefix-c64` TTFT p50 was 476 and 476 ms at nice 0, 416 and 361 ms at nice 5, and output
-tok/s 1,662 and 1,775 against 1,837 and 2,020 (the same server, runs alternated). When
-nothing else wants the cores, nice costs the worker nothing.
+`prefix-c64` at nice 0 and at nice 5 in seven pairs of alternated runs, TTFT p50 was
+lower at nice 5 in six (476, 476, 394, 418, 416, 388, 461 ms against 416, 361, 466, 397,
+405, 299, 350) and output tok/s higher in six. When nothing else wants the cores, nice
+costs the worker nothing.
 """
 
 from __future__ import annotations
