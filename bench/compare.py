@@ -61,9 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the speed and fidelity runs' dtype (agreement is always float32)")
     p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+    p.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1),
                    help="compute threads of both servers, on the same cores: OMP_NUM_THREADS for kvpool's worker, "
-                        "VLLM_CPU_OMP_THREADS_BIND for vLLM's (default: every core this process may use, %(default)s)")  # fmt: skip
+                        "VLLM_CPU_OMP_THREADS_BIND for vLLM's (default: each engine's own rule, the cores less one: %(default)s)")  # fmt: skip
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--trace", default=None, help=f"a Mooncake trace, '' for none (default {DEFAULT_TRACE} where it exists)")
     p.add_argument("--trace-requests", type=int, default=64)
@@ -104,9 +104,10 @@ def check(a) -> None:
 
 def serve(engine: str, model: Path, cfg: ServerConfig, a, tag: str) -> Server:
     port = free_port()
-    # NOTE: the same compute threads on both sides. Left alone, both engines reserve a
-    # core for their other processes (vLLM's CPU backend binds the cores less one, kvpool's
-    # worker takes one thread fewer than the cores): on 2 cores that is one thread each.
+    # NOTE: the same compute threads on the same cores on both sides. The default is both
+    # engines' own rule, a core left to their other processes (vLLM's CPU backend binds the
+    # cores less one, kvpool's worker takes one thread fewer than the cores). More threads
+    # are no fair default: on 2 cores vLLM ran slower with two than with one.
     env = {"OMP_NUM_THREADS": str(a.threads)} | (vllm_env(a.out / "cache", cfg, model, a.threads) if engine == "vllm" else {})
     return Server(engine, server_command(engine, model, port, cfg, ROOT, NAME), env, a.out / f"{engine}-{tag}.log", port)
 
