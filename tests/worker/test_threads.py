@@ -3,7 +3,6 @@ a lower priority on CPU (``--cpu-nice``), its torch threads too."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -24,26 +23,23 @@ def test_one_core_fewer_than_the_machine_unless_told(env, cpus, expected):
     assert default_num_threads(env, cpus) == expected
 
 
-def _thread_nices(pid: str = "self") -> list[int]:
-    # Field 19 of /proc/PID/task/TID/stat is the thread's nice value.
-    tasks = f"/proc/{pid}/task"
-    return [int(open(f"{tasks}/{tid}/stat").read().rsplit(")", 1)[1].split()[16]) for tid in os.listdir(tasks)]
-
-
 def test_the_worker_and_the_threads_torch_starts_after_run_at_the_nice_asked():
     # As worker.__main__ does it: torch imported first, the priority lowered, then the
     # threads set and a parallel op run. Every thread of the process must be at nice 5.
-    code = textwrap.dedent(f"""
+    code = textwrap.dedent("""
+        import os
         import torch
         from worker.threads import lower_cpu_priority
         before = os.getpriority(os.PRIO_PROCESS, 0)
         print(lower_cpu_priority(before + 5), lower_cpu_priority(before + 2))
         torch.set_num_threads(2)
         torch.ones(4096, 4096).sum()
-        print(before, *({_thread_nices.__name__}()))
+        # Field 19 of /proc/self/task/TID/stat is the thread's nice value.
+        tasks = "/proc/self/task"
+        nices = [open(f"{tasks}/{tid}/stat").read().rsplit(")", 1)[1].split()[16] for tid in os.listdir(tasks)]
+        print(before, *nices)
     """)
-    src = "import os\n" + textwrap.dedent(__import__("inspect").getsource(_thread_nices)) + code
-    r = subprocess.run([sys.executable, "-c", src], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     first, second = r.stdout.split("\n")[:2]
     before, *threads = map(int, second.split())
