@@ -79,11 +79,17 @@ def test_mooncake_slice_scales_lengths_and_drops_what_does_not_fit(tmp_path):
         mooncake_slice(trace, tmp_path / "x.jsonl", 10, scale=1, max_model_len=100, max_output=64)
 
 
-def test_both_servers_get_the_same_settings(tmp_path):
+def tiny_config_dir(tmp_path: Path) -> Path:
+    """A checkpoint folder with only the tiny model's shape in config.json."""
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2,
                                                     "num_hidden_layers": 4, "head_dim": 32}))  # fmt: skip
+    return model
+
+
+def test_both_servers_get_the_same_settings(tmp_path):
+    model = tiny_config_dir(tmp_path)
     cfg = ServerConfig(num_blocks=64, dtype="float32")
     v = server_command("vllm", model, 9000, cfg, ROOT, "tiny")
     k = server_command("kvpool", model, 9000, cfg, ROOT, "tiny")
@@ -97,10 +103,7 @@ def test_both_servers_get_the_same_settings(tmp_path):
 
 
 def test_vllm_binds_as_many_cores_as_kvpool_gets_threads(tmp_path):
-    model = tmp_path / "m"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2,
-                                                    "num_hidden_layers": 4, "head_dim": 32}))  # fmt: skip
+    model = tiny_config_dir(tmp_path)
     cores = sorted(os.sched_getaffinity(0))
     for n in {1, len(cores)}:
         bind = vllm_env(tmp_path, ServerConfig(), model, n)["VLLM_CPU_OMP_THREADS_BIND"]

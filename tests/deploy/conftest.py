@@ -38,9 +38,6 @@ def require_tool(name: str) -> str:
     return path
 
 
-def _free_port() -> int:
-    return free_port()
-
 
 class PrometheusServer:
     """A Prometheus process on 127.0.0.1:<free port> with a tmp config and TSDB."""
@@ -53,7 +50,7 @@ class PrometheusServer:
         scrape_interval: str = "1s",
     ):
         binary = require_tool("prometheus")
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         workdir.mkdir(parents=True, exist_ok=True)
         config = workdir / "prometheus.yml"

@@ -18,9 +18,6 @@ def _run(coro, bound=30):
     return asyncio.run(asyncio.wait_for(coro, bound))
 
 
-def _free_port() -> int:
-    return free_port()
-
 
 def test_generate_streams_tokens(fake_scheduler_factory, expected_tokens):
     sched = fake_scheduler_factory()
@@ -65,7 +62,7 @@ def test_rejection_abort_and_silence(fake_scheduler_factory):
 
 
 def test_unreachable_raises_at_its_connect_timeout():
-    port = _free_port()
+    port = free_port()
 
     async def go():
         async with KVPoolClient(f"tcp://127.0.0.1:{port}") as client:
