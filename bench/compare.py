@@ -159,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         a.trace = str(DEFAULT_TRACE) if DEFAULT_TRACE.is_file() else ""
         if not a.trace:
             print(f"compare: no {DEFAULT_TRACE}: the mooncake workload is skipped (--trace FILE)", file=sys.stderr)
-    if not 1 <= a.threads <= len(os.sched_getaffinity(0)):
-        raise SystemExit(f"compare: --threads {a.threads}: this process may use 1..{len(os.sched_getaffinity(0))} cores")
+    cores = len(os.sched_getaffinity(0))
+    if not 1 <= a.threads <= cores:
+        raise SystemExit(f"compare: --threads {a.threads}: this process may use 1..{cores} cores")
     check(a)
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
