@@ -61,8 +61,11 @@ class DecodeGroup:
 @dataclass(slots=True)
 class SharedPrefix:
     token_idx: torch.Tensor  # (m,) int64: the group's rows among the decode tokens
+    start: int  # the same rows as the range [start, end) of the decode order attention uses
+    end: int
     block_ids: torch.Tensor  # (num_blocks,) int64: the prefix every row of the group starts with
     num_blocks: int
+    first_block: int | None  # the id of its first block when the ids run consecutively
 
 
 @dataclass(slots=True)
@@ -72,6 +75,7 @@ class PrefillChunk:
     block_ids: torch.Tensor  # (num_ctx_blocks,) int64
     num_ctx_blocks: int
     mask: torch.Tensor  # (n, num_ctx_blocks * block_size) bool, causal from num_computed
+    first_block: int | None  # the id of its first block when the ids run consecutively
 
 
 @dataclass(slots=True)
@@ -83,6 +87,10 @@ class AttentionMetadata:
     decode_groups: list[DecodeGroup]
     prefills: list[PrefillChunk]
     shared_prefixes: list[SharedPrefix]
+    # With shared prefixes, decode attention runs in an order where each group's rows are
+    # adjacent, groups first: decode_order[j] is the step's decode token at place j.
+    decode_order: torch.Tensor | None = None
+    num_grouped: int = 0  # rows [0, num_grouped) of that order are in some group
 
 
 class PagedAttention:
@@ -116,11 +124,13 @@ class PagedAttention:
 
     def _shared_prefixes(self, table: np.ndarray, rows: np.ndarray, ctx: np.ndarray) -> tuple[list[SharedPrefix], np.ndarray]:
         """Groups of decode rows that start with the same blocks; and per decode row, the
-        number of leading blocks its group covers (0 outside any group)."""
+        number of leading blocks its group covers (0 outside any group). The groups' rows
+        take places [start, end) of the decode order one after another."""
         skip = np.zeros(len(rows), dtype=np.int64)
         groups: list[SharedPrefix] = []
         first = table[rows, 0]
         uniq, inverse, counts = np.unique(first, return_inverse=True, return_counts=True)
+        placed = 0
         for k in np.nonzero(counts >= 2)[0]:
             members = np.nonzero(inverse == k)[0]  # indices among the decode tokens
             # NOTE: only whole blocks before each row's last one: the last holds the
@@ -134,7 +144,9 @@ class PagedAttention:
             if n == 0 or (len(members) - 1) * n * self.block_size < self.cascade_min_tokens:
                 continue
             skip[members] = n
-            groups.append(SharedPrefix(torch.from_numpy(members), torch.from_numpy(sub[0, :n].astype(np.int64)), n))
+            ids = sub[0, :n].astype(np.int64)
+            groups.append(SharedPrefix(torch.from_numpy(members), placed, placed + len(members), torch.from_numpy(ids), n, _first_if_consecutive(ids)))
+            placed += len(members)
         return groups, skip
 
     def build_metadata(
@@ -149,15 +161,22 @@ class PagedAttention:
         decode_rows / decode_context_lens: per decode token, its table row and the
         context it attends to (its position + 1). prefills: (row, num_computed, n)."""
         bs, device = self.block_size, block_table.device
+        # NOTE: on the CPU the table is readable as is; elsewhere reading it would wait for the device.
+        table_np = block_table.numpy() if device.type == "cpu" else None
         groups: list[DecodeGroup] = []
         shared: list[SharedPrefix] = []
+        order, num_grouped = None, 0
         if decode_rows:
             rows_np = np.asarray(decode_rows, dtype=np.int64)
             ctx_np = np.asarray(decode_context_lens, dtype=np.int64)
+            skip = np.zeros(len(decode_rows), dtype=np.int64)
             if self.cascade_min_tokens is not None and len(decode_rows) > 1:
-                shared, skip = self._shared_prefixes(block_table.numpy(), rows_np, ctx_np)
-            else:
-                skip = np.zeros(len(decode_rows), dtype=np.int64)
+                shared, skip = self._shared_prefixes(table_np, rows_np, ctx_np)
+            if shared:
+                grouped = np.concatenate([s.token_idx.numpy() for s in shared])
+                order_np = np.concatenate([grouped, np.setdiff1d(np.arange(len(decode_rows)), grouped)])
+                rows_np, ctx_np, skip = rows_np[order_np], ctx_np[order_np], skip[order_np]
+                order, num_grouped = torch.from_numpy(order_np).to(device), len(grouped)
             own = ctx_np - skip * bs  # keys of each row after its shared prefix, >= 1
             own_blocks = (-(-own // bs)).tolist()
             own_list = own.tolist()
@@ -189,9 +208,10 @@ class PagedAttention:
             ids = block_table[row, :nb].long()
             query_pos = torch.arange(num_computed, num_computed + n, device=device)[:, None]  # (n, 1)
             mask = self._positions[: nb * bs][None, :] <= query_pos  # (n, L)
-            chunks.append(PrefillChunk(offset, offset + n, ids, nb, mask))
+            first = _first_if_consecutive(table_np[row, :nb]) if table_np is not None else None
+            chunks.append(PrefillChunk(offset, offset + n, ids, nb, mask, first))
             offset += n
-        return AttentionMetadata(slot_mapping, len(decode_rows), groups, chunks, shared)
+        return AttentionMetadata(slot_mapping, len(decode_rows), groups, chunks, shared, order, num_grouped)
 
     def for_step(self, metadata: AttentionMetadata):
         def attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -207,17 +227,44 @@ class PagedAttention:
         v = torch.index_select(cache[1].view(self.num_blocks, -1), 0, block_ids, out=self._v_work[:m])
         return k, v
 
+    def _blocks(self, layer: int, block_ids: torch.Tensor, first_block: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """As ``_gather``, but blocks whose ids run consecutively are read in place."""
+        if first_block is None:
+            return self._gather(layer, block_ids)
+        cache, end = self.kv_caches[layer], first_block + block_ids.shape[0]
+        return cache[0].view(self.num_blocks, -1)[first_block:end], cache[1].view(self.num_blocks, -1)[first_block:end]
+
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata
     ) -> torch.Tensor:
         """q (T, nh, hd); k, v (T, kvh, hd) -> (T, nh, hd)."""
         self.writers[layer].write(k, v, md.slot_mapping)
         out = torch.empty_like(q)  # (T, nh, hd)
+        kvh, hd = self.num_kv_heads, self.head_dim
+        if md.num_decode_tokens:
+            self._decode(layer, q[: md.num_decode_tokens], out[: md.num_decode_tokens], md)
+        for c in md.prefills:
+            ctx = c.num_ctx_blocks * self.block_size
+            kc, vc = self._blocks(layer, c.block_ids, c.first_block)
+            kc = kc.view(ctx, kvh, hd).transpose(0, 1).unsqueeze(0)  # (1, kvh, ctx, hd)
+            vc = vc.view(ctx, kvh, hd).transpose(0, 1).unsqueeze(0)
+            qc = q[c.start : c.end].transpose(0, 1).unsqueeze(0)  # (1, nh, n, hd)
+            o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=c.mask, enable_gqa=True)  # (1, nh, n, hd)
+            out[c.start : c.end] = o[0].transpose(0, 1)
+        return out
+
+    def _decode(self, layer: int, q: torch.Tensor, out: torch.Tensor, md: AttentionMetadata) -> None:
+        """q (B, nh, hd), the step's decode tokens -> out (B, nh, hd)."""
         kvh, hd, grp = self.num_kv_heads, self.head_dim, self.group
+        if md.decode_order is not None:
+            q = q.index_select(0, md.decode_order)  # the groups' rows adjacent
+            res = torch.empty_like(q)
+        else:
+            res = out
         lse = None
         if md.shared_prefixes:
             # Each decode row's log-sum-exp over its own keys, for the merge below.
-            lse = torch.empty((md.num_decode_tokens, kvh, grp), dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+            lse = torch.empty((q.shape[0], kvh, grp), dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
         for g in md.decode_groups:
             n, ctx = g.end - g.start, g.num_ctx_blocks * self.block_size
             kg, vg = self._gather(layer, g.block_ids)
@@ -228,36 +275,43 @@ class PagedAttention:
                 o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.bias)  # (n, kvh, group, hd)
             else:
                 o, lse[g.start : g.end] = _flash_with_lse(qg, kg, vg, attn_mask=g.bias)
-            out[g.start : g.end] = o.reshape(n, self.num_heads, hd)
-        for s in md.shared_prefixes:
-            self._merge_prefix(layer, q, out, lse, s)
-        for c in md.prefills:
-            ctx = c.num_ctx_blocks * self.block_size
-            kc, vc = self._gather(layer, c.block_ids)
-            kc = kc.view(ctx, kvh, hd).transpose(0, 1).unsqueeze(0)  # (1, kvh, ctx, hd)
-            vc = vc.view(ctx, kvh, hd).transpose(0, 1).unsqueeze(0)
-            qc = q[c.start : c.end].transpose(0, 1).unsqueeze(0)  # (1, nh, n, hd)
-            o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=c.mask, enable_gqa=True)  # (1, nh, n, hd)
-            out[c.start : c.end] = o[0].transpose(0, 1)
-        return out
+            res[g.start : g.end] = o.reshape(n, self.num_heads, hd)
+        if md.shared_prefixes:
+            self._merge_prefixes(layer, q, res, lse, md)
+        if md.decode_order is not None:
+            out.index_copy_(0, md.decode_order, res)
 
-    def _merge_prefix(self, layer: int, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, s: SharedPrefix) -> None:
-        """Attend a group's queries to its shared prefix and merge that into ``out``,
-        which holds each row's attention over its own keys, whose log-sum-exp is ``lse``."""
+    def _merge_prefixes(self, layer: int, q: torch.Tensor, res: torch.Tensor, lse: torch.Tensor, md: AttentionMetadata) -> None:
+        """Attend each group's queries to its shared prefix, then merge that into ``res``,
+        which holds each row's attention over its own keys, whose log-sum-exp is ``lse``.
+        Rows are in the decode order, so the groups cover rows [0, num_grouped) of it."""
         kvh, hd, grp = self.num_kv_heads, self.head_dim, self.group
-        m, ctx = s.token_idx.shape[0], s.num_blocks * self.block_size
-        kp, vp = self._gather(layer, s.block_ids)
-        kp = kp.view(1, ctx, kvh, hd).transpose(1, 2)  # (1, kvh, ctx, hd)
-        vp = vp.view(1, ctx, kvh, hd).transpose(1, 2)
-        qp = q.index_select(0, s.token_idx).view(m, kvh, grp, hd).transpose(0, 1).reshape(1, kvh, m * grp, hd)
-        o1, l1 = _flash_with_lse(qp, kp, vp)  # (1, kvh, m * group, hd), (1, kvh, m * group)
-        o1 = o1.view(kvh, m, grp, hd).transpose(0, 1)  # (m, kvh, group, hd)
-        l1 = l1.view(kvh, m, grp).transpose(0, 1)  # (m, kvh, group)
-        l2 = lse.index_select(0, s.token_idx)
-        o2 = out.index_select(0, s.token_idx).view(m, kvh, grp, hd)
+        g_rows = md.num_grouped
+        o1 = torch.empty((g_rows, kvh, grp, hd), dtype=q.dtype)
+        l1 = torch.empty((g_rows, kvh, grp), dtype=lse.dtype)
+        for s in md.shared_prefixes:
+            m, ctx = s.end - s.start, s.num_blocks * self.block_size
+            kp, vp = self._blocks(layer, s.block_ids, s.first_block)
+            kp = kp.view(1, ctx, kvh, hd).transpose(1, 2)  # (1, kvh, ctx, hd)
+            vp = vp.view(1, ctx, kvh, hd).transpose(1, 2)
+            qp = q[s.start : s.end].view(m, kvh, grp, hd).transpose(0, 1).reshape(1, kvh, m * grp, hd)
+            o, l = _flash_with_lse(qp, kp, vp)  # (1, kvh, m * group, hd), (1, kvh, m * group)
+            o1[s.start : s.end] = o.view(kvh, m, grp, hd).transpose(0, 1)
+            l1[s.start : s.end] = l.view(kvh, m, grp).transpose(0, 1)
+        l2 = lse[:g_rows]
         top = torch.maximum(l1, l2)
-        w1, w2 = (l1 - top).exp_(), (l2 - top).exp_()
+        w1, w2 = l1.sub_(top).exp_(), l2.sub_(top).exp_()
         total = w1 + w2
-        w1, w2 = (w1 / total).unsqueeze(-1), (w2 / total).unsqueeze(-1)  # (m, kvh, group, 1)
-        merged = o1.to(w1.dtype) * w1 + o2.to(w1.dtype) * w2
-        out.index_copy_(0, s.token_idx, merged.to(out.dtype).reshape(m, self.num_heads, hd))
+        w1, w2 = w1.div_(total).unsqueeze(-1), w2.div_(total).unsqueeze(-1)  # (g_rows, kvh, group, 1)
+        o2 = res[:g_rows].view(g_rows, kvh, grp, hd)
+        if o2.dtype == w1.dtype:
+            o2.mul_(w2).addcmul_(o1, w1)
+        else:
+            o2.copy_(o1.to(w1.dtype) * w1 + o2.to(w1.dtype) * w2)
+
+
+def _first_if_consecutive(ids: np.ndarray) -> int | None:
+    """ids[0] when the block ids run ids[0], ids[0] + 1, ...; else None."""
+    if len(ids) == 0 or (len(ids) > 1 and not (np.diff(ids) == 1).all()):
+        return None
+    return int(ids[0])
