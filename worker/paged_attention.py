@@ -295,9 +295,9 @@ class PagedAttention:
             kp = kp.view(1, ctx, kvh, hd).transpose(1, 2)  # (1, kvh, ctx, hd)
             vp = vp.view(1, ctx, kvh, hd).transpose(1, 2)
             qp = q[s.start : s.end].view(m, kvh, grp, hd).transpose(0, 1).reshape(1, kvh, m * grp, hd)
-            o, l = _flash_with_lse(qp, kp, vp)  # (1, kvh, m * group, hd), (1, kvh, m * group)
+            o, lse_p = _flash_with_lse(qp, kp, vp)  # (1, kvh, m * group, hd), (1, kvh, m * group)
             o1[s.start : s.end] = o.view(kvh, m, grp, hd).transpose(0, 1)
-            l1[s.start : s.end] = l.view(kvh, m, grp).transpose(0, 1)
+            l1[s.start : s.end] = lse_p.view(kvh, m, grp).transpose(0, 1)
         l2 = lse[:g_rows]
         top = torch.maximum(l1, l2)
         w1, w2 = l1.sub_(top).exp_(), l2.sub_(top).exp_()

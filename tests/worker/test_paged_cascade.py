@@ -26,7 +26,8 @@ BS, KVH, NH, HD, NUM_BLOCKS = 4, 2, 8, 16, 64
 
 # (blocks, context length) per decode row, in decode order. Group A shares 3 blocks
 # (rows 0, 2, 5); group B's rows share blocks 7, 11 and 3, but row 4's context (8 tokens)
-# ends in block 11, so the group's prefix is block 7 alone; rows 3 and 6 share nothing.
+# ends in block 11, so the group's prefix is block 7 alone; rows 3 and 6 share nothing;
+# group C (rows 8, 9) shares blocks 12-14, consecutive ids, read in place.
 ROWS = [
     ([5, 9, 2, 20, 21], 18),
     ([7, 11, 3, 30], 15),
@@ -36,8 +37,10 @@ ROWS = [
     ([5, 9, 2, 23, 24, 25], 21),
     ([50, 51, 52], 12),
     ([7, 11, 3, 31, 32], 17),
+    ([12, 13, 14, 60], 15),
+    ([12, 13, 14, 61, 62], 18),
 ]
-EXPECTED_GROUPS = {(0, 2, 5): 3, (1, 4, 7): 1}  # decode indices -> shared blocks
+EXPECTED_GROUPS = {(0, 2, 5): 3, (1, 4, 7): 1, (8, 9): 3}  # decode indices -> shared blocks
 
 
 def dense_attention(cache: torch.Tensor, q: torch.Tensor, blocks: list[int], ctx: int) -> torch.Tensor:
@@ -79,6 +82,8 @@ def test_cascade_equals_dense_attention(dtype):
     cache, q, out, md = run_decode(dtype, cascade_min_tokens=1)
     groups = {tuple(s.token_idx.tolist()): s.num_blocks for s in md.shared_prefixes}
     assert groups == EXPECTED_GROUPS
+    # Block 7 alone is a run of one; 5, 9, 2 is no run.
+    assert {tuple(s.token_idx.tolist()): s.first_block for s in md.shared_prefixes} == {(0, 2, 5): None, (1, 4, 7): 7, (8, 9): 12}
     # The current token's K/V were written before attention, so the cache holds them.
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     for i, (blocks, ctx) in enumerate(ROWS):
@@ -89,7 +94,7 @@ def test_cascade_equals_dense_attention(dtype):
 def test_cascade_off_and_threshold():
     _, _, plain, md_off = run_decode(torch.float64, cascade_min_tokens=None)
     assert md_off.shared_prefixes == []
-    # Group A saves (3 - 1) x 3 blocks x 4 tokens = 24 gathered tokens, group B 8.
+    # Group A saves (3 - 1) x 3 blocks x 4 tokens = 24 gathered tokens, group B 8, group C 12.
     _, _, _, md = run_decode(torch.float64, cascade_min_tokens=24)
     assert [tuple(s.token_idx.tolist()) for s in md.shared_prefixes] == [(0, 2, 5)]
     _, _, merged, _ = run_decode(torch.float64, cascade_min_tokens=1)
