@@ -6,7 +6,9 @@ For each pool size both engines are started in turn, every workload of that pool
 against each, and each server is stopped (its whole process group) before the next
 starts; on Ctrl-C or any failure too. Per workload: the bench's throughput and latency,
 the deltas of vLLM's counters on each ``/metrics``, the peak KV usage (sampled). Then
-greedy agreement in float32. One table, ``--result-json`` and a PNG of the ratios.
+greedy agreement in float32. With the small pool, the same shape queued all at once on
+both engines offline (``bench/compare_offline.py``): the policy without arrival timing.
+One table, ``--result-json`` and a PNG of the ratios.
 
     python -m bench.compare --help
 """
@@ -24,6 +26,13 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from bench.compare_offline import (
+    QUEUED,
+    queued_prompts,
+    run_kvpool,
+    run_vllm,
+    shared_generated_blocks,
+)
 from bench.compare_report import agreement_row, format_table, plot_ratios, rows
 from bench.compare_servers import (
     COUNTERS,
@@ -36,6 +45,7 @@ from bench.compare_servers import (
     vllm_env,
 )
 from bench.compare_workloads import (
+    SMALL_OUTPUT_LEN,
     agreement_prompts,
     default_workloads,
     greedy_token_ids,
@@ -141,6 +151,31 @@ def run_pool(engine: str, model: Path, cfg: ServerConfig, workloads, a, tag: str
         return greedy_token_ids(s.url, NAME, prompts, a.agreement_tokens, a.bench_timeout) if prompts else None
 
 
+def run_queued(model: Path, cfg: ServerConfig, vocab: int, a, errors: dict) -> dict:
+    """The small pool's shape queued at once on each engine (bench/compare_offline.py)."""
+    prompts = queued_prompts(a.num_prompts, vocab)
+    got: dict = {}
+    if "vllm" in a.engines:
+        env = {"OMP_NUM_THREADS": str(a.threads)} | vllm_env(a.out / "cache", cfg, model, a.threads)
+        try:
+            v = run_vllm(ROOT, model, cfg, prompts, SMALL_OUTPUT_LEN, env, a.out / "vllm", a.ready_timeout + a.bench_timeout)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            print(f"compare: vllm queued run failed: {e}", file=sys.stderr, flush=True)
+            errors["vllm/queued"] = str(e)
+            return got
+        shared = shared_generated_blocks(prompts, v.pop("outputs"), cfg.block_size)
+        got["vllm"] = v | {"shared_generated_blocks": shared}
+        if shared:
+            # NOTE: kvpool's side gives every request tokens of its own (see the module),
+            # which no longer matches: not judged.
+            print(f"compare: vLLM's queued outputs share {shared} generated blocks; kvpool's side is not comparable", flush=True)
+            return got
+    if "kvpool" in a.engines:
+        got["kvpool"] = run_kvpool(cfg, prompts, SMALL_OUTPUT_LEN, vocab)
+    print(f"compare: {QUEUED}: preemptions " + ", ".join(f"{e} {r['vllm:num_preemptions']:.0f}" for e, r in got.items()), flush=True)
+    return got
+
+
 def agreement(ids: dict[str, list]) -> dict:
     v, k = ids["vllm"], ids["kvpool"]
     same = sum(1 for x, y in zip(v, k, strict=True) if x is not None and x == y)
@@ -201,10 +236,12 @@ def main(argv: list[str] | None = None) -> int:
             ids = {e: run_pool(e, model, f32, [], a, "float32", results, prompts) for e in a.engines}
         if len(ids) == 2:
             agree = agreement(ids)
+        if any(w.name == "small-pool" for w in workloads):
+            results[QUEUED] = run_queued(model, pools["small"], vocab, a, errors)
     except KeyboardInterrupt:
         print("compare: interrupted; every server was stopped", file=sys.stderr)
         return 130
-    shared = {w.name: w.shared_prefix for w in workloads}
+    shared = {w.name: w.shared_prefix for w in workloads} | {QUEUED: True}
     table = rows(results, shared) + ([agreement_row(agree)] if agree else [])
     print(format_table(table))
     doc = {"settings": asdict(main_cfg) | {"small_num_blocks": a.small_num_blocks, "model": str(model), "engines": a.engines,

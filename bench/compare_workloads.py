@@ -25,6 +25,7 @@ from pathlib import Path
 BENCH_KEYS = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
               "output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
               "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms")  # fmt: skip
+SMALL_OUTPUT_LEN = 256  # small-pool's output tokens: long enough that the pool must preempt
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def default_workloads(a) -> list[Workload]:
     ws = [
         Workload("prefix-c8", "main", prefix_args(a.num_prompts, 8, 64, seed=1), "shared prefix, concurrency 8", True),
         Workload("prefix-c64", "main", prefix_args(max(a.num_prompts, 128), 64, 64, seed=2), "shared prefix, concurrency 64", True),
-        Workload("small-pool", "small", prefix_args(a.num_prompts, a.small_concurrency, 256, seed=3),
+        Workload("small-pool", "small", prefix_args(a.num_prompts, a.small_concurrency, SMALL_OUTPUT_LEN, seed=3),
                  f"{a.small_num_blocks} blocks, 256 out, concurrency {a.small_concurrency}"),
     ]  # fmt: skip
     if a.trace:
