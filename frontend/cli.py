@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-num-batched-tokens", type=int, default=2048)
     s.add_argument("--max-model-len", type=int, default=None, help="default: the model's max_position_embeddings, at most 4096")
     s.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    s.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=True,
+                   help="admit a request only if its whole prompt fits the free blocks, not only its first chunk (default: on, as vLLM)")
     s.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     s.add_argument("--kv-offloading-size", type=float, default=0.0, metavar="GIB",
                    help="GiB of host memory for evicted KV blocks, loaded back on a prefix hit (vLLM's flag; "

@@ -140,6 +140,8 @@ class Launcher:
             sched += ["--num-gpu-blocks-override", str(a.num_gpu_blocks_override)]
         if not a.enable_prefix_caching:
             sched.append("--no-enable-prefix-caching")
+        if not getattr(a, "scheduler_reserve_full_isl", True):
+            sched.append("--no-scheduler-reserve-full-isl")
         if a.dev_mode:
             sched.append("--dev-mode")
         if a.kv_cache_metrics:

@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
     g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
     g.add_argument("--max-model-len", type=int, default=d.max_model_len, help="longer requests are rejected (default %(default)s)")
+    g.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=d.reserve_full_sequence,
+                   help="admit a request only if its whole sequence fits the free blocks (vLLM's default: on)")  # fmt: skip
     g.add_argument("--step-overhead-ms", type=float, default=d.step_overhead_ms, help="fixed cost of a step (default %(default)s)")
     g.add_argument("--ms-per-token", type=float, default=d.ms_per_token, help="cost of a scheduled token (default %(default)s)")
     g.add_argument("--prefix-caching-hash-algo", choices=HASH_ALGOS, default=d.hash_algo,
@@ -232,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                     num_blocks, a.block_size, policy, a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
                     a.step_overhead_ms, a.ms_per_token, a.prefix_caching_hash_algo, a.fast_forward,
                     num_host_blocks, a.kv_offloading_store, a.offload_bandwidth_gbps, a.kv_bytes_per_token,
+                    a.scheduler_reserve_full_isl,
                 )  # fmt: skip
                 results.append(simulate(workload, cfg))
                 r = results[-1]

@@ -56,6 +56,8 @@ class SimConfig:
     offload_store: str = "eviction"
     offload_bandwidth_gbps: float = 25.0
     kv_bytes_per_token: int = 131072
+    # vLLM 0.32's scheduler_reserve_full_isl (scheduler/sched/scheduler.py).
+    reserve_full_sequence: bool = True
 
 
 @dataclass(slots=True)
@@ -131,7 +133,7 @@ def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], N
     fast_forward = cfg.fast_forward
     block_bytes = cfg.kv_bytes_per_token * bs
     num_loads = 0
-    sched = Scheduler(kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len)
+    sched = Scheduler(kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.reserve_full_sequence)
     hasher = BlockHasher(bs, cfg.hash_algo)
     pool = kv.block_pool
     overhead_ns = round(cfg.step_overhead_ms * 1e6)

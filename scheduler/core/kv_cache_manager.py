@@ -182,6 +182,7 @@ class KVCacheManager:
         num_new_computed_tokens: int = 0,
         new_computed_blocks: list[KVCacheBlock] | None = None,
         num_lookahead_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
     ) -> list[KVCacheBlock] | None:
         """Make room for ``num_new_tokens`` more tokens of ``request`` (after its
         computed tokens and the ``new_computed_blocks`` prefix hits).
@@ -189,6 +190,10 @@ class KVCacheManager:
         Returns the newly allocated blocks (not the hits), or None — with nothing
         changed — when they do not fit. Then caches the request's full blocks up to
         min(computed + new, request.num_tokens): only final tokens are hashed.
+
+        ``full_sequence_must_fit`` (vLLM's admission gate, ``scheduler_reserve_full_isl``):
+        None unless the free blocks could also hold every token the request has now
+        (prompt and output so far, up to max_model_len), not only this chunk.
         """
         if num_new_tokens < 0 or num_new_computed_tokens < 0 or num_lookahead_tokens < 0:
             raise ValueError("token counts must be >= 0")
@@ -211,8 +216,13 @@ class KVCacheManager:
         # are not free for this request's new blocks.
         pool = self.block_pool
         num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null) if new_computed_blocks else 0
-        if num_new_blocks > pool.free_block_queue.num_free_blocks - num_evictable_hits:
+        num_free = pool.free_block_queue.num_free_blocks - num_evictable_hits
+        if num_new_blocks > num_free:
             return None
+        if full_sequence_must_fit:
+            num_full = min(request.num_tokens, self.max_model_len)
+            if -(-num_full // self.block_size) - num_held - len(new_computed_blocks) > num_free:
+                return None
 
         if req_blocks is None:
             req_blocks = self.req_to_blocks[request_id] = []

@@ -29,6 +29,9 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_model_len: int = 4096
+    # vLLM 0.32's scheduler_reserve_full_isl: admit a waiting request only if its whole
+    # sequence fits the free blocks, not just its first chunk (scheduler/sched/scheduler.py).
+    scheduler_reserve_full_isl: bool = True
     # Requests queued beyond the running ones; more are refused with a RequestError.
     # NOTE: a waiting request holds its prompt once, ~36 bytes a token as a Python
     # list: 100,000 requests of 1,000 tokens are ~3.6 GB of scheduler memory.
@@ -102,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once (default %(default)s)")
     p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, help="token budget of one step (default %(default)s)")
     p.add_argument("--max-model-len", type=int, default=d.max_model_len, help="most tokens of one request, prompt + output (default %(default)s)")
+    p.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=d.scheduler_reserve_full_isl,
+                   help="admit a waiting request only if its whole sequence fits the free blocks, not only its first "
+                        "chunk (vLLM's flag and default: on)")  # fmt: skip
     p.add_argument("--max-num-waiting", type=int, default=d.max_num_waiting,
                    help="most requests waiting to run; more are refused (default %(default)s, ~36 bytes a prompt token each)")  # fmt: skip
     p.add_argument("--prefix-caching-hash-algo", choices=HASH_ALGOS, default=d.prefix_caching_hash_algo)

@@ -141,7 +141,7 @@ class WorkerSide:
                 num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory,
                 host_tier=host_tier, offload_store=c.kv_offloading_store,
             )  # fmt: skip
-            self.scheduler = Scheduler(self.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len)
+            self.scheduler = Scheduler(self.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl)
             self.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
             self.eos_token_ids = tuple(hello.eos_token_ids) or (hello.eos_token_id,)
             self.model_identity = (hello.architecture, hello.model_hash)

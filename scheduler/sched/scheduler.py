@@ -36,6 +36,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
+        reserve_full_sequence: bool = True,
     ):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
@@ -44,6 +45,10 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
+        # vLLM 0.32's scheduler_reserve_full_isl (its default, on): a waiting request is
+        # admitted only if the pool could hold its whole sequence, not just the first
+        # chunk, so chunked prefill does not admit what it must preempt again.
+        self.reserve_full_sequence = reserve_full_sequence
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         # Every unfinished request, by the client's id and by the wire's seq_id.
@@ -194,7 +199,7 @@ class Scheduler:
                 request = self.waiting[0]
                 hits, num_hit_tokens = kv.get_computed_blocks(request, record_stats=False)
                 num_new_tokens = min(request.num_tokens - num_hit_tokens, token_budget)
-                new_blocks = kv.allocate_slots(request, num_new_tokens, num_hit_tokens, hits)
+                new_blocks = kv.allocate_slots(request, num_new_tokens, num_hit_tokens, hits, full_sequence_must_fit=self.reserve_full_sequence)
                 if new_blocks is None:
                     break  # FCFS: nobody overtakes the head of the queue
                 kv.record_prefix_cache_query(

@@ -48,6 +48,11 @@ def test_vllm_serve_flags_reach_the_right_process(tiny_checkpoint):
     assert value(f, "--scheduler-http") == f"http://127.0.0.1:{value(s, '--http-port')}"
 
 
+def test_the_full_sequence_admission_gate_is_on_unless_turned_off(tiny_checkpoint):
+    assert "--no-scheduler-reserve-full-isl" not in built([], tiny_checkpoint)["scheduler"]
+    assert "--no-scheduler-reserve-full-isl" in built(["--no-scheduler-reserve-full-isl"], tiny_checkpoint)["scheduler"]
+
+
 def test_the_global_seed_defaults_to_0_as_vllm_v1(tiny_checkpoint):
     assert value(built([], tiny_checkpoint)["worker"], "--seed") == "0"
 
