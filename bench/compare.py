@@ -33,7 +33,7 @@ from bench.compare_offline import (
     run_vllm,
     shared_generated_blocks,
 )
-from bench.compare_report import agreement_row, format_table, plot_ratios, rows
+from bench.compare_report import SPEED_WORKLOADS, agreement_row, format_table, plot_ratios, rows
 from bench.compare_servers import (
     COUNTERS,
     Server,
@@ -47,8 +47,10 @@ from bench.compare_servers import (
 from bench.compare_workloads import (
     SMALL_OUTPUT_LEN,
     agreement_prompts,
+    combine_runs,
     default_workloads,
     greedy_token_ids,
+    repeated,
     run_bench,
 )
 
@@ -75,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compute threads of both servers, on the same cores: OMP_NUM_THREADS for kvpool's worker, "
                         "VLLM_CPU_OMP_THREADS_BIND for vLLM's (default: each engine's own rule, the cores less one: %(default)s)")  # fmt: skip
     p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=3,
+                   help="runs of each speed workload (prefix-c8, prefix-c64) on each server, new prompts each time; "
+                        "the table shows each figure's median, counters summed (default %(default)s)")  # fmt: skip
     p.add_argument("--trace", default=None, help=f"a Mooncake trace, '' for none (default {DEFAULT_TRACE} where it exists)")
     p.add_argument("--trace-requests", type=int, default=64)
     p.add_argument("--trace-time-scale", type=float, default=0.25, help="multiplies the trace's arrival times")
@@ -134,18 +139,25 @@ def run_pool(engine: str, model: Path, cfg: ServerConfig, workloads, a, tag: str
         vocab = json.loads((model / "config.json").read_text())["vocab_size"]
         greedy_token_ids(s.url, NAME, agreement_prompts(16, vocab, seed=99), 16, a.bench_timeout)
         for w in workloads:
-            before = scrape(s.url)
-            sampler = UsageSampler(s.url, a.usage_period)
-            sampler.start()
-            try:
-                fig = run_bench(ROOT, s.url, model, NAME, w, a.out / engine, a.bench_timeout)
-            finally:
-                peak = sampler.stop()
-            after = scrape(s.url)
-            fig.update({c: after[c] - before[c] for c in COUNTERS})
-            fig["peak_kv_cache_usage_perc"] = peak
+            runs = []
+            for rep in range(a.repeat if w.name in SPEED_WORKLOADS else 1):
+                before = scrape(s.url)
+                sampler = UsageSampler(s.url, a.usage_period)
+                sampler.start()
+                try:
+                    fig = run_bench(ROOT, s.url, model, NAME, repeated(w, rep), a.out / engine, a.bench_timeout)
+                finally:
+                    peak = sampler.stop()
+                after = scrape(s.url)
+                fig.update({c: after[c] - before[c] for c in COUNTERS})
+                fig["peak_kv_cache_usage_perc"] = peak
+                runs.append(fig)
+            if len(runs) > 1:
+                fig = combine_runs(runs, COUNTERS) | {"runs": runs}
             results.setdefault(w.name, {})[engine] = fig
-            print(f"compare: {engine} {w.name}: {fig['output_throughput']:.0f} output tok/s, "
+            rates = ", ".join(f"{r['output_throughput']:.0f}" for r in runs)
+            each = f" (runs: {rates})" if len(runs) > 1 else ""
+            print(f"compare: {engine} {w.name}: {fig['output_throughput']:.0f} output tok/s{each}, "
                   f"queries {fig['vllm:prefix_cache_queries']:.0f}, hits {fig['vllm:prefix_cache_hits']:.0f}, "
                   f"preemptions {fig['vllm:num_preemptions']:.0f}", flush=True)  # fmt: skip
         return greedy_token_ids(s.url, NAME, prompts, a.agreement_tokens, a.bench_timeout) if prompts else None
@@ -197,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     cores = len(os.sched_getaffinity(0))
     if not 1 <= a.threads <= cores:
         raise SystemExit(f"compare: --threads {a.threads}: this process may use 1..{cores} cores")
+    if a.repeat < 1:
+        raise SystemExit(f"compare: --repeat {a.repeat}: at least one run")
     check(a)
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -245,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     table = rows(results, shared) + ([agreement_row(agree)] if agree else [])
     print(format_table(table))
     doc = {"settings": asdict(main_cfg) | {"small_num_blocks": a.small_num_blocks, "model": str(model), "engines": a.engines,
-                                           "threads": a.threads},
+                                           "threads": a.threads, "repeat": a.repeat},
            "workloads": {w.name: {"what": w.what, "pool": w.pool, "client_args": list(w.args)} for w in workloads},
            "results": results, "agreement": agree, "table": table, "errors": errors,
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before": load_before,

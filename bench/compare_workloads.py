@@ -16,10 +16,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import statistics
 import subprocess
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 BENCH_KEYS = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
@@ -84,6 +85,29 @@ def default_workloads(a) -> list[Workload]:
         ws.append(Workload("mooncake", "main", mooncake_args(path, a.block_size, 8, a.trace_time_scale),
                            f"{Path(a.trace).name}, first {a.trace_requests} fitting, lengths / {scale}"))  # fmt: skip
     return [w for w in ws if not a.workloads or w.name in a.workloads]
+
+
+def repeated(w: Workload, rep: int) -> Workload:
+    """Run ``rep`` of a repeated workload: the same shape, the client's seed moved by
+    1000 x rep, so each run's prompts are new and none hits the previous run's prefixes."""
+    if rep == 0:
+        return w
+    args = list(w.args)
+    if "--seed" not in args:
+        raise ValueError(f"workload {w.name} has no --seed to vary between runs")
+    i = args.index("--seed") + 1
+    args[i] = str(int(args[i]) + 1000 * rep)
+    return replace(w, args=tuple(args))
+
+
+def combine_runs(runs: list[dict], counters: tuple[str, ...]) -> dict:
+    """One engine's figures over repeated runs of a workload: the median of each of the
+    bench's figures, the ``counters`` added up (equal prompts, equal sums), the highest
+    peak KV usage."""
+    out = {k: statistics.median(r[k] for r in runs) if all(r.get(k) is not None for r in runs) else None for k in BENCH_KEYS}
+    out.update({c: sum(r[c] for r in runs) for c in counters})
+    out["peak_kv_cache_usage_perc"] = max(r["peak_kv_cache_usage_perc"] for r in runs)
+    return out
 
 
 def run_bench(root: Path, url: str, model: Path, name: str, w: Workload, out: Path, timeout_s: float) -> dict:

@@ -15,7 +15,15 @@ import pytest
 
 from bench.compare_report import FIGURES, agreement_row, format_table, rows
 from bench.compare_servers import ServerConfig, server_command, vllm_env
-from bench.compare_workloads import agreement_prompts, mooncake_slice
+from bench.compare_workloads import (
+    BENCH_KEYS,
+    Workload,
+    agreement_prompts,
+    combine_runs,
+    mooncake_slice,
+    prefix_args,
+    repeated,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,6 +69,28 @@ def test_agreement_row_and_table_text():
     assert lines[0].split()[:4] == ["workload", "figure", "vLLM", "kvpool"]
     assert len(lines) == 2 + len(FIGURES) + 1
     assert "greedy identical (float32)" in text and "NO" in lines[-1]
+
+
+def test_repeated_runs_move_only_the_seed():
+    w = Workload("prefix-c8", "main", prefix_args(64, 8, 64, seed=1))
+    assert repeated(w, 0) is w
+    again = repeated(w, 2)
+    i = list(w.args).index("--seed")
+    assert again.args[i + 1] == "2001" and again.args[:i + 1] == w.args[:i + 1] and again.args[i + 2:] == w.args[i + 2:]
+    with pytest.raises(ValueError, match="no --seed"):
+        repeated(Workload("x", "main", ("--num-prompts", "4")), 1)
+
+
+def test_combined_runs_take_medians_sum_counters_and_the_highest_peak():
+    def run(rate, ttft, hits, peak):
+        return {k: 1.0 for k in BENCH_KEYS} | {"output_throughput": rate, "median_ttft_ms": ttft,
+                                               "vllm:prefix_cache_hits": hits, "peak_kv_cache_usage_perc": peak}  # fmt: skip
+    runs = [run(500.0, 90.0, 10, 0.2), run(700.0, 40.0, 12, 0.5), run(600.0, 70.0, 11, 0.3)]
+    got = combine_runs(runs, ("vllm:prefix_cache_hits",))
+    assert got["output_throughput"] == 600.0 and got["median_ttft_ms"] == 70.0
+    assert got["vllm:prefix_cache_hits"] == 33 and got["peak_kv_cache_usage_perc"] == 0.5
+    runs[1]["p99_ttft_ms"] = None  # a figure one run lacks is not made up from the others
+    assert combine_runs(runs, ())["p99_ttft_ms"] is None
 
 
 def test_mooncake_slice_scales_lengths_and_drops_what_does_not_fit(tmp_path):
