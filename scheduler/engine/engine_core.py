@@ -25,6 +25,7 @@ import asyncio
 import logging
 import signal
 import time
+from dataclasses import dataclass
 
 import zmq.asyncio
 
@@ -46,11 +47,22 @@ from scheduler.engine.sockets import LoopYield, open_ports, peer_name
 from scheduler.engine.worker_checks import check_result
 from scheduler.engine.worker_link import HEARTBEAT_INTERVAL_S, WorkerLink, WorkerLost
 from scheduler.engine.worker_side import WorkerSide
+from scheduler.sched.outputs import StepOutputs
 from scheduler.sched.request import Request, RequestStatus
 from scheduler.sched.scheduler import Scheduler
 from scheduler.sched.validation import RequestLimits, RequestRejected, validate_generate
 
 log = logging.getLogger("scheduler")
+
+@dataclass(slots=True)
+class _Done:
+    """A step whose results the scheduler has applied, its outputs not yet sent."""
+
+    outputs: StepOutputs
+    logprobs: list  # StepResult.logprobs
+    nbytes: int
+    seconds: float
+
 
 class EngineCore(WorkerSide):
     def __init__(self, config: SchedulerConfig):
@@ -77,6 +89,7 @@ class EngineCore(WorkerSide):
         self.model_identity = ("", "")  # (architecture, model_hash) of the first worker
         self.worker_lost_at: float | None = None
         self._wakeup = asyncio.Event()
+        self._step_kv_events: list = []  # see _step_loop
         self._stop = asyncio.Event()
         self._stopping = False
         # An internal error that stopped the process (exit status 1).
@@ -258,50 +271,82 @@ class EngineCore(WorkerSide):
         await self._send_outputs({r.client_id: probe for r in self.scheduler.requests.values()})
 
     def _publish_kv_events(self) -> None:
-        """One batch per step (and per reset): what the pool's cache gained and lost."""
+        """One batch per step (and per reset): what the pool's cache gained and lost;
+        a finished step's events set apart by the step loop go first."""
         if self.kv_event_publisher is not None:
+            if self._step_kv_events:
+                self.kv_event_publisher.publish(self._step_kv_events)
+            self._step_kv_events = []
             self.kv_event_publisher.publish(self.kv_event_sink.take())
 
     # --- steps ------------------------------------------------------------------------
 
     async def _step_loop(self) -> None:
-        while not self._stopping:
-            self._wakeup.clear()
-            now = time.monotonic()
-            self.worker.check_silence()
-            if self.worker_lost_at is not None and now - self.worker_lost_at > self.config.worker_reconnect_timeout_s:
-                if self.scheduler.has_unfinished_requests():
-                    log.error("no worker for %.0f s: failing %d waiting requests", now - self.worker_lost_at, self.scheduler.num_waiting)
-                    await self._end_all(RequestStatus.FINISHED_ERROR, f"no worker returned within {self.config.worker_reconnect_timeout_s} s")
-            out = self.scheduler.schedule() if self.worker.ready else None
-            if out is None:
-                if self.worker.ready:
+        # NOTE: a step's outputs reach the clients after the next plan has gone to the
+        # worker (``_Done``): the worker computes while the scheduler fans out outputs,
+        # metrics and KV events, instead of waiting for them every step. The next
+        # schedule() needs only update_from_output, which runs at once.
+        done: _Done | None = None
+        try:
+            while not self._stopping:
+                self._wakeup.clear()
+                now = time.monotonic()
+                self.worker.check_silence()
+                if self.worker_lost_at is not None and now - self.worker_lost_at > self.config.worker_reconnect_timeout_s:
+                    if self.scheduler.has_unfinished_requests():
+                        log.error("no worker for %.0f s: failing %d waiting requests", now - self.worker_lost_at, self.scheduler.num_waiting)
+                        await self._end_all(RequestStatus.FINISHED_ERROR, f"no worker returned within {self.config.worker_reconnect_timeout_s} s")
+                out = self.scheduler.schedule() if self.worker.ready else None
+                if out is None:
+                    if done is not None:
+                        # Delivering may drop clients (aborts): schedule again first.
+                        done, _ = None, await self._deliver(done)
+                        continue
+                    if self.worker.ready:
+                        try:
+                            await self.worker.heartbeat_if_idle()
+                        except WorkerLost:
+                            pass  # lost (and handled) by the link
                     try:
-                        await self.worker.heartbeat_if_idle()
-                    except WorkerLost:
-                        pass  # lost (and handled) by the link
+                        await asyncio.wait_for(self._wakeup.wait(), HEARTBEAT_INTERVAL_S)
+                    except TimeoutError:
+                        pass
+                    continue
+                t0 = time.perf_counter()
+                self.worker.begin_step(out.plan.step_id)
                 try:
-                    await asyncio.wait_for(self._wakeup.wait(), HEARTBEAT_INTERVAL_S)
-                except TimeoutError:
-                    pass
-                continue
-            t0 = time.perf_counter()
-            self.worker.begin_step(out.plan.step_id)
-            try:
-                nbytes = await self.worker.send(out.plan)
-                result = await self.worker.await_result()
-            except WorkerLost:
-                continue  # the link lost the worker; the step was abandoned with it
-            try:
-                check_result(result, self.limits.vocab_size)
-                outputs = self.scheduler.update_from_output(result)
-            except ValueError as e:
-                self.worker.lose(str(e))
-                continue
-            await self._send_outputs(outputs_by_client(outputs, result.logprobs))
-            self.metrics.observe_step(outputs, nbytes, time.perf_counter() - t0)
-            self.metrics.update(self.scheduler, self.kv)
-            self._publish_kv_events()
+                    nbytes = await self.worker.send(out.plan)
+                except WorkerLost:
+                    nbytes = None  # the link lost the worker; the step was abandoned with it
+                if done is not None:
+                    done, _ = None, await self._deliver(done)
+                if nbytes is None:
+                    continue
+                try:
+                    result = await self.worker.await_result()
+                except WorkerLost:
+                    continue
+                try:
+                    check_result(result, self.limits.vocab_size)
+                    outputs = self.scheduler.update_from_output(result)
+                except ValueError as e:
+                    self.worker.lose(str(e))
+                    continue
+                # NOTE: this step's KV events are set apart now, before the next schedule()
+                # adds its own; whatever publishes next sends them first.
+                if self.kv_event_publisher is not None:
+                    self._step_kv_events = self.kv_event_sink.take()
+                done = _Done(outputs, result.logprobs, nbytes, time.perf_counter() - t0)
+        finally:
+            if done is not None:
+                await self._deliver(done)
+
+    async def _deliver(self, done: _Done) -> None:
+        """A finished step's outputs to its clients, then its metrics and KV events."""
+        await self._send_outputs(outputs_by_client(done.outputs, done.logprobs))
+        self.metrics.observe_step(done.outputs, done.nbytes, done.seconds)
+        self.metrics.update(self.scheduler, self.kv)
+        self._publish_kv_events()
 
     # --- HTTP -------------------------------------------------------------------------
 
