@@ -162,13 +162,9 @@ def test_bad_block_size_is_refused_with_the_reason():
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.timeout(1800)
-def test_a_small_real_compare_writes_every_key(request, tmp_path):
-    if not (ROOT / ".venv-vllm/bin/vllm").exists():
-        pytest.skip("no .venv-vllm (make compare installs it)")
-    if "compare" not in (request.config.getoption("-m") or ""):
-        pytest.skip("runs vLLM for minutes: select it with -m compare")
+def test_a_small_real_compare_writes_every_key(real_vllm, tmp_path):
     out = tmp_path / "cmp"
-    r = subprocess.run([sys.executable, "-m", "bench.compare", "--workloads", "prefix-c8", "--num-prompts", "8",
+    r = subprocess.run([sys.executable, "-m", "bench.compare", "--workloads", "prefix-c8", "--num-prompts", "8", "--repeat", "2",
                         "--agreement-prompts", "4", "--agreement-tokens", "8", "--trace", "", "--out", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=1700)  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -180,4 +176,8 @@ def test_a_small_real_compare_writes_every_key(request, tmp_path):
     assert {"fraction_identical", "num_requests", "num_identical", "num_failed", "dtype"} <= doc["agreement"].keys()
     assert {"workload", "figure", "vllm", "kvpool", "ratio", "goal", "met"} <= doc["table"][0].keys()
     assert doc["results"]["prefix-c8"]["vllm"]["completed"] == doc["results"]["prefix-c8"]["kvpool"]["completed"] == 8
+    # Two runs each, new prompts each time: the counters add up over both.
+    for engine in ("vllm", "kvpool"):
+        runs = doc["results"]["prefix-c8"][engine]["runs"]
+        assert len(runs) == 2 and sum(r["vllm:prompt_tokens"] for r in runs) == doc["results"]["prefix-c8"][engine]["vllm:prompt_tokens"]
     assert (out / "compare.png").stat().st_size > 0

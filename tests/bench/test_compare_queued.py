@@ -88,11 +88,7 @@ def test_a_failing_vllm_run_names_its_log(tmp_path):
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
-def test_both_engines_queued_count_the_same(request, tmp_path):
-    if not (ROOT / ".venv-vllm/bin/python").exists():
-        pytest.skip("no .venv-vllm (make compare installs it)")
-    if "compare" not in (request.config.getoption("-m") or ""):
-        pytest.skip("runs vLLM for a minute: select it with -m compare")
+def test_both_engines_queued_count_the_same(real_vllm, tmp_path):
     from bench.compare import default_model
     from bench.compare_servers import vllm_env
 
