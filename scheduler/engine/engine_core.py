@@ -54,6 +54,7 @@ from scheduler.sched.validation import RequestLimits, RequestRejected, validate_
 
 log = logging.getLogger("scheduler")
 
+
 @dataclass(slots=True)
 class _Done:
     """A step whose results the scheduler has applied, its outputs not yet sent."""
@@ -300,7 +301,8 @@ class EngineCore(WorkerSide):
                 if out is None:
                     if done is not None:
                         # Delivering may drop clients (aborts): schedule again first.
-                        done, _ = None, await self._deliver(done)
+                        finished, done = done, None
+                        await self._deliver(finished)
                         continue
                     if self.worker.ready:
                         try:
@@ -319,7 +321,8 @@ class EngineCore(WorkerSide):
                 except WorkerLost:
                     nbytes = None  # the link lost the worker; the step was abandoned with it
                 if done is not None:
-                    done, _ = None, await self._deliver(done)
+                    finished, done = done, None
+                    await self._deliver(finished)
                 if nbytes is None:
                     continue
                 try:
