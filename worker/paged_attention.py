@@ -88,9 +88,9 @@ class AttentionMetadata:
     prefills: list[PrefillChunk]
     shared_prefixes: list[SharedPrefix]
     # With shared prefixes, decode attention runs in an order where each group's rows are
-    # adjacent, groups first: decode_order[j] is the step's decode token at place j.
+    # adjacent, groups first (the last group ends where the ungrouped rows start):
+    # decode_order[j] is the step's decode token at place j.
     decode_order: torch.Tensor | None = None
-    num_grouped: int = 0  # rows [0, num_grouped) of that order are in some group
 
 
 class PagedAttention:
@@ -165,7 +165,7 @@ class PagedAttention:
         table_np = block_table.numpy() if device.type == "cpu" else None
         groups: list[DecodeGroup] = []
         shared: list[SharedPrefix] = []
-        order, num_grouped = None, 0
+        order = None
         if decode_rows:
             rows_np = np.asarray(decode_rows, dtype=np.int64)
             ctx_np = np.asarray(decode_context_lens, dtype=np.int64)
@@ -176,7 +176,7 @@ class PagedAttention:
                 grouped = np.concatenate([s.token_idx.numpy() for s in shared])
                 order_np = np.concatenate([grouped, np.setdiff1d(np.arange(len(decode_rows)), grouped)])
                 rows_np, ctx_np, skip = rows_np[order_np], ctx_np[order_np], skip[order_np]
-                order, num_grouped = torch.from_numpy(order_np).to(device), len(grouped)
+                order = torch.from_numpy(order_np).to(device)
             own = ctx_np - skip * bs  # keys of each row after its shared prefix, >= 1
             own_blocks = (-(-own // bs)).tolist()
             own_list = own.tolist()
@@ -211,7 +211,7 @@ class PagedAttention:
             first = _first_if_consecutive(table_np[row, :nb]) if table_np is not None else None
             chunks.append(PrefillChunk(offset, offset + n, ids, nb, mask, first))
             offset += n
-        return AttentionMetadata(slot_mapping, len(decode_rows), groups, chunks, shared, order, num_grouped)
+        return AttentionMetadata(slot_mapping, len(decode_rows), groups, chunks, shared, order)
 
     def for_step(self, metadata: AttentionMetadata):
         def attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -284,9 +284,9 @@ class PagedAttention:
     def _merge_prefixes(self, layer: int, q: torch.Tensor, res: torch.Tensor, lse: torch.Tensor, md: AttentionMetadata) -> None:
         """Attend each group's queries to its shared prefix, then merge that into ``res``,
         which holds each row's attention over its own keys, whose log-sum-exp is ``lse``.
-        Rows are in the decode order, so the groups cover rows [0, num_grouped) of it."""
+        Rows are in the decode order, so the groups cover its first rows, up to the last group's end."""
         kvh, hd, grp = self.num_kv_heads, self.head_dim, self.group
-        g_rows = md.num_grouped
+        g_rows = md.shared_prefixes[-1].end
         o1 = torch.empty((g_rows, kvh, grp, hd), dtype=q.dtype)
         l1 = torch.empty((g_rows, kvh, grp), dtype=lse.dtype)
         for s in md.shared_prefixes:
