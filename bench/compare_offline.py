@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import signal
 import subprocess
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.compare_servers import ServerConfig
+from bench.compare_servers import ServerConfig, stop_process_group
+from bench.compare_workloads import shared_prefix_prompts
 from loadgen.datasets import SampleRequest
 from simulator.engine import SimConfig, simulate
 from simulator.workload import SampleWorkload
@@ -38,10 +37,8 @@ QUEUED_COUNTERS = ("vllm:num_preemptions", "vllm:prefix_cache_queries", "vllm:pr
 
 def queued_prompts(num_prompts: int, vocab: int, seed: int = 3) -> list[list[int]]:
     """The small-pool workload's shape as token ids: 4 shared prefixes of 256 tokens,
-    32-token suffixes (ids past the tiny tokenizer's 5 special tokens)."""
-    rng = random.Random(seed)
-    prefixes = [[rng.randrange(5, vocab) for _ in range(256)] for _ in range(4)]
-    return [prefixes[i % 4] + [rng.randrange(5, vocab) for _ in range(32)] for i in range(num_prompts)]
+    32-token suffixes."""
+    return shared_prefix_prompts(num_prompts, vocab, 256, 32, seed)
 
 
 def shared_generated_blocks(prompts: list[list[int]], outputs: list[list[int]], block_size: int) -> int:
@@ -70,11 +67,7 @@ def run_vllm(root: Path, model: Path, cfg: ServerConfig, prompts: list[list[int]
         try:
             rc = p.wait(timeout_s)
         finally:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
+            stop_process_group(p)
     if rc != 0 or not result.exists():
         raise RuntimeError(f"vLLM's queued run failed with {rc}; see {log_path}")
     doc = json.loads(result.read_text())

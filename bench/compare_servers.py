@@ -121,22 +121,28 @@ class Server:
         if self.proc is None:
             return
         try:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout_s)
-                except subprocess.TimeoutExpired:
-                    pass
-            # NOTE: the group, not only the leader: vLLM's engine core and kvpool's
-            # children must not outlive the run.
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(5)
+            stop_process_group(self.proc, timeout_s)
         finally:
             self.proc = None
             self._log.close()
+
+
+def stop_process_group(proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
+    """Stop a process started with ``start_new_session=True`` and everything it started:
+    SIGTERM to its group while the leader runs, SIGKILL to the group after timeout_s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+    # NOTE: the group, not only the leader: vLLM's engine core (or compile workers) and
+    # kvpool's children must not outlive the run.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(5)
 
 
 def scrape(url: str, timeout_s: float = 5.0) -> dict[str, float]:

@@ -130,12 +130,17 @@ def run_bench(root: Path, url: str, model: Path, name: str, w: Workload, out: Pa
     return {k: data.get(k) for k in BENCH_KEYS}
 
 
-def agreement_prompts(n: int, vocab: int, seed: int = 7) -> list[list[int]]:
-    """n prompts of token ids: 4 shared 64-token prefixes, 16-token suffixes (ids past the
-    tiny tokenizer's 5 special tokens)."""
+def shared_prefix_prompts(n: int, vocab: int, prefix_len: int, suffix_len: int, seed: int) -> list[list[int]]:
+    """n prompts of token ids: 4 shared prefixes, then a suffix of each prompt's own (ids
+    past the tiny tokenizer's 5 special tokens); prompt i takes prefix i % 4."""
     rng = random.Random(seed)
-    prefixes = [[rng.randrange(5, vocab) for _ in range(64)] for _ in range(4)]
-    return [prefixes[i % 4] + [rng.randrange(5, vocab) for _ in range(16)] for i in range(n)]
+    prefixes = [[rng.randrange(5, vocab) for _ in range(prefix_len)] for _ in range(4)]
+    return [prefixes[i % 4] + [rng.randrange(5, vocab) for _ in range(suffix_len)] for i in range(n)]
+
+
+def agreement_prompts(n: int, vocab: int, seed: int = 7) -> list[list[int]]:
+    """The greedy-agreement prompts: 64-token prefixes, 16-token suffixes."""
+    return shared_prefix_prompts(n, vocab, 64, 16, seed)
 
 
 def greedy_token_ids(url: str, name: str, prompts: list[list[int]], max_tokens: int, timeout_s: float) -> list[list[int] | None]:
