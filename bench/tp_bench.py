@@ -89,9 +89,9 @@ class _FanningStep:
 def _rank_main(rank: int, port: int, out: mp.Queue) -> None:
     from protocol.codec import Codec
     from protocol.worker_messages import SchedulerToWorker, WorkerReady
-    from worker.distributed import TPGroup
-    from worker.plan_fanout import Kind, PlanFanout
-    from worker.rank_follower import RankFollower
+    from worker.parallel.distributed import TPGroup
+    from worker.parallel.plan_fanout import Kind, PlanFanout
+    from worker.parallel.rank_follower import RankFollower
     from worker.serving_model import load_serving_model
 
     torch.set_num_threads(1)

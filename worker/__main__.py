@@ -23,7 +23,6 @@ from protocol.curve import CurveKeyError, load_keypair
 from worker.checkpoint import CheckpointError
 from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
 from worker.device_memory import check_host_tier_budget, check_kv_budget
-from worker.distributed import GroupError, TPGroup, parse_init_method
 from worker.kv_cache import (
     allocate_host_kv_caches,
     allocate_kv_caches,
@@ -34,13 +33,14 @@ from worker.kv_cache import (
 )
 from worker.metrics import WorkerMetrics
 from worker.models.config import DTYPES, ModelConfigError
-from worker.process import WorkerProcess, WorkerStopping
-from worker.rank_group import (
+from worker.parallel.distributed import GroupError, TPGroup, parse_init_method
+from worker.parallel.rank_group import (
     LocalRanks,
     rank_device,
     run_rank,
     threads_per_rank,
 )
+from worker.process import WorkerProcess, WorkerStopping
 from worker.sampling_state import check_global_seed
 from worker.serving_model import check_shardable, load_serving_model
 from worker.threads import lower_cpu_priority, set_cpu_threads

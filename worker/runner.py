@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from protocol.worker_messages import RequestRow, StepPlan
+from worker.attention.paged_attention import DEFAULT_WORKSPACE_BYTES, PagedAttention
 from worker.block_table import BlockTable
 from worker.models.decoder import DecoderModel
-from worker.paged_attention import DEFAULT_WORKSPACE_BYTES, PagedAttention
 from worker.plan_check import Limits, RowView, check_plan
 from worker.sampling_state import RowLogprobs, SamplingState
 from worker.tier_copies import TierCopier

@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 
 from worker.checkpoint import Checkpoint
-from worker.distributed import TPGroup
 from worker.models.config import DTYPES, ModelConfig, ModelConfigError, model_config_from_hf
 from worker.models.decoder import DecoderModel
 from worker.models.loader import load_model
-from worker.parallel_linear import TPShard, plan_shard
+from worker.parallel.distributed import TPGroup
+from worker.parallel.linear import TPShard, plan_shard
 from worker.tiny.generate import default_checkpoint
 
 

@@ -38,7 +38,7 @@ def test_a_killed_rank_takes_its_group_down_and_costs_no_request(tmp_path, tiny_
     reqs = [Generate(f"t{i}", [rng.randrange(2, 512) for _ in range(12 + 9 * i)], 40, ignore_eos=True) for i in range(3)]
     expected = {g.request_id: reference_generate(tiny_reference, g.prompt_token_ids, g.max_tokens) for g in reqs}
     # NOTE: transformers' greedy float64 tokens are an uninterrupted run's: two ranks give
-    # them (test_ranks_started_by_hand_..., tests/worker/test_tensor_parallel.py).
+    # them (test_ranks_started_by_hand_..., tests/worker/parallel/test_tensor_parallel.py).
     with Cluster(["--worker-reconnect-timeout", "60"], TP2, log_dir=tmp_path) as c:
         leader = c.procs["worker"]
         ranks = rank_pids(leader.pid)

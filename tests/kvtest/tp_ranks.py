@@ -1,6 +1,6 @@
 """Two (or N) real tensor-parallel ranks in child processes, driven like the worker
 drives them: rank 0 runs the MiniScheduler's plans through its runner and fans each
-plan out (``worker.plan_fanout``) to the other ranks, which run ``RankFollower``.
+plan out (``worker.parallel.plan_fanout``) to the other ranks, which run ``RankFollower``.
 
 ``run_group(jobs, world_size)`` returns, per job, rank 0's sampled tokens and logits
 per request, and each rank's KV cache, for the test to compare with a one-rank run.
@@ -78,7 +78,7 @@ class FanningRunner:
         self.last_tokens: list[int] = []
 
     def execute(self, plan):
-        from worker.plan_fanout import Kind
+        from worker.parallel.plan_fanout import Kind
 
         self.fanout.send(Kind.PLAN, self.last_tokens, self.codec.encode(plan))
         out = self.runner.execute(plan)
@@ -87,11 +87,11 @@ class FanningRunner:
 
 
 def _rank_main(rank: int, world_size: int, port: int, jobs: list[Job], results: mp.Queue) -> None:
-    from worker.distributed import TPGroup
     from worker.kv_cache import allocate_kv_caches
     from worker.models.config import DTYPES
-    from worker.plan_fanout import Kind, PlanFanout
-    from worker.rank_follower import RankFollower
+    from worker.parallel.distributed import TPGroup
+    from worker.parallel.plan_fanout import Kind, PlanFanout
+    from worker.parallel.rank_follower import RankFollower
     from worker.runner import ModelRunner
     from worker.serving_model import load_serving_model
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from worker.__main__ import config_from_args
-from worker.cache_ops import reshape_and_cache
+from worker.attention.cache_ops import reshape_and_cache
 from worker.kv_cache import (
     allocate_kv_caches,
     kv_bytes_per_block,

@@ -3,7 +3,7 @@ Qwen2, Qwen3): pre-norm blocks of grouped-query attention and a SwiGLU MLP.
 
 The variants are flags of one layer, not copies of the model: q/k/v (and o) biases are
 ``Linear`` biases that may be None; Qwen3's per-head q/k RMSNorm is ``q_norm``/``k_norm``
-(None elsewhere). Under tensor parallelism (``worker/parallel_linear.py``) a rank's model holds only its
+(None elsewhere). Under tensor parallelism (``worker/parallel/linear.py``) a rank's model holds only its
 heads and MLP columns: ``num_heads``/``num_kv_heads`` are this rank's, o and down are
 row-parallel (one all-reduce each); with one rank they are the model's. The model owns no KV cache: ``forward`` takes an ``AttentionFn`` that
 receives each layer's rotated q and k and v and returns the attention output; the paged
@@ -20,7 +20,7 @@ import torch
 from worker.models.config import ModelConfig
 from worker.models.layers import GatedMLP, Linear, rms_norm
 from worker.models.rope import RotaryEmbedding, apply_rope
-from worker.parallel_linear import RowParallelLinear, TPShard
+from worker.parallel.linear import RowParallelLinear, TPShard
 
 
 class AttentionFn(Protocol):

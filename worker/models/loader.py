@@ -6,7 +6,7 @@ tensor's shape is checked against config.json before it is used; a tied lm_head 
 embedding itself.
 
 With a ``TPShard`` (tensor parallelism) each rank reads only its slices
-(``worker/parallel_linear.py``: ``shard_spec``), fused the same way; o_proj and down_proj
+(``worker/parallel/linear.py``: ``shard_spec``), fused the same way; o_proj and down_proj
 become row-parallel around the group's all-reduce.
 """
 
@@ -18,7 +18,7 @@ from worker.checkpoint import Checkpoint, CheckpointError
 from worker.models.config import ModelConfig, model_config_from_hf
 from worker.models.decoder import DecoderLayer, DecoderModel
 from worker.models.layers import GatedMLP, Linear
-from worker.parallel_linear import AllReduce, RowParallelLinear, TPShard, narrowed_shape, shard_spec
+from worker.parallel.linear import AllReduce, RowParallelLinear, TPShard, narrowed_shape, shard_spec
 
 # fused name -> the checkpoint's parts, concatenated along dim 0
 STACKED = {

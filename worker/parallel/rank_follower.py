@@ -1,6 +1,6 @@
 """A tensor-parallel rank other than 0: it never talks to the scheduler.
 
-It does what rank 0 fans out (``worker.plan_fanout``), in order: builds its runner from
+It does what rank 0 fans out (``worker.parallel.plan_fanout``), in order: builds its runner from
 the WorkerReady rank 0 accepted, and for each plan first appends the tokens rank 0
 sampled in the step before, then checks, applies and runs the plan on its shard (its
 all-reduces meet rank 0's) without sampling. A plan rank 0 refuses is refused here the
@@ -18,10 +18,10 @@ import torch
 
 from protocol.codec import Codec
 from protocol.worker_messages import SchedulerToWorker, StepPlan, WorkerReady
-from worker.distributed import GroupLost
 from worker.models.decoder import DecoderModel
+from worker.parallel.distributed import GroupLost
+from worker.parallel.plan_fanout import Kind, PlanFanout
 from worker.plan_check import PlanError
-from worker.plan_fanout import Kind, PlanFanout
 from worker.runner import ModelRunner
 
 log = logging.getLogger("worker")

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from worker.cache_ops import KVCacheWriter
+from worker.attention.cache_ops import KVCacheWriter
 
 DEFAULT_WORKSPACE_BYTES = 16 * 1024 * 1024  # per K and per V
 # NOTE: a shared-prefix group costs a dozen small ops per layer (0.1-0.2 ms on the loaded

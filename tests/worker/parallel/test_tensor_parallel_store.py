@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from worker.distributed import GroupError, TPGroup
+from worker.parallel.distributed import GroupError, TPGroup
 
 CPU = torch.device("cpu")
 

@@ -1,7 +1,7 @@
 """Rank 0 of a tensor-parallel group: the one rank that talks to the scheduler.
 
 It is the ordinary process loop (``worker.process``) plus the fan-out: every WorkerReady
-it accepts and every StepPlan it decoded go to the other ranks (``worker.plan_fanout``)
+it accepts and every StepPlan it decoded go to the other ranks (``worker.parallel.plan_fanout``)
 before rank 0 acts on them, so all ranks apply the same plans in step order; the tokens
 it sampled ride with the next plan. Whenever it heartbeats the scheduler it also
 keeps the other ranks' broadcast alive. Its hello says ``rank 0, world_size N``.
@@ -30,9 +30,9 @@ from protocol.worker_messages import (
     WorkerReady,
 )
 from worker.config import WorkerConfig
-from worker.distributed import GroupLost
 from worker.metrics import WorkerMetrics
-from worker.plan_fanout import Kind, PlanFanout
+from worker.parallel.distributed import GroupLost
+from worker.parallel.plan_fanout import Kind, PlanFanout
 from worker.process import WorkerProcess
 from worker.runner import ModelRunner
 from worker.serving_model import ServingModel

@@ -17,7 +17,7 @@ import enum
 import msgspec
 import torch
 
-from worker.distributed import GroupLost, TPGroup
+from worker.parallel.distributed import GroupLost, TPGroup
 
 CAPACITY = 4096
 _LEN = 4

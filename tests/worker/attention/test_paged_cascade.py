@@ -15,11 +15,11 @@ import torch
 from kvtest.hf_models import load_reference, make_checkpoint, reference_generate, reference_logits
 from kvtest.mini_scheduler import MiniScheduler
 
+from worker.attention.paged_attention import PagedAttention
 from worker.block_table import BlockTable
 from worker.checkpoint import Checkpoint
 from worker.kv_cache import allocate_kv_caches
 from worker.models.loader import load_model
-from worker.paged_attention import PagedAttention
 from worker.runner import ModelRunner
 
 BS, KVH, NH, HD, NUM_BLOCKS = 4, 2, 8, 16, 64

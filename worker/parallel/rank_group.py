@@ -26,11 +26,11 @@ import torch
 import zmq
 
 from worker.config import WorkerConfig
-from worker.distributed import GroupLost, TPGroup
-from worker.group_leader import EXIT_GROUP_LOST, GroupLeader
 from worker.metrics import WorkerMetrics
-from worker.plan_fanout import PlanFanout
-from worker.rank_follower import RankFollower
+from worker.parallel.distributed import GroupLost, TPGroup
+from worker.parallel.group_leader import EXIT_GROUP_LOST, GroupLeader
+from worker.parallel.plan_fanout import PlanFanout
+from worker.parallel.rank_follower import RankFollower
 from worker.serving_model import ServingModel
 
 log = logging.getLogger("worker")

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from worker.checkpoint import Checkpoint, CheckpointError
 from worker.models.config import model_config_from_hf
 from worker.models.loader import load_model
-from worker.parallel_linear import RowParallelLinear, ShardError, plan_shard
+from worker.parallel.linear import RowParallelLinear, ShardError, plan_shard
 from worker.tiny.generate import CONFIG
 
 
