@@ -1,4 +1,4 @@
-"""KV cache sizing, size parsing, the paged write, and the command line."""
+"""KV cache sizing, size parsing, and the command line."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from worker.__main__ import config_from_args
-from worker.attention.cache_ops import reshape_and_cache
 from worker.kv_cache import (
     allocate_kv_caches,
     kv_bytes_per_block,
@@ -68,15 +67,3 @@ def test_allocation_layout():
     with pytest.raises(ValueError, match="at least 2 blocks"):
         allocate_kv_caches(1, 1, 4, 2, 8, torch.float32, "cpu")
 
-
-def test_reshape_and_cache_writes_each_token_into_its_slot():
-    bs, kvh, hd = 4, 2, 3
-    cache = allocate_kv_caches(1, 6, bs, kvh, hd, torch.float32, "cpu")[0]  # (2, 6, 4, 2, 3)
-    k = torch.randn(5, kvh, hd)
-    v = torch.randn(5, kvh, hd)
-    slots = torch.tensor([5 * bs + 1, 2 * bs + 0, 2 * bs + 3, 1 * bs + 2, 5 * bs + 0])
-    reshape_and_cache(k, v, cache, slots)
-    for i, s in enumerate(slots.tolist()):
-        assert torch.equal(cache[0, s // bs, s % bs], k[i])
-        assert torch.equal(cache[1, s // bs, s % bs], v[i])
-    assert int((cache != 0).sum()) == 2 * 5 * kvh * hd  # nothing else written

@@ -43,13 +43,3 @@ class KVCacheWriter:
             self.flat[0].index_copy_(0, slot_mapping, key.reshape(T, self.row))
             self.flat[1].index_copy_(0, slot_mapping, value.reshape(T, self.row))
 
-
-def reshape_and_cache(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    kv_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> None:
-    """Write key/value (T, kvh, hd) into the slots (T,) of one layer's cache
-    (2, num_blocks, block_size, kvh, hd). Hot paths keep a KVCacheWriter instead."""
-    KVCacheWriter(kv_cache).write(key, value, slot_mapping)
