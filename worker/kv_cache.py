@@ -12,6 +12,10 @@ import re
 
 import torch
 
+# Same-size integer dtypes by element size: KV copies through numpy are bitwise views
+# (numpy has no bfloat16).
+SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
 _POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 

@@ -36,9 +36,7 @@ import numpy as np
 import torch
 
 from protocol.worker_messages import TierCopies
-
-# Same-size integer dtypes: the copies are bitwise, and numpy has no bfloat16.
-_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+from worker.kv_cache import SAME_SIZE_INT
 
 Run = tuple[int, int, int]  # (first source id, first target id, number of blocks)
 
@@ -57,7 +55,7 @@ def runs(sources: list[int], targets: list[int]) -> list[Run]:
 def _as_numpy(kv: torch.Tensor) -> np.ndarray:
     """A CPU cache (2, blocks, bs, kvh, hd) as a numpy (2, blocks, bs * kvh * hd) view."""
     two, num_blocks = kv.shape[:2]
-    return kv.view(two, num_blocks, -1).view(_BITS[kv.element_size()]).numpy()
+    return kv.view(two, num_blocks, -1).view(SAME_SIZE_INT[kv.element_size()]).numpy()
 
 
 def _copy_runs(dst: np.ndarray, src: np.ndarray, pairs: list[Run]) -> None:

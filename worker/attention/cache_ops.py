@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-# Same-size integer dtypes: the write is a bitwise copy, and numpy has no bfloat16.
-_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+from worker.kv_cache import SAME_SIZE_INT
 
 
 class KVCacheWriter:
@@ -24,7 +23,7 @@ class KVCacheWriter:
         self.flat = kv_cache.view(2, num_blocks * block_size, self.row)  # a view: writes land in the cache
         self.on_cpu = kv_cache.device.type == "cpu"
         if self.on_cpu:
-            self.bits = _BITS[kv_cache.element_size()]
+            self.bits = SAME_SIZE_INT[kv_cache.element_size()]  # the write is a bitwise copy
             cache_np = self.flat.view(self.bits).numpy()  # (2, slots, kvh*hd), shares memory
             self.k_np: np.ndarray = cache_np[0]
             self.v_np: np.ndarray = cache_np[1]
