@@ -24,8 +24,8 @@ class BlockTable:
         pin = device.type == "cuda"
         self.block_table_cpu = torch.zeros((max_num_seqs, max_blocks_per_seq), dtype=torch.int32, pin_memory=pin)
         self.block_table = torch.zeros((max_num_seqs, max_blocks_per_seq), dtype=torch.int32, device=device)
-        # NOTE: a numpy view of the host tensor: row edits through it cost ~1 µs,
-        # against ~10 µs for torch indexing from Python.
+        # NOTE: a numpy view of the host tensor: row edits through it cost far less
+        # than torch indexing from Python.
         self._table_np = self.block_table_cpu.numpy()
         self.num_blocks_per_row = [0] * max_num_seqs
         self.row_of: dict[int, int] = {}

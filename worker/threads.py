@@ -1,19 +1,16 @@
 """How many CPU threads the worker's torch ops use, and at what priority.
 
 torch takes every core by default; the worker shares the machine with the scheduler
-(and the frontend), so its threads then fight them for the cores: on 2 cores the
-tiny checkpoint decoded 23-65 tok/s with torch's default and 400-526 with one thread
-(`make compare`). vLLM's CPU backend binds one core fewer than the machine has; so
-does the worker, unless OMP_NUM_THREADS says otherwise.
+(and the frontend), so its threads then fight them for the cores, and decoding slows
+by several times (`make compare` shows it). vLLM's CPU backend binds one core fewer
+than the machine has; so does the worker, unless OMP_NUM_THREADS says otherwise.
 
 Priority: on CPU the worker runs at nice 5 (``--cpu-nice``). It shares the cores with the
 scheduler and the frontend, which do little but must answer at once: a burst of requests
 is tokenized and admitted while the worker computes. At equal priority the worker's
-compute threads (OpenMP spins between ops) held them back: with two threads on 2 cores,
-`prefix-c64` at nice 0 and at nice 5 in seven pairs of alternated runs, TTFT p50 was
-lower at nice 5 in six (476, 476, 394, 418, 416, 388, 461 ms against 416, 361, 466, 397,
-405, 299, 350) and output tok/s higher in six. When nothing else wants the cores, nice
-costs the worker nothing.
+compute threads (OpenMP spins between ops) held them back: in alternated runs of
+`prefix-c64` at nice 0 and at nice 5, TTFT was lower and output throughput higher at
+nice 5 in most pairs. When nothing else wants the cores, nice costs the worker nothing.
 """
 
 from __future__ import annotations

@@ -13,9 +13,8 @@ block is two contiguous chunks (K and V) of ``block_size * kvh * hd`` elements.
   consecutive (source, target) ids, usually one per block.
   NOTE: not one fancy-indexed copy per layer: numpy's ``host[:, h] = dev[:, d]`` and
   torch's ``index_copy_(index_select(...))`` go through a temporary (gather, then
-  scatter) and measured 2.9 and 3.5 GB/s against 8.4 GB/s for ``copy_`` of the same
-  32 MiB (512 blocks of 64 KiB, one thread), the slice loop 6.6 GB/s
-  (``python -m bench offload`` measures it against copy_ every run).
+  scatter), so they reach well under ``copy_``'s bandwidth, and the slice loop comes
+  closer (``python -m bench offload`` measures it against copy_ every run).
 * CUDA (host tier pinned): per layer one ``index_select`` on the device and one
   asynchronous device-to-host copy of the gathered blocks (stores), one host
   ``index_select`` into a pinned buffer, one asynchronous host-to-device copy and one

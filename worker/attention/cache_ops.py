@@ -32,9 +32,9 @@ class KVCacheWriter:
         """key, value: (T, kvh, hd); slot_mapping: (T,) int64."""
         T = key.shape[0]
         if self.on_cpu:
-            # NOTE: numpy's fancy-index assignment copies each slot's row as one block;
-            # torch's CPU index_copy_/index_put_ reach ~55% of copy_'s bandwidth here
-            # against numpy's ~80% (bench/worker_bench.py).
+            # NOTE: numpy's fancy-index assignment copies each slot's row as one block,
+            # closer to copy_'s bandwidth than torch's CPU index_copy_/index_put_
+            # (bench/worker_bench.py).
             slots = slot_mapping.numpy()
             self.k_np[slots] = key.reshape(T, self.row).view(self.bits).numpy()
             self.v_np[slots] = value.reshape(T, self.row).view(self.bits).numpy()

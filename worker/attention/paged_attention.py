@@ -10,7 +10,7 @@ chunks (several consecutive tokens of one request, possibly starting mid-sequenc
   (None when no row is padded). GQA without copies: the query heads of a kv head become
   SDPA's query-length axis, (n, kvh, group, hd).
   NOTE: grouping keeps the gathered K/V hot in the CPU cache for SDPA (one gather of a
-  whole 64 x 1000-token batch is ~1.6x slower than groups of ~8 requests).
+  whole large batch is slower than several groups of a few requests).
 * Shared prefixes (cascade attention, as vLLM's ``cascade_attention``; on CPU): decode
   rows whose leading blocks are the same physical blocks (prefix caching) attend to
   those blocks together: the prefix is gathered once per group, not once per row, and
@@ -38,10 +38,9 @@ import torch.nn.functional as F
 from worker.attention.cache_ops import KVCacheWriter
 
 DEFAULT_WORKSPACE_BYTES = 16 * 1024 * 1024  # per K and per V
-# NOTE: a shared-prefix group costs a dozen small ops per layer (0.1-0.2 ms on the loaded
-# 2-core machine); below this many gathered tokens saved ((rows - 1) x prefix length) the
-# plain path was faster: groups saving 256 and 768 tokens (8 and 16 rows over 4 prefixes
-# of 256) ran 0.70x and 0.84x, 3,840 (64 rows) 1.3x (bench/worker_bench.py's shape).
+# NOTE: a shared-prefix group costs a dozen small ops per layer; below this many
+# gathered tokens saved ((rows - 1) x prefix length) the plain path was faster
+# (bench/worker_bench.py's shape).
 DEFAULT_CASCADE_MIN_TOKENS = 2048
 
 # The CPU flash kernel behind SDPA, which also returns the log-sum-exp of each query's

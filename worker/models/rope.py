@@ -53,9 +53,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     a new contiguous (T, heads, hd).
 
     NOTE: each half is written in place of a ``cat``: four ops instead of seven, no
-    temporaries. q and k of a 1,722-token step (8 + 2 heads of 32), in a microbenchmark:
-    apart with ``cat`` 3.3 ms, together with ``cat`` 0.86 ms (same run); together with
-    ``cat`` 0.76 ms, in place 0.57 ms (a second run)."""
+    temporaries, which a microbenchmark of q and k of a long step found faster."""
     x1, x2 = x.chunk(2, dim=-1)  # (T, heads, hd/2) each
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     o1, o2 = out.chunk(2, dim=-1)
