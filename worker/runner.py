@@ -32,7 +32,7 @@ class RowState:
 
 
 @dataclass(slots=True)
-class StepOutput:
+class ModelRunnerOutput:
     seq_ids: list[int]
     sampled_token_ids: list[int]
     logits: torch.Tensor | None  # (len(seq_ids), V), row i for seq_ids[i]
@@ -121,7 +121,7 @@ class ModelRunner:
             self.rows[sid].token_ids.append(tok)
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan) -> StepOutput:
+    def execute(self, plan: StepPlan) -> ModelRunnerOutput:
         """Check, apply and run one plan. Raises PlanError (state unchanged) if the
         plan breaks the contract."""
         check_plan(plan, self.next_step_id, self.rows.keys(), self._row_view, self.limits)
@@ -137,7 +137,7 @@ class ModelRunner:
                 self.tier.finish()
         return self._forward(plan)
 
-    def _forward(self, plan: StepPlan) -> StepOutput:
+    def _forward(self, plan: StepPlan) -> ModelRunnerOutput:
         scheduled = plan.num_scheduled_tokens
         row_of = self.block_table.row_of
         # Decodes (one token) first, then prefill chunks: see paged_attention.
@@ -159,7 +159,7 @@ class ModelRunner:
                 pre_rows.extend([row_of[sid]] * n)
         num_tokens = len(dec_tokens) + len(pre_tokens)
         if num_tokens == 0:
-            return StepOutput([], [], None, 0)
+            return ModelRunnerOutput([], [], None, 0)
         dev = self.device
         token_ids = torch.tensor(dec_tokens + pre_tokens, dtype=torch.long, device=dev)  # (T,)
         positions = torch.tensor(dec_pos + pre_pos, dtype=torch.long, device=dev)  # (T,)
@@ -189,9 +189,9 @@ class ModelRunner:
         self.num_tokens_computed += num_tokens
         self.kv_bytes_written += num_tokens * self._kv_bytes_per_token
         if not sample_seq:
-            return StepOutput([], [], None, num_tokens)
+            return ModelRunnerOutput([], [], None, num_tokens)
         if not self.samples:
-            return StepOutput(sample_seq, [], None, num_tokens)
+            return ModelRunnerOutput(sample_seq, [], None, num_tokens)
         idx = torch.tensor(sample_idx, dtype=torch.long, device=dev)
         logits = self.model.compute_logits(hidden[idx])  # (N, V)
         rows = self.rows
@@ -200,4 +200,4 @@ class ModelRunner:
         sampled, logprobs = self.sampling.sample(logits, table_rows, num_outputs)
         for sid, tok in zip(sample_seq, sampled, strict=True):
             rows[sid].token_ids.append(tok)
-        return StepOutput(sample_seq, sampled, logits, num_tokens, logprobs)
+        return ModelRunnerOutput(sample_seq, sampled, logits, num_tokens, logprobs)
