@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 
 from bench.table import Row
 from protocol.worker_messages import RequestRow, StepPlan
-from worker.attention.paged_attention import DEFAULT_CASCADE_MIN_TOKENS
+from worker.attention.cascade import DEFAULT_CASCADE_MIN_TOKENS
 from worker.checkpoint import Checkpoint
 from worker.kv_cache import allocate_kv_caches
 from worker.models.loader import load_model

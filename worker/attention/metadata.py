@@ -1,0 +1,60 @@
+"""What attention needs for one step (``AttentionMetadata``), built once per step by
+``PagedAttention.build_metadata`` and shared by every layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    start: int  # token range [start, end) among the step's decode tokens
+    end: int
+    block_ids: torch.Tensor  # (n * num_ctx_blocks,) int64: each row's blocks after its shared prefix
+    num_ctx_blocks: int
+    bias: torch.Tensor | None  # (n, 1, 1, num_ctx_blocks * block_size), 0 or -inf; None: no padding
+
+
+@dataclass(slots=True)
+class SharedPrefix:
+    token_idx: torch.Tensor  # (m,) int64: the group's rows among the decode tokens
+    start: int  # the same rows as the range [start, end) of the decode order attention uses
+    end: int
+    block_ids: torch.Tensor  # (num_blocks,) int64: the prefix every row of the group starts with
+    num_blocks: int
+    first_block: int | None  # the id of its first block when the ids run consecutively
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    start: int  # token range [start, end) in the step batch
+    end: int
+    block_ids: torch.Tensor  # (num_ctx_blocks,) int64
+    num_ctx_blocks: int
+    mask: torch.Tensor  # (n, num_ctx_blocks * block_size) bool, causal from num_computed
+    first_block: int | None  # the id of its first block when the ids run consecutively
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Everything attention needs for one step; built once, shared by every layer."""
+
+    slot_mapping: torch.Tensor  # (T,) int64
+    num_decode_tokens: int
+    decode_groups: list[DecodeGroup]
+    prefills: list[PrefillChunk]
+    shared_prefixes: list[SharedPrefix]
+    # With shared prefixes, decode attention runs in an order where each group's rows are
+    # adjacent, groups first (the last group ends where the ungrouped rows start):
+    # decode_order[j] is the step's decode token at place j.
+    decode_order: torch.Tensor | None = None
+
+
+def first_if_consecutive(ids: np.ndarray) -> int | None:
+    """ids[0] when the block ids run ids[0], ids[0] + 1, ...; else None."""
+    if len(ids) == 0 or (len(ids) > 1 and not (np.diff(ids) == 1).all()):
+        return None
+    return int(ids[0])
