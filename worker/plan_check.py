@@ -96,21 +96,10 @@ def check_plan(
     limits: Limits,
 ) -> None:
     """Raise PlanError if ``plan`` cannot be applied to the live rows; change nothing."""
-    step = plan.step_id
-    if step != expected_step_id:
-        kind = "a repeat" if step < expected_step_id else "a gap"
-        raise PlanError(f"step_id {step} is {kind}: expected step_id {expected_step_id}")
-    where = f"step {step}"
+    where = _check_step_id(plan.step_id, expected_step_id)
     if plan.tier_copies is not None:
         check_tier_copies(plan.tier_copies, limits, where)
-    removed: set[int] = set()
-    for field, ids in (("finished_seq_ids", plan.finished_seq_ids), ("preempted_seq_ids", plan.preempted_seq_ids)):
-        for sid in ids:
-            if sid not in live_seq_ids:
-                raise PlanError(f"{where}: unknown seq_id {sid} in {field}")
-            if sid in removed:
-                raise PlanError(f"{where}: seq_id {sid} is removed twice (finished_seq_ids/preempted_seq_ids)")
-            removed.add(sid)
+    removed = _removed_seq_ids(plan, live_seq_ids, where)
     overlay: dict[int, RowView] = {}
 
     def exists(sid: int) -> bool:
@@ -119,6 +108,40 @@ def check_plan(
     def view(sid: int) -> RowView:
         return overlay[sid] if sid in overlay else row_view(sid)
 
+    _overlay_rows(plan, overlay, exists, limits, where)
+    _overlay_appended(plan, overlay, exists, view, limits, where)
+    untouched = [sid for sid in live_seq_ids if sid not in removed and sid not in overlay]
+    num_rows = len(untouched) + len(overlay)
+    if num_rows > limits.max_num_seqs:
+        raise PlanError(f"{where}: {num_rows} live rows, more than max_num_seqs {limits.max_num_seqs}")
+    _check_scheduled(plan, (*untouched, *overlay), exists, view, limits, where)
+
+
+def _check_step_id(step: int, expected_step_id: int) -> str:
+    """Plans come in step order, each once; the place to name in errors."""
+    if step != expected_step_id:
+        kind = "a repeat" if step < expected_step_id else "a gap"
+        raise PlanError(f"step_id {step} is {kind}: expected step_id {expected_step_id}")
+    return f"step {step}"
+
+
+def _removed_seq_ids(plan: StepPlan, live_seq_ids: Collection[int], where: str) -> set[int]:
+    """The finished and preempted rows: each live, and removed once."""
+    removed: set[int] = set()
+    for field, ids in (("finished_seq_ids", plan.finished_seq_ids), ("preempted_seq_ids", plan.preempted_seq_ids)):
+        for sid in ids:
+            if sid not in live_seq_ids:
+                raise PlanError(f"{where}: unknown seq_id {sid} in {field}")
+            if sid in removed:
+                raise PlanError(f"{where}: seq_id {sid} is removed twice (finished_seq_ids/preempted_seq_ids)")
+            removed.add(sid)
+    return removed
+
+
+def _overlay_rows(
+    plan: StepPlan, overlay: dict[int, RowView], exists: Callable[[int], bool], limits: Limits, where: str
+) -> None:
+    """New rows (not live yet) and resumed rows (each once) into the overlay."""
     for row in plan.new_rows:
         if exists(row.seq_id):
             raise PlanError(f"{where}: new row seq_id {row.seq_id} is already live")
@@ -129,6 +152,17 @@ def check_plan(
         # NOTE: a resumed row replaces its live row whole, or comes back after its
         # preemption dropped it; either way it is live afterwards.
         overlay[row.seq_id] = check_row(row, limits, f"{where} resumed_rows")
+
+
+def _overlay_appended(
+    plan: StepPlan,
+    overlay: dict[int, RowView],
+    exists: Callable[[int], bool],
+    view: Callable[[int], RowView],
+    limits: Limits,
+    where: str,
+) -> None:
+    """Appended block ids onto their rows in the overlay, within max_blocks_per_seq."""
     for ap in plan.appended:
         if not exists(ap.seq_id):
             raise PlanError(f"{where}: unknown seq_id {ap.seq_id} in appended")
@@ -138,17 +172,25 @@ def check_plan(
         if n_blocks > limits.max_blocks_per_seq:
             raise PlanError(f"{where}: appending to seq_id {ap.seq_id} makes {n_blocks} blocks, past max_blocks_per_seq {limits.max_blocks_per_seq}")
         overlay[ap.seq_id] = (n_tokens, computed, n_blocks)
-    untouched = [sid for sid in live_seq_ids if sid not in removed and sid not in overlay]
-    num_rows = len(untouched) + len(overlay)
-    if num_rows > limits.max_num_seqs:
-        raise PlanError(f"{where}: {num_rows} live rows, more than max_num_seqs {limits.max_num_seqs}")
+
+
+def _check_scheduled(
+    plan: StepPlan,
+    live_rows: tuple[int, ...],
+    exists: Callable[[int], bool],
+    view: Callable[[int], RowView],
+    limits: Limits,
+    where: str,
+) -> None:
+    """Every scheduled row exists; every live row's scheduled tokens (1 unless named)
+    exist and fit its blocks."""
     for sid, n in plan.num_scheduled_tokens.items():
         if not exists(sid):
             raise PlanError(f"{where}: unknown seq_id {sid} in num_scheduled_tokens")
         if n < 0:
             raise PlanError(f"{where}: seq_id {sid} has a negative number of scheduled tokens ({n})")
     scheduled = plan.num_scheduled_tokens
-    for sid in (*untouched, *overlay):
+    for sid in live_rows:
         n = scheduled.get(sid, 1)
         n_tokens, computed, n_blocks = view(sid)
         if computed + n > n_tokens:
