@@ -40,6 +40,20 @@ class ModelRunnerOutput:
     logprobs: list[RowLogprobs | None] | None = None  # per seq_ids[i], when asked
 
 
+@dataclass(slots=True)
+class _StepInputs:
+    """One step's scheduled tokens, decodes first (see ``ModelRunner._prepare_inputs``)."""
+
+    decode_seq_ids: list[int]
+    prefill_seq_ids: list[int]
+    decode_rows: list[int]  # per decode token, its block-table row
+    decode_context_lens: list[int]  # per decode token, its position + 1
+    prefills: list[tuple[int, int, int]]  # per prefill chunk, (row, num_computed, n)
+    token_ids: list[int]  # (T,) the step's tokens
+    positions: list[int]  # (T,)
+    rows: list[int]  # (T,) each token's block-table row
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -138,9 +152,33 @@ class ModelRunner:
         return self._forward(plan)
 
     def _forward(self, plan: StepPlan) -> ModelRunnerOutput:
+        inputs = self._prepare_inputs(plan)
+        num_tokens = len(inputs.token_ids)
+        if num_tokens == 0:
+            return ModelRunnerOutput([], [], None, 0)
+        dev = self.device
+        token_ids = torch.tensor(inputs.token_ids, dtype=torch.long, device=dev)  # (T,)
+        positions = torch.tensor(inputs.positions, dtype=torch.long, device=dev)  # (T,)
+        rows = torch.tensor(inputs.rows, dtype=torch.long, device=dev)  # (T,)
+        slot_mapping = self.block_table.compute_slot_mapping(rows, positions)  # (T,)
+        md = self.attention.build_metadata(
+            self.block_table.block_table, slot_mapping, inputs.decode_rows, inputs.decode_context_lens, inputs.prefills
+        )
+        hidden = self.model.forward(token_ids, positions, self.attention.for_step(md))  # (T, H)
+        sample_seq, sample_idx = self._advance(inputs)
+        self.num_tokens_computed += num_tokens
+        self.kv_bytes_written += num_tokens * self._kv_bytes_per_token
+        if not sample_seq:
+            return ModelRunnerOutput([], [], None, num_tokens)
+        if not self.samples:
+            return ModelRunnerOutput(sample_seq, [], None, num_tokens)
+        return self._sample(hidden, sample_seq, sample_idx, num_tokens)
+
+    def _prepare_inputs(self, plan: StepPlan) -> _StepInputs:
+        """The step's tokens laid out decodes (one token) first, then prefill chunks:
+        see worker.attention.paged_attention."""
         scheduled = plan.num_scheduled_tokens
         row_of = self.block_table.row_of
-        # Decodes (one token) first, then prefill chunks: see paged_attention.
         dec_seq, dec_rows, dec_tokens, dec_pos = [], [], [], []
         pre_seq, pre_chunks, pre_tokens, pre_pos, pre_rows = [], [], [], [], []
         for sid, st in self.rows.items():
@@ -157,44 +195,37 @@ class ModelRunner:
                 pre_tokens.extend(st.token_ids[c : c + n])
                 pre_pos.extend(range(c, c + n))
                 pre_rows.extend([row_of[sid]] * n)
-        num_tokens = len(dec_tokens) + len(pre_tokens)
-        if num_tokens == 0:
-            return ModelRunnerOutput([], [], None, 0)
-        dev = self.device
-        token_ids = torch.tensor(dec_tokens + pre_tokens, dtype=torch.long, device=dev)  # (T,)
-        positions = torch.tensor(dec_pos + pre_pos, dtype=torch.long, device=dev)  # (T,)
-        rows = torch.tensor(dec_rows + pre_rows, dtype=torch.long, device=dev)  # (T,)
-        slot_mapping = self.block_table.compute_slot_mapping(rows, positions)  # (T,)
-        md = self.attention.build_metadata(
-            self.block_table.block_table, slot_mapping, dec_rows, [p + 1 for p in dec_pos], pre_chunks
+        return _StepInputs(
+            dec_seq, pre_seq, dec_rows, [p + 1 for p in dec_pos], pre_chunks,
+            dec_tokens + pre_tokens, dec_pos + pre_pos, dec_rows + pre_rows,
         )
-        hidden = self.model.forward(token_ids, positions, self.attention.for_step(md))  # (T, H)
 
-        # Advance computed counts; rows that reach their token count sample.
+    def _advance(self, inputs: _StepInputs) -> tuple[list[int], list[int]]:
+        """Advance computed counts; the rows that reach their token count sample: their
+        seq ids, and the index of each one's last token among the step's."""
         sample_seq, sample_idx = [], []
-        for i, sid in enumerate(dec_seq):
+        for i, sid in enumerate(inputs.decode_seq_ids):
             st = self.rows[sid]
             st.num_computed_tokens += 1
             if st.num_computed_tokens == len(st.token_ids):
                 sample_seq.append(sid)
                 sample_idx.append(i)
-        offset = len(dec_seq)
-        for sid, (_, _, n) in zip(pre_seq, pre_chunks, strict=True):
+        offset = len(inputs.decode_seq_ids)
+        for sid, (_, _, n) in zip(inputs.prefill_seq_ids, inputs.prefills, strict=True):
             st = self.rows[sid]
             st.num_computed_tokens += n
             offset += n
             if st.num_computed_tokens == len(st.token_ids):
                 sample_seq.append(sid)
                 sample_idx.append(offset - 1)
-        self.num_tokens_computed += num_tokens
-        self.kv_bytes_written += num_tokens * self._kv_bytes_per_token
-        if not sample_seq:
-            return ModelRunnerOutput([], [], None, num_tokens)
-        if not self.samples:
-            return ModelRunnerOutput(sample_seq, [], None, num_tokens)
-        idx = torch.tensor(sample_idx, dtype=torch.long, device=dev)
+        return sample_seq, sample_idx
+
+    def _sample(self, hidden: torch.Tensor, sample_seq: list[int], sample_idx: list[int], num_tokens: int) -> ModelRunnerOutput:
+        """hidden (T, H): one token for each row of ``sample_seq`` from its hidden state
+        at ``sample_idx``, appended to the row."""
+        idx = torch.tensor(sample_idx, dtype=torch.long, device=self.device)
         logits = self.model.compute_logits(hidden[idx])  # (N, V)
-        rows = self.rows
+        rows, row_of = self.rows, self.block_table.row_of
         table_rows = [row_of[sid] for sid in sample_seq]
         num_outputs = [len(rows[sid].token_ids) - rows[sid].num_prompt_tokens for sid in sample_seq]
         sampled, logprobs = self.sampling.sample(logits, table_rows, num_outputs)
