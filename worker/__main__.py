@@ -1,51 +1,27 @@
-"""``python -m worker`` / ``kvpool-worker``: the worker process.
+"""``python -m worker`` / ``kvpool-worker``: the worker process's entry.
 
-Builds the one frozen WorkerConfig from the command line, loads the checkpoint
-(``--model DIR``, or the tiny default generated on first use), sizes the KV cache from
-the memory budget, allocates it, then runs the process loop (``worker.process``)
-against the scheduler's worker port. A checkpoint that cannot be served, or a KV
-budget the device cannot hold, exits 2 before hello.
+Builds the one frozen WorkerConfig from the command line (a bad flag exits 2 with
+argparse's usage and the reason), then hands it to ``worker.startup``, which loads the
+checkpoint, sizes and allocates the KV cache and runs the process loop.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
-import signal
 import sys
 
 import torch
 import zmq
 
 from protocol.curve import CurveKeyError, load_keypair
-from worker.checkpoint import CheckpointError
 from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
-from worker.device_memory import check_host_tier_budget, check_kv_budget
-from worker.kv_cache import (
-    allocate_host_kv_caches,
-    allocate_kv_caches,
-    cuda_kv_budget,
-    kv_bytes_per_block,
-    num_blocks_for_budget,
-    parse_size,
-)
-from worker.metrics import WorkerMetrics
-from worker.models.config import DTYPES, ModelConfigError
-from worker.parallel.distributed import GroupError, TPGroup, parse_init_method
-from worker.parallel.rank_group import (
-    LocalRanks,
-    rank_device,
-    run_rank,
-    threads_per_rank,
-)
-from worker.process import WorkerProcess, WorkerStopping
+from worker.kv_cache import parse_size
+from worker.models.config import DTYPES
+from worker.parallel.distributed import parse_init_method
 from worker.sampling_state import check_global_seed
-from worker.serving_model import check_shardable, load_serving_model
-from worker.threads import lower_cpu_priority, set_cpu_threads
-
-log = logging.getLogger("worker")
+from worker.startup import run
 
 
 def _size(text: str) -> int:
@@ -172,10 +148,33 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
+    _check_block_size_and_port(p, a)
+    _check_scheduler_link(p, a)
+    _check_lengths(p, a)
+    _check_ranks(p, a, device)
+    if not 0 <= a.cpu_nice <= 19:
+        p.error(f"--cpu-nice must be 0..19 (a nice value; lowering the priority needs no privilege), got {a.cpu_nice}")
+    _check_distributed_timeout(p, a)
+    return WorkerConfig(
+        scheduler=a.scheduler, model=a.model, device=device, dtype=a.dtype, max_model_len=a.max_model_len,
+        kv_cache_memory=a.kv_cache_memory, gpu_memory_utilization=a.gpu_memory_utilization,
+        max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size, kv_offloading_size=a.kv_offloading_size, seed=a.seed, http_port=a.http_port,
+        log_level=a.log_level, scheduler_timeout_s=a.scheduler_timeout, reconnect=a.reconnect,
+        curve_client_key=a.curve_client_key, curve_server_key=a.curve_server_key,
+        tensor_parallel_size=a.tensor_parallel_size, rank=a.rank, distributed_init_method=a.distributed_init_method,
+        distributed_timeout_s=a.distributed_timeout, cpu_nice=a.cpu_nice,
+    )
+
+
+def _check_block_size_and_port(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if a.block_size < 1:
         p.error(f"--block-size must be positive, got {a.block_size}")
     if not 0 <= a.http_port < 65536:
         p.error(f"--http-port must be 0..65535, got {a.http_port}")
+
+
+def _check_scheduler_link(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """--scheduler, --scheduler-timeout and the CURVE certificates."""
     if (why := _check_endpoint(a.scheduler)) is not None:
         p.error(why)
     if a.scheduler_timeout <= 0:
@@ -188,10 +187,17 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
             load_keypair(a.curve_server_key, need_secret=False)
         except CurveKeyError as e:
             p.error(str(e))
+
+
+def _check_lengths(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if a.max_model_len is not None and a.max_model_len < 1:
         p.error(f"--max-model-len must be positive, got {a.max_model_len}")
     if a.max_num_batched_tokens < 1:
         p.error(f"--max-num-batched-tokens must be positive, got {a.max_num_batched_tokens}")
+
+
+def _check_ranks(p: argparse.ArgumentParser, a: argparse.Namespace, device: str) -> None:
+    """--tensor-parallel-size, --rank and --distributed-init-method together."""
     if a.tensor_parallel_size < 1:
         p.error(f"--tensor-parallel-size must be positive, got {a.tensor_parallel_size}")
     if a.rank is not None and not 0 <= a.rank < a.tensor_parallel_size:
@@ -208,140 +214,21 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
     if device == "cuda" and a.rank is None and a.tensor_parallel_size > torch.cuda.device_count():
         p.error(f"--tensor-parallel-size {a.tensor_parallel_size} on CUDA starts that many ranks on this host, one device each; "
                 f"it has {torch.cuda.device_count()} (NCCL refuses two ranks on one device)")
-    if not 0 <= a.cpu_nice <= 19:
-        p.error(f"--cpu-nice must be 0..19 (a nice value; lowering the priority needs no privilege), got {a.cpu_nice}")
+
+
+def _check_distributed_timeout(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if a.distributed_timeout <= 0:
         p.error(f"--distributed-timeout must be positive, got {a.distributed_timeout}")
     if a.tensor_parallel_size > 1 and a.distributed_timeout <= a.scheduler_timeout:
         # NOTE: while rank 0 waits for WorkerReady it broadcasts nothing.
         p.error(f"--distributed-timeout {a.distributed_timeout:g} must be longer than --scheduler-timeout "
                 f"{a.scheduler_timeout:g}: the other ranks wait that long for rank 0's handshake")
-    return WorkerConfig(
-        scheduler=a.scheduler, model=a.model, device=device, dtype=a.dtype, max_model_len=a.max_model_len,
-        kv_cache_memory=a.kv_cache_memory, gpu_memory_utilization=a.gpu_memory_utilization,
-        max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size, kv_offloading_size=a.kv_offloading_size, seed=a.seed, http_port=a.http_port,
-        log_level=a.log_level, scheduler_timeout_s=a.scheduler_timeout, reconnect=a.reconnect,
-        curve_client_key=a.curve_client_key, curve_server_key=a.curve_server_key,
-        tensor_parallel_size=a.tensor_parallel_size, rank=a.rank, distributed_init_method=a.distributed_init_method,
-        distributed_timeout_s=a.distributed_timeout, cpu_nice=a.cpu_nice,
-    )
-
-def _on_sigterm(_signum, _frame) -> None:
-    raise WorkerStopping()
 
 
 def main(argv: list[str] | None = None) -> int:
     config = config_from_args(argv)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if config.device == "cpu":
-        nice = lower_cpu_priority(config.cpu_nice)
-        log.info("torch uses %d CPU thread(s), at nice %d", set_cpu_threads(), nice)
-    group = local_ranks = None
-    try:
-        if config.tensor_parallel_size > 1:
-            if config.rank is None:
-                check_shardable(config.model, config.tensor_parallel_size)
-            group, local_ranks = start_group(config, sys.argv[1:] if argv is None else list(argv))
-        device = config.device if group is None else str(group.device)
-        serving = load_serving_model(config.model, config.dtype, device, config.max_model_len, group, config.block_size)
-        if group is not None:
-            group.start()
-        return _serve(config, serving, group)
-    except (CheckpointError, ModelConfigError) as e:
-        log.error("cannot serve this checkpoint: %s", e)
-        return 2
-    except GroupError as e:
-        log.error("%s", e)
-        return 2
-    finally:
-        if group is not None:
-            group.close()
-        if local_ranks is not None:
-            local_ranks.stop()
-
-
-def start_group(config: WorkerConfig, argv: list[str]) -> tuple[TPGroup, LocalRanks | None]:
-    """This rank's group; rank 0 without --rank first starts ranks 1..N-1 here."""
-    n, rank = config.tensor_parallel_size, config.rank or 0
-    # NOTE: rank 0 listens first (on port 0: a free loopback port), then starts the others.
-    init_method = config.distributed_init_method or "tcp://127.0.0.1:0"
-    group = TPGroup(rank, n, init_method, rank_device(config.device, rank), config.distributed_timeout_s, config.distributed_timeout_s)
-    if config.rank is not None:
-        return group, None
-    per_rank = threads_per_rank(n)
-    if config.device == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
-        torch.set_num_threads(per_rank)
-    local = LocalRanks(argv, n, group.init_method, per_rank)
-    log.info("rank 0 of %d: started ranks 1..%d (pids %s), store at %s", n, n - 1, local.pids, group.init_method)
-    return group, local
-
-
-def _serve(config: WorkerConfig, serving, group: TPGroup | None) -> int:
-    m, model = serving.config, serving.model
-    log.info("%s from %s: %s, %s on %s, loaded in %.2f s", m.architecture, serving.directory, serving.identity,
-             serving.dtype, model.device, serving.load_seconds)
-    if config.kv_cache_memory is not None:
-        budget = config.kv_cache_memory
-    elif config.device == "cuda":
-        from worker.profile import profile_activation_peak
-
-        peak = profile_activation_peak(model, config.max_num_batched_tokens)
-        budget = cuda_kv_budget(model.device, config.gpu_memory_utilization, peak)
-        log.info("activation peak of a %d-token forward: %d bytes", config.max_num_batched_tokens, peak)
-    else:
-        budget = CPU_DEFAULT_KV_CACHE_MEMORY
-    # NOTE: under tensor parallelism this rank's KV heads only; the pool is the smallest count over ranks.
-    per_block = kv_bytes_per_block(m.num_layers, config.block_size, model.num_kv_heads, m.head_dim, DTYPES[serving.dtype])
-    num_blocks = num_blocks_for_budget(budget, per_block)
-    if group is not None:
-        num_blocks = group.min_over_ranks("num_blocks", num_blocks)
-    if num_blocks < 2:
-        log.error("a KV budget of %d bytes holds %d blocks of %d bytes; at least 2 are needed", budget, num_blocks, per_block)
-        return 2
-    log.info("device %s, dtype %s: %d KV blocks of %d bytes fit a budget of %d bytes", model.device, serving.dtype, num_blocks, per_block, budget)
-    try:
-        check_kv_budget(num_blocks * per_block, model.device)
-        kv_caches = allocate_kv_caches(m.num_layers, num_blocks, config.block_size, model.num_kv_heads, m.head_dim, DTYPES[serving.dtype], model.device)
-    except (ValueError, RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
-        log.error("cannot allocate the KV cache (%d blocks of %d bytes): %s", num_blocks, per_block, e)
-        return 2
-    host_caches = None
-    if config.kv_offloading_size > 0:
-        num_host = int(config.kv_offloading_size * 2**30) // per_block
-        if group is not None:
-            num_host = group.min_over_ranks("num_host_blocks", num_host)
-        if num_host < 1:
-            log.error("--kv-offloading-size %g GiB holds no KV block of %d bytes", config.kv_offloading_size, per_block)
-            return 2
-        try:
-            check_host_tier_budget(num_host * per_block)
-            host_caches = allocate_host_kv_caches(kv_caches, num_host)
-        except (ValueError, RuntimeError, MemoryError) as e:
-            log.error("cannot allocate the host KV tier (%d blocks of %d bytes): %s", num_host, per_block, e)
-            return 2
-        log.info("host KV tier: %d blocks of %d bytes (%g GiB)%s", num_host, per_block, config.kv_offloading_size,
-                 ", pinned" if host_caches[0].is_pinned() else "")
-    metrics = None
-    if config.http_port and (group is None or group.rank == 0):
-        metrics = WorkerMetrics()
-        try:
-            metrics.serve(config.http_port)
-        except OSError as e:
-            log.error("cannot serve /metrics on 127.0.0.1:%d: %s (choose another --http-port, or 0 to disable)", config.http_port, e)
-            return 2
-    ctx = zmq.Context()
-    try:
-        # NOTE: only now, with a scheduler to tell; before, SIGTERM simply ends the process.
-        signal.signal(signal.SIGTERM, _on_sigterm)
-        if group is not None:
-            return run_rank(config, serving, kv_caches, metrics, group, ctx, host_caches)
-        return WorkerProcess(config, serving, kv_caches, metrics, host_caches).run(ctx)
-    except WorkerStopping:
-        return 0
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        ctx.destroy(linger=0)
+    return run(config, sys.argv[1:] if argv is None else list(argv))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 A plain blocking ZeroMQ DEALER with poll timeouts. Every message is one frame (a
 msgspec msgpack message; the scheduler's ROUTER sees ``[identity, frame]``).
 
-* The KV cache is allocated before any of this (``worker.__main__``): a hello
+* The KV cache is allocated before any of this (``worker.startup``): a hello
   promises only memory the worker holds.
 * Connect, send WorkerHello, wait for WorkerReady; use the number of blocks the
   scheduler chose (at most ours) with no rows, and acknowledge with a Heartbeat
@@ -17,7 +17,7 @@ msgspec msgpack message; the scheduler's ROUTER sees ``[identity, frame]``).
   interval.
 * Silence from the scheduler for ``scheduler_timeout_s``: exit 3, or with
   ``reconnect`` drop every row and handshake again.
-* SIGTERM (``WorkerStopping``, raised by the handler ``worker.__main__`` installs):
+* SIGTERM (``WorkerStopping``, raised by the handler ``worker.startup`` installs):
   tell the scheduler with WorkerExit and exit 0.
 """
 

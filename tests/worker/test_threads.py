@@ -24,7 +24,7 @@ def test_one_core_fewer_than_the_machine_unless_told(env, cpus, expected):
 
 
 def test_the_worker_and_the_threads_torch_starts_after_run_at_the_nice_asked():
-    # As worker.__main__ does it: torch imported first, the priority lowered, then the
+    # As worker.startup does it: torch imported first, the priority lowered, then the
     # threads set and a parallel op run. Every thread of the process must be at nice 5.
     code = textwrap.dedent("""
         import os

@@ -7,7 +7,7 @@ all-reduces meet rank 0's) without sampling. A plan rank 0 refuses is refused he
 same way (the same check over the same state), so no rank's rows change.
 
 Exits 0 on STOP; ``GroupLost`` (rank 0 died, or stopped broadcasting for longer than
-``--distributed-timeout``) propagates to ``worker.__main__``.
+``--distributed-timeout``) propagates to ``run_rank`` (``worker.parallel.rank_group``).
 """
 
 from __future__ import annotations
