@@ -1,8 +1,8 @@
 """The offline simulator's loop: the real Scheduler, KVCacheManager and BlockPool,
 no worker, virtual time.
 
-Each step: requests whose arrival time has come are queued (or rejected, as the
-server would: prompt + output over max_model_len, or more blocks than the pool);
+Each step: requests whose arrival time has come are queued (or rejected, by the
+server's own checks: scheduler/sched/validation.py);
 `Scheduler.schedule()` plans a step; the step takes
 ``step_overhead + per_token * num_scheduled_tokens`` of virtual time; then a
 stand-in worker samples one token, unique to its request, for every row that
@@ -23,15 +23,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from protocol.client_messages import Generate
 from protocol.worker_messages import StepResult
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.offload_tier import HostTier
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
+from scheduler.sched.validation import RequestLimits, RequestRejected, validate_generate
 from simulator.fastforward import decode_horizon, fast_forward_decode
 from simulator.free_policies import pool_class
-from simulator.workload import Workload
+from simulator.workload import OUTPUT_TOKEN_BASE, Workload
 
 NOT_YET = -1
 
@@ -150,16 +152,18 @@ def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], N
     usable = cfg.num_blocks - 1
     now = 0
 
+    # NOTE: prompt token ids lie below the output ones (simulator/workload.py).
+    limits = RequestLimits(OUTPUT_TOKEN_BASE, cfg.max_model_len, bs, num_usable_blocks=usable)
+
     def arrive(i: int) -> None:
         nonlocal num_rejected
         s = specs[i]
-        total = s.prompt_len + s.output_len
-        # NOTE: the same rule as scheduler/sched/validation.py; the last sampled token is
-        # never written to the cache, hence total - 1.
-        if total > cfg.max_model_len or -(-(total - 1) // bs) > usable or s.prompt_len < 1 or s.output_len < 1:
+        prompt, hashes = workload.prompt(i, hasher)
+        try:
+            validate_generate(Generate(str(i), prompt, s.output_len, ignore_eos=True), limits, ())
+        except RequestRejected:
             num_rejected += 1
             return
-        prompt, hashes = workload.prompt(i, hasher)
         req = Request(
             str(i), prompt, s.output_len, seq_id=i, ignore_eos=True, block_hasher=hasher,
             arrival_time=s.arrival_ns / 1e9, block_hashes=hashes,
