@@ -12,6 +12,8 @@ import re
 
 import torch
 
+from protocol import kv_cache_spec
+
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
 _POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
@@ -43,8 +45,8 @@ def dtype_bytes(dtype: torch.dtype) -> int:
 
 
 def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Bytes one block takes across all layers, K and V."""
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes(dtype)
+    """Bytes one block takes across all layers, K and V (protocol.kv_cache_spec's formula)."""
+    return kv_cache_spec.kv_bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype_bytes(dtype))
 
 
 def num_blocks_for_budget(budget_bytes: int, bytes_per_block: int) -> int:
