@@ -20,6 +20,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from frontend.launcher import kv_bytes_per_block
+
 COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
             "vllm:prompt_tokens", "vllm:generation_tokens")  # fmt: skip
 USAGE = "vllm:kv_cache_usage_perc"
@@ -38,12 +40,10 @@ class ServerConfig:
     prefix_caching: bool = True
 
     def bytes_per_block(self, model: Path) -> int:
-        import json
-
-        c = json.loads((model / "config.json").read_text())
-        head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-        size = 2 if self.dtype in ("bfloat16", "float16") else 4
-        return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * head_dim * self.block_size * size
+        per_block = kv_bytes_per_block(model, self.block_size, self.dtype)
+        if per_block is None:
+            raise ValueError(f"{model / 'config.json'} does not give the KV cache's shape")
+        return per_block
 
     def common_flags(self) -> list[str]:
         return ["--block-size", str(self.block_size), "--num-gpu-blocks-override", str(self.num_blocks),

@@ -28,6 +28,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from protocol import kv_cache_spec
+
 PR_SET_PDEATHSIG = 1
 POLL_S = 0.2
 
@@ -63,7 +65,7 @@ def kv_bytes_per_block(model_dir: Path, block_size: int, dtype: str, tensor_para
         name = c.get("torch_dtype") or c.get("dtype") or "float32" if dtype == "auto" else dtype
         size = {"float32": 4, "float16": 2, "bfloat16": 2, "half": 2, "float": 4}.get(str(name), 2)
         kv_heads = max(1, kv_heads // tensor_parallel_size)
-        return 2 * c["num_hidden_layers"] * block_size * kv_heads * head_dim * size
+        return kv_cache_spec.kv_bytes_per_block(c["num_hidden_layers"], block_size, kv_heads, head_dim, size)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from frontend.errors import bad_request
+from protocol.sampling_params import SamplingError, check_sampling
 
-MAX_LOGPROBS = 20
 # vLLM's defaults where neither the request nor generation_config.json says.
 VLLM_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
 # generation_config.json keys vLLM reads as default sampling parameters.
@@ -44,50 +45,33 @@ class EngineParams:
 
 
 def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict) -> EngineParams:
-    """Check a request's sampling fields (the first bad one is named) and build them."""
+    """Check a request's sampling fields (the first bad one is named) and build them.
+    The ranges are protocol's (``check_sampling``), the scheduler's own."""
 
     def pick(name):
         value = getattr(req, name)
         return value if value is not None else defaults.get(name, VLLM_DEFAULTS[name])
 
-    temperature, top_p, top_k, min_p = pick("temperature"), pick("top_p"), pick("top_k"), pick("min_p")
-    repetition_penalty = pick("repetition_penalty")
     if req.n < 1:
         raise bad_request(f"n must be at least 1, got {req.n}.", "n")
     if max_tokens < 1:
         raise bad_request(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
-    if temperature < 0.0:
-        raise bad_request(f"temperature must be non-negative, got {temperature}.", "temperature")
-    if not 0.0 < top_p <= 1.0:
-        raise bad_request(f"top_p must be in (0, 1], got {top_p}.", "top_p")
-    if top_k < -1:
-        raise bad_request(f"top_k must be 0 (disable), or at least 1, got {top_k}.", "top_k")
-    if not 0.0 <= min_p <= 1.0:
-        raise bad_request(f"min_p must be in [0, 1], got {min_p}.", "min_p")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if not -2.0 <= getattr(req, name) <= 2.0:
-            raise bad_request(f"{name} must be in [-2, 2], got {getattr(req, name)}.", name)
-    if not repetition_penalty > 0.0:
-        raise bad_request(f"repetition_penalty must be greater than zero, got {repetition_penalty}.", "repetition_penalty")
-    if req.min_tokens < 0:
-        raise bad_request(f"min_tokens must be greater than or equal to 0, got {req.min_tokens}.", "min_tokens")
-    if req.min_tokens > max_tokens:
-        raise bad_request(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {req.min_tokens}.", "min_tokens")
-    if num_logprobs is not None and num_logprobs < 0:
-        raise bad_request(f"logprobs must be non-negative, got {num_logprobs}.", "logprobs")
-    if num_logprobs is not None and num_logprobs > MAX_LOGPROBS:
-        raise bad_request(f"Requested sample logprobs of {num_logprobs}, which is greater than max allowed: {MAX_LOGPROBS}", "logprobs")
-    if req.seed is not None and not -(2**63) <= req.seed < 2**63:
-        raise bad_request(f"seed must fit in 64 bits, got {req.seed}.", "seed")
-    if any(t < 0 for t in req.stop_token_ids or ()):
-        raise bad_request("stop_token_ids must be non-negative token ids.", "stop_token_ids")
+    fields = SimpleNamespace(
+        **{name: pick(name) for name in VLLM_DEFAULTS}, presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty, min_tokens=req.min_tokens, max_tokens=max_tokens,
+        logprobs=num_logprobs, seed=req.seed, stop_token_ids=list(req.stop_token_ids or []),
+    )  # fmt: skip
+    try:
+        check_sampling(fields)
+    except SamplingError as e:
+        raise bad_request(str(e), e.param) from None
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     generate = {
-        "max_tokens": max_tokens, "ignore_eos": req.ignore_eos, "temperature": float(temperature),
-        "top_p": float(top_p), "top_k": int(top_k), "min_p": float(min_p), "seed": req.seed,
+        "max_tokens": max_tokens, "ignore_eos": req.ignore_eos, "temperature": float(fields.temperature),
+        "top_p": float(fields.top_p), "top_k": int(fields.top_k), "min_p": float(fields.min_p), "seed": req.seed,
         "presence_penalty": float(req.presence_penalty), "frequency_penalty": float(req.frequency_penalty),
-        "repetition_penalty": float(repetition_penalty), "min_tokens": req.min_tokens,
-        "stop_token_ids": list(req.stop_token_ids or []), "logprobs": num_logprobs,
+        "repetition_penalty": float(fields.repetition_penalty), "min_tokens": req.min_tokens,
+        "stop_token_ids": fields.stop_token_ids, "logprobs": num_logprobs,
     }  # fmt: skip
     if req.cache_salt is not None:
         generate["cache_salt"] = req.cache_salt

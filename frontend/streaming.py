@@ -9,11 +9,9 @@ one). No task wakes and no coroutine runs per token; the handler's task only wai
 the last choice, then writes the tail (usage, ``[DONE]``) through aiohttp, after the
 batch (both are loop callbacks, the batch's scheduled first).
 
-Rendering the whole step before writing any of it measured better than writing each
-frame as it is rendered (``bench frontend``'s TPOT ratio, HTTP / native, median 0.95x
-against 1.07x over interleaved runs, at the same CPU per token; see
-docs/architecture.md): likely each write wakes the HTTP client, which then competes
-with the rest of the pass for the 2 cores.
+The whole step is rendered before any of it is written, not each frame written as it
+is rendered: a write likely wakes its HTTP client, which would then compete with the
+rest of the pass for the cores (``bench frontend`` compares the two).
 
 Most chunks carry only new text: `TextChunk` encodes the JSON around index and text
 once per response, so such a chunk costs the text's encoding and one join.

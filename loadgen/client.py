@@ -260,38 +260,45 @@ class KVPoolClient:
             ignore_eos=ignore_eos,
         )
         try:
-            res.start_s = last_token_s = time.perf_counter()
+            res.start_s = time.perf_counter()
             await self._sock.send(self._codec.encode(msg))
-            while True:
-                try:
-                    reply = await asyncio.wait_for(queue.get(), request_timeout)
-                except TimeoutError:
-                    res.error = f"no response from the scheduler for {request_timeout:g} s"
-                    await self.abort([request_id])
-                    break
-                if reply is _CONNECTION_LOST:
-                    res.error = self.lost
-                    break
-                now = time.perf_counter()
-                res.latency_s = now - res.start_s
-                if isinstance(reply, RequestError):
-                    res.error = f"rejected by the scheduler: {reply.message}"
-                    break
-                assert isinstance(reply, TokenOutput)
-                res.num_cached_tokens = max(res.num_cached_tokens, reply.num_cached_tokens)
-                if reply.new_token_ids:
-                    if res.ttft_s is None:
-                        res.ttft_s = now - res.start_s
-                    else:
-                        res.itl_s.append(now - last_token_s)
-                    last_token_s = now
-                    res.token_ids.extend(reply.new_token_ids)
-                if reply.finished:
-                    res.finish_reason = reply.finish_reason
-                    res.success = reply.finish_reason in SUCCESS_FINISH_REASONS
-                    if not res.success:
-                        res.error = f"finished with reason {reply.finish_reason!r}"
-                    break
+            await self._read_replies(queue, res, request_timeout)
         finally:
             self._queues.pop(request_id, None)
         return res
+
+    async def _read_replies(self, queue: asyncio.Queue, res: RequestResult, request_timeout: float) -> None:
+        """Fill ``res`` from one request's replies, timing each token, until its last one,
+        a refusal, the loss of the connection, or ``request_timeout`` seconds without a
+        reply (then the request is aborted)."""
+        last_token_s = res.start_s
+        while True:
+            try:
+                reply = await asyncio.wait_for(queue.get(), request_timeout)
+            except TimeoutError:
+                res.error = f"no response from the scheduler for {request_timeout:g} s"
+                await self.abort([res.request_id])
+                return
+            if reply is _CONNECTION_LOST:
+                res.error = self.lost
+                return
+            now = time.perf_counter()
+            res.latency_s = now - res.start_s
+            if isinstance(reply, RequestError):
+                res.error = f"rejected by the scheduler: {reply.message}"
+                return
+            assert isinstance(reply, TokenOutput)
+            res.num_cached_tokens = max(res.num_cached_tokens, reply.num_cached_tokens)
+            if reply.new_token_ids:
+                if res.ttft_s is None:
+                    res.ttft_s = now - res.start_s
+                else:
+                    res.itl_s.append(now - last_token_s)
+                last_token_s = now
+                res.token_ids.extend(reply.new_token_ids)
+            if reply.finished:
+                res.finish_reason = reply.finish_reason
+                res.success = reply.finish_reason in SUCCESS_FINISH_REASONS
+                if not res.success:
+                    res.error = f"finished with reason {reply.finish_reason!r}"
+                return

@@ -86,9 +86,10 @@ class TokenOutput(msgspec.Struct, omit_defaults=True, gc=False):
 class EngineCoreOutputs(msgspec.Struct, tag="outputs", tag_field="type", omit_defaults=True, gc=False):
     """Every TokenOutput of one client's requests in one step, in batch order.
 
-    NOTE: one frame per client per step, not one per request: encoding and sending a
-    frame per request cost ~9.4 us each, 2.4 ms for a 256-request decode step. An
-    empty one (no outputs) is a liveness probe; clients ignore it."""
+    NOTE: one frame per client per step, not one per request: a frame's encoding and
+    send cost mostly the same whatever it holds, so a frame per request would grow a
+    decode step's sending with its batch. An empty one (no outputs) is a liveness
+    probe; clients ignore it."""
 
     outputs: list[TokenOutput] = []
 

@@ -1,12 +1,14 @@
 """vLLM's SamplingParams subset, as the worker receives it with a request's row.
 
 The client's ``Generate`` carries the same fields flat (``protocol.client_messages``);
-the scheduler checks them (``check_sampling``) and hands the worker this struct, or
-None for plain greedy decoding with no logprobs (most benchmark traffic), so such a
-row costs no bytes on the worker wire.
+the scheduler checks them (``check_sampling``, which the frontend uses too) and hands
+the worker this struct, or None for plain greedy decoding with no logprobs (most
+benchmark traffic), so such a row costs no bytes on the worker wire.
 """
 
 from __future__ import annotations
+
+import math
 
 import msgspec
 
@@ -38,35 +40,63 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
 GREEDY = SamplingParams()
 
 
-def check_sampling(msg, vocab_size: int) -> None:
-    """Raise ValueError naming the first out-of-range sampling field of ``msg`` (any
-    object with SamplingParams' attribute names, plus max_tokens)."""
+class SamplingError(ValueError):
+    """A sampling field out of range: vLLM's message, and the field it names (the
+    OpenAI error's ``param``)."""
 
-    def bad(field: str, rule: str) -> ValueError:
-        return ValueError(f"{field} {getattr(msg, field)!r} is out of range: {rule}")
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
 
-    if not msg.temperature >= 0 or msg.temperature == float("inf"):
-        raise bad("temperature", "must be >= 0 (0 is greedy)")
-    if not 0 < msg.top_p <= 1:
-        raise bad("top_p", "must be in (0, 1]")
+
+def check_sampling(msg, vocab_size: int | None = None) -> None:
+    """Raise SamplingError naming the first out-of-range sampling field of ``msg`` (any
+    object with SamplingParams' attribute names, plus max_tokens), in the words of
+    vLLM's ``SamplingParams._verify_args``.
+
+    The one copy of these ranges: the scheduler checks what every client sends, the
+    frontend what it is about to send (so that a bad field is a 400 naming it). The
+    frontend passes no ``vocab_size``: it knows the tokenizer's vocabulary, which can
+    be smaller than the model's, so only the scheduler bounds stop ids above."""
+
+    def out_of_range(field: str, message: str) -> SamplingError:
+        return SamplingError(f"{field} {message}, got {getattr(msg, field)}.", field)
+
+    if not math.isfinite(msg.temperature):
+        raise out_of_range("temperature", "must be a finite number")
+    if msg.temperature < 0.0:
+        raise out_of_range("temperature", "must be non-negative")
+    if not 0.0 < msg.top_p <= 1.0:
+        raise out_of_range("top_p", "must be in (0, 1]")
     if msg.top_k < -1:
-        raise bad("top_k", "must be -1 or 0 (every token), or at least 1")
-    if not 0 <= msg.min_p <= 1:
-        raise bad("min_p", "must be in [0, 1]")
+        raise out_of_range("top_k", "must be 0 (disable), or at least 1")
+    if not 0.0 <= msg.min_p <= 1.0:
+        raise out_of_range("min_p", "must be in [0, 1]")
     for field in ("presence_penalty", "frequency_penalty"):
-        if not -2 <= getattr(msg, field) <= 2:
-            raise bad(field, "must be in [-2, 2]")
-    if not 0 < msg.repetition_penalty < float("inf"):
-        raise bad("repetition_penalty", "must be > 0 (1 is none)")
-    if msg.min_tokens < 0 or msg.min_tokens > msg.max_tokens:
-        raise bad("min_tokens", f"must be in [0, max_tokens] (max_tokens is {msg.max_tokens})")
-    if msg.logprobs is not None and not 0 <= msg.logprobs <= MAX_LOGPROBS:
-        raise bad("logprobs", f"must be in [0, {MAX_LOGPROBS}]")
+        if not -2.0 <= getattr(msg, field) <= 2.0:
+            raise out_of_range(field, "must be in [-2, 2]")
+    if not math.isfinite(msg.repetition_penalty):
+        raise out_of_range("repetition_penalty", "must be a finite number")
+    if msg.repetition_penalty <= 0.0:
+        raise out_of_range("repetition_penalty", "must be greater than zero")
+    if msg.min_tokens < 0:
+        raise out_of_range("min_tokens", "must be greater than or equal to 0")
+    if msg.min_tokens > msg.max_tokens:
+        raise out_of_range("min_tokens", f"must be less than or equal to max_tokens={msg.max_tokens}")
+    if msg.logprobs is not None and msg.logprobs < 0:
+        raise out_of_range("logprobs", "must be non-negative")
+    if msg.logprobs is not None and msg.logprobs > MAX_LOGPROBS:
+        raise SamplingError(
+            f"Requested sample logprobs of {msg.logprobs}, which is greater than max allowed: {MAX_LOGPROBS}", "logprobs"
+        )
     if msg.seed is not None and not -(2**63) <= msg.seed < 2**63:
-        raise bad("seed", "must fit in 64 bits")
-    wrong = next((t for t in msg.stop_token_ids if not 0 <= t < vocab_size), None)
+        raise out_of_range("seed", "must fit in 64 bits")
+    if any(t < 0 for t in msg.stop_token_ids):
+        raise SamplingError("stop_token_ids must be non-negative token ids.", "stop_token_ids")
+    wrong = next((t for t in msg.stop_token_ids if t >= vocab_size), None) if vocab_size is not None else None
     if wrong is not None:
-        raise ValueError(f"stop_token_ids: token id {wrong} is outside the vocabulary (0..{vocab_size - 1})")
+        raise SamplingError(f"stop_token_ids: token id {wrong} is outside the vocabulary (0..{vocab_size - 1})",
+                            "stop_token_ids")  # fmt: skip
 
 
 def sampling_params_of(msg, eos_token_ids: tuple[int, ...] = ()) -> SamplingParams | None:

@@ -1,8 +1,8 @@
 """The offline simulator's loop: the real Scheduler, KVCacheManager and BlockPool,
 no worker, virtual time.
 
-Each step: requests whose arrival time has come are queued (or rejected, as the
-server would: prompt + output over max_model_len, or more blocks than the pool);
+Each step: requests whose arrival time has come are queued (or rejected, by the
+server's own checks: scheduler/sched/validation.py);
 `Scheduler.schedule()` plans a step; the step takes
 ``step_overhead + per_token * num_scheduled_tokens`` of virtual time; then a
 stand-in worker samples one token, unique to its request, for every row that
@@ -23,15 +23,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from protocol.client_messages import Generate
 from protocol.worker_messages import StepResult
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.offload_tier import HostTier
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
+from scheduler.sched.validation import RequestLimits, RequestRejected, validate_generate
 from simulator.fastforward import decode_horizon, fast_forward_decode
 from simulator.free_policies import pool_class
-from simulator.workload import Workload
+from simulator.workload import OUTPUT_TOKEN_BASE, Workload
 
 NOT_YET = -1
 
@@ -126,148 +128,194 @@ def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], N
     ``on_end`` (tests) sees the scheduler once the run is over."""
     wall_start = time.perf_counter()
     workload.reset()
-    bs = cfg.block_size
-    tier = HostTier(cfg.num_host_blocks, bs) if cfg.num_host_blocks else None
-    kv = KVCacheManager(cfg.num_blocks, bs, cfg.max_model_len, pool_factory=pool_class(cfg.policy), host_tier=tier,
-                        offload_store=cfg.offload_store)  # fmt: skip
-    fast_forward = cfg.fast_forward
-    block_bytes = cfg.kv_bytes_per_token * bs
-    num_loads = 0
-    sched = Scheduler(kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.reserve_full_sequence)
-    hasher = BlockHasher(bs, cfg.hash_algo)
-    pool = kv.block_pool
-    overhead_ns = round(cfg.step_overhead_ms * 1e6)
-    per_token_ns = round(cfg.ms_per_token * 1e6)
-    specs = workload.specs
-    n = len(specs)
-    token_base = workload.output_token_base
-    admit_ns = [NOT_YET] * n
-    first_token_ns = [NOT_YET] * n
-    finish_ns = [NOT_YET] * n
-    order = sorted(range(n), key=lambda i: specs[i].arrival_ns)
-    next_arrival = 0
-    num_rejected = num_steps = num_ff_steps = 0
-    usable = cfg.num_blocks - 1
-    now = 0
+    run = _Run(workload, cfg)
+    run.run()
+    if on_end is not None:
+        on_end(run.sched)
+    return run.result(wall_start)
 
-    def arrive(i: int) -> None:
-        nonlocal num_rejected
-        s = specs[i]
-        total = s.prompt_len + s.output_len
-        # NOTE: the same rule as scheduler/sched/validation.py; the last sampled token is
-        # never written to the cache, hence total - 1.
-        if total > cfg.max_model_len or -(-(total - 1) // bs) > usable or s.prompt_len < 1 or s.output_len < 1:
-            num_rejected += 1
-            return
-        prompt, hashes = workload.prompt(i, hasher)
-        req = Request(
-            str(i), prompt, s.output_len, seq_id=i, ignore_eos=True, block_hasher=hasher,
-            arrival_time=s.arrival_ns / 1e9, block_hashes=hashes,
-        )  # fmt: skip
-        sched.add_request(req)
 
-    while True:
-        while next_arrival < n and specs[order[next_arrival]].arrival_ns <= now:
-            arrive(order[next_arrival])
-            next_arrival += 1
-        host_evictions = tier.num_evictions if tier is not None else 0
-        out = sched.schedule()
-        if out is None:
-            if next_arrival == n:
-                if sched.has_unfinished_requests():
-                    raise RuntimeError("simulation stuck: requests left but nothing can be scheduled")
-                break
-            now = specs[order[next_arrival]].arrival_ns
-            continue
-        num_steps += 1
+class _Run:
+    """One simulation: the scheduler and its pool, the virtual clock (ns), the next
+    arrival in arrival order, each request's times and the run's counts."""
+
+    __slots__ = ("cfg", "workload", "specs", "n", "order", "token_base", "tier", "kv", "sched", "hasher", "limits",
+                 "block_bytes", "overhead_ns", "per_token_ns", "admit_ns", "first_token_ns", "finish_ns",
+                 "next_arrival", "now", "num_rejected", "num_steps", "num_ff_steps", "num_loads")  # fmt: skip
+
+    def __init__(self, workload: Workload, cfg: SimConfig):
+        bs = cfg.block_size
+        self.cfg, self.workload = cfg, workload
+        self.specs = workload.specs
+        self.n = n = len(self.specs)
+        self.order = sorted(range(n), key=lambda i: self.specs[i].arrival_ns)
+        self.token_base = workload.output_token_base
+        self.tier = HostTier(cfg.num_host_blocks, bs) if cfg.num_host_blocks else None
+        self.kv = KVCacheManager(cfg.num_blocks, bs, cfg.max_model_len, pool_factory=pool_class(cfg.policy),
+                                 host_tier=self.tier, offload_store=cfg.offload_store)  # fmt: skip
+        self.sched = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len,
+                               cfg.reserve_full_sequence)  # fmt: skip
+        self.hasher = BlockHasher(bs, cfg.hash_algo)
+        # NOTE: prompt token ids lie below the output ones (simulator/workload.py).
+        self.limits = RequestLimits(OUTPUT_TOKEN_BASE, cfg.max_model_len, bs, num_usable_blocks=cfg.num_blocks - 1)
+        self.block_bytes = cfg.kv_bytes_per_token * bs
+        self.overhead_ns = round(cfg.step_overhead_ms * 1e6)
+        self.per_token_ns = round(cfg.ms_per_token * 1e6)
+        self.admit_ns, self.first_token_ns, self.finish_ns = [NOT_YET] * n, [NOT_YET] * n, [NOT_YET] * n
+        self.next_arrival = self.now = 0
+        self.num_rejected = self.num_steps = self.num_ff_steps = self.num_loads = 0
+
+    def run(self) -> None:
+        """Step until every request has arrived and none is left; with nothing to run,
+        jump to the next arrival."""
+        sched, tier = self.sched, self.tier
+        while True:
+            self.admit_arrivals()
+            host_evictions = tier.num_evictions if tier is not None else 0
+            out = sched.schedule()
+            if out is None:
+                if self.next_arrival == self.n:
+                    if sched.has_unfinished_requests():
+                        raise RuntimeError("simulation stuck: requests left but nothing can be scheduled")
+                    return
+                self.now = self.specs[self.order[self.next_arrival]].arrival_ns
+                continue
+            step_ns, num_sampled, any_finished = self.step(out)
+            if self.cfg.fast_forward and self.is_repeatable_decode(out, num_sampled, any_finished, host_evictions):
+                self.fast_forward(step_ns)
+
+    def admit_arrivals(self) -> None:
+        """Queue every request whose arrival time has come, or reject it as the server
+        would (scheduler/sched/validation.py)."""
+        specs, order = self.specs, self.order
+        while self.next_arrival < self.n and specs[order[self.next_arrival]].arrival_ns <= self.now:
+            i = order[self.next_arrival]
+            self.next_arrival += 1
+            s = specs[i]
+            prompt, hashes = self.workload.prompt(i, self.hasher)
+            try:
+                validate_generate(Generate(str(i), prompt, s.output_len, ignore_eos=True), self.limits, ())
+            except RequestRejected:
+                self.num_rejected += 1
+                continue
+            req = Request(
+                str(i), prompt, s.output_len, seq_id=i, ignore_eos=True, block_hasher=self.hasher,
+                arrival_time=s.arrival_ns / 1e9, block_hashes=hashes,
+            )  # fmt: skip
+            self.sched.add_request(req)
+
+    def step(self, out) -> tuple[int, int, bool]:
+        """Run one planned step in virtual time: charge it, sample a token for every row
+        that completed its tokens, apply them. Returns (the step's ns, rows sampled,
+        whether any request finished)."""
+        self.num_steps += 1
         plan = out.plan
         for row in plan.new_rows:
-            admit_ns[row.seq_id] = now
-        step_ns = overhead_ns + per_token_ns * out.num_scheduled_tokens
-        if plan.tier_copies is not None and plan.tier_copies.load_device_ids:
-            # Loads run before the step's tokens: charged by bandwidth (1 GB/s = 1 byte/ns).
-            # Stores are not: the worker overlaps them (a side stream on CUDA).
-            loads = len(plan.tier_copies.load_device_ids)
-            num_loads += loads
-            step_ns += round(loads * block_bytes / cfg.offload_bandwidth_gbps)
-        now += step_ns
+            self.admit_ns[row.seq_id] = self.now
+        step_ns = self.overhead_ns + self.per_token_ns * out.num_scheduled_tokens + self.load_ns(plan)
+        self.now = now = self.now + step_ns
         seq_ids, token_ids = [], []
+        token_base = self.token_base
         for req in out.scheduled:
             if req.num_computed_tokens == req.num_tokens:
                 seq_ids.append(req.seq_id)
                 token_ids.append(token_base[req.seq_id] + req.num_output_tokens)
-        outputs = sched.update_from_output(StepResult(plan.step_id, seq_ids, token_ids))
+        outputs = self.sched.update_from_output(StepResult(plan.step_id, seq_ids, token_ids))
+        first_token_ns = self.first_token_ns
         for r in outputs.requests:
             if first_token_ns[r.seq_id] == NOT_YET:
                 first_token_ns[r.seq_id] = now
         for i in outputs.finish_reasons:
-            finish_ns[outputs.requests[i].seq_id] = now
-        any_finished = bool(outputs.finish_reasons)
-        if not fast_forward or any_finished or plan.new_rows or plan.resumed_rows or out.preempted:
-            continue
-        running = sched.running
-        if out.num_scheduled_tokens != len(running) or len(seq_ids) != len(running):
-            continue  # not every running request decoded one token
-        if tier is not None and tier.num_evictions != host_evictions:
-            # NOTE: the plan's write-through stores evicted from the host tier after the
-            # waiting head was tried: it may have lost host hits, and fit next step.
-            continue
-        if next_arrival < n:
-            gap = specs[order[next_arrival]].arrival_ns - now
+            self.finish_ns[outputs.requests[i].seq_id] = now
+        return step_ns, len(seq_ids), bool(outputs.finish_reasons)
+
+    def load_ns(self, plan) -> int:
+        """The host tier's loads of ``plan``: they run before the step's tokens, charged
+        by bandwidth (1 GB/s = 1 byte/ns). Stores are not: the worker overlaps them (a
+        side stream on CUDA)."""
+        if plan.tier_copies is None or not plan.tier_copies.load_device_ids:
+            return 0
+        loads = len(plan.tier_copies.load_device_ids)
+        self.num_loads += loads
+        return round(loads * self.block_bytes / self.cfg.offload_bandwidth_gbps)
+
+    def is_repeatable_decode(self, out, num_sampled: int, any_finished: bool, host_evictions: int) -> bool:
+        """Whether the step just run may be repeated without scheduling: every running
+        request decoded one token, and none was admitted, resumed, preempted or finished."""
+        plan = out.plan
+        if any_finished or plan.new_rows or plan.resumed_rows or out.preempted:
+            return False
+        num_running = len(self.sched.running)
+        if out.num_scheduled_tokens != num_running or num_sampled != num_running:
+            return False  # not every running request decoded one token
+        # NOTE: when the plan's write-through stores evicted from the host tier after the
+        # waiting head was tried, it may have lost host hits, and fit next step.
+        return self.tier is None or self.tier.num_evictions == host_evictions
+
+    def fast_forward(self, step_ns: int) -> None:
+        """Repeat the decode step as long as nothing else would happen (simulator/fastforward.py),
+        and no later than the step that starts before the next arrival."""
+        if self.next_arrival < self.n:
+            gap = self.specs[self.order[self.next_arrival]].arrival_ns - self.now
             if gap <= 0:
-                continue
+                return
             limit = -(-gap // step_ns)  # steps that start before the next arrival
         else:
             limit = 1 << 62
-        k = decode_horizon(sched, limit)
+        k = decode_horizon(self.sched, limit)
         if k > 0:
-            fast_forward_decode(sched, k, token_base)
-            num_steps += k
-            num_ff_steps += k
-            now += k * step_ns
+            fast_forward_decode(self.sched, k, self.token_base)
+            self.num_steps += k
+            self.num_ff_steps += k
+            self.now += k * step_ns
 
-    if on_end is not None:
-        on_end(sched)
-    stats, ext = kv.prefix_cache_stats, kv.external_prefix_cache_stats
-    host_hits = ext.hits if tier is not None else 0
-    delays = [admit_ns[i] - specs[i].arrival_ns for i in range(n) if admit_ns[i] != NOT_YET]
-    ttfts = [first_token_ns[i] - specs[i].arrival_ns for i in range(n) if first_token_ns[i] != NOT_YET]
-    return SimResult(
-        num_blocks=cfg.num_blocks,
-        policy=cfg.policy,
-        prefix_cache_hit_rate=stats.hit_rate,
-        prefix_cache_queries=stats.queries,
-        prefix_cache_hits=stats.hits,
-        prefix_cache_preempted_hit_rate=stats.preempted_hit_rate,
-        prefix_cache_preempted_queries=stats.preempted_queries,
-        prefix_cache_preempted_hits=stats.preempted_hits,
-        num_evictions=pool.num_evictions,
-        num_preemptions=sched.num_preemptions,
-        num_rejected=num_rejected,
-        num_requests=n,
-        num_finished=sum(1 for t in finish_ns if t != NOT_YET),
-        peak_usage=kv.peak_usage,
-        mean_queueing_delay_ms=sum(delays) / len(delays) / 1e6 if delays else 0.0,
-        p99_queueing_delay_ms=_percentile(delays, 0.99) / 1e6,
-        mean_ttft_ms=sum(ttfts) / len(ttfts) / 1e6 if ttfts else 0.0,
-        simulated_s=now / 1e9,
-        num_steps=num_steps,
-        num_fast_forwarded_steps=num_ff_steps,
-        wall_s=time.perf_counter() - wall_start,
-        num_host_blocks=cfg.num_host_blocks,
-        host_hit_rate=host_hits / stats.queries if stats.queries else 0.0,
-        combined_hit_rate=(stats.hits + host_hits) / stats.queries if stats.queries else 0.0,
-        external_prefix_cache_hit_rate=ext.hit_rate if tier is not None else 0.0,
-        external_prefix_cache_queries=ext.queries if tier is not None else 0,
-        external_prefix_cache_hits=host_hits,
-        num_host_stores=tier.num_stores if tier is not None else 0,
-        num_host_loads=tier.num_loads if tier is not None else 0,
-        num_host_stores_skipped=tier.num_stores_skipped if tier is not None else 0,
-        num_host_evictions=tier.num_evictions if tier is not None else 0,
-        bytes_stored=(tier.num_stores if tier is not None else 0) * block_bytes,
-        bytes_loaded=(tier.num_loads if tier is not None else 0) * block_bytes,
-        load_time_s=num_loads * block_bytes / cfg.offload_bandwidth_gbps / 1e9,
-        admit_ns=admit_ns,
-        first_token_ns=first_token_ns,
-        finish_ns=finish_ns,
-    )
+    def result(self, wall_start: float) -> SimResult:
+        """The run's figures, ``wall_s`` counted from ``wall_start``."""
+        kv, tier, specs, n = self.kv, self.tier, self.specs, self.n
+        stats, ext = kv.prefix_cache_stats, kv.external_prefix_cache_stats
+        if tier is not None:
+            host_hits, stores, loads, skipped = ext.hits, tier.num_stores, tier.num_loads, tier.num_stores_skipped
+        else:
+            host_hits = stores = loads = skipped = 0
+        delays = [self.admit_ns[i] - specs[i].arrival_ns for i in range(n) if self.admit_ns[i] != NOT_YET]
+        ttfts = [self.first_token_ns[i] - specs[i].arrival_ns for i in range(n) if self.first_token_ns[i] != NOT_YET]
+        block_bytes, gbps = self.block_bytes, self.cfg.offload_bandwidth_gbps
+        return SimResult(
+            num_blocks=self.cfg.num_blocks,
+            policy=self.cfg.policy,
+            prefix_cache_hit_rate=stats.hit_rate,
+            prefix_cache_queries=stats.queries,
+            prefix_cache_hits=stats.hits,
+            prefix_cache_preempted_hit_rate=stats.preempted_hit_rate,
+            prefix_cache_preempted_queries=stats.preempted_queries,
+            prefix_cache_preempted_hits=stats.preempted_hits,
+            num_evictions=kv.block_pool.num_evictions,
+            num_preemptions=self.sched.num_preemptions,
+            num_rejected=self.num_rejected,
+            num_requests=n,
+            num_finished=sum(1 for t in self.finish_ns if t != NOT_YET),
+            peak_usage=kv.peak_usage,
+            mean_queueing_delay_ms=sum(delays) / len(delays) / 1e6 if delays else 0.0,
+            p99_queueing_delay_ms=_percentile(delays, 0.99) / 1e6,
+            mean_ttft_ms=sum(ttfts) / len(ttfts) / 1e6 if ttfts else 0.0,
+            simulated_s=self.now / 1e9,
+            num_steps=self.num_steps,
+            num_fast_forwarded_steps=self.num_ff_steps,
+            wall_s=time.perf_counter() - wall_start,
+            num_host_blocks=self.cfg.num_host_blocks,
+            host_hit_rate=host_hits / stats.queries if stats.queries else 0.0,
+            combined_hit_rate=(stats.hits + host_hits) / stats.queries if stats.queries else 0.0,
+            external_prefix_cache_hit_rate=ext.hit_rate if tier is not None else 0.0,
+            external_prefix_cache_queries=ext.queries if tier is not None else 0,
+            external_prefix_cache_hits=host_hits,
+            num_host_stores=stores,
+            num_host_loads=loads,
+            num_host_stores_skipped=skipped,
+            num_host_evictions=tier.num_evictions if tier is not None else 0,
+            bytes_stored=stores * block_bytes,
+            bytes_loaded=loads * block_bytes,
+            load_time_s=self.num_loads * block_bytes / gbps / 1e9,
+            admit_ns=self.admit_ns,
+            first_token_ns=self.first_token_ns,
+            finish_ns=self.finish_ns,
+        )

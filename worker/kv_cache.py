@@ -12,6 +12,8 @@ import re
 
 import torch
 
+from protocol import kv_cache_spec
+
 # Same-size integer dtypes by element size: KV copies through numpy are bitwise views
 # (numpy has no bfloat16).
 SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -47,8 +49,8 @@ def dtype_bytes(dtype: torch.dtype) -> int:
 
 
 def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Bytes one block takes across all layers, K and V."""
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes(dtype)
+    """Bytes one block takes across all layers, K and V (protocol.kv_cache_spec's formula)."""
+    return kv_cache_spec.kv_bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype_bytes(dtype))
 
 
 def num_blocks_for_budget(budget_bytes: int, bytes_per_block: int) -> int:

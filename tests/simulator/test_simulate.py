@@ -310,9 +310,9 @@ def test_cli_unwritable_output_is_refused_before_the_run(flag: str, tmp_path: Pa
 
 def test_first_admission_hit_rate_does_not_fall_as_capacity_rises_on_a_real_trace():
     """The conversation trace's first 180 s (556 requests). With preempted requests'
-    re-admissions counted in, the hit rate read 29.9 %, 27.0 %, 8.2 % at these
-    capacities: a smaller cache looked better. Counted apart (as vLLM does) it
-    rises, and the preempted figure is reported beside it."""
+    re-admissions counted in, the hit rate fell as these capacities rose: a smaller
+    cache looked better. Counted apart (as vLLM does) it rises, and the preempted
+    figure is reported beside it."""
     if not TRACE.is_file():
         pytest.skip(f"{TRACE} not present")
     from loadgen.datasets import load_mooncake_trace

@@ -1,0 +1,55 @@
+"""frontend/sampling.py: a request's sampling fields checked with protocol's ranges
+(the scheduler's own) and vLLM's wording, the first bad field named in a 400."""
+
+from __future__ import annotations
+
+import pytest
+
+from frontend.errors import APIError
+from frontend.protocol import CompletionRequest
+from frontend.sampling import engine_params
+
+
+def rejected(defaults: dict | None = None, max_tokens: int = 16, **fields) -> APIError:
+    with pytest.raises(APIError) as info:
+        engine_params(CompletionRequest(prompt="x", **fields), max_tokens, fields.get("logprobs"), defaults or {})
+    assert info.value.status == 400
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "message"),
+    [
+        ({"n": 0}, "n", "n must be at least 1, got 0."),
+        ({"temperature": -1.0}, "temperature", "temperature must be non-negative, got -1.0."),
+        ({"top_p": 0.0}, "top_p", "top_p must be in (0, 1], got 0.0."),
+        ({"top_k": -2}, "top_k", "top_k must be 0 (disable), or at least 1, got -2."),
+        ({"presence_penalty": 2.5}, "presence_penalty", "presence_penalty must be in [-2, 2], got 2.5."),
+        ({"repetition_penalty": 0.0}, "repetition_penalty", "repetition_penalty must be greater than zero, got 0.0."),
+        ({"min_tokens": 99}, "min_tokens", "min_tokens must be less than or equal to max_tokens=16, got 99."),
+        ({"logprobs": 21}, "logprobs", "Requested sample logprobs of 21, which is greater than max allowed: 20"),
+        ({"stop_token_ids": [3, -1]}, "stop_token_ids", "stop_token_ids must be non-negative token ids."),
+    ],
+)
+def test_the_first_bad_field_is_named_in_vllms_words(fields, param, message):
+    e = rejected(**fields)
+    assert (e.param, e.message) == (param, message)
+
+
+def test_a_non_finite_temperature_is_refused_as_vllm_does():
+    # JSON cannot carry inf, but generation_config.json (read with json.loads) can:
+    # vLLM refuses it ("must be a finite number"), and so do the frontend and the scheduler.
+    e = rejected(defaults={"temperature": float("inf")})
+    assert (e.param, e.message) == ("temperature", "temperature must be a finite number, got inf.")
+    assert rejected(defaults={"repetition_penalty": float("inf")}).param == "repetition_penalty"
+
+
+def test_a_good_request_becomes_the_generate_fields():
+    req = CompletionRequest(prompt="x", temperature=0.5, top_k=5, seed=7, stop="\n", stop_token_ids=[2])
+    p = engine_params(req, 8, 3, {"top_p": 0.9, "temperature": 0.1})
+    assert p.generate == {
+        "max_tokens": 8, "ignore_eos": False, "temperature": 0.5, "top_p": 0.9, "top_k": 5, "min_p": 0.0, "seed": 7,
+        "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_tokens": 0,
+        "stop_token_ids": [2], "logprobs": 3,
+    }  # fmt: skip
+    assert p.stop == ["\n"] and p.n == 1
