@@ -68,7 +68,7 @@ class HostTier:
     `prepare_stores` (blocks leaving the device, or write-through), `take_copies`
     (the plan's TierCopies), `complete_copies` (the step's result is in). `clear`
     on a reset or a lost worker. Read-only for callers: `blocks`, the counters,
-    `num_cached_blocks`, `num_pinned_blocks`, `get_usage`, `get_fill`."""
+    `num_cached_blocks`, `num_pinned_blocks`, `get_usage`."""
 
     def __init__(
         self,
@@ -139,17 +139,11 @@ class HostTier:
 
     # --- stores -----------------------------------------------------------------------
 
-    def prepare_store(self, block_hash: BlockHash, device_block_id: int) -> int | None:
-        """Copy device block ``device_block_id`` (holding ``block_hash``) into a host
-        slot in this step's plan. Returns the slot, or None: skipped (the tier holds
-        the hash already) or dropped (no free slot and none evictable)."""
-        n = len(self._store_blocks)
-        self.prepare_stores(((device_block_id, block_hash),))
-        return self._store_blocks[n].slot if len(self._store_blocks) > n else None
-
     def prepare_stores(self, evicted: Sequence[tuple[int, BlockHash]]) -> None:
-        """`prepare_store` for each (device block id, hash), in order: the manager's
-        per-allocation batch. A slot comes from the free list, else from the policy's
+        """Copy each device block (id, the hash it holds) into a host slot in this
+        step's plan, in order: the manager's per-allocation batch. A store is skipped
+        when the tier holds the hash already, and dropped when no slot is free and
+        none evictable. A slot comes from the free list, else from the policy's
         victim (a CPU BlockRemoved). NOTE: names bound once: this runs for every
         block evicted from the device."""
         blocks = self.blocks
@@ -247,13 +241,6 @@ class HostTier:
         """Pinned slots over all slots: vllm:kv_offload_cpu_cache_usage_perc, as vLLM
         computes it (0 when no copy is in flight, however full the tier)."""
         return self.num_pinned_blocks / self.num_host_blocks
-
-    def get_fill(self) -> float:
-        """Slots holding a hash over all slots."""
-        return len(self.blocks) / self.num_host_blocks
-
-    def has_pending_copies(self) -> bool:
-        return bool(self._store_blocks or self._load_blocks or self._in_flight_stores or self._in_flight_loads)
 
     def pending_loads(self) -> list[tuple[HostBlock, int]]:
         """This step's loads so far, (entry, device block id) (tests, invariants)."""
