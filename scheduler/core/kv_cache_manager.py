@@ -34,9 +34,10 @@ PoolFactory = Callable[[int, bool, "KVEventSink | None"], BlockPool]
 OFFLOAD_STORE_MODES = ("eviction", "full")
 
 
-class Request(Protocol):
-    """What the manager reads and writes of a request (``scheduler.sched.request``'s
-    Request is one): the core does not depend on the policy's request type."""
+class KVCacheRequest(Protocol):
+    """What the KV cache manager reads and writes of a request (the policy's
+    ``scheduler.sched.request.Request`` is one): the core does not depend on the
+    policy's request type."""
 
     request_id: str
     num_computed_tokens: int
@@ -104,7 +105,7 @@ class KVCacheManager:
         """The highest `usage` since start (vllm:kv_cache_usage_perc's peak)."""
         return 1.0 - self.min_num_free_blocks / (self.block_pool.num_gpu_blocks - 1)
 
-    def get_num_held_tokens(self, requests: Iterable[Request]) -> int:
+    def get_num_held_tokens(self, requests: Iterable[KVCacheRequest]) -> int:
         """Token slots of the held blocks that hold a token (computed or scheduled),
         a shared block counted once. ``requests``: every request holding blocks.
 
@@ -122,12 +123,12 @@ class KVCacheManager:
                 num_empty += max(0, len(blocks) * block_size - request.num_computed_tokens)
         return num_used * block_size - num_empty
 
-    def get_token_usage(self, requests: Iterable[Request]) -> float:
+    def get_token_usage(self, requests: Iterable[KVCacheRequest]) -> float:
         """Held tokens over the pool's token slots (null block left out): what
         `usage` says in blocks, in tokens (a block holding one token counts 1/block_size)."""
         return self.get_num_held_tokens(requests) / ((self.block_pool.num_gpu_blocks - 1) * self.block_size)
 
-    def get_computed_blocks(self, request: Request, record_stats: bool = True) -> tuple[list[KVCacheBlock], int]:
+    def get_computed_blocks(self, request: KVCacheRequest, record_stats: bool = True) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of the request's full blocks, and its length in
         tokens. Capped so the last prompt token is always computed: the worker needs
         its logits to sample the first output token.
@@ -177,7 +178,7 @@ class KVCacheManager:
 
     def allocate_slots(
         self,
-        request: Request,
+        request: KVCacheRequest,
         num_new_tokens: int,
         num_new_computed_tokens: int = 0,
         new_computed_blocks: list[KVCacheBlock] | None = None,
@@ -253,7 +254,7 @@ class KVCacheManager:
         self._cache_and_bound(request, req_blocks, min(num_computed_tokens + num_new_tokens, len(request.all_token_ids)))
         return new_blocks
 
-    def allocate_next_slot(self, request: Request) -> list[KVCacheBlock] | None:
+    def allocate_next_slot(self, request: KVCacheRequest) -> list[KVCacheBlock] | None:
         """``allocate_slots(request, 1)`` for a running request (a decode step, or
         the last token of a chunked prompt): the same effect and result, without the
         general path's work. The scheduler calls it at every block boundary of
@@ -279,7 +280,7 @@ class KVCacheManager:
         self._cache_and_bound(request, req_blocks, min(end, len(request.all_token_ids)))
         return new_blocks
 
-    def _cache_and_bound(self, request: Request, req_blocks: list[KVCacheBlock], num_final_tokens: int) -> None:
+    def _cache_and_bound(self, request: KVCacheRequest, req_blocks: list[KVCacheBlock], num_final_tokens: int) -> None:
         """Cache (hash and register) the request's full blocks within its first
         ``num_final_tokens`` tokens (final, and computed or scheduled), and set
         request.kv_fast_until."""
@@ -303,7 +304,7 @@ class KVCacheManager:
         # past the cached ones fills): the scheduler skips the call (fast path).
         request.kv_fast_until = min(len(req_blocks) * block_size, (num_cached + 1) * block_size - 1)
 
-    def free(self, request: Request) -> None:
+    def free(self, request: KVCacheRequest) -> None:
         """Give back the request's blocks, last block first, so that its deepest
         blocks are evicted before its first ones."""
         blocks = self.req_to_blocks.pop(request.request_id, None)
@@ -318,7 +319,7 @@ class KVCacheManager:
 
     # --- the host tier -----------------------------------------------------------------
 
-    def _check_host_hits(self, request: Request, num_held: int, num_new_computed_tokens: int, num_device_hits: int) -> int:
+    def _check_host_hits(self, request: KVCacheRequest, num_held: int, num_new_computed_tokens: int, num_device_hits: int) -> int:
         """The number of host-tier hit blocks in an admission's computed tokens, or
         ValueError if they are not what get_computed_blocks found."""
         if self.host_tier is None:
