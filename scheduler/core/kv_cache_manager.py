@@ -20,11 +20,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
-from protocol.worker_messages import TierCopies
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
 from scheduler.core.kv_events import KVEventSink
-from scheduler.core.offload_tier import HostTier
+from scheduler.core.offload_tier import HostTier, HostTierCopies
 from scheduler.core.prefix_cache_stats import PrefixCacheStats
 
 # (num_gpu_blocks, enable_caching, event_sink) -> the pool. BlockPool itself by
@@ -341,7 +340,7 @@ class KVCacheManager:
         self.host_tier.prepare_stores(evicted)
         evicted.clear()
 
-    def take_tier_copies(self) -> TierCopies | None:
+    def take_tier_copies(self) -> HostTierCopies | None:
         """The copies of the step being planned (None: none), for its StepPlan;
         in flight until `complete_tier_copies`. Call once per plan, after every
         allocation of the step."""

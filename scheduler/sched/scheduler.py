@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterable
 from operator import attrgetter
 
-from protocol.worker_messages import AppendedBlocks, RequestRow, StepPlan, StepResult
+from protocol.worker_messages import AppendedBlocks, RequestRow, StepPlan, StepResult, TierCopies
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.outputs import SchedulerOutput, StepOutputs
 from scheduler.sched.request import Request, RequestStatus
@@ -229,6 +229,10 @@ class Scheduler:
             self._pending_finished_seq_ids.extend(r.seq_id for r in preempted)
             return None
 
+        # The host tier's stores and loads of this step (None without a tier).
+        copies = kv.take_tier_copies()
+        if copies is not None:
+            copies = TierCopies(copies.store_device_ids, copies.store_host_ids, copies.load_host_ids, copies.load_device_ids)
         plan = StepPlan(
             step_id=self.next_step_id,
             num_scheduled_tokens=num_scheduled_tokens,
@@ -237,8 +241,7 @@ class Scheduler:
             appended=appended,
             finished_seq_ids=finished_seq_ids,
             preempted_seq_ids=[r.seq_id for r in preempted],
-            # The host tier's stores and loads of this step (None without a tier).
-            tier_copies=kv.take_tier_copies(),
+            tier_copies=copies,
         )
         self.next_step_id += 1
         total = self.max_num_batched_tokens - token_budget

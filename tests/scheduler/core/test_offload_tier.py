@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 
 from protocol.kv_events import MEDIUM_CPU
-from protocol.worker_messages import TierCopies
 from scheduler.core.kv_events import BlockRemoved, BlockStored, KVEventRecorder
 from scheduler.core.lru_policy import LRUPolicy
-from scheduler.core.offload_tier import HostTier
+from scheduler.core.offload_tier import HostTier, HostTierCopies
 
 
 def h(i: int) -> bytes:
@@ -60,13 +59,13 @@ def test_stores_fill_slots_from_0_then_evict_least_recently_used():
     # A store names device block -> slot, stores first in the plan.
     assert store(tier, 1, 7) == 0
     assert store(tier, 2, 8) == 1
-    assert tier.take_copies() == TierCopies([7, 8], [0, 1], [], [])
+    assert tier.take_copies() == HostTierCopies([7, 8], [0, 1], [], [])
     tier.complete_copies()
     stored(tier, 3)
     # slots: 0=h1 1=h2 2=h3, LRU order h1, h2, h3; a load of h1 makes it the most recent.
     entries = tier.pin([h(1)])
     tier.add_loads(entries, [9])
-    assert tier.take_copies() == TierCopies([], [], [0], [9])
+    assert tier.take_copies() == HostTierCopies([], [], [0], [9])
     tier.complete_copies()
     assert list(tier.policy) == [h(2), h(3), h(1)]
     # Full: the next store evicts h2 and reuses its slot.
@@ -84,7 +83,7 @@ def test_a_store_of_a_hash_held_is_skipped_and_counted():
     assert store(tier, 2, 3) == 1
     assert store(tier, 2, 4) is None
     assert tier.num_stores_skipped == 2
-    assert tier.take_copies() == TierCopies([3], [1], [], [])
+    assert tier.take_copies() == HostTierCopies([3], [1], [], [])
     tier.check_invariants()
 
 
@@ -103,7 +102,7 @@ def test_slots_being_loaded_or_stored_are_never_evicted():
     # Still pinned while the plan is in flight.
     assert store(tier, 4, 7) is None
     tier.complete_copies()
-    assert copies == TierCopies([6], [1], [0], [5])
+    assert copies == HostTierCopies([6], [1], [0], [5])
     assert tier.get_usage() == 0.0 and tier.num_cached_blocks == tier.num_host_blocks
     # One step stored h3 and read h1: the read counts as the later use, h3 goes.
     assert store(tier, 4, 7) == 1 and h(1) in tier.blocks
@@ -116,7 +115,7 @@ def test_a_pending_store_is_a_hit_in_the_same_plan_and_stays_pinned_until_comple
     # Stores run before loads in one plan: the hash can be loaded in the same step.
     assert tier.lookup([h(1), h(2)]) == 1
     tier.add_loads(tier.pin([h(1)]), [4])
-    assert tier.take_copies() == TierCopies([3], [0], [0], [4])
+    assert tier.take_copies() == HostTierCopies([3], [0], [0], [4])
     tier.check_invariants()
     assert not tier.blocks[h(1)].is_ready and tier.blocks[h(1)].ref_cnt == 1
     tier.complete_copies()
