@@ -253,10 +253,10 @@ class KVCacheManager:
     def _cache_and_bound(self, request: KVCacheRequest, req_blocks: list[KVCacheBlock], num_final_tokens: int) -> None:
         """Cache (hash and register) the request's full blocks within its first
         ``num_final_tokens`` tokens (final, and computed or scheduled), and set
-        request.kv_fast_until."""
+        request.alloc_noop_until."""
         block_size = self.block_size
         if not self.enable_caching:
-            request.kv_fast_until = len(req_blocks) * block_size
+            request.alloc_noop_until = len(req_blocks) * block_size
             return
         request_id = request.request_id
         num_cached = self.num_cached_block[request_id]
@@ -271,14 +271,14 @@ class KVCacheManager:
         # While its computed tokens stay at or below this, a call for this request
         # would allocate nothing (its blocks have room) and cache nothing (no block
         # past the cached ones fills): the scheduler skips the call (fast path).
-        request.kv_fast_until = min(len(req_blocks) * block_size, (num_cached + 1) * block_size - 1)
+        request.alloc_noop_until = min(len(req_blocks) * block_size, (num_cached + 1) * block_size - 1)
 
     def free(self, request: KVCacheRequest) -> None:
         """Give back the request's blocks, last block first, so that its deepest
         blocks are evicted before its first ones."""
         blocks = self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_block.pop(request.request_id, None)
-        request.kv_fast_until = 0
+        request.alloc_noop_until = 0
         if blocks:
             blocks.reverse()
             self.block_pool.free_blocks(blocks)

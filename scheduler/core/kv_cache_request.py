@@ -17,9 +17,10 @@ class KVCacheRequest(Protocol):
     num_computed_tokens: int
     block_hashes: Sequence[BlockHash]
     all_token_ids: Sequence[int]
-    # Set here: the computed-token count below which another allocation would
-    # allocate and cache nothing (the scheduler's decode fast path).
-    kv_fast_until: int
+    # The one field the manager writes, and only it (every allocation, and free):
+    # while the computed tokens stay at or below it, another allocation for the
+    # request would allocate and cache nothing (the scheduler's decode fast path).
+    alloc_noop_until: int
     # Times preempted so far: a resumed request's lookups are counted apart.
     num_preemptions: int
 

@@ -97,7 +97,7 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus) -> None:
         was_on_worker = request.status == RequestStatus.RUNNING
         request.status = status
-        request.fast_append_below = 0
+        request.append_only_below = 0
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         del self.seq_id_to_request[request.seq_id]
@@ -130,7 +130,7 @@ class Scheduler:
         # 1. Running requests, in order.
         # NOTE: this loop runs once per running request per step (256 x ~50 steps/s);
         # it is written for speed. The common case, one decode token with room in
-        # the request's blocks and nothing to cache (request.kv_fast_until, kept by
+        # the request's blocks and nothing to cache (request.alloc_noop_until, kept by
         # the KV cache manager), only counts the token; the batch lists are made after
         # the loop, at C speed.
         running = self.running
@@ -142,7 +142,7 @@ class Scheduler:
             num_computed = request.num_computed_tokens
             num_tokens = len(request.all_token_ids)
             num_new_tokens = num_tokens - num_computed
-            if num_new_tokens == 1 and num_computed < request.kv_fast_until and token_budget > 0:
+            if num_new_tokens == 1 and num_computed < request.alloc_noop_until and token_budget > 0:
                 request.num_computed_tokens = num_tokens
                 token_budget -= 1
                 continue
@@ -152,7 +152,7 @@ class Scheduler:
             if num_new_tokens > token_budget:
                 num_new_tokens = token_budget
             end = num_computed + num_new_tokens
-            if end > request.kv_fast_until:
+            if end > request.alloc_noop_until:
                 while True:
                     if num_new_tokens == 1:
                         new_blocks = allocate_next_slot(request)
@@ -294,7 +294,7 @@ class Scheduler:
 
         # NOTE: once per sampled row per step: locals, no properties, and one test for
         # the common case, a token that fills no block, ends nothing and is not the
-        # first (request.fast_append_below, kept by _append_token).
+        # first (request.append_only_below, kept by _append_token).
         now = time.monotonic()
         prev_token_times: list[float | None] = []
         append_prev = prev_token_times.append
@@ -302,7 +302,7 @@ class Scheduler:
         skipped: list[int] = []
         for request, token_id in zip(requests, token_ids, strict=True):
             all_token_ids = request.all_token_ids
-            if len(all_token_ids) < request.fast_append_below and token_id not in request.stop_token_ids:
+            if len(all_token_ids) < request.append_only_below and token_id not in request.stop_token_ids:
                 all_token_ids.append(token_id)
                 append_prev(request.last_token_time)
                 request.last_token_time = now
@@ -337,7 +337,7 @@ class Scheduler:
         if num_tokens < request.max_num_tokens and not stops:
             # The next token takes the fast path unless it fills a block or is the last.
             block_size = self.block_size
-            request.fast_append_below = min(request.max_num_tokens - 1, (num_tokens // block_size + 1) * block_size - 1)
+            request.append_only_below = min(request.max_num_tokens - 1, (num_tokens // block_size + 1) * block_size - 1)
             return None
         status = RequestStatus.FINISHED_STOPPED if num_tokens < request.max_num_tokens else RequestStatus.FINISHED_LENGTH
         self.running.remove(request)
