@@ -8,9 +8,12 @@ token for each request that sampled.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
-from protocol.worker_messages import StepPlan
+from protocol.worker_messages import StepPlan, StepResult
 from scheduler.sched.request import Request
+
+_SEQ_ID = attrgetter("seq_id")
 
 
 @dataclass(slots=True)
@@ -26,6 +29,25 @@ class SchedulerOutput:
     # The requests whose computed tokens reach their token count this step, in batch
     # order: each samples exactly one token (the rows the result must name).
     sampling: list[Request] = field(default_factory=list)
+
+    def match_result(self, result: StepResult) -> list[Request]:
+        """The requests of the worker's ``result`` of this step, in its row order.
+        Raises ValueError unless it names exactly the rows that sample, one token each."""
+        if result.step_id != self.plan.step_id:
+            raise ValueError(f"result for step {result.step_id}, expected {self.plan.step_id}")
+        if len(result.seq_ids) != len(result.sampled_token_ids):
+            raise ValueError("result has different numbers of seq_ids and sampled tokens")
+        # NOTE: the list compare is the cheap common case (the worker answers in plan
+        # order); otherwise the rows are matched by seq_id.
+        requests = self.sampling
+        expected_ids = list(map(_SEQ_ID, requests))
+        if result.seq_ids != expected_ids:
+            got = set(result.seq_ids)
+            if got != set(expected_ids) or len(got) != len(result.seq_ids):
+                raise ValueError(f"step {result.step_id}: sampled rows {sorted(got)} but expected {sorted(expected_ids)}")
+            by_seq_id = {r.seq_id: r for r in requests}
+            requests = [by_seq_id[seq_id] for seq_id in result.seq_ids]
+        return requests
 
 
 @dataclass(slots=True)
@@ -48,3 +70,15 @@ class StepOutputs:
     def ttft_s(self, i: int) -> float | None:
         """Time to first token, when ``token_ids[i]`` is its request's first."""
         return self.time - self.requests[i].arrival_time if self.prev_token_times[i] is None else None
+
+    def without(self, skipped: list[int]) -> StepOutputs:
+        """These outputs less the rows at the indices ``skipped`` (ascending)."""
+        keep = sorted(set(range(len(self.requests))) - set(skipped))
+        position = {old: new for new, old in enumerate(keep)}
+        return StepOutputs(
+            self.time,
+            [self.requests[i] for i in keep],
+            [self.token_ids[i] for i in keep],
+            [self.prev_token_times[i] for i in keep],
+            {position[i]: reason for i, reason in self.finish_reasons.items()},
+        )
