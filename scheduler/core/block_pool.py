@@ -39,7 +39,7 @@ class BlockPool:
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         # NOTE: the cyclic GC would traverse the growing list again and again while a
-        # large pool is built (a 1M-block pool: 0.7 s with it, 0.25 s without).
+        # large pool is built.
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:

@@ -142,8 +142,5 @@ class FreeKVCacheBlockQueue:
             yield block
             block = block.next_free_block
 
-    def get_all_free_blocks(self) -> list[KVCacheBlock]:
-        return list(self)
-
     def __len__(self) -> int:
         return self.num_free_blocks

@@ -6,25 +6,22 @@ The scheduler asks three things of it: which prefix of a request is already cach
 
 With a host tier (`scheduler/core/offload_tier.py`, vLLM's --kv-offloading-size)
 the cached prefix continues in host memory after the device's: those blocks get
-fresh device blocks and a load in the step's plan. Blocks go to the tier when
-their hash leaves its last device block (``offload_store="eviction"``, lazy
-eviction in get_new_blocks: the store is in the plan of the step that reuses the
-block, and stores run first) or once they are computed (``"full"``,
-write-through: stored in the plan after the one that computes them). The
-scheduler takes a step's copies with `take_tier_copies` and completes them with
-`complete_tier_copies` once the step's result is in.
+fresh device blocks and a load in the step's plan. Which blocks go to the tier,
+and when, is the `OffloadingConnector`'s (`scheduler/core/offloading_connector.py`).
+The scheduler takes a step's copies with `take_tier_copies` and completes them
+with `complete_tier_copies` once the step's result is in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
 
-from protocol.worker_messages import TierCopies
 from scheduler.core.block_pool import BlockPool
-from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
+from scheduler.core.kv_cache_block import KVCacheBlock
+from scheduler.core.kv_cache_request import KVCacheRequest
 from scheduler.core.kv_events import KVEventSink
-from scheduler.core.offload_tier import HostTier
+from scheduler.core.offload_tier import HostTier, HostTierCopies
+from scheduler.core.offloading_connector import OffloadingConnector
 from scheduler.core.prefix_cache_stats import PrefixCacheStats
 
 # (num_gpu_blocks, enable_caching, event_sink) -> the pool. BlockPool itself by
@@ -34,36 +31,9 @@ PoolFactory = Callable[[int, bool, "KVEventSink | None"], BlockPool]
 OFFLOAD_STORE_MODES = ("eviction", "full")
 
 
-class Request(Protocol):
-    """What the manager reads and writes of a request (``scheduler.sched.request``'s
-    Request is one): the core does not depend on the policy's request type."""
-
-    request_id: str
-    num_computed_tokens: int
-    block_hashes: Sequence[BlockHash]
-    all_token_ids: Sequence[int]
-    # Set here: the computed-token count below which another allocation would
-    # allocate and cache nothing (the scheduler's decode fast path).
-    kv_fast_until: int
-    # Times preempted so far: a resumed request's lookups are counted apart.
-    num_preemptions: int
-
-    @property
-    def num_tokens(self) -> int: ...
-
-
 class KVCacheManager:
-    def __init__(
-        self,
-        num_gpu_blocks: int,
-        block_size: int,
-        max_model_len: int,
-        enable_caching: bool = True,
-        event_sink: KVEventSink | None = None,
-        pool_factory: PoolFactory = BlockPool,
-        host_tier: HostTier | None = None,
-        offload_store: str = "eviction",
-    ):
+    def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True, event_sink: KVEventSink | None = None,
+                 pool_factory: PoolFactory = BlockPool, host_tier: HostTier | None = None, offload_store: str = "eviction"):  # fmt: skip
         if offload_store not in OFFLOAD_STORE_MODES:
             raise ValueError(f"offload_store must be one of {OFFLOAD_STORE_MODES}, got {offload_store!r}")
         if host_tier is not None and host_tier.block_size != block_size:
@@ -82,15 +52,10 @@ class KVCacheManager:
         self.host_tier = host_tier if enable_caching else None
         self.offload_store = offload_store
         self._write_through = self.host_tier is not None and offload_store == "full"
+        self.offloading_connector = None if self.host_tier is None else OffloadingConnector(self.host_tier, self.block_pool, self._write_through)
         # vLLM's connector_prefix_cache_stats: tokens asked of the host tier (what the
         # device did not hold) and found there (vllm:external_prefix_cache_*).
         self.external_prefix_cache_stats = PrefixCacheStats()
-        # Write-through: (device block id, hash) cached by the step being scheduled,
-        # and by the step before (computed by its plan, stored in this one's).
-        self._written_this_step: list[tuple[int, BlockHash]] = []
-        self._written_last_step: list[tuple[int, BlockHash]] = []
-        if self.host_tier is not None and offload_store == "eviction":
-            self.block_pool.evicted = []
         # Fewest free blocks seen right after an allocation: the peak of usage, which
         # a poll between steps misses (frees come at the end of every step).
         self.min_num_free_blocks = self.block_pool.get_num_free_blocks()
@@ -104,7 +69,7 @@ class KVCacheManager:
         """The highest `usage` since start (vllm:kv_cache_usage_perc's peak)."""
         return 1.0 - self.min_num_free_blocks / (self.block_pool.num_gpu_blocks - 1)
 
-    def get_num_held_tokens(self, requests: Iterable[Request]) -> int:
+    def get_num_held_tokens(self, requests: Iterable[KVCacheRequest]) -> int:
         """Token slots of the held blocks that hold a token (computed or scheduled),
         a shared block counted once. ``requests``: every request holding blocks.
 
@@ -122,12 +87,12 @@ class KVCacheManager:
                 num_empty += max(0, len(blocks) * block_size - request.num_computed_tokens)
         return num_used * block_size - num_empty
 
-    def get_token_usage(self, requests: Iterable[Request]) -> float:
+    def get_token_usage(self, requests: Iterable[KVCacheRequest]) -> float:
         """Held tokens over the pool's token slots (null block left out): what
         `usage` says in blocks, in tokens (a block holding one token counts 1/block_size)."""
         return self.get_num_held_tokens(requests) / ((self.block_pool.num_gpu_blocks - 1) * self.block_size)
 
-    def get_computed_blocks(self, request: Request, record_stats: bool = True) -> tuple[list[KVCacheBlock], int]:
+    def get_computed_blocks(self, request: KVCacheRequest, record_stats: bool = True) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of the request's full blocks, and its length in
         tokens. Capped so the last prompt token is always computed: the worker needs
         its logits to sample the first output token.
@@ -151,8 +116,8 @@ class KVCacheManager:
                 break
             computed.append(block)
         num_hit_blocks = len(computed)
-        if self.host_tier is not None and num_hit_blocks < max_hit_blocks:
-            num_hit_blocks += self.host_tier.lookup(hashes[num_hit_blocks:max_hit_blocks])
+        if self.offloading_connector is not None and num_hit_blocks < max_hit_blocks:
+            num_hit_blocks += self.offloading_connector.lookup(hashes[num_hit_blocks:max_hit_blocks])
         num_computed_tokens = num_hit_blocks * self.block_size
         if record_stats:
             self.record_prefix_cache_query(
@@ -175,15 +140,8 @@ class KVCacheManager:
         if self.host_tier is not None:
             self.external_prefix_cache_stats.record(num_tokens - num_local, num_host_hit_tokens, preempted)
 
-    def allocate_slots(
-        self,
-        request: Request,
-        num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
-        new_computed_blocks: list[KVCacheBlock] | None = None,
-        num_lookahead_tokens: int = 0,
-        full_sequence_must_fit: bool = False,
-    ) -> list[KVCacheBlock] | None:
+    def allocate_slots(self, request: KVCacheRequest, num_new_tokens: int, num_new_computed_tokens: int = 0, new_computed_blocks: list[KVCacheBlock] | None = None,
+                       num_lookahead_tokens: int = 0, full_sequence_must_fit: bool = False) -> list[KVCacheBlock] | None:  # fmt: skip
         """Make room for ``num_new_tokens`` more tokens of ``request`` (after its
         computed tokens and the ``new_computed_blocks`` prefix hits).
 
@@ -207,53 +165,66 @@ class KVCacheManager:
         # Host-tier hits: the computed tokens past the device's hit blocks.
         num_host_hits = 0
         if num_new_computed_tokens > len(new_computed_blocks) * self.block_size:
-            num_host_hits = self._check_host_hits(request, num_held, num_new_computed_tokens, len(new_computed_blocks))
+            if self.offloading_connector is None:
+                raise ValueError(f"request {request_id!r}: computed tokens beyond its device hits, but there is no host tier")
+            num_host_hits = self.offloading_connector.get_num_hits(request, num_held, num_new_computed_tokens, len(new_computed_blocks))
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_tokens_need_slot = min(num_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        num_new_blocks = -(-num_tokens_need_slot // self.block_size) - num_held - len(new_computed_blocks)
+        num_new_blocks = self._get_num_blocks_to_allocate(request, num_tokens_need_slot, num_held, new_computed_blocks, full_sequence_must_fit)
+        if num_new_blocks is None:
+            return None
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[request_id] = []
+            self.num_cached_block[request_id] = 0
+        new_blocks = self._add_blocks(request, req_blocks, new_computed_blocks, num_host_hits, num_new_blocks)
+        self._cache_and_bound(request, req_blocks, min(num_computed_tokens + num_new_tokens, len(request.all_token_ids)))
+        return new_blocks
 
+    def _get_num_blocks_to_allocate(self, request: KVCacheRequest, num_tokens_need_slot: int, num_held: int, new_computed_blocks: Sequence[KVCacheBlock], full_sequence_must_fit: bool) -> int | None:
+        """The new blocks a table of ``num_held`` blocks plus the prefix hits needs for
+        ``num_tokens_need_slot`` tokens (0 or less: none), or None if they do not fit."""
+        num_new_blocks = -(-num_tokens_need_slot // self.block_size) - num_held - len(new_computed_blocks)
         # NOTE: a hit on a free block takes it out of the free queue, so those hits
         # are not free for this request's new blocks.
-        pool = self.block_pool
         num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null) if new_computed_blocks else 0
-        num_free = pool.free_block_queue.num_free_blocks - num_evictable_hits
+        num_free = self.block_pool.free_block_queue.num_free_blocks - num_evictable_hits
         if num_new_blocks > num_free:
             return None
         if full_sequence_must_fit:
             num_full = min(request.num_tokens, self.max_model_len)
             if -(-num_full // self.block_size) - num_held - len(new_computed_blocks) > num_free:
                 return None
+        return num_new_blocks
 
-        if req_blocks is None:
-            req_blocks = self.req_to_blocks[request_id] = []
-            self.num_cached_block[request_id] = 0
+    def _add_blocks(self, request: KVCacheRequest, req_blocks: list[KVCacheBlock], new_computed_blocks: Sequence[KVCacheBlock], num_host_hits: int, num_new_blocks: int) -> list[KVCacheBlock]:
+        """Append the prefix hits and ``num_new_blocks`` new blocks to the table; the
+        first new blocks take the host hits, as loads. Returns the new blocks."""
+        pool = self.block_pool
         if new_computed_blocks:
             pool.touch(new_computed_blocks)
             req_blocks.extend(new_computed_blocks)
             # Hits are cached already.
-            self.num_cached_block[request_id] = len(req_blocks)
+            self.num_cached_block[request.request_id] = len(req_blocks)
         if num_host_hits:
             # NOTE: pinned before the allocation below, whose evictions may need host
             # slots for their stores: those must not take the slots about to be read.
             first = len(new_computed_blocks)
-            host_entries = self.host_tier.pin(request.block_hashes[first : first + num_host_hits])
+            host_entries = self.offloading_connector.pin_hits(request.block_hashes[first : first + num_host_hits])
         if num_new_blocks > 0:
             new_blocks = pool.get_new_blocks(num_new_blocks)
             req_blocks.extend(new_blocks)
             if pool.evicted:
-                self._store_evicted()
+                self.offloading_connector.store_evicted()
         else:
             new_blocks = []
         if num_host_hits:
             # The first new blocks take the host hits (their tokens are computed).
-            self.host_tier.add_loads(host_entries, [b.block_id for b in new_blocks[:num_host_hits]])
+            self.offloading_connector.add_loads(host_entries, new_blocks[:num_host_hits])
         if pool.free_block_queue.num_free_blocks < self.min_num_free_blocks:
             self.min_num_free_blocks = pool.free_block_queue.num_free_blocks
-
-        self._cache_and_bound(request, req_blocks, min(num_computed_tokens + num_new_tokens, len(request.all_token_ids)))
         return new_blocks
 
-    def allocate_next_slot(self, request: Request) -> list[KVCacheBlock] | None:
+    def allocate_next_slot(self, request: KVCacheRequest) -> list[KVCacheBlock] | None:
         """``allocate_slots(request, 1)`` for a running request (a decode step, or
         the last token of a chunked prompt): the same effect and result, without the
         general path's work. The scheduler calls it at every block boundary of
@@ -271,7 +242,7 @@ class KVCacheManager:
             new_blocks = pool.get_new_blocks(1)
             req_blocks += new_blocks
             if pool.evicted:
-                self._store_evicted()
+                self.offloading_connector.store_evicted()
             if pool.free_block_queue.num_free_blocks < self.min_num_free_blocks:
                 self.min_num_free_blocks = pool.free_block_queue.num_free_blocks
         else:
@@ -279,13 +250,13 @@ class KVCacheManager:
         self._cache_and_bound(request, req_blocks, min(end, len(request.all_token_ids)))
         return new_blocks
 
-    def _cache_and_bound(self, request: Request, req_blocks: list[KVCacheBlock], num_final_tokens: int) -> None:
+    def _cache_and_bound(self, request: KVCacheRequest, req_blocks: list[KVCacheBlock], num_final_tokens: int) -> None:
         """Cache (hash and register) the request's full blocks within its first
         ``num_final_tokens`` tokens (final, and computed or scheduled), and set
-        request.kv_fast_until."""
+        request.alloc_noop_until."""
         block_size = self.block_size
         if not self.enable_caching:
-            request.kv_fast_until = len(req_blocks) * block_size
+            request.alloc_noop_until = len(req_blocks) * block_size
             return
         request_id = request.request_id
         num_cached = self.num_cached_block[request_id]
@@ -295,71 +266,36 @@ class KVCacheManager:
                 req_blocks, request.block_hashes, num_cached, num_full_blocks, request.all_token_ids, block_size
             )
             if self._write_through:
-                hashes = request.block_hashes
-                self._written_this_step.extend((req_blocks[i].block_id, hashes[i]) for i in range(num_cached, num_full_blocks))
+                self.offloading_connector.add_written(req_blocks, request.block_hashes, num_cached, num_full_blocks)
             self.num_cached_block[request_id] = num_cached = num_full_blocks
         # While its computed tokens stay at or below this, a call for this request
         # would allocate nothing (its blocks have room) and cache nothing (no block
         # past the cached ones fills): the scheduler skips the call (fast path).
-        request.kv_fast_until = min(len(req_blocks) * block_size, (num_cached + 1) * block_size - 1)
+        request.alloc_noop_until = min(len(req_blocks) * block_size, (num_cached + 1) * block_size - 1)
 
-    def free(self, request: Request) -> None:
+    def free(self, request: KVCacheRequest) -> None:
         """Give back the request's blocks, last block first, so that its deepest
         blocks are evicted before its first ones."""
         blocks = self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_block.pop(request.request_id, None)
-        request.kv_fast_until = 0
+        request.alloc_noop_until = 0
         if blocks:
             blocks.reverse()
             self.block_pool.free_blocks(blocks)
-
-    def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
-        return self.req_to_blocks.get(request_id, [])
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 
     # --- the host tier -----------------------------------------------------------------
 
-    def _check_host_hits(self, request: Request, num_held: int, num_new_computed_tokens: int, num_device_hits: int) -> int:
-        """The number of host-tier hit blocks in an admission's computed tokens, or
-        ValueError if they are not what get_computed_blocks found."""
-        if self.host_tier is None:
-            raise ValueError(f"request {request.request_id!r}: computed tokens beyond its device hits, but there is no host tier")
-        if num_held or request.num_computed_tokens:
-            raise ValueError(f"request {request.request_id!r} already holds blocks; prefix hits only at admission")
-        if num_new_computed_tokens % self.block_size:
-            raise ValueError(f"num_new_computed_tokens {num_new_computed_tokens} is not a multiple of the block size {self.block_size}")
-        num_host_hits = num_new_computed_tokens // self.block_size - num_device_hits
-        hashes = request.block_hashes[num_device_hits : num_device_hits + num_host_hits]
-        if len(hashes) != num_host_hits or self.host_tier.lookup(hashes) != num_host_hits:
-            raise ValueError(f"request {request.request_id!r}: {num_host_hits} host-tier hits claimed, the tier holds fewer")
-        return num_host_hits
-
-    def _store_evicted(self) -> None:
-        """Eviction mode: every hash that just left its last device block goes to
-        the host tier, from the block now being reused (the store runs first)."""
-        evicted = self.block_pool.evicted
-        self.host_tier.prepare_stores(evicted)
-        evicted.clear()
-
-    def take_tier_copies(self) -> TierCopies | None:
-        """The copies of the step being planned (None: none), for its StepPlan;
-        in flight until `complete_tier_copies`. Call once per plan, after every
-        allocation of the step."""
-        tier = self.host_tier
-        if tier is None:
-            return None
-        if self._written_last_step:
-            # Write-through: blocks computed by the previous plan.
-            tier.prepare_stores(self._written_last_step)
-        self._written_last_step, self._written_this_step = self._written_this_step, []
-        return tier.take_copies()
+    def take_tier_copies(self) -> HostTierCopies | None:
+        """The step's copies for its plan (None: none, or no tier); see `OffloadingConnector.take_copies`."""
+        return None if self.offloading_connector is None else self.offloading_connector.take_copies()
 
     def complete_tier_copies(self) -> None:
         """The plan in flight ran: its copies are done."""
-        if self.host_tier is not None:
-            self.host_tier.complete_copies()
+        if self.offloading_connector is not None:
+            self.offloading_connector.complete_copies()
 
     def reset_prefix_cache(self) -> bool:
         """Drop every hash, on the device and in the host tier (vLLM's CPU tier
@@ -367,12 +303,8 @@ class KVCacheManager:
         changed) while any request holds a block."""
         if not self.block_pool.reset_prefix_cache():
             return False
-        if self.host_tier is not None:
-            self.host_tier.clear()
-            self._written_this_step.clear()
-            self._written_last_step.clear()
-            if self.block_pool.evicted:
-                self.block_pool.evicted.clear()
+        if self.offloading_connector is not None:
+            self.offloading_connector.clear()
         return True
 
     def check_invariants(self) -> None:
@@ -380,14 +312,8 @@ class KVCacheManager:
         tables holding it; the host tier's invariants, and each load of the step
         being planned goes to a held device block that holds the loaded hash."""
         self.block_pool.check_invariants()
-        if self.host_tier is not None:
-            self.host_tier.check_invariants()
-            assert not self.block_pool.evicted, "evicted hashes not handed to the host tier"
-            blocks = self.block_pool.blocks
-            for entry, device_block_id in self.host_tier.pending_loads():
-                block = blocks[device_block_id]
-                assert block.ref_cnt >= 1, f"a load into free device block {device_block_id}"
-                assert block.block_hash == entry.block_hash, f"device block {device_block_id} does not hold the hash loaded into it"
+        if self.offloading_connector is not None:
+            self.offloading_connector.check_invariants()
         owners: dict[int, int] = {}
         for blocks in self.req_to_blocks.values():
             for b in blocks:

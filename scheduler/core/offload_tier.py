@@ -14,7 +14,8 @@ names. The discipline is the device pool's:
   is not ready; neither can be evicted, so no later store overwrites a slot
   before the copy that reads it ran.
 
-A step's copies (`take_copies`) are parallel lists in `TierCopies`; the worker
+A step's copies (`take_copies`) are parallel lists in `HostTierCopies`, plain
+data the policy layer puts in its plan as the wire `TierCopies`; the worker
 runs every store (device block -> host slot), then every load (host slot ->
 device block), before any token of the step is written or read
 (protocol/worker_messages.py). `complete_copies` marks them done once the
@@ -35,12 +36,24 @@ Counters (plain ints, read by the process loop): stores, loads, stores skipped
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from protocol.kv_events import MEDIUM_CPU
-from protocol.worker_messages import TierCopies
 from scheduler.core.kv_cache_block import BlockHash
 from scheduler.core.kv_events import KVEventSink
 from scheduler.core.lru_policy import EvictionPolicy, LRUPolicy
+
+
+@dataclass(slots=True)
+class HostTierCopies:
+    """A step's copies, as parallel lists: device block store_device_ids[i] into
+    host slot store_host_ids[i] (every store first), then host slot load_host_ids[i]
+    into device block load_device_ids[i]."""
+
+    store_device_ids: list[int]
+    store_host_ids: list[int]
+    load_host_ids: list[int]
+    load_device_ids: list[int]
 
 
 class HostBlock:
@@ -66,9 +79,9 @@ class HostTier:
     A step's life (KVCacheManager drives it; the simulator through the manager):
     `lookup` (admission), `pin` then `add_loads` (host hits get device blocks),
     `prepare_stores` (blocks leaving the device, or write-through), `take_copies`
-    (the plan's TierCopies), `complete_copies` (the step's result is in). `clear`
+    (the plan's HostTierCopies), `complete_copies` (the step's result is in). `clear`
     on a reset or a lost worker. Read-only for callers: `blocks`, the counters,
-    `num_cached_blocks`, `num_pinned_blocks`, `get_usage`, `get_fill`."""
+    `num_cached_blocks`, `num_pinned_blocks`, `get_usage`."""
 
     def __init__(
         self,
@@ -139,17 +152,11 @@ class HostTier:
 
     # --- stores -----------------------------------------------------------------------
 
-    def prepare_store(self, block_hash: BlockHash, device_block_id: int) -> int | None:
-        """Copy device block ``device_block_id`` (holding ``block_hash``) into a host
-        slot in this step's plan. Returns the slot, or None: skipped (the tier holds
-        the hash already) or dropped (no free slot and none evictable)."""
-        n = len(self._store_blocks)
-        self.prepare_stores(((device_block_id, block_hash),))
-        return self._store_blocks[n].slot if len(self._store_blocks) > n else None
-
     def prepare_stores(self, evicted: Sequence[tuple[int, BlockHash]]) -> None:
-        """`prepare_store` for each (device block id, hash), in order: the manager's
-        per-allocation batch. A slot comes from the free list, else from the policy's
+        """Copy each device block (id, the hash it holds) into a host slot in this
+        step's plan, in order: the manager's per-allocation batch. A store is skipped
+        when the tier holds the hash already, and dropped when no slot is free and
+        none evictable. A slot comes from the free list, else from the policy's
         victim (a CPU BlockRemoved). NOTE: names bound once: this runs for every
         block evicted from the device."""
         blocks = self.blocks
@@ -183,14 +190,14 @@ class HostTier:
 
     # --- the step's copies ------------------------------------------------------------
 
-    def take_copies(self) -> TierCopies | None:
+    def take_copies(self) -> HostTierCopies | None:
         """This step's copies for its plan (None when there are none); they are in
         flight until `complete_copies`."""
         if not self._store_blocks and not self._load_blocks:
             return None
         if self._in_flight_stores or self._in_flight_loads:
             raise RuntimeError("the copies of the plan in flight were not completed (complete_copies)")
-        copies = TierCopies(
+        copies = HostTierCopies(
             self._store_device_ids, [e.slot for e in self._store_blocks], [e.slot for e in self._load_blocks], self._load_device_ids
         )
         self._in_flight_stores, self._store_blocks, self._store_device_ids = self._store_blocks, [], []
@@ -247,13 +254,6 @@ class HostTier:
         """Pinned slots over all slots: vllm:kv_offload_cpu_cache_usage_perc, as vLLM
         computes it (0 when no copy is in flight, however full the tier)."""
         return self.num_pinned_blocks / self.num_host_blocks
-
-    def get_fill(self) -> float:
-        """Slots holding a hash over all slots."""
-        return len(self.blocks) / self.num_host_blocks
-
-    def has_pending_copies(self) -> bool:
-        return bool(self._store_blocks or self._load_blocks or self._in_flight_stores or self._in_flight_loads)
 
     def pending_loads(self) -> list[tuple[HostBlock, int]]:
         """This step's loads so far, (entry, device block id) (tests, invariants)."""

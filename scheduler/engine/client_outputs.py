@@ -1,7 +1,7 @@
 """A step's tokens to the clients: one `EngineCoreOutputs` frame per client per step.
 
 `outputs_by_client` builds each client's batch straight from the scheduler's
-`StepOutputs` columns (no per-request `RequestOutput` on the way), in batch order,
+`StepOutputs` columns (no per-request object on the way), in batch order,
 as vLLM's `Scheduler.update_from_output` groups its EngineCoreOutputs by client.
 `send_outputs` encodes each batch once and sends them all without waiting
 (`RouterPort.send_batch`); it returns the clients that could not be sent to (gone,

@@ -2,18 +2,18 @@
 
 `SchedulerOutput` is one scheduled step (`Scheduler.schedule`); `StepOutputs` is
 what applying the worker's result gave (`Scheduler.update_from_output`): one new
-token for each request that sampled. `RequestOutput` is one request's row of it.
+token for each request that sampled.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 
-import msgspec
-
-from protocol.worker_messages import StepPlan
+from protocol.worker_messages import StepPlan, StepResult
 from scheduler.sched.request import Request
+
+_SEQ_ID = attrgetter("seq_id")
 
 
 @dataclass(slots=True)
@@ -30,29 +30,32 @@ class SchedulerOutput:
     # order: each samples exactly one token (the rows the result must name).
     sampling: list[Request] = field(default_factory=list)
 
-
-class RequestOutput(msgspec.Struct, gc=False):
-    """New tokens of one request after a step (or its end).
-
-    gc=False: it holds no cycle (a Request never points back at its outputs)."""
-
-    request: Request
-    new_token_ids: list[int]
-    finished: bool = False
-    finish_reason: str | None = None
-    # Latencies this output completes (seconds): time to first token, or the gap
-    # since the previous token.
-    ttft_s: float | None = None
-    itl_s: float | None = None
+    def match_result(self, result: StepResult) -> list[Request]:
+        """The requests of the worker's ``result`` of this step, in its row order.
+        Raises ValueError unless it names exactly the rows that sample, one token each."""
+        if result.step_id != self.plan.step_id:
+            raise ValueError(f"result for step {result.step_id}, expected {self.plan.step_id}")
+        if len(result.seq_ids) != len(result.sampled_token_ids):
+            raise ValueError("result has different numbers of seq_ids and sampled tokens")
+        # NOTE: the list compare is the cheap common case (the worker answers in plan
+        # order); otherwise the rows are matched by seq_id.
+        requests = self.sampling
+        expected_ids = list(map(_SEQ_ID, requests))
+        if result.seq_ids != expected_ids:
+            got = set(result.seq_ids)
+            if got != set(expected_ids) or len(got) != len(result.seq_ids):
+                raise ValueError(f"step {result.step_id}: sampled rows {sorted(got)} but expected {sorted(expected_ids)}")
+            by_seq_id = {r.seq_id: r for r in requests}
+            requests = [by_seq_id[seq_id] for seq_id in result.seq_ids]
+        return requests
 
 
 @dataclass(slots=True)
 class StepOutputs:
     """The tokens of one step, in columns: ``requests[i]`` got ``token_ids[i]``.
 
-    NOTE: columns, not an object per request: a decode step of 256 requests makes
-    no per-request object here (that was a third of the step's cost). Iterating
-    gives each request's `RequestOutput`, made on demand, for callers that want rows.
+    NOTE: columns, not an object per request: a decode step makes no per-request
+    object here (the step's cost grows with each per-request allocation).
     """
 
     # time.monotonic() when the tokens were applied.
@@ -64,23 +67,18 @@ class StepOutputs:
     # Index in `requests` -> finish reason, for the requests this step ended.
     finish_reasons: dict[int, str] = field(default_factory=dict)
 
-    def __len__(self) -> int:
-        return len(self.requests)
-
     def ttft_s(self, i: int) -> float | None:
         """Time to first token, when ``token_ids[i]`` is its request's first."""
         return self.time - self.requests[i].arrival_time if self.prev_token_times[i] is None else None
 
-    def itl_s(self, i: int) -> float | None:
-        """The gap since the request's previous token (None for a first token)."""
-        prev = self.prev_token_times[i]
-        return None if prev is None else self.time - prev
-
-    def output(self, i: int) -> RequestOutput:
-        reason = self.finish_reasons.get(i)
-        return RequestOutput(
-            self.requests[i], [self.token_ids[i]], reason is not None, reason, self.ttft_s(i), self.itl_s(i)
+    def without(self, skipped: list[int]) -> StepOutputs:
+        """These outputs less the rows at the indices ``skipped`` (ascending)."""
+        keep = sorted(set(range(len(self.requests))) - set(skipped))
+        position = {old: new for new, old in enumerate(keep)}
+        return StepOutputs(
+            self.time,
+            [self.requests[i] for i in keep],
+            [self.token_ids[i] for i in keep],
+            [self.prev_token_times[i] for i in keep],
+            {position[i]: reason for i, reason in self.finish_reasons.items()},
         )
-
-    def __iter__(self) -> Iterator[RequestOutput]:
-        return map(self.output, range(len(self.requests)))

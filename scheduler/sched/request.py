@@ -37,7 +37,7 @@ class Request:
         "request_id", "seq_id", "client_id", "all_token_ids", "num_prompt_tokens",
         "max_tokens", "ignore_eos", "eos_token_id", "cache_salt", "status", "num_computed_tokens",
         "num_cached_tokens", "block_hashes", "block_hasher", "arrival_time", "first_token_time",
-        "last_token_time", "num_preemptions", "kv_fast_until", "max_num_tokens", "stop_token_ids", "fast_append_below",
+        "last_token_time", "num_preemptions", "alloc_noop_until", "max_num_tokens", "stop_token_ids", "append_only_below",
         "min_tokens", "sampling",
     )  # fmt: skip
 
@@ -87,10 +87,9 @@ class Request:
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         self.num_preemptions = 0
-        # Kept by KVCacheManager.allocate_slots: while the request's computed tokens
-        # stay at or below it, allocate_slots would change nothing (the scheduler's
-        # decode fast path).
-        self.kv_fast_until = 0
+        # The KV cache manager's, written by its allocations and free only (see
+        # KVCacheRequest); the scheduler reads it for its decode fast path.
+        self.alloc_noop_until = 0
         # Where it stops: at this many tokens (the scheduler caps it at max_model_len),
         # or after sampling one of stop_token_ids (the model's EOS ids unless
         # ignore_eos, and the request's own), once it has min_tokens outputs.
@@ -100,10 +99,10 @@ class Request:
         self.min_tokens = min_tokens
         # What the worker samples with (None: greedy, no logprobs).
         self.sampling = None if sampling is None else RowSampling(self.num_prompt_tokens, sampling)
-        # Kept by the scheduler: while the request holds fewer tokens than this, a
-        # sampled token fills no block, reaches no limit and is not its first: it
-        # is appended and nothing else (update_from_output's fast path). 0: not yet.
-        self.fast_append_below = 0
+        # The scheduler's (the core never sees it): while the request holds fewer
+        # tokens than this, a sampled token fills no block, reaches no limit and is
+        # not its first: it is only appended (update_from_output's fast path). 0: not yet.
+        self.append_only_below = 0
 
     @property
     def num_tokens(self) -> int:

@@ -7,10 +7,7 @@ steps (chunked prefill). Out of blocks: preempt the last running request by
 recompute. Finish on max_tokens, or on a stop token (EOS unless ignore_eos, and the
 request's stop_token_ids) once min_tokens are out, or abort.
 
-The worker keeps a copy of every running row, so the plan says only what changed
-(DESIGN.md, the contract): rows are sent whole once (new, or resumed after a
-preemption), then only grow by appended block ids; finished and preempted rows are
-named by seq_id; a row decodes one token unless the plan says otherwise.
+The plan says only what changed since the last (scheduler/sched/plan_builder.py).
 """
 
 from __future__ import annotations
@@ -18,26 +15,18 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable
-from operator import attrgetter
 
-from protocol.worker_messages import AppendedBlocks, RequestRow, StepPlan, StepResult
+from protocol.worker_messages import StepResult
+from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.outputs import SchedulerOutput, StepOutputs
+from scheduler.sched.plan_builder import StepPlanBuilder
 from scheduler.sched.request import Request, RequestStatus
-
-_SEQ_ID = attrgetter("seq_id")
-_BLOCK_ID = attrgetter("block_id")
 
 
 class Scheduler:
-    def __init__(
-        self,
-        kv_cache_manager: KVCacheManager,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        max_model_len: int,
-        reserve_full_sequence: bool = True,
-    ):
+    def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
+                 reserve_full_sequence: bool = True):  # fmt: skip
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         self.kv_cache_manager = kv_cache_manager
@@ -97,7 +86,7 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus) -> None:
         was_on_worker = request.status == RequestStatus.RUNNING
         request.status = status
-        request.fast_append_below = 0
+        request.append_only_below = 0
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         del self.seq_id_to_request[request.seq_id]
@@ -121,20 +110,37 @@ class Scheduler:
         """Decide the next step. None when there is nothing to run."""
         if self._in_flight is not None:
             raise RuntimeError(f"step {self._in_flight.plan.step_id} is still in flight")
-        kv = self.kv_cache_manager
-        token_budget = self.max_num_batched_tokens
-        num_scheduled_tokens: dict[int, int] = {}
-        appended: list[AppendedBlocks] = []
-        preempted: list[Request] = []
+        plan = StepPlanBuilder()
+        token_budget, scheduled, sampling, preempted = self._schedule_running(plan)
+        # Waiting requests only if this step did not have to preempt.
+        if not preempted:
+            token_budget = self._schedule_waiting(plan, token_budget, scheduled, sampling)
+        finished_seq_ids = self._pending_finished_seq_ids
+        self._pending_finished_seq_ids = []
+        if not scheduled:
+            # Nothing to run; rows to drop ride along with the next plan.
+            self._pending_finished_seq_ids = finished_seq_ids
+            self._pending_finished_seq_ids.extend(r.seq_id for r in preempted)
+            return None
+        step_plan = plan.build(self.next_step_id, finished_seq_ids, preempted, self.kv_cache_manager.take_tier_copies())
+        self.next_step_id += 1
+        total = self.max_num_batched_tokens - token_budget
+        self._in_flight = SchedulerOutput(step_plan, scheduled, total, preempted, sampling)
+        return self._in_flight
 
-        # 1. Running requests, in order.
-        # NOTE: this loop runs once per running request per step (256 x ~50 steps/s);
-        # it is written for speed. The common case, one decode token with room in
-        # the request's blocks and nothing to cache (request.kv_fast_until, kept by
-        # the KV cache manager), only counts the token; the batch lists are made after
-        # the loop, at C speed.
+    def _schedule_running(self, plan: StepPlanBuilder) -> tuple[int, list[Request], list[Request], list[Request]]:
+        """Schedule the running requests, in order, while the token budget lasts.
+        Returns the budget left, the requests scheduled, those of them sampling (their
+        computed tokens reach their token count), and the requests preempted."""
+        token_budget = self.max_num_batched_tokens
+        num_scheduled_tokens = plan.num_scheduled_tokens
+        preempted: list[Request] = []
+        # NOTE: this loop runs once per running request per step; it is written for
+        # speed. The common case, one decode token with room in the request's blocks
+        # and nothing to cache (request.alloc_noop_until, kept by the KV cache
+        # manager), only counts the token; the batch lists are made after the loop,
+        # at C speed.
         running = self.running
-        allocate_next_slot = kv.allocate_next_slot
         num_scheduled_running = -1  # -1: every request left in `running`
         all_sampling = True  # every scheduled running request completes its tokens
         # NOTE: a preemption pops the end of `running`; the iterator sees it shorter.
@@ -142,7 +148,7 @@ class Scheduler:
             num_computed = request.num_computed_tokens
             num_tokens = len(request.all_token_ids)
             num_new_tokens = num_tokens - num_computed
-            if num_new_tokens == 1 and num_computed < request.kv_fast_until and token_budget > 0:
+            if num_new_tokens == 1 and num_computed < request.alloc_noop_until and token_budget > 0:
                 request.num_computed_tokens = num_tokens
                 token_budget -= 1
                 continue
@@ -152,24 +158,12 @@ class Scheduler:
             if num_new_tokens > token_budget:
                 num_new_tokens = token_budget
             end = num_computed + num_new_tokens
-            if end > request.kv_fast_until:
-                while True:
-                    if num_new_tokens == 1:
-                        new_blocks = allocate_next_slot(request)
-                    else:
-                        new_blocks = kv.allocate_slots(request, num_new_tokens)
-                    if new_blocks is not None:
-                        break
-                    # Out of blocks: preempt the lowest-priority request (the last running).
-                    victim = running.pop()
-                    self._preempt(victim)
-                    preempted.append(victim)
-                    if victim is request:
-                        break
+            if end > request.alloc_noop_until:
+                new_blocks = self._allocate_or_preempt(request, num_new_tokens, preempted)
                 if new_blocks is None:
                     break  # it preempted itself: the requests before it are scheduled
                 if new_blocks:
-                    appended.append(AppendedBlocks(request.seq_id, list(map(_BLOCK_ID, new_blocks))))
+                    plan.append_blocks(request.seq_id, new_blocks)
             if num_new_tokens != 1:
                 num_scheduled_tokens[request.seq_id] = num_new_tokens
             # NOTE: safe to count now: a preemption victim is always a request this
@@ -185,65 +179,59 @@ class Scheduler:
             # Running rows left out of this step (budget spent) must say so: default is 1.
             for request in running[num_scheduled_running:]:
                 num_scheduled_tokens[request.seq_id] = 0
-        # The requests whose computed tokens reach their token count this step.
-        if all_sampling:
-            sampling = scheduled.copy()
-        else:
-            sampling = [r for r in scheduled if r.num_computed_tokens == len(r.all_token_ids)]
+        sampling = scheduled.copy() if all_sampling else [r for r in scheduled if r.num_computed_tokens == len(r.all_token_ids)]
+        return token_budget, scheduled, sampling, preempted
 
-        # 2. Waiting requests, FCFS, unless this step had to preempt.
-        new_rows: list[RequestRow] = []
-        resumed_rows: list[RequestRow] = []
-        if not preempted:
-            while self.waiting and token_budget > 0 and len(self.running) < self.max_num_seqs:
-                request = self.waiting[0]
-                hits, num_hit_tokens = kv.get_computed_blocks(request, record_stats=False)
-                num_new_tokens = min(request.num_tokens - num_hit_tokens, token_budget)
-                new_blocks = kv.allocate_slots(request, num_new_tokens, num_hit_tokens, hits, full_sequence_must_fit=self.reserve_full_sequence)
-                if new_blocks is None:
-                    break  # FCFS: nobody overtakes the head of the queue
-                kv.record_prefix_cache_query(
-                    request.num_tokens, num_hit_tokens, request.num_preemptions > 0, num_hit_tokens - len(hits) * self.block_size
-                )
-                self.waiting.popleft()
-                self.running.append(request)
-                if request.num_cached_tokens < 0:
-                    request.num_cached_tokens = num_hit_tokens
-                block_ids = kv.get_block_ids(request.request_id)
-                row = RequestRow(request.seq_id, list(request.all_token_ids), block_ids, num_hit_tokens, request.sampling)
-                (resumed_rows if request.status == RequestStatus.PREEMPTED else new_rows).append(row)
-                request.status = RequestStatus.RUNNING
-                scheduled.append(request)
-                if num_new_tokens != 1:
-                    num_scheduled_tokens[request.seq_id] = num_new_tokens
-                request.num_computed_tokens = num_hit_tokens + num_new_tokens
-                if request.num_computed_tokens == request.num_tokens:
-                    sampling.append(request)
-                token_budget -= num_new_tokens
+    def _allocate_or_preempt(self, request: Request, num_new_tokens: int, preempted: list[Request]) -> list[KVCacheBlock] | None:
+        """Room for ``num_new_tokens`` more tokens of a running request: its new blocks.
+        Out of blocks, preempt the lowest-priority request (the last running) and try
+        again; None once the request preempted itself."""
+        kv = self.kv_cache_manager
+        running = self.running
+        while True:
+            if num_new_tokens == 1:
+                new_blocks = kv.allocate_next_slot(request)
+            else:
+                new_blocks = kv.allocate_slots(request, num_new_tokens)
+            if new_blocks is not None:
+                return new_blocks
+            victim = running.pop()
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is request:
+                return None
 
-        finished_seq_ids = self._pending_finished_seq_ids
-        self._pending_finished_seq_ids = []
-        if not scheduled:
-            # Nothing to run; rows to drop ride along with the next plan.
-            self._pending_finished_seq_ids = finished_seq_ids
-            self._pending_finished_seq_ids.extend(r.seq_id for r in preempted)
-            return None
-
-        plan = StepPlan(
-            step_id=self.next_step_id,
-            num_scheduled_tokens=num_scheduled_tokens,
-            new_rows=new_rows,
-            resumed_rows=resumed_rows,
-            appended=appended,
-            finished_seq_ids=finished_seq_ids,
-            preempted_seq_ids=[r.seq_id for r in preempted],
-            # The host tier's stores and loads of this step (None without a tier).
-            tier_copies=kv.take_tier_copies(),
-        )
-        self.next_step_id += 1
-        total = self.max_num_batched_tokens - token_budget
-        self._in_flight = SchedulerOutput(plan, scheduled, total, preempted, sampling)
-        return self._in_flight
+    def _schedule_waiting(self, plan: StepPlanBuilder, token_budget: int, scheduled: list[Request], sampling: list[Request]) -> int:
+        """Admit waiting requests, FCFS, while the token budget, max_num_seqs and the
+        pool allow; each joins ``scheduled`` (and ``sampling`` if its prompt completes).
+        Returns the token budget left."""
+        kv = self.kv_cache_manager
+        waiting, running = self.waiting, self.running
+        num_scheduled_tokens = plan.num_scheduled_tokens
+        while waiting and token_budget > 0 and len(running) < self.max_num_seqs:
+            request = waiting[0]
+            hits, num_hit_tokens = kv.get_computed_blocks(request, record_stats=False)
+            num_new_tokens = min(request.num_tokens - num_hit_tokens, token_budget)
+            new_blocks = kv.allocate_slots(request, num_new_tokens, num_hit_tokens, hits, full_sequence_must_fit=self.reserve_full_sequence)
+            if new_blocks is None:
+                break  # FCFS: nobody overtakes the head of the queue
+            kv.record_prefix_cache_query(
+                request.num_tokens, num_hit_tokens, request.num_preemptions > 0, num_hit_tokens - len(hits) * self.block_size
+            )
+            waiting.popleft()
+            running.append(request)
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit_tokens
+            plan.add_row(request, kv.get_block_ids(request.request_id), num_hit_tokens, request.status == RequestStatus.PREEMPTED)
+            request.status = RequestStatus.RUNNING
+            scheduled.append(request)
+            if num_new_tokens != 1:
+                num_scheduled_tokens[request.seq_id] = num_new_tokens
+            request.num_computed_tokens = num_hit_tokens + num_new_tokens
+            if request.num_computed_tokens == request.num_tokens:
+                sampling.append(request)
+            token_budget -= num_new_tokens
+        return token_budget
 
     def _preempt(self, request: Request) -> None:
         """Preemption by recompute: free its blocks (deepest first), computed tokens
@@ -268,30 +256,17 @@ class Scheduler:
         stop requests that are done. Raises ValueError on a result that does not
         match the plan (nothing applied then)."""
         out = self._in_flight
-        if out is None or result.step_id != out.plan.step_id:
-            expected = None if out is None else out.plan.step_id
-            raise ValueError(f"result for step {result.step_id}, expected {expected}")
+        if out is None:
+            raise ValueError(f"result for step {result.step_id}, expected None")
+        requests = out.match_result(result)
         token_ids = result.sampled_token_ids
-        if len(result.seq_ids) != len(token_ids):
-            raise ValueError("result has different numbers of seq_ids and sampled tokens")
-        # Rows that completed their tokens this step sample exactly one token each.
-        # NOTE: the list compare is the cheap common case (the worker answers in plan
-        # order); otherwise the rows are matched by seq_id.
-        requests = out.sampling
-        expected_ids = list(map(_SEQ_ID, requests))
-        if result.seq_ids != expected_ids:
-            got = set(result.seq_ids)
-            if got != set(expected_ids) or len(got) != len(result.seq_ids):
-                raise ValueError(f"step {result.step_id}: sampled rows {sorted(got)} but expected {sorted(expected_ids)}")
-            by_seq_id = {r.seq_id: r for r in requests}
-            requests = [by_seq_id[seq_id] for seq_id in result.seq_ids]
         self._in_flight = None
         if out.plan.tier_copies is not None:
             self.kv_cache_manager.complete_tier_copies()
 
         # NOTE: once per sampled row per step: locals, no properties, and one test for
         # the common case, a token that fills no block, ends nothing and is not the
-        # first (request.fast_append_below, kept by _append_token).
+        # first (request.append_only_below, kept by _append_token).
         now = time.monotonic()
         prev_token_times: list[float | None] = []
         append_prev = prev_token_times.append
@@ -299,7 +274,7 @@ class Scheduler:
         skipped: list[int] = []
         for request, token_id in zip(requests, token_ids, strict=True):
             all_token_ids = request.all_token_ids
-            if len(all_token_ids) < request.fast_append_below and token_id not in request.stop_token_ids:
+            if len(all_token_ids) < request.append_only_below and token_id not in request.stop_token_ids:
                 all_token_ids.append(token_id)
                 append_prev(request.last_token_time)
                 request.last_token_time = now
@@ -314,7 +289,7 @@ class Scheduler:
             if reason is not None:
                 outputs.finish_reasons[i] = reason
         if skipped:
-            outputs = _without(outputs, skipped)
+            outputs = outputs.without(skipped)
         self.num_generation_tokens += len(outputs.requests)
         return outputs
 
@@ -334,7 +309,7 @@ class Scheduler:
         if num_tokens < request.max_num_tokens and not stops:
             # The next token takes the fast path unless it fills a block or is the last.
             block_size = self.block_size
-            request.fast_append_below = min(request.max_num_tokens - 1, (num_tokens // block_size + 1) * block_size - 1)
+            request.append_only_below = min(request.max_num_tokens - 1, (num_tokens // block_size + 1) * block_size - 1)
             return None
         status = RequestStatus.FINISHED_STOPPED if num_tokens < request.max_num_tokens else RequestStatus.FINISHED_LENGTH
         self.running.remove(request)
@@ -351,15 +326,3 @@ class Scheduler:
                     request.num_computed_tokens -= counts.get(request.seq_id, 1)
         return out
 
-
-def _without(outputs: StepOutputs, skipped: list[int]) -> StepOutputs:
-    """``outputs`` less the rows at the indices ``skipped`` (ascending)."""
-    keep = sorted(set(range(len(outputs.requests))) - set(skipped))
-    position = {old: new for new, old in enumerate(keep)}
-    return StepOutputs(
-        outputs.time,
-        [outputs.requests[i] for i in keep],
-        [outputs.token_ids[i] for i in keep],
-        [outputs.prev_token_times[i] for i in keep],
-        {position[i]: reason for i, reason in outputs.finish_reasons.items()},
-    )

@@ -16,7 +16,7 @@ def test_allocate_next_slot_is_allocate_slots_for_one_token():
     small enough to run out, requests finishing at random, max_model_len reached),
     one calling allocate_slots(r, 1) and one allocate_next_slot(r), agree on every
     result, every block table, the free queue, the hash map, the counters and each
-    request's kv_fast_until, after every call."""
+    request's alloc_noop_until, after every call."""
     for seed in range(40):
         rng = random.Random(seed)
         caching = seed % 4 != 3
@@ -41,7 +41,7 @@ def test_allocate_next_slot_is_allocate_slots_for_one_token():
                 if got is not None:
                     assert (got[0] is None) == (got[1] is None)
                     assert ids(got[0] or []) == ids(got[1] or [])
-                    assert slow.kv_fast_until == fast.kv_fast_until
+                    assert slow.alloc_noop_until == fast.alloc_noop_until
                 if done or got[0] is None:
                     running.remove(twins)
                     for m, r in zip(pair, twins, strict=True):

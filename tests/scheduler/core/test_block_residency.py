@@ -135,7 +135,7 @@ def test_the_pool_behaves_exactly_as_the_plain_one(seed):
         if live and (rng.random() < 0.4 or len(live) > 4):
             rid = live.pop(rng.randrange(len(live)))
             for m in (plain, watched):
-                m.free(type("R", (), {"request_id": rid, "kv_fast_until": 0})())
+                m.free(type("R", (), {"request_id": rid, "alloc_noop_until": 0})())
         else:
             tokens = rng.choice(prefixes) + [rng.randrange(2, 50) for _ in range(rng.randrange(1, 9))]
             got = [admit(m, req(f"r{i}", tokens)) for m in (plain, watched)]

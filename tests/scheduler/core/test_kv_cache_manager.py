@@ -28,7 +28,7 @@ def test_fully_cached_prompt_still_computes_its_last_token():
     assert len(hits) == 1 and n == 4
     new = m.allocate_slots(r1, r1.num_tokens - n, n, hits)
     assert new is not None and len(new) == 1
-    assert m.get_blocks("r1")[0] is hits[0]
+    assert m.req_to_blocks["r1"][0] is hits[0]
     m.check_invariants()
 
 
@@ -159,23 +159,23 @@ def test_allocate_slots_caches_only_final_tokens():
     r = req("r", list(range(1, 13)))
     assert len(m.allocate_slots(r, 5)) == 2
     assert m.num_cached_block["r"] == 1
-    assert [b.block_hash for b in m.get_blocks("r")] == [r.block_hashes[0], None]
+    assert [b.block_hash for b in m.req_to_blocks["r"]] == [r.block_hashes[0], None]
     r.num_computed_tokens = 5
     assert len(m.allocate_slots(r, 7)) == 1
     assert m.num_cached_block["r"] == 3
-    assert [b.block_hash for b in m.get_blocks("r")] == r.block_hashes
+    assert [b.block_hash for b in m.req_to_blocks["r"]] == r.block_hashes
     m.check_invariants()
     # Slots for more tokens than the request has (drafts that may be rejected):
     # room for 10, but only its 6 real tokens count, so 1 full block is cached.
     s = req("s", [7, 7, 7, 7, 7, 7])
     assert len(m.allocate_slots(s, 10)) == 3
     assert m.num_cached_block["s"] == 1
-    assert [b.block_hash is not None for b in m.get_blocks("s")] == [True, False, False]
+    assert [b.block_hash is not None for b in m.req_to_blocks["s"]] == [True, False, False]
     # Lookahead slots are never cached either.
     t = req("t", [8] * 8)
     assert len(m.allocate_slots(t, 8, num_lookahead_tokens=5)) == 4
     assert m.num_cached_block["t"] == 2
-    assert [b.block_hash is not None for b in m.get_blocks("t")] == [True, True, False, False]
+    assert [b.block_hash is not None for b in m.req_to_blocks["t"]] == [True, True, False, False]
     assert len(pool.cached_block_hash_to_block) == 3 + 1 + 2
     m.check_invariants()
 
@@ -189,7 +189,7 @@ def test_max_model_len_caps_slots():
     r.append_output_token_id(7)
     r.append_output_token_id(8)
     assert m.allocate_slots(r, 2) == []
-    assert len(m.get_blocks("r")) == 2
+    assert len(m.req_to_blocks["r"]) == 2
     m.check_invariants()
 
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.worker_messages import TierCopies
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
-from scheduler.core.offload_tier import HostTier
+from scheduler.core.offload_tier import HostTier, HostTierCopies
 from scheduler.sched.request import Request
 
 BS = 4
@@ -33,7 +32,7 @@ def admit(kv: KVCacheManager, r: Request) -> list[int]:
     return kv.get_block_ids(r.request_id)
 
 
-def end_step(kv: KVCacheManager) -> TierCopies | None:
+def end_step(kv: KVCacheManager) -> HostTierCopies | None:
     copies = kv.take_tier_copies()
     kv.complete_tier_copies()
     kv.check_invariants()
@@ -101,7 +100,7 @@ def test_a_hash_stored_earlier_in_the_same_step_is_loaded_after_its_store():
     y_blocks = admit(kv, y)
     copies = kv.take_tier_copies()
     slot = tier.blocks[a.block_hashes[1]].slot
-    assert copies == TierCopies([a_blocks[1]], [slot], [slot], [y_blocks[1]])
+    assert copies == HostTierCopies([a_blocks[1]], [slot], [slot], [y_blocks[1]])
     # In flight: the slot is pinned by the load and not ready; neither can be evicted.
     assert tier.num_pinned_blocks == 1 and tier.get_usage() == 1 / 4
     kv.complete_tier_copies()

@@ -51,7 +51,7 @@ class ManagerMachine(RuleBasedStateMachine):
         """The table covers every scheduled token; its full, final blocks carry the
         request's own hashes."""
         m = self.manager
-        blocks = m.get_blocks(req.request_id)
+        blocks = m.req_to_blocks[req.request_id]
         assert len(blocks) == cdiv(min(num_scheduled, MAX_MODEL_LEN), BLOCK_SIZE)
         if m.enable_caching:
             num_full = min(num_scheduled, req.num_tokens) // BLOCK_SIZE
@@ -83,7 +83,7 @@ class ManagerMachine(RuleBasedStateMachine):
             need = cdiv(req.num_tokens, BLOCK_SIZE) - len(hits)
             assert need > m.block_pool.get_num_free_blocks() - sum(b.ref_cnt == 0 for b in hits)
             return
-        assert m.get_blocks(rid)[: len(hits)] == hits
+        assert m.req_to_blocks[rid][: len(hits)] == hits
         self.check_table(req, req.num_tokens)
         req.num_computed_tokens = req.num_tokens
         req.append_output_token_id(len(prompt) % 3)
@@ -114,7 +114,7 @@ class ManagerMachine(RuleBasedStateMachine):
     def finish(self, which):
         rid = sorted(self.running)[which % len(self.running)]
         self.manager.free(self.running.pop(rid))
-        assert self.manager.get_blocks(rid) == []
+        assert rid not in self.manager.req_to_blocks
 
     @rule()
     def reset_prefix_cache(self):

@@ -112,7 +112,7 @@ class TwoTierMachine(RuleBasedStateMachine):
         self.sched.abandon_in_flight()
         self.sched.preempt_all()
         assert self.kv.reset_prefix_cache()
-        assert self.tier.num_cached_blocks == 0 and not self.tier.has_pending_copies()
+        assert self.tier.num_cached_blocks == 0 and self.tier.take_copies() is None
         self.worker = FakeWorker(self.num_blocks, BLOCK_SIZE, VOCAB, num_host_blocks=self.num_host_blocks)
         self.worker.expected_step = self.sched.next_step_id
         # The requests it had come back as resumed rows (sent whole).
@@ -145,7 +145,7 @@ class TwoTierMachine(RuleBasedStateMachine):
             self.kv.check_invariants()
         assert not self.sched.has_unfinished_requests(), "requests did not drain"
         assert self.kv.usage == 0.0
-        assert self.tier.get_usage() == 0.0 and not self.tier.has_pending_copies()
+        assert self.tier.get_usage() == 0.0  # no slot pinned: no copy in flight
 
 
 TwoTierMachine.TestCase.settings = settings(

@@ -69,10 +69,11 @@ def run(workload, *, num_blocks, block_size=4, max_num_seqs=8, budget=64, cachin
             check_plan(out, sched, kv, num_plans, max_num_seqs, budget)
             num_plans += 1
             result = worker.execute(out.plan)
-            for o in sched.update_from_output(result):
-                outputs[o.request.request_id].extend(o.new_token_ids)
-                if o.finished:
-                    reasons[o.request.request_id] = o.finish_reason
+            outs = sched.update_from_output(result)
+            for i, (r, token_id) in enumerate(zip(outs.requests, outs.token_ids, strict=True)):
+                outputs[r.request_id].append(token_id)
+                if i in outs.finish_reasons:
+                    reasons[r.request_id] = outs.finish_reasons[i]
             # The worker's rows equal the scheduler's block tables and tokens.
             for req in sched.running:
                 row = worker.rows[req.seq_id]
@@ -88,8 +89,8 @@ def run(workload, *, num_blocks, block_size=4, max_num_seqs=8, budget=64, cachin
     assert kv.usage == 0.0
     assert len(sched.running) == 0 and len(sched.waiting) == 0
     if kv.host_tier is not None:
-        # Idle: no copy in flight, no slot pinned.
-        assert kv.host_tier.get_usage() == 0.0 and not kv.host_tier.has_pending_copies()
+        # Idle: no slot pinned, so no copy in flight (a store or load pins its slot).
+        assert kv.host_tier.get_usage() == 0.0
     return outputs, reasons, sched, kv
 
 
@@ -107,7 +108,7 @@ def check_plan(out, sched: Scheduler, kv: KVCacheManager, num_plans: int, max_nu
     # Victims hold nothing, wait to be recomputed, and are named in the plan.
     assert plan.preempted_seq_ids == [r.seq_id for r in out.preempted]
     for r in out.preempted:
-        assert r.status == RequestStatus.PREEMPTED and r.num_computed_tokens == 0 and not kv.get_blocks(r.request_id)
+        assert r.status == RequestStatus.PREEMPTED and r.num_computed_tokens == 0 and r.request_id not in kv.req_to_blocks
         assert r in sched.waiting and r.seq_id not in scheduled_ids
     # A row sent whole carries the request's whole table and tokens, as now.
     by_seq = {r.seq_id: r for r in out.scheduled}

@@ -116,13 +116,14 @@ def test_soak_no_leak_every_request_accounted_for(seed, num_blocks, caching):
             ended_on_worker -= set(out.plan.finished_seq_ids) | set(out.plan.preempted_seq_ids)
             result = worker.execute(out.plan)
             abort_due(step, mid_step=True)  # the client loop runs while the worker computes
-            for o in sched.update_from_output(result):
-                rid = o.request.request_id
+            outs = sched.update_from_output(result)
+            for i, (r, token_id) in enumerate(zip(outs.requests, outs.token_ids, strict=True)):
+                rid = r.request_id
                 assert rid not in aborted_by_test, f"{rid} got tokens after its abort"
-                outputs[rid].extend(o.new_token_ids)
-                if o.finished:
-                    reasons[rid] = o.finish_reason
-                    ended_on_worker.add(o.request.seq_id)
+                outputs[rid].append(token_id)
+                if i in outs.finish_reasons:
+                    reasons[rid] = outs.finish_reasons[i]
+                    ended_on_worker.add(r.seq_id)
             running = {r.seq_id for r in sched.running}
             assert running <= set(worker.rows)
             assert set(worker.rows) - running <= ended_on_worker

@@ -1,0 +1,60 @@
+"""StepPlanBuilder: one step's delta plan for the worker, gathered while it is scheduled.
+
+The worker keeps a copy of every running row, so the plan says only what changed
+(DESIGN.md, the contract): rows are sent whole once (new, or resumed after a
+preemption), then only grow by appended block ids; finished and preempted rows are
+named by seq_id; a row decodes one token unless the plan says otherwise. The host
+tier's copies come from the KV-cache core as plain data (`HostTierCopies`) and go
+out as the wire's `TierCopies`.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+
+from protocol.worker_messages import AppendedBlocks, RequestRow, StepPlan, TierCopies
+from scheduler.core.kv_cache_block import KVCacheBlock
+from scheduler.core.offload_tier import HostTierCopies
+from scheduler.sched.request import Request
+
+_BLOCK_ID = attrgetter("block_id")
+
+
+class StepPlanBuilder:
+    """The row deltas of the step being scheduled; `build` makes its `StepPlan`."""
+
+    __slots__ = ("num_scheduled_tokens", "new_rows", "resumed_rows", "appended")
+
+    def __init__(self) -> None:
+        # seq_id -> tokens scheduled, for the rows that do not decode exactly one
+        # (a prefill chunk, or 0 for a running row left out of the step).
+        self.num_scheduled_tokens: dict[int, int] = {}
+        self.new_rows: list[RequestRow] = []
+        self.resumed_rows: list[RequestRow] = []
+        self.appended: list[AppendedBlocks] = []
+
+    def append_blocks(self, seq_id: int, new_blocks: list[KVCacheBlock]) -> None:
+        """A running row's block table grew by ``new_blocks``."""
+        self.appended.append(AppendedBlocks(seq_id, list(map(_BLOCK_ID, new_blocks))))
+
+    def add_row(self, request: Request, block_ids: list[int], num_computed_tokens: int, resumed: bool) -> None:
+        """An admitted request's row, sent whole: new, or resumed after a preemption."""
+        row = RequestRow(request.seq_id, list(request.all_token_ids), block_ids, num_computed_tokens, request.sampling)
+        (self.resumed_rows if resumed else self.new_rows).append(row)
+
+    def build(self, step_id: int, finished_seq_ids: list[int], preempted: list[Request], copies: HostTierCopies | None) -> StepPlan:
+        """The step's plan: its deltas, the rows to drop, and the host tier's stores
+        and loads (``copies``; None without a tier or without copies)."""
+        tier_copies = None
+        if copies is not None:
+            tier_copies = TierCopies(copies.store_device_ids, copies.store_host_ids, copies.load_host_ids, copies.load_device_ids)
+        return StepPlan(
+            step_id=step_id,
+            num_scheduled_tokens=self.num_scheduled_tokens,
+            new_rows=self.new_rows,
+            resumed_rows=self.resumed_rows,
+            appended=self.appended,
+            finished_seq_ids=finished_seq_ids,
+            preempted_seq_ids=[r.seq_id for r in preempted],
+            tier_copies=tier_copies,
+        )
