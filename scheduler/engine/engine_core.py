@@ -29,8 +29,9 @@ import time
 from dataclasses import dataclass
 
 import zmq.asyncio
+from aiohttp import web
 
-from protocol.worker_messages import Shutdown
+from protocol.worker_messages import Shutdown, StepResult
 from scheduler.core.hashing import BlockHasher
 from scheduler.engine.client_outputs import outputs_by_client
 from scheduler.engine.client_side import ClientSide
@@ -89,33 +90,50 @@ class EngineCore:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
-        reset = self._http_reset_prefix_cache if self.config.dev_mode else None
-        try:
-            http = await start_http(build_app(self._render_metrics, self._health, reset), self.config.host, self.config.http_port)
-        except OSError as e:
-            log.error("cannot start: HTTP on %s:%d: %s (choose another --http-port)", self.config.host, self.config.http_port, e)
+        http = await self._start_http()
+        if http is None:
             self._close()
             return 1
         log.info(
             "scheduler listening: clients %s, workers %s, http http://%s:%d",
             self.config.client_address, self.config.worker_address, self.config.host, self.config.http_port,
         )  # fmt: skip
-        step = asyncio.create_task(self._step_loop())
-        others = [
-            asyncio.create_task(c)
-            for c in (
-                self.client_side.receive_loop(), self.worker_side.receive_loop(),
-                self.client_side.port.watch_disconnects(self.client_side.sweep), self.worker_side.port.watch_disconnects(self.worker_side.probe),
-            )
-        ]  # fmt: skip
-        for t in (step, *others):
-            t.add_done_callback(self._on_task_done)
+        step, client_tasks, worker_tasks = self._start_tasks()
         await self._stop.wait()
         # Steps stop at a step boundary; then everything still live ends with "abort".
-        # NOTE: the worker's receive loop (others[1]) must outlive the step in flight: it
+        await self._stop_tasks(step, client_tasks, worker_tasks)
+        await self.client_side.end_all(RequestStatus.FINISHED_ABORTED)
+        await self._shut_down_worker()
+        await http.cleanup()
+        self._close()
+        return self._exit_status()
+
+    async def _start_http(self) -> web.AppRunner | None:
+        """/metrics, /health (and the dev-mode reset); None, logged, if the port is taken."""
+        reset = self._http_reset_prefix_cache if self.config.dev_mode else None
+        try:
+            return await start_http(build_app(self._render_metrics, self._health, reset), self.config.host, self.config.http_port)
+        except OSError as e:
+            log.error("cannot start: HTTP on %s:%d: %s (choose another --http-port)", self.config.host, self.config.http_port, e)
+            return None
+
+    def _start_tasks(self) -> tuple[asyncio.Task, tuple[asyncio.Task, ...], tuple[asyncio.Task, ...]]:
+        """The step loop, then each port's receive loop and disconnect watcher."""
+        clients, workers = self.client_side, self.worker_side
+        step = asyncio.create_task(self._step_loop())
+        client_loop = asyncio.create_task(clients.receive_loop())
+        worker_loop = asyncio.create_task(workers.receive_loop())
+        client_watch = asyncio.create_task(clients.port.watch_disconnects(clients.sweep))
+        worker_watch = asyncio.create_task(workers.port.watch_disconnects(workers.probe))
+        for t in (step, client_loop, worker_loop, client_watch, worker_watch):
+            t.add_done_callback(self._on_task_done)
+        return step, (client_loop, client_watch), (worker_loop, worker_watch)
+
+    async def _stop_tasks(self, step: asyncio.Task, client_tasks: tuple[asyncio.Task, ...], worker_tasks: tuple[asyncio.Task, ...]) -> None:
+        # NOTE: the worker's receive loop must outlive the step in flight: it
         # delivers that step's result. Cancelled first, it left the step waiting the
         # whole --worker-timeout, then taking the worker for lost (never sent Shutdown).
-        for t in (others[0], others[2]):
+        for t in client_tasks:
             t.cancel()
         try:
             await asyncio.wait_for(step, timeout=self.config.worker_timeout_s + 1.0)
@@ -123,16 +141,17 @@ class EngineCore:
             step.cancel()
         except Exception:
             pass  # already logged by _on_task_done
-        for t in (others[1], others[3]):
+        for t in worker_tasks:
             t.cancel()
-        await self.client_side.end_all(RequestStatus.FINISHED_ABORTED)
+
+    async def _shut_down_worker(self) -> None:
         if self.worker.worker_id is not None:
             try:
                 await self.worker.send(Shutdown("scheduler shutting down"))
             except WorkerLost:
                 pass
-        await http.cleanup()
-        self._close()
+
+    def _exit_status(self) -> int:
         if self._fatal is not None:
             log.critical("scheduler stopped after an internal error: %r", self._fatal)
             return 1
@@ -180,32 +199,22 @@ class EngineCore:
         # worker (``_Done``): the worker computes while the scheduler fans out outputs,
         # metrics and KV events, instead of waiting for them every step. The next
         # schedule() needs only update_from_output, which runs at once.
-        done: _Done | None = None
+        state, done = self.state, None
         try:
-            while not self.state.stopping:
-                self.state.wakeup.clear()
+            while not state.stopping:
+                state.wakeup.clear()
                 now = time.monotonic()
                 self.worker.check_silence()
-                if self.state.worker_lost_at is not None and now - self.state.worker_lost_at > self.config.worker_reconnect_timeout_s:
-                    if self.state.scheduler.has_unfinished_requests():
-                        log.error("no worker for %.0f s: failing %d waiting requests", now - self.state.worker_lost_at, self.state.scheduler.num_waiting)
-                        await self.client_side.end_all(RequestStatus.FINISHED_ERROR, f"no worker returned within {self.config.worker_reconnect_timeout_s} s")
-                out = self.state.scheduler.schedule() if self.worker.ready else None
+                if self._no_worker_past_reconnect_timeout(now):
+                    await self._fail_waiting_requests(now)
+                out = state.scheduler.schedule() if self.worker.ready else None
                 if out is None:
                     if done is not None:
                         # Delivering may drop clients (aborts): schedule again first.
                         finished, done = done, None
                         await self._deliver(finished)
-                        continue
-                    if self.worker.ready:
-                        try:
-                            await self.worker.heartbeat_if_idle()
-                        except WorkerLost:
-                            pass  # lost (and handled) by the link
-                    try:
-                        await asyncio.wait_for(self.state.wakeup.wait(), HEARTBEAT_INTERVAL_S)
-                    except TimeoutError:
-                        pass
+                    else:
+                        await self._idle()
                     continue
                 t0 = time.perf_counter()
                 self.worker.begin_step(out.plan.step_id)
@@ -222,20 +231,49 @@ class EngineCore:
                     result = await self.worker.await_result()
                 except WorkerLost:
                     continue
-                try:
-                    check_result(result, self.state.limits.vocab_size)
-                    outputs = self.state.scheduler.update_from_output(result)
-                except ValueError as e:
-                    self.worker.lose(str(e))
-                    continue
-                # NOTE: this step's KV events are set apart now, before the next schedule()
-                # adds its own; whatever publishes next sends them first.
-                if self.kv_event_publisher is not None:
-                    self._step_kv_events = self.kv_event_sink.take()
-                done = _Done(outputs, result.logprobs, nbytes, time.perf_counter() - t0)
+                done = self._apply_result(result, nbytes, t0)
         finally:
             if done is not None:
                 await self._deliver(done)
+
+    def _no_worker_past_reconnect_timeout(self, now: float) -> bool:
+        """No worker for --worker-reconnect-timeout, with requests left to fail."""
+        lost_at = self.state.worker_lost_at
+        return (
+            lost_at is not None and now - lost_at > self.config.worker_reconnect_timeout_s
+            and self.state.scheduler.has_unfinished_requests()
+        )  # fmt: skip
+
+    async def _fail_waiting_requests(self, now: float) -> None:
+        timeout_s = self.config.worker_reconnect_timeout_s
+        log.error("no worker for %.0f s: failing %d waiting requests", now - self.state.worker_lost_at, self.state.scheduler.num_waiting)
+        await self.client_side.end_all(RequestStatus.FINISHED_ERROR, f"no worker returned within {timeout_s} s")
+
+    async def _idle(self) -> None:
+        """Nothing to schedule: keep the worker's link alive, then sleep until woken."""
+        if self.worker.ready:
+            try:
+                await self.worker.heartbeat_if_idle()
+            except WorkerLost:
+                pass  # lost (and handled) by the link
+        try:
+            await asyncio.wait_for(self.state.wakeup.wait(), HEARTBEAT_INTERVAL_S)
+        except TimeoutError:
+            pass
+
+    def _apply_result(self, result: StepResult, nbytes: int, t0: float) -> _Done | None:
+        """The step's result into the scheduler; None (the worker lost) if it is not believable."""
+        try:
+            check_result(result, self.state.limits.vocab_size)
+            outputs = self.state.scheduler.update_from_output(result)
+        except ValueError as e:
+            self.worker.lose(str(e))
+            return None
+        # NOTE: this step's KV events are set apart now, before the next schedule()
+        # adds its own; whatever publishes next sends them first.
+        if self.kv_event_publisher is not None:
+            self._step_kv_events = self.kv_event_sink.take()
+        return _Done(outputs, result.logprobs, nbytes, time.perf_counter() - t0)
 
     async def _deliver(self, done: _Done) -> None:
         """A finished step's outputs to its clients, then its metrics and KV events."""
