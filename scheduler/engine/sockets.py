@@ -101,8 +101,8 @@ class RouterPort:
 
         NOTE: MAXMSGSIZE bounds each frame, not how many one message has: a million
         empty frames are 2 MB on the wire. recv_multipart held them all as Python
-        objects (250 MB, and the loop blocked for seconds, long enough to lose the
-        worker). Frames past the first few are read and dropped one at a time here.
+        objects (and blocked the loop long enough to lose the worker). Frames past
+        the first few are read and dropped one at a time here.
         """
         first = await self.sock.recv(copy=False)
         frames = [first]
@@ -149,8 +149,7 @@ class RouterPort:
 
         NOTE: through the plain view of the socket, then one ``get(EVENTS)`` on the
         asyncio socket, which re-arms its reader (a send may swallow the edge that
-        would wake a pending recv). The asyncio send did that after every frame:
-        half of a step's output cost with 8 clients.
+        would wake a pending recv). The asyncio send did that after every frame.
         """
         failed = []
         send = self._sync.send_multipart
