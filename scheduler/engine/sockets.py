@@ -91,9 +91,7 @@ class RouterPort:
         self.sock = sock
         # Plain (blocking-API) view of the same socket, for the frames after the first.
         self._sync = zmq.Socket.shadow(sock.underlying)
-        self.address = address
         self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self.num_send_failures = 0
 
     async def recv(self) -> tuple[list[zmq.Frame], int]:
         """One message: its first frames (the peer's identity first; at most
@@ -135,11 +133,9 @@ class RouterPort:
             await self.sock.send_multipart([ident, frame], flags=zmq.NOBLOCK)
             return True
         except zmq.Again:
-            self.num_send_failures += 1
             return False
         except zmq.ZMQError as e:
             if e.errno == zmq.EHOSTUNREACH:
-                self.num_send_failures += 1
                 return False
             raise
 
@@ -162,7 +158,6 @@ class RouterPort:
                 if e.errno != zmq.EHOSTUNREACH:
                     raise
                 failed.append(ident)
-        self.num_send_failures += len(failed)
         self.sock.get(zmq.EVENTS)
         return failed
 
