@@ -33,8 +33,8 @@ class SchedulerConfig:
     # sequence fits the free blocks, not just its first chunk (scheduler/sched/scheduler.py).
     scheduler_reserve_full_isl: bool = True
     # Requests queued beyond the running ones; more are refused with a RequestError.
-    # NOTE: a waiting request holds its prompt once, ~36 bytes a token as a Python
-    # list: 100,000 requests of 1,000 tokens are ~3.6 GB of scheduler memory.
+    # NOTE: a waiting request holds its prompt once, as a Python list: this limit is
+    # what keeps the scheduler's memory finite under a flood of requests.
     max_num_waiting: int = 100_000
     prefix_caching_hash_algo: str = "sha256"
     dev_mode: bool = False

@@ -98,6 +98,31 @@ def to_wire_event(event: kv_events.KVCacheEvent, int_block_hashes: bool = True) 
     raise TypeError(f"not a KV cache event: {event!r}")
 
 
+def _check_arguments(
+    ctx: zmq.Context | None, endpoint: str, replay_endpoint: str | None, buffer_steps: int, data_parallel_rank: int, curve: bool
+) -> None:
+    """ValueError for a publisher that must not be built (see the module docstring)."""
+    if curve and ctx is None:
+        raise ValueError("CURVE needs the caller's context, where its ZAP authenticator runs")
+    check_local_endpoint(endpoint, "--kv-events-endpoint", allow_remote=curve)
+    if replay_endpoint is not None:
+        check_local_endpoint(replay_endpoint, "--kv-events-replay-endpoint", allow_remote=curve)
+    if buffer_steps < 1:
+        raise ValueError(f"buffer_steps must be positive, got {buffer_steps}")
+    if data_parallel_rank < 0:
+        raise ValueError(f"data_parallel_rank must be non-negative, got {data_parallel_rank}")
+
+
+def _bind(sock: zmq.Socket, endpoint: str, curve_secret_key: str | None, hwm: int, linger: int) -> str:
+    """Bind ``sock`` (a CURVE server with a key); the endpoint it got (a wildcard port resolved)."""
+    if curve_secret_key is not None:
+        apply_server(sock, curve_secret_key)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.LINGER, linger)
+    sock.bind(endpoint)
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
 class KVEventPublisher:
     def __init__(
         self,
@@ -113,15 +138,7 @@ class KVEventPublisher:
         curve_secret_key: str | None = None,
     ):
         curve = curve_secret_key is not None
-        if curve and ctx is None:
-            raise ValueError("CURVE needs the caller's context, where its ZAP authenticator runs")
-        check_local_endpoint(endpoint, "--kv-events-endpoint", allow_remote=curve)
-        if replay_endpoint is not None:
-            check_local_endpoint(replay_endpoint, "--kv-events-replay-endpoint", allow_remote=curve)
-        if buffer_steps < 1:
-            raise ValueError(f"buffer_steps must be positive, got {buffer_steps}")
-        if data_parallel_rank < 0:
-            raise ValueError(f"data_parallel_rank must be non-negative, got {data_parallel_rank}")
+        _check_arguments(ctx, endpoint, replay_endpoint, buffer_steps, data_parallel_rank, curve)
         self.topic = topic.encode("utf-8")
         self.int_block_hashes = int_block_hashes
         self.data_parallel_rank = data_parallel_rank
@@ -140,35 +157,27 @@ class KVEventPublisher:
         self._replay: zmq.Socket | None = None
         self._thread: threading.Thread | None = None
         self.replay_endpoint: str | None = None
-
         self._pub = self._ctx.socket(zmq.PUB)
         try:
-            if curve:
-                apply_server(self._pub, curve_secret_key)
-            self._pub.setsockopt(zmq.SNDHWM, hwm)
-            self._pub.setsockopt(zmq.LINGER, 500)
-            self._pub.bind(endpoint)
-            self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+            self.endpoint = _bind(self._pub, endpoint, curve_secret_key, hwm, linger=500)
             if replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
-                if curve:
-                    apply_server(self._replay, curve_secret_key)
                 # vLLM's sizing: a whole replay plus its end marker always fits.
-                self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))
-                self._replay.setsockopt(zmq.LINGER, 0)
-                self._replay.bind(replay_endpoint)
-                self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+                self.replay_endpoint = _bind(self._replay, replay_endpoint, curve_secret_key, 2 * (buffer_steps + 1), linger=0)
         except BaseException:
-            self._pub.close(linger=0)
-            if self._replay is not None:
-                self._replay.close(linger=0)
-            if self._own_ctx:
-                self._ctx.term()
+            self._close_after_failed_bind()
             raise
         if self._replay is not None:
             # NOTE: from here on only the thread touches the replay socket.
             self._thread = threading.Thread(target=self._serve_replay, name="kv-events-replay", daemon=True)
             self._thread.start()
+
+    def _close_after_failed_bind(self) -> None:
+        self._pub.close(linger=0)
+        if self._replay is not None:
+            self._replay.close(linger=0)
+        if self._own_ctx:
+            self._ctx.term()
 
     @property
     def last_seq(self) -> int:

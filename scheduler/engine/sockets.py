@@ -91,9 +91,7 @@ class RouterPort:
         self.sock = sock
         # Plain (blocking-API) view of the same socket, for the frames after the first.
         self._sync = zmq.Socket.shadow(sock.underlying)
-        self.address = address
         self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self.num_send_failures = 0
 
     async def recv(self) -> tuple[list[zmq.Frame], int]:
         """One message: its first frames (the peer's identity first; at most
@@ -101,8 +99,8 @@ class RouterPort:
 
         NOTE: MAXMSGSIZE bounds each frame, not how many one message has: a million
         empty frames are 2 MB on the wire. recv_multipart held them all as Python
-        objects (250 MB, and the loop blocked for seconds, long enough to lose the
-        worker). Frames past the first few are read and dropped one at a time here.
+        objects (and blocked the loop long enough to lose the worker). Frames past
+        the first few are read and dropped one at a time here.
         """
         first = await self.sock.recv(copy=False)
         frames = [first]
@@ -135,11 +133,9 @@ class RouterPort:
             await self.sock.send_multipart([ident, frame], flags=zmq.NOBLOCK)
             return True
         except zmq.Again:
-            self.num_send_failures += 1
             return False
         except zmq.ZMQError as e:
             if e.errno == zmq.EHOSTUNREACH:
-                self.num_send_failures += 1
                 return False
             raise
 
@@ -149,8 +145,7 @@ class RouterPort:
 
         NOTE: through the plain view of the socket, then one ``get(EVENTS)`` on the
         asyncio socket, which re-arms its reader (a send may swallow the edge that
-        would wake a pending recv). The asyncio send did that after every frame:
-        half of a step's output cost with 8 clients.
+        would wake a pending recv). The asyncio send did that after every frame.
         """
         failed = []
         send = self._sync.send_multipart
@@ -163,7 +158,6 @@ class RouterPort:
                 if e.errno != zmq.EHOSTUNREACH:
                     raise
                 failed.append(ident)
-        self.num_send_failures += len(failed)
         self.sock.get(zmq.EVENTS)
         return failed
 

@@ -1,8 +1,9 @@
 """The engine's side of its worker: the worker port's receive loop, the handshake,
 and what a lost worker means for the requests.
 
-``WorkerSide`` is a part of ``EngineCore`` (scheduler/engine/engine_core.py), kept in
-its own file; the link's state machine itself is ``worker_link.WorkerLink``.
+``EngineCore`` (scheduler/engine/engine_core.py) holds one ``WorkerSide``; the
+link's state machine itself is ``worker_link.WorkerLink``, which the worker side
+owns. What it shares with the rest of the engine is the ``EngineState``.
 
 * hello: a refusal (``Shutdown``, the worker exits 4), or WorkerReady and the
   handshake; the worker's acknowledging Heartbeat makes it ready, and only then is
@@ -18,8 +19,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
-from protocol.codec import ProtocolError
+from protocol.codec import Codec, ProtocolError
 from protocol.worker_messages import (
     Heartbeat,
     Shutdown,
@@ -28,12 +30,15 @@ from protocol.worker_messages import (
     WorkerExit,
     WorkerHello,
     WorkerReady,
+    WorkerToScheduler,
 )
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.block_residency import residency_pool_factory
 from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.core.kv_events import KVEventRecorder
 from scheduler.core.offload_tier import HostTier
 from scheduler.engine.config import SchedulerConfig
+from scheduler.engine.engine_state import EngineState
 from scheduler.engine.metrics import SchedulerMetrics
 from scheduler.engine.sockets import LoopYield, RouterPort, peer_name
 from scheduler.engine.worker_checks import (
@@ -50,24 +55,25 @@ log = logging.getLogger("scheduler")
 
 
 class WorkerSide:
-    """EngineCore's worker methods; the state they use is EngineCore's."""
+    def __init__(
+        self, state: EngineState, config: SchedulerConfig, port: RouterPort, metrics: SchedulerMetrics,
+        kv_event_sink: KVEventRecorder | None, publish_kv_events: Callable[[], None],
+    ):  # fmt: skip
+        """``kv_event_sink``: the pool's, built here for the first worker;
+        ``publish_kv_events``: the engine's, called after a loss resets the cache."""
+        self.state = state
+        self.config = config
+        self.port = port
+        self.metrics = metrics
+        self.kv_event_sink = kv_event_sink
+        self.publish_kv_events = publish_kv_events
+        self.link = WorkerLink(port, Codec(WorkerToScheduler), config.worker_timeout_s, self._on_worker_lost)
 
-    config: SchedulerConfig
-    workers: RouterPort
-    worker: WorkerLink
-    metrics: SchedulerMetrics
-    kv: KVCacheManager | None
-    scheduler: Scheduler | None
-    limits: RequestLimits | None
-    eos_token_ids: tuple[int, ...]
-    model_identity: tuple[str, str]
-    worker_lost_at: float | None
-
-    async def _worker_loop(self) -> None:
-        link, pause = self.worker, LoopYield()
+    async def receive_loop(self) -> None:
+        link, pause = self.link, LoopYield()
         while True:
             await pause()
-            frames, _ = await self.workers.recv()
+            frames, _ = await self.port.recv()
             ident = frames[0].bytes
             try:
                 msg = link.codec.decode(frames[-1].buffer)
@@ -96,19 +102,19 @@ class WorkerSide:
 
     async def _refuse_worker(self, ident: bytes, reason: str) -> None:
         log.error("refusing worker %s: %s", peer_name(ident), reason)
-        await self.workers.send(ident, self.worker.codec.encode(Shutdown(reason)))
+        await self.port.send(ident, self.link.codec.encode(Shutdown(reason)))
 
     async def _on_hello(self, ident: bytes, hello: WorkerHello) -> None:
-        c, link = self.config, self.worker
+        c, link, state = self.config, self.link, self.state
         if link.is_ours(ident):
             # The same worker again: it restarted its handshake, its rows are gone.
             link.lose("the worker said hello again (it restarted its handshake)")
         elif link.state is not LinkState.DETACHED:
-            await self._probe_worker()  # a worker that is gone is lost here
+            await self.probe()  # a worker that is gone is lost here
             if link.state is not LinkState.DETACHED:
                 return await self._refuse_worker(ident, f"worker {link.name} is already connected (one worker per scheduler)")
-        current = None if self.kv is None else PoolShape(
-            self.kv.block_pool.num_gpu_blocks, self.limits.vocab_size, self.eos_token_ids[0], *self.model_identity
+        current = None if state.kv is None else PoolShape(
+            state.kv.block_pool.num_gpu_blocks, state.limits.vocab_size, state.eos_token_ids[0], *state.model_identity
         )
         try:
             num_blocks = pool_size_for(hello, c.block_size, c.num_gpu_blocks_override, current, c.max_model_len)
@@ -116,7 +122,7 @@ class WorkerSide:
         except WorkerRefused as e:
             return await self._refuse_worker(ident, str(e))
         link.begin_handshake(ident, hello, num_blocks)
-        next_step_id = 0 if self.scheduler is None else self.scheduler.next_step_id
+        next_step_id = 0 if state.scheduler is None else state.scheduler.next_step_id
         try:
             await link.send(WorkerReady(num_blocks, c.block_size, c.max_num_seqs, c.max_model_len, next_step_id, num_host_blocks))
         except WorkerLost:
@@ -125,58 +131,65 @@ class WorkerSide:
 
     def _host_tier_size(self) -> int | None:
         """The host tier's slots, once built (None before the first worker)."""
-        if self.kv is None:
+        kv = self.state.kv
+        if kv is None:
             return None
-        return 0 if self.kv.host_tier is None else self.kv.host_tier.num_host_blocks
+        return 0 if kv.host_tier is None else kv.host_tier.num_host_blocks
 
     def _on_worker_ready(self) -> None:
         """The worker acknowledged WorkerReady: only now is a pool built for it."""
-        c, hello, num_blocks = self.config, self.worker.hello, self.worker.num_blocks
-        if self.kv is None:
-            # NOTE: without --kv-cache-metrics the pool is the plain one: no hook at all.
-            pool_factory = residency_pool_factory(c.kv_cache_metrics_sample) if c.kv_cache_metrics else BlockPool
-            num_host_blocks = host_tier_size_for(hello, c.kv_offloading_size, None)
-            host_tier = HostTier(num_host_blocks, c.block_size, event_sink=self.kv_event_sink) if num_host_blocks else None
-            self.kv = KVCacheManager(
-                num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory,
-                host_tier=host_tier, offload_store=c.kv_offloading_store,
-            )  # fmt: skip
-            self.scheduler = Scheduler(self.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl)
-            self.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
-            self.eos_token_ids = tuple(hello.eos_token_ids) or (hello.eos_token_id,)
-            self.model_identity = (hello.architecture, hello.model_hash)
-            log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d)", num_blocks, c.block_size, hello.device, hello.num_blocks)
-            if host_tier is not None:
-                log.info("host tier of %d blocks (--kv-offloading-store %s)", num_host_blocks, c.kv_offloading_store)
-        self.worker_lost_at = None
-        self._wakeup.set()
-        log.info("worker %s ready (%d requests waiting)", self.worker.name, self.scheduler.num_waiting)
+        state = self.state
+        if state.kv is None:
+            self._build_pool(self.link.hello, self.link.num_blocks)
+        state.worker_lost_at = None
+        state.wakeup.set()
+        log.info("worker %s ready (%d requests waiting)", self.link.name, state.scheduler.num_waiting)
 
-    async def _probe_worker(self) -> None:
+    def _build_pool(self, hello: WorkerHello, num_blocks: int) -> None:
+        """The pool, the policy and the request limits, for the first worker; kept after."""
+        c, state = self.config, self.state
+        # NOTE: without --kv-cache-metrics the pool is the plain one: no hook at all.
+        pool_factory = residency_pool_factory(c.kv_cache_metrics_sample) if c.kv_cache_metrics else BlockPool
+        num_host_blocks = host_tier_size_for(hello, c.kv_offloading_size, None)
+        host_tier = HostTier(num_host_blocks, c.block_size, event_sink=self.kv_event_sink) if num_host_blocks else None
+        state.kv = KVCacheManager(
+            num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory,
+            host_tier=host_tier, offload_store=c.kv_offloading_store,
+        )  # fmt: skip
+        state.scheduler = Scheduler(state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl)
+        state.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
+        state.eos_token_ids = tuple(hello.eos_token_ids) or (hello.eos_token_id,)
+        state.model_identity = (hello.architecture, hello.model_hash)
+        log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d)", num_blocks, c.block_size, hello.device, hello.num_blocks)
+        if host_tier is not None:
+            log.info("host tier of %d blocks (--kv-offloading-store %s)", num_host_blocks, c.kv_offloading_store)
+
+    async def probe(self) -> None:
         """A worker-port peer disconnected: is it ours? (A failed send loses it.)"""
-        if self.worker.state is LinkState.DETACHED:
+        if self.link.state is LinkState.DETACHED:
             return
         try:
-            await self.worker.send(Heartbeat(time.time()))
+            await self.link.send(Heartbeat(time.time()))
         except WorkerLost:
             pass
 
     def _on_worker_lost(self, why: str, was: LinkState, clean: bool) -> None:
         """The link lost its worker (called once per loss, by WorkerLink.lose).
         Requests in flight go back to waiting, as if preempted; the cache is void."""
-        name = self.worker.name
-        if was is LinkState.HANDSHAKING or self.scheduler is None:
+        state, name = self.state, self.link.name
+        scheduler, kv = state.scheduler, state.kv
+        if was is LinkState.HANDSHAKING or scheduler is None:
             log.warning("worker %s lost during its handshake: %s", name, why)
             return
         log.log(logging.INFO if clean else logging.ERROR, "worker %s %s: %s; %d running requests go back to waiting",
-                name, "left" if clean else "lost", why, self.scheduler.num_running)  # fmt: skip
-        self.worker_lost_at = time.monotonic()
-        self.scheduler.abandon_in_flight()
-        self.scheduler.preempt_all()
+                name, "left" if clean else "lost", why, scheduler.num_running)  # fmt: skip
+        state.worker_lost_at = time.monotonic()
+        scheduler.abandon_in_flight()
+        scheduler.preempt_all()
         # NOTE: the next worker's KV memory is empty: every hash is void. A block
         # still held here would be served to it as a cache hit of memory it never wrote.
-        if not self.kv.reset_prefix_cache():
-            held = self.kv.block_pool.num_gpu_blocks - 1 - self.kv.block_pool.get_num_free_blocks()
+        if not kv.reset_prefix_cache():
+            held = kv.block_pool.num_gpu_blocks - 1 - kv.block_pool.get_num_free_blocks()
             raise RuntimeError(f"worker lost but {held} blocks are still held after preempting every request")
-        self._publish_kv_events()
-        self.metrics.update(self.scheduler, self.kv)
+        self.publish_kv_events()
+        self.metrics.update(scheduler, kv)

@@ -6,15 +6,16 @@ import asyncio
 
 from kvtest.cluster import free_port
 
+from scheduler.engine.client_side import ClientSide
 from scheduler.engine.config import SchedulerConfig
 from scheduler.engine.engine_core import EngineCore
 
 
 def test_a_loop_that_dies_stops_the_process_with_status_1(monkeypatch, caplog):
-    async def broken_client_loop(self) -> None:
+    async def broken_receive_loop(self) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(EngineCore, "_client_loop", broken_client_loop)
+    monkeypatch.setattr(ClientSide, "receive_loop", broken_receive_loop)
     config = SchedulerConfig(port=free_port(), worker_port=free_port(), http_port=free_port(), worker_timeout_s=1.0)
 
     async def main() -> int:

@@ -92,11 +92,12 @@ def test_a_pool_that_still_holds_blocks_after_a_loss_stops_the_engine_loudly():
     async def main() -> None:
         engine = EngineCore(config)
         try:
-            engine.kv = KVCacheManager(16, 4, 64, enable_caching=False)
-            engine.scheduler = Scheduler(engine.kv, 4, 64, 64)
+            state = engine.state
+            state.kv = KVCacheManager(16, 4, 64, enable_caching=False)
+            state.scheduler = Scheduler(state.kv, 4, 64, 64)
             # A block held by something the scheduler does not know of (a leak).
             leaked = Request("leak", [5, 6, 7, 8, 9], 4)
-            assert engine.kv.allocate_slots(leaked, 5) is not None
+            assert state.kv.allocate_slots(leaked, 5) is not None
             engine.worker.begin_handshake(b"w", WorkerHello(0, 1, 16, 4, 512, 1), 16)
             engine.worker.acknowledge(b"w")
             with pytest.raises(RuntimeError, match="still held"):
