@@ -10,6 +10,7 @@ and clients load their own secret certificate and the scheduler's public one.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -76,13 +77,22 @@ def create_certificates(folder: str | Path, name: str) -> tuple[Path, Path]:
     return Path(made_public), Path(made_secret)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m protocol.curve",
+        description="Make a ZeroMQ CURVE key pair for a kvpool process: DIR/NAME.key (the public key, to share: "
+        "give the scheduler's to its workers and clients, put theirs in the scheduler's authorized-keys folder) "
+        "and DIR/NAME.key_secret (both keys, mode 0600: keep it private). Refuses to overwrite either file.",
+    )
+    p.add_argument("folder", metavar="DIR", help="folder to write the two files into (made if missing)")
+    p.add_argument("name", metavar="NAME", help="the certificate's name, e.g. scheduler, worker, client")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m protocol.curve DIR NAME   (writes DIR/NAME.key and DIR/NAME.key_secret)", file=sys.stderr)
-        return 2
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        public, secret = create_certificates(args[0], args[1])
+        public, secret = create_certificates(args.folder, args.name)
     except (CurveKeyError, OSError) as e:
         print(f"python -m protocol.curve: error: {e}", file=sys.stderr)
         return 1

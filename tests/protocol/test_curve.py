@@ -44,3 +44,19 @@ def test_an_existing_pair_is_not_overwritten(tmp_path: Path, permissive_umask, c
     assert main([str(tmp_path), "w"]) == 1
     assert "already exists" in capsys.readouterr().err
     assert (tmp_path / "w.key_secret").read_bytes() == before
+
+
+def test_help_says_what_it_writes(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: python -m protocol.curve" in out and "DIR/NAME.key_secret" in out and "0600" in out
+
+
+def test_a_missing_name_is_a_usage_error_that_writes_nothing(tmp_path: Path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path / "keys")])
+    assert e.value.code == 2
+    assert "NAME" in capsys.readouterr().err
+    assert not (tmp_path / "keys").exists()
