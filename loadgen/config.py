@@ -12,11 +12,14 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from loadgen.datasets import DEFAULT_VOCAB_SIZE
 
 DEFAULT_NUM_REQUESTS = 200
 DATASETS = ("shared-prefix", "random", "mooncake")
+# NOTE: the scheduler's --http-port default (scheduler/engine/config.py); loadgen may not import it.
+SCHEDULER_HTTP_PORT = 8000
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="a checkpoint folder whose tokenizer decodes prompts to text, openai-chat (default: the served model's root folder)")  # fmt: skip
     g.add_argument("--scheduler", default=None, help="the scheduler's client port, a ZMQ address, kvpool backend (default tcp://127.0.0.1:5555)")
-    g.add_argument("--metrics-url", default="http://127.0.0.1:8000/metrics", help="the scheduler's /metrics; '' to skip (default %(default)s)")
+    g.add_argument("--metrics-url", default=None,
+                   help="the server's /metrics; '' to skip (default: --base-url's /metrics for the openai backends; for "
+                        "kvpool, the scheduler's HTTP port 8000 on --scheduler's host)")  # fmt: skip
     g = p.add_argument_group("workload")
     g.add_argument("--dataset", choices=DATASETS, default=None,
                    help="the workload (default shared-prefix, or mooncake when --trace is given)")  # fmt: skip
@@ -182,8 +187,20 @@ def parse_config(argv: list[str] | None = None) -> LoadgenConfig:
     if a.tokenizer is not None and not (Path(a.tokenizer) / "tokenizer.json").is_file():
         p.error(f"--tokenizer {a.tokenizer}: no tokenizer.json there")
     fields = dict(vars(a))
-    fields["metrics_url"] = a.metrics_url or None
+    fields["metrics_url"] = default_metrics_url(a.backend, a.base_url, a.scheduler) if a.metrics_url is None else a.metrics_url or None
     return LoadgenConfig(**fields)
+
+
+def default_metrics_url(backend: str, base_url: str, scheduler: str) -> str:
+    """Where the server under test exports /metrics: an OpenAI server (`kvpool serve`, `vllm
+    serve`) on its own port; the scheduler on its HTTP port (its default, 8000), on the host
+    of its client port."""
+    if backend != "kvpool":
+        return base_url.rstrip("/") + "/metrics"
+    host = urlsplit(scheduler.replace("tcp://", "http://", 1)).hostname or "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{SCHEDULER_HTTP_PORT}/metrics"
 
 
 def make_output_folders(cfg: LoadgenConfig) -> None:

@@ -2,8 +2,8 @@
 vLLM), measuring as ``vllm bench serve`` does.
 
 Requests stream (``stream_options.include_usage``): TTFT is the time to the first
-chunk with content, ITL the gaps between content chunks, output tokens and cached
-prompt tokens come from the final ``usage``. ``openai`` posts the dataset's token
+chunk with content, ITL the gaps between content chunks, prompt, output and cached
+prompt tokens come from the final ``usage`` (what the server counted). ``openai`` posts the dataset's token
 ids as the prompt of ``/v1/completions`` (exactly the tokens a native client sends,
 so prefixes are shared as intended); ``openai-chat`` sends them decoded to text
 (with ``--tokenizer``) as one user message of ``/v1/chat/completions``.
@@ -149,6 +149,8 @@ class OpenAIClient:
                     if choice.get("finish_reason"):
                         res.finish_reason = choice["finish_reason"]
                 if chunk.get("usage"):
+                    # NOTE: the server's counts: a chat prompt is the template's tokens, not the dataset's.
+                    res.prompt_len = chunk["usage"]["prompt_tokens"]
                     res.num_output_tokens = chunk["usage"]["completion_tokens"]
                     res.num_cached_tokens = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         res.latency_s = time.perf_counter() - res.start_s

@@ -24,7 +24,7 @@ def test_help_shows_the_default_values(capsys):
     with pytest.raises(SystemExit):
         parse_config(["--help"])
     out = " ".join(capsys.readouterr().out.split())
-    for words in ("(default tcp://127.0.0.1:5555)", "(default http://127.0.0.1:8000/metrics)", "(default 256)",
+    for words in ("(default tcp://127.0.0.1:5555)", "for kvpool, the scheduler's HTTP port 8000 on --scheduler's host)", "(default 256)",
                   "(default shared-prefix, or mooncake when --trace is given)", "(default inf)", "Exit status:"):  # fmt: skip
         assert words in out, words
 
@@ -83,3 +83,14 @@ def test_the_workload_line_says_what_was_sent(tmp_path):
     cfg = parse_config(["--backend", "openai-chat"])
     assert cfg.endpoint == "/v1/chat/completions" and cfg.base_url == "http://127.0.0.1:8000"
     assert math.isinf(parse_config([]).request_rate)
+
+
+def test_the_metrics_url_follows_the_server_unless_given():
+    # An OpenAI server exports /metrics on its own port; the scheduler on its HTTP port.
+    assert parse_config(["--base-url", "http://127.0.0.1:9500"]).metrics_url == "http://127.0.0.1:9500/metrics"
+    assert parse_config(["--backend", "openai-chat", "--base-url", "http://h:9500/"]).metrics_url == "http://h:9500/metrics"
+    assert parse_config(["--scheduler", "tcp://10.1.2.3:6000"]).metrics_url == "http://10.1.2.3:8000/metrics"
+    assert parse_config(["--scheduler", "tcp://[::1]:6000"]).metrics_url == "http://[::1]:8000/metrics"
+    assert parse_config([]).metrics_url == "http://127.0.0.1:8000/metrics"
+    assert parse_config(["--base-url", "http://127.0.0.1:9500", "--metrics-url", "http://m:1/metrics"]).metrics_url == "http://m:1/metrics"
+    assert parse_config(["--base-url", "http://127.0.0.1:9500", "--metrics-url", ""]).metrics_url is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 from kvtest.serve import kvpool_serve
@@ -20,6 +21,13 @@ def served(tiny_checkpoint, tmp_path_factory):
         yield s
 
 
+def prompt_tokens_counted(base_url: str) -> float:
+    """The server's vllm:prompt_tokens_total, summed over its label sets."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:prompt_tokens_total{"))
+
+
 def loadgen(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "loadgen", *args], capture_output=True, text=True, timeout=300)
 
@@ -27,7 +35,9 @@ def loadgen(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("backend", ["openai", "openai-chat"])
 def test_http_backends_complete_every_request(served, tmp_path, backend, tiny_checkpoint):
     result = tmp_path / "r.json"
-    p = loadgen("--backend", backend, "--base-url", served.base_url, "--metrics-url", served.base_url + "/metrics",
+    # No --metrics-url: the server's /metrics is found from --base-url.
+    before = prompt_tokens_counted(served.base_url)
+    p = loadgen("--backend", backend, "--base-url", served.base_url,
                 "--num-requests", "12", "--num-prefixes", "2", "--prefix-len", "48", "--suffix-len", "8",
                 "--output-len", "5", "--max-concurrency", "4", "--result-json", str(result))  # fmt: skip
     assert p.returncode == 0, p.stdout + p.stderr
@@ -35,6 +45,11 @@ def test_http_backends_complete_every_request(served, tmp_path, backend, tiny_ch
     assert r["completed"] == 12 and r["failed"] == 0
     assert r["total_output_tokens"] == 12 * 5  # from usage, ignore_eos
     assert r["ttft_ms"]["median"] > 0 and r["tpot_ms"]["median"] > 0
+    # The input tokens are the ones the server counted (a chat prompt is its template's tokens).
+    assert r["total_input_tokens"] == prompt_tokens_counted(served.base_url) - before
+    assert r["peak_kv_cache_usage"] is not None and 0 < r["peak_kv_cache_usage"] <= 1
+    assert 0 <= r["client_cached_token_frac"] <= 1
+    assert "Peak KV cache usage:" in p.stdout and "n/a" not in p.stdout.split("Peak KV cache usage:")[1].splitlines()[0]
     if backend == "openai":
         # token-id prompts: the 2 prefixes of 48 tokens (3 blocks) are cached after their first use
         assert r["client_cached_token_frac"] > 0.3
