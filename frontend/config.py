@@ -13,9 +13,11 @@ class FrontendConfig:
     model: str
     served_model_name: str
     host: str = "127.0.0.1"
-    port: int = 8000
+    # NOTE: not vLLM's 8000: on their own, the scheduler's HTTP port is 8000 and the
+    # worker's 8001 (`kvpool serve` puts the API on 8000 and picks the others free).
+    port: int = 8002
     scheduler: str = "tcp://127.0.0.1:5555"
-    scheduler_http: str = "http://127.0.0.1:8001"
+    scheduler_http: str = "http://127.0.0.1:8000"
     max_model_len: int = 4096
     generation_config: str = "auto"
     return_tokens_as_token_ids: bool = False
@@ -34,19 +36,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvpool-frontend", description="kvpool's OpenAI-compatible API server (a client of the scheduler).")
     p.add_argument("--model", required=True, help="checkpoint folder (its tokenizer files are read)")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model as given)")
-    p.add_argument("--host", default=d.host)
-    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--host", default=d.host, help="the API's address (default %(default)s)")
+    p.add_argument("--port", type=int, default=d.port, help="the API's port (default %(default)s: the scheduler's HTTP port is 8000, the worker's 8001)")
     p.add_argument("--scheduler", default=d.scheduler, help="the scheduler's client port (default %(default)s)")
     p.add_argument("--scheduler-http", default=d.scheduler_http, help="the scheduler's /health and /metrics (default %(default)s)")
-    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
-    p.add_argument("--generation-config", default=d.generation_config, help='"auto" (the model\'s), "vllm" (none) or a folder')
-    p.add_argument("--return-tokens-as-token-ids", action="store_true")
-    p.add_argument("--dev-mode", action="store_true", help="enable POST /reset_prefix_cache")
-    p.add_argument("--max-request-body-bytes", type=int, default=d.max_request_body_bytes)
-    p.add_argument("--connect-timeout", dest="connect_timeout_s", type=float, default=d.connect_timeout_s)
-    p.add_argument("--curve-client-key", metavar="FILE", help="this client's secret certificate (NAME.key_secret)")
-    p.add_argument("--curve-server-key", metavar="FILE", help="the scheduler's public certificate (NAME.key)")
-    p.add_argument("--log-level", default=d.log_level, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len, help="longest prompt + output, in tokens (default %(default)s)")
+    p.add_argument("--generation-config", default=d.generation_config, help='"auto" (the model\'s), "vllm" (none) or a folder (default %(default)s)')
+    p.add_argument("--return-tokens-as-token-ids", action="store_true", help="logprobs name tokens as token_id:N (default off)")
+    p.add_argument("--dev-mode", action="store_true", help="enable POST /reset_prefix_cache (default off)")
+    p.add_argument("--max-request-body-bytes", type=int, default=d.max_request_body_bytes, help="larger request bodies get 413 (default %(default)s)")
+    p.add_argument("--connect-timeout", dest="connect_timeout_s", type=float, default=d.connect_timeout_s,
+                   help="give up reaching the scheduler after this long, in s (default %(default)s)")
+    p.add_argument("--curve-client-key", metavar="FILE", help="this client's secret certificate, NAME.key_secret (default: none, no CURVE)")
+    p.add_argument("--curve-server-key", metavar="FILE", help="the scheduler's public certificate, NAME.key (default: none, no CURVE)")
+    p.add_argument("--log-level", default=d.log_level, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default %(default)s)")
     return p
 
 
