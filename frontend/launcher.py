@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -28,6 +27,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from frontend.model_dir import checkpoint_problem
 from protocol import kv_cache_spec
 
 PR_SET_PDEATHSIG = 1
@@ -276,7 +276,7 @@ class Launcher:
 
 
 def main_serve(args) -> int:
-    if not os.path.isdir(args.model_dir):
-        print(f"kvpool serve: {args.model} is not a checkpoint folder", file=sys.stderr)
+    if (problem := checkpoint_problem(args.model, Path(args.model_dir))) is not None:
+        print(f"kvpool serve: {problem}", file=sys.stderr)
         return 2
     return Launcher(args, log=lambda *a, **k: print(*a, file=sys.stderr, **k)).run()

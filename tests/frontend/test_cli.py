@@ -3,6 +3,9 @@ checked without starting anything."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,6 +75,40 @@ def test_a_model_that_is_not_a_folder_is_refused(tmp_path, capsys):
 
     assert main(["serve", str(tmp_path / "nope")]) == 2
     assert "is not a checkpoint folder" in capsys.readouterr().err
+
+
+def _serve_exits(argv: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "frontend.cli", "serve", *argv], capture_output=True, text=True, timeout=60)
+
+
+def _copy_without(src: Path, dest: Path, *left_out: str) -> Path:
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns(*left_out))
+    return dest
+
+
+@pytest.mark.parametrize(
+    ("left_out", "words"),
+    [
+        (("*",), "no config.json (a checkpoint folder needs config.json, *.safetensors and tokenizer.json)"),
+        (("*.safetensors",), "no *.safetensors weights"),
+        (("tokenizer.json",), "no tokenizer.json"),
+    ],
+    ids=["empty", "no-weights", "no-tokenizer"],
+)
+def test_an_incomplete_checkpoint_is_one_clear_line_before_anything_starts(tiny_checkpoint, tmp_path, left_out, words):
+    model = _copy_without(tiny_checkpoint, tmp_path / "m", *left_out)
+    p = _serve_exits([str(model), "--log-dir", str(tmp_path / "logs")])
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"kvpool serve: {model}: ") and words in lines[0], p.stderr
+    assert not (tmp_path / "logs").exists()  # no process was started (each would log there)
+
+
+def test_a_config_that_is_not_json_is_named(tiny_checkpoint, tmp_path):
+    model = _copy_without(tiny_checkpoint, tmp_path / "m")
+    (model / "config.json").write_text("{not json")
+    p = _serve_exits([str(model)])
+    assert p.returncode == 2 and "config.json is not readable JSON" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_unknown_flag_is_refused():
