@@ -1,0 +1,88 @@
+"""The engine's periodic stats line, as vLLM's `LoggingStatLogger` writes it.
+
+Every ``--log-stats-interval`` seconds (vLLM: ``VLLM_LOG_STATS_INTERVAL``, 10 s) one
+line through `logging`, worded as vLLM's so the same grep finds both::
+
+    Engine 000: Avg prompt throughput: 1234.5 tokens/s, Avg generation throughput:
+    67.8 tokens/s, Running: 8 reqs, Waiting: 0 reqs, GPU KV cache usage: 41.2%,
+    Prefix cache hit rate: 83.0%
+
+(one line; ``Preemptions: N`` before the KV usage when the interval had any). The
+throughputs are the interval's (prompt tokens counted at each request's first token,
+as ``vllm:prompt_tokens``); the hit rate is over the most recent ~1,000 admitted
+requests, as vLLM's ``CachingMetrics``. An interval with no tokens after one with none
+is logged at DEBUG ("avoid log noise on an idle production system", as vLLM).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+log = logging.getLogger("kvpool.scheduler")
+
+# vLLM's CachingMetrics window: the hit rate of the last this-many requests.
+MAX_RECENT_REQUESTS = 1000
+
+
+@dataclass(slots=True)
+class StatsSnapshot:
+    """The cumulative counters the line is made of, read at one instant."""
+
+    prompt_tokens: int
+    generation_tokens: int
+    preemptions: int
+    prefix_requests: int
+    prefix_queries: int
+    prefix_hits: int
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+
+
+class StatsLogger:
+    def __init__(self, engine_index: int, now: float):
+        self.engine_index = engine_index
+        self._last_time = now
+        self._last: StatsSnapshot | None = None
+        self._was_idle = True
+        # (requests, queries, hits) of recent intervals, oldest first.
+        self._recent: deque[tuple[int, int, int]] = deque()
+
+    def log(self, snap: StatsSnapshot, now: float) -> str:
+        """Log the interval since the previous call; returns the line (for tests)."""
+        prev = self._last or StatsSnapshot(0, 0, 0, 0, 0, 0, 0, 0, 0.0)
+        elapsed = max(now - self._last_time, 1e-9)
+        prompt_tps = (snap.prompt_tokens - prev.prompt_tokens) / elapsed
+        gen_tps = (snap.generation_tokens - prev.generation_tokens) / elapsed
+        preemptions = snap.preemptions - prev.preemptions
+        self._observe_prefix(snap.prefix_requests - prev.prefix_requests, snap.prefix_queries - prev.prefix_queries,
+                             snap.prefix_hits - prev.prefix_hits)  # fmt: skip
+        self._last, self._last_time = snap, now
+        idle = prompt_tps == 0 and gen_tps == 0
+        level = logging.DEBUG if idle and self._was_idle else logging.INFO
+        self._was_idle = idle
+        line = (
+            f"Engine {self.engine_index:03d}: Avg prompt throughput: {prompt_tps:.1f} tokens/s, "
+            f"Avg generation throughput: {gen_tps:.1f} tokens/s, Running: {snap.num_running} reqs, "
+            f"Waiting: {snap.num_waiting} reqs, "
+            + (f"Preemptions: {preemptions}, " if preemptions > 0 else "")
+            + f"GPU KV cache usage: {snap.kv_cache_usage * 100:.1f}%, Prefix cache hit rate: {self.hit_rate * 100:.1f}%"
+        )
+        log.log(level, "%s", line)
+        return line
+
+    def _observe_prefix(self, requests: int, queries: int, hits: int) -> None:
+        if requests <= 0 and queries <= 0:
+            return
+        self._recent.append((requests, queries, hits))
+        # NOTE: as vLLM's CachingMetrics: drop the oldest intervals while the rest
+        # still cover the window, so the rate follows the recent workload.
+        while len(self._recent) > 1 and sum(r for r, _, _ in self._recent) - self._recent[0][0] >= MAX_RECENT_REQUESTS:
+            self._recent.popleft()
+
+    @property
+    def hit_rate(self) -> float:
+        queries = sum(q for _, q, _ in self._recent)
+        return sum(h for _, _, h in self._recent) / queries if queries else 0.0
