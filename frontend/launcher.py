@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from frontend.model_dir import checkpoint_problem
+from frontend.restart_policy import RestartPolicy
 from protocol import kv_cache_spec
 
 PR_SET_PDEATHSIG = 1
@@ -102,7 +103,7 @@ class Child:
     argv: list[str]
     log_path: Path | None
     proc: subprocess.Popen | None = None
-    restarts: int = 0
+    started_at: float = 0.0  # time.monotonic() of the last start
     _log: object = field(default=None, repr=False)
 
     def start(self) -> None:
@@ -111,6 +112,7 @@ class Child:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's life
             out = self._log
         self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT if out else None, preexec_fn=_die_with_parent)
+        self.started_at = time.monotonic()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -122,6 +124,7 @@ class Launcher:
         self.log = log
         self.children: dict[str, Child] = {}
         self.stopping = False
+        self.restarts = RestartPolicy(args.worker_restarts)
 
     def build(self) -> None:
         a = self.args
@@ -239,17 +242,16 @@ class Launcher:
                 return 1
             worker = self.children["worker"]
             if not worker.alive():
-                if worker.restarts >= self.args.worker_restarts:
-                    self.log(f"kvpool serve: the worker exited {worker.restarts + 1} times; giving up")
+                delay = self.restarts.after_exit(time.monotonic() - worker.started_at)
+                if delay is None:
+                    self.log(f"kvpool serve: {self.restarts.why_give_up()}")
                     return 1
-                delay = min(2.0**worker.restarts, 30.0)
                 self.log(f"kvpool serve: the worker exited (status {worker.proc.returncode}); restarting it in {delay:g} s")
                 end = time.monotonic() + delay
                 while time.monotonic() < end and not self.stopping:
                     time.sleep(POLL_S)
                 if self.stopping:
                     break
-                worker.restarts += 1
                 worker.start()
             time.sleep(POLL_S)
         return 0

@@ -112,6 +112,18 @@ def test_a_crashed_worker_is_restarted_and_costs_no_request(tiny_checkpoint, tmp
     assert all(gone(p) for p in kids)
 
 
+def test_a_worker_crashing_again_at_once_ends_kvpool_serve_saying_why(tiny_checkpoint, tmp_path):
+    with kvpool_serve(tiny_checkpoint, tmp_path, "--worker-restarts", "1") as s:
+        first = role(s.proc.pid, "worker")
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: [p for p, c in children(s.proc.pid).items() if "-m worker " in c and p != first], 30, "a new worker")
+        os.kill(role(s.proc.pid, "worker"), signal.SIGKILL)  # within seconds of its start: a crash loop
+        s.proc.wait(60)
+        assert s.proc.returncode == 1
+        said = "".join(s.output)
+        assert "the worker exited 2 times in a row, each within 60 s of its start (--worker-restarts 1); giving up" in said
+
+
 def test_a_dead_scheduler_stops_everything_with_a_non_zero_status(tiny_checkpoint, tmp_path):
     with kvpool_serve(tiny_checkpoint, tmp_path) as s:
         kids = list(children(s.proc.pid))

@@ -24,6 +24,8 @@ class Served:
     port: int
     log_dir: Path
     ready_line: str
+    # Everything kvpool serve itself printed so far (its children log to log_dir).
+    output: list[str]
 
     @property
     def base_url(self) -> str:
@@ -56,7 +58,7 @@ def kvpool_serve(model_dir, log_dir, *extra: str, ready_timeout: float = 120.0, 
         while not ready.wait(0.2):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"kvpool serve did not get ready (status {proc.poll()}):\n{''.join(lines)}")
-        yield Served(proc, port, log_dir, next(line for line in lines if " ready at " in line))
+        yield Served(proc, port, log_dir, next(line for line in lines if " ready at " in line), lines)
     finally:
         stop(proc)
         reader.join(5)
