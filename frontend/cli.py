@@ -8,6 +8,10 @@ import shlex
 import sys
 from pathlib import Path
 
+from frontend.config import FrontendConfig
+
+MAX_REQUEST_BODY_BYTES = FrontendConfig.__dataclass_fields__["max_request_body_bytes"].default
+
 
 def _seed(text: str) -> int:
     try:
@@ -53,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--worker-http-port", type=int, default=None, metavar="PORT",
                    help="the worker's /metrics on 127.0.0.1 (default: a free port; 0 disables)")  # fmt: skip
     g.add_argument("--dev-mode", action="store_true", help="POST /reset_prefix_cache")
+    g.add_argument("--max-request-body-bytes", type=int, default=MAX_REQUEST_BODY_BYTES, metavar="BYTES",
+                   help="the API refuses a larger request body with 413, before reading it (default %(default)s)")
     g.add_argument("--kv-cache-metrics", action="store_true", help="KV residency histograms")
     g.add_argument("--kv-events-endpoint", default=None, metavar="ENDPOINT")
     g.add_argument("--kv-events-replay-endpoint", default=None, metavar="ENDPOINT")
@@ -97,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--tensor-parallel-size must be positive, got {a.tensor_parallel_size}")
         if not 0 <= a.kv_offloading_size < float("inf"):
             p.error(f"--kv-offloading-size must be a number of GiB >= 0, got {a.kv_offloading_size}")
+        if a.max_request_body_bytes < 1:
+            p.error(f"--max-request-body-bytes must be positive, got {a.max_request_body_bytes}")
         if a.data_parallel_rank < 0:
             p.error(f"--data-parallel-rank must be non-negative, got {a.data_parallel_rank}")
         return main_serve(a)

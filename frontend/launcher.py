@@ -178,7 +178,7 @@ class Launcher:
         front = [py, "-m", "frontend", "--model", str(a.model_dir), "--served-model-name", a.served_model_name,
                  "--host", a.host, "--port", str(a.port), "--scheduler", f"tcp://127.0.0.1:{client_port}",
                  "--scheduler-http", self.scheduler_http, "--max-model-len", str(a.max_model_len),
-                 "--generation-config", a.generation_config]  # fmt: skip
+                 "--generation-config", a.generation_config, "--max-request-body-bytes", str(a.max_request_body_bytes)]  # fmt: skip
         if a.dev_mode:
             front.append("--dev-mode")
         if a.return_tokens_as_token_ids:

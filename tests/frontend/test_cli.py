@@ -51,6 +51,16 @@ def test_vllm_serve_flags_reach_the_right_process(tiny_checkpoint):
     assert value(f, "--scheduler-http") == f"http://127.0.0.1:{value(s, '--http-port')}"
 
 
+def test_the_request_body_limit_reaches_the_frontend(tiny_checkpoint, capsys):
+    assert value(built([], tiny_checkpoint)["frontend"], "--max-request-body-bytes") == str(4 << 20)  # the frontend's own default
+    assert value(built(["--max-request-body-bytes", "1000"], tiny_checkpoint)["frontend"], "--max-request-body-bytes") == "1000"
+    from frontend.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", str(tiny_checkpoint), "--max-request-body-bytes", "0"])
+    assert e.value.code == 2 and "--max-request-body-bytes must be positive, got 0" in capsys.readouterr().err
+
+
 def test_the_full_sequence_admission_gate_is_on_unless_turned_off(tiny_checkpoint):
     assert "--no-scheduler-reserve-full-isl" not in built([], tiny_checkpoint)["scheduler"]
     assert "--no-scheduler-reserve-full-isl" in built(["--no-scheduler-reserve-full-isl"], tiny_checkpoint)["scheduler"]
