@@ -77,6 +77,7 @@ class APIServer:
             default_sampling(config.generation_config, config.model), config.return_tokens_as_token_ids,
         )  # fmt: skip
         self.ready, self.why_not_ready = False, "the scheduler has not answered yet"
+        self.was_ready = False
         self._http: aiohttp.ClientSession | None = None
         self._poller: asyncio.Task | None = None
         self._runner: web.AppRunner | None = None
@@ -111,6 +112,7 @@ class APIServer:
             try:
                 async with self._http.get(url) as r:
                     self.ready, self.why_not_ready = r.status == 200, (await r.text()).strip()
+                    self.was_ready |= self.ready
             except (aiohttp.ClientError, TimeoutError) as e:
                 self.ready, self.why_not_ready = False, f"the scheduler's /health is unreachable: {e}"
             await asyncio.sleep(HEALTH_POLL_S)
@@ -164,7 +166,10 @@ class APIServer:
             self.metrics.http_request(request.method, name, status, time.perf_counter() - start)
 
     def _require_ready(self) -> None:
-        if not self.ready:
+        # NOTE: only until the scheduler was first ready. After that a missing worker
+        # is a restart: the scheduler queues new requests until one is back (or its
+        # --worker-reconnect-timeout passes), so they must reach it.
+        if not self.ready and not self.was_ready:
             raise unavailable(f"The server is not ready: {self.why_not_ready}")
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:

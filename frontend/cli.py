@@ -67,7 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="this replica's rank in its KV events, for an indexer over several replicas (default %(default)s)")  # fmt: skip
     g.add_argument("--scheduler-args", type=shlex.split, default=[], metavar="'ARGS'", help="more flags for the scheduler")
     g.add_argument("--worker-args", type=shlex.split, default=[], metavar="'ARGS'", help="more flags for the worker (CURVE keys...)")
-    g.add_argument("--worker-restarts", type=int, default=5, help="restarts of a crashed worker before giving up (default %(default)s)")
+    g.add_argument("--worker-restarts", type=int, default=5,
+                   help="exits in a row of a crashed worker before giving up; 60 s of serving resets the count (default %(default)s)")
+    g.add_argument("--worker-restart-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="while the worker restarts, new requests wait in the queue; one that waits longer than this "
+                        "for a worker fails with 503 (the scheduler's --worker-reconnect-timeout; default %(default)s)")  # fmt: skip
     g.add_argument("--ready-timeout", type=float, default=120.0, metavar="SECONDS")
     g.add_argument("--stop-timeout", type=float, default=10.0, metavar="SECONDS")
     g.add_argument("--log-dir", default=None, help="write each process's log to DIR/NAME.log (default: this terminal)")
@@ -103,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--tensor-parallel-size must be positive, got {a.tensor_parallel_size}")
         if not 0 <= a.kv_offloading_size < float("inf"):
             p.error(f"--kv-offloading-size must be a number of GiB >= 0, got {a.kv_offloading_size}")
+        if not 0 < a.worker_restart_timeout < float("inf"):
+            p.error(f"--worker-restart-timeout must be a positive number of seconds, got {a.worker_restart_timeout}")
         if a.max_request_body_bytes < 1:
             p.error(f"--max-request-body-bytes must be positive, got {a.max_request_body_bytes}")
         if a.data_parallel_rank < 0:

@@ -8,6 +8,9 @@ from http import HTTPStatus
 import msgspec
 from aiohttp import web
 
+# Seconds a 503 asks a client to wait: about what a restarted worker takes to be back.
+RETRY_AFTER_S = 5
+
 _TYPES = {
     HTTPStatus.BAD_REQUEST: "BadRequestError",
     HTTPStatus.NOT_FOUND: "NotFoundError",
@@ -33,7 +36,11 @@ class APIError(Exception):
                           "param": self.param, "code": self.status.value}}  # fmt: skip
 
     def response(self) -> web.Response:
-        return web.Response(status=self.status.value, body=msgspec.json.encode(self.body()), content_type="application/json")
+        # NOTE: a 503 is a pause (no worker yet, or one restarting): Retry-After tells
+        # clients (the openai SDK honours it) when to try again rather than give up.
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if self.status == HTTPStatus.SERVICE_UNAVAILABLE else None
+        return web.Response(status=self.status.value, body=msgspec.json.encode(self.body()), content_type="application/json",
+                            headers=headers)  # fmt: skip
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:

@@ -7,7 +7,7 @@ processes, supervised (vLLM's ``vllm serve``, with the engine core split out).
 * SIGINT/SIGTERM stop every child (SIGTERM, then SIGKILL after ``--stop-timeout``);
   children get SIGTERM should the launcher itself die (``PR_SET_PDEATHSIG``).
 * The scheduler or the frontend exiting stops the rest, and the launcher exits 1. The
-  worker exiting is restarted (``--worker-restarts`` times, with doubling backoff):
+  worker exiting is restarted (``frontend/restart_policy.py``), new requests queued meanwhile:
   the scheduler puts its requests back in the queue, so a crashed worker costs none.
   With ``--tensor-parallel-size N`` the worker is rank 0 of a group that starts the
   other ranks itself; any rank dying ends the group (rank 0 exits), so restarting the
@@ -140,7 +140,7 @@ class Launcher:
         sched = [py, "-m", "scheduler", "--host", "127.0.0.1", "--port", str(client_port), "--worker-port", str(worker_port),
                  "--http-port", str(sched_http), "--block-size", str(a.block_size), "--served-model-name", a.served_model_name,
                  "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
-                 "--max-num-batched-tokens", str(a.max_num_batched_tokens)]  # fmt: skip
+                 "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--worker-reconnect-timeout", str(a.worker_restart_timeout)]  # fmt: skip
         if a.num_gpu_blocks_override is not None:
             sched += ["--num-gpu-blocks-override", str(a.num_gpu_blocks_override)]
         if not a.enable_prefix_caching:

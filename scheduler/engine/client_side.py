@@ -16,7 +16,6 @@ from scheduler.core.hashing import BlockHasher
 from scheduler.engine.client_outputs import final_outputs_by_client, send_outputs
 from scheduler.engine.engine_state import EngineState
 from scheduler.engine.sockets import LoopYield, RouterPort, peer_name
-from scheduler.engine.worker_link import WorkerLink
 from scheduler.sched.request import Request, RequestStatus
 from scheduler.sched.validation import RequestRejected, validate_generate
 
@@ -25,12 +24,10 @@ log = logging.getLogger("scheduler")
 
 class ClientSide:
     def __init__(
-        self, state: EngineState, port: RouterPort, worker: WorkerLink, hasher: BlockHasher,
-        max_frame_bytes: int, max_num_waiting: int,
+        self, state: EngineState, port: RouterPort, hasher: BlockHasher, max_frame_bytes: int, max_num_waiting: int,
     ):  # fmt: skip
         self.state = state
         self.port = port
-        self.worker = worker  # read only: is a worker ready?
         self.hasher = hasher
         self.codec: Codec = Codec(ClientRequest, max_frame_bytes)
         self.max_num_waiting = max_num_waiting
@@ -60,7 +57,10 @@ class ClientSide:
         state, scheduler = self.state, self.state.scheduler
         if state.stopping:
             return await self.send_error(ident, msg.request_id, "the scheduler is shutting down")
-        if not self.worker.ready or scheduler is None:
+        # NOTE: with no pool yet (no worker ever came) nothing can be checked or queued.
+        # After that a missing worker is one restarting: the request waits in the queue
+        # like any other, for at most --worker-reconnect-timeout (the step loop's bound).
+        if scheduler is None:
             return await self.send_error(ident, msg.request_id, "no worker is ready: try again once /health returns 200")
         try:
             validate_generate(msg, state.limits, scheduler.requests)
@@ -91,7 +91,10 @@ class ClientSide:
         self.state.wakeup.set()
 
     async def send_error(self, ident: bytes, request_id: str | None, message: str) -> None:
-        log.debug("request error to %r: %s", ident, message)
+        if request_id is not None:
+            log.info("request %s refused: %s", request_id, message)
+        else:
+            log.debug("message from %s refused: %s", peer_name(ident), message)
         # NOTE: an error reply that cannot be delivered is dropped: the peer is gone or
         # is flooding without reading, and nothing else is owed to it.
         await self.port.send(ident, self.codec.encode(RequestError(message, request_id)))
@@ -103,10 +106,13 @@ class ClientSide:
 
     async def end_all(self, status: RequestStatus, message: str = "") -> None:
         """End every live request; each client hears of it (abort, or a RequestError)."""
+        if self.state.scheduler is not None:
+            await self.end(list(self.state.scheduler.requests), status, message)
+
+    async def end(self, request_ids: list[str], status: RequestStatus, message: str = "") -> None:
+        """End these live requests; each client hears of it (abort, or a RequestError)."""
         scheduler = self.state.scheduler
-        if scheduler is None:
-            return
-        ended = scheduler.finish_requests(list(scheduler.requests), status)
+        ended = scheduler.finish_requests(request_ids, status)
         if status == RequestStatus.FINISHED_ERROR:
             for request in ended:
                 await self.send_error(request.client_id, request.request_id, message)

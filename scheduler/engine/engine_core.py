@@ -78,7 +78,7 @@ class EngineCore:
         self.worker_side = WorkerSide(self.state, config, workers, self.metrics, self.kv_event_sink, self._publish_kv_events)
         self.worker = self.worker_side.link
         hasher = BlockHasher(config.block_size, config.prefix_caching_hash_algo)
-        self.client_side = ClientSide(self.state, clients, self.worker, hasher, config.max_frame_bytes, config.max_num_waiting)
+        self.client_side = ClientSide(self.state, clients, hasher, config.max_frame_bytes, config.max_num_waiting)
         self._step_kv_events: list = []  # see _step_loop
         self._stop = asyncio.Event()
         # An internal error that stopped the process (exit status 1).
@@ -205,8 +205,8 @@ class EngineCore:
                 state.wakeup.clear()
                 now = time.monotonic()
                 self.worker.check_silence()
-                if self._no_worker_past_reconnect_timeout(now):
-                    await self._fail_waiting_requests(now)
+                if state.worker_lost_at is not None and not self.worker.ready:
+                    await self._fail_requests_waiting_too_long(now)
                 out = state.scheduler.schedule() if self.worker.ready else None
                 if out is None:
                     if done is not None:
@@ -236,18 +236,15 @@ class EngineCore:
             if done is not None:
                 await self._deliver(done)
 
-    def _no_worker_past_reconnect_timeout(self, now: float) -> bool:
-        """No worker for --worker-reconnect-timeout, with requests left to fail."""
-        lost_at = self.state.worker_lost_at
-        return (
-            lost_at is not None and now - lost_at > self.config.worker_reconnect_timeout_s
-            and self.state.scheduler.has_unfinished_requests()
-        )  # fmt: skip
-
-    async def _fail_waiting_requests(self, now: float) -> None:
-        timeout_s = self.config.worker_reconnect_timeout_s
-        log.error("no worker for %.0f s: failing %d waiting requests", now - self.state.worker_lost_at, self.state.scheduler.num_waiting)
-        await self.client_side.end_all(RequestStatus.FINISHED_ERROR, f"no worker returned within {timeout_s} s")
+    async def _fail_requests_waiting_too_long(self, now: float) -> None:
+        """With no worker, fail each request that has waited for one longer than
+        --worker-reconnect-timeout (since it arrived, or since the worker was lost):
+        a request that came during the outage gets its own full wait."""
+        timeout_s, lost_at = self.config.worker_reconnect_timeout_s, self.state.worker_lost_at
+        expired = [rid for rid, r in self.state.scheduler.requests.items() if now - max(r.arrival_time, lost_at) > timeout_s]
+        if expired:
+            log.error("no worker for %.0f s: failing %d requests that waited %g s for one", now - lost_at, len(expired), timeout_s)
+            await self.client_side.end(expired, RequestStatus.FINISHED_ERROR, f"no worker returned within {timeout_s:g} s")
 
     async def _idle(self) -> None:
         """Nothing to schedule: keep the worker's link alive, then sleep until woken."""

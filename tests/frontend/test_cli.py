@@ -61,6 +61,16 @@ def test_the_request_body_limit_reaches_the_frontend(tiny_checkpoint, capsys):
     assert e.value.code == 2 and "--max-request-body-bytes must be positive, got 0" in capsys.readouterr().err
 
 
+def test_the_worker_restart_timeout_is_the_schedulers_wait_for_a_worker(tiny_checkpoint, capsys):
+    assert value(built([], tiny_checkpoint)["scheduler"], "--worker-reconnect-timeout") == "30.0"
+    assert value(built(["--worker-restart-timeout", "90"], tiny_checkpoint)["scheduler"], "--worker-reconnect-timeout") == "90.0"
+    from frontend.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", str(tiny_checkpoint), "--worker-restart-timeout", "0"])
+    assert e.value.code == 2 and "--worker-restart-timeout must be a positive number of seconds, got 0.0" in capsys.readouterr().err
+
+
 def test_the_full_sequence_admission_gate_is_on_unless_turned_off(tiny_checkpoint):
     assert "--no-scheduler-reserve-full-isl" not in built([], tiny_checkpoint)["scheduler"]
     assert "--no-scheduler-reserve-full-isl" in built(["--no-scheduler-reserve-full-isl"], tiny_checkpoint)["scheduler"]

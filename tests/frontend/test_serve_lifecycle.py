@@ -84,6 +84,12 @@ def test_without_a_worker_health_and_generation_answer_503(tiny_checkpoint, tmp_
 
         status, body = post(S, "/v1/completions", {"prompt": "x", "max_tokens": 2})
         assert status == 503 and body["error"]["code"] == 503 and "not ready" in body["error"]["message"]
+        # A 503 says when to try again (the openai SDK honours Retry-After).
+        req = urllib.request.Request(base + "/v1/completions", data=b'{"prompt": "x", "max_tokens": 2}',
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        assert e.value.code == 503 and int(e.value.headers["Retry-After"]) > 0
     finally:
         for p in procs:
             stop(p)

@@ -11,10 +11,12 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from kvtest.cluster import free_port as cluster_free_port
-from kvtest.scheduler_harness import REPO, Setup, free_port, prompt_of
+from kvtest.replies import NoReply
+from kvtest.scheduler_harness import REPO, Setup, expected_tokens, free_port, metric, prompt_of, tokens_of
 
 from protocol.client_messages import Generate, RequestError, TokenOutput
 from protocol.worker_messages import WorkerHello
@@ -106,3 +108,58 @@ def test_a_pool_that_still_holds_blocks_after_a_loss_stops_the_engine_loudly():
             engine._close()
 
     asyncio.run(main())
+
+
+@pytest.mark.e2e
+def test_requests_arriving_while_the_worker_restarts_are_queued_and_served_by_the_next():
+    s = Setup("--worker-reconnect-timeout", "30")
+    try:
+        assert s.client.generate("before", prompt_of(1, 20), max_tokens=3)[-1].finished
+        s.worker.leave("SIGKILL")  # gone: the scheduler has a pool but no worker
+        s.sched.wait_health(503, bound_s=10)
+        for i in range(3):
+            s.client.send(Generate(f"during{i}", prompt_of(10 + i, 20), max_tokens=4, ignore_eos=True))
+        with pytest.raises(NoReply):
+            s.client.recv(1.0)  # queued: no refusal, no tokens yet
+        assert metric(s.sched.metrics(), "vllm:num_requests_waiting") == 3
+        s.worker.close()
+        s.start_worker()  # the restarted worker
+        outs: dict[str, list[TokenOutput]] = {f"during{i}": [] for i in range(3)}
+        while not all(o and o[-1].finished for o in outs.values()):
+            msg = s.client.recv(10)
+            assert isinstance(msg, TokenOutput), msg
+            outs[msg.request_id].append(msg)
+        for i in range(3):
+            assert tokens_of(outs[f"during{i}"]) == expected_tokens(prompt_of(10 + i, 20), 4)
+    finally:
+        s.close()
+
+
+@pytest.mark.e2e
+def test_a_request_that_came_during_the_outage_gets_its_own_full_wait():
+    s = Setup("--worker-reconnect-timeout", "3")
+    try:
+        s.worker.delay_s = 0.01
+        s.client.send(Generate("early", prompt_of(1, 20), max_tokens=400, ignore_eos=True))
+        assert isinstance(s.client.recv(), TokenOutput)
+        s.worker.leave("SIGKILL")
+        s.sched.wait_health(503, bound_s=10)
+        lost = time.monotonic()
+        time.sleep(2.0)
+        s.client.send(Generate("late", prompt_of(2, 20), max_tokens=4, ignore_eos=True))
+        errors = {}
+        deadline = time.monotonic() + 15
+        while len(errors) < 2 and time.monotonic() < deadline:
+            try:
+                msg = s.client.recv(0.5)
+            except NoReply:
+                continue
+            if isinstance(msg, RequestError):
+                errors[msg.request_id] = (time.monotonic() - lost, msg.message)
+        assert set(errors) == {"early", "late"}, errors
+        assert "no worker returned within 3 s" in errors["early"][1] and "no worker returned within 3 s" in errors["late"][1]
+        # The early request waited its 3 s from the loss; the late one its own 3 s from its arrival.
+        assert errors["late"][0] - errors["early"][0] > 1.0, errors
+        assert errors["late"][0] >= 5.0, errors
+    finally:
+        s.close()
