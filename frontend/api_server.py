@@ -75,6 +75,7 @@ class APIServer:
         self.ctx = ServingContext(
             config.served_model_name, config.model, config.max_model_len, self.tokenizer, self.engine, self.metrics,
             default_sampling(config.generation_config, config.model), config.return_tokens_as_token_ids,
+            log_requests=config.enable_log_requests,
         )  # fmt: skip
         self.ready, self.why_not_ready = False, "the scheduler has not answered yet"
         self.was_ready = False
@@ -155,9 +156,12 @@ class APIServer:
             return resp
         except APIError as e:
             status = e.status.value
+            # NOTE: every refusal, with its reason (vLLM's access log gives the status alone).
+            log.info('"%s %s" %d: %s', request.method, request.path, status, e.message)
             return e.response()
         except web.HTTPException as e:
             status = e.status
+            log.info('"%s %s" %d: %s', request.method, request.path, status, e.reason)
             return APIError(e.reason, e.status).response()
         except Exception:
             log.exception("internal error in %s", name)

@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--worker-http-port", type=int, default=None, metavar="PORT",
                    help="the worker's /metrics on 127.0.0.1 (default: a free port; 0 disables)")  # fmt: skip
     g.add_argument("--dev-mode", action="store_true", help="POST /reset_prefix_cache")
+    s.add_argument("--disable-log-stats", action="store_true", help="no periodic stats line in the scheduler's log (default: every 10 s)")
+    s.add_argument("--enable-log-requests", action="store_true", help="the API logs each request received (default off)")
     g.add_argument("--max-request-body-bytes", type=int, default=MAX_REQUEST_BODY_BYTES, metavar="BYTES",
                    help="the API refuses a larger request body with 413, before reading it (default %(default)s)")
     g.add_argument("--kv-cache-metrics", action="store_true", help="KV residency histograms")

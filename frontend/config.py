@@ -29,6 +29,7 @@ class FrontendConfig:
     curve_client_key: str | None = None
     curve_server_key: str | None = None
     log_level: str = "INFO"
+    enable_log_requests: bool = False
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="give up reaching the scheduler after this long, in s (default %(default)s)")
     p.add_argument("--curve-client-key", metavar="FILE", help="this client's secret certificate, NAME.key_secret (default: none, no CURVE)")
     p.add_argument("--curve-server-key", metavar="FILE", help="the scheduler's public certificate, NAME.key (default: none, no CURVE)")
+    p.add_argument("--enable-log-requests", action="store_true",
+                   help="log each request received: its id, sampling parameters and prompt lengths (default off, as vLLM)")
     p.add_argument("--log-level", default=d.log_level, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default %(default)s)")
     return p
 

@@ -128,7 +128,6 @@ class Launcher:
 
     def build(self) -> None:
         a = self.args
-        py = sys.executable
         client_port, worker_port, sched_http, worker_http = free_ports(4)
         if a.worker_http_port is not None:
             worker_http = a.worker_http_port
@@ -137,33 +136,43 @@ class Launcher:
         logs = Path(a.log_dir) if a.log_dir else None
         if logs is not None:
             logs.mkdir(parents=True, exist_ok=True)
-        sched = [py, "-m", "scheduler", "--host", "127.0.0.1", "--port", str(client_port), "--worker-port", str(worker_port),
+        argvs = {
+            "scheduler": self._scheduler_argv(client_port, worker_port, sched_http),
+            "worker": self._worker_argv(worker_port, worker_http),
+            "frontend": self._frontend_argv(client_port),
+        }
+        for name, argv in argvs.items():
+            self.children[name] = Child(name, argv, logs / f"{name}.log" if logs else None)
+
+    def _offload_argv(self) -> list[str]:
+        # NOTE: both sides: the worker allocates the host tier, the scheduler manages it.
+        a = self.args
+        return ["--kv-offloading-size", f"{a.kv_offloading_size:g}"] if getattr(a, "kv_offloading_size", 0) else []
+
+    def _scheduler_argv(self, client_port: int, worker_port: int, sched_http: int) -> list[str]:
+        a = self.args
+        sched = [sys.executable, "-m", "scheduler", "--host", "127.0.0.1", "--port", str(client_port), "--worker-port", str(worker_port),
                  "--http-port", str(sched_http), "--block-size", str(a.block_size), "--served-model-name", a.served_model_name,
                  "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
                  "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--worker-reconnect-timeout", str(a.worker_restart_timeout)]  # fmt: skip
         if a.num_gpu_blocks_override is not None:
             sched += ["--num-gpu-blocks-override", str(a.num_gpu_blocks_override)]
-        if not a.enable_prefix_caching:
-            sched.append("--no-enable-prefix-caching")
-        if not getattr(a, "scheduler_reserve_full_isl", True):
-            sched.append("--no-scheduler-reserve-full-isl")
-        if a.dev_mode:
-            sched.append("--dev-mode")
-        if a.kv_cache_metrics:
-            sched.append("--kv-cache-metrics")
-        # NOTE: both sides: the worker allocates the host tier, the scheduler manages it.
-        offload = ["--kv-offloading-size", f"{a.kv_offloading_size:g}"] if getattr(a, "kv_offloading_size", 0) else []
-        sched += offload
-        if a.kv_events_endpoint:
-            sched += ["--kv-events-endpoint", a.kv_events_endpoint]
-        if a.kv_events_replay_endpoint:
-            sched += ["--kv-events-replay-endpoint", a.kv_events_replay_endpoint]
-        if a.kv_events_topic:
-            sched += ["--kv-events-topic", a.kv_events_topic]
+        flags = {"--no-enable-prefix-caching": not a.enable_prefix_caching,
+                 "--no-scheduler-reserve-full-isl": not getattr(a, "scheduler_reserve_full_isl", True),
+                 "--dev-mode": a.dev_mode, "--disable-log-stats": a.disable_log_stats, "--kv-cache-metrics": a.kv_cache_metrics}  # fmt: skip
+        sched += [flag for flag, on in flags.items() if on]
+        sched += self._offload_argv()
+        for flag, value in (("--kv-events-endpoint", a.kv_events_endpoint), ("--kv-events-replay-endpoint", a.kv_events_replay_endpoint),
+                            ("--kv-events-topic", a.kv_events_topic)):  # fmt: skip
+            if value:
+                sched += [flag, value]
         if a.data_parallel_rank:
             sched += ["--data-parallel-rank", str(a.data_parallel_rank)]
-        sched += a.scheduler_args
-        worker = [py, "-m", "worker", "--scheduler", f"tcp://127.0.0.1:{worker_port}", "--model", str(a.model_dir),
+        return sched + a.scheduler_args
+
+    def _worker_argv(self, worker_port: int, worker_http: int) -> list[str]:
+        a = self.args
+        worker = [sys.executable, "-m", "worker", "--scheduler", f"tcp://127.0.0.1:{worker_port}", "--model", str(a.model_dir),
                   "--block-size", str(a.block_size), "--max-model-len", str(a.max_model_len), "--dtype", a.dtype,
                   "--http-port", str(worker_http), "--gpu-memory-utilization", str(a.gpu_memory_utilization),
                   "--seed", str(a.seed)]  # fmt: skip
@@ -171,20 +180,20 @@ class Launcher:
             worker += ["--device", a.device]
         if a.kv_cache_memory:
             worker += ["--kv-cache-memory", a.kv_cache_memory]
-        worker += offload
+        worker += self._offload_argv()
         if a.tensor_parallel_size > 1:
             worker += ["--tensor-parallel-size", str(a.tensor_parallel_size)]
-        worker += a.worker_args
-        front = [py, "-m", "frontend", "--model", str(a.model_dir), "--served-model-name", a.served_model_name,
+        return worker + a.worker_args
+
+    def _frontend_argv(self, client_port: int) -> list[str]:
+        a = self.args
+        front = [sys.executable, "-m", "frontend", "--model", str(a.model_dir), "--served-model-name", a.served_model_name,
                  "--host", a.host, "--port", str(a.port), "--scheduler", f"tcp://127.0.0.1:{client_port}",
                  "--scheduler-http", self.scheduler_http, "--max-model-len", str(a.max_model_len),
                  "--generation-config", a.generation_config, "--max-request-body-bytes", str(a.max_request_body_bytes)]  # fmt: skip
-        if a.dev_mode:
-            front.append("--dev-mode")
-        if a.return_tokens_as_token_ids:
-            front.append("--return-tokens-as-token-ids")
-        for name, argv in (("scheduler", sched), ("worker", worker), ("frontend", front)):
-            self.children[name] = Child(name, argv, logs / f"{name}.log" if logs else None)
+        flags = {"--dev-mode": a.dev_mode, "--enable-log-requests": a.enable_log_requests,
+                 "--return-tokens-as-token-ids": a.return_tokens_as_token_ids}  # fmt: skip
+        return front + [flag for flag, on in flags.items() if on]
 
     def run(self) -> int:
         self.build()

@@ -3,6 +3,7 @@ request checks common to completions and chat, usage, and SSE framing."""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,6 +20,8 @@ from frontend.sampling import EngineParams
 from frontend.streaming import WriteBatch
 from frontend.tokenizer import Tokenizer
 
+log = logging.getLogger("frontend")
+
 _encode = msgspec.json.encode
 
 
@@ -32,6 +35,8 @@ class ServingContext:
     metrics: FrontendMetrics
     default_sampling: dict
     return_tokens_as_token_ids: bool = False
+    # --enable-log-requests: one INFO line per request received, as vLLM's RequestLogger.
+    log_requests: bool = False
     writes: WriteBatch = field(default_factory=WriteBatch)  # every stream's frames of a step
 
     def check_model(self, model: str | None) -> None:
@@ -76,6 +81,9 @@ def choice_requests(request_id: str, prompts: list[list[int]], params: EnginePar
 
 def choice_streams(ctx: ServingContext, request_id: str, prompts: list[list[int]], params: EngineParams) -> list[AsyncIterator[ChoiceDelta]]:
     """Each choice as an async iterator of its deltas."""
+    if ctx.log_requests:
+        log.info("Received request %s: params: %s, n: %d, num_prompt_tokens: %s.", request_id, params.generate, params.n,
+                 [len(p) for p in prompts])  # fmt: skip
     return [run_choice(ctx.engine, ctx.tokenizer, rid, index, prompt, p)
             for rid, index, prompt, p in choice_requests(request_id, prompts, params)]  # fmt: skip
 
@@ -118,6 +126,7 @@ async def send_event(resp: web.StreamResponse, data: dict) -> None:
 
 
 async def send_error_event(resp: web.StreamResponse, error: APIError) -> None:
+    log.info("a stream ended with %d: %s", error.status.value, error.message)
     # NOTE: headers are gone once streaming: vLLM sends the error object as an event.
     await send_event(resp, error.body())
 

@@ -39,6 +39,10 @@ class SchedulerConfig:
     prefix_caching_hash_algo: str = "sha256"
     dev_mode: bool = False
     log_level: str = "INFO"
+    # The periodic stats line (scheduler/engine/stats_logger.py): off with --disable-log-stats;
+    # its period is vLLM's VLLM_LOG_STATS_INTERVAL, read as vLLM reads it.
+    log_stats: bool = True
+    log_stats_interval_s: float = 10.0
     model_name: str = "kvpool-tiny"
     # A worker silent for this long (no heartbeat, no result) is taken for dead.
     # NOTE: the same as the worker's --scheduler-timeout; both sides heartbeat every
@@ -114,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dev-mode", action="store_true", default=os.environ.get("KVPOOL_DEV_MODE") == "1",
                    help="enable development endpoints (POST /reset_prefix_cache); also KVPOOL_DEV_MODE=1")  # fmt: skip
     p.add_argument("--log-level", default=d.log_level, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--disable-log-stats", dest="log_stats", action="store_false",
+                   help="no periodic stats line (throughput, running/waiting, KV usage, hit rate) every "
+                        "VLLM_LOG_STATS_INTERVAL seconds (default: logged, every 10 s)")  # fmt: skip
     p.add_argument("--served-model-name", dest="model_name", default=d.model_name, help="the model_name label of every metric")
     p.add_argument("--worker-timeout", dest="worker_timeout_s", type=float, default=d.worker_timeout_s, metavar="SECONDS",
                    help="a worker silent this long is taken for dead (default %(default)s)")  # fmt: skip
@@ -197,4 +204,10 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
                 check_local_endpoint(ep, flag, allow_remote=a.curve_secret_key is not None)
             except ValueError as e:
                 p.error(str(e))
+    try:
+        a.log_stats_interval_s = float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10"))
+    except ValueError:
+        a.log_stats_interval_s = -1.0
+    if not 0 < a.log_stats_interval_s < float("inf"):
+        p.error(f"VLLM_LOG_STATS_INTERVAL must be a positive number of seconds, got {os.environ.get('VLLM_LOG_STATS_INTERVAL')!r}")
     return SchedulerConfig(**vars(a))

@@ -41,6 +41,7 @@ from scheduler.engine.http_server import build_app, start_http
 from scheduler.engine.kv_event_publisher import make_kv_event_sink
 from scheduler.engine.metrics import SchedulerMetrics
 from scheduler.engine.sockets import open_ports
+from scheduler.engine.stats_logger import StatsSnapshot, log_stats_every
 from scheduler.engine.worker_checks import check_result
 from scheduler.engine.worker_link import HEARTBEAT_INTERVAL_S, WorkerLost
 from scheduler.engine.worker_side import WorkerSide
@@ -125,9 +126,13 @@ class EngineCore:
         worker_loop = asyncio.create_task(workers.receive_loop())
         client_watch = asyncio.create_task(clients.port.watch_disconnects(clients.sweep))
         worker_watch = asyncio.create_task(workers.port.watch_disconnects(workers.probe))
-        for t in (step, client_loop, worker_loop, client_watch, worker_watch):
+        others = (client_loop, client_watch)
+        if self.config.log_stats:
+            c = self.config
+            others += (asyncio.create_task(log_stats_every(c.log_stats_interval_s, c.data_parallel_rank, self._stats_snapshot)),)
+        for t in (step, *others, worker_loop, worker_watch):
             t.add_done_callback(self._on_task_done)
-        return step, (client_loop, client_watch), (worker_loop, worker_watch)
+        return step, others, (worker_loop, worker_watch)
 
     async def _stop_tasks(self, step: asyncio.Task, client_tasks: tuple[asyncio.Task, ...], worker_tasks: tuple[asyncio.Task, ...]) -> None:
         # NOTE: the worker's receive loop must outlive the step in flight: it
@@ -285,6 +290,16 @@ class EngineCore:
         if self.state.scheduler is not None:
             self.metrics.update(self.state.scheduler, self.state.kv)
         return self.metrics.render()
+
+    def _stats_snapshot(self) -> StatsSnapshot | None:
+        scheduler, kv = self.state.scheduler, self.state.kv
+        if scheduler is None:
+            return None
+        p = kv.prefix_cache_stats
+        return StatsSnapshot(
+            scheduler.num_prompt_tokens, scheduler.num_generation_tokens, scheduler.num_preemptions, p.requests, p.queries,
+            p.hits, scheduler.num_running, scheduler.num_waiting, kv.block_pool.get_usage(),
+        )  # fmt: skip
 
     def _health(self) -> tuple[bool, str]:
         if self.state.stopping:

@@ -16,11 +16,14 @@ is logged at DEBUG ("avoid log noise on an idle production system", as vLLM).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
-log = logging.getLogger("kvpool.scheduler")
+log = logging.getLogger("scheduler")
 
 # vLLM's CachingMetrics window: the hit rate of the last this-many requests.
 MAX_RECENT_REQUESTS = 1000
@@ -86,3 +89,14 @@ class StatsLogger:
     def hit_rate(self) -> float:
         queries = sum(q for _, q, _ in self._recent)
         return sum(h for _, _, h in self._recent) / queries if queries else 0.0
+
+
+async def log_stats_every(interval_s: float, engine_index: int, snapshot: Callable[[], StatsSnapshot | None]) -> None:
+    """The stats line every ``interval_s`` until cancelled; ``snapshot`` is None while
+    there is no pool yet (no worker came), and nothing is logged then."""
+    stats = StatsLogger(engine_index, time.monotonic())
+    while True:
+        await asyncio.sleep(interval_s)
+        snap = snapshot()
+        if snap is not None:
+            stats.log(snap, time.monotonic())

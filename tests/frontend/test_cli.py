@@ -71,6 +71,13 @@ def test_the_worker_restart_timeout_is_the_schedulers_wait_for_a_worker(tiny_che
     assert e.value.code == 2 and "--worker-restart-timeout must be a positive number of seconds, got 0.0" in capsys.readouterr().err
 
 
+def test_the_logging_flags_reach_their_process(tiny_checkpoint):
+    default = built([], tiny_checkpoint)
+    assert "--disable-log-stats" not in default["scheduler"] and "--enable-log-requests" not in default["frontend"]
+    flagged = built(["--disable-log-stats", "--enable-log-requests"], tiny_checkpoint)
+    assert "--disable-log-stats" in flagged["scheduler"] and "--enable-log-requests" in flagged["frontend"]
+
+
 def test_the_full_sequence_admission_gate_is_on_unless_turned_off(tiny_checkpoint):
     assert "--no-scheduler-reserve-full-isl" not in built([], tiny_checkpoint)["scheduler"]
     assert "--no-scheduler-reserve-full-isl" in built(["--no-scheduler-reserve-full-isl"], tiny_checkpoint)["scheduler"]

@@ -16,7 +16,15 @@ import time
 import pytest
 from kvtest.cluster import free_port as cluster_free_port
 from kvtest.replies import NoReply
-from kvtest.scheduler_harness import REPO, Setup, expected_tokens, free_port, metric, prompt_of, tokens_of
+from kvtest.scheduler_harness import (
+    REPO,
+    Setup,
+    expected_tokens,
+    free_port,
+    metric,
+    prompt_of,
+    tokens_of,
+)
 
 from protocol.client_messages import Generate, RequestError, TokenOutput
 from protocol.worker_messages import WorkerHello
