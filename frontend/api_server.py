@@ -75,7 +75,7 @@ class APIServer:
         self.ctx = ServingContext(
             config.served_model_name, config.model, config.max_model_len, self.tokenizer, self.engine, self.metrics,
             default_sampling(config.generation_config, config.model), config.return_tokens_as_token_ids,
-            log_requests=config.enable_log_requests,
+            log_requests=config.enable_log_requests, max_n=config.max_n_sequences,
         )  # fmt: skip
         self.ready, self.why_not_ready = False, "the scheduler has not answered yet"
         self.was_ready = False

@@ -5,7 +5,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
+
+from frontend.sampling import DEFAULT_MAX_N_SEQUENCES
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +33,8 @@ class FrontendConfig:
     curve_server_key: str | None = None
     log_level: str = "INFO"
     enable_log_requests: bool = False
+    # vLLM's VLLM_MAX_N_SEQUENCES, read as vLLM reads it: the most choices one request may ask for.
+    max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,4 +72,8 @@ def config_from_args(argv: list[str] | None = None) -> FrontendConfig:
         p.error("--curve-client-key and --curve-server-key go together")
     if a.served_model_name is None:
         a.served_model_name = a.model
+    raw = os.environ.get("VLLM_MAX_N_SEQUENCES", str(DEFAULT_MAX_N_SEQUENCES))
+    if not raw.strip().isdigit() or int(raw) < 1:
+        p.error(f"VLLM_MAX_N_SEQUENCES must be a positive integer, got {raw!r}")
+    a.max_n_sequences = int(raw)
     return FrontendConfig(**vars(a))

@@ -19,6 +19,8 @@ from protocol.sampling_params import SamplingError, check_sampling
 VLLM_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
 # generation_config.json keys vLLM reads as default sampling parameters.
 _GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
+# vLLM's bound on n (its VLLM_MAX_N_SEQUENCES default).
+DEFAULT_MAX_N_SEQUENCES = 16384
 
 
 def default_sampling(generation_config: str, model_dir: str | Path) -> dict:
@@ -44,9 +46,11 @@ class EngineParams:
     n: int
 
 
-def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict) -> EngineParams:
+def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict, max_n: int = DEFAULT_MAX_N_SEQUENCES) -> EngineParams:
     """Check a request's sampling fields (the first bad one is named) and build them.
-    The ranges are protocol's (``check_sampling``), the scheduler's own."""
+    The ranges are protocol's (``check_sampling``), the scheduler's own; ``n`` is the
+    frontend's alone (it fans a request out into n), bounded by ``max_n`` as vLLM's
+    VLLM_MAX_N_SEQUENCES bounds it."""
 
     def pick(name):
         value = getattr(req, name)
@@ -54,6 +58,9 @@ def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict
 
     if req.n < 1:
         raise bad_request(f"n must be at least 1, got {req.n}.", "n")
+    if req.n > max_n:
+        raise bad_request(f"n must be at most {max_n}, got {req.n}. To increase this limit, set the VLLM_MAX_N_SEQUENCES "
+                          "environment variable.", "n")  # fmt: skip
     if max_tokens < 1:
         raise bad_request(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
     fields = SimpleNamespace(

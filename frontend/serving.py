@@ -16,7 +16,7 @@ from frontend.engine_client import EngineClient, EngineError
 from frontend.errors import APIError, bad_request, model_not_found
 from frontend.generation import Choice, ChoiceDelta, merge, run_choice
 from frontend.metrics import FrontendMetrics
-from frontend.sampling import EngineParams
+from frontend.sampling import DEFAULT_MAX_N_SEQUENCES, EngineParams
 from frontend.streaming import WriteBatch
 from frontend.tokenizer import Tokenizer
 
@@ -37,6 +37,7 @@ class ServingContext:
     return_tokens_as_token_ids: bool = False
     # --enable-log-requests: one INFO line per request received, as vLLM's RequestLogger.
     log_requests: bool = False
+    max_n: int = DEFAULT_MAX_N_SEQUENCES
     writes: WriteBatch = field(default_factory=WriteBatch)  # every stream's frames of a step
 
     def check_model(self, model: str | None) -> None:

@@ -78,7 +78,7 @@ def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest) -> tuple[
     check_prompt_length(len(ids), requested, ctx.max_model_len)
     max_tokens = requested if requested is not None else ctx.max_model_len - len(ids)
     num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return ids, max_tokens, num_logprobs, engine_params(req, max_tokens, num_logprobs, ctx.default_sampling)
+    return ids, max_tokens, num_logprobs, engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n)
 
 
 async def create_chat_completion(ctx: ServingContext, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:

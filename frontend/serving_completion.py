@@ -69,7 +69,7 @@ def completion_engine_input(ctx: ServingContext, req: CompletionRequest) -> tupl
     for ids in prompts:
         check_prompt_length(len(ids), req.max_tokens, ctx.max_model_len)
     max_tokens = req.max_tokens if req.max_tokens is not None else ctx.max_model_len - max(len(p) for p in prompts)
-    return prompts, texts, max_tokens, engine_params(req, max_tokens, req.logprobs, ctx.default_sampling)
+    return prompts, texts, max_tokens, engine_params(req, max_tokens, req.logprobs, ctx.default_sampling, ctx.max_n)
 
 
 async def create_completion(ctx: ServingContext, request: web.Request, req: CompletionRequest) -> web.StreamResponse:

@@ -56,6 +56,7 @@ def test_prompt_over_the_context_length_uses_vllms_wording(served, model):
         ({"temperature": -1}, "temperature", "temperature must be non-negative"),
         ({"top_p": 0}, "top_p", "top_p must be in (0, 1]"),
         ({"n": 0}, "n", "n must be at least 1"),
+        ({"n": 16385}, "n", "n must be at most 16384, got 16385. To increase this limit, set the VLLM_MAX_N_SEQUENCES"),
         ({"logprobs": 21}, "logprobs", "greater than max allowed: 20"),
         ({"min_tokens": 99, "max_tokens": 4}, "min_tokens", "min_tokens must be less than or equal to max_tokens=4"),
         ({"prompt": [10**6]}, "prompt", "Token id 1000000 is out of vocabulary"),

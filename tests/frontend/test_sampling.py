@@ -53,3 +53,23 @@ def test_a_good_request_becomes_the_generate_fields():
         "stop_token_ids": [2], "logprobs": 3,
     }  # fmt: skip
     assert p.stop == ["\n"] and p.n == 1
+
+
+def test_n_is_bounded_as_vllm_bounds_it():
+    # vLLM 0.32's SamplingParams: n up to VLLM_MAX_N_SEQUENCES (16384 unless set).
+    assert engine_params(CompletionRequest(prompt="x", n=16384), 4, None, {}).n == 16384
+    with pytest.raises(APIError) as info:
+        engine_params(CompletionRequest(prompt="x", n=5), 4, None, {}, max_n=4)
+    assert info.value.param == "n" and str(info.value).startswith("n must be at most 4, got 5.")
+
+
+def test_the_bound_comes_from_vllms_environment_variable(monkeypatch, capsys):
+    from frontend.config import config_from_args
+
+    assert config_from_args(["--model", "m"]).max_n_sequences == 16384
+    monkeypatch.setenv("VLLM_MAX_N_SEQUENCES", "8")
+    assert config_from_args(["--model", "m"]).max_n_sequences == 8
+    monkeypatch.setenv("VLLM_MAX_N_SEQUENCES", "lots")
+    with pytest.raises(SystemExit):
+        config_from_args(["--model", "m"])
+    assert "VLLM_MAX_N_SEQUENCES must be a positive integer, got 'lots'" in capsys.readouterr().err
