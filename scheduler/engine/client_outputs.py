@@ -1,7 +1,7 @@
 """A step's tokens to the clients: one `EngineCoreOutputs` frame per client per step.
 
 `outputs_by_client` builds each client's batch straight from the scheduler's
-`StepOutputs` columns (no per-request object on the way), in batch order,
+`StepTokens` columns (no per-request object on the way), in batch order,
 as vLLM's `Scheduler.update_from_output` groups its EngineCoreOutputs by client.
 `send_outputs` encodes each batch once and sends them all without waiting
 (`RouterPort.send_batch`); it returns the clients that could not be sent to (gone,
@@ -16,11 +16,11 @@ from protocol.client_messages import EngineCoreOutputs, TokenLogprobs, TokenOutp
 from protocol.codec import Codec
 from protocol.worker_messages import SampledLogprobs
 from scheduler.engine.sockets import RouterPort
-from scheduler.sched.outputs import StepOutputs
+from scheduler.sched.outputs import StepTokens
 from scheduler.sched.request import Request
 
 
-def outputs_by_client(step: StepOutputs, logprobs: Iterable[SampledLogprobs] = ()) -> dict[bytes, EngineCoreOutputs]:
+def outputs_by_client(step: StepTokens, logprobs: Iterable[SampledLogprobs] = ()) -> dict[bytes, EngineCoreOutputs]:
     """client id -> that client's TokenOutputs of this step, in batch order."""
     batches: dict[bytes, list[TokenOutput]] = {}
     outputs: list[TokenOutput] = []

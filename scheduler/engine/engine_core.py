@@ -45,7 +45,7 @@ from scheduler.engine.stats_logger import StatsSnapshot, log_stats_every
 from scheduler.engine.worker_checks import check_result
 from scheduler.engine.worker_link import HEARTBEAT_INTERVAL_S, WorkerLost
 from scheduler.engine.worker_side import WorkerSide
-from scheduler.sched.outputs import StepOutputs
+from scheduler.sched.outputs import StepTokens
 from scheduler.sched.request import RequestStatus
 
 log = logging.getLogger("scheduler")
@@ -55,7 +55,7 @@ log = logging.getLogger("scheduler")
 class _Done:
     """A step whose results the scheduler has applied, its outputs not yet sent."""
 
-    outputs: StepOutputs
+    outputs: StepTokens
     logprobs: list  # StepResult.logprobs
     nbytes: int
     seconds: float

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from scheduler.core.block_residency import RESIDENCY_BUCKETS, ResidencyBlockPool
 from scheduler.core.kv_cache_manager import KVCacheManager
-from scheduler.sched.outputs import StepOutputs
+from scheduler.sched.outputs import StepTokens
 from scheduler.sched.scheduler import Scheduler
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -197,7 +197,7 @@ class SchedulerMetrics:
             observe_many(self.kv_block_idle_before_evict, samples.idle_before_evict)
             observe_many(self.kv_block_reuse_gap, samples.reuse_gaps)
 
-    def observe_step(self, outputs: StepOutputs, plan_bytes: int, step_s: float) -> None:
+    def observe_step(self, outputs: StepTokens, plan_bytes: int, step_s: float) -> None:
         """One executed step: its plan's size, its wall time, the latencies it completed."""
         self.steps.inc()
         self.plan_bytes.inc(plan_bytes)

@@ -1,6 +1,6 @@
 """What a scheduler step produces: the plan it scheduled, and the tokens it yielded.
 
-`SchedulerOutput` is one scheduled step (`Scheduler.schedule`); `StepOutputs` is
+`SchedulerOutput` is one scheduled step (`Scheduler.schedule`); `StepTokens` is
 what applying the worker's result gave (`Scheduler.update_from_output`): one new
 token for each request that sampled.
 """
@@ -51,7 +51,7 @@ class SchedulerOutput:
 
 
 @dataclass(slots=True)
-class StepOutputs:
+class StepTokens:
     """The tokens of one step, in columns: ``requests[i]`` got ``token_ids[i]``.
 
     NOTE: columns, not an object per request: a decode step makes no per-request
@@ -71,11 +71,11 @@ class StepOutputs:
         """Time to first token, when ``token_ids[i]`` is its request's first."""
         return self.time - self.requests[i].arrival_time if self.prev_token_times[i] is None else None
 
-    def without(self, skipped: list[int]) -> StepOutputs:
+    def without(self, skipped: list[int]) -> StepTokens:
         """These outputs less the rows at the indices ``skipped`` (ascending)."""
         keep = sorted(set(range(len(self.requests))) - set(skipped))
         position = {old: new for new, old in enumerate(keep)}
-        return StepOutputs(
+        return StepTokens(
             self.time,
             [self.requests[i] for i in keep],
             [self.token_ids[i] for i in keep],

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from protocol.worker_messages import StepResult
 from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.core.kv_cache_manager import KVCacheManager
-from scheduler.sched.outputs import SchedulerOutput, StepOutputs
+from scheduler.sched.outputs import SchedulerOutput, StepTokens
 from scheduler.sched.plan_builder import StepPlanBuilder
 from scheduler.sched.request import Request, RequestStatus
 
@@ -251,7 +251,7 @@ class Scheduler:
         self.running.clear()
         self._pending_finished_seq_ids.clear()
 
-    def update_from_output(self, result: StepResult) -> StepOutputs:
+    def update_from_output(self, result: StepResult) -> StepTokens:
         """Apply the worker's result of the plan in flight: append sampled tokens,
         stop requests that are done. Raises ValueError on a result that does not
         match the plan (nothing applied then)."""
@@ -270,7 +270,7 @@ class Scheduler:
         now = time.monotonic()
         prev_token_times: list[float | None] = []
         append_prev = prev_token_times.append
-        outputs = StepOutputs(now, requests, token_ids, prev_token_times)
+        outputs = StepTokens(now, requests, token_ids, prev_token_times)
         skipped: list[int] = []
         for request, token_id in zip(requests, token_ids, strict=True):
             all_token_ids = request.all_token_ids

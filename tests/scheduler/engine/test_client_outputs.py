@@ -1,4 +1,4 @@
-"""One EngineCoreOutputs frame per client per step, built from StepOutputs columns;
+"""One EngineCoreOutputs frame per client per step, built from StepTokens columns;
 sent once per client over a real ROUTER, the failed clients reported."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from protocol.codec import Codec
 from protocol.worker_messages import SampledLogprobs
 from scheduler.engine.client_outputs import final_outputs_by_client, outputs_by_client, send_outputs
 from scheduler.engine.sockets import RouterPort
-from scheduler.sched.outputs import StepOutputs
+from scheduler.sched.outputs import StepTokens
 from scheduler.sched.request import Request
 
 
@@ -28,7 +28,7 @@ REQS = [_request("a0", 10, A, 16), _request("b0", 11, B, 0), _request("a1", 12, 
 
 
 def test_one_batch_per_client_in_batch_order_with_finishes_and_logprobs():
-    step = StepOutputs(1.0, REQS, [7, 8, 9, 6], [None] * 4, {1: "stop", 2: "length"})
+    step = StepTokens(1.0, REQS, [7, 8, 9, 6], [None] * 4, {1: "stop", 2: "length"})
     lp = [SampledLogprobs(12, -0.5, [9, 3], [-0.5, -1.5])]
     batches = outputs_by_client(step, lp)
     assert list(batches) == [A, B]
@@ -40,9 +40,9 @@ def test_one_batch_per_client_in_batch_order_with_finishes_and_logprobs():
 
 
 def test_no_logprobs_unless_a_row_has_them_and_an_empty_step_sends_nothing():
-    step = StepOutputs(1.0, REQS[:1], [7], [None])
+    step = StepTokens(1.0, REQS[:1], [7], [None])
     assert outputs_by_client(step, []) == {A: EngineCoreOutputs([TokenOutput("a0", [7], num_cached_tokens=16)])}
-    assert outputs_by_client(StepOutputs(1.0, [], [], [])) == {}
+    assert outputs_by_client(StepTokens(1.0, [], [], [])) == {}
 
 
 def test_final_outputs_group_by_client_and_a_never_admitted_request_reports_zero_cached():
@@ -67,7 +67,7 @@ def test_send_outputs_one_frame_per_client_and_reports_a_gone_one():
             # The ROUTER knows the dealer once it has heard from it.
             await dealer.send(b"hello")
             assert await asyncio.wait_for(port.recv(), 10)
-            step = StepOutputs(1.0, REQS, [7, 8, 9, 6], [None] * 4)
+            step = StepTokens(1.0, REQS, [7, 8, 9, 6], [None] * 4)
             codec = Codec(ClientResponse)
             failed = send_outputs(port, codec, outputs_by_client(step))
             frames = [await asyncio.wait_for(dealer.recv(), 10)]

@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
 from scheduler.engine.metrics import LATENCY_BUCKETS, SchedulerMetrics, observe_repeated
-from scheduler.sched.outputs import StepOutputs
+from scheduler.sched.outputs import StepTokens
 from scheduler.sched.request import Request
 
 
@@ -43,7 +43,7 @@ def test_observe_step_matches_one_observe_per_token():
     # Three first tokens (TTFT), gaps from two earlier steps and one odd one, and two
     # requests that finished.
     prev = [None, 99.99, 99.99, None, 99.5, 99.99, 97.0, None, 99.5]
-    outputs = StepOutputs(now, reqs, [7] * 9, prev, {2: "stop", 6: "length"})
+    outputs = StepTokens(now, reqs, [7] * 9, prev, {2: "stop", 6: "length"})
     fast.observe_step(outputs, 11, 0.002)
     for r, p in zip(reqs, prev, strict=True):
         if p is None:

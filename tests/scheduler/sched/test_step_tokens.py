@@ -1,4 +1,4 @@
-"""Scheduler.update_from_output's StepOutputs: the columns, the latencies read from
+"""Scheduler.update_from_output's StepTokens: the columns, the latencies read from
 them, and requests that end while their step is in flight."""
 
 from __future__ import annotations
