@@ -13,31 +13,18 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-from kvtest.serve import kvpool_serve
+from kvtest.serve import children, kvpool_serve
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def _children(pid: int) -> dict[int, str]:
-    out = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
-
-
 def _victim(serve_pid: int, tp: int) -> int:
-    (worker,) = [p for p, cmd in _children(serve_pid).items() if "-m worker " in cmd]
+    (worker,) = [p for p, cmd in children(serve_pid).items() if "-m worker " in cmd]
     if tp == 1:
         return worker
-    (rank1,) = [p for p, cmd in _children(worker).items() if "--rank 1" in cmd]
+    (rank1,) = [p for p, cmd in children(worker).items() if "--rank 1" in cmd]
     return rank1
 
 

@@ -16,24 +16,9 @@ from pathlib import Path
 
 import pytest
 from kvtest.http_api import PROMPT, post
-from kvtest.serve import free_port, kvpool_serve, stop
+from kvtest.serve import children, free_port, kvpool_serve, stop
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def children(pid: int) -> dict[int, str]:
-    """pid -> command line of the live children of ``pid``."""
-    out = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid == pid:
-                out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, IndexError, ValueError):
-            pass
-    return out
 
 
 def role(pid: int, name: str) -> int:
