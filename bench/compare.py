@@ -196,10 +196,9 @@ def agreement(ids: dict[str, list]) -> dict:
             "fraction_identical": same / len(v) if v else None}  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
-    # NOTE: SIGTERM unwinds like Ctrl-C, so every server's context manager stops its group.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+def settle_args(a) -> None:
+    """The parsed flags made usable: lists split, the trace's default found, every
+    bound checked, the output folder made."""
     a.engines = [e for e in a.engines.split(",") if e]
     a.workloads = [w for w in a.workloads.split(",") if w]
     if a.trace is None:
@@ -214,47 +213,52 @@ def main(argv: list[str] | None = None) -> int:
     check(a)
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
-    model = Path(a.model).resolve() if a.model else default_model()
+
+
+def pool_configs(a) -> dict[str, ServerConfig]:
+    """Both engines' settings for the main pool and the small one."""
     main_cfg = ServerConfig(a.block_size, a.num_blocks, a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
                             a.dtype, not a.no_prefix_caching)  # fmt: skip
     # NOTE: vLLM refuses to start unless the pool holds one max_model_len request (the
     # null block excluded), so the small pool's max_model_len is cut to fit it.
     small_len = min(a.max_model_len, (a.small_num_blocks - 1) * a.block_size)
-    pools = {"main": main_cfg, "small": replace(main_cfg, num_blocks=a.small_num_blocks, max_model_len=small_len)}
-    workloads = default_workloads(a)
-    load_before = os.getloadavg()
+    return {"main": main_cfg, "small": replace(main_cfg, num_blocks=a.small_num_blocks, max_model_len=small_len)}
+
+
+def run_all(model: Path, pools: dict[str, ServerConfig], workloads, vocab: int, prompts, a) -> tuple[dict, dict, dict[str, str]]:
+    """Every pool's workloads on every engine, then agreement and the queued run:
+    (results, agreement, errors)."""
     results: dict = {}
     agree: dict = {}
-    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
-    prompts = agreement_prompts(a.agreement_prompts, vocab) if a.agreement_prompts else None
     ids: dict[str, list] = {}
     errors: dict[str, str] = {}
-    t0 = time.monotonic()
-    try:
-        for pool, cfg in pools.items():
-            ws = [w for w in workloads if w.pool == pool]
-            # NOTE: agreement is measured in float32; on the main server when it is float32.
-            here = prompts if pool == "main" and cfg.dtype == "float32" else None
-            for engine in a.engines if ws or here else []:
-                try:
-                    got = run_pool(engine, model, cfg, ws, a, pool, results, here)
-                except (RuntimeError, TimeoutError, subprocess.TimeoutExpired) as e:
-                    # NOTE: one engine failing on one pool leaves the rest of the table.
-                    print(f"compare: {engine} on the {pool} pool failed: {e}", file=sys.stderr, flush=True)
-                    errors[f"{engine}/{pool}"] = str(e)
-                    continue
-                if got is not None:
-                    ids[engine] = got
-        if prompts and not ids:
-            f32 = replace(main_cfg, dtype="float32")
-            ids = {e: run_pool(e, model, f32, [], a, "float32", results, prompts) for e in a.engines}
-        if len(ids) == 2:
-            agree = agreement(ids)
-        if any(w.name == "small-pool" for w in workloads):
-            results[QUEUED] = run_queued(model, pools["small"], vocab, a, errors)
-    except KeyboardInterrupt:
-        print("compare: interrupted; every server was stopped", file=sys.stderr)
-        return 130
+    for pool, cfg in pools.items():
+        ws = [w for w in workloads if w.pool == pool]
+        # NOTE: agreement is measured in float32; on the main server when it is float32.
+        here = prompts if pool == "main" and cfg.dtype == "float32" else None
+        for engine in a.engines if ws or here else []:
+            try:
+                got = run_pool(engine, model, cfg, ws, a, pool, results, here)
+            except (RuntimeError, TimeoutError, subprocess.TimeoutExpired) as e:
+                # NOTE: one engine failing on one pool leaves the rest of the table.
+                print(f"compare: {engine} on the {pool} pool failed: {e}", file=sys.stderr, flush=True)
+                errors[f"{engine}/{pool}"] = str(e)
+                continue
+            if got is not None:
+                ids[engine] = got
+    if prompts and not ids:
+        f32 = replace(pools["main"], dtype="float32")
+        ids = {e: run_pool(e, model, f32, [], a, "float32", results, prompts) for e in a.engines}
+    if len(ids) == 2:
+        agree = agreement(ids)
+    if any(w.name == "small-pool" for w in workloads):
+        results[QUEUED] = run_queued(model, pools["small"], vocab, a, errors)
+    return results, agree, errors
+
+
+def write_report(a, model: Path, main_cfg: ServerConfig, workloads, results: dict, agree: dict, errors: dict[str, str],
+                 load_before: tuple[float, float, float], t0: float) -> None:  # fmt: skip
+    """The table on stdout, every figure in the result JSON, the ratios' PNG."""
     shared = {w.name: w.shared_prefix for w in workloads} | {QUEUED: True}
     table = rows(results, shared) + ([agreement_row(agree)] if agree else [])
     print(format_table(table))
@@ -269,6 +273,26 @@ def main(argv: list[str] | None = None) -> int:
     plot = a.plot or a.out / "compare.png"
     plot_ratios(table, plot)
     print(f"compare: {result_json}, {plot}; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    # NOTE: SIGTERM unwinds like Ctrl-C, so every server's context manager stops its group.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    settle_args(a)
+    model = Path(a.model).resolve() if a.model else default_model()
+    pools = pool_configs(a)
+    workloads = default_workloads(a)
+    load_before = os.getloadavg()
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    prompts = agreement_prompts(a.agreement_prompts, vocab) if a.agreement_prompts else None
+    t0 = time.monotonic()
+    try:
+        results, agree, errors = run_all(model, pools, workloads, vocab, prompts, a)
+    except KeyboardInterrupt:
+        print("compare: interrupted; every server was stopped", file=sys.stderr)
+        return 130
+    write_report(a, model, pools["main"], workloads, results, agree, errors, load_before, t0)
     return 1 if errors else 0
 
 

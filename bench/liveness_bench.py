@@ -3,9 +3,9 @@
 A real ``python -m scheduler`` process on free loopback ports; a worker thread here
 that only counts tokens (so the scheduler is the slow part); 8 decodes running, then
 2,000 prompts of 2,000 tokens (each hashed on arrival) encoded first and sent at once.
-The worker records the longest gap between two messages from the scheduler. Before
-the receive loops yielded it was 3.35 s on the 2-core development machine, past the
-worker's old 2 s timeout (it exited 3); both timeouts are now 10 s.
+The worker records the longest gap between two messages from the scheduler: before
+the receive loops yielded, a burst kept the scheduler silent past the worker's timeout
+(docs/benchmarks.md).
 
 ``python -m bench liveness`` prints the table.
 """
@@ -111,63 +111,83 @@ def _drain(sock: zmq.Socket, n: int, bound_s: float) -> None:
             finished += sum(o.finished for o in msg.outputs)
 
 
-def rows() -> list[Row]:
-    port, worker_port, http_port = _free_port(), _free_port(), _free_port()
-    sched = subprocess.Popen(
+def _start_scheduler(port: int, worker_port: int, http_port: int) -> subprocess.Popen:
+    return subprocess.Popen(
         [sys.executable, "-m", "scheduler", "--port", str(port), "--worker-port", str(worker_port),
          "--http-port", str(http_port), "--log-level", "WARNING"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
+
+
+def _wait_ready(http_port: int, bound_s: float) -> None:
+    """Until the scheduler's /health is 200 (its worker is ready)."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{http_port}/health", timeout=2).status == 200:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("the scheduler never became ready")
+        time.sleep(0.1)
+
+
+def _run_burst(ctx: zmq.Context, port: int, socks: list[zmq.Socket]) -> float:
+    """The decodes, then the burst sent at once while they run; waits for both to
+    finish and returns the seconds the burst took. Its sockets join ``socks``."""
+    codec: Codec = Codec(ClientRequest)
+    decodes, burst = (ctx.socket(zmq.DEALER) for _ in range(2))
+    socks += [decodes, burst]
+    for s in socks:
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(f"tcp://127.0.0.1:{port}")
+    for i in range(NUM_DECODES):
+        decodes.send(codec.encode(Generate(f"d{i}", [3 + i] * 16, max_tokens=DECODE_TOKENS, ignore_eos=True)))
+    frames = [
+        codec.encode(Generate(f"b{i}", [2 + i % 500, 2 + i // 500] + [2 + (i * 7 + j) % 510 for j in range(BURST_LEN - 2)],
+                              max_tokens=2, ignore_eos=True))
+        for i in range(NUM_BURST)
+    ]  # fmt: skip
+    time.sleep(0.5)  # the decodes are running
+    t0 = time.perf_counter()
+    for f in frames:
+        burst.send(f)
+    _drain(burst, NUM_BURST, 600)
+    burst_s = time.perf_counter() - t0
+    _drain(decodes, NUM_DECODES, 600)
+    return burst_s
+
+
+def _stop(sched: subprocess.Popen, worker: _CountingWorker | None, socks: list[zmq.Socket], ctx: zmq.Context) -> None:
+    if worker is not None:
+        worker.stop.set()
+        worker.join(timeout=10)
+        worker.sock.close(linger=0)
+    for s in socks:
+        s.close(linger=0)
+    sched.terminate()
+    try:
+        sched.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        sched.kill()
+        sched.wait(timeout=10)
+    ctx.term()
+
+
+def rows() -> list[Row]:
+    port, worker_port, http_port = _free_port(), _free_port(), _free_port()
+    sched = _start_scheduler(port, worker_port, http_port)
     ctx = zmq.Context()
     worker = None
-    socks = []
+    socks: list[zmq.Socket] = []
     try:
         worker = _CountingWorker(ctx, f"tcp://127.0.0.1:{worker_port}")
         worker.start()
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{http_port}/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("the scheduler never became ready")
-            time.sleep(0.1)
-        codec: Codec = Codec(ClientRequest)
-        decodes, burst = (ctx.socket(zmq.DEALER) for _ in range(2))
-        socks += [decodes, burst]
-        for s in socks:
-            s.setsockopt(zmq.LINGER, 0)
-            s.connect(f"tcp://127.0.0.1:{port}")
-        for i in range(NUM_DECODES):
-            decodes.send(codec.encode(Generate(f"d{i}", [3 + i] * 16, max_tokens=DECODE_TOKENS, ignore_eos=True)))
-        frames = [
-            codec.encode(Generate(f"b{i}", [2 + i % 500, 2 + i // 500] + [2 + (i * 7 + j) % 510 for j in range(BURST_LEN - 2)],
-                                  max_tokens=2, ignore_eos=True))
-            for i in range(NUM_BURST)
-        ]  # fmt: skip
-        time.sleep(0.5)  # the decodes are running
-        t0 = time.perf_counter()
-        for f in frames:
-            burst.send(f)
-        _drain(burst, NUM_BURST, 600)
-        burst_s = time.perf_counter() - t0
-        _drain(decodes, NUM_DECODES, 600)
+        _wait_ready(http_port, 60)
+        burst_s = _run_burst(ctx, port, socks)
     finally:
-        if worker is not None:
-            worker.stop.set()
-            worker.join(timeout=10)
-            worker.sock.close(linger=0)
-        for s in socks:
-            s.close(linger=0)
-        sched.terminate()
-        try:
-            sched.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            sched.kill()
-            sched.wait(timeout=10)
-        ctx.term()
+        _stop(sched, worker, socks, ctx)
     name = f"burst {NUM_BURST} x {BURST_LEN}-token prompts + {NUM_DECODES} decodes"
     return [
         Row(f"{name}: scheduler's longest silence to its worker", worker.max_gap_s * 1e3, "ms",

@@ -15,7 +15,6 @@ import sys
 import numpy as np
 
 from loadgen.arrivals import arrival_offsets
-from loadgen.client import SchedulerUnreachable
 from loadgen.config import LoadgenConfig, describe_workload, make_output_folders, parse_config
 from loadgen.datasets import (
     SampleRequest,
@@ -26,6 +25,7 @@ from loadgen.datasets import (
 )
 from loadgen.progress import Progress
 from loadgen.report import format_report, summarize, write_result_json
+from loadgen.request_result import SchedulerUnreachable
 from loadgen.runner import run_benchmark
 from protocol.curve import CurveKeyError
 

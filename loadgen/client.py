@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
 
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from loadgen.request_result import SUCCESS_FINISH_REASONS, RequestResult, SchedulerUnreachable
 from protocol.client_messages import (
     Abort,
     ClientResponse,
@@ -37,39 +37,8 @@ from protocol.curve import apply_client
 
 log = logging.getLogger(__name__)
 
-# NOTE: "length" (max_tokens reached) and "stop" (EOS) are the only normal endings;
-# "abort" and "error" mean the request did not complete.
-SUCCESS_FINISH_REASONS = frozenset({"length", "stop"})
-
-
-class SchedulerUnreachable(ConnectionError):
-    """No connection to the scheduler's client port could be made in time."""
-
-
 # Put in every request's queue when the connection to the scheduler is lost.
 _CONNECTION_LOST = object()
-
-
-@dataclass(slots=True)
-class RequestResult:
-    """What happened to one request; times in seconds (perf_counter based)."""
-
-    index: int
-    request_id: str
-    prompt_len: int
-    success: bool = False
-    error: str | None = None
-    finish_reason: str | None = None
-    start_s: float = 0.0
-    ttft_s: float | None = None
-    latency_s: float | None = None
-    itl_s: list[float] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    num_cached_tokens: int = 0
-
-    @property
-    def output_len(self) -> int:
-        return len(self.token_ids)
 
 
 class KVPoolClient:

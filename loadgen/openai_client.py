@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import aiohttp
 import msgspec
 
-from loadgen.client import SUCCESS_FINISH_REASONS, RequestResult, SchedulerUnreachable
+from loadgen.request_result import SUCCESS_FINISH_REASONS, RequestResult, SchedulerUnreachable
 
 # NOTE: msgspec, not json.loads: the client shares the cores with the server it measures.
 _decode = msgspec.json.Decoder().decode

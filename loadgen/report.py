@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from loadgen.client import RequestResult
 from loadgen.metrics_scraper import MetricsSample, delta
+from loadgen.request_result import RequestResult
 
 LATENCY_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 # Distinct errors the report lists; the rest are counted in one line (all are in the JSON).

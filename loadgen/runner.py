@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from loadgen.client import KVPoolClient, RequestResult
+from loadgen.client import KVPoolClient
 from loadgen.datasets import SampleRequest
 from loadgen.metrics_scraper import MetricsSample, MetricsScraper
 from loadgen.progress import Progress
+from loadgen.request_result import RequestResult
 
 log = logging.getLogger(__name__)
 

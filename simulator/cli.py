@@ -38,9 +38,10 @@ from pathlib import Path
 
 from scheduler.core.hashing import HASH_ALGOS
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
-from simulator.engine import SimConfig, SimResult, simulate
+from simulator.engine import SimConfig, simulate
 from simulator.free_policies import FREE_POLICIES
 from simulator.plot import plot_hit_rates
+from simulator.result import SimResult
 from simulator.workload import SampleWorkload, TraceWorkload, Workload
 
 DATASETS = ("mooncake", "shared-prefix", "random")

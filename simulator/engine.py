@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from protocol.client_messages import Generate
 from protocol.worker_messages import StepResult
@@ -33,9 +33,8 @@ from scheduler.sched.scheduler import Scheduler
 from scheduler.sched.validation import RequestLimits, RequestRejected, validate_generate
 from simulator.fastforward import decode_horizon, fast_forward_decode
 from simulator.free_policies import pool_class
+from simulator.result import NOT_YET, SimResult
 from simulator.workload import OUTPUT_TOKEN_BASE, Workload
-
-NOT_YET = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,60 +59,6 @@ class SimConfig:
     kv_bytes_per_token: int = 131072
     # vLLM 0.32's scheduler_reserve_full_isl (scheduler/sched/scheduler.py).
     reserve_full_sequence: bool = True
-
-
-@dataclass(slots=True)
-class SimResult:
-    """One run's figures (what the table and --result-json show), plus per-request
-    times in virtual ns (NOT_YET where it never happened) for tests."""
-
-    num_blocks: int
-    policy: str
-    # First admissions only, as vllm:prefix_cache_queries/_hits count them.
-    prefix_cache_hit_rate: float
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    # Re-admissions of preempted requests (they hit their own freed blocks), apart.
-    prefix_cache_preempted_hit_rate: float
-    prefix_cache_preempted_queries: int
-    prefix_cache_preempted_hits: int
-    num_evictions: int
-    num_preemptions: int
-    num_rejected: int
-    num_requests: int
-    num_finished: int
-    peak_usage: float
-    mean_queueing_delay_ms: float
-    p99_queueing_delay_ms: float
-    mean_ttft_ms: float
-    simulated_s: float
-    num_steps: int
-    num_fast_forwarded_steps: int
-    wall_s: float
-    # The host tier (zeros without one). host_hit_rate: host hits over all looked-up
-    # tokens, so prefix_cache_hit_rate + host_hit_rate = combined_hit_rate;
-    # external_prefix_cache_hit_rate is vLLM's: host hits over the tokens the device
-    # did not hold (vllm:external_prefix_cache_hits / _queries).
-    num_host_blocks: int = 0
-    host_hit_rate: float = 0.0
-    combined_hit_rate: float = 0.0
-    external_prefix_cache_hit_rate: float = 0.0
-    external_prefix_cache_queries: int = 0
-    external_prefix_cache_hits: int = 0
-    num_host_stores: int = 0
-    num_host_loads: int = 0
-    num_host_stores_skipped: int = 0
-    num_host_evictions: int = 0
-    bytes_stored: int = 0
-    bytes_loaded: int = 0
-    load_time_s: float = 0.0
-    admit_ns: list[int] = field(default_factory=list, repr=False)
-    first_token_ns: list[int] = field(default_factory=list, repr=False)
-    finish_ns: list[int] = field(default_factory=list, repr=False)
-
-    def summary(self) -> dict:
-        """The JSON row: every figure, no per-request lists."""
-        return {k: getattr(self, k) for k in self.__slots__ if not k.endswith("_ns")}
 
 
 def _percentile(values: list[int], q: float) -> float:

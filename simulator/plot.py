@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simulator.engine import SimResult
+from simulator.result import SimResult
 
 MARKERS = ("o", "s", "^", "D", "v", "x")
 LINESTYLES = ("-", "--", "-.", ":")

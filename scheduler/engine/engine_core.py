@@ -1,6 +1,7 @@
 """The scheduler process: its tasks and their lifecycle, and the step loop.
 
-One asyncio loop (uvloop) runs these tasks over two ZMQ ROUTER ports and HTTP:
+One asyncio loop (uvloop) runs these tasks over two ZMQ ROUTER ports and HTTP
+(/metrics, /health: scheduler/engine/http_server.py):
 
 * clients: Generate / Abort in; one EngineCoreOutputs per client per step (a
   TokenOutput per request), or a RequestError (scheduler/engine/client_side.py);
@@ -27,9 +28,9 @@ import logging
 import signal
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import zmq.asyncio
-from aiohttp import web
 
 from protocol.worker_messages import Shutdown, StepResult
 from scheduler.core.hashing import BlockHasher
@@ -37,11 +38,11 @@ from scheduler.engine.client_outputs import outputs_by_client
 from scheduler.engine.client_side import ClientSide
 from scheduler.engine.config import SchedulerConfig
 from scheduler.engine.engine_state import EngineState
-from scheduler.engine.http_server import build_app, start_http
+from scheduler.engine.http_server import HttpSide
 from scheduler.engine.kv_event_publisher import make_kv_event_sink
 from scheduler.engine.metrics import SchedulerMetrics
 from scheduler.engine.sockets import open_ports
-from scheduler.engine.stats_logger import StatsSnapshot, log_stats_every
+from scheduler.engine.stats_logger import log_stats_every, stats_snapshot
 from scheduler.engine.worker_checks import check_result
 from scheduler.engine.worker_link import HEARTBEAT_INTERVAL_S, WorkerLost
 from scheduler.engine.worker_side import WorkerSide
@@ -80,6 +81,9 @@ class EngineCore:
         self.worker = self.worker_side.link
         hasher = BlockHasher(config.block_size, config.prefix_caching_hash_algo)
         self.client_side = ClientSide(self.state, clients, hasher, config.max_frame_bytes, config.max_num_waiting)
+        self.http_side = HttpSide(
+            self.state, self.worker, self.metrics, self._publish_kv_events, config.host, config.http_port, config.dev_mode
+        )
         self._step_kv_events: list = []  # see _step_loop
         self._stop = asyncio.Event()
         # An internal error that stopped the process (exit status 1).
@@ -91,7 +95,7 @@ class EngineCore:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
-        http = await self._start_http()
+        http = await self.http_side.start()
         if http is None:
             self._close()
             return 1
@@ -109,15 +113,6 @@ class EngineCore:
         self._close()
         return self._exit_status()
 
-    async def _start_http(self) -> web.AppRunner | None:
-        """/metrics, /health (and the dev-mode reset); None, logged, if the port is taken."""
-        reset = self._http_reset_prefix_cache if self.config.dev_mode else None
-        try:
-            return await start_http(build_app(self._render_metrics, self._health, reset), self.config.host, self.config.http_port)
-        except OSError as e:
-            log.error("cannot start: HTTP on %s:%d: %s (choose another --http-port)", self.config.host, self.config.http_port, e)
-            return None
-
     def _start_tasks(self) -> tuple[asyncio.Task, tuple[asyncio.Task, ...], tuple[asyncio.Task, ...]]:
         """The step loop, then each port's receive loop and disconnect watcher."""
         clients, workers = self.client_side, self.worker_side
@@ -128,8 +123,8 @@ class EngineCore:
         worker_watch = asyncio.create_task(workers.port.watch_disconnects(workers.probe))
         others = (client_loop, client_watch)
         if self.config.log_stats:
-            c = self.config
-            others += (asyncio.create_task(log_stats_every(c.log_stats_interval_s, c.data_parallel_rank, self._stats_snapshot)),)
+            c, snapshot = self.config, partial(stats_snapshot, self.state)
+            others += (asyncio.create_task(log_stats_every(c.log_stats_interval_s, c.data_parallel_rank, snapshot)),)
         for t in (step, *others, worker_loop, worker_watch):
             t.add_done_callback(self._on_task_done)
         return step, others, (worker_loop, worker_watch)
@@ -283,35 +278,3 @@ class EngineCore:
         self.metrics.observe_step(done.outputs, done.nbytes, done.seconds)
         self.metrics.update(self.state.scheduler, self.state.kv)
         self._publish_kv_events()
-
-    # --- HTTP -------------------------------------------------------------------------
-
-    def _render_metrics(self) -> bytes:
-        if self.state.scheduler is not None:
-            self.metrics.update(self.state.scheduler, self.state.kv)
-        return self.metrics.render()
-
-    def _stats_snapshot(self) -> StatsSnapshot | None:
-        scheduler, kv = self.state.scheduler, self.state.kv
-        if scheduler is None:
-            return None
-        p = kv.prefix_cache_stats
-        return StatsSnapshot(
-            scheduler.num_prompt_tokens, scheduler.num_generation_tokens, scheduler.num_preemptions, p.requests, p.queries,
-            p.hits, scheduler.num_running, scheduler.num_waiting, kv.block_pool.get_usage(),
-        )  # fmt: skip
-
-    def _health(self) -> tuple[bool, str]:
-        if self.state.stopping:
-            return False, "shutting down"
-        return (True, "ok") if self.worker.ready else (False, "no worker is ready")
-
-    def _http_reset_prefix_cache(self) -> tuple[bool, str]:
-        kv = self.state.kv
-        if kv is None:
-            return False, "no pool yet: no worker has connected"
-        if kv.reset_prefix_cache():
-            self._publish_kv_events()
-            return True, "prefix cache reset"
-        used = kv.block_pool.num_gpu_blocks - 1 - kv.block_pool.get_num_free_blocks()
-        return False, f"refused: {used} blocks are held by running requests"

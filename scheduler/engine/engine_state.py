@@ -1,9 +1,9 @@
 """What the engine's parts share: the pool built for the first worker, and the loop's signals.
 
 `EngineCore` (scheduler/engine/engine_core.py) owns one `EngineState` and hands it
-to its client side (scheduler/engine/client_side.py) and its worker side
-(scheduler/engine/worker_side.py): everything they read or change beyond their own
-port is declared here.
+to its client side (scheduler/engine/client_side.py), its worker side
+(scheduler/engine/worker_side.py) and its HTTP side (scheduler/engine/http_server.py):
+everything they read or change beyond their own port is declared here.
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from scheduler.engine.engine_state import EngineState
+
 log = logging.getLogger("scheduler")
 
 # vLLM's CachingMetrics window: the hit rate of the last this-many requests.
@@ -42,6 +44,18 @@ class StatsSnapshot:
     num_running: int
     num_waiting: int
     kv_cache_usage: float
+
+
+def stats_snapshot(state: EngineState) -> StatsSnapshot | None:
+    """The engine's counters now; None while there is no pool yet (no worker came)."""
+    scheduler, kv = state.scheduler, state.kv
+    if scheduler is None:
+        return None
+    p = kv.prefix_cache_stats
+    return StatsSnapshot(
+        scheduler.num_prompt_tokens, scheduler.num_generation_tokens, scheduler.num_preemptions, p.requests, p.queries,
+        p.hits, scheduler.num_running, scheduler.num_waiting, kv.block_pool.get_usage(),
+    )  # fmt: skip
 
 
 class StatsLogger:

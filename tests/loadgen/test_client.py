@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from kvtest.ports import free_port
 
-from loadgen.client import KVPoolClient, SchedulerUnreachable
+from loadgen.client import KVPoolClient
 from loadgen.datasets import shared_prefix_requests
+from loadgen.request_result import SchedulerUnreachable
 from loadgen.runner import run_benchmark
 
 

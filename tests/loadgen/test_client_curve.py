@@ -10,7 +10,8 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from loadgen.client import KVPoolClient, SchedulerUnreachable
+from loadgen.client import KVPoolClient
+from loadgen.request_result import SchedulerUnreachable
 from protocol.curve import apply_server
 
 

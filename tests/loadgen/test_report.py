@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from loadgen.client import RequestResult
 from loadgen.metrics_scraper import MetricsSample
 from loadgen.report import format_report, latency_stats, summarize, write_result_json
+from loadgen.request_result import RequestResult
 
 
 def _ok(i, ttft, latency, itl, n_tokens, prompt_len=10):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.engine import SimResult
 from simulator.plot import legend_labels, plot_hit_rates, series, y_limits
+from simulator.result import SimResult
 
 
 def result(num_blocks: int, policy: str, hit_rate: float) -> SimResult:
