@@ -27,6 +27,7 @@ from protocol.client_messages import Generate
 from protocol.worker_messages import StepResult
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.core.kv_cache_usage import get_peak_usage
 from scheduler.core.offload_tier import HostTier
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
@@ -239,7 +240,7 @@ class _Run:
             num_rejected=self.num_rejected,
             num_requests=n,
             num_finished=sum(1 for t in self.finish_ns if t != NOT_YET),
-            peak_usage=kv.peak_usage,
+            peak_usage=get_peak_usage(kv),
             mean_queueing_delay_ms=sum(delays) / len(delays) / 1e6 if delays else 0.0,
             p99_queueing_delay_ms=_percentile(delays, 0.99) / 1e6,
             mean_ttft_ms=sum(ttfts) / len(ttfts) / 1e6 if ttfts else 0.0,

@@ -14,7 +14,7 @@ with `complete_tier_copies` once the step's result is in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.kv_cache_block import KVCacheBlock
@@ -57,40 +57,13 @@ class KVCacheManager:
         # device did not hold) and found there (vllm:external_prefix_cache_*).
         self.external_prefix_cache_stats = PrefixCacheStats()
         # Fewest free blocks seen right after an allocation: the peak of usage, which
-        # a poll between steps misses (frees come at the end of every step).
+        # a poll between steps misses (frees come at the end of every step); read by
+        # scheduler/core/kv_cache_usage.py.
         self.min_num_free_blocks = self.block_pool.get_num_free_blocks()
 
     @property
     def usage(self) -> float:
         return self.block_pool.get_usage()
-
-    @property
-    def peak_usage(self) -> float:
-        """The highest `usage` since start (vllm:kv_cache_usage_perc's peak)."""
-        return 1.0 - self.min_num_free_blocks / (self.block_pool.num_gpu_blocks - 1)
-
-    def get_num_held_tokens(self, requests: Iterable[KVCacheRequest]) -> int:
-        """Token slots of the held blocks that hold a token (computed or scheduled),
-        a shared block counted once. ``requests``: every request holding blocks.
-
-        NOTE: a shared block is full (only full blocks are cached), so every empty
-        slot is in the private tail of one request's table: held slots minus each
-        request's empty tail."""
-        block_size = self.block_size
-        pool = self.block_pool
-        num_used = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
-        num_empty = 0
-        get = self.req_to_blocks.get
-        for request in requests:
-            blocks = get(request.request_id)
-            if blocks:
-                num_empty += max(0, len(blocks) * block_size - request.num_computed_tokens)
-        return num_used * block_size - num_empty
-
-    def get_token_usage(self, requests: Iterable[KVCacheRequest]) -> float:
-        """Held tokens over the pool's token slots (null block left out): what
-        `usage` says in blocks, in tokens (a block holding one token counts 1/block_size)."""
-        return self.get_num_held_tokens(requests) / ((self.block_pool.num_gpu_blocks - 1) * self.block_size)
 
     def get_computed_blocks(self, request: KVCacheRequest, record_stats: bool = True) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of the request's full blocks, and its length in

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from scheduler.core.block_residency import RESIDENCY_BUCKETS, ResidencyBlockPool
 from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.core.kv_cache_usage import get_peak_usage, get_token_usage
 from scheduler.sched.outputs import StepTokens
 from scheduler.sched.scheduler import Scheduler
 
@@ -187,10 +188,10 @@ class SchedulerMetrics:
             self._sync("offload_skipped", m["skipped"], tier.num_stores_skipped)
             self._sync("offload_dropped", m["dropped"], tier.num_stores_dropped)
             self._sync("offload_evictions", m["evictions"], tier.num_evictions)
-        self.peak_kv_cache_usage.set(kv.peak_usage)
+        self.peak_kv_cache_usage.set(get_peak_usage(kv))
         if self._token_usage_of is None or self._token_usage_of[0] is not scheduler or self._token_usage_of[1] is not kv:
             self._token_usage_of = (scheduler, kv)
-            self.kv_cache_token_usage.set_function(lambda: kv.get_token_usage(scheduler.running))
+            self.kv_cache_token_usage.set_function(lambda: get_token_usage(kv, scheduler.running))
         if self.kv_block_lifetime is not None and isinstance(pool, ResidencyBlockPool):
             samples = pool.take_residency()
             observe_many(self.kv_block_lifetime, samples.lifetimes)

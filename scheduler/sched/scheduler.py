@@ -7,12 +7,12 @@ steps (chunked prefill). Out of blocks: preempt the last running request by
 recompute. Finish on max_tokens, or on a stop token (EOS unless ignore_eos, and the
 request's stop_token_ids) once min_tokens are out, or abort.
 
-The plan says only what changed since the last (scheduler/sched/plan_builder.py).
+The plan says only what changed since the last (scheduler/sched/plan_builder.py);
+the worker's sampled tokens are appended by scheduler/sched/sampled_tokens.py.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Iterable
 
@@ -22,6 +22,7 @@ from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.outputs import SchedulerOutput, StepTokens
 from scheduler.sched.plan_builder import StepPlanBuilder
 from scheduler.sched.request import Request, RequestStatus
+from scheduler.sched.sampled_tokens import append_sampled_tokens
 
 
 class Scheduler:
@@ -253,8 +254,8 @@ class Scheduler:
 
     def update_from_output(self, result: StepResult) -> StepTokens:
         """Apply the worker's result of the plan in flight: append sampled tokens,
-        stop requests that are done. Raises ValueError on a result that does not
-        match the plan (nothing applied then)."""
+        stop requests that are done (scheduler/sched/sampled_tokens.py). Raises
+        ValueError on a result that does not match the plan (nothing applied then)."""
         out = self._in_flight
         if out is None:
             raise ValueError(f"result for step {result.step_id}, expected None")
@@ -263,58 +264,9 @@ class Scheduler:
         self._in_flight = None
         if out.plan.tier_copies is not None:
             self.kv_cache_manager.complete_tier_copies()
-
-        # NOTE: once per sampled row per step: locals, no properties, and one test for
-        # the common case, a token that fills no block, ends nothing and is not the
-        # first (request.append_only_below, kept by _append_token).
-        now = time.monotonic()
-        prev_token_times: list[float | None] = []
-        append_prev = prev_token_times.append
-        outputs = StepTokens(now, requests, token_ids, prev_token_times)
-        skipped: list[int] = []
-        for request, token_id in zip(requests, token_ids, strict=True):
-            all_token_ids = request.all_token_ids
-            if len(all_token_ids) < request.append_only_below and token_id not in request.stop_token_ids:
-                all_token_ids.append(token_id)
-                append_prev(request.last_token_time)
-                request.last_token_time = now
-                continue
-            # The general case; this request's index in the outputs is:
-            i = len(prev_token_times)
-            append_prev(request.last_token_time)
-            if request.status is not RequestStatus.RUNNING:
-                skipped.append(i)  # ended (aborted) while the step ran
-                continue
-            reason = self._append_token(request, token_id, now)
-            if reason is not None:
-                outputs.finish_reasons[i] = reason
-        if skipped:
-            outputs = outputs.without(skipped)
+        outputs = append_sampled_tokens(self, requests, token_ids)
         self.num_generation_tokens += len(outputs.requests)
         return outputs
-
-    def _append_token(self, request: Request, token_id: int, now: float) -> str | None:
-        """update_from_output's general case for one sampled token of a running
-        request: its first token, a token that fills a block (hashed now, cached
-        when next scheduled), or its last. Returns the finish reason if it ended."""
-        request.append_output_token_id(token_id)
-        num_tokens = len(request.all_token_ids)
-        if request.last_token_time is None:
-            request.first_token_time = now
-            # As vLLM counts it: the whole prompt, cached tokens included, once.
-            self.num_prompt_tokens += request.num_prompt_tokens
-        request.last_token_time = now
-        # NOTE: as vLLM, a stop token counts once min_tokens outputs came before it.
-        stops = token_id in request.stop_token_ids and num_tokens - request.num_prompt_tokens > request.min_tokens
-        if num_tokens < request.max_num_tokens and not stops:
-            # The next token takes the fast path unless it fills a block or is the last.
-            block_size = self.block_size
-            request.append_only_below = min(request.max_num_tokens - 1, (num_tokens // block_size + 1) * block_size - 1)
-            return None
-        status = RequestStatus.FINISHED_STOPPED if num_tokens < request.max_num_tokens else RequestStatus.FINISHED_LENGTH
-        self.running.remove(request)
-        self._finish(request, status)
-        return status.value
 
     def abandon_in_flight(self) -> SchedulerOutput | None:
         """The worker is gone: forget the plan in flight (its tokens were not produced)."""

@@ -6,7 +6,6 @@ comments, front (reused first) on the left, ``*`` marking a block with a hash.
 
 from __future__ import annotations
 
-import pytest
 from kvtest.kv_manager import BS, admit, ids, manager, queue, req, snapshot
 
 from scheduler.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventRecorder
@@ -215,32 +214,6 @@ def test_prefix_cache_stats_count_resumed_requests_apart():
     assert (s.requests, s.queries, s.hits) == (1, 10, 0)
     assert (s.preempted_requests, s.preempted_queries, s.preempted_hits) == (1, 10, 8)
     assert s.hit_rate == 0.0 and s.preempted_hit_rate == 8 / 10
-
-
-def test_peak_usage_is_the_highest_usage_since_start():
-    m = manager()  # 15 usable blocks
-    r0, r1 = req("r0", A10), req("r1", [20 + t for t in A10])
-    admit(m, r0)
-    admit(m, r1)  # 6 blocks held
-    m.free(r0)
-    m.free(r1)
-    assert m.usage == 0.0 and m.peak_usage == pytest.approx(6 / 15)
-    admit(m, req("r2", A8))  # 2 blocks (both hits): below the peak
-    assert m.peak_usage == pytest.approx(6 / 15)
-
-
-def test_token_usage_counts_filled_slots_and_shared_blocks_once():
-    m = manager()  # 15 usable blocks of 4: 60 token slots
-    r0, r1 = req("r0", A10), req("r1", A10)
-    admit(m, r0)
-    admit(m, r1)  # hits r0's 2 full blocks; each has a private block holding 2 tokens
-    # Blocks held: 2 shared (8 tokens) + 2 tails (2 tokens each) = 4 blocks, 12 tokens.
-    assert m.usage == pytest.approx(4 / 15)
-    assert m.get_num_held_tokens([r0, r1]) == 12
-    assert m.get_token_usage([r0, r1]) == 12 / 60
-    m.free(r0)
-    m.free(r1)
-    assert m.get_num_held_tokens([]) == 0
 
 
 def test_caching_disabled_no_hits_no_hashes_lifo_reuse():

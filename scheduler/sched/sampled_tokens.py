@@ -1,0 +1,76 @@
+"""A step's sampled tokens, appended to their requests: `Scheduler.update_from_output`'s loop.
+
+Once the result is matched to the plan in flight, `append_sampled_tokens` appends
+each request's token, stops the requests that are done (max_tokens, max_model_len,
+or a stop token once min_tokens are out) and gives the step's `StepTokens`. It is
+the scheduler's own step, kept apart from the scheduling: it reads and writes the
+scheduler as its methods would, called once per step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from scheduler.sched.outputs import StepTokens
+from scheduler.sched.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from scheduler.sched.scheduler import Scheduler
+
+
+def append_sampled_tokens(scheduler: Scheduler, requests: list[Request], token_ids: list[int]) -> StepTokens:
+    """Append ``token_ids[i]`` to ``requests[i]`` (the result's rows, matched), end
+    the requests that are done; the step's tokens, less those of requests ended
+    (aborted) while the step ran."""
+    # NOTE: once per sampled row per step: locals, no properties, and one test for
+    # the common case, a token that fills no block, ends nothing and is not the
+    # first (request.append_only_below, kept by _append_token).
+    now = time.monotonic()
+    prev_token_times: list[float | None] = []
+    append_prev = prev_token_times.append
+    outputs = StepTokens(now, requests, token_ids, prev_token_times)
+    skipped: list[int] = []
+    for request, token_id in zip(requests, token_ids, strict=True):
+        all_token_ids = request.all_token_ids
+        if len(all_token_ids) < request.append_only_below and token_id not in request.stop_token_ids:
+            all_token_ids.append(token_id)
+            append_prev(request.last_token_time)
+            request.last_token_time = now
+            continue
+        # The general case; this request's index in the outputs is:
+        i = len(prev_token_times)
+        append_prev(request.last_token_time)
+        if request.status is not RequestStatus.RUNNING:
+            skipped.append(i)  # ended (aborted) while the step ran
+            continue
+        reason = _append_token(scheduler, request, token_id, now)
+        if reason is not None:
+            outputs.finish_reasons[i] = reason
+    if skipped:
+        outputs = outputs.without(skipped)
+    return outputs
+
+
+def _append_token(scheduler: Scheduler, request: Request, token_id: int, now: float) -> str | None:
+    """append_sampled_tokens' general case for one sampled token of a running
+    request: its first token, a token that fills a block (hashed now, cached
+    when next scheduled), or its last. Returns the finish reason if it ended."""
+    request.append_output_token_id(token_id)
+    num_tokens = len(request.all_token_ids)
+    if request.last_token_time is None:
+        request.first_token_time = now
+        # As vLLM counts it: the whole prompt, cached tokens included, once.
+        scheduler.num_prompt_tokens += request.num_prompt_tokens
+    request.last_token_time = now
+    # NOTE: as vLLM, a stop token counts once min_tokens outputs came before it.
+    stops = token_id in request.stop_token_ids and num_tokens - request.num_prompt_tokens > request.min_tokens
+    if num_tokens < request.max_num_tokens and not stops:
+        # The next token takes the fast path unless it fills a block or is the last.
+        block_size = scheduler.block_size
+        request.append_only_below = min(request.max_num_tokens - 1, (num_tokens // block_size + 1) * block_size - 1)
+        return None
+    status = RequestStatus.FINISHED_STOPPED if num_tokens < request.max_num_tokens else RequestStatus.FINISHED_LENGTH
+    scheduler.running.remove(request)
+    scheduler._finish(request, status)
+    return status.value
