@@ -1,28 +1,36 @@
 """A step's sampled tokens, appended to their requests: `Scheduler.update_from_output`'s loop.
 
 Once the result is matched to the plan in flight, `append_sampled_tokens` appends
-each request's token, stops the requests that are done (max_tokens, max_model_len,
-or a stop token once min_tokens are out) and gives the step's `StepTokens`. It is
-the scheduler's own step, kept apart from the scheduling: it reads and writes the
-scheduler as its methods would, called once per step.
+each request's token and says which requests are done (max_tokens, max_model_len, or
+a stop token once min_tokens are out), in row order, with the step's `StepTokens`. It
+touches the requests only: the scheduler ends the done ones itself, in that order (the
+order their blocks are freed in), and counts the prompts that got their first token.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from scheduler.sched.outputs import StepTokens
 from scheduler.sched.request import Request, RequestStatus
 
-if TYPE_CHECKING:
-    from scheduler.sched.scheduler import Scheduler
+
+@dataclass(slots=True)
+class SampledTokens:
+    """A step's tokens appended: what the scheduler still has to do with them."""
+
+    outputs: StepTokens
+    # The requests this step ended, in row order, with how.
+    done: list[tuple[Request, RequestStatus]] = field(default_factory=list)
+    # Prompt tokens of the requests whose first token this was (vLLM's prompt_tokens).
+    num_prompt_tokens: int = 0
 
 
-def append_sampled_tokens(scheduler: Scheduler, requests: list[Request], token_ids: list[int]) -> StepTokens:
-    """Append ``token_ids[i]`` to ``requests[i]`` (the result's rows, matched), end
-    the requests that are done; the step's tokens, less those of requests ended
-    (aborted) while the step ran."""
+def append_sampled_tokens(requests: list[Request], token_ids: list[int], block_size: int) -> SampledTokens:
+    """Append ``token_ids[i]`` to ``requests[i]`` (the result's rows, matched); the
+    step's tokens, less those of requests ended (aborted) while the step ran, and the
+    requests now done."""
     # NOTE: once per sampled row per step: locals, no properties, and one test for
     # the common case, a token that fills no block, ends nothing and is not the
     # first (request.append_only_below, kept by _append_token).
@@ -30,6 +38,7 @@ def append_sampled_tokens(scheduler: Scheduler, requests: list[Request], token_i
     prev_token_times: list[float | None] = []
     append_prev = prev_token_times.append
     outputs = StepTokens(now, requests, token_ids, prev_token_times)
+    result = SampledTokens(outputs)
     skipped: list[int] = []
     for request, token_id in zip(requests, token_ids, strict=True):
         all_token_ids = request.all_token_ids
@@ -44,33 +53,30 @@ def append_sampled_tokens(scheduler: Scheduler, requests: list[Request], token_i
         if request.status is not RequestStatus.RUNNING:
             skipped.append(i)  # ended (aborted) while the step ran
             continue
-        reason = _append_token(scheduler, request, token_id, now)
-        if reason is not None:
-            outputs.finish_reasons[i] = reason
+        status = _append_token(result, request, token_id, now, block_size)
+        if status is not None:
+            outputs.finish_reasons[i] = status.value
+            result.done.append((request, status))
     if skipped:
-        outputs = outputs.without(skipped)
-    return outputs
+        result.outputs = outputs.without(skipped)
+    return result
 
 
-def _append_token(scheduler: Scheduler, request: Request, token_id: int, now: float) -> str | None:
+def _append_token(result: SampledTokens, request: Request, token_id: int, now: float, block_size: int) -> RequestStatus | None:
     """append_sampled_tokens' general case for one sampled token of a running
     request: its first token, a token that fills a block (hashed now, cached
-    when next scheduled), or its last. Returns the finish reason if it ended."""
+    when next scheduled), or its last. Returns how it ends, if it does."""
     request.append_output_token_id(token_id)
     num_tokens = len(request.all_token_ids)
     if request.last_token_time is None:
         request.first_token_time = now
         # As vLLM counts it: the whole prompt, cached tokens included, once.
-        scheduler.num_prompt_tokens += request.num_prompt_tokens
+        result.num_prompt_tokens += request.num_prompt_tokens
     request.last_token_time = now
     # NOTE: as vLLM, a stop token counts once min_tokens outputs came before it.
     stops = token_id in request.stop_token_ids and num_tokens - request.num_prompt_tokens > request.min_tokens
     if num_tokens < request.max_num_tokens and not stops:
         # The next token takes the fast path unless it fills a block or is the last.
-        block_size = scheduler.block_size
         request.append_only_below = min(request.max_num_tokens - 1, (num_tokens // block_size + 1) * block_size - 1)
         return None
-    status = RequestStatus.FINISHED_STOPPED if num_tokens < request.max_num_tokens else RequestStatus.FINISHED_LENGTH
-    scheduler.running.remove(request)
-    scheduler._finish(request, status)
-    return status.value
+    return RequestStatus.FINISHED_STOPPED if num_tokens < request.max_num_tokens else RequestStatus.FINISHED_LENGTH

@@ -264,9 +264,13 @@ class Scheduler:
         self._in_flight = None
         if out.plan.tier_copies is not None:
             self.kv_cache_manager.complete_tier_copies()
-        outputs = append_sampled_tokens(self, requests, token_ids)
-        self.num_generation_tokens += len(outputs.requests)
-        return outputs
+        sampled = append_sampled_tokens(requests, token_ids, self.block_size)
+        self.num_prompt_tokens += sampled.num_prompt_tokens
+        for request, status in sampled.done:
+            self.running.remove(request)
+            self._finish(request, status)
+        self.num_generation_tokens += len(sampled.outputs.requests)
+        return sampled.outputs
 
     def abandon_in_flight(self) -> SchedulerOutput | None:
         """The worker is gone: forget the plan in flight (its tokens were not produced)."""
