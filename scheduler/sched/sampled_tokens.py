@@ -10,27 +10,21 @@ order their blocks are freed in), and counts the prompts that got their first to
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 from scheduler.sched.outputs import StepTokens
 from scheduler.sched.request import Request, RequestStatus
 
 
-@dataclass(slots=True)
-class SampledTokens:
-    """A step's tokens appended: what the scheduler still has to do with them."""
+def append_sampled_tokens(
+    requests: list[Request], token_ids: list[int], block_size: int
+) -> tuple[StepTokens, list[tuple[Request, RequestStatus]], int]:
+    """Append ``token_ids[i]`` to ``requests[i]`` (the result's rows, matched).
 
-    outputs: StepTokens
-    # The requests this step ended, in row order, with how.
-    done: list[tuple[Request, RequestStatus]] = field(default_factory=list)
-    # Prompt tokens of the requests whose first token this was (vLLM's prompt_tokens).
-    num_prompt_tokens: int = 0
-
-
-def append_sampled_tokens(requests: list[Request], token_ids: list[int], block_size: int) -> SampledTokens:
-    """Append ``token_ids[i]`` to ``requests[i]`` (the result's rows, matched); the
-    step's tokens, less those of requests ended (aborted) while the step ran, and the
-    requests now done."""
+    Returns the step's tokens (less those of requests ended, aborted, while the step
+    ran); the requests this step ended, in row order, with how; and the prompt tokens
+    of the requests whose first token this was (vLLM's prompt_tokens).
+    NOTE: a tuple, not an object: this runs once per step, and the decode step of one
+    request costs a few microseconds in all."""
     # NOTE: once per sampled row per step: locals, no properties, and one test for
     # the common case, a token that fills no block, ends nothing and is not the
     # first (request.append_only_below, kept by _append_token).
@@ -38,7 +32,8 @@ def append_sampled_tokens(requests: list[Request], token_ids: list[int], block_s
     prev_token_times: list[float | None] = []
     append_prev = prev_token_times.append
     outputs = StepTokens(now, requests, token_ids, prev_token_times)
-    result = SampledTokens(outputs)
+    done: list[tuple[Request, RequestStatus]] = []
+    num_prompt_tokens = 0
     skipped: list[int] = []
     for request, token_id in zip(requests, token_ids, strict=True):
         all_token_ids = request.all_token_ids
@@ -53,16 +48,19 @@ def append_sampled_tokens(requests: list[Request], token_ids: list[int], block_s
         if request.status is not RequestStatus.RUNNING:
             skipped.append(i)  # ended (aborted) while the step ran
             continue
-        status = _append_token(result, request, token_id, now, block_size)
+        if request.last_token_time is None:
+            # Its first token. As vLLM counts it: the whole prompt, cached tokens included, once.
+            num_prompt_tokens += request.num_prompt_tokens
+        status = _append_token(request, token_id, now, block_size)
         if status is not None:
             outputs.finish_reasons[i] = status.value
-            result.done.append((request, status))
+            done.append((request, status))
     if skipped:
-        result.outputs = outputs.without(skipped)
-    return result
+        outputs = outputs.without(skipped)
+    return outputs, done, num_prompt_tokens
 
 
-def _append_token(result: SampledTokens, request: Request, token_id: int, now: float, block_size: int) -> RequestStatus | None:
+def _append_token(request: Request, token_id: int, now: float, block_size: int) -> RequestStatus | None:
     """append_sampled_tokens' general case for one sampled token of a running
     request: its first token, a token that fills a block (hashed now, cached
     when next scheduled), or its last. Returns how it ends, if it does."""
@@ -70,8 +68,6 @@ def _append_token(result: SampledTokens, request: Request, token_id: int, now: f
     num_tokens = len(request.all_token_ids)
     if request.last_token_time is None:
         request.first_token_time = now
-        # As vLLM counts it: the whole prompt, cached tokens included, once.
-        result.num_prompt_tokens += request.num_prompt_tokens
     request.last_token_time = now
     # NOTE: as vLLM, a stop token counts once min_tokens outputs came before it.
     stops = token_id in request.stop_token_ids and num_tokens - request.num_prompt_tokens > request.min_tokens

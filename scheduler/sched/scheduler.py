@@ -114,7 +114,7 @@ class Scheduler:
         plan = StepPlanBuilder()
         token_budget, scheduled, sampling, preempted = self._schedule_running(plan)
         # Waiting requests only if this step did not have to preempt.
-        if not preempted:
+        if self.waiting and not preempted:
             token_budget = self._schedule_waiting(plan, token_budget, scheduled, sampling)
         finished_seq_ids = self._pending_finished_seq_ids
         self._pending_finished_seq_ids = []
@@ -264,13 +264,13 @@ class Scheduler:
         self._in_flight = None
         if out.plan.tier_copies is not None:
             self.kv_cache_manager.complete_tier_copies()
-        sampled = append_sampled_tokens(requests, token_ids, self.block_size)
-        self.num_prompt_tokens += sampled.num_prompt_tokens
-        for request, status in sampled.done:
+        outputs, done, num_prompt_tokens = append_sampled_tokens(requests, token_ids, self.block_size)
+        self.num_prompt_tokens += num_prompt_tokens
+        for request, status in done:
             self.running.remove(request)
             self._finish(request, status)
-        self.num_generation_tokens += len(sampled.outputs.requests)
-        return sampled.outputs
+        self.num_generation_tokens += len(outputs.requests)
+        return outputs
 
     def abandon_in_flight(self) -> SchedulerOutput | None:
         """The worker is gone: forget the plan in flight (its tokens were not produced)."""
