@@ -102,10 +102,16 @@ async def collect(ctx: ServingContext, request_id: str, prompts: list[list[int]]
     return choices
 
 
+# NOTE: refusals that are the server's state, not the request's: 503 (with Retry-After),
+# which the openai SDK and routers retry, as vLLM answers overload; all else is 400.
+_UNAVAILABLE = ("lost the connection", "no worker", "the waiting queue is full", "the scheduler is shutting down")
+
+
 def engine_error(e: EngineError) -> APIError:
-    """A scheduler refusal is the request's fault (400, its message); a lost scheduler is 503."""
+    """A scheduler refusal is the request's fault (400, its message), unless the server
+    is lost, without a worker, full or stopping (503)."""
     message = str(e)
-    if message.startswith("lost the connection") or "no worker" in message:
+    if any(m in message for m in _UNAVAILABLE):
         return APIError(message, 503)
     return bad_request(message)
 
