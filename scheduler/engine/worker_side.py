@@ -93,8 +93,14 @@ class WorkerSide:
                     if link.acknowledge(ident):
                         self._on_worker_ready()
                 case WorkerError(message=message, step_id=step_id) if link.is_ours(ident):
-                    what = "WorkerReady" if link.state is LinkState.HANDSHAKING else f"step {step_id}"
+                    handshaking = link.state is LinkState.HANDSHAKING
+                    what = "WorkerReady" if handshaking else f"step {step_id}"
                     link.lose(f"the worker refused {what}: {message}")
+                    if not handshaking:
+                        # NOTE: it would otherwise wait for this scheduler's silence (its
+                        # --scheduler-timeout) before starting over: told to stop, it exits
+                        # now and its supervisor restarts it with empty rows.
+                        await self._refuse_worker(ident, f"it refused {what}: {message}")
                 case WorkerExit(reason=reason) if link.is_ours(ident):
                     link.lose(f"the worker is stopping ({reason or 'no reason given'})", clean=True)
                 case WorkerError() | WorkerExit():

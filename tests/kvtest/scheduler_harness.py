@@ -166,6 +166,8 @@ class WorkerThread:
         self.to_scheduler: Codec = Codec(WorkerToScheduler)
         self.delay_s = 0.0
         self.silent = False
+        # Answer every plan with a WorkerError (a worker whose state went bad).
+        self.refuse_plans = False
         self.ready = threading.Event()
         self.got_shutdown = threading.Event()
         self.readies: list[WorkerReady] = []
@@ -233,7 +235,7 @@ class WorkerThread:
                         sock.send(self.to_scheduler.encode(Heartbeat(time.time())))
                         last_sent = time.monotonic()
                     case StepPlan():
-                        reply = self._execute(msg)
+                        reply = WorkerError("refused on purpose", msg.step_id) if self.refuse_plans else self._execute(msg)
                         if self.silent or self._stop.is_set():
                             continue
                         sock.send(self.to_scheduler.encode(reply))

@@ -171,3 +171,19 @@ def test_a_request_that_came_during_the_outage_gets_its_own_full_wait():
         assert errors["late"][0] >= 5.0, errors
     finally:
         s.close()
+
+
+@pytest.mark.e2e
+def test_a_worker_that_refuses_a_plan_is_told_to_stop_and_its_requests_wait_for_the_next():
+    s = Setup()
+    try:
+        s.worker.refuse_plans = True
+        s.client.send(Generate("r", prompt_of(4, 20), max_tokens=4, ignore_eos=True))
+        assert s.worker.got_shutdown.wait(10), "the refusing worker was never told to stop"
+        s.sched.wait_health(503, bound_s=10)
+        s.worker.close()
+        s.start_worker()  # its supervisor's restart
+        outs = s.client.collect("r")
+        assert tokens_of(outs) == expected_tokens(prompt_of(4, 20), 4)
+    finally:
+        s.close()
