@@ -40,6 +40,9 @@ class Scheduler:
         # chunk, so chunked prefill does not admit what it must preempt again.
         self.reserve_full_sequence = reserve_full_sequence
         self.waiting: deque[Request] = deque()
+        # Requests ended while waiting but not at either end of the queue: left in place,
+        # finished, and skipped when they reach the head (its head is never one).
+        self._num_waiting_ended = 0
         self.running: list[Request] = []
         # Every unfinished request, by the client's id and by the wire's seq_id.
         self.requests: dict[str, Request] = {}
@@ -78,11 +81,40 @@ class Scheduler:
                 continue
             if request.status == RequestStatus.RUNNING:
                 self.running.remove(request)
+                self._finish(request, status)
             else:
-                self.waiting.remove(request)
-            self._finish(request, status)
+                self._finish(request, status)
+                self._remove_waiting(request)
             ended.append(request)
         return ended
+
+    def _remove_waiting(self, request: Request) -> None:
+        """Take an ended request out of the waiting queue in O(1) (amortized).
+
+        NOTE: ``deque.remove`` is a scan: a client aborting its thousands of requests
+        one by one at the back of a long queue held the loop for seconds. At either end
+        it is popped; elsewhere it stays, finished, until it reaches the head (or the
+        ended outnumber the waiting and the queue is rebuilt in one pass)."""
+        waiting = self.waiting
+        if waiting[-1] is request:
+            waiting.pop()
+        elif waiting[0] is request:
+            waiting.popleft()
+            self._drop_ended_head()
+        else:
+            self._num_waiting_ended += 1
+            if self._num_waiting_ended > 64 and 2 * self._num_waiting_ended > len(waiting):
+                live = [r for r in waiting if not r.status.is_finished]
+                waiting.clear()
+                waiting.extend(live)
+                self._num_waiting_ended = 0
+
+    def _drop_ended_head(self) -> None:
+        """Keep the head of the waiting queue a request that still waits."""
+        waiting = self.waiting
+        while self._num_waiting_ended and waiting and waiting[0].status.is_finished:
+            waiting.popleft()
+            self._num_waiting_ended -= 1
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         was_on_worker = request.status == RequestStatus.RUNNING
@@ -99,7 +131,7 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) - self._num_waiting_ended
 
     @property
     def num_running(self) -> int:
@@ -220,6 +252,7 @@ class Scheduler:
                 request.num_tokens, num_hit_tokens, request.num_preemptions > 0, num_hit_tokens - len(hits) * self.block_size
             )
             waiting.popleft()
+            self._drop_ended_head()
             running.append(request)
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit_tokens
