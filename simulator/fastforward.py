@@ -56,7 +56,7 @@ def _head_watch_pops(scheduler: Scheduler, max_pops: int) -> int:
     if not waiting or len(running) >= scheduler.max_num_seqs or len(running) >= scheduler.max_num_batched_tokens:
         return max_pops  # the head is not even tried
     kv = scheduler.kv_cache_manager
-    hits, _ = kv.get_computed_blocks(waiting[0], record_stats=False)
+    hits, _ = kv.get_computed_blocks(waiting.head, record_stats=False)
     watched = {b.block_hash for b in hits if b.ref_cnt == 0}
     if not watched:
         return max_pops
@@ -93,7 +93,7 @@ def _host_store_room(scheduler: Scheduler, max_stores: int) -> int | None:
     tier, waiting, running = kv.host_tier, scheduler.waiting, scheduler.running
     if tier is None or not waiting or len(running) >= scheduler.max_num_seqs or len(running) >= scheduler.max_num_batched_tokens:
         return None
-    head = waiting[0]
+    head = waiting.head
     hits, num_hit_tokens = kv.get_computed_blocks(head, record_stats=False)
     if num_hit_tokens <= len(hits) * kv.block_size:
         return None

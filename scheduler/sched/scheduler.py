@@ -13,7 +13,6 @@ the worker's sampled tokens are appended by scheduler/sched/sampled_tokens.py.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 
 from protocol.worker_messages import StepResult
@@ -22,6 +21,7 @@ from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.outputs import SchedulerOutput, StepTokens
 from scheduler.sched.plan_builder import StepPlanBuilder
 from scheduler.sched.request import Request, RequestStatus
+from scheduler.sched.request_queue import WaitingQueue
 from scheduler.sched.sampled_tokens import append_sampled_tokens
 
 
@@ -39,10 +39,7 @@ class Scheduler:
         # admitted only if the pool could hold its whole sequence, not just the first
         # chunk, so chunked prefill does not admit what it must preempt again.
         self.reserve_full_sequence = reserve_full_sequence
-        self.waiting: deque[Request] = deque()
-        # Requests ended while waiting but not at either end of the queue: left in place,
-        # finished, and skipped when they reach the head (its head is never one).
-        self._num_waiting_ended = 0
+        self.waiting = WaitingQueue()
         self.running: list[Request] = []
         # Every unfinished request, by the client's id and by the wire's seq_id.
         self.requests: dict[str, Request] = {}
@@ -84,37 +81,9 @@ class Scheduler:
                 self._finish(request, status)
             else:
                 self._finish(request, status)
-                self._remove_waiting(request)
+                self.waiting.remove_ended(request)
             ended.append(request)
         return ended
-
-    def _remove_waiting(self, request: Request) -> None:
-        """Take an ended request out of the waiting queue in O(1) (amortized).
-
-        NOTE: ``deque.remove`` is a scan: a client aborting its thousands of requests
-        one by one at the back of a long queue held the loop for seconds. At either end
-        it is popped; elsewhere it stays, finished, until it reaches the head (or the
-        ended outnumber the waiting and the queue is rebuilt in one pass)."""
-        waiting = self.waiting
-        if waiting[-1] is request:
-            waiting.pop()
-        elif waiting[0] is request:
-            waiting.popleft()
-            self._drop_ended_head()
-        else:
-            self._num_waiting_ended += 1
-            if self._num_waiting_ended > 64 and 2 * self._num_waiting_ended > len(waiting):
-                live = [r for r in waiting if not r.status.is_finished]
-                waiting.clear()
-                waiting.extend(live)
-                self._num_waiting_ended = 0
-
-    def _drop_ended_head(self) -> None:
-        """Keep the head of the waiting queue a request that still waits."""
-        waiting = self.waiting
-        while self._num_waiting_ended and waiting and waiting[0].status.is_finished:
-            waiting.popleft()
-            self._num_waiting_ended -= 1
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         was_on_worker = request.status == RequestStatus.RUNNING
@@ -131,7 +100,7 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting) - self._num_waiting_ended
+        return len(self.waiting)
 
     @property
     def num_running(self) -> int:
@@ -242,7 +211,7 @@ class Scheduler:
         waiting, running = self.waiting, self.running
         num_scheduled_tokens = plan.num_scheduled_tokens
         while waiting and token_budget > 0 and len(running) < self.max_num_seqs:
-            request = waiting[0]
+            request = waiting.head
             hits, num_hit_tokens = kv.get_computed_blocks(request, record_stats=False)
             num_new_tokens = min(request.num_tokens - num_hit_tokens, token_budget)
             new_blocks = kv.allocate_slots(request, num_new_tokens, num_hit_tokens, hits, full_sequence_must_fit=self.reserve_full_sequence)
@@ -252,7 +221,6 @@ class Scheduler:
                 request.num_tokens, num_hit_tokens, request.num_preemptions > 0, num_hit_tokens - len(hits) * self.block_size
             )
             waiting.popleft()
-            self._drop_ended_head()
             running.append(request)
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit_tokens

@@ -1,6 +1,7 @@
-"""Aborting waiting requests: each in O(1) (amortized) wherever it stands in the queue,
-the queue's order and count exactly those of the requests still waiting, and the head
-always one that waits (the scheduler admits from it)."""
+"""The waiting queue (scheduler/sched/request_queue.py), through the scheduler:
+aborting waiting requests costs O(1) (amortized) wherever they stand, the queue's order
+and count are exactly those of the requests still waiting, and the head is always one
+that waits (the scheduler admits from it)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections import deque
 
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.request import Request, RequestStatus
+from scheduler.sched.request_queue import MIN_ENDED_TO_REBUILD
 from scheduler.sched.scheduler import Scheduler
 
 
@@ -22,7 +24,7 @@ def make(n: int) -> tuple[Scheduler, list[Request]]:
 
 
 def live_order(sched: Scheduler) -> list[str]:
-    return [r.request_id for r in sched.waiting if not r.status.is_finished]
+    return [r.request_id for r in sched.waiting]
 
 
 def test_aborts_anywhere_keep_the_order_the_count_and_a_live_head():
@@ -37,9 +39,11 @@ def test_aborts_anywhere_keep_the_order_the_count_and_a_live_head():
         assert sched.num_waiting == len(expected) == len(live_order(sched))
         assert live_order(sched) == expected
         if sched.waiting:
-            assert not sched.waiting[0].status.is_finished
-    # The ended never outnumber the waiting by much: the queue is rebuilt.
-    assert len(sched.waiting) <= 2 * sched.num_waiting + 65
+            assert not sched.waiting.head.status.is_finished
+    assert all((r in sched.waiting) == (r.request_id in expected) for r in reqs)
+    # The ended left in place never outnumber the waiting by much: the queue is rebuilt.
+    # (White-box: the deque behind the queue.)
+    assert len(sched.waiting._queue) <= 2 * sched.num_waiting + MIN_ENDED_TO_REBUILD + 1
 
 
 def test_the_last_waiting_request_ended_leaves_an_empty_queue():
@@ -55,7 +59,7 @@ def test_admission_skips_requests_ended_in_the_middle():
     out = sched.schedule()
     assert [r.request_id for r in out.scheduled] == ["r0", "r3", "r4", "r5"]  # max_num_seqs 4
     assert sched.num_waiting == 2 and live_order(sched) == ["r6", "r7"]
-    assert not sched.waiting[0].status.is_finished
+    assert not sched.waiting.head.status.is_finished
 
 
 class _NoScanDeque(deque):
@@ -73,7 +77,7 @@ class _NoScanDeque(deque):
 
 def test_two_thousand_aborts_at_the_back_of_a_long_queue_scan_it_not_once():
     sched, reqs = make(20_000)
-    sched.waiting = _NoScanDeque(sched.waiting)
+    sched.waiting._queue = _NoScanDeque(sched.waiting._queue)  # white-box: the deque behind the queue
     # One by one from just before the back: with deque.remove, each was a scan of 20,000.
     for r in reversed(reqs[-2001:-1]):
         sched.finish_requests([r.request_id], RequestStatus.FINISHED_ABORTED)
