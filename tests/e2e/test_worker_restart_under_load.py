@@ -15,7 +15,9 @@ import sys
 import time
 
 import pytest
-from kvtest.serve import children, kvpool_serve
+from kvtest.procs import children
+from kvtest.serve import kvpool_serve
+from kvtest.tp_ranks import rank_pids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -24,8 +26,7 @@ def _victim(serve_pid: int, tp: int) -> int:
     (worker,) = [p for p, cmd in children(serve_pid).items() if "-m worker " in cmd]
     if tp == 1:
         return worker
-    (rank1,) = [p for p, cmd in children(worker).items() if "--rank 1" in cmd]
-    return rank1
+    return rank_pids(worker)[1]
 
 
 @pytest.mark.parametrize("tp", [1, 2], ids=["one-worker", "tp2-rank1"])

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from kvtest.http_api import PROMPT, post
-from kvtest.serve import children, free_port, kvpool_serve, stop
+from kvtest.procs import children
+from kvtest.serve import free_port, kvpool_serve, stop
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -64,21 +64,6 @@ def kvpool_serve(model_dir, log_dir, *extra: str, ready_timeout: float = 120.0, 
         reader.join(5)
 
 
-def children(pid: int) -> dict[int, str]:
-    """pid -> command line of the live children of ``pid``."""
-    out = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid == pid:
-                out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, IndexError, ValueError):
-            pass
-    return out
-
-
 def stop(proc: subprocess.Popen, timeout: float = 30.0) -> int:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)

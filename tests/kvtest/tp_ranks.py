@@ -14,11 +14,11 @@ import multiprocessing as mp
 import queue
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from kvtest.ports import free_port
+from kvtest.procs import children
 from protocol.codec import Codec
 from protocol.worker_messages import SchedulerToWorker, WorkerReady
 
@@ -164,14 +164,8 @@ def run_group(jobs: list[Job], world_size: int = 2, timeout: float = 240.0) -> d
 def rank_pids(parent: int) -> dict[int, int]:
     """rank -> pid of the ranks ``parent`` started (``--rank N`` on their command line)."""
     out = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == parent and b"--rank" in argv:
-            out[int(argv[argv.index(b"--rank") + 1])] = int(d.name)
+    for pid, cmd in children(parent).items():
+        argv = cmd.split()
+        if "--rank" in argv:
+            out[int(argv[argv.index("--rank") + 1])] = pid
     return out

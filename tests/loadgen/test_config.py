@@ -94,3 +94,11 @@ def test_the_metrics_url_follows_the_server_unless_given():
     assert parse_config([]).metrics_url == "http://127.0.0.1:8000/metrics"
     assert parse_config(["--base-url", "http://127.0.0.1:9500", "--metrics-url", "http://m:1/metrics"]).metrics_url == "http://m:1/metrics"
     assert parse_config(["--base-url", "http://127.0.0.1:9500", "--metrics-url", ""]).metrics_url is None
+
+
+def test_the_default_scheduler_http_port_is_the_schedulers_own():
+    # loadgen may not import the scheduler: its copy of the default must stay equal.
+    from loadgen.config import SCHEDULER_HTTP_PORT
+    from scheduler.engine.config import SchedulerConfig
+
+    assert SCHEDULER_HTTP_PORT == SchedulerConfig().http_port
