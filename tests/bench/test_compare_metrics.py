@@ -133,6 +133,15 @@ def test_the_row_fails_on_a_difference_not_listed_and_passes_on_listed_ones():
     assert f"vllm:mm_cache_hits               vLLM only  listed: {ACCEPTED['vllm:mm_cache_hits']}" in text
 
 
+def test_the_row_prints_in_make_compares_table():
+    from bench.compare_report import format_table
+
+    (row,) = metrics_report({"main": {"vllm": PAGE + "# TYPE vllm:x gauge\nvllm:x 1.0\n", "kvpool": PAGE}})[0]
+    line = format_table([row]).splitlines()[2]
+    assert line.split() == ["metrics", "vllm:*", "families", "equal", "except", "0", "listed,", "1", "NOT", "listed",
+                            "5", "4", "-", "0", "unlisted", "NO"]  # fmt: skip
+
+
 def test_no_row_until_both_engines_left_a_page():
     assert metrics_report({}) == ([], {})
     assert metrics_report({"main": {"vllm": PAGE}}) == ([], {})
