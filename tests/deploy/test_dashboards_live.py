@@ -9,6 +9,7 @@ hand: what is needed comes from deploy/, what is there from the pages."""
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -67,8 +68,6 @@ def workload(served: Served, tag: str) -> None:
 
 
 def json_get(served: Served, path: str) -> dict:
-    import json
-
     with urllib.request.urlopen(served.base_url + path, timeout=10) as r:
         return json.load(r)
 
