@@ -5,7 +5,8 @@ same client (``vllm bench serve``), one server at a time.
 For each pool size both engines are started in turn, every workload of that pool is run
 against each, and each server is stopped (its whole process group) before the next
 starts; on Ctrl-C or any failure too. Per workload: the bench's throughput and latency,
-the deltas of vLLM's counters on each ``/metrics``, the peak KV usage (sampled). Then
+the deltas of vLLM's counters on each ``/metrics``, the peak KV usage (sampled); after
+them, both pages' ``vllm:*`` families compared (``bench/compare_metrics.py``). Then
 greedy agreement in float32. With the small pool, the same shape queued all at once on
 both engines offline (``bench/compare_offline.py``): the policy without arrival timing.
 One table, ``--result-json`` and a PNG of the ratios.
@@ -26,6 +27,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from bench.compare_metrics import METRICS, format_differences, metrics_report
 from bench.compare_offline import (
     QUEUED,
     queued_prompts,
@@ -41,11 +43,13 @@ from bench.compare_servers import (
     UsageSampler,
     free_port,
     scrape,
+    scrape_page,
     server_command,
     vllm_env,
 )
 from bench.compare_workloads import (
     SMALL_OUTPUT_LEN,
+    agreement,
     agreement_prompts,
     combine_runs,
     default_workloads,
@@ -160,6 +164,8 @@ def run_pool(engine: str, model: Path, cfg: ServerConfig, workloads, a, tag: str
             print(f"compare: {engine} {w.name}: {fig['output_throughput']:.0f} output tok/s{each}, "
                   f"queries {fig['vllm:prefix_cache_queries']:.0f}, hits {fig['vllm:prefix_cache_hits']:.0f}, "
                   f"preemptions {fig['vllm:num_preemptions']:.0f}", flush=True)  # fmt: skip
+        if workloads:  # the metrics row compares the pages after the same workloads
+            results.setdefault(METRICS, {}).setdefault(tag, {})[engine] = scrape_page(s.url)
         return greedy_token_ids(s.url, NAME, prompts, a.agreement_tokens, a.bench_timeout) if prompts else None
 
 
@@ -186,14 +192,6 @@ def run_queued(model: Path, cfg: ServerConfig, vocab: int, a, errors: dict) -> d
         got["kvpool"] = run_kvpool(cfg, prompts, SMALL_OUTPUT_LEN, vocab)
     print(f"compare: {QUEUED}: preemptions " + ", ".join(f"{e} {r['vllm:num_preemptions']:.0f}" for e, r in got.items()), flush=True)
     return got
-
-
-def agreement(ids: dict[str, list]) -> dict:
-    v, k = ids["vllm"], ids["kvpool"]
-    same = sum(1 for x, y in zip(v, k, strict=True) if x is not None and x == y)
-    return {"dtype": "float32", "num_requests": len(v), "num_identical": same,
-            "num_failed": sum(1 for x, y in zip(v, k, strict=True) if x is None or y is None),
-            "fraction_identical": same / len(v) if v else None}  # fmt: skip
 
 
 def settle_args(a) -> None:
@@ -260,12 +258,13 @@ def write_report(a, model: Path, main_cfg: ServerConfig, workloads, results: dic
                  load_before: tuple[float, float, float], t0: float) -> None:  # fmt: skip
     """The table on stdout, every figure in the result JSON, the ratios' PNG."""
     shared = {w.name: w.shared_prefix for w in workloads} | {QUEUED: True}
-    table = rows(results, shared) + ([agreement_row(agree)] if agree else [])
-    print(format_table(table))
+    metrics_rows, metrics = metrics_report(results.pop(METRICS, {}))
+    table = rows(results, shared) + ([agreement_row(agree)] if agree else []) + metrics_rows
+    print(format_table(table) + format_differences(metrics))
     doc = {"settings": asdict(main_cfg) | {"small_num_blocks": a.small_num_blocks, "model": str(model), "engines": a.engines,
                                            "threads": a.threads, "repeat": a.repeat},
            "workloads": {w.name: {"what": w.what, "pool": w.pool, "client_args": list(w.args)} for w in workloads},
-           "results": results, "agreement": agree, "table": table, "errors": errors,
+           "results": results, "agreement": agree, "metrics": metrics, "table": table, "errors": errors,
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before": load_before,
                        "loadavg_after": os.getloadavg(), "wall_s": round(time.monotonic() - t0, 1)}}  # fmt: skip
     result_json = a.result_json or a.out / "compare.json"

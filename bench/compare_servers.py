@@ -145,10 +145,15 @@ def stop_process_group(proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
     proc.wait(5)
 
 
+def scrape_page(url: str, timeout_s: float = 5.0) -> str:
+    """A server's whole /metrics page."""
+    with urllib.request.urlopen(url + "/metrics", timeout=timeout_s) as r:
+        return r.read().decode()
+
+
 def scrape(url: str, timeout_s: float = 5.0) -> dict[str, float]:
     """Each counter of COUNTERS and the USAGE gauge, summed over their label sets."""
-    with urllib.request.urlopen(url + "/metrics", timeout=timeout_s) as r:
-        text = r.read().decode()
+    text = scrape_page(url, timeout_s)
     out = dict.fromkeys((*COUNTERS, USAGE), 0.0)
     for fam in text_string_to_metric_families(text):
         if fam.name in out:

@@ -159,3 +159,12 @@ def greedy_token_ids(url: str, name: str, prompts: list[list[int]], max_tokens: 
 
     with ThreadPoolExecutor(8) as pool:
         return list(pool.map(one, prompts))
+
+
+def agreement(ids: dict[str, list]) -> dict:
+    """How many greedy outputs are the same on both engines."""
+    v, k = ids["vllm"], ids["kvpool"]
+    same = sum(1 for x, y in zip(v, k, strict=True) if x is not None and x == y)
+    return {"dtype": "float32", "num_requests": len(v), "num_identical": same,
+            "num_failed": sum(1 for x, y in zip(v, k, strict=True) if x is None or y is None),
+            "fraction_identical": same / len(v) if v else None}  # fmt: skip

@@ -169,8 +169,13 @@ def test_a_small_real_compare_writes_every_key(real_vllm, tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=1700)  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     doc = json.loads((out / "compare.json").read_text())
-    assert {"settings", "workloads", "results", "agreement", "table", "machine", "errors"} <= doc.keys()
+    assert {"settings", "workloads", "results", "agreement", "metrics", "table", "machine", "errors"} <= doc.keys()
     assert doc["errors"] == {}
+    # Both pages compared after the same workload: one row, every difference with its side.
+    (row,) = [r for r in doc["table"] if r["workload"] == "metrics"]
+    assert row["vllm"] == doc["metrics"]["num_vllm_families"] > 0 and row["met"] == (doc["metrics"]["num_unlisted"] == 0)
+    assert len(doc["metrics"]["differences"]) == doc["metrics"]["num_listed"] + doc["metrics"]["num_unlisted"]
+    assert "vllm:* families equal except" in r.stdout
     for engine in ("vllm", "kvpool"):
         assert {key for key, _, _ in FIGURES} <= doc["results"]["prefix-c8"][engine].keys()
     assert {"fraction_identical", "num_requests", "num_identical", "num_failed", "dtype"} <= doc["agreement"].keys()

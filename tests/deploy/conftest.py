@@ -48,6 +48,7 @@ class PrometheusServer:
         targets: Sequence[str],
         rule_files: Sequence[Path] = (),
         scrape_interval: str = "1s",
+        job: str = "test",
     ):
         binary = require_tool("prometheus")
         self.port = free_port()
@@ -61,7 +62,7 @@ class PrometheusServer:
             f"  evaluation_interval: {scrape_interval}\n"
             + (f"rule_files:\n{rules}" if rules else "")
             + "scrape_configs:\n"
-            "  - job_name: test\n"
+            f"  - job_name: {json.dumps(job)}\n"
             "    static_configs:\n"
             f"      - targets: {json.dumps(list(targets))}\n"
         )
@@ -107,6 +108,12 @@ class PrometheusServer:
             raise RuntimeError(f"query {expr!r} failed: {body}")
         return body["data"]["result"]
 
+    def rules(self) -> list[dict]:
+        """Every loaded rule as the API reports it (name, query, health, lastError, ...)."""
+        with urllib.request.urlopen(f"{self.url}/api/v1/rules", timeout=5) as r:
+            body = json.load(r)
+        return [rule for group in body["data"]["groups"] for rule in group["rules"]]
+
     def wait_for_value(self, expr: str, timeout: float = 30.0) -> float:
         """Poll until `expr` returns a sample; its value (the first series')."""
         deadline = time.monotonic() + timeout
@@ -130,14 +137,14 @@ class PrometheusServer:
 
 @pytest.fixture
 def prometheus_server(tmp_path) -> Iterator[Callable[..., PrometheusServer]]:
-    """Factory: `prometheus_server(targets, rule_files=(), scrape_interval="1s")`, started and ready."""
+    """Factory: `prometheus_server(targets, rule_files=(), scrape_interval="1s", job="test")`, started and ready."""
     started: list[PrometheusServer] = []
 
     def start(
-        targets: Sequence[str], rule_files: Sequence[Path] = (), scrape_interval: str = "1s"
+        targets: Sequence[str], rule_files: Sequence[Path] = (), scrape_interval: str = "1s", job: str = "test"
     ) -> PrometheusServer:
         server = PrometheusServer(
-            tmp_path / f"prometheus{len(started)}", targets, rule_files, scrape_interval
+            tmp_path / f"prometheus{len(started)}", targets, rule_files, scrape_interval, job
         )
         started.append(server)
         server.wait_ready()

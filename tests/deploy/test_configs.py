@@ -3,66 +3,120 @@ use is one kvpool exports."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 
 import pytest
-from kvtest.deploy_config import DEPLOY, EXPORTED, PROM, metric_names
+from kvtest.deploy_config import (
+    DEPLOY,
+    INTERNALS_DASHBOARD,
+    PROM,
+    SHARED_DASHBOARD,
+    VLLM_PAGE,
+    check_exprs,
+    check_variables,
+    dashboard_exprs,
+    dashboard_variables,
+    metric_names,
+    rule_exprs,
+)
 from kvtest.deploy_config import grafana_dashboard as _grafana
-from kvtest.deploy_config import rule_exprs as _rule_exprs
+from kvtest.promql import (
+    as_series_query,
+    grafana_query,
+    matcher_labels,
+    metric_uses,
+    sample_types,
+    use_problem,
+)
 
 
 def test_metric_names_parser():
     e = 'histogram_quantile(0.99, sum by (le) (rate(vllm:x_bucket{a=~"$m"}[$__rate_interval]))) / on(instance) up'
     assert metric_names(e) == {"vllm:x_bucket", "up"}
     assert metric_names("deriv(a[10m]) > 0 and b > 1.5") == {"a", "b"}
+    assert metric_uses(e) == [("vllm:x_bucket", ("histogram_quantile", "sum", "rate")), ("up", ())]
+    assert metric_uses("max by (instance) (g) / (sum(rate(c_total[5m])))") == [("g", ("max",)), ("c_total", ("", "sum", "rate"))]
 
 
-def test_grafana_dashboard_parses_and_uses_exported_metrics():
-    dash = _grafana()
-    assert dash["uid"] and dash["title"] and dash["panels"]
-    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
-    assert len(exprs) >= 10
-    used = set()
-    for expr in exprs:
-        names = metric_names(expr)
-        assert names, expr
-        used |= names
-    for var in dash["templating"]["list"]:
-        m = re.match(r"label_values\(([^,]+),", var["query"]["query"])
-        assert m, var
-        used.add(m.group(1).strip())
-    assert used <= EXPORTED, f"not exported: {sorted(used - EXPORTED)}"
-    # the panels the dashboard promises
+def test_uses_are_judged_by_the_type_on_the_page():
+    page = ("# TYPE c_total counter\nc_total 1.0\n# TYPE g gauge\ng 1.0\n"
+            "# TYPE h histogram\nh_bucket{le=\"+Inf\"} 1.0\nh_count 1.0\nh_sum 1.0\n"
+            "# TYPE n_total histogram\nn_total_bucket{le=\"+Inf\"} 1.0\nn_total_count 1.0\nn_total_sum 1.0\n")  # fmt: skip
+    types = sample_types(page)
+    ok = ["rate(c_total[1m])", "g", "deriv(g[5m])", "histogram_quantile(0.5, sum by (le) (rate(h_bucket[1m])))",
+          "rate(h_sum[1m]) / rate(h_count[1m])", "histogram_quantile(0.5, rate(n_total_bucket[1m]))"]  # fmt: skip
+    for e in ok:
+        assert [use_problem(n, f, types) for n, f in metric_uses(e)] == [None] * len(metric_uses(e)), e
+    bad = {"rate(g[1m])": "rate() of a gauge", "c_total": "used as a gauge", "histogram_quantile(0.5, rate(c_total[1m]))": "histogram_quantile()",
+           "histogram_quantile(0.5, rate(h_count[1m]))": "not a histogram's _bucket", "sum(missing)": "not on the page",
+           "rate(n_total[1m])": "not on the page"}  # fmt: skip
+    for e, why in bad.items():
+        ((name, functions),) = metric_uses(e)
+        assert why in (use_problem(name, functions, types) or ""), e
+
+
+def test_queries_sent_to_prometheus():
+    assert as_series_query("max by (a) (g) > 0.9") == "max by (a) (g) > bool 0.9"
+    assert as_series_query('x > 10 and deriv(x[10m]) > 0') == "x > bool 10 and deriv(x[10m]) > bool 0"
+    assert as_series_query('up{job=~"k-.*"} == 0') == 'up{job=~"k-.*"} == bool 0'
+    assert as_series_query('a{b!="1"} > bool 1') == 'a{b!="1"} > bool 1'
+    assert grafana_query('rate(c{m=~"$model_name", i=~"${instance}"}[$__rate_interval])') == 'rate(c{m=~".*", i=~".*"}[1m])'
+
+
+def test_matcher_labels():
+    e = 'sum(rate(a_total{model_name=~"$m", x!="}"}[1m])) / b{le="+Inf"} + c'
+    assert matcher_labels(e) == [("a_total", {"model_name", "x"}), ("b", {"le"})]
+
+
+def test_the_vllm_reference_page_is_vllms():
+    text = VLLM_PAGE.read_text()
+    assert text.startswith("# vLLM 0.32.0") and "vllm serve" in text.split("\n# HELP", 1)[0]
+    types = sample_types(text)
+    assert types["vllm:kv_cache_usage_perc"] == ("gauge", "") and types["vllm:prompt_tokens_total"] == ("counter", "_total")
+    assert types["vllm:time_to_first_token_seconds_bucket"] == ("histogram", "_bucket")
+    assert not any(n.startswith("kvpool_") for n in types)
+
+
+def test_the_shared_dashboard_uses_only_what_vllm_exposes_with_the_right_types():
+    """Against the saved vLLM page (tests/deploy/test_dashboards_live.py checks kvpool's)."""
+    dash = _grafana(SHARED_DASHBOARD)
+    assert dash["uid"] and dash["title"] and dash["panels"] and dash["schemaVersion"] == 39
+    exprs = dashboard_exprs(dash)
+    assert len(exprs) >= 10 and all(metric_names(e) for e in exprs)
+    assert check_exprs(exprs, VLLM_PAGE.read_text()) == []
+    assert check_variables(dash, VLLM_PAGE.read_text()) == []
     text = "\n".join(exprs)
-    for needed in (
-        "vllm:kv_cache_usage_perc",
-        "kvpool_free_cached_blocks",
-        "rate(vllm:prefix_cache_hits_total",
-        "vllm:num_requests_waiting",
-        "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket",
-        "vllm:inter_token_latency_seconds_bucket",
-        "kvpool_step_duration_seconds_bucket",
-        "kvpool_kv_cache_token_usage_perc",
-        "kvpool_peak_kv_cache_usage_perc",
-        "rate(kvpool_prefix_cache_preempted_hits_total",
-        "vllm:kv_block_lifetime_seconds_bucket",
-    ):
+    assert "kvpool_" not in text
+    for needed in ("vllm:kv_cache_usage_perc", "rate(vllm:prefix_cache_hits_total", "vllm:num_requests_waiting",
+                   "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket",
+                   "vllm:inter_token_latency_seconds_bucket", "vllm:kv_block_lifetime_seconds_bucket"):  # fmt: skip
         assert needed in text
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
 
 
-def test_alert_rules_use_exported_metrics():
-    exprs = _rule_exprs(PROM / "rules.yml")
+def test_the_internals_dashboard_holds_kvpools_own_families():
+    dash = _grafana(INTERNALS_DASHBOARD)
+    assert dash["uid"] != _grafana(SHARED_DASHBOARD)["uid"] and dash["schemaVersion"] == 39
+    exprs = dashboard_exprs(dash)
+    used = set().union(*(metric_names(e) for e in exprs)) | {m for _, m, _ in dashboard_variables(dash)}
+    assert used and all(n.startswith("kvpool_") for n in used), sorted(used)
+    text = "\n".join(exprs)
+    # What the shared dashboard gave up is here.
+    for needed in ("kvpool_free_cached_blocks", "kvpool_step_duration_seconds_bucket", "kvpool_kv_cache_token_usage_perc",
+                   "kvpool_peak_kv_cache_usage_perc", "rate(kvpool_prefix_cache_preempted_hits_total",
+                   "kvpool_worker_step_duration_seconds_bucket", "kvpool_plan_bytes_total", "kvpool_evictions_total"):  # fmt: skip
+        assert needed in text
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_alert_rules_use_only_what_vllm_exposes():
+    exprs = rule_exprs(PROM / "rules.yml")
     assert len(exprs) >= 3
+    assert check_exprs(exprs, VLLM_PAGE.read_text()) == []
     used = set().union(*(metric_names(e) for e in exprs))
-    assert used <= EXPORTED, f"not exported: {sorted(used - EXPORTED)}"
-    assert {
-        "vllm:kv_cache_usage_perc",
-        "vllm:num_requests_waiting",
-        "vllm:num_preemptions_total",
-    } <= used
+    assert {"vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "vllm:num_preemptions_total"} <= used
 
 
 def _promtool(promtool: str, *args: str) -> None:

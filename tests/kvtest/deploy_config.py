@@ -1,7 +1,8 @@
-"""What deploy/ (the Grafana dashboard, the alert rules) expects kvpool to export,
-and a small PromQL reader to find the metric names an expression uses. Shared by
-the static config tests and the live Prometheus test, which checks the same set
-against the real /metrics."""
+"""What deploy/ (the Grafana dashboards, the alert rules) asks of the engines it watches:
+the expressions of each dashboard and rules file, the metrics they name, and the pages
+they are checked against -- vLLM 0.32's saved /metrics page (tests/deploy/data) and a
+live kvpool's. Nothing here lists metrics by hand: the requirement comes from the
+dashboards and rules, the answer from the pages."""
 
 from __future__ import annotations
 
@@ -9,84 +10,51 @@ import json
 import re
 from pathlib import Path
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-PROM = DEPLOY / "prometheus"
-
-# What the scheduler (:8000) and the worker (:8001) export, as exposed (counters with _total).
-# NOTE: tests/deploy/test_prometheus_live.py checks this set against the real /metrics.
-COUNTERS = {
-    "vllm:prefix_cache_queries_total",
-    "vllm:prefix_cache_hits_total",
-    "kvpool_prefix_cache_preempted_queries_total",
-    "kvpool_prefix_cache_preempted_hits_total",
-    "vllm:num_preemptions_total",
-    "vllm:prompt_tokens_total",
-    "vllm:generation_tokens_total",
-    "kvpool_evictions_total",
-    "kvpool_steps_total",
-    "kvpool_plan_bytes_total",
-    "kvpool_worker_tokens_computed_total",
-    "kvpool_worker_kv_bytes_written_total",
-}
-GAUGES = {
-    "vllm:kv_cache_usage_perc",
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "kvpool_free_cached_blocks",
-    "kvpool_num_gpu_blocks",
-    "kvpool_peak_kv_cache_usage_perc",
-    "kvpool_kv_cache_token_usage_perc",
-}
-HISTOGRAMS = {
-    "vllm:time_to_first_token_seconds",
-    "vllm:e2e_request_latency_seconds",
-    "vllm:inter_token_latency_seconds",
-    "kvpool_step_duration_seconds",
-    "kvpool_worker_step_duration_seconds",
-    # Only with the scheduler's --kv-cache-metrics (the live test turns it on).
-    "vllm:kv_block_lifetime_seconds",
-    "vllm:kv_block_idle_before_evict_seconds",
-    "vllm:kv_block_reuse_gap_seconds",
-}
-# What `kvpool serve`'s API adds on its /metrics (the frontend), beside the scheduler's.
-# NOTE: tests/frontend/test_api_errors.py checks these against a live kvpool serve.
-FRONTEND = {"vllm:request_success_total", "http_requests_total"}
-EXPORTED = (
-    COUNTERS | GAUGES | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")} | {"up"} | FRONTEND
+from kvtest.promql import (
+    PROMETHEUS_OWN,
+    TARGET_LABELS,
+    matcher_labels,
+    metric_names,
+    metric_uses,
+    sample_labels,
+    sample_types,
+    use_problem,
 )
 
-_KEYWORDS = {
-    "by",
-    "without",
-    "on",
-    "ignoring",
-    "group_left",
-    "group_right",
-    "and",
-    "or",
-    "unless",
-    "bool",
-    "offset",
-}
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+PROM = DEPLOY / "prometheus"
+GRAFANA = DEPLOY / "grafana"
+# The dashboard a vLLM operator's setup uses (families both engines expose), and the one of
+# kvpool's own families (kvpool_*).
+SHARED_DASHBOARD, INTERNALS_DASHBOARD = "kvpool.json", "kvpool-internals.json"
+# vLLM 0.32's /metrics after a short workload; its header says how it was made.
+VLLM_PAGE = ROOT / "tests/deploy/data/vllm-0.32-metrics.txt"
+
+# What `kvpool serve`'s API adds on its /metrics (the frontend), beside the scheduler's.
+# NOTE: tests/frontend/test_api_errors.py checks these against a live kvpool serve.
+FRONTEND = {"vllm:request_success_total", "http_requests_total", "vllm:request_prompt_tokens_bucket",
+            "vllm:request_generation_tokens_bucket"}  # fmt: skip
 
 
-def metric_names(expr: str) -> set[str]:
-    """Metric names in a PromQL expression: identifiers that are not functions, keywords,
-    label names (inside {...} or by (...)) or durations."""
-    e = re.sub(r'"[^"]*"', '""', expr)
-    e = re.sub(r"\{[^}]*\}", "", e)
-    e = re.sub(r"\[[^\]]*\]", "", e)
-    e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", e)
-    names = set()
-    for m in re.finditer(r"(?<![\w:$.])([A-Za-z_:][\w:]*)(\s*\()?", e):
-        name, call = m.group(1), m.group(2)
-        if not call and name not in _KEYWORDS:
-            names.add(name)
-    return names
+def grafana_dashboard(name: str = SHARED_DASHBOARD) -> dict:
+    return json.loads((GRAFANA / name).read_text())
 
 
-def grafana_dashboard() -> dict:
-    return json.loads((DEPLOY / "grafana" / "kvpool.json").read_text())
+def dashboard_exprs(dash: dict) -> list[str]:
+    """Every panel target's expression."""
+    return [t["expr"] for panel in dash["panels"] for t in panel["targets"]]
+
+
+def dashboard_variables(dash: dict) -> list[tuple[str, str, str]]:
+    """(variable, metric, label) of each `label_values(metric, label)` variable."""
+    out = []
+    for var in dash["templating"]["list"]:
+        m = re.fullmatch(r"label_values\(\s*([^,\s]+)\s*,\s*(\w+)\s*\)", var["query"]["query"])
+        if m is None:
+            raise ValueError(f"variable {var['name']}: not a label_values(metric, label) query: {var['query']['query']!r}")
+        out.append((var["name"], m.group(1), m.group(2)))
+    return out
 
 
 def rule_exprs(path: Path) -> list[str]:
@@ -108,16 +76,32 @@ def rule_exprs(path: Path) -> list[str]:
     return exprs
 
 
+def dashboard_metric_names(name: str = SHARED_DASHBOARD) -> set[str]:
+    """Every metric a dashboard's targets and variables name."""
+    dash = grafana_dashboard(name)
+    used = set().union(*(metric_names(e) for e in dashboard_exprs(dash)))
+    return used | {metric for _, metric, _ in dashboard_variables(dash)}
 
 
-def dashboard_metric_names() -> set[str]:
-    dash = grafana_dashboard()
-    used: set[str] = set()
-    for panel in dash["panels"]:
-        for target in panel["targets"]:
-            used |= metric_names(target["expr"])
-    for var in dash["templating"]["list"]:
-        m = re.match(r"label_values\(([^,]+),", var["query"]["query"])
-        if m:
-            used.add(m.group(1).strip())
-    return used
+def check_exprs(exprs: list[str], page: str) -> list[str]:
+    """What is wrong with the expressions on one exposition page: each metric missing or
+    of the wrong type for the function around it, each matcher on a label it lacks."""
+    types, labels = sample_types(page), sample_labels(page)
+    problems = [p for e in exprs for n, f in metric_uses(e) if n not in PROMETHEUS_OWN for p in [use_problem(n, f, types)] if p]
+    for e in exprs:
+        for name, used in matcher_labels(e):
+            missing = used - labels.get(name, set()) - TARGET_LABELS
+            if name in labels and missing:
+                problems.append(f"{name}: no label {', '.join(sorted(missing))} (in {e!r})")
+    return problems
+
+
+def check_variables(dash: dict, page: str) -> list[str]:
+    """Each label_values(metric, label) variable whose metric or label is not on the page."""
+    labels, out = sample_labels(page), []
+    for var, metric, label in dashboard_variables(dash):
+        if metric not in labels:
+            out.append(f"variable {var}: {metric} is not on the page")
+        elif label not in labels[metric] | TARGET_LABELS:
+            out.append(f"variable {var}: {metric} has no label {label}")
+    return out
