@@ -134,7 +134,9 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks(served, model):
     assert metric(text, 'vllm:request_success_total{engine="0",finished_reason="abort"') >= 0  # the family exists
 
 
-def test_metrics_page_has_the_scheduler_and_the_frontend_under_vllm_names(served):
+def test_metrics_page_has_the_scheduler_and_the_frontend_under_vllm_names(served, model):
+    # NOTE: a request of its own, so the page has a finished request whatever ran before.
+    assert post(served, "/v1/completions", {"model": model, "prompt": PROMPT, "max_tokens": 2})[0] == 200
     text = get_metrics(served)
     for name in ("vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:num_requests_running",
                  "vllm:time_to_first_token_seconds_bucket", "vllm:request_success_total",
