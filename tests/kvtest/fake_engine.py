@@ -32,13 +32,17 @@ STARTUP_S = 60.0
 
 class FakeEngine:
     """The scheduler's two ports. ``generated`` holds every Generate received;
-    ``reset_answers`` is what POST /reset_prefix_cache answers (200 or 409)."""
+    ``reset_status`` is what POST /reset_prefix_cache answers (200 or 409). While
+    ``holding`` is set, requests are kept unanswered until ``release()``."""
 
     def __init__(self, num_cached_tokens: int = 16):
         self.num_cached_tokens = num_cached_tokens
         self.generated: list[Generate] = []
         self.reset_status = 200
         self.resets = 0
+        self.holding = threading.Event()
+        self._held: list[tuple[bytes, Generate]] = []
+        self._release = threading.Event()
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -54,6 +58,11 @@ class FakeEngine:
     def _serve_zmq(self) -> None:
         codec: Codec = Codec(ClientRequest)
         while not self._stop.is_set():
+            if self._release.is_set():
+                self._release.clear()
+                held, self._held = self._held, []
+                for ident, msg in held:
+                    self._answer(codec, ident, msg)
             if not self.sock.poll(50):
                 continue
             ident, frame = self.sock.recv_multipart()
@@ -61,10 +70,21 @@ class FakeEngine:
             if isinstance(msg, Abort):
                 continue
             self.generated.append(msg)
-            tokens = [2 + (sum(msg.prompt_token_ids) + 7 * k) % 200 for k in range(msg.max_tokens)]
-            out = TokenOutput(request_id=msg.request_id, new_token_ids=tokens, finished=True, finish_reason="length",
-                              num_cached_tokens=self.num_cached_tokens)  # fmt: skip
-            self.sock.send_multipart([ident, codec.encode(EngineCoreOutputs([out]))])
+            if self.holding.is_set():
+                self._held.append((ident, msg))
+            else:
+                self._answer(codec, ident, msg)
+
+    def release(self) -> None:
+        """Answer the held requests (from the engine's thread) and hold no more."""
+        self.holding.clear()
+        self._release.set()
+
+    def _answer(self, codec: Codec, ident: bytes, msg: Generate) -> None:
+        tokens = [2 + (sum(msg.prompt_token_ids) + 7 * k) % 200 for k in range(msg.max_tokens)]
+        out = TokenOutput(request_id=msg.request_id, new_token_ids=tokens, finished=True, finish_reason="length",
+                          num_cached_tokens=self.num_cached_tokens)  # fmt: skip
+        self.sock.send_multipart([ident, codec.encode(EngineCoreOutputs([out]))])
 
     def _handler(self):
         engine = self
@@ -115,8 +135,7 @@ class Frontend:
         return self.log.read_text(errors="replace")
 
 
-def _answers(url: str) -> bool:
-    ctx = ssl._create_unverified_context() if url.startswith("https") else None  # noqa: S323 - only "is it up"
+def _answers(url: str, ctx: ssl.SSLContext | None) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2, context=ctx) as r:
             return r.status == 200
@@ -125,9 +144,13 @@ def _answers(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def frontend_process(model_dir, engine: FakeEngine, log: Path, *flags: str, env: dict | None = None, scheme: str = "http"):
+def frontend_process(model_dir, engine: FakeEngine, log: Path, *flags: str, env: dict | None = None, scheme: str = "http",
+                     probe_context: ssl.SSLContext | None = None):  # fmt: skip
     """``python -m frontend`` of ``model_dir`` against ``engine`` on a free port, with
-    ``flags``; yields once /health (under --root-path if one is given) answers 200."""
+    ``flags``; yields once /health answers 200 (over HTTPS with ``probe_context``,
+    else one that trusts any certificate: it only asks "is it up")."""
+    if scheme == "https" and probe_context is None:
+        probe_context = ssl._create_unverified_context()
     port = free_port()
     argv = [sys.executable, "-m", "frontend", "--model", str(model_dir), "--port", str(port), "--scheduler", engine.address,
             "--scheduler-http", engine.http_url, "--connect-timeout", "20", *flags]  # fmt: skip
@@ -136,7 +159,7 @@ def frontend_process(model_dir, engine: FakeEngine, log: Path, *flags: str, env:
     f = Frontend(proc, port, Path(log), scheme)
     try:
         deadline = time.monotonic() + STARTUP_S
-        while not _answers(f.base_url + "/health"):
+        while not _answers(f.base_url + "/health", probe_context):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"python -m frontend did not get ready (status {proc.poll()}):\n{f.output()}")
             time.sleep(0.1)
