@@ -245,12 +245,14 @@ class APIServer:
 
 
 async def serve(config: FrontendConfig, stop: asyncio.Event) -> int:
-    server = APIServer(config)
+    server = None
     try:
+        server = APIServer(config)
         await server.start()
-    except Exception as e:  # noqa: BLE001 - a port in use, no scheduler, a bad certificate: say which
+    except Exception as e:  # noqa: BLE001 - a port in use, no scheduler, a bad certificate or template: say which
         log.error("cannot start: %s", e)
-        await server.stop()
+        if server is not None:
+            await server.stop()
         return 1
     scheme = "https" if config.ssl_certfile else "http"
     log.info("serving %s on %s://%s:%d%s", config.served_model_name, scheme, config.host, config.port, config.root_path or "")

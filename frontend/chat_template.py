@@ -108,6 +108,8 @@ def load_chat_template(value: str) -> str:
     ``value`` itself as the template (vLLM's ``load_chat_template``)."""
     try:
         return Path(value).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ChatTemplateError(f"--chat-template {value}: the file is not UTF-8 text ({e})") from None
     except OSError:
         problem = chat_template_problem(value)
         if problem is not None:
