@@ -1,12 +1,15 @@
 """The OpenAI-compatible HTTP server (vLLM's ``api_server.py``), on aiohttp.
 
 Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``
-(503 until the scheduler has a worker), ``/version``, ``/tokenize``,
-``/detokenize``, ``/metrics`` (the scheduler's and the frontend's), and in dev mode
-``/reset_prefix_cache``; for vllm-router, the render endpoints (``frontend.render``),
-``/get_model_info``, ``/get_server_info``, ``/get_load``, ``/health_generate`` and
-``/flush_cache`` (dev mode). Every failure is OpenAI's error object (``frontend.errors``).
-A client that disconnects cancels its handler, which aborts its engine requests.
+(503 until the scheduler has a worker), ``/tokenize``, ``/detokenize``, ``/metrics``
+(the scheduler's and the frontend's); vLLM's operator routes (``frontend.ops_routes``:
+``/version``, ``/load``, ``/ping``, dev mode's ``/reset_prefix_cache``, the LoRA
+routes) and SageMaker's ``/invocations`` (``frontend.sagemaker``); for vllm-router,
+``frontend.router_probes``. Every route answers under ``--root-path`` as well. In
+front of them, as vLLM stacks its middlewares: the API-key check (``frontend.auth``),
+then CORS (``frontend.cors``). Every failure is OpenAI's error object
+(``frontend.errors``). A client that disconnects cancels its handler, which aborts
+its engine requests.
 """
 
 from __future__ import annotations
@@ -15,70 +18,59 @@ import asyncio
 import gc
 import logging
 import time
-from importlib.metadata import PackageNotFoundError, version
 
 import aiohttp
-import msgspec
 from aiohttp import web
 
+from frontend.access_log import UvicornAccessLogger, configure_server_logging
+from frontend.auth import auth_middleware
+from frontend.chat_template import load_chat_template
 from frontend.config import FrontendConfig
-from frontend.engine_client import EngineClient, EngineError
+from frontend.cors import Cors, install_cors
+from frontend.engine_client import EngineClient
 from frontend.errors import APIError, bad_request, unavailable
 from frontend.metrics import FrontendMetrics, family_names
+from frontend.ops_routes import ops_routes
 from frontend.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from frontend.render import render_chat, render_completion
+from frontend.request_body import MAX_BODY_KEY, read_body
+from frontend.router_probes import router_probe_routes
+from frontend.sagemaker import invocations_route
 from frontend.sampling import default_sampling
-from frontend.serving import ServingContext, json_response, now, random_id
+from frontend.serving import ServingContext, json_response, now
 from frontend.serving_chat import chat_prompt, create_chat_completion
 from frontend.serving_completion import create_completion
+from frontend.tls import ssl_context
 from frontend.tokenizer import Tokenizer
 
 log = logging.getLogger("frontend")
 HEALTH_POLL_S = 0.5
-# GET /health_generate: the most a one-token generation may take before it is a failure.
-HEALTH_GENERATE_TIMEOUT_S = 30.0
-
-
-def kvpool_version() -> str:
-    try:
-        return version("kvpool")
-    except PackageNotFoundError:  # pragma: no cover - run from a source tree
-        return "0.0.0"
-
-
-async def read_body(request: web.Request, type_):
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        limit = request.app["max_request_body_bytes"]
-        raise APIError(f"Request body too large: over the limit of {limit} bytes (--max-request-body-bytes).", 413) from None
-    try:
-        return msgspec.json.decode(body, type=type_)
-    except msgspec.ValidationError as e:
-        raise bad_request(f"Invalid request: {e}") from None
-    except msgspec.DecodeError as e:
-        raise bad_request(f"JSON decode error: {e}") from None
 
 
 class APIServer:
     def __init__(self, config: FrontendConfig, tokenizer: Tokenizer | None = None):
         self.config = config
         self.tokenizer = tokenizer or Tokenizer(config.model)
+        if config.chat_template is not None:
+            self.tokenizer.chat_template = load_chat_template(config.chat_template)
         keys = (config.curve_client_key, config.curve_server_key) if config.curve_client_key else None
         self.engine = EngineClient(config.scheduler, keys)
         self.metrics = FrontendMetrics(config.served_model_name, in_flight=lambda: self.engine.num_in_flight)
         self.ctx = ServingContext(
             config.served_model_name, config.model, config.max_model_len, self.tokenizer, self.engine, self.metrics,
             default_sampling(config.generation_config, config.model), config.return_tokens_as_token_ids,
-            log_requests=config.enable_log_requests, max_n=config.max_n_sequences,
+            log_requests=config.enable_log_requests, max_n=config.max_n_sequences, max_logprobs=config.max_logprobs,
+            response_role=config.response_role, prompt_tokens_details=config.enable_prompt_tokens_details,
         )  # fmt: skip
         self.ready, self.why_not_ready = False, "the scheduler has not answered yet"
         self.was_ready = False
+        # vLLM's server_load_metrics: completion and chat requests being served (with
+        # --enable-server-load-tracking; else it stays 0, as vLLM's).
+        self.server_load = 0
         self._http: aiohttp.ClientSession | None = None
         self._poller: asyncio.Task | None = None
         self._runner: web.AppRunner | None = None
@@ -86,12 +78,15 @@ class APIServer:
     # --- life cycle -------------------------------------------------------------
 
     async def start(self) -> None:
+        tls = ssl_context(self.config)  # NOTE: first: a bad certificate fails before anything starts
         await self.engine.connect(self.config.connect_timeout_s)
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         self._poller = asyncio.create_task(self._poll_health(), name="frontend-health")
-        self._runner = web.AppRunner(self.build_app(), access_log=None, handler_cancellation=True)
+        access = configure_server_logging(self.config)
+        self._runner = web.AppRunner(self.build_app(), access_log=access, access_log_class=UvicornAccessLogger,
+                                     handler_cancellation=True)  # fmt: skip
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.config.host, self.config.port).start()
+        await web.TCPSite(self._runner, self.config.host, self.config.port, ssl_context=tls).start()
         # NOTE: as vLLM's API server: what start-up made is never garbage, so the
         # collector's full passes skip it (they ran over the tokenizer and every module).
         gc.collect()
@@ -121,27 +116,29 @@ class APIServer:
     # --- the app ----------------------------------------------------------------
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_request_body_bytes, middlewares=[self._middleware])
-        app["max_request_body_bytes"] = self.config.max_request_body_bytes
-        r = app.router
-        r.add_post("/v1/completions", self._completions)
-        r.add_post("/v1/chat/completions", self._chat)
-        r.add_get("/v1/models", self._models)
-        r.add_get("/health", self._health)
-        r.add_get("/version", self._version)
-        r.add_post("/tokenize", self._tokenize)
-        r.add_post("/detokenize", self._detokenize)
-        r.add_get("/metrics", self._metrics)
-        if self.config.dev_mode:
-            r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
-        # What vllm-router probes besides the routes above (SGLang's names; docs/architecture.md).
-        r.add_post("/v1/completions/render", self._render_completion)
-        r.add_post("/v1/chat/completions/render", self._render_chat)
-        r.add_get("/get_model_info", self._model_info)
-        r.add_get("/get_server_info", self._server_info)
-        r.add_get("/get_load", self._load)
-        r.add_get("/health_generate", self._health_generate)
-        r.add_post("/flush_cache", self._flush_cache)
+        c = self.config
+        app = web.Application(client_max_size=c.max_request_body_bytes)
+        app[MAX_BODY_KEY] = c.max_request_body_bytes
+        # NOTE: outermost first, as vLLM's stack: the key check, then CORS.
+        auth = [auth_middleware(c.api_key, c.root_path)] if c.api_key else []
+        cors = install_cors(app, Cors(c.allowed_origins, c.allowed_methods, c.allowed_headers, c.allow_credentials))
+        app.middlewares.extend([*auth, cors, self._middleware])
+        routes = [
+            ("POST", "/v1/completions", self._completions),
+            ("POST", "/v1/chat/completions", self._chat),
+            ("GET", "/v1/models", self._models),
+            ("GET", "/health", self.health),
+            ("POST", "/tokenize", self._tokenize),
+            ("POST", "/detokenize", self._detokenize),
+            ("GET", "/metrics", self._metrics),
+            invocations_route(self),
+            *ops_routes(self),
+            *router_probe_routes(self),
+        ]
+        # NOTE: as Starlette's root_path: a route answers with the prefix and without it.
+        for prefix in ("", c.root_path) if c.root_path else ("",):
+            for method, path, handler in routes:
+                app.router.add_route(method, prefix + path, handler)
         return app
 
     @web.middleware
@@ -162,40 +159,52 @@ class APIServer:
         except web.HTTPException as e:
             status = e.status
             log.info('"%s %s" %d: %s', request.method, request.path, status, e.reason)
-            return APIError(e.reason, e.status).response()
+            resp = APIError(e.reason, e.status).response()
+            if "Allow" in e.headers:  # a 405 names the methods the route has, as vLLM's
+                resp.headers["Allow"] = e.headers["Allow"]
+            return resp
         except Exception:
             log.exception("internal error in %s", name)
             return APIError("Internal server error", 500).response()
         finally:
             self.metrics.http_request(request.method, name, status, time.perf_counter() - start)
 
-    def _require_ready(self) -> None:
+    def require_ready(self) -> None:
         # NOTE: only until the scheduler was first ready. After that a missing worker
         # is a restart: the scheduler queues new requests until one is back (or its
         # --worker-reconnect-timeout passes), so they must reach it.
         if not self.ready and not self.was_ready:
             raise unavailable(f"The server is not ready: {self.why_not_ready}")
 
+    async def completion(self, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
+        """A decoded completion request served (from /v1/completions or /invocations)."""
+        return await self._counted(create_completion, request, req)
+
+    async def chat(self, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
+        return await self._counted(create_chat_completion, request, req)
+
+    async def _counted(self, create, request, req) -> web.StreamResponse:
+        tracked = self.config.enable_server_load_tracking
+        self.server_load += tracked
+        try:
+            self.require_ready()
+            return await create(self.ctx, request, req)
+        finally:
+            self.server_load -= tracked
+
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        req = await read_body(request, CompletionRequest)
-        self._require_ready()
-        return await create_completion(self.ctx, request, req)
+        return await self.completion(request, await read_body(request, CompletionRequest))
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        req = await read_body(request, ChatCompletionRequest)
-        self._require_ready()
-        return await create_chat_completion(self.ctx, request, req)
+        return await self.chat(request, await read_body(request, ChatCompletionRequest))
 
     async def _models(self, _request: web.Request) -> web.Response:
         card = {"id": self.ctx.model_name, "object": "model", "created": now(), "owned_by": "vllm", "root": self.ctx.model_path,
                 "parent": None, "max_model_len": self.ctx.max_model_len, "permission": []}  # fmt: skip
         return json_response({"object": "list", "data": [card]})
 
-    async def _health(self, _request: web.Request) -> web.Response:
+    async def health(self, _request: web.Request) -> web.Response:
         return web.Response(status=200 if self.ready else 503, text="" if self.ready else self.why_not_ready + "\n")
-
-    async def _version(self, _request: web.Request) -> web.Response:
-        return json_response({"version": kvpool_version()})
 
     async def _tokenize(self, request: web.Request) -> web.Response:
         req = await read_body(request, TokenizeRequest)
@@ -226,65 +235,27 @@ class APIServer:
             log.warning("scheduler /metrics unreachable: %s", e)
         return web.Response(body=scheduler + self.metrics.render(family_names(scheduler)), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
-    async def _reset_prefix_cache(self, _request: web.Request) -> web.Response:
+    async def scheduler_reset_prefix_cache(self) -> tuple[int, str]:
+        """The scheduler's answer to POST /reset_prefix_cache: (status, its text)."""
         try:
             async with self._http.post(self.config.scheduler_http + "/reset_prefix_cache") as r:
-                return web.Response(status=r.status, text=await r.text())
+                return r.status, await r.text()
         except (aiohttp.ClientError, TimeoutError) as e:
             raise unavailable(f"the scheduler is unreachable: {e}") from None
 
-    # --- what a router probes ---------------------------------------------------------
-
-    async def _render_completion(self, request: web.Request) -> web.Response:
-        return web.Response(body=msgspec.json.encode(render_completion(self.ctx, await read_body(request, CompletionRequest))),
-                            content_type="application/json")  # fmt: skip
-
-    async def _render_chat(self, request: web.Request) -> web.Response:
-        return json_response(render_chat(self.ctx, await read_body(request, ChatCompletionRequest)))
-
-    async def _model_info(self, _request: web.Request) -> web.Response:
-        return json_response({"model_path": self.ctx.model_path, "tokenizer_path": self.ctx.model_path, "is_generation": True,
-                              "served_model_name": self.ctx.model_name, "max_model_len": self.ctx.max_model_len})  # fmt: skip
-
-    async def _server_info(self, _request: web.Request) -> web.Response:
-        c = self.config
-        return json_response({"version": kvpool_version(), "model_path": c.model, "served_model_name": c.served_model_name,
-                              "max_model_len": c.max_model_len, "dev_mode": c.dev_mode, "ready": self.ready,
-                              "status": "ready" if self.ready else self.why_not_ready, "load": self.engine.num_in_flight})  # fmt: skip
-
-    async def _load(self, _request: web.Request) -> web.Response:
-        # The engine requests this server has running or waiting (vllm-router reads "load").
-        return json_response({"load": self.engine.num_in_flight})
-
-    async def _health_generate(self, _request: web.Request) -> web.Response:
-        """200 once a one-token generation has come back: the worker really computes."""
-        self._require_ready()
-        try:
-            async with asyncio.timeout(HEALTH_GENERATE_TIMEOUT_S):
-                async for _ in self.engine.generate(random_id("health"), [0], {"max_tokens": 1, "ignore_eos": True}):
-                    pass
-        except EngineError as e:
-            raise unavailable(f"a one-token generation failed: {e}") from None
-        except TimeoutError:
-            raise unavailable(f"a one-token generation did not finish within {HEALTH_GENERATE_TIMEOUT_S:g} s") from None
-        return web.Response(text="")
-
-    async def _flush_cache(self, request: web.Request) -> web.Response:
-        if not self.config.dev_mode:
-            raise APIError("POST /flush_cache resets the prefix cache, a development endpoint: start the server with "
-                           "--dev-mode (as for /reset_prefix_cache)", 403)  # fmt: skip
-        return await self._reset_prefix_cache(request)
-
 
 async def serve(config: FrontendConfig, stop: asyncio.Event) -> int:
-    server = APIServer(config)
+    server = None
     try:
+        server = APIServer(config)
         await server.start()
-    except Exception as e:  # noqa: BLE001 - a port in use, no scheduler: say which
+    except Exception as e:  # noqa: BLE001 - a port in use, no scheduler, a bad certificate or template: say which
         log.error("cannot start: %s", e)
-        await server.stop()
+        if server is not None:
+            await server.stop()
         return 1
-    log.info("serving %s on http://%s:%d", config.served_model_name, config.host, config.port)
+    scheme = "https" if config.ssl_certfile else "http"
+    log.info("serving %s on %s://%s:%d%s", config.served_model_name, scheme, config.host, config.port, config.root_path or "")
     await stop.wait()
     await server.stop()
     return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from functools import lru_cache
+from pathlib import Path
 
 import jinja2
 import jinja2.ext
@@ -87,3 +88,30 @@ def render_chat(
         )
     except jinja2.TemplateError as e:
         raise ChatTemplateError(str(e)) from None
+
+
+# A --chat-template value with none of these is a path, never a template (vLLM's rule).
+_JINJA_CHARS = "{}\n"
+
+
+def chat_template_problem(value: str) -> str | None:
+    """Why ``--chat-template value`` cannot be used (vLLM's ``validate_chat_template``),
+    or None. NOTE: vLLM also looks a bare name up among its bundled templates; kvpool
+    bundles none, so such a name must be a file."""
+    if any(c in value for c in _JINJA_CHARS) or Path(value).is_file():
+        return None
+    return f"--chat-template {value!r} looks like a file path, but it is not a file (and not a template: it has none of {{, }} or a newline)"
+
+
+def load_chat_template(value: str) -> str:
+    """``--chat-template``: the file's text when ``value`` names a readable file, else
+    ``value`` itself as the template (vLLM's ``load_chat_template``)."""
+    try:
+        return Path(value).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ChatTemplateError(f"--chat-template {value}: the file is not UTF-8 text ({e})") from None
+    except OSError:
+        problem = chat_template_problem(value)
+        if problem is not None:
+            raise ChatTemplateError(problem) from None
+        return value

@@ -5,10 +5,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import ssl
 from dataclasses import dataclass
 
+from frontend.chat_template import chat_template_problem
 from frontend.sampling import DEFAULT_MAX_N_SEQUENCES
+from protocol.sampling_params import MAX_LOGPROBS
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +39,30 @@ class FrontendConfig:
     enable_log_requests: bool = False
     # vLLM's VLLM_MAX_N_SEQUENCES, read as vLLM reads it: the most choices one request may ask for.
     max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
+    # --- vLLM's operator flags (vllm/entrypoints/launchers/cli_args.py), its names ---
+    # --api-key KEY [KEY ...], else VLLM_API_KEY: the keys /v1/* requires (frontend.auth).
+    api_key: tuple[str, ...] = ()
+    # CORS (frontend.cors): no origin is allowed unless given, as vLLM 0.32.
+    allowed_origins: tuple[str, ...] = ()
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    # TLS (frontend.tls), as uvicorn builds its context.
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: int = int(ssl.CERT_NONE)
+    enable_prompt_tokens_details: bool = False
+    max_logprobs: int = 20
+    uvicorn_log_level: str = "info"
+    disable_uvicorn_access_log: bool = False
+    disable_fastapi_docs: bool = False
+    root_path: str | None = None
+    chat_template: str | None = None
+    response_role: str = "assistant"
+    enable_server_load_tracking: bool = False
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING: the LoRA routes exist (and refuse: no LoRA here).
+    allow_runtime_lora_updating: bool = False
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +86,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-log-requests", action="store_true",
                    help="log each request received: its id, sampling parameters and prompt lengths (default off, as vLLM)")
     p.add_argument("--log-level", default=d.log_level, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default %(default)s)")
+    add_operator_args(p, d)
     return p
+
+
+def add_operator_args(p: argparse.ArgumentParser, d: FrontendConfig) -> None:
+    """vLLM's API-server flags, as ``vllm serve`` spells and parses them (lists as JSON,
+    booleans with their --no- form)."""
+    flag = argparse.BooleanOptionalAction
+    p.add_argument("--api-key", nargs="+", default=None, help="keys of which /v1/* requires one as `Authorization: Bearer KEY` (default: VLLM_API_KEY, else none)")
+    p.add_argument("--allowed-origins", type=json.loads, default=list(d.allowed_origins), help="CORS origins, a JSON list (default %(default)s: none)")
+    p.add_argument("--allowed-methods", type=json.loads, default=list(d.allowed_methods), help="CORS methods, a JSON list (default %(default)s)")
+    p.add_argument("--allowed-headers", type=json.loads, default=list(d.allowed_headers), help="CORS headers, a JSON list (default %(default)s)")
+    p.add_argument("--allow-credentials", action=flag, default=d.allow_credentials, help="CORS credentials (default %(default)s)")
+    p.add_argument("--ssl-keyfile", default=None, help="serve HTTPS with this key (default: none)")
+    p.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate chain (default: none, plain HTTP)")
+    p.add_argument("--ssl-ca-certs", default=None, help="CA certificates to verify clients with (default: none)")
+    p.add_argument("--ssl-cert-reqs", type=int, default=d.ssl_cert_reqs, help="client certificates: 0 none, 1 optional, 2 required, as ssl.CERT_* (default %(default)s)")
+    p.add_argument("--enable-prompt-tokens-details", action=flag, default=False, help="usage gives prompt_tokens_details.cached_tokens (default %(default)s)")
+    p.add_argument("--max-logprobs", type=int, default=d.max_logprobs, help="the most logprobs a request may ask for, at most 20 here (default %(default)s)")
+    p.add_argument("--uvicorn-log-level", default=d.uvicorn_log_level, choices=list(_SERVER_LOG_LEVELS),
+                   help="the HTTP server's own loggers and the access log (default %(default)s)")
+    p.add_argument("--disable-uvicorn-access-log", action=flag, default=False, help="no line per request (default %(default)s)")
+    p.add_argument("--disable-fastapi-docs", action=flag, default=False, help="accepted; there are no docs routes to disable (default %(default)s)")
+    p.add_argument("--root-path", default=None, help="a path prefix every route answers under as well, behind a proxy (default: none)")
+    p.add_argument("--chat-template", default=None, help="a chat template file, or the template itself (default: the checkpoint's)")
+    p.add_argument("--response-role", default=d.response_role, help="the role of chat replies (default %(default)s)")
+    p.add_argument("--enable-server-load-tracking", action=flag, default=False, help="/load counts the requests being served (default %(default)s: 0)")
+
+
+# --uvicorn-log-level's names, as logging levels (uvicorn's "trace" is 5).
+_SERVER_LOG_LEVELS = {"critical": 50, "error": 40, "warning": 30, "info": 20, "debug": 10, "trace": 5}
+
+
+def server_log_level(name: str) -> int:
+    return _SERVER_LOG_LEVELS[name]
 
 
 def config_from_args(argv: list[str] | None = None) -> FrontendConfig:
@@ -76,4 +138,46 @@ def config_from_args(argv: list[str] | None = None) -> FrontendConfig:
     if not raw.strip().isdigit() or int(raw) < 1:
         p.error(f"VLLM_MAX_N_SEQUENCES must be a positive integer, got {raw!r}")
     a.max_n_sequences = int(raw)
+    _operator_env(p, a)
+    _check_operator_args(p, a)
+    for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
+        setattr(a, name, tuple(getattr(a, name)))
     return FrontendConfig(**vars(a))
+
+
+def _env_flag(p: argparse.ArgumentParser, name: str) -> bool:
+    """An int-valued switch as vLLM reads VLLM_SERVER_DEV_MODE (``bool(int(...))``)."""
+    raw = os.environ.get(name, "0").strip()
+    try:
+        return bool(int(raw))
+    except ValueError:
+        p.error(f"{name} must be an integer (0 or 1), got {raw!r}")
+
+
+def _operator_env(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    # NOTE: as vLLM: --api-key wins over VLLM_API_KEY; empty keys are no keys.
+    a.api_key = tuple(k for k in (a.api_key or [os.environ.get("VLLM_API_KEY")]) if k)
+    a.dev_mode = a.dev_mode or _env_flag(p, "VLLM_SERVER_DEV_MODE")
+    lora = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower()
+    a.allow_runtime_lora_updating = lora in ("1", "true")
+
+
+def _check_operator_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
+        value = getattr(a, name)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            p.error(f"--{name.replace('_', '-')} must be a JSON list of strings, got {value!r}")
+    if a.ssl_keyfile and not a.ssl_certfile:
+        p.error("--ssl-keyfile needs --ssl-certfile (the certificate the key belongs to)")
+    if a.ssl_cert_reqs not in (ssl.CERT_NONE, ssl.CERT_OPTIONAL, ssl.CERT_REQUIRED):
+        p.error(f"--ssl-cert-reqs must be 0 (CERT_NONE), 1 (CERT_OPTIONAL) or 2 (CERT_REQUIRED), got {a.ssl_cert_reqs}")
+    # NOTE: the scheduler bounds every request's logprobs at MAX_LOGPROBS (its worker
+    # computes no more); vLLM's -1 (the whole vocabulary) is not served either.
+    if not 0 <= a.max_logprobs <= MAX_LOGPROBS:
+        p.error(f"--max-logprobs must be in [0, {MAX_LOGPROBS}] (kvpool's scheduler returns at most {MAX_LOGPROBS}), got {a.max_logprobs}")
+    if a.chat_template is not None and (problem := chat_template_problem(a.chat_template)) is not None:
+        p.error(problem)
+    if a.root_path is not None:
+        a.root_path = a.root_path.rstrip("/") or None
+        if a.root_path is not None and not a.root_path.startswith("/"):
+            p.error(f"--root-path must start with '/', got {a.root_path!r}")

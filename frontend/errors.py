@@ -19,20 +19,24 @@ _TYPES = {
     HTTPStatus.UNSUPPORTED_MEDIA_TYPE: "UnsupportedMediaType",
     HTTPStatus.SERVICE_UNAVAILABLE: "ServiceUnavailableError",
     HTTPStatus.INTERNAL_SERVER_ERROR: "InternalServerError",
+    HTTPStatus.NOT_IMPLEMENTED: "NotImplementedError",
 }
 
 
 class APIError(Exception):
     """Raised anywhere in a handler; answered as OpenAI's error object."""
 
-    def __init__(self, message: str, status: int = HTTPStatus.BAD_REQUEST, param: str | None = None):
+    def __init__(self, message: str, status: int = HTTPStatus.BAD_REQUEST, param: str | None = None, type_: str | None = None):
         super().__init__(message)
         self.message = message
         self.status = HTTPStatus(status)
         self.param = param
+        # NOTE: the error's type where vLLM names it otherwise than by status (its
+        # framework's own refusals say the phrase: "Bad Request").
+        self.type = type_ or _TYPES.get(self.status, self.status.phrase.replace(" ", ""))
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": _TYPES.get(self.status, self.status.phrase.replace(" ", "")),
+        return {"error": {"message": self.message, "type": self.type,
                           "param": self.param, "code": self.status.value}}  # fmt: skip
 
     def response(self) -> web.Response:

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from frontend.errors import bad_request
-from protocol.sampling_params import SamplingError, check_sampling
+from protocol.sampling_params import MAX_LOGPROBS, SamplingError, check_sampling
 
 # vLLM's defaults where neither the request nor generation_config.json says.
 VLLM_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
@@ -46,11 +46,13 @@ class EngineParams:
     n: int
 
 
-def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict, max_n: int = DEFAULT_MAX_N_SEQUENCES) -> EngineParams:
+def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict, max_n: int = DEFAULT_MAX_N_SEQUENCES,
+                  max_logprobs: int = MAX_LOGPROBS) -> EngineParams:  # fmt: skip
     """Check a request's sampling fields (the first bad one is named) and build them.
     The ranges are protocol's (``check_sampling``), the scheduler's own; ``n`` is the
     frontend's alone (it fans a request out into n), bounded by ``max_n`` as vLLM's
-    VLLM_MAX_N_SEQUENCES bounds it."""
+    VLLM_MAX_N_SEQUENCES bounds it; logprobs by ``max_logprobs`` (--max-logprobs, at
+    most the scheduler's MAX_LOGPROBS)."""
 
     def pick(name):
         value = getattr(req, name)
@@ -68,6 +70,8 @@ def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict
         frequency_penalty=req.frequency_penalty, min_tokens=req.min_tokens, max_tokens=max_tokens,
         logprobs=num_logprobs, seed=req.seed, stop_token_ids=list(req.stop_token_ids or []),
     )  # fmt: skip
+    if num_logprobs is not None and num_logprobs > max_logprobs:
+        raise bad_request(f"Requested sample logprobs of {num_logprobs}, which is greater than max allowed: {max_logprobs}", "logprobs")
     try:
         check_sampling(fields)
     except SamplingError as e:

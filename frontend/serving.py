@@ -19,6 +19,7 @@ from frontend.metrics import FrontendMetrics
 from frontend.sampling import DEFAULT_MAX_N_SEQUENCES, EngineParams
 from frontend.streaming import WriteBatch
 from frontend.tokenizer import Tokenizer
+from protocol.sampling_params import MAX_LOGPROBS
 
 log = logging.getLogger("frontend")
 
@@ -38,11 +39,19 @@ class ServingContext:
     # --enable-log-requests: one INFO line per request received, as vLLM's RequestLogger.
     log_requests: bool = False
     max_n: int = DEFAULT_MAX_N_SEQUENCES
+    max_logprobs: int = MAX_LOGPROBS  # --max-logprobs
+    response_role: str = "assistant"  # --response-role
+    prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
     writes: WriteBatch = field(default_factory=WriteBatch)  # every stream's frames of a step
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
             raise model_not_found(model)
+
+    def cached(self, num_cached_tokens: int) -> int | None:
+        """What a final usage reports as cached: the count with
+        --enable-prompt-tokens-details, else None (no prompt_tokens_details, as vLLM)."""
+        return num_cached_tokens if self.prompt_tokens_details else None
 
     def check_token_ids(self, token_ids: list[int], param: str = "prompt") -> None:
         vocab = self.tokenizer.vocab_size
@@ -59,9 +68,12 @@ def now() -> int:
     return int(time.time())
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    """OpenAI's usage; ``prompt_tokens_details`` only given ``cached_tokens`` (see
+    ``ServingContext.cached``; vLLM's continuous-usage chunks have none either)."""
+    details = None if cached_tokens is None else {"cached_tokens": cached_tokens, "created_cache_tokens": None, "multimodal_tokens": None}
     return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens, "prompt_tokens_details": {"cached_tokens": cached_tokens}}  # fmt: skip
+            "completion_tokens": completion_tokens, "prompt_tokens_details": details}  # fmt: skip
 
 
 def choice_requests(request_id: str, prompts: list[list[int]], params: EngineParams) -> list[tuple[str, int, list[int], EngineParams]]:

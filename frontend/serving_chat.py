@@ -78,7 +78,15 @@ def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest) -> tuple[
     check_prompt_length(len(ids), requested, ctx.max_model_len)
     max_tokens = requested if requested is not None else ctx.max_model_len - len(ids)
     num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return ids, max_tokens, num_logprobs, engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n)
+    return ids, max_tokens, num_logprobs, engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
+
+
+def chat_role(ctx: ServingContext, req: ChatCompletionRequest) -> str:
+    """vLLM's ``get_chat_request_role``: --response-role for a reply to the generation
+    prompt, else (a continued message) the last message's role."""
+    if req.add_generation_prompt:
+        return ctx.response_role
+    return str(req.messages[-1].get("role", ctx.response_role))
 
 
 async def create_chat_completion(ctx: ServingContext, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
@@ -91,13 +99,13 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
 
     choices = await collect(ctx, request_id, [ids], params)
     out = [{
-        "index": c.index, "message": {"role": "assistant", "content": c.text, "tool_calls": []},
+        "index": c.index, "message": {"role": chat_role(ctx, req), "content": c.text, "tool_calls": []},
         "logprobs": chat_logprobs(ctx.tokenizer, c.token_ids, c.logprobs, num_logprobs, as_ids) if num_logprobs is not None else None,
         "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
     } for c in choices]  # fmt: skip
     return json_response({
         "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.model_name, "choices": out,
-        "usage": usage(len(ids), sum(len(c.token_ids) for c in choices), cached_tokens(choices, params.n)),
+        "usage": usage(len(ids), sum(len(c.token_ids) for c in choices), ctx.cached(cached_tokens(choices, params.n))),
         "system_fingerprint": None, "prompt_logprobs": None, "kv_transfer_params": None,
     })  # fmt: skip
 
@@ -135,17 +143,17 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
         elif lp is None and not continuous:
             return text_chunk(i, d.text)  # the common chunk: only new text
         delta = {"content": d.text} if d.text or d.finish_reason is None else {}
-        use = usage(len(ids), sum(generated), cached[0]) if continuous else None
+        use = usage(len(ids), sum(generated)) if continuous else None
         return _encode(chunk([choice(i, delta, lp, d.finish_reason, d.stop_reason)], use))
 
     try:
         # NOTE: as vLLM, the first chunk of every choice carries only the role.
         for i in range(params.n):
-            first = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-            await send_event(resp, chunk([first], usage(len(ids), 0, 0) if continuous else None))
+            first = {"index": i, "delta": {"role": chat_role(ctx, req), "content": ""}, "logprobs": None, "finish_reason": None}
+            await send_event(resp, chunk([first], usage(len(ids), 0) if continuous else None))
         await StreamedChoices(ctx, request, resp, render).run(choice_requests(request_id, [ids], params))
         if include_usage:
-            await send_event(resp, chunk([], usage(len(ids), sum(generated), cached[0])))
+            await send_event(resp, chunk([], usage(len(ids), sum(generated), ctx.cached(cached[0]))))
     except ClientGone:
         return resp
     except EngineError as e:

@@ -69,7 +69,7 @@ def completion_engine_input(ctx: ServingContext, req: CompletionRequest) -> tupl
     for ids in prompts:
         check_prompt_length(len(ids), req.max_tokens, ctx.max_model_len)
     max_tokens = req.max_tokens if req.max_tokens is not None else ctx.max_model_len - max(len(p) for p in prompts)
-    return prompts, texts, max_tokens, engine_params(req, max_tokens, req.logprobs, ctx.default_sampling, ctx.max_n)
+    return prompts, texts, max_tokens, engine_params(req, max_tokens, req.logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
 
 
 async def create_completion(ctx: ServingContext, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
@@ -94,7 +94,7 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
     num_prompt = sum(len(p) for p in prompts)
     return json_response({
         "id": request_id, "object": "text_completion", "created": now(), "model": ctx.model_name, "choices": out,
-        "usage": usage(num_prompt, sum(len(c.token_ids) for c in choices), cached_tokens(choices, n)),
+        "usage": usage(num_prompt, sum(len(c.token_ids) for c in choices), ctx.cached(cached_tokens(choices, n))),
         "system_fingerprint": None, "kv_transfer_params": None,
     })  # fmt: skip
 
@@ -139,13 +139,13 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
             ctx.metrics.request_finished(d.finish_reason, len(prompts[i // n]), generated[i])
         elif lp is None and not continuous:
             return text_chunk(i, text)  # the common chunk: only new text
-        use = usage(num_prompt, sum(generated), sum(cached[::n])) if continuous else None
+        use = usage(num_prompt, sum(generated)) if continuous else None
         return _encode(chunk([choice(i, text, lp, d.finish_reason, d.stop_reason)], use))
 
     try:
         await StreamedChoices(ctx, request, resp, render).run(choice_requests(request_id, prompts, params))
         if include_usage:
-            await send_event(resp, chunk([], usage(num_prompt, sum(generated), sum(cached[::n]))))
+            await send_event(resp, chunk([], usage(num_prompt, sum(generated), ctx.cached(sum(cached[::n])))))
     except ClientGone:
         return resp
     except EngineError as e:

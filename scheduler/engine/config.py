@@ -115,8 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-waiting", type=int, default=d.max_num_waiting,
                    help="most requests waiting to run; more are refused (default %(default)s, ~36 bytes a prompt token each)")  # fmt: skip
     p.add_argument("--prefix-caching-hash-algo", choices=HASH_ALGOS, default=d.prefix_caching_hash_algo)
-    p.add_argument("--dev-mode", action="store_true", default=os.environ.get("KVPOOL_DEV_MODE") == "1",
-                   help="enable development endpoints (POST /reset_prefix_cache); also KVPOOL_DEV_MODE=1")  # fmt: skip
+    # NOTE: VLLM_SERVER_DEV_MODE as well (vLLM's switch; the frontend reads it too, so
+    # one variable given to `kvpool serve` opens /reset_prefix_cache end to end).
+    dev_env = os.environ.get("KVPOOL_DEV_MODE") == "1" or os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip() not in ("", "0")
+    p.add_argument("--dev-mode", action="store_true", default=dev_env,
+                   help="enable development endpoints (POST /reset_prefix_cache); also KVPOOL_DEV_MODE=1 or VLLM_SERVER_DEV_MODE=1")  # fmt: skip
     p.add_argument("--log-level", default=d.log_level, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--disable-log-stats", dest="log_stats", action="store_false",
                    help="no periodic stats line (throughput, running/waiting, KV usage, hit rate) every "

@@ -22,7 +22,8 @@ TEXT = "Blocks of sixteen tokens are hashed in a chain, each hash over its paren
 
 @pytest.fixture(scope="module")
 def served(tiny_checkpoint, tmp_path_factory):
-    with kvpool_serve(tiny_checkpoint, tmp_path_factory.mktemp("probe-logs"), "--max-model-len", "512", "--dev-mode") as s:
+    with kvpool_serve(tiny_checkpoint, tmp_path_factory.mktemp("probe-logs"), "--max-model-len", "512", "--dev-mode",
+                      "--enable-prompt-tokens-details") as s:
         yield s
 
 

@@ -48,7 +48,8 @@ def served(tiny_checkpoint, tmp_path_factory):
     """One live `kvpool serve` of the tiny checkpoint for the API tests."""
     from kvtest.serve import kvpool_serve
 
-    with kvpool_serve(tiny_checkpoint, tmp_path_factory.mktemp("serve-logs"), "--max-model-len", "1024", "--dev-mode") as s:
+    with kvpool_serve(tiny_checkpoint, tmp_path_factory.mktemp("serve-logs"), "--max-model-len", "1024", "--dev-mode",
+                      "--enable-prompt-tokens-details") as s:
         yield s
 
 

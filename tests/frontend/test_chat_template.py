@@ -55,3 +55,20 @@ def test_no_template_is_a_clear_error():
 def test_the_sandbox_refuses_reaching_python_internals():
     with pytest.raises(Exception, match="unsafe|not safely|SecurityError|access"):
         render_chat("{{ messages.__class__.__mro__ }}{{ ''.__class__.__subclasses__() }}", [], {})
+
+
+def test_chat_template_flag_is_a_file_or_the_template_itself(tmp_path):
+    from frontend.chat_template import chat_template_problem, load_chat_template
+
+    f = tmp_path / "t.jinja"
+    f.write_text("{{ messages[0]['content'] }}")
+    assert load_chat_template(str(f)) == "{{ messages[0]['content'] }}"
+    assert load_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}") == "{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert load_chat_template("line one\nline two") == "line one\nline two"  # a newline makes it a template, as in vLLM
+    missing = str(tmp_path / "missing.jinja")
+    assert "looks like a file path" in chat_template_problem(missing)
+    with pytest.raises(ChatTemplateError, match="looks like a file path"):
+        load_chat_template(missing)
+    (tmp_path / "latin1.jinja").write_bytes(b"caf\xe9 {{ x }}")
+    with pytest.raises(ChatTemplateError, match="not UTF-8"):
+        load_chat_template(str(tmp_path / "latin1.jinja"))

@@ -1,0 +1,92 @@
+"""The operator routes vLLM's API server has beside the OpenAI ones, as vLLM 0.32
+answers them (``vllm/entrypoints/serve/``):
+
+* ``GET /version``: ``{"version": "0.32.0"}``, the vLLM release whose API this is
+  (what vLLM clients parse), and kvpool's own under ``kvpool_version``.
+* ``GET /load``: ``{"server_load": N}``, the completion and chat requests being
+  served; always 0 without ``--enable-server-load-tracking``, as vLLM.
+* ``GET|POST /ping`` (SageMaker): ``/health``.
+* ``POST /reset_prefix_cache`` (dev mode: ``--dev-mode`` or VLLM_SERVER_DEV_MODE=1):
+  ``{"success": bool}``, false while running requests hold blocks.
+* ``POST /v1/load_lora_adapter`` / ``/v1/unload_lora_adapter``, only with
+  VLLM_ALLOW_RUNTIME_LORA_UPDATING (as vLLM; a 404 otherwise): kvpool has no LoRA,
+  so loading is 501 and unloading finds no adapter (404, vLLM's words).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+from aiohttp import web
+
+from frontend.errors import APIError, bad_request
+from frontend.request_body import read_body
+from frontend.serving import json_response
+from frontend.version import VLLM_API_VERSION, kvpool_version
+
+if TYPE_CHECKING:
+    from frontend.api_server import APIServer
+
+# pydantic's spellings of a bool query parameter (vLLM's Query(bool)).
+_TRUE = {"1", "on", "t", "true", "y", "yes"}
+_FALSE = {"0", "off", "f", "false", "n", "no"}
+
+
+class LoadLoRAAdapterRequest(msgspec.Struct, kw_only=True):
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(msgspec.Struct, kw_only=True):
+    lora_name: str
+
+
+def query_bool(request: web.Request, name: str) -> bool:
+    raw = request.query.get(name)
+    if raw is None:
+        return False
+    if raw.lower() in _TRUE | _FALSE:
+        return raw.lower() in _TRUE
+    raise bad_request(f"query parameter {name} must be a boolean (true or false), got {raw!r}", f"query.{name}")
+
+
+def ops_routes(server: APIServer) -> list[tuple[str, str, object]]:
+    config = server.config
+
+    async def version(_request: web.Request) -> web.Response:
+        return json_response({"version": VLLM_API_VERSION, "kvpool_version": kvpool_version()})
+
+    async def load(_request: web.Request) -> web.Response:
+        return json_response({"server_load": server.server_load})
+
+    async def reset_prefix_cache(request: web.Request) -> web.Response:
+        for name in ("reset_running_requests", "reset_external"):
+            if query_bool(request, name):
+                raise APIError(f"{name}=true is not supported: kvpool's scheduler resets the prefix cache only when "
+                               "no running request holds blocks (and has no external cache to reset)", 501)  # fmt: skip
+        status, _text = await server.scheduler_reset_prefix_cache()
+        if status not in (200, 409):  # 409: blocks are held, vLLM's success=false
+            raise APIError(f"the scheduler refused to reset its prefix cache ({status}): {_text.strip()}", 503)
+        return json_response({"success": status == 200})
+
+    async def load_lora_adapter(request: web.Request) -> web.Response:
+        req = await read_body(request, LoadLoRAAdapterRequest)
+        raise APIError(f"cannot load LoRA adapter {req.lora_name!r}: kvpool serves its base model only and has no LoRA "
+                       "support (VLLM_ALLOW_RUNTIME_LORA_UPDATING only makes this route exist)", 501)  # fmt: skip
+
+    async def unload_lora_adapter(request: web.Request) -> web.Response:
+        req = await read_body(request, UnloadLoRAAdapterRequest)
+        raise APIError(f"The lora adapter '{req.lora_name}' cannot be found.", 404)
+
+    routes = [
+        ("GET", "/version", version),
+        ("GET", "/load", load),
+        ("GET", "/ping", server.health),
+        ("POST", "/ping", server.health),
+    ]
+    if config.dev_mode:
+        routes.append(("POST", "/reset_prefix_cache", reset_prefix_cache))
+    if config.allow_runtime_lora_updating:
+        routes += [("POST", "/v1/load_lora_adapter", load_lora_adapter), ("POST", "/v1/unload_lora_adapter", unload_lora_adapter)]
+    return routes

@@ -1,0 +1,54 @@
+"""--enable-prompt-tokens-details, as vLLM 0.32 (checked against `vllm serve`): only with
+it does a final usage carry ``prompt_tokens_details`` (``cached_tokens``, what the
+scheduler reported; ``created_cache_tokens`` and ``multimodal_tokens`` null), else
+the key is null -- completions and chat, whole and streamed. A continuous-usage
+chunk never has it. The fake scheduler reports 16 cached tokens for every request."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+from kvtest.fake_engine import fake_engine, frontend_process
+
+DETAILS = {"cached_tokens": 16, "created_cache_tokens": None, "multimodal_tokens": None}
+
+
+@pytest.fixture(scope="module", params=["with", "without"])
+def front(request, tiny_checkpoint, tmp_path_factory):
+    log = tmp_path_factory.mktemp("details") / "frontend.log"
+    flags = ("--enable-prompt-tokens-details",) if request.param == "with" else ()
+    with fake_engine(num_cached_tokens=16) as engine, frontend_process(tiny_checkpoint, engine, log, *flags) as f:
+        f.expected = DETAILS if request.param == "with" else None
+        yield f
+
+
+def post(front, path: str, body: dict) -> bytes:
+    req = urllib.request.Request(front.base_url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200
+        return r.read()
+
+
+def events(raw: bytes) -> list[dict]:
+    return [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: {")]
+
+
+REQUESTS = [("/v1/completions", {"prompt": "hello there"}), ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})]
+
+
+@pytest.mark.parametrize(("path", "body"), REQUESTS, ids=["completion", "chat"])
+def test_a_whole_answer(front, tiny_checkpoint, path, body):
+    usage = json.loads(post(front, path, {**body, "model": str(tiny_checkpoint), "max_tokens": 3}))["usage"]
+    assert usage["prompt_tokens_details"] == front.expected and usage["completion_tokens"] == 3
+
+
+@pytest.mark.parametrize(("path", "body"), REQUESTS, ids=["completion", "chat"])
+def test_a_stream_with_usage(front, tiny_checkpoint, path, body):
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = events(post(front, path, {**body, "model": str(tiny_checkpoint), "max_tokens": 3, "stream": True, "stream_options": options}))
+    final = chunks[-1]
+    assert final["choices"] == [] and final["usage"]["prompt_tokens_details"] == front.expected
+    continuous = [c["usage"] for c in chunks[:-1] if "usage" in c]
+    assert continuous and all(u["prompt_tokens_details"] is None for u in continuous)
