@@ -118,15 +118,24 @@ def add_rule(group, rule: Rule) -> None:
     group.add_argument(*flags, **parse_kwargs(rule))
 
 
+SHOWN_CHARS = 60
+
+
+def _shown(value: Any) -> str:
+    """A value as one short line: whitespace runs as one space, a long one cut."""
+    text = " ".join(str(value).split())
+    return shlex.quote(text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "...")
+
+
 def spell(rule: Rule, value: Any) -> str:
-    """``value`` as it is written on a command line, the flag first."""
+    """``value`` as it is written on a command line, the flag first (on one line)."""
     if value is True:
         return rule.name
     if value is False:
         return f"--no-{rule.name[2:]}"
     if isinstance(value, list | tuple):
-        return " ".join([rule.name, *(shlex.quote(str(v)) for v in value)])
-    return f"{rule.name} {shlex.quote(str(value))}" if value != "" else rule.name
+        return " ".join([rule.name, *map(_shown, value)])
+    return f"{rule.name} {_shown(value)}" if value != "" else rule.name
 
 
 def refusal(rule: Rule, args: argparse.Namespace) -> str | None:
