@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import sys
 
-from frontend.serve_flags import all_rules
+from frontend.serve_flags import KVPOOL_PASSED, all_rules
 from frontend.serve_flags.rules import PASSED, forwarded
 
 
 def passed_flags(a, child: str) -> list[str]:
     """The ``passed`` flags given for ``child``, in the table's order."""
-    return [arg for rule in all_rules() if rule.verdict == PASSED and child in rule.to for arg in forwarded(rule, a)]
+    rules = [*all_rules(), *KVPOOL_PASSED]
+    return [arg for rule in rules if rule.verdict == PASSED and child in rule.to for arg in forwarded(rule, a)]
 
 
 def _log_level(a) -> list[str]:

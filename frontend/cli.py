@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from frontend.config import FrontendConfig
-from frontend.serve_flags import GROUPS, all_rules
+from frontend.serve_flags import GROUPS, KVPOOL_PASSED, all_rules
 from frontend.serve_flags.config_file import ConfigFileError, normalize_flag_names, with_config_file
 from frontend.serve_flags.kv_events_config import kv_events_scheduler_flags
 from frontend.serve_flags.rules import add_rule, refusal
@@ -58,6 +58,8 @@ def _add_kvpool_flags(g) -> None:
     g.add_argument("--ready-timeout", type=float, default=120.0, metavar="SECONDS")
     g.add_argument("--stop-timeout", type=float, default=10.0, metavar="SECONDS")
     g.add_argument("--log-dir", default=None, help="write each process's log to DIR/NAME.log (default: this terminal)")
+    for rule in KVPOOL_PASSED:
+        add_rule(g, rule)
 
 
 def max_position_embeddings(model_dir: Path) -> int | None:

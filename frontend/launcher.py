@@ -12,6 +12,9 @@ processes, supervised (vLLM's ``vllm serve``, with the engine core split out).
   With ``--tensor-parallel-size N`` the worker is rank 0 of a group that starts the
   other ranks itself; any rank dying ends the group (rank 0 exits), so restarting the
   worker restarts the whole group.
+
+Each child's argv comes from ``frontend/child_argv.py``; the flags, from
+``frontend/cli.py`` and its table of ``vllm serve``'s (``frontend/serve_flags``).
 """
 
 from __future__ import annotations

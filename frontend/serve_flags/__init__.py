@@ -18,13 +18,21 @@ from frontend.serve_flags import (
     parallel,
     scheduling,
 )
-from frontend.serve_flags.rules import Group, Rule
+from frontend.serve_flags.rules import ONE, Group, Rule, passed
 
 GROUPS: list[Group] = [
     *options.GROUPS, *frontend_args.GROUPS, *model.GROUPS, *parallel.GROUPS, *cache.GROUPS,
     *features.GROUPS,
     *scheduling.GROUPS, *engine.GROUPS,
 ]  # fmt: skip
+
+
+# Scheduler flags kvpool serve passes on that vllm serve 0.32 no longer has (vLLM's
+# older partial-prefill limits): listed under kvpool's own flags, not in the table.
+KVPOOL_PASSED: list[Rule] = [
+    passed("--max-num-partial-prefills", ONE, "scheduler"),
+    passed("--max-long-partial-prefills", ONE, "scheduler"),
+]
 
 
 def all_rules() -> list[Rule]:

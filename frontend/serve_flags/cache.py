@@ -17,8 +17,9 @@ _CACHE = [
     refused("--enable-mamba-shared-prefix-checkpoint", BOOL, why.MAMBA, accepts=(False,)),
     handled("--enable-prefix-caching", BOOL, "scheduler", action=argparse.BooleanOptionalAction, default=True,
             help="reuse the KV blocks of a cached prefix (default: on, as vLLM)"),  # fmt: skip
-    handled("--gpu-memory-utilization --device-memory-utilization", ONE, "worker", type=float, default=0.9,
-            help="on CUDA without a KV size: the share of device memory the worker may use (default %(default)s)"),  # fmt: skip
+    handled("--gpu-memory-utilization --device-memory-utilization", ONE, "worker, on CUDA (default 0.9, the worker's; vLLM 0.32's is 0.92)",
+            type=float, default=0.9,
+            help="on CUDA without a KV size: the share of device memory the worker may use (default %(default)s; vLLM's 0.92)"),  # fmt: skip
     handled("--kv-cache-dtype", ONE, "worker: the KV cache has the model's dtype (auto)", default=None, accepts=(None, "auto"),
             why_not=why.KV_DTYPE, help="auto only: the KV cache has the model's dtype (--dtype)"),  # fmt: skip
     refused("--kv-cache-dtype-skip-layers", MANY, why.KV_DTYPE),

@@ -20,7 +20,9 @@ _RULES = [
     passed("--api-key", MANY, FRONT),
     passed("--chat-template", ONE, FRONT),
     refused("--chat-template-content-format", ONE,
-            "kvpool reads a message's content as a string or as text parts, as vLLM's auto does", accepts=("auto",)),  # fmt: skip
+            "kvpool always renders vLLM's string format (text parts joined by new lines); auto is accepted as what "
+            "kvpool does without the flag, though vLLM's auto picks openai for a template that loops over content parts",
+            accepts=("auto", "string")),  # fmt: skip
     refused("--cohere-format", ONE, "Cohere-specific chat rendering is not supported", accepts=("cmd4",)),
     refused("--cohere-is-reasoning-model", BOOL, "Cohere-specific chat rendering is not supported", accepts=(True,)),
     refused("--data-parallel-supervisor-port", ONE, why.ONE_ENGINE),
@@ -50,7 +52,7 @@ _RULES = [
     refused("--grpc-port", ONE, why.GRPC),
     refused("--h11-max-header-count", ONE, why.UVICORN),
     refused("--h11-max-incomplete-event-size", ONE, why.UVICORN),
-    handled("--host", ONE, "frontend", default="127.0.0.1",
+    handled("--host", ONE, "frontend (default 127.0.0.1, where vLLM listens on every interface)", default="127.0.0.1",
             help="the API's address (default %(default)s: loopback, where vLLM listens on every interface)"),  # fmt: skip
     refused("--log-error-stack", BOOL, why.NOT_YET, accepts=(False,)),
     refused("--lora-modules", MANY, why.LORA),

@@ -44,7 +44,8 @@ _MODEL = [
     refused("--logits-processors", MANY, "custom logits processors are not supported"),
     refused("--logprobs-mode", ONE, "kvpool's logprobs are the raw model's (vLLM's default raw_logprobs)", accepts=("raw_logprobs",)),
     passed("--max-logprobs", ONE, "frontend"),
-    handled("--max-model-len", ONE, "scheduler, worker and frontend", type=human_readable_int_or_auto, default=None,
+    handled("--max-model-len", ONE, "scheduler, worker and frontend (not given, or -1/auto: the model's, at most 4096, where vLLM takes it whole)",
+            type=human_readable_int_or_auto, default=None,
             help="longest prompt + output, in tokens: 4096, 4k, 4K; -1 or auto: the model's (here at most 4096)"),  # fmt: skip
     handled("--model", ONE, "launcher (as the positional MODEL)", default=None, dest="model_flag", metavar="MODEL",
             help="the checkpoint folder, as the positional MODEL (which wins if both are given)"),  # fmt: skip

@@ -58,7 +58,7 @@ class Rule:
         if self.verdict == HANDLED:
             return self.kwargs.get("help", "") or self.note
         if self.verdict == PASSED:
-            return f"as vLLM's; passed to the {' and '.join(self.to)}"
+            return f"passed to the {' and '.join(self.to)}, as given"
         if self.verdict == SAME:
             return f"accepted, as vLLM: {self.note}"
         allowed = f" (accepted: {', '.join(spell(self, v) for v in self.accepts)})" if self.accepts else ""

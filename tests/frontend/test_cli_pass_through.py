@@ -19,6 +19,8 @@ FRONTEND_FLAGS = [
 SCHEDULER_FLAGS = [
     "--scheduling-policy", "priority", "--long-prefill-token-threshold", "64", "--no-enable-chunked-prefill",
     "--disable-chunked-mm-input", "--kv-cache-metrics-sample", "0.5",
+    # kvpool's own (vllm serve 0.32 no longer has them), passed the same way
+    "--max-num-partial-prefills", "2", "--max-long-partial-prefills", "1",
 ]  # fmt: skip
 
 
