@@ -62,13 +62,42 @@ def _add_kvpool_flags(g) -> None:
         add_rule(g, rule)
 
 
-def max_position_embeddings(model_dir: Path) -> int | None:
+def _config_json(model_dir: Path) -> dict:
     import json
 
     try:
-        return int(json.loads((model_dir / "config.json").read_text())["max_position_embeddings"])
-    except (OSError, ValueError, KeyError, TypeError):
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def max_position_embeddings(model_dir: Path) -> int | None:
+    try:
+        return int(_config_json(model_dir)["max_position_embeddings"])
+    except (KeyError, TypeError, ValueError):
         return None
+
+
+def sliding_window(model_dir: Path) -> int | None:
+    """The model's attention window, None without one (Qwen2/Qwen3 carry a window that
+    is off unless use_sliding_window, as the worker reads it)."""
+    config = _config_json(model_dir)
+    window = config.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1 or config.get("use_sliding_window", True) is False:
+        return None
+    return window
+
+
+def _max_model_len(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    window = sliding_window(a.model_dir) if a.disable_sliding_window else None
+    if a.max_model_len is not None:
+        if window is not None and a.max_model_len > window:
+            p.error(f"--max-model-len {a.max_model_len} is longer than the model's sliding window {window} (--disable-sliding-window)")
+        return a.max_model_len
+    # NOTE: vLLM takes max_position_embeddings whole; here it is capped at 4096,
+    # the scheduler's default, so a chat request without max_tokens fits a small pool.
+    return min(max_position_embeddings(a.model_dir) or 4096, 4096, window or 4096)
 
 
 def refused_flag(a: argparse.Namespace) -> str | None:
@@ -89,10 +118,7 @@ def settle(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """Fill in the defaults that depend on MODEL and check the values (p.error: exit 2)."""
     a.served_model_name = a.served_model_name[0] if a.served_model_name else a.model
     a.dtype = DTYPES[a.dtype]
-    if a.max_model_len is None:
-        # NOTE: vLLM takes max_position_embeddings whole; here it is capped at 4096,
-        # the scheduler's default, so a chat request without max_tokens fits a small pool.
-        a.max_model_len = min(max_position_embeddings(a.model_dir) or 4096, 4096)
+    a.max_model_len = _max_model_len(p, a)
     for flag in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "tensor_parallel_size"):
         if getattr(a, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be positive, got {getattr(a, flag)}")

@@ -3,6 +3,8 @@ StructuredOutputsConfig groups: the model, its weights and how it runs."""
 
 from __future__ import annotations
 
+import argparse
+
 from frontend.serve_flags import reasons as why
 from frontend.serve_flags.rules import (
     BOOL,
@@ -25,7 +27,10 @@ _MODEL = [
     refused("--config-format", ONE, "kvpool reads a Hugging Face config.json", accepts=("auto", "hf")),
     refused("--convert", ONE, why.POOLING, accepts=("auto", "none")),
     refused("--disable-cascade-attn", BOOL, "kvpool never uses cascade attention", accepts=(True,)),
-    refused("--disable-sliding-window", BOOL, "sliding-window attention is not supported"),
+    handled("--disable-sliding-window", BOOL, "launcher: --max-model-len is capped at the model's window, as vLLM caps it "
+            "(kvpool never applies a window: a sliding-window model is served only within its window)",
+            action=argparse.BooleanOptionalAction, default=False,
+            help="cap --max-model-len at the model's sliding window, as vLLM (kvpool serves such a model only within it)"),  # fmt: skip
     handled("--dtype", ONE, "worker (half as float16, float as float32)", default="auto", choices=list(DTYPES),
             help="weights' and KV cache's dtype; auto: the checkpoint's torch_dtype (default %(default)s)"),  # fmt: skip
     refused("--enable-cumem-allocator", BOOL, why.SLEEP, accepts=(False,)),

@@ -48,7 +48,7 @@ HANDLED_SAMPLES = {
     "--scheduler-reserve-full-isl": "--no-scheduler-reserve-full-isl",
     "--kv-events-config": ['{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557"}'],
     # accepted, with nothing to pass on: read by the cli itself, or only kvpool's own behaviour accepted
-    "--config": None, "--model": None, "--tokenizer": None, "--kv-cache-dtype": ["auto"], "--kv-offloading-backend": ["native"],
+    "--config": None, "--model": None, "--tokenizer": None, "--disable-sliding-window": None, "--kv-cache-dtype": ["auto"], "--kv-offloading-backend": ["native"],
 }  # fmt: skip
 PASSED_SAMPLES = {ONE: ["7"], MANY: ["a", "b"], SWITCH: [], BOOL: []}
 

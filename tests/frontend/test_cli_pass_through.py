@@ -3,7 +3,10 @@ the child's flag, with the value as vLLM reads it (1k, half...), and nowhere els
 
 from __future__ import annotations
 
+import json
 import sys
+
+import pytest
 
 from frontend.child_argv import passed_flags
 from frontend.cli import parse_serve
@@ -108,3 +111,15 @@ def test_vllm_api_key_in_the_environment_reaches_a_child(tmp_path, monkeypatch):
             child.proc.kill()
         child._log.close()
     assert (tmp_path / "probe.log").read_text().strip() == "secret-from-env"
+
+
+def test_disable_sliding_window_caps_the_length_at_the_window_as_vllm(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192, "sliding_window": 512}))
+    assert value(built([], str(tmp_path))["scheduler"], "--max-model-len") == "4096"  # the window is the worker's to refuse
+    assert value(built(["--disable-sliding-window"], str(tmp_path))["worker"], "--max-model-len") == "512"
+    assert value(built(["--disable-sliding-window", "--max-model-len", "256"], str(tmp_path))["worker"], "--max-model-len") == "256"
+    with pytest.raises(SystemExit) as e:
+        built(["--disable-sliding-window", "--max-model-len", "1000"], str(tmp_path))
+    assert e.value.code == 2 and "--max-model-len 1000 is longer than the model's sliding window 512" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192, "sliding_window": 512, "use_sliding_window": False}))
+    assert value(built(["--disable-sliding-window"], str(tmp_path))["worker"], "--max-model-len") == "4096"  # Qwen2's window, off
