@@ -128,6 +128,8 @@ def settle(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(f"--worker-restart-timeout must be a positive number of seconds, got {a.worker_restart_timeout}")
     if a.max_request_body_bytes < 1:
         p.error(f"--max-request-body-bytes must be positive, got {a.max_request_body_bytes}")
+    if a.data_parallel_rank < 0:
+        p.error(f"--data-parallel-rank must be non-negative, got {a.data_parallel_rank}")
     if a.kv_cache_memory is not None and a.kv_cache_memory_bytes is not None:
         p.error("--kv-cache-memory-bytes and --kv-cache-memory both size the KV cache: give one")
     if a.kv_cache_memory_bytes is not None and a.kv_cache_memory_bytes < 1:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from frontend.serve_flags import reasons as why
 from frontend.serve_flags.rules import BOOL, MANY, ONE, SWITCH, Group, handled, refused
-from frontend.serve_flags.values import nonneg_int
 
 _RULES = [
     refused("--all2all-backend", ONE, why.EXPERTS),
@@ -17,7 +16,7 @@ _RULES = [
     refused("--data-parallel-hybrid-lb -dph", BOOL, why.ONE_ENGINE, accepts=(False,)),
     refused("--data-parallel-multi-port-external-lb -dpm", SWITCH, why.ONE_ENGINE),
     handled("--data-parallel-rank -dpn", ONE, "scheduler: the rank in every KV event batch (and the KV events port offset)",
-            type=nonneg_int, default=0, metavar="RANK",
+            type=int, default=0, metavar="RANK",
             help="this replica's rank, in its KV events, for an indexer over several replicas (default %(default)s)"),  # fmt: skip
     refused("--data-parallel-rpc-port -dpp", ONE, why.ONE_ENGINE),
     refused("--data-parallel-size -dp", ONE, why.ONE_ENGINE, accepts=("1",)),

@@ -32,12 +32,6 @@ def human_readable_int_or_auto(text: str) -> int | None:
     return human_readable_int(text)
 
 
-def nonneg_int(text: str) -> int:
-    if not text.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer >= 0")
-    return int(text)
-
-
 def seed(text: str) -> int:
     try:
         value = int(text)
