@@ -12,9 +12,10 @@ from pathlib import Path
 
 from frontend.config import FrontendConfig
 from frontend.serve_flags import GROUPS, KVPOOL_PASSED, all_rules
-from frontend.serve_flags.config_file import ConfigFileError, normalize_flag_names, with_config_file
+from frontend.serve_flags.config_file import ConfigFileError, with_config_file
 from frontend.serve_flags.kv_events_config import kv_events_scheduler_flags
 from frontend.serve_flags.rules import add_rule, refusal
+from frontend.serve_flags.spelling import normalize_flag_names
 from frontend.serve_flags.values import DTYPES
 
 MAX_REQUEST_BODY_BYTES = FrontendConfig.__dataclass_fields__["max_request_body_bytes"].default

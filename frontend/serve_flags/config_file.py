@@ -1,6 +1,5 @@
-"""``--config FILE.yaml`` and flag spelling, as vLLM's FlexibleArgumentParser reads them.
+"""``--config FILE.yaml``, as vLLM's FlexibleArgumentParser reads it.
 
-* A flag may be spelled with underscores: ``--max_model_len`` is ``--max-model-len``.
 * The file's keys are flags without their ``--`` (dashes or underscores); a value
   ``true`` is the bare flag, ``false`` its ``--no-`` form where there is one (else
   nothing), a list the flag and its items, a mapping the flag and its JSON, anything
@@ -12,21 +11,14 @@
 from __future__ import annotations
 
 import json
-import re
 
 import yaml
 
-# Everything between the leading -- and the first "." or "=" (vLLM's pattern).
-_NAME = re.compile(r"(?<=^--)[^.=]*")
+from frontend.serve_flags.spelling import normalize_flag_names
 
 
 class ConfigFileError(ValueError):
     """A --config file that cannot be read as flags; the message names the file and why."""
-
-
-def normalize_flag_names(argv: list[str]) -> list[str]:
-    """Underscores in a flag's name as dashes (not in its value); values with spaces untouched."""
-    return [_NAME.sub(lambda m: m.group(0).replace("_", "-"), arg) if arg.startswith("--") and " " not in arg else arg for arg in argv]
 
 
 def config_flags(path: str, option_strings: set[str]) -> list[str]:

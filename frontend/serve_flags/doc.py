@@ -23,9 +23,11 @@ Helm chart can swap one command for the other. Each flag is one of:
   flag and the reason (`kvpool serve: --enable-lora: LoRA adapters are not supported...`);
   the values listed as accepted are the ones where vLLM behaves as kvpool does anyway.
 
-A flag that is neither vLLM's nor kvpool's is argparse's error, as in vLLM. Flags may be
-spelled with underscores (`--max_model_len`), and `--config FILE.yaml` reads flags from a
-YAML file as vLLM does (the command line overrides it). kvpool's own flags are listed by
+A flag that is neither vLLM's nor kvpool's is argparse's error, as in vLLM. Flags are
+spelled as vLLM lets them be (`frontend/serve_flags/spelling.py`): underscores
+(`--max_model_len`), `-O3` for `--optimization-level 3`, a JSON config one field at a
+time (`--kv-events-config.topic kv`); and `--config FILE.yaml` reads flags from a YAML
+file as vLLM does (the command line overrides it). kvpool's own flags are listed by
 `kvpool serve --help`, in its last group.
 
 Generated from `frontend/serve_flags/` by `python -m frontend.serve_flags.doc`; do not edit.
