@@ -1,5 +1,7 @@
 """The ``kvpool`` command. ``kvpool serve MODEL`` starts the scheduler, a worker and
-the OpenAI-compatible frontend (``frontend.launcher``), with ``vllm serve``'s flags."""
+the OpenAI-compatible frontend (``frontend.launcher``), and takes every ``vllm serve``
+0.32 flag: each is handled, already kvpool's behaviour, or refused by name with the
+reason before anything starts (the table: ``frontend.serve_flags``)."""
 
 from __future__ import annotations
 
@@ -9,64 +11,44 @@ import sys
 from pathlib import Path
 
 from frontend.config import FrontendConfig
+from frontend.serve_flags import GROUPS, KVPOOL_PASSED, all_rules
+from frontend.serve_flags.config_file import ConfigFileError, with_config_file
+from frontend.serve_flags.kv_events_config import kv_events_scheduler_flags
+from frontend.serve_flags.rules import add_rule, refusal
+from frontend.serve_flags.spelling import normalize_flag_names
+from frontend.serve_flags.values import DTYPES
 
 MAX_REQUEST_BODY_BYTES = FrontendConfig.__dataclass_fields__["max_request_body_bytes"].default
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value < 2**64:
-        raise argparse.ArgumentTypeError(f"invalid seed {text!r}: expected an integer in 0..2**64-1")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvpool", description="kvpool: vLLM v1's KV-cache manager as a service.")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="serve a checkpoint with vLLM's OpenAI-compatible API",
-                       description="Serve MODEL (a Hugging Face checkpoint folder) on vLLM's OpenAI-compatible API.")  # fmt: skip
-    s.add_argument("model", metavar="MODEL", help="checkpoint folder (config.json, safetensors, tokenizer files)")
-    s.add_argument("--host", default="127.0.0.1", help="the API's address (default %(default)s)")
-    s.add_argument("--port", type=int, default=8000, help="the API's port (default %(default)s)")
-    s.add_argument("--served-model-name", default=None, help="the model's name in the API (default: MODEL as given)")
-    s.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    s.add_argument("--block-size", type=int, default=16)
-    s.add_argument("--num-gpu-blocks-override", type=int, default=None)
-    s.add_argument("--max-num-seqs", type=int, default=256)
-    s.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    s.add_argument("--max-model-len", type=int, default=None, help="default: the model's max_position_embeddings, at most 4096")
-    s.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    s.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=True,
-                   help="admit a request only if its whole prompt fits the free blocks, not only its first chunk (default: on, as vLLM)")
-    s.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    s.add_argument("--kv-offloading-size", type=float, default=0.0, metavar="GIB",
-                   help="GiB of host memory for evicted KV blocks, loaded back on a prefix hit (vLLM's flag; "
-                        "given to the worker, which allocates it, and the scheduler, which manages it; default: off)")  # fmt: skip
-    s.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                   help="worker ranks in one torch.distributed group, each with 1/N of the heads (default %(default)s)")
-    s.add_argument("--seed", type=_seed, default=0,
-                   help="global sampling seed of requests without their own (default %(default)s, as vLLM v1)")
-    s.add_argument("--generation-config", default="auto", help='"auto" (the model\'s generation_config.json), "vllm" or a folder')
-    s.add_argument("--return-tokens-as-token-ids", action="store_true")
-    g = s.add_argument_group("kvpool's own")
+    s = sub.add_parser("serve", usage="kvpool serve [MODEL] [options]", help="serve a checkpoint with vLLM's OpenAI-compatible API",
+                       description="Serve MODEL (a Hugging Face checkpoint folder) on vLLM's OpenAI-compatible API, "
+                                   "with vllm serve's flags, grouped as vLLM groups them.")  # fmt: skip
+    s.add_argument("model", metavar="MODEL", nargs="?", default=None,
+                   help="checkpoint folder (config.json, safetensors, tokenizer files); or --model, or model: in --config")  # fmt: skip
+    for group in GROUPS:
+        target = s if group.title == "options" else s.add_argument_group(group.title, group.description)
+        for rule in group.rules:
+            add_rule(target, rule)
+    _add_kvpool_flags(s.add_argument_group("kvpool's own", "Flags vllm serve does not have."))
+    p.serve_parser = s  # type: ignore[attr-defined]  # --config reads its option strings
+    return p
+
+
+def _add_kvpool_flags(g) -> None:
     g.add_argument("--kv-cache-memory", default=None, metavar="SIZE", help="the worker's KV budget, e.g. 8MiB (default: the worker's)")
     g.add_argument("--device", choices=["cpu", "cuda"], default=None)
     g.add_argument("--worker-http-port", type=int, default=None, metavar="PORT",
                    help="the worker's /metrics on 127.0.0.1 (default: a free port; 0 disables)")  # fmt: skip
     g.add_argument("--dev-mode", action="store_true", help="POST /reset_prefix_cache")
-    s.add_argument("--disable-log-stats", action="store_true", help="no periodic stats line in the scheduler's log (default: every 10 s)")
-    s.add_argument("--enable-log-requests", action="store_true", help="the API logs each request received (default off)")
     g.add_argument("--max-request-body-bytes", type=int, default=MAX_REQUEST_BODY_BYTES, metavar="BYTES",
                    help="the API refuses a larger request body with 413, before reading it (default %(default)s)")
-    g.add_argument("--kv-cache-metrics", action="store_true", help="KV residency histograms")
-    g.add_argument("--kv-events-endpoint", default=None, metavar="ENDPOINT")
+    g.add_argument("--kv-events-endpoint", default=None, metavar="ENDPOINT", help="bind a PUB socket here for KV events (loopback)")
     g.add_argument("--kv-events-replay-endpoint", default=None, metavar="ENDPOINT")
     g.add_argument("--kv-events-topic", default="", metavar="TOPIC", help="topic frame of every KV event batch (default: empty)")
-    g.add_argument("--data-parallel-rank", type=int, default=0, metavar="RANK",
-                   help="this replica's rank in its KV events, for an indexer over several replicas (default %(default)s)")  # fmt: skip
     g.add_argument("--scheduler-args", type=shlex.split, default=[], metavar="'ARGS'", help="more flags for the scheduler")
     g.add_argument("--worker-args", type=shlex.split, default=[], metavar="'ARGS'", help="more flags for the worker (CURVE keys...)")
     g.add_argument("--worker-restarts", type=int, default=5,
@@ -77,46 +59,127 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ready-timeout", type=float, default=120.0, metavar="SECONDS")
     g.add_argument("--stop-timeout", type=float, default=10.0, metavar="SECONDS")
     g.add_argument("--log-dir", default=None, help="write each process's log to DIR/NAME.log (default: this terminal)")
-    return p
+    for rule in KVPOOL_PASSED:
+        add_rule(g, rule)
 
 
-def max_position_embeddings(model_dir: Path) -> int | None:
+def _config_json(model_dir: Path) -> dict:
     import json
 
     try:
-        return int(json.loads((model_dir / "config.json").read_text())["max_position_embeddings"])
-    except (OSError, ValueError, KeyError, TypeError):
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def max_position_embeddings(model_dir: Path) -> int | None:
+    try:
+        return int(_config_json(model_dir)["max_position_embeddings"])
+    except (KeyError, TypeError, ValueError):
         return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = build_parser()
-    a = p.parse_args(argv)
-    if a.command == "serve":
-        from frontend.launcher import main_serve
+def sliding_window(model_dir: Path) -> int | None:
+    """The model's attention window, None without one (Qwen2/Qwen3 carry a window that
+    is off unless use_sliding_window, as the worker reads it)."""
+    config = _config_json(model_dir)
+    window = config.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1 or config.get("use_sliding_window", True) is False:
+        return None
+    return window
 
-        a.model_dir = Path(a.model).expanduser().resolve()
-        if a.served_model_name is None:
-            a.served_model_name = a.model
-        if a.max_model_len is None:
-            # NOTE: vLLM takes max_position_embeddings whole; here it is capped at 4096,
-            # the scheduler's default, so a chat request without max_tokens fits a small pool.
-            a.max_model_len = min(max_position_embeddings(a.model_dir) or 4096, 4096)
-        for flag in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-            if getattr(a, flag) < 1:
-                p.error(f"--{flag.replace('_', '-')} must be positive")
-        if a.tensor_parallel_size < 1:
-            p.error(f"--tensor-parallel-size must be positive, got {a.tensor_parallel_size}")
-        if not 0 <= a.kv_offloading_size < float("inf"):
-            p.error(f"--kv-offloading-size must be a number of GiB >= 0, got {a.kv_offloading_size}")
-        if not 0 < a.worker_restart_timeout < float("inf"):
-            p.error(f"--worker-restart-timeout must be a positive number of seconds, got {a.worker_restart_timeout}")
-        if a.max_request_body_bytes < 1:
-            p.error(f"--max-request-body-bytes must be positive, got {a.max_request_body_bytes}")
-        if a.data_parallel_rank < 0:
-            p.error(f"--data-parallel-rank must be non-negative, got {a.data_parallel_rank}")
-        return main_serve(a)
-    return 2
+
+def _max_model_len(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    window = sliding_window(a.model_dir) if a.disable_sliding_window else None
+    if a.max_model_len is not None:
+        if window is not None and a.max_model_len > window:
+            p.error(f"--max-model-len {a.max_model_len} is longer than the model's sliding window {window} (--disable-sliding-window)")
+        return a.max_model_len
+    # NOTE: vLLM takes max_position_embeddings whole; here it is capped at 4096,
+    # the scheduler's default, so a chat request without max_tokens fits a small pool.
+    return min(max_position_embeddings(a.model_dir) or 4096, 4096, window or 4096)
+
+
+def refused_flag(a: argparse.Namespace) -> str | None:
+    """The one line refusing the first vLLM flag kvpool cannot honour as given, or None."""
+    for rule in all_rules():
+        if (line := refusal(rule, a)) is not None:
+            return line
+    if a.served_model_name is not None and len(a.served_model_name) > 1:
+        names = " ".join(shlex.quote(n) for n in a.served_model_name)
+        return f"kvpool serve: --served-model-name {names}: kvpool serves one model name (several are not supported yet)"
+    if a.tokenizer is not None and Path(a.tokenizer).expanduser().resolve() != a.model_dir:
+        return (f"kvpool serve: --tokenizer {shlex.quote(a.tokenizer)}: a tokenizer from another folder than MODEL "
+                "is not supported yet (kvpool reads MODEL's tokenizer.json)")  # fmt: skip
+    return None
+
+
+def settle(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Fill in the defaults that depend on MODEL and check the values (p.error: exit 2)."""
+    a.served_model_name = a.served_model_name[0] if a.served_model_name else a.model
+    a.dtype = DTYPES[a.dtype]
+    a.max_model_len = _max_model_len(p, a)
+    for flag in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "tensor_parallel_size"):
+        if getattr(a, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be positive, got {getattr(a, flag)}")
+    if not 0 <= a.kv_offloading_size < float("inf"):
+        p.error(f"--kv-offloading-size must be a number of GiB >= 0, got {a.kv_offloading_size}")
+    if not 0 < a.worker_restart_timeout < float("inf"):
+        p.error(f"--worker-restart-timeout must be a positive number of seconds, got {a.worker_restart_timeout}")
+    if a.max_request_body_bytes < 1:
+        p.error(f"--max-request-body-bytes must be positive, got {a.max_request_body_bytes}")
+    if a.data_parallel_rank < 0:
+        p.error(f"--data-parallel-rank must be non-negative, got {a.data_parallel_rank}")
+    if a.kv_cache_memory is not None and a.kv_cache_memory_bytes is not None:
+        p.error("--kv-cache-memory-bytes and --kv-cache-memory both size the KV cache: give one")
+    if a.kv_cache_memory_bytes is not None and a.kv_cache_memory_bytes < 1:
+        p.error(f"--kv-cache-memory-bytes must be positive, got {a.kv_cache_memory_bytes}")
+    a.kv_events_flags = []
+    if a.kv_events_config is not None:
+        if a.kv_events_endpoint is not None:
+            p.error("--kv-events-config and --kv-events-endpoint both configure the KV events publisher: give one")
+        try:
+            a.kv_events_flags = kv_events_scheduler_flags(a.kv_events_config, a.data_parallel_rank, a.scheduler_args)
+        except ValueError as e:
+            p.error(str(e))
+
+
+class Refused(Exception):
+    """A vLLM flag kvpool cannot honour as given: the one line that says so."""
+
+
+def parse_serve(argv: list[str]) -> argparse.Namespace:
+    """``kvpool serve ...``'s settled arguments (argv without ``kvpool``). Raises
+    ConfigFileError for a bad --config, Refused for a refused flag, and SystemExit(2)
+    (argparse's usage and error) for a bad value."""
+    p = build_parser()
+    argv = with_config_file(normalize_flag_names(list(argv)), p.serve_parser)
+    a = p.parse_args(argv)
+    if a.command != "serve":
+        raise SystemExit(2)
+    a.model = a.model or a.model_flag
+    if a.model is None:
+        p.serve_parser.error("no model: give MODEL, --model MODEL or model: in the --config file")
+    a.model_dir = Path(a.model).expanduser().resolve()
+    if (line := refused_flag(a)) is not None:
+        raise Refused(line)
+    settle(p.serve_parser, a)
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        a = parse_serve(sys.argv[1:] if argv is None else argv)
+    except ConfigFileError as e:
+        print(f"kvpool serve: {e}", file=sys.stderr)
+        return 2
+    except Refused as e:
+        print(e, file=sys.stderr)
+        return 2
+    from frontend.launcher import main_serve
+
+    return main_serve(a)
 
 
 if __name__ == "__main__":

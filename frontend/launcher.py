@@ -12,6 +12,9 @@ processes, supervised (vLLM's ``vllm serve``, with the engine core split out).
   With ``--tensor-parallel-size N`` the worker is rank 0 of a group that starts the
   other ranks itself; any rank dying ends the group (rank 0 exits), so restarting the
   worker restarts the whole group.
+
+Each child's argv comes from ``frontend/child_argv.py``; the flags, from
+``frontend/cli.py`` and its table of ``vllm serve``'s (``frontend/serve_flags``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from frontend import child_argv
 from frontend.model_dir import checkpoint_problem
 from frontend.restart_policy import RestartPolicy
 from protocol import kv_cache_spec
@@ -137,63 +141,12 @@ class Launcher:
         if logs is not None:
             logs.mkdir(parents=True, exist_ok=True)
         argvs = {
-            "scheduler": self._scheduler_argv(client_port, worker_port, sched_http),
-            "worker": self._worker_argv(worker_port, worker_http),
-            "frontend": self._frontend_argv(client_port),
+            "scheduler": child_argv.scheduler_argv(a, client_port, worker_port, sched_http),
+            "worker": child_argv.worker_argv(a, worker_port, worker_http),
+            "frontend": child_argv.frontend_argv(a, client_port, self.scheduler_http),
         }
         for name, argv in argvs.items():
             self.children[name] = Child(name, argv, logs / f"{name}.log" if logs else None)
-
-    def _offload_argv(self) -> list[str]:
-        # NOTE: both sides: the worker allocates the host tier, the scheduler manages it.
-        a = self.args
-        return ["--kv-offloading-size", f"{a.kv_offloading_size:g}"] if getattr(a, "kv_offloading_size", 0) else []
-
-    def _scheduler_argv(self, client_port: int, worker_port: int, sched_http: int) -> list[str]:
-        a = self.args
-        sched = [sys.executable, "-m", "scheduler", "--host", "127.0.0.1", "--port", str(client_port), "--worker-port", str(worker_port),
-                 "--http-port", str(sched_http), "--block-size", str(a.block_size), "--served-model-name", a.served_model_name,
-                 "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
-                 "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--worker-reconnect-timeout", str(a.worker_restart_timeout)]  # fmt: skip
-        if a.num_gpu_blocks_override is not None:
-            sched += ["--num-gpu-blocks-override", str(a.num_gpu_blocks_override)]
-        flags = {"--no-enable-prefix-caching": not a.enable_prefix_caching,
-                 "--no-scheduler-reserve-full-isl": not getattr(a, "scheduler_reserve_full_isl", True),
-                 "--dev-mode": a.dev_mode, "--disable-log-stats": a.disable_log_stats, "--kv-cache-metrics": a.kv_cache_metrics}  # fmt: skip
-        sched += [flag for flag, on in flags.items() if on]
-        sched += self._offload_argv()
-        for flag, value in (("--kv-events-endpoint", a.kv_events_endpoint), ("--kv-events-replay-endpoint", a.kv_events_replay_endpoint),
-                            ("--kv-events-topic", a.kv_events_topic)):  # fmt: skip
-            if value:
-                sched += [flag, value]
-        if a.data_parallel_rank:
-            sched += ["--data-parallel-rank", str(a.data_parallel_rank)]
-        return sched + a.scheduler_args
-
-    def _worker_argv(self, worker_port: int, worker_http: int) -> list[str]:
-        a = self.args
-        worker = [sys.executable, "-m", "worker", "--scheduler", f"tcp://127.0.0.1:{worker_port}", "--model", str(a.model_dir),
-                  "--block-size", str(a.block_size), "--max-model-len", str(a.max_model_len), "--dtype", a.dtype,
-                  "--http-port", str(worker_http), "--gpu-memory-utilization", str(a.gpu_memory_utilization),
-                  "--seed", str(a.seed)]  # fmt: skip
-        if a.device:
-            worker += ["--device", a.device]
-        if a.kv_cache_memory:
-            worker += ["--kv-cache-memory", a.kv_cache_memory]
-        worker += self._offload_argv()
-        if a.tensor_parallel_size > 1:
-            worker += ["--tensor-parallel-size", str(a.tensor_parallel_size)]
-        return worker + a.worker_args
-
-    def _frontend_argv(self, client_port: int) -> list[str]:
-        a = self.args
-        front = [sys.executable, "-m", "frontend", "--model", str(a.model_dir), "--served-model-name", a.served_model_name,
-                 "--host", a.host, "--port", str(a.port), "--scheduler", f"tcp://127.0.0.1:{client_port}",
-                 "--scheduler-http", self.scheduler_http, "--max-model-len", str(a.max_model_len),
-                 "--generation-config", a.generation_config, "--max-request-body-bytes", str(a.max_request_body_bytes)]  # fmt: skip
-        flags = {"--dev-mode": a.dev_mode, "--enable-log-requests": a.enable_log_requests,
-                 "--return-tokens-as-token-ids": a.return_tokens_as_token_ids}  # fmt: skip
-        return front + [flag for flag, on in flags.items() if on]
 
     def run(self) -> int:
         self.build()

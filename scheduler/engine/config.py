@@ -14,7 +14,12 @@ from protocol.curve import CurveKeyError, load_keypair
 from protocol.kv_events import INT_BLOCK_HASHES_ENV, int_block_hashes_from_env
 from scheduler.core.hashing import HASH_ALGOS
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
-from scheduler.engine.kv_event_publisher import check_local_endpoint
+from scheduler.engine.kv_event_endpoints import (
+    ENDPOINT_MODES,
+    check_connect_endpoint,
+    check_local_endpoint,
+    is_bind_endpoint,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,9 @@ class SchedulerConfig:
     kv_events_replay_endpoint: str | None = None
     kv_events_topic: str = ""
     kv_events_buffer_steps: int = 10_000
+    # "bind" always (kvpool's flag), or "vllm": bind a wildcard/ipc/inproc endpoint, else connect.
+    kv_events_endpoint_mode: str = "bind"
+    kv_events_hwm: int = 100_000
     # Hashes as 64-bit ints (vLLM 0.33's default) or the full bytes.
     kv_events_int_block_hashes: bool = True
     # This engine's rank among replicas, in every KV event batch (vLLM's data_parallel_rank).
@@ -150,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kv-events-replay-endpoint", metavar="ENDPOINT", help="ROUTER socket serving missed batches, e.g. tcp://127.0.0.1:5558")
     g.add_argument("--kv-events-topic", default=d.kv_events_topic, help="topic frame of every batch (default: empty)")
     g.add_argument("--kv-events-buffer-steps", type=int, default=d.kv_events_buffer_steps, help="batches kept for replay (default %(default)s)")
+    g.add_argument("--kv-events-endpoint-mode", choices=ENDPOINT_MODES, default=d.kv_events_endpoint_mode,
+                   help="bind: the PUB socket binds the endpoint; vllm: as vLLM's --kv-events-config, it binds a wildcard "
+                        "(*), ipc:// or inproc:// endpoint and connects to any other (default %(default)s)")  # fmt: skip
+    g.add_argument("--kv-events-hwm", type=int, default=d.kv_events_hwm, help="the PUB socket's send high-water mark (default %(default)s)")
     g.add_argument("--kv-events-int-block-hashes", action=argparse.BooleanOptionalAction, default=None,
                    help="block hashes as 64-bit ints, as vLLM 0.33 sends them (the default), or with --no-... the full "
                         f"hash bytes; default from {INT_BLOCK_HASHES_ENV} (1 = ints, 0 = bytes) as in vLLM")  # fmt: skip
@@ -186,8 +198,8 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
                 "(give --curve-secret-key and --curve-authorized-keys)")  # fmt: skip
     if a.kv_events_replay_endpoint is not None and a.kv_events_endpoint is None:
         p.error("--kv-events-replay-endpoint needs --kv-events-endpoint")
-    if a.kv_events_buffer_steps < 1:
-        p.error("--kv-events-buffer-steps must be positive")
+    if a.kv_events_buffer_steps < 1 or a.kv_events_hwm < 1:
+        p.error("--kv-events-buffer-steps and --kv-events-hwm must be positive")
     if a.data_parallel_rank < 0:
         p.error(f"--data-parallel-rank must be non-negative, got {a.data_parallel_rank}")
     if not 0.0 <= a.kv_offloading_size < float("inf"):
@@ -204,7 +216,10 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
     for flag, ep in (("--kv-events-endpoint", a.kv_events_endpoint), ("--kv-events-replay-endpoint", a.kv_events_replay_endpoint)):
         if ep is not None:
             try:
-                check_local_endpoint(ep, flag, allow_remote=a.curve_secret_key is not None)
+                if flag == "--kv-events-endpoint" and not is_bind_endpoint(ep, a.kv_events_endpoint_mode):
+                    check_connect_endpoint(ep, flag)
+                else:
+                    check_local_endpoint(ep, flag, allow_remote=a.curve_secret_key is not None)
             except ValueError as e:
                 p.error(str(e))
     try:

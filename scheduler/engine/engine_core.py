@@ -72,6 +72,7 @@ class EngineCore:
             self.ctx, config.kv_events_endpoint, config.kv_events_replay_endpoint,
             config.kv_events_topic, config.kv_events_buffer_steps, curve_secret_key=key,
             int_block_hashes=config.kv_events_int_block_hashes, data_parallel_rank=config.data_parallel_rank,
+            endpoint_mode=config.kv_events_endpoint_mode, hwm=config.kv_events_hwm,
         )  # fmt: skip
         self.metrics = SchedulerMetrics(
             config.model_name, kv_cache_metrics=config.kv_cache_metrics, kv_offloading=config.kv_offloading_size > 0

@@ -10,16 +10,22 @@ format (see protocol/kv_events.py), so a router built for vLLM reads it unchange
   sequence number with every buffered batch from there on, then vLLM's end
   marker. The buffer keeps the last ``buffer_steps`` batches.
 
-Every endpoint must be loopback tcp, ipc:// or inproc:// unless CURVE is on
-(``curve_secret_key``): then both sockets are CURVE servers and the ZAP
-authenticator already running on the caller's context (the scheduler's) decides
-which subscribers may connect. Unlike vLLM (which connects to a non-wildcard tcp endpoint),
-both sockets always bind; subscribers connect.
+Where the PUB socket goes (``endpoint_mode``):
+
+* ``"bind"`` (kvpool's --kv-events-endpoint): it always binds; subscribers connect.
+* ``"vllm"`` (vLLM's --kv-events-config, its ZmqEventPublisher's rule): it binds a
+  wildcard (``*``, ``::``), ipc:// or inproc:// endpoint and connects to any other, so
+  a subscriber that binds (a router's SUB) receives from every replica.
+
+The replay ROUTER always binds. Every endpoint bound must be loopback tcp, ipc:// or
+inproc:// unless CURVE is on (``curve_secret_key``): then both sockets are CURVE
+servers and the ZAP authenticator already running on the caller's context (the
+scheduler's) decides which subscribers may connect. Connecting exposes no port, so a
+connected endpoint may be any tcp host.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 import time
 from collections import deque
@@ -30,38 +36,14 @@ import zmq
 from protocol import kv_events as wire
 from protocol.curve import apply_server
 from scheduler.core import kv_events
+from scheduler.engine.kv_event_endpoints import (
+    ENDPOINT_MODES,
+    check_connect_endpoint,
+    check_local_endpoint,
+    is_bind_endpoint,
+)
 
 REPLAY_POLL_MS = 100
-
-
-def check_local_endpoint(endpoint: str, what: str = "endpoint", allow_remote: bool = False) -> None:
-    """Raise ValueError unless ``endpoint`` is loopback tcp (any tcp host with
-    ``allow_remote``), ipc:// or inproc://."""
-    scheme, sep, rest = endpoint.partition("://")
-    if sep and scheme in ("ipc", "inproc") and rest:
-        return
-    if sep and scheme == "tcp":
-        host, colon, port = rest.rpartition(":")
-        if not colon or not (port.isdigit() or port == "*"):
-            raise ValueError(f"{what} {endpoint!r}: expected tcp://HOST:PORT")
-        host = host.removeprefix("[").removesuffix("]")
-        if allow_remote or host == "localhost" or _is_loopback_ip(host):
-            return
-        raise ValueError(
-            f"{what} {endpoint!r} is not a loopback address: publishing KV events on it without "
-            "CURVE authentication is refused; use tcp://127.0.0.1:PORT, ipc:// or inproc://, "
-            "or turn CURVE on"
-        )
-    raise ValueError(f"{what} {endpoint!r}: expected tcp://127.0.0.1:PORT, ipc://PATH or inproc://NAME")
-
-
-def _is_loopback_ip(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def to_wire_event(event: kv_events.KVCacheEvent, int_block_hashes: bool = True) -> wire.KVCacheEvent:
     """Our event as vLLM's, filled in as vLLM's own BlockPool fills it for a request
     without LoRA on a single full-attention KV cache group. Hashes as 64-bit ints
@@ -99,12 +81,18 @@ def to_wire_event(event: kv_events.KVCacheEvent, int_block_hashes: bool = True) 
 
 
 def _check_arguments(
-    ctx: zmq.Context | None, endpoint: str, replay_endpoint: str | None, buffer_steps: int, data_parallel_rank: int, curve: bool
+    ctx: zmq.Context | None, endpoint: str, replay_endpoint: str | None, buffer_steps: int, data_parallel_rank: int, curve: bool,
+    endpoint_mode: str = "bind",
 ) -> None:
     """ValueError for a publisher that must not be built (see the module docstring)."""
     if curve and ctx is None:
         raise ValueError("CURVE needs the caller's context, where its ZAP authenticator runs")
-    check_local_endpoint(endpoint, "--kv-events-endpoint", allow_remote=curve)
+    if endpoint_mode not in ENDPOINT_MODES:
+        raise ValueError(f"endpoint_mode must be one of {', '.join(ENDPOINT_MODES)}, got {endpoint_mode!r}")
+    if is_bind_endpoint(endpoint, endpoint_mode):
+        check_local_endpoint(endpoint, "--kv-events-endpoint", allow_remote=curve)
+    else:
+        check_connect_endpoint(endpoint, "--kv-events-endpoint")
     if replay_endpoint is not None:
         check_local_endpoint(replay_endpoint, "--kv-events-replay-endpoint", allow_remote=curve)
     if buffer_steps < 1:
@@ -113,12 +101,16 @@ def _check_arguments(
         raise ValueError(f"data_parallel_rank must be non-negative, got {data_parallel_rank}")
 
 
-def _bind(sock: zmq.Socket, endpoint: str, curve_secret_key: str | None, hwm: int, linger: int) -> str:
-    """Bind ``sock`` (a CURVE server with a key); the endpoint it got (a wildcard port resolved)."""
-    if curve_secret_key is not None:
-        apply_server(sock, curve_secret_key)
+def _bind(sock: zmq.Socket, endpoint: str, curve_secret_key: str | None, hwm: int, linger: int, connect: bool = False) -> str:
+    """Bind ``sock`` (a CURVE server with a key), or connect it; the endpoint it got
+    (a wildcard port resolved when bound)."""
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.LINGER, linger)
+    if connect:
+        sock.connect(endpoint)
+        return endpoint
+    if curve_secret_key is not None:
+        apply_server(sock, curve_secret_key)
     sock.bind(endpoint)
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
@@ -136,9 +128,10 @@ class KVEventPublisher:
         int_block_hashes: bool = True,
         data_parallel_rank: int = 0,
         curve_secret_key: str | None = None,
+        endpoint_mode: str = "bind",
     ):
         curve = curve_secret_key is not None
-        _check_arguments(ctx, endpoint, replay_endpoint, buffer_steps, data_parallel_rank, curve)
+        _check_arguments(ctx, endpoint, replay_endpoint, buffer_steps, data_parallel_rank, curve, endpoint_mode)
         self.topic = topic.encode("utf-8")
         self.int_block_hashes = int_block_hashes
         self.data_parallel_rank = data_parallel_rank
@@ -159,7 +152,8 @@ class KVEventPublisher:
         self.replay_endpoint: str | None = None
         self._pub = self._ctx.socket(zmq.PUB)
         try:
-            self.endpoint = _bind(self._pub, endpoint, curve_secret_key, hwm, linger=500)
+            connect = not is_bind_endpoint(endpoint, endpoint_mode)
+            self.endpoint = _bind(self._pub, endpoint, curve_secret_key, hwm, linger=500, connect=connect)
             if replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
                 # vLLM's sizing: a whole replay plus its end marker always fits.
@@ -253,6 +247,8 @@ def make_kv_event_sink(
     curve_secret_key: str | None = None,
     int_block_hashes: bool = True,
     data_parallel_rank: int = 0,
+    endpoint_mode: str = "bind",
+    hwm: int = 100_000,
 ) -> tuple[kv_events.KVEventRecorder | None, KVEventPublisher | None]:
     """(the pool's event_sink, the publisher), or (None, None) without an endpoint.
 
@@ -267,6 +263,6 @@ def make_kv_event_sink(
         return None, None
     publisher = KVEventPublisher(
         ctx, endpoint, replay_endpoint, topic, buffer_steps, curve_secret_key=curve_secret_key, int_block_hashes=int_block_hashes,
-        data_parallel_rank=data_parallel_rank,
+        data_parallel_rank=data_parallel_rank, endpoint_mode=endpoint_mode, hwm=hwm,
     )
     return kv_events.KVEventRecorder(), publisher

@@ -10,15 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from frontend.cli import build_parser
+from frontend.cli import build_parser, parse_serve
 from frontend.launcher import Launcher, kv_bytes_per_block
 
 
 def built(argv: list[str], model_dir: Path) -> dict[str, list[str]]:
-    a = build_parser().parse_args(["serve", str(model_dir), *argv])
-    a.model_dir, a.served_model_name = model_dir, a.served_model_name or a.model
-    a.max_model_len = a.max_model_len or 4096
-    launcher = Launcher(a, log=lambda *x, **k: None)
+    launcher = Launcher(parse_serve(["serve", str(model_dir), *argv]), log=lambda *x, **k: None)
     launcher.build()
     return {name: c.argv for name, c in launcher.children.items()}
 

@@ -1,0 +1,80 @@
+"""What ``kvpool serve`` gives each child process: its argv, from the settled
+arguments (``frontend.cli.parse_serve``) and the internal ports chosen free.
+
+Flags the table marks ``passed`` (``frontend.serve_flags``) go to their child under
+the same name, as given; the rest are mapped here, flag by flag."""
+
+from __future__ import annotations
+
+import sys
+
+from frontend.serve_flags import KVPOOL_PASSED, all_rules
+from frontend.serve_flags.rules import PASSED, forwarded
+
+
+def passed_flags(a, child: str) -> list[str]:
+    """The ``passed`` flags given for ``child``, in the table's order."""
+    rules = [*all_rules(), *KVPOOL_PASSED]
+    return [arg for rule in rules if rule.verdict == PASSED and child in rule.to for arg in forwarded(rule, a)]
+
+
+def _log_level(a) -> list[str]:
+    return ["--log-level", a.log_level] if getattr(a, "log_level", None) else []
+
+
+def _offload(a) -> list[str]:
+    # NOTE: both sides: the worker allocates the host tier, the scheduler manages it.
+    return ["--kv-offloading-size", f"{a.kv_offloading_size:g}"] if getattr(a, "kv_offloading_size", 0) else []
+
+
+def scheduler_argv(a, client_port: int, worker_port: int, sched_http: int) -> list[str]:
+    sched = [sys.executable, "-m", "scheduler", "--host", "127.0.0.1", "--port", str(client_port), "--worker-port", str(worker_port),
+             "--http-port", str(sched_http), "--block-size", str(a.block_size), "--served-model-name", a.served_model_name,
+             "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
+             "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--worker-reconnect-timeout", str(a.worker_restart_timeout)]  # fmt: skip
+    if a.num_gpu_blocks_override is not None:
+        sched += ["--num-gpu-blocks-override", str(a.num_gpu_blocks_override)]
+    if getattr(a, "prefix_caching_hash_algo", None):
+        sched += ["--prefix-caching-hash-algo", a.prefix_caching_hash_algo]
+    flags = {"--no-enable-prefix-caching": not a.enable_prefix_caching,
+             "--no-scheduler-reserve-full-isl": not getattr(a, "scheduler_reserve_full_isl", True),
+             "--dev-mode": a.dev_mode, "--disable-log-stats": a.disable_log_stats, "--kv-cache-metrics": a.kv_cache_metrics}  # fmt: skip
+    sched += [flag for flag, on in flags.items() if on]
+    sched += _offload(a) + _log_level(a)
+    for flag, value in (("--kv-events-endpoint", a.kv_events_endpoint), ("--kv-events-replay-endpoint", a.kv_events_replay_endpoint),
+                        ("--kv-events-topic", a.kv_events_topic)):  # fmt: skip
+        if value:
+            sched += [flag, value]
+    sched += getattr(a, "kv_events_flags", [])
+    if a.data_parallel_rank:
+        sched += ["--data-parallel-rank", str(a.data_parallel_rank)]
+    return sched + passed_flags(a, "scheduler") + a.scheduler_args
+
+
+def worker_argv(a, worker_port: int, worker_http: int) -> list[str]:
+    worker = [sys.executable, "-m", "worker", "--scheduler", f"tcp://127.0.0.1:{worker_port}", "--model", str(a.model_dir),
+              "--block-size", str(a.block_size), "--max-model-len", str(a.max_model_len), "--dtype", a.dtype,
+              "--http-port", str(worker_http), "--gpu-memory-utilization", str(a.gpu_memory_utilization),
+              "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--seed", str(a.seed)]  # fmt: skip
+    if a.device:
+        worker += ["--device", a.device]
+    if a.kv_cache_memory:
+        worker += ["--kv-cache-memory", a.kv_cache_memory]
+    elif getattr(a, "kv_cache_memory_bytes", None):
+        worker += ["--kv-cache-memory", str(a.kv_cache_memory_bytes)]
+    worker += _offload(a) + _log_level(a)
+    if a.tensor_parallel_size > 1:
+        worker += ["--tensor-parallel-size", str(a.tensor_parallel_size)]
+    if getattr(a, "distributed_timeout_seconds", None) is not None:
+        worker += ["--distributed-timeout", f"{a.distributed_timeout_seconds:g}"]
+    return worker + passed_flags(a, "worker") + a.worker_args
+
+
+def frontend_argv(a, client_port: int, scheduler_http: str) -> list[str]:
+    front = [sys.executable, "-m", "frontend", "--model", str(a.model_dir), "--served-model-name", a.served_model_name,
+             "--host", a.host, "--port", str(a.port), "--scheduler", f"tcp://127.0.0.1:{client_port}",
+             "--scheduler-http", scheduler_http, "--max-model-len", str(a.max_model_len),
+             "--generation-config", a.generation_config, "--max-request-body-bytes", str(a.max_request_body_bytes)]  # fmt: skip
+    flags = {"--dev-mode": a.dev_mode, "--enable-log-requests": a.enable_log_requests,
+             "--return-tokens-as-token-ids": a.return_tokens_as_token_ids}  # fmt: skip
+    return front + [flag for flag, on in flags.items() if on] + _log_level(a) + passed_flags(a, "frontend")

@@ -1,0 +1,43 @@
+"""The table of ``vllm serve``'s flags (vLLM 0.32), grouped as ``vllm serve --help``
+groups them, with kvpool's answer to each (see ``rules``): handled, passed to a child,
+the same behaviour already, or refused with the reason.
+
+``GROUPS`` is the table, in vLLM's order; ``frontend.cli`` builds ``kvpool serve``'s
+parser from it and docs/vllm-serve-flags.md is written from it
+(``python -m frontend.serve_flags.doc``)."""
+
+from __future__ import annotations
+
+from frontend.serve_flags import (
+    cache,
+    engine,
+    features,
+    frontend_args,
+    model,
+    options,
+    parallel,
+    scheduling,
+)
+from frontend.serve_flags.rules import ONE, Group, Rule, passed
+
+GROUPS: list[Group] = [
+    *options.GROUPS, *frontend_args.GROUPS, *model.GROUPS, *parallel.GROUPS, *cache.GROUPS,
+    *features.GROUPS,
+    *scheduling.GROUPS, *engine.GROUPS,
+]  # fmt: skip
+
+
+# Scheduler flags kvpool serve passes on that vllm serve 0.32 no longer has (vLLM's
+# older partial-prefill limits): listed under kvpool's own flags, not in the table.
+KVPOOL_PASSED: list[Rule] = [
+    passed("--max-num-partial-prefills", ONE, "scheduler"),
+    passed("--max-long-partial-prefills", ONE, "scheduler"),
+]
+
+
+def all_rules() -> list[Rule]:
+    return [rule for group in GROUPS for rule in group.rules]
+
+
+def rule_for(flag: str) -> Rule:
+    return next(r for r in all_rules() if flag in r.option_strings)

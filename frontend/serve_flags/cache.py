@@ -1,0 +1,63 @@
+"""``vllm serve``'s CacheConfig and OffloadConfig groups: the KV cache, its prefix cache
+and the host-memory tier."""
+
+from __future__ import annotations
+
+import argparse
+
+from frontend.serve_flags import reasons as why
+from frontend.serve_flags.rules import BOOL, MANY, ONE, Group, handled, refused
+from frontend.serve_flags.values import human_readable_int
+
+# vLLM's --prefix-caching-hash-algo choices; the scheduler hashes with the first two.
+HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+
+_CACHE = [
+    handled("--block-size", ONE, "scheduler and worker", type=int, default=16, help="tokens per KV block (default %(default)s)"),
+    refused("--enable-mamba-shared-prefix-checkpoint", BOOL, why.MAMBA, accepts=(False,)),
+    handled("--enable-prefix-caching", BOOL, "scheduler", action=argparse.BooleanOptionalAction, default=True,
+            help="reuse the KV blocks of a cached prefix (default: on, as vLLM)"),  # fmt: skip
+    handled("--gpu-memory-utilization --device-memory-utilization", ONE, "worker, on CUDA (default 0.9, the worker's; vLLM 0.32's is 0.92)",
+            type=float, default=0.9,
+            help="on CUDA without a KV size: the share of device memory the worker may use (default %(default)s; vLLM's 0.92)"),  # fmt: skip
+    handled("--kv-cache-dtype", ONE, "worker: the KV cache has the model's dtype (auto)", default=None, accepts=(None, "auto"),
+            why_not=why.KV_DTYPE, help="auto only: the KV cache has the model's dtype (--dtype)"),  # fmt: skip
+    refused("--kv-cache-dtype-skip-layers", MANY, why.KV_DTYPE),
+    handled("--kv-cache-memory-bytes", ONE, "worker (its --kv-cache-memory)", type=human_readable_int, default=None, metavar="BYTES",
+            help="the KV cache's size in bytes (4G, 8000M...), instead of --gpu-memory-utilization's share"),  # fmt: skip
+    handled("--kv-offloading-backend", ONE, "scheduler and worker: native, kvpool's host tier", default=None,
+            accepts=(None, "native"), why_not="LMCache is not supported; kvpool's host tier is vLLM's native one",
+            help="native only: kvpool's host tier (with --kv-offloading-size)"),  # fmt: skip
+    handled("--kv-offloading-size", ONE, "scheduler and worker", type=float, default=0.0, metavar="GIB",
+            help="GiB of host memory for evicted KV blocks, loaded back on a prefix hit (default: off)"),  # fmt: skip
+    refused("--kv-sharing-fast-prefill", BOOL, why.NOT_YET, accepts=(False,)),
+    refused("--mamba-block-size", ONE, why.MAMBA),
+    refused("--mamba-cache-dtype", ONE, why.MAMBA, accepts=("auto",)),
+    refused("--mamba-cache-mode", ONE, why.MAMBA, accepts=("none",)),
+    refused("--mamba-ssm-cache-dtype", ONE, why.MAMBA, accepts=("auto",)),
+    handled("--num-gpu-blocks-override", ONE, "scheduler", type=int, default=None, metavar="N",
+            help="use N blocks instead of what the worker reports"),  # fmt: skip
+    refused("--prefix-cache-retention-interval", ONE, why.NOT_YET, accepts=("0",)),
+    handled("--prefix-caching-hash-algo", ONE, "scheduler", default=None, choices=HASH_ALGOS, accepts=(None, "sha256", "xxhash"),
+            why_not="the CBOR-serialised hashes are not supported yet (sha256 and xxhash are)",
+            help="the prefix cache's block hash (default: sha256, as vLLM)"),  # fmt: skip
+    refused("--prefix-match-unit", ONE, why.NOT_YET),
+    refused("--replayssm-buffer-len", ONE, why.MAMBA),
+    refused("--swa-bounded-replay", BOOL, why.MAMBA, accepts=(True,)),
+    refused("--use-replayssm", BOOL, why.MAMBA, accepts=(False,)),
+]
+
+_OFFLOAD = [
+    refused("--cpu-offload-gb", ONE, why.WEIGHT_OFFLOAD, accepts=("0",)),
+    refused("--cpu-offload-params", MANY, why.WEIGHT_OFFLOAD),
+    refused("--offload-backend", ONE, why.WEIGHT_OFFLOAD, accepts=("auto",)),
+    refused("--offload-group-size", ONE, why.WEIGHT_OFFLOAD, accepts=("0",)),
+    refused("--offload-num-in-group", ONE, why.WEIGHT_OFFLOAD, accepts=("1",)),
+    refused("--offload-params", MANY, why.WEIGHT_OFFLOAD),
+    refused("--offload-prefetch-step", ONE, why.WEIGHT_OFFLOAD, accepts=("1",)),
+]
+
+GROUPS = [
+    Group("CacheConfig", "Configuration for the KV cache.", _CACHE),
+    Group("OffloadConfig", "Configuration for model weight offloading to reduce GPU memory usage.", _OFFLOAD),
+]

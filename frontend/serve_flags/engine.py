@@ -1,0 +1,35 @@
+"""``vllm serve``'s VllmConfig group: the JSON configs of whole subsystems."""
+
+from __future__ import annotations
+
+from frontend.serve_flags import reasons as why
+from frontend.serve_flags.rules import ONE, Group, handled, refused
+
+_RULES = [
+    refused("--additional-config", ONE, "platform-specific configs are not supported", accepts=("{}",)),
+    refused("--attention-config -ac", ONE, why.KERNELS),
+    refused("--aux-output-config", ONE, why.NOT_YET),
+    refused("--compilation-config -cc", ONE, why.GRAPHS),
+    refused("--diffusion-config -dc", ONE, why.NOT_YET),
+    refused("--ec-manager-config", ONE, why.MULTIMODAL),
+    refused("--ec-transfer-config", ONE, why.MULTIMODAL),
+    refused("--engram-config", ONE, why.NOT_YET),
+    refused("--kernel-config", ONE, why.KERNELS),
+    handled("--kv-events-config", ONE, "scheduler: its KV events publisher, by vLLM's bind/connect rule", default=None, metavar="JSON",
+            help="vLLM's KVEventsConfig as JSON: enable_kv_cache_events, publisher, endpoint (a wildcard, ipc:// or "
+                 "inproc:// endpoint is bound, any other connected to), replay_endpoint, topic, buffer_steps, hwm"),  # fmt: skip
+    refused("--kv-transfer-config", ONE, why.KV_TRANSFER),
+    refused("--optimization-level", ONE, why.GRAPHS, accepts=("0",)),
+    refused("--performance-mode", ONE, why.NOT_YET, accepts=("balanced",)),
+    refused("--profiler-config", ONE, why.TRACING),
+    refused("--reasoning-config", ONE, why.REASONING),
+    refused("--spec-method", ONE, why.SPECULATIVE),
+    refused("--spec-model", ONE, why.SPECULATIVE),
+    refused("--spec-tokens", ONE, why.SPECULATIVE),
+    refused("--speculative-config -sc", ONE, why.SPECULATIVE),
+    refused("--structured-outputs-config", ONE, "structured outputs (guided decoding) are not supported yet"),
+    refused("--watermark-config", ONE, why.NOT_YET),
+    refused("--weight-transfer-config", ONE, why.NOT_YET),
+]
+
+GROUPS = [Group("VllmConfig", "Dataclass which contains all vllm-related configuration.", _RULES)]

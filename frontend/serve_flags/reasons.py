@@ -1,0 +1,39 @@
+"""Why ``kvpool serve`` refuses a ``vllm serve`` flag: the reasons several flags share,
+phrased for the operator who reads them in a failed start-up."""
+
+ONE_ENGINE = (
+    "a kvpool serve is one engine on one host; for more, run several kvpool serve replicas "
+    "behind vllm-router (deploy/run-router.sh)"
+)
+EXPERTS = "kvpool serves dense models, without expert parallelism or MoE kernels"
+CONTEXT_PARALLEL = "context parallelism is not supported (kvpool splits a model only by --tensor-parallel-size)"
+PIPELINE = "pipeline parallelism is not supported (kvpool splits a model only by --tensor-parallel-size)"
+KERNELS = "kvpool's worker runs its own PyTorch model code, without vLLM's kernel backends"
+GRAPHS = "kvpool never compiles the model or captures CUDA graphs: its worker always runs eagerly"
+LORA = "LoRA adapters are not supported: kvpool serves the base model only"
+MULTIMODAL = "kvpool serves text-only models: multimodal inputs are not supported"
+MAMBA = "kvpool's KV cache serves full-attention models only (no Mamba/SSM state)"
+SPECULATIVE = "speculative decoding is not supported"
+TOOLS = "tool calling is not supported yet"
+REASONING = "reasoning parsers are not supported yet"
+QUANTIZATION = "quantized checkpoints are not supported: kvpool loads unquantized safetensors weights"
+LOCAL = "kvpool serves a local checkpoint folder and downloads nothing from the Hugging Face Hub"
+POOLING = "kvpool serves text generation only (no pooling, embedding or scoring runner)"
+SLEEP = "sleep mode is not supported"
+NOT_YET = "not supported yet"
+GRPC = "kvpool serves HTTP only, no gRPC server"
+TRACING = "OpenTelemetry tracing and profiling are not supported"
+LOADER = "kvpool's worker loads safetensors weights its own way; vLLM's loader options do not apply"
+WEIGHT_OFFLOAD = (
+    "offloading model weights to host memory is not supported (kvpool's --kv-offloading-size offloads KV blocks)"
+)
+KV_DTYPE = (
+    "kvpool keeps the KV cache in the model's dtype (auto; choose it with --dtype): "
+    "an fp8 or otherwise quantized KV cache is not supported yet"
+)
+KV_TRANSFER = (
+    "KV connectors (disaggregated prefill, LMCache, NIXL) are not supported; "
+    "kvpool's own host-memory tier is --kv-offloading-size"
+)
+ASYNC = "kvpool's scheduler plans a step once the previous step's tokens are back (no async scheduling)"
+UVICORN = "kvpool's HTTP server is aiohttp, not uvicorn/h11 (its request size limit is --max-request-body-bytes)"

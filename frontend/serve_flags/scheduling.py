@@ -1,0 +1,51 @@
+"""``vllm serve``'s SchedulerConfig, CompilationConfig and KernelConfig groups: what
+runs in each step, and how vLLM's GPU code would be compiled (which kvpool never does)."""
+
+from __future__ import annotations
+
+import argparse
+
+from frontend.serve_flags import reasons as why
+from frontend.serve_flags.rules import BOOL, MANY, ONE, Group, handled, passed, refused, same
+from frontend.serve_flags.values import human_readable_int
+
+_QUEUE_LIMIT = "not supported yet (kvpool's own limit counts waiting requests only: --scheduler-args '--max-num-waiting N')"
+
+_SCHEDULER = [
+    refused("--async-scheduling", BOOL, why.ASYNC, accepts=(False,)),
+    passed("--disable-chunked-mm-input", BOOL, "scheduler"),
+    same("--disable-hybrid-kv-cache-manager", BOOL,
+         "kvpool serves full-attention models, one KV cache group, where vLLM's hybrid manager does nothing"),  # fmt: skip
+    passed("--enable-chunked-prefill", BOOL, "scheduler", default_on=True),
+    passed("--long-prefill-token-threshold", ONE, "scheduler"),
+    refused("--long-prefill-token-threshold-adaptive", BOOL, why.NOT_YET, accepts=(False,)),
+    refused("--max-num-active-seqs", ONE, why.NOT_YET),
+    handled("--max-num-batched-tokens", ONE, "scheduler and worker", type=human_readable_int, default=2048,
+            help="token budget of one step: 2048, 2k, 2K (default %(default)s)"),  # fmt: skip
+    refused("--max-num-queued-reqs", ONE, _QUEUE_LIMIT),
+    refused("--max-num-queued-tokens", ONE, _QUEUE_LIMIT),
+    refused("--max-num-scheduled-tokens", ONE, why.NOT_YET),
+    handled("--max-num-seqs", ONE, "scheduler", type=int, default=256, help="most requests running at once (default %(default)s)"),
+    refused("--prefill-schedule-interval", ONE, why.NOT_YET, accepts=("1",)),
+    refused("--scheduler-cls", ONE, "kvpool's scheduler is its own process, not a vLLM scheduler class"),
+    handled("--scheduler-reserve-full-isl", BOOL, "scheduler", action=argparse.BooleanOptionalAction, default=True,
+            help="admit a request only if its whole prompt fits the free blocks, not only its first chunk (default: on, as vLLM)"),  # fmt: skip
+    passed("--scheduling-policy", ONE, "scheduler"),
+    refused("--stream-interval", ONE, "kvpool streams each token as it is sampled (vLLM's 1)", accepts=("1",)),
+    refused("--watermark", ONE, why.NOT_YET, accepts=("0", "0.0")),
+]
+
+GROUPS = [
+    Group("SchedulerConfig", "Scheduler configuration.", _SCHEDULER),
+    Group("CompilationConfig", "Configuration for compilation.", [
+        refused("--cudagraph-capture-sizes", MANY, why.GRAPHS),
+        refused("--max-cudagraph-capture-size", ONE, why.GRAPHS),
+    ]),  # fmt: skip
+    Group("KernelConfig", "Configuration for kernel selection and warmup behavior.", [
+        refused("--enable-flashinfer-autotune", BOOL, why.KERNELS),
+        refused("--ir-op-priority", ONE, why.KERNELS),
+        refused("--linear-backend", ONE, why.KERNELS, accepts=("auto",)),
+        refused("--moe-backend", ONE, why.EXPERTS, accepts=("auto",)),
+        refused("--sparse-indexer-topk-backend", ONE, why.KERNELS),
+    ]),  # fmt: skip
+]

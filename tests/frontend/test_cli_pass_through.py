@@ -1,0 +1,125 @@
+"""vLLM's flags that kvpool serve hands on: each lands in the right child's argv, under
+the child's flag, with the value as vLLM reads it (1k, half...), and nowhere else."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from frontend.child_argv import passed_flags
+from frontend.cli import parse_serve
+from frontend.launcher import Child, Launcher
+
+FRONTEND_FLAGS = [
+    "--uvicorn-log-level", "debug", "--max-logprobs", "5", "--chat-template", "/t/chat.jinja", "--enable-prompt-tokens-details",
+    "--api-key", "k1", "k2", "--allowed-origins", '["https://a.example"]', "--allowed-methods", '["GET"]',
+    "--allowed-headers", '["X-A"]', "--allow-credentials", "--ssl-keyfile", "/k.pem", "--ssl-certfile", "/c.pem",
+    "--ssl-ca-certs", "/ca.pem", "--ssl-cert-reqs", "2", "--disable-uvicorn-access-log", "--disable-fastapi-docs",
+    "--root-path", "/llm", "--response-role", "bot", "--enable-server-load-tracking",
+]  # fmt: skip
+SCHEDULER_FLAGS = [
+    "--scheduling-policy", "priority", "--long-prefill-token-threshold", "64", "--no-enable-chunked-prefill",
+    "--disable-chunked-mm-input", "--kv-cache-metrics-sample", "0.5",
+    # kvpool's own (vllm serve 0.32 no longer has them), passed the same way
+    "--max-num-partial-prefills", "2", "--max-long-partial-prefills", "1",
+]  # fmt: skip
+
+
+def built(argv: list[str], model: str = "m") -> dict[str, list[str]]:
+    la = Launcher(parse_serve(["serve", model, *argv]), log=lambda *a, **k: None)
+    la.build()
+    return {name: c.argv for name, c in la.children.items()}
+
+
+def flag_groups(argv: list[str]) -> set[tuple[str, ...]]:
+    """Each flag with the values after it: {("--api-key", "k1", "k2"), ("--allow-credentials",), ...}."""
+    groups: list[list[str]] = []
+    for arg in argv:
+        if arg.startswith("--"):
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    return {tuple(g) for g in groups}
+
+
+def value(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_the_frontends_flags_reach_the_frontend_as_given_and_only_it():
+    c = built(FRONTEND_FLAGS)
+    assert flag_groups(c["frontend"][-len(FRONTEND_FLAGS) :]) == flag_groups(FRONTEND_FLAGS)
+    for flag in ("--api-key", "--chat-template", "--root-path", "--uvicorn-log-level"):
+        assert flag not in c["scheduler"] and flag not in c["worker"]
+
+
+def test_the_schedulers_flags_reach_the_scheduler_as_given_and_only_it():
+    c = built(SCHEDULER_FLAGS)
+    assert flag_groups(c["scheduler"][-len(SCHEDULER_FLAGS) :]) == flag_groups(SCHEDULER_FLAGS)
+    assert "--scheduling-policy" not in c["frontend"] and "--scheduling-policy" not in c["worker"]
+
+
+def test_a_flag_given_off_where_off_is_the_childs_default_is_not_passed():
+    # --no-allow-credentials is the frontend's default; --no-enable-chunked-prefill is not the scheduler's
+    assert passed_flags(parse_serve(["serve", "m", "--no-allow-credentials"]), "frontend") == []
+    assert passed_flags(parse_serve(["serve", "m", "--enable-chunked-prefill"]), "scheduler") == ["--enable-chunked-prefill"]
+
+
+def test_nothing_is_passed_that_was_not_given():
+    c = built([])
+    for flag in ("--api-key", "--uvicorn-log-level", "--ssl-keyfile", "--log-level"):
+        assert flag not in c["frontend"]
+    for flag in ("--scheduling-policy", "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--prefix-caching-hash-algo"):
+        assert flag not in c["scheduler"]
+
+
+def test_mapped_flags_reach_their_childs_own_flag():
+    c = built(["--dtype", "half", "--kv-cache-memory-bytes", "2K", "--distributed-timeout-seconds", "45",
+               "--prefix-caching-hash-algo", "xxhash", "--log-level", "WARNING", "--max-model-len", "1k",
+               "--max-num-batched-tokens", "1K", "--device-memory-utilization", "0.7", "-dpn", "3"])  # fmt: skip
+    s, w, f = c["scheduler"], c["worker"], c["frontend"]
+    assert value(w, "--dtype") == "float16" and value(w, "--kv-cache-memory") == "2048"
+    assert value(w, "--distributed-timeout") == "45" and value(w, "--gpu-memory-utilization") == "0.7"
+    assert value(s, "--prefix-caching-hash-algo") == "xxhash" and value(s, "--data-parallel-rank") == "3"
+    assert value(s, "--log-level") == value(w, "--log-level") == value(f, "--log-level") == "WARNING"
+    assert value(s, "--max-model-len") == value(w, "--max-model-len") == value(f, "--max-model-len") == "1000"
+    assert value(s, "--max-num-batched-tokens") == value(w, "--max-num-batched-tokens") == "1024"
+
+
+def test_float_is_float32_and_max_model_len_auto_or_minus_1_is_the_models(tmp_path):
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 1000}')
+    for auto in ("auto", "-1"):
+        c = built(["--dtype", "float", f"--max-model-len={auto}"], str(tmp_path))
+        assert value(c["worker"], "--dtype") == "float32" and value(c["scheduler"], "--max-model-len") == "1000"
+
+
+def test_the_served_model_name_reaches_the_scheduler_and_the_frontend():
+    c = built(["--served-model-name", "my-model"])
+    assert value(c["scheduler"], "--served-model-name") == value(c["frontend"], "--served-model-name") == "my-model"
+
+
+def test_vllm_api_key_in_the_environment_reaches_a_child(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "secret-from-env")
+    child = Child("probe", [sys.executable, "-c", "import os; print(os.environ.get('VLLM_API_KEY'))"], tmp_path / "probe.log")
+    child.start()
+    try:
+        child.proc.wait(timeout=30)
+    finally:
+        if child.alive():
+            child.proc.kill()
+        child._log.close()
+    assert (tmp_path / "probe.log").read_text().strip() == "secret-from-env"
+
+
+def test_disable_sliding_window_caps_the_length_at_the_window_as_vllm(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192, "sliding_window": 512}))
+    assert value(built([], str(tmp_path))["scheduler"], "--max-model-len") == "4096"  # the window is the worker's to refuse
+    assert value(built(["--disable-sliding-window"], str(tmp_path))["worker"], "--max-model-len") == "512"
+    assert value(built(["--disable-sliding-window", "--max-model-len", "256"], str(tmp_path))["worker"], "--max-model-len") == "256"
+    with pytest.raises(SystemExit) as e:
+        built(["--disable-sliding-window", "--max-model-len", "1000"], str(tmp_path))
+    assert e.value.code == 2 and "--max-model-len 1000 is longer than the model's sliding window 512" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192, "sliding_window": 512, "use_sliding_window": False}))
+    assert value(built(["--disable-sliding-window"], str(tmp_path))["worker"], "--max-model-len") == "4096"  # Qwen2's window, off
