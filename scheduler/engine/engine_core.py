@@ -74,13 +74,16 @@ class EngineCore:
             int_block_hashes=config.kv_events_int_block_hashes, data_parallel_rank=config.data_parallel_rank,
         )  # fmt: skip
         self.metrics = SchedulerMetrics(
-            config.model_name, kv_cache_metrics=config.kv_cache_metrics, kv_offloading=config.kv_offloading_size > 0
-        )
+            config.model_name, kv_cache_metrics=config.kv_cache_metrics, kv_offloading=config.kv_offloading_size > 0,
+            max_model_len=config.max_model_len,
+        )  # fmt: skip
         self.state = EngineState()
         self.worker_side = WorkerSide(self.state, config, workers, self.metrics, self.kv_event_sink, self._publish_kv_events)
         self.worker = self.worker_side.link
         hasher = BlockHasher(config.block_size, config.prefix_caching_hash_algo)
-        self.client_side = ClientSide(self.state, clients, hasher, config.max_frame_bytes, config.max_num_waiting)
+        self.client_side = ClientSide(
+            self.state, clients, hasher, config.max_frame_bytes, config.max_num_waiting, self.metrics.record_admission_rejection
+        )
         self.http_side = HttpSide(
             self.state, self.worker, self.metrics, self._publish_kv_events, config.host, config.http_port, config.dev_mode
         )
