@@ -159,15 +159,21 @@ class SchedulerMetrics:
         )
 
     def _add_perf(self) -> None:
-        # NOTE: vLLM's PerfMetricsProm families, always exported; vLLM adds to them only
-        # under --enable-mfu-metrics, which kvpool does not have: they stay 0, as vLLM's without it.
+        # NOTE: vLLM's PerfMetricsProm families, always exported; they count only under
+        # --enable-mfu-metrics (`observe_perf`), and stay 0 without it, as vLLM's.
         counter = self._counter
-        counter("vllm:estimated_flops_per_gpu_total", "Estimated number of floating point operations per GPU "
-                "(for Model Flops Utilization calculations).")  # fmt: skip
-        counter("vllm:estimated_read_bytes_per_gpu_total", "Estimated number of bytes read from memory per GPU "
-                "(for Model Flops Utilization calculations).")  # fmt: skip
-        counter("vllm:estimated_write_bytes_per_gpu_total", "Estimated number of bytes written to memory per GPU "
-                "(for Model Flops Utilization calculations).")  # fmt: skip
+        self.estimated_flops = counter("vllm:estimated_flops_per_gpu_total", "Estimated number of floating point operations "
+                                       "per GPU (for Model Flops Utilization calculations).")  # fmt: skip
+        self.estimated_read_bytes = counter("vllm:estimated_read_bytes_per_gpu_total", "Estimated number of bytes read from "
+                                            "memory per GPU (for Model Flops Utilization calculations).")  # fmt: skip
+        self.estimated_write_bytes = counter("vllm:estimated_write_bytes_per_gpu_total", "Estimated number of bytes written to "
+                                             "memory per GPU (for Model Flops Utilization calculations).")  # fmt: skip
+
+    def observe_perf(self, flops: int, read_bytes: int, write_bytes: int) -> None:
+        """One executed step's estimates (scheduler/engine/perf_metrics.py)."""
+        self.estimated_flops.inc(flops)
+        self.estimated_read_bytes.inc(read_bytes)
+        self.estimated_write_bytes.inc(write_bytes)
 
     def _add_residency(self) -> None:
         histogram = self._histogram
