@@ -118,6 +118,11 @@ class SchedulerMetrics:
             "waiting for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, "
             "blocked status). Sum of all reasons equals vllm:num_requests_waiting.", "reason", WAITING_REASONS,
         )  # fmt: skip
+        # NOTE: kvpool has no sleep mode: always awake, as vLLM's before any /sleep.
+        sleep = self._by_label(Gauge, "vllm:engine_sleep_state", "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 "
+                               "means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep "
+                               "level 2.", "sleep_state", ("awake", "weights_offloaded", "discard_all"))  # fmt: skip
+        sleep["awake"].set(1)
         self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         self.worker_loss_recomputes = counter(
             "kvpool_worker_loss_recomputes", "Running requests sent back to waiting, to be recomputed, because the worker was lost "

@@ -58,6 +58,9 @@ FAMILIES = {
         "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' = "
         "deferred by transient constraints (LoRA budget, KV transfer, blocked status). Sum of all reasons equals "
         "vllm:num_requests_waiting."),
+    "vllm:engine_sleep_state": ("gauge", (*ENGINE, "sleep_state"), None,
+        "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 "
+        "means sleep level 1; discard_all = 1 means sleep level 2."),
     "vllm:admission_rejections": ("counter", ("model_name", "reason"), None,
                                   "Number of admission attempts rejected by a queue limit, by reason."),
     "vllm:estimated_flops_per_gpu": ("counter", ENGINE, None,
@@ -73,6 +76,7 @@ LABEL_VALUES = {
     "vllm:prompt_tokens_cached_by_source": ("source", {"device", "host", "p2p", "disk", "external_unspecified"}),
     "vllm:num_requests_waiting_by_reason": ("reason", {"capacity", "deferred"}),
     "vllm:admission_rejections": ("reason", {"max_num_queued_reqs", "max_num_queued_tokens"}),
+    "vllm:engine_sleep_state": ("sleep_state", {"awake", "weights_offloaded", "discard_all"}),
 }
 # vLLM 0.32's CacheConfig.metrics_info() keys (CacheConfig().metrics_info()), and "engine".
 CACHE_CONFIG_LABELS = [
@@ -108,6 +112,12 @@ def test_family_is_vllms(name):
     if name in LABEL_VALUES:
         label, values = LABEL_VALUES[name]
         assert {s.labels[label] for s in samples} == values
+
+
+def test_always_awake():
+    get = SchedulerMetrics("m").registry.get_sample_value
+    states = {s: get("vllm:engine_sleep_state", {**LABELS, "sleep_state": s}) for s in ("awake", "weights_offloaded", "discard_all")}
+    assert states == {"awake": 1.0, "weights_offloaded": 0.0, "discard_all": 0.0}
 
 
 def test_cache_config_info_has_vllms_labels_once_the_pool_exists():
