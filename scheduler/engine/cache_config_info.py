@@ -5,8 +5,9 @@ the config, as strings, in the config's order, then ``engine``. kvpool gives the
 same label names: its own value where kvpool has the setting, vLLM's default
 where the setting is of a feature kvpool does not have (mamba state, KV sharing,
 ...), and "None" where only the worker knows it (gpu_memory_utilization,
-cache_dtype) or the scheduler cannot tell (user_specified_block_size: its
---block-size has a default).
+kv_cache_memory_bytes) or the scheduler cannot tell (user_specified_block_size: its
+--block-size has a default). cache_dtype stays vLLM's "auto": kvpool's KV cache
+always has the model's dtype.
 """
 
 from __future__ import annotations
@@ -32,11 +33,16 @@ VLLM_CACHE_CONFIG_DEFAULTS: dict[str, str] = {
 def cache_config_info(config: SchedulerConfig, num_gpu_blocks: int) -> dict[str, str]:
     """The labels of vllm:cache_config_info but ``engine``, once the pool has ``num_gpu_blocks``."""
     info = dict(VLLM_CACHE_CONFIG_DEFAULTS)
+    # As vLLM's get_kv_cache_capacity for one full-attention group: requests of
+    # max_model_len the pool holds at once, and the tokens they make.
+    max_concurrency = num_gpu_blocks / -(-config.max_model_len // config.block_size)
     info.update(
+        effective_attention_block_size=str(config.block_size),
+        kv_cache_max_concurrency=str(max_concurrency),
+        kv_cache_size_tokens=str(int(max_concurrency * config.max_model_len)),
         block_size=str(config.block_size),
         user_specified_block_size="None",
         gpu_memory_utilization="None",
-        cache_dtype="None",
         num_gpu_blocks_override=str(config.num_gpu_blocks_override),
         enable_prefix_caching=str(config.enable_prefix_caching),
         prefix_caching_hash_algo=config.prefix_caching_hash_algo,

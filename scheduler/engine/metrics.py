@@ -95,6 +95,9 @@ class SchedulerMetrics:
         self.prompt_tokens_by_source = self._by_label(Counter, "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
                                                       "source", PROMPT_TOKEN_SOURCES)  # fmt: skip
         self.prompt_tokens_cached = counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
+        # NOTE: no multi-modal inputs here: 0, as vLLM's for a text-only model.
+        counter("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items.")
+        counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.")
         # Counted at admission, as vllm:prefix_cache_hits and vllm:external_prefix_cache_hits.
         self.prompt_tokens_cached_by_source = self._by_label(
             Counter, "vllm:prompt_tokens_cached_by_source", "Prefix-cache hit tokens by the cache tier that supplied them: "

@@ -52,6 +52,8 @@ FAMILIES = {
         "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded to DRAM), disk, "
         "p2p (transferred from another vLLM instance) or external_unspecified. Counted at admission; sums to "
         "vllm:prefix_cache_hits + vllm:external_prefix_cache_hits."),
+    "vllm:mm_cache_queries": ("counter", ENGINE, None, "Multi-modal cache queries, in terms of number of queried items."),
+    "vllm:mm_cache_hits": ("counter", ENGINE, None, "Multi-modal cache hits, in terms of number of cached items."),
     "vllm:num_requests_running": ("gauge", ENGINE, None, "Number of requests in model execution batches."),
     "vllm:num_requests_waiting": ("gauge", ENGINE, None, "Number of requests waiting to be processed."),
     "vllm:num_requests_waiting_by_reason": ("gauge", (*ENGINE, "reason"), None,
@@ -126,7 +128,7 @@ def test_cache_config_info_has_vllms_labels_once_the_pool_exists():
 
     m = SchedulerMetrics("m")
     assert "vllm:cache_config_info" not in page(m)
-    config = SchedulerConfig(block_size=32, enable_prefix_caching=False)
+    config = SchedulerConfig(block_size=32, enable_prefix_caching=False, max_model_len=1000)
     m.set_cache_config_info(cache_config_info(config, 1000))
     m.set_cache_config_info(cache_config_info(config, 1000))  # once only
     family = page(m)["vllm:cache_config_info"]
@@ -136,6 +138,9 @@ def test_cache_config_info_has_vllms_labels_once_the_pool_exists():
     assert sample.labels["block_size"] == "32" and sample.labels["enable_prefix_caching"] == "False"
     assert sample.labels["num_gpu_blocks"] == "1000" and sample.labels["engine"] == "0"
     assert sample.labels["prefix_caching_hash_algo"] == "sha256" and sample.labels["kv_offloading_size"] == "None"
+    # 1000 tokens take 32 blocks: 1000 / 32 = 31.25 such requests at once, 31250 tokens.
+    assert sample.labels["kv_cache_max_concurrency"] == "31.25" and sample.labels["kv_cache_size_tokens"] == "31250"
+    assert sample.labels["effective_attention_block_size"] == "32"
     # The page sorts labels (prometheus_client, as vLLM's page).
     assert 'vllm:cache_config_info{_block_size_resolved="True",block_size="32",' in m.render().decode()
 
