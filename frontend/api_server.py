@@ -59,7 +59,7 @@ class APIServer:
             self.tokenizer.chat_template = load_chat_template(config.chat_template)
         keys = (config.curve_client_key, config.curve_server_key) if config.curve_client_key else None
         self.engine = EngineClient(config.scheduler, keys)
-        self.metrics = FrontendMetrics(config.served_model_name, in_flight=lambda: self.engine.num_in_flight)
+        self.metrics = FrontendMetrics(config.served_model_name, in_flight=lambda: self.engine.num_in_flight, max_model_len=config.max_model_len)
         self.ctx = ServingContext(
             config.served_model_name, config.model, config.max_model_len, self.tokenizer, self.engine, self.metrics,
             default_sampling(config.generation_config, config.model), config.return_tokens_as_token_ids,

@@ -15,7 +15,7 @@ from aiohttp import web
 from frontend.engine_client import EngineClient, EngineError
 from frontend.errors import APIError, bad_request, model_not_found
 from frontend.generation import Choice, ChoiceDelta, merge, run_choice
-from frontend.metrics import FrontendMetrics
+from frontend.metrics import ChoiceGroups, FrontendMetrics
 from frontend.sampling import DEFAULT_MAX_N_SEQUENCES, EngineParams
 from frontend.streaming import WriteBatch
 from frontend.tokenizer import Tokenizer
@@ -109,8 +109,9 @@ async def collect(ctx: ServingContext, request_id: str, prompts: list[list[int]]
             choices[d.index].add(d)
     except EngineError as e:
         raise engine_error(e) from None
+    groups = ChoiceGroups(ctx.metrics, params.n, len(prompts), params.generate["max_tokens"])
     for c, prompt in zip(choices, (p for p in prompts for _ in range(params.n)), strict=True):
-        ctx.metrics.request_finished(c.finish_reason, len(prompt), len(c.token_ids))
+        groups.finished(c.index, c.finish_reason, len(prompt), len(c.token_ids))
     return choices
 
 

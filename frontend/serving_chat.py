@@ -11,6 +11,7 @@ from frontend.chat_template import ChatTemplateError, render_chat
 from frontend.engine_client import EngineError
 from frontend.errors import APIError, bad_request
 from frontend.logprobs import chat_logprobs
+from frontend.metrics import ChoiceGroups
 from frontend.protocol import ChatCompletionRequest
 from frontend.sampling import EngineParams, check_prompt_length, engine_params
 from frontend.serving import (
@@ -91,7 +92,6 @@ def chat_role(ctx: ServingContext, req: ChatCompletionRequest) -> str:
 
 async def create_chat_completion(ctx: ServingContext, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
     ids, max_tokens, num_logprobs, params = chat_engine_input(ctx, req)
-    ctx.metrics.request_started(params.n, max_tokens)
     request_id = req.request_id or random_id("chatcmpl")
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
     if req.stream:
@@ -117,6 +117,7 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
     resp = await start_sse(request)
     generated = [0] * params.n
     cached = [0] * params.n
+    groups = ChoiceGroups(ctx.metrics, params.n, 1, params.generate["max_tokens"])
 
     def chunk(choices: list[dict], use: dict | None = None) -> dict:
         c = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": ctx.model_name, "choices": choices}
@@ -139,7 +140,7 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
         elif not d.text and d.finish_reason is None:
             return None  # NOTE: as vLLM, a token with no text yet is still sent when it has logprobs
         if d.finish_reason is not None:
-            ctx.metrics.request_finished(d.finish_reason, len(ids), generated[i])
+            groups.finished(i, d.finish_reason, len(ids), generated[i])
         elif lp is None and not continuous:
             return text_chunk(i, d.text)  # the common chunk: only new text
         delta = {"content": d.text} if d.text or d.finish_reason is None else {}

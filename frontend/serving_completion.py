@@ -9,6 +9,7 @@ from aiohttp import web
 from frontend.engine_client import EngineError
 from frontend.errors import APIError, bad_request
 from frontend.logprobs import completion_logprobs
+from frontend.metrics import ChoiceGroups
 from frontend.protocol import CompletionRequest
 from frontend.sampling import EngineParams, check_prompt_length, engine_params
 from frontend.serving import (
@@ -74,7 +75,6 @@ def completion_engine_input(ctx: ServingContext, req: CompletionRequest) -> tupl
 
 async def create_completion(ctx: ServingContext, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
     prompts, texts, max_tokens, params = completion_engine_input(ctx, req)
-    ctx.metrics.request_started(params.n, max_tokens)
     request_id = req.request_id or random_id("cmpl")
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
     echo = [(t if t is not None else ctx.tokenizer.decode(ids)) if req.echo else "" for ids, t in zip(prompts, texts, strict=True)]
@@ -108,6 +108,7 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
     resp = await start_sse(request)
     generated = [0] * (len(prompts) * n)
     cached = [0] * len(generated)
+    groups = ChoiceGroups(ctx.metrics, n, len(prompts), params.generate["max_tokens"])
     offsets = [len(echo[i // n]) for i in range(len(generated))]
     first = [bool(req.echo)] * len(generated)
 
@@ -136,7 +137,7 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
         elif not text and d.finish_reason is None:
             return None  # NOTE: as vLLM, a token with no text yet is still sent when it has logprobs
         if d.finish_reason is not None:
-            ctx.metrics.request_finished(d.finish_reason, len(prompts[i // n]), generated[i])
+            groups.finished(i, d.finish_reason, len(prompts[i // n]), generated[i])
         elif lp is None and not continuous:
             return text_chunk(i, text)  # the common chunk: only new text
         use = usage(num_prompt, sum(generated)) if continuous else None

@@ -8,6 +8,7 @@ stopped reading, has its requests aborted and their blocks freed.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from protocol.client_messages import Abort, ClientRequest, EngineCoreOutputs, Generate, RequestError
 from protocol.codec import Codec, ProtocolError
@@ -25,8 +26,12 @@ log = logging.getLogger("scheduler")
 class ClientSide:
     def __init__(
         self, state: EngineState, port: RouterPort, hasher: BlockHasher, max_frame_bytes: int, max_num_waiting: int,
+        on_admission_rejection: Callable[[str], None] = lambda reason: None,
     ):  # fmt: skip
+        """``on_admission_rejection(reason)``: a request refused by a queue limit
+        (vllm:admission_rejections' reason)."""
         self.state = state
+        self.on_admission_rejection = on_admission_rejection
         self.port = port
         self.hasher = hasher
         self.codec: Codec = Codec(ClientRequest, max_frame_bytes)
@@ -67,6 +72,8 @@ class ClientSide:
         except RequestRejected as e:
             return await self.send_error(ident, msg.request_id, str(e))
         if scheduler.num_waiting >= self.max_num_waiting:
+            # NOTE: vLLM's max_num_queued_reqs refuses on waiting + running; --max-num-waiting on waiting alone.
+            self.on_admission_rejection("max_num_queued_reqs")
             return await self.send_error(
                 ident, msg.request_id,
                 f"the waiting queue is full ({scheduler.num_waiting} requests, --max-num-waiting): try again later",

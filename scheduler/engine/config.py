@@ -20,6 +20,7 @@ from scheduler.engine.kv_event_endpoints import (
     check_local_endpoint,
     is_bind_endpoint,
 )
+from scheduler.engine.perf_metrics import DTYPE_BYTES, ModelShape
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,11 @@ class SchedulerConfig:
     # When blocks are copied to the host tier: "eviction" (when their hash leaves
     # the device) or "full" (write-through, once computed).
     kv_offloading_store: str = "eviction"
+    # vLLM's --enable-mfu-metrics (vllm:estimated_*_per_gpu): estimated from the
+    # checkpoint's config.json (--model) in the worker's --dtype (scheduler/engine/perf_metrics.py).
+    enable_mfu_metrics: bool = False
+    model: str | None = None
+    dtype: str = "auto"
 
     @property
     def curve(self) -> bool:
@@ -146,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KV residency histograms (vllm:kv_block_lifetime_seconds, _idle_before_evict_, _reuse_gap_)")  # fmt: skip
     p.add_argument("--kv-cache-metrics-sample", type=float, default=d.kv_cache_metrics_sample, metavar="FRACTION",
                    help="fraction of block allocations watched, in (0, 1] (default %(default)s: every block; vLLM's is 0.01)")  # fmt: skip
+    _add_mfu_flags(p, d)
     g = p.add_argument_group("offload tier (vLLM's native CPU offloading)")
     g.add_argument("--kv-offloading-size", type=float, default=d.kv_offloading_size, metavar="GIB",
                    help="keep evicted KV blocks in host memory and load them back on a hit; the worker allocates the "
@@ -168,6 +175,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--data-parallel-rank", type=int, default=d.data_parallel_rank, metavar="RANK",
                    help="this replica's rank, sent in every batch so an indexer tells replicas apart (default %(default)s)")  # fmt: skip
     return p
+
+
+def _add_mfu_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> None:
+    g = p.add_argument_group("MFU metrics (vllm:estimated_flops_per_gpu_total, _read_bytes_, _write_bytes_)")
+    g.add_argument("--enable-mfu-metrics", action="store_true", help="estimate each step's flops and memory traffic per GPU, as vLLM")
+    g.add_argument("--model", metavar="DIR", help="the checkpoint the worker serves (its config.json); needed by --enable-mfu-metrics")
+    g.add_argument("--dtype", default=d.dtype, choices=["auto", *DTYPE_BYTES],
+                   help="the worker's --dtype (auto: the checkpoint's torch_dtype)")  # fmt: skip
+
+
+def _check_mfu_flags(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    if a.enable_mfu_metrics and a.model is None:
+        p.error("--enable-mfu-metrics needs --model DIR (the checkpoint the worker serves)")
+    if a.enable_mfu_metrics:
+        try:
+            ModelShape.from_checkpoint(a.model, a.dtype)
+        except ValueError as e:
+            p.error(str(e))
 
 
 def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
@@ -206,6 +231,7 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
         p.error(f"--kv-offloading-size must be a size in GiB, 0 or more, got {a.kv_offloading_size}")
     if a.kv_offloading_size > 0 and not a.enable_prefix_caching:
         p.error("--kv-offloading-size needs the prefix cache: blocks are offloaded and found by hash (drop --no-enable-prefix-caching)")
+    _check_mfu_flags(p, a)
     if not 0.0 < a.kv_cache_metrics_sample <= 1.0:
         p.error(f"--kv-cache-metrics-sample must be in (0, 1], got {a.kv_cache_metrics_sample}")
     if a.kv_events_int_block_hashes is None:

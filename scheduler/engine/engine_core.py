@@ -41,12 +41,13 @@ from scheduler.engine.engine_state import EngineState
 from scheduler.engine.http_server import HttpSide
 from scheduler.engine.kv_event_publisher import make_kv_event_sink
 from scheduler.engine.metrics import SchedulerMetrics
+from scheduler.engine.perf_metrics import ModelShape, StepContext, estimate_step
 from scheduler.engine.sockets import open_ports
 from scheduler.engine.stats_logger import log_stats_every, stats_snapshot
 from scheduler.engine.worker_checks import check_result
 from scheduler.engine.worker_link import HEARTBEAT_INTERVAL_S, WorkerLost
 from scheduler.engine.worker_side import WorkerSide
-from scheduler.sched.outputs import StepTokens
+from scheduler.sched.outputs import SchedulerOutput, StepTokens
 from scheduler.sched.request import RequestStatus
 
 log = logging.getLogger("scheduler")
@@ -60,6 +61,8 @@ class _Done:
     logprobs: list  # StepResult.logprobs
     nbytes: int
     seconds: float
+    # (flops, bytes read, bytes written) per GPU, with --enable-mfu-metrics.
+    perf: tuple[int, int, int] | None
 
 
 class EngineCore:
@@ -75,13 +78,17 @@ class EngineCore:
             endpoint_mode=config.kv_events_endpoint_mode, hwm=config.kv_events_hwm,
         )  # fmt: skip
         self.metrics = SchedulerMetrics(
-            config.model_name, kv_cache_metrics=config.kv_cache_metrics, kv_offloading=config.kv_offloading_size > 0
-        )
+            config.model_name, kv_cache_metrics=config.kv_cache_metrics, kv_offloading=config.kv_offloading_size > 0,
+            max_model_len=config.max_model_len,
+        )  # fmt: skip
+        self.model_shape = ModelShape.from_checkpoint(config.model, config.dtype) if config.enable_mfu_metrics else None
         self.state = EngineState()
         self.worker_side = WorkerSide(self.state, config, workers, self.metrics, self.kv_event_sink, self._publish_kv_events)
         self.worker = self.worker_side.link
         hasher = BlockHasher(config.block_size, config.prefix_caching_hash_algo)
-        self.client_side = ClientSide(self.state, clients, hasher, config.max_frame_bytes, config.max_num_waiting)
+        self.client_side = ClientSide(
+            self.state, clients, hasher, config.max_frame_bytes, config.max_num_waiting, self.metrics.record_admission_rejection
+        )
         self.http_side = HttpSide(
             self.state, self.worker, self.metrics, self._publish_kv_events, config.host, config.http_port, config.dev_mode
         )
@@ -218,6 +225,7 @@ class EngineCore:
                         await self._idle()
                     continue
                 t0 = time.perf_counter()
+                perf = self._step_perf(out)
                 self.worker.begin_step(out.plan.step_id)
                 try:
                     nbytes = await self.worker.send(out.plan)
@@ -232,7 +240,7 @@ class EngineCore:
                     result = await self.worker.await_result()
                 except WorkerLost:
                     continue
-                done = self._apply_result(result, nbytes, t0)
+                done = self._apply_result(result, nbytes, t0, perf)
         finally:
             if done is not None:
                 await self._deliver(done)
@@ -259,7 +267,13 @@ class EngineCore:
         except TimeoutError:
             pass
 
-    def _apply_result(self, result: StepResult, nbytes: int, t0: float) -> _Done | None:
+    def _step_perf(self, out: SchedulerOutput) -> tuple[int, int, int] | None:
+        """vLLM's MFU estimates of the step just scheduled (None without --enable-mfu-metrics)."""
+        if self.model_shape is None:
+            return None
+        return estimate_step(self.model_shape, self.worker.hello.world_size, StepContext.of_step(out))
+
+    def _apply_result(self, result: StepResult, nbytes: int, t0: float, perf: tuple[int, int, int] | None) -> _Done | None:
         """The step's result into the scheduler; None (the worker lost) if it is not believable."""
         try:
             check_result(result, self.state.limits.vocab_size)
@@ -271,11 +285,13 @@ class EngineCore:
         # adds its own; whatever publishes next sends them first.
         if self.kv_event_publisher is not None:
             self._step_kv_events = self.kv_event_sink.take()
-        return _Done(outputs, result.logprobs, nbytes, time.perf_counter() - t0)
+        return _Done(outputs, result.logprobs, nbytes, time.perf_counter() - t0, perf)
 
     async def _deliver(self, done: _Done) -> None:
         """A finished step's outputs to its clients, then its metrics and KV events."""
         await self.client_side.send_outputs(outputs_by_client(done.outputs, done.logprobs))
         self.metrics.observe_step(done.outputs, done.nbytes, done.seconds)
+        if done.perf is not None:
+            self.metrics.observe_perf(*done.perf)
         self.metrics.update(self.state.scheduler, self.state.kv)
         self._publish_kv_events()

@@ -1,33 +1,39 @@
-"""The scheduler's Prometheus metrics, with vLLM's names and labels.
+"""The scheduler's Prometheus metrics, with vLLM's names, labels, buckets and help text.
 
 The pool and the policy keep plain counters; `SchedulerMetrics.update` copies
-them into Prometheus objects once per step (never inside the hot loops).
+them into Prometheus objects once per step (never inside the hot loops); the
+per-request and per-step histograms are scheduler/engine/request_metrics.py's.
 """
 
 from __future__ import annotations
-
-from bisect import bisect_left
-from collections import Counter as Tally
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from scheduler.core.block_residency import RESIDENCY_BUCKETS, ResidencyBlockPool
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.kv_cache_usage import get_peak_usage, get_token_usage
+from scheduler.engine.request_metrics import RequestMetrics, observe_many
 from scheduler.sched.outputs import StepTokens
 from scheduler.sched.scheduler import Scheduler
 
-LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-# vLLM's sources of prompt tokens (vllm:prompt_tokens_by_source).
+# vLLM's sources of prompt tokens (vllm:prompt_tokens_by_source), and of cache hits
+# (vllm:prompt_tokens_cached_by_source, vLLM's CacheHitSource): here the device's
+# prefix cache and the host tier.
 PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+# vLLM's reasons of vllm:admission_rejections and vllm:num_requests_waiting_by_reason.
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+WAITING_REASONS = ("capacity", "deferred")
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 class SchedulerMetrics:
-    def __init__(self, model_name: str, engine: str = "0", kv_cache_metrics: bool = False, kv_offloading: bool = False):
+    def __init__(self, model_name: str, engine: str = "0", kv_cache_metrics: bool = False, kv_offloading: bool = False,
+                 max_model_len: int = 4096):  # fmt: skip
         """``kv_cache_metrics``: also the KV residency histograms (vLLM's
         --kv-cache-metrics; the pool must be a `ResidencyBlockPool`).
-        ``kv_offloading``: also the host tier's (--kv-offloading-size)."""
+        ``kv_offloading``: also the host tier's (--kv-offloading-size).
+        ``max_model_len``: the top of the token-count buckets (vLLM's)."""
         self.registry = CollectorRegistry()
         self._labels = ["model_name", "engine"]
         self._label_values = (model_name, engine)
@@ -35,8 +41,10 @@ class SchedulerMetrics:
         self._add_kv_cache_usage()
         self._add_prefix_cache()
         self._add_requests()
+        self.request_metrics = RequestMetrics(self._histogram, max_model_len)
         self._add_pool()
         self._add_steps()
+        self._add_perf()
         self.kv_block_lifetime = self.kv_block_idle_before_evict = self.kv_block_reuse_gap = None
         if kv_cache_metrics:
             self._add_residency()
@@ -83,22 +91,65 @@ class SchedulerMetrics:
         self.external_prefix_cache_hits = counter(
             "vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens."
         )
-        by_source = Counter(
-            "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", [*self._labels, "source"], registry=self.registry
-        )
-        # Of first admissions' prompt tokens: computed, found on the device, loaded from the host tier.
-        self.prompt_tokens_by_source = {s: by_source.labels(*self._label_values, s) for s in PROMPT_TOKEN_SOURCES}
+        # Counted at each request's first token, as vllm:prompt_tokens (scheduler/sched/prompt_token_stats.py).
+        self.prompt_tokens_by_source = self._by_label(Counter, "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+                                                      "source", PROMPT_TOKEN_SOURCES)  # fmt: skip
+        self.prompt_tokens_cached = counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
+        # NOTE: no multi-modal inputs here: 0, as vLLM's for a text-only model.
+        counter("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items.")
+        counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.")
+        # Counted at admission, as vllm:prefix_cache_hits and vllm:external_prefix_cache_hits.
+        self.prompt_tokens_cached_by_source = self._by_label(
+            Counter, "vllm:prompt_tokens_cached_by_source", "Prefix-cache hit tokens by the cache tier that supplied them: "
+            "device (local HBM), host (offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or "
+            "external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.",
+            "source", CACHE_HIT_SOURCES,
+        )  # fmt: skip
+
+    def _by_label(self, kind, name: str, doc: str, label: str, values: tuple[str, ...]) -> dict:
+        """A family with one more label, a child per value (all exported from the start)."""
+        family = kind(name, doc, [*self._labels, label], registry=self.registry)
+        return {v: family.labels(*self._label_values, v) for v in values}
 
     def _add_requests(self) -> None:
-        gauge, counter, histogram = self._gauge, self._counter, self._histogram
+        gauge, counter = self._gauge, self._counter
         self.num_running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.num_waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions.")
+        # NOTE: nothing here defers a waiting request (vLLM: LoRA budget, KV transfer): all wait for capacity.
+        self.num_waiting_by_reason = self._by_label(
+            Gauge, "vllm:num_requests_waiting_by_reason", "Number of waiting requests by reason. Reason labels: 'capacity' = "
+            "waiting for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, "
+            "blocked status). Sum of all reasons equals vllm:num_requests_waiting.", "reason", WAITING_REASONS,
+        )  # fmt: skip
+        # NOTE: kvpool has no sleep mode: always awake, as vLLM's before any /sleep.
+        sleep = self._by_label(Gauge, "vllm:engine_sleep_state", "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 "
+                               "means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep "
+                               "level 2.", "sleep_state", ("awake", "weights_offloaded", "discard_all"))  # fmt: skip
+        sleep["awake"].set(1)
+        self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.worker_loss_recomputes = counter(
+            "kvpool_worker_loss_recomputes", "Running requests sent back to waiting, to be recomputed, because the worker was lost "
+            "(not preemptions: not in vllm:num_preemptions nor vllm:request_num_preemptions).",
+        )  # fmt: skip
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
-        self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", LATENCY_BUCKETS)
-        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", LATENCY_BUCKETS)
-        self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", LATENCY_BUCKETS)
+        # vLLM's frontend counts these; here the scheduler refuses (--max-num-waiting). No engine label, as vLLM.
+        rejections = Counter("vllm:admission_rejections", "Number of admission attempts rejected by a queue limit, by reason.",
+                             ["model_name", "reason"], registry=self.registry)  # fmt: skip
+        self.admission_rejections = {r: rejections.labels(self._label_values[0], r) for r in ADMISSION_REASONS}
+        self.cache_config_info: Gauge | None = None
+
+    def record_admission_rejection(self, reason: str) -> None:
+        """A request refused by a queue limit (``reason``: one of ADMISSION_REASONS)."""
+        self.admission_rejections[reason].inc()
+
+    def set_cache_config_info(self, info: dict[str, str]) -> None:
+        """vllm:cache_config_info, once the pool exists (scheduler/engine/cache_config_info.py)."""
+        if self.cache_config_info is None:
+            labels = {**info, "engine": self._label_values[1]}
+            self.cache_config_info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                                           list(labels), registry=self.registry)  # fmt: skip
+            self.cache_config_info.labels(**labels).set(1)
 
     def _add_pool(self) -> None:
         gauge = self._gauge
@@ -114,6 +165,23 @@ class SchedulerMetrics:
         self.step_duration = self._histogram(
             "kvpool_step_duration_seconds", "Wall time of one step: schedule, worker round trip, update.", STEP_BUCKETS
         )
+
+    def _add_perf(self) -> None:
+        # NOTE: vLLM's PerfMetricsProm families, always exported; they count only under
+        # --enable-mfu-metrics (`observe_perf`), and stay 0 without it, as vLLM's.
+        counter = self._counter
+        self.estimated_flops = counter("vllm:estimated_flops_per_gpu_total", "Estimated number of floating point operations "
+                                       "per GPU (for Model Flops Utilization calculations).")  # fmt: skip
+        self.estimated_read_bytes = counter("vllm:estimated_read_bytes_per_gpu_total", "Estimated number of bytes read from "
+                                            "memory per GPU (for Model Flops Utilization calculations).")  # fmt: skip
+        self.estimated_write_bytes = counter("vllm:estimated_write_bytes_per_gpu_total", "Estimated number of bytes written to "
+                                             "memory per GPU (for Model Flops Utilization calculations).")  # fmt: skip
+
+    def observe_perf(self, flops: int, read_bytes: int, write_bytes: int) -> None:
+        """One executed step's estimates (scheduler/engine/perf_metrics.py)."""
+        self.estimated_flops.inc(flops)
+        self.estimated_read_bytes.inc(read_bytes)
+        self.estimated_write_bytes.inc(write_bytes)
 
     def _add_residency(self) -> None:
         histogram = self._histogram
@@ -162,22 +230,28 @@ class SchedulerMetrics:
         self.cached_hashes.set(len(pool.cached_block_hash_to_block))
         self.num_running.set(scheduler.num_running)
         self.num_waiting.set(scheduler.num_waiting)
+        self.num_waiting_by_reason["capacity"].set(scheduler.num_waiting)
         stats = kv.prefix_cache_stats
         self._sync("queries", self.prefix_cache_queries, stats.queries)
         self._sync("hits", self.prefix_cache_hits, stats.hits)
         self._sync("preempted_queries", self.prefix_cache_preempted_queries, stats.preempted_queries)
         self._sync("preempted_hits", self.prefix_cache_preempted_hits, stats.preempted_hits)
         self._sync("preemptions", self.num_preemptions, scheduler.num_preemptions)
-        self._sync("prompt", self.prompt_tokens, scheduler.num_prompt_tokens)
+        self._sync("worker_loss", self.worker_loss_recomputes, scheduler.num_worker_loss_recomputes)
+        prompt = scheduler.prompt_token_stats
+        self._sync("prompt", self.prompt_tokens, prompt.total)
+        self._sync("prompt_cached", self.prompt_tokens_cached, prompt.cached_tokens)
+        by_source = self.prompt_tokens_by_source
+        self._sync("src_compute", by_source["local_compute"], prompt.computed)
+        self._sync("src_local", by_source["local_cache_hit"], prompt.local_cache_hit)
+        self._sync("src_external", by_source["external_kv_transfer"], prompt.external_kv_transfer)
         self._sync("generation", self.generation_tokens, scheduler.num_generation_tokens)
         self._sync("evictions", self.evictions, pool.num_evictions)
         ext = kv.external_prefix_cache_stats
         self._sync("ext_queries", self.external_prefix_cache_queries, ext.queries)
         self._sync("ext_hits", self.external_prefix_cache_hits, ext.hits)
-        by_source = self.prompt_tokens_by_source
-        self._sync("src_compute", by_source["local_compute"], stats.queries - stats.hits - ext.hits)
-        self._sync("src_local", by_source["local_cache_hit"], stats.hits)
-        self._sync("src_external", by_source["external_kv_transfer"], ext.hits)
+        self._sync("cached_device", self.prompt_tokens_cached_by_source["device"], stats.hits)
+        self._sync("cached_host", self.prompt_tokens_cached_by_source["host"], ext.hits)
         tier, m = kv.host_tier, self.offload
         if tier is not None and m is not None:
             m["usage"].set(tier.get_usage())
@@ -199,58 +273,12 @@ class SchedulerMetrics:
             observe_many(self.kv_block_reuse_gap, samples.reuse_gaps)
 
     def observe_step(self, outputs: StepTokens, plan_bytes: int, step_s: float) -> None:
-        """One executed step: its plan's size, its wall time, the latencies it completed."""
+        """One executed step: its plan's size, its wall time, the latencies and requests it completed."""
         self.steps.inc()
         self.plan_bytes.inc(plan_bytes)
         self.step_duration.observe(step_s)
-        now = outputs.time
-        # NOTE: the requests of a decode step mostly got their previous token in the
-        # same step, so their gaps are a handful of distinct values: each is observed
-        # once with its count, not once per request.
-        gaps = Tally(outputs.prev_token_times)
-        if gaps.pop(None, 0):
-            for i, prev in enumerate(outputs.prev_token_times):
-                if prev is None:
-                    self.ttft.observe(outputs.ttft_s(i))
-        for prev, count in gaps.items():
-            observe_repeated(self.itl, now - prev, count)
-        for i in outputs.finish_reasons:
-            self.e2e.observe(now - outputs.requests[i].arrival_time)
+        self.request_metrics.observe_step(outputs)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-
-def observe_repeated(histogram: Histogram, value: float, count: int) -> None:
-    """``histogram.observe(value)``, ``count`` times, at the cost of one.
-
-    NOTE: prometheus_client's Histogram has no count argument; this does what its
-    observe does (the sum, and one bucket: the first whose bound is >= value)
-    through its internals, and falls back to observe() should they change. A test
-    holds it to observe()."""
-    try:
-        buckets, bounds, total = histogram._buckets, histogram._upper_bounds, histogram._sum
-    except AttributeError:
-        for _ in range(count):
-            histogram.observe(value)
-        return
-    total.inc(value * count)
-    buckets[bisect_left(bounds, value)].inc(count)
-
-
-def observe_many(histogram: Histogram, values: list[float]) -> None:
-    """``histogram.observe(v)`` for every value, one increment per bucket touched.
-
-    NOTE: as `observe_repeated`, through prometheus_client's internals (the sum, and
-    for each value the first bucket whose bound is >= it), falling back to observe()."""
-    if not values:
-        return
-    try:
-        buckets, bounds, total = histogram._buckets, histogram._upper_bounds, histogram._sum
-    except AttributeError:
-        for value in values:
-            histogram.observe(value)
-        return
-    total.inc(sum(values))
-    for index, count in Tally(bisect_left(bounds, value) for value in values).items():
-        buckets[index].inc(count)

@@ -8,8 +8,8 @@ line through `logging`, worded as vLLM's so the same grep finds both::
     Prefix cache hit rate: 83.0%
 
 (one line; ``Preemptions: N`` before the KV usage when the interval had any). The
-throughputs are the interval's (prompt tokens counted at each request's first token,
-as ``vllm:prompt_tokens``); the hit rate is over the most recent ~1,000 admitted
+throughputs are the interval's (prompt tokens computed, cache hits left out, counted at
+each request's first token, as vLLM's: ``vllm:prompt_tokens_by_source{source="local_compute"}``); the hit rate is over the most recent ~1,000 admitted
 requests, as vLLM's ``CachingMetrics``. An interval with no tokens after one with none
 is logged at DEBUG ("avoid log noise on an idle production system", as vLLM).
 """
@@ -53,7 +53,7 @@ def stats_snapshot(state: EngineState) -> StatsSnapshot | None:
         return None
     p = kv.prefix_cache_stats
     return StatsSnapshot(
-        scheduler.num_prompt_tokens, scheduler.num_generation_tokens, scheduler.num_preemptions, p.requests, p.queries,
+        scheduler.prompt_token_stats.computed, scheduler.num_generation_tokens, scheduler.num_preemptions, p.requests, p.queries,
         p.hits, scheduler.num_running, scheduler.num_waiting, kv.block_pool.get_usage(),
     )  # fmt: skip
 

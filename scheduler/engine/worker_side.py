@@ -37,6 +37,7 @@ from scheduler.core.block_residency import residency_pool_factory
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.kv_events import KVEventRecorder
 from scheduler.core.offload_tier import HostTier
+from scheduler.engine.cache_config_info import cache_config_info
 from scheduler.engine.config import SchedulerConfig
 from scheduler.engine.engine_state import EngineState
 from scheduler.engine.metrics import SchedulerMetrics
@@ -163,6 +164,7 @@ class WorkerSide:
             host_tier=host_tier, offload_store=c.kv_offloading_store,
         )  # fmt: skip
         state.scheduler = Scheduler(state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl)
+        self.metrics.set_cache_config_info(cache_config_info(c, num_blocks))
         state.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
         state.eos_token_ids = tuple(hello.eos_token_ids) or (hello.eos_token_id,)
         state.model_identity = (hello.architecture, hello.model_hash)

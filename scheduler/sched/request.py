@@ -36,7 +36,8 @@ class Request:
     __slots__ = (
         "request_id", "seq_id", "client_id", "all_token_ids", "num_prompt_tokens",
         "max_tokens", "ignore_eos", "eos_token_id", "cache_salt", "status", "num_computed_tokens",
-        "num_cached_tokens", "block_hashes", "block_hasher", "arrival_time", "first_token_time",
+        "num_cached_tokens", "num_external_cached_tokens", "block_hashes", "block_hasher", "arrival_time", "scheduled_time",
+        "first_token_time",
         "last_token_time", "num_preemptions", "alloc_noop_until", "max_num_tokens", "stop_token_ids", "append_only_below",
         "min_tokens", "sampling",
     )  # fmt: skip
@@ -75,7 +76,9 @@ class Request:
         # Tokens whose K/V are in the cache (or scheduled to be, in the step in flight).
         self.num_computed_tokens = 0
         # Prompt tokens served by the prefix cache at first admission; -1 until then.
+        # Of them, those loaded from the host tier (vLLM's external KV transfer).
         self.num_cached_tokens = -1
+        self.num_external_cached_tokens = 0
         # NOTE: ``block_hashes`` lets a caller that already hashed the prompt (the
         # offline what-if replay memoises shared trace prefixes) pass them in: they must
         # be what ``block_hasher`` would give; it hashes on from where they end.
@@ -84,8 +87,11 @@ class Request:
         if block_hasher is not None:
             block_hasher.extend_block_hashes(self.block_hashes, self.all_token_ids, cache_salt)
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        # vLLM's SCHEDULED event: first admission (time.monotonic()); None until then.
+        self.scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
+        # Preemptions by the policy (out of blocks); a lost worker's recompute is not one.
         self.num_preemptions = 0
         # The KV cache manager's, written by its allocations and free only (see
         # KVCacheRequest); the scheduler reads it for its decode fast path.

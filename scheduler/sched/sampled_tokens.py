@@ -4,7 +4,8 @@ Once the result is matched to the plan in flight, `append_sampled_tokens` append
 each request's token and says which requests are done (max_tokens, max_model_len, or
 a stop token once min_tokens are out), in row order, with the step's `StepTokens`. It
 touches the requests only: the scheduler ends the done ones itself, in that order (the
-order their blocks are freed in), and counts the prompts that got their first token.
+order their blocks are freed in); the prompts that got their first token are
+counted in the scheduler's `PromptTokenStats`.
 """
 
 from __future__ import annotations
@@ -12,17 +13,18 @@ from __future__ import annotations
 import time
 
 from scheduler.sched.outputs import StepTokens
+from scheduler.sched.prompt_token_stats import PromptTokenStats
 from scheduler.sched.request import Request, RequestStatus
 
 
 def append_sampled_tokens(
-    requests: list[Request], token_ids: list[int], block_size: int
-) -> tuple[StepTokens, list[tuple[Request, RequestStatus]], int]:
-    """Append ``token_ids[i]`` to ``requests[i]`` (the result's rows, matched).
+    requests: list[Request], token_ids: list[int], block_size: int, prompt_stats: PromptTokenStats
+) -> tuple[StepTokens, list[tuple[Request, RequestStatus]]]:
+    """Append ``token_ids[i]`` to ``requests[i]`` (the result's rows, matched); a
+    request whose first token this is goes into ``prompt_stats``.
 
     Returns the step's tokens (less those of requests ended, aborted, while the step
-    ran); the requests this step ended, in row order, with how; and the prompt tokens
-    of the requests whose first token this was (vLLM's prompt_tokens).
+    ran), and the requests this step ended, in row order, with how.
     NOTE: a tuple, not an object: this runs once per step, and the decode step of one
     request costs a few microseconds in all."""
     # NOTE: once per sampled row per step: locals, no properties, and one test for
@@ -33,7 +35,6 @@ def append_sampled_tokens(
     append_prev = prev_token_times.append
     outputs = StepTokens(now, requests, token_ids, prev_token_times)
     done: list[tuple[Request, RequestStatus]] = []
-    num_prompt_tokens = 0
     skipped: list[int] = []
     for request, token_id in zip(requests, token_ids, strict=True):
         all_token_ids = request.all_token_ids
@@ -50,14 +51,14 @@ def append_sampled_tokens(
             continue
         if request.last_token_time is None:
             # Its first token. As vLLM counts it: the whole prompt, cached tokens included, once.
-            num_prompt_tokens += request.num_prompt_tokens
+            prompt_stats.record(request)
         status = _append_token(request, token_id, now, block_size)
         if status is not None:
             outputs.finish_reasons[i] = status.value
             done.append((request, status))
     if skipped:
         outputs = outputs.without(skipped)
-    return outputs, done, num_prompt_tokens
+    return outputs, done
 
 
 def _append_token(request: Request, token_id: int, now: float, block_size: int) -> RequestStatus | None:

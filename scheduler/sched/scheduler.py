@@ -13,6 +13,7 @@ the worker's sampled tokens are appended by scheduler/sched/sampled_tokens.py.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 from protocol.worker_messages import StepResult
@@ -20,6 +21,7 @@ from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.outputs import SchedulerOutput, StepTokens
 from scheduler.sched.plan_builder import StepPlanBuilder
+from scheduler.sched.prompt_token_stats import PromptTokenStats
 from scheduler.sched.request import Request, RequestStatus
 from scheduler.sched.request_queue import WaitingQueue
 from scheduler.sched.sampled_tokens import append_sampled_tokens
@@ -49,9 +51,11 @@ class Scheduler:
         self._pending_finished_seq_ids: list[int] = []
         # The plan in flight: its results must be applied before the next schedule().
         self._in_flight: SchedulerOutput | None = None
-        # Counters the process exports.
+        # Counters the process exports. A lost worker's requests, sent back to be
+        # recomputed, are counted apart from the policy's preemptions.
         self.num_preemptions = 0
-        self.num_prompt_tokens = 0
+        self.num_worker_loss_recomputes = 0
+        self.prompt_token_stats = PromptTokenStats()
         self.num_generation_tokens = 0
 
     # --- requests ---------------------------------------------------------------------
@@ -210,6 +214,7 @@ class Scheduler:
         kv = self.kv_cache_manager
         waiting, running = self.waiting, self.running
         num_scheduled_tokens = plan.num_scheduled_tokens
+        now = time.monotonic()
         while waiting and token_budget > 0 and len(running) < self.max_num_seqs:
             request = waiting.head
             hits, num_hit_tokens = kv.get_computed_blocks(request, record_stats=False)
@@ -217,13 +222,16 @@ class Scheduler:
             new_blocks = kv.allocate_slots(request, num_new_tokens, num_hit_tokens, hits, full_sequence_must_fit=self.reserve_full_sequence)
             if new_blocks is None:
                 break  # FCFS: nobody overtakes the head of the queue
-            kv.record_prefix_cache_query(
-                request.num_tokens, num_hit_tokens, request.num_preemptions > 0, num_hit_tokens - len(hits) * self.block_size
-            )
+            # NOTE: admitted before (resumed after a preemption or a lost worker): counted apart.
+            num_host_hit_tokens = num_hit_tokens - len(hits) * self.block_size
+            kv.record_prefix_cache_query(request.num_tokens, num_hit_tokens, request.num_cached_tokens >= 0, num_host_hit_tokens)
             waiting.popleft()
             running.append(request)
             if request.num_cached_tokens < 0:
+                # As vLLM's SCHEDULED event and PrefillStats: the first admission only.
+                request.scheduled_time = now
                 request.num_cached_tokens = num_hit_tokens
+                request.num_external_cached_tokens = num_host_hit_tokens
             plan.add_row(request, kv.get_block_ids(request.request_id), num_hit_tokens, request.status == RequestStatus.PREEMPTED)
             request.status = RequestStatus.RUNNING
             scheduled.append(request)
@@ -236,20 +244,26 @@ class Scheduler:
         return token_budget
 
     def _preempt(self, request: Request) -> None:
-        """Preemption by recompute: free its blocks (deepest first), computed tokens
-        back to 0, front of the waiting queue. Its prefix may still hit the cache."""
+        """Preemption by recompute (vllm:num_preemptions); see `_requeue`."""
+        self._requeue(request)
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+
+    def _requeue(self, request: Request) -> None:
+        """Free its blocks (deepest first), computed tokens back to 0, front of the
+        waiting queue. Its prefix may still hit the cache."""
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
-        request.num_preemptions += 1
         self.waiting.appendleft(request)
-        self.num_preemptions += 1
 
     def preempt_all(self) -> None:
         """The worker is gone with every row: all running requests go back to the
-        front of the waiting queue, in order, to be recomputed."""
+        front of the waiting queue, in order, to be recomputed. Not preemptions (the
+        policy chose none): counted in num_worker_loss_recomputes."""
         for request in reversed(self.running):
-            self._preempt(request)
+            self._requeue(request)
+        self.num_worker_loss_recomputes += len(self.running)
         self.running.clear()
         self._pending_finished_seq_ids.clear()
 
@@ -265,8 +279,7 @@ class Scheduler:
         self._in_flight = None
         if out.plan.tier_copies is not None:
             self.kv_cache_manager.complete_tier_copies()
-        outputs, done, num_prompt_tokens = append_sampled_tokens(requests, token_ids, self.block_size)
-        self.num_prompt_tokens += num_prompt_tokens
+        outputs, done = append_sampled_tokens(requests, token_ids, self.block_size, self.prompt_token_stats)
         for request, status in done:
             self.running.remove(request)
             self._finish(request, status)

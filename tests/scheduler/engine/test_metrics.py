@@ -1,14 +1,19 @@
 """SchedulerMetrics.observe_step: the latency histograms it fills equal what one
-Histogram.observe per token would give."""
+Histogram.observe per token would give; the pool's and the prefix cache's counters."""
 
 from __future__ import annotations
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from scheduler.engine.metrics import LATENCY_BUCKETS, SchedulerMetrics, observe_repeated
+from scheduler.engine.metrics import SchedulerMetrics
+from scheduler.engine.request_metrics import observe_repeated
 from scheduler.sched.outputs import StepTokens
 from scheduler.sched.request import Request
+
+# vLLM 0.32's TIME_TO_FIRST_TOKEN_BUCKETS (vllm/v1/metrics/buckets.py).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                80.0, 160.0, 640.0, 2560.0)  # fmt: skip
 
 
 def samples(registry: CollectorRegistry, name: str) -> dict[tuple[str, str], float]:
@@ -25,8 +30,8 @@ def samples(registry: CollectorRegistry, name: str) -> dict[tuple[str, str], flo
 @pytest.mark.parametrize("value", [0.0, 0.001, 0.0010001, 0.01, 0.0375, 0.04, 79.9, 80.0, 80.1, 1e9])
 def test_observe_repeated_is_observe_count_times(value):
     one, many = CollectorRegistry(), CollectorRegistry()
-    h1 = Histogram("h", "h", buckets=LATENCY_BUCKETS, registry=one)
-    h2 = Histogram("h", "h", buckets=LATENCY_BUCKETS, registry=many)
+    h1 = Histogram("h", "h", buckets=TTFT_BUCKETS, registry=one)
+    h2 = Histogram("h", "h", buckets=TTFT_BUCKETS, registry=many)
     for _ in range(7):
         h1.observe(value)
     observe_repeated(h2, value, 7)
@@ -39,6 +44,8 @@ def test_observe_repeated_is_observe_count_times(value):
 def test_observe_step_matches_one_observe_per_token():
     fast, ref = SchedulerMetrics("m"), SchedulerMetrics("m")
     reqs = [Request(f"r{i}", [2, 3], 5, arrival_time=90.0 + i) for i in range(9)]
+    for r in reqs:  # admitted, nothing cached; those that end got their first token at 95
+        r.scheduled_time, r.num_cached_tokens, r.first_token_time, r.last_token_time = 91.0 + r.seq_id, 0, 95.0, 100.0
     now = 100.0
     # Three first tokens (TTFT), gaps from two earlier steps and one odd one, and two
     # requests that finished.
@@ -47,11 +54,11 @@ def test_observe_step_matches_one_observe_per_token():
     fast.observe_step(outputs, 11, 0.002)
     for r, p in zip(reqs, prev, strict=True):
         if p is None:
-            ref.ttft.observe(now - r.arrival_time)
+            ref.request_metrics.ttft.observe(now - r.arrival_time)
         else:
-            ref.itl.observe(now - p)
+            ref.request_metrics.itl.observe(now - p)
     for i in (2, 6):
-        ref.e2e.observe(now - reqs[i].arrival_time)
+        ref.request_metrics.e2e.observe(now - reqs[i].arrival_time)
     for name in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds"):
         got, want = samples(fast.registry, name), samples(ref.registry, name)
         assert got.keys() == want.keys() and got
@@ -91,7 +98,7 @@ def test_observe_many_is_one_observe_per_value(seed):
     import random
 
     from scheduler.core.block_residency import RESIDENCY_BUCKETS
-    from scheduler.engine.metrics import observe_many
+    from scheduler.engine.request_metrics import observe_many
 
     rng = random.Random(seed)
     values = [rng.choice(RESIDENCY_BUCKETS) for _ in range(20)] + [rng.uniform(0, 2000) for _ in range(50)] + [0.0, 5000.0]

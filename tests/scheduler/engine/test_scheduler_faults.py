@@ -75,6 +75,10 @@ def test_a_full_waiting_queue_refuses_with_a_request_error_and_changes_nothing()
             if msg.finished:
                 done.add(msg.request_id)
         assert done == {"run", "wait0", "wait1"}
+        # vLLM's admission counter (model_name and reason only, no engine label).
+        m = s.sched.metrics()
+        assert m['vllm:admission_rejections_total{model_name="test-model",reason="max_num_queued_reqs"}'] == 1
+        assert m['vllm:admission_rejections_total{model_name="test-model",reason="max_num_queued_tokens"}'] == 0
     finally:
         s.close()
 
