@@ -40,6 +40,9 @@ def scheduler_argv(a, client_port: int, worker_port: int, sched_http: int) -> li
              "--no-scheduler-reserve-full-isl": not getattr(a, "scheduler_reserve_full_isl", True),
              "--dev-mode": a.dev_mode, "--disable-log-stats": a.disable_log_stats, "--kv-cache-metrics": a.kv_cache_metrics}  # fmt: skip
     sched += [flag for flag, on in flags.items() if on]
+    if getattr(a, "enable_mfu_metrics", False):
+        # NOTE: the scheduler estimates from the checkpoint's shape in the worker's dtype.
+        sched += ["--enable-mfu-metrics", "--model", str(a.model_dir), "--dtype", a.dtype]
     sched += _offload(a) + _log_level(a)
     for flag, value in (("--kv-events-endpoint", a.kv_events_endpoint), ("--kv-events-replay-endpoint", a.kv_events_replay_endpoint),
                         ("--kv-events-topic", a.kv_events_topic)):  # fmt: skip

@@ -44,7 +44,7 @@ HANDLED_SAMPLES = {
     "--tensor-parallel-size": ["2"], "--block-size": ["32"], "--enable-prefix-caching": "--no-enable-prefix-caching",
     "--gpu-memory-utilization": ["0.5"], "--kv-cache-memory-bytes": ["1G"], "--kv-offloading-size": ["1"],
     "--num-gpu-blocks-override": ["64"], "--prefix-caching-hash-algo": ["xxhash"], "--log-level": ["DEBUG"],
-    "--kv-cache-metrics": [], "--max-num-batched-tokens": ["4k"], "--max-num-seqs": ["8"],
+    "--kv-cache-metrics": [], "--enable-mfu-metrics": [], "--max-num-batched-tokens": ["4k"], "--max-num-seqs": ["8"],
     "--scheduler-reserve-full-isl": "--no-scheduler-reserve-full-isl",
     "--kv-events-config": ['{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557"}'],
     # accepted, with nothing to pass on: read by the cli itself, or only kvpool's own behaviour accepted

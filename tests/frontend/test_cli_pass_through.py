@@ -123,3 +123,11 @@ def test_disable_sliding_window_caps_the_length_at_the_window_as_vllm(tmp_path, 
     assert e.value.code == 2 and "--max-model-len 1000 is longer than the model's sliding window 512" in capsys.readouterr().err
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192, "sliding_window": 512, "use_sliding_window": False}))
     assert value(built(["--disable-sliding-window"], str(tmp_path))["worker"], "--max-model-len") == "4096"  # Qwen2's window, off
+
+
+def test_enable_mfu_metrics_gives_the_scheduler_the_checkpoint_and_the_workers_dtype():
+    c = built(["--enable-mfu-metrics", "--dtype", "half"], model="/ckpt")
+    assert "--enable-mfu-metrics" in c["scheduler"] and "--enable-mfu-metrics" not in c["worker"]
+    assert value(c["scheduler"], "--model").endswith("ckpt") and value(c["scheduler"], "--dtype") == "float16"
+    assert value(c["worker"], "--dtype") == "float16"
+    assert "--enable-mfu-metrics" not in built([])["scheduler"]
