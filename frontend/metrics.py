@@ -10,18 +10,24 @@ merged ``/metrics`` page: the scheduler's metrics (fetched) followed by these.
   (client gone, engine error) is not counted, as in vLLM.
 * ``http_requests_total{handler,method,status}`` and
   ``http_request_duration_seconds{handler,method}``, as vLLM's
-  prometheus-fastapi-instrumentator exports them (status grouped: ``2xx``).
+  prometheus-fastapi-instrumentator exports them (status grouped: ``2xx``; /metrics, /health,
+  /load, /ping, /version, /server_info left out as vLLM leaves them out).
 * ``kvpool_frontend_engine_requests_in_flight``: engine requests this frontend has
   open on the scheduler (0 when idle: nothing leaked).
 """
 
 from __future__ import annotations
 
+import re
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # vLLM's request_params_n bucket family (vllm/v1/metrics/buckets.py).
 N_BUCKETS = (1, 2, 5, 10, 20)
 HTTP_BUCKETS = (0.1, 0.5, 1.0)
+# NOTE: vLLM's Instrumentator(excluded_handlers=...), matched as it matches them: a regex
+# searched in the route's path, so "/health" leaves out /health_generate too.
+EXCLUDED_HANDLERS = tuple(re.compile(p) for p in ("/metrics", "/health", "/load", "/ping", "/version", "/server_info"))
 # vLLM's FinishReason strings, every one exported from the start.
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 
@@ -74,6 +80,8 @@ class FrontendMetrics:
         self.max_num_generation_tokens.observe(max_num_generation_tokens)
 
     def http_request(self, method: str, handler: str, status: int, seconds: float) -> None:
+        if any(pattern.search(handler) for pattern in EXCLUDED_HANDLERS):
+            return
         self.http_requests.labels(method, f"{status // 100}xx", handler).inc()
         self.http_duration.labels(method, handler).observe(seconds)
 

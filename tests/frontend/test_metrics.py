@@ -96,3 +96,19 @@ def test_a_served_chat_request_with_n_2(served, model):
         "vllm:request_params_max_tokens_count": 2, "vllm:request_max_num_generation_tokens_sum": 5,
         "vllm:request_generation_tokens_sum": 10,
     }  # fmt: skip
+
+
+def http_counts(m: FrontendMetrics) -> dict[str, float]:
+    family = {f.name: f for f in text_string_to_metric_families(m.render().decode())}["http_requests"]
+    return {s.labels["handler"]: s.value for s in family.samples if s.name == "http_requests_total"}
+
+
+def test_http_requests_leave_out_the_handlers_vllm_leaves_out():
+    # vLLM's Instrumentator(excluded_handlers=["/metrics", "/health", "/load", "/ping", "/version",
+    # "/server_info"]), each a regex searched in the route: /health_generate is left out too.
+    m = FrontendMetrics("m", max_model_len=100)
+    for handler in ("/v1/completions", "/metrics", "/health", "/health_generate", "/load", "/ping", "/version",
+                    "/server_info", "/get_server_info", "/tokenize", "/v1/completions"):  # fmt: skip
+        m.http_request("POST", handler, 200, 0.01)
+    # "/server_info" is not in "/get_server_info" (the router probe): that one counts
+    assert http_counts(m) == {"/v1/completions": 2.0, "/get_server_info": 1.0, "/tokenize": 1.0}
