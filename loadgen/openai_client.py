@@ -152,7 +152,10 @@ class OpenAIClient:
                     # NOTE: the server's counts: a chat prompt is the template's tokens, not the dataset's.
                     res.prompt_len = chunk["usage"]["prompt_tokens"]
                     res.num_output_tokens = chunk["usage"]["completion_tokens"]
-                    res.num_cached_tokens = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+                    # NOTE: None when the server does not say (vLLM and kvpool only with
+                    # --enable-prompt-tokens-details): unknown, not 0.
+                    details = chunk["usage"].get("prompt_tokens_details")
+                    res.num_cached_tokens = details.get("cached_tokens") or 0 if details else None
         res.latency_s = time.perf_counter() - res.start_s
         res.success = res.finish_reason in SUCCESS_FINISH_REASONS
         if not res.success and res.error is None:

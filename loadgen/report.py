@@ -85,7 +85,7 @@ def summarize(
     d_pre = delta(before, after, "num_preemptions")
     polled_peak, mean_usage = _series_stats(series, "kv_cache_usage")
     peak_usage, peak_exact = run_peak_usage(before, after, polled_peak)
-    cached = sum(r.num_cached_tokens for r in ok)
+    cached = None if any(r.num_cached_tokens is None for r in ok) else sum(r.num_cached_tokens for r in ok)
     summary = {
         "completed": len(ok),
         "failed": len(results) - len(ok),
@@ -108,7 +108,8 @@ def summarize(
         "scheduler_peak_kv_cache_usage": after.peak_kv_cache_usage if after is not None else None,
         "mean_kv_cache_usage": mean_usage,
         # What the scheduler told each client about its own prompt (TokenOutput.num_cached_tokens).
-        "client_cached_token_frac": cached / in_tokens if in_tokens else None,
+        # None when the server did not report it (kvpool serve/vllm serve: --enable-prompt-tokens-details).
+        "client_cached_token_frac": cached / in_tokens if in_tokens and cached is not None else None,
         # The pool the run met (kvpool_num_gpu_blocks, the null block included).
         "num_gpu_blocks": int(after.num_gpu_blocks) if after is not None and after.num_gpu_blocks is not None else None,
         "errors": _error_counts(results),

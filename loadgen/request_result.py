@@ -32,7 +32,8 @@ class RequestResult:
     latency_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
-    num_cached_tokens: int = 0
+    # None: the server did not report it (an OpenAI server without prompt_tokens_details).
+    num_cached_tokens: int | None = 0
 
     @property
     def output_len(self) -> int:

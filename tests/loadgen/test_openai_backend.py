@@ -17,7 +17,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def served(tiny_checkpoint, tmp_path_factory):
-    with kvpool_serve(tiny_checkpoint, tmp_path_factory.mktemp("serve-logs"), "--max-model-len", "1024") as s:
+    # --enable-prompt-tokens-details: usage carries cached_tokens only then, as in vLLM.
+    with kvpool_serve(tiny_checkpoint, tmp_path_factory.mktemp("serve-logs"), "--max-model-len", "1024",
+                      "--enable-prompt-tokens-details") as s:  # fmt: skip
         yield s
 
 

@@ -168,3 +168,12 @@ def test_peak_usage_without_the_gauge_is_the_polled_one():
     before, after = MetricsSample(0.0, kv_cache_usage=0.5), MetricsSample(1.0, kv_cache_usage=0.2)
     s = summarize([_ok(0, 0.1, 0.2, [0.1], 2)], 1.0, before, after, [before, after])
     assert s["peak_kv_cache_usage"] == 0.5 and s["peak_kv_cache_usage_exact"] is None
+
+
+def test_cached_tokens_are_unknown_when_a_request_was_not_told():
+    # prompt lengths 10 + 10; the server reported 4 cached tokens for one and nothing for the other
+    told, untold = _ok(0, 0.1, 0.5, [0.2], 2), _ok(1, 0.1, 0.5, [0.2], 2)
+    told.num_cached_tokens, untold.num_cached_tokens = 4, None
+    assert summarize([told, untold], 1.0)["client_cached_token_frac"] is None
+    untold.num_cached_tokens = 6
+    assert summarize([told, untold], 1.0)["client_cached_token_frac"] == pytest.approx(10 / 20)
