@@ -30,7 +30,7 @@ def check_scheduler_options(
         raise ValueError(
             f"--max-num-batched-tokens ({max_num_batched_tokens}) is smaller than --max-model-len ({max_model_len}) "
             "with --no-enable-chunked-prefill. This effectively limits the maximum sequence length to "
-            "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase --max-num-batched-tokens "
+            "max_num_batched_tokens (a prompt is never split across steps). Please increase --max-num-batched-tokens "
             "or decrease --max-model-len."
         )
     if long_prefill_token_threshold > max_model_len:
