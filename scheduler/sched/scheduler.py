@@ -45,8 +45,8 @@ class Scheduler:
         # vLLM 0.32's scheduler_reserve_full_isl (its default, on): a waiting request is admitted only if
         # the pool could hold its whole sequence, not just its first chunk (none admitted to be preempted).
         self.reserve_full_sequence = reserve_full_sequence
-        # The step's cap on one request's tokens, from the number running and waiting.
-        self.long_prefill_cap = partial(long_prefill_cap, long_prefill_token_threshold, long_prefill_token_threshold_adaptive, max_num_batched_tokens)
+        # The step's cap on one request's tokens, from the number running and waiting (None: off).
+        self._long_prefill_cap = partial(long_prefill_cap, long_prefill_token_threshold, long_prefill_token_threshold_adaptive, max_num_batched_tokens) if long_prefill_token_threshold else None  # fmt: skip
         self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting = create_request_queue(self.policy)
         self.running: list[Request] = []
@@ -125,15 +125,14 @@ class Scheduler:
         preempted: list[Request] = []
         while True:
             plan = StepPlanBuilder()
-            cap = self.long_prefill_cap(len(self.running) + len(self.waiting))
+            cap = self._long_prefill_cap(len(self.running) + len(self.waiting)) if self._long_prefill_cap else 0
             token_budget, scheduled, sampling, victims = self._schedule_running(plan, cap)
+            if not victims:
+                if self.waiting:  # waiting requests only if this step did not have to preempt
+                    token_budget = self._schedule_waiting(plan, token_budget, scheduled, sampling, cap)
+                break
             preempted += victims
-            # Waiting requests only if this step did not have to preempt.
-            if self.waiting and not victims:
-                token_budget = self._schedule_waiting(plan, token_budget, scheduled, sampling, cap)
-            # NOTE: victims and nothing scheduled (the first running request preempted
-            # itself): vLLM runs an empty step; here the plan is made again at once.
-            if scheduled or not victims:
+            if scheduled:  # NOTE: else the first running one preempted itself: vLLM runs an empty step, we plan again
                 break
         if not scheduled:
             # Nothing to run; rows to drop ride along with the next plan.
