@@ -35,51 +35,58 @@ class PriorityScheduler(Scheduler):
     policy = "priority"
 
     def _schedule_running(self, plan: StepPlanBuilder, cap: int) -> tuple[int, list[Request], list[Request], list[Request]]:
-        """`Scheduler._schedule_running`, by index: a victim may stand before the
-        request being scheduled, and leave the step."""
+        """`Scheduler._schedule_running` (its decode fast path too), by index: a victim
+        may stand before the request being scheduled, and leave the step."""
         running = self.running
         num_scheduled_tokens = plan.num_scheduled_tokens
         token_budget = self.max_num_batched_tokens
-        scheduled: list[Request] = []
         preempted: list[Request] = []
-        i = 0
-        while i < len(running) and token_budget > 0:
+        all_sampling = True  # every scheduled request completes its tokens
+        # NOTE: running[:i] is scheduled: a victim before i leaves the step.
+        i, n = 0, len(running)
+        while i < n and token_budget > 0:
             request = running[i]
             num_computed = request.num_computed_tokens
-            num_new_tokens = len(request.all_token_ids) - num_computed
+            num_tokens = len(request.all_token_ids)
+            num_new_tokens = num_tokens - num_computed
+            if num_new_tokens == 1 and num_computed < request.alloc_noop_until:
+                request.num_computed_tokens = num_tokens
+                token_budget -= 1
+                i += 1
+                continue
             if 0 < cap < num_new_tokens:
                 num_new_tokens = cap
             if num_new_tokens > token_budget:
                 num_new_tokens = token_budget
             end = num_computed + num_new_tokens
             if end > request.alloc_noop_until:
-                num_preempted = len(preempted)
-                new_blocks, num_returned = self._allocate_or_preempt_by_priority(request, num_new_tokens, plan, scheduled, preempted)
+                new_blocks, i, num_returned = self._allocate_or_preempt_by_priority(request, num_new_tokens, i, plan, preempted)
                 token_budget += num_returned
+                n = len(running)
                 if new_blocks is None:
                     break  # it preempted itself: running[i:] is left out of the step
-                if len(preempted) > num_preempted:
-                    i = running.index(request)  # victims before it moved it up
                 if new_blocks:
                     plan.append_blocks(request.seq_id, new_blocks)
             if num_new_tokens != 1:
                 num_scheduled_tokens[request.seq_id] = num_new_tokens
             request.num_computed_tokens = end
+            if end != num_tokens:
+                all_sampling = False
             token_budget -= num_new_tokens
-            scheduled.append(request)
             i += 1
         # Running rows left out of this step (budget spent) must say so: default is 1.
         for request in running[i:]:
             num_scheduled_tokens[request.seq_id] = 0
-        sampling = [r for r in scheduled if r.num_computed_tokens == len(r.all_token_ids)]
+        scheduled = running[:i]
+        sampling = scheduled.copy() if all_sampling else [r for r in scheduled if r.num_computed_tokens == len(r.all_token_ids)]
         return token_budget, scheduled, sampling, preempted
 
     def _allocate_or_preempt_by_priority(
-        self, request: Request, num_new_tokens: int, plan: StepPlanBuilder, scheduled: list[Request], preempted: list[Request],
-    ) -> tuple[list[KVCacheBlock] | None, int]:  # fmt: skip
-        """Room for ``num_new_tokens`` more tokens of a running request: its new blocks
-        (None once it preempted itself), and the tokens its victims gave back to the
-        step's budget. Out of blocks, preempt the lowest-priority running request."""
+        self, request: Request, num_new_tokens: int, i: int, plan: StepPlanBuilder, preempted: list[Request],
+    ) -> tuple[list[KVCacheBlock] | None, int, int]:  # fmt: skip
+        """Room for ``num_new_tokens`` more tokens of ``request`` = running[i]: its new
+        blocks (None once it preempted itself), its index after the victims, and the
+        tokens they gave back to the step. Out of blocks, preempt the lowest priority."""
         kv = self.kv_cache_manager
         running = self.running
         num_returned = 0
@@ -89,21 +96,22 @@ class PriorityScheduler(Scheduler):
             else:
                 new_blocks = kv.allocate_slots(request, num_new_tokens)
             if new_blocks is not None:
-                return new_blocks, num_returned
+                return new_blocks, i, num_returned
             # NOTE: O(len(running)), as vLLM's; only when the pool is out of blocks.
             victim = max(running, key=_victim_key)
-            running.remove(victim)
-            if victim in scheduled:
+            v = running.index(victim)
+            del running[v]
+            if v < i:
                 # Scheduled earlier in this step: out of it, tokens and row.
+                i -= 1
                 num_tokens = plan.unschedule(victim.seq_id)
-                scheduled.remove(victim)
                 num_returned += num_tokens
                 self._preempt(victim, victim.num_computed_tokens - num_tokens)
             else:
                 self._preempt(victim)
             preempted.append(victim)
             if victim is request:
-                return None, num_returned
+                return None, i, num_returned
 
 
 def scheduler_class(policy: str) -> type[Scheduler]:
