@@ -58,13 +58,23 @@ def finish_order(served, model: str) -> tuple[list[str], dict[str, float]]:
 
 
 def test_the_lower_priority_value_runs_first_under_the_priority_policy(tiny_checkpoint, tmp_path):
-    args = ("--max-model-len", "1024", "--scheduler-args", "--scheduling-policy priority --max-num-seqs 1")
+    args = ("--max-model-len", "1024", "--scheduling-policy", "priority", "--max-num-seqs", "1")
     with kvpool_serve(tiny_checkpoint, tmp_path, *args) as served:
         order, _ = finish_order(served, str(tiny_checkpoint))
     assert order == ["later-high", "late-low"]
 
 
 def test_fcfs_accepts_the_field_and_keeps_arrival_order(tiny_checkpoint, tmp_path):
-    with kvpool_serve(tiny_checkpoint, tmp_path, "--max-model-len", "1024", "--scheduler-args", "--max-num-seqs 1") as served:
+    with kvpool_serve(tiny_checkpoint, tmp_path, "--max-model-len", "1024", "--max-num-seqs", "1") as served:
         order, _ = finish_order(served, str(tiny_checkpoint))
     assert order == ["late-low", "later-high"]
+
+
+def test_the_prefill_options_keep_greedy_outputs(tiny_checkpoint, tmp_path):
+    # The cap and unsplit prompts change when tokens are computed, never which.
+    body = {"model": str(tiny_checkpoint), "prompt": [PROMPT, PROMPT[:40]], "max_tokens": 12, "temperature": 0}
+    texts = []
+    for i, args in enumerate([(), ("--no-enable-chunked-prefill", "--long-prefill-token-threshold", "8", "--max-num-batched-tokens", "1024")]):
+        with kvpool_serve(tiny_checkpoint, tmp_path / str(i), "--max-model-len", "1024", *args) as served:
+            texts.append([c["text"] for c in complete(served, body)["choices"]])
+    assert texts[0] == texts[1] and all(texts[0])
