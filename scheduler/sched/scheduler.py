@@ -27,9 +27,10 @@ from scheduler.sched.prompt_token_stats import PromptTokenStats
 from scheduler.sched.request import Request, RequestStatus
 from scheduler.sched.request_queue import create_request_queue
 from scheduler.sched.sampled_tokens import append_sampled_tokens
+from scheduler.sched.worker_loss import WorkerLossRecovery
 
 
-class Scheduler:
+class Scheduler(WorkerLossRecovery):
     policy = "fcfs"  # --scheduling-policy (its waiting queue: scheduler/sched/request_queue.py)
 
     def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
@@ -274,16 +275,6 @@ class Scheduler:
         request.num_computed_tokens = 0
         self.waiting.appendleft(request)
 
-    def preempt_all(self) -> None:
-        """The worker is gone with every row: all running requests go back to the
-        front of the waiting queue, in order, to be recomputed. Not preemptions (the
-        policy chose none): counted in num_worker_loss_recomputes."""
-        for request in reversed(self.running):
-            self._requeue(request)
-        self.num_worker_loss_recomputes += len(self.running)
-        self.running.clear()
-        self._pending_finished_seq_ids.clear()
-
     def update_from_output(self, result: StepResult) -> StepTokens:
         """Apply the worker's result of the plan in flight: append sampled tokens,
         stop requests that are done (scheduler/sched/sampled_tokens.py). Raises
@@ -301,13 +292,3 @@ class Scheduler:
             self._finish(request, status)
         self.num_generation_tokens += len(outputs.requests)
         return outputs
-
-    def abandon_in_flight(self) -> SchedulerOutput | None:
-        """The worker is gone: forget the plan in flight (its tokens were not produced)."""
-        out, self._in_flight = self._in_flight, None
-        if out is not None:
-            counts = out.plan.num_scheduled_tokens
-            for request in out.scheduled:
-                if request.status == RequestStatus.RUNNING:
-                    request.num_computed_tokens -= counts.get(request.seq_id, 1)
-        return out
