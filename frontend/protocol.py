@@ -13,6 +13,8 @@ from typing import Any
 
 import msgspec
 
+from protocol.client_messages import Priority
+
 
 class StreamOptions(msgspec.Struct):
     include_usage: bool = False
@@ -40,6 +42,8 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     stream_options: StreamOptions | None = None
     user: str | None = None
     cache_salt: str | None = None
+    # vLLM's: an int64, lower first under --scheduling-policy priority; ignored by fcfs.
+    priority: Priority = 0
     return_tokens_as_token_ids: bool | None = None
     request_id: str | None = None
 

@@ -24,8 +24,9 @@ def _generate_request(ctx: ServingContext, request_id: str, token_ids: list[int]
     sampling = {**params.generate, "n": params.n, "stop": params.stop, "include_stop_str_in_output": params.include_stop_str_in_output,
                 "skip_special_tokens": params.skip_special_tokens}  # fmt: skip
     sampling.pop("cache_salt", None)
+    priority = sampling.pop("priority")
     return {"request_id": request_id, "token_ids": token_ids, "features": None, "sampling_params": sampling, "model": ctx.model_name,
-            "stream": req.stream, "stream_options": None, "cache_salt": req.cache_salt, "priority": 0, "kv_transfer_params": None}  # fmt: skip
+            "stream": req.stream, "stream_options": None, "cache_salt": req.cache_salt, "priority": priority, "kv_transfer_params": None}  # fmt: skip
 
 
 def render_completion(ctx: ServingContext, req: CompletionRequest) -> list[dict]:

@@ -8,7 +8,7 @@ Defaults not given by the request come from the checkpoint's
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +21,8 @@ VLLM_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "re
 _GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
 # vLLM's bound on n (its VLLM_MAX_N_SEQUENCES default).
 DEFAULT_MAX_N_SEQUENCES = 16384
+# vLLM's header that overrides a request body's priority (``OpenAIServing._get_priority``).
+PRIORITY_HEADER = "X-Vllm-Priority"
 
 
 def default_sampling(generation_config: str, model_dir: str | Path) -> dict:
@@ -82,11 +84,25 @@ def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict
         "top_p": float(fields.top_p), "top_k": int(fields.top_k), "min_p": float(fields.min_p), "seed": req.seed,
         "presence_penalty": float(req.presence_penalty), "frequency_penalty": float(req.frequency_penalty),
         "repetition_penalty": float(fields.repetition_penalty), "min_tokens": req.min_tokens,
-        "stop_token_ids": fields.stop_token_ids, "logprobs": num_logprobs,
+        "stop_token_ids": fields.stop_token_ids, "logprobs": num_logprobs, "priority": req.priority,
     }  # fmt: skip
     if req.cache_salt is not None:
         generate["cache_salt"] = req.cache_salt
     return EngineParams(generate, stop, req.include_stop_str_in_output, req.skip_special_tokens, req.n)
+
+
+def with_header_priority(params: EngineParams, headers) -> EngineParams:
+    """vLLM's ``_get_priority``: the X-Vllm-Priority header, when it reads as an int,
+    wins over the body's ``priority``; otherwise the body's stands."""
+    value = headers.get(PRIORITY_HEADER)
+    try:
+        priority = int(value) if value is not None else None
+    except ValueError:
+        return params
+    # NOTE: vLLM passes any int on; one outside int64 would not fit the engine's message.
+    if priority is None or not -(2**63) <= priority < 2**63:
+        return params
+    return replace(params, generate={**params.generate, "priority": priority})
 
 
 def check_prompt_length(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> None:

@@ -13,7 +13,7 @@ from frontend.errors import APIError, bad_request
 from frontend.logprobs import chat_logprobs
 from frontend.metrics import ChoiceGroups
 from frontend.protocol import ChatCompletionRequest
-from frontend.sampling import EngineParams, check_prompt_length, engine_params
+from frontend.sampling import EngineParams, check_prompt_length, engine_params, with_header_priority
 from frontend.serving import (
     ServingContext,
     cached_tokens,
@@ -92,6 +92,7 @@ def chat_role(ctx: ServingContext, req: ChatCompletionRequest) -> str:
 
 async def create_chat_completion(ctx: ServingContext, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
     ids, max_tokens, num_logprobs, params = chat_engine_input(ctx, req)
+    params = with_header_priority(params, request.headers)
     request_id = req.request_id or random_id("chatcmpl")
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
     if req.stream:

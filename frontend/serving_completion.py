@@ -11,7 +11,7 @@ from frontend.errors import APIError, bad_request
 from frontend.logprobs import completion_logprobs
 from frontend.metrics import ChoiceGroups
 from frontend.protocol import CompletionRequest
-from frontend.sampling import EngineParams, check_prompt_length, engine_params
+from frontend.sampling import EngineParams, check_prompt_length, engine_params, with_header_priority
 from frontend.serving import (
     ServingContext,
     cached_tokens,
@@ -75,6 +75,7 @@ def completion_engine_input(ctx: ServingContext, req: CompletionRequest) -> tupl
 
 async def create_completion(ctx: ServingContext, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
     prompts, texts, max_tokens, params = completion_engine_input(ctx, req)
+    params = with_header_priority(params, request.headers)
     request_id = req.request_id or random_id("cmpl")
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
     echo = [(t if t is not None else ctx.tokenizer.decode(ids)) if req.echo else "" for ids, t in zip(prompts, texts, strict=True)]

@@ -18,6 +18,8 @@ from msgspec import Meta
 
 TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 RequestId = Annotated[str, Meta(min_length=1, max_length=256)]
+# vLLM's request priority: an int64, lower runs first (with --scheduling-policy priority).
+Priority = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 
 
 class Generate(msgspec.Struct, tag="generate", tag_field="type", omit_defaults=True, forbid_unknown_fields=True):
@@ -46,6 +48,8 @@ class Generate(msgspec.Struct, tag="generate", tag_field="type", omit_defaults=T
     stop_token_ids: list[TokenId] = []
     # Return each sampled token's logprob and the top-k (k <= 20).
     logprobs: int | None = None
+    # Lower first under --scheduling-policy priority (then by arrival); ignored by fcfs.
+    priority: Priority = 0
 
 
 class Abort(msgspec.Struct, tag="abort", tag_field="type", forbid_unknown_fields=True):

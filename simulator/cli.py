@@ -31,13 +31,16 @@ the host tier's hit rate, both tiers' together, loads, GB stored and loaded
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import random
 import sys
 from pathlib import Path
 
 from scheduler.core.hashing import HASH_ALGOS
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
+from scheduler.sched.policy_options import SCHEDULING_POLICIES, check_scheduler_options
 from simulator.engine import SimConfig, simulate
 from simulator.free_policies import FREE_POLICIES
 from simulator.plot import plot_hit_rates
@@ -84,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--suffix-len", type=int, default=64)
     g.add_argument("--input-len", type=int, default=256, help="random: prompt length")
     g.add_argument("--range-ratio", type=float, default=0.0, help="random: lengths within ±ratio")
+    g.add_argument("--priority-levels", type=int, default=1, metavar="N",
+                   help="give each request a priority drawn from 0..N-1 (--seed), for --scheduling-policy priority (default 1: all 0)")  # fmt: skip
     g = p.add_argument_group("engine")
     g.add_argument("--num-blocks", type=_int_list, required=True, help="KV blocks (null block included); a comma list runs each")
     g.add_argument("--policy", type=_policy_list, default=[d.policy], help=f"free policy, or a comma list: {', '.join(FREE_POLICIES)} (default vllm)")
@@ -97,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ms-per-token", type=float, default=d.ms_per_token, help="cost of a scheduled token (default %(default)s)")
     g.add_argument("--prefix-caching-hash-algo", choices=HASH_ALGOS, default=d.hash_algo,
                    help="block hash (default %(default)s: offline, so no adversary; results do not depend on it)")  # fmt: skip
+    g.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default=d.scheduling_policy, help="as the scheduler's (default %(default)s)")
+    g.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N", help="as the scheduler's (default 0: off)")
+    g.add_argument("--long-prefill-token-threshold-adaptive", action=argparse.BooleanOptionalAction, default=False)
+    g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True, help="as the scheduler's (default: on)")
     g.add_argument("--no-fast-forward", dest="fast_forward", action="store_false", help="step every decode step (slow; for checks)")
     g = p.add_argument_group("host tier (offloading)")
     g.add_argument("--kv-offloading-blocks", type=_int_list, default=[0], metavar="N",
@@ -127,6 +136,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
+    if a.priority_levels < 1:
+        p.error(f"--priority-levels must be positive, got {a.priority_levels}")
+    try:
+        check_scheduler_options(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len, enable_chunked_prefill=a.enable_chunked_prefill,
+                                long_prefill_token_threshold=a.long_prefill_token_threshold)  # fmt: skip
+    except ValueError as e:
+        p.error(str(e))
     if any(n < 0 for n in a.kv_offloading_blocks):
         p.error(f"--kv-offloading-blocks must be >= 0, got {min(a.kv_offloading_blocks)}")
     if not 0 < a.offload_bandwidth_gbps < math.inf:
@@ -164,6 +180,14 @@ def _check_output_path(p: argparse.ArgumentParser, flag: str, path: Path) -> Non
 
 
 def build_workload(a: argparse.Namespace) -> Workload:
+    workload = _build_workload(a)
+    if a.priority_levels > 1:
+        rng = random.Random(a.seed)
+        workload.specs = [dataclasses.replace(s, priority=rng.randrange(a.priority_levels)) for s in workload.specs]
+    return workload
+
+
+def _build_workload(a: argparse.Namespace) -> Workload:
     # NOTE: loadgen imports are here so that the scheduler package loads without them.
     from loadgen.arrivals import arrival_offsets
     from loadgen.datasets import load_mooncake_trace, random_requests, shared_prefix_requests
@@ -235,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                     num_blocks, a.block_size, policy, a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
                     a.step_overhead_ms, a.ms_per_token, a.prefix_caching_hash_algo, a.fast_forward,
                     num_host_blocks, a.kv_offloading_store, a.offload_bandwidth_gbps, a.kv_bytes_per_token,
-                    a.scheduler_reserve_full_isl,
+                    a.scheduler_reserve_full_isl, a.scheduling_policy, a.long_prefill_token_threshold,
+                    a.long_prefill_token_threshold_adaptive, a.enable_chunked_prefill,
                 )  # fmt: skip
                 results.append(simulate(workload, cfg))
                 r = results[-1]

@@ -29,6 +29,7 @@ from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.kv_cache_usage import get_peak_usage
 from scheduler.core.offload_tier import HostTier
+from scheduler.sched.priority_scheduler import scheduler_class
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
 from scheduler.sched.validation import RequestLimits, RequestRejected, validate_generate
@@ -60,6 +61,11 @@ class SimConfig:
     kv_bytes_per_token: int = 131072
     # vLLM 0.32's scheduler_reserve_full_isl (scheduler/sched/scheduler.py).
     reserve_full_sequence: bool = True
+    # vLLM 0.32's scheduling-policy options (scheduler/sched/policy_options.py).
+    scheduling_policy: str = "fcfs"
+    long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold_adaptive: bool = False
+    enable_chunked_prefill: bool = True
 
 
 def _percentile(values: list[int], q: float) -> float:
@@ -99,8 +105,11 @@ class _Run:
         self.tier = HostTier(cfg.num_host_blocks, bs) if cfg.num_host_blocks else None
         self.kv = KVCacheManager(cfg.num_blocks, bs, cfg.max_model_len, pool_factory=pool_class(cfg.policy),
                                  host_tier=self.tier, offload_store=cfg.offload_store)  # fmt: skip
-        self.sched = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len,
-                               cfg.reserve_full_sequence)  # fmt: skip
+        self.sched = scheduler_class(cfg.scheduling_policy)(
+            self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.reserve_full_sequence,
+            long_prefill_token_threshold=cfg.long_prefill_token_threshold, enable_chunked_prefill=cfg.enable_chunked_prefill,
+            long_prefill_token_threshold_adaptive=cfg.long_prefill_token_threshold_adaptive,
+        )  # fmt: skip
         self.hasher = BlockHasher(bs, cfg.hash_algo)
         # NOTE: prompt token ids lie below the output ones (simulator/workload.py).
         self.limits = RequestLimits(OUTPUT_TOKEN_BASE, cfg.max_model_len, bs, num_usable_blocks=cfg.num_blocks - 1)
@@ -146,7 +155,7 @@ class _Run:
                 continue
             req = Request(
                 str(i), prompt, s.output_len, seq_id=i, ignore_eos=True, block_hasher=self.hasher,
-                arrival_time=s.arrival_ns / 1e9, block_hashes=hashes,
+                arrival_time=s.arrival_ns / 1e9, block_hashes=hashes, priority=s.priority,
             )  # fmt: skip
             self.sched.add_request(req)
 

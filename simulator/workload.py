@@ -41,11 +41,13 @@ MAX_TOKEN_ID = (1 << 31) - 1
 
 @dataclass(frozen=True, slots=True)
 class SimSpec:
-    """One request of a workload: when it arrives and how long it is."""
+    """One request of a workload: when it arrives, how long it is, its priority
+    (lower first under --scheduling-policy priority)."""
 
     arrival_ns: int
     prompt_len: int
     output_len: int
+    priority: int = 0
 
 
 class Workload:

@@ -150,6 +150,17 @@ class BlockPool:
                 self.event_sink.block_stored(list(block_hashes[start : prev + 1]), parent, tokens, block_size)
                 start = prev = i
 
+    def uncache_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop the hashes of ``blocks`` (held ones, cached at scheduling time for
+        tokens that will not be computed after all), as an eviction would."""
+        for block in blocks:
+            block_hash = block.block_hash
+            if block_hash is None:
+                continue
+            block.block_hash = None
+            if self.cached_block_hash_to_block.pop(block_hash, block.block_id)[1] and self.event_sink is not None:
+                self.event_sink.block_removed(block_hash)
+
     def reset_prefix_cache(self) -> bool:
         """Drop every hash. Refused (False, nothing changed) while any request holds a block."""
         num_used_blocks = self.num_gpu_blocks - self.get_num_free_blocks()

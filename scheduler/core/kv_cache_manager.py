@@ -53,12 +53,11 @@ class KVCacheManager:
         self.offload_store = offload_store
         self._write_through = self.host_tier is not None and offload_store == "full"
         self.offloading_connector = None if self.host_tier is None else OffloadingConnector(self.host_tier, self.block_pool, self._write_through)
-        # vLLM's connector_prefix_cache_stats: tokens asked of the host tier (what the
-        # device did not hold) and found there (vllm:external_prefix_cache_*).
+        # vLLM's connector_prefix_cache_stats: tokens asked of the host tier (what the device did
+        # not hold) and found there (vllm:external_prefix_cache_*).
         self.external_prefix_cache_stats = PrefixCacheStats()
-        # Fewest free blocks seen right after an allocation: the peak of usage, which
-        # a poll between steps misses (frees come at the end of every step); read by
-        # scheduler/core/kv_cache_usage.py.
+        # Fewest free blocks seen right after an allocation: the peak of usage, which a poll between
+        # steps misses (frees come at the end of every step); read by scheduler/core/kv_cache_usage.py.
         self.min_num_free_blocks = self.block_pool.get_num_free_blocks()
 
     @property
@@ -93,9 +92,8 @@ class KVCacheManager:
             num_hit_blocks += self.offloading_connector.lookup(hashes[num_hit_blocks:max_hit_blocks])
         num_computed_tokens = num_hit_blocks * self.block_size
         if record_stats:
-            self.record_prefix_cache_query(
-                request.num_tokens, num_computed_tokens, request.num_preemptions > 0, num_computed_tokens - len(computed) * self.block_size
-            )
+            num_host_hit_tokens = num_computed_tokens - len(computed) * self.block_size
+            self.record_prefix_cache_query(request.num_tokens, num_computed_tokens, request.num_preemptions > 0, num_host_hit_tokens)
         return computed, num_computed_tokens
 
     def record_prefix_cache_query(self, num_tokens: int, num_hit_tokens: int, preempted: bool = False, num_host_hit_tokens: int = 0) -> None:
@@ -241,18 +239,24 @@ class KVCacheManager:
             if self._write_through:
                 self.offloading_connector.add_written(req_blocks, request.block_hashes, num_cached, num_full_blocks)
             self.num_cached_block[request_id] = num_cached = num_full_blocks
-        # While its computed tokens stay at or below this, a call for this request
-        # would allocate nothing (its blocks have room) and cache nothing (no block
-        # past the cached ones fills): the scheduler skips the call (fast path).
+        # While its computed tokens stay at or below this, a call for this request would allocate
+        # nothing (its blocks have room) and cache nothing (no block past the cached ones fills):
+        # the scheduler skips the call (fast path).
         request.alloc_noop_until = min(len(req_blocks) * block_size, (num_cached + 1) * block_size - 1)
 
-    def free(self, request: KVCacheRequest) -> None:
-        """Give back the request's blocks, last block first, so that its deepest
-        blocks are evicted before its first ones."""
+    def free(self, request: KVCacheRequest, num_computed_tokens: int | None = None) -> None:
+        """Give back the request's blocks, last block first (its deepest are evicted
+        first). ``num_computed_tokens``: a request preempted in the step that scheduled
+        it; its blocks cached past that many tokens lose their hash (KV never written)."""
         blocks = self.req_to_blocks.pop(request.request_id, None)
-        self.num_cached_block.pop(request.request_id, None)
+        num_cached = self.num_cached_block.pop(request.request_id, 0)
         request.alloc_noop_until = 0
         if blocks:
+            if num_computed_tokens is not None and num_cached * self.block_size > num_computed_tokens:
+                uncached = blocks[num_computed_tokens // self.block_size : num_cached]
+                self.block_pool.uncache_blocks(uncached)
+                if self._write_through:
+                    self.offloading_connector.forget_written(uncached)
             blocks.reverse()
             self.block_pool.free_blocks(blocks)
 
@@ -292,6 +296,5 @@ class KVCacheManager:
             for b in blocks:
                 owners[b.block_id] = owners.get(b.block_id, 0) + 1
         for block in self.block_pool.blocks[1:]:
-            assert block.ref_cnt == owners.get(block.block_id, 0), (
-                f"block {block.block_id}: ref_cnt {block.ref_cnt}, in {owners.get(block.block_id, 0)} tables"
-            )
+            num_owners = owners.get(block.block_id, 0)
+            assert block.ref_cnt == num_owners, f"block {block.block_id}: ref_cnt {block.ref_cnt}, in {num_owners} tables"

@@ -82,6 +82,12 @@ class OffloadingConnector:
         they are stored in the plan after this one (which computes them)."""
         self._written_this_step.extend((req_blocks[i].block_id, block_hashes[i]) for i in range(start, end))
 
+    def forget_written(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Write-through: these blocks, cached in the step being planned, will not be
+        computed by it after all (their request was preempted): no store."""
+        block_ids = {b.block_id for b in blocks}
+        self._written_this_step = [w for w in self._written_this_step if w[0] not in block_ids]
+
     # --- the step's copies ------------------------------------------------------------
 
     def take_copies(self) -> HostTierCopies | None:

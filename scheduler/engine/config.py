@@ -21,6 +21,16 @@ from scheduler.engine.kv_event_endpoints import (
     is_bind_endpoint,
 )
 from scheduler.engine.perf_metrics import DTYPE_BYTES, ModelShape
+from scheduler.sched.policy_options import SCHEDULING_POLICIES, check_scheduler_options
+
+# vLLM's async scheduling plans step N+1 before step N's result is in; kvpool plans a
+# step only once the previous result is applied (DESIGN.md rule 3: blocks are cached
+# at scheduling time), so --async-scheduling is refused as vLLM refuses it where its
+# executor cannot (``does not support async scheduling yet``).
+ASYNC_SCHEDULING_REFUSED = (
+    "--async-scheduling: kvpool's scheduler does not support async scheduling yet: it plans a step only after the "
+    "previous step's result is applied (drop the flag, or pass --no-async-scheduling)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +45,11 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_model_len: int = 4096
+    # vLLM 0.32's scheduling-policy options (scheduler/sched/policy_options.py).
+    scheduling_policy: str = "fcfs"
+    long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold_adaptive: bool = False
+    enable_chunked_prefill: bool = True
     # vLLM 0.32's scheduler_reserve_full_isl: admit a waiting request only if its whole
     # sequence fits the free blocks, not just its first chunk (scheduler/sched/scheduler.py).
     scheduler_reserve_full_isl: bool = True
@@ -121,11 +136,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="N", help="use N blocks instead of what the worker reports")
     p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false", help="turn the prefix cache off")
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once (default %(default)s)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, help="token budget of one step (default %(default)s)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help=f"token budget of one step (default {d.max_num_batched_tokens}; with --no-enable-chunked-prefill, "
+                        "at least --max-model-len, as vLLM)")  # fmt: skip
     p.add_argument("--max-model-len", type=int, default=d.max_model_len, help="most tokens of one request, prompt + output (default %(default)s)")
     p.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=d.scheduler_reserve_full_isl,
                    help="admit a waiting request only if its whole sequence fits the free blocks, not only its first "
                         "chunk (vLLM's flag and default: on)")  # fmt: skip
+    g = p.add_argument_group("scheduling policy (vLLM's SchedulerConfig)")
+    g.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default=d.scheduling_policy,
+                   help="fcfs: first come, first served; priority: by each request's priority (lower first), then arrival; "
+                        "out of blocks, the lowest-priority, latest-arriving running request is preempted (default %(default)s)")  # fmt: skip
+    g.add_argument("--long-prefill-token-threshold", type=int, default=d.long_prefill_token_threshold, metavar="N",
+                   help="schedule at most N tokens of one request in a step, unless it is the only request (default 0: off)")  # fmt: skip
+    g.add_argument("--long-prefill-token-threshold-adaptive", action=argparse.BooleanOptionalAction, default=False,
+                   help="floor that cap at --max-num-batched-tokens / (running + waiting requests) (default: off)")  # fmt: skip
+    g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=d.enable_chunked_prefill,
+                   help="split a prompt that does not fit the step's token budget across steps (default: on); "
+                        "off, --max-num-batched-tokens must be at least --max-model-len")  # fmt: skip
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="not supported: kvpool plans a step once the previous one's result is in (--no-async-scheduling is accepted)")  # fmt: skip
     p.add_argument("--max-num-waiting", type=int, default=d.max_num_waiting,
                    help="most requests waiting to run; more are refused (default %(default)s, ~36 bytes a prompt token each)")  # fmt: skip
     p.add_argument("--prefix-caching-hash-algo", choices=HASH_ALGOS, default=d.prefix_caching_hash_algo)
@@ -198,6 +228,14 @@ def _check_mfu_flags(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
 def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
     p = build_parser()
     a = p.parse_args(argv)
+    if a.async_scheduling:
+        p.error(ASYNC_SCHEDULING_REFUSED)
+    del a.async_scheduling
+    if a.max_num_batched_tokens is None:
+        # vLLM's default, raised to max_model_len without chunked prefill.
+        a.max_num_batched_tokens = SchedulerConfig().max_num_batched_tokens
+        if not a.enable_chunked_prefill:
+            a.max_num_batched_tokens = max(a.max_model_len, a.max_num_batched_tokens)
     for name in ("port", "worker_port", "http_port"):
         value = getattr(a, name)
         if not 0 <= value <= 65535:
@@ -205,6 +243,11 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
     for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_frame_bytes", "max_num_waiting"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
+    try:
+        check_scheduler_options(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len, enable_chunked_prefill=a.enable_chunked_prefill,
+                                long_prefill_token_threshold=a.long_prefill_token_threshold)  # fmt: skip
+    except ValueError as e:
+        p.error(str(e))
     if a.num_gpu_blocks_override is not None and a.num_gpu_blocks_override < 2:
         p.error(f"--num-gpu-blocks-override must be at least 2 (block 0 is the null block), got {a.num_gpu_blocks_override}")
     if a.worker_timeout_s <= 0 or a.worker_reconnect_timeout_s <= 0:

@@ -49,7 +49,7 @@ from scheduler.engine.worker_checks import (
     pool_size_for,
 )
 from scheduler.engine.worker_link import LinkState, WorkerLink, WorkerLost
-from scheduler.sched.scheduler import Scheduler
+from scheduler.sched.priority_scheduler import scheduler_class
 from scheduler.sched.validation import RequestLimits
 
 log = logging.getLogger("scheduler")
@@ -163,7 +163,11 @@ class WorkerSide:
             num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory,
             host_tier=host_tier, offload_store=c.kv_offloading_store,
         )  # fmt: skip
-        state.scheduler = Scheduler(state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl)
+        state.scheduler = scheduler_class(c.scheduling_policy)(
+            state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl,
+            long_prefill_token_threshold=c.long_prefill_token_threshold, enable_chunked_prefill=c.enable_chunked_prefill,
+            long_prefill_token_threshold_adaptive=c.long_prefill_token_threshold_adaptive,
+        )  # fmt: skip
         self.metrics.set_cache_config_info(cache_config_info(c, num_blocks))
         state.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
         state.eos_token_ids = tuple(hello.eos_token_ids) or (hello.eos_token_id,)

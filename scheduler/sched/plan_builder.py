@@ -37,6 +37,12 @@ class StepPlanBuilder:
         """A running row's block table grew by ``new_blocks``."""
         self.appended.append(AppendedBlocks(seq_id, list(map(_BLOCK_ID, new_blocks))))
 
+    def unschedule(self, seq_id: int) -> int:
+        """A running row scheduled earlier in this step was preempted (the priority
+        policy's victim): forget its tokens and appended blocks. Returns its tokens."""
+        self.appended = [a for a in self.appended if a.seq_id != seq_id]
+        return self.num_scheduled_tokens.pop(seq_id, 1)
+
     def add_row(self, request: Request, block_ids: list[int], num_computed_tokens: int, resumed: bool) -> None:
         """An admitted request's row, sent whole: new, or resumed after a preemption."""
         row = RequestRow(request.seq_id, list(request.all_token_ids), block_ids, num_computed_tokens, request.sampling)

@@ -39,7 +39,7 @@ class Request:
         "num_cached_tokens", "num_external_cached_tokens", "block_hashes", "block_hasher", "arrival_time", "scheduled_time",
         "first_token_time",
         "last_token_time", "num_preemptions", "alloc_noop_until", "max_num_tokens", "stop_token_ids", "append_only_below",
-        "min_tokens", "sampling",
+        "min_tokens", "sampling", "priority",
     )  # fmt: skip
 
     def __init__(
@@ -59,6 +59,7 @@ class Request:
         stop_token_ids: Iterable[int] = (),
         min_tokens: int = 0,
         sampling: SamplingParams | None = None,
+        priority: int = 0,
     ):
         self.request_id = request_id
         self.seq_id = seq_id
@@ -89,6 +90,9 @@ class Request:
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         # vLLM's SCHEDULED event: first admission (time.monotonic()); None until then.
         self.scheduled_time: float | None = None
+        # vLLM's request priority: lower runs first under --scheduling-policy priority
+        # (ties by arrival_time); the fcfs policy ignores it.
+        self.priority = priority
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         # Preemptions by the policy (out of blocks); a lost worker's recompute is not one.

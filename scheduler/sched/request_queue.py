@@ -1,5 +1,6 @@
-"""The waiting queue: first come, first served (vLLM's ``FCFSRequestQueue``), with
-ends in O(1) wherever the request stands.
+"""The waiting queue: first come, first served (vLLM's ``FCFSRequestQueue``), or by
+priority (``PriorityWaitingQueue``, vLLM's ``PriorityRequestQueue``), with ends in
+O(1) (a heap: O(log n)) wherever the request stands.
 
 Requests join at the back (`append`), preempted ones go back to the front
 (`appendleft`), and the scheduler admits from the head (`head`, `popleft`). A request
@@ -15,6 +16,8 @@ when some request waits; ``len`` counts those that wait.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import deque
 from collections.abc import Iterator
 
@@ -83,3 +86,82 @@ class WaitingQueue:
         while self._num_ended and queue and queue[0].status.is_finished:
             queue.popleft()
             self._num_ended -= 1
+
+
+class PriorityWaitingQueue:
+    """vLLM's ``PriorityRequestQueue``: a heap by (priority, arrival_time), lower
+    first; equal ones by request_id (as vLLM's ``Request.__lt__``), then by the
+    order they were pushed (vLLM: by ``id()``, an arbitrary order). A preempted
+    request goes back in by the same key: a heap has no front to put it at.
+
+    The same interface and lazy deletion as `WaitingQueue`: a request ending while
+    waiting is popped if it is the head; elsewhere it stays in the heap, already
+    finished, until it reaches the head or the ended outnumber the waiting and the
+    heap is rebuilt. NOTE: vLLM's ``heap.remove`` + ``heapify`` is O(n) an abort.
+    """
+
+    __slots__ = ("_heap", "_num_ended", "_counter")
+
+    def __init__(self) -> None:
+        # (priority, arrival_time, request_id, push order, request): the push order
+        # is unique, so the request itself is never compared.
+        self._heap: list[tuple[int, float, str, int, Request]] = []
+        self._num_ended = 0  # finished requests still in _heap
+        self._counter = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._heap) - self._num_ended
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)  # the head waits: non-empty means someone waits
+
+    def __iter__(self) -> Iterator[Request]:
+        """The waiting requests, in the order they would be admitted."""
+        return (e[-1] for e in sorted(self._heap) if not e[-1].status.is_finished)
+
+    def __contains__(self, request: Request) -> bool:
+        return not request.status.is_finished and any(e[-1] is request for e in self._heap)
+
+    @property
+    def head(self) -> Request:
+        """The waiting request with the lowest (priority, arrival_time) (IndexError when none waits)."""
+        return self._heap[0][-1]
+
+    def append(self, request: Request) -> None:
+        heapq.heappush(self._heap, (request.priority, request.arrival_time, request.request_id, next(self._counter), request))
+
+    appendleft = append  # a preempted request: back in by its key
+
+    def popleft(self) -> Request:
+        request = heapq.heappop(self._heap)[-1]
+        self._drop_ended_head()
+        return request
+
+    def remove_ended(self, request: Request) -> None:
+        """Take ``request``, which has just ended (its status is finished), out of the
+        queue in O(log n) amortized."""
+        heap = self._heap
+        if heap[0][-1] is request:
+            heapq.heappop(heap)
+            self._drop_ended_head()
+            return
+        self._num_ended += 1
+        if self._num_ended > MIN_ENDED_TO_REBUILD and 2 * self._num_ended > len(heap):
+            heap[:] = [e for e in heap if not e[-1].status.is_finished]
+            heapq.heapify(heap)
+            self._num_ended = 0
+
+    def _drop_ended_head(self) -> None:
+        heap = self._heap
+        while self._num_ended and heap and heap[0][-1].status.is_finished:
+            heapq.heappop(heap)
+            self._num_ended -= 1
+
+
+def create_request_queue(policy: str) -> WaitingQueue | PriorityWaitingQueue:
+    """The waiting queue of ``--scheduling-policy`` ``policy`` ("fcfs" or "priority")."""
+    if policy == "fcfs":
+        return WaitingQueue()
+    if policy == "priority":
+        return PriorityWaitingQueue()
+    raise ValueError(f"unknown scheduling policy {policy!r}: expected 'fcfs' or 'priority'")

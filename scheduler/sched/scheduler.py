@@ -1,11 +1,11 @@
 """The scheduling policy of vLLM v1, emitting delta plans for the worker.
 
-Each step: running requests first (one token each when decoding, a chunk while
-still prefilling), then waiting requests FCFS while the token budget
-(max_num_batched_tokens) and max_num_seqs allow; a prompt may be split across
-steps (chunked prefill). Out of blocks: preempt the last running request by
-recompute. Finish on max_tokens, or on a stop token (EOS unless ignore_eos, and the
-request's stop_token_ids) once min_tokens are out, or abort.
+Each step: running requests first (one token each when decoding, a chunk while still
+prefilling), then waiting requests FCFS while the token budget (max_num_batched_tokens)
+and max_num_seqs allow; a prompt may be split across steps (chunked prefill, unless off:
+scheduler/sched/policy_options.py). Out of blocks: preempt the last running request by
+recompute (priority: scheduler/sched/priority_scheduler.py). Finish on max_tokens, or on
+a stop token (EOS unless ignore_eos, and stop_token_ids) once min_tokens are out.
 
 The plan says only what changed since the last (scheduler/sched/plan_builder.py);
 the worker's sampled tokens are appended by scheduler/sched/sampled_tokens.py.
@@ -15,33 +15,41 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from functools import partial
 
 from protocol.worker_messages import StepResult
 from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.outputs import SchedulerOutput, StepTokens
 from scheduler.sched.plan_builder import StepPlanBuilder
+from scheduler.sched.policy_options import check_scheduler_options, long_prefill_cap
 from scheduler.sched.prompt_token_stats import PromptTokenStats
 from scheduler.sched.request import Request, RequestStatus
-from scheduler.sched.request_queue import WaitingQueue
+from scheduler.sched.request_queue import create_request_queue
 from scheduler.sched.sampled_tokens import append_sampled_tokens
+from scheduler.sched.worker_loss import WorkerLossRecovery
 
 
-class Scheduler:
+class Scheduler(WorkerLossRecovery):
+    policy = "fcfs"  # --scheduling-policy (its waiting queue: scheduler/sched/request_queue.py)
+
     def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 reserve_full_sequence: bool = True):  # fmt: skip
-        if max_num_seqs < 1 or max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+                 reserve_full_sequence: bool = True, *, long_prefill_token_threshold: int = 0,
+                 long_prefill_token_threshold_adaptive: bool = False, enable_chunked_prefill: bool = True):  # fmt: skip
+        check_scheduler_options(max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill=enable_chunked_prefill,
+                                long_prefill_token_threshold=long_prefill_token_threshold)  # fmt: skip
         self.kv_cache_manager = kv_cache_manager
         self.block_size = kv_cache_manager.block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
-        # vLLM 0.32's scheduler_reserve_full_isl (its default, on): a waiting request is
-        # admitted only if the pool could hold its whole sequence, not just the first
-        # chunk, so chunked prefill does not admit what it must preempt again.
+        # vLLM 0.32's scheduler_reserve_full_isl (its default, on): a waiting request is admitted only if
+        # the pool could hold its whole sequence, not just its first chunk (none admitted to be preempted).
         self.reserve_full_sequence = reserve_full_sequence
-        self.waiting = WaitingQueue()
+        # The step's cap on one request's tokens, from the number running and waiting (None: off).
+        self._long_prefill_cap = partial(long_prefill_cap, long_prefill_token_threshold, long_prefill_token_threshold_adaptive, max_num_batched_tokens) if long_prefill_token_threshold else None  # fmt: skip
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting = create_request_queue(self.policy)
         self.running: list[Request] = []
         # Every unfinished request, by the client's id and by the wire's seq_id.
         self.requests: dict[str, Request] = {}
@@ -80,16 +88,14 @@ class Scheduler:
             request = self.requests.get(request_id)
             if request is None:
                 continue
-            if request.status == RequestStatus.RUNNING:
+            if self._finish(request, status):
                 self.running.remove(request)
-                self._finish(request, status)
             else:
-                self._finish(request, status)
                 self.waiting.remove_ended(request)
             ended.append(request)
         return ended
 
-    def _finish(self, request: Request, status: RequestStatus) -> None:
+    def _finish(self, request: Request, status: RequestStatus) -> bool:
         was_on_worker = request.status == RequestStatus.RUNNING
         request.status = status
         request.append_only_below = 0
@@ -98,6 +104,7 @@ class Scheduler:
         del self.seq_id_to_request[request.seq_id]
         if was_on_worker:
             self._pending_finished_seq_ids.append(request.seq_id)
+        return was_on_worker  # its row is dropped in the next plan
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -116,36 +123,41 @@ class Scheduler:
         """Decide the next step. None when there is nothing to run."""
         if self._in_flight is not None:
             raise RuntimeError(f"step {self._in_flight.plan.step_id} is still in flight")
-        plan = StepPlanBuilder()
-        token_budget, scheduled, sampling, preempted = self._schedule_running(plan)
-        # Waiting requests only if this step did not have to preempt.
-        if self.waiting and not preempted:
-            token_budget = self._schedule_waiting(plan, token_budget, scheduled, sampling)
-        finished_seq_ids = self._pending_finished_seq_ids
-        self._pending_finished_seq_ids = []
+        preempted: list[Request] = []
+        while True:
+            plan = StepPlanBuilder()
+            cap = self._long_prefill_cap(len(self.running) + len(self.waiting)) if self._long_prefill_cap else 0
+            token_budget, scheduled, sampling, victims = self._schedule_running(plan, cap)
+            if not victims:
+                if self.waiting:  # waiting requests only if this step did not have to preempt
+                    token_budget = self._schedule_waiting(plan, token_budget, scheduled, sampling, cap)
+                break
+            preempted += victims
+            if scheduled:  # NOTE: else the first running one preempted itself: vLLM runs an empty step, we plan again
+                break
         if not scheduled:
             # Nothing to run; rows to drop ride along with the next plan.
-            self._pending_finished_seq_ids = finished_seq_ids
             self._pending_finished_seq_ids.extend(r.seq_id for r in preempted)
             return None
+        finished_seq_ids, self._pending_finished_seq_ids = self._pending_finished_seq_ids, []
         step_plan = plan.build(self.next_step_id, finished_seq_ids, preempted, self.kv_cache_manager.take_tier_copies())
         self.next_step_id += 1
         total = self.max_num_batched_tokens - token_budget
         self._in_flight = SchedulerOutput(step_plan, scheduled, total, preempted, sampling)
         return self._in_flight
 
-    def _schedule_running(self, plan: StepPlanBuilder) -> tuple[int, list[Request], list[Request], list[Request]]:
-        """Schedule the running requests, in order, while the token budget lasts.
-        Returns the budget left, the requests scheduled, those of them sampling (their
-        computed tokens reach their token count), and the requests preempted."""
+    def _schedule_running(self, plan: StepPlanBuilder, cap: int) -> tuple[int, list[Request], list[Request], list[Request]]:
+        """Schedule the running requests, in order, while the token budget lasts, at
+        most ``cap`` tokens each (0: no cap). Returns the budget left, the requests
+        scheduled, those of them sampling (their computed tokens reach their token
+        count), and the requests preempted."""
         token_budget = self.max_num_batched_tokens
         num_scheduled_tokens = plan.num_scheduled_tokens
         preempted: list[Request] = []
-        # NOTE: this loop runs once per running request per step; it is written for
-        # speed. The common case, one decode token with room in the request's blocks
-        # and nothing to cache (request.alloc_noop_until, kept by the KV cache
-        # manager), only counts the token; the batch lists are made after the loop,
-        # at C speed.
+        # NOTE: this loop runs once per running request per step; it is written for speed.
+        # The common case, one decode token with room in the request's blocks and nothing
+        # to cache (request.alloc_noop_until, kept by the KV cache manager), only counts
+        # the token; the batch lists are made after the loop, at C speed.
         running = self.running
         num_scheduled_running = -1  # -1: every request left in `running`
         all_sampling = True  # every scheduled running request completes its tokens
@@ -161,6 +173,8 @@ class Scheduler:
             if token_budget <= 0:
                 num_scheduled_running = running.index(request)
                 break
+            if 0 < cap < num_new_tokens:
+                num_new_tokens = cap
             if num_new_tokens > token_budget:
                 num_new_tokens = token_budget
             end = num_computed + num_new_tokens
@@ -189,9 +203,8 @@ class Scheduler:
         return token_budget, scheduled, sampling, preempted
 
     def _allocate_or_preempt(self, request: Request, num_new_tokens: int, preempted: list[Request]) -> list[KVCacheBlock] | None:
-        """Room for ``num_new_tokens`` more tokens of a running request: its new blocks.
-        Out of blocks, preempt the lowest-priority request (the last running) and try
-        again; None once the request preempted itself."""
+        """Room for ``num_new_tokens`` more tokens of a running request: its new blocks. Out
+        of blocks, preempt the last running request and retry; None once it was this one."""
         kv = self.kv_cache_manager
         running = self.running
         while True:
@@ -207,10 +220,9 @@ class Scheduler:
             if victim is request:
                 return None
 
-    def _schedule_waiting(self, plan: StepPlanBuilder, token_budget: int, scheduled: list[Request], sampling: list[Request]) -> int:
-        """Admit waiting requests, FCFS, while the token budget, max_num_seqs and the
-        pool allow; each joins ``scheduled`` (and ``sampling`` if its prompt completes).
-        Returns the token budget left."""
+    def _schedule_waiting(self, plan: StepPlanBuilder, token_budget: int, scheduled: list[Request], sampling: list[Request], cap: int) -> int:
+        """Admit waiting requests from the head while the budget, max_num_seqs and the pool allow, at most ``cap``
+        tokens each (0: none; unsplit without chunked prefill); each joins ``scheduled`` (``sampling`` if done)."""
         kv = self.kv_cache_manager
         waiting, running = self.waiting, self.running
         num_scheduled_tokens = plan.num_scheduled_tokens
@@ -218,10 +230,16 @@ class Scheduler:
         while waiting and token_budget > 0 and len(running) < self.max_num_seqs:
             request = waiting.head
             hits, num_hit_tokens = kv.get_computed_blocks(request, record_stats=False)
-            num_new_tokens = min(request.num_tokens - num_hit_tokens, token_budget)
+            num_new_tokens = request.num_tokens - num_hit_tokens
+            if 0 < cap < num_new_tokens:
+                num_new_tokens = cap
+            if num_new_tokens > token_budget:
+                if not self.enable_chunked_prefill:
+                    break  # vLLM: not split, and nobody overtakes the head
+                num_new_tokens = token_budget
             new_blocks = kv.allocate_slots(request, num_new_tokens, num_hit_tokens, hits, full_sequence_must_fit=self.reserve_full_sequence)
             if new_blocks is None:
-                break  # FCFS: nobody overtakes the head of the queue
+                break  # nobody overtakes the head of the queue
             # NOTE: admitted before (resumed after a preemption or a lost worker): counted apart.
             num_host_hit_tokens = num_hit_tokens - len(hits) * self.block_size
             kv.record_prefix_cache_query(request.num_tokens, num_hit_tokens, request.num_cached_tokens >= 0, num_host_hit_tokens)
@@ -243,29 +261,19 @@ class Scheduler:
             token_budget -= num_new_tokens
         return token_budget
 
-    def _preempt(self, request: Request) -> None:
+    def _preempt(self, request: Request, num_computed_tokens: int | None = None) -> None:
         """Preemption by recompute (vllm:num_preemptions); see `_requeue`."""
-        self._requeue(request)
+        self._requeue(request, num_computed_tokens)
         request.num_preemptions += 1
         self.num_preemptions += 1
 
-    def _requeue(self, request: Request) -> None:
-        """Free its blocks (deepest first), computed tokens back to 0, front of the
-        waiting queue. Its prefix may still hit the cache."""
-        self.kv_cache_manager.free(request)
+    def _requeue(self, request: Request, num_computed_tokens: int | None = None) -> None:
+        """Free its blocks (deepest first; ``num_computed_tokens``: see KVCacheManager.free),
+        computed tokens back to 0, front of the waiting queue; its prefix may still hit."""
+        self.kv_cache_manager.free(request, num_computed_tokens)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         self.waiting.appendleft(request)
-
-    def preempt_all(self) -> None:
-        """The worker is gone with every row: all running requests go back to the
-        front of the waiting queue, in order, to be recomputed. Not preemptions (the
-        policy chose none): counted in num_worker_loss_recomputes."""
-        for request in reversed(self.running):
-            self._requeue(request)
-        self.num_worker_loss_recomputes += len(self.running)
-        self.running.clear()
-        self._pending_finished_seq_ids.clear()
 
     def update_from_output(self, result: StepResult) -> StepTokens:
         """Apply the worker's result of the plan in flight: append sampled tokens,
@@ -275,24 +283,12 @@ class Scheduler:
         if out is None:
             raise ValueError(f"result for step {result.step_id}, expected None")
         requests = out.match_result(result)
-        token_ids = result.sampled_token_ids
         self._in_flight = None
         if out.plan.tier_copies is not None:
             self.kv_cache_manager.complete_tier_copies()
-        outputs, done = append_sampled_tokens(requests, token_ids, self.block_size, self.prompt_token_stats)
+        outputs, done = append_sampled_tokens(requests, result.sampled_token_ids, self.block_size, self.prompt_token_stats)
         for request, status in done:
             self.running.remove(request)
             self._finish(request, status)
         self.num_generation_tokens += len(outputs.requests)
         return outputs
-
-    def abandon_in_flight(self) -> SchedulerOutput | None:
-        """The worker is gone: forget the plan in flight (its tokens were not produced)."""
-        out, self._in_flight = self._in_flight, None
-        if out is not None:
-            counts = out.plan.num_scheduled_tokens
-            for request in out.scheduled:
-                if request.status == RequestStatus.RUNNING:
-                    request.num_computed_tokens -= counts.get(request.seq_id, 1)
-        return out
-

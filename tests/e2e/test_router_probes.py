@@ -44,12 +44,13 @@ def test_completion_render_gives_the_token_ids_tokenize_gives(served, model):
     status, tok = post(served, "/tokenize", {"model": model, "prompt": TEXT})
     assert status == 200
     status, body = post(served, "/v1/completions/render", {"model": model, "prompt": [TEXT, [5, 6, 7]], "max_tokens": 3,
-                                                             "temperature": 0.5, "cache_salt": "t1"})  # fmt: skip
+                                                             "temperature": 0.5, "cache_salt": "t1", "priority": -3})  # fmt: skip
     assert status == 200, body
     assert [r["token_ids"] for r in body] == [tok["tokens"], [5, 6, 7]]
     assert len({r["request_id"] for r in body}) == 2
     for r in body:
-        assert r["model"] == model and r["cache_salt"] == "t1" and r["stream"] is False
+        assert r["model"] == model and r["cache_salt"] == "t1" and r["stream"] is False and r["priority"] == -3
+        assert "priority" not in r["sampling_params"]  # vLLM's GenerateRequest field, not a sampling one
         assert r["sampling_params"]["max_tokens"] == 3 and r["sampling_params"]["temperature"] == 0.5
 
 

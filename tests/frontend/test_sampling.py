@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import json
+
+import msgspec
 import pytest
 
 from frontend.errors import APIError
-from frontend.protocol import CompletionRequest
-from frontend.sampling import engine_params
+from frontend.protocol import ChatCompletionRequest, CompletionRequest
+from frontend.sampling import engine_params, with_header_priority
+from protocol.client_messages import Generate
 
 
 def rejected(defaults: dict | None = None, max_tokens: int = 16, **fields) -> APIError:
@@ -50,9 +54,37 @@ def test_a_good_request_becomes_the_generate_fields():
     assert p.generate == {
         "max_tokens": 8, "ignore_eos": False, "temperature": 0.5, "top_p": 0.9, "top_k": 5, "min_p": 0.0, "seed": 7,
         "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_tokens": 0,
-        "stop_token_ids": [2], "logprobs": 3,
+        "stop_token_ids": [2], "logprobs": 3, "priority": 0,
     }  # fmt: skip
     assert p.stop == ["\n"] and p.n == 1
+
+
+def test_priority_travels_to_the_generate_message():
+    # vLLM's CompletionRequest/ChatCompletionRequest ``priority``: an int64, default 0,
+    # accepted whatever the scheduling policy (vLLM 0.32 checks it nowhere else).
+    for req in (CompletionRequest(prompt="x", priority=-7), ChatCompletionRequest(messages=[], priority=2**63 - 1)):
+        p = engine_params(req, 4, None, {})
+        assert p.generate["priority"] == req.priority
+        msg = Generate(request_id="r", prompt_token_ids=[3], **p.generate)
+        assert msgspec.msgpack.decode(msgspec.msgpack.encode(msg), type=Generate).priority == req.priority
+    assert engine_params(CompletionRequest(prompt="x"), 4, None, {}).generate["priority"] == 0
+
+
+@pytest.mark.parametrize("body", [{"priority": 2**63}, {"priority": -(2**63) - 1}, {"priority": "high"}, {"priority": 1.5}])
+def test_a_priority_outside_int64_is_refused_naming_the_field(body):
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.priority"):
+        msgspec.json.decode(json.dumps({"prompt": "x", **body}), type=CompletionRequest)
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [({}, 3), ({"X-Vllm-Priority": "-4"}, -4), ({"X-Vllm-Priority": " 12 "}, 12), ({"X-Vllm-Priority": "high"}, 3),
+     ({"X-Vllm-Priority": "1.5"}, 3), ({"X-Vllm-Priority": str(2**63)}, 3)],
+)  # fmt: skip
+def test_vllms_priority_header_wins_over_the_body_when_it_reads_as_an_int(headers, expected):
+    params = engine_params(CompletionRequest(prompt="x", priority=3), 4, None, {})
+    assert with_header_priority(params, headers).generate["priority"] == expected
+    assert params.generate["priority"] == 3  # the shared params are not changed
 
 
 def test_n_is_bounded_as_vllm_bounds_it():

@@ -126,7 +126,9 @@ def test_malformed_frames(name, frame):
         {"type": "generate", "request_id": "", "prompt_token_ids": [1]},  # request_id too short
         {"type": "generate", "request_id": "x" * 257, "prompt_token_ids": [1]},  # request_id too long
         {"type": "generate", "request_id": 5, "prompt_token_ids": [1]},
-        {"type": "generate", "request_id": "a", "prompt_token_ids": [1], "priority": 3},  # unknown field
+        {"type": "generate", "request_id": "a", "prompt_token_ids": [1], "best_of": 3},  # unknown field
+        {"type": "generate", "request_id": "a", "prompt_token_ids": [1], "priority": 2**63},  # priority past int64
+        {"type": "generate", "request_id": "a", "prompt_token_ids": [1], "priority": "high"},
         {"type": "abort", "request_id": "a", "force": True},  # unknown field
         {"type": "abort"},
         {"type": "output", "request_id": "a", "new_token_ids": [1]},  # a response, not a request

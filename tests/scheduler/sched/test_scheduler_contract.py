@@ -17,6 +17,7 @@ from protocol.worker_messages import StepPlan
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.offload_tier import HostTier
+from scheduler.sched.priority_scheduler import scheduler_class
 from scheduler.sched.request import Request, RequestStatus
 from scheduler.sched.scheduler import Scheduler
 
@@ -40,11 +41,12 @@ def make_workload(seed: int, n: int, block_size: int) -> list[dict]:
 
 
 def run(workload, *, num_blocks, block_size=4, max_num_seqs=8, budget=64, caching=True, max_model_len=256, check=True,
-        num_host_blocks=0, offload_store="eviction"):  # fmt: skip
+        num_host_blocks=0, offload_store="eviction", policy="fcfs", **options):  # fmt: skip
+    """``options``: the Scheduler's policy options (long_prefill_token_threshold, ...)."""
     hasher = BlockHasher(block_size)
     tier = HostTier(num_host_blocks, block_size) if num_host_blocks else None
     kv = KVCacheManager(num_blocks, block_size, max_model_len, enable_caching=caching, host_tier=tier, offload_store=offload_store)
-    sched = Scheduler(kv, max_num_seqs, budget, max_model_len)
+    sched = scheduler_class(policy)(kv, max_num_seqs, budget, max_model_len, **options)
     worker = FakeWorker(num_blocks, block_size, VOCAB, num_host_blocks=num_host_blocks)
     outputs: dict[str, list[int]] = {w["request_id"]: [] for w in workload}
     reasons: dict[str, str] = {}
@@ -56,7 +58,7 @@ def run(workload, *, num_blocks, block_size=4, max_num_seqs=8, budget=64, cachin
         while pending and pending[0]["arrive_step"] <= step:
             w = pending.pop(0)
             req = Request(w["request_id"], w["prompt"], w["max_tokens"], seq_id=len(live_since), ignore_eos=w["ignore_eos"],
-                          eos_token_id=EOS, block_hasher=hasher)  # fmt: skip
+                          eos_token_id=EOS, block_hasher=hasher, priority=w.get("priority", 0))  # fmt: skip
             sched.add_request(req)
             live_since[w["request_id"]] = step
         for w in workload:
@@ -270,3 +272,39 @@ def test_a_working_set_over_the_device_pool_hits_in_the_host_tier(offload_store)
     ext = kv.external_prefix_cache_stats
     assert ext.hits > 0 and ext.queries == queries - kv.prefix_cache_stats.hits
     assert kv.host_tier.num_loads * 4 == ext.hits
+
+
+def with_priorities(workload: list[dict], seed: int) -> list[dict]:
+    rng = random.Random(seed + 1000)
+    return [dict(w, priority=rng.randrange(-2, 3)) for w in workload]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_priority_policy_and_the_long_prefill_cap_keep_outputs_and_the_contract(seed):
+    # Priority preemption takes victims wherever they stand in `running`, also ones
+    # scheduled earlier in the step: the fake worker fails any read of KV that was
+    # never written (a victim's blocks cached for the step it left), any append to a
+    # dropped row, and any count that does not add up.
+    wl = with_priorities(make_workload(seed, 40, 4), seed)
+    ref_out, ref_reasons, _, _ = run([dict(w, abort_step=None) for w in wl], num_blocks=2000, budget=4096, caching=False, max_num_seqs=64)
+    num_preemptions = 0
+    for kwargs in (
+        dict(num_blocks=24, budget=64, policy="priority"),  # preemptions
+        dict(num_blocks=24, budget=64, policy="priority", caching=False),
+        dict(num_blocks=16, budget=7, max_num_seqs=3, policy="priority"),
+        dict(num_blocks=24, budget=64, policy="priority", num_host_blocks=16, offload_store="full"),
+        dict(num_blocks=24, budget=64, policy="priority", long_prefill_token_threshold=5),
+        dict(num_blocks=24, budget=64, long_prefill_token_threshold=3, long_prefill_token_threshold_adaptive=True),
+        dict(num_blocks=24, budget=256, max_model_len=256, enable_chunked_prefill=False),
+        dict(num_blocks=24, budget=256, policy="priority", enable_chunked_prefill=False, long_prefill_token_threshold=6),
+    ):
+        out, reasons, sched, kv = run(wl, **kwargs)
+        num_preemptions += sched.num_preemptions if kwargs.get("policy") else 0
+        for w in wl:
+            rid = w["request_id"]
+            if reasons[rid] == "abort":
+                assert ref_out[rid][: len(out[rid])] == out[rid]
+            else:
+                assert out[rid] == ref_out[rid], (kwargs, rid)
+                assert reasons[rid] == ref_reasons[rid]
+    assert num_preemptions > 0
