@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import sys
 
-from frontend.serve_flags import KVPOOL_PASSED, all_rules
+from frontend.serve_flags import all_rules
 from frontend.serve_flags.rules import PASSED, forwarded
 
 
 def passed_flags(a, child: str) -> list[str]:
     """The ``passed`` flags given for ``child``, in the table's order."""
-    rules = [*all_rules(), *KVPOOL_PASSED]
+    rules = all_rules()
     return [arg for rule in rules if rule.verdict == PASSED and child in rule.to for arg in forwarded(rule, a)]
 
 

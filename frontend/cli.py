@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from frontend.config import FrontendConfig
-from frontend.serve_flags import GROUPS, KVPOOL_PASSED, all_rules
+from frontend.serve_flags import GROUPS, all_rules
 from frontend.serve_flags.config_file import ConfigFileError, with_config_file
 from frontend.serve_flags.kv_events_config import kv_events_scheduler_flags
 from frontend.serve_flags.rules import add_rule, refusal
@@ -59,8 +59,6 @@ def _add_kvpool_flags(g) -> None:
     g.add_argument("--ready-timeout", type=float, default=120.0, metavar="SECONDS")
     g.add_argument("--stop-timeout", type=float, default=10.0, metavar="SECONDS")
     g.add_argument("--log-dir", default=None, help="write each process's log to DIR/NAME.log (default: this terminal)")
-    for rule in KVPOOL_PASSED:
-        add_rule(g, rule)
 
 
 def _config_json(model_dir: Path) -> dict:
@@ -120,6 +118,10 @@ def settle(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     a.served_model_name = a.served_model_name[0] if a.served_model_name else a.model
     a.dtype = DTYPES[a.dtype]
     a.max_model_len = _max_model_len(p, a)
+    if a.max_num_batched_tokens is None:
+        # NOTE: vLLM's default; unchunked, a step must hold a whole prompt.
+        chunked = getattr(a, "enable_chunked_prefill", True)
+        a.max_num_batched_tokens = 2048 if chunked else max(a.max_model_len, 2048)
     for flag in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "tensor_parallel_size"):
         if getattr(a, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be positive, got {getattr(a, flag)}")

@@ -18,7 +18,7 @@ from frontend.serve_flags import (
     parallel,
     scheduling,
 )
-from frontend.serve_flags.rules import ONE, Group, Rule, passed
+from frontend.serve_flags.rules import Group, Rule
 
 GROUPS: list[Group] = [
     *options.GROUPS, *frontend_args.GROUPS, *model.GROUPS, *parallel.GROUPS, *cache.GROUPS,
@@ -26,13 +26,6 @@ GROUPS: list[Group] = [
     *scheduling.GROUPS, *engine.GROUPS,
 ]  # fmt: skip
 
-
-# Scheduler flags kvpool serve passes on that vllm serve 0.32 no longer has (vLLM's
-# older partial-prefill limits): listed under kvpool's own flags, not in the table.
-KVPOOL_PASSED: list[Rule] = [
-    passed("--max-num-partial-prefills", ONE, "scheduler"),
-    passed("--max-long-partial-prefills", ONE, "scheduler"),
-]
 
 
 def all_rules() -> list[Rule]:

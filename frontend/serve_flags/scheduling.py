@@ -18,10 +18,11 @@ _SCHEDULER = [
          "kvpool serves full-attention models, one KV cache group, where vLLM's hybrid manager does nothing"),  # fmt: skip
     passed("--enable-chunked-prefill", BOOL, "scheduler", default_on=True),
     passed("--long-prefill-token-threshold", ONE, "scheduler"),
-    refused("--long-prefill-token-threshold-adaptive", BOOL, why.NOT_YET, accepts=(False,)),
+    passed("--long-prefill-token-threshold-adaptive", BOOL, "scheduler"),
     refused("--max-num-active-seqs", ONE, why.NOT_YET),
-    handled("--max-num-batched-tokens", ONE, "scheduler and worker", type=human_readable_int, default=2048,
-            help="token budget of one step: 2048, 2k, 2K (default %(default)s)"),  # fmt: skip
+    handled("--max-num-batched-tokens", ONE, "scheduler and worker", type=human_readable_int, default=None,
+            help="token budget of one step: 2048, 2k, 2K (default 2048; with --no-enable-chunked-prefill "
+                 "at least --max-model-len, as vLLM)"),  # fmt: skip
     refused("--max-num-queued-reqs", ONE, _QUEUE_LIMIT),
     refused("--max-num-queued-tokens", ONE, _QUEUE_LIMIT),
     refused("--max-num-scheduled-tokens", ONE, why.NOT_YET),

@@ -21,9 +21,7 @@ FRONTEND_FLAGS = [
 ]  # fmt: skip
 SCHEDULER_FLAGS = [
     "--scheduling-policy", "priority", "--long-prefill-token-threshold", "64", "--no-enable-chunked-prefill",
-    "--disable-chunked-mm-input", "--kv-cache-metrics-sample", "0.5",
-    # kvpool's own (vllm serve 0.32 no longer has them), passed the same way
-    "--max-num-partial-prefills", "2", "--max-long-partial-prefills", "1",
+    "--disable-chunked-mm-input", "--kv-cache-metrics-sample", "0.5", "--long-prefill-token-threshold-adaptive",
 ]  # fmt: skip
 
 
@@ -131,3 +129,14 @@ def test_enable_mfu_metrics_gives_the_scheduler_the_checkpoint_and_the_workers_d
     assert value(c["scheduler"], "--model").endswith("ckpt") and value(c["scheduler"], "--dtype") == "float16"
     assert value(c["worker"], "--dtype") == "float16"
     assert "--enable-mfu-metrics" not in built([])["scheduler"]
+
+
+def test_unchunked_prefill_raises_the_default_token_budget_to_a_whole_prompt_as_vllm():
+    # vLLM: max_num_batched_tokens defaults to 2048, to max(max_model_len, 2048) with chunked prefill off
+    assert value(built(["--max-model-len", "4096"])["scheduler"], "--max-num-batched-tokens") == "2048"
+    unchunked = built(["--max-model-len", "4096", "--no-enable-chunked-prefill"])
+    assert value(unchunked["scheduler"], "--max-num-batched-tokens") == "4096"
+    assert value(unchunked["worker"], "--max-num-batched-tokens") == "4096"
+    assert value(built(["--max-model-len", "1024", "--no-enable-chunked-prefill"])["scheduler"], "--max-num-batched-tokens") == "2048"
+    given = built(["--max-model-len", "4096", "--no-enable-chunked-prefill", "--max-num-batched-tokens", "5000"])
+    assert value(given["scheduler"], "--max-num-batched-tokens") == "5000"
