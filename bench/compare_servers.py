@@ -38,6 +38,12 @@ class ServerConfig:
     max_model_len: int = 2048
     dtype: str = "float32"
     prefix_caching: bool = True
+    # NOTE: the metrics row compares the pages: vLLM registers its kv_block_* residency
+    # histograms (on the shared dashboard) only with --kv-cache-metrics, so both get it,
+    # sampled alike (the engines' defaults differ: vLLM 0.01, kvpool 1.0) at vLLM's rate,
+    # so that the throughput figures pay little and the same for it.
+    kv_cache_metrics: bool = True
+    kv_cache_metrics_sample: float = 0.01
 
     def bytes_per_block(self, model: Path) -> int:
         per_block = kv_bytes_per_block(model, self.block_size, self.dtype)
@@ -49,7 +55,9 @@ class ServerConfig:
         return ["--block-size", str(self.block_size), "--num-gpu-blocks-override", str(self.num_blocks),
                 "--max-num-seqs", str(self.max_num_seqs), "--max-num-batched-tokens", str(self.max_num_batched_tokens),
                 "--max-model-len", str(self.max_model_len), "--dtype", self.dtype,
-                "--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching"]  # fmt: skip
+                "--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching",
+                *(["--kv-cache-metrics", "--kv-cache-metrics-sample", str(self.kv_cache_metrics_sample)]
+                  if self.kv_cache_metrics else ["--no-kv-cache-metrics"])]  # fmt: skip
 
 
 def free_port() -> int:

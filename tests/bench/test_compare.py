@@ -126,6 +126,9 @@ def test_both_servers_get_the_same_settings(tmp_path):
     assert v[1] == k[1] == "serve"
     common = cfg.common_flags()
     assert v[2 : 2 + 7 + len(common)] == k[2 : 2 + 7 + len(common)]
+    # The metrics row needs vLLM's kv_block_* families on both pages, sampled alike.
+    assert common[common.index("--kv-cache-metrics") + 1 :][:2] == ["--kv-cache-metrics-sample", "0.01"]
+    assert "--kv-cache-metrics" not in ServerConfig(kv_cache_metrics=False).common_flags()
     # 2 (K, V) x 4 layers x 2 heads x 32 dims x 32 tokens x 4 bytes, for all 64 blocks
     assert k[k.index("--kv-cache-memory") + 1] == str(64 * 65536)
     with pytest.raises(ValueError, match="unknown engine"):

@@ -16,6 +16,7 @@ from kvtest.deploy_config import (
     check_variables,
     dashboard_exprs,
     dashboard_variables,
+    filter_problems,
     metric_names,
     rule_exprs,
 )
@@ -89,7 +90,14 @@ def test_the_shared_dashboard_uses_only_what_vllm_exposes_with_the_right_types()
     assert "kvpool_" not in text
     for needed in ("vllm:kv_cache_usage_perc", "rate(vllm:prefix_cache_hits_total", "vllm:num_requests_waiting",
                    "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket",
-                   "vllm:inter_token_latency_seconds_bucket", "vllm:kv_block_lifetime_seconds_bucket"):  # fmt: skip
+                   "vllm:inter_token_latency_seconds_bucket", "vllm:kv_block_lifetime_seconds_bucket",
+                   "histogram_quantile(0.99, sum by (le) (rate(vllm:request_queue_time_seconds_bucket",
+                   "vllm:request_prefill_time_seconds_bucket", "vllm:request_decode_time_seconds_bucket",
+                   "vllm:request_inference_time_seconds_bucket", "vllm:request_time_per_output_token_seconds_bucket",
+                   "vllm:iteration_tokens_total_bucket", "rate(vllm:prompt_tokens_cached_total",
+                   "sum by (source) (rate(vllm:prompt_tokens_cached_by_source_total",
+                   "sum by (reason) (vllm:num_requests_waiting_by_reason", "vllm:request_num_preemptions_bucket",
+                   "sum by (reason) (rate(vllm:admission_rejections_total"):  # fmt: skip
         assert needed in text
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
@@ -105,10 +113,36 @@ def test_the_internals_dashboard_holds_kvpools_own_families():
     # What the shared dashboard gave up is here.
     for needed in ("kvpool_free_cached_blocks", "kvpool_step_duration_seconds_bucket", "kvpool_kv_cache_token_usage_perc",
                    "kvpool_peak_kv_cache_usage_perc", "rate(kvpool_prefix_cache_preempted_hits_total",
-                   "kvpool_worker_step_duration_seconds_bucket", "kvpool_plan_bytes_total", "kvpool_evictions_total"):  # fmt: skip
+                   "kvpool_worker_step_duration_seconds_bucket", "kvpool_plan_bytes_total", "kvpool_evictions_total",
+                   "rate(kvpool_worker_loss_recomputes_total"):  # fmt: skip
         assert needed in text
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize("name", [SHARED_DASHBOARD, INTERNALS_DASHBOARD])
+def test_the_panels_tile_the_grid_without_overlap(name):
+    """Grafana's grid is 24 wide: every panel inside it, no two sharing a cell."""
+    cells: dict[tuple[int, int], str] = {}
+    for panel in _grafana(name)["panels"]:
+        g = panel["gridPos"]
+        assert g["w"] > 0 and g["h"] > 0 and g["x"] >= 0 and g["y"] >= 0 and g["x"] + g["w"] <= 24, panel["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{panel['title']!r} overlaps {cells[x, y]!r} at x={x}, y={y}"
+                cells[x, y] = panel["title"]
+
+
+def test_the_shared_dashboards_panels_filter_on_its_variables():
+    """Against the saved vLLM page (tests/deploy/test_dashboards_live.py checks both
+    dashboards against kvpool's pages)."""
+    assert filter_problems(_grafana(SHARED_DASHBOARD), VLLM_PAGE.read_text()) == []
+    # The check sees a selector that leaves a variable out.
+    page = "# TYPE vllm:g gauge\nvllm:g{model_name=\"m\"} 1.0\n"
+    dash = {"panels": [{"title": "t", "targets": [{"expr": 'vllm:g{instance=~"$instance"}'}, {"expr": "vllm:g"}]}]}
+    assert filter_problems(dash, page) == ["t: vllm:g{...} does not match model_name", "t: vllm:g has no matcher"]
+    worker = {"panels": [{"title": "w", "targets": [{"expr": 'rate(vllm:g{instance=~"$worker_instance"}[1m])'}]}]}
+    assert filter_problems(worker, page) == []
 
 
 def test_alert_rules_use_only_what_vllm_exposes():
@@ -116,7 +150,8 @@ def test_alert_rules_use_only_what_vllm_exposes():
     assert len(exprs) >= 3
     assert check_exprs(exprs, VLLM_PAGE.read_text()) == []
     used = set().union(*(metric_names(e) for e in exprs))
-    assert {"vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "vllm:num_preemptions_total"} <= used
+    assert {"vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "vllm:num_preemptions_total",
+            "vllm:request_queue_time_seconds_bucket"} <= used  # fmt: skip
 
 
 def _promtool(promtool: str, *args: str) -> None:

@@ -24,6 +24,7 @@ from kvtest.deploy_config import (
     check_variables,
     dashboard_exprs,
     dashboard_variables,
+    filter_problems,
     grafana_dashboard,
     rule_exprs,
 )
@@ -87,7 +88,7 @@ def test_the_shared_dashboard_and_the_rules_use_only_what_both_engines_expose(li
     problems = []
     # NOTE: kvpool's API page alone: a vLLM operator scrapes the API server, nothing else.
     for engine, page in (("vLLM 0.32 (saved page)", VLLM_PAGE.read_text()), ("kvpool serve", live.api_page())):
-        problems += [f"{engine}: {p}" for p in check_exprs(exprs, page) + check_variables(dash, page)]
+        problems += [f"{engine}: {p}" for p in check_exprs(exprs, page) + check_variables(dash, page) + filter_problems(dash, page)]
     assert problems == [], "\n".join(problems)
 
 
@@ -95,7 +96,7 @@ def test_the_internals_dashboard_finds_its_metrics_on_kvpools_pages(live):
     dash = grafana_dashboard(INTERNALS_DASHBOARD)
     # NOTE: the API's page and the worker's: two scrape targets, one text for the check.
     page = live.api_page() + live.worker_page()
-    problems = check_exprs(dashboard_exprs(dash), page) + check_variables(dash, page)
+    problems = check_exprs(dashboard_exprs(dash), page) + check_variables(dash, page) + filter_problems(dash, page)
     assert problems == [], "\n".join(problems)
 
 

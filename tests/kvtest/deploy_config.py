@@ -105,3 +105,30 @@ def check_variables(dash: dict, page: str) -> list[str]:
         elif label not in labels[metric] | TARGET_LABELS:
             out.append(f"variable {var}: {metric} has no label {label}")
     return out
+
+
+# NOTE: the worker's families carry the worker's own model_name (not the served name the
+# model_name variable lists), so a selector on the worker's target is filtered by it alone.
+WORKER_TARGET = '"$worker_instance"'
+
+
+def filter_problems(dash: dict, page: str) -> list[str]:
+    """Each panel target's selector that the dashboard's variables do not filter: every
+    one must match ``instance`` (the server, or the worker), and ``model_name`` where the
+    metric carries it on the page, unless it selects the worker's target."""
+    labels, out = sample_labels(page), []
+    for panel in dash["panels"]:
+        for t in panel["targets"]:
+            selectors = selector_matchers(t["expr"])
+            bare = metric_names(t["expr"]) - PROMETHEUS_OWN - {name for name, _ in selectors}
+            out += [f"{panel['title']}: {name} has no matcher" for name in sorted(bare)]
+            for name, body in selectors:
+                used = set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", body))
+                need = {"instance"} | ({"model_name"} & labels.get(name, set()) if WORKER_TARGET not in body else set())
+                out += [f"{panel['title']}: {name}{{...}} does not match {label}" for label in sorted(need - used)]
+    return out
+
+
+def selector_matchers(expr: str) -> list[tuple[str, str]]:
+    """(metric, the text inside its {...}) for each selector with matchers."""
+    return [(m.group(1), m.group(2)) for m in re.finditer(r"(?<![\w:$.])([A-Za-z_:][\w:]*)\s*\{([^}]*)\}", expr)]
