@@ -170,14 +170,15 @@ class EngineClient:
         except Exception:  # noqa: BLE001
             log.exception("the sink of %s failed on an error", rid)
 
-    def abort(self, request_ids: Iterable[str]) -> None:
-        """Abort without waiting (a DEALER send does not block below its HWM)."""
+    def abort(self, request_ids: Iterable[str], stopped: bool = False) -> None:
+        """Abort without waiting (a DEALER send does not block below its HWM).
+        ``stopped``: a stop string ended them (the scheduler counts them finished)."""
         if self._sock is None:
             return
         for rid in request_ids:
             self._sinks.pop(rid, None)
             try:
-                self._sock.send(self._codec.encode(Abort(request_id=rid)), zmq.NOBLOCK)
+                self._sock.send(self._codec.encode(Abort(request_id=rid, stopped=stopped)), zmq.NOBLOCK)
             except zmq.ZMQError as e:
                 log.warning("could not abort %s: %s", rid, e)
 
@@ -211,5 +212,5 @@ class EngineClient:
                 if done:
                     return
         finally:
-            if not done:
+            if not done and request_id in self._sinks:  # not aborted already (a stop string)
                 self.abort([request_id])

@@ -91,7 +91,9 @@ async def run_choice(
         async for out in stream:
             yield state.feed(out)
             if state.finished:
-                return  # NOTE: leaving the engine stream early aborts the engine request
+                if not out.finished:  # a stop string ended it first
+                    engine.abort([request_id], stopped=True)
+                return
     finally:
         await stream.aclose()
 

@@ -164,7 +164,7 @@ class StreamedChoices:
         if state.finished:
             del self.open[sink.request_id]
             if not out.finished:
-                self.ctx.engine.abort([sink.request_id])  # a stop string ended it first
+                self.ctx.engine.abort([sink.request_id], stopped=True)  # a stop string ended it first
             if not self.open:
                 self.done.set_result(None)
 

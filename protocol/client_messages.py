@@ -53,9 +53,12 @@ class Generate(msgspec.Struct, tag="generate", tag_field="type", omit_defaults=T
 
 
 class Abort(msgspec.Struct, tag="abort", tag_field="type", forbid_unknown_fields=True):
-    """Stop a request early; its blocks are freed and it finishes with reason "abort"."""
+    """Stop a request early; its blocks are freed and it finishes with reason "abort".
+    ``stopped``: the client ended it on a stop string, so in the metrics it is a finished
+    request (vLLM's output processor records a stop-string finish), not an aborted one."""
 
     request_id: RequestId
+    stopped: bool = False
 
 
 ClientRequest = Generate | Abort

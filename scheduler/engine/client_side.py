@@ -8,6 +8,7 @@ stopped reading, has its requests aborted and their blocks freed.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from protocol.client_messages import Abort, ClientRequest, EngineCoreOutputs, Generate, RequestError
@@ -27,11 +28,14 @@ class ClientSide:
     def __init__(
         self, state: EngineState, port: RouterPort, hasher: BlockHasher, max_frame_bytes: int, max_num_waiting: int,
         on_admission_rejection: Callable[[str], None] = lambda reason: None,
+        on_stopped: Callable[[Request, float], None] = lambda request, now: None,
     ):  # fmt: skip
         """``on_admission_rejection(reason)``: a request refused by a queue limit
-        (vllm:admission_rejections' reason)."""
+        (vllm:admission_rejections' reason). ``on_stopped(request, now)``: a request its
+        client ended on a stop string, before it is finished (its finished-request stats)."""
         self.state = state
         self.on_admission_rejection = on_admission_rejection
+        self.on_stopped = on_stopped
         self.port = port
         self.hasher = hasher
         self.codec: Codec = Codec(ClientRequest, max_frame_bytes)
@@ -55,8 +59,8 @@ class ClientSide:
             match msg:
                 case Generate():
                     await self._on_generate(ident, msg)
-                case Abort(request_id=rid):
-                    await self._on_abort(ident, rid)
+                case Abort():
+                    await self._on_abort(ident, msg)
 
     async def _on_generate(self, ident: bytes, msg: Generate) -> None:
         state, scheduler = self.state, self.state.scheduler
@@ -89,11 +93,13 @@ class ClientSide:
         scheduler.add_request(request)
         state.wakeup.set()
 
-    async def _on_abort(self, ident: bytes, request_id: str) -> None:
-        scheduler = self.state.scheduler
+    async def _on_abort(self, ident: bytes, msg: Abort) -> None:
+        scheduler, request_id = self.state.scheduler, msg.request_id
         request = scheduler.requests.get(request_id) if scheduler else None
         if request is None or request.client_id != ident:
             return await self.send_error(ident, request_id, f"unknown request id {request_id!r}: nothing to abort")
+        if msg.stopped and request.first_token_time is not None:
+            self.on_stopped(request, time.monotonic())
         scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
         await self.send_outputs(final_outputs_by_client([request], "abort"))
         self.state.wakeup.set()

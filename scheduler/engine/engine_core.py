@@ -87,7 +87,8 @@ class EngineCore:
         self.worker = self.worker_side.link
         hasher = BlockHasher(config.block_size, config.prefix_caching_hash_algo)
         self.client_side = ClientSide(
-            self.state, clients, hasher, config.max_frame_bytes, config.max_num_waiting, self.metrics.record_admission_rejection
+            self.state, clients, hasher, config.max_frame_bytes, config.max_num_waiting, self.metrics.record_admission_rejection,
+            self.metrics.request_metrics.observe_finished,
         )
         self.http_side = HttpSide(
             self.state, self.worker, self.metrics, self._publish_kv_events, config.host, config.http_port, config.dev_mode

@@ -10,9 +10,12 @@ At its end, as vLLM's ``update_from_finished_request``:
     decode = last token - first token  inference = last token - scheduled
     time per output token = decode / (output tokens - 1), 0 with one token
 
-Preemptions and lost workers inside those spans are in them, as in vLLM. Only
-requests that end in a step (stop or length) are observed: vLLM's output processor
-records no finished-request stats for an aborted request either.
+Preemptions and lost workers inside those spans are in them, as in vLLM. Observed:
+requests that end in a step (stop or length), and those their client ended on a stop
+string (``Abort(stopped=True)``, at its arrival: tokens sampled after the stop string,
+before the abort arrived, are in their decode time, where vLLM's output processor
+stops the clock at the stop string's token). vLLM's output processor records no
+finished-request stats for an aborted request, nor does this.
 """
 
 from __future__ import annotations
@@ -85,9 +88,10 @@ class RequestMetrics:
         # As vLLM: the step's computed prompt tokens (at first tokens) and its new tokens.
         self.iteration_tokens.observe(num_computed_prompt_tokens + len(outputs.requests))
         for i in outputs.finish_reasons:
-            self._observe_finished(outputs.requests[i], now)
+            self.observe_finished(outputs.requests[i], now)
 
-    def _observe_finished(self, request: Request, now: float) -> None:
+    def observe_finished(self, request: Request, now: float) -> None:
+        """A finished request's phases and counts (one that has its first token)."""
         scheduled, first, last = request.scheduled_time, request.first_token_time, request.last_token_time
         decode = last - first
         num_output_tokens = request.num_output_tokens

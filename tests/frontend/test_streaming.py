@@ -69,14 +69,15 @@ class FakeTransport:
 
 class FakeEngine:
     def __init__(self):
-        self.sinks, self.aborted, self.started = {}, [], []
+        self.sinks, self.aborted, self.started, self.stopped = {}, [], [], []
 
     async def start(self, rid, prompt, params, sink):
         self.started.append(rid)
         self.sinks[rid] = sink
 
-    def abort(self, ids):
+    def abort(self, ids, stopped=False):
         self.aborted += list(ids)
+        self.stopped += list(ids) if stopped else []
 
 
 def unchunk(data: bytes) -> list[dict]:
@@ -179,7 +180,7 @@ def test_a_stop_string_ends_the_choice_and_aborts_its_engine_request(tokenizer):
     events = unchunk(bytes(transport.data))
     assert "".join(e["text"] for e in events) == "one two "
     assert events[-1]["finish"] == "stop"
-    assert engine.aborted == ["r-0"]
+    assert engine.aborted == ["r-0"] and engine.stopped == ["r-0"]  # a finished request in the scheduler's metrics
 
 
 def test_a_render_that_raises_fails_the_stream_and_aborts_the_rest(tokenizer):
@@ -190,7 +191,7 @@ def test_a_render_that_raises_fails_the_stream_and_aborts_the_rest(tokenizer):
     with pytest.raises(ValueError, match="boom"):
         run_with(make, [("r-0", 0, [1], params()), ("r-1", 1, [1], params())],
                  lambda e: e.sinks["r-0"].on_output(TokenOutput("r-0", [5])))  # fmt: skip
-    assert sorted(engine.aborted) == ["r-0", "r-1"]
+    assert sorted(engine.aborted) == ["r-0", "r-1"] and engine.stopped == []
 
 
 def test_a_closed_connection_is_client_gone_and_aborts(tokenizer):
@@ -198,7 +199,7 @@ def test_a_closed_connection_is_client_gone_and_aborts(tokenizer):
     transport.closing = True
     with pytest.raises(ClientGone):
         run_with(make, [("r-0", 0, [1], params())], lambda e: e.sinks["r-0"].on_output(TokenOutput("r-0", [5])))
-    assert engine.aborted == ["r-0"]
+    assert engine.aborted == ["r-0"] and engine.stopped == []
 
 
 def test_an_engine_error_ends_the_stream_with_it(tokenizer):
