@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="global sampling seed: requests without a seed of their own draw from it, so they repeat "
                         "across runs given the same requests in the same order (default %(default)s, as vLLM)")
     p.add_argument("--http-port", type=int, default=d.http_port, help="/metrics and /health on 127.0.0.1 (default %(default)s; 0 disables)")
+    p.add_argument("--served-model-name", default=d.served_model_name,
+                   help="the model_name label of every metric, as the scheduler's (default %(default)s)")
     p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
                    help="log verbosity (default %(default)s)")
     p.add_argument("--scheduler-timeout", type=float, default=d.scheduler_timeout_s, metavar="SECONDS",
@@ -159,6 +161,7 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
         scheduler=a.scheduler, model=a.model, device=device, dtype=a.dtype, max_model_len=a.max_model_len,
         kv_cache_memory=a.kv_cache_memory, gpu_memory_utilization=a.gpu_memory_utilization,
         max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size, kv_offloading_size=a.kv_offloading_size, seed=a.seed, http_port=a.http_port,
+        served_model_name=a.served_model_name,
         log_level=a.log_level, scheduler_timeout_s=a.scheduler_timeout, reconnect=a.reconnect,
         curve_client_key=a.curve_client_key, curve_server_key=a.curve_server_key,
         tensor_parallel_size=a.tensor_parallel_size, rank=a.rank, distributed_init_method=a.distributed_init_method,

@@ -33,6 +33,8 @@ class WorkerConfig:
     # every request without a seed of its own.
     seed: int = 0
     http_port: int = 8001  # 0 disables /metrics
+    # The model_name label of the worker's metrics: the name the API serves it under.
+    served_model_name: str = "kvpool-tiny"
     log_level: str = "INFO"
     # NOTE: the same as the scheduler's --worker-timeout (docs/operations.md, "Liveness").
     scheduler_timeout_s: float = 10.0

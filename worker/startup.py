@@ -161,7 +161,7 @@ def _start_metrics(config: WorkerConfig, group: TPGroup | None) -> WorkerMetrics
     """/metrics and /health on 127.0.0.1, on rank 0 only; None with --http-port 0."""
     if not config.http_port or (group is not None and group.rank != 0):
         return None
-    metrics = WorkerMetrics()
+    metrics = WorkerMetrics(config.served_model_name)
     try:
         metrics.serve(config.http_port)
     except OSError as e:

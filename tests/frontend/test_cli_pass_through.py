@@ -140,3 +140,8 @@ def test_unchunked_prefill_raises_the_default_token_budget_to_a_whole_prompt_as_
     assert value(built(["--max-model-len", "1024", "--no-enable-chunked-prefill"])["scheduler"], "--max-num-batched-tokens") == "2048"
     given = built(["--max-model-len", "4096", "--no-enable-chunked-prefill", "--max-num-batched-tokens", "5000"])
     assert value(given["scheduler"], "--max-num-batched-tokens") == "5000"
+
+
+def test_the_worker_labels_its_metrics_with_the_served_model_name():
+    c = built(["--served-model-name", "tiny"])
+    assert value(c["worker"], "--served-model-name") == "tiny" and value(c["scheduler"], "--served-model-name") == "tiny"

@@ -54,7 +54,7 @@ def test_hello_plans_heartbeat_metrics_and_shutdown(tiny_reference):
     expected = reference_generate(tiny_reference, prompt, 3)
     sched, port = FakeScheduler(), free_port()
     try:
-        with worker_process(sched.endpoint, "--http-port", str(port)) as proc:
+        with worker_process(sched.endpoint, "--http-port", str(port), "--served-model-name", "tiny") as proc:
             hello = handshake(sched)
             # 1 MiB / (2 * 4 layers * 4 tokens * 2 kv heads * 32 dims * 8 bytes)
             assert (hello.num_blocks, hello.block_size, hello.vocab_size, hello.eos_token_id) == (64, 4, 512, 1)
@@ -81,8 +81,9 @@ def test_hello_plans_heartbeat_metrics_and_shutdown(tiny_reference):
             for name in ("kvpool_worker_step_duration_seconds_bucket", "kvpool_worker_tokens_computed_total",
                          "kvpool_worker_kv_bytes_written_total", "kvpool_worker_steps_total", "kvpool_worker_num_blocks"):
                 assert name in body, name
-            assert 'kvpool_worker_tokens_computed_total{engine="0",model_name="kvpool-tiny"} 7.0' in body
-            assert 'kvpool_worker_num_blocks{engine="0",model_name="kvpool-tiny"} 64.0' in body
+            # labelled with the served name, as the scheduler's and the API's families are
+            assert 'kvpool_worker_tokens_computed_total{engine="0",model_name="tiny"} 7.0' in body
+            assert 'kvpool_worker_num_blocks{engine="0",model_name="tiny"} 64.0' in body
             sched.send(Shutdown("test over"))
             assert proc.wait(timeout=10) == 0
     finally:
