@@ -7,6 +7,7 @@ import msgspec
 from aiohttp import web
 
 from frontend.engine_client import EngineError
+from frontend.error_middleware import REQUEST_ID_KEY
 from frontend.errors import APIError, bad_request
 from frontend.logprobs import completion_logprobs
 from frontend.metrics import ChoiceGroups
@@ -77,6 +78,7 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
     prompts, texts, max_tokens, params = completion_engine_input(ctx, req)
     params = with_header_priority(params, request.headers)
     request_id = req.request_id or random_id("cmpl")
+    request[REQUEST_ID_KEY] = request_id  # NOTE: named by --log-error-stack's lines
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
     echo = [(t if t is not None else ctx.tokenizer.decode(ids)) if req.echo else "" for ids, t in zip(prompts, texts, strict=True)]
     n = params.n
@@ -103,8 +105,7 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
 async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) -> web.StreamResponse:
     n = params.n
     created = now()
-    include_usage = req.stream_options is not None and req.stream_options.include_usage
-    continuous = include_usage and req.stream_options.continuous_usage_stats
+    include_usage, continuous = ctx.include_usage(req.stream_options)
     num_prompt = sum(len(p) for p in prompts)
     resp = await start_sse(request)
     generated = [0] * (len(prompts) * n)
