@@ -42,7 +42,7 @@ from frontend.request_body import MAX_BODY_KEY, read_body
 from frontend.request_id import install_request_id_headers
 from frontend.router_probes import router_probe_routes
 from frontend.sagemaker import invocations_route
-from frontend.sampling import default_sampling
+from frontend.sampling import default_sampling, max_tokens_cap
 from frontend.serving import ServingContext, json_response, now
 from frontend.serving_chat import chat_prompt, create_chat_completion
 from frontend.serving_completion import create_completion
@@ -63,14 +63,16 @@ class APIServer:
         keys = (config.curve_client_key, config.curve_server_key) if config.curve_client_key else None
         self.engine = EngineClient(config.scheduler, keys)
         self.metrics = FrontendMetrics(config.served_model_name, in_flight=lambda: self.engine.num_in_flight, max_model_len=config.max_model_len)
+        defaults = default_sampling(config.generation_config, config.model, config.override_generation_config)
         self.ctx = ServingContext(
             config.served_model_name, config.model, config.max_model_len, self.tokenizer, self.engine, self.metrics,
-            default_sampling(config.generation_config, config.model, config.override_generation_config), config.return_tokens_as_token_ids,
+            defaults, config.return_tokens_as_token_ids,
             log_requests=config.enable_log_requests, max_n=config.max_n_sequences, max_logprobs=config.max_logprobs,
             response_role=config.response_role, prompt_tokens_details=config.enable_prompt_tokens_details,
             force_include_usage=config.enable_force_include_usage, default_chat_template_kwargs=config.default_chat_template_kwargs or {},
             output_log=OutputLog(config.max_log_len, config.enable_log_deltas) if config.enable_log_outputs else None,
             sse_keep_alive_s=float(config.sse_keep_alive_interval),
+            max_tokens_cap=max_tokens_cap(config.generation_config, defaults, config.override_generation_config),
         )  # fmt: skip
         self.ready, self.why_not_ready = False, "the scheduler has not answered yet"
         self.was_ready = False

@@ -43,6 +43,21 @@ def default_sampling(generation_config: str, model_dir: str | Path, override: di
     return out
 
 
+def max_tokens_cap(generation_config: str, defaults: dict, override: dict | None) -> int | None:
+    """vLLM's ``override_max_tokens``, a bound on every request's max_tokens: a
+    --generation-config folder's max_new_tokens, else --override-generation-config's."""
+    if generation_config not in ("auto", "vllm"):
+        return defaults.get("max_tokens")
+    return (override or {}).get("max_new_tokens")
+
+
+def output_budget(requested: int | None, num_prompt_tokens: int, max_model_len: int, defaults: dict, cap: int | None) -> int:
+    """vLLM's ``get_max_tokens``: the least of what the context leaves, the request's
+    max_tokens (else the generation config's default) and ``cap``."""
+    asked = requested if requested is not None else defaults.get("max_tokens")
+    return min(v for v in (max_model_len - num_prompt_tokens, asked, cap) if v is not None)
+
+
 @dataclass(frozen=True, slots=True)
 class EngineParams:
     """What every engine request of one HTTP request shares (``Generate``'s fields less

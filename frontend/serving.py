@@ -47,6 +47,7 @@ class ServingContext:
     default_chat_template_kwargs: dict = field(default_factory=dict)  # --default-chat-template-kwargs
     output_log: OutputLog | None = None  # --enable-log-outputs (chat only, as vLLM)
     sse_keep_alive_s: float = 0.0  # --sse-keep-alive-interval
+    max_tokens_cap: int | None = None  # vLLM's override_max_tokens (frontend.sampling.max_tokens_cap)
     writes: WriteBatch = field(default_factory=WriteBatch)  # every stream's frames of a step
 
     def check_model(self, model: str | None) -> None:

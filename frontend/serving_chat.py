@@ -14,7 +14,13 @@ from frontend.errors import APIError, bad_request
 from frontend.logprobs import chat_logprobs
 from frontend.metrics import ChoiceGroups
 from frontend.protocol import ChatCompletionRequest
-from frontend.sampling import EngineParams, check_prompt_length, engine_params, with_header_priority
+from frontend.sampling import (
+    EngineParams,
+    check_prompt_length,
+    engine_params,
+    output_budget,
+    with_header_priority,
+)
 from frontend.serving import (
     ServingContext,
     cached_tokens,
@@ -92,7 +98,7 @@ def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest) -> tuple[
                       req.chat_template_kwargs)  # fmt: skip
     requested = req.max_completion_tokens or req.max_tokens
     check_prompt_length(len(ids), requested, ctx.max_model_len)
-    max_tokens = requested if requested is not None else ctx.max_model_len - len(ids)
+    max_tokens = output_budget(requested, len(ids), ctx.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)
     num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return ids, max_tokens, num_logprobs, engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
 

@@ -12,7 +12,13 @@ from frontend.errors import APIError, bad_request
 from frontend.logprobs import completion_logprobs
 from frontend.metrics import ChoiceGroups
 from frontend.protocol import CompletionRequest
-from frontend.sampling import EngineParams, check_prompt_length, engine_params, with_header_priority
+from frontend.sampling import (
+    EngineParams,
+    check_prompt_length,
+    engine_params,
+    output_budget,
+    with_header_priority,
+)
 from frontend.serving import (
     ServingContext,
     cached_tokens,
@@ -70,7 +76,8 @@ def completion_engine_input(ctx: ServingContext, req: CompletionRequest) -> tupl
     prompts, texts = prompt_token_ids(ctx, req)
     for ids in prompts:
         check_prompt_length(len(ids), req.max_tokens, ctx.max_model_len)
-    max_tokens = req.max_tokens if req.max_tokens is not None else ctx.max_model_len - max(len(p) for p in prompts)
+    # NOTE: one budget for every prompt (they share EngineParams): the longest prompt's.
+    max_tokens = output_budget(req.max_tokens, max(len(p) for p in prompts), ctx.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)
     return prompts, texts, max_tokens, engine_params(req, max_tokens, req.logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
 
 

@@ -14,9 +14,11 @@ import urllib.request
 import pytest
 from kvtest.fake_engine import fake_engine, frontend_process
 
+from frontend.sampling import default_sampling, max_tokens_cap, output_budget
+
 TEMPLATE = "{{ greeting }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
 ON = ("--enable-request-id-headers", "--enable-force-include-usage",
-      "--override-generation-config", '{"temperature": 0.5, "top_k": 50, "presence_penalty": 0.25, "top_p": null}',
+      "--override-generation-config", '{"temperature": 0.5, "top_k": 50, "presence_penalty": 0.25, "top_p": null, "max_new_tokens": 5}',
       "--chat-template", TEMPLATE, "--default-chat-template-kwargs", '{"greeting": "HELLO", "other": 1}',
       "--disable-access-log-for-endpoints", "/v1/models, /version,", "--enable-log-requests", "--enable-log-outputs",
       "--max-log-len", "4", "--enable-tokenizer-info-endpoint", "--log-error-stack", "--sse-keep-alive-interval", "1")  # fmt: skip
@@ -113,6 +115,31 @@ def test_the_override_sets_the_defaults_a_request_leaves_out(on, off):
     assert call(off, "/v1/completions", {"prompt": "hello", "max_tokens": 2})[0] == 200
     g = off.engine.generated[-1]
     assert (g.temperature, g.top_k, g.presence_penalty) == (1.0, 0, 0.0)  # vLLM's own defaults
+
+
+def test_the_overrides_max_new_tokens_bounds_every_requests_max_tokens(on, off, hf_tokenizer):
+    assert call(on, "/v1/completions", {"prompt": "hello", "max_tokens": 16})[0] == 200
+    assert on.engine.generated[-1].max_tokens == 5  # vLLM's override_max_tokens: a bound, not only a default
+    assert call(on, "/v1/chat/completions", {"messages": CHAT["messages"]})[0] == 200
+    assert on.engine.generated[-1].max_tokens == 5
+    assert call(off, "/v1/chat/completions", {"messages": CHAT["messages"]})[0] == 200
+    g = off.engine.generated[-1]
+    assert g.max_tokens == 4096 - len(g.prompt_token_ids)  # the context's rest (python -m frontend's --max-model-len 4096)
+
+
+def test_vllms_merge_of_generation_config_and_override(tmp_path, tiny_checkpoint):
+    # --generation-config vllm: the override's keys alone (the checkpoint's file unread)
+    assert default_sampling("vllm", tiny_checkpoint, {"temperature": 0.5, "seed": 3}) == {"temperature": 0.5}
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 9, "do_sample": True}))
+    folder = str(tmp_path)
+    assert default_sampling(folder, tiny_checkpoint) == {"temperature": 0.7, "top_p": 0.9, "max_tokens": 9}
+    merged = default_sampling(folder, tiny_checkpoint, {"top_p": None, "max_new_tokens": 4, "frequency_penalty": 0.5})
+    assert merged == {"frequency_penalty": 0.5, "temperature": 0.7, "max_tokens": 4}  # a null drops the file's value
+    assert max_tokens_cap(folder, {"max_tokens": 9}, None) == 9  # a folder's max_new_tokens bounds every request
+    assert max_tokens_cap("auto", {"max_tokens": 9}, None) is None  # the model's own is a default only
+    assert max_tokens_cap("auto", {"max_tokens": 4}, {"max_new_tokens": 4}) == 4
+    assert output_budget(None, 10, 100, {}, None) == 90 and output_budget(None, 10, 100, {"max_tokens": 7}, None) == 7
+    assert output_budget(50, 10, 100, {"max_tokens": 7}, None) == 50 and output_budget(50, 10, 100, {}, 20) == 20
 
 
 # --- --default-chat-template-kwargs -------------------------------------------------
