@@ -78,6 +78,15 @@ def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def response_id(prefix: str, request: web.Request, body_id: str | None) -> str:
+    """vLLM's ``f"{prefix}-{_base_request_id(raw_request, request.request_id)}"``: the
+    request's X-Request-Id header (flag or not), else its body's request_id, else random."""
+    base = request.headers.get("X-Request-Id")
+    if base is None:
+        base = body_id if body_id is not None else uuid.uuid4().hex
+    return f"{prefix}-{base}"
+
+
 def now() -> int:
     return int(time.time())
 

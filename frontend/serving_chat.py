@@ -30,7 +30,7 @@ from frontend.serving import (
     engine_error,
     json_response,
     now,
-    random_id,
+    response_id,
     send_error_event,
     send_event,
     start_sse,
@@ -114,7 +114,7 @@ def chat_role(ctx: ServingContext, req: ChatCompletionRequest) -> str:
 async def create_chat_completion(ctx: ServingContext, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
     ids, max_tokens, num_logprobs, params = chat_engine_input(ctx, req)
     params = with_header_priority(params, request.headers)
-    request_id = req.request_id or random_id("chatcmpl")
+    request_id = response_id("chatcmpl", request, req.request_id)
     request[REQUEST_ID_KEY] = request_id  # NOTE: named by --log-error-stack's lines
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
     if req.stream:

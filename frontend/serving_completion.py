@@ -28,7 +28,7 @@ from frontend.serving import (
     engine_error,
     json_response,
     now,
-    random_id,
+    response_id,
     send_error_event,
     send_event,
     start_sse,
@@ -84,7 +84,7 @@ def completion_engine_input(ctx: ServingContext, req: CompletionRequest) -> tupl
 async def create_completion(ctx: ServingContext, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
     prompts, texts, max_tokens, params = completion_engine_input(ctx, req)
     params = with_header_priority(params, request.headers)
-    request_id = req.request_id or random_id("cmpl")
+    request_id = response_id("cmpl", request, req.request_id)
     request[REQUEST_ID_KEY] = request_id  # NOTE: named by --log-error-stack's lines
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
     echo = [(t if t is not None else ctx.tokenizer.decode(ids)) if req.echo else "" for ids, t in zip(prompts, texts, strict=True)]

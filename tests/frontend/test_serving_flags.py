@@ -85,6 +85,17 @@ def test_without_the_flag_no_x_request_id(off):
     assert status == 200 and "X-Request-Id" not in headers
 
 
+def test_a_response_id_is_vllms_prefix_and_the_x_request_id_else_the_bodys_request_id(off):
+    # NOTE: with or without the flag, as vLLM's _base_request_id
+    body = {"prompt": "hello", "max_tokens": 2, "request_id": "from-body"}
+    assert json.loads(call(off, "/v1/completions", body)[2])["id"] == "cmpl-from-body"
+    assert json.loads(call(off, "/v1/completions", body, {"X-Request-Id": "from-header"})[2])["id"] == "cmpl-from-header"
+    chat = json.loads(call(off, "/v1/chat/completions", CHAT, {"X-Request-Id": "h"})[2])["id"]
+    assert chat == "chatcmpl-h" and off.engine.generated[-1].request_id == "chatcmpl-h-0"
+    random = json.loads(call(off, "/v1/chat/completions", CHAT)[2])["id"]
+    assert random.startswith("chatcmpl-") and len(random) == len("chatcmpl-") + 32
+
+
 # --- --enable-force-include-usage ---------------------------------------------------
 
 
@@ -170,25 +181,25 @@ def test_a_chat_output_is_logged_cut_to_max_log_len(on):
     status, _, raw = call(on, "/v1/chat/completions", {**CHAT, "request_id": "chat-whole"})
     text = json.loads(raw)["choices"][0]["message"]["content"]
     assert len(text) > 2  # NOTE: so that the cut shows
-    wait_for_log(on, f"Generated response chat-whole: output: {text[:2]!r}, finish_reason: length")
+    wait_for_log(on, f"Generated response chatcmpl-chat-whole: output: {text[:2]!r}, finish_reason: length")
 
 
 def test_a_streamed_chat_logs_its_deltas_then_its_whole_text(on):
     raw = call(on, "/v1/chat/completions", {**CHAT, "stream": True, "request_id": "chat-stream"})[2]
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in events(raw) if c["choices"])
     assert len(text) > 2
-    out = wait_for_log(on, f"Generated response chat-stream (streaming complete): output: {text[:2]!r}, finish_reason: streaming_complete")
+    out = wait_for_log(on, f"Generated response chatcmpl-chat-stream (streaming complete): output: {text[:2]!r}, finish_reason: streaming_complete")
     # NOTE: the fake scheduler sends every token in one output: one delta, the whole text
-    assert f"Generated response chat-stream (streaming delta): output: {text[:2]!r}, finish_reason: length" in out
+    assert f"Generated response chatcmpl-chat-stream (streaming delta): output: {text[:2]!r}, finish_reason: length" in out
 
 
 def test_a_completion_logs_no_output_as_vllm(on, off):
-    call(on, "/v1/completions", {"prompt": "hello", "max_tokens": 2, "request_id": "cmpl-quiet"})
+    call(on, "/v1/completions", {"prompt": "hello", "max_tokens": 2, "request_id": "quiet"})
     wait_for_log(on, "Received request cmpl-quiet")
     call(on, "/v1/models")  # NOTE: a later request: the completion's handler has returned
     assert "Generated response cmpl-quiet" not in on.output()
     call(off, "/v1/chat/completions", {**CHAT, "request_id": "chat-off"})
-    wait_for_log(off, "Received request chat-off")
+    wait_for_log(off, "Received request chatcmpl-chat-off")
     assert "Generated response" not in off.output()
 
 
