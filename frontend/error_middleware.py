@@ -4,8 +4,8 @@ object (``frontend.errors``), every response counted in the HTTP metrics.
 ``--log-error-stack`` logs what vLLM's exception handlers log with it: a body that
 is not the endpoint's JSON (vLLM's RequestValidationError) with its stack, any other
 refusal or failure as one ERROR line; both name the request's id once the endpoint
-gave it one (``REQUEST_ID_KEY``), else None. The framework's own 404 and 405 log
-nothing there, as Starlette's in vLLM.
+gave it one (``REQUEST_ID_KEY``), else None. A 404 (no such route or model: vLLM
+answers those without raising) and the framework's 405 log nothing there.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ REQUEST_ID_KEY = "kvpool_request_id"  # the endpoint's id of the request, once i
 
 def error_middleware(metrics, log_error_stack: bool):
     def log_error(request: web.Request, e: Exception) -> None:
-        if not log_error_stack:
+        if not log_error_stack or (isinstance(e, APIError) and e.status == 404):
             return
         rid = request.get(REQUEST_ID_KEY)
         if isinstance(e, RequestValidationError):

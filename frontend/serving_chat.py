@@ -86,9 +86,11 @@ def chat_prompt(ctx: ServingContext, messages: list[dict], add_generation_prompt
     return ctx.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
-def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest) -> tuple[list[int], int, int | None, EngineParams]:
+def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest, rendered=None) -> tuple[list[int], int, int | None, EngineParams]:
     """A checked chat request as the engine runs it: (prompt token ids, max_tokens,
-    logprobs asked for or None, engine params). Shared by the endpoint and its render."""
+    logprobs asked for or None, engine params). Shared by the endpoint and its render.
+    ``rendered()``, if given, is called between the prompt's checks and the sampling
+    fields' (where vLLM's request gets its id)."""
     ctx.check_model(req.model)
     if not req.messages:
         raise bad_request("messages must not be empty", "messages")
@@ -98,6 +100,8 @@ def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest) -> tuple[
                       req.chat_template_kwargs)  # fmt: skip
     requested = req.max_completion_tokens or req.max_tokens
     check_prompt_length(len(ids), requested, ctx.max_model_len)
+    if rendered is not None:
+        rendered()
     max_tokens = output_budget(requested, len(ids), ctx.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)
     num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return ids, max_tokens, num_logprobs, engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
@@ -112,10 +116,10 @@ def chat_role(ctx: ServingContext, req: ChatCompletionRequest) -> str:
 
 
 async def create_chat_completion(ctx: ServingContext, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
-    ids, max_tokens, num_logprobs, params = chat_engine_input(ctx, req)
-    params = with_header_priority(params, request.headers)
     request_id = response_id("chatcmpl", request, req.request_id)
-    request[REQUEST_ID_KEY] = request_id  # NOTE: named by --log-error-stack's lines
+    # NOTE: --log-error-stack's lines name the id from where vLLM's request has one
+    ids, max_tokens, num_logprobs, params = chat_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
+    params = with_header_priority(params, request.headers)
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
     if req.stream:
         return await _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids)

@@ -226,7 +226,13 @@ def test_an_error_response_logs_what_vllms_handlers_log(on, off):
     out = wait_for_log(on, "RequestValidationError caught. Request id: None")
     assert "Traceback (most recent call last)" in out.split("RequestValidationError caught.")[1]
     assert call(on, "/v1/chat/completions", {"messages": []})[0] == 400
-    wait_for_log(on, "Exception caught. Request id: None")
+    wait_for_log(on, "Exception caught. Request id: None")  # refused before vLLM's request has an id
+    assert call(on, "/v1/completions", {"prompt": "hello", "n": 0, "request_id": "bad-n"})[0] == 400
+    wait_for_log(on, "Exception caught. Request id: cmpl-bad-n")  # its sampling fields: after
+    caught = on.output().count("caught. Request id")
+    assert call(on, "/v1/completions", {"prompt": "hello", "model": "nope"})[0] == 404
+    wait_for_log(on, '"POST /v1/completions" 404')
+    assert on.output().count("caught. Request id") == caught  # as vLLM: an unknown model logs nothing
     assert call(off, "/v1/completions", {"prompt": "hello", "max_tokens": "many"})[0] == 400
     wait_for_log(off, '"POST /v1/completions" 400')
     assert "caught. Request id" not in off.output()
