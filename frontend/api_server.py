@@ -198,7 +198,8 @@ class APIServer:
             add = True if req.add_special_tokens is None else req.add_special_tokens
             ids = self.tokenizer.encode(req.prompt, add_special_tokens=add)
         else:
-            ids = chat_prompt(self.ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens))
+            ids = chat_prompt(self.ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens),
+                              chat_template_kwargs=req.chat_template_kwargs)  # fmt: skip
         strs = self.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
         return json_response({"count": len(ids), "max_model_len": self.ctx.max_model_len, "tokens": ids, "token_strs": strs})
 

@@ -164,6 +164,14 @@ def test_the_defaults_go_under_a_requests_chat_template_kwargs(on, hf_tokenizer,
     assert on.engine.generated[-1].prompt_token_ids == hf_tokenizer.encode(greeting + "hi", add_special_tokens=False)
 
 
+def test_tokenize_renders_messages_with_the_defaults_too(on, hf_tokenizer):
+    # NOTE: as vLLM's /tokenize (its default_template_kwargs), a request's own on top
+    for kwargs, greeting in ((None, "HELLO"), ({"greeting": "BYE"}, "BYE")):
+        body = {"messages": CHAT["messages"], **({"chat_template_kwargs": kwargs} if kwargs else {})}
+        status, _, raw = call(on, "/tokenize", body)
+        assert status == 200 and json.loads(raw)["tokens"] == hf_tokenizer.encode(greeting + "hi", add_special_tokens=False)
+
+
 # --- --disable-access-log-for-endpoints ---------------------------------------------
 
 
