@@ -129,7 +129,10 @@ def add_operator_args(p: argparse.ArgumentParser, d: FrontendConfig) -> None:
 
 
 def _json_object(text: str) -> dict:
-    value = json.loads(text)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r} ({e})") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
     return value
