@@ -17,20 +17,21 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import time
 
 import aiohttp
 from aiohttp import web
 
-from frontend.access_log import UvicornAccessLogger, configure_server_logging
+from frontend.access_log import access_logger_class, configure_server_logging
 from frontend.auth import auth_middleware
 from frontend.chat_template import load_chat_template
 from frontend.config import FrontendConfig
 from frontend.cors import Cors, install_cors
 from frontend.engine_client import EngineClient
-from frontend.errors import APIError, bad_request, unavailable
+from frontend.error_middleware import error_middleware
+from frontend.errors import bad_request, unavailable
 from frontend.metrics import FrontendMetrics, family_names
 from frontend.ops_routes import ops_routes
+from frontend.output_log import OutputLog
 from frontend.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -38,14 +39,16 @@ from frontend.protocol import (
     TokenizeRequest,
 )
 from frontend.request_body import MAX_BODY_KEY, read_body
+from frontend.request_id import install_request_id_headers
 from frontend.router_probes import router_probe_routes
 from frontend.sagemaker import invocations_route
-from frontend.sampling import default_sampling
+from frontend.sampling import default_sampling, max_tokens_cap
 from frontend.serving import ServingContext, json_response, now
 from frontend.serving_chat import chat_prompt, create_chat_completion
 from frontend.serving_completion import create_completion
 from frontend.tls import ssl_context
 from frontend.tokenizer import Tokenizer
+from frontend.tokenizer_info import tokenizer_info_routes
 
 log = logging.getLogger("frontend")
 HEALTH_POLL_S = 0.5
@@ -60,11 +63,16 @@ class APIServer:
         keys = (config.curve_client_key, config.curve_server_key) if config.curve_client_key else None
         self.engine = EngineClient(config.scheduler, keys)
         self.metrics = FrontendMetrics(config.served_model_name, in_flight=lambda: self.engine.num_in_flight, max_model_len=config.max_model_len)
+        defaults = default_sampling(config.generation_config, config.model, config.override_generation_config)
         self.ctx = ServingContext(
             config.served_model_name, config.model, config.max_model_len, self.tokenizer, self.engine, self.metrics,
-            default_sampling(config.generation_config, config.model), config.return_tokens_as_token_ids,
+            defaults, config.return_tokens_as_token_ids,
             log_requests=config.enable_log_requests, max_n=config.max_n_sequences, max_logprobs=config.max_logprobs,
             response_role=config.response_role, prompt_tokens_details=config.enable_prompt_tokens_details,
+            force_include_usage=config.enable_force_include_usage, default_chat_template_kwargs=config.default_chat_template_kwargs or {},
+            output_log=OutputLog(config.max_log_len, config.enable_log_deltas) if config.enable_log_outputs else None,
+            sse_keep_alive_s=float(config.sse_keep_alive_interval),
+            max_tokens_cap=max_tokens_cap(config.generation_config, defaults, config.override_generation_config),
         )  # fmt: skip
         self.ready, self.why_not_ready = False, "the scheduler has not answered yet"
         self.was_ready = False
@@ -83,7 +91,7 @@ class APIServer:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         self._poller = asyncio.create_task(self._poll_health(), name="frontend-health")
         access = configure_server_logging(self.config)
-        self._runner = web.AppRunner(self.build_app(), access_log=access, access_log_class=UvicornAccessLogger,
+        self._runner = web.AppRunner(self.build_app(), access_log=access, access_log_class=access_logger_class(self.config),
                                      handler_cancellation=True)  # fmt: skip
         await self._runner.setup()
         await web.TCPSite(self._runner, self.config.host, self.config.port, ssl_context=tls).start()
@@ -119,10 +127,12 @@ class APIServer:
         c = self.config
         app = web.Application(client_max_size=c.max_request_body_bytes)
         app[MAX_BODY_KEY] = c.max_request_body_bytes
-        # NOTE: outermost first, as vLLM's stack: the key check, then CORS.
+        # NOTE: outermost first, as vLLM's stack: X-Request-Id, the key check, then CORS.
+        if c.enable_request_id_headers:
+            install_request_id_headers(app)
         auth = [auth_middleware(c.api_key, c.root_path)] if c.api_key else []
         cors = install_cors(app, Cors(c.allowed_origins, c.allowed_methods, c.allowed_headers, c.allow_credentials))
-        app.middlewares.extend([*auth, cors, self._middleware])
+        app.middlewares.extend([*auth, cors, error_middleware(self.metrics, c.log_error_stack)])
         routes = [
             ("POST", "/v1/completions", self._completions),
             ("POST", "/v1/chat/completions", self._chat),
@@ -134,40 +144,13 @@ class APIServer:
             invocations_route(self),
             *ops_routes(self),
             *router_probe_routes(self),
+            *tokenizer_info_routes(self),
         ]
         # NOTE: as Starlette's root_path: a route answers with the prefix and without it.
         for prefix in ("", c.root_path) if c.root_path else ("",):
             for method, path, handler in routes:
                 app.router.add_route(method, prefix + path, handler)
         return app
-
-    @web.middleware
-    async def _middleware(self, request: web.Request, handler):
-        start = time.perf_counter()
-        route = request.match_info.route.resource
-        name = route.canonical if route is not None else "none"
-        status = 500
-        try:
-            resp = await handler(request)
-            status = resp.status
-            return resp
-        except APIError as e:
-            status = e.status.value
-            # NOTE: every refusal, with its reason (vLLM's access log gives the status alone).
-            log.info('"%s %s" %d: %s', request.method, request.path, status, e.message)
-            return e.response()
-        except web.HTTPException as e:
-            status = e.status
-            log.info('"%s %s" %d: %s', request.method, request.path, status, e.reason)
-            resp = APIError(e.reason, e.status).response()
-            if "Allow" in e.headers:  # a 405 names the methods the route has, as vLLM's
-                resp.headers["Allow"] = e.headers["Allow"]
-            return resp
-        except Exception:
-            log.exception("internal error in %s", name)
-            return APIError("Internal server error", 500).response()
-        finally:
-            self.metrics.http_request(request.method, name, status, time.perf_counter() - start)
 
     def require_ready(self) -> None:
         # NOTE: only until the scheduler was first ready. After that a missing worker
@@ -215,7 +198,8 @@ class APIServer:
             add = True if req.add_special_tokens is None else req.add_special_tokens
             ids = self.tokenizer.encode(req.prompt, add_special_tokens=add)
         else:
-            ids = chat_prompt(self.ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens))
+            ids = chat_prompt(self.ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens),
+                              chat_template_kwargs=req.chat_template_kwargs)  # fmt: skip
         strs = self.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
         return json_response({"count": len(ids), "max_model_len": self.ctx.max_model_len, "tokens": ids, "token_strs": strs})
 

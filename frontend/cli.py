@@ -133,6 +133,8 @@ def settle(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(f"--max-request-body-bytes must be positive, got {a.max_request_body_bytes}")
     if a.data_parallel_rank < 0:
         p.error(f"--data-parallel-rank must be non-negative, got {a.data_parallel_rank}")
+    if getattr(a, "enable_log_outputs", False) and not a.enable_log_requests:
+        p.error("--enable-log-outputs requires --enable-log-requests")  # NOTE: vLLM's check, before anything starts
     if a.kv_cache_memory is not None and a.kv_cache_memory_bytes is not None:
         p.error("--kv-cache-memory-bytes and --kv-cache-memory both size the KV cache: give one")
     if a.kv_cache_memory_bytes is not None and a.kv_cache_memory_bytes < 1:

@@ -63,6 +63,18 @@ class FrontendConfig:
     enable_server_load_tracking: bool = False
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING: the LoRA routes exist (and refuse: no LoRA here).
     allow_runtime_lora_updating: bool = False
+    # --- vLLM's Frontend flags of its serving classes (vllm/entrypoints/launchers/cli_args.py) ---
+    enable_request_id_headers: bool = False  # X-Request-Id on every response (frontend.request_id)
+    enable_force_include_usage: bool = False  # usage in every stream, continuous too
+    override_generation_config: dict | None = None  # merged over --generation-config's defaults
+    default_chat_template_kwargs: dict | None = None  # under each request's chat_template_kwargs
+    disable_access_log_for_endpoints: str | None = None  # comma-separated paths the access log leaves out
+    enable_log_outputs: bool = False  # with --enable-log-requests: each chat output (frontend.output_log)
+    enable_log_deltas: bool = True  # with --enable-log-outputs: each streamed delta too
+    max_log_len: int | None = None  # output text logged cut to this many characters
+    enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (frontend.tokenizer_info)
+    log_error_stack: bool = False  # an error response logs its stack; default VLLM_SERVER_DEV_MODE
+    sse_keep_alive_interval: int = 0  # s of stream silence before a ": keep-alive" comment (0: never)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="log each request received: its id, sampling parameters and prompt lengths (default off, as vLLM)")
     p.add_argument("--log-level", default=d.log_level, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default %(default)s)")
     add_operator_args(p, d)
+    add_serving_args(p)
     return p
 
 
@@ -113,6 +126,36 @@ def add_operator_args(p: argparse.ArgumentParser, d: FrontendConfig) -> None:
     p.add_argument("--chat-template", default=None, help="a chat template file, or the template itself (default: the checkpoint's)")
     p.add_argument("--response-role", default=d.response_role, help="the role of chat replies (default %(default)s)")
     p.add_argument("--enable-server-load-tracking", action=flag, default=False, help="/load counts the requests being served (default %(default)s: 0)")
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r} ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
+
+
+def add_serving_args(p: argparse.ArgumentParser) -> None:
+    """vLLM's flags read by its serving classes and middleware, as ``vllm serve`` parses them."""
+    flag = argparse.BooleanOptionalAction
+    p.add_argument("--enable-request-id-headers", action=flag, default=False, help="X-Request-Id on every response (default %(default)s)")
+    p.add_argument("--enable-force-include-usage", action=flag, default=False,
+                   help="every stream gives usage, in each chunk and at its end, as stream_options.include_usage and continuous_usage_stats (default %(default)s)")
+    p.add_argument("--override-generation-config", type=_json_object, default=None,
+                   help='a JSON object of sampling defaults over --generation-config\'s, e.g. \'{"temperature": 0.5}\' (default: none)')
+    p.add_argument("--default-chat-template-kwargs", type=_json_object, default=None,
+                   help="a JSON object of chat template variables; a request's chat_template_kwargs win (default: none)")
+    p.add_argument("--disable-access-log-for-endpoints", default=None, help='paths the access log leaves out, comma-separated: "/health,/metrics" (default: none)')
+    p.add_argument("--enable-log-outputs", action=flag, default=False, help="with --enable-log-requests, log each chat output (default %(default)s)")
+    p.add_argument("--enable-log-deltas", action=flag, default=True, help="with --enable-log-outputs, log each streamed delta too (default %(default)s)")
+    p.add_argument("--max-log-len", type=int, default=None, help="logged output text cut to this many characters (default: whole)")
+    p.add_argument("--enable-tokenizer-info-endpoint", action=flag, default=False, help="serve GET /tokenizer_info (default %(default)s)")
+    p.add_argument("--log-error-stack", action=flag, default=None, help="an error response logs its stack (default: VLLM_SERVER_DEV_MODE)")
+    p.add_argument("--sse-keep-alive-interval", type=int, default=0,
+                   help='a stream silent this many seconds gets a ": keep-alive" comment (default %(default)s: never)')
 
 
 # --uvicorn-log-level's names, as logging levels (uvicorn's "trace" is 5).
@@ -160,6 +203,8 @@ def _operator_env(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     a.dev_mode = a.dev_mode or _env_flag(p, "VLLM_SERVER_DEV_MODE")
     lora = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower()
     a.allow_runtime_lora_updating = lora in ("1", "true")
+    if a.log_error_stack is None:  # NOTE: vLLM's default is VLLM_SERVER_DEV_MODE, not --dev-mode
+        a.log_error_stack = _env_flag(p, "VLLM_SERVER_DEV_MODE")
 
 
 def _check_operator_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -177,6 +222,10 @@ def _check_operator_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> N
         p.error(f"--max-logprobs must be in [0, {MAX_LOGPROBS}] (kvpool's scheduler returns at most {MAX_LOGPROBS}), got {a.max_logprobs}")
     if a.chat_template is not None and (problem := chat_template_problem(a.chat_template)) is not None:
         p.error(problem)
+    if a.enable_log_outputs and not a.enable_log_requests:
+        p.error("--enable-log-outputs requires --enable-log-requests")
+    if a.sse_keep_alive_interval < 0:
+        p.error("--sse-keep-alive-interval must be a non-negative integer (0 disables keep-alive comments)")
     if a.root_path is not None:
         a.root_path = a.root_path.rstrip("/") or None
         if a.root_path is not None and not a.root_path.startswith("/"):

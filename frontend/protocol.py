@@ -29,8 +29,8 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     top_k: int | None = None
     min_p: float | None = None
     seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float | None = None  # None: the server's default (frontend.sampling)
+    frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -80,6 +80,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
     return_token_strs: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):

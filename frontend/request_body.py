@@ -6,9 +6,13 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
-from frontend.errors import APIError, bad_request
+from frontend.errors import APIError
 
 MAX_BODY_KEY = web.AppKey("max_request_body_bytes", int)  # the limit, for the 413's message
+
+
+class RequestValidationError(APIError):
+    """A body that is not the endpoint's JSON (FastAPI's RequestValidationError in vLLM)."""
 
 
 async def read_bytes(request: web.Request) -> bytes:
@@ -23,9 +27,9 @@ def decode(body: bytes, type_):
     try:
         return msgspec.json.decode(body, type=type_)
     except msgspec.ValidationError as e:
-        raise bad_request(f"Invalid request: {e}") from None
+        raise RequestValidationError(f"Invalid request: {e}") from None
     except msgspec.DecodeError as e:
-        raise bad_request(f"JSON decode error: {e}") from None
+        raise RequestValidationError(f"JSON decode error: {e}") from None
 
 
 async def read_body(request: web.Request, type_):

@@ -16,24 +16,46 @@ from frontend.errors import bad_request
 from protocol.sampling_params import MAX_LOGPROBS, SamplingError, check_sampling
 
 # vLLM's defaults where neither the request nor generation_config.json says.
-VLLM_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
-# generation_config.json keys vLLM reads as default sampling parameters.
-_GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
+VLLM_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+                 "presence_penalty": 0.0, "frequency_penalty": 0.0}  # fmt: skip
+# generation_config.json keys vLLM reads as default sampling parameters (ModelConfig.get_diff_sampling_param).
+_GENERATION_CONFIG_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty", "temperature", "top_k", "top_p",
+                           "min_p", "max_new_tokens")  # fmt: skip
 # vLLM's bound on n (its VLLM_MAX_N_SEQUENCES default).
 DEFAULT_MAX_N_SEQUENCES = 16384
 # vLLM's header that overrides a request body's priority (``OpenAIServing._get_priority``).
 PRIORITY_HEADER = "X-Vllm-Priority"
 
 
-def default_sampling(generation_config: str, model_dir: str | Path) -> dict:
-    """``--generation-config``: "auto" (the model folder's file), "vllm" (none), or a folder."""
-    if generation_config == "vllm":
-        return {}
+def default_sampling(generation_config: str, model_dir: str | Path, override: dict | None = None) -> dict:
+    """``--generation-config``: "auto" (the model folder's file), "vllm" (none), or a
+    folder; ``--override-generation-config``'s keys set over it, as vLLM's
+    ``get_diff_sampling_param`` (with "vllm", only the override's). A key whose value
+    is null is no default; ``max_new_tokens`` is returned as ``max_tokens``."""
+    config = {}
     path = Path(model_dir if generation_config == "auto" else generation_config) / "generation_config.json"
-    if not path.is_file():
-        return {}
-    config = json.loads(path.read_text(encoding="utf-8"))
-    return {k: config[k] for k in _GENERATION_CONFIG_KEYS if config.get(k) is not None}
+    if generation_config != "vllm" and path.is_file():
+        config = json.loads(path.read_text(encoding="utf-8"))
+    config.update(override or {})
+    out = {k: config[k] for k in _GENERATION_CONFIG_KEYS if config.get(k) is not None}
+    if "max_new_tokens" in out:
+        out["max_tokens"] = out.pop("max_new_tokens")
+    return out
+
+
+def max_tokens_cap(generation_config: str, defaults: dict, override: dict | None) -> int | None:
+    """vLLM's ``override_max_tokens``, a bound on every request's max_tokens: a
+    --generation-config folder's max_new_tokens, else --override-generation-config's."""
+    if generation_config not in ("auto", "vllm"):
+        return defaults.get("max_tokens")
+    return (override or {}).get("max_new_tokens")
+
+
+def output_budget(requested: int | None, num_prompt_tokens: int, max_model_len: int, defaults: dict, cap: int | None) -> int:
+    """vLLM's ``get_max_tokens``: the least of what the context leaves, the request's
+    max_tokens (else the generation config's default) and ``cap``."""
+    asked = requested if requested is not None else defaults.get("max_tokens")
+    return min(v for v in (max_model_len - num_prompt_tokens, asked, cap) if v is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +90,7 @@ def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict
     if max_tokens < 1:
         raise bad_request(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
     fields = SimpleNamespace(
-        **{name: pick(name) for name in VLLM_DEFAULTS}, presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty, min_tokens=req.min_tokens, max_tokens=max_tokens,
+        **{name: pick(name) for name in VLLM_DEFAULTS}, min_tokens=req.min_tokens, max_tokens=max_tokens,
         logprobs=num_logprobs, seed=req.seed, stop_token_ids=list(req.stop_token_ids or []),
     )  # fmt: skip
     if num_logprobs is not None and num_logprobs > max_logprobs:
@@ -82,7 +103,7 @@ def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict
     generate = {
         "max_tokens": max_tokens, "ignore_eos": req.ignore_eos, "temperature": float(fields.temperature),
         "top_p": float(fields.top_p), "top_k": int(fields.top_k), "min_p": float(fields.min_p), "seed": req.seed,
-        "presence_penalty": float(req.presence_penalty), "frequency_penalty": float(req.frequency_penalty),
+        "presence_penalty": float(fields.presence_penalty), "frequency_penalty": float(fields.frequency_penalty),
         "repetition_penalty": float(fields.repetition_penalty), "min_tokens": req.min_tokens,
         "stop_token_ids": fields.stop_token_ids, "logprobs": num_logprobs, "priority": req.priority,
     }  # fmt: skip

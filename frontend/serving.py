@@ -16,6 +16,7 @@ from frontend.engine_client import EngineClient, EngineError
 from frontend.errors import APIError, bad_request, model_not_found
 from frontend.generation import Choice, ChoiceDelta, merge, run_choice
 from frontend.metrics import ChoiceGroups, FrontendMetrics
+from frontend.output_log import OutputLog
 from frontend.sampling import DEFAULT_MAX_N_SEQUENCES, EngineParams
 from frontend.streaming import WriteBatch
 from frontend.tokenizer import Tokenizer
@@ -42,6 +43,11 @@ class ServingContext:
     max_logprobs: int = MAX_LOGPROBS  # --max-logprobs
     response_role: str = "assistant"  # --response-role
     prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
+    force_include_usage: bool = False  # --enable-force-include-usage
+    default_chat_template_kwargs: dict = field(default_factory=dict)  # --default-chat-template-kwargs
+    output_log: OutputLog | None = None  # --enable-log-outputs (chat only, as vLLM)
+    sse_keep_alive_s: float = 0.0  # --sse-keep-alive-interval
+    max_tokens_cap: int | None = None  # vLLM's override_max_tokens (frontend.sampling.max_tokens_cap)
     writes: WriteBatch = field(default_factory=WriteBatch)  # every stream's frames of a step
 
     def check_model(self, model: str | None) -> None:
@@ -53,6 +59,14 @@ class ServingContext:
         --enable-prompt-tokens-details, else None (no prompt_tokens_details, as vLLM)."""
         return num_cached_tokens if self.prompt_tokens_details else None
 
+    def include_usage(self, stream_options) -> tuple[bool, bool]:
+        """vLLM's ``should_include_usage``: (a final usage chunk, usage in every chunk);
+        --enable-force-include-usage turns both on, whatever the request asked."""
+        if self.force_include_usage:
+            return True, True
+        include = stream_options is not None and stream_options.include_usage
+        return include, include and stream_options.continuous_usage_stats
+
     def check_token_ids(self, token_ids: list[int], param: str = "prompt") -> None:
         vocab = self.tokenizer.vocab_size
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
@@ -62,6 +76,15 @@ class ServingContext:
 
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def response_id(prefix: str, request: web.Request, body_id: str | None) -> str:
+    """vLLM's ``f"{prefix}-{_base_request_id(raw_request, request.request_id)}"``: the
+    request's X-Request-Id header (flag or not), else its body's request_id, else random."""
+    base = request.headers.get("X-Request-Id")
+    if base is None:
+        base = body_id if body_id is not None else uuid.uuid4().hex
+    return f"{prefix}-{base}"
 
 
 def now() -> int:

@@ -9,11 +9,18 @@ from aiohttp import web
 
 from frontend.chat_template import ChatTemplateError, render_chat
 from frontend.engine_client import EngineError
+from frontend.error_middleware import REQUEST_ID_KEY
 from frontend.errors import APIError, bad_request
 from frontend.logprobs import chat_logprobs
 from frontend.metrics import ChoiceGroups
 from frontend.protocol import ChatCompletionRequest
-from frontend.sampling import EngineParams, check_prompt_length, engine_params, with_header_priority
+from frontend.sampling import (
+    EngineParams,
+    check_prompt_length,
+    engine_params,
+    output_budget,
+    with_header_priority,
+)
 from frontend.serving import (
     ServingContext,
     cached_tokens,
@@ -23,7 +30,7 @@ from frontend.serving import (
     engine_error,
     json_response,
     now,
-    random_id,
+    response_id,
     send_error_event,
     send_event,
     start_sse,
@@ -55,19 +62,35 @@ def conversation(messages: list[dict]) -> list[dict]:
     return out
 
 
+# Variables render_chat sets itself: as vLLM's, they win over chat_template_kwargs.
+_RENDER_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")
+
+
+def template_kwargs(defaults: dict, requested: dict | None) -> dict:
+    """vLLM's ``ChatParams.with_defaults``: --default-chat-template-kwargs under the
+    request's chat_template_kwargs, of which a null or "auto" value leaves the default."""
+    requested = requested or {}
+    if defaults:
+        requested = defaults | {k: v for k, v in requested.items() if v is not None and not (isinstance(v, str) and v == "auto")}
+    return {k: v for k, v in requested.items() if k not in _RENDER_VARIABLES}
+
+
 def chat_prompt(ctx: ServingContext, messages: list[dict], add_generation_prompt: bool, add_special_tokens: bool,
                 tools=None, documents=None, chat_template_kwargs=None) -> list[int]:  # fmt: skip
+    kwargs = template_kwargs(ctx.default_chat_template_kwargs, chat_template_kwargs)
     try:
         text = render_chat(ctx.tokenizer.chat_template, conversation(messages), ctx.tokenizer.special_tokens_map,
-                           add_generation_prompt, tools, documents, **(chat_template_kwargs or {}))  # fmt: skip
+                           add_generation_prompt, tools, documents, **kwargs)  # fmt: skip
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
     return ctx.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
-def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest) -> tuple[list[int], int, int | None, EngineParams]:
+def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest, rendered=None) -> tuple[list[int], int, int | None, EngineParams]:
     """A checked chat request as the engine runs it: (prompt token ids, max_tokens,
-    logprobs asked for or None, engine params). Shared by the endpoint and its render."""
+    logprobs asked for or None, engine params). Shared by the endpoint and its render.
+    ``rendered()``, if given, is called between the prompt's checks and the sampling
+    fields' (where vLLM's request gets its id)."""
     ctx.check_model(req.model)
     if not req.messages:
         raise bad_request("messages must not be empty", "messages")
@@ -77,7 +100,9 @@ def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest) -> tuple[
                       req.chat_template_kwargs)  # fmt: skip
     requested = req.max_completion_tokens or req.max_tokens
     check_prompt_length(len(ids), requested, ctx.max_model_len)
-    max_tokens = requested if requested is not None else ctx.max_model_len - len(ids)
+    if rendered is not None:
+        rendered()
+    max_tokens = output_budget(requested, len(ids), ctx.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)
     num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return ids, max_tokens, num_logprobs, engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
 
@@ -91,9 +116,10 @@ def chat_role(ctx: ServingContext, req: ChatCompletionRequest) -> str:
 
 
 async def create_chat_completion(ctx: ServingContext, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
-    ids, max_tokens, num_logprobs, params = chat_engine_input(ctx, req)
+    request_id = response_id("chatcmpl", request, req.request_id)
+    # NOTE: --log-error-stack's lines name the id from where vLLM's request has one
+    ids, max_tokens, num_logprobs, params = chat_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
     params = with_header_priority(params, request.headers)
-    request_id = req.request_id or random_id("chatcmpl")
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
     if req.stream:
         return await _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids)
@@ -104,6 +130,10 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
         "logprobs": chat_logprobs(ctx.tokenizer, c.token_ids, c.logprobs, num_logprobs, as_ids) if num_logprobs is not None else None,
         "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
     } for c in choices]  # fmt: skip
+    if ctx.output_log is not None:
+        for c in choices:
+            if c.text:
+                ctx.output_log.output(request_id, c.text, c.token_ids, c.finish_reason)
     return json_response({
         "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.model_name, "choices": out,
         "usage": usage(len(ids), sum(len(c.token_ids) for c in choices), ctx.cached(cached_tokens(choices, params.n))),
@@ -113,11 +143,11 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
 
 async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids) -> web.StreamResponse:
     created = now()
-    include_usage = req.stream_options is not None and req.stream_options.include_usage
-    continuous = include_usage and req.stream_options.continuous_usage_stats
+    include_usage, continuous = ctx.include_usage(req.stream_options)
     resp = await start_sse(request)
     generated = [0] * params.n
     cached = [0] * params.n
+    texts = [""] * params.n if ctx.output_log is not None else None  # each choice's text, for --enable-log-outputs
     groups = ChoiceGroups(ctx.metrics, params.n, 1, params.generate["max_tokens"])
 
     def chunk(choices: list[dict], use: dict | None = None) -> dict:
@@ -135,6 +165,9 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
         i = d.index
         generated[i] += len(d.token_ids)
         cached[i] = max(cached[i], d.num_cached_tokens)
+        if texts is not None:
+            texts[i] += d.text
+            ctx.output_log.delta(request_id, d.text, d.token_ids, d.finish_reason)
         lp = None
         if num_logprobs is not None and d.logprobs:
             lp = chat_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, num_logprobs, as_ids)
@@ -156,6 +189,8 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
         await StreamedChoices(ctx, request, resp, render).run(choice_requests(request_id, [ids], params))
         if include_usage:
             await send_event(resp, chunk([], usage(len(ids), sum(generated), ctx.cached(cached[0]))))
+        if texts is not None:
+            ctx.output_log.stream_end(request_id, texts)
     except ClientGone:
         return resp
     except EngineError as e:

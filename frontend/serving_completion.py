@@ -7,11 +7,18 @@ import msgspec
 from aiohttp import web
 
 from frontend.engine_client import EngineError
+from frontend.error_middleware import REQUEST_ID_KEY
 from frontend.errors import APIError, bad_request
 from frontend.logprobs import completion_logprobs
 from frontend.metrics import ChoiceGroups
 from frontend.protocol import CompletionRequest
-from frontend.sampling import EngineParams, check_prompt_length, engine_params, with_header_priority
+from frontend.sampling import (
+    EngineParams,
+    check_prompt_length,
+    engine_params,
+    output_budget,
+    with_header_priority,
+)
 from frontend.serving import (
     ServingContext,
     cached_tokens,
@@ -21,7 +28,7 @@ from frontend.serving import (
     engine_error,
     json_response,
     now,
-    random_id,
+    response_id,
     send_error_event,
     send_event,
     start_sse,
@@ -59,24 +66,30 @@ def prompt_token_ids(ctx: ServingContext, req: CompletionRequest) -> tuple[list[
     return ids, texts
 
 
-def completion_engine_input(ctx: ServingContext, req: CompletionRequest) -> tuple[list[list[int]], list[str | None], int, EngineParams]:
+def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
+                            rendered=None) -> tuple[list[list[int]], list[str | None], int, EngineParams]:  # fmt: skip
     """A checked completion request as the engine runs it: (each prompt's token ids,
     its text where one was given, max_tokens, engine params). Shared by the endpoint
-    and its render."""
+    and its render. ``rendered()``, if given, is called between the prompts' checks and
+    the sampling fields' (where vLLM's request gets its id)."""
     ctx.check_model(req.model)
     if req.suffix is not None:
         raise bad_request("suffix is not currently supported", "suffix")
     prompts, texts = prompt_token_ids(ctx, req)
     for ids in prompts:
         check_prompt_length(len(ids), req.max_tokens, ctx.max_model_len)
-    max_tokens = req.max_tokens if req.max_tokens is not None else ctx.max_model_len - max(len(p) for p in prompts)
+    if rendered is not None:
+        rendered()
+    # NOTE: one budget for every prompt (they share EngineParams): the longest prompt's.
+    max_tokens = output_budget(req.max_tokens, max(len(p) for p in prompts), ctx.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)
     return prompts, texts, max_tokens, engine_params(req, max_tokens, req.logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
 
 
 async def create_completion(ctx: ServingContext, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
-    prompts, texts, max_tokens, params = completion_engine_input(ctx, req)
+    request_id = response_id("cmpl", request, req.request_id)
+    # NOTE: --log-error-stack's lines name the id from where vLLM's request has one
+    prompts, texts, max_tokens, params = completion_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
     params = with_header_priority(params, request.headers)
-    request_id = req.request_id or random_id("cmpl")
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
     echo = [(t if t is not None else ctx.tokenizer.decode(ids)) if req.echo else "" for ids, t in zip(prompts, texts, strict=True)]
     n = params.n
@@ -103,8 +116,7 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
 async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) -> web.StreamResponse:
     n = params.n
     created = now()
-    include_usage = req.stream_options is not None and req.stream_options.include_usage
-    continuous = include_usage and req.stream_options.continuous_usage_stats
+    include_usage, continuous = ctx.include_usage(req.stream_options)
     num_prompt = sum(len(p) for p in prompts)
     resp = await start_sse(request)
     generated = [0] * (len(prompts) * n)

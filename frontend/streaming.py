@@ -16,6 +16,10 @@ rest of the pass for the cores (``bench frontend`` compares the two).
 Most chunks carry only new text: `TextChunk` encodes the JSON around index and text
 once per response, so such a chunk costs the text's encoding and one join.
 
+With ``--sse-keep-alive-interval N``, a stream that wrote nothing for N seconds while
+its choices run (queued, in prefill, between tokens) gets vLLM's SSE comment
+``: keep-alive`` (which SSE clients ignore), as vLLM's ``with_sse_keep_alive``.
+
 NOTE: these writes skip aiohttp's drain: a client that stops reading leaves its
 response in the transport's buffer, at most its max_tokens' chunks (vLLM holds it in
 the request's output queue instead). A closed connection ends the stream and aborts
@@ -36,6 +40,7 @@ from frontend.sampling import EngineParams
 
 _encode = msgspec.json.encode
 _INDEX, _TEXT = "\x00index\x00", "\x00text\x00"
+KEEP_ALIVE = b": keep-alive\n\n"  # vLLM's SSE_KEEP_ALIVE_COMMENT
 
 
 class ClientGone(ConnectionResetError):
@@ -113,12 +118,19 @@ class StreamedChoices:
         self.chunked = resp.headers.get("Transfer-Encoding", "").lower() == "chunked"
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
         self.open: dict[str, _Sink] = {}  # engine request id -> its unfinished choice
+        self.keep_alive_s: float = ctx.sse_keep_alive_s
+        self.last_write = 0.0  # loop time of the last event, for the keep-alive comments
+        self._keep_alive: asyncio.TimerHandle | None = None
 
     async def run(self, requests: list[tuple[str, int, list[int], EngineParams]]) -> None:
         """Raises what ended the stream early (EngineError, APIError, ClientGone);
         every choice not finished by then is aborted, also when the handler is
         cancelled."""
         engine = self.ctx.engine
+        if 0 < self.keep_alive_s < float("inf"):
+            loop = asyncio.get_running_loop()
+            self.last_write = loop.time()
+            self._keep_alive = loop.call_later(self.keep_alive_s, self._tick)
         try:
             for rid, index, prompt, params in requests:
                 if self.done.done():
@@ -131,6 +143,8 @@ class StreamedChoices:
                     raise
             await self.done
         finally:
+            if self._keep_alive is not None:
+                self._keep_alive.cancel()
             if self.open:
                 engine.abort(list(self.open))
                 self.open.clear()
@@ -145,6 +159,20 @@ class StreamedChoices:
         if t is None or t.is_closing():
             raise ClientGone("the client closed the connection")
         self.writes.add(t, b"%x\r\ndata: %b\n\n\r\n" % (len(data) + 8, data) if self.chunked else b"data: %b\n\n" % data)
+        if self._keep_alive is not None:
+            self.last_write = asyncio.get_running_loop().time()
+
+    def _tick(self) -> None:
+        """The keep-alive timer: a comment if nothing was written for the interval, then re-armed."""
+        loop = asyncio.get_running_loop()
+        idle = loop.time() - self.last_write
+        if idle >= self.keep_alive_s:
+            t = self.transport
+            if t is None or t.is_closing():
+                return
+            self.writes.add(t, b"%x\r\n%b\r\n" % (len(KEEP_ALIVE), KEEP_ALIVE) if self.chunked else KEEP_ALIVE)
+            self.last_write, idle = loop.time(), 0.0
+        self._keep_alive = loop.call_later(self.keep_alive_s - idle, self._tick)
 
     def _fail(self, error: BaseException) -> None:
         if not self.done.done():

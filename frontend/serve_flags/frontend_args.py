@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from frontend.serve_flags import reasons as why
-from frontend.serve_flags.rules import BOOL, MANY, ONE, Group, handled, passed, refused, same
+from frontend.serve_flags.rules import BOOL, MANY, ONE, Group, handled, passed, refused
 
 _TITLE = "Frontend"
 _DESCRIPTION = "Arguments for the OpenAI-compatible frontend server."
@@ -26,8 +26,8 @@ _RULES = [
     refused("--cohere-format", ONE, "Cohere-specific chat rendering is not supported", accepts=("cmd4",)),
     refused("--cohere-is-reasoning-model", BOOL, "Cohere-specific chat rendering is not supported", accepts=(True,)),
     refused("--data-parallel-supervisor-port", ONE, why.ONE_ENGINE),
-    refused("--default-chat-template-kwargs", ONE, why.NOT_YET),
-    refused("--disable-access-log-for-endpoints", ONE, "not supported yet (--disable-uvicorn-access-log turns the whole access log off)"),
+    passed("--default-chat-template-kwargs", ONE, FRONT),
+    passed("--disable-access-log-for-endpoints", ONE, FRONT),
     passed("--disable-fastapi-docs", BOOL, FRONT),
     passed("--disable-uvicorn-access-log", BOOL, FRONT),
     refused("--dp-supervisor-probe-failure-threshold", ONE, why.ONE_ENGINE),
@@ -35,17 +35,17 @@ _RULES = [
     refused("--dp-supervisor-probe-timeout-s", ONE, why.ONE_ENGINE),
     refused("--enable-auto-tool-choice", BOOL, why.TOOLS, accepts=(False,)),
     refused("--enable-flash-late-interaction", BOOL, why.POOLING, accepts=(True,)),
-    refused("--enable-force-include-usage", BOOL, why.NOT_YET, accepts=(False,)),
-    same("--enable-log-deltas", BOOL, "it acts only with --enable-log-outputs, which kvpool refuses"),
-    refused("--enable-log-outputs", BOOL, "not supported yet (--enable-log-requests logs each request)", accepts=(False,)),
-    refused("--enable-offline-docs", BOOL, why.NOT_YET, accepts=(False,)),
+    passed("--enable-force-include-usage", BOOL, FRONT),
+    passed("--enable-log-deltas", BOOL, FRONT, default_on=True),
+    passed("--enable-log-outputs", BOOL, FRONT),
+    refused("--enable-offline-docs", BOOL, "kvpool's API serves no OpenAPI docs pages (/docs, /redoc) to serve offline", accepts=(False,)),
     refused("--enable-per-request-metrics", BOOL, why.NOT_YET, accepts=(False,)),
     passed("--enable-prompt-tokens-details", BOOL, FRONT),
-    refused("--enable-request-id-headers", BOOL, why.NOT_YET, accepts=(False,)),
+    passed("--enable-request-id-headers", BOOL, FRONT),
     refused("--enable-scale-out", BOOL, why.ONE_ENGINE, accepts=(False,)),
     passed("--enable-server-load-tracking", BOOL, FRONT),
     refused("--enable-ssl-refresh", BOOL, "not supported yet: restart kvpool serve to load new certificates", accepts=(False,)),
-    refused("--enable-tokenizer-info-endpoint", BOOL, why.NOT_YET, accepts=(False,)),
+    passed("--enable-tokenizer-info-endpoint", BOOL, FRONT),
     refused("--exclude-tools-when-tool-choice-none", BOOL, why.TOOLS, accepts=(False,)),
     refused("--fingerprint-mode", ONE, why.NOT_YET),
     refused("--fingerprint-value", ONE, why.NOT_YET),
@@ -54,22 +54,22 @@ _RULES = [
     refused("--h11-max-incomplete-event-size", ONE, why.UVICORN),
     handled("--host", ONE, "frontend (default 127.0.0.1, where vLLM listens on every interface)", default="127.0.0.1",
             help="the API's address (default %(default)s: loopback, where vLLM listens on every interface)"),  # fmt: skip
-    refused("--log-error-stack", BOOL, why.NOT_YET, accepts=(False,)),
+    passed("--log-error-stack", BOOL, FRONT, default_on=True),
     refused("--lora-modules", MANY, why.LORA),
-    same("--max-log-len", ONE, "kvpool's request log gives prompt lengths, never prompt text, so there is nothing to cut"),
+    passed("--max-log-len", ONE, FRONT),
     refused("--middleware", ONE, "kvpool's frontend is aiohttp: ASGI middleware cannot be loaded"),
     handled("--port", ONE, "frontend", type=int, default=8000, help="the API's port (default %(default)s)"),
     passed("--response-role", ONE, FRONT),
     handled("--return-tokens-as-token-ids", BOOL, "frontend", action=argparse.BooleanOptionalAction, default=False,
             help="logprobs name tokens as token_id:N (default off)"),  # fmt: skip
     passed("--root-path", ONE, FRONT),
-    refused("--sse-keep-alive-interval", ONE, why.NOT_YET, accepts=("0",)),
+    passed("--sse-keep-alive-interval", ONE, FRONT),
     passed("--ssl-ca-certs", ONE, FRONT),
     passed("--ssl-cert-reqs", ONE, FRONT),
     passed("--ssl-certfile", ONE, FRONT),
     refused("--ssl-ciphers", ONE, why.NOT_YET),
     passed("--ssl-keyfile", ONE, FRONT),
-    refused("--tokens-only", BOOL, why.NOT_YET, accepts=(False,)),
+    refused("--tokens-only", BOOL, "kvpool has no Tokens In<>Out endpoints (vLLM's /inference/v1/generate) to serve alone", accepts=(False,)),
     refused("--tool-call-parser", ONE, why.TOOLS),
     refused("--tool-parser-plugin", ONE, why.TOOLS),
     refused("--tool-server", ONE, why.TOOLS),

@@ -56,7 +56,7 @@ _MODEL = [
             help="the checkpoint folder, as the positional MODEL (which wins if both are given)"),  # fmt: skip
     refused("--model-class-overrides", ONE, "kvpool's worker has its own model classes", accepts=("{}",)),
     refused("--model-impl", ONE, "kvpool's worker has its own model implementation", accepts=("auto",)),
-    refused("--override-generation-config", ONE, why.NOT_YET, accepts=("{}",)),
+    passed("--override-generation-config", ONE, "frontend"),
     refused("--pooler-config", ONE, why.POOLING),
     refused("--quantization -q", ONE, why.QUANTIZATION, accepts=("None",)),
     refused("--quantization-config", ONE, why.QUANTIZATION),

@@ -67,6 +67,10 @@ def test_operator_flags_parse_as_vllm_parses_them(monkeypatch):
         (["--uvicorn-log-level", "DEBUG"], "invalid choice: 'DEBUG'"),
         (["--root-path", "pfx"], "--root-path must start with '/'"),
         (["--chat-template", "no-such-template.jinja"], "looks like a file path, but it is not a file"),
+        (["--override-generation-config", "{temperature: 1}"], "--override-generation-config: must be a JSON object, got '{temperature: 1}'"),
+        (["--default-chat-template-kwargs", "[1]"], "--default-chat-template-kwargs: must be a JSON object, got '[1]'"),
+        (["--enable-log-outputs"], "--enable-log-outputs requires --enable-log-requests"),
+        (["--sse-keep-alive-interval", "-1"], "--sse-keep-alive-interval must be a non-negative integer"),
     ],
 )
 def test_a_bad_operator_flag_is_refused_by_name(capsys, argv, words):
@@ -88,3 +92,12 @@ def test_dev_mode_and_runtime_lora_come_from_vllms_variables(monkeypatch, capsys
     with pytest.raises(SystemExit):
         config_from_args(["--model", "m"])
     assert "VLLM_SERVER_DEV_MODE must be an integer" in capsys.readouterr().err
+
+
+def test_log_error_stack_defaults_to_vllm_server_dev_mode_as_vllm(monkeypatch):
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    assert config_from_args(["--model", "m"]).log_error_stack
+    assert not config_from_args(["--model", "m", "--no-log-error-stack"]).log_error_stack
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "0")
+    assert not config_from_args(["--model", "m", "--dev-mode"]).log_error_stack  # kvpool's --dev-mode is not vLLM's variable
+    assert config_from_args(["--model", "m", "--log-error-stack"]).log_error_stack

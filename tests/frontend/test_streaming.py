@@ -106,7 +106,7 @@ def params(stop=()):
 
 def streamed(tokenizer, render=None, chunked=True):
     engine, transport = FakeEngine(), FakeTransport()
-    ctx = SimpleNamespace(engine=engine, tokenizer=tokenizer, writes=WriteBatch())
+    ctx = SimpleNamespace(engine=engine, tokenizer=tokenizer, writes=WriteBatch(), sse_keep_alive_s=0.0)
     resp = SimpleNamespace(headers={"Transfer-Encoding": "chunked"} if chunked else {})
     render = render or (lambda d: msgspec.json.encode({"index": d.index, "text": d.text, "finish": d.finish_reason}))
     return (lambda: StreamedChoices(ctx, SimpleNamespace(transport=transport), resp, render)), engine, transport
