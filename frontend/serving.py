@@ -102,7 +102,12 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
 def choice_requests(request_id: str, prompts: list[list[int]], params: EngineParams) -> list[tuple[str, int, list[int], EngineParams]]:
     """n engine requests per prompt, as (engine request id, choice index, prompt,
     params): choice i * n + j is prompt i's j-th sample (seeded samples get seed + j,
-    as vLLM's ParentRequest does)."""
+    as vLLM's ParentRequest does).
+
+    NOTE: an engine request id ends in a random suffix, as vLLM's internal ids do: the
+    response id comes from the client (X-Request-Id, the body's request_id), and a retry
+    or a router may send the same one while the first is still running."""
+    suffix = uuid.uuid4().hex[:8]
     out = []
     for i, prompt in enumerate(prompts):
         for j in range(params.n):
@@ -111,7 +116,7 @@ def choice_requests(request_id: str, prompts: list[list[int]], params: EnginePar
                 p = EngineParams({**params.generate, "seed": params.generate["seed"] + j}, params.stop,
                                  params.include_stop_str_in_output, params.skip_special_tokens, params.n)  # fmt: skip
             index = i * params.n + j
-            out.append((f"{request_id}-{index}", index, prompt, p))
+            out.append((f"{request_id}-{index}-{suffix}", index, prompt, p))
     return out
 
 

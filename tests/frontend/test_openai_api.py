@@ -197,3 +197,18 @@ def test_echo_and_streamed_n(client, model, hf):
     for i in (0, 1):
         assert "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) == expected
     assert sorted(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason) == ["length", "length"]
+
+
+def test_two_requests_with_one_x_request_id_both_complete(client, model):
+    """A retry or a router may reuse a request id while the first is still running: each
+    engine request has an id of its own, so neither gets the other's end (vLLM's suffix)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def complete(_):
+        return client.completions.create(model=model, prompt="same id", max_tokens=24, temperature=0,
+                                         extra_body={"ignore_eos": True}, extra_headers={"X-Request-Id": "shared"})  # fmt: skip
+
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(complete, range(2))
+    assert a.id == b.id == "cmpl-shared"
+    assert a.usage.completion_tokens == b.usage.completion_tokens == 24 and a.choices[0].text == b.choices[0].text

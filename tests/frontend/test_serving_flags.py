@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -91,7 +92,8 @@ def test_a_response_id_is_vllms_prefix_and_the_x_request_id_else_the_bodys_reque
     assert json.loads(call(off, "/v1/completions", body)[2])["id"] == "cmpl-from-body"
     assert json.loads(call(off, "/v1/completions", body, {"X-Request-Id": "from-header"})[2])["id"] == "cmpl-from-header"
     chat = json.loads(call(off, "/v1/chat/completions", CHAT, {"X-Request-Id": "h"})[2])["id"]
-    assert chat == "chatcmpl-h" and off.engine.generated[-1].request_id == "chatcmpl-h-0"
+    # the engine request: the response id, the choice, a random suffix of its own (as vLLM's internal ids)
+    assert chat == "chatcmpl-h" and re.fullmatch(r"chatcmpl-h-0-[0-9a-f]{8}", off.engine.generated[-1].request_id)
     random = json.loads(call(off, "/v1/chat/completions", CHAT)[2])["id"]
     assert random.startswith("chatcmpl-") and len(random) == len("chatcmpl-") + 32
 
