@@ -6,7 +6,9 @@ sequence); alone, a request is admitted without it; running requests grow into i
 
 Pool: 11 blocks of 4 tokens, block 0 the null block, so 10 free at the start;
 watermark 0.2 -> int(0.2 * 11) = int(2.2) = 2 blocks kept free. Free counts in the
-comments are worked out by hand ("free: 10" = ten blocks in the free queue)."""
+comments are worked out by hand ("free: 10" = ten blocks in the free queue); vLLM 0.32's
+own Scheduler, built on the same 11-block pool (.venv-vllm), schedules every scenario here
+the same, step by step, with the same free counts."""
 
 from __future__ import annotations
 
