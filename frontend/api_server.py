@@ -22,6 +22,7 @@ import aiohttp
 from aiohttp import web
 
 from frontend.access_log import access_logger_class, configure_server_logging
+from frontend.admission import AdmissionControl, RejectionsCollector, merge_rejections
 from frontend.auth import auth_middleware
 from frontend.chat_template import load_chat_template
 from frontend.config import FrontendConfig
@@ -61,9 +62,10 @@ class APIServer:
         if config.chat_template is not None:
             self.tokenizer.chat_template = load_chat_template(config.chat_template)
         keys = (config.curve_client_key, config.curve_server_key) if config.curve_client_key else None
-        self.engine = EngineClient(config.scheduler, keys)
+        self.engine = EngineClient(config.scheduler, keys, AdmissionControl(config.max_num_queued_reqs, config.max_num_queued_tokens))
         self.metrics = FrontendMetrics(config.served_model_name, in_flight=lambda: self.engine.num_in_flight, max_model_len=config.max_model_len)
         defaults = default_sampling(config.generation_config, config.model, config.override_generation_config)
+        self.metrics.registry.register(RejectionsCollector(self.engine.admission, config.served_model_name))
         self.ctx = ServingContext(
             config.served_model_name, config.model, config.max_model_len, self.tokenizer, self.engine, self.metrics,
             defaults, config.return_tokens_as_token_ids,
@@ -217,6 +219,8 @@ class APIServer:
                     scheduler = await r.read()
         except (aiohttp.ClientError, TimeoutError) as e:
             log.warning("scheduler /metrics unreachable: %s", e)
+        # NOTE: vllm:admission_rejections once: the frontend's counts go into the scheduler's lines (frontend/admission.py).
+        scheduler = merge_rejections(scheduler, self.engine.admission.rejections)
         return web.Response(body=scheduler + self.metrics.render(family_names(scheduler)), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def scheduler_reset_prefix_cache(self) -> tuple[int, str]:

@@ -10,6 +10,7 @@ import os
 import ssl
 from dataclasses import dataclass
 
+from frontend.admission import add_admission_args, check_admission_args
 from frontend.chat_template import chat_template_problem
 from frontend.sampling import DEFAULT_MAX_N_SEQUENCES
 from protocol.sampling_params import MAX_LOGPROBS
@@ -39,6 +40,9 @@ class FrontendConfig:
     enable_log_requests: bool = False
     # vLLM's VLLM_MAX_N_SEQUENCES, read as vLLM reads it: the most choices one request may ask for.
     max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
+    # vLLM's queue limits, enforced here as in vLLM's API server (frontend/admission.py); None: none.
+    max_num_queued_reqs: int | None = None
+    max_num_queued_tokens: int | None = None
     # --- vLLM's operator flags (vllm/entrypoints/launchers/cli_args.py), its names ---
     # --api-key KEY [KEY ...], else VLLM_API_KEY: the keys /v1/* requires (frontend.auth).
     api_key: tuple[str, ...] = ()
@@ -100,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default=d.log_level, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default %(default)s)")
     add_operator_args(p, d)
     add_serving_args(p)
+    add_admission_args(p)
     return p
 
 
@@ -183,6 +188,7 @@ def config_from_args(argv: list[str] | None = None) -> FrontendConfig:
     a.max_n_sequences = int(raw)
     _operator_env(p, a)
     _check_operator_args(p, a)
+    check_admission_args(p, a)
     for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
         setattr(a, name, tuple(getattr(a, name)))
     return FrontendConfig(**vars(a))

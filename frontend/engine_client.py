@@ -8,7 +8,8 @@ task. `generate` is the same over a queue: an async iterator of the TokenOutputs
 a response frame is read is in one place, `token_outputs`. A request left before its
 last output (a stop string, a client gone, an error) is aborted at once, so its KV
 blocks are freed. A lost connection fails every request in flight; ZeroMQ reconnects
-by itself and later requests go through.
+by itself and later requests go through. `check_admission` is vLLM's queue limits
+(frontend/admission.py), over the requests in flight here.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from frontend.admission import AdmissionControl
 from protocol.client_messages import Abort, ClientResponse, Generate, RequestError, TokenOutput
 from protocol.codec import Codec, ProtocolError
 from protocol.curve import apply_client
@@ -68,8 +70,9 @@ def token_outputs(msg: ClientResponse) -> Iterable[TokenOutput]:
 
 
 class EngineClient:
-    def __init__(self, address: str, curve_keys: tuple[str, str] | None = None):
+    def __init__(self, address: str, curve_keys: tuple[str, str] | None = None, admission: AdmissionControl | None = None):
         self.address = address
+        self.admission = admission if admission is not None else AdmissionControl()
         self.curve_keys = curve_keys
         self._ctx = zmq.asyncio.Context.instance()
         self._codec: Codec[ClientResponse] = Codec(ClientResponse)
@@ -81,6 +84,15 @@ class EngineClient:
     @property
     def num_in_flight(self) -> int:
         return len(self._sinks)
+
+    def check_admission(self, n: int = 1) -> None:
+        """vLLM's AsyncLLM.check_admission: raises AdmissionRejected (an APIError, 503)
+        if ``n`` more engine requests would pass a queue limit."""
+        self.admission.check(len(self._sinks), n)
+
+    def check_admission_prompts(self, prompt_lens: list[int], n: int) -> None:
+        """The same as the engine requests start: prompt by prompt (`AdmissionControl.check_prompts`)."""
+        self.admission.check_prompts(len(self._sinks), prompt_lens, n)
 
     async def connect(self, timeout: float) -> None:
         sock = self._ctx.socket(zmq.DEALER)
@@ -125,6 +137,7 @@ class EngineClient:
                 if parse_monitor_message(await monitor.recv_multipart())["event"] == zmq.EVENT_DISCONNECTED:
                     log.error("lost the connection to the scheduler at %s; failing %d requests", self.address, len(self._sinks))
                     sinks, self._sinks = self._sinks, {}
+                    self.admission.all_done()
                     for rid, sink in sinks.items():
                         self._deliver_error(rid, sink, EngineError(f"lost the connection to the scheduler at {self.address}"))
         finally:
@@ -133,6 +146,8 @@ class EngineClient:
     async def _read(self) -> None:
         assert self._sock is not None
         recv, decode, sinks = self._sock.recv_multipart, self._codec.decode, self._sinks
+        admission = self.admission
+        prefilling = admission.prefilling  # NOTE: None without --max-num-queued-tokens
         while True:
             frames = await recv()
             try:
@@ -145,6 +160,7 @@ class EngineClient:
                 if sink is None:
                     log.warning("scheduler error for %s: %s", msg.request_id, msg.message)
                 else:
+                    admission.prefill_done(msg.request_id)
                     self._deliver_error(msg.request_id, sink, EngineError(msg.message))
                 continue
             for out in token_outputs(msg):
@@ -153,6 +169,8 @@ class EngineClient:
                 if sink is None:
                     self.num_unrouted += 1  # e.g. the last output of a request aborted here
                     continue
+                if prefilling and rid in prefilling:
+                    admission.prefill_done(rid)  # its first output: out of prefill, as vLLM's is_prefilling
                 if out.finished:
                     del sinks[rid]
                 try:
@@ -177,6 +195,7 @@ class EngineClient:
             return
         for rid in request_ids:
             self._sinks.pop(rid, None)
+            self.admission.prefill_done(rid)
             try:
                 self._sock.send(self._codec.encode(Abort(request_id=rid, stopped=stopped)), zmq.NOBLOCK)
             except zmq.ZMQError as e:
@@ -190,6 +209,7 @@ class EngineClient:
         if request_id in self._sinks:
             raise EngineError(f"request id {request_id!r} is already in flight")
         self._sinks[request_id] = sink
+        self.admission.started(request_id, len(prompt_token_ids))
         try:
             await self._sock.send(self._codec.encode(Generate(request_id=request_id, prompt_token_ids=prompt_token_ids, **params)))
         except BaseException:

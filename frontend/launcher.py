@@ -93,6 +93,15 @@ def http_ok(url: str) -> bool:
         return False
 
 
+def _last_line(log_path: Path | None) -> str:
+    """": LINE", the last line of a child's log (its error), or "" without one."""
+    try:
+        lines = log_path.read_text(errors="replace").strip().splitlines() if log_path is not None else []
+    except OSError:
+        return ""
+    return f": {lines[-1].strip()}" if lines else ""
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -173,7 +182,9 @@ class Launcher:
         while not self.stopping:
             dead = self._dead(("scheduler", "worker", "frontend"))
             if dead is not None:
-                self.log(f"kvpool serve: the {dead} exited during start-up (status {self.children[dead].proc.returncode})")
+                child = self.children[dead]
+                # NOTE: a flag passed on as given is checked by the child: its last line says what was wrong.
+                self.log(f"kvpool serve: the {dead} exited during start-up (status {child.proc.returncode}){_last_line(child.log_path)}")
                 return 1
             if http_ok(self.url.replace("0.0.0.0", "127.0.0.1") + "/health"):
                 self._print_ready()

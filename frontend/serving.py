@@ -54,6 +54,12 @@ class ServingContext:
         if model is not None and model != self.model_name:
             raise model_not_found(model)
 
+    def preflight(self, model: str | None, n: int | None) -> None:
+        """vLLM's order: the model, then the queue limits (``_preflight``, with the
+        request's n), before the prompt is rendered; a 503 before any stream starts."""
+        self.check_model(model)
+        self.engine.check_admission(n or 1)
+
     def cached(self, num_cached_tokens: int) -> int | None:
         """What a final usage reports as cached: the count with
         --enable-prompt-tokens-details, else None (no prompt_tokens_details, as vLLM)."""
@@ -125,6 +131,8 @@ def choice_streams(ctx: ServingContext, request_id: str, prompts: list[list[int]
     if ctx.log_requests:
         log.info("Received request %s: params: %s, n: %d, num_prompt_tokens: %s.", request_id, params.generate, params.n,
                  [len(p) for p in prompts])  # fmt: skip
+    # vLLM's add_request check, prompt by prompt, before any starts (frontend/admission.py)
+    ctx.engine.check_admission_prompts([len(p) for p in prompts], params.n)
     return [run_choice(ctx.engine, ctx.tokenizer, rid, index, prompt, p)
             for rid, index, prompt, p in choice_requests(request_id, prompts, params)]  # fmt: skip
 

@@ -117,6 +117,7 @@ def chat_role(ctx: ServingContext, req: ChatCompletionRequest) -> str:
 
 async def create_chat_completion(ctx: ServingContext, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
     request_id = response_id("chatcmpl", request, req.request_id)
+    ctx.preflight(req.model, req.n)
     # NOTE: --log-error-stack's lines name the id from where vLLM's request has one
     ids, max_tokens, num_logprobs, params = chat_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
     params = with_header_priority(params, request.headers)

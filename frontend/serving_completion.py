@@ -87,6 +87,7 @@ def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
 
 async def create_completion(ctx: ServingContext, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
     request_id = response_id("cmpl", request, req.request_id)
+    ctx.preflight(req.model, req.n)
     # NOTE: --log-error-stack's lines name the id from where vLLM's request has one
     prompts, texts, max_tokens, params = completion_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
     params = with_header_priority(params, request.headers)

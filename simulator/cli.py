@@ -40,7 +40,7 @@ from pathlib import Path
 
 from scheduler.core.hashing import HASH_ALGOS
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
-from scheduler.sched.policy_options import SCHEDULING_POLICIES, check_scheduler_options
+from scheduler.sched.policy_options import add_policy_args, check_scheduler_options
 from simulator.engine import SimConfig, simulate
 from simulator.free_policies import FREE_POLICIES
 from simulator.plot import plot_hit_rates
@@ -102,10 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ms-per-token", type=float, default=d.ms_per_token, help="cost of a scheduled token (default %(default)s)")
     g.add_argument("--prefix-caching-hash-algo", choices=HASH_ALGOS, default=d.hash_algo,
                    help="block hash (default %(default)s: offline, so no adversary; results do not depend on it)")  # fmt: skip
-    g.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default=d.scheduling_policy, help="as the scheduler's (default %(default)s)")
-    g.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N", help="as the scheduler's (default 0: off)")
-    g.add_argument("--long-prefill-token-threshold-adaptive", action=argparse.BooleanOptionalAction, default=False)
-    g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True, help="as the scheduler's (default: on)")
+    add_policy_args(g)  # the scheduler's own flags
     g.add_argument("--no-fast-forward", dest="fast_forward", action="store_false", help="step every decode step (slow; for checks)")
     g = p.add_argument_group("host tier (offloading)")
     g.add_argument("--kv-offloading-blocks", type=_int_list, default=[0], metavar="N",
@@ -140,7 +137,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--priority-levels must be positive, got {a.priority_levels}")
     try:
         check_scheduler_options(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len, enable_chunked_prefill=a.enable_chunked_prefill,
-                                long_prefill_token_threshold=a.long_prefill_token_threshold)  # fmt: skip
+                                long_prefill_token_threshold=a.long_prefill_token_threshold, watermark=a.watermark,
+                                max_num_scheduled_tokens=a.max_num_scheduled_tokens)  # fmt: skip
     except ValueError as e:
         p.error(str(e))
     if any(n < 0 for n in a.kv_offloading_blocks):
@@ -260,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                     a.step_overhead_ms, a.ms_per_token, a.prefix_caching_hash_algo, a.fast_forward,
                     num_host_blocks, a.kv_offloading_store, a.offload_bandwidth_gbps, a.kv_bytes_per_token,
                     a.scheduler_reserve_full_isl, a.scheduling_policy, a.long_prefill_token_threshold,
-                    a.long_prefill_token_threshold_adaptive, a.enable_chunked_prefill,
+                    a.long_prefill_token_threshold_adaptive, a.enable_chunked_prefill, a.watermark, a.max_num_scheduled_tokens,
                 )  # fmt: skip
                 results.append(simulate(workload, cfg))
                 r = results[-1]

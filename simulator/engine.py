@@ -66,6 +66,8 @@ class SimConfig:
     long_prefill_token_threshold: int = 0
     long_prefill_token_threshold_adaptive: bool = False
     enable_chunked_prefill: bool = True
+    watermark: float = 0.0
+    max_num_scheduled_tokens: int | None = None  # None: max_num_batched_tokens
 
 
 def _percentile(values: list[int], q: float) -> float:
@@ -108,7 +110,8 @@ class _Run:
         self.sched = scheduler_class(cfg.scheduling_policy)(
             self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.reserve_full_sequence,
             long_prefill_token_threshold=cfg.long_prefill_token_threshold, enable_chunked_prefill=cfg.enable_chunked_prefill,
-            long_prefill_token_threshold_adaptive=cfg.long_prefill_token_threshold_adaptive,
+            long_prefill_token_threshold_adaptive=cfg.long_prefill_token_threshold_adaptive, watermark=cfg.watermark,
+            max_num_scheduled_tokens=cfg.max_num_scheduled_tokens,
         )  # fmt: skip
         self.hasher = BlockHasher(bs, cfg.hash_algo)
         # NOTE: prompt token ids lie below the output ones (simulator/workload.py).

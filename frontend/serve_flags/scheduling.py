@@ -9,8 +9,6 @@ from frontend.serve_flags import reasons as why
 from frontend.serve_flags.rules import BOOL, MANY, ONE, Group, handled, passed, refused, same
 from frontend.serve_flags.values import human_readable_int
 
-_QUEUE_LIMIT = "not supported yet (kvpool's own limit counts waiting requests only: --scheduler-args '--max-num-waiting N')"
-
 _SCHEDULER = [
     refused("--async-scheduling", BOOL, why.ASYNC, accepts=(False,)),
     passed("--disable-chunked-mm-input", BOOL, "scheduler"),
@@ -23,9 +21,9 @@ _SCHEDULER = [
     handled("--max-num-batched-tokens", ONE, "scheduler and worker", type=human_readable_int, default=None,
             help="token budget of one step: 2048, 2k, 2K (default 2048; with --no-enable-chunked-prefill "
                  "at least --max-model-len, as vLLM)"),  # fmt: skip
-    refused("--max-num-queued-reqs", ONE, _QUEUE_LIMIT),
-    refused("--max-num-queued-tokens", ONE, _QUEUE_LIMIT),
-    refused("--max-num-scheduled-tokens", ONE, why.NOT_YET),
+    passed("--max-num-queued-reqs", ONE, "frontend"),  # NOTE: vLLM enforces both in its API server process
+    passed("--max-num-queued-tokens", ONE, "frontend"),
+    passed("--max-num-scheduled-tokens", ONE, "scheduler"),
     handled("--max-num-seqs", ONE, "scheduler", type=int, default=256, help="most requests running at once (default %(default)s)"),
     refused("--prefill-schedule-interval", ONE, why.NOT_YET, accepts=("1",)),
     refused("--scheduler-cls", ONE, "kvpool's scheduler is its own process, not a vLLM scheduler class"),
@@ -33,7 +31,7 @@ _SCHEDULER = [
             help="admit a request only if its whole prompt fits the free blocks, not only its first chunk (default: on, as vLLM)"),  # fmt: skip
     passed("--scheduling-policy", ONE, "scheduler"),
     refused("--stream-interval", ONE, "kvpool streams each token as it is sampled (vLLM's 1)", accepts=("1",)),
-    refused("--watermark", ONE, why.NOT_YET, accepts=("0", "0.0")),
+    passed("--watermark", ONE, "scheduler"),
 ]
 
 GROUPS = [

@@ -112,7 +112,7 @@ class KVCacheManager:
             self.external_prefix_cache_stats.record(num_tokens - num_local, num_host_hit_tokens, preempted)
 
     def allocate_slots(self, request: KVCacheRequest, num_new_tokens: int, num_new_computed_tokens: int = 0, new_computed_blocks: list[KVCacheBlock] | None = None,
-                       num_lookahead_tokens: int = 0, full_sequence_must_fit: bool = False) -> list[KVCacheBlock] | None:  # fmt: skip
+                       num_lookahead_tokens: int = 0, full_sequence_must_fit: bool = False, watermark_blocks: int = 0) -> list[KVCacheBlock] | None:  # fmt: skip
         """Make room for ``num_new_tokens`` more tokens of ``request`` (after its
         computed tokens and the ``new_computed_blocks`` prefix hits).
 
@@ -122,8 +122,8 @@ class KVCacheManager:
 
         ``full_sequence_must_fit`` (vLLM's admission gate, ``scheduler_reserve_full_isl``):
         None unless the free blocks could also hold every token the request has now
-        (prompt and output so far, up to max_model_len), not only this chunk.
-        """
+        (prompt and output so far, up to max_model_len), not only this chunk. Both checks
+        leave ``watermark_blocks`` free (vLLM's watermark: the scheduler's, for admissions)."""
         if num_new_tokens < 0 or num_new_computed_tokens < 0 or num_lookahead_tokens < 0:
             raise ValueError("token counts must be >= 0")
         if new_computed_blocks is None:
@@ -141,7 +141,7 @@ class KVCacheManager:
             num_host_hits = self.offloading_connector.get_num_hits(request, num_held, num_new_computed_tokens, len(new_computed_blocks))
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_tokens_need_slot = min(num_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        num_new_blocks = self._get_num_blocks_to_allocate(request, num_tokens_need_slot, num_held, new_computed_blocks, full_sequence_must_fit)
+        num_new_blocks = self._get_num_blocks_to_allocate(request, num_tokens_need_slot, num_held, new_computed_blocks, full_sequence_must_fit, watermark_blocks)  # fmt: skip
         if num_new_blocks is None:
             return None
         if req_blocks is None:
@@ -151,14 +151,14 @@ class KVCacheManager:
         self._cache_and_bound(request, req_blocks, min(num_computed_tokens + num_new_tokens, len(request.all_token_ids)))
         return new_blocks
 
-    def _get_num_blocks_to_allocate(self, request: KVCacheRequest, num_tokens_need_slot: int, num_held: int, new_computed_blocks: Sequence[KVCacheBlock], full_sequence_must_fit: bool) -> int | None:
-        """The new blocks a table of ``num_held`` blocks plus the prefix hits needs for
-        ``num_tokens_need_slot`` tokens (0 or less: none), or None if they do not fit."""
+    def _get_num_blocks_to_allocate(self, request: KVCacheRequest, num_tokens_need_slot: int, num_held: int, new_computed_blocks: Sequence[KVCacheBlock], full_sequence_must_fit: bool, watermark_blocks: int) -> int | None:  # fmt: skip
+        """The new blocks a table of ``num_held`` blocks plus the prefix hits needs for ``num_tokens_need_slot``
+        tokens (0 or less: none), or None unless they fit with ``watermark_blocks`` left free."""
         num_new_blocks = -(-num_tokens_need_slot // self.block_size) - num_held - len(new_computed_blocks)
         # NOTE: a hit on a free block takes it out of the free queue, so those hits
         # are not free for this request's new blocks.
         num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null) if new_computed_blocks else 0
-        num_free = self.block_pool.free_block_queue.num_free_blocks - num_evictable_hits
+        num_free = self.block_pool.free_block_queue.num_free_blocks - num_evictable_hits - watermark_blocks
         if num_new_blocks > num_free:
             return None
         if full_sequence_must_fit:

@@ -21,7 +21,7 @@ from scheduler.engine.kv_event_endpoints import (
     is_bind_endpoint,
 )
 from scheduler.engine.perf_metrics import DTYPE_BYTES, ModelShape
-from scheduler.sched.policy_options import SCHEDULING_POLICIES, check_scheduler_options
+from scheduler.sched.policy_options import add_policy_args, check_scheduler_options
 
 # vLLM's async scheduling plans step N+1 before step N's result is in; kvpool plans a
 # step only once the previous result is applied (DESIGN.md rule 3: blocks are cached
@@ -50,6 +50,8 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0
     long_prefill_token_threshold_adaptive: bool = False
     enable_chunked_prefill: bool = True
+    watermark: float = 0.0
+    max_num_scheduled_tokens: int | None = None  # None: --max-num-batched-tokens
     # vLLM 0.32's scheduler_reserve_full_isl: admit a waiting request only if its whole
     # sequence fits the free blocks, not just its first chunk (scheduler/sched/scheduler.py).
     scheduler_reserve_full_isl: bool = True
@@ -144,16 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="admit a waiting request only if its whole sequence fits the free blocks, not only its first "
                         "chunk (vLLM's flag and default: on)")  # fmt: skip
     g = p.add_argument_group("scheduling policy (vLLM's SchedulerConfig)")
-    g.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default=d.scheduling_policy,
-                   help="fcfs: first come, first served; priority: by each request's priority (lower first), then arrival; "
-                        "out of blocks, the lowest-priority, latest-arriving running request is preempted (default %(default)s)")  # fmt: skip
-    g.add_argument("--long-prefill-token-threshold", type=int, default=d.long_prefill_token_threshold, metavar="N",
-                   help="schedule at most N tokens of one request in a step, unless it is the only request (default 0: off)")  # fmt: skip
-    g.add_argument("--long-prefill-token-threshold-adaptive", action=argparse.BooleanOptionalAction, default=False,
-                   help="floor that cap at --max-num-batched-tokens / (running + waiting requests) (default: off)")  # fmt: skip
-    g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=d.enable_chunked_prefill,
-                   help="split a prompt that does not fit the step's token budget across steps (default: on); "
-                        "off, --max-num-batched-tokens must be at least --max-model-len")  # fmt: skip
+    add_policy_args(g)
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="not supported: kvpool plans a step once the previous one's result is in (--no-async-scheduling is accepted)")  # fmt: skip
     p.add_argument("--max-num-waiting", type=int, default=d.max_num_waiting,
@@ -245,7 +238,8 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
     try:
         check_scheduler_options(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len, enable_chunked_prefill=a.enable_chunked_prefill,
-                                long_prefill_token_threshold=a.long_prefill_token_threshold)  # fmt: skip
+                                long_prefill_token_threshold=a.long_prefill_token_threshold, watermark=a.watermark,
+                                max_num_scheduled_tokens=a.max_num_scheduled_tokens)  # fmt: skip
     except ValueError as e:
         p.error(str(e))
     if a.num_gpu_blocks_override is not None and a.num_gpu_blocks_override < 2:

@@ -9,16 +9,47 @@ their checks, and the long-prefill cap they make of a step.
   of the step's budget.
 * ``--no-enable-chunked-prefill``: a waiting request whose (capped) tokens do not
   fit what is left of the step's budget is not split; admission stops there.
+* ``--watermark F``: admitting a waiting (or preempted) request while others run
+  must leave int(F * num_gpu_blocks) blocks free (vLLM's KVCacheManager
+  watermark_blocks, its null block counted); F in [0, 1), 0: off.
+* ``--max-num-scheduled-tokens N``: the tokens one step may schedule; the step's
+  budget is the smaller of it and --max-num-batched-tokens (vLLM's token_budget and
+  input_budget, without speculative decoding); default: --max-num-batched-tokens.
 """
 
 from __future__ import annotations
 
+import argparse
+
+from protocol.human_readable import human_readable_int
+
 SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+def add_policy_args(g: argparse._ActionsContainer) -> None:
+    """These options' flags, as vLLM names them (``python -m scheduler``, the simulator);
+    their defaults are vLLM's."""
+    flag = argparse.BooleanOptionalAction
+    g.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
+                   help="fcfs: first come, first served; priority: by each request's priority (lower first), then arrival; "
+                        "out of blocks, the lowest-priority, latest-arriving running request is preempted (default %(default)s)")  # fmt: skip
+    g.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N",
+                   help="schedule at most N tokens of one request in a step, unless it is the only request (default 0: off)")  # fmt: skip
+    g.add_argument("--long-prefill-token-threshold-adaptive", action=flag, default=False,
+                   help="floor that cap at --max-num-batched-tokens / (running + waiting requests) (default: off)")  # fmt: skip
+    g.add_argument("--enable-chunked-prefill", action=flag, default=True,
+                   help="split a prompt that does not fit the step's token budget across steps (default: on); "
+                        "off, --max-num-batched-tokens must be at least --max-model-len")  # fmt: skip
+    g.add_argument("--watermark", type=float, default=0.0, metavar="F",
+                   help="admit a waiting or preempted request while others run only if int(F * blocks) blocks stay free; "
+                        "F in [0.0, 1.0) (default 0.0: off)")  # fmt: skip
+    g.add_argument("--max-num-scheduled-tokens", type=human_readable_int, default=None, metavar="N",
+                   help="most tokens one step schedules, as 2048, 2k or 2K (default: --max-num-batched-tokens)")
 
 
 def check_scheduler_options(
     max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, *, enable_chunked_prefill: bool = True,
-    long_prefill_token_threshold: int = 0,
+    long_prefill_token_threshold: int = 0, watermark: float = 0.0, max_num_scheduled_tokens: int | None = None,
 ) -> None:  # fmt: skip
     """vLLM's ``SchedulerConfig`` checks, its wording with the flags' names: raise
     ValueError naming the first problem."""
@@ -26,6 +57,10 @@ def check_scheduler_options(
         raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
     if long_prefill_token_threshold < 0:
         raise ValueError(f"--long-prefill-token-threshold must be >= 0 (0: off), got {long_prefill_token_threshold}")
+    if not 0.0 <= watermark < 1.0:  # NOTE: NaN fails too
+        raise ValueError(f"--watermark must be in the range [0.0, 1.0) (0.0: off), got {watermark}")
+    if max_num_scheduled_tokens is not None and max_num_scheduled_tokens < 1:
+        raise ValueError(f"--max-num-scheduled-tokens must be >= 1, got {max_num_scheduled_tokens}")
     if not enable_chunked_prefill and max_num_batched_tokens < max_model_len:
         raise ValueError(
             f"--max-num-batched-tokens ({max_num_batched_tokens}) is smaller than --max-model-len ({max_model_len}) "
@@ -48,3 +83,12 @@ def long_prefill_cap(threshold: int, adaptive: bool, max_num_batched_tokens: int
     if adaptive:
         return max(threshold, max_num_batched_tokens // num_requests)
     return threshold
+
+
+def step_budget(max_num_batched_tokens: int, max_num_scheduled_tokens: int | None) -> int:
+    """The tokens one step may schedule: vLLM's token_budget (max_num_scheduled_tokens,
+    default max_num_batched_tokens) and input_budget (max_num_batched_tokens) fall
+    together without draft slots, so the smaller binds."""
+    if max_num_scheduled_tokens is None:
+        return max_num_batched_tokens
+    return min(max_num_scheduled_tokens, max_num_batched_tokens)

@@ -39,7 +39,7 @@ class PriorityScheduler(Scheduler):
         may stand before the request being scheduled, and leave the step."""
         running = self.running
         num_scheduled_tokens = plan.num_scheduled_tokens
-        token_budget = self.max_num_batched_tokens
+        token_budget = self.step_token_budget
         preempted: list[Request] = []
         all_sampling = True  # every scheduled request completes its tokens
         # NOTE: running[:i] is scheduled: a victim before i leaves the step.

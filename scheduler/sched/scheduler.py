@@ -1,15 +1,14 @@
 """The scheduling policy of vLLM v1, emitting delta plans for the worker.
 
 Each step: running requests first (one token each when decoding, a chunk while still
-prefilling), then waiting requests FCFS while the token budget (max_num_batched_tokens)
-and max_num_seqs allow; a prompt may be split across steps (chunked prefill, unless off:
+prefilling), then waiting requests FCFS while the token budget and max_num_seqs allow; a
+prompt may be split across steps (chunked prefill, unless off; the budget, --watermark:
 scheduler/sched/policy_options.py). Out of blocks: preempt the last running request by
 recompute (priority: scheduler/sched/priority_scheduler.py). Finish on max_tokens, or on
 a stop token (EOS unless ignore_eos, and stop_token_ids) once min_tokens are out.
 
-The plan says only what changed since the last (scheduler/sched/plan_builder.py);
-the worker's sampled tokens are appended by scheduler/sched/sampled_tokens.py.
-"""
+The plan says only what changed since the last (scheduler/sched/plan_builder.py); the
+worker's sampled tokens are appended by scheduler/sched/sampled_tokens.py."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.outputs import SchedulerOutput, StepTokens
 from scheduler.sched.plan_builder import StepPlanBuilder
-from scheduler.sched.policy_options import check_scheduler_options, long_prefill_cap
+from scheduler.sched.policy_options import check_scheduler_options, long_prefill_cap, step_budget
 from scheduler.sched.prompt_token_stats import PromptTokenStats
 from scheduler.sched.request import Request, RequestStatus
 from scheduler.sched.request_queue import create_request_queue
@@ -35,13 +34,17 @@ class Scheduler(WorkerLossRecovery):
 
     def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
                  reserve_full_sequence: bool = True, *, long_prefill_token_threshold: int = 0,
-                 long_prefill_token_threshold_adaptive: bool = False, enable_chunked_prefill: bool = True):  # fmt: skip
+                 long_prefill_token_threshold_adaptive: bool = False, enable_chunked_prefill: bool = True, watermark: float = 0.0,
+                 max_num_scheduled_tokens: int | None = None):  # fmt: skip
         check_scheduler_options(max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill=enable_chunked_prefill,
-                                long_prefill_token_threshold=long_prefill_token_threshold)  # fmt: skip
+                                long_prefill_token_threshold=long_prefill_token_threshold, watermark=watermark,
+                                max_num_scheduled_tokens=max_num_scheduled_tokens)  # fmt: skip
         self.kv_cache_manager = kv_cache_manager
         self.block_size = kv_cache_manager.block_size
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.max_num_scheduled_tokens = max_num_scheduled_tokens  # None: the step's budget is max_num_batched_tokens
+        # vLLM's watermark_blocks: blocks admitting a waiting request leaves free while others run (0: off).
+        self.watermark_blocks = int(watermark * kv_cache_manager.block_pool.num_gpu_blocks)
         self.max_model_len = max_model_len
         # vLLM 0.32's scheduler_reserve_full_isl (its default, on): a waiting request is admitted only if
         # the pool could hold its whole sequence, not just its first chunk (none admitted to be preempted).
@@ -59,8 +62,7 @@ class Scheduler(WorkerLossRecovery):
         self._pending_finished_seq_ids: list[int] = []
         # The plan in flight: its results must be applied before the next schedule().
         self._in_flight: SchedulerOutput | None = None
-        # Counters the process exports. A lost worker's requests, sent back to be
-        # recomputed, are counted apart from the policy's preemptions.
+        # Counters the process exports; a lost worker's requests, sent back to be recomputed, are not preemptions.
         self.num_preemptions = 0
         self.num_worker_loss_recomputes = 0
         self.prompt_token_stats = PromptTokenStats()
@@ -74,8 +76,7 @@ class Scheduler(WorkerLossRecovery):
             raise ValueError(f"duplicate request id {request.request_id!r}")
         if request.seq_id in self.seq_id_to_request:
             raise ValueError(f"duplicate seq_id {request.seq_id}")
-        self.requests[request.request_id] = request
-        self.seq_id_to_request[request.seq_id] = request
+        self.requests[request.request_id] = self.seq_id_to_request[request.seq_id] = request
         # It stops at max_tokens, or when it fills max_model_len, whichever is first.
         request.max_num_tokens = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
         self.waiting.append(request)
@@ -110,6 +111,10 @@ class Scheduler(WorkerLossRecovery):
         return bool(self.requests)
 
     @property
+    def step_token_budget(self) -> int:  # NOTE: read afresh by every schedule()
+        return step_budget(self.max_num_batched_tokens, self.max_num_scheduled_tokens)
+
+    @property
     def num_waiting(self) -> int:
         return len(self.waiting)
 
@@ -142,7 +147,7 @@ class Scheduler(WorkerLossRecovery):
         finished_seq_ids, self._pending_finished_seq_ids = self._pending_finished_seq_ids, []
         step_plan = plan.build(self.next_step_id, finished_seq_ids, preempted, self.kv_cache_manager.take_tier_copies())
         self.next_step_id += 1
-        total = self.max_num_batched_tokens - token_budget
+        total = self.step_token_budget - token_budget
         self._in_flight = SchedulerOutput(step_plan, scheduled, total, preempted, sampling)
         return self._in_flight
 
@@ -151,7 +156,7 @@ class Scheduler(WorkerLossRecovery):
         most ``cap`` tokens each (0: no cap). Returns the budget left, the requests
         scheduled, those of them sampling (their computed tokens reach their token
         count), and the requests preempted."""
-        token_budget = self.max_num_batched_tokens
+        token_budget = self.step_token_budget
         num_scheduled_tokens = plan.num_scheduled_tokens
         preempted: list[Request] = []
         # NOTE: this loop runs once per running request per step; it is written for speed.
@@ -237,7 +242,8 @@ class Scheduler(WorkerLossRecovery):
                 if not self.enable_chunked_prefill:
                     break  # vLLM: not split, and nobody overtakes the head
                 num_new_tokens = token_budget
-            new_blocks = kv.allocate_slots(request, num_new_tokens, num_hit_tokens, hits, full_sequence_must_fit=self.reserve_full_sequence)
+            new_blocks = kv.allocate_slots(request, num_new_tokens, num_hit_tokens, hits, full_sequence_must_fit=self.reserve_full_sequence,
+                                           watermark_blocks=self.watermark_blocks if running else 0)  # fmt: skip
             if new_blocks is None:
                 break  # nobody overtakes the head of the queue
             # NOTE: admitted before (resumed after a preemption or a lost worker): counted apart.

@@ -10,7 +10,9 @@ import pytest
 
 from frontend.child_argv import passed_flags
 from frontend.cli import parse_serve
+from frontend.config import config_from_args
 from frontend.launcher import Child, Launcher
+from scheduler.engine.config import config_from_args as scheduler_config
 
 FRONTEND_FLAGS = [
     "--uvicorn-log-level", "debug", "--max-logprobs", "5", "--chat-template", "/t/chat.jinja", "--enable-prompt-tokens-details",
@@ -145,3 +147,32 @@ def test_unchunked_prefill_raises_the_default_token_budget_to_a_whole_prompt_as_
 def test_the_worker_labels_its_metrics_with_the_served_model_name():
     c = built(["--served-model-name", "tiny"])
     assert value(c["worker"], "--served-model-name") == "tiny" and value(c["scheduler"], "--served-model-name") == "tiny"
+
+
+QUEUE_FLAGS = ["--max-num-queued-reqs", "1k", "--max-num-queued-tokens", "2K"]
+BUDGET_FLAGS = ["--watermark", "0.05", "--max-num-scheduled-tokens", "1k"]
+
+
+def test_the_queue_limits_reach_the_frontend_and_the_budget_flags_the_scheduler():
+    # vLLM enforces the queue limits in its API server; each child reads 1k, 2K as vLLM does
+    c = built(QUEUE_FLAGS + BUDGET_FLAGS)
+    assert flag_groups(QUEUE_FLAGS) <= flag_groups(c["frontend"][3:])  # past: python -m frontend
+    assert flag_groups(BUDGET_FLAGS) <= flag_groups(c["scheduler"][3:])
+    for flag in ("--max-num-queued-reqs", "--max-num-queued-tokens"):
+        assert flag not in c["scheduler"] and flag not in c["worker"]
+    for flag in ("--watermark", "--max-num-scheduled-tokens"):
+        assert flag not in c["frontend"] and flag not in c["worker"]
+
+
+def test_queue_and_budget_flags_not_given_are_not_passed():
+    c = built([])
+    assert not {"--max-num-queued-reqs", "--max-num-queued-tokens"} & set(c["frontend"])
+    assert not {"--watermark", "--max-num-scheduled-tokens"} & set(c["scheduler"])
+
+
+def test_each_child_reads_the_queue_and_budget_flags_as_vllm():
+    c = built(QUEUE_FLAGS + BUDGET_FLAGS)
+    front = config_from_args(c["frontend"][3:])  # past: python -m frontend
+    assert (front.max_num_queued_reqs, front.max_num_queued_tokens) == (1000, 2048)
+    sched = scheduler_config(c["scheduler"][3:])
+    assert (sched.watermark, sched.max_num_scheduled_tokens) == (0.05, 1000)

@@ -123,3 +123,15 @@ def test_a_dead_scheduler_stops_everything_with_a_non_zero_status(tiny_checkpoin
         s.proc.wait(60)
         assert s.proc.returncode == 1
         wait_until(lambda: all(gone(p) for p in kids), 30, "every child to stop")
+
+
+def test_a_child_refusing_a_passed_flag_at_start_is_quoted(tiny_checkpoint, tmp_path):
+    # --watermark goes to the scheduler as given; the scheduler's own check refuses 1.5
+    from kvtest.serve import KVPOOL
+
+    argv = [KVPOOL, "serve", str(tiny_checkpoint), "--port", str(free_port()), "--log-dir", str(tmp_path), "--kv-cache-memory", "8MiB",
+            "--device", "cpu", "--watermark", "1.5"]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert ("kvpool serve: the scheduler exited during start-up (status 2): kvpool-scheduler: error: --watermark must be in "
+            "the range [0.0, 1.0) (0.0: off), got 1.5") in proc.stdout + proc.stderr  # fmt: skip

@@ -79,6 +79,9 @@ class FakeEngine:
         self.aborted += list(ids)
         self.stopped += list(ids) if stopped else []
 
+    def check_admission_prompts(self, prompt_lens, n):
+        pass  # no queue limits here (tests/frontend/test_admission.py)
+
 
 def unchunk(data: bytes) -> list[dict]:
     """HTTP chunked frames -> the JSON of each SSE event, checking the framing."""

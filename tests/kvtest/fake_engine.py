@@ -33,7 +33,9 @@ STARTUP_S = 60.0
 class FakeEngine:
     """The scheduler's two ports. ``generated`` holds every Generate received;
     ``reset_status`` is what POST /reset_prefix_cache answers (200 or 409). While
-    ``holding`` is set, requests are kept unanswered until ``release()``."""
+    ``holding`` is set, requests are kept unanswered until ``release()`` (with
+    ``first_token_while_holding``, each gets one unfinished token first, then is held).
+    ``metrics_page`` is what GET /metrics answers."""
 
     def __init__(self, num_cached_tokens: int = 16):
         self.num_cached_tokens = num_cached_tokens
@@ -41,6 +43,8 @@ class FakeEngine:
         self.reset_status = 200
         self.resets = 0
         self.holding = threading.Event()
+        self.first_token_while_holding = False
+        self.metrics_page = ""
         self._held: list[tuple[bytes, Generate]] = []
         self._release = threading.Event()
         self.ctx = zmq.Context()
@@ -71,6 +75,9 @@ class FakeEngine:
                 continue
             self.generated.append(msg)
             if self.holding.is_set():
+                if self.first_token_while_holding:
+                    first = TokenOutput(request_id=msg.request_id, new_token_ids=[5], num_cached_tokens=self.num_cached_tokens)
+                    self.sock.send_multipart([ident, codec.encode(EngineCoreOutputs([first]))])
                 self._held.append((ident, msg))
             else:
                 self._answer(codec, ident, msg)
@@ -98,7 +105,7 @@ class FakeEngine:
                 self.wfile.write(body)
 
             def do_GET(self):  # noqa: N802 - http.server's name
-                self._answer(200, "ok\n" if self.path == "/health" else "")
+                self._answer(200, "ok\n" if self.path == "/health" else engine.metrics_page if self.path == "/metrics" else "")
 
             def do_POST(self):  # noqa: N802
                 if self.path != "/reset_prefix_cache":

@@ -1,6 +1,6 @@
 """The simulator runs the scheduler's policy options (simulator/engine.py, cli.py):
 --scheduling-policy priority with --priority-levels, the long-prefill cap, chunked
-prefill off; fast-forwarding still changes nothing, and the options are checked as
+prefill off, --watermark and --max-num-scheduled-tokens; fast-forwarding still changes nothing, and the options are checked as
 the scheduler process checks them."""
 
 from __future__ import annotations
@@ -93,9 +93,32 @@ def test_the_cli_runs_the_priority_policy(capsys):
         (["--long-prefill-token-threshold", "-2"], "--long-prefill-token-threshold must be >= 0"),
         (["--scheduling-policy", "sjf"], "invalid choice: 'sjf'"),
         (["--priority-levels", "0"], "--priority-levels must be positive"),
+        (["--watermark", "1"], "--watermark must be in the range [0.0, 1.0)"),
+        (["--max-num-scheduled-tokens", "0"], "--max-num-scheduled-tokens must be >= 1"),
     ],
 )
 def test_bad_policy_flags_exit_2_naming_the_flag(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--num-blocks", "100", *argv])
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_watermark_and_the_step_cap_reach_the_simulated_scheduler():
+    a = parse_args(["--num-blocks", "100", "--watermark", "0.25", "--max-num-scheduled-tokens", "2k"])
+    seen: list[Scheduler] = []
+    cfg = SimConfig(100, 4, max_num_batched_tokens=4096, watermark=a.watermark, max_num_scheduled_tokens=a.max_num_scheduled_tokens)
+    simulate(workload(4, 3), cfg, on_end=seen.append)
+    # int(0.25 * 100) = 25 blocks kept free; the step: min(2000, 4096)
+    assert (seen[0].watermark_blocks, seen[0].step_token_budget) == (25, 2000)
+
+
+def test_fast_forward_changes_nothing_under_the_watermark_and_a_step_cap():
+    n = 80
+    w = workload(n, 70, [i * 0.013 for i in range(n)])
+    cfg = SimConfig(120, 4, "vllm", max_num_seqs=12, max_num_batched_tokens=64, step_overhead_ms=1.0, ms_per_token=0.01,
+                    watermark=0.4, max_num_scheduled_tokens=24)  # fmt: skip
+    _equivalence_case(w, cfg)
+    # the watermark (48 of 120 blocks) holds admissions back: the same work in more steps
+    plain = simulate(w, dataclasses.replace(cfg, watermark=0.0))
+    held = simulate(w, cfg)
+    assert held.num_finished == plain.num_finished == n and held.num_steps > plain.num_steps
