@@ -236,7 +236,18 @@ async def serve(config: FrontendConfig, stop: asyncio.Event) -> int:
     server = None
     try:
         server = APIServer(config)
-        await server.start()
+        # NOTE: a stop while start-up still waits for the scheduler (up to
+        # --connect-timeout) ends it at once, not once the wait is over.
+        starting = asyncio.ensure_future(server.start())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            await server.stop()
+            return 0
+        stopped.cancel()
+        starting.result()
     except Exception as e:  # noqa: BLE001 - a port in use, no scheduler, a bad certificate or template: say which
         log.error("cannot start: %s", e)
         if server is not None:
