@@ -17,7 +17,7 @@ _SCHEDULER = [
     passed("--enable-chunked-prefill", BOOL, "scheduler", default_on=True),
     passed("--long-prefill-token-threshold", ONE, "scheduler"),
     passed("--long-prefill-token-threshold-adaptive", BOOL, "scheduler"),
-    refused("--max-num-active-seqs", ONE, why.NOT_YET),
+    passed("--max-num-active-seqs", ONE, "scheduler"),
     handled("--max-num-batched-tokens", ONE, "scheduler and worker", type=human_readable_int, default=None,
             help="token budget of one step: 2048, 2k, 2K (default 2048; with --no-enable-chunked-prefill "
                  "at least --max-model-len, as vLLM)"),  # fmt: skip

@@ -52,6 +52,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     watermark: float = 0.0
     max_num_scheduled_tokens: int | None = None  # None: --max-num-batched-tokens
+    max_num_active_seqs: int | None = None  # None: --max-num-seqs
     # vLLM 0.32's scheduler_reserve_full_isl: admit a waiting request only if its whole
     # sequence fits the free blocks, not just its first chunk (scheduler/sched/scheduler.py).
     scheduler_reserve_full_isl: bool = True
@@ -239,7 +240,7 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
     try:
         check_scheduler_options(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len, enable_chunked_prefill=a.enable_chunked_prefill,
                                 long_prefill_token_threshold=a.long_prefill_token_threshold, watermark=a.watermark,
-                                max_num_scheduled_tokens=a.max_num_scheduled_tokens)  # fmt: skip
+                                max_num_scheduled_tokens=a.max_num_scheduled_tokens, max_num_active_seqs=a.max_num_active_seqs)  # fmt: skip
     except ValueError as e:
         p.error(str(e))
     if a.num_gpu_blocks_override is not None and a.num_gpu_blocks_override < 2:

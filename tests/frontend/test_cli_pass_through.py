@@ -176,3 +176,10 @@ def test_each_child_reads_the_queue_and_budget_flags_as_vllm():
     assert (front.max_num_queued_reqs, front.max_num_queued_tokens) == (1000, 2048)
     sched = scheduler_config(c["scheduler"][3:])
     assert (sched.watermark, sched.max_num_scheduled_tokens) == (0.05, 1000)
+
+
+def test_max_num_active_seqs_reaches_the_scheduler_alone_as_vllm_reads_it():
+    c = built(["--max-num-seqs", "8", "--max-num-active-seqs", "3"])
+    assert ("--max-num-active-seqs", "3") in flag_groups(c["scheduler"][3:])
+    assert "--max-num-active-seqs" not in c["frontend"] and "--max-num-active-seqs" not in c["worker"]
+    assert scheduler_config(c["scheduler"][3:]).max_num_active_seqs == 3
