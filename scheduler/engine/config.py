@@ -20,6 +20,7 @@ from scheduler.engine.kv_event_endpoints import (
     check_local_endpoint,
     is_bind_endpoint,
 )
+from scheduler.engine.one_group_flags import add_one_group_args, check_one_group_args
 from scheduler.engine.perf_metrics import DTYPE_BYTES, ModelShape
 from scheduler.sched.policy_options import add_policy_args, check_scheduler_options
 
@@ -146,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=d.scheduler_reserve_full_isl,
                    help="admit a waiting request only if its whole sequence fits the free blocks, not only its first "
                         "chunk (vLLM's flag and default: on)")  # fmt: skip
+    add_one_group_args(p)
     g = p.add_argument_group("scheduling policy (vLLM's SchedulerConfig)")
     add_policy_args(g)
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
@@ -238,6 +240,7 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
     try:
+        check_one_group_args(a)
         check_scheduler_options(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len, enable_chunked_prefill=a.enable_chunked_prefill,
                                 long_prefill_token_threshold=a.long_prefill_token_threshold, watermark=a.watermark,
                                 max_num_scheduled_tokens=a.max_num_scheduled_tokens, max_num_active_seqs=a.max_num_active_seqs)  # fmt: skip

@@ -183,3 +183,11 @@ def test_max_num_active_seqs_reaches_the_scheduler_alone_as_vllm_reads_it():
     assert ("--max-num-active-seqs", "3") in flag_groups(c["scheduler"][3:])
     assert "--max-num-active-seqs" not in c["frontend"] and "--max-num-active-seqs" not in c["worker"]
     assert scheduler_config(c["scheduler"][3:]).max_num_active_seqs == 3
+
+
+def test_prefix_match_unit_and_prefill_schedule_interval_reach_the_scheduler_alone():
+    c = built(["--prefix-match-unit", "16", "--prefill-schedule-interval", "2"])
+    assert {("--prefix-match-unit", "16"), ("--prefill-schedule-interval", "2")} <= flag_groups(c["scheduler"][3:])
+    for flag in ("--prefix-match-unit", "--prefill-schedule-interval"):
+        assert flag not in c["frontend"] and flag not in c["worker"]
+    scheduler_config(c["scheduler"][3:])  # the scheduler takes them (block size 16, prefix caching on)
