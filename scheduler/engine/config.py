@@ -68,6 +68,7 @@ class SchedulerConfig:
     # its period is vLLM's VLLM_LOG_STATS_INTERVAL, read as vLLM reads it.
     log_stats: bool = True
     log_stats_interval_s: float = 10.0
+    enable_logging_iteration_details: bool = False  # one more line per step (stats_logger.py)
     model_name: str = "kvpool-tiny"
     # A worker silent for this long (no heartbeat, no result) is taken for dead.
     # NOTE: the same as the worker's --scheduler-timeout; both sides heartbeat every
@@ -164,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-log-stats", dest="log_stats", action="store_false",
                    help="no periodic stats line (throughput, running/waiting, KV usage, hit rate) every "
                         "VLLM_LOG_STATS_INTERVAL seconds (default: logged, every 10 s)")  # fmt: skip
+    p.add_argument("--enable-logging-iteration-details", action=argparse.BooleanOptionalAction, default=False, help="with the stats on, log each step's requests and tokens, as vLLM")
     p.add_argument("--served-model-name", dest="model_name", default=d.model_name, help="the model_name label of every metric")
     p.add_argument("--worker-timeout", dest="worker_timeout_s", type=float, default=d.worker_timeout_s, metavar="SECONDS",
                    help="a worker silent this long is taken for dead (default %(default)s)")  # fmt: skip

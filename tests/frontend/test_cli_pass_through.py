@@ -191,3 +191,11 @@ def test_prefix_match_unit_and_prefill_schedule_interval_reach_the_scheduler_alo
     for flag in ("--prefix-match-unit", "--prefill-schedule-interval"):
         assert flag not in c["frontend"] and flag not in c["worker"]
     scheduler_config(c["scheduler"][3:])  # the scheduler takes them (block size 16, prefix caching on)
+
+
+def test_enable_logging_iteration_details_reaches_the_scheduler_alone():
+    c = built(["--enable-logging-iteration-details"])
+    assert "--enable-logging-iteration-details" in c["scheduler"]
+    assert "--enable-logging-iteration-details" not in c["frontend"] and "--enable-logging-iteration-details" not in c["worker"]
+    assert scheduler_config(c["scheduler"][3:]).enable_logging_iteration_details is True
+    assert "--enable-logging-iteration-details" not in built(["--no-enable-logging-iteration-details"])["scheduler"]
