@@ -48,7 +48,7 @@ _LOGGING = [
 _OBSERVABILITY = [
     refused("--collect-detailed-traces", MANY, why.TRACING),
     refused("--cudagraph-metrics", BOOL, why.GRAPHS, accepts=(False,)),
-    refused("--custom-histogram-buckets", ONE, why.NOT_YET),
+    passed("--custom-histogram-buckets", ONE, "scheduler"),
     refused("--enable-layerwise-nvtx-tracing", BOOL, why.TRACING, accepts=(False,)),
     passed("--enable-logging-iteration-details", BOOL, "scheduler"),
     handled("--enable-mfu-metrics", BOOL, "scheduler", action=argparse.BooleanOptionalAction, default=False,

@@ -79,7 +79,7 @@ class EngineCore:
         )  # fmt: skip
         self.metrics = SchedulerMetrics(
             config.model_name, kv_cache_metrics=config.kv_cache_metrics, kv_offloading=config.kv_offloading_size > 0,
-            max_model_len=config.max_model_len,
+            max_model_len=config.max_model_len, custom_buckets=config.custom_histogram_buckets,
         )  # fmt: skip
         self.model_shape = ModelShape.from_checkpoint(config.model, config.dtype) if config.enable_mfu_metrics else None
         self.state = EngineState()

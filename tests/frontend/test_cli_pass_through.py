@@ -199,3 +199,11 @@ def test_enable_logging_iteration_details_reaches_the_scheduler_alone():
     assert "--enable-logging-iteration-details" not in c["frontend"] and "--enable-logging-iteration-details" not in c["worker"]
     assert scheduler_config(c["scheduler"][3:]).enable_logging_iteration_details is True
     assert "--enable-logging-iteration-details" not in built(["--no-enable-logging-iteration-details"])["scheduler"]
+
+
+def test_custom_histogram_buckets_reach_the_scheduler_verbatim():
+    text = '{"request_latency": [0.5, 5]}'
+    c = built(["--custom-histogram-buckets", text])
+    assert ("--custom-histogram-buckets", text) in flag_groups(c["scheduler"][3:])
+    assert "--custom-histogram-buckets" not in c["frontend"] and "--custom-histogram-buckets" not in c["worker"]
+    assert scheduler_config(c["scheduler"][3:]).custom_histogram_buckets == {"request_latency": (0.5, 5.0)}
