@@ -138,7 +138,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     try:
         check_scheduler_options(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len, enable_chunked_prefill=a.enable_chunked_prefill,
                                 long_prefill_token_threshold=a.long_prefill_token_threshold, watermark=a.watermark,
-                                max_num_scheduled_tokens=a.max_num_scheduled_tokens)  # fmt: skip
+                                max_num_scheduled_tokens=a.max_num_scheduled_tokens, max_num_active_seqs=a.max_num_active_seqs)  # fmt: skip
     except ValueError as e:
         p.error(str(e))
     if any(n < 0 for n in a.kv_offloading_blocks):
@@ -259,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                     num_host_blocks, a.kv_offloading_store, a.offload_bandwidth_gbps, a.kv_bytes_per_token,
                     a.scheduler_reserve_full_isl, a.scheduling_policy, a.long_prefill_token_threshold,
                     a.long_prefill_token_threshold_adaptive, a.enable_chunked_prefill, a.watermark, a.max_num_scheduled_tokens,
+                    a.max_num_active_seqs,
                 )  # fmt: skip
                 results.append(simulate(workload, cfg))
                 r = results[-1]

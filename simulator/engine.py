@@ -68,6 +68,7 @@ class SimConfig:
     enable_chunked_prefill: bool = True
     watermark: float = 0.0
     max_num_scheduled_tokens: int | None = None  # None: max_num_batched_tokens
+    max_num_active_seqs: int | None = None  # None: max_num_seqs
 
 
 def _percentile(values: list[int], q: float) -> float:
@@ -111,7 +112,7 @@ class _Run:
             self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.reserve_full_sequence,
             long_prefill_token_threshold=cfg.long_prefill_token_threshold, enable_chunked_prefill=cfg.enable_chunked_prefill,
             long_prefill_token_threshold_adaptive=cfg.long_prefill_token_threshold_adaptive, watermark=cfg.watermark,
-            max_num_scheduled_tokens=cfg.max_num_scheduled_tokens,
+            max_num_scheduled_tokens=cfg.max_num_scheduled_tokens, max_num_active_seqs=cfg.max_num_active_seqs,
         )  # fmt: skip
         self.hasher = BlockHasher(bs, cfg.hash_algo)
         # NOTE: prompt token ids lie below the output ones (simulator/workload.py).

@@ -53,7 +53,7 @@ def _head_watch_pops(scheduler: Scheduler, max_pops: int) -> int:
     chunk needs a fixed number of new blocks, and losing a free hit (and every hit
     after it in the chain) gives back more free blocks than the eviction took."""
     waiting, running = scheduler.waiting, scheduler.running
-    if not waiting or len(running) >= scheduler.max_num_seqs or len(running) >= scheduler.step_token_budget:
+    if not waiting or len(running) >= scheduler.max_num_active_seqs or len(running) >= scheduler.step_token_budget:
         return max_pops  # the head is not even tried
     kv = scheduler.kv_cache_manager
     hits, _ = kv.get_computed_blocks(waiting.head, record_stats=False)
@@ -91,7 +91,7 @@ def _host_store_room(scheduler: Scheduler, max_stores: int) -> int | None:
     stored in the stretch go behind the others, as stepping completes them)."""
     kv = scheduler.kv_cache_manager
     tier, waiting, running = kv.host_tier, scheduler.waiting, scheduler.running
-    if tier is None or not waiting or len(running) >= scheduler.max_num_seqs or len(running) >= scheduler.step_token_budget:
+    if tier is None or not waiting or len(running) >= scheduler.max_num_active_seqs or len(running) >= scheduler.step_token_budget:
         return None
     head = waiting.head
     hits, num_hit_tokens = kv.get_computed_blocks(head, record_stats=False)

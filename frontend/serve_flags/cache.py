@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from frontend.serve_flags import reasons as why
-from frontend.serve_flags.rules import BOOL, MANY, ONE, Group, handled, refused
+from frontend.serve_flags.rules import BOOL, MANY, ONE, Group, handled, passed, refused
 from frontend.serve_flags.values import human_readable_int
 
 # vLLM's --prefix-caching-hash-algo choices; the scheduler hashes with the first two.
@@ -41,7 +41,7 @@ _CACHE = [
     handled("--prefix-caching-hash-algo", ONE, "scheduler", default=None, choices=HASH_ALGOS, accepts=(None, "sha256", "xxhash"),
             why_not="the CBOR-serialised hashes are not supported yet (sha256 and xxhash are)",
             help="the prefix cache's block hash (default: sha256, as vLLM)"),  # fmt: skip
-    refused("--prefix-match-unit", ONE, why.NOT_YET),
+    passed("--prefix-match-unit", ONE, "scheduler"),
     refused("--replayssm-buffer-len", ONE, why.MAMBA),
     refused("--swa-bounded-replay", BOOL, why.MAMBA, accepts=(True,)),
     refused("--use-replayssm", BOOL, why.MAMBA, accepts=(False,)),

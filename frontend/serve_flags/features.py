@@ -48,9 +48,9 @@ _LOGGING = [
 _OBSERVABILITY = [
     refused("--collect-detailed-traces", MANY, why.TRACING),
     refused("--cudagraph-metrics", BOOL, why.GRAPHS, accepts=(False,)),
-    refused("--custom-histogram-buckets", ONE, why.NOT_YET),
+    passed("--custom-histogram-buckets", ONE, "scheduler"),
     refused("--enable-layerwise-nvtx-tracing", BOOL, why.TRACING, accepts=(False,)),
-    refused("--enable-logging-iteration-details", BOOL, why.NOT_YET, accepts=(False,)),
+    passed("--enable-logging-iteration-details", BOOL, "scheduler"),
     handled("--enable-mfu-metrics", BOOL, "scheduler", action=argparse.BooleanOptionalAction, default=False,
             help="vllm:estimated_{flops,read_bytes,write_bytes}_per_gpu, estimated from the checkpoint's config.json"),  # fmt: skip
     refused("--jit-monitor-mode", ONE, why.GRAPHS),

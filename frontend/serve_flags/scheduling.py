@@ -17,7 +17,7 @@ _SCHEDULER = [
     passed("--enable-chunked-prefill", BOOL, "scheduler", default_on=True),
     passed("--long-prefill-token-threshold", ONE, "scheduler"),
     passed("--long-prefill-token-threshold-adaptive", BOOL, "scheduler"),
-    refused("--max-num-active-seqs", ONE, why.NOT_YET),
+    passed("--max-num-active-seqs", ONE, "scheduler"),
     handled("--max-num-batched-tokens", ONE, "scheduler and worker", type=human_readable_int, default=None,
             help="token budget of one step: 2048, 2k, 2K (default 2048; with --no-enable-chunked-prefill "
                  "at least --max-model-len, as vLLM)"),  # fmt: skip
@@ -25,7 +25,7 @@ _SCHEDULER = [
     passed("--max-num-queued-tokens", ONE, "frontend"),
     passed("--max-num-scheduled-tokens", ONE, "scheduler"),
     handled("--max-num-seqs", ONE, "scheduler", type=int, default=256, help="most requests running at once (default %(default)s)"),
-    refused("--prefill-schedule-interval", ONE, why.NOT_YET, accepts=("1",)),
+    passed("--prefill-schedule-interval", ONE, "scheduler"),
     refused("--scheduler-cls", ONE, "kvpool's scheduler is its own process, not a vLLM scheduler class"),
     handled("--scheduler-reserve-full-isl", BOOL, "scheduler", action=argparse.BooleanOptionalAction, default=True,
             help="admit a request only if its whole prompt fits the free blocks, not only its first chunk (default: on, as vLLM)"),  # fmt: skip

@@ -20,6 +20,8 @@ from scheduler.engine.kv_event_endpoints import (
     check_local_endpoint,
     is_bind_endpoint,
 )
+from scheduler.engine.metric_buckets import custom_histogram_buckets
+from scheduler.engine.one_group_flags import add_one_group_args, check_one_group_args
 from scheduler.engine.perf_metrics import DTYPE_BYTES, ModelShape
 from scheduler.sched.policy_options import add_policy_args, check_scheduler_options
 
@@ -52,6 +54,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     watermark: float = 0.0
     max_num_scheduled_tokens: int | None = None  # None: --max-num-batched-tokens
+    max_num_active_seqs: int | None = None  # None: --max-num-seqs
     # vLLM 0.32's scheduler_reserve_full_isl: admit a waiting request only if its whole
     # sequence fits the free blocks, not just its first chunk (scheduler/sched/scheduler.py).
     scheduler_reserve_full_isl: bool = True
@@ -62,14 +65,14 @@ class SchedulerConfig:
     prefix_caching_hash_algo: str = "sha256"
     dev_mode: bool = False
     log_level: str = "INFO"
-    # The periodic stats line (scheduler/engine/stats_logger.py): off with --disable-log-stats;
-    # its period is vLLM's VLLM_LOG_STATS_INTERVAL, read as vLLM reads it.
+    # The periodic stats line (scheduler/engine/stats_logger.py): off with --disable-log-stats; its period is VLLM_LOG_STATS_INTERVAL.
     log_stats: bool = True
     log_stats_interval_s: float = 10.0
+    enable_logging_iteration_details: bool = False  # one more line per step (stats_logger.py)
+    custom_histogram_buckets: dict | None = None  # family -> bounds (scheduler/engine/metric_buckets.py)
     model_name: str = "kvpool-tiny"
-    # A worker silent for this long (no heartbeat, no result) is taken for dead.
-    # NOTE: the same as the worker's --scheduler-timeout; both sides heartbeat every
-    # 0.5 s when idle (docs/operations.md, "Liveness").
+    # A worker silent for this long (no heartbeat, no result) is taken for dead. NOTE: the same as the
+    # worker's --scheduler-timeout; both sides heartbeat every 0.5 s when idle (docs/operations.md, "Liveness").
     worker_timeout_s: float = 10.0
     # With no worker for this long, waiting requests end with a RequestError.
     worker_reconnect_timeout_s: float = 30.0
@@ -96,8 +99,7 @@ class SchedulerConfig:
     # The host-memory offload tier (vLLM's --kv-offloading-size, GiB): on when > 0.
     # The worker allocates it; the tier gets the slots its WorkerHello offers.
     kv_offloading_size: float = 0.0
-    # When blocks are copied to the host tier: "eviction" (when their hash leaves
-    # the device) or "full" (write-through, once computed).
+    # When blocks are copied to the host tier: "eviction" (their hash leaves the device) or "full" (write-through, once computed).
     kv_offloading_store: str = "eviction"
     # vLLM's --enable-mfu-metrics (vllm:estimated_*_per_gpu): estimated from the
     # checkpoint's config.json (--model) in the worker's --dtype (scheduler/engine/perf_metrics.py).
@@ -145,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=d.scheduler_reserve_full_isl,
                    help="admit a waiting request only if its whole sequence fits the free blocks, not only its first "
                         "chunk (vLLM's flag and default: on)")  # fmt: skip
+    add_one_group_args(p)
     g = p.add_argument_group("scheduling policy (vLLM's SchedulerConfig)")
     add_policy_args(g)
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
@@ -161,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-log-stats", dest="log_stats", action="store_false",
                    help="no periodic stats line (throughput, running/waiting, KV usage, hit rate) every "
                         "VLLM_LOG_STATS_INTERVAL seconds (default: logged, every 10 s)")  # fmt: skip
+    p.add_argument("--enable-logging-iteration-details", action=argparse.BooleanOptionalAction, default=False, help="with the stats on, log each step's requests and tokens, as vLLM")
+    p.add_argument("--custom-histogram-buckets", type=custom_histogram_buckets, metavar="JSON", help="vLLM's histogram bounds by family, as JSON")
     p.add_argument("--served-model-name", dest="model_name", default=d.model_name, help="the model_name label of every metric")
     p.add_argument("--worker-timeout", dest="worker_timeout_s", type=float, default=d.worker_timeout_s, metavar="SECONDS",
                    help="a worker silent this long is taken for dead (default %(default)s)")  # fmt: skip
@@ -237,9 +242,10 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
     try:
+        check_one_group_args(a)
         check_scheduler_options(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len, enable_chunked_prefill=a.enable_chunked_prefill,
                                 long_prefill_token_threshold=a.long_prefill_token_threshold, watermark=a.watermark,
-                                max_num_scheduled_tokens=a.max_num_scheduled_tokens)  # fmt: skip
+                                max_num_scheduled_tokens=a.max_num_scheduled_tokens, max_num_active_seqs=a.max_num_active_seqs)  # fmt: skip
     except ValueError as e:
         p.error(str(e))
     if a.num_gpu_blocks_override is not None and a.num_gpu_blocks_override < 2:

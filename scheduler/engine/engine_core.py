@@ -43,7 +43,7 @@ from scheduler.engine.kv_event_publisher import make_kv_event_sink
 from scheduler.engine.metrics import SchedulerMetrics
 from scheduler.engine.perf_metrics import ModelShape, StepContext, estimate_step
 from scheduler.engine.sockets import open_ports
-from scheduler.engine.stats_logger import log_stats_every, stats_snapshot
+from scheduler.engine.stats_logger import IterationDetailsLogger, log_stats_every, stats_snapshot
 from scheduler.engine.worker_checks import check_result
 from scheduler.engine.worker_link import HEARTBEAT_INTERVAL_S, WorkerLost
 from scheduler.engine.worker_side import WorkerSide
@@ -79,7 +79,7 @@ class EngineCore:
         )  # fmt: skip
         self.metrics = SchedulerMetrics(
             config.model_name, kv_cache_metrics=config.kv_cache_metrics, kv_offloading=config.kv_offloading_size > 0,
-            max_model_len=config.max_model_len,
+            max_model_len=config.max_model_len, custom_buckets=config.custom_histogram_buckets,
         )  # fmt: skip
         self.model_shape = ModelShape.from_checkpoint(config.model, config.dtype) if config.enable_mfu_metrics else None
         self.state = EngineState()
@@ -90,9 +90,9 @@ class EngineCore:
             self.state, clients, hasher, config.max_frame_bytes, config.max_num_waiting, self.metrics.record_admission_rejection,
             self.metrics.request_metrics.observe_finished,
         )
-        self.http_side = HttpSide(
-            self.state, self.worker, self.metrics, self._publish_kv_events, config.host, config.http_port, config.dev_mode
-        )
+        self.http_side = HttpSide(self.state, self.worker, self.metrics, self._publish_kv_events, config.host, config.http_port,
+                                  config.dev_mode)  # fmt: skip
+        self.iteration_log = IterationDetailsLogger(config.log_stats and config.enable_logging_iteration_details, config.data_parallel_rank)
         self._step_kv_events: list = []  # see _step_loop
         self._stop = asyncio.Event()
         # An internal error that stopped the process (exit status 1).
@@ -227,6 +227,7 @@ class EngineCore:
                     continue
                 t0 = time.perf_counter()
                 perf = self._step_perf(out)
+                self.iteration_log.begin(out)
                 self.worker.begin_step(out.plan.step_id)
                 try:
                     nbytes = await self.worker.send(out.plan)
@@ -282,6 +283,7 @@ class EngineCore:
         except ValueError as e:
             self.worker.lose(str(e))
             return None
+        self.iteration_log.end(self.state.kv)
         # NOTE: this step's KV events are set apart now, before the next schedule()
         # adds its own; whatever publishes next sends them first.
         if self.kv_event_publisher is not None:

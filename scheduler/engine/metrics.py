@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from scheduler.core.block_residency import RESIDENCY_BUCKETS, ResidencyBlockPool
+from scheduler.core.block_residency import ResidencyBlockPool
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.kv_cache_usage import get_peak_usage, get_token_usage
+from scheduler.engine.metric_buckets import histogram_buckets
 from scheduler.engine.request_metrics import RequestMetrics, observe_many
 from scheduler.sched.outputs import StepTokens
 from scheduler.sched.scheduler import Scheduler
@@ -29,11 +30,13 @@ STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 
 class SchedulerMetrics:
     def __init__(self, model_name: str, engine: str = "0", kv_cache_metrics: bool = False, kv_offloading: bool = False,
-                 max_model_len: int = 4096):  # fmt: skip
+                 max_model_len: int = 4096, custom_buckets: dict | None = None):  # fmt: skip
         """``kv_cache_metrics``: also the KV residency histograms (vLLM's
         --kv-cache-metrics; the pool must be a `ResidencyBlockPool`).
         ``kv_offloading``: also the host tier's (--kv-offloading-size).
-        ``max_model_len``: the top of the token-count buckets (vLLM's)."""
+        ``max_model_len``: the top of the token-count buckets (vLLM's); ``custom_buckets``:
+        --custom-histogram-buckets (scheduler/engine/metric_buckets.py)."""
+        self._custom_buckets = custom_buckets
         self.registry = CollectorRegistry()
         self._labels = ["model_name", "engine"]
         self._label_values = (model_name, engine)
@@ -41,7 +44,7 @@ class SchedulerMetrics:
         self._add_kv_cache_usage()
         self._add_prefix_cache()
         self._add_requests()
-        self.request_metrics = RequestMetrics(self._histogram, max_model_len)
+        self.request_metrics = RequestMetrics(self._histogram, max_model_len, custom_buckets)
         self._add_pool()
         self._add_steps()
         self._add_perf()
@@ -184,19 +187,19 @@ class SchedulerMetrics:
         self.estimated_write_bytes.inc(write_bytes)
 
     def _add_residency(self) -> None:
-        histogram = self._histogram
+        histogram, residency = self._histogram, histogram_buckets("kv_cache_residency", self._custom_buckets)
         self.kv_block_lifetime = histogram(
             "vllm:kv_block_lifetime_seconds", "Histogram of KV cache block lifetime from allocation to eviction. "
-            "Sampled metrics (controlled by --kv-cache-metrics-sample).", RESIDENCY_BUCKETS,
+            "Sampled metrics (controlled by --kv-cache-metrics-sample).", residency,
         )  # fmt: skip
         self.kv_block_idle_before_evict = histogram(
             "vllm:kv_block_idle_before_evict_seconds", "Histogram of idle time before KV cache block eviction. "
-            "Sampled metrics (controlled by --kv-cache-metrics-sample).", RESIDENCY_BUCKETS,
+            "Sampled metrics (controlled by --kv-cache-metrics-sample).", residency,
         )  # fmt: skip
         self.kv_block_reuse_gap = histogram(
             "vllm:kv_block_reuse_gap_seconds", "Histogram of time gaps between consecutive KV cache block accesses. "
             "Only the most recent accesses are recorded (ring buffer). "
-            "Sampled metrics (controlled by --kv-cache-metrics-sample).", RESIDENCY_BUCKETS,
+            "Sampled metrics (controlled by --kv-cache-metrics-sample).", residency,
         )  # fmt: skip
 
     def _offload_metrics(self) -> dict:

@@ -23,17 +23,11 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import Counter as Tally
 from collections.abc import Callable
+from functools import partial
 
 from prometheus_client import Histogram
 
-from scheduler.engine.metric_buckets import (
-    INTER_TOKEN_LATENCY_BUCKETS,
-    ITERATION_TOKENS_BUCKETS,
-    REQUEST_LATENCY_BUCKETS,
-    REQUEST_NUM_PREEMPTIONS_BUCKETS,
-    TIME_TO_FIRST_TOKEN_BUCKETS,
-    request_tokens_buckets,
-)
+from scheduler.engine.metric_buckets import histogram_buckets
 from scheduler.sched.outputs import StepTokens
 from scheduler.sched.request import Request
 
@@ -42,27 +36,29 @@ HistogramFactory = Callable[[str, str, tuple], Histogram]
 
 
 class RequestMetrics:
-    def __init__(self, histogram: HistogramFactory, max_model_len: int):
-        tokens = request_tokens_buckets(max_model_len)
+    def __init__(self, histogram: HistogramFactory, max_model_len: int, custom_buckets: dict | None = None):
+        """``custom_buckets``: --custom-histogram-buckets (family -> bounds; None: vLLM's)."""
+        b = partial(histogram_buckets, overrides=custom_buckets)
+        latency, itl, tokens = b("request_latency"), b("inter_token_latency"), b("request_tokens", max_model_len=max_model_len)
         self.iteration_tokens = histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
-                                          ITERATION_TOKENS_BUCKETS)  # fmt: skip
+                                          b("iteration_tokens"))  # fmt: skip
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              TIME_TO_FIRST_TOKEN_BUCKETS)  # fmt: skip
+                              b("time_to_first_token"))  # fmt: skip
         self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             INTER_TOKEN_LATENCY_BUCKETS)  # fmt: skip
+                             itl)  # fmt: skip
         self.tpot = histogram("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
-                              INTER_TOKEN_LATENCY_BUCKETS)  # fmt: skip
-        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS)
+                              itl)  # fmt: skip
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", latency)
         self.queue = histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
-                               REQUEST_LATENCY_BUCKETS)  # fmt: skip
+                               latency)  # fmt: skip
         self.inference = histogram("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
-                                   REQUEST_LATENCY_BUCKETS)  # fmt: skip
+                                   latency)  # fmt: skip
         self.prefill = histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
-                                 REQUEST_LATENCY_BUCKETS)  # fmt: skip
+                                 latency)  # fmt: skip
         self.decode = histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
-                                REQUEST_LATENCY_BUCKETS)  # fmt: skip
+                                latency)  # fmt: skip
         self.num_preemptions = histogram("vllm:request_num_preemptions", "Histogram of the number of times a request was preempted.",
-                                         REQUEST_NUM_PREEMPTIONS_BUCKETS)  # fmt: skip
+                                         b("request_num_preemptions"))  # fmt: skip
         self.prefill_kv_computed = histogram(
             "vllm:request_prefill_kv_computed_tokens", "Histogram of new KV tokens computed during prefill (excluding cached tokens).", tokens
         )

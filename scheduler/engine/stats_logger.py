@@ -12,6 +12,12 @@ throughputs are the interval's (prompt tokens computed, cache hits left out, cou
 each request's first token, as vLLM's: ``vllm:prompt_tokens_by_source{source="local_compute"}``); the hit rate is over the most recent ~1,000 admitted
 requests, as vLLM's ``CachingMetrics``. An interval with no tokens after one with none
 is logged at DEBUG ("avoid log noise on an idle production system", as vLLM).
+
+With --enable-logging-iteration-details (and the stats on), one more INFO line per
+step, as vLLM's ``LoggingStatLogger._log_iteration_details`` (`IterationDetailsLogger`)::
+
+    Engine 000: Iteration(0): 2 context requests, 40 context tokens, 1 generation
+    requests, 1 generation tokens, iteration elapsed time: 3.14 ms, GPU KV cache usage: 5.0%
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.engine.engine_state import EngineState
+from scheduler.sched.outputs import SchedulerOutput
 
 log = logging.getLogger("scheduler")
 
@@ -103,6 +111,52 @@ class StatsLogger:
     def hit_rate(self) -> float:
         queries = sum(q for _, q, _ in self._recent)
         return sum(h for _, _, h in self._recent) / queries if queries else 0.0
+
+
+class IterationDetailsLogger:
+    """One line per step, as vLLM's (``compute_iteration_details``, EngineCore's
+    ``capture_iteration_details``): a scheduled request is a context request while it
+    has no output token yet (a prompt, or a chunk of one; a request preempted after
+    sampling recomputes as a generation request), its scheduled tokens counted with it;
+    the elapsed time runs from the plan's sending to its result; the KV usage is read
+    once the result is applied. ``enabled`` False: begin and end do nothing."""
+
+    __slots__ = ("enabled", "engine_index", "iteration_index", "_counts", "_start")
+
+    def __init__(self, enabled: bool, engine_index: int):
+        self.enabled, self.engine_index = enabled, engine_index
+        self.iteration_index = 0  # NOTE: counts the steps logged, as vLLM's _iteration_index
+        self._counts = (0, 0, 0, 0)
+        self._start = 0.0
+
+    def begin(self, out: SchedulerOutput) -> None:
+        """The step about to be sent (before its result changes any request)."""
+        if not self.enabled:
+            return
+        num_scheduled = out.plan.num_scheduled_tokens
+        ctx_reqs = ctx_tokens = gen_reqs = gen_tokens = 0
+        for request in out.scheduled:
+            n = num_scheduled.get(request.seq_id, 1)
+            if request.num_output_tokens == 0:
+                ctx_reqs, ctx_tokens = ctx_reqs + 1, ctx_tokens + n
+            else:
+                gen_reqs, gen_tokens = gen_reqs + 1, gen_tokens + n
+        self._counts = (ctx_reqs, ctx_tokens, gen_reqs, gen_tokens)
+        self._start = time.monotonic()
+
+    def end(self, kv: KVCacheManager) -> str | None:
+        """The step begun has its result applied: log its line; returns it (for tests)."""
+        if not self.enabled:
+            return None
+        elapsed_ms = (time.monotonic() - self._start) * 1000
+        line = (
+            f"Engine {self.engine_index:03d}: Iteration({self.iteration_index}): {self._counts[0]} context requests, "
+            f"{self._counts[1]} context tokens, {self._counts[2]} generation requests, {self._counts[3]} generation tokens, "
+            f"iteration elapsed time: {elapsed_ms:.2f} ms, GPU KV cache usage: {kv.block_pool.get_usage() * 100:.1f}%"
+        )
+        self.iteration_index += 1
+        log.info("%s", line)
+        return line
 
 
 async def log_stats_every(interval_s: float, engine_index: int, snapshot: Callable[[], StatsSnapshot | None]) -> None:

@@ -167,7 +167,7 @@ class WorkerSide:
             state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl,
             long_prefill_token_threshold=c.long_prefill_token_threshold, enable_chunked_prefill=c.enable_chunked_prefill,
             long_prefill_token_threshold_adaptive=c.long_prefill_token_threshold_adaptive, watermark=c.watermark,
-            max_num_scheduled_tokens=c.max_num_scheduled_tokens,
+            max_num_scheduled_tokens=c.max_num_scheduled_tokens, max_num_active_seqs=c.max_num_active_seqs,
         )  # fmt: skip
         self.metrics.set_cache_config_info(cache_config_info(c, num_blocks))
         state.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)

@@ -15,6 +15,9 @@ their checks, and the long-prefill cap they make of a step.
 * ``--max-num-scheduled-tokens N``: the tokens one step may schedule; the step's
   budget is the smaller of it and --max-num-batched-tokens (vLLM's token_budget and
   input_budget, without speculative decoding); default: --max-num-batched-tokens.
+* ``--max-num-active-seqs N``: the most requests RUNNING at once: admission stops
+  there (vLLM's max_num_active_reqs); --max-num-seqs still sizes the worker's rows.
+  At most --max-num-seqs; default: --max-num-seqs.
 """
 
 from __future__ import annotations
@@ -45,11 +48,14 @@ def add_policy_args(g: argparse._ActionsContainer) -> None:
                         "F in [0.0, 1.0) (default 0.0: off)")  # fmt: skip
     g.add_argument("--max-num-scheduled-tokens", type=human_readable_int, default=None, metavar="N",
                    help="most tokens one step schedules, as 2048, 2k or 2K (default: --max-num-batched-tokens)")
+    g.add_argument("--max-num-active-seqs", type=int, default=None, metavar="N",
+                   help="admit waiting requests only while fewer than N run; at most --max-num-seqs (default: --max-num-seqs)")
 
 
 def check_scheduler_options(
     max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, *, enable_chunked_prefill: bool = True,
     long_prefill_token_threshold: int = 0, watermark: float = 0.0, max_num_scheduled_tokens: int | None = None,
+    max_num_active_seqs: int | None = None,
 ) -> None:  # fmt: skip
     """vLLM's ``SchedulerConfig`` checks, its wording with the flags' names: raise
     ValueError naming the first problem."""
@@ -61,6 +67,10 @@ def check_scheduler_options(
         raise ValueError(f"--watermark must be in the range [0.0, 1.0) (0.0: off), got {watermark}")
     if max_num_scheduled_tokens is not None and max_num_scheduled_tokens < 1:
         raise ValueError(f"--max-num-scheduled-tokens must be >= 1, got {max_num_scheduled_tokens}")
+    if max_num_active_seqs is not None and max_num_active_seqs < 1:
+        raise ValueError(f"--max-num-active-seqs must be >= 1, got {max_num_active_seqs}")
+    if max_num_active_seqs is not None and max_num_active_seqs > max_num_seqs:
+        raise ValueError(f"max_num_active_seqs ({max_num_active_seqs}) cannot be greater than max_num_seqs ({max_num_seqs}).")
     if not enable_chunked_prefill and max_num_batched_tokens < max_model_len:
         raise ValueError(
             f"--max-num-batched-tokens ({max_num_batched_tokens}) is smaller than --max-model-len ({max_model_len}) "

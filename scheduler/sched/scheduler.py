@@ -1,7 +1,7 @@
 """The scheduling policy of vLLM v1, emitting delta plans for the worker.
 
 Each step: running requests first (one token each when decoding, a chunk while still
-prefilling), then waiting requests FCFS while the token budget and max_num_seqs allow; a
+prefilling), then waiting requests FCFS while the token budget and max_num_active_seqs allow; a
 prompt may be split across steps (chunked prefill, unless off; the budget, --watermark:
 scheduler/sched/policy_options.py). Out of blocks: preempt the last running request by
 recompute (priority: scheduler/sched/priority_scheduler.py). Finish on max_tokens, or on
@@ -35,16 +35,16 @@ class Scheduler(WorkerLossRecovery):
     def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
                  reserve_full_sequence: bool = True, *, long_prefill_token_threshold: int = 0,
                  long_prefill_token_threshold_adaptive: bool = False, enable_chunked_prefill: bool = True, watermark: float = 0.0,
-                 max_num_scheduled_tokens: int | None = None):  # fmt: skip
+                 max_num_scheduled_tokens: int | None = None, max_num_active_seqs: int | None = None):  # fmt: skip
         check_scheduler_options(max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill=enable_chunked_prefill,
                                 long_prefill_token_threshold=long_prefill_token_threshold, watermark=watermark,
-                                max_num_scheduled_tokens=max_num_scheduled_tokens)  # fmt: skip
+                                max_num_scheduled_tokens=max_num_scheduled_tokens, max_num_active_seqs=max_num_active_seqs)  # fmt: skip
         self.kv_cache_manager = kv_cache_manager
         self.block_size = kv_cache_manager.block_size
-        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens  # NOTE: admission: max_num_active_seqs
+        self.max_num_active_seqs = max_num_seqs if max_num_active_seqs is None else max_num_active_seqs  # vLLM's max_num_active_reqs
         self.max_num_scheduled_tokens = max_num_scheduled_tokens  # None: the step's budget is max_num_batched_tokens
-        # vLLM's watermark_blocks: blocks admitting a waiting request leaves free while others run (0: off).
-        self.watermark_blocks = int(watermark * kv_cache_manager.block_pool.num_gpu_blocks)
+        self.watermark_blocks = int(watermark * kv_cache_manager.block_pool.num_gpu_blocks)  # vLLM's: free blocks an admission leaves (others running)
         self.max_model_len = max_model_len
         # vLLM 0.32's scheduler_reserve_full_isl (its default, on): a waiting request is admitted only if
         # the pool could hold its whole sequence, not just its first chunk (none admitted to be preempted).
@@ -226,13 +226,13 @@ class Scheduler(WorkerLossRecovery):
                 return None
 
     def _schedule_waiting(self, plan: StepPlanBuilder, token_budget: int, scheduled: list[Request], sampling: list[Request], cap: int) -> int:
-        """Admit waiting requests from the head while the budget, max_num_seqs and the pool allow, at most ``cap``
+        """Admit waiting requests from the head while the budget, max_num_active_seqs and the pool allow, at most ``cap``
         tokens each (0: none; unsplit without chunked prefill); each joins ``scheduled`` (``sampling`` if done)."""
         kv = self.kv_cache_manager
         waiting, running = self.waiting, self.running
         num_scheduled_tokens = plan.num_scheduled_tokens
         now = time.monotonic()
-        while waiting and token_budget > 0 and len(running) < self.max_num_seqs:
+        while waiting and token_budget > 0 and len(running) < self.max_num_active_seqs:
             request = waiting.head
             hits, num_hit_tokens = kv.get_computed_blocks(request, record_stats=False)
             num_new_tokens = request.num_tokens - num_hit_tokens

@@ -176,3 +176,34 @@ def test_each_child_reads_the_queue_and_budget_flags_as_vllm():
     assert (front.max_num_queued_reqs, front.max_num_queued_tokens) == (1000, 2048)
     sched = scheduler_config(c["scheduler"][3:])
     assert (sched.watermark, sched.max_num_scheduled_tokens) == (0.05, 1000)
+
+
+def test_max_num_active_seqs_reaches_the_scheduler_alone_as_vllm_reads_it():
+    c = built(["--max-num-seqs", "8", "--max-num-active-seqs", "3"])
+    assert ("--max-num-active-seqs", "3") in flag_groups(c["scheduler"][3:])
+    assert "--max-num-active-seqs" not in c["frontend"] and "--max-num-active-seqs" not in c["worker"]
+    assert scheduler_config(c["scheduler"][3:]).max_num_active_seqs == 3
+
+
+def test_prefix_match_unit_and_prefill_schedule_interval_reach_the_scheduler_alone():
+    c = built(["--prefix-match-unit", "16", "--prefill-schedule-interval", "2"])
+    assert {("--prefix-match-unit", "16"), ("--prefill-schedule-interval", "2")} <= flag_groups(c["scheduler"][3:])
+    for flag in ("--prefix-match-unit", "--prefill-schedule-interval"):
+        assert flag not in c["frontend"] and flag not in c["worker"]
+    scheduler_config(c["scheduler"][3:])  # the scheduler takes them (block size 16, prefix caching on)
+
+
+def test_enable_logging_iteration_details_reaches_the_scheduler_alone():
+    c = built(["--enable-logging-iteration-details"])
+    assert "--enable-logging-iteration-details" in c["scheduler"]
+    assert "--enable-logging-iteration-details" not in c["frontend"] and "--enable-logging-iteration-details" not in c["worker"]
+    assert scheduler_config(c["scheduler"][3:]).enable_logging_iteration_details is True
+    assert "--enable-logging-iteration-details" not in built(["--no-enable-logging-iteration-details"])["scheduler"]
+
+
+def test_custom_histogram_buckets_reach_the_scheduler_verbatim():
+    text = '{"request_latency": [0.5, 5]}'
+    c = built(["--custom-histogram-buckets", text])
+    assert ("--custom-histogram-buckets", text) in flag_groups(c["scheduler"][3:])
+    assert "--custom-histogram-buckets" not in c["frontend"] and "--custom-histogram-buckets" not in c["worker"]
+    assert scheduler_config(c["scheduler"][3:]).custom_histogram_buckets == {"request_latency": (0.5, 5.0)}

@@ -122,3 +122,33 @@ def test_fast_forward_changes_nothing_under_the_watermark_and_a_step_cap():
     plain = simulate(w, dataclasses.replace(cfg, watermark=0.0))
     held = simulate(w, cfg)
     assert held.num_finished == plain.num_finished == n and held.num_steps > plain.num_steps
+
+
+def test_max_num_active_seqs_caps_the_simulated_running_batch(monkeypatch):
+    a = parse_args(["--num-blocks", "500", "--max-num-seqs", "12", "--max-num-active-seqs", "3"])
+    assert a.max_num_active_seqs == 3
+    peaks: list[int] = []
+    n = 40
+    w = workload(n, 20)
+    cfg = SimConfig(500, 4, "vllm", max_num_seqs=12, max_num_batched_tokens=512, max_num_active_seqs=a.max_num_active_seqs)
+    _equivalence_case(w, cfg)
+
+    class Watch(Scheduler):
+        def schedule(self):
+            out = super().schedule()
+            peaks.append(self.num_running)
+            return out
+
+    monkeypatch.setattr("simulator.engine.scheduler_class", lambda policy: Watch)
+    capped = simulate(w, cfg)
+    monkeypatch.undo()
+    # 40 requests all at once, room for 12 rows: never more than 3 run
+    assert capped.num_finished == n and max(peaks) == 3
+    plain = simulate(w, SimConfig(500, 4, "vllm", max_num_seqs=12, max_num_batched_tokens=512))
+    assert plain.num_steps < capped.num_steps
+
+
+def test_max_num_active_seqs_above_max_num_seqs_exits_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--num-blocks", "100", "--max-num-seqs", "4", "--max-num-active-seqs", "5"])
+    assert e.value.code == 2 and "max_num_active_seqs (5) cannot be greater than max_num_seqs (4)." in capsys.readouterr().err
