@@ -29,6 +29,7 @@ from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.kv_cache_usage import get_peak_usage
 from scheduler.core.offload_tier import HostTier
+from scheduler.sched.policy_options import policy_kwargs
 from scheduler.sched.priority_scheduler import scheduler_class
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
@@ -109,11 +110,8 @@ class _Run:
         self.kv = KVCacheManager(cfg.num_blocks, bs, cfg.max_model_len, pool_factory=pool_class(cfg.policy),
                                  host_tier=self.tier, offload_store=cfg.offload_store)  # fmt: skip
         self.sched = scheduler_class(cfg.scheduling_policy)(
-            self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.reserve_full_sequence,
-            long_prefill_token_threshold=cfg.long_prefill_token_threshold, enable_chunked_prefill=cfg.enable_chunked_prefill,
-            long_prefill_token_threshold_adaptive=cfg.long_prefill_token_threshold_adaptive, watermark=cfg.watermark,
-            max_num_scheduled_tokens=cfg.max_num_scheduled_tokens, max_num_active_seqs=cfg.max_num_active_seqs,
-        )  # fmt: skip
+            self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.reserve_full_sequence, **policy_kwargs(cfg)
+        )
         self.hasher = BlockHasher(bs, cfg.hash_algo)
         # NOTE: prompt token ids lie below the output ones (simulator/workload.py).
         self.limits = RequestLimits(OUTPUT_TOKEN_BASE, cfg.max_model_len, bs, num_usable_blocks=cfg.num_blocks - 1)

@@ -49,6 +49,7 @@ from scheduler.engine.worker_checks import (
     pool_size_for,
 )
 from scheduler.engine.worker_link import LinkState, WorkerLink, WorkerLost
+from scheduler.sched.policy_options import policy_kwargs
 from scheduler.sched.priority_scheduler import scheduler_class
 from scheduler.sched.validation import RequestLimits
 
@@ -164,11 +165,8 @@ class WorkerSide:
             host_tier=host_tier, offload_store=c.kv_offloading_store,
         )  # fmt: skip
         state.scheduler = scheduler_class(c.scheduling_policy)(
-            state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl,
-            long_prefill_token_threshold=c.long_prefill_token_threshold, enable_chunked_prefill=c.enable_chunked_prefill,
-            long_prefill_token_threshold_adaptive=c.long_prefill_token_threshold_adaptive, watermark=c.watermark,
-            max_num_scheduled_tokens=c.max_num_scheduled_tokens, max_num_active_seqs=c.max_num_active_seqs,
-        )  # fmt: skip
+            state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl, **policy_kwargs(c)
+        )
         self.metrics.set_cache_config_info(cache_config_info(c, num_blocks))
         state.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
         state.eos_token_ids = tuple(hello.eos_token_ids) or (hello.eos_token_id,)

@@ -27,6 +27,15 @@ import argparse
 from protocol.human_readable import human_readable_int
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
+# The Scheduler's keyword options these flags set, by their argparse dest.
+POLICY_KWARGS = ("long_prefill_token_threshold", "long_prefill_token_threshold_adaptive", "enable_chunked_prefill",
+                 "watermark", "max_num_scheduled_tokens", "max_num_active_seqs")  # fmt: skip
+
+
+def policy_kwargs(config) -> dict:
+    """The Scheduler's keyword options from a config with these flags' fields (the
+    scheduler process's and the simulator's): one list, so neither misses a new one."""
+    return {name: getattr(config, name) for name in POLICY_KWARGS}
 
 
 def add_policy_args(g: argparse._ActionsContainer) -> None:
