@@ -56,6 +56,7 @@ class FrontendConfig:
     ssl_certfile: str | None = None
     ssl_ca_certs: str | None = None
     ssl_cert_reqs: int = int(ssl.CERT_NONE)
+    ssl_ciphers: str | None = None  # OpenSSL cipher list (TLS 1.2 and below), as uvicorn's ctx.set_ciphers
     enable_prompt_tokens_details: bool = False
     max_logprobs: int = 20
     uvicorn_log_level: str = "info"
@@ -121,6 +122,7 @@ def add_operator_args(p: argparse.ArgumentParser, d: FrontendConfig) -> None:
     p.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate chain (default: none, plain HTTP)")
     p.add_argument("--ssl-ca-certs", default=None, help="CA certificates to verify clients with (default: none)")
     p.add_argument("--ssl-cert-reqs", type=int, default=d.ssl_cert_reqs, help="client certificates: 0 none, 1 optional, 2 required, as ssl.CERT_* (default %(default)s)")
+    p.add_argument("--ssl-ciphers", default=None, help="OpenSSL cipher suites for TLS 1.2 and below, e.g. ECDHE-RSA-AES256-GCM-SHA384 (default: OpenSSL's)")
     p.add_argument("--enable-prompt-tokens-details", action=flag, default=False, help="usage gives prompt_tokens_details.cached_tokens (default %(default)s)")
     p.add_argument("--max-logprobs", type=int, default=d.max_logprobs, help="the most logprobs a request may ask for, at most 20 here (default %(default)s)")
     p.add_argument("--uvicorn-log-level", default=d.uvicorn_log_level, choices=list(_SERVER_LOG_LEVELS),

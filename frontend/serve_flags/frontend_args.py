@@ -67,7 +67,7 @@ _RULES = [
     passed("--ssl-ca-certs", ONE, FRONT),
     passed("--ssl-cert-reqs", ONE, FRONT),
     passed("--ssl-certfile", ONE, FRONT),
-    refused("--ssl-ciphers", ONE, why.NOT_YET),
+    passed("--ssl-ciphers", ONE, FRONT),
     passed("--ssl-keyfile", ONE, FRONT),
     refused("--tokens-only", BOOL, "kvpool has no Tokens In<>Out endpoints (vLLM's /inference/v1/generate) to serve alone", accepts=(False,)),
     refused("--tool-call-parser", ONE, why.TOOLS),
