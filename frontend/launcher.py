@@ -33,6 +33,7 @@ from pathlib import Path
 from frontend import child_argv
 from frontend.model_dir import checkpoint_problem
 from frontend.restart_policy import RestartPolicy
+from frontend.unix_http import unix_http_ok
 from protocol import kv_cache_spec
 
 PR_SET_PDEATHSIG = 1
@@ -146,6 +147,8 @@ class Launcher:
             worker_http = a.worker_http_port
         self.scheduler_http = f"http://127.0.0.1:{sched_http}"
         self.url = f"http://{a.host}:{a.port}"
+        # NOTE: with --uds the frontend listens on that socket, not on --host/--port (both ignored, as vLLM).
+        self.uds = getattr(a, "uds", None) or None
         logs = Path(a.log_dir) if a.log_dir else None
         if logs is not None:
             logs.mkdir(parents=True, exist_ok=True)
@@ -186,7 +189,7 @@ class Launcher:
                 # NOTE: a flag passed on as given is checked by the child: its last line says what was wrong.
                 self.log(f"kvpool serve: the {dead} exited during start-up (status {child.proc.returncode}){_last_line(child.log_path)}")
                 return 1
-            if http_ok(self.url.replace("0.0.0.0", "127.0.0.1") + "/health"):
+            if self._frontend_healthy():
                 self._print_ready()
                 return None
             if time.monotonic() > deadline:
@@ -194,6 +197,11 @@ class Launcher:
                 return 1
             time.sleep(POLL_S)
         return 0
+
+    def _frontend_healthy(self) -> bool:
+        if self.uds is not None:
+            return unix_http_ok(self.uds, "/health")
+        return http_ok(self.url.replace("0.0.0.0", "127.0.0.1") + "/health")
 
     def _print_ready(self) -> None:
         blocks = scrape_gauge(self.scheduler_http + "/metrics", "kvpool_num_gpu_blocks")
@@ -205,7 +213,8 @@ class Launcher:
             size = f", {human_bytes(blocks * per_block)}" if per_block else ""
             size += f" on each of {tp} ranks" if size and tp > 1 else ""
             pool = f"KV cache: {int(blocks)} blocks × {a.block_size} tokens{size}"
-        print(f"kvpool serve: {a.served_model_name} ready at {self.url}/v1 ({pool})", flush=True)
+        where = f"unix:{self.uds} /v1" if self.uds is not None else f"{self.url}/v1"
+        print(f"kvpool serve: {a.served_model_name} ready at {where} ({pool})", flush=True)
 
     def _supervise(self) -> int:
         while not self.stopping:

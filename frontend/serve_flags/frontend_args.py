@@ -76,7 +76,7 @@ _RULES = [
     refused("--tool-strict-level", ONE, why.TOOLS, accepts=("auto",)),
     refused("--trust-request-chat-template", BOOL, "kvpool always renders with the server's chat template", accepts=(False,)),
     refused("--trust-request-mm-kwargs", BOOL, why.MULTIMODAL, accepts=(False,)),
-    refused("--uds", ONE, "not supported yet: kvpool listens on --host and --port"),
+    passed("--uds", ONE, FRONT),
     passed("--uvicorn-log-level", ONE, FRONT),
 ]
 GROUPS = [Group(_TITLE, _DESCRIPTION, _RULES)]
