@@ -48,6 +48,7 @@ from frontend.sampling import default_sampling, max_tokens_cap
 from frontend.serving import ServingContext, json_response, now
 from frontend.serving_chat import chat_prompt, create_chat_completion
 from frontend.serving_completion import create_completion
+from frontend.ssl_refresh import SSLCertRefresher
 from frontend.tls import ssl_context
 from frontend.tokenizer import Tokenizer
 from frontend.tokenizer_info import tokenizer_info_routes
@@ -86,6 +87,7 @@ class APIServer:
         self._poller: asyncio.Task | None = None
         self._runner: web.AppRunner | None = None
         self._uds_inode: int | None = None  # the --uds socket file this process bound
+        self._ssl_refresher: SSLCertRefresher | None = None
 
     # --- life cycle -------------------------------------------------------------
 
@@ -100,12 +102,16 @@ class APIServer:
         await self._runner.setup()
         await site(self._runner, self.config, tls).start()
         self._uds_inode = socket_inode(self.config)
+        if tls is not None and self.config.enable_ssl_refresh:
+            self._ssl_refresher = SSLCertRefresher(tls, self.config)
         # NOTE: as vLLM's API server: what start-up made is never garbage, so the
         # collector's full passes skip it (they ran over the tokenizer and every module).
         gc.collect()
         gc.freeze()
 
     async def stop(self) -> None:
+        if self._ssl_refresher is not None:
+            await self._ssl_refresher.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         remove_socket(self.config, self._uds_inode)

@@ -57,6 +57,7 @@ class FrontendConfig:
     ssl_certfile: str | None = None
     ssl_ca_certs: str | None = None
     ssl_cert_reqs: int = int(ssl.CERT_NONE)
+    enable_ssl_refresh: bool = False  # reload the files into the context when they change (frontend.ssl_refresh)
     ssl_ciphers: str | None = None  # OpenSSL cipher list (TLS 1.2 and below), as uvicorn's ctx.set_ciphers
     enable_prompt_tokens_details: bool = False
     max_logprobs: int = 20
@@ -124,6 +125,7 @@ def add_operator_args(p: argparse.ArgumentParser, d: FrontendConfig) -> None:
     p.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate chain (default: none, plain HTTP)")
     p.add_argument("--ssl-ca-certs", default=None, help="CA certificates to verify clients with (default: none)")
     p.add_argument("--ssl-cert-reqs", type=int, default=d.ssl_cert_reqs, help="client certificates: 0 none, 1 optional, 2 required, as ssl.CERT_* (default %(default)s)")
+    p.add_argument("--enable-ssl-refresh", action=flag, default=False, help="reload the key, certificate and CA files when they change (default %(default)s)")
     p.add_argument("--ssl-ciphers", default=None, help="OpenSSL cipher suites for TLS 1.2 and below, e.g. ECDHE-RSA-AES256-GCM-SHA384 (default: OpenSSL's)")
     p.add_argument("--enable-prompt-tokens-details", action=flag, default=False, help="usage gives prompt_tokens_details.cached_tokens (default %(default)s)")
     p.add_argument("--max-logprobs", type=int, default=d.max_logprobs, help="the most logprobs a request may ask for, at most 20 here (default %(default)s)")

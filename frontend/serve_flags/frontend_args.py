@@ -44,7 +44,7 @@ _RULES = [
     passed("--enable-request-id-headers", BOOL, FRONT),
     refused("--enable-scale-out", BOOL, why.ONE_ENGINE, accepts=(False,)),
     passed("--enable-server-load-tracking", BOOL, FRONT),
-    refused("--enable-ssl-refresh", BOOL, "not supported yet: restart kvpool serve to load new certificates", accepts=(False,)),
+    passed("--enable-ssl-refresh", BOOL, FRONT),
     passed("--enable-tokenizer-info-endpoint", BOOL, FRONT),
     refused("--exclude-tools-when-tool-choice-none", BOOL, why.TOOLS, accepts=(False,)),
     refused("--fingerprint-mode", ONE, why.NOT_YET),
