@@ -20,9 +20,11 @@ Each child's argv comes from ``frontend/child_argv.py``; the flags, from
 from __future__ import annotations
 
 import ctypes
+import http.client
 import json
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -87,11 +89,21 @@ def scrape_gauge(url: str, name: str) -> float | None:
     return None
 
 
-def http_ok(url: str) -> bool:
+def http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
     try:
-        return urllib.request.urlopen(url, timeout=2).status == 200
-    except OSError:
+        return urllib.request.urlopen(url, timeout=2, context=context).status == 200
+    except (OSError, http.client.HTTPException):
         return False
+
+
+def _probe_context() -> ssl.SSLContext:
+    """For asking the frontend's /health over HTTPS: the launcher's own child on this
+    host, asked only whether it is up, so its certificate is not verified.
+    NOTE: a frontend that requires client certificates (--ssl-cert-reqs 2) refuses it."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
 
 
 def _last_line(log_path: Path | None) -> str:
@@ -146,7 +158,8 @@ class Launcher:
         if a.worker_http_port is not None:
             worker_http = a.worker_http_port
         self.scheduler_http = f"http://127.0.0.1:{sched_http}"
-        self.url = f"http://{a.host}:{a.port}"
+        self.tls = bool(getattr(a, "ssl_certfile", None))
+        self.url = f"{'https' if self.tls else 'http'}://{a.host}:{a.port}"
         # NOTE: with --uds the frontend listens on that socket, not on --host/--port (both ignored, as vLLM).
         self.uds = getattr(a, "uds", None) or None
         logs = Path(a.log_dir) if a.log_dir else None
@@ -201,7 +214,7 @@ class Launcher:
     def _frontend_healthy(self) -> bool:
         if self.uds is not None:
             return unix_http_ok(self.uds, "/health")
-        return http_ok(self.url.replace("0.0.0.0", "127.0.0.1") + "/health")
+        return http_ok(self.url.replace("0.0.0.0", "127.0.0.1") + "/health", _probe_context() if self.tls else None)
 
     def _print_ready(self) -> None:
         blocks = scrape_gauge(self.scheduler_http + "/metrics", "kvpool_num_gpu_blocks")

@@ -1,7 +1,7 @@
 """--enable-ssl-refresh, as vLLM's SSLCertRefresher: rotating the key and certificate
 files reloads them into the running server's context, for the connections made after;
 a file that does not load is logged and the old certificate stays. A real
-``python -m frontend``; certificates made with `openssl`."""
+``python -m frontend``, then a real ``kvpool serve`` over HTTPS; certificates made with `openssl`."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import shutil
 import socket
 import ssl
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from kvtest.certs import make_ca, make_server_cert
 from kvtest.fake_engine import fake_engine, frontend_process
+from kvtest.serve import kvpool_serve
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make certificates")
 WAIT_S = 20.0
@@ -81,3 +83,26 @@ def test_without_the_flag_the_start_up_certificate_stays(tiny_checkpoint, made, 
         shutil.copy(made / "new.pem", live / "server.pem")
         time.sleep(2.0)  # NOTE: eight of the refresher's polls: long enough that a watching server would have reloaded
         assert served_cn(f.port, made / "ca.pem") == "kvpool old"
+
+
+def test_kvpool_serve_over_https_passes_the_tls_flags_and_refreshes(tiny_checkpoint, made, tmp_path):
+    live = tmp_path / "live"
+    live.mkdir()
+    for suffix in ("pem", "key"):
+        shutil.copy(made / f"old.{suffix}", live / f"server.{suffix}")
+    cipher = "ECDHE-RSA-AES128-GCM-SHA256"
+    flags = ("--ssl-certfile", str(live / "server.pem"), "--ssl-keyfile", str(live / "server.key"), "--ssl-ciphers", cipher, "--enable-ssl-refresh")
+    with kvpool_serve(tiny_checkpoint, tmp_path / "logs", *flags) as s:
+        assert f"ready at https://127.0.0.1:{s.port}/v1" in s.ready_line
+        ca = made / "ca.pem"
+        ctx = ssl.create_default_context(cafile=str(ca))
+        with urllib.request.urlopen(f"https://127.0.0.1:{s.port}/health", timeout=10, context=ctx) as r:
+            assert r.status == 200
+        tls12 = ssl.create_default_context(cafile=str(ca))
+        tls12.maximum_version = ssl.TLSVersion.TLSv1_2
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as raw, tls12.wrap_socket(raw, server_hostname="127.0.0.1") as t:
+            assert t.cipher()[0] == cipher
+        assert served_cn(s.port, ca) == "kvpool old"
+        shutil.copy(made / "new.key", live / "server.key")
+        shutil.copy(made / "new.pem", live / "server.pem")
+        assert until_cn(s.port, ca, "kvpool new") == "kvpool new"
