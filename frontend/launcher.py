@@ -213,7 +213,7 @@ class Launcher:
 
     def _frontend_healthy(self) -> bool:
         if self.uds is not None:
-            return unix_http_ok(self.uds, "/health")
+            return unix_http_ok(self.uds, "/health", _probe_context() if self.tls else None)
         return http_ok(self.url.replace("0.0.0.0", "127.0.0.1") + "/health", _probe_context() if self.tls else None)
 
     def _print_ready(self) -> None:

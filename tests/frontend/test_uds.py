@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import ssl
 import tempfile
 import urllib.error
 import urllib.request
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from kvtest import unix_http
+from kvtest.certs import make_ca, make_server_cert
 from kvtest.fake_engine import fake_engine, frontend_process
 from kvtest.serve import kvpool_serve
 
@@ -65,3 +67,28 @@ def test_kvpool_serve_uds_gets_ready_over_the_socket_and_serves_there(tiny_check
         assert json.loads(body)["usage"]["completion_tokens"] == 2
         with pytest.raises((urllib.error.URLError, ConnectionError)):
             urllib.request.urlopen(s.base_url + "/health", timeout=5)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make certificates")
+def test_kvpool_serve_uds_with_tls_gets_ready_and_serves_https_on_the_socket(tiny_checkpoint, short_dir, tmp_path):
+    make_ca(tmp_path)
+    pem, key = make_server_cert(tmp_path, "server", "kvpool uds")
+    sock = short_dir / "tls.sock"
+    with kvpool_serve(tiny_checkpoint, tmp_path / "logs", "--uds", str(sock), "--ssl-certfile", str(pem), "--ssl-keyfile", str(key)) as s:
+        assert f"ready at unix:{sock} /v1" in s.ready_line
+        ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+        with socket.socket(socket.AF_UNIX) as raw:
+            raw.settimeout(10)
+            raw.connect(str(sock))
+            with ctx.wrap_socket(raw, server_hostname="localhost") as t:
+                t.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                assert t.recv(64).startswith(b"HTTP/1.1 200")
+        with socket.socket(socket.AF_UNIX) as raw:  # plain HTTP on a TLS socket gets no answer
+            raw.settimeout(10)
+            raw.connect(str(sock))
+            raw.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            try:
+                answer = raw.recv(64)
+            except ConnectionResetError:
+                answer = b""
+            assert not answer.startswith(b"HTTP/")
