@@ -20,11 +20,9 @@ Each child's argv comes from ``frontend/child_argv.py``; the flags, from
 from __future__ import annotations
 
 import ctypes
-import http.client
 import json
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import time
@@ -34,8 +32,8 @@ from pathlib import Path
 
 from frontend import child_argv
 from frontend.model_dir import checkpoint_problem
+from frontend.ready_probe import FrontendProbe, requires_client_certificates
 from frontend.restart_policy import RestartPolicy
-from frontend.unix_http import unix_http_ok
 from protocol import kv_cache_spec
 
 PR_SET_PDEATHSIG = 1
@@ -87,23 +85,6 @@ def scrape_gauge(url: str, name: str) -> float | None:
         if line.startswith(name + "{") or line.startswith(name + " "):
             return float(line.rsplit(" ", 1)[1])
     return None
-
-
-def http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
-    try:
-        return urllib.request.urlopen(url, timeout=2, context=context).status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-
-
-def _probe_context() -> ssl.SSLContext:
-    """For asking the frontend's /health over HTTPS: the launcher's own child on this
-    host, asked only whether it is up, so its certificate is not verified.
-    NOTE: a frontend that requires client certificates (--ssl-cert-reqs 2) refuses it."""
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    return ctx
 
 
 def _last_line(log_path: Path | None) -> str:
@@ -158,10 +139,12 @@ class Launcher:
         if a.worker_http_port is not None:
             worker_http = a.worker_http_port
         self.scheduler_http = f"http://127.0.0.1:{sched_http}"
-        self.tls = bool(getattr(a, "ssl_certfile", None))
-        self.url = f"{'https' if self.tls else 'http'}://{a.host}:{a.port}"
+        tls = bool(getattr(a, "ssl_certfile", None))
+        self.url = f"{'https' if tls else 'http'}://{a.host}:{a.port}"
         # NOTE: with --uds the frontend listens on that socket, not on --host/--port (both ignored, as vLLM).
         self.uds = getattr(a, "uds", None) or None
+        cert_required = requires_client_certificates(getattr(a, "ssl_cert_reqs", None))
+        self.probe = FrontendProbe(a.host, a.port, self.uds, tls, cert_required, self.scheduler_http)
         logs = Path(a.log_dir) if a.log_dir else None
         if logs is not None:
             logs.mkdir(parents=True, exist_ok=True)
@@ -202,7 +185,7 @@ class Launcher:
                 # NOTE: a flag passed on as given is checked by the child: its last line says what was wrong.
                 self.log(f"kvpool serve: the {dead} exited during start-up (status {child.proc.returncode}){_last_line(child.log_path)}")
                 return 1
-            if self._frontend_healthy():
+            if self.probe.healthy():
                 self._print_ready()
                 return None
             if time.monotonic() > deadline:
@@ -210,11 +193,6 @@ class Launcher:
                 return 1
             time.sleep(POLL_S)
         return 0
-
-    def _frontend_healthy(self) -> bool:
-        if self.uds is not None:
-            return unix_http_ok(self.uds, "/health", _probe_context() if self.tls else None)
-        return http_ok(self.url.replace("0.0.0.0", "127.0.0.1") + "/health", _probe_context() if self.tls else None)
 
     def _print_ready(self) -> None:
         blocks = scrape_gauge(self.scheduler_http + "/metrics", "kvpool_num_gpu_blocks")

@@ -16,6 +16,7 @@ from pathlib import Path
 import openai
 import pytest
 from kvtest.fake_engine import fake_engine, frontend_process
+from kvtest.serve import kvpool_serve
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make certificates")
 
@@ -107,3 +108,14 @@ def test_ssl_ciphers_selecting_none_stops_the_start_naming_it(tiny_checkpoint, c
         with frontend_process(tiny_checkpoint, engine, tmp_path / "f.log", *tls_flags(certs, "--ssl-ciphers", "NO-SUCH-CIPHER"), scheme="https"):
             pass
     assert "--ssl-ciphers 'NO-SUCH-CIPHER' selects no cipher" in str(e.value)
+
+
+def test_kvpool_serve_gets_ready_though_the_frontend_requires_client_certificates(tiny_checkpoint, certs, tmp_path):
+    flags = tls_flags(certs, "--ssl-ca-certs", str(certs / "ca.pem"), "--ssl-cert-reqs", str(int(ssl.CERT_REQUIRED)))
+    with kvpool_serve(tiny_checkpoint, tmp_path / "logs", *flags, ready_timeout=60) as s:
+        assert f"ready at https://127.0.0.1:{s.port}/v1" in s.ready_line
+        url = f"https://127.0.0.1:{s.port}/health"
+        with urllib.request.urlopen(url, timeout=10, context=client_context(certs, with_cert=True)) as r:
+            assert r.status == 200
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            urllib.request.urlopen(url, timeout=10, context=client_context(certs))
