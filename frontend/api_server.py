@@ -30,6 +30,7 @@ from frontend.cors import Cors, install_cors
 from frontend.engine_client import EngineClient
 from frontend.error_middleware import error_middleware
 from frontend.errors import bad_request, unavailable
+from frontend.listen import listen_address, remove_socket, site, socket_inode
 from frontend.metrics import FrontendMetrics, family_names
 from frontend.ops_routes import ops_routes
 from frontend.output_log import OutputLog
@@ -47,6 +48,7 @@ from frontend.sampling import default_sampling, max_tokens_cap
 from frontend.serving import ServingContext, json_response, now
 from frontend.serving_chat import chat_prompt, create_chat_completion
 from frontend.serving_completion import create_completion
+from frontend.ssl_refresh import SSLCertRefresher
 from frontend.tls import ssl_context
 from frontend.tokenizer import Tokenizer
 from frontend.tokenizer_info import tokenizer_info_routes
@@ -84,6 +86,8 @@ class APIServer:
         self._http: aiohttp.ClientSession | None = None
         self._poller: asyncio.Task | None = None
         self._runner: web.AppRunner | None = None
+        self._uds_inode: int | None = None  # the --uds socket file this process bound
+        self._ssl_refresher: SSLCertRefresher | None = None
 
     # --- life cycle -------------------------------------------------------------
 
@@ -96,15 +100,21 @@ class APIServer:
         self._runner = web.AppRunner(self.build_app(), access_log=access, access_log_class=access_logger_class(self.config),
                                      handler_cancellation=True)  # fmt: skip
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.config.host, self.config.port, ssl_context=tls).start()
+        await site(self._runner, self.config, tls).start()
+        self._uds_inode = socket_inode(self.config)
+        if tls is not None and self.config.enable_ssl_refresh:
+            self._ssl_refresher = SSLCertRefresher(tls, self.config)
         # NOTE: as vLLM's API server: what start-up made is never garbage, so the
         # collector's full passes skip it (they ran over the tokenizer and every module).
         gc.collect()
         gc.freeze()
 
     async def stop(self) -> None:
+        if self._ssl_refresher is not None:
+            await self._ssl_refresher.stop()
         if self._runner is not None:
             await self._runner.cleanup()
+        remove_socket(self.config, self._uds_inode)
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
@@ -253,8 +263,7 @@ async def serve(config: FrontendConfig, stop: asyncio.Event) -> int:
         if server is not None:
             await server.stop()
         return 1
-    scheme = "https" if config.ssl_certfile else "http"
-    log.info("serving %s on %s://%s:%d%s", config.served_model_name, scheme, config.host, config.port, config.root_path or "")
+    log.info("serving %s on %s", config.served_model_name, listen_address(config))
     await stop.wait()
     await server.stop()
     return 0

@@ -24,6 +24,7 @@ class FrontendConfig:
     # NOTE: not vLLM's 8000: on their own, the scheduler's HTTP port is 8000 and the
     # worker's 8001 (`kvpool serve` puts the API on 8000 and picks the others free).
     port: int = 8002
+    uds: str | None = None  # a Unix domain socket to listen on instead of host:port (frontend.listen)
     scheduler: str = "tcp://127.0.0.1:5555"
     scheduler_http: str = "http://127.0.0.1:8000"
     max_model_len: int = 4096
@@ -56,6 +57,8 @@ class FrontendConfig:
     ssl_certfile: str | None = None
     ssl_ca_certs: str | None = None
     ssl_cert_reqs: int = int(ssl.CERT_NONE)
+    enable_ssl_refresh: bool = False  # reload the files into the context when they change (frontend.ssl_refresh)
+    ssl_ciphers: str | None = None  # OpenSSL cipher list (TLS 1.2 and below), as uvicorn's ctx.set_ciphers
     enable_prompt_tokens_details: bool = False
     max_logprobs: int = 20
     uvicorn_log_level: str = "info"
@@ -88,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model as given)")
     p.add_argument("--host", default=d.host, help="the API's address (default %(default)s)")
     p.add_argument("--port", type=int, default=d.port, help="the API's port (default %(default)s: the scheduler's HTTP port is 8000, the worker's 8001)")
+    p.add_argument("--uds", default=None, help="listen on this Unix domain socket instead of --host and --port (default: none)")
     p.add_argument("--scheduler", default=d.scheduler, help="the scheduler's client port (default %(default)s)")
     p.add_argument("--scheduler-http", default=d.scheduler_http, help="the scheduler's /health and /metrics (default %(default)s)")
     p.add_argument("--max-model-len", type=int, default=d.max_model_len, help="longest prompt + output, in tokens (default %(default)s)")
@@ -121,6 +125,8 @@ def add_operator_args(p: argparse.ArgumentParser, d: FrontendConfig) -> None:
     p.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate chain (default: none, plain HTTP)")
     p.add_argument("--ssl-ca-certs", default=None, help="CA certificates to verify clients with (default: none)")
     p.add_argument("--ssl-cert-reqs", type=int, default=d.ssl_cert_reqs, help="client certificates: 0 none, 1 optional, 2 required, as ssl.CERT_* (default %(default)s)")
+    p.add_argument("--enable-ssl-refresh", action=flag, default=False, help="reload the key, certificate and CA files when they change (default %(default)s)")
+    p.add_argument("--ssl-ciphers", default=None, help="OpenSSL cipher suites for TLS 1.2 and below, e.g. ECDHE-RSA-AES256-GCM-SHA384 (default: OpenSSL's)")
     p.add_argument("--enable-prompt-tokens-details", action=flag, default=False, help="usage gives prompt_tokens_details.cached_tokens (default %(default)s)")
     p.add_argument("--max-logprobs", type=int, default=d.max_logprobs, help="the most logprobs a request may ask for, at most 20 here (default %(default)s)")
     p.add_argument("--uvicorn-log-level", default=d.uvicorn_log_level, choices=list(_SERVER_LOG_LEVELS),
@@ -232,6 +238,7 @@ def _check_operator_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> N
         p.error("--enable-log-outputs requires --enable-log-requests")
     if a.sse_keep_alive_interval < 0:
         p.error("--sse-keep-alive-interval must be a non-negative integer (0 disables keep-alive comments)")
+    a.uds = a.uds or None  # NOTE: as vLLM's `if args.uds`: an empty path is none
     if a.root_path is not None:
         a.root_path = a.root_path.rstrip("/") or None
         if a.root_path is not None and not a.root_path.startswith("/"):

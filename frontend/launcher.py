@@ -32,6 +32,7 @@ from pathlib import Path
 
 from frontend import child_argv
 from frontend.model_dir import checkpoint_problem
+from frontend.ready_probe import FrontendProbe, requires_client_certificates
 from frontend.restart_policy import RestartPolicy
 from protocol import kv_cache_spec
 
@@ -86,13 +87,6 @@ def scrape_gauge(url: str, name: str) -> float | None:
     return None
 
 
-def http_ok(url: str) -> bool:
-    try:
-        return urllib.request.urlopen(url, timeout=2).status == 200
-    except OSError:
-        return False
-
-
 def _last_line(log_path: Path | None) -> str:
     """": LINE", the last line of a child's log (its error), or "" without one."""
     try:
@@ -145,7 +139,12 @@ class Launcher:
         if a.worker_http_port is not None:
             worker_http = a.worker_http_port
         self.scheduler_http = f"http://127.0.0.1:{sched_http}"
-        self.url = f"http://{a.host}:{a.port}"
+        tls = bool(getattr(a, "ssl_certfile", None))
+        self.url = f"{'https' if tls else 'http'}://{a.host}:{a.port}"
+        # NOTE: with --uds the frontend listens on that socket, not on --host/--port (both ignored, as vLLM).
+        self.uds = getattr(a, "uds", None) or None
+        cert_required = requires_client_certificates(getattr(a, "ssl_cert_reqs", None))
+        self.probe = FrontendProbe(a.host, a.port, self.uds, tls, cert_required, self.scheduler_http)
         logs = Path(a.log_dir) if a.log_dir else None
         if logs is not None:
             logs.mkdir(parents=True, exist_ok=True)
@@ -186,7 +185,7 @@ class Launcher:
                 # NOTE: a flag passed on as given is checked by the child: its last line says what was wrong.
                 self.log(f"kvpool serve: the {dead} exited during start-up (status {child.proc.returncode}){_last_line(child.log_path)}")
                 return 1
-            if http_ok(self.url.replace("0.0.0.0", "127.0.0.1") + "/health"):
+            if self.probe.healthy():
                 self._print_ready()
                 return None
             if time.monotonic() > deadline:
@@ -205,7 +204,8 @@ class Launcher:
             size = f", {human_bytes(blocks * per_block)}" if per_block else ""
             size += f" on each of {tp} ranks" if size and tp > 1 else ""
             pool = f"KV cache: {int(blocks)} blocks × {a.block_size} tokens{size}"
-        print(f"kvpool serve: {a.served_model_name} ready at {self.url}/v1 ({pool})", flush=True)
+        where = f"unix:{self.uds} /v1" if self.uds is not None else f"{self.url}/v1"
+        print(f"kvpool serve: {a.served_model_name} ready at {where} ({pool})", flush=True)
 
     def _supervise(self) -> int:
         while not self.stopping:

@@ -1,7 +1,8 @@
 """``--ssl-*``: the SSL context uvicorn builds for vLLM (``uvicorn.config.create_ssl_context``),
 given to aiohttp's TCPSite: a TLS server context with the certificate chain, client
 certificates verified as ``--ssl-cert-reqs`` asks (``ssl.CERT_*``) against
-``--ssl-ca-certs``."""
+``--ssl-ca-certs``, and ``--ssl-ciphers`` set when given (TLS 1.3's suites are not
+OpenSSL's cipher list: ``set_ciphers`` leaves them as they are, as in uvicorn)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ def ssl_context(config: FrontendConfig) -> ssl.SSLContext | None:
     except (OSError, ssl.SSLError) as e:
         key = f" with --ssl-keyfile {config.ssl_keyfile}" if config.ssl_keyfile else ""
         raise TLSConfigError(f"cannot load --ssl-certfile {config.ssl_certfile}{key}: {e}") from None
+    if config.ssl_ciphers:  # NOTE: as uvicorn: an empty list is none given
+        try:
+            ctx.set_ciphers(config.ssl_ciphers)
+        except ssl.SSLError as e:
+            raise TLSConfigError(f"--ssl-ciphers {config.ssl_ciphers!r} selects no cipher: {e}") from None
     ctx.verify_mode = ssl.VerifyMode(config.ssl_cert_reqs)
     if config.ssl_ca_certs:
         try:

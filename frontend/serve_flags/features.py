@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 
 from frontend.serve_flags import reasons as why
-from frontend.serve_flags.rules import BOOL, MANY, ONE, Group, handled, passed, refused
+from frontend.serve_flags import values
+from frontend.serve_flags.rules import BOOL, MANY, ONE, Group, handled, passed, refused, same
 
 _MULTIMODAL_BOOLS = ("--enable-mm-embeds", "--interleave-mm-strings", "--mm-encoder-only", "--skip-mm-profiling")
 _MULTIMODAL_VALUES = (
@@ -38,7 +39,9 @@ _LORA = sorted(
 LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
 
 _LOGGING = [
-    refused("--log-config-file", ONE, why.NOT_YET),
+    refused("--log-config-file", ONE,
+            "kvpool's processes log as frontend, scheduler and worker and its access log as frontend.access, "
+            "not vLLM's vllm.* and uvicorn.* loggers that a vLLM dictConfig file configures"),  # fmt: skip
     handled("--log-level", ONE, "scheduler, worker and frontend", default=None, choices=LOG_LEVELS,
             accepts=(None, "ERROR", "WARNING", "INFO", "DEBUG"), why_not="kvpool's processes log at DEBUG, INFO, WARNING or ERROR",
             help="every process's log level (default: INFO)"),  # fmt: skip
@@ -60,7 +63,8 @@ _OBSERVABILITY = [
     passed("--kv-cache-metrics-sample", ONE, "scheduler"),
     refused("--otlp-traces-endpoint", ONE, why.TRACING),
     refused("--per-request-spec-decode-metrics", ONE, why.SPECULATIVE, accepts=("none",)),
-    refused("--show-hidden-metrics-for-version", ONE, why.NOT_YET),
+    same("--show-hidden-metrics-for-version", ONE,
+         "vLLM 0.32 hides no metric behind it (its value is only checked to be a version)", type=values.version),  # fmt: skip
 ]
 
 GROUPS = [

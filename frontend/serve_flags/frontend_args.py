@@ -44,7 +44,7 @@ _RULES = [
     passed("--enable-request-id-headers", BOOL, FRONT),
     refused("--enable-scale-out", BOOL, why.ONE_ENGINE, accepts=(False,)),
     passed("--enable-server-load-tracking", BOOL, FRONT),
-    refused("--enable-ssl-refresh", BOOL, "not supported yet: restart kvpool serve to load new certificates", accepts=(False,)),
+    passed("--enable-ssl-refresh", BOOL, FRONT),
     passed("--enable-tokenizer-info-endpoint", BOOL, FRONT),
     refused("--exclude-tools-when-tool-choice-none", BOOL, why.TOOLS, accepts=(False,)),
     refused("--fingerprint-mode", ONE, why.NOT_YET),
@@ -67,7 +67,7 @@ _RULES = [
     passed("--ssl-ca-certs", ONE, FRONT),
     passed("--ssl-cert-reqs", ONE, FRONT),
     passed("--ssl-certfile", ONE, FRONT),
-    refused("--ssl-ciphers", ONE, why.NOT_YET),
+    passed("--ssl-ciphers", ONE, FRONT),
     passed("--ssl-keyfile", ONE, FRONT),
     refused("--tokens-only", BOOL, "kvpool has no Tokens In<>Out endpoints (vLLM's /inference/v1/generate) to serve alone", accepts=(False,)),
     refused("--tool-call-parser", ONE, why.TOOLS),
@@ -76,7 +76,7 @@ _RULES = [
     refused("--tool-strict-level", ONE, why.TOOLS, accepts=("auto",)),
     refused("--trust-request-chat-template", BOOL, "kvpool always renders with the server's chat template", accepts=(False,)),
     refused("--trust-request-mm-kwargs", BOOL, why.MULTIMODAL, accepts=(False,)),
-    refused("--uds", ONE, "not supported yet: kvpool listens on --host and --port"),
+    passed("--uds", ONE, FRONT),
     passed("--uvicorn-log-level", ONE, FRONT),
 ]
 GROUPS = [Group(_TITLE, _DESCRIPTION, _RULES)]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,8 +89,9 @@ def passed(flags: str, arity: str, *to: str, default_on: bool = False) -> Rule:
     return Rule(_flags(flags), arity, PASSED, f"passed to the {' and '.join(to)}", kwargs=kwargs, to=to)
 
 
-def same(flags: str, arity: str, why: str) -> Rule:
-    return Rule(_flags(flags), arity, SAME, why)
+def same(flags: str, arity: str, why: str, type: Callable[[str], Any] | None = None) -> Rule:
+    """``type``: the value check vLLM makes of it, made here too (else any value)."""
+    return Rule(_flags(flags), arity, SAME, why, kwargs={"type": type} if type else {})
 
 
 def refused(flags: str, arity: str, why: str, accepts: tuple = ()) -> Rule:
@@ -101,6 +103,8 @@ def parse_kwargs(rule: Rule) -> dict[str, Any]:
     if rule.verdict == HANDLED:
         return dict(rule.kwargs)
     kw: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": rule.dest, "help": rule.help()}
+    if rule.verdict == SAME and "type" in rule.kwargs:
+        kw["type"] = rule.kwargs["type"]
     if rule.arity == SWITCH:
         return kw | {"action": "store_true"}
     if rule.arity == BOOL:

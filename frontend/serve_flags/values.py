@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from packaging.version import InvalidVersion, Version
+
 from protocol.human_readable import human_readable_int
 
-__all__ = ["DTYPES", "human_readable_int", "human_readable_int_or_auto", "seed"]
+__all__ = ["DTYPES", "human_readable_int", "human_readable_int_or_auto", "seed", "version"]
 
 
 def human_readable_int_or_auto(text: str) -> int | None:
@@ -24,6 +26,16 @@ def seed(text: str) -> int:
     if not 0 <= value < 2**64:
         raise argparse.ArgumentTypeError(f"invalid seed {text!r}: expected an integer in 0..2**64-1")
     return value
+
+
+def version(text: str) -> str:
+    """As vLLM's ObservabilityConfig checks --show-hidden-metrics-for-version: a PEP 440
+    version (``packaging.version.parse``), kept as given."""
+    try:
+        Version(text)
+    except InvalidVersion:
+        raise argparse.ArgumentTypeError(f"invalid version {text!r}: expected a version such as 0.31") from None
+    return text
 
 
 # vLLM's --dtype choices; "half" and "float" are its aliases of float16 and float32.

@@ -139,3 +139,11 @@ def test_an_unknown_flag_is_still_argparses_error(capsys):
     with pytest.raises(SystemExit) as e:
         parse_serve(["serve", "m", "--swap-space", "4"])  # gone from vLLM 0.32, which refuses it the same way
     assert e.value.code == 2 and "unrecognized arguments: --swap-space 4" in capsys.readouterr().err
+
+
+def test_show_hidden_metrics_for_version_takes_a_version_as_vllm_checks_it(fixed_ports, capsys):
+    assert argvs(["--show-hidden-metrics-for-version", "0.31"]) == argvs([])  # vLLM 0.32 hides no metric behind it
+    with pytest.raises(SystemExit) as e:
+        parse_serve(["serve", "m", "--show-hidden-metrics-for-version", "not-a-version"])
+    assert e.value.code == 2
+    assert "--show-hidden-metrics-for-version: invalid version 'not-a-version'" in capsys.readouterr().err

@@ -6,6 +6,7 @@ Certificates made in the test with `openssl` (a CA, a server certificate for
 from __future__ import annotations
 
 import shutil
+import socket
 import ssl
 import subprocess
 import urllib.error
@@ -15,6 +16,7 @@ from pathlib import Path
 import openai
 import pytest
 from kvtest.fake_engine import fake_engine, frontend_process
+from kvtest.serve import kvpool_serve
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make certificates")
 
@@ -78,3 +80,42 @@ def test_a_bad_certificate_stops_the_start_naming_the_file(tiny_checkpoint, cert
         with frontend_process(tiny_checkpoint, engine, tmp_path / "f.log", "--ssl-certfile", str(missing), scheme="https"):
             pass
     assert f"cannot load --ssl-certfile {missing}" in str(e.value)
+
+
+def _handshake(port: int, ctx: ssl.SSLContext) -> tuple[str, str]:
+    """(TLS version, cipher) a client of ``ctx`` negotiates with 127.0.0.1:port."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+        name, version, _bits = s.cipher()
+        return version, name
+
+
+def test_ssl_ciphers_limits_tls12_to_the_given_suites(tiny_checkpoint, certs, tmp_path):
+    chosen, other = "ECDHE-RSA-AES128-GCM-SHA256", "ECDHE-RSA-AES256-GCM-SHA384"
+    with fake_engine() as engine, frontend_process(tiny_checkpoint, engine, tmp_path / "f.log", *tls_flags(certs, "--ssl-ciphers", chosen),
+                                                   scheme="https") as f:  # fmt: skip
+        tls12 = client_context(certs)
+        tls12.maximum_version = ssl.TLSVersion.TLSv1_2
+        assert _handshake(f.port, tls12) == ("TLSv1.2", chosen)  # the client offers every default suite
+        tls12.set_ciphers(other)
+        with pytest.raises(ssl.SSLError):
+            _handshake(f.port, tls12)
+        # TLS 1.3's suites are not OpenSSL's cipher list: a TLS 1.3 client still connects.
+        assert _handshake(f.port, client_context(certs))[0] == "TLSv1.3"
+
+
+def test_ssl_ciphers_selecting_none_stops_the_start_naming_it(tiny_checkpoint, certs, tmp_path):
+    with fake_engine() as engine, pytest.raises(RuntimeError) as e:
+        with frontend_process(tiny_checkpoint, engine, tmp_path / "f.log", *tls_flags(certs, "--ssl-ciphers", "NO-SUCH-CIPHER"), scheme="https"):
+            pass
+    assert "--ssl-ciphers 'NO-SUCH-CIPHER' selects no cipher" in str(e.value)
+
+
+def test_kvpool_serve_gets_ready_though_the_frontend_requires_client_certificates(tiny_checkpoint, certs, tmp_path):
+    flags = tls_flags(certs, "--ssl-ca-certs", str(certs / "ca.pem"), "--ssl-cert-reqs", str(int(ssl.CERT_REQUIRED)))
+    with kvpool_serve(tiny_checkpoint, tmp_path / "logs", *flags, ready_timeout=60) as s:
+        assert f"ready at https://127.0.0.1:{s.port}/v1" in s.ready_line
+        url = f"https://127.0.0.1:{s.port}/health"
+        with urllib.request.urlopen(url, timeout=10, context=client_context(certs, with_cert=True)) as r:
+            assert r.status == 200
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            urllib.request.urlopen(url, timeout=10, context=client_context(certs))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import zmq
 
+from kvtest import unix_http
 from kvtest.ports import free_port
 from protocol.client_messages import Abort, ClientRequest, EngineCoreOutputs, Generate, TokenOutput
 from protocol.codec import Codec
@@ -152,10 +153,11 @@ def _answers(url: str, ctx: ssl.SSLContext | None) -> bool:
 
 @contextlib.contextmanager
 def frontend_process(model_dir, engine: FakeEngine, log: Path, *flags: str, env: dict | None = None, scheme: str = "http",
-                     probe_context: ssl.SSLContext | None = None):  # fmt: skip
+                     probe_context: ssl.SSLContext | None = None, uds: Path | None = None):  # fmt: skip
     """``python -m frontend`` of ``model_dir`` against ``engine`` on a free port, with
     ``flags``; yields once /health answers 200 (over HTTPS with ``probe_context``,
-    else one that trusts any certificate: it only asks "is it up")."""
+    else one that trusts any certificate: it only asks "is it up"; over the socket
+    ``uds``, given with ``--uds`` in ``flags``)."""
     if scheme == "https" and probe_context is None:
         probe_context = ssl._create_unverified_context()
     port = free_port()
@@ -166,7 +168,7 @@ def frontend_process(model_dir, engine: FakeEngine, log: Path, *flags: str, env:
     f = Frontend(proc, port, Path(log), scheme)
     try:
         deadline = time.monotonic() + STARTUP_S
-        while not _answers(f.base_url + "/health", probe_context):
+        while not (unix_http.answers(str(uds)) if uds is not None else _answers(f.base_url + "/health", probe_context)):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"python -m frontend did not get ready (status {proc.poll()}):\n{f.output()}")
             time.sleep(0.1)
