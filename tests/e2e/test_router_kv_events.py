@@ -5,24 +5,16 @@ off the wire by a plain ZMQ SUB (not kvpool's own subscriber)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import time
-import urllib.request
 
 import msgspec
 import pytest
 import zmq
 from kvtest.cluster import free_port
+from kvtest.http_api import complete_two_tokens
 from kvtest.serve import kvpool_serve
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def complete(base_url: str, model: str, prompt: list[int]) -> None:
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 2, "ignore_eos": True}).encode()
-    req = urllib.request.Request(base_url + "/v1/completions", body, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        assert r.status == 200
 
 
 def test_each_replica_publishes_its_own_rank_and_topic(tiny_checkpoint, tmp_path):
@@ -51,7 +43,7 @@ def test_each_replica_publishes_its_own_rank_and_topic(tiny_checkpoint, tmp_path
             attempt += 1
             for i, (s, (_, topic)) in enumerate(zip(served, replicas, strict=True)):
                 if topic.encode() not in seen:
-                    complete(s.base_url, model, [7 + i, attempt] * 20)
+                    complete_two_tokens(s.base_url, model, [7 + i, attempt] * 20)
             end = time.monotonic() + 1.0
             while time.monotonic() < end:
                 if sub.poll(100):

@@ -6,22 +6,15 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 
 import msgspec
 import pytest
 import zmq
+from kvtest.http_api import complete_two_tokens
 from kvtest.ports import free_port
 from kvtest.serve import kvpool_serve
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def complete(base_url: str, model: str, prompt: list[int]) -> None:
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 2, "ignore_eos": True}).encode()
-    req = urllib.request.Request(base_url + "/v1/completions", body, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        assert r.status == 200
 
 
 def test_the_scheduler_connects_to_a_binding_subscriber_and_publishes_there(tiny_checkpoint, tmp_path):
@@ -40,7 +33,7 @@ def test_the_scheduler_connects_to_a_binding_subscriber_and_publishes_there(tiny
             # connection completes is lost: a fresh prompt (two full blocks) each second.
             while not stored and time.monotonic() < deadline:
                 attempt += 1
-                complete(s.base_url, model, [5, attempt] * 20)
+                complete_two_tokens(s.base_url, model, [5, attempt] * 20)
                 end = time.monotonic() + 1.0
                 while time.monotonic() < end and not stored:
                     if sub.poll(100):

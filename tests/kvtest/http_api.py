@@ -25,3 +25,11 @@ def get_metrics(served) -> str:
 
 def metric(text: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def complete_two_tokens(base_url: str, model: str, prompt: list[int]) -> None:
+    """A 2-token completion of a token-id prompt (its KV events are what a test reads)."""
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 2, "ignore_eos": True}).encode()
+    req = urllib.request.Request(base_url + "/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.status == 200
