@@ -1,7 +1,9 @@
 """The HTTP request bodies, as vLLM's ``CompletionRequest`` / ``ChatCompletionRequest``
 (the OpenAI fields plus vLLM's sampling extras), decoded and type-checked by msgspec.
 
-Unknown fields are ignored, as OpenAI clients send fields a server may not know. A
+Unknown fields are ignored, as OpenAI clients send fields a server may not know; the
+fields of vLLM's request classes that kvpool does not honour are declared in
+``frontend.request_fields`` (refused by name, or of no effect in vLLM either). A
 body of the wrong shape is refused with msgspec's message, which names the field
 (``Expected `int`, got `str` - at `$.max_tokens```). Ranges are checked in
 ``frontend.sampling``.
@@ -13,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from frontend.request_fields import UnhonouredFields
 from protocol.client_messages import Priority
 
 
@@ -37,7 +40,7 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     structural_tag: str | None = None
 
 
-class _SamplingFields(msgspec.Struct, kw_only=True):
+class _SamplingFields(UnhonouredFields, kw_only=True):
     model: str | None = None
     n: int = 1
     temperature: float | None = None

@@ -14,6 +14,7 @@ from frontend.errors import APIError, bad_request
 from frontend.logprobs import chat_logprobs
 from frontend.metrics import ChoiceGroups
 from frontend.protocol import ChatCompletionRequest
+from frontend.request_fields import check_unhonoured
 from frontend.sampling import (
     EngineParams,
     check_prompt_length,
@@ -92,6 +93,7 @@ def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest, rendered=
     ``rendered()``, if given, is called between the prompt's checks and the sampling
     fields' (where vLLM's request gets its id)."""
     ctx.check_model(req.model)
+    check_unhonoured(req, "chat")
     if not req.messages:
         raise bad_request("messages must not be empty", "messages")
     if req.top_logprobs and not req.logprobs:
@@ -100,6 +102,7 @@ def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest, rendered=
                       req.chat_template_kwargs)  # fmt: skip
     requested = req.max_completion_tokens or req.max_tokens
     check_prompt_length(len(ids), requested, ctx.max_model_len)
+    check_unhonoured(req, "chat", len(ids))
     if rendered is not None:
         rendered()
     max_tokens = output_budget(requested, len(ids), ctx.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)

@@ -12,6 +12,7 @@ from frontend.errors import APIError, bad_request
 from frontend.logprobs import completion_logprobs
 from frontend.metrics import ChoiceGroups
 from frontend.protocol import CompletionRequest
+from frontend.request_fields import check_unhonoured
 from frontend.sampling import (
     EngineParams,
     check_prompt_length,
@@ -73,11 +74,13 @@ def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
     and its render. ``rendered()``, if given, is called between the prompts' checks and
     the sampling fields' (where vLLM's request gets its id)."""
     ctx.check_model(req.model)
+    check_unhonoured(req, "completion")
     if req.suffix is not None:
         raise bad_request("suffix is not currently supported", "suffix")
     prompts, texts = prompt_token_ids(ctx, req)
     for ids in prompts:
         check_prompt_length(len(ids), req.max_tokens, ctx.max_model_len)
+        check_unhonoured(req, "completion", len(ids))
     if rendered is not None:
         rendered()
     # NOTE: one budget for every prompt (they share EngineParams): the longest prompt's.
