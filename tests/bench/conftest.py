@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def real_vllm(request) -> Path:
     """The repository root, once vLLM's venv is there and ``-m compare`` asked for it."""
     if not (ROOT / ".venv-vllm/bin/vllm").exists():

@@ -1,0 +1,162 @@
+"""Issue 23's bar, held against vLLM itself (``-m compare``): the same requests, field by
+field, sent to ``vllm serve`` 0.32 and ``kvpool serve`` on the same checkpoint with the
+same settings (float32, greedy) must get the same status code and, when served, the same
+token ids, text, finish reasons and usage, logprobs (sampled, top-k and prompt) within
+1e-3. Both servers run at once on free ports, and are stopped when the module ends."""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.error
+import urllib.request
+
+import pytest
+
+from bench.compare_servers import Server, ServerConfig, free_port, server_command, vllm_env
+
+CFG = ServerConfig(block_size=32, num_blocks=256, max_model_len=512, kv_cache_metrics=False)
+NAME = "tiny"
+PROMPT = "The cache keeps every block it has seen until the pool runs dry"
+CHAT = [{"role": "user", "content": "Which block goes first when the pool is full?"}]
+
+
+@pytest.fixture(scope="module")
+def engines(real_vllm, tmp_path_factory):
+    from bench.compare import default_model
+
+    model = default_model()
+    tmp = tmp_path_factory.mktemp("contract")
+    servers = {}
+    for engine in ("vllm", "kvpool"):
+        port = free_port()
+        env = vllm_env(tmp / "cache", CFG, model, 1) if engine == "vllm" else {}
+        cmd = server_command(engine, model, port, CFG, real_vllm, NAME)
+        servers[engine] = Server(engine, cmd, env, tmp / f"{engine}.log", port)
+    try:
+        for s in servers.values():
+            s.__enter__()
+        for s in servers.values():
+            s.wait_ready(600)
+        yield servers
+    finally:
+        for s in servers.values():
+            s.stop()
+
+
+def post(url: str, path: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(url + path, data=json.dumps({"model": NAME, **body}).encode(),
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def both(engines, path: str, body: dict) -> tuple[dict, dict]:
+    (vs, v), (ks, k) = (post(engines[e].url, path, body) for e in ("vllm", "kvpool"))
+    assert vs == ks, f"status: vLLM {vs} {v}, kvpool {ks} {k}"
+    return v, k
+
+
+def close(a, b, path="$") -> None:
+    """Equal JSON, floats within 1e-3 (logprobs), -inf/None alike."""
+    if isinstance(a, float) or isinstance(b, float):
+        assert a is not None and b is not None, f"{path}: {a} vs {b}"
+        if math.isinf(a) or math.isinf(b):
+            assert a == b, f"{path}: {a} vs {b}"
+        else:
+            assert abs(a - b) <= 1e-3, f"{path}: {a} vs {b}"
+    elif isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), f"{path}: keys {sorted(a.keys() ^ b.keys())}"
+        for key in a:
+            close(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), f"{path}: {len(a)} vs {len(b)} items"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            close(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, f"{path}: {a!r} vs {b!r}"
+
+
+def same_choices(v: dict, k: dict) -> None:
+    """The parts of an answer both engines must agree on: choices (less ids and
+    timestamps) and usage."""
+    close(v["choices"], k["choices"], "choices")
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        assert v["usage"][key] == k["usage"][key], key
+    if "prompt_token_ids" in v or "prompt_token_ids" in k:
+        assert v.get("prompt_token_ids") == k.get("prompt_token_ids")
+
+
+GREEDY = {"temperature": 0, "return_token_ids": True}
+COMPLETIONS = {
+    "plain": {"max_tokens": 12},
+    "logprobs": {"max_tokens": 6, "logprobs": 3},
+    "echo_logprobs_no_output": {"max_tokens": 0, "echo": True, "logprobs": 2},
+    "echo_logprobs": {"max_tokens": 4, "echo": True, "logprobs": 1},
+    "prompt_logprobs": {"max_tokens": 3, "prompt_logprobs": 2},
+    "logit_bias": {"max_tokens": 6, "logit_bias": {"300": 100}},
+    "logit_bias_negative": {"max_tokens": 6, "logit_bias": {"300": -100, "301": -50}},
+    "allowed_token_ids": {"max_tokens": 6, "allowed_token_ids": [40, 41, 300, 301]},
+    "bad_words": {"max_tokens": 8, "bad_words": ["the", "cache block"]},
+    "truncate": {"max_tokens": 5, "truncate_prompt_tokens": 6},
+    "penalties": {"max_tokens": 10, "repetition_penalty": 1.3, "presence_penalty": 0.5, "frequency_penalty": 0.7},
+    "min_tokens_ignore_eos": {"max_tokens": 8, "min_tokens": 8, "ignore_eos": True},
+    "stop_token_ids": {"max_tokens": 12, "stop_token_ids": [300, 301, 302, 303, 304, 305]},
+    "n2": {"max_tokens": 5, "n": 2},
+    "regex": {"max_tokens": 12, "structured_outputs": {"regex": "[a-c]{3}-[0-9]{2}"}},
+    "choice": {"max_tokens": 12, "structured_outputs": {"choice": ["pool", "cache block", "evict"]}},
+    "json_schema": {"max_tokens": 40, "response_format": {"type": "json_schema", "json_schema": {"name": "b", "schema": {
+        "type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}}}},
+}
+CHATS = {
+    "plain": {"max_tokens": 10},
+    "logprobs": {"max_tokens": 5, "logprobs": True, "top_logprobs": 2},
+    "echo_continue": {"max_tokens": 5, "echo": True, "add_generation_prompt": False, "continue_final_message": True,
+                      "messages": CHAT + [{"role": "assistant", "content": "The least"}]},
+    "truncate": {"max_tokens": 5, "truncate_prompt_tokens": 12},
+    "bad_words": {"max_tokens": 8, "bad_words": ["the"]},
+}
+REFUSED = {
+    "logit_bias_out_of_vocab": {"logit_bias": {"10000000": 1}},
+    "allowed_token_ids_out_of_vocab": {"allowed_token_ids": [10000000]},
+    "truncate_below_minus_one": {"truncate_prompt_tokens": -2},
+    "prompt_logprobs_too_many": {"prompt_logprobs": 100},
+    "stop_token_id_huge": {"stop_token_ids": [2**40]},
+    "bad_regex": {"structured_outputs": {"regex": "(unclosed"}},
+    "two_constraints": {"structured_outputs": {"regex": "a", "choice": ["a"]}},
+    "max_tokens_zero_without_echo": {"max_tokens": 0},
+}
+
+
+@pytest.mark.compare
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("case", list(COMPLETIONS))
+def test_a_completion_answers_as_vllm(engines, case):
+    v, k = both(engines, "/v1/completions", {"prompt": PROMPT, **GREEDY, **COMPLETIONS[case]})
+    same_choices(v, k)
+
+
+@pytest.mark.compare
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("case", list(CHATS))
+def test_a_chat_answers_as_vllm(engines, case):
+    body = {"messages": CHAT, **GREEDY, **CHATS[case]}
+    v, k = both(engines, "/v1/chat/completions", body)
+    same_choices(v, k)
+
+
+@pytest.mark.compare
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_bad_field_gets_vllms_status(engines, case):
+    v, k = both(engines, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4, **REFUSED[case]})
+    assert k["error"]["message"], k
