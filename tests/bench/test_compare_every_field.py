@@ -1,4 +1,4 @@
-"""Issue 23's bar, held against vLLM itself (``-m compare``): the same requests, field by
+"""Issue 23's bar across every area at once, held against vLLM itself (``-m compare``): the same requests, field by
 field, sent to ``vllm serve`` 0.32 and ``kvpool serve`` on the same checkpoint with the
 same settings (float32, greedy) must get the same status code and, when served, the same
 token ids, text, finish reasons and usage, logprobs (sampled, top-k and prompt) within
