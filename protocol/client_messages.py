@@ -16,8 +16,10 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
-RequestId = Annotated[str, Meta(min_length=1, max_length=256)]
+TOKEN_ID_MAX = 2**31 - 1
+TokenId = Annotated[int, Meta(ge=0, le=TOKEN_ID_MAX)]
+MAX_REQUEST_ID_LENGTH = 256
+RequestId = Annotated[str, Meta(min_length=1, max_length=MAX_REQUEST_ID_LENGTH)]
 # vLLM's request priority: an int64, lower runs first (with --scheduling-policy priority).
 Priority = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 
@@ -50,6 +52,12 @@ class Generate(msgspec.Struct, tag="generate", tag_field="type", omit_defaults=T
     logprobs: int | None = None
     # Lower first under --scheduling-policy priority (then by arrival); ignored by fcfs.
     priority: Priority = 0
+    # vLLM's logits processors: only these tokens may be sampled (None: any); a bias
+    # in [-100, 100] added to a token's logit; token-id sequences whose last token is
+    # never sampled right after the rest (the frontend tokenizes vLLM's bad_words).
+    allowed_token_ids: list[TokenId] | None = None
+    logit_bias: dict[TokenId, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
+    bad_words_token_ids: list[list[TokenId]] = []
 
 
 class Abort(msgspec.Struct, tag="abort", tag_field="type", forbid_unknown_fields=True):
@@ -107,6 +115,26 @@ class RequestError(msgspec.Struct, tag="error", tag_field="type", omit_defaults=
 
     message: str
     request_id: str | None = None
+    # The request field it names (the OpenAI error's ``param``), when there is one.
+    param: str | None = None
 
 
 ClientResponse = EngineCoreOutputs | RequestError
+
+
+class _RequestIdOnly(msgspec.Struct):
+    request_id: str | None = None
+
+
+_peek_decoder = msgspec.msgpack.Decoder(_RequestIdOnly)
+
+
+def peek_request_id(frame: bytes | bytearray | memoryview) -> str | None:
+    """The ``request_id`` of a frame that is not a valid request (a field out of range,
+    a wrong type, over the size limit), read leniently so that its refusal names the
+    request and reaches whoever waits on it; None when the frame is not a map with a
+    string ``request_id``."""
+    try:
+        return _peek_decoder.decode(frame).request_id
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, MemoryError, OverflowError):
+        return None
