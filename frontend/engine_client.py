@@ -214,16 +214,14 @@ class EngineClient:
         NOTE: not expected from this client: every Generate is checked against the
         scheduler's decoder before it goes (`start`), and the scheduler names the
         request of any frame that is a map with a request id."""
-        ids = [rid for rid in self._unheard if rid in self._sinks]
+        sinks = {rid: self._sinks.pop(rid) for rid in self._unheard if rid in self._sinks}
         log.error("the scheduler refused a frame it could not read (%s); failing the %d requests it had not answered",
-                  message, len(ids))  # fmt: skip
+                  message, len(sinks))  # fmt: skip
         self._unheard.clear()
-        self.abort(ids)  # NOTE: any of them it did read would otherwise run on, holding blocks
+        self.abort(sinks)  # NOTE: any of them it did read would otherwise run on, holding blocks
         error = EngineError(f"the scheduler could not read a request: {message}")
-        for rid in ids:
-            sink = self._sinks.pop(rid, None)
-            if sink is not None:
-                self._deliver_error(rid, sink, error)
+        for rid, sink in sinks.items():
+            self._deliver_error(rid, sink, error)
 
     @staticmethod
     def _deliver_error(rid: str, sink: OutputSink, error: EngineError) -> None:

@@ -12,7 +12,6 @@ from dataclasses import replace
 
 from frontend.errors import bad_request
 from frontend.sampling import EngineParams
-from protocol.client_messages import TOKEN_ID_MAX
 from protocol.sampling_params import SamplingError, check_token_ids_in_vocab
 
 # vLLM's VLLM_MAX_NUM_BAD_WORDS default: token sequences after tokenization.
@@ -35,7 +34,8 @@ def logit_bias_of(logit_bias: dict[str, float] | None) -> dict[int, float] | Non
             continue
         out[token_id] = min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, float(bias)))
     if invalid:
-        raise bad_request(f"logit_bias contains key(s) that cannot be converted to integer token IDs: {invalid!r}", "logit_bias")
+        raise bad_request(f"logit_bias contains key(s) that cannot be converted to integer token IDs: {invalid!r} "
+                          f"(parameter=logit_bias, value={invalid!r})", "logit_bias")  # fmt: skip
     return out
 
 
@@ -64,9 +64,8 @@ def with_logits_fields(params: EngineParams, req, tokenizer, vocab_size: int | N
 
     The token ids' range is the scheduler's check (vLLM's words, against the model's
     vocabulary): it answers as vLLM's engine does, a 400, or an error event in a stream.
-    Only an id the engine message cannot carry (below 0 or above 2**31 - 1, always
-    outside a vocabulary) is refused here, in the same words given ``vocab_size`` (the
-    model's, from config.json)."""
+    Only an id the engine message cannot carry (outside int64, where JSON's are not) is
+    refused here, in the same words given ``vocab_size`` (the model's, from config.json)."""
     generate = dict(params.generate)
     bias = logit_bias_of(req.logit_bias)
     if req.bad_words and any(not w for w in req.bad_words):
@@ -82,7 +81,7 @@ def with_logits_fields(params: EngineParams, req, tokenizer, vocab_size: int | N
                 check_token_ids_in_vocab(fields, vocab_size)
             except SamplingError as e:
                 raise bad_request(str(e), e.param) from None
-        raise bad_request(f"token_id(s) in {unfit} must be in 0..{TOKEN_ID_MAX}", unfit)
+        raise bad_request(f"token_id(s) in {unfit} must be 64-bit integers", unfit)
     if bias:
         generate["logit_bias"] = bias
     if allowed is not None:
@@ -97,7 +96,7 @@ _FIELDS = ("logit_bias", "stop_token_ids", "allowed_token_ids")  # vLLM's order 
 
 
 def _fits_the_wire(token_ids) -> bool:
-    return all(0 <= t <= TOKEN_ID_MAX for t in token_ids or ())
+    return all(-(2**63) <= t < 2**63 for t in token_ids or ())
 
 
 class _Fields:

@@ -16,8 +16,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-TOKEN_ID_MAX = 2**31 - 1
-TokenId = Annotated[int, Meta(ge=0, le=TOKEN_ID_MAX)]
+TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 MAX_REQUEST_ID_LENGTH = 256
 RequestId = Annotated[str, Meta(min_length=1, max_length=MAX_REQUEST_ID_LENGTH)]
 # vLLM's request priority: an int64, lower runs first (with --scheduling-policy priority).
@@ -47,7 +46,9 @@ class Generate(msgspec.Struct, tag="generate", tag_field="type", omit_defaults=T
     repetition_penalty: float = 1.0
     min_tokens: int = 0
     # Finish ("stop") on any of these, as on EOS; the stop token is included.
-    stop_token_ids: list[TokenId] = []
+    # NOTE: these ids, allowed_token_ids and logit_bias's are any int64 on the wire:
+    # the scheduler refuses one outside the vocabulary in vLLM's words (check_sampling).
+    stop_token_ids: list[int] = []
     # Return each sampled token's logprob and the top-k (k <= 20).
     logprobs: int | None = None
     # Lower first under --scheduling-policy priority (then by arrival); ignored by fcfs.
@@ -55,8 +56,8 @@ class Generate(msgspec.Struct, tag="generate", tag_field="type", omit_defaults=T
     # vLLM's logits processors: only these tokens may be sampled (None: any); a bias
     # in [-100, 100] added to a token's logit; token-id sequences whose last token is
     # never sampled right after the rest (the frontend tokenizes vLLM's bad_words).
-    allowed_token_ids: list[TokenId] | None = None
-    logit_bias: dict[TokenId, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
+    allowed_token_ids: list[int] | None = None
+    logit_bias: dict[int, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
     bad_words_token_ids: list[list[TokenId]] = []
 
 
