@@ -106,9 +106,8 @@ def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest, rendered=
     # the same unless add_special_tokens puts specials around a chat prompt.
     keep = tokens_kept(req.truncate_prompt_tokens, ctx.max_model_len,
                        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens)  # fmt: skip
+    # NOTE: truncated to nothing, the engine refuses it (vLLM's words, in the stream as vLLM)
     ids = truncate_ids(ids, keep, req.truncation_side)
-    if not ids:
-        raise bad_request("The decoder prompt cannot be empty")
     check_prompt_length(len(ids), requested, ctx.max_model_len)
     if rendered is not None:
         rendered()

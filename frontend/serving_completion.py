@@ -66,8 +66,8 @@ def prompt_token_ids(ctx: ServingContext, req: CompletionRequest) -> tuple[list[
             ctx.check_token_ids(one)
             ids.append(truncate_ids(one, keep, side))
             texts.append(None)
-        if not ids[-1]:  # truncated to nothing
-            raise bad_request("The decoder prompt cannot be empty")
+    # NOTE: a prompt truncated to nothing goes on: the engine refuses it (vLLM's words,
+    # in the stream as vLLM's engine does)
     return ids, texts
 
 

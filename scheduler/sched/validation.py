@@ -37,7 +37,7 @@ def validate_generate(msg: Generate, limits: RequestLimits, live_request_ids) ->
         raise RequestRejected(f"duplicate request id {rid!r}: a request with this id is still running")
     n = len(msg.prompt_token_ids)
     if n == 0:
-        raise RequestRejected("empty prompt: prompt_token_ids must hold at least one token")
+        raise RequestRejected("The decoder prompt cannot be empty")  # vLLM's words
     if msg.max_tokens < 1:
         raise RequestRejected(f"max_tokens must be at least 1, got {msg.max_tokens}")
     try:

@@ -13,7 +13,15 @@ import zmq
 import zmq.asyncio
 
 from frontend.engine_client import EngineClient, EngineError
-from protocol.client_messages import Abort, ClientRequest, ClientResponse, EngineCoreOutputs, Generate, RequestError, TokenOutput
+from protocol.client_messages import (
+    Abort,
+    ClientRequest,
+    ClientResponse,
+    EngineCoreOutputs,
+    Generate,
+    RequestError,
+    TokenOutput,
+)
 from protocol.codec import Codec
 
 WAIT_S = 10

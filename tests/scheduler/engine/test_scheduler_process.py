@@ -115,7 +115,7 @@ def test_one_frame_per_client_per_step_carries_all_its_requests(served):
 @pytest.mark.parametrize(
     "msg,words",
     [
-        (Generate("v-empty", []), ["empty prompt"]),
+        (Generate("v-empty", []), ["The decoder prompt cannot be empty"]),
         (Generate("v-vocab", [2, 3, VOCAB]), ["vocabulary", str(VOCAB)]),
         (Generate("v-max0", [2, 3], max_tokens=0), ["max_tokens", "at least 1"]),
         (Generate("v-len", [2] * 100, max_tokens=2000), ["max_model_len", "2048"]),
