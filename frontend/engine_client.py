@@ -94,7 +94,7 @@ class EngineClient:
         # Requests sent that the scheduler has not answered yet (no output, no error):
         # the only ones a frame it could not read can have been (`_on_unattributed`).
         self._unheard: dict[str, None] = {}
-        self._check: Codec[Generate] = Codec(ClientRequest)
+        self._check: Codec[ClientRequest] = Codec(ClientRequest)
         self._tasks: list[asyncio.Task] = []
         self.num_unrouted = 0
 

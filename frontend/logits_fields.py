@@ -12,10 +12,8 @@ from dataclasses import replace
 
 from frontend.errors import bad_request
 from frontend.sampling import EngineParams
-from protocol.sampling_params import SamplingError, check_token_ids_in_vocab
+from protocol.sampling_params import MAX_NUM_BAD_WORDS, SamplingError, check_token_ids_in_vocab
 
-# vLLM's VLLM_MAX_NUM_BAD_WORDS default: token sequences after tokenization.
-MAX_NUM_BAD_WORDS = 128
 # vLLM clamps every bias into this range.
 MAX_LOGIT_BIAS = 100.0
 

@@ -13,6 +13,8 @@ import math
 import msgspec
 
 MAX_LOGPROBS = 20
+# vLLM's VLLM_MAX_NUM_BAD_WORDS default: token sequences after tokenization.
+MAX_NUM_BAD_WORDS = 128
 # NOTE: vLLM's _SAMPLING_EPS: a temperature below it is greedy.
 GREEDY_TEMPERATURE = 1e-5
 
@@ -124,8 +126,12 @@ def check_token_ids_in_vocab(msg, vocab_size: int) -> None:
         raise SamplingError(f"The model vocabulary size is {vocab_size}, but the following tokens were specified as bad: {bad}. "
                             f"All token id values should be integers satisfying: 0 <= token_id <= {vocab_size - 1}.",
                             "bad_words", bad)  # fmt: skip
-    if any(not word for word in getattr(msg, "bad_words_token_ids", ())):
+    bad_words = getattr(msg, "bad_words_token_ids", ())
+    if any(not word for word in bad_words):
         raise SamplingError("bad_words entries must tokenize to at least one token.", "bad_words")
+    if len(bad_words) > MAX_NUM_BAD_WORDS:
+        raise SamplingError(f"Too many bad words after tokenization: {len(bad_words)}. The max number is {MAX_NUM_BAD_WORDS}.",
+                            "bad_words")  # fmt: skip
 
 
 def sampling_params_of(msg, eos_token_ids: tuple[int, ...] = ()) -> SamplingParams | None:

@@ -52,6 +52,8 @@ def test_stop_ids_are_bounded_by_the_vocabulary_only_when_it_is_given():
     ({"bad_words_token_ids": [[1, 600]]}, "bad_words",
      "The model vocabulary size is 512, but the following tokens were specified as bad: [600]. "
      "All token id values should be integers satisfying: 0 <= token_id <= 511. (parameter=bad_words, value=[600])"),
+    ({"bad_words_token_ids": [[1], []]}, "bad_words", "bad_words entries must tokenize to at least one token."),
+    ({"bad_words_token_ids": [[1]] * 129}, "bad_words", "Too many bad words after tokenization: 129. The max number is 128."),
 ])  # fmt: skip
 def test_logits_processor_token_ids_are_checked_as_vllm_does(fields, param, message):
     e = error_of(**fields)
