@@ -5,8 +5,10 @@ table row, set when the row is added), so the rows sampled in a step gather thei
 with one fancy index per column, no loop over requests. Output-token counts for the
 penalties and the prompt masks for the repetition penalty live on the device,
 (max_num_seqs, V), allocated the first time a row needs them and updated in place each
-step (the worker knows every request's tokens: contract rule 5). A step in which no
-sampled row has parameters (greedy, no logprobs: most benchmark traffic) is one argmax.
+step (the worker knows every request's tokens: contract rule 5). A row's logits
+processors (allowed tokens, bad words, logit bias) are built once, when it is added
+(``worker.logits_processors``). A step in which no sampled row has parameters (greedy,
+no logprobs: most benchmark traffic) is one argmax.
 
 ``seed`` is the engine's global seed (vLLM's ``--seed``): the generator of every row
 without a seed of its own, seeded once here. Only sampling draws from it (not the
