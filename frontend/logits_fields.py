@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from frontend.errors import bad_request
+from frontend.errors import APIError, bad_request
 from frontend.sampling import EngineParams
 from protocol.sampling_params import MAX_NUM_BAD_WORDS, SamplingError, check_token_ids_in_vocab
 
@@ -42,18 +42,20 @@ def bad_words_token_ids(tokenizer, bad_words: list[str]) -> list[list[int]]:
     special tokens as it is (left-stripped), and again after a space when that gives a
     new first token and as many tokens (the word in mid-text)."""
     out: list[list[int]] = []
-    for word in dict.fromkeys(bad_words):
+    words = list(dict.fromkeys(bad_words))  # vLLM's SamplingParams keeps each once
+    for word in words:
         for prefix in ("", " "):
             ids = tokenizer.encode(prefix + word.lstrip(), add_special_tokens=False)
             if not ids:
                 if not prefix:
-                    raise bad_request("bad_words entries must tokenize to at least one token.", "bad_words")
+                    raise bad_request(f"bad_words entries must tokenize to at least one token. (parameter=bad_words, value={words})",
+                                      "bad_words")  # fmt: skip
                 continue
             if not prefix or (ids[0] != out[-1][0] and len(ids) == len(out[-1])):
                 out.append(ids)
                 if len(out) > MAX_NUM_BAD_WORDS:
-                    raise bad_request(f"Too many bad words after tokenization: {len(out)}. The max number is {MAX_NUM_BAD_WORDS}.",
-                                      "bad_words")  # fmt: skip
+                    raise bad_request(f"Too many bad words after tokenization: {len(out)}. The max number is {MAX_NUM_BAD_WORDS}. "
+                                      f"(parameter=bad_words, value={words})", "bad_words")  # fmt: skip
     return out
 
 
@@ -63,7 +65,9 @@ def with_logits_fields(params: EngineParams, req, tokenizer, vocab_size: int | N
     The token ids' range is the scheduler's check (vLLM's words, against the model's
     vocabulary): it answers as vLLM's engine does, a 400, or an error event in a stream.
     Only an id the engine message cannot carry (outside int64, where JSON's are not) is
-    refused here, in the same words given ``vocab_size`` (the model's, from config.json)."""
+    refused here, in the same words given ``vocab_size`` (the model's, from config.json);
+    that and the bad words' own refusals are vLLM's engine's, so they are the returned
+    params' ``refusal``, raised as the engine requests would start (in the stream)."""
     generate = dict(params.generate)
     bias = logit_bias_of(req.logit_bias)
     if req.bad_words and any(not w for w in req.bad_words):
@@ -74,19 +78,23 @@ def with_logits_fields(params: EngineParams, req, tokenizer, vocab_size: int | N
     fields = _Fields(bias, generate["stop_token_ids"], allowed)
     unfit = next((name for name in _FIELDS if not _fits_the_wire(getattr(fields, name))), None)
     if unfit is not None:
+        refusal = bad_request(f"token_id(s) in {unfit} must be 64-bit integers", unfit)
         if vocab_size is not None:
             try:
                 check_token_ids_in_vocab(fields, vocab_size)
             except SamplingError as e:
-                raise bad_request(str(e), e.param) from None
-        raise bad_request(f"token_id(s) in {unfit} must be 64-bit integers", unfit)
+                refusal = bad_request(str(e), e.param)
+        return replace(params, refusal=refusal)
     if bias:
         generate["logit_bias"] = bias
     if allowed is not None:
         # NOTE: a set to the sampler (vLLM's mask): repeats would only cost wire bytes.
         generate["allowed_token_ids"] = list(dict.fromkeys(allowed))
     if req.bad_words:
-        generate["bad_words_token_ids"] = bad_words_token_ids(tokenizer, req.bad_words)
+        try:
+            generate["bad_words_token_ids"] = bad_words_token_ids(tokenizer, req.bad_words)
+        except APIError as e:
+            return replace(params, refusal=e)
     return replace(params, generate=generate)
 
 

@@ -141,6 +141,8 @@ def choice_streams(ctx: ServingContext, request_id: str, prompts: list[list[int]
     if ctx.log_requests:
         log.info("Received request %s: params: %s, n: %d, num_prompt_tokens: %s.", request_id, params.generate, params.n,
                  [len(p) for p in prompts])  # fmt: skip
+    if params.refusal is not None:
+        raise params.refusal
     # vLLM's add_request check, prompt by prompt, before any starts (frontend/admission.py)
     ctx.engine.check_admission_prompts([len(p) for p in prompts], params.n)
     return [run_choice(ctx.engine, ctx.tokenizer, rid, index, prompt, p)

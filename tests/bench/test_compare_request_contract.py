@@ -48,6 +48,8 @@ REQUESTS = [
         ("/v1/completions", {"prompt": "hello world", "max_tokens": 4, "stop_token_ids": [-1]}),
         ("/v1/completions", {"prompt": "hello world", "max_tokens": 4, "stop_token_ids": [2**31]}),
         ("/v1/completions", {"prompt": "hello world", "max_tokens": 4, "stop_token_ids": [2**40]}),
+        ("/v1/completions", {"prompt": "hello world", "max_tokens": 4, "stop_token_ids": [2**70]}),
+        ("/v1/completions", {"prompt": "hello world", "max_tokens": 4, "bad_words": [f"w{i}" for i in range(70)]}),
         ("/v1/completions", {"prompt": "hello world", "max_tokens": 4, "truncate_prompt_tokens": 0}),
         ("/v1/completions", {"prompt": "hello world", "max_tokens": 4, "truncate_prompt_tokens": M_LEN + 1}),
     ]],

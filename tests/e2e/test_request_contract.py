@@ -26,6 +26,7 @@ HELLO_IDS = [262, 380, 361, 80, 72]
 GREEDY_8 = [256, 181, 467, 232, 53, 436, 203, 301]  # vLLM's greedy continuation of HELLO
 CHAT = [{"role": "user", "content": "hi"}]
 TIMEOUT_S = 60
+WORDS = [f"w{i}" for i in range(70)]  # each tokenizes alone and after a space: 140 sequences
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +111,12 @@ REFUSALS = [
      f"token_id(s) [{2**40}] in stop_token_ids contain out-of-vocab token ids. Vocabulary size: 512 "
      f"(parameter=stop_token_ids, value=[{2**40}])"),
     ({"truncate_prompt_tokens": 0}, None, "The decoder prompt cannot be empty"),
+    # past int64, where no engine message reaches: still refused where vLLM's engine refuses
+    ({"stop_token_ids": [2**70]}, "stop_token_ids",
+     f"token_id(s) [{2**70}] in stop_token_ids contain out-of-vocab token ids. Vocabulary size: 512 "
+     f"(parameter=stop_token_ids, value=[{2**70}])"),
+    ({"bad_words": WORDS}, "bad_words",
+     f"Too many bad words after tokenization: 129. The max number is 128. (parameter=bad_words, value={WORDS})"),
 ]  # fmt: skip
 
 

@@ -62,7 +62,8 @@ def test_bad_words_are_tokenized_as_vllm_does():
 def test_too_many_bad_words_are_refused():
     words = [chr(0x4E00 + i) for i in range(64)] + ["x"]  # 65 words, two sequences each
     e = refused(bad_words_token_ids, TOY, words)
-    assert (e.param, e.message) == ("bad_words", "Too many bad words after tokenization: 129. The max number is 128.")
+    assert (e.param, e.message) == ("bad_words", f"Too many bad words after tokenization: 129. The max number is 128. "
+                                                 f"(parameter=bad_words, value={words})")  # fmt: skip
 
 
 def params_of(**fields):
@@ -79,14 +80,21 @@ def test_the_generate_fields_carry_the_processors_once_each():
     assert with_logits_fields(p, req, TOY, 512).generate == p.generate  # nothing added to a plain request
 
 
-def test_ids_no_engine_message_carries_are_refused_in_vllms_words():
+def test_refusals_of_vllms_engine_wait_for_the_engine_requests():
+    # an id no engine message carries: vLLM's words, given the vocabulary
     req, p = params_of(stop_token_ids=[3, 2**70])
-    e = refused(with_logits_fields, p, req, TOY, 512)
-    assert (e.param, e.message) == ("stop_token_ids", f"token_id(s) [{2**70}] in stop_token_ids contain out-of-vocab token ids. "
-                                                      f"Vocabulary size: 512 (parameter=stop_token_ids, value=[{2**70}])")  # fmt: skip
+    e = with_logits_fields(p, req, TOY, 512).refusal
+    assert (e.status, e.param, e.message) == (400, "stop_token_ids", f"token_id(s) [{2**70}] in stop_token_ids contain out-of-vocab "
+                                              f"token ids. Vocabulary size: 512 (parameter=stop_token_ids, value=[{2**70}])")  # fmt: skip
     req, p = params_of(allowed_token_ids=[-(2**64)])
-    assert refused(with_logits_fields, p, req, TOY, None).param == "allowed_token_ids"
-    # in int64 they go on, for the scheduler to refuse (in the stream, as vLLM's engine)
+    assert with_logits_fields(p, req, TOY, None).refusal.param == "allowed_token_ids"
+    # the bad words' tokenization (vLLM's update_from_tokenizer, in its engine)
+    req, p = params_of(bad_words=[chr(0x4E00 + i) for i in range(65)])
+    assert with_logits_fields(p, req, TOY, 512).refusal.message.startswith("Too many bad words after tokenization: 129.")
+    req, p = params_of(stop_token_ids=[2**40])
+    assert with_logits_fields(p, req, TOY, 512).refusal is None
+
+def test_ids_in_int64_go_on_for_the_scheduler_to_refuse():
     req, p = params_of(stop_token_ids=[2**40], allowed_token_ids=[])
     g = with_logits_fields(p, req, TOY, 512).generate
     assert g["stop_token_ids"] == [2**40] and g["allowed_token_ids"] == []
