@@ -223,3 +223,15 @@ def test_request_ids_as_vllm_answers_them(served):
     assert all(r is not None and r[0] == 200 for r in results)
     assert [(r[1]["id"], r[1]["usage"]["completion_tokens"]) for r in results] == [("cmpl-same", 40)] * 2
     assert results[0][1]["choices"][0]["text"] == results[1][1]["choices"][0]["text"]
+
+
+def test_render_shows_the_logits_fields_as_vllms_sampling_params(served):
+    body = {"prompt": "hi", "max_tokens": 2, "logit_bias": {"5": 1.5, "7": 300}, "allowed_token_ids": [3, 4, 3], "bad_words": ["ab"],
+            "stop_token_ids": [9, 9], "truncate_prompt_tokens": 1}  # fmt: skip
+    status, answer, _ = call(served, "/v1/completions/render", body)
+    assert status == 200
+    sp = answer[0]["sampling_params"]
+    # vLLM 0.32's /v1/completions/render (with --enable-scale-out) answered these values
+    assert answer[0]["token_ids"] == [77]
+    assert (sp["logit_bias"], sp["allowed_token_ids"], sp["bad_words"], sp["stop_token_ids"]) == (
+        {"5": 1.5, "7": 100.0}, [3, 4, 3], ["ab"], [9])
