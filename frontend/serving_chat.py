@@ -102,11 +102,11 @@ def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest, rendered=
     ids = chat_prompt(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens, req.tools, req.documents,
                       req.chat_template_kwargs)  # fmt: skip
     requested = req.max_completion_tokens or req.max_tokens
-    # NOTE: the rendered prompt's ids, sliced: vLLM's tokenizer-level truncation gives
-    # the same unless add_special_tokens puts specials around a chat prompt.
+    # NOTE: the rendered prompt's ids, sliced: vLLM's tokenizer-level truncation gives the
+    # same unless add_special_tokens puts specials around a chat prompt. Truncated to
+    # nothing, the prompt goes on for the engine to refuse (vLLM's words, in the stream).
     keep = tokens_kept(req.truncate_prompt_tokens, ctx.max_model_len,
                        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens)  # fmt: skip
-    # NOTE: truncated to nothing, the engine refuses it (vLLM's words, in the stream as vLLM)
     ids = truncate_ids(ids, keep, req.truncation_side)
     check_prompt_length(len(ids), requested, ctx.max_model_len)
     if rendered is not None:
