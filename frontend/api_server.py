@@ -32,6 +32,7 @@ from frontend.error_middleware import error_middleware
 from frontend.errors import bad_request, unavailable
 from frontend.listen import listen_address, remove_socket, site, socket_inode
 from frontend.metrics import FrontendMetrics, family_names
+from frontend.model_dir import model_vocab_size
 from frontend.ops_routes import ops_routes
 from frontend.output_log import OutputLog
 from frontend.protocol import (
@@ -77,6 +78,7 @@ class APIServer:
             output_log=OutputLog(config.max_log_len, config.enable_log_deltas) if config.enable_log_outputs else None,
             sse_keep_alive_s=float(config.sse_keep_alive_interval),
             max_tokens_cap=max_tokens_cap(config.generation_config, defaults, config.override_generation_config),
+            vocab_size=model_vocab_size(config.model),
         )  # fmt: skip
         self.ready, self.why_not_ready = False, "the scheduler has not answered yet"
         self.was_ready = False

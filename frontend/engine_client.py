@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Protocol
@@ -25,14 +26,26 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from frontend.admission import AdmissionControl
-from protocol.client_messages import Abort, ClientResponse, Generate, RequestError, TokenOutput
+from protocol.client_messages import (
+    Abort,
+    ClientRequest,
+    ClientResponse,
+    Generate,
+    RequestError,
+    TokenOutput,
+)
 from protocol.codec import Codec, ProtocolError
 from protocol.curve import apply_client
 
 log = logging.getLogger(__name__)
 
 class EngineError(RuntimeError):
-    """The scheduler refused a request (``RequestError``) or could not be reached."""
+    """The scheduler refused a request (``RequestError``, with the field it names as
+    ``param``) or could not be reached."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class OutputSink(Protocol):
@@ -78,6 +91,10 @@ class EngineClient:
         self._codec: Codec[ClientResponse] = Codec(ClientResponse)
         self._sock: zmq.asyncio.Socket | None = None
         self._sinks: dict[str, OutputSink] = {}
+        # Requests sent that the scheduler has not answered yet (no output, no error):
+        # the only ones a frame it could not read can have been (`_on_unattributed`).
+        self._unheard: dict[str, None] = {}
+        self._check: Codec[ClientRequest] = Codec(ClientRequest)
         self._tasks: list[asyncio.Task] = []
         self.num_unrouted = 0
 
@@ -156,15 +173,22 @@ class EngineClient:
                 log.warning("unreadable frame from the scheduler: %s", e)
                 continue
             if isinstance(msg, RequestError):
-                sink = sinks.pop(msg.request_id, None) if msg.request_id is not None else None
+                if msg.request_id is None:
+                    self._on_unattributed(msg.message)
+                    continue
+                self._unheard.pop(msg.request_id, None)
+                sink = sinks.pop(msg.request_id, None)
                 if sink is None:
                     log.warning("scheduler error for %s: %s", msg.request_id, msg.message)
                 else:
                     admission.prefill_done(msg.request_id)
-                    self._deliver_error(msg.request_id, sink, EngineError(msg.message))
+                    self._deliver_error(msg.request_id, sink, EngineError(msg.message, msg.param))
                 continue
+            unheard = self._unheard
             for out in token_outputs(msg):
                 rid = out.request_id
+                if unheard:
+                    unheard.pop(rid, None)
                 sink = sinks.get(rid)
                 if sink is None:
                     self.num_unrouted += 1  # e.g. the last output of a request aborted here
@@ -181,6 +205,24 @@ class EngineClient:
                         self.abort([rid])
                     self._deliver_error(rid, sink, EngineError("internal error while streaming the request"))
 
+    def _on_unattributed(self, message: str) -> None:
+        """A refusal naming no request: the scheduler could not read one of this
+        client's frames far enough to know its request id. It can only be a request
+        not answered yet; which one cannot be told, so every such request fails now
+        rather than wait for an answer that will never come.
+
+        NOTE: not expected from this client: every Generate is checked against the
+        scheduler's decoder before it goes (`start`), and the scheduler names the
+        request of any frame that is a map with a request id."""
+        sinks = {rid: self._sinks.pop(rid) for rid in self._unheard if rid in self._sinks}
+        log.error("the scheduler refused a frame it could not read (%s); failing the %d requests it had not answered",
+                  message, len(sinks))  # fmt: skip
+        self._unheard.clear()
+        self.abort(sinks)  # NOTE: any of them it did read would otherwise run on, holding blocks
+        error = EngineError(f"the scheduler could not read a request: {message}")
+        for rid, sink in sinks.items():
+            self._deliver_error(rid, sink, error)
+
     @staticmethod
     def _deliver_error(rid: str, sink: OutputSink, error: EngineError) -> None:
         try:
@@ -195,6 +237,7 @@ class EngineClient:
             return
         for rid in request_ids:
             self._sinks.pop(rid, None)
+            self._unheard.pop(rid, None)
             self.admission.prefill_done(rid)
             try:
                 self._sock.send(self._codec.encode(Abort(request_id=rid, stopped=stopped)), zmq.NOBLOCK)
@@ -208,13 +251,25 @@ class EngineClient:
             raise EngineError("the engine client is not connected")
         if request_id in self._sinks:
             raise EngineError(f"request id {request_id!r} is already in flight")
+        frame = self._frame(Generate(request_id=request_id, prompt_token_ids=prompt_token_ids, **params))
         self._sinks[request_id] = sink
+        self._unheard[request_id] = None
         self.admission.started(request_id, len(prompt_token_ids))
         try:
-            await self._sock.send(self._codec.encode(Generate(request_id=request_id, prompt_token_ids=prompt_token_ids, **params)))
+            await self._sock.send(frame)
         except BaseException:
             self.abort([request_id])  # NOTE: cancelled mid-send, the Generate may have gone
             raise
+
+    def _frame(self, msg: Generate) -> bytes:
+        """The Generate's frame, read back with the scheduler's own decoder first: a
+        field the wire cannot carry is refused here, naming it, and never leaves."""
+        try:
+            frame = self._codec.encode(msg)
+            self._check.decode(frame)
+        except (ProtocolError, OverflowError, TypeError) as e:
+            raise EngineError(f"the request cannot be sent to the engine: {e}", _field_of(str(e))) from None
+        return frame
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: dict) -> AsyncIterator[TokenOutput]:
         """Send one Generate; yield its TokenOutputs until the finished one."""
@@ -234,3 +289,9 @@ class EngineClient:
         finally:
             if not done and request_id in self._sinks:  # not aborted already (a stop string)
                 self.abort([request_id])
+
+
+def _field_of(message: str) -> str | None:
+    """The top-level field a msgspec error names (``... - at `$.stop_token_ids[0]```)."""
+    at = message.rfind("`$.")
+    return re.split(r"[\[.`]", message[at + 3:], maxsplit=1)[0] or None if at >= 0 else None

@@ -30,3 +30,17 @@ def checkpoint_problem(model: str, model_dir: Path) -> str | None:
     if not (model_dir / "tokenizer.json").is_file():
         return f"{model}: no tokenizer.json ({_NEEDS}; only fast tokenizers are supported)"
     return None
+
+
+def model_vocab_size(model_dir: str | Path) -> int | None:
+    """The model's vocabulary size from config.json (vLLM's ``get_vocab_size``: the text
+    config's), the width of its logits; None when the file does not say."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    text = config.get("text_config")
+    size = (text if isinstance(text, dict) and "vocab_size" in text else config).get("vocab_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None

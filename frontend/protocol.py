@@ -11,9 +11,10 @@ body of the wrong shape is refused with msgspec's message, which names the field
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
 from frontend.request_fields import UnhonouredFields
 from protocol.client_messages import Priority
@@ -68,6 +69,17 @@ class _SamplingFields(UnhonouredFields, kw_only=True):
     # NOTE: not yet honoured (issue 23's structured-outputs work): the seam both it and
     # forced tool calls build on.
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's logits processors (frontend.logits_fields): token id (a string key) -> bias,
+    # the only tokens that may be sampled, words never to generate.
+    logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] = []
+    # Keep the prompt's last k tokens (-1: max_model_len's worth); truncation_side
+    # "right" keeps the first k instead (frontend.truncation).
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**63 - 1)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    # The prompt's token ids (once) and each choice's in the answer, as vLLM's.
+    return_token_ids: bool | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):

@@ -24,6 +24,11 @@ def _generate_request(ctx: ServingContext, request_id: str, token_ids: list[int]
     sampling = {**params.generate, "n": params.n, "stop": params.stop, "include_stop_str_in_output": params.include_stop_str_in_output,
                 "skip_special_tokens": params.skip_special_tokens}  # fmt: skip
     sampling.pop("cache_salt", None)
+    # NOTE: vLLM's SamplingParams holds the words and the allowed ids as the request gave them
+    if sampling.pop("bad_words_token_ids", None):
+        sampling["bad_words"] = list(dict.fromkeys(req.bad_words))
+    if "allowed_token_ids" in sampling:
+        sampling["allowed_token_ids"] = req.allowed_token_ids
     priority = sampling.pop("priority")
     return {"request_id": request_id, "token_ids": token_ids, "features": None, "sampling_params": sampling, "model": ctx.model_name,
             "stream": req.stream, "stream_options": None, "cache_salt": req.cache_salt, "priority": priority, "kv_transfer_params": None}  # fmt: skip

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
-from frontend.errors import bad_request
+from frontend.errors import APIError, bad_request
 from protocol.sampling_params import MAX_LOGPROBS, SamplingError, check_sampling
 
 # vLLM's defaults where neither the request nor generation_config.json says.
@@ -68,6 +68,9 @@ class EngineParams:
     include_stop_str_in_output: bool
     skip_special_tokens: bool
     n: int
+    # A refusal vLLM's engine makes (its input processor), not its request parsing: raised
+    # as the engine requests start, so a stream has started by then, as in vLLM.
+    refusal: APIError | None = None
 
 
 def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict, max_n: int = DEFAULT_MAX_N_SEQUENCES,

@@ -20,6 +20,7 @@ from frontend.output_log import OutputLog
 from frontend.sampling import DEFAULT_MAX_N_SEQUENCES, EngineParams
 from frontend.streaming import WriteBatch
 from frontend.tokenizer import Tokenizer
+from protocol.client_messages import MAX_REQUEST_ID_LENGTH
 from protocol.sampling_params import MAX_LOGPROBS
 
 log = logging.getLogger("frontend")
@@ -49,6 +50,7 @@ class ServingContext:
     sse_keep_alive_s: float = 0.0  # --sse-keep-alive-interval
     max_tokens_cap: int | None = None  # vLLM's override_max_tokens (frontend.sampling.max_tokens_cap)
     writes: WriteBatch = field(default_factory=WriteBatch)  # every stream's frames of a step
+    vocab_size: int | None = None  # the model's (config.json): vLLM's token-id checks
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -89,8 +91,13 @@ def response_id(prefix: str, request: web.Request, body_id: str | None) -> str:
     request's X-Request-Id header (flag or not), else its body's request_id, else random."""
     base = request.headers.get("X-Request-Id")
     if base is None:
-        base = body_id if body_id is not None else uuid.uuid4().hex
+        base = body_id if body_id is not None else random_uuid()
     return f"{prefix}-{base}"
+
+
+def random_uuid() -> str:
+    """vLLM's ``random_uuid``: 16 hex digits (a request's default body request_id)."""
+    return f"{uuid.uuid4().int & (2**64 - 1):016x}"
 
 
 def now() -> int:
@@ -112,17 +119,20 @@ def choice_requests(request_id: str, prompts: list[list[int]], params: EnginePar
 
     NOTE: an engine request id ends in a random suffix, as vLLM's internal ids do: the
     response id comes from the client (X-Request-Id, the body's request_id), and a retry
-    or a router may send the same one while the first is still running."""
+    or a router may send the same one while the first is still running. The client's
+    id is cut to what the engine message carries (``RequestId``): vLLM takes an id of
+    any length, and the suffix alone keeps the engine ids apart."""
     suffix = uuid.uuid4().hex[:8]
     out = []
     for i, prompt in enumerate(prompts):
         for j in range(params.n):
+            tail = f"-{i * params.n + j}-{suffix}"
             p = params
             if params.n > 1 and params.generate["seed"] is not None:
                 p = EngineParams({**params.generate, "seed": params.generate["seed"] + j}, params.stop,
                                  params.include_stop_str_in_output, params.skip_special_tokens, params.n)  # fmt: skip
             index = i * params.n + j
-            out.append((f"{request_id}-{index}-{suffix}", index, prompt, p))
+            out.append((request_id[:MAX_REQUEST_ID_LENGTH - len(tail)] + tail, index, prompt, p))
     return out
 
 
@@ -131,6 +141,8 @@ def choice_streams(ctx: ServingContext, request_id: str, prompts: list[list[int]
     if ctx.log_requests:
         log.info("Received request %s: params: %s, n: %d, num_prompt_tokens: %s.", request_id, params.generate, params.n,
                  [len(p) for p in prompts])  # fmt: skip
+    if params.refusal is not None:
+        raise params.refusal
     # vLLM's add_request check, prompt by prompt, before any starts (frontend/admission.py)
     ctx.engine.check_admission_prompts([len(p) for p in prompts], params.n)
     return [run_choice(ctx.engine, ctx.tokenizer, rid, index, prompt, p)
@@ -162,7 +174,7 @@ def engine_error(e: EngineError) -> APIError:
     message = str(e)
     if any(m in message for m in _UNAVAILABLE):
         return APIError(message, 503)
-    return bad_request(message)
+    return bad_request(message, e.param)
 
 
 def cached_tokens(choices, n: int) -> int:

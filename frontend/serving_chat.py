@@ -11,6 +11,7 @@ from frontend.chat_template import ChatTemplateError, render_chat
 from frontend.engine_client import EngineError
 from frontend.error_middleware import REQUEST_ID_KEY
 from frontend.errors import APIError, bad_request
+from frontend.logits_fields import with_logits_fields
 from frontend.logprobs import chat_logprobs
 from frontend.metrics import ChoiceGroups
 from frontend.protocol import ChatCompletionRequest
@@ -38,6 +39,7 @@ from frontend.serving import (
     usage,
 )  # fmt: skip
 from frontend.streaming import ClientGone, StreamedChoices, TextChunk
+from frontend.truncation import check_truncation, tokens_kept, truncate_ids
 
 _encode = msgspec.json.encode
 
@@ -98,16 +100,24 @@ def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest, rendered=
         raise bad_request("messages must not be empty", "messages")
     if req.top_logprobs and not req.logprobs:
         raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+    check_truncation(req.truncate_prompt_tokens, ctx.max_model_len)
     ids = chat_prompt(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens, req.tools, req.documents,
                       req.chat_template_kwargs)  # fmt: skip
     requested = req.max_completion_tokens or req.max_tokens
+    # NOTE: the rendered prompt's ids, sliced: vLLM's tokenizer-level truncation gives the
+    # same unless add_special_tokens puts specials around a chat prompt. Truncated to
+    # nothing, the prompt goes on for the engine to refuse (vLLM's words, in the stream).
+    keep = tokens_kept(req.truncate_prompt_tokens, ctx.max_model_len,
+                       req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens)  # fmt: skip
+    ids = truncate_ids(ids, keep, req.truncation_side)
     check_prompt_length(len(ids), requested, ctx.max_model_len)
     check_unhonoured(req, "chat", len(ids))
     if rendered is not None:
         rendered()
     max_tokens = output_budget(requested, len(ids), ctx.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)
     num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return ids, max_tokens, num_logprobs, engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
+    params = engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
+    return ids, max_tokens, num_logprobs, with_logits_fields(params, req, ctx.tokenizer, ctx.vocab_size)
 
 
 def chat_role(ctx: ServingContext, req: ChatCompletionRequest) -> str:
@@ -132,7 +142,7 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
     out = [{
         "index": c.index, "message": {"role": chat_role(ctx, req), "content": c.text, "tool_calls": []},
         "logprobs": chat_logprobs(ctx.tokenizer, c.token_ids, c.logprobs, num_logprobs, as_ids) if num_logprobs is not None else None,
-        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, "token_ids": c.token_ids if req.return_token_ids else None,
     } for c in choices]  # fmt: skip
     if ctx.output_log is not None:
         for c in choices:
@@ -141,7 +151,8 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
     return json_response({
         "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.model_name, "choices": out,
         "usage": usage(len(ids), sum(len(c.token_ids) for c in choices), ctx.cached(cached_tokens(choices, params.n))),
-        "system_fingerprint": None, "prompt_logprobs": None, "kv_transfer_params": None,
+        "system_fingerprint": None, "prompt_logprobs": None, "prompt_token_ids": ids if req.return_token_ids else None,
+        "prompt_text": None, "kv_transfer_params": None,
     })  # fmt: skip
 
 
@@ -160,8 +171,11 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
             c["usage"] = use
         return c
 
-    def choice(i, delta, lp=None, finish_reason=None, stop_reason=None) -> dict:
-        return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish_reason, "stop_reason": stop_reason}
+    with_ids = bool(req.return_token_ids)
+
+    def choice(i, delta, lp=None, finish_reason=None, stop_reason=None, token_ids=None) -> dict:
+        return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish_reason, "stop_reason": stop_reason,
+                "token_ids": token_ids}  # fmt: skip
 
     text_chunk = TextChunk(lambda c: chunk([c]), lambda i, text: choice(i, {"content": text}))
 
@@ -175,21 +189,25 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
         lp = None
         if num_logprobs is not None and d.logprobs:
             lp = chat_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, num_logprobs, as_ids)
-        elif not d.text and d.finish_reason is None:
-            return None  # NOTE: as vLLM, a token with no text yet is still sent when it has logprobs
+        elif not d.text and d.finish_reason is None and not with_ids:
+            return None  # NOTE: as vLLM, a token with no text yet is still sent when it has logprobs (or its ids)
         if d.finish_reason is not None:
             groups.finished(i, d.finish_reason, len(ids), generated[i])
-        elif lp is None and not continuous:
+        elif lp is None and not continuous and not with_ids:
             return text_chunk(i, d.text)  # the common chunk: only new text
         delta = {"content": d.text} if d.text or d.finish_reason is None else {}
         use = usage(len(ids), sum(generated)) if continuous else None
-        return _encode(chunk([choice(i, delta, lp, d.finish_reason, d.stop_reason)], use))
+        token_ids = d.token_ids if with_ids else None
+        return _encode(chunk([choice(i, delta, lp, d.finish_reason, d.stop_reason, token_ids)], use))
 
     try:
         # NOTE: as vLLM, the first chunk of every choice carries only the role.
         for i in range(params.n):
             first = {"index": i, "delta": {"role": chat_role(ctx, req), "content": ""}, "logprobs": None, "finish_reason": None}
-            await send_event(resp, chunk([first], usage(len(ids), 0) if continuous else None))
+            head = chunk([first], usage(len(ids), 0) if continuous else None)
+            # NOTE: as vLLM, every role chunk names the prompt's ids (null unless return_token_ids)
+            head["prompt_token_ids"], head["prompt_text"] = ids if with_ids else None, None
+            await send_event(resp, head)
         await StreamedChoices(ctx, request, resp, render).run(choice_requests(request_id, [ids], params))
         if include_usage:
             await send_event(resp, chunk([], usage(len(ids), sum(generated), ctx.cached(cached[0]))))

@@ -9,6 +9,7 @@ from aiohttp import web
 from frontend.engine_client import EngineError
 from frontend.error_middleware import REQUEST_ID_KEY
 from frontend.errors import APIError, bad_request
+from frontend.logits_fields import with_logits_fields
 from frontend.logprobs import completion_logprobs
 from frontend.metrics import ChoiceGroups
 from frontend.protocol import CompletionRequest
@@ -36,6 +37,7 @@ from frontend.serving import (
     usage,
 )  # fmt: skip
 from frontend.streaming import ClientGone, StreamedChoices, TextChunk
+from frontend.truncation import check_truncation, encode_truncated, tokens_kept, truncate_ids
 
 _encode = msgspec.json.encode
 
@@ -54,16 +56,19 @@ def prompt_token_ids(ctx: ServingContext, req: CompletionRequest) -> tuple[list[
     if not all(isinstance(one, str) or (isinstance(one, list) and all(_is_token_id(t) for t in one)) for one in p):
         raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of token-id lists", "prompt")
     ids, texts = [], []
+    keep, side = tokens_kept(req.truncate_prompt_tokens, ctx.max_model_len, req.max_tokens), req.truncation_side
     for one in p:
         if isinstance(one, str):
-            ids.append(ctx.tokenizer.encode(one, add_special_tokens=req.add_special_tokens))
+            ids.append(encode_truncated(ctx.tokenizer, one, req.add_special_tokens, keep, side))
             texts.append(one)
         else:
             if not one:
                 raise bad_request("Prompt cannot be empty", "prompt")
             ctx.check_token_ids(one)
-            ids.append(one)
+            ids.append(truncate_ids(one, keep, side))
             texts.append(None)
+    # NOTE: a prompt truncated to nothing goes on: the engine refuses it (vLLM's words,
+    # in the stream as vLLM's engine does)
     return ids, texts
 
 
@@ -77,6 +82,7 @@ def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
     check_unhonoured(req, "completion")
     if req.suffix is not None:
         raise bad_request("suffix is not currently supported", "suffix")
+    check_truncation(req.truncate_prompt_tokens, ctx.max_model_len)
     prompts, texts = prompt_token_ids(ctx, req)
     for ids in prompts:
         check_prompt_length(len(ids), req.max_tokens, ctx.max_model_len)
@@ -85,7 +91,8 @@ def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
         rendered()
     # NOTE: one budget for every prompt (they share EngineParams): the longest prompt's.
     max_tokens = output_budget(req.max_tokens, max(len(p) for p in prompts), ctx.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)
-    return prompts, texts, max_tokens, engine_params(req, max_tokens, req.logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
+    params = engine_params(req, max_tokens, req.logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
+    return prompts, texts, max_tokens, with_logits_fields(params, req, ctx.tokenizer, ctx.vocab_size)
 
 
 async def create_completion(ctx: ServingContext, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
@@ -95,7 +102,9 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
     prompts, texts, max_tokens, params = completion_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
     params = with_header_priority(params, request.headers)
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
-    echo = [(t if t is not None else ctx.tokenizer.decode(ids)) if req.echo else "" for ids, t in zip(prompts, texts, strict=True)]
+    # NOTE: as vLLM, an echo with return_token_ids echoes the prompt's ids, not its text.
+    echo = [(t if t is not None else ctx.tokenizer.decode(ids)) if req.echo and not req.return_token_ids else ""
+            for ids, t in zip(prompts, texts, strict=True)]  # fmt: skip
     n = params.n
     if req.stream:
         return await _stream(ctx, request, req, request_id, prompts, params, echo, as_ids)
@@ -108,7 +117,8 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
         if req.logprobs is not None:
             lp = completion_logprobs(ctx.tokenizer, c.token_ids, c.logprobs, req.logprobs, as_ids, len(prefix))
         out.append({"index": c.index, "text": prefix + c.text, "logprobs": lp, "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason, "prompt_logprobs": None})  # fmt: skip
+                    "stop_reason": c.stop_reason, "token_ids": c.token_ids if req.return_token_ids else None,
+                    "prompt_logprobs": None, "prompt_token_ids": prompts[c.index // n] if req.return_token_ids else None})  # fmt: skip
     num_prompt = sum(len(p) for p in prompts)
     return json_response({
         "id": request_id, "object": "text_completion", "created": now(), "model": ctx.model_name, "choices": out,
@@ -128,6 +138,9 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
     groups = ChoiceGroups(ctx.metrics, n, len(prompts), params.generate["max_tokens"])
     offsets = [len(echo[i // n]) for i in range(len(generated))]
     first = [bool(req.echo)] * len(generated)
+    # return_token_ids: each choice's first chunk carries its prompt's ids, every chunk its new ones
+    with_ids = bool(req.return_token_ids)
+    ids_sent = [False] * len(generated)
 
     def chunk(choices: list[dict], use: dict | None = None) -> dict:
         c = {"id": request_id, "object": "text_completion", "created": created, "model": ctx.model_name, "choices": choices}
@@ -135,8 +148,9 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
             c["usage"] = use
         return c
 
-    def choice(i, text, lp=None, finish_reason=None, stop_reason=None) -> dict:
-        return {"index": i, "text": text, "logprobs": lp, "finish_reason": finish_reason, "stop_reason": stop_reason}
+    def choice(i, text, lp=None, finish_reason=None, stop_reason=None, prompt_ids=None, token_ids=None) -> dict:
+        return {"index": i, "text": text, "logprobs": lp, "finish_reason": finish_reason, "stop_reason": stop_reason,
+                "prompt_token_ids": prompt_ids, "token_ids": token_ids}  # fmt: skip
 
     text_chunk = TextChunk(lambda c: chunk([c]), choice)
 
@@ -151,14 +165,19 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
         if req.logprobs is not None and d.logprobs:
             lp = completion_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, req.logprobs, as_ids, offsets[i])
             offsets[i] += sum(len(t) for t in lp["tokens"])
-        elif not text and d.finish_reason is None:
-            return None  # NOTE: as vLLM, a token with no text yet is still sent when it has logprobs
+        elif not text and d.finish_reason is None and not with_ids:
+            return None  # NOTE: as vLLM, a token with no text yet is still sent when it has logprobs (or its ids)
         if d.finish_reason is not None:
             groups.finished(i, d.finish_reason, len(prompts[i // n]), generated[i])
-        elif lp is None and not continuous:
+        elif lp is None and not continuous and not with_ids:
             return text_chunk(i, text)  # the common chunk: only new text
         use = usage(num_prompt, sum(generated)) if continuous else None
-        return _encode(chunk([choice(i, text, lp, d.finish_reason, d.stop_reason)], use))
+        prompt_ids = token_ids = None
+        if with_ids:
+            token_ids = d.token_ids
+            if not ids_sent[i]:
+                prompt_ids, ids_sent[i] = prompts[i // n], True
+        return _encode(chunk([choice(i, text, lp, d.finish_reason, d.stop_reason, prompt_ids, token_ids)], use))
 
     try:
         await StreamedChoices(ctx, request, resp, render).run(choice_requests(request_id, prompts, params))

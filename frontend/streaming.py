@@ -127,6 +127,8 @@ class StreamedChoices:
         every choice not finished by then is aborted, also when the handler is
         cancelled."""
         engine = self.ctx.engine
+        if requests and requests[0][3].refusal is not None:
+            raise requests[0][3].refusal
         if requests:  # vLLM's add_request check; after the preflight, a refusal ends the stream
             n = requests[0][3].n
             engine.check_admission_prompts([len(r[2]) for r in requests[::n]], n)

@@ -17,7 +17,8 @@ import msgspec
 from msgspec import Meta
 
 TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
-RequestId = Annotated[str, Meta(min_length=1, max_length=256)]
+MAX_REQUEST_ID_LENGTH = 256
+RequestId = Annotated[str, Meta(min_length=1, max_length=MAX_REQUEST_ID_LENGTH)]
 # vLLM's request priority: an int64, lower runs first (with --scheduling-policy priority).
 Priority = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 
@@ -45,11 +46,19 @@ class Generate(msgspec.Struct, tag="generate", tag_field="type", omit_defaults=T
     repetition_penalty: float = 1.0
     min_tokens: int = 0
     # Finish ("stop") on any of these, as on EOS; the stop token is included.
-    stop_token_ids: list[TokenId] = []
+    # NOTE: these ids, allowed_token_ids and logit_bias's are any int64 on the wire:
+    # the scheduler refuses one outside the vocabulary in vLLM's words (check_sampling).
+    stop_token_ids: list[int] = []
     # Return each sampled token's logprob and the top-k (k <= 20).
     logprobs: int | None = None
     # Lower first under --scheduling-policy priority (then by arrival); ignored by fcfs.
     priority: Priority = 0
+    # vLLM's logits processors: only these tokens may be sampled (None: any); a bias
+    # in [-100, 100] added to a token's logit; token-id sequences whose last token is
+    # never sampled right after the rest (the frontend tokenizes vLLM's bad_words).
+    allowed_token_ids: list[int] | None = None
+    logit_bias: dict[int, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
+    bad_words_token_ids: list[list[TokenId]] = []
 
 
 class Abort(msgspec.Struct, tag="abort", tag_field="type", forbid_unknown_fields=True):
@@ -107,6 +116,26 @@ class RequestError(msgspec.Struct, tag="error", tag_field="type", omit_defaults=
 
     message: str
     request_id: str | None = None
+    # The request field it names (the OpenAI error's ``param``), when there is one.
+    param: str | None = None
 
 
 ClientResponse = EngineCoreOutputs | RequestError
+
+
+class _RequestIdOnly(msgspec.Struct):
+    request_id: str | None = None
+
+
+_peek_decoder = msgspec.msgpack.Decoder(_RequestIdOnly)
+
+
+def peek_request_id(frame: bytes | bytearray | memoryview) -> str | None:
+    """The ``request_id`` of a frame that is not a valid request (a field out of range,
+    a wrong type, over the size limit), read leniently so that its refusal names the
+    request and reaches whoever waits on it; None when the frame is not a map with a
+    string ``request_id``."""
+    try:
+        return _peek_decoder.decode(frame).request_id
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, MemoryError, OverflowError):
+        return None

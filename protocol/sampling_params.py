@@ -13,6 +13,8 @@ import math
 import msgspec
 
 MAX_LOGPROBS = 20
+# vLLM's VLLM_MAX_NUM_BAD_WORDS default: token sequences after tokenization.
+MAX_NUM_BAD_WORDS = 128
 # NOTE: vLLM's _SAMPLING_EPS: a temperature below it is greedy.
 GREEDY_TEMPERATURE = 1e-5
 
@@ -31,6 +33,12 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     min_tokens: int = 0
     stop_token_ids: list[int] = []
     logprobs: int | None = None  # the sampled token's logprob and the top-k, k <= MAX_LOGPROBS
+    # vLLM's logits processors (worker.logits_processors), greedy rows included: only
+    # these tokens may be sampled; token id -> bias added to its logit, in [-100, 100];
+    # never the last token of one of these sequences after the rest of it.
+    allowed_token_ids: list[int] | None = None
+    logit_bias: dict[int, float] | None = None
+    bad_words_token_ids: list[list[int]] = []
 
     @property
     def is_greedy(self) -> bool:
@@ -44,8 +52,9 @@ class SamplingError(ValueError):
     """A sampling field out of range: vLLM's message, and the field it names (the
     OpenAI error's ``param``)."""
 
-    def __init__(self, message: str, param: str):
-        super().__init__(message)
+    def __init__(self, message: str, param: str, value=None):
+        # NOTE: given the value, vLLM's VLLMValidationError words: "... (parameter=p, value=v)".
+        super().__init__(message if value is None else f"{message} (parameter={param}, value={value})")
         self.param = param
 
 
@@ -55,9 +64,9 @@ def check_sampling(msg, vocab_size: int | None = None) -> None:
     vLLM's ``SamplingParams._verify_args``.
 
     The one copy of these ranges: the scheduler checks what every client sends, the
-    frontend what it is about to send (so that a bad field is a 400 naming it). The
-    frontend passes no ``vocab_size``: it knows the tokenizer's vocabulary, which can
-    be smaller than the model's, so only the scheduler bounds stop ids above."""
+    frontend what it is about to send (so that a bad field is a 400 naming it). Given
+    ``vocab_size`` (the model's, not the tokenizer's, which can be smaller), the token
+    ids are checked against it too (`check_token_ids_in_vocab`)."""
 
     def out_of_range(field: str, message: str) -> SamplingError:
         return SamplingError(f"{field} {message}, got {getattr(msg, field)}.", field)
@@ -91,12 +100,38 @@ def check_sampling(msg, vocab_size: int | None = None) -> None:
         )
     if msg.seed is not None and not -(2**63) <= msg.seed < 2**63:
         raise out_of_range("seed", "must fit in 64 bits")
-    if any(t < 0 for t in msg.stop_token_ids):
-        raise SamplingError("stop_token_ids must be non-negative token ids.", "stop_token_ids")
-    wrong = next((t for t in msg.stop_token_ids if t >= vocab_size), None) if vocab_size is not None else None
-    if wrong is not None:
-        raise SamplingError(f"stop_token_ids: token id {wrong} is outside the vocabulary (0..{vocab_size - 1})",
-                            "stop_token_ids")  # fmt: skip
+    if vocab_size is not None:
+        check_token_ids_in_vocab(msg, vocab_size)
+
+
+def check_token_ids_in_vocab(msg, vocab_size: int) -> None:
+    """vLLM's ``SamplingParams.verify`` vocabulary checks (``_validate_logit_bias``,
+    ``_validate_stop_token_ids``, ``_validate_allowed_token_ids``), its order and words,
+    against the model's vocabulary size; then the bad words' ids (which vLLM checks
+    against the tokenizer, where they come from)."""
+
+    def invalid(ids) -> list[int]:
+        return [t for t in ids if t < 0 or t >= vocab_size]
+
+    for field in ("logit_bias", "stop_token_ids"):
+        if bad := invalid(getattr(msg, field, None) or ()):
+            raise SamplingError(f"token_id(s) {bad} in {field} contain out-of-vocab token ids. Vocabulary size: {vocab_size}",
+                                field, bad)  # fmt: skip
+    allowed = getattr(msg, "allowed_token_ids", None)
+    if allowed is not None and len(allowed) == 0:
+        raise SamplingError("allowed_token_ids is not None and empty!", "allowed_token_ids", [])
+    if bad := invalid(allowed or ()):
+        raise SamplingError("allowed_token_ids contains out-of-vocab token id!", "allowed_token_ids", bad)
+    if bad := [t for word in getattr(msg, "bad_words_token_ids", ()) for t in invalid(word)]:
+        raise SamplingError(f"The model vocabulary size is {vocab_size}, but the following tokens were specified as bad: {bad}. "
+                            f"All token id values should be integers satisfying: 0 <= token_id <= {vocab_size - 1}.",
+                            "bad_words", bad)  # fmt: skip
+    bad_words = getattr(msg, "bad_words_token_ids", ())
+    if any(not word for word in bad_words):
+        raise SamplingError("bad_words entries must tokenize to at least one token.", "bad_words")
+    if len(bad_words) > MAX_NUM_BAD_WORDS:
+        raise SamplingError(f"Too many bad words after tokenization: {len(bad_words)}. The max number is {MAX_NUM_BAD_WORDS}.",
+                            "bad_words")  # fmt: skip
 
 
 def sampling_params_of(msg, eos_token_ids: tuple[int, ...] = ()) -> SamplingParams | None:
@@ -110,5 +145,7 @@ def sampling_params_of(msg, eos_token_ids: tuple[int, ...] = ()) -> SamplingPara
         presence_penalty=msg.presence_penalty, frequency_penalty=msg.frequency_penalty,
         repetition_penalty=msg.repetition_penalty, min_tokens=msg.min_tokens,
         stop_token_ids=stop if msg.min_tokens else [], logprobs=msg.logprobs,
+        allowed_token_ids=msg.allowed_token_ids or None, logit_bias=msg.logit_bias or None,
+        bad_words_token_ids=msg.bad_words_token_ids,
     )
     return None if p == GREEDY else p

@@ -228,7 +228,7 @@ class ModelRunner:
         rows, row_of = self.rows, self.block_table.row_of
         table_rows = [row_of[sid] for sid in sample_seq]
         num_outputs = [len(rows[sid].token_ids) - rows[sid].num_prompt_tokens for sid in sample_seq]
-        sampled, logprobs = self.sampling.sample(logits, table_rows, num_outputs)
+        sampled, logprobs = self.sampling.sample(logits, table_rows, num_outputs, lambda i: rows[sample_seq[i]].token_ids)
         for sid, tok in zip(sample_seq, sampled, strict=True):
             rows[sid].token_ids.append(tok)
         return ModelRunnerOutput(sample_seq, sampled, logits, num_tokens, logprobs)

@@ -5,8 +5,10 @@ table row, set when the row is added), so the rows sampled in a step gather thei
 with one fancy index per column, no loop over requests. Output-token counts for the
 penalties and the prompt masks for the repetition penalty live on the device,
 (max_num_seqs, V), allocated the first time a row needs them and updated in place each
-step (the worker knows every request's tokens: contract rule 5). A step in which no
-sampled row has parameters (greedy, no logprobs: most benchmark traffic) is one argmax.
+step (the worker knows every request's tokens: contract rule 5). A row's logits
+processors (allowed tokens, bad words, logit bias) are built once, when it is added
+(``worker.logits_processors``). A step in which no sampled row has parameters (greedy,
+no logprobs: most benchmark traffic) is one argmax.
 
 ``seed`` is the engine's global seed (vLLM's ``--seed``): the generator of every row
 without a seed of its own, seeded once here. Only sampling draws from it (not the
@@ -16,12 +18,19 @@ draws the same tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from protocol.sampling_params import SamplingParams
+from worker.logits_processors import (
+    RowLogitsParams,
+    apply_allowed_and_bad_words,
+    apply_logit_bias,
+    row_logits_params,
+)
 from worker.sampler import (
     BatchParams,
     Penalties,
@@ -72,6 +81,9 @@ class SamplingState:
         self.min_tokens = np.zeros(n, dtype=np.int64)
         self.logprobs = np.full(n, -1, dtype=np.int64)  # -1: none asked
         self.seeded = np.zeros(n, dtype=bool)
+        # allowed_token_ids, bad words, logit_bias (worker.logits_processors)
+        self.processors: list[RowLogitsParams | None] = [None] * n
+        self.has_processors = np.zeros(n, dtype=bool)
         self.output_counts: torch.Tensor | None = None  # (max_num_seqs, V) int32
         self.prompt_mask: torch.Tensor | None = None  # (max_num_seqs, V) bool
 
@@ -89,6 +101,8 @@ class SamplingState:
         self.min_tokens[row] = p.min_tokens
         self.logprobs[row] = -1 if p.logprobs is None else p.logprobs
         self.seeded[row] = p.seed is not None and not p.is_greedy
+        self.processors[row] = row_logits_params(params, self.vocab_size, self.device)
+        self.has_processors[row] = self.processors[row] is not None
         if not self.penalised[row]:
             return
         V, dev = self.vocab_size, self.device
@@ -102,18 +116,43 @@ class SamplingState:
     def remove(self, row: int) -> None:
         self.params[row] = None
         self.special[row] = False
+        self.processors[row] = None
+        self.has_processors[row] = False
 
     def _tensor(self, column: np.ndarray, idx: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(column[idx]).to(self.device)
 
-    def sample(self, logits: torch.Tensor, rows: list[int], num_outputs: list[int]) -> tuple[list[int], list[RowLogprobs | None]]:
+    def sample(self, logits: torch.Tensor, rows: list[int], num_outputs: list[int],
+               token_ids_of: Callable[[int], list[int]] | None = None) -> tuple[list[int], list[RowLogprobs | None]]:  # fmt: skip
         """logits (N, V) of the rows sampled this step; num_outputs[i]: tokens row i has
-        sampled before this one. Returns the tokens and, per row, its logprobs or None."""
+        sampled before this one; ``token_ids_of(i)``: row i's tokens (prompt and output),
+        read only for rows with bad words. Returns the tokens and, per row, its logprobs
+        or None."""
         idx = np.asarray(rows, dtype=np.int64)
         if not self.special[idx].any():
             return logits.argmax(dim=-1).tolist(), [None] * len(rows)
         dev, V = logits.device, logits.shape[1]
         raw = logits
+        outs = np.asarray(num_outputs, dtype=np.int64)
+        procs = np.flatnonzero(self.has_processors[idx])
+        batch = None
+        if len(procs):
+            # NOTE: vLLM's order: allowed tokens, bad words, min_tokens, logit bias, then
+            # the penalties, on float32 logits (a copy: raw stays the logprobs' source).
+            batch = [self.processors[r] for r in rows]
+
+            def output_token_ids(i: int) -> list[int]:
+                n = int(outs[i])
+                return token_ids_of(i)[-n:] if n and token_ids_of is not None else []
+
+            logits = apply_allowed_and_bad_words(logits.to(torch.float32, copy=True), batch, output_token_ids)
+        masked = np.flatnonzero(outs < self.min_tokens[idx])
+        if len(masked):
+            # NOTE: a loop over rows whose min_tokens is not yet reached (uncommon).
+            pairs = [(int(i), t) for i in masked for t in self.params[rows[i]].stop_token_ids]
+            logits = mask_stop_tokens(logits, [i for i, _ in pairs], [t for _, t in pairs])
+        if batch is not None:
+            logits = apply_logit_bias(logits, batch)
         pen = np.flatnonzero(self.penalised[idx])  # positions in the batch
         if len(pen):
             at, rows_t = torch.from_numpy(pen).to(dev), torch.from_numpy(idx[pen]).to(dev)
@@ -123,12 +162,6 @@ class SamplingState:
                 output_counts=self.output_counts[rows_t], prompt_mask=self.prompt_mask[rows_t],
             )
             logits = logits.index_copy(0, at, apply_penalties(logits[at], sub))
-        outs = np.asarray(num_outputs, dtype=np.int64)
-        masked = np.flatnonzero(outs < self.min_tokens[idx])
-        if len(masked):
-            # NOTE: a loop over rows whose min_tokens is not yet reached (uncommon).
-            pairs = [(int(i), t) for i in masked for t in self.params[rows[i]].stop_token_ids]
-            logits = mask_stop_tokens(logits, [i for i, _ in pairs], [t for _, t in pairs])
         greedy, top_k = self.greedy[idx], self.top_k[idx]
         sampling = ~greedy
         seeded = np.flatnonzero(self.seeded[idx])

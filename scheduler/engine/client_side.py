@@ -11,7 +11,14 @@ import logging
 import time
 from collections.abc import Callable
 
-from protocol.client_messages import Abort, ClientRequest, EngineCoreOutputs, Generate, RequestError
+from protocol.client_messages import (
+    Abort,
+    ClientRequest,
+    EngineCoreOutputs,
+    Generate,
+    RequestError,
+    peek_request_id,
+)
 from protocol.codec import Codec, ProtocolError
 from protocol.sampling_params import sampling_params_of
 from scheduler.core.hashing import BlockHasher
@@ -49,12 +56,15 @@ class ClientSide:
             frames, num_frames = await self.port.recv()
             ident = frames[0].bytes
             if num_frames != 2:
-                await self.send_error(ident, None, f"expected one frame per message, got {num_frames - 1}")
+                rid = peek_request_id(frames[1].buffer) if len(frames) > 1 else None
+                await self.send_error(ident, rid, f"expected one frame per message, got {num_frames - 1}")
                 continue
             try:
                 msg = self.codec.decode(frames[1].buffer)
             except ProtocolError as e:
-                await self.send_error(ident, None, str(e))
+                # NOTE: named, the refusal reaches the request's waiter (a frame over the
+                # size limit is read too: MAXMSGSIZE bounds what arrives at all).
+                await self.send_error(ident, peek_request_id(frames[1].buffer), str(e))
                 continue
             match msg:
                 case Generate():
@@ -74,7 +84,7 @@ class ClientSide:
         try:
             validate_generate(msg, state.limits, scheduler.requests)
         except RequestRejected as e:
-            return await self.send_error(ident, msg.request_id, str(e))
+            return await self.send_error(ident, msg.request_id, str(e), e.param)
         if scheduler.num_waiting >= self.max_num_waiting:
             # NOTE: vLLM's max_num_queued_reqs refuses on waiting + running; --max-num-waiting on waiting alone.
             self.on_admission_rejection("max_num_queued_reqs")
@@ -104,14 +114,14 @@ class ClientSide:
         await self.send_outputs(final_outputs_by_client([request], "abort"))
         self.state.wakeup.set()
 
-    async def send_error(self, ident: bytes, request_id: str | None, message: str) -> None:
+    async def send_error(self, ident: bytes, request_id: str | None, message: str, param: str | None = None) -> None:
         if request_id is not None:
             log.info("request %s refused: %s", request_id, message)
         else:
             log.debug("message from %s refused: %s", peer_name(ident), message)
         # NOTE: an error reply that cannot be delivered is dropped: the peer is gone or
         # is flooding without reading, and nothing else is owed to it.
-        await self.port.send(ident, self.codec.encode(RequestError(message, request_id)))
+        await self.port.send(ident, self.codec.encode(RequestError(message, request_id, param)))
 
     async def send_outputs(self, batches: dict[bytes, EngineCoreOutputs]) -> None:
         """One frame per client; a client that cannot take it is dropped."""

@@ -9,11 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol.client_messages import Generate
-from protocol.sampling_params import check_sampling
+from protocol.sampling_params import SamplingError, check_sampling
 
 
 class RequestRejected(ValueError):
-    """A request that cannot be served; the message goes back to the client."""
+    """A request that cannot be served; the message goes back to the client, with the
+    field it names (``param``) when there is one."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,13 +37,13 @@ def validate_generate(msg: Generate, limits: RequestLimits, live_request_ids) ->
         raise RequestRejected(f"duplicate request id {rid!r}: a request with this id is still running")
     n = len(msg.prompt_token_ids)
     if n == 0:
-        raise RequestRejected("empty prompt: prompt_token_ids must hold at least one token")
+        raise RequestRejected("The decoder prompt cannot be empty")  # vLLM's words
     if msg.max_tokens < 1:
         raise RequestRejected(f"max_tokens must be at least 1, got {msg.max_tokens}")
     try:
         check_sampling(msg, limits.vocab_size)
-    except ValueError as e:
-        raise RequestRejected(str(e)) from None
+    except SamplingError as e:
+        raise RequestRejected(str(e), e.param) from None
     bad = next((t for t in msg.prompt_token_ids if t >= limits.vocab_size), None)
     if bad is not None:
         raise RequestRejected(f"token id {bad} is outside the vocabulary (0..{limits.vocab_size - 1})")

@@ -1,9 +1,10 @@
 """The client port under hostile input: thousands of bad frames from several
 DEALER sockets at once, while a well-behaved client is being served.
 
-Each frame that can be answered gets exactly one RequestError (request_id None
-when the frame could not be read that far, the request's id when it decoded but
-was refused): random bytes, every truncation of valid frames, valid msgpack of the
+Each frame that can be answered gets exactly one RequestError, naming the request
+whenever the frame is a map with a string request_id (refused for a bad field, a
+wrong shape or its size, so that its refusal reaches whoever waits on it), else
+request_id None: random bytes, every truncation of valid frames, valid msgpack of the
 wrong shape, worker messages on the client port, multi-part garbage, frames just
 over --max-frame-bytes (the error names the limit) and a flood sent without
 reading. Frames over 4 x --max-frame-bytes make ZeroMQ drop that connection (no

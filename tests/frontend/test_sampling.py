@@ -32,7 +32,6 @@ def rejected(defaults: dict | None = None, max_tokens: int = 16, **fields) -> AP
         ({"repetition_penalty": 0.0}, "repetition_penalty", "repetition_penalty must be greater than zero, got 0.0."),
         ({"min_tokens": 99}, "min_tokens", "min_tokens must be less than or equal to max_tokens=16, got 99."),
         ({"logprobs": 21}, "logprobs", "Requested sample logprobs of 21, which is greater than max allowed: 20"),
-        ({"stop_token_ids": [3, -1]}, "stop_token_ids", "stop_token_ids must be non-negative token ids."),
     ],
 )
 def test_the_first_bad_field_is_named_in_vllms_words(fields, param, message):

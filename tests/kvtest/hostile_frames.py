@@ -58,6 +58,13 @@ def one(frame: bytes, ids=NONE, words: str = "") -> Case:
     return Case([frame], frozenset(ids), words)
 
 
+def id_in(d) -> frozenset:
+    """The request_id a refusal of the map ``d`` names: its own when it is a string
+    (read even when the rest of the frame is not a valid request), else None."""
+    rid = d.get("request_id") if isinstance(d, dict) else None
+    return frozenset([rid]) if isinstance(rid, str) else NONE
+
+
 # --- frame makers -------------------------------------------------------------------------
 
 
@@ -79,7 +86,7 @@ def truncations() -> list[Case]:
 
 
 def wrong_shapes(rng: random.Random) -> list[Case]:
-    cases = [one(pack(v)) for v in ([], [1, 2], 5, -1, 2**63, 1.5, "generate", None, True, b"bytes", {}, {"type": "nope"},
+    cases = [one(pack(v), id_in(v)) for v in ([], [1, 2], 5, -1, 2**63, 1.5, "generate", None, True, b"bytes", {}, {"type": "nope"},
                                      {"type": 7}, {"type": None}, {"type": "generate"}, {"type": "abort"}, {"type": "output", "request_id": "x", "new_token_ids": []},
                                      ["generate", "x", [1, 2]], {"type": "generate", "type2": "x"})]  # fmt: skip
     # Raw msgpack: lengths far past the frame, a byte msgpack never uses, deep nesting, trailing data.
@@ -108,7 +115,7 @@ def wrong_shapes(rng: random.Random) -> list[Case]:
         else:
             # NOTE: names Generate does not have ("seed" is one of its fields now).
             d[rng.choice(["foo", "prompt", "max_new_tokens", "random_seed", ""])] = rng.choice([1, "x", None, [1]])
-        cases.append(one(pack(d)))
+        cases.append(one(pack(d), id_in(d)))
 
     # Frames that decode but are refused: the error carries the request's id.
     refused = [
@@ -134,7 +141,6 @@ def _check_expectation(c: Case) -> None:
     try:
         msg = requests.decode(c.parts[0])
     except ProtocolError:
-        assert None in c.ids, c
         return
     assert msg.request_id in c.ids, c
     assert not isinstance(msg, Generate) or msg.max_tokens < 1 or not msg.prompt_token_ids or any(
@@ -150,19 +156,22 @@ def worker_messages(rng: random.Random) -> list[Case]:
             WorkerHello(0, 1, r, 16, VOCAB, 1), WorkerReady(r, 16, 8, 4096, r),
             StepPlan(r, {r: 3}, [row], [], [AppendedBlocks(r, [3])], [r], []), StepResult(r, [r], [5]),
             WorkerError("no", r), Heartbeat(time.time()), Shutdown("bye"),
-            EngineCoreOutputs([TokenOutput("x", [1], True, "length")]), RequestError("echo", "x"),
+            EngineCoreOutputs([TokenOutput("x", [1], True, "length")]),
         ]  # fmt: skip
         out += [one(pack(m)) for m in msgs]
+        out.append(one(pack(RequestError("echo", "x")), {"x"}))  # a map naming a request_id
     return out
 
 
 def multipart(rng: random.Random, n: int) -> list[Case]:
     good = requests.encode(Generate("multi", [3, 4, 5], 2))
     pool = [b"", good, pack({"type": "abort", "request_id": "multi"})]
-    return [
-        Case([rng.choice(pool) if rng.random() < 0.3 else rng.randbytes(rng.randrange(0, 300)) for _ in range(rng.randrange(2, 6))], NONE)
-        for _ in range(n)
-    ]
+    out = []
+    for _ in range(n):
+        parts = [rng.choice(pool) if rng.random() < 0.3 else rng.randbytes(rng.randrange(0, 300)) for _ in range(rng.randrange(2, 6))]
+        # the refusal names the request of the first part when it is one of the good frames
+        out.append(Case(parts, frozenset(["multi"]) if parts[0] in pool[1:] else NONE))
+    return out
 
 
 def over_limit(rng: random.Random) -> list[Case]:
@@ -172,7 +181,7 @@ def over_limit(rng: random.Random) -> list[Case]:
     # A well-formed Generate that is simply too big is refused for its size, not served.
     big = requests.encode(Generate("too-big", [rng.randrange(200, VOCAB) for _ in range(40_000)], 4))
     assert LIMIT < len(big) <= 4 * LIMIT
-    return cases + [one(big, NONE, words)] * 5
+    return cases + [one(big, {"too-big"}, words)] * 5
 
 
 # --- clients ------------------------------------------------------------------------------

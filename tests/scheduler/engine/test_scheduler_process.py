@@ -115,7 +115,7 @@ def test_one_frame_per_client_per_step_carries_all_its_requests(served):
 @pytest.mark.parametrize(
     "msg,words",
     [
-        (Generate("v-empty", []), ["empty prompt"]),
+        (Generate("v-empty", []), ["The decoder prompt cannot be empty"]),
         (Generate("v-vocab", [2, 3, VOCAB]), ["vocabulary", str(VOCAB)]),
         (Generate("v-max0", [2, 3], max_tokens=0), ["max_tokens", "at least 1"]),
         (Generate("v-len", [2] * 100, max_tokens=2000), ["max_model_len", "2048"]),
@@ -169,9 +169,22 @@ def test_unreadable_frames_get_an_error_and_the_process_survives(served):
     c.send_raw(Codec(WorkerToScheduler).encode(StepResult(0, [1], [2])))  # a worker message
     assert c.error().request_id is None
     c.send_raw(c.out.encode(Generate("mp", [2, 3])), b"second frame")
-    assert "frame" in c.error().message
+    err = c.error()
+    assert "frame" in err.message and err.request_id == "mp"
+    # A frame that is a map with a request_id is refused naming it, whatever else is
+    # wrong with it, so that the refusal reaches the request's waiter (issue 23's hang).
     c.send_raw(msgspec.msgpack.encode({"type": "generate", "request_id": "neg", "prompt_token_ids": [2, -3]}))
-    assert "prompt_token_ids" in c.error().message
+    err = c.error()
+    assert "prompt_token_ids" in err.message and err.request_id == "neg"
+    long_id = "r" * 300  # over the wire's 256 characters
+    c.send_raw(msgspec.msgpack.encode({"type": "generate", "request_id": long_id, "prompt_token_ids": [2, 3]}))
+    err = c.error()
+    assert "request_id" in err.message and err.request_id == long_id
+    # A stop id past int32 decodes (any int64 does) and is refused in vLLM's words, naming the field.
+    c.send(Generate("huge-stop", [2, 3], stop_token_ids=[2**40]))
+    err = c.error()
+    assert (err.request_id, err.param) == ("huge-stop", "stop_token_ids")
+    assert err.message.startswith(f"token_id(s) [{2**40}] in stop_token_ids contain out-of-vocab token ids. Vocabulary size:")
     c.send(Abort("nobody"))
     err = c.error()
     assert err.request_id == "nobody" and "unknown request" in err.message

@@ -34,7 +34,7 @@ def test_duplicate_request_id():
 
 def test_empty_prompt():
     m = rejected(Generate("r", []))
-    assert "empty prompt" in m
+    assert "prompt cannot be empty" in m
 
 
 @pytest.mark.parametrize("bad", [512, 513, 2**31 - 1])
