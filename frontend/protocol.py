@@ -62,9 +62,10 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     priority: Priority = 0
     return_tokens_as_token_ids: bool | None = None
     request_id: str | None = None
-    # NOTE: not yet honoured (issue 23's structured-outputs work): the seam both it and
-    # forced tool calls build on.
+    # Structured outputs (frontend.structured_outputs): the seam forced tool calls
+    # build on too; response_format ({"type": ...}) overrides it as in vLLM.
     structured_outputs: StructuredOutputsParams | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):

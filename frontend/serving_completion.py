@@ -35,6 +35,7 @@ from frontend.serving import (
     usage,
 )  # fmt: skip
 from frontend.streaming import ClientGone, StreamedChoices, TextChunk
+from frontend.structured_outputs import with_structured_outputs
 
 _encode = msgspec.json.encode
 
@@ -91,6 +92,7 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
     # NOTE: --log-error-stack's lines name the id from where vLLM's request has one
     prompts, texts, max_tokens, params = completion_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
     params = with_header_priority(params, request.headers)
+    params = await with_structured_outputs(params, req)
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
     echo = [(t if t is not None else ctx.tokenizer.decode(ids)) if req.echo else "" for ids, t in zip(prompts, texts, strict=True)]
     n = params.n

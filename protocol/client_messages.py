@@ -16,6 +16,8 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
+from protocol.structured_output import GrammarSpec
+
 TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 RequestId = Annotated[str, Meta(min_length=1, max_length=256)]
 # vLLM's request priority: an int64, lower runs first (with --scheduling-policy priority).
@@ -50,6 +52,9 @@ class Generate(msgspec.Struct, tag="generate", tag_field="type", omit_defaults=T
     logprobs: int | None = None
     # Lower first under --scheduling-policy priority (then by arrival); ignored by fcfs.
     priority: Priority = 0
+    # Structured outputs (checked and converted by the frontend, as vLLM's API server):
+    # every sampled token must keep the output inside this grammar.
+    structured_outputs: GrammarSpec | None = None
 
 
 class Abort(msgspec.Struct, tag="abort", tag_field="type", forbid_unknown_fields=True):
