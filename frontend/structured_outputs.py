@@ -47,8 +47,11 @@ def merged_structured_outputs(req) -> StructuredOutputsParams | None:
     """vLLM's ``structured_outputs_from_response_format`` (with its request-model checks)."""
     so, rf = req.structured_outputs, req.response_format
     if so is not None and sum(getattr(so, k) is not None for k in ("json", "regex", "choice")) > 1:
-        raise bad_request("You can only use one kind of constraints for structured outputs ('json', 'regex' or 'choice').",
-                          "structured_outputs")  # fmt: skip
+        message = "You can only use one kind of constraints for structured outputs ('json', 'regex' or 'choice')."
+        # NOTE: vLLM's chat request raises it without naming the parameter, its completion request with.
+        if hasattr(req, "messages"):
+            raise bad_request(message)
+        raise bad_request(f"{message} (parameter=structured_outputs)", "structured_outputs")
     if rf is None:
         return so
     if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema", "structural_tag"):
@@ -64,8 +67,8 @@ def merged_structured_outputs(req) -> StructuredOutputsParams | None:
     else:
         schema = rf.get("json_schema")
         if schema is None:
-            raise bad_request("When response_format type is 'json_schema', the 'json_schema' field must be provided.",
-                              "response_format")  # fmt: skip
+            raise bad_request("When response_format type is 'json_schema', the 'json_schema' field must be provided. "
+                              "(parameter=response_format)", "response_format")  # fmt: skip
         if not isinstance(schema, dict):
             raise bad_request("response_format.json_schema must be an object", "response_format")
         overrides = {"json": schema.get("schema")}
@@ -83,8 +86,7 @@ def grammar_spec_of(req) -> GrammarSpec | None:
     if len(given) != 1:
         what = "multiple are specified" if given else "none are specified"
         kind = "can only" if given else "must"
-        raise bad_request(f"You {kind} use one kind of structured outputs constraint but {what}: {_as_dict(so)}",
-                          "structured_outputs")  # fmt: skip
+        raise bad_request(f"You {kind} use one kind of structured outputs constraint but {what}: {_as_dict(so)}")
     (kind, value), = given.items()
     _check_request_content(kind, value)
     return _validate_xgrammar(kind, value)
@@ -98,19 +100,19 @@ def _as_dict(so: StructuredOutputsParams) -> dict:
 def _check_request_content(kind: str, value: Any) -> None:
     """vLLM's ``_validate_structured_outputs``, before the backend's checks."""
     if kind == "choice" and not value:
-        raise bad_request(f"Choice '{value}' cannot be an empty list", "structured_outputs")
+        raise bad_request(f"Choice '{value}' cannot be an empty list")
     if kind == "grammar" and value.strip() == "":
-        raise bad_request("structured_outputs.grammar cannot be an empty string", "structured_outputs")
+        raise bad_request("structured_outputs.grammar cannot be an empty string")
     if kind == "json" and isinstance(value, str) and value.strip() == "":
-        raise bad_request("structured_outputs.json cannot be an empty string", "structured_outputs")
+        raise bad_request("structured_outputs.json cannot be an empty string")
     if kind == "json" and value and _exceeds_json_nesting(value, MAX_JSON_NESTING):
         raise bad_request("The JSON schema is nested too deeply: objects and arrays may nest at most "
-                          f"{MAX_JSON_NESTING} levels", "structured_outputs")  # fmt: skip
+                          f"{MAX_JSON_NESTING} levels")  # fmt: skip
     if kind == "json_object" and value is False:
         raise bad_request("structured_outputs.json_object must be True if set; omit structured_outputs to disable "
-                          "structured outputs", "structured_outputs")  # fmt: skip
+                          "structured outputs")  # fmt: skip
     if kind == "regex" and "\x00" in value:
-        raise bad_request("structured_outputs.regex must not contain a NUL character ('\\x00')", "structured_outputs")
+        raise bad_request("structured_outputs.regex must not contain a NUL character ('\\x00')")
     if kind == "structural_tag":
         raise bad_request("structured_outputs.structural_tag is not supported by kvpool", "structured_outputs")
 
@@ -122,29 +124,29 @@ def _validate_xgrammar(kind: str, value: Any) -> GrammarSpec:
         try:
             xgr.Grammar.from_regex(value)
         except Exception as err:
-            raise bad_request(f"Failed to transform regex into a grammar: {err}", "structured_outputs") from None
+            raise bad_request(f"Failed to transform regex into a grammar: {err}") from None
         return GrammarSpec("regex", value)
     if kind == "choice":
         grammar = choice_as_grammar(value)
         try:
             xgr.Grammar.from_ebnf(grammar)
         except Exception as err:
-            raise bad_request(f"Failed to transform choices into a grammar: {err}", "structured_outputs") from None
+            raise bad_request(f"Failed to transform choices into a grammar: {err}") from None
         return GrammarSpec("ebnf", grammar)
     if kind == "json":
         if isinstance(value, str):
             try:
                 schema = json.loads(value)
             except json.JSONDecodeError:
-                raise bad_request("Invalid JSON grammar specification.", "structured_outputs") from None
+                raise bad_request("Invalid JSON grammar specification.") from None
         else:
             schema = value
         if has_xgrammar_unsupported_json_features(schema):
-            raise bad_request("The provided JSON schema contains features not supported by xgrammar.", "structured_outputs")
+            raise bad_request("The provided JSON schema contains features not supported by xgrammar.")
         try:
             xgr.Grammar.from_json_schema(schema if isinstance(schema, str) else json.dumps(schema))
         except Exception as err:
-            raise bad_request(f"Failed to transform json schema into a grammar: {err}", "structured_outputs") from None
+            raise bad_request(f"Failed to transform json schema into a grammar: {err}") from None
         # NOTE: vLLM compiles json.dumps(schema) when it came as an object, the string as given otherwise.
         return GrammarSpec("json", value if isinstance(value, str) else json.dumps(value))
     if kind == "grammar":
@@ -152,7 +154,7 @@ def _validate_xgrammar(kind: str, value: Any) -> GrammarSpec:
         try:
             xgr.Grammar.from_lark(value) if lark else xgr.Grammar.from_ebnf(value)
         except Exception:
-            raise bad_request("Invalid grammar specification.", "structured_outputs") from None
+            raise bad_request("Invalid grammar specification.") from None
         return GrammarSpec("lark" if lark else "ebnf", value)
     return GrammarSpec("json_object")
 
