@@ -25,6 +25,18 @@ from worker.grammar_compiler import GrammarCompiler, _xgrammar
 
 log = logging.getLogger("worker")
 
+# The logits dtypes xgrammar's kernels take; others (float64, a test dtype) go through torch.
+_XGRAMMAR_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def _apply_bitmask_torch(logits: torch.Tensor, mask: torch.Tensor, at: list[int], vocab_size: int) -> None:
+    """What apply_token_bitmask_inplace does, for any dtype: bit j of word w allows token 32w + j."""
+    idx = torch.tensor(at, dtype=torch.long, device=logits.device)
+    bits = (mask[idx].unsqueeze(-1) >> _BITS.to(mask.device)) & 1  # (n, W, 32)
+    allowed = bits.flatten(1)[:, :vocab_size].bool()  # (n, V)
+    logits[idx, :vocab_size] = logits[idx, :vocab_size].masked_fill(~allowed, float("-inf"))
+
 
 class GrammarRows:
     def __init__(self, compiler: GrammarCompiler, max_num_seqs: int, vocab_size: int):
@@ -65,8 +77,11 @@ class GrammarRows:
             else:
                 matcher.fill_next_token_bitmask(bitmask, i)
             at.append(i)
-        mask = bitmask[: len(rows)]
-        xgr.apply_token_bitmask_inplace(logits, mask.to(logits.device, non_blocking=True), vocab_size=self.vocab_size, indices=at)
+        mask = bitmask[: len(rows)].to(logits.device, non_blocking=True)  # (N, ceil(V / 32))
+        if logits.dtype in _XGRAMMAR_DTYPES:
+            xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=self.vocab_size, indices=at)
+        else:
+            _apply_bitmask_torch(logits, mask, at, self.vocab_size)
 
     def accept(self, rows: list[int], token_ids: list[int]) -> None:
         """Each row with a grammar advances by its sampled token."""

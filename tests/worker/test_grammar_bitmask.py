@@ -156,3 +156,14 @@ def test_resumed_row_rebuilds_its_matcher(model, compiler, texts):
     r.execute(StepPlan(4, {1: len(tokens)}, resumed_rows=[row(1, tokens, 3, spec)]))
     decode(r, 9, first_step=5)
     assert r.rows[1].token_ids[3:] == expected
+
+
+def test_float64_logits_are_masked_as_xgrammar_masks_float32(compiler):
+    rows = GrammarRows(compiler, MAX_SEQS, VOCAB_SIZE)
+    rows.add(0, RowGrammar(DIGITS, [EOS]), [])
+    rows.add(1, RowGrammar(CHOICE, [EOS]), [])
+    logits = torch.randn(3, VOCAB_SIZE, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    as32 = logits.float()
+    rows.apply(as32, [0, 3, 1])
+    rows.apply(logits, [0, 3, 1])
+    assert torch.equal(torch.isinf(logits), torch.isinf(as32)) and torch.isinf(logits).sum() > 0
