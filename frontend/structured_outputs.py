@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -122,7 +124,7 @@ def _validate_xgrammar(kind: str, value: Any) -> GrammarSpec:
     xgr = _xgrammar()
     if kind == "regex":
         try:
-            xgr.Grammar.from_regex(value)
+            compile_regex_with_timeout(xgr.Grammar.from_regex, value)
         except Exception as err:
             raise bad_request(f"Failed to transform regex into a grammar: {err}") from None
         return GrammarSpec("regex", value)
@@ -157,6 +159,30 @@ def _validate_xgrammar(kind: str, value: Any) -> GrammarSpec:
             raise bad_request("Invalid grammar specification.") from None
         return GrammarSpec("lark" if lark else "ebnf", value)
     return GrammarSpec("json_object")
+
+
+def regex_timeout_s() -> int:
+    """vLLM's VLLM_REGEX_COMPILATION_TIMEOUT_S (default 5; 0 or less: none)."""
+    return int(os.environ.get("VLLM_REGEX_COMPILATION_TIMEOUT_S", "5"))
+
+
+def compile_regex_with_timeout(fn, pattern: str):
+    """vLLM's: ``fn(pattern)`` on a thread of its own, a ValueError past the timeout
+    (a pattern whose automaton explodes); the thread is left to finish, as vLLM's."""
+    timeout = regex_timeout_s()
+    if timeout <= 0:
+        return fn(pattern)
+    executor = ThreadPoolExecutor(max_workers=1)
+    future = executor.submit(fn, pattern)
+    try:
+        return future.result(timeout=timeout)
+    except TimeoutError:
+        raise ValueError(
+            f"Regex compilation timed out after {timeout}s. The pattern may be too complex or contain constructs that "
+            f"cause exponential state-space explosion (e.g. nested quantifiers). Pattern: {pattern[:200]}"
+        ) from None
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
 
 
 def choice_as_grammar(choice: list[str]) -> str:

@@ -21,6 +21,7 @@ that serves none never loads either, and the worker itself calls no transformers
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -81,6 +82,23 @@ def _eos_token_id(model_dir: Path, vocab: dict[str, int]) -> int | None:
     return vocab.get(eos) if isinstance(eos, str) else None
 
 
+def _with_timeout(fn, pattern: str):
+    """vLLM's compile_regex_with_timeout (VLLM_REGEX_COMPILATION_TIMEOUT_S, default 5 s):
+    a regex whose automaton explodes fails its request instead of holding a thread."""
+    timeout = int(os.environ.get("VLLM_REGEX_COMPILATION_TIMEOUT_S", "5"))
+    if timeout <= 0:
+        return fn(pattern)
+    executor = ThreadPoolExecutor(max_workers=1)
+    try:
+        return executor.submit(fn, pattern).result(timeout=timeout)
+    except TimeoutError:
+        raise ValueError(f"Regex compilation timed out after {timeout}s. The pattern may be too complex or contain "
+                         f"constructs that cause exponential state-space explosion (e.g. nested quantifiers). "
+                         f"Pattern: {pattern[:200]}") from None  # fmt: skip
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
+
+
 class GrammarCompiler:
     """Compiles GrammarSpecs on background threads; keeps the compiled ones by spec."""
 
@@ -113,7 +131,7 @@ class GrammarCompiler:
             case "json_object":
                 return c.compile_json_schema(_JSON_OBJECT_SCHEMA, any_whitespace=ANY_WHITESPACE)
             case "regex":
-                return c.compile_regex(spec.spec)
+                return _with_timeout(c.compile_regex, spec.spec)
             case "ebnf":
                 return c.compile_grammar(spec.spec)
             case "lark":

@@ -149,3 +149,18 @@ def test_structural_tags_are_refused_by_name():
     assert refusal(completion(structured_outputs={"structural_tag": "{}"})).param == "structured_outputs"
     e = refusal(completion(response_format={"type": "structural_tag", "format": {}}))
     assert e.param == "response_format" and "structural_tag" in e.message
+
+
+def test_regex_compilation_has_vllms_timeout(monkeypatch):
+    import time
+
+    from frontend.structured_outputs import compile_regex_with_timeout
+
+    monkeypatch.setenv("VLLM_REGEX_COMPILATION_TIMEOUT_S", "1")
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"^Regex compilation timed out after 1s\. .* Pattern: a\+$"):
+        compile_regex_with_timeout(lambda p: time.sleep(5), "a+")
+    assert time.monotonic() - start < 3
+    assert compile_regex_with_timeout(str.upper, "ok") == "OK"
+    monkeypatch.setenv("VLLM_REGEX_COMPILATION_TIMEOUT_S", "0")  # none
+    assert compile_regex_with_timeout(str.upper, "ok") == "OK"
