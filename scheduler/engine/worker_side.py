@@ -121,7 +121,7 @@ class WorkerSide:
         scheduler = self.state.scheduler
         if scheduler.grammars_ready(msg.seq_ids):
             self.state.wakeup.set()
-        for request_id, error in zip(scheduler.grammar_failed_request_ids(msg.failed_seq_ids), msg.errors, strict=False):
+        for request_id, error in scheduler.grammar_failures(msg.failed_seq_ids, msg.errors):
             await self.end_requests([request_id], RequestStatus.FINISHED_ERROR, f"grammar compilation failed: {error}")
 
     async def _refuse_worker(self, ident: bytes, reason: str) -> None:

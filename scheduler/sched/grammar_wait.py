@@ -51,6 +51,6 @@ class GrammarWait:
                 joined += 1
         return joined
 
-    def grammar_failed_request_ids(self, seq_ids: list[int]) -> list[str]:
-        """The client ids of the requests (still waiting) whose grammar failed to compile."""
-        return [r.request_id for s in seq_ids if (r := self.waiting_for_fsm.get(s)) is not None]
+    def grammar_failures(self, seq_ids: list[int], errors: list[str]) -> list[tuple[str, str]]:
+        """(client id, error) of each request still waiting whose grammar failed to compile."""
+        return [(r.request_id, e) for s, e in zip(seq_ids, errors, strict=False) if (r := self.waiting_for_fsm.get(s)) is not None]

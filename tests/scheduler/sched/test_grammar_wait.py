@@ -73,4 +73,4 @@ def test_ended_while_waiting_and_a_new_worker():
     assert s.grammars_ready([g.seq_id]) == 0  # ended: not queued
     s.recompile_grammars()  # a new worker holds no grammar: h asks again
     assert s.take_grammar_compiles() == ([h.seq_id], [SPEC])
-    assert s.grammar_failed_request_ids([h.seq_id, g.seq_id]) == ["h"]
+    assert s.grammar_failures([g.seq_id, h.seq_id], ["gone", "bad"]) == [("h", "bad")]
