@@ -126,14 +126,14 @@ def _validate_xgrammar(kind: str, value: Any) -> GrammarSpec:
         try:
             compile_regex_with_timeout(xgr.Grammar.from_regex, value)
         except Exception as err:
-            raise bad_request(f"Failed to transform regex into a grammar: {err}") from None
+            raise bad_request(sanitize_message(f"Failed to transform regex into a grammar: {err}")) from None
         return GrammarSpec("regex", value)
     if kind == "choice":
         grammar = choice_as_grammar(value)
         try:
             xgr.Grammar.from_ebnf(grammar)
         except Exception as err:
-            raise bad_request(f"Failed to transform choices into a grammar: {err}") from None
+            raise bad_request(sanitize_message(f"Failed to transform choices into a grammar: {err}")) from None
         return GrammarSpec("ebnf", grammar)
     if kind == "json":
         if isinstance(value, str):
@@ -148,7 +148,7 @@ def _validate_xgrammar(kind: str, value: Any) -> GrammarSpec:
         try:
             xgr.Grammar.from_json_schema(schema if isinstance(schema, str) else json.dumps(schema))
         except Exception as err:
-            raise bad_request(f"Failed to transform json schema into a grammar: {err}") from None
+            raise bad_request(sanitize_message(f"Failed to transform json schema into a grammar: {err}")) from None
         # NOTE: vLLM compiles json.dumps(schema) when it came as an object, the string as given otherwise.
         return GrammarSpec("json", value if isinstance(value, str) else json.dumps(value))
     if kind == "grammar":
@@ -159,6 +159,17 @@ def _validate_xgrammar(kind: str, value: Any) -> GrammarSpec:
             raise bad_request("Invalid grammar specification.") from None
         return GrammarSpec("lark" if lark else "ebnf", value)
     return GrammarSpec("json_object")
+
+
+def sanitize_message(message: str) -> str:
+    """vLLM's (``exception_handling/utils.py``), which every error it answers passes
+    through: no memory addresses, tracebacks or file paths (xgrammar's messages name
+    its C++ sources)."""
+    message = re.sub(r" at 0x[0-9a-fA-F]+>", ">", message)
+    message = re.sub(r'\n?\s*File "[^"]+", line \d+, in \S+(\n\s+.*)?', "", message)
+    message = re.sub(r"/(?:home|usr|opt|var|tmp|root|lib|mnt|srv)(?:/[\w.\-]+)+", "<path>", message)
+    message = re.sub(r"(?:/[\w\-]+)+/[\w\-]+\.\w+", "<path>", message)
+    return message.strip()
 
 
 def regex_timeout_s() -> int:
