@@ -47,6 +47,29 @@ def test_tokenizer_info_equals_xgrammars_from_transformers(tiny_checkpoint, tmp_
     assert ours.vocab_size == vocab_size and ours.stop_token_ids == [EOS]
 
 
+def test_tokenizer_info_of_a_byte_fallback_tokenizer(tmp_path):
+    """A Llama-2-style tokenizer (SentencePiece BPE with byte fallback, "▁" for spaces,
+    which transformers 5 loads as LlamaTokenizer): the other vocabulary type xgrammar knows."""
+    import json
+
+    from tokenizers import decoders, models, normalizers, trainers
+    from transformers import AutoTokenizer
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    special = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    tok.train_from_iterator(["the cat sat on the mat", "hello world", "a b c d"] * 20,
+                            trainers.BpeTrainer(vocab_size=320, special_tokens=special, show_progress=False))  # fmt: skip
+    tok.save(str(tmp_path / "tokenizer.json"))
+    config = {"eos_token": "</s>", "bos_token": "<s>", "unk_token": "<unk>", "tokenizer_class": "LlamaTokenizerFast"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    ours = tokenizer_info(tmp_path, 352)
+    theirs = xgr.TokenizerInfo.from_huggingface(AutoTokenizer.from_pretrained(str(tmp_path)), vocab_size=352)
+    assert ours.vocab_type == xgr.VocabType.BYTE_FALLBACK and ours.add_prefix_space
+    assert ours.serialize_json() == theirs.serialize_json()
+
+
 @pytest.fixture(scope="module")
 def compiler(tiny_checkpoint):
     return GrammarCompiler(tiny_checkpoint, VOCAB_SIZE)
