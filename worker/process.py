@@ -275,6 +275,8 @@ class WorkerProcess:
             case Heartbeat():
                 return False
             case CompileGrammars(seq_ids=seq_ids, grammars=grammars):
+                if len(seq_ids) != len(grammars):
+                    return WorkerError(f"CompileGrammars: {len(seq_ids)} seq ids for {len(grammars)} grammars")
                 ready = self.grammars.submit(seq_ids, grammars)
                 return GrammarsReady(ready) if ready else False
             case Shutdown(reason=reason):
