@@ -6,7 +6,7 @@ it there, so a bad one is a 400); what travels is the one string xgrammar compil
 how to compile it, vLLM's ``structured_output_key``: ``choice`` has become an EBNF
 grammar, and a ``grammar`` is marked EBNF or Lark as vLLM's ``grammar_is_likely_lark``
 decided. The scheduler never compiles nor reads it: it only waits for the worker to say
-a request's grammar is ready (vLLM's WAITING_FOR_FSM).
+a request's grammar is ready (vLLM's WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR).
 """
 
 from __future__ import annotations

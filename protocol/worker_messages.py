@@ -198,7 +198,7 @@ class CompileGrammars(msgspec.Struct, **_OPTS, tag=11):
 
 class GrammarsReady(msgspec.Struct, **_OPTS, tag=12):
     """Grammars compiled since the last GrammarsReady: their requests may be scheduled
-    (vLLM's WAITING_FOR_FSM ends). ``failed_seq_ids[i]`` failed with ``errors[i]``."""
+    (vLLM's WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR ends). ``failed_seq_ids[i]`` failed with ``errors[i]``."""
 
     seq_ids: list[int] = []
     failed_seq_ids: list[int] = []

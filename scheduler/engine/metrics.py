@@ -234,7 +234,7 @@ class SchedulerMetrics:
         self.cached_hashes.set(len(pool.cached_block_hash_to_block))
         self.num_running.set(scheduler.num_running)
         self.num_waiting.set(scheduler.num_waiting)
-        deferred = len(scheduler.waiting_for_fsm)
+        deferred = len(scheduler.waiting_for_grammar)
         self.num_waiting_by_reason["capacity"].set(scheduler.num_waiting - deferred)
         self.num_waiting_by_reason["deferred"].set(deferred)
         stats = kv.prefix_cache_stats

@@ -16,7 +16,7 @@ from scheduler.core.kv_cache_block import BlockHash
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     # Its grammar is still compiling on the worker (scheduler/sched/grammar_wait.py).
-    WAITING_FOR_FSM = "waiting_for_fsm"
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = "waiting_for_structured_output_grammar"
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_LENGTH = "length"

@@ -94,8 +94,8 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
             request = self.requests.get(request_id)
             if request is None:
                 continue
-            if request.status == RequestStatus.WAITING_FOR_FSM:
-                del self.waiting_for_fsm[request.seq_id]
+            if request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
+                del self.waiting_for_grammar[request.seq_id]
                 self._finish(request, status)
             elif self._finish(request, status):
                 self.running.remove(request)
@@ -124,7 +124,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting) + len(self.waiting_for_fsm)
+        return len(self.waiting) + len(self.waiting_for_grammar)
 
     @property
     def num_running(self) -> int:

@@ -1,4 +1,4 @@
-"""vLLM's WAITING_FOR_FSM: a request with a grammar is not scheduled until the worker
+"""vLLM's WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR: a request with a grammar is not scheduled until the worker
 says its grammar compiled; then it joins the waiting queue's back. The scheduler sends
 each grammar once (again to a new worker), never compiles one, and forgets a request
 ended while it waits. Orders in the comments are worked out by hand."""
@@ -42,7 +42,7 @@ def step(sched, worker) -> list[str]:
 def test_a_grammar_request_waits_for_its_grammar(cls):
     s, w = make(cls)
     g = add(s, "g", SPEC)
-    assert g.status == RequestStatus.WAITING_FOR_FSM and s.num_waiting == 1
+    assert g.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR and s.num_waiting == 1
     assert s.take_grammar_compiles() == ([g.seq_id], [SPEC])
     assert s.take_grammar_compiles() == ([], [])  # sent once
     assert s.schedule() is None  # nothing else to run: it is not scheduled
