@@ -66,8 +66,8 @@ class _SamplingFields(UnhonouredFields, kw_only=True):
     priority: Priority = 0
     return_tokens_as_token_ids: bool | None = None
     request_id: str | None = None
-    # NOTE: not yet honoured (issue 23's structured-outputs work): the seam both it and
-    # forced tool calls build on.
+    # Structured outputs (frontend.structured_outputs): the seam forced tool calls
+    # build on too; response_format ({"type": ...}) overrides it as in vLLM.
     structured_outputs: StructuredOutputsParams | None = None
     # vLLM's logits processors (frontend.logits_fields): token id (a string key) -> bias,
     # the only tokens that may be sampled, words never to generate.
@@ -80,6 +80,7 @@ class _SamplingFields(UnhonouredFields, kw_only=True):
     truncation_side: Literal["left", "right"] | None = None
     # The prompt's token ids (once) and each choice's in the answer, as vLLM's.
     return_token_ids: bool | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):

@@ -39,6 +39,7 @@ from frontend.serving import (
     usage,
 )  # fmt: skip
 from frontend.streaming import ClientGone, StreamedChoices, TextChunk
+from frontend.structured_outputs import with_structured_outputs
 from frontend.truncation import check_truncation, tokens_kept, truncate_ids
 
 _encode = msgspec.json.encode
@@ -134,6 +135,7 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
     # NOTE: --log-error-stack's lines name the id from where vLLM's request has one
     ids, max_tokens, num_logprobs, params = chat_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
     params = with_header_priority(params, request.headers)
+    params = await with_structured_outputs(params, req)
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
     if req.stream:
         return await _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids)

@@ -37,6 +37,7 @@ from frontend.serving import (
     usage,
 )  # fmt: skip
 from frontend.streaming import ClientGone, StreamedChoices, TextChunk
+from frontend.structured_outputs import with_structured_outputs
 from frontend.truncation import check_truncation, encode_truncated, tokens_kept, truncate_ids
 
 _encode = msgspec.json.encode
@@ -101,6 +102,7 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
     # NOTE: --log-error-stack's lines name the id from where vLLM's request has one
     prompts, texts, max_tokens, params = completion_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
     params = with_header_priority(params, request.headers)
+    params = await with_structured_outputs(params, req)
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
     # NOTE: as vLLM, an echo with return_token_ids echoes the prompt's ids, not its text.
     echo = [(t if t is not None else ctx.tokenizer.decode(ids)) if req.echo and not req.return_token_ids else ""

@@ -16,6 +16,8 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
+from protocol.structured_output import GrammarSpec
+
 TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 MAX_REQUEST_ID_LENGTH = 256
 RequestId = Annotated[str, Meta(min_length=1, max_length=MAX_REQUEST_ID_LENGTH)]
@@ -59,6 +61,9 @@ class Generate(msgspec.Struct, tag="generate", tag_field="type", omit_defaults=T
     allowed_token_ids: list[int] | None = None
     logit_bias: dict[int, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
     bad_words_token_ids: list[list[TokenId]] = []
+    # Structured outputs (checked and converted by the frontend, as vLLM's API server):
+    # every sampled token must keep the output inside this grammar.
+    structured_outputs: GrammarSpec | None = None
 
 
 class Abort(msgspec.Struct, tag="abort", tag_field="type", forbid_unknown_fields=True):

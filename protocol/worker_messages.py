@@ -17,6 +17,7 @@ from __future__ import annotations
 import msgspec
 
 from protocol.sampling_params import SamplingParams
+from protocol.structured_output import GrammarSpec, RowGrammar
 
 _OPTS = dict(array_like=True, omit_defaults=True, gc=False, tag_field="t")
 
@@ -27,6 +28,10 @@ class RowSampling(msgspec.Struct, array_like=True, gc=False, frozen=True):
 
     num_prompt_tokens: int
     params: SamplingParams
+    # Structured outputs: the grammar its sampled tokens must follow (rank 0 masks
+    # the logits with it), None for none. Its matcher is rebuilt from the row's output
+    # tokens when the row is sent whole again (resumed).
+    grammar: RowGrammar | None = None
 
 
 class RequestRow(msgspec.Struct, **_OPTS, tag=0):
@@ -182,5 +187,23 @@ class WorkerExit(msgspec.Struct, **_OPTS, tag=10):
     reason: str = ""
 
 
-WorkerToScheduler = WorkerHello | StepResult | WorkerError | Heartbeat | WorkerExit
-SchedulerToWorker = WorkerReady | StepPlan | Heartbeat | Shutdown
+class CompileGrammars(msgspec.Struct, **_OPTS, tag=11):
+    """Start compiling these requests' grammars (parallel lists), off the step path:
+    sent when the requests arrive, long before their rows. The worker answers with
+    GrammarsReady as each compile ends; it keeps what it compiled, by spec, for the rows."""
+
+    seq_ids: list[int]
+    grammars: list[GrammarSpec]
+
+
+class GrammarsReady(msgspec.Struct, **_OPTS, tag=12):
+    """Grammars compiled since the last GrammarsReady: their requests may be scheduled
+    (vLLM's WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR ends). ``failed_seq_ids[i]`` failed with ``errors[i]``."""
+
+    seq_ids: list[int] = []
+    failed_seq_ids: list[int] = []
+    errors: list[str] = []
+
+
+WorkerToScheduler = WorkerHello | StepResult | WorkerError | Heartbeat | WorkerExit | GrammarsReady
+SchedulerToWorker = WorkerReady | StepPlan | Heartbeat | Shutdown | CompileGrammars

@@ -33,6 +33,8 @@ import zmq
 from protocol.codec import Codec, ProtocolError
 from protocol.curve import apply_client
 from protocol.worker_messages import (
+    CompileGrammars,
+    GrammarsReady,
     Heartbeat,
     SampledLogprobs,
     SchedulerToWorker,
@@ -45,6 +47,7 @@ from protocol.worker_messages import (
     WorkerReady,
 )
 from worker.config import WorkerConfig
+from worker.grammar_compiler import GrammarCompiler
 from worker.metrics import WorkerMetrics
 from worker.plan_check import PlanError
 from worker.runner import ModelRunner
@@ -54,6 +57,8 @@ log = logging.getLogger("worker")
 
 EXIT_SCHEDULER_LOST = 3
 EXIT_REFUSED = 4
+# How often the loop looks for finished grammar compiles while any is in flight.
+GRAMMAR_POLL_S = 0.002
 
 
 class SchedulerLost(Exception):
@@ -86,6 +91,8 @@ class WorkerProcess:
         self.metrics = metrics
         self.codec: Codec = Codec(SchedulerToWorker)
         self.runner: ModelRunner | None = None
+        # Structured outputs: compiled off the step path, kept across re-handshakes.
+        self.grammars = GrammarCompiler(serving.directory, serving.config.vocab_size)
 
     def hello(self) -> WorkerHello:
         c, s = self.config, self.serving
@@ -200,7 +207,8 @@ class WorkerProcess:
             self.host_caches = None
         hosts = None if self.host_caches is None else [h[:, : ready.num_host_blocks] for h in self.host_caches]
         caches = [kv[:, : ready.num_blocks] for kv in self.kv_caches]
-        runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id, seed=c.seed, host_caches=hosts)
+        runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id, seed=c.seed, host_caches=hosts,
+                             grammar_compiler=self.grammars)  # fmt: skip
         self._set_ready(runner)
         if self.metrics is not None:
             self.metrics.num_blocks.set(ready.num_blocks)
@@ -219,6 +227,9 @@ class WorkerProcess:
         while True:
             now = time.monotonic()
             wait = min(last_heard + timeout, last_sent + interval) - now
+            if self.grammars.has_pending:
+                # NOTE: a compile ends on another thread: look for it often meanwhile.
+                wait = min(wait, GRAMMAR_POLL_S)
             # NOTE: poll even when the wait is over, so a message that queued up
             # during a long step counts as heard rather than as a timeout.
             if sock.poll(max(0, math.ceil(wait * 1000))):
@@ -229,13 +240,27 @@ class WorkerProcess:
                     self._send(sock, reply)
                     last_sent = time.monotonic()
                 last_heard = time.monotonic()
+                if self._send_grammars_ready(sock):
+                    last_sent = time.monotonic()
                 continue
+            if self._send_grammars_ready(sock):
+                last_sent = time.monotonic()
             now = time.monotonic()
             if now - last_heard >= timeout:
                 raise SchedulerLost(f"no message from the scheduler at {self.config.scheduler} for {now - last_heard:.1f} s (--scheduler-timeout {timeout} s)")
             if now - last_sent >= interval:
                 self._send(sock, Heartbeat(sent_at=time.time()))
                 last_sent = now
+
+    def _send_grammars_ready(self, sock: zmq.Socket) -> bool:
+        """Tell the scheduler which grammars finished compiling; False if none did."""
+        if not self.grammars.has_pending:
+            return False
+        ready, failed = self.grammars.take_finished()
+        if not ready and not failed:
+            return False
+        self._send(sock, GrammarsReady(ready, [s for s, _ in failed], [e for _, e in failed]))
+        return True
 
     def _handle(self, sock: zmq.Socket):
         """The reply to one incoming message: a message, False for none, None to exit."""
@@ -249,6 +274,11 @@ class WorkerProcess:
                 return self._execute(msg)
             case Heartbeat():
                 return False
+            case CompileGrammars(seq_ids=seq_ids, grammars=grammars):
+                if len(seq_ids) != len(grammars):
+                    return WorkerError(f"CompileGrammars: {len(seq_ids)} seq ids for {len(grammars)} grammars")
+                ready = self.grammars.submit(seq_ids, grammars)
+                return GrammarsReady(ready) if ready else False
             case Shutdown(reason=reason):
                 log.info("shutdown: %s", reason or "(no reason)")
                 return None

@@ -18,6 +18,8 @@ import torch
 from protocol.worker_messages import RequestRow, StepPlan
 from worker.attention.paged_attention import DEFAULT_WORKSPACE_BYTES, PagedAttention
 from worker.block_table import BlockTable
+from worker.grammar_bitmask import GrammarRows
+from worker.grammar_compiler import GrammarCompiler
 from worker.models.decoder import DecoderModel
 from worker.plan_check import Limits, RowView, check_plan
 from worker.sampling_state import RowLogprobs, SamplingState
@@ -65,6 +67,7 @@ class ModelRunner:
         workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
         seed: int = 0,
         host_caches: list[torch.Tensor] | None = None,
+        grammar_compiler: GrammarCompiler | None = None,
     ):
         self.model = model
         _, num_blocks, block_size, kvh, hd = kv_caches[0].shape
@@ -85,6 +88,8 @@ class ModelRunner:
         self.block_table = BlockTable(max_num_seqs, max_blocks_per_seq, block_size, self.device)
         self.attention = PagedAttention(kv_caches, model.num_heads, max_blocks_per_seq, workspace_bytes)
         self.sampling = SamplingState(max_num_seqs, model.config.vocab_size, self.device, seed)
+        # Structured outputs, where tokens are sampled (None on other TP ranks: they ignore grammars).
+        self.grammars = None if grammar_compiler is None else GrammarRows(grammar_compiler, max_num_seqs, model.config.vocab_size)
         self.rows: dict[int, RowState] = {}
         # NOTE: False on tensor-parallel ranks other than 0: they run the model, rank 0
         # samples, and its tokens reach them through append_sampled before the next plan.
@@ -107,9 +112,13 @@ class ModelRunner:
         num_prompt = n if sampling is None else min(sampling.num_prompt_tokens, n)
         self.rows[row.seq_id] = RowState(list(row.token_ids), row.num_computed_tokens, num_prompt)
         self.sampling.add(table_row, None if sampling is None else sampling.params, row.token_ids, num_prompt)
+        if sampling is not None and sampling.grammar is not None and self.grammars is not None:
+            self.grammars.add(table_row, sampling.grammar, row.token_ids[num_prompt:])
 
     def _remove(self, seq_id: int) -> None:
         self.sampling.remove(self.block_table.row_of[seq_id])
+        if self.grammars is not None:
+            self.grammars.remove(self.block_table.row_of[seq_id])
         self.block_table.remove_row(seq_id)
         del self.rows[seq_id]
 
@@ -228,7 +237,12 @@ class ModelRunner:
         rows, row_of = self.rows, self.block_table.row_of
         table_rows = [row_of[sid] for sid in sample_seq]
         num_outputs = [len(rows[sid].token_ids) - rows[sid].num_prompt_tokens for sid in sample_seq]
+        grammars = self.grammars
+        if grammars is not None and grammars.any_of(table_rows):
+            grammars.apply(logits, table_rows)  # in place, before any sampling step (as vLLM)
         sampled, logprobs = self.sampling.sample(logits, table_rows, num_outputs, lambda i: rows[sample_seq[i]].token_ids)
+        if grammars is not None and grammars.matchers:
+            grammars.accept(table_rows, sampled)
         for sid, tok in zip(sample_seq, sampled, strict=True):
             rows[sid].token_ids.append(tok)
         return ModelRunnerOutput(sample_seq, sampled, logits, num_tokens, logprobs)

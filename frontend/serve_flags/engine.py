@@ -27,7 +27,7 @@ _RULES = [
     refused("--spec-model", ONE, why.SPECULATIVE),
     refused("--spec-tokens", ONE, why.SPECULATIVE),
     refused("--speculative-config -sc", ONE, why.SPECULATIVE),
-    refused("--structured-outputs-config", ONE, "structured outputs (guided decoding) are not supported yet"),
+    refused("--structured-outputs-config", ONE, "structured outputs are xgrammar with vLLM's default settings (no other backend, no disable_any_whitespace): not configurable"),
     refused("--watermark-config", ONE, why.NOT_YET),
     refused("--weight-transfer-config", ONE, why.NOT_YET),
 ]

@@ -97,7 +97,7 @@ class ClientSide:
             msg.request_id, msg.prompt_token_ids, msg.max_tokens, seq_id=self._next_seq_id, client_id=ident,
             ignore_eos=msg.ignore_eos, eos_token_id=eos, cache_salt=msg.cache_salt, block_hasher=self.hasher,
             stop_token_ids=msg.stop_token_ids, min_tokens=msg.min_tokens, sampling=sampling_params_of(msg, eos),
-            priority=msg.priority,
+            priority=msg.priority, grammar=msg.structured_outputs,
         )  # fmt: skip
         self._next_seq_id += 1
         scheduler.add_request(request)

@@ -32,7 +32,7 @@ from functools import partial
 
 import zmq.asyncio
 
-from protocol.worker_messages import Shutdown, StepResult
+from protocol.worker_messages import CompileGrammars, Shutdown, StepResult
 from scheduler.core.hashing import BlockHasher
 from scheduler.engine.client_outputs import outputs_by_client
 from scheduler.engine.client_side import ClientSide
@@ -90,6 +90,7 @@ class EngineCore:
             self.state, clients, hasher, config.max_frame_bytes, config.max_num_waiting, self.metrics.record_admission_rejection,
             self.metrics.request_metrics.observe_finished,
         )
+        self.worker_side.end_requests = self.client_side.end
         self.http_side = HttpSide(self.state, self.worker, self.metrics, self._publish_kv_events, config.host, config.http_port,
                                   config.dev_mode)  # fmt: skip
         self.iteration_log = IterationDetailsLogger(config.log_stats and config.enable_logging_iteration_details, config.data_parallel_rank)
@@ -216,6 +217,8 @@ class EngineCore:
                 self.worker.check_silence()
                 if state.worker_lost_at is not None and not self.worker.ready:
                     await self._fail_requests_waiting_too_long(now)
+                if self.worker.ready:
+                    await self._send_grammar_compiles()
                 out = state.scheduler.schedule() if self.worker.ready else None
                 if out is None:
                     if done is not None:
@@ -246,6 +249,16 @@ class EngineCore:
         finally:
             if done is not None:
                 await self._deliver(done)
+
+    async def _send_grammar_compiles(self) -> None:
+        """Grammars of requests that arrived since the last step go to the worker to be
+        compiled off the step path; its GrammarsReady releases them (grammar_wait.py)."""
+        seq_ids, grammars = self.state.scheduler.take_grammar_compiles()
+        if seq_ids:
+            try:
+                await self.worker.send(CompileGrammars(seq_ids, grammars))
+            except WorkerLost:
+                pass  # the next worker is asked again (recompile_grammars)
 
     async def _fail_requests_waiting_too_long(self, now: float) -> None:
         """With no worker, fail each request that has waited for one longer than

@@ -118,7 +118,8 @@ class SchedulerMetrics:
         gauge, counter = self._gauge, self._counter
         self.num_running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.num_waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        # NOTE: nothing here defers a waiting request (vLLM: LoRA budget, KV transfer): all wait for capacity.
+        # NOTE: the one deferral here is a grammar still compiling (vLLM's blocked status
+        # WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR); vLLM's others (LoRA budget, KV transfer) do not exist.
         self.num_waiting_by_reason = self._by_label(
             Gauge, "vllm:num_requests_waiting_by_reason", "Number of waiting requests by reason. Reason labels: 'capacity' = "
             "waiting for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, "
@@ -233,7 +234,9 @@ class SchedulerMetrics:
         self.cached_hashes.set(len(pool.cached_block_hash_to_block))
         self.num_running.set(scheduler.num_running)
         self.num_waiting.set(scheduler.num_waiting)
-        self.num_waiting_by_reason["capacity"].set(scheduler.num_waiting)
+        deferred = len(scheduler.waiting_for_grammar)
+        self.num_waiting_by_reason["capacity"].set(scheduler.num_waiting - deferred)
+        self.num_waiting_by_reason["deferred"].set(deferred)
         stats = kv.prefix_cache_stats
         self._sync("queries", self.prefix_cache_queries, stats.queries)
         self._sync("hits", self.prefix_cache_hits, stats.hits)

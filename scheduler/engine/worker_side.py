@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from protocol.codec import Codec, ProtocolError
 from protocol.worker_messages import (
+    GrammarsReady,
     Heartbeat,
     Shutdown,
     StepResult,
@@ -51,6 +52,7 @@ from scheduler.engine.worker_checks import (
 from scheduler.engine.worker_link import LinkState, WorkerLink, WorkerLost
 from scheduler.sched.policy_options import policy_kwargs
 from scheduler.sched.priority_scheduler import scheduler_class
+from scheduler.sched.request import RequestStatus
 from scheduler.sched.validation import RequestLimits
 
 log = logging.getLogger("scheduler")
@@ -70,6 +72,9 @@ class WorkerSide:
         self.kv_event_sink = kv_event_sink
         self.publish_kv_events = publish_kv_events
         self.link = WorkerLink(port, Codec(WorkerToScheduler), config.worker_timeout_s, self._on_worker_lost)
+        # The client side's ``end`` (set by the engine once it exists): ends requests
+        # whose grammar failed to compile, telling their clients.
+        self.end_requests = None
 
     async def receive_loop(self) -> None:
         link, pause = self.link, LoopYield()
@@ -91,6 +96,8 @@ class WorkerSide:
                     await self._on_hello(ident, msg)
                 case StepResult():
                     link.deliver(ident, msg)
+                case GrammarsReady() if link.is_ours(ident) and self.state.scheduler is not None:
+                    await self._on_grammars_ready(msg)
                 case Heartbeat():
                     if link.acknowledge(ident):
                         self._on_worker_ready()
@@ -107,6 +114,15 @@ class WorkerSide:
                     link.lose(f"the worker is stopping ({reason or 'no reason given'})", clean=True)
                 case WorkerError() | WorkerExit():
                     log.warning("%s from worker %s, which is not this scheduler's worker", msg, peer_name(ident))
+
+    async def _on_grammars_ready(self, msg: GrammarsReady) -> None:
+        """Compiled grammars: their requests may be scheduled; a failed one ends with
+        its error (the frontend validated it, so this is rare)."""
+        scheduler = self.state.scheduler
+        if scheduler.grammars_ready(msg.seq_ids):
+            self.state.wakeup.set()
+        for request_id, error in scheduler.grammar_failures(msg.failed_seq_ids, msg.errors):
+            await self.end_requests([request_id], RequestStatus.FINISHED_ERROR, f"grammar compilation failed: {error}")
 
     async def _refuse_worker(self, ident: bytes, reason: str) -> None:
         log.error("refusing worker %s: %s", peer_name(ident), reason)
@@ -150,6 +166,8 @@ class WorkerSide:
         if state.kv is None:
             self._build_pool(self.link.hello, self.link.num_blocks)
         state.worker_lost_at = None
+        # NOTE: a new worker holds no grammar: those still compiling are asked again.
+        state.scheduler.recompile_grammars()
         state.wakeup.set()
         log.info("worker %s ready (%d requests waiting)", self.link.name, state.scheduler.num_waiting)
 

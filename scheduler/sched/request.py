@@ -6,7 +6,8 @@ import enum
 import time
 from collections.abc import Iterable, Sequence
 
-from protocol.sampling_params import SamplingParams
+from protocol.sampling_params import GREEDY, SamplingParams
+from protocol.structured_output import GrammarSpec, RowGrammar
 from protocol.worker_messages import RowSampling
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_block import BlockHash
@@ -14,6 +15,8 @@ from scheduler.core.kv_cache_block import BlockHash
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    # Its grammar is still compiling on the worker (scheduler/sched/grammar_wait.py).
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = "waiting_for_structured_output_grammar"
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_LENGTH = "length"
@@ -39,7 +42,7 @@ class Request:
         "num_cached_tokens", "num_external_cached_tokens", "block_hashes", "block_hasher", "arrival_time", "scheduled_time",
         "first_token_time",
         "last_token_time", "num_preemptions", "alloc_noop_until", "max_num_tokens", "stop_token_ids", "append_only_below",
-        "min_tokens", "sampling", "priority",
+        "min_tokens", "sampling", "priority", "grammar",
     )  # fmt: skip
 
     def __init__(
@@ -60,6 +63,7 @@ class Request:
         min_tokens: int = 0,
         sampling: SamplingParams | None = None,
         priority: int = 0,
+        grammar: GrammarSpec | None = None,
     ):
         self.request_id = request_id
         self.seq_id = seq_id
@@ -108,7 +112,15 @@ class Request:
         self.stop_token_ids = frozenset((*eos, *stop_token_ids))
         self.min_tokens = min_tokens
         # What the worker samples with (None: greedy, no logprobs).
-        self.sampling = None if sampling is None else RowSampling(self.num_prompt_tokens, sampling)
+        # Structured outputs (None: none); it travels with the row, with every stop id
+        # (vLLM's all_stop_token_ids: EOS even with ignore_eos) to end its matcher.
+        self.grammar = grammar
+        if grammar is not None:
+            eos_ids = () if eos_token_id is None else (eos_token_id,) if isinstance(eos_token_id, int) else eos_token_id
+            row_grammar = RowGrammar(grammar, sorted({*stop_token_ids, *eos_ids}))
+            self.sampling = RowSampling(self.num_prompt_tokens, sampling or GREEDY, row_grammar)
+        else:
+            self.sampling = None if sampling is None else RowSampling(self.num_prompt_tokens, sampling)
         # The scheduler's (the core never sees it): while the request holds fewer
         # tokens than this, a sampled token fills no block, reaches no limit and is
         # not its first: it is only appended (update_from_output's fast path). 0: not yet.

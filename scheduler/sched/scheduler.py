@@ -19,6 +19,7 @@ from functools import partial
 from protocol.worker_messages import StepResult
 from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.sched.grammar_wait import GrammarWait
 from scheduler.sched.outputs import SchedulerOutput, StepTokens
 from scheduler.sched.plan_builder import StepPlanBuilder
 from scheduler.sched.policy_options import check_scheduler_options, long_prefill_cap, step_budget
@@ -29,7 +30,7 @@ from scheduler.sched.sampled_tokens import append_sampled_tokens
 from scheduler.sched.worker_loss import WorkerLossRecovery
 
 
-class Scheduler(WorkerLossRecovery):
+class Scheduler(WorkerLossRecovery, GrammarWait):
     policy = "fcfs"  # --scheduling-policy (its waiting queue: scheduler/sched/request_queue.py)
 
     def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
@@ -67,6 +68,7 @@ class Scheduler(WorkerLossRecovery):
         self.num_worker_loss_recomputes = 0
         self.prompt_token_stats = PromptTokenStats()
         self.num_generation_tokens = 0
+        self._init_grammar_wait()
 
     # --- requests ---------------------------------------------------------------------
 
@@ -79,7 +81,10 @@ class Scheduler(WorkerLossRecovery):
         self.requests[request.request_id] = self.seq_id_to_request[request.seq_id] = request
         # It stops at max_tokens, or when it fills max_model_len, whichever is first.
         request.max_num_tokens = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
-        self.waiting.append(request)
+        if request.grammar is not None:
+            self._wait_for_grammar(request)
+        else:
+            self.waiting.append(request)
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
         """End requests early (abort, shutdown, client gone): free their blocks now;
@@ -89,7 +94,10 @@ class Scheduler(WorkerLossRecovery):
             request = self.requests.get(request_id)
             if request is None:
                 continue
-            if self._finish(request, status):
+            if request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
+                del self.waiting_for_grammar[request.seq_id]
+                self._finish(request, status)
+            elif self._finish(request, status):
                 self.running.remove(request)
             else:
                 self.waiting.remove_ended(request)
@@ -116,7 +124,7 @@ class Scheduler(WorkerLossRecovery):
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.waiting_for_grammar)
 
     @property
     def num_running(self) -> int:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from protocol.client_messages import Generate
 from protocol.sampling_params import SamplingError, check_sampling
+from protocol.structured_output import GRAMMAR_KINDS
 
 
 class RequestRejected(ValueError):
@@ -44,6 +45,9 @@ def validate_generate(msg: Generate, limits: RequestLimits, live_request_ids) ->
         check_sampling(msg, limits.vocab_size)
     except SamplingError as e:
         raise RequestRejected(str(e), e.param) from None
+    grammar = msg.structured_outputs
+    if grammar is not None and grammar.kind not in GRAMMAR_KINDS:
+        raise RequestRejected(f"structured_outputs kind must be one of {', '.join(GRAMMAR_KINDS)}, got {grammar.kind!r}")
     bad = next((t for t in msg.prompt_token_ids if t >= limits.vocab_size), None)
     if bad is not None:
         raise RequestRejected(f"token id {bad} is outside the vocabulary (0..{limits.vocab_size - 1})")
