@@ -54,6 +54,7 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -90,6 +91,11 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     documents: list[dict[str, Any]] | None = None
+    echo: bool = False
+    chat_template: str | None = None
+    # Refused by name, as vLLM refuses them without --trust-request-mm-kwargs (frontend.serving_chat).
+    mm_processor_kwargs: dict[str, Any] | None = None
+    media_io_kwargs: dict[str, Any] | None = None
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
@@ -100,6 +106,9 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     add_generation_prompt: bool = True
     return_token_strs: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    tools: list[dict[str, Any]] | None = None
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):

@@ -29,12 +29,12 @@ def _generate_request(ctx: ServingContext, request_id: str, token_ids: list[int]
             "stream": req.stream, "stream_options": None, "cache_salt": req.cache_salt, "priority": priority, "kv_transfer_params": None}  # fmt: skip
 
 
-def render_completion(ctx: ServingContext, req: CompletionRequest) -> list[dict]:
-    prompts, _, _, params = completion_engine_input(ctx, req)
+async def render_completion(ctx: ServingContext, req: CompletionRequest) -> list[dict]:
+    prompts, _, _, params = await completion_engine_input(ctx, req)
     request_id = req.request_id or random_id("cmpl")
     return [_generate_request(ctx, f"{request_id}-{i}", ids, params, req) for i, ids in enumerate(prompts)]
 
 
-def render_chat(ctx: ServingContext, req: ChatCompletionRequest) -> dict:
-    ids, _, _, params = chat_engine_input(ctx, req)
+async def render_chat(ctx: ServingContext, req: ChatCompletionRequest) -> dict:
+    ids, _, _, params, _ = await chat_engine_input(ctx, req)
     return _generate_request(ctx, req.request_id or random_id("chatcmpl"), ids, params, req)

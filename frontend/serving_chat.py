@@ -7,7 +7,16 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
-from frontend.chat_template import ChatTemplateError, render_chat
+from frontend.chat_template import (
+    NO_TEMPLATE,
+    UNTRUSTED,
+    ChatTemplateError,
+    developer_to_system,
+    mentions_developer_role,
+    resolve_kwargs,
+    template_error_reason,
+)
+from frontend.chat_template import chat_template_kwargs as chat_template_kwargs_for
 from frontend.engine_client import EngineError
 from frontend.error_middleware import REQUEST_ID_KEY
 from frontend.errors import APIError, bad_request
@@ -62,49 +71,85 @@ def conversation(messages: list[dict]) -> list[dict]:
     return out
 
 
-# Variables render_chat sets itself: as vLLM's, they win over chat_template_kwargs.
-_RENDER_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")
+def check_request_templates(ctx: ServingContext, chat_template: str | None, chat_template_kwargs: dict | None) -> None:
+    """vLLM's ``validate_chat_template``: a template from the request only with --trust-request-chat-template."""
+    if not ctx.trust_request_chat_template and (chat_template is not None or (chat_template_kwargs or {}).get("chat_template") is not None):
+        raise bad_request(UNTRUSTED)
 
 
-def template_kwargs(defaults: dict, requested: dict | None) -> dict:
-    """vLLM's ``ChatParams.with_defaults``: --default-chat-template-kwargs under the
-    request's chat_template_kwargs, of which a null or "auto" value leaves the default."""
-    requested = requested or {}
-    if defaults:
-        requested = defaults | {k: v for k, v in requested.items() if v is not None and not (isinstance(v, str) and v == "auto")}
-    return {k: v for k, v in requested.items() if k not in _RENDER_VARIABLES}
-
-
-def chat_prompt(ctx: ServingContext, messages: list[dict], add_generation_prompt: bool, add_special_tokens: bool,
-                tools=None, documents=None, chat_template_kwargs=None) -> list[int]:  # fmt: skip
-    kwargs = template_kwargs(ctx.default_chat_template_kwargs, chat_template_kwargs)
+async def chat_prompt(ctx: ServingContext, messages: list[dict], add_generation_prompt: bool, add_special_tokens: bool,
+                      tools=None, documents=None, chat_template_kwargs=None, continue_final_message: bool = False,
+                      chat_template: str | None = None) -> tuple[list[int], list[dict]]:  # fmt: skip
+    """The prompt's token ids and the conversation rendered (vLLM's ``preprocess_chat``),
+    in the tokenizer thread."""
+    check_request_templates(ctx, chat_template, chat_template_kwargs)
+    tok = ctx.tokenizer
+    kwargs = chat_template_kwargs_for(ctx.default_chat_template_kwargs, tools, chat_template_kwargs, add_generation_prompt,
+                                      continue_final_message, documents)  # fmt: skip
+    tools, tokenize = kwargs.pop("tools", None), kwargs.pop("tokenize", True)
+    requested = kwargs.pop("chat_template", None)
+    # NOTE: vLLM's order: the request's template, --chat-template, chat_template_kwargs' one, the checkpoint's.
+    template = tok.resolve_chat_template(chat_template or (None if tok.chat_template_from_flag else requested), tools)
+    if template is None:
+        raise bad_request(NO_TEMPLATE, "messages")
+    chat = conversation(messages)
+    if any(m["role"] == "developer" for m in chat) and not mentions_developer_role(template):
+        chat = developer_to_system(chat)
     try:
-        text = render_chat(ctx.tokenizer.chat_template, conversation(messages), ctx.tokenizer.special_tokens_map,
-                           add_generation_prompt, tools, documents, **kwargs)  # fmt: skip
+        kwargs = resolve_kwargs(template, kwargs)
+        kwargs.pop("return_dict", None)
+        out = await tok.apply_chat_template_async(chat, template, tools, tokenize=tokenize, **kwargs)
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
-    return ctx.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    except Exception as e:  # noqa: BLE001 - as vLLM: whatever the template or transformers refused is the request's fault
+        raise bad_request(template_error_reason(e)) from None
+    if isinstance(out, str):
+        out = await tok.encode_async(out, add_special_tokens=add_special_tokens)
+    return out, chat
 
 
-def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest, rendered=None) -> tuple[list[int], int, int | None, EngineParams]:
+def check_chat_fields(req: ChatCompletionRequest) -> None:
+    """vLLM's request validators for what kvpool renders: the generation prompt and
+    the multimodal kwargs it refuses without --trust-request-mm-kwargs (refused by
+    kvpool's serve)."""
+    if req.continue_final_message and req.add_generation_prompt:
+        raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    for name in ("mm_processor_kwargs", "media_io_kwargs"):
+        if getattr(req, name):
+            raise bad_request(f"Per-request {name} are disabled by default because they can change multimodal "
+                              f"{'preprocessing' if name == 'mm_processor_kwargs' else 'media loading'} resource usage. "
+                              "Start the server with --trust-request-mm-kwargs only when clients are trusted.", name)  # fmt: skip
+
+
+async def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest,
+                            rendered=None) -> tuple[list[int], int, int | None, EngineParams, list[dict]]:  # fmt: skip
     """A checked chat request as the engine runs it: (prompt token ids, max_tokens,
-    logprobs asked for or None, engine params). Shared by the endpoint and its render.
-    ``rendered()``, if given, is called between the prompt's checks and the sampling
-    fields' (where vLLM's request gets its id)."""
+    logprobs asked for or None, engine params, the rendered conversation). Shared by
+    the endpoint and its render. ``rendered()``, if given, is called between the
+    prompt's checks and the sampling fields' (where vLLM's request gets its id)."""
     ctx.check_model(req.model)
     if not req.messages:
         raise bad_request("messages must not be empty", "messages")
     if req.top_logprobs and not req.logprobs:
         raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
-    ids = chat_prompt(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens, req.tools, req.documents,
-                      req.chat_template_kwargs)  # fmt: skip
+    check_chat_fields(req)
+    ids, chat = await chat_prompt(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens, req.tools, req.documents,
+                                  req.chat_template_kwargs, req.continue_final_message, req.chat_template)  # fmt: skip
     requested = req.max_completion_tokens or req.max_tokens
     check_prompt_length(len(ids), requested, ctx.max_model_len)
     if rendered is not None:
         rendered()
     max_tokens = output_budget(requested, len(ids), ctx.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)
     num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return ids, max_tokens, num_logprobs, engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
+    params = engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
+    return ids, max_tokens, num_logprobs, params, chat
+
+
+def echo_text(ctx: ServingContext, req: ChatCompletionRequest, chat: list[dict]) -> str:
+    """vLLM's chat ``echo``: the last message's content, when its role is the reply's."""
+    if not req.echo or not chat or chat[-1].get("role") != chat_role(ctx, req):
+        return ""
+    return chat[-1].get("content") or ""
 
 
 def chat_role(ctx: ServingContext, req: ChatCompletionRequest) -> str:
@@ -119,15 +164,16 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
     request_id = response_id("chatcmpl", request, req.request_id)
     ctx.preflight(req.model, req.n)
     # NOTE: --log-error-stack's lines name the id from where vLLM's request has one
-    ids, max_tokens, num_logprobs, params = chat_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
+    ids, max_tokens, num_logprobs, params, chat = await chat_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
     params = with_header_priority(params, request.headers)
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
+    echo = echo_text(ctx, req, chat)
     if req.stream:
-        return await _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids)
+        return await _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids, echo)
 
     choices = await collect(ctx, request_id, [ids], params)
     out = [{
-        "index": c.index, "message": {"role": chat_role(ctx, req), "content": c.text, "tool_calls": []},
+        "index": c.index, "message": {"role": chat_role(ctx, req), "content": echo + c.text, "tool_calls": []},
         "logprobs": chat_logprobs(ctx.tokenizer, c.token_ids, c.logprobs, num_logprobs, as_ids) if num_logprobs is not None else None,
         "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
     } for c in choices]  # fmt: skip
@@ -142,7 +188,7 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
     })  # fmt: skip
 
 
-async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids) -> web.StreamResponse:
+async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids, echo) -> web.StreamResponse:
     created = now()
     include_usage, continuous = ctx.include_usage(req.stream_options)
     resp = await start_sse(request)
@@ -187,6 +233,10 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
         for i in range(params.n):
             first = {"index": i, "delta": {"role": chat_role(ctx, req), "content": ""}, "logprobs": None, "finish_reason": None}
             await send_event(resp, chunk([first], usage(len(ids), 0) if continuous else None))
+        if echo:  # NOTE: as vLLM, one chunk per choice after the role chunks
+            for i in range(params.n):
+                echoed = {"index": i, "delta": {"content": echo}, "logprobs": None, "finish_reason": None}
+                await send_event(resp, chunk([echoed], usage(len(ids), 0) if continuous else None))
         await StreamedChoices(ctx, request, resp, render).run(choice_requests(request_id, [ids], params))
         if include_usage:
             await send_event(resp, chunk([], usage(len(ids), sum(generated), ctx.cached(cached[0]))))

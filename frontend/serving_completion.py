@@ -43,7 +43,7 @@ def _is_token_id(t) -> bool:
     return isinstance(t, int) and not isinstance(t, bool)
 
 
-def prompt_token_ids(ctx: ServingContext, req: CompletionRequest) -> tuple[list[list[int]], list[str | None]]:
+async def prompt_token_ids(ctx: ServingContext, req: CompletionRequest) -> tuple[list[list[int]], list[str | None]]:
     """Each prompt's token ids, and its text where it came as text."""
     p = req.prompt
     if isinstance(p, str) or (p and all(_is_token_id(t) for t in p)):
@@ -55,7 +55,7 @@ def prompt_token_ids(ctx: ServingContext, req: CompletionRequest) -> tuple[list[
     ids, texts = [], []
     for one in p:
         if isinstance(one, str):
-            ids.append(ctx.tokenizer.encode(one, add_special_tokens=req.add_special_tokens))
+            ids.append(await ctx.tokenizer.encode_async(one, add_special_tokens=req.add_special_tokens))
             texts.append(one)
         else:
             if not one:
@@ -66,7 +66,7 @@ def prompt_token_ids(ctx: ServingContext, req: CompletionRequest) -> tuple[list[
     return ids, texts
 
 
-def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
+async def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
                             rendered=None) -> tuple[list[list[int]], list[str | None], int, EngineParams]:  # fmt: skip
     """A checked completion request as the engine runs it: (each prompt's token ids,
     its text where one was given, max_tokens, engine params). Shared by the endpoint
@@ -75,7 +75,7 @@ def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
     ctx.check_model(req.model)
     if req.suffix is not None:
         raise bad_request("suffix is not currently supported", "suffix")
-    prompts, texts = prompt_token_ids(ctx, req)
+    prompts, texts = await prompt_token_ids(ctx, req)
     for ids in prompts:
         check_prompt_length(len(ids), req.max_tokens, ctx.max_model_len)
     if rendered is not None:
@@ -89,7 +89,7 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
     request_id = response_id("cmpl", request, req.request_id)
     ctx.preflight(req.model, req.n)
     # NOTE: --log-error-stack's lines name the id from where vLLM's request has one
-    prompts, texts, max_tokens, params = completion_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
+    prompts, texts, max_tokens, params = await completion_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
     params = with_header_priority(params, request.headers)
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
     echo = [(t if t is not None else ctx.tokenizer.decode(ids)) if req.echo else "" for ids, t in zip(prompts, texts, strict=True)]

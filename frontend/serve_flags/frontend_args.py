@@ -74,7 +74,7 @@ _RULES = [
     refused("--tool-parser-plugin", ONE, why.TOOLS),
     refused("--tool-server", ONE, why.TOOLS),
     refused("--tool-strict-level", ONE, why.TOOLS, accepts=("auto",)),
-    refused("--trust-request-chat-template", BOOL, "kvpool always renders with the server's chat template", accepts=(False,)),
+    passed("--trust-request-chat-template", BOOL, FRONT),
     refused("--trust-request-mm-kwargs", BOOL, why.MULTIMODAL, accepts=(False,)),
     passed("--uds", ONE, FRONT),
     passed("--uvicorn-log-level", ONE, FRONT),

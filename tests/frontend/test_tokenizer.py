@@ -1,4 +1,4 @@
-"""frontend.tokenizer against transformers' AutoTokenizer on the same files."""
+"""frontend.tokenizer against transformers' AutoTokenizer on the same files (vLLM's tokenizer)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def test_decode_equals_transformers(tok, hf_tokenizer, text, skip):
 
 
 def test_special_tokens_come_from_tokenizer_config(tok, hf_tokenizer):
+    assert tok.all_special_ids == hf_tokenizer.all_special_ids
     assert (tok.bos_token_id, tok.eos_token_id) == (hf_tokenizer.bos_token_id, hf_tokenizer.eos_token_id) == (0, 1)
     assert tok.special_tokens_map == {"bos_token": "<|bos|>", "eos_token": "<|eos|>"}
     assert tok.vocab_size == len(hf_tokenizer)
@@ -71,3 +72,34 @@ def test_a_folder_without_tokenizer_json_is_refused_by_name(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="not a readable tokenizer"):
         Tokenizer(tmp_path)
+
+
+def test_a_qwen2_checkpoint_tokenizes_as_transformers_builds_it(tiny_checkpoint, tmp_path):
+    """transformers 5 builds Qwen2's tokenizer from the model type (digits split one by
+    one), not from tokenizer.json's pre-tokenizer: the ids are what vLLM's get_tokenizer gets."""
+    from kvtest.local_tokenizers import qwen2_checkpoint
+    from tokenizers import Tokenizer as RawTokenizer
+    from transformers import AutoTokenizer
+
+    d = qwen2_checkpoint(tiny_checkpoint, tmp_path / "qwen2")
+    hf = AutoTokenizer.from_pretrained(str(d))
+    tok = Tokenizer(d)
+    text = "in 2024 there were 12345 cats"
+    assert tok.encode(text) == hf(text).input_ids
+    assert tok.encode(text) != RawTokenizer.from_file(str(d / "tokenizer.json")).encode(text).ids  # the test means something
+    for t in TEXTS:
+        assert tok.encode(t, add_special_tokens=False) == hf(t, add_special_tokens=False).input_ids
+
+
+def test_encode_async_runs_in_the_tokenizer_thread_with_the_same_ids(tok, hf_tokenizer):
+    import asyncio
+    import threading
+
+    async def main():
+        ids = await asyncio.gather(*(tok.encode_async(t) for t in TEXTS))
+        return ids, threading.get_ident()
+
+    ids, loop_thread = asyncio.run(main())
+    assert ids == [hf_tokenizer(t).input_ids for t in TEXTS]
+    names = {t.name for t in threading.enumerate()}
+    assert any(n.startswith("tokenizer") for n in names) and loop_thread is not None
