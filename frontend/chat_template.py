@@ -103,6 +103,25 @@ def template_error_reason(e: BaseException) -> str:
     return str(e)
 
 
+async def safe_apply_chat_template(tokenizer, conversation: list[dict], *, tools=None, chat_template: str | None = None,
+                                   tokenize: bool = True, **kwargs) -> str | list[int]:  # fmt: skip
+    """vLLM's ``safe_apply_chat_template``, in the tokenizer thread: the template
+    resolved, "developer" messages made "system" ones where the template knows no such
+    role, the kwargs filtered, then transformers renders; whatever it or the template
+    raises is a ChatTemplateError with the reason (a 400, as vLLM)."""
+    template = tokenizer.resolve_chat_template(chat_template, tools)
+    if template is None:
+        raise ChatTemplateError(NO_TEMPLATE)
+    if any(m.get("role") == "developer" for m in conversation) and not mentions_developer_role(template):
+        conversation = developer_to_system(conversation)
+    resolved = resolve_kwargs(template, kwargs)
+    resolved.pop("return_dict", None)  # NOTE: vLLM forces return_dict=False: ids or text, never a BatchEncoding
+    try:
+        return await tokenizer.apply_chat_template_async(conversation, template, tools, tokenize, **resolved)
+    except Exception as e:  # noqa: BLE001 - as vLLM: what the template or transformers refused is the request's fault
+        raise ChatTemplateError(template_error_reason(e)) from e
+
+
 def mentions_developer_role(template: str) -> bool:
     return '"developer"' in template or "'developer'" in template
 

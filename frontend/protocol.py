@@ -85,7 +85,9 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = 0
-    add_generation_prompt: bool = True
+    # NOTE: whether the client sent it matters (vLLM's check of continue_final_message
+    # reads the raw body): ``add_generation_prompt`` is the value, True when not sent.
+    add_generation_prompt_sent: bool | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="add_generation_prompt")
     continue_final_message: bool = False
     add_special_tokens: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
@@ -96,6 +98,10 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     # Refused by name, as vLLM refuses them without --trust-request-mm-kwargs (frontend.serving_chat).
     mm_processor_kwargs: dict[str, Any] | None = None
     media_io_kwargs: dict[str, Any] | None = None
+
+    @property
+    def add_generation_prompt(self) -> bool:
+        return True if self.add_generation_prompt_sent is msgspec.UNSET else self.add_generation_prompt_sent
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):

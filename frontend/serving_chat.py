@@ -11,10 +11,8 @@ from frontend.chat_template import (
     NO_TEMPLATE,
     UNTRUSTED,
     ChatTemplateError,
-    developer_to_system,
-    mentions_developer_role,
-    resolve_kwargs,
-    template_error_reason,
+    merge_kwargs,
+    safe_apply_chat_template,
 )
 from frontend.chat_template import chat_template_kwargs as chat_template_kwargs_for
 from frontend.engine_client import EngineError
@@ -86,23 +84,15 @@ async def chat_prompt(ctx: ServingContext, messages: list[dict], add_generation_
     tok = ctx.tokenizer
     kwargs = chat_template_kwargs_for(ctx.default_chat_template_kwargs, tools, chat_template_kwargs, add_generation_prompt,
                                       continue_final_message, documents)  # fmt: skip
-    tools, tokenize = kwargs.pop("tools", None), kwargs.pop("tokenize", True)
-    requested = kwargs.pop("chat_template", None)
     # NOTE: vLLM's order: the request's template, --chat-template, chat_template_kwargs' one, the checkpoint's.
-    template = tok.resolve_chat_template(chat_template or (None if tok.chat_template_from_flag else requested), tools)
-    if template is None:
-        raise bad_request(NO_TEMPLATE, "messages")
+    kwargs = merge_kwargs(kwargs, {"chat_template": chat_template or (tok.chat_template if tok.chat_template_from_flag else None)})
     chat = conversation(messages)
-    if any(m["role"] == "developer" for m in chat) and not mentions_developer_role(template):
-        chat = developer_to_system(chat)
     try:
-        kwargs = resolve_kwargs(template, kwargs)
-        kwargs.pop("return_dict", None)
-        out = await tok.apply_chat_template_async(chat, template, tools, tokenize=tokenize, **kwargs)
+        out = await safe_apply_chat_template(tok, chat, **kwargs)
     except ChatTemplateError as e:
-        raise bad_request(str(e), "messages") from None
-    except Exception as e:  # noqa: BLE001 - as vLLM: whatever the template or transformers refused is the request's fault
-        raise bad_request(template_error_reason(e)) from None
+        raise bad_request(str(e), "messages" if str(e) == NO_TEMPLATE else None) from None
+    except TypeError as e:  # a kwarg named like one of safe_apply_chat_template's own, as vLLM's 400
+        raise bad_request(str(e)) from None
     if isinstance(out, str):
         out = await tok.encode_async(out, add_special_tokens=add_special_tokens)
     return out, chat
@@ -112,13 +102,15 @@ def check_chat_fields(req: ChatCompletionRequest) -> None:
     """vLLM's request validators for what kvpool renders: the generation prompt and
     the multimodal kwargs it refuses without --trust-request-mm-kwargs (refused by
     kvpool's serve)."""
-    if req.continue_final_message and req.add_generation_prompt:
+    # NOTE: as vLLM, only when both were sent; a default add_generation_prompt meets
+    # transformers' own refusal when the template is applied.
+    if req.continue_final_message and req.add_generation_prompt_sent is True:
         raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
     for name in ("mm_processor_kwargs", "media_io_kwargs"):
         if getattr(req, name):
             raise bad_request(f"Per-request {name} are disabled by default because they can change multimodal "
                               f"{'preprocessing' if name == 'mm_processor_kwargs' else 'media loading'} resource usage. "
-                              "Start the server with --trust-request-mm-kwargs only when clients are trusted.", name)  # fmt: skip
+                              f"Start the server with --trust-request-mm-kwargs only when clients are trusted. (parameter={name})", name)  # fmt: skip
 
 
 async def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest,
