@@ -37,6 +37,8 @@ class Tokenizer:
         d = Path(model_dir)
         if not (d / "tokenizer.json").is_file():
             raise TokenizerError(f"{d} has no tokenizer.json (only fast tokenizers are supported)")
+        # NOTE: imported here, not at the top: transformers takes seconds to import, and
+        # `kvpool serve`'s launcher imports this package without ever tokenizing.
         from transformers import AutoTokenizer, TokenizersBackend
 
         try:

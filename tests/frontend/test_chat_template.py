@@ -138,3 +138,44 @@ def test_chat_template_flag_is_a_file_or_the_template_itself(tmp_path):
     (tmp_path / "latin1.jinja").write_bytes(b"caf\xe9 {{ x }}")
     with pytest.raises(ChatTemplateError, match="not UTF-8"):
         load_chat_template(str(tmp_path / "latin1.jinja"))
+
+
+def _ctx(tok, trust: bool, defaults: dict | None = None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(tokenizer=tok, trust_request_chat_template=trust, default_chat_template_kwargs=defaults or {})
+
+
+def test_a_request_template_only_with_the_trust_flag_and_in_vllms_order(tiny_checkpoint):
+    """vLLM: the request's chat_template, else --chat-template, else
+    chat_template_kwargs' chat_template, else the checkpoint's; a template from the
+    request is refused without --trust-request-chat-template."""
+    from frontend.errors import APIError
+    from frontend.serving_chat import chat_prompt
+
+    tok = Tokenizer(tiny_checkpoint)
+
+    def text(ctx, **kw):
+        ids, _ = asyncio.run(chat_prompt(ctx, [{"role": "user", "content": "hi"}], True, False, **kw))
+        return tok.decode(ids, skip_special_tokens=False)
+
+    trusted = _ctx(tok, True)
+    assert text(trusted, chat_template="R{{ messages[0].content }}", chat_template_kwargs={"chat_template": "K"}) == "Rhi"
+    assert text(trusted, chat_template_kwargs={"chat_template": "K{{ messages[0].content }}"}) == "Khi"
+    assert text(trusted) == "<|bos|><|user|>hi<|eos|><|assistant|>"
+    tok.chat_template, tok.chat_template_from_flag = "F{{ messages[0].content }}", True  # --chat-template
+    assert text(trusted, chat_template_kwargs={"chat_template": "K"}) == "Fhi"
+    assert text(trusted, chat_template="R{{ messages[0].content }}") == "Rhi"
+    for kw in ({"chat_template": "R"}, {"chat_template_kwargs": {"chat_template": "K"}}):
+        with pytest.raises(APIError, match="--trust-request-chat-template is not set"):
+            text(_ctx(tok, False), **kw)
+    # --default-chat-template-kwargs sit under the request's
+    tok.chat_template = "{{ a }}{{ b }}"
+    assert text(_ctx(tok, False, {"a": 1, "b": 2}), chat_template_kwargs={"b": 3, "a": None}) == "13"
+
+
+def test_the_flag_reaches_the_frontend_config():
+    from frontend.config import build_parser
+
+    assert build_parser().parse_args(["--model", "m", "--trust-request-chat-template"]).trust_request_chat_template is True
+    assert build_parser().parse_args(["--model", "m"]).trust_request_chat_template is False
