@@ -179,3 +179,26 @@ def test_the_event_loop_serves_health_while_a_huge_prompt_is_tokenized(served):
     during = [t for t in answered if t < result["end"]]
     # NOTE: a loop blocked by the tokenizer answers at most the one /health already sent.
     assert len(during) >= 3, f"{len(during)} /health answers while the prompt was tokenized for {result['end'] - start:.2f}s"
+
+
+def test_a_qwen2_checkpoint_is_tokenized_as_transformers_builds_its_tokenizer(tiny_checkpoint, tmp_path):
+    """transformers 5 gives a qwen2 config Qwen2's tokenizer (digits one by one) whatever
+    tokenizer.json's pre-tokenizer: kvpool serve's /tokenize gives AutoTokenizer's ids,
+    as vLLM's get_tokenizer does, not the file's."""
+    import shutil
+
+    from kvtest.hf_models import make_checkpoint
+    from kvtest.local_tokenizers import qwen2_checkpoint
+    from kvtest.serve import kvpool_serve
+    from tokenizers import Tokenizer as RawTokenizer
+    from transformers import AutoTokenizer
+
+    d = make_checkpoint("qwen2", tmp_path / "qwen2")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(qwen2_checkpoint(tiny_checkpoint, tmp_path / "tok") / name, d / name)
+    text = "in 2024 there were 12345 cats"
+    expected = AutoTokenizer.from_pretrained(str(d))(text).input_ids
+    assert expected != RawTokenizer.from_file(str(d / "tokenizer.json")).encode(text).ids
+    with kvpool_serve(d, tmp_path / "logs") as s:
+        status, body = post(s, "/tokenize", {"prompt": text})
+    assert (status, body["tokens"]) == (200, expected)
