@@ -212,7 +212,7 @@ class APIServer:
             add = True if req.add_special_tokens is None else req.add_special_tokens
             ids = await self.tokenizer.encode_async(req.prompt, add_special_tokens=add)
         else:
-            if req.continue_final_message and req.add_generation_prompt:
+            if req.continue_final_message and req.add_generation_prompt_sent is True:  # NOTE: as vLLM, only when both were sent
                 raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
             ids, _ = await chat_prompt(self.ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens), req.tools,
                                        chat_template_kwargs=req.chat_template_kwargs, continue_final_message=req.continue_final_message,

@@ -109,12 +109,16 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
     add_special_tokens: bool | None = None
-    add_generation_prompt: bool = True
+    add_generation_prompt_sent: bool | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="add_generation_prompt")
     return_token_strs: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     continue_final_message: bool = False
     chat_template: str | None = None
     tools: list[dict[str, Any]] | None = None
+
+    @property
+    def add_generation_prompt(self) -> bool:
+        return True if self.add_generation_prompt_sent is msgspec.UNSET else self.add_generation_prompt_sent
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):
