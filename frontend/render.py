@@ -22,7 +22,7 @@ from frontend.serving_completion import completion_engine_input
 def _generate_request(ctx: ServingContext, request_id: str, token_ids: list[int], params: EngineParams, req) -> dict:
     """One vLLM ``GenerateRequest``, field for field."""
     sampling = {**params.generate, "n": params.n, "stop": params.stop, "include_stop_str_in_output": params.include_stop_str_in_output,
-                "skip_special_tokens": params.skip_special_tokens}  # fmt: skip
+                "skip_special_tokens": params.skip_special_tokens, "spaces_between_special_tokens": params.spaces_between_special_tokens}  # fmt: skip
     sampling.pop("cache_salt", None)
     priority = sampling.pop("priority")
     return {"request_id": request_id, "token_ids": token_ids, "features": None, "sampling_params": sampling, "model": ctx.model_name,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
+from frontend.chat_messages import conversation
 from frontend.chat_template import (
     NO_TEMPLATE,
     UNTRUSTED,
@@ -46,27 +47,6 @@ from frontend.serving import (
 from frontend.streaming import ClientGone, StreamedChoices, TextChunk
 
 _encode = msgspec.json.encode
-
-
-def conversation(messages: list[dict]) -> list[dict]:
-    """Messages as chat templates read them: text parts joined with new lines, as
-    vLLM's "string" content format does."""
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m.get("role"), str):
-            raise bad_request(f"messages[{i}] has no role", "messages")
-        content = m.get("content")
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise bad_request(f"messages[{i}]: only text content parts are supported", "messages")
-                texts.append(part["text"])
-            content = "\n".join(texts)
-        elif content is not None and not isinstance(content, str):
-            raise bad_request(f"messages[{i}].content must be a string or a list of content parts", "messages")
-        out.append({**m, "content": content})
-    return out
 
 
 def check_request_templates(ctx: ServingContext, chat_template: str | None, chat_template_kwargs: dict | None) -> None:
