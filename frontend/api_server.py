@@ -76,6 +76,7 @@ class APIServer:
             response_role=config.response_role, prompt_tokens_details=config.enable_prompt_tokens_details,
             force_include_usage=config.enable_force_include_usage, default_chat_template_kwargs=config.default_chat_template_kwargs or {},
             trust_request_chat_template=config.trust_request_chat_template,
+            chat_template_content_format=config.chat_template_content_format,
             output_log=OutputLog(config.max_log_len, config.enable_log_deltas) if config.enable_log_outputs else None,
             sse_keep_alive_s=float(config.sse_keep_alive_interval),
             max_tokens_cap=max_tokens_cap(config.generation_config, defaults, config.override_generation_config),

@@ -1,9 +1,11 @@
 """A chat request's messages as vLLM 0.32 hands them to the chat template
-(``vllm/renderers/chat_utils.py``, ``parse_chat_messages`` with the "string" content
-format, text only).
+(``vllm/renderers/chat_utils.py``, ``parse_chat_messages``), text only.
 
-Each message becomes a new dict of the fields vLLM keeps: ``role`` and ``content``
-(its text parts joined with new lines; none is ""), an assistant's ``tool_calls``
+Each message becomes a new dict of the fields vLLM keeps: ``role`` and ``content`` --
+in the "string" format its text parts joined with new lines (none is ""), in the
+"openai" format (``frontend.content_format``) a list of ``{"type": "text", "text"}``
+parts, a string content made one part (a tool message's all-text parts are joined
+into a string all the same) -- an assistant's ``tool_calls``
 (their ``arguments`` parsed from JSON into a dict, as transformers' templates expect;
 an empty list dropped) and ``reasoning`` (also as ``reasoning_content``), a tool
 message's ``tool_call_id``, a string ``name`` or ``task``, a developer message's
@@ -22,6 +24,12 @@ _TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "ref
 _SKIP_WITHOUT_CONTENT = ("text", "refusal")
 
 
+# vLLM's _KNOWN_CONTENT_PART_FIELDS: in the "openai" format, a text part keeps its other keys.
+_KNOWN_PART_FIELDS = frozenset(("audio_embeds", "audio_url", "closed", "data", "file", "image_embeds", "image_pil", "image_url",
+                                "input_audio", "name", "prompt_cache_breakpoint", "refusal", "text", "thinking", "type", "uuid",
+                                "video_embeds", "video_url"))  # fmt: skip
+
+
 def _text_part(i: int, part) -> str | None:
     if isinstance(part, str):
         return part
@@ -34,14 +42,18 @@ def _text_part(i: int, part) -> str | None:
     return text if isinstance(text, str) else str(text)
 
 
-def _content(i: int, content) -> str:
+def _content(i: int, content, parts: bool) -> str | list[dict]:
     if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
+        content = []
+    elif isinstance(content, str):
+        content = [content]
+    elif not isinstance(content, list):
         raise bad_request(f"messages[{i}].content must be a string or a list of content parts", "messages")
-    return "\n".join(t for t in (_text_part(i, p) for p in content) if t is not None)
+    texts = [(p, t) for p in content if (t := _text_part(i, p)) is not None]
+    if not parts:
+        return "\n".join(t for _, t in texts)
+    return [{"type": "text", "text": t, **({k: v for k, v in p.items() if k not in _KNOWN_PART_FIELDS} if isinstance(p, dict) else {})}
+            for p, t in texts]  # fmt: skip
 
 
 def _arguments(function: dict) -> None:
@@ -73,14 +85,14 @@ def _tool_calls(calls: list) -> list:
     return out
 
 
-def conversation(messages: list[dict]) -> list[dict]:
-    """The messages as the chat template sees them."""
+def conversation(messages: list[dict], content_format: str = "string") -> list[dict]:
+    """The messages as the chat template sees them, in ``content_format`` ("string" or "openai")."""
     out = []
     for i, m in enumerate(messages):
         role = m.get("role")
         if not isinstance(role, str):
             raise bad_request(f"messages[{i}] has no role", "messages")
-        msg = {"role": role, "content": _content(i, m.get("content"))}
+        msg = {"role": role, "content": _content(i, m.get("content"), content_format == "openai" and role != "tool")}
         if role == "assistant":
             if isinstance(m.get("tool_calls"), list) and m["tool_calls"]:
                 msg["tool_calls"] = _tool_calls(m["tool_calls"])

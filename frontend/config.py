@@ -66,6 +66,7 @@ class FrontendConfig:
     disable_fastapi_docs: bool = False
     root_path: str | None = None
     chat_template: str | None = None
+    chat_template_content_format: str = "auto"  # "string", "openai", or auto: frontend.content_format
     response_role: str = "assistant"
     enable_server_load_tracking: bool = False
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING: the LoRA routes exist (and refuse: no LoRA here).
@@ -136,6 +137,8 @@ def add_operator_args(p: argparse.ArgumentParser, d: FrontendConfig) -> None:
     p.add_argument("--disable-fastapi-docs", action=flag, default=False, help="accepted; there are no docs routes to disable (default %(default)s)")
     p.add_argument("--root-path", default=None, help="a path prefix every route answers under as well, behind a proxy (default: none)")
     p.add_argument("--chat-template", default=None, help="a chat template file, or the template itself (default: the checkpoint's)")
+    p.add_argument("--chat-template-content-format", default="auto", choices=["auto", "string", "openai"],
+                   help="messages' content as a string or as OpenAI's parts; auto: what the template reads (default %(default)s)")
     p.add_argument("--response-role", default=d.response_role, help="the role of chat replies (default %(default)s)")
     p.add_argument("--enable-server-load-tracking", action=flag, default=False, help="/load counts the requests being served (default %(default)s: 0)")
 

@@ -47,6 +47,7 @@ class ServingContext:
     force_include_usage: bool = False  # --enable-force-include-usage
     default_chat_template_kwargs: dict = field(default_factory=dict)  # --default-chat-template-kwargs
     trust_request_chat_template: bool = False  # --trust-request-chat-template
+    chat_template_content_format: str = "auto"  # --chat-template-content-format
     output_log: OutputLog | None = None  # --enable-log-outputs (chat only, as vLLM)
     sse_keep_alive_s: float = 0.0  # --sse-keep-alive-interval
     max_tokens_cap: int | None = None  # vLLM's override_max_tokens (frontend.sampling.max_tokens_cap)

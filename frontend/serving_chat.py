@@ -16,6 +16,7 @@ from frontend.chat_template import (
     safe_apply_chat_template,
 )
 from frontend.chat_template import chat_template_kwargs as chat_template_kwargs_for
+from frontend.content_format import detect_content_format
 from frontend.engine_client import EngineError
 from frontend.error_middleware import REQUEST_ID_KEY
 from frontend.errors import APIError, bad_request
@@ -65,8 +66,13 @@ async def chat_prompt(ctx: ServingContext, messages: list[dict], add_generation_
     kwargs = chat_template_kwargs_for(ctx.default_chat_template_kwargs, tools, chat_template_kwargs, add_generation_prompt,
                                       continue_final_message, documents)  # fmt: skip
     # NOTE: vLLM's order: the request's template, --chat-template, chat_template_kwargs' one, the checkpoint's.
-    kwargs = merge_kwargs(kwargs, {"chat_template": chat_template or (tok.chat_template if tok.chat_template_from_flag else None)})
-    chat = conversation(messages)
+    template = chat_template or (tok.chat_template if tok.chat_template_from_flag else None)
+    kwargs = merge_kwargs(kwargs, {"chat_template": template})
+    content_format = ctx.chat_template_content_format
+    if content_format == "auto":  # NOTE: as vLLM, read from the template chat_template_kwargs' one would not replace
+        resolved = tok.resolve_chat_template(template, kwargs.get("tools"))
+        content_format = "string" if resolved is None else detect_content_format(resolved)
+    chat = conversation(messages, content_format)
     try:
         out = await safe_apply_chat_template(tok, chat, **kwargs)
     except ChatTemplateError as e:
@@ -121,7 +127,8 @@ def echo_text(ctx: ServingContext, req: ChatCompletionRequest, chat: list[dict])
     """vLLM's chat ``echo``: the last message's content, when its role is the reply's."""
     if not req.echo or not chat or chat[-1].get("role") != chat_role(ctx, req):
         return ""
-    return chat[-1].get("content") or ""
+    content = chat[-1].get("content") or ""
+    return "\n".join(p["text"] for p in content) if isinstance(content, list) else content  # the "openai" format's parts
 
 
 def chat_role(ctx: ServingContext, req: ChatCompletionRequest) -> str:

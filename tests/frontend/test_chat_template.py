@@ -143,7 +143,8 @@ def test_chat_template_flag_is_a_file_or_the_template_itself(tmp_path):
 def _ctx(tok, trust: bool, defaults: dict | None = None):
     from types import SimpleNamespace
 
-    return SimpleNamespace(tokenizer=tok, trust_request_chat_template=trust, default_chat_template_kwargs=defaults or {})
+    return SimpleNamespace(tokenizer=tok, trust_request_chat_template=trust, default_chat_template_kwargs=defaults or {},
+                           chat_template_content_format="auto")
 
 
 def test_a_request_template_only_with_the_trust_flag_and_in_vllms_order(tiny_checkpoint):
