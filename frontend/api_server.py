@@ -225,7 +225,7 @@ class APIServer:
         req = await read_body(request, DetokenizeRequest)
         self.ctx.check_model(req.model)
         self.ctx.check_token_ids(req.tokens, "tokens")
-        return json_response({"prompt": self.tokenizer.decode(req.tokens)})
+        return json_response({"prompt": await self.tokenizer.decode_async(req.tokens)})
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         scheduler = b""

@@ -43,12 +43,15 @@ def merge_kwargs(defaults: dict | None, overrides: dict | None) -> dict:
 
 
 def chat_template_kwargs(server_defaults: dict, tools, requested: dict | None, add_generation_prompt: bool,
-                         continue_final_message: bool, documents) -> dict:  # fmt: skip
-    """Every kwarg of one request's ``apply_chat_template`` call, merged as vLLM merges them."""
+                         continue_final_message: bool, documents, reasoning_effort: str | None = None) -> dict:  # fmt: skip
+    """Every kwarg of one request's ``apply_chat_template`` call, merged as vLLM merges them
+    (a reasoning_effort also sets enable_thinking, unless chat_template_kwargs does)."""
     defaults = merge_kwargs(server_defaults, {"tools": tools, "tokenize": False})
-    request = merge_kwargs(requested, {"add_generation_prompt": add_generation_prompt,
-                                       "continue_final_message": continue_final_message, "documents": documents})  # fmt: skip
-    return merge_kwargs(defaults, request)
+    extra = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message,
+             "documents": documents, "reasoning_effort": reasoning_effort}  # fmt: skip
+    if reasoning_effort is not None and "enable_thinking" not in (requested or {}):
+        extra["enable_thinking"] = reasoning_effort != "none"
+    return merge_kwargs(defaults, merge_kwargs(requested, extra))
 
 
 class _GenerationTag(jinja2.ext.Extension):

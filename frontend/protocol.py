@@ -9,7 +9,7 @@ body of the wrong shape is refused with msgspec's message, which names the field
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -95,6 +95,8 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     documents: list[dict[str, Any]] | None = None
     echo: bool = False
     chat_template: str | None = None
+    # A chat template variable (and enable_thinking's default), as vLLM's build_chat_params.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     # Refused by name, as vLLM refuses them without --trust-request-mm-kwargs (frontend.serving_chat).
     mm_processor_kwargs: dict[str, Any] | None = None
     media_io_kwargs: dict[str, Any] | None = None

@@ -58,13 +58,13 @@ def check_request_templates(ctx: ServingContext, chat_template: str | None, chat
 
 async def chat_prompt(ctx: ServingContext, messages: list[dict], add_generation_prompt: bool, add_special_tokens: bool,
                       tools=None, documents=None, chat_template_kwargs=None, continue_final_message: bool = False,
-                      chat_template: str | None = None) -> tuple[list[int], list[dict]]:  # fmt: skip
+                      chat_template: str | None = None, reasoning_effort: str | None = None) -> tuple[list[int], list[dict]]:  # fmt: skip
     """The prompt's token ids and the conversation rendered (vLLM's ``preprocess_chat``),
     in the tokenizer thread."""
     check_request_templates(ctx, chat_template, chat_template_kwargs)
     tok = ctx.tokenizer
     kwargs = chat_template_kwargs_for(ctx.default_chat_template_kwargs, tools, chat_template_kwargs, add_generation_prompt,
-                                      continue_final_message, documents)  # fmt: skip
+                                      continue_final_message, documents, reasoning_effort)  # fmt: skip
     # NOTE: vLLM's order: the request's template, --chat-template, chat_template_kwargs' one, the checkpoint's.
     template = chat_template or (tok.chat_template if tok.chat_template_from_flag else None)
     kwargs = merge_kwargs(kwargs, {"chat_template": template})
@@ -112,7 +112,7 @@ async def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest,
         raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
     check_chat_fields(req)
     ids, chat = await chat_prompt(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens, req.tools, req.documents,
-                                  req.chat_template_kwargs, req.continue_final_message, req.chat_template)  # fmt: skip
+                                  req.chat_template_kwargs, req.continue_final_message, req.chat_template, req.reasoning_effort)  # fmt: skip
     requested = req.max_completion_tokens or req.max_tokens
     check_prompt_length(len(ids), requested, ctx.max_model_len)
     if rendered is not None:

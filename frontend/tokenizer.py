@@ -94,6 +94,11 @@ class Tokenizer:
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
+    async def decode_async(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        """``decode`` in the tokenizer thread (vLLM's ``/detokenize``)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: self._pool_copy.decode(token_ids, skip_special_tokens=skip_special_tokens))
+
     def token_text(self, token_id: int) -> str:
         """One token as vLLM shows it in logprobs: the token decoded on its own."""
         return self.hf.decode([token_id], skip_special_tokens=False)

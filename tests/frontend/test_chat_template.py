@@ -180,3 +180,16 @@ def test_the_flag_reaches_the_frontend_config():
 
     assert build_parser().parse_args(["--model", "m", "--trust-request-chat-template"]).trust_request_chat_template is True
     assert build_parser().parse_args(["--model", "m"]).trust_request_chat_template is False
+
+
+def test_reasoning_effort_is_a_template_variable_and_sets_enable_thinking_as_vllm():
+    """vLLM's build_chat_params: reasoning_effort joins the kwargs, and turns
+    enable_thinking on (off for "none") unless chat_template_kwargs names it."""
+    assert chat_template_kwargs({}, None, None, True, False, None, "low") == {
+        "tokenize": False, "add_generation_prompt": True, "continue_final_message": False, "reasoning_effort": "low",
+        "enable_thinking": True}  # fmt: skip
+    assert chat_template_kwargs({}, None, None, True, False, None, "none")["enable_thinking"] is False
+    # named by the request (even as null: then the server's default, here none, stands)
+    assert "enable_thinking" not in chat_template_kwargs({}, None, {"enable_thinking": None}, True, False, None, "high")
+    assert chat_template_kwargs({}, None, {"enable_thinking": False}, True, False, None, "high")["enable_thinking"] is False
+    assert chat_template_kwargs({"enable_thinking": True}, None, None, True, False, None, None)["enable_thinking"] is True
