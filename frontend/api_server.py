@@ -225,7 +225,8 @@ class APIServer:
         req = await read_body(request, DetokenizeRequest)
         self.ctx.check_model(req.model)
         self.ctx.check_token_ids(req.tokens, "tokens")
-        return json_response({"prompt": await self.tokenizer.decode_async(req.tokens)})
+        # NOTE: vLLM's transformers decode, whose default keeps the special tokens
+        return json_response({"prompt": await self.tokenizer.decode_async(req.tokens, skip_special_tokens=False)})
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         scheduler = b""

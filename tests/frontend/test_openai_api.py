@@ -187,7 +187,9 @@ def test_tokenize_and_detokenize_equal_transformers(served, hf):
     expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     assert body["tokens"] == (expected if isinstance(expected, list) else expected["input_ids"])
     status, body = post(served, "/detokenize", {"tokens": tok(text).input_ids})
-    assert status == 200 and body["prompt"] == tok.decode(tok(text).input_ids, skip_special_tokens=True)
+    # NOTE: vLLM decodes with transformers' default, special tokens kept (a live vLLM 0.32
+    # answered "<s> the cat</s><|user|>" for [<s>, the, cat, </s>, <|user|>])
+    assert status == 200 and body["prompt"] == tok.decode(tok(text).input_ids) == "héllo 世界 🎉 <|eos|>"
 
 
 def test_echo_and_streamed_n(client, model, hf):

@@ -202,3 +202,15 @@ def test_a_qwen2_checkpoint_is_tokenized_as_transformers_builds_its_tokenizer(ti
     with kvpool_serve(d, tmp_path / "logs") as s:
         status, body = post(s, "/tokenize", {"prompt": text})
     assert (status, body["tokens"]) == (200, expected)
+
+
+def test_detokenize_and_a_token_prompts_echo_keep_special_tokens(served, hf):
+    """vLLM decodes a token prompt with transformers' default (special tokens kept): a
+    live vLLM 0.32 answered "<s> the cat</s><|user|>" to both for these ids."""
+    ids = [hf.convert_tokens_to_ids("<s>"), *hf("the cat", add_special_tokens=False).input_ids,
+           hf.convert_tokens_to_ids("</s>"), hf.convert_tokens_to_ids("<|user|>")]  # fmt: skip
+    expected = hf.decode(ids)
+    assert expected == "<s> the cat</s><|user|>"
+    assert post(served, "/detokenize", {"tokens": ids}) == (200, {"prompt": expected})
+    status, body = post(served, "/v1/completions", {"prompt": ids, "echo": True, **GREEDY})
+    assert status == 200 and body["choices"][0]["text"].startswith(expected)
