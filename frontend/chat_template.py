@@ -54,7 +54,7 @@ def chat_template_kwargs(server_defaults: dict, tools, requested: dict | None, a
     return merge_kwargs(defaults, merge_kwargs(requested, extra))
 
 
-class _GenerationTag(jinja2.ext.Extension):
+class GenerationTag(jinja2.ext.Extension):
     """transformers' ``{% generation %}`` block, parsed only (vLLM's ``AssistantTracker``)."""
 
     tags = {"generation"}
@@ -71,7 +71,7 @@ class _GenerationTag(jinja2.ext.Extension):
 @lru_cache(maxsize=32)
 def template_variables(template: str) -> frozenset[str]:
     """The variables a template reads (vLLM's ``_resolve_chat_template_kwargs``)."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, jinja2.ext.loopcontrols])
     try:
         return frozenset(jinja2.meta.find_undeclared_variables(env.parse(template)))
     except jinja2.TemplateError as e:

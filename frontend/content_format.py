@@ -21,7 +21,7 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from frontend.chat_template import _GenerationTag
+from frontend.chat_template import GenerationTag
 
 
 def _is_var(node, name: str) -> bool:
@@ -104,7 +104,7 @@ def _loops_over_content(root) -> bool:
 @lru_cache(maxsize=32)
 def detect_content_format(template: str) -> str:
     """"openai" or "string"; a template that does not parse is "string" (vLLM's default)."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, jinja2.ext.loopcontrols])
     try:
         root = env.parse(template)
     except jinja2.TemplateError:
