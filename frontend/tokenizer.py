@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+# vLLM's _MODEL_TYPES_WITH_INCORRECT_TOKENIZER_CLASS: loaded as the generic
+# TokenizersBackend, bypassing the class their tokenizer_config.json names.
+MODEL_TYPES_WITH_INCORRECT_TOKENIZER_CLASS = frozenset(("internlm2", "step3_vl", "step3p7", "unlimited-ocr", "unlimited_ocr"))
 # transformers' SPECIAL_TOKENS_ATTRIBUTES, in its order.
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
@@ -41,9 +45,10 @@ class Tokenizer:
         # `kvpool serve`'s launcher imports this package without ever tokenizing.
         from transformers import AutoTokenizer, TokenizersBackend
 
+        loader = TokenizersBackend if _model_type(d) in MODEL_TYPES_WITH_INCORRECT_TOKENIZER_CLASS else AutoTokenizer
         try:
             # NOTE: vLLM's get_tokenizer kwargs for a generate model (runner "generate").
-            hf = AutoTokenizer.from_pretrained(str(d), trust_remote_code=False, truncation_side="left")
+            hf = loader.from_pretrained(str(d), trust_remote_code=False, truncation_side="left")
         except Exception as e:  # noqa: BLE001 - transformers and tokenizers raise many kinds
             raise TokenizerError(f"{d / 'tokenizer.json'} is not a readable tokenizer: {e}") from None
         if not isinstance(hf, TokenizersBackend):
@@ -130,6 +135,14 @@ class Tokenizer:
 def _apply_chat_template(hf, conversation: list[dict], template: str, tools, tokenize: bool, kwargs: dict) -> str | list[int]:
     return hf.apply_chat_template(conversation=conversation, tools=tools, chat_template=template, tokenize=tokenize, return_dict=False,
                                   **kwargs)  # fmt: skip
+
+
+def _model_type(d: Path) -> str | None:
+    try:
+        config = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config.get("model_type") if isinstance(config, dict) else None
 
 
 def _default_template(template) -> str | None:

@@ -103,3 +103,15 @@ def test_encode_async_runs_in_the_tokenizer_thread_with_the_same_ids(tok, hf_tok
     assert ids == [hf_tokenizer(t).input_ids for t in TEXTS]
     names = {t.name for t in threading.enumerate()}
     assert any(n.startswith("tokenizer") for n in names) and loop_thread is not None
+
+
+def test_model_types_vllm_loads_as_the_generic_backend(tiny_checkpoint, tmp_path):
+    """vLLM's get_tokenizer bypasses AutoTokenizer for a few model types whose hub
+    tokenizer_class is wrong (_MODEL_TYPES_WITH_INCORRECT_TOKENIZER_CLASS)."""
+    from kvtest.local_tokenizers import qwen2_checkpoint
+
+    d = qwen2_checkpoint(tiny_checkpoint, tmp_path / "internlm2")
+    assert type(Tokenizer(d).hf).__name__ == "Qwen2Tokenizer"
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "model_type": "internlm2"}))
+    assert type(Tokenizer(d).hf).__name__ == "TokenizersBackend"
