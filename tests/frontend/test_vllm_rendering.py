@@ -154,10 +154,22 @@ def test_continue_final_message_and_echo(served, hf):
     assert echoed["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
 
 
-def test_the_event_loop_serves_health_while_a_huge_prompt_is_tokenized(served):
+@pytest.fixture(scope="module")
+def served_long(checkpoint, tmp_path_factory):
+    """The checkpoint's whole context: a million characters stay under the character
+    bound vLLM refuses before tokenizing (max_model_len x the longest token's length)."""
+    from kvtest.serve import kvpool_serve
+
+    with kvpool_serve(checkpoint, tmp_path_factory.mktemp("serve-long-logs"), "--max-model-len", "131072", "--kv-cache-memory", "300MiB") as s:
+        yield s
+
+
+def test_the_event_loop_serves_health_while_a_huge_prompt_is_tokenized(served_long, hf):
     """Tokenizing runs in the tokenizer thread, as vLLM's renderer: /health keeps
     answering while a prompt of a million characters is tokenized (then refused as too long)."""
+    served = served_long
     big = "the cat sat on the mat 2024 hello world. " * 25_000
+    assert len(big) < 131072 * max(len(t) for t in hf.get_vocab())
     result = {}
 
     def send():
