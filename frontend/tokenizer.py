@@ -65,6 +65,7 @@ class Tokenizer:
         self.chat_template: str | None = _default_template(hf.chat_template)
         self.chat_template_from_flag = False  # --chat-template replaced the checkpoint's
         self.model_max_length = hf.model_max_length
+        self._space_marker = _leading_space_marker(self.backend)
         self._pool_copy = copy.deepcopy(hf)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
 
@@ -105,8 +106,15 @@ class Tokenizer:
         return await loop.run_in_executor(self._executor, lambda: self._pool_copy.decode(token_ids, skip_special_tokens=skip_special_tokens))
 
     def token_text(self, token_id: int) -> str:
-        """One token as vLLM shows it in logprobs: the token decoded on its own."""
-        return self.hf.decode([token_id], skip_special_tokens=False)
+        """One token as vLLM shows it in logprobs (``convert_ids_list_to_tokens``): the
+        token decoded on its own, with the leading spaces a Metaspace decoder strips
+        from its vocabulary piece put back."""
+        text = self.hf.decode([token_id], skip_special_tokens=False) or ""
+        if self._space_marker is None:
+            return text
+        piece = self.hf.convert_ids_to_tokens(token_id) or ""
+        missing = (len(piece) - len(piece.lstrip(self._space_marker))) - (len(text) - len(text.lstrip(" ")))
+        return " " * missing + text if missing > 0 else text
 
     def convert_ids_to_tokens(self, token_ids: list[int]) -> list[str]:
         return [t or "" for t in self.hf.convert_ids_to_tokens(token_ids)]
@@ -135,6 +143,16 @@ class Tokenizer:
 def _apply_chat_template(hf, conversation: list[dict], template: str, tools, tokenize: bool, kwargs: dict) -> str | list[int]:
     return hf.apply_chat_template(conversation=conversation, tools=tools, chat_template=template, tokenize=tokenize, return_dict=False,
                                   **kwargs)  # fmt: skip
+
+
+def _leading_space_marker(backend) -> str | None:
+    """vLLM's ``get_leading_space_marker``: a Metaspace pre-tokenizer's replacement
+    character (its decoder strips one leading space per text), else None."""
+    pre = json.loads(backend.to_str()).get("pre_tokenizer") or {}
+    for p in [pre, *(pre.get("pretokenizers") or [] if pre.get("type") == "Sequence" else [])]:
+        if p.get("type") == "Metaspace":
+            return p.get("replacement", "\u2581")
+    return None
 
 
 def _model_type(d: Path) -> str | None:

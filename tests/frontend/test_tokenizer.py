@@ -115,3 +115,18 @@ def test_model_types_vllm_loads_as_the_generic_backend(tiny_checkpoint, tmp_path
     config = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**config, "model_type": "internlm2"}))
     assert type(Tokenizer(d).hf).__name__ == "TokenizersBackend"
+
+
+def test_a_metaspace_tokens_logprob_text_keeps_its_leading_space(tiny_checkpoint, tmp_path):
+    """vLLM's convert_ids_list_to_tokens puts back the leading space a Metaspace decoder
+    strips from a token decoded alone. Expected: vLLM 0.32's own function run on this
+    tokenizer (recorded); a byte-level tokenizer's text is its plain decode."""
+    from kvtest.local_tokenizers import metaspace_checkpoint
+
+    tok = Tokenizer(metaspace_checkpoint(tiny_checkpoint, tmp_path / "metaspace"))
+    ids = tok.encode(" sat on the mat <|user|> 日本", add_special_tokens=False) + [1, 2]
+    assert ids == [133, 147, 51, 120, 44, 3, 110, 46, 1, 2]
+    assert [tok.token_text(i) for i in ids] == [" sat", " on", " the", " mat", " ", "<|user|>", " 日", "本", "<s>", "</s>"]
+    assert tok.hf.decode([133]) == "sat"  # what a plain decode gives
+    byte_level = Tokenizer(tiny_checkpoint)
+    assert [byte_level.token_text(i) for i in byte_level.encode(" sat on")] == [byte_level.hf.decode([i]) for i in byte_level.encode(" sat on")]
