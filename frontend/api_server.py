@@ -64,6 +64,7 @@ class APIServer:
         self.tokenizer = tokenizer or Tokenizer(config.model)
         if config.chat_template is not None:
             self.tokenizer.chat_template = load_chat_template(config.chat_template)
+            self.tokenizer.chat_template_from_flag = True
         keys = (config.curve_client_key, config.curve_server_key) if config.curve_client_key else None
         self.engine = EngineClient(config.scheduler, keys, AdmissionControl(config.max_num_queued_reqs, config.max_num_queued_tokens))
         self.metrics = FrontendMetrics(config.served_model_name, in_flight=lambda: self.engine.num_in_flight, max_model_len=config.max_model_len)
@@ -75,6 +76,8 @@ class APIServer:
             log_requests=config.enable_log_requests, max_n=config.max_n_sequences, max_logprobs=config.max_logprobs,
             response_role=config.response_role, prompt_tokens_details=config.enable_prompt_tokens_details,
             force_include_usage=config.enable_force_include_usage, default_chat_template_kwargs=config.default_chat_template_kwargs or {},
+            trust_request_chat_template=config.trust_request_chat_template,
+            chat_template_content_format=config.chat_template_content_format,
             output_log=OutputLog(config.max_log_len, config.enable_log_deltas) if config.enable_log_outputs else None,
             sse_keep_alive_s=float(config.sse_keep_alive_interval),
             max_tokens_cap=max_tokens_cap(config.generation_config, defaults, config.override_generation_config),
@@ -210,10 +213,13 @@ class APIServer:
             raise bad_request("give exactly one of prompt and messages", "prompt")
         if req.prompt is not None:
             add = True if req.add_special_tokens is None else req.add_special_tokens
-            ids = self.tokenizer.encode(req.prompt, add_special_tokens=add)
+            ids = await self.tokenizer.encode_async(req.prompt, add_special_tokens=add)
         else:
-            ids = chat_prompt(self.ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens),
-                              chat_template_kwargs=req.chat_template_kwargs)  # fmt: skip
+            if req.continue_final_message and req.add_generation_prompt_sent is True:  # NOTE: as vLLM, only when both were sent
+                raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+            ids, _ = await chat_prompt(self.ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens), req.tools,
+                                       chat_template_kwargs=req.chat_template_kwargs, continue_final_message=req.continue_final_message,
+                                       chat_template=req.chat_template)  # fmt: skip
         strs = self.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
         return json_response({"count": len(ids), "max_model_len": self.ctx.max_model_len, "tokens": ids, "token_strs": strs})
 
@@ -221,7 +227,8 @@ class APIServer:
         req = await read_body(request, DetokenizeRequest)
         self.ctx.check_model(req.model)
         self.ctx.check_token_ids(req.tokens, "tokens")
-        return json_response({"prompt": self.tokenizer.decode(req.tokens)})
+        # NOTE: vLLM's transformers decode, whose default keeps the special tokens
+        return json_response({"prompt": await self.tokenizer.decode_async(req.tokens, skip_special_tokens=False)})
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         scheduler = b""

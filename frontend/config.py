@@ -66,6 +66,7 @@ class FrontendConfig:
     disable_fastapi_docs: bool = False
     root_path: str | None = None
     chat_template: str | None = None
+    chat_template_content_format: str = "auto"  # "string", "openai", or auto: frontend.content_format
     response_role: str = "assistant"
     enable_server_load_tracking: bool = False
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING: the LoRA routes exist (and refuse: no LoRA here).
@@ -75,6 +76,7 @@ class FrontendConfig:
     enable_force_include_usage: bool = False  # usage in every stream, continuous too
     override_generation_config: dict | None = None  # merged over --generation-config's defaults
     default_chat_template_kwargs: dict | None = None  # under each request's chat_template_kwargs
+    trust_request_chat_template: bool = False  # a request may bring its own chat_template
     disable_access_log_for_endpoints: str | None = None  # comma-separated paths the access log leaves out
     enable_log_outputs: bool = False  # with --enable-log-requests: each chat output (frontend.output_log)
     enable_log_deltas: bool = True  # with --enable-log-outputs: each streamed delta too
@@ -135,6 +137,8 @@ def add_operator_args(p: argparse.ArgumentParser, d: FrontendConfig) -> None:
     p.add_argument("--disable-fastapi-docs", action=flag, default=False, help="accepted; there are no docs routes to disable (default %(default)s)")
     p.add_argument("--root-path", default=None, help="a path prefix every route answers under as well, behind a proxy (default: none)")
     p.add_argument("--chat-template", default=None, help="a chat template file, or the template itself (default: the checkpoint's)")
+    p.add_argument("--chat-template-content-format", default="auto", choices=["auto", "string", "openai"],
+                   help="messages' content as a string or as OpenAI's parts; auto: what the template reads (default %(default)s)")
     p.add_argument("--response-role", default=d.response_role, help="the role of chat replies (default %(default)s)")
     p.add_argument("--enable-server-load-tracking", action=flag, default=False, help="/load counts the requests being served (default %(default)s: 0)")
 
@@ -159,6 +163,8 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
                    help='a JSON object of sampling defaults over --generation-config\'s, e.g. \'{"temperature": 0.5}\' (default: none)')
     p.add_argument("--default-chat-template-kwargs", type=_json_object, default=None,
                    help="a JSON object of chat template variables; a request's chat_template_kwargs win (default: none)")
+    p.add_argument("--trust-request-chat-template", action=flag, default=False,
+                   help="a request's chat_template (or chat_template_kwargs.chat_template) is rendered; else refused (default %(default)s)")
     p.add_argument("--disable-access-log-for-endpoints", default=None, help='paths the access log leaves out, comma-separated: "/health,/metrics" (default: none)')
     p.add_argument("--enable-log-outputs", action=flag, default=False, help="with --enable-log-requests, log each chat output (default %(default)s)")
     p.add_argument("--enable-log-deltas", action=flag, default=True, help="with --enable-log-outputs, log each streamed delta too (default %(default)s)")

@@ -59,16 +59,17 @@ class ChoiceState:
 
     __slots__ = ("index", "detok", "stop_ids", "finished")
 
-    def __init__(self, tokenizer: Tokenizer, index: int, params: EngineParams):
+    def __init__(self, tokenizer: Tokenizer, index: int, params: EngineParams, prompt_token_ids: list[int]):
         self.index = index
-        self.detok = IncrementalDetokenizer(tokenizer, params.skip_special_tokens, params.stop,
-                                            params.include_stop_str_in_output, min_tokens=params.generate["min_tokens"])  # fmt: skip
+        self.detok = IncrementalDetokenizer(tokenizer, params.skip_special_tokens, params.stop, params.include_stop_str_in_output,
+                                            params.generate["min_tokens"], prompt_token_ids, params.spaces_between_special_tokens)  # fmt: skip
         self.stop_ids = params.generate["stop_token_ids"]
         self.finished = False
 
     def feed(self, out: TokenOutput) -> ChoiceDelta:
         detok = self.detok
-        stop_str = detok.update(out.new_token_ids)
+        # NOTE: an engine "stop" is a stop token (EOS, stop_token_ids): stop strings are the frontend's.
+        stop_str = detok.update(out.new_token_ids, stop_terminated=out.finished and out.finish_reason == "stop")
         if stop_str is not None:
             finish_reason, stop_reason = "stop", stop_str
         else:
@@ -76,8 +77,6 @@ class ChoiceState:
             if finish_reason == "stop" and detok.token_ids and detok.token_ids[-1] in self.stop_ids:
                 stop_reason = detok.token_ids[-1]
         finished = self.finished = stop_str is not None or out.finished
-        if finished:
-            detok.finish()
         return ChoiceDelta(self.index, detok.get_next_output_text(finished, delta=True), out.new_token_ids, out.logprobs,
                            finish_reason if finished else None, stop_reason, out.num_cached_tokens)  # fmt: skip
 
@@ -85,7 +84,7 @@ class ChoiceState:
 async def run_choice(
     engine: EngineClient, tokenizer: Tokenizer, request_id: str, index: int, prompt_token_ids: list[int], params: EngineParams,
 ) -> AsyncIterator[ChoiceDelta]:
-    state = ChoiceState(tokenizer, index, params)
+    state = ChoiceState(tokenizer, index, params, prompt_token_ids)
     stream = engine.generate(request_id, prompt_token_ids, params.generate)
     try:
         async for out in stream:

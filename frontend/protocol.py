@@ -58,6 +58,7 @@ class _SamplingFields(UnhonouredFields, kw_only=True):
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -100,12 +101,25 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = 0
-    add_generation_prompt: bool = True
+    # NOTE: whether the client sent it matters (vLLM's check of continue_final_message
+    # reads the raw body): ``add_generation_prompt`` is the value, True when not sent.
+    add_generation_prompt_sent: bool | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="add_generation_prompt")
     continue_final_message: bool = False
     add_special_tokens: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     documents: list[dict[str, Any]] | None = None
+    echo: bool = False
+    chat_template: str | None = None
+    # A chat template variable (and enable_thinking's default), as vLLM's build_chat_params.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    # Refused by name, as vLLM refuses them without --trust-request-mm-kwargs (frontend.serving_chat).
+    mm_processor_kwargs: dict[str, Any] | None = None
+    media_io_kwargs: dict[str, Any] | None = None
+
+    @property
+    def add_generation_prompt(self) -> bool:
+        return True if self.add_generation_prompt_sent is msgspec.UNSET else self.add_generation_prompt_sent
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
@@ -113,9 +127,16 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
     add_special_tokens: bool | None = None
-    add_generation_prompt: bool = True
+    add_generation_prompt_sent: bool | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="add_generation_prompt")
     return_token_strs: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    tools: list[dict[str, Any]] | None = None
+
+    @property
+    def add_generation_prompt(self) -> bool:
+        return True if self.add_generation_prompt_sent is msgspec.UNSET else self.add_generation_prompt_sent
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):

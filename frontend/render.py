@@ -22,7 +22,7 @@ from frontend.serving_completion import completion_engine_input
 def _generate_request(ctx: ServingContext, request_id: str, token_ids: list[int], params: EngineParams, req) -> dict:
     """One vLLM ``GenerateRequest``, field for field."""
     sampling = {**params.generate, "n": params.n, "stop": params.stop, "include_stop_str_in_output": params.include_stop_str_in_output,
-                "skip_special_tokens": params.skip_special_tokens}  # fmt: skip
+                "skip_special_tokens": params.skip_special_tokens, "spaces_between_special_tokens": params.spaces_between_special_tokens}  # fmt: skip
     sampling.pop("cache_salt", None)
     # NOTE: vLLM's SamplingParams holds the words and the allowed ids as the request gave them
     if sampling.pop("bad_words_token_ids", None):
@@ -34,12 +34,12 @@ def _generate_request(ctx: ServingContext, request_id: str, token_ids: list[int]
             "stream": req.stream, "stream_options": None, "cache_salt": req.cache_salt, "priority": priority, "kv_transfer_params": None}  # fmt: skip
 
 
-def render_completion(ctx: ServingContext, req: CompletionRequest) -> list[dict]:
-    prompts, _, _, params = completion_engine_input(ctx, req)
+async def render_completion(ctx: ServingContext, req: CompletionRequest) -> list[dict]:
+    prompts, _, _, params = await completion_engine_input(ctx, req)
     request_id = req.request_id or random_id("cmpl")
     return [_generate_request(ctx, f"{request_id}-{i}", ids, params, req) for i, ids in enumerate(prompts)]
 
 
-def render_chat(ctx: ServingContext, req: ChatCompletionRequest) -> dict:
-    ids, _, _, params = chat_engine_input(ctx, req)
+async def render_chat(ctx: ServingContext, req: ChatCompletionRequest) -> dict:
+    ids, _, _, params, _ = await chat_engine_input(ctx, req)
     return _generate_request(ctx, req.request_id or random_id("chatcmpl"), ids, params, req)

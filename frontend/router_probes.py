@@ -30,11 +30,11 @@ def router_probe_routes(server: APIServer) -> list[tuple[str, str, object]]:
     ctx, config = server.ctx, server.config
 
     async def render_completion_(request: web.Request) -> web.Response:
-        body = render_completion(ctx, await read_body(request, CompletionRequest))
+        body = await render_completion(ctx, await read_body(request, CompletionRequest))
         return web.Response(body=msgspec.json.encode(body), content_type="application/json")
 
     async def render_chat_(request: web.Request) -> web.Response:
-        return json_response(render_chat(ctx, await read_body(request, ChatCompletionRequest)))
+        return json_response(await render_chat(ctx, await read_body(request, ChatCompletionRequest)))
 
     async def model_info(_request: web.Request) -> web.Response:
         return json_response({"model_path": ctx.model_path, "tokenizer_path": ctx.model_path, "is_generation": True,

@@ -71,6 +71,7 @@ class EngineParams:
     # A refusal vLLM's engine makes (its input processor), not its request parsing: raised
     # as the engine requests start, so a stream has started by then, as in vLLM.
     refusal: APIError | None = None
+    spaces_between_special_tokens: bool = True
 
 
 def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict, max_n: int = DEFAULT_MAX_N_SEQUENCES,
@@ -112,7 +113,7 @@ def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict
     }  # fmt: skip
     if req.cache_salt is not None:
         generate["cache_salt"] = req.cache_salt
-    return EngineParams(generate, stop, req.include_stop_str_in_output, req.skip_special_tokens, req.n)
+    return EngineParams(generate, stop, req.include_stop_str_in_output, req.skip_special_tokens, req.n, req.spaces_between_special_tokens)
 
 
 def with_header_priority(params: EngineParams, headers) -> EngineParams:

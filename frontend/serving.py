@@ -3,6 +3,7 @@ request checks common to completions and chat, usage, and SSE framing."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -46,6 +47,8 @@ class ServingContext:
     prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
     force_include_usage: bool = False  # --enable-force-include-usage
     default_chat_template_kwargs: dict = field(default_factory=dict)  # --default-chat-template-kwargs
+    trust_request_chat_template: bool = False  # --trust-request-chat-template
+    chat_template_content_format: str = "auto"  # --chat-template-content-format
     output_log: OutputLog | None = None  # --enable-log-outputs (chat only, as vLLM)
     sse_keep_alive_s: float = 0.0  # --sse-keep-alive-interval
     max_tokens_cap: int | None = None  # vLLM's override_max_tokens (frontend.sampling.max_tokens_cap)
@@ -129,8 +132,7 @@ def choice_requests(request_id: str, prompts: list[list[int]], params: EnginePar
             tail = f"-{i * params.n + j}-{suffix}"
             p = params
             if params.n > 1 and params.generate["seed"] is not None:
-                p = EngineParams({**params.generate, "seed": params.generate["seed"] + j}, params.stop,
-                                 params.include_stop_str_in_output, params.skip_special_tokens, params.n)  # fmt: skip
+                p = dataclasses.replace(params, generate={**params.generate, "seed": params.generate["seed"] + j})
             index = i * params.n + j
             out.append((request_id[:MAX_REQUEST_ID_LENGTH - len(tail)] + tail, index, prompt, p))
     return out

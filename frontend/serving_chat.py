@@ -7,7 +7,16 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
-from frontend.chat_template import ChatTemplateError, render_chat
+from frontend.chat_messages import conversation
+from frontend.chat_template import (
+    NO_TEMPLATE,
+    UNTRUSTED,
+    ChatTemplateError,
+    merge_kwargs,
+    safe_apply_chat_template,
+)
+from frontend.chat_template import chat_template_kwargs as chat_template_kwargs_for
+from frontend.content_format import detect_content_format
 from frontend.engine_client import EngineError
 from frontend.error_middleware import REQUEST_ID_KEY
 from frontend.errors import APIError, bad_request
@@ -45,56 +54,61 @@ from frontend.truncation import check_truncation, tokens_kept, truncate_ids
 _encode = msgspec.json.encode
 
 
-def conversation(messages: list[dict]) -> list[dict]:
-    """Messages as chat templates read them: text parts joined with new lines, as
-    vLLM's "string" content format does."""
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m.get("role"), str):
-            raise bad_request(f"messages[{i}] has no role", "messages")
-        content = m.get("content")
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise bad_request(f"messages[{i}]: only text content parts are supported", "messages")
-                texts.append(part["text"])
-            content = "\n".join(texts)
-        elif content is not None and not isinstance(content, str):
-            raise bad_request(f"messages[{i}].content must be a string or a list of content parts", "messages")
-        out.append({**m, "content": content})
-    return out
+def check_request_templates(ctx: ServingContext, chat_template: str | None, chat_template_kwargs: dict | None) -> None:
+    """vLLM's ``validate_chat_template``: a template from the request only with --trust-request-chat-template."""
+    if not ctx.trust_request_chat_template and (chat_template is not None or (chat_template_kwargs or {}).get("chat_template") is not None):
+        raise bad_request(UNTRUSTED)
 
 
-# Variables render_chat sets itself: as vLLM's, they win over chat_template_kwargs.
-_RENDER_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")
-
-
-def template_kwargs(defaults: dict, requested: dict | None) -> dict:
-    """vLLM's ``ChatParams.with_defaults``: --default-chat-template-kwargs under the
-    request's chat_template_kwargs, of which a null or "auto" value leaves the default."""
-    requested = requested or {}
-    if defaults:
-        requested = defaults | {k: v for k, v in requested.items() if v is not None and not (isinstance(v, str) and v == "auto")}
-    return {k: v for k, v in requested.items() if k not in _RENDER_VARIABLES}
-
-
-def chat_prompt(ctx: ServingContext, messages: list[dict], add_generation_prompt: bool, add_special_tokens: bool,
-                tools=None, documents=None, chat_template_kwargs=None) -> list[int]:  # fmt: skip
-    kwargs = template_kwargs(ctx.default_chat_template_kwargs, chat_template_kwargs)
+async def chat_prompt(ctx: ServingContext, messages: list[dict], add_generation_prompt: bool, add_special_tokens: bool,
+                      tools=None, documents=None, chat_template_kwargs=None, continue_final_message: bool = False,
+                      chat_template: str | None = None, reasoning_effort: str | None = None) -> tuple[list[int], list[dict]]:  # fmt: skip
+    """The prompt's token ids and the conversation rendered (vLLM's ``preprocess_chat``),
+    in the tokenizer thread."""
+    check_request_templates(ctx, chat_template, chat_template_kwargs)
+    tok = ctx.tokenizer
+    kwargs = chat_template_kwargs_for(ctx.default_chat_template_kwargs, tools, chat_template_kwargs, add_generation_prompt,
+                                      continue_final_message, documents, reasoning_effort)  # fmt: skip
+    # NOTE: vLLM's order: the request's template, --chat-template, chat_template_kwargs' one, the checkpoint's.
+    template = chat_template or (tok.chat_template if tok.chat_template_from_flag else None)
+    kwargs = merge_kwargs(kwargs, {"chat_template": template})
+    content_format = ctx.chat_template_content_format
+    if content_format == "auto":  # NOTE: as vLLM, read from the template chat_template_kwargs' one would not replace
+        resolved = tok.resolve_chat_template(template, kwargs.get("tools"))
+        content_format = "string" if resolved is None else detect_content_format(resolved)
+    chat = conversation(messages, content_format)
     try:
-        text = render_chat(ctx.tokenizer.chat_template, conversation(messages), ctx.tokenizer.special_tokens_map,
-                           add_generation_prompt, tools, documents, **kwargs)  # fmt: skip
+        out = await safe_apply_chat_template(tok, chat, **kwargs)
     except ChatTemplateError as e:
-        raise bad_request(str(e), "messages") from None
-    return ctx.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        raise bad_request(str(e), "messages" if str(e) == NO_TEMPLATE else None) from None
+    except TypeError as e:  # a kwarg named like one of safe_apply_chat_template's own, as vLLM's 400
+        raise bad_request(str(e)) from None
+    if isinstance(out, str):
+        out = await tok.encode_async(out, add_special_tokens=add_special_tokens)
+    return out, chat
 
 
-def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest, rendered=None) -> tuple[list[int], int, int | None, EngineParams]:
+def check_chat_fields(req: ChatCompletionRequest) -> None:
+    """vLLM's request validators for what kvpool renders: the generation prompt and
+    the multimodal kwargs it refuses without --trust-request-mm-kwargs (refused by
+    kvpool's serve)."""
+    # NOTE: as vLLM, only when both were sent; a default add_generation_prompt meets
+    # transformers' own refusal when the template is applied.
+    if req.continue_final_message and req.add_generation_prompt_sent is True:
+        raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    for name in ("mm_processor_kwargs", "media_io_kwargs"):
+        if getattr(req, name):
+            raise bad_request(f"Per-request {name} are disabled by default because they can change multimodal "
+                              f"{'preprocessing' if name == 'mm_processor_kwargs' else 'media loading'} resource usage. "
+                              f"Start the server with --trust-request-mm-kwargs only when clients are trusted. (parameter={name})", name)  # fmt: skip
+
+
+async def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest,
+                            rendered=None) -> tuple[list[int], int, int | None, EngineParams, list[dict]]:  # fmt: skip
     """A checked chat request as the engine runs it: (prompt token ids, max_tokens,
-    logprobs asked for or None, engine params). Shared by the endpoint and its render.
-    ``rendered()``, if given, is called between the prompt's checks and the sampling
-    fields' (where vLLM's request gets its id)."""
+    logprobs asked for or None, engine params, the rendered conversation). Shared by
+    the endpoint and its render. ``rendered()``, if given, is called between the
+    prompt's checks and the sampling fields' (where vLLM's request gets its id)."""
     ctx.check_model(req.model)
     check_unhonoured(req, "chat")
     if not req.messages:
@@ -102,8 +116,9 @@ def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest, rendered=
     if req.top_logprobs and not req.logprobs:
         raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
     check_truncation(req.truncate_prompt_tokens, ctx.max_model_len)
-    ids = chat_prompt(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens, req.tools, req.documents,
-                      req.chat_template_kwargs)  # fmt: skip
+    check_chat_fields(req)
+    ids, chat = await chat_prompt(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens, req.tools, req.documents,
+                                  req.chat_template_kwargs, req.continue_final_message, req.chat_template, req.reasoning_effort)  # fmt: skip
     requested = req.max_completion_tokens or req.max_tokens
     # NOTE: the rendered prompt's ids, sliced: vLLM's tokenizer-level truncation gives the
     # same unless add_special_tokens puts specials around a chat prompt. Truncated to
@@ -118,7 +133,15 @@ def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest, rendered=
     max_tokens = output_budget(requested, len(ids), ctx.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)
     num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
-    return ids, max_tokens, num_logprobs, with_logits_fields(params, req, ctx.tokenizer, ctx.vocab_size)
+    return ids, max_tokens, num_logprobs, with_logits_fields(params, req, ctx.tokenizer, ctx.vocab_size), chat
+
+
+def echo_text(ctx: ServingContext, req: ChatCompletionRequest, chat: list[dict]) -> str:
+    """vLLM's chat ``echo``: the last message's content, when its role is the reply's."""
+    if not req.echo or not chat or chat[-1].get("role") != chat_role(ctx, req):
+        return ""
+    content = chat[-1].get("content") or ""
+    return "\n".join(p["text"] for p in content) if isinstance(content, list) else content  # the "openai" format's parts
 
 
 def chat_role(ctx: ServingContext, req: ChatCompletionRequest) -> str:
@@ -133,16 +156,17 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
     request_id = response_id("chatcmpl", request, req.request_id)
     ctx.preflight(req.model, req.n)
     # NOTE: --log-error-stack's lines name the id from where vLLM's request has one
-    ids, max_tokens, num_logprobs, params = chat_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
+    ids, max_tokens, num_logprobs, params, chat = await chat_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
     params = with_header_priority(params, request.headers)
     params = await with_structured_outputs(params, req)
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
+    echo = echo_text(ctx, req, chat)
     if req.stream:
-        return await _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids)
+        return await _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids, echo)
 
     choices = await collect(ctx, request_id, [ids], params)
     out = [{
-        "index": c.index, "message": {"role": chat_role(ctx, req), "content": c.text, "tool_calls": []},
+        "index": c.index, "message": {"role": chat_role(ctx, req), "content": echo + c.text, "tool_calls": []},
         "logprobs": chat_logprobs(ctx.tokenizer, c.token_ids, c.logprobs, num_logprobs, as_ids) if num_logprobs is not None else None,
         "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, "token_ids": c.token_ids if req.return_token_ids else None,
     } for c in choices]  # fmt: skip
@@ -158,7 +182,7 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
     })  # fmt: skip
 
 
-async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids) -> web.StreamResponse:
+async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids, echo) -> web.StreamResponse:
     created = now()
     include_usage, continuous = ctx.include_usage(req.stream_options)
     resp = await start_sse(request)
@@ -210,6 +234,10 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
             # NOTE: as vLLM, every role chunk names the prompt's ids (null unless return_token_ids)
             head["prompt_token_ids"], head["prompt_text"] = ids if with_ids else None, None
             await send_event(resp, head)
+        if echo:  # NOTE: as vLLM, one chunk per choice after the role chunks
+            for i in range(params.n):
+                echoed = {"index": i, "delta": {"content": echo}, "logprobs": None, "finish_reason": None}
+                await send_event(resp, chunk([echoed], usage(len(ids), 0) if continuous else None))
         await StreamedChoices(ctx, request, resp, render).run(choice_requests(request_id, [ids], params))
         if include_usage:
             await send_event(resp, chunk([], usage(len(ids), sum(generated), ctx.cached(cached[0]))))

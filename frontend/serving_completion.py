@@ -47,7 +47,7 @@ def _is_token_id(t) -> bool:
     return isinstance(t, int) and not isinstance(t, bool)
 
 
-def prompt_token_ids(ctx: ServingContext, req: CompletionRequest) -> tuple[list[list[int]], list[str | None]]:
+async def prompt_token_ids(ctx: ServingContext, req: CompletionRequest) -> tuple[list[list[int]], list[str | None]]:
     """Each prompt's token ids, and its text where it came as text."""
     p = req.prompt
     if isinstance(p, str) or (p and all(_is_token_id(t) for t in p)):
@@ -60,7 +60,7 @@ def prompt_token_ids(ctx: ServingContext, req: CompletionRequest) -> tuple[list[
     keep, side = tokens_kept(req.truncate_prompt_tokens, ctx.max_model_len, req.max_tokens), req.truncation_side
     for one in p:
         if isinstance(one, str):
-            ids.append(encode_truncated(ctx.tokenizer, one, req.add_special_tokens, keep, side))
+            ids.append(await ctx.tokenizer.in_pool(lambda tok, one=one: encode_truncated(tok, one, req.add_special_tokens, keep, side)))
             texts.append(one)
         else:
             if not one:
@@ -73,7 +73,7 @@ def prompt_token_ids(ctx: ServingContext, req: CompletionRequest) -> tuple[list[
     return ids, texts
 
 
-def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
+async def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
                             rendered=None) -> tuple[list[list[int]], list[str | None], int, EngineParams]:  # fmt: skip
     """A checked completion request as the engine runs it: (each prompt's token ids,
     its text where one was given, max_tokens, engine params). Shared by the endpoint
@@ -84,7 +84,7 @@ def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
     if req.suffix is not None:
         raise bad_request("suffix is not currently supported", "suffix")
     check_truncation(req.truncate_prompt_tokens, ctx.max_model_len)
-    prompts, texts = prompt_token_ids(ctx, req)
+    prompts, texts = await prompt_token_ids(ctx, req)
     for ids in prompts:
         check_prompt_length(len(ids), req.max_tokens, ctx.max_model_len)
         check_unhonoured(req, "completion", len(ids))
@@ -100,12 +100,13 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
     request_id = response_id("cmpl", request, req.request_id)
     ctx.preflight(req.model, req.n)
     # NOTE: --log-error-stack's lines name the id from where vLLM's request has one
-    prompts, texts, max_tokens, params = completion_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
+    prompts, texts, max_tokens, params = await completion_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
     params = with_header_priority(params, request.headers)
     params = await with_structured_outputs(params, req)
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
-    # NOTE: as vLLM, an echo with return_token_ids echoes the prompt's ids, not its text.
-    echo = [(t if t is not None else ctx.tokenizer.decode(ids)) if req.echo and not req.return_token_ids else ""
+    # NOTE: as vLLM, an echo with return_token_ids echoes the prompt's ids, not its text; a token
+    # prompt echoes as vLLM decodes it: special tokens kept (transformers' default).
+    echo = [(t if t is not None else ctx.tokenizer.decode(ids, skip_special_tokens=False)) if req.echo and not req.return_token_ids else ""
             for ids, t in zip(prompts, texts, strict=True)]  # fmt: skip
     n = params.n
     if req.stream:

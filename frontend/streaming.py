@@ -140,7 +140,7 @@ class StreamedChoices:
             for rid, index, prompt, params in requests:
                 if self.done.done():
                     break
-                sink = self.open[rid] = _Sink(self, rid, ChoiceState(self.ctx.tokenizer, index, params))
+                sink = self.open[rid] = _Sink(self, rid, ChoiceState(self.ctx.tokenizer, index, params, prompt))
                 try:
                     await engine.start(rid, prompt, params.generate, sink)
                 except BaseException:

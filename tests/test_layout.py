@@ -34,9 +34,9 @@ RULES: dict[str, tuple[str, ...]] = {
     "worker": ("scheduler", "loadgen", "simulator", "frontend", "bench"),
     "loadgen": ("scheduler", "worker", "simulator", "bench", "frontend"),
     "simulator": ("worker", "frontend", "bench", "loadgen"),
-    # The API server: a client of the scheduler's port; tokenizes with `tokenizers`
-    # (transformers is the tests' reference, never a dependency of the server).
-    "frontend": ("scheduler", "worker", "loadgen", "simulator", "bench", "torch", "transformers"),
+    # The API server: a client of the scheduler's port; tokenizes with transformers'
+    # AutoTokenizer as vLLM does (DESIGN.md, Round 3), never torch itself.
+    "frontend": ("scheduler", "worker", "loadgen", "simulator", "bench", "torch"),
 }
 
 # folder -> modules under its forbidden prefixes that it may import all the same.

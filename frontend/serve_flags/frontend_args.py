@@ -19,10 +19,7 @@ _RULES = [
     refused("--anthropic-disabled-thinking-effort", ONE, "kvpool has no Anthropic /v1/messages endpoint"),
     passed("--api-key", MANY, FRONT),
     passed("--chat-template", ONE, FRONT),
-    refused("--chat-template-content-format", ONE,
-            "kvpool always renders vLLM's string format (text parts joined by new lines); auto is accepted as what "
-            "kvpool does without the flag, though vLLM's auto picks openai for a template that loops over content parts",
-            accepts=("auto", "string")),  # fmt: skip
+    passed("--chat-template-content-format", ONE, FRONT),
     refused("--cohere-format", ONE, "Cohere-specific chat rendering is not supported", accepts=("cmd4",)),
     refused("--cohere-is-reasoning-model", BOOL, "Cohere-specific chat rendering is not supported", accepts=(True,)),
     refused("--data-parallel-supervisor-port", ONE, why.ONE_ENGINE),
@@ -74,7 +71,7 @@ _RULES = [
     refused("--tool-parser-plugin", ONE, why.TOOLS),
     refused("--tool-server", ONE, why.TOOLS),
     refused("--tool-strict-level", ONE, why.TOOLS, accepts=("auto",)),
-    refused("--trust-request-chat-template", BOOL, "kvpool always renders with the server's chat template", accepts=(False,)),
+    passed("--trust-request-chat-template", BOOL, FRONT),
     refused("--trust-request-mm-kwargs", BOOL, why.MULTIMODAL, accepts=(False,)),
     passed("--uds", ONE, FRONT),
     passed("--uvicorn-log-level", ONE, FRONT),

@@ -74,7 +74,7 @@ _MODEL = [
     handled("--tokenizer", ONE, "launcher: accepted when it is MODEL's own folder", default=None,
             why_not="a tokenizer from another folder is not supported yet (kvpool reads MODEL's tokenizer.json)",
             help="accepted when it names MODEL's folder (kvpool reads MODEL's tokenizer)"),  # fmt: skip
-    refused("--tokenizer-mode", ONE, "kvpool reads tokenizer.json with the tokenizers library, as vLLM's auto/hf", accepts=("auto", "hf")),
+    refused("--tokenizer-mode", ONE, "kvpool's frontend loads transformers' AutoTokenizer, as vLLM's hf mode", accepts=("auto", "hf")),
     refused("--tokenizer-revision", ONE, why.LOCAL),
     same("--trust-remote-code", BOOL, "kvpool never runs code from a checkpoint; a model that needs its own code fails at load either way"),
     refused("--use-fp64-gumbel", BOOL, why.NOT_YET, accepts=(False,)),

@@ -23,7 +23,6 @@ def stream(tok, ids, chunk=1, **kw):
     for i in range(0, len(ids), chunk):
         d.update(ids[i:i + chunk])
         pieces.append(d.get_next_output_text(finished=False, delta=True))
-    d.finish()
     pieces.append(d.get_next_output_text(finished=True, delta=True))
     return d, pieces
 
@@ -38,13 +37,65 @@ def test_concatenated_pieces_equal_transformers_decode(tok, hf_tokenizer, text, 
         assert "\ufffd" not in p  # a complete character, never half of one
 
 
-def test_random_ids_including_broken_utf8_still_concatenate_to_the_one_shot_decode(tok, hf_tokenizer):
+def test_random_ids_including_broken_utf8_give_the_one_shot_decode_less_an_unfinished_last_character(tok, hf_tokenizer):
+    """As vLLM's DecodeStream text: every complete character of the one-shot decode, in
+    order; an output that ends inside a character ends without it (no U+FFFD)."""
     rng = random.Random(0)
     for _ in range(30):
         ids = [rng.randrange(tok.vocab_size) for _ in range(rng.randrange(1, 40))]
         for skip in (True, False):
             _, pieces = stream(tok, ids, skip_special_tokens=skip)
-            assert "".join(pieces) == hf_tokenizer.decode(ids, skip_special_tokens=skip)
+            text, full = "".join(pieces), hf_tokenizer.decode(ids, skip_special_tokens=skip)
+            assert full.startswith(text) and set(full[len(text):]) <= {"\ufffd"}
+
+
+def test_a_metaspace_answer_keeps_its_leading_space(tiny_checkpoint, tmp_path):
+    """vLLM seeds its DecodeStream with the prompt: the first output token is decoded as
+    the prompt's continuation, so a SentencePiece-style answer keeps its leading space --
+    the text is transformers' decode of prompt + output less the prompt's decode."""
+    from kvtest.local_tokenizers import metaspace_checkpoint
+    from transformers import AutoTokenizer
+
+    d = metaspace_checkpoint(tiny_checkpoint, tmp_path / "metaspace")
+    hf, tok = AutoTokenizer.from_pretrained(str(d)), Tokenizer(d)
+    prompt = hf("the cat").input_ids
+    for text in (" sat on the mat", " hello world", "s and 12 dogs", " 日本語"):
+        out = hf(text, add_special_tokens=False).input_ids
+        expected = hf.decode(prompt + out, skip_special_tokens=True)[len(hf.decode(prompt, skip_special_tokens=True)):]
+        _, pieces = stream(tok, out, prompt_token_ids=prompt)
+        assert "".join(pieces) == expected
+    assert expected.startswith(" ") and not hf.decode(out, skip_special_tokens=True).startswith(" ")  # what an unseeded stream loses
+
+
+@pytest.mark.parametrize(("skip", "spaces", "expected"), [
+    (True, True, " hello worlds"),
+    (True, False, " hello worlds"),  # skipped: nothing to join
+    (False, True, " hello [A] [B] worlds [A]"),
+    (False, False, " hello [A][B] worlds [A]"),  # only a special token after a special token loses its space
+])  # fmt: skip
+def test_spaces_between_special_tokens_as_vllm(tmp_path, skip, spaces, expected):
+    """vLLM's FastIncrementalDetokenizer: with skip_special_tokens off and
+    spaces_between_special_tokens off, an added token right after another is its bare
+    content. WordPiece's decoder puts a space before each token (worked out by hand:
+    hello, [A], [B], world, ##s, [A] after the prompt "hello")."""
+    from kvtest.local_tokenizers import wordpiece_tokenizer
+
+    tok = Tokenizer(wordpiece_tokenizer(tmp_path / "wp"))
+    d = IncrementalDetokenizer(tok, skip_special_tokens=skip, prompt_token_ids=[1], spaces_between_special_tokens=spaces)
+    d.update([1, 4, 5, 2, 3, 4])
+    assert d.get_next_output_text(finished=True, delta=False) == expected
+
+
+def test_a_stop_token_is_not_detokenized_unless_included(tok, hf_tokenizer):
+    """vLLM's ``update(new_token_ids, stop_terminated)``: the token that ended the request
+    (a stop_token_ids hit) adds no text, unless include_stop_str_in_output."""
+    ids = hf_tokenizer("the cat sat", add_special_tokens=False).input_ids
+    d = IncrementalDetokenizer(tok)
+    d.update(ids, stop_terminated=True)
+    assert d.output_text == hf_tokenizer.decode(ids[:-1]) and d.token_ids == ids
+    d2 = IncrementalDetokenizer(tok, include_stop_str_in_output=True)
+    d2.update(ids, stop_terminated=True)
+    assert d2.output_text == hf_tokenizer.decode(ids)
 
 
 def test_stop_string_cuts_the_text_and_holds_back_a_possible_start(tok, hf_tokenizer):
@@ -73,6 +124,9 @@ def test_tokens_after_a_stop_are_not_added(tok, hf_tokenizer):
         ("hello world", 3, ["wor"], True, ("wor", 9)),
         ("abc", 0, ["a"], False, None),
         ("abc", 1, [], False, None),
+        # vLLM 0.32: of several, the one that ends first wins, whatever the list's order
+        ("hello world", 11, ["world", "lo"], False, ("lo", 3)),
+        ("hello world", 11, ["world", "lo"], True, ("lo", 5)),
     ],
 )
 def test_check_stop_strings_as_vllm(text, new, stop, include, expected):

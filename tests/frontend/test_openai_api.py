@@ -80,7 +80,9 @@ def test_token_id_prompts_and_prompt_lists(client, model, hf):
     r = client.completions.create(model=model, prompt=[PROMPT, ids], max_tokens=6, temperature=0)
     assert [c.index for c in r.choices] == [0, 1]
     assert r.choices[0].text == tok.decode(hf_greedy(hf, tok(PROMPT).input_ids, 6), skip_special_tokens=True)
-    assert r.choices[1].text == tok.decode(hf_greedy(hf, ids, 6), skip_special_tokens=True)
+    # NOTE: as vLLM's DecodeStream, an answer that ends inside a character ends without it
+    # (a live vLLM 0.32 answered "f\ufffd\ufffd n" here; the one-shot decode ends in one more U+FFFD).
+    assert r.choices[1].text == tok.decode(hf_greedy(hf, ids, 6), skip_special_tokens=True).rstrip("\ufffd")
 
 
 # --- streaming, usage, cached tokens -------------------------------------------------
@@ -185,7 +187,9 @@ def test_tokenize_and_detokenize_equal_transformers(served, hf):
     expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     assert body["tokens"] == (expected if isinstance(expected, list) else expected["input_ids"])
     status, body = post(served, "/detokenize", {"tokens": tok(text).input_ids})
-    assert status == 200 and body["prompt"] == tok.decode(tok(text).input_ids, skip_special_tokens=True)
+    # NOTE: vLLM decodes with transformers' default, special tokens kept (a live vLLM 0.32
+    # answered "<s> the cat</s><|user|>" for [<s>, the, cat, </s>, <|user|>])
+    assert status == 200 and body["prompt"] == tok.decode(tok(text).input_ids) == "héllo 世界 🎉 <|eos|>"
 
 
 def test_echo_and_streamed_n(client, model, hf):
