@@ -113,7 +113,8 @@ def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict
     }  # fmt: skip
     if req.cache_salt is not None:
         generate["cache_salt"] = req.cache_salt
-    return EngineParams(generate, stop, req.include_stop_str_in_output, req.skip_special_tokens, req.n, req.spaces_between_special_tokens)
+    return EngineParams(generate, stop, req.include_stop_str_in_output, req.skip_special_tokens, req.n,
+                        spaces_between_special_tokens=req.spaces_between_special_tokens)
 
 
 def with_header_priority(params: EngineParams, headers) -> EngineParams:
