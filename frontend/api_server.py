@@ -52,6 +52,7 @@ from frontend.ssl_refresh import SSLCertRefresher
 from frontend.tls import ssl_context
 from frontend.tokenizer import Tokenizer
 from frontend.tokenizer_info import tokenizer_info_routes
+from frontend.tool_parsers import configured_tool_parser
 
 log = logging.getLogger("frontend")
 HEALTH_POLL_S = 0.5
@@ -77,6 +78,7 @@ class APIServer:
             output_log=OutputLog(config.max_log_len, config.enable_log_deltas) if config.enable_log_outputs else None,
             sse_keep_alive_s=float(config.sse_keep_alive_interval),
             max_tokens_cap=max_tokens_cap(config.generation_config, defaults, config.override_generation_config),
+            tool_parser=configured_tool_parser(config.tool_call_parser, config.enable_auto_tool_choice, self.tokenizer, config.model),
         )  # fmt: skip
         self.ready, self.why_not_ready = False, "the scheduler has not answered yet"
         self.was_ready = False

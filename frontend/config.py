@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from frontend.admission import add_admission_args, check_admission_args
 from frontend.chat_template import chat_template_problem
 from frontend.sampling import DEFAULT_MAX_N_SEQUENCES
+from frontend.tool_parsers import TOOL_PARSERS
 from protocol.sampling_params import MAX_LOGPROBS
 
 
@@ -82,6 +83,9 @@ class FrontendConfig:
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (frontend.tokenizer_info)
     log_error_stack: bool = False  # an error response logs its stack; default VLLM_SERVER_DEV_MODE
     sse_keep_alive_interval: int = 0  # s of stream silence before a ": keep-alive" comment (0: never)
+    # Tool calls (frontend.tool_choice): parsed from the model's text only with both, as vLLM.
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -167,6 +171,10 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-error-stack", action=flag, default=None, help="an error response logs its stack (default: VLLM_SERVER_DEV_MODE)")
     p.add_argument("--sse-keep-alive-interval", type=int, default=0,
                    help='a stream silent this many seconds gets a ": keep-alive" comment (default %(default)s: never)')
+    p.add_argument("--enable-auto-tool-choice", action=flag, default=False,
+                   help="tool_choice auto (and required, named) parsed from the model's text with --tool-call-parser (default %(default)s)")
+    p.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+                   help="the model's tool-call format (default: none)")
 
 
 # --uvicorn-log-level's names, as logging levels (uvicorn's "trace" is 5).
@@ -236,6 +244,8 @@ def _check_operator_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> N
         p.error(problem)
     if a.enable_log_outputs and not a.enable_log_requests:
         p.error("--enable-log-outputs requires --enable-log-requests")
+    if a.enable_auto_tool_choice and not a.tool_call_parser:
+        p.error("--enable-auto-tool-choice requires --tool-call-parser")
     if a.sse_keep_alive_interval < 0:
         p.error("--sse-keep-alive-interval must be a non-negative integer (0 disables keep-alive comments)")
     a.uds = a.uds or None  # NOTE: as vLLM's `if args.uds`: an empty path is none

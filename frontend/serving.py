@@ -20,6 +20,7 @@ from frontend.output_log import OutputLog
 from frontend.sampling import DEFAULT_MAX_N_SEQUENCES, EngineParams
 from frontend.streaming import WriteBatch
 from frontend.tokenizer import Tokenizer
+from frontend.tool_parsers import ToolParser
 from protocol.sampling_params import MAX_LOGPROBS
 
 log = logging.getLogger("frontend")
@@ -49,6 +50,8 @@ class ServingContext:
     sse_keep_alive_s: float = 0.0  # --sse-keep-alive-interval
     max_tokens_cap: int | None = None  # vLLM's override_max_tokens (frontend.sampling.max_tokens_cap)
     writes: WriteBatch = field(default_factory=WriteBatch)  # every stream's frames of a step
+    # --enable-auto-tool-choice --tool-call-parser: the parser class (frontend.tool_parsers), else None.
+    tool_parser: type[ToolParser] | None = None
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

@@ -37,6 +37,13 @@ from frontend.serving import (
     usage,
 )  # fmt: skip
 from frontend.streaming import ClientGone, StreamedChoices, TextChunk
+from frontend.tool_calls import StreamedToolCalls, chat_message
+from frontend.tool_choice import (
+    adjust_request,
+    check_tool_parsing,
+    check_tool_usage,
+    template_tools,
+)
 
 _encode = msgspec.json.encode
 
@@ -91,13 +98,16 @@ def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest, rendered=
     logprobs asked for or None, engine params). Shared by the endpoint and its render.
     ``rendered()``, if given, is called between the prompt's checks and the sampling
     fields' (where vLLM's request gets its id)."""
+    check_tool_usage(req)
     ctx.check_model(req.model)
     if not req.messages:
         raise bad_request("messages must not be empty", "messages")
     if req.top_logprobs and not req.logprobs:
         raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
-    ids = chat_prompt(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens, req.tools, req.documents,
+    check_tool_parsing(req, ctx.tool_parser)
+    ids = chat_prompt(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens, template_tools(req.tools), req.documents,
                       req.chat_template_kwargs)  # fmt: skip
+    adjust_request(req, ctx.tool_parser)
     requested = req.max_completion_tokens or req.max_tokens
     check_prompt_length(len(ids), requested, ctx.max_model_len)
     if rendered is not None:
@@ -117,6 +127,7 @@ def chat_role(ctx: ServingContext, req: ChatCompletionRequest) -> str:
 
 async def create_chat_completion(ctx: ServingContext, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
     request_id = response_id("chatcmpl", request, req.request_id)
+    check_tool_usage(req)  # NOTE: as vLLM's request validators, before the model is checked
     ctx.preflight(req.model, req.n)
     # NOTE: --log-error-stack's lines name the id from where vLLM's request has one
     ids, max_tokens, num_logprobs, params = chat_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
@@ -126,11 +137,12 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
         return await _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids)
 
     choices = await collect(ctx, request_id, [ids], params)
+    messages = [chat_message(ctx.tool_parser, ctx.tokenizer, req, chat_role(ctx, req), c.text, c.finish_reason) for c in choices]
     out = [{
-        "index": c.index, "message": {"role": chat_role(ctx, req), "content": c.text, "tool_calls": []},
+        "index": c.index, "message": message,
         "logprobs": chat_logprobs(ctx.tokenizer, c.token_ids, c.logprobs, num_logprobs, as_ids) if num_logprobs is not None else None,
-        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
-    } for c in choices]  # fmt: skip
+        "finish_reason": finish_reason, "stop_reason": c.stop_reason,
+    } for c, (message, finish_reason) in zip(choices, messages, strict=True)]  # fmt: skip
     if ctx.output_log is not None:
         for c in choices:
             if c.text:
@@ -161,6 +173,18 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
         return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish_reason, "stop_reason": stop_reason}
 
     text_chunk = TextChunk(lambda c: chunk([c]), lambda i, text: choice(i, {"content": text}))
+    # NOTE: with a tool parser (as vLLM's), every choice's text goes through its own parser.
+    tools = [StreamedToolCalls(ctx.tool_parser, ctx.tokenizer, req) for _ in range(params.n)] if ctx.tool_parser else None
+
+    def tool_chunk(d, lp, use) -> bytes | None:
+        finished = d.finish_reason is not None
+        delta = tools[d.index].delta(d.text, finished)
+        if delta is None:
+            if not finished and lp is None:
+                return None
+            delta = {}
+        finish_reason = tools[d.index].finish_reason(d.finish_reason) if finished else None
+        return _encode(chunk([choice(d.index, delta, lp, finish_reason, d.stop_reason)], use))
 
     def render(d) -> bytes | None:
         i = d.index
@@ -172,11 +196,13 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
         lp = None
         if num_logprobs is not None and d.logprobs:
             lp = chat_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, num_logprobs, as_ids)
-        elif not d.text and d.finish_reason is None:
-            return None  # NOTE: as vLLM, a token with no text yet is still sent when it has logprobs
         if d.finish_reason is not None:
             groups.finished(i, d.finish_reason, len(ids), generated[i])
-        elif lp is None and not continuous:
+        if tools is not None:
+            return tool_chunk(d, lp, usage(len(ids), sum(generated)) if continuous else None)
+        if lp is None and not d.text and d.finish_reason is None:
+            return None  # NOTE: as vLLM, a token with no text yet is still sent when it has logprobs
+        if d.finish_reason is None and lp is None and not continuous:
             return text_chunk(i, d.text)  # the common chunk: only new text
         delta = {"content": d.text} if d.text or d.finish_reason is None else {}
         use = usage(len(ids), sum(generated)) if continuous else None

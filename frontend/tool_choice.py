@@ -1,0 +1,131 @@
+"""A chat request's ``tools``, ``tool_choice`` and ``parallel_tool_calls``, checked and
+applied as vLLM 0.32 does: its ``ChatCompletionRequest`` validators, the renderer's
+refusals without a tool parser, the tools as the chat template sees them, and the
+parser's ``adjust_request`` -- "required" and named calls forced through an xgrammar
+structural tag in the parser's own call format (vLLM's default
+VLLM_ENFORCE_STRICT_TOOL_CALLING)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+
+from frontend.errors import bad_request
+from frontend.protocol import ChatCompletionRequest, StructuredOutputsParams
+from frontend.tool_parsers.base import ToolParser
+
+_CORRECT_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
+_FUNCTION_FIELDS = {"name": str, "description": str, "parameters": dict, "strict": bool, "defer_loading": bool}
+
+
+def named_function(tool_choice: Any) -> str | None:
+    """The function a named tool_choice forces, else None."""
+    return tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
+
+
+def check_tool_usage(req: ChatCompletionRequest) -> None:
+    """vLLM's ``check_tool_usage`` validator (and the tools' own types): resolves an
+    unset tool_choice ("auto" with tools, else "none") and refuses what vLLM refuses."""
+    if req.tools == []:
+        raise bad_request("`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.", "tools")
+    if req.tools is not None:
+        for i, tool in enumerate(req.tools):
+            _check_tool(i, tool)
+    if req.tool_choice is msgspec.UNSET:
+        req.tool_choice = "auto" if req.tools else "none"
+    choice = req.tool_choice
+    if choice is None or choice == "none":
+        return
+    if req.tools is None:
+        raise bad_request("When using `tool_choice`, `tools` must be set.", "tool_choice")
+    if choice not in ("auto", "required") and not isinstance(choice, dict):
+        raise bad_request(f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or "required" are supported.',
+                          "tool_choice")  # fmt: skip
+    if isinstance(choice, dict):
+        _check_named(choice, req.tools)
+        if req.structured_outputs is not None and any(
+            getattr(req.structured_outputs, k) is not None for k in ("json", "regex", "choice")
+        ):
+            raise bad_request("You can only either use constraints for structured outputs or tools, not both.")
+
+
+def _check_tool(i: int, tool: Any) -> None:
+    where = f"tools.{i}"
+    if not isinstance(tool, dict):
+        raise bad_request(f"{where}: a tool must be an object", where)
+    if tool.get("type", "function") != "function":
+        raise bad_request(f"{where}.type: Input should be 'function'", f"{where}.type")
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        raise bad_request(f"{where}.function: Field required", f"{where}.function")
+    if not isinstance(function.get("name"), str):
+        raise bad_request(f"{where}.function.name: Input should be a valid string", f"{where}.function.name")
+    for key, kind in _FUNCTION_FIELDS.items():
+        if function.get(key) is not None and not isinstance(function[key], kind):
+            raise bad_request(f"{where}.function.{key}: Input should be a valid {kind.__name__}", f"{where}.function.{key}")
+
+
+def _check_named(choice: dict, tools: list[dict]) -> None:
+    function = choice.get("function")
+    if not isinstance(function, dict):
+        raise bad_request(f"Invalid value for `function`: `{function}` in `tool_choice`! {_CORRECT_USAGE}", "tool_choice.function")
+    if "name" not in function:
+        raise bad_request(f"Expected field `name` in `function` in `tool_choice`! {_CORRECT_USAGE}", "tool_choice.function.name")
+    name = function["name"]
+    if not isinstance(name, str) or not name:
+        raise bad_request(f"Invalid `name` in `function`: `{name}` in `tool_choice`! {_CORRECT_USAGE}", "tool_choice.function.name")
+    if not any(tool["function"]["name"] == name for tool in tools):
+        raise bad_request("The tool specified in `tool_choice` does not match any of the specified `tools`", "tool_choice")
+    if choice.get("type", "function") != "function":
+        raise bad_request("tool_choice.type: Input should be 'function'", "tool_choice.type")
+
+
+def check_tool_parsing(req: ChatCompletionRequest, parser_cls: type[ToolParser] | None) -> None:
+    """vLLM's renderer: without a tool parser (both --enable-auto-tool-choice and
+    --tool-call-parser), only "none" (or null) may be asked for."""
+    choice = req.tool_choice
+    if parser_cls is not None or choice is None or choice == "none":
+        return
+    if choice == "auto":
+        raise bad_request('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
+    desc = f'function "{named_function(choice)}"' if isinstance(choice, dict) else f'"{choice}"'
+    raise bad_request(f"tool_choice={desc} requires --tool-call-parser to be set")
+
+
+def template_tools(tools: list[dict] | None) -> list[dict] | None:
+    """The tools as vLLM hands them to the chat template (``tool.model_dump()``): each
+    function's description and parameters always there (None if not given), strict
+    and defer_loading only when set, unknown keys dropped."""
+    if tools is None:
+        return None
+    out = []
+    for tool in tools:
+        fn = tool["function"]
+        defer = tool.get("defer_loading")
+        function = {"name": fn["name"], "description": fn.get("description"), "parameters": fn.get("parameters")}
+        if fn.get("strict") is not None:
+            function["strict"] = fn["strict"]
+        if (fn_defer := fn.get("defer_loading", defer)) is not None:
+            function["defer_loading"] = fn_defer
+        dumped = {"type": "function", "function": function}
+        if defer is not None:
+            dumped["defer_loading"] = defer
+        out.append(dumped)
+    return out
+
+
+def adjust_request(req: ChatCompletionRequest, parser_cls: type[ToolParser] | None) -> None:
+    """vLLM's ``DelegatingParser.adjust_request`` for a tool parser: the structural tag
+    that constrains the calls, and the parser's own needs (special tokens kept)."""
+    if parser_cls is None or not req.tools:
+        return
+    # NOTE: imported here: xgrammar is loaded only by a server that parses tools.
+    from frontend.tool_structural_tag import structural_tag
+
+    tag = structural_tag(parser_cls.structural_tag_model, req)
+    if tag is not None:
+        req.structured_outputs = StructuredOutputsParams(structural_tag=json.dumps(tag))
+    if parser_cls.keeps_special_tokens and req.tool_choice != "none":
+        req.skip_special_tokens = False
