@@ -8,16 +8,29 @@ VLLM_ENFORCE_STRICT_TOOL_CALLING)."""
 from __future__ import annotations
 
 import json
+from http import HTTPStatus
 from typing import Any
 
 import msgspec
 
-from frontend.errors import bad_request
+from frontend.errors import APIError, bad_request
 from frontend.protocol import ChatCompletionRequest, StructuredOutputsParams
 from frontend.tool_parsers.base import ToolParser
 
 _CORRECT_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
-_FUNCTION_FIELDS = {"name": str, "description": str, "parameters": dict, "strict": bool, "defer_loading": bool}
+# A function's fields, as pydantic types them: (type, error type, message).
+_FUNCTION_FIELDS = {
+    "name": (str, "string_type", "Input should be a valid string"),
+    "description": (str, "string_type", "Input should be a valid string"),
+    "parameters": (dict, "dict_type", "Input should be a valid dictionary"),
+    "strict": (bool, "bool_type", "Input should be a valid boolean"),
+    "defer_loading": (bool, "bool_type", "Input should be a valid boolean"),
+}
+
+
+def _invalid(message: str, param: str | None = None) -> APIError:
+    """vLLM's ``VLLMValidationError``, as its answer words it: the parameter named in the message too."""
+    return bad_request(f"{message} (parameter={param})" if param else message, param)
 
 
 def named_function(tool_choice: Any) -> str | None:
@@ -29,7 +42,7 @@ def check_tool_usage(req: ChatCompletionRequest) -> None:
     """vLLM's ``check_tool_usage`` validator (and the tools' own types): resolves an
     unset tool_choice ("auto" with tools, else "none") and refuses what vLLM refuses."""
     if req.tools == []:
-        raise bad_request("`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.", "tools")
+        raise _invalid("`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.", "tools")
     if req.tools is not None:
         for i, tool in enumerate(req.tools):
             _check_tool(i, tool)
@@ -39,47 +52,74 @@ def check_tool_usage(req: ChatCompletionRequest) -> None:
     if choice is None or choice == "none":
         return
     if req.tools is None:
-        raise bad_request("When using `tool_choice`, `tools` must be set.", "tool_choice")
+        raise _invalid("When using `tool_choice`, `tools` must be set.", "tool_choice")
     if choice not in ("auto", "required") and not isinstance(choice, dict):
-        raise bad_request(f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or "required" are supported.',
-                          "tool_choice")  # fmt: skip
+        raise _invalid(f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or "required" are supported.',
+                       "tool_choice")  # fmt: skip
     if isinstance(choice, dict):
         _check_named(choice, req.tools)
         if req.structured_outputs is not None and any(
             getattr(req.structured_outputs, k) is not None for k in ("json", "regex", "choice")
         ):
-            raise bad_request("You can only either use constraints for structured outputs or tools, not both.")
+            raise _invalid("You can only either use constraints for structured outputs or tools, not both.")
+
+
+def _validation_error(errors: list[dict]) -> APIError:
+    """pydantic's refusal of a body as vLLM words it: each error's dict, one a line."""
+    label = "error" if len(errors) == 1 else "errors"
+    message = f"{len(errors)} validation {label}:\n" + "\n".join(f"  {e}" for e in errors)
+    return APIError(message, HTTPStatus.BAD_REQUEST, errors[0]["loc"], "Bad Request")
+
+
+def _shown(value: Any) -> str:
+    """A value as vLLM's validation errors show it: a container by its size."""
+    if isinstance(value, list | dict):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    return str(value)
 
 
 def _check_tool(i: int, tool: Any) -> None:
-    where = f"tools.{i}"
+    """A tool as vLLM's ``ChatCompletionToolsParam`` types it."""
+    where = f"body.tools.{i}"
     if not isinstance(tool, dict):
-        raise bad_request(f"{where}: a tool must be an object", where)
+        raise _validation_error([{"type": "model_attributes_type", "loc": where,
+                                  "msg": "Input should be a valid dictionary or object to extract fields from", "input": _shown(tool)}])  # fmt: skip
     if tool.get("type", "function") != "function":
-        raise bad_request(f"{where}.type: Input should be 'function'", f"{where}.type")
+        raise _validation_error([{"type": "literal_error", "loc": f"{where}.type", "msg": "Input should be 'function'",
+                                  "input": _shown(tool["type"]), "ctx": {"expected": "'function'"}}])  # fmt: skip
     function = tool.get("function")
+    if function is None:
+        raise _validation_error([{"type": "missing", "loc": f"{where}.function", "msg": "Field required", "input": _shown(tool)}])
     if not isinstance(function, dict):
-        raise bad_request(f"{where}.function: Field required", f"{where}.function")
-    if not isinstance(function.get("name"), str):
-        raise bad_request(f"{where}.function.name: Input should be a valid string", f"{where}.function.name")
-    for key, kind in _FUNCTION_FIELDS.items():
-        if function.get(key) is not None and not isinstance(function[key], kind):
-            raise bad_request(f"{where}.function.{key}: Input should be a valid {kind.__name__}", f"{where}.function.{key}")
+        raise _validation_error([{"type": "model_attributes_type", "loc": f"{where}.function",
+                                  "msg": "Input should be a valid dictionary or object to extract fields from", "input": _shown(function)}])  # fmt: skip
+    if "name" not in function:
+        raise _validation_error([{"type": "missing", "loc": f"{where}.function.name", "msg": "Field required", "input": _shown(function)}])
+    for key, (kind, type_, msg) in _FUNCTION_FIELDS.items():
+        value = function.get(key)
+        if (value is not None or key == "name") and not (isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))):
+            raise _validation_error([{"type": type_, "loc": f"{where}.function.{key}", "msg": msg, "input": _shown(value)}])
 
 
 def _check_named(choice: dict, tools: list[dict]) -> None:
     function = choice.get("function")
     if not isinstance(function, dict):
-        raise bad_request(f"Invalid value for `function`: `{function}` in `tool_choice`! {_CORRECT_USAGE}", "tool_choice.function")
+        raise _invalid(f"Invalid value for `function`: `{function}` in `tool_choice`! {_CORRECT_USAGE}", "tool_choice.function")
     if "name" not in function:
-        raise bad_request(f"Expected field `name` in `function` in `tool_choice`! {_CORRECT_USAGE}", "tool_choice.function.name")
+        raise _invalid(f"Expected field `name` in `function` in `tool_choice`! {_CORRECT_USAGE}", "tool_choice.function.name")
     name = function["name"]
     if not isinstance(name, str) or not name:
-        raise bad_request(f"Invalid `name` in `function`: `{name}` in `tool_choice`! {_CORRECT_USAGE}", "tool_choice.function.name")
+        raise _invalid(f"Invalid `name` in `function`: `{name}` in `tool_choice`! {_CORRECT_USAGE}", "tool_choice.function.name")
     if not any(tool["function"]["name"] == name for tool in tools):
-        raise bad_request("The tool specified in `tool_choice` does not match any of the specified `tools`", "tool_choice")
+        raise _invalid("The tool specified in `tool_choice` does not match any of the specified `tools`", "tool_choice")
     if choice.get("type", "function") != "function":
-        raise bad_request("tool_choice.type: Input should be 'function'", "tool_choice.type")
+        shown = _shown(choice)
+        raise _validation_error([
+            *({"type": "literal_error", "loc": "body.tool_choice", "msg": f"Input should be '{v}'", "input": shown, "ctx": {"expected": f"'{v}'"}}
+              for v in ("none", "auto", "required")),
+            {"type": "literal_error", "loc": "body.tool_choice.type", "msg": "Input should be 'function'", "input": _shown(choice["type"]),
+             "ctx": {"expected": "'function'"}},
+        ])  # fmt: skip
 
 
 def check_tool_parsing(req: ChatCompletionRequest, parser_cls: type[ToolParser] | None) -> None:

@@ -1,0 +1,172 @@
+"""The chat answer built from a parser's reading of the model's text (vLLM 0.32's
+chat_completion/serving.py: chat_completion_full_generator and the stream generator;
+parser/abstract_parser.py: DelegatingParser). The tiny model writes no calls by
+itself, so its text is given here; tests/frontend/test_tool_choice_api.py runs a
+live server."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from frontend.errors import APIError
+from frontend.protocol import ChatCompletionRequest
+from frontend.tool_calls import StreamedToolCalls, chat_message
+from frontend.tool_choice import (
+    adjust_request,
+    check_tool_parsing,
+    check_tool_usage,
+    template_tools,
+)
+from frontend.tool_parsers.hermes import HermesToolParser
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+         {"type": "function", "function": {"name": "get_time"}}]  # fmt: skip
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+TWO_CALLS = ('ok<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+             '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')  # fmt: skip
+
+
+def request(**fields) -> ChatCompletionRequest:
+    req = msgspec.convert({"messages": [{"role": "user", "content": "hi"}], **fields}, ChatCompletionRequest)
+    check_tool_usage(req)
+    return req
+
+
+def answer(req, text, finish="stop"):
+    return chat_message(HermesToolParser, None, req, "assistant", text, finish)
+
+
+def test_auto_with_calls_answers_tool_calls():
+    message, finish = answer(request(tools=TOOLS), TWO_CALLS)  # no tool_choice with tools: auto
+    assert finish == "tool_calls" and message["content"] == "ok"
+    assert [(c["type"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
+        ("function", "get_weather", {"city": "Paris"}), ("function", "get_time", {})]  # fmt: skip
+    assert all(c["id"].startswith("chatcmpl-tool-") for c in message["tool_calls"])
+
+
+def test_auto_without_calls_is_text_and_no_tool_calls_key():
+    message, finish = answer(request(tools=TOOLS, tool_choice="auto"), "hello", "length")
+    assert message == {"role": "assistant", "content": "hello"} and finish == "length"
+
+
+def test_named_keeps_its_finish_reason_and_required_says_tool_calls_when_stopped():
+    message, finish = answer(request(tools=TOOLS, tool_choice=NAMED), TWO_CALLS)
+    assert finish == "stop" and len(message["tool_calls"]) == 2
+    message, finish = answer(request(tools=TOOLS, tool_choice="required"), TWO_CALLS)
+    assert finish == "tool_calls"
+    # NOTE: as vLLM, required says tool_calls on "stop" even when nothing was parsed
+    message, finish = answer(request(tools=TOOLS, tool_choice="required"), "no call")
+    assert finish == "tool_calls" and message == {"role": "assistant", "content": "no call"}
+    message, finish = answer(request(tools=TOOLS, tool_choice="required"), "  ", "length")
+    assert finish == "length" and message == {"role": "assistant", "content": ""}
+
+
+def test_none_is_text_even_with_calls_in_it_and_parallel_false_keeps_the_first():
+    message, finish = answer(request(tools=TOOLS, tool_choice="none"), TWO_CALLS)
+    assert message["content"] == TWO_CALLS and "tool_calls" not in message and finish == "stop"
+    message, _ = answer(request(tools=TOOLS, parallel_tool_calls=False), TWO_CALLS)
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather"]
+
+
+def test_without_a_parser_the_text_is_the_answer():
+    assert chat_message(None, None, request(), "assistant", TWO_CALLS, "stop") == ({"role": "assistant", "content": TWO_CALLS}, "stop")
+
+
+def stream(req, text: str, finish: str = "stop") -> tuple[list[dict], str]:
+    s = StreamedToolCalls(HermesToolParser, None, req)
+    out = []
+    for i, ch in enumerate(text):
+        d = s.delta(ch, i == len(text) - 1)
+        if d is not None:
+            out.append(d)
+    return out, s.finish_reason(finish)
+
+
+def test_streamed_calls_end_with_tool_calls_unless_named():
+    deltas, finish = stream(request(tools=TOOLS), TWO_CALLS)
+    assert finish == "tool_calls" and deltas[0] == {"content": "o"}
+    assert [t["function"]["name"] for d in deltas for t in d.get("tool_calls", []) if "name" in t.get("function", {})] == ["get_weather", "get_time"]
+    assert stream(request(tools=TOOLS, tool_choice=NAMED), TWO_CALLS)[1] == "stop"
+    assert stream(request(tools=TOOLS), TWO_CALLS, "length")[1] == "length"
+
+
+def test_streamed_parallel_false_sends_only_the_first_call_and_none_sends_text():
+    deltas, _ = stream(request(tools=TOOLS, parallel_tool_calls=False), TWO_CALLS)
+    assert {t["index"] for d in deltas for t in d.get("tool_calls", [])} == {0}
+    deltas, finish = stream(request(tools=TOOLS, tool_choice="none"), TWO_CALLS)
+    assert "".join(d["content"] for d in deltas) == TWO_CALLS and finish == "stop"
+
+
+def refused(**fields) -> APIError:
+    with pytest.raises(APIError) as e:
+        request(**fields)
+    return e.value
+
+
+def test_request_checks_in_vllms_words():
+    # vllm/entrypoints/openai/chat_completion/protocol.py check_tool_usage, answered as a live vllm serve answered
+    e = refused(tools=[])
+    assert e.message == "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely. (parameter=tools)"
+    assert refused(tool_choice="auto").message == "When using `tool_choice`, `tools` must be set. (parameter=tool_choice)"
+    e = refused(tools=TOOLS, tool_choice="sometimes")
+    assert e.message == 'Invalid value for `tool_choice`: sometimes! Only named tools, "none", "auto" or "required" are supported. (parameter=tool_choice)'
+    e = refused(tools=TOOLS, tool_choice={"type": "function"})
+    assert e.param == "tool_choice.function" and e.message.startswith("Invalid value for `function`: `None` in `tool_choice`! Correct usage:")
+    e = refused(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})
+    assert e.message == "The tool specified in `tool_choice` does not match any of the specified `tools` (parameter=tool_choice)"
+    e = refused(tools=TOOLS, tool_choice=NAMED, structured_outputs={"regex": "a+"})
+    assert e.message == "You can only either use constraints for structured outputs or tools, not both." and e.param is None
+    e = refused(tools=[{"type": "x", "function": {"name": "f"}}])
+    assert (e.type, e.param) == ("Bad Request", "body.tools.0.type")
+    assert e.message == ("1 validation error:\n  {'type': 'literal_error', 'loc': 'body.tools.0.type', 'msg': \"Input should be 'function'\", "
+                         "'input': 'x', 'ctx': {'expected': \"'function'\"}}")  # fmt: skip
+    e = refused(tools=[{"type": "function", "function": {"name": 3}}])
+    assert e.message == "1 validation error:\n  {'type': 'string_type', 'loc': 'body.tools.0.function.name', 'msg': 'Input should be a valid string', 'input': '3'}"
+    e = refused(tools=[{"type": "function"}])
+    assert e.message == "1 validation error:\n  {'type': 'missing', 'loc': 'body.tools.0.function', 'msg': 'Field required', 'input': '<dict of 1 items>'}"
+
+
+def test_without_a_parser_only_none_passes():
+    # vllm/renderers/online_renderer.py render_chat
+    check_tool_parsing(request(tools=TOOLS, tool_choice="none"), None)
+    check_tool_parsing(request(), None)
+    for choice, message in [("auto", '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'),
+                            ("required", 'tool_choice="required" requires --tool-call-parser to be set'),
+                            (NAMED, 'tool_choice=function "get_weather" requires --tool-call-parser to be set')]:  # fmt: skip
+        with pytest.raises(APIError) as e:
+            check_tool_parsing(request(tools=TOOLS, tool_choice=choice), None)
+        assert e.value.message == message and e.value.status == 400
+
+
+def test_tools_reach_the_template_as_vllm_dumps_them():
+    tools = [{"type": "function", "function": {"name": "f", "strict": True, "extra": 1}, "defer_loading": False}]
+    assert template_tools(tools) == [{"type": "function", "function": {"name": "f", "description": None, "parameters": None, "strict": True,
+                                                                       "defer_loading": False}, "defer_loading": False}]  # fmt: skip
+
+
+def test_forced_calls_get_the_hermes_structural_tag_and_keep_special_tokens():
+    req = request(tools=TOOLS, tool_choice="required")
+    adjust_request(req, HermesToolParser)
+    tag = json.loads(req.structured_outputs.structural_tag)
+    assert req.skip_special_tokens is False and tag["format"]["type"] == "tags_with_separator"
+    begins = [t["begin"] for t in tag["format"]["tags"]]
+    assert begins[:2] == ['<tool_call>\n{"name": "get_weather", "arguments": ', '<tool_call>{"name": "get_weather", "arguments": ']
+    assert tag["format"]["at_least_one"] is True and tag["format"]["stop_after_first"] is False
+    # a non-strict tool's arguments are any JSON (vLLM's get_function_parameters)
+    assert tag["format"]["tags"][0]["content"]["json_schema"] is True
+    req = request(tools=TOOLS, tool_choice=NAMED)
+    adjust_request(req, HermesToolParser)
+    tag = json.loads(req.structured_outputs.structural_tag)
+    assert tag["format"]["stop_after_first"] is True and {t["begin"].split('"')[3] for t in tag["format"]["tags"]} == {"get_weather"}
+    # auto without a strict tool: no constraint; with a strict one: its schema, behind the trigger
+    req = request(tools=TOOLS, tool_choice="auto")
+    adjust_request(req, HermesToolParser)
+    assert req.structured_outputs is None
+    strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}]
+    req = request(tools=strict, tool_choice="auto")
+    adjust_request(req, HermesToolParser)
+    tag = json.loads(req.structured_outputs.structural_tag)
+    assert tag["format"]["triggers"] == ["<tool_call>"] and tag["format"]["tags"][0]["content"]["json_schema"] == TOOLS[0]["function"]["parameters"]
