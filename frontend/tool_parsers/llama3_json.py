@@ -34,7 +34,7 @@ class Llama3JsonToolParser(ToolParser):
 
     def __init__(self, tokenizer) -> None:
         super().__init__(tokenizer)
-        if tokenizer.token_id(BOT_TOKEN) is None:
+        if tokenizer.get_vocab().get(BOT_TOKEN) is None:
             raise RuntimeError(f"Llama3JsonToolParser could not locate the bot token '{BOT_TOKEN}' in the tokenizer.")
 
     def extract_tool_calls(self, model_output: str) -> ExtractedToolCalls:

@@ -19,8 +19,8 @@ class Vocab:
     def __init__(self, *tokens: str):
         self.tokens = tokens
 
-    def token_id(self, name: str) -> int | None:
-        return self.tokens.index(name) if name in self.tokens else None
+    def get_vocab(self) -> dict[str, int]:
+        return {t: i for i, t in enumerate(self.tokens)}
 
 
 LLAMA_TOK = Vocab("<|python_tag|>")
@@ -145,3 +145,15 @@ def test_registry_and_the_tokenizer_check_at_start_up():
         configured_tool_parser("llama3_json", True, Vocab("<|eos|>"), "/m")
     assert str(e.value) == ("--tool-call-parser llama3_json cannot be used with the tokenizer of '/m': "
                             "Llama3JsonToolParser could not locate the bot token '<|python_tag|>' in the tokenizer.")  # fmt: skip
+
+
+def test_the_tiny_checkpoint_serves_hermes_but_not_llama3_json(tiny_checkpoint):
+    # Its tokenizer has no <|python_tag|>: vLLM refuses llama3_json at start-up with it too.
+    from frontend.tokenizer import Tokenizer
+
+    tok = Tokenizer(tiny_checkpoint)
+    assert configured_tool_parser("hermes", True, tok, "m") is HermesToolParser
+    with pytest.raises(TypeError, match="could not locate the bot token '<|python_tag|>'"):
+        configured_tool_parser("llama3_json", True, tok, "m")
+    vocab = tok.get_vocab()
+    assert vocab["<|eos|>"] == tok.eos_token_id and len(vocab) == tok.vocab_size
