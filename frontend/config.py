@@ -86,6 +86,7 @@ class FrontendConfig:
     # Tool calls (frontend.tool_choice): parsed from the model's text only with both, as vLLM.
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+    enforce_strict_tool_calling: bool = True  # VLLM_ENFORCE_STRICT_TOOL_CALLING, read as vLLM reads it
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -200,6 +201,7 @@ def config_from_args(argv: list[str] | None = None) -> FrontendConfig:
     if not raw.strip().isdigit() or int(raw) < 1:
         p.error(f"VLLM_MAX_N_SEQUENCES must be a positive integer, got {raw!r}")
     a.max_n_sequences = int(raw)
+    a.enforce_strict_tool_calling = os.environ.get("VLLM_ENFORCE_STRICT_TOOL_CALLING", "True").lower() in ("true", "1")
     _operator_env(p, a)
     _check_operator_args(p, a)
     check_admission_args(p, a)

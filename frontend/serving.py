@@ -52,6 +52,8 @@ class ServingContext:
     writes: WriteBatch = field(default_factory=WriteBatch)  # every stream's frames of a step
     # --enable-auto-tool-choice --tool-call-parser: the parser class (frontend.tool_parsers), else None.
     tool_parser: type[ToolParser] | None = None
+    # VLLM_ENFORCE_STRICT_TOOL_CALLING (default on): forced calls through a structural tag, else a JSON schema.
+    strict_tool_calling: bool = True
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

@@ -107,7 +107,7 @@ def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest, rendered=
     check_tool_parsing(req, ctx.tool_parser)
     ids = chat_prompt(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens, template_tools(req.tools), req.documents,
                       req.chat_template_kwargs)  # fmt: skip
-    adjust_request(req, ctx.tool_parser)
+    adjust_request(req, ctx.tool_parser, ctx.strict_tool_calling)
     requested = req.max_completion_tokens or req.max_tokens
     check_prompt_length(len(ids), requested, ctx.max_model_len)
     if rendered is not None:
@@ -137,7 +137,8 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
         return await _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids)
 
     choices = await collect(ctx, request_id, [ids], params)
-    messages = [chat_message(ctx.tool_parser, ctx.tokenizer, req, chat_role(ctx, req), c.text, c.finish_reason) for c in choices]
+    messages = [chat_message(ctx.tool_parser, ctx.tokenizer, req, chat_role(ctx, req), c.text, c.finish_reason, not ctx.strict_tool_calling)
+                for c in choices]  # fmt: skip
     out = [{
         "index": c.index, "message": message,
         "logprobs": chat_logprobs(ctx.tokenizer, c.token_ids, c.logprobs, num_logprobs, as_ids) if num_logprobs is not None else None,
@@ -174,7 +175,7 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
 
     text_chunk = TextChunk(lambda c: chunk([c]), lambda i, text: choice(i, {"content": text}))
     # NOTE: with a tool parser (as vLLM's), every choice's text goes through its own parser.
-    tools = [StreamedToolCalls(ctx.tool_parser, ctx.tokenizer, req) for _ in range(params.n)] if ctx.tool_parser else None
+    tools = [StreamedToolCalls(ctx.tool_parser, ctx.tokenizer, req, not ctx.strict_tool_calling) for _ in range(params.n)] if ctx.tool_parser else None
 
     def tool_chunk(d, lp, use) -> bytes | None:
         finished = d.finish_reason is not None

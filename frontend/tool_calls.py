@@ -13,14 +13,26 @@ stopped by itself; a named call keeps "stop", as OpenAI's.
 from __future__ import annotations
 
 from frontend.tool_choice import named_function
-from frontend.tool_parsers.base import DeltaMessage, ToolCall, ToolParser
+from frontend.tool_parsers.base import DeltaMessage, ToolCall, ToolParser, make_tool_call_id
+from frontend.tool_parsers.forced_json import (
+    named_call,
+    named_delta,
+    required_calls,
+    required_delta,
+)
 
 
-def _parse(parser: ToolParser, req, text: str) -> tuple[list[ToolCall] | None, str | None]:
-    """vLLM's ``DelegatingParser._extract_tool_calls`` (required/named parsed as auto)."""
+def _parse(parser: ToolParser, req, text: str, forced_json: bool) -> tuple[list[ToolCall] | None, str | None]:
+    """vLLM's ``DelegatingParser._extract_tool_calls``: required/named read as JSON
+    with ``forced_json`` (VLLM_ENFORCE_STRICT_TOOL_CALLING=0), else in the parser's format."""
     if req.tool_choice == "none":
         return [], text
-    forced = req.tool_choice == "required" or named_function(req.tool_choice) is not None
+    name = named_function(req.tool_choice)
+    if forced_json and name is not None:
+        return named_call(name, text)
+    if forced_json and req.tool_choice == "required":
+        return required_calls(text)
+    forced = req.tool_choice == "required" or name is not None
     info = parser.extract_tool_calls(text)
     if info.tools_called:
         content = info.content
@@ -31,11 +43,11 @@ def _parse(parser: ToolParser, req, text: str) -> tuple[list[ToolCall] | None, s
 
 
 def chat_message(parser_cls: type[ToolParser] | None, tokenizer, req, role: str, text: str,
-                 finish_reason: str | None) -> tuple[dict, str | None]:  # fmt: skip
+                 finish_reason: str | None, forced_json: bool = False) -> tuple[dict, str | None]:  # fmt: skip
     """(message, finish_reason) of one whole choice."""
     if parser_cls is None:
         return {"role": role, "content": text}, finish_reason
-    calls, content = _parse(parser_cls(tokenizer), req, text)
+    calls, content = _parse(parser_cls(tokenizer), req, text, forced_json)
     choice = req.tool_choice
     message: dict = {"role": role, "content": content}
     auto_called = False
@@ -60,17 +72,24 @@ class StreamedToolCalls:
     """One streamed choice's parser and what it has sent (vLLM's ``parse_delta`` with a
     tool parser and no reasoning parser)."""
 
-    def __init__(self, parser_cls: type[ToolParser], tokenizer, req) -> None:
+    def __init__(self, parser_cls: type[ToolParser], tokenizer, req, forced_json: bool = False) -> None:
         self.parser = parser_cls(tokenizer)
         self.req = req
         self.previous_text = ""
         self.tools_streamed = False
+        self.forced_name = named_function(req.tool_choice) if forced_json else None
+        self.forced_required = forced_json and req.tool_choice == "required"
+        self.name_sent = False  # a forced named call's first delta went out
 
     def delta(self, delta_text: str, finished: bool) -> dict | None:
         """The step's delta as sent, or None: nothing to send yet."""
         current_text = self.previous_text + delta_text
         if self.req.tool_choice == "none":
             message = DeltaMessage(delta_text) if delta_text else None
+        elif self.forced_name is not None:
+            message, self.name_sent = named_delta(self.forced_name, delta_text, self.name_sent, make_tool_call_id), True
+        elif self.forced_required:
+            message = required_delta(self.previous_text, current_text, make_tool_call_id)
         else:
             message = self.parser.extract_tool_calls_streaming(self.previous_text, current_text, delta_text)
         self.previous_text = current_text

@@ -28,7 +28,7 @@ _FUNCTION_FIELDS = {
 }
 
 
-def _invalid(message: str, param: str | None = None) -> APIError:
+def vllm_validation_error(message: str, param: str | None = None) -> APIError:
     """vLLM's ``VLLMValidationError``, as its answer words it: the parameter named in the message too."""
     return bad_request(f"{message} (parameter={param})" if param else message, param)
 
@@ -42,7 +42,7 @@ def check_tool_usage(req: ChatCompletionRequest) -> None:
     """vLLM's ``check_tool_usage`` validator (and the tools' own types): resolves an
     unset tool_choice ("auto" with tools, else "none") and refuses what vLLM refuses."""
     if req.tools == []:
-        raise _invalid("`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.", "tools")
+        raise vllm_validation_error("`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.", "tools")
     if req.tools is not None:
         for i, tool in enumerate(req.tools):
             _check_tool(i, tool)
@@ -52,16 +52,16 @@ def check_tool_usage(req: ChatCompletionRequest) -> None:
     if choice is None or choice == "none":
         return
     if req.tools is None:
-        raise _invalid("When using `tool_choice`, `tools` must be set.", "tool_choice")
+        raise vllm_validation_error("When using `tool_choice`, `tools` must be set.", "tool_choice")
     if choice not in ("auto", "required") and not isinstance(choice, dict):
-        raise _invalid(f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or "required" are supported.',
+        raise vllm_validation_error(f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or "required" are supported.',
                        "tool_choice")  # fmt: skip
     if isinstance(choice, dict):
         _check_named(choice, req.tools)
         if req.structured_outputs is not None and any(
             getattr(req.structured_outputs, k) is not None for k in ("json", "regex", "choice")
         ):
-            raise _invalid("You can only either use constraints for structured outputs or tools, not both.")
+            raise vllm_validation_error("You can only either use constraints for structured outputs or tools, not both.")
 
 
 def _validation_error(errors: list[dict]) -> APIError:
@@ -104,14 +104,14 @@ def _check_tool(i: int, tool: Any) -> None:
 def _check_named(choice: dict, tools: list[dict]) -> None:
     function = choice.get("function")
     if not isinstance(function, dict):
-        raise _invalid(f"Invalid value for `function`: `{function}` in `tool_choice`! {_CORRECT_USAGE}", "tool_choice.function")
+        raise vllm_validation_error(f"Invalid value for `function`: `{function}` in `tool_choice`! {_CORRECT_USAGE}", "tool_choice.function")
     if "name" not in function:
-        raise _invalid(f"Expected field `name` in `function` in `tool_choice`! {_CORRECT_USAGE}", "tool_choice.function.name")
+        raise vllm_validation_error(f"Expected field `name` in `function` in `tool_choice`! {_CORRECT_USAGE}", "tool_choice.function.name")
     name = function["name"]
     if not isinstance(name, str) or not name:
-        raise _invalid(f"Invalid `name` in `function`: `{name}` in `tool_choice`! {_CORRECT_USAGE}", "tool_choice.function.name")
+        raise vllm_validation_error(f"Invalid `name` in `function`: `{name}` in `tool_choice`! {_CORRECT_USAGE}", "tool_choice.function.name")
     if not any(tool["function"]["name"] == name for tool in tools):
-        raise _invalid("The tool specified in `tool_choice` does not match any of the specified `tools`", "tool_choice")
+        raise vllm_validation_error("The tool specified in `tool_choice` does not match any of the specified `tools`", "tool_choice")
     if choice.get("type", "function") != "function":
         shown = _shown(choice)
         raise _validation_error([
@@ -156,16 +156,23 @@ def template_tools(tools: list[dict] | None) -> list[dict] | None:
     return out
 
 
-def adjust_request(req: ChatCompletionRequest, parser_cls: type[ToolParser] | None) -> None:
+def adjust_request(req: ChatCompletionRequest, parser_cls: type[ToolParser] | None, strict: bool = True) -> None:
     """vLLM's ``DelegatingParser.adjust_request`` for a tool parser: the structural tag
-    that constrains the calls, and the parser's own needs (special tokens kept)."""
+    that constrains the calls (``strict``: VLLM_ENFORCE_STRICT_TOOL_CALLING, vLLM's
+    default), else a JSON schema for "required" and named calls; and the parser's own
+    needs (special tokens kept)."""
     if parser_cls is None or not req.tools:
         return
-    # NOTE: imported here: xgrammar is loaded only by a server that parses tools.
-    from frontend.tool_structural_tag import structural_tag
+    if strict:
+        # NOTE: imported here: xgrammar is loaded only by a server that parses tools.
+        from frontend.tool_structural_tag import structural_tag
 
-    tag = structural_tag(parser_cls.structural_tag_model, req)
-    if tag is not None:
-        req.structured_outputs = StructuredOutputsParams(structural_tag=json.dumps(tag))
+        if (tag := structural_tag(parser_cls.structural_tag_model, req)) is not None:
+            req.structured_outputs = StructuredOutputsParams(structural_tag=json.dumps(tag))
+    elif req.structured_outputs is None or req.structured_outputs.structural_tag is None:
+        from frontend.tool_schema import json_schema_from_tools
+
+        if (schema := json_schema_from_tools(req.tool_choice, req.tools, req.parallel_tool_calls)) is not None:
+            req.structured_outputs = StructuredOutputsParams(json=schema)
     if parser_cls.keeps_special_tokens and req.tool_choice != "none":
         req.skip_special_tokens = False

@@ -51,6 +51,7 @@ class DeltaToolCall:
     id: str | None = None
     name: str | None = None
     arguments: str | None = None
+    null_name: bool = False  # "name": null sent (vLLM's forced "required" stream)
 
     def to_json(self) -> dict:
         out: dict[str, Any] = {}
@@ -58,7 +59,7 @@ class DeltaToolCall:
             out["id"] = self.id
             out["type"] = "function"
         out["index"] = self.index
-        fn = {k: v for k, v in (("name", self.name), ("arguments", self.arguments)) if v is not None}
+        fn = {k: v for k, v in (("name", self.name), ("arguments", self.arguments)) if v is not None or k == "name" and self.null_name}
         if fn:
             out["function"] = fn
         return out

@@ -170,3 +170,62 @@ def test_forced_calls_get_the_hermes_structural_tag_and_keep_special_tokens():
     adjust_request(req, HermesToolParser)
     tag = json.loads(req.structured_outputs.structural_tag)
     assert tag["format"]["triggers"] == ["<tool_call>"] and tag["format"]["tags"][0]["content"]["json_schema"] == TOOLS[0]["function"]["parameters"]
+
+
+# --- VLLM_ENFORCE_STRICT_TOOL_CALLING=0: forced calls through a JSON schema -------------
+
+
+def test_the_forcing_json_schema_as_vllms_get_json_schema_from_tools():
+    # vllm/tool_parsers/utils.py get_json_schema_from_tools, by hand
+    req = request(tools=TOOLS, tool_choice=NAMED)
+    adjust_request(req, HermesToolParser, strict=False)
+    assert req.structured_outputs.json == TOOLS[0]["function"]["parameters"] and req.structured_outputs.structural_tag is None
+    req = request(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}})
+    adjust_request(req, HermesToolParser, strict=False)
+    assert req.structured_outputs.json == {"type": "object", "properties": {}}  # no parameters: still an object
+    req = request(tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    adjust_request(req, HermesToolParser, strict=False)
+    assert req.structured_outputs.json == {
+        "type": "array", "minItems": 1, "maxItems": 1,
+        "items": {"type": "object", "anyOf": [
+            {"properties": {"name": {"type": "string", "enum": ["get_weather"]}, "parameters": TOOLS[0]["function"]["parameters"]},
+             "required": ["name", "parameters"]},
+            {"properties": {"name": {"type": "string", "enum": ["get_time"]}, "parameters": {"type": "object", "properties": {}}},
+             "required": ["name", "parameters"]}]},
+    }  # fmt: skip
+    req = request(tools=TOOLS, tool_choice="auto")
+    adjust_request(req, HermesToolParser, strict=False)
+    assert req.structured_outputs is None
+
+
+def test_tools_defs_are_gathered_and_a_conflict_is_refused():
+    def tool(name, defs):
+        return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "$defs": defs}}}
+
+    req = request(tools=[tool("a", {"X": {"type": "string"}}), tool("b", {"X": {"type": "string"}})], tool_choice="required")
+    adjust_request(req, HermesToolParser, strict=False)
+    assert req.structured_outputs.json["$defs"] == {"X": {"type": "string"}}
+    req = request(tools=[tool("a", {"X": {"type": "string"}}), tool("b", {"X": {"type": "integer"}})], tool_choice="required")
+    with pytest.raises(APIError) as e:
+        adjust_request(req, HermesToolParser, strict=False)
+    assert e.value.message == "Tool definition 'X' has multiple schemas, which is not supported. (parameter=tools)"
+
+
+def test_forced_json_answers():
+    # parser/abstract_parser.py DelegatingParser._extract_tool_calls with supports_required_and_named
+    message, finish = chat_message(HermesToolParser, None, request(tools=TOOLS, tool_choice=NAMED), "assistant", '{"city": "Rome"}', "stop", True)
+    assert finish == "stop" and message["content"] == ""
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [("get_weather", '{"city": "Rome"}')]
+    text = '[{"name": "get_time", "parameters": {}}, {"name": "get_weather", "parameters": {"city": "Oslo"}}]'
+    message, finish = chat_message(HermesToolParser, None, request(tools=TOOLS, tool_choice="required"), "assistant", text, "stop", True)
+    assert finish == "tool_calls" and [c["function"]["arguments"] for c in message["tool_calls"]] == ["{}", '{"city": "Oslo"}']
+    message, _ = chat_message(HermesToolParser, None, request(tools=TOOLS, tool_choice="required"), "assistant", "[{", "length", True)
+    assert message == {"role": "assistant", "content": ""}
+
+
+def test_forced_json_named_stream_names_the_call_first_then_sends_the_text_as_arguments():
+    s = StreamedToolCalls(HermesToolParser, None, request(tools=TOOLS, tool_choice=NAMED), forced_json=True)
+    first, second = s.delta('{"ci', False), s.delta('ty": 1}', True)
+    assert first["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"ci'} and "content" not in first
+    assert second == {"tool_calls": [{"index": 0, "function": {"arguments": 'ty": 1}'}}]}
+    assert s.finish_reason("stop") == "stop"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from frontend.tool_parsers import get_tool_parser
+from frontend.tool_parsers.forced_json import required_calls, required_delta
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm/bin/python"
@@ -51,11 +52,37 @@ def steps(text: str, sizes: tuple[int, ...]) -> list[str]:
     return out
 
 
+# "required" under VLLM_ENFORCE_STRICT_TOOL_CALLING=0: the array its JSON schema makes the model write.
+REQUIRED = [
+    '[{"name": "get_weather", "parameters": {"city": "Paris", "n": [1, {"x": "]}"}]}}, {"name": "get_time", "parameters": {}}]',
+    '[{"parameters": {"a": "b"}, "name": "f"}]',  # parameters before the name
+    '[{"name": "f", "parameters": 12}]',  # not an object: streamed, but no call whole
+    '[{"name": "f", "parameters": null}, {"name": "g"}]',
+    '[{"name": "f\\"q", "parameters": {"s": "x\\ny"}}] trailing',
+    '{"name": "f"}',  # not an array
+    '[{"name": "f", "parameters": {"a": 1}',  # cut short
+]
 CASES = [{"parser": p, "text": t, "deltas": steps(t, sizes)}
-         for p, texts in (("hermes", HERMES), ("llama3_json", LLAMA)) for t in texts for sizes in ((1,), (3, 1, 7), (1000,))]  # fmt: skip
+         for p, texts in (("hermes", HERMES), ("llama3_json", LLAMA), ("required", REQUIRED))
+         for t in texts for sizes in ((1,), (3, 1, 7), (1000,))]  # fmt: skip
+
+
+def ours_forced(case) -> dict:
+    whole = [[c.name, c.arguments] for c in required_calls(case["text"])[0]]
+    prev, deltas = "", []
+    for delta in case["deltas"]:
+        m = required_delta(prev, prev + delta, lambda: "id")
+        prev += delta
+        d = None if m is None else m.to_json()
+        for t in (d or {}).get("tool_calls", []):
+            t.pop("id", None)
+        deltas.append(d)
+    return {"whole": whole, "deltas": deltas}
 
 
 def ours(case) -> dict:
+    if case["parser"] == "required":
+        return ours_forced(case)
     cls = get_tool_parser(case["parser"])
     info = cls(Vocab()).extract_tool_calls(case["text"])
     whole = {"tools_called": info.tools_called, "content": info.content, "calls": [[c.name, c.arguments] for c in info.tool_calls]}

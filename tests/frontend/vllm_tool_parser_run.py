@@ -38,4 +38,27 @@ def run(case):
     return {"whole": whole, "deltas": deltas, "remaining": parser.get_remaining_unstreamed_args()}
 
 
-print(json.dumps([run(c) for c in json.load(sys.stdin)]))
+def run_forced(case):
+    """The JSON-forced path (VLLM_ENFORCE_STRICT_TOOL_CALLING=0): "required" arrays."""
+    from pydantic import TypeAdapter, ValidationError
+    from vllm.entrypoints.generate.base.protocol import FunctionDefinition
+    from vllm.tool_parsers.streaming import extract_required_tool_call_streaming
+
+    try:
+        parsed = TypeAdapter(list[FunctionDefinition]).validate_json(case["text"])
+        whole = [[c.name, json.dumps(c.parameters, ensure_ascii=False)] for c in parsed]
+    except ValidationError:
+        whole = []
+    prev, deltas = "", []
+    for delta in case["deltas"]:
+        m, _ = extract_required_tool_call_streaming(previous_text=prev, current_text=prev + delta, tool_call_idx=None,
+                                                    tool_call_id_type="random")
+        prev += delta
+        d = None if m is None else json.loads(m.model_dump_json(exclude_unset=True))
+        for t in (d or {}).get("tool_calls", []):
+            t.pop("id", None)
+        deltas.append(d)
+    return {"whole": whole, "deltas": deltas}
+
+
+print(json.dumps([run_forced(c) if c["parser"] == "required" else run(c) for c in json.load(sys.stdin)]))
