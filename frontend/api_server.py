@@ -79,7 +79,8 @@ class APIServer:
             sse_keep_alive_s=float(config.sse_keep_alive_interval),
             max_tokens_cap=max_tokens_cap(config.generation_config, defaults, config.override_generation_config),
             tool_parser=configured_tool_parser(config.tool_call_parser, config.enable_auto_tool_choice, self.tokenizer, config.model),
-            strict_tool_calling=config.enforce_strict_tool_calling,
+            strict_tool_calling=config.enforce_strict_tool_calling, tool_strict_level=config.tool_strict_level,
+            exclude_tools_when_tool_choice_none=config.exclude_tools_when_tool_choice_none,
         )  # fmt: skip
         self.ready, self.why_not_ready = False, "the scheduler has not answered yet"
         self.was_ready = False

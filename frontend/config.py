@@ -87,6 +87,8 @@ class FrontendConfig:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     enforce_strict_tool_calling: bool = True  # VLLM_ENFORCE_STRICT_TOOL_CALLING, read as vLLM reads it
+    tool_strict_level: str = "auto"  # the structural tag's floor: auto, function or parameter
+    exclude_tools_when_tool_choice_none: bool = False  # tool_choice "none": the template sees no tools
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,6 +178,10 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
                    help="tool_choice auto (and required, named) parsed from the model's text with --tool-call-parser (default %(default)s)")
     p.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
                    help="the model's tool-call format (default: none)")
+    p.add_argument("--tool-strict-level", default="auto", choices=["auto", "function", "parameter"],
+                   help="constrain every call's envelope (function), its arguments too (parameter), or as the request asks (default %(default)s)")
+    p.add_argument("--exclude-tools-when-tool-choice-none", action=flag, default=False,
+                   help="tool_choice none: the chat template is not shown the tools (default %(default)s)")
 
 
 # --uvicorn-log-level's names, as logging levels (uvicorn's "trace" is 5).

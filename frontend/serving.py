@@ -54,6 +54,8 @@ class ServingContext:
     tool_parser: type[ToolParser] | None = None
     # VLLM_ENFORCE_STRICT_TOOL_CALLING (default on): forced calls through a structural tag, else a JSON schema.
     strict_tool_calling: bool = True
+    tool_strict_level: str = "auto"  # --tool-strict-level
+    exclude_tools_when_tool_choice_none: bool = False  # --exclude-tools-when-tool-choice-none
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

@@ -105,9 +105,10 @@ def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest, rendered=
     if req.top_logprobs and not req.logprobs:
         raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
     check_tool_parsing(req, ctx.tool_parser)
-    ids = chat_prompt(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens, template_tools(req.tools), req.documents,
+    shown = None if req.tool_choice == "none" and ctx.exclude_tools_when_tool_choice_none else template_tools(req.tools)
+    ids = chat_prompt(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens, shown, req.documents,
                       req.chat_template_kwargs)  # fmt: skip
-    adjust_request(req, ctx.tool_parser, ctx.strict_tool_calling)
+    adjust_request(req, ctx.tool_parser, ctx.strict_tool_calling, ctx.tool_strict_level)
     requested = req.max_completion_tokens or req.max_tokens
     check_prompt_length(len(ids), requested, ctx.max_model_len)
     if rendered is not None:

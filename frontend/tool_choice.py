@@ -156,7 +156,23 @@ def template_tools(tools: list[dict] | None) -> list[dict] | None:
     return out
 
 
-def adjust_request(req: ChatCompletionRequest, parser_cls: type[ToolParser] | None, strict: bool = True) -> None:
+def requested_constraint(req) -> bool:
+    """Whether the request asks for structured outputs itself (vLLM's
+    ``extract_structured_outputs``: ``structured_outputs``, or a ``response_format``
+    other than text)."""
+    response_format = getattr(req, "response_format", None)  # NOTE: a field of issue 23's structured outputs
+    return req.structured_outputs is not None or (isinstance(response_format, dict) and response_format.get("type") != "text")
+
+
+def _force(req, constraint: StructuredOutputsParams) -> None:
+    """The calls' constraint replaces the request's own, as vLLM's (response_format dropped)."""
+    req.structured_outputs = constraint
+    if getattr(req, "response_format", None) is not None:
+        req.response_format = None
+
+
+def adjust_request(req: ChatCompletionRequest, parser_cls: type[ToolParser] | None, strict: bool = True,
+                   strict_level: str = "auto") -> None:  # fmt: skip
     """vLLM's ``DelegatingParser.adjust_request`` for a tool parser: the structural tag
     that constrains the calls (``strict``: VLLM_ENFORCE_STRICT_TOOL_CALLING, vLLM's
     default), else a JSON schema for "required" and named calls; and the parser's own
@@ -167,12 +183,12 @@ def adjust_request(req: ChatCompletionRequest, parser_cls: type[ToolParser] | No
         # NOTE: imported here: xgrammar is loaded only by a server that parses tools.
         from frontend.tool_structural_tag import structural_tag
 
-        if (tag := structural_tag(parser_cls.structural_tag_model, req)) is not None:
-            req.structured_outputs = StructuredOutputsParams(structural_tag=json.dumps(tag))
+        if (tag := structural_tag(parser_cls.structural_tag_model, req, strict_level)) is not None:
+            _force(req, StructuredOutputsParams(structural_tag=json.dumps(tag)))
     elif req.structured_outputs is None or req.structured_outputs.structural_tag is None:
         from frontend.tool_schema import json_schema_from_tools
 
         if (schema := json_schema_from_tools(req.tool_choice, req.tools, req.parallel_tool_calls)) is not None:
-            req.structured_outputs = StructuredOutputsParams(json=schema)
+            _force(req, StructuredOutputsParams(json=schema))
     if parser_cls.keeps_special_tokens and req.tool_choice != "none":
         req.skip_special_tokens = False

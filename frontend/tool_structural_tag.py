@@ -5,8 +5,9 @@ builtin), each allowed function's name fixed and, for a strict tool, its argumen
 held to the tool's parameters schema.
 
 When: "required" and a named function always; "auto" only when a tool is
-``strict`` or ``parallel_tool_calls`` is false (else the model writes freely and the
-parser reads what it wrote). ``parallel_tool_calls: false`` stops after one call.
+``strict``, ``parallel_tool_calls`` is false or --tool-strict-level is function or
+parameter (else the model writes freely and the parser reads what it wrote).
+``parallel_tool_calls: false`` stops after one call.
 """
 
 from __future__ import annotations
@@ -16,28 +17,29 @@ from typing import Any
 # NOTE: xgrammar (which loads torch) is imported inside the functions: only a
 # request with tools on a server that parses them builds a tag.
 from frontend.errors import bad_request
-from frontend.tool_choice import template_tools
+from frontend.tool_choice import requested_constraint, template_tools
 
 # vLLM's ToolStrictLevel (--tool-strict-level, of which kvpool accepts only auto).
 AUTO, FUNCTION, PARAMETER = 0, 1, 2
+LEVELS = {"auto": AUTO, "function": FUNCTION, "parameter": PARAMETER}
 
 
-def structural_tag(model: str | None, req) -> dict | None:
+def structural_tag(model: str | None, req, level: str = "auto") -> dict | None:
     """The tag as a JSON-able dict (vLLM's ``structural_tag.model_dump()``), or None
-    when the request's calls are not constrained."""
+    when the request's calls are not constrained; ``level``: --tool-strict-level."""
     choice = req.tool_choice
     if model is None or not req.tools or choice not in ("auto", "required") and not isinstance(choice, dict):
         return None
     is_auto = choice == "auto"
     single_call = req.parallel_tool_calls is False
-    structured = req.structured_outputs
-    strict_level = AUTO
-    if single_call and not (is_auto and structured is not None):
+    structured = requested_constraint(req)
+    strict_level = LEVELS[level]
+    if single_call and not (is_auto and structured):
         strict_level = max(strict_level, FUNCTION)  # NOTE: limiting the calls needs their envelope in the grammar
     resolved = _resolve_strictness(template_tools(req.tools), choice, strict_level)
     if resolved is None:
         return None
-    if is_auto and structured is not None:
+    if is_auto and structured:
         # NOTE: vLLM joins the tag and the output's own constraint in one grammar (an OrFormat).
         raise bad_request("tool_choice=auto with strict tools or parallel_tool_calls=false, together with structured outputs, "
                           "is not supported yet", "structured_outputs")  # fmt: skip

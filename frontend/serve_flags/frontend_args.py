@@ -57,7 +57,7 @@ _RULES = [
     passed("--enable-server-load-tracking", BOOL, FRONT),
     passed("--enable-ssl-refresh", BOOL, FRONT),
     passed("--enable-tokenizer-info-endpoint", BOOL, FRONT),
-    refused("--exclude-tools-when-tool-choice-none", BOOL, why.NOT_YET, accepts=(False,)),
+    passed("--exclude-tools-when-tool-choice-none", BOOL, FRONT),
     refused("--fingerprint-mode", ONE, why.NOT_YET),
     refused("--fingerprint-value", ONE, why.NOT_YET),
     refused("--grpc-port", ONE, why.GRPC),
@@ -86,7 +86,7 @@ _RULES = [
     refused("--tool-parser-plugin", ONE, "tool parser plugins (vLLM's Python ToolParser classes) cannot be loaded: "
             f"kvpool has the {', '.join(TOOL_PARSERS)} tool-call parsers", accepts=("",)),
     refused("--tool-server", ONE, "kvpool has no Responses API (/v1/responses) whose built-in tools a tool server serves"),
-    refused("--tool-strict-level", ONE, why.NOT_YET, accepts=("auto",)),
+    passed("--tool-strict-level", ONE, FRONT),
     refused("--trust-request-chat-template", BOOL, "kvpool always renders with the server's chat template", accepts=(False,)),
     refused("--trust-request-mm-kwargs", BOOL, why.MULTIMODAL, accepts=(False,)),
     passed("--uds", ONE, FRONT),

@@ -229,3 +229,26 @@ def test_forced_json_named_stream_names_the_call_first_then_sends_the_text_as_ar
     assert first["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"ci'} and "content" not in first
     assert second == {"tool_calls": [{"index": 0, "function": {"arguments": 'ty": 1}'}}]}
     assert s.finish_reason("stop") == "stop"
+
+
+def test_tool_strict_level_and_structured_outputs_beside_tools():
+    # vllm/parser/abstract_parser.py _apply_structural_tag, tool_parsers/structural_tag_registry.py resolve_tool_strictness
+    req = request(tools=TOOLS, tool_choice="auto")
+    adjust_request(req, HermesToolParser, strict_level="function")  # the envelope, arguments free
+    tag = json.loads(req.structured_outputs.structural_tag)
+    assert tag["format"]["type"] == "triggered_tags" and tag["format"]["tags"][0]["content"]["json_schema"] is True
+    req = request(tools=TOOLS, tool_choice="auto")
+    adjust_request(req, HermesToolParser, strict_level="parameter")  # every tool as if strict
+    tag = json.loads(req.structured_outputs.structural_tag)
+    assert tag["format"]["tags"][0]["content"]["json_schema"] == TOOLS[0]["function"]["parameters"]
+    req = request(tools=TOOLS, tool_choice="auto", parallel_tool_calls=False)
+    adjust_request(req, HermesToolParser)
+    assert json.loads(req.structured_outputs.structural_tag)["format"]["stop_after_first"] is True
+    # the forced call replaces the request's own constraint
+    req = request(tools=TOOLS, tool_choice="required", structured_outputs={"regex": "a+"})
+    adjust_request(req, HermesToolParser)
+    assert req.structured_outputs.regex is None and req.structured_outputs.structural_tag is not None
+    # auto with structured outputs and no strict tool: the request's constraint alone
+    req = request(tools=TOOLS, tool_choice="auto", structured_outputs={"regex": "a+"})
+    adjust_request(req, HermesToolParser)
+    assert req.structured_outputs.regex == "a+"

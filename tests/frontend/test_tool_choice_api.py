@@ -12,6 +12,9 @@ from kvtest.http_api import post
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "w",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]  # fmt: skip
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
+# The tiny checkpoint's template with the tools written first, as transformers' tojson writes them.
+TEMPLATE = ("{{ bos_token }}{% if tools %}TOOLS{{ tools | tojson }}{% endif %}{% for message in messages %}<|{{ message['role'] }}|>"
+            "{{ message['content'] }}{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +22,8 @@ def hermes(tiny_checkpoint, tmp_path_factory):
     from kvtest.serve import kvpool_serve
 
     with kvpool_serve(tiny_checkpoint, tmp_path_factory.mktemp("serve-logs"), "--max-model-len", "1024",
-                      "--enable-auto-tool-choice", "--tool-call-parser", "hermes") as s:  # fmt: skip
+                      "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--chat-template", TEMPLATE,
+                      "--exclude-tools-when-tool-choice-none") as s:  # fmt: skip
         yield s
 
 
@@ -71,3 +75,19 @@ def test_with_hermes_a_stream_through_the_openai_sdk(hermes, model):
     assert all(not c.choices[0].delta.tool_calls for c in chunks)
     whole = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], tools=TOOLS, max_tokens=4, temperature=0)
     assert whole.choices[0].message.tool_calls is None and whole.choices[0].finish_reason == "length"
+
+
+def prompt_text(served, model, **fields) -> str:
+    status, body = post(served, "/v1/chat/completions/render", {"model": model, "messages": [{"role": "user", "content": "hi"}], **fields})
+    assert status == 200, body
+    status, body = post(served, "/detokenize", {"model": model, "tokens": body["token_ids"]})
+    return body["prompt"]
+
+
+def test_the_template_sees_the_tools_as_vllm_dumps_them_and_none_hides_them(hermes, model):
+    # vllm/renderers/online_renderer.py: tool.model_dump() of each tool, None under
+    # --exclude-tools-when-tool-choice-none with tool_choice "none"
+    tools = [{"type": "function", "function": {"name": "f", "extra": 1}}]
+    shown = prompt_text(hermes, model, tools=tools, tool_choice="auto")
+    assert 'TOOLS[{"type": "function", "function": {"name": "f", "description": null, "parameters": null}}]hi' in shown  # /detokenize skips the special <|user|>
+    assert "TOOLS" not in prompt_text(hermes, model, tools=tools, tool_choice="none")
