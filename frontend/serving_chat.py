@@ -44,6 +44,7 @@ from frontend.tool_choice import (
     check_tool_usage,
     template_tools,
 )
+from frontend.tool_history import with_tool_call_arguments
 
 _encode = msgspec.json.encode
 
@@ -86,7 +87,7 @@ def chat_prompt(ctx: ServingContext, messages: list[dict], add_generation_prompt
                 tools=None, documents=None, chat_template_kwargs=None) -> list[int]:  # fmt: skip
     kwargs = template_kwargs(ctx.default_chat_template_kwargs, chat_template_kwargs)
     try:
-        text = render_chat(ctx.tokenizer.chat_template, conversation(messages), ctx.tokenizer.special_tokens_map,
+        text = render_chat(ctx.tokenizer.chat_template, with_tool_call_arguments(conversation(messages)), ctx.tokenizer.special_tokens_map,
                            add_generation_prompt, tools, documents, **kwargs)  # fmt: skip
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
