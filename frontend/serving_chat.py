@@ -37,7 +37,7 @@ from frontend.serving import (
     usage,
 )  # fmt: skip
 from frontend.streaming import ClientGone, StreamedChoices, TextChunk
-from frontend.tool_calls import StreamedToolCalls, chat_message
+from frontend.tool_calls import StreamedToolCalls, chat_message, logged_delta, logged_output
 from frontend.tool_choice import (
     adjust_request,
     check_tool_parsing,
@@ -147,9 +147,9 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
         "finish_reason": finish_reason, "stop_reason": c.stop_reason,
     } for c, (message, finish_reason) in zip(choices, messages, strict=True)]  # fmt: skip
     if ctx.output_log is not None:
-        for c in choices:
-            if c.text:
-                ctx.output_log.output(request_id, c.text, c.token_ids, c.finish_reason)
+        for c, (message, finish_reason) in zip(choices, messages, strict=True):
+            if text := logged_output(message):
+                ctx.output_log.output(request_id, text, c.token_ids, finish_reason)
     return json_response({
         "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.model_name, "choices": out,
         "usage": usage(len(ids), sum(len(c.token_ids) for c in choices), ctx.cached(cached_tokens(choices, params.n))),
@@ -187,6 +187,8 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
                 return None
             delta = {}
         finish_reason = tools[d.index].finish_reason(d.finish_reason) if finished else None
+        if texts is not None:
+            ctx.output_log.delta(request_id, logged_delta(delta), d.token_ids, d.finish_reason)
         return _encode(chunk([choice(d.index, delta, lp, finish_reason, d.stop_reason)], use))
 
     def render(d) -> bytes | None:
@@ -195,7 +197,8 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
         cached[i] = max(cached[i], d.num_cached_tokens)
         if texts is not None:
             texts[i] += d.text
-            ctx.output_log.delta(request_id, d.text, d.token_ids, d.finish_reason)
+            if tools is None:  # NOTE: with a parser, what it made of the text is logged (tool_chunk)
+                ctx.output_log.delta(request_id, d.text, d.token_ids, d.finish_reason)
         lp = None
         if num_logprobs is not None and d.logprobs:
             lp = chat_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, num_logprobs, as_ids)

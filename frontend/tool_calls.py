@@ -109,3 +109,21 @@ class StreamedToolCalls:
         if self.tools_streamed and named_function(self.req.tool_choice) is None and finish_reason == "stop":
             return "tool_calls"
         return finish_reason
+
+
+def logged_output(message: dict) -> str:
+    """What --enable-log-outputs logs of a whole answer (vLLM's words): its content,
+    else its calls."""
+    if message.get("content"):
+        return message["content"]
+    if calls := message.get("tool_calls"):
+        return "[tool_calls: " + ", ".join(f"{c['function']['name']}({c['function']['arguments']})" for c in calls) + "]"
+    return ""
+
+
+def logged_delta(delta: dict) -> str:
+    """What it logs of a streamed delta: its content and its calls' argument text."""
+    parts = [delta["content"]] if delta.get("content") else []
+    if args := "".join(t["function"]["arguments"] for t in delta.get("tool_calls", []) if t.get("function", {}).get("arguments")):
+        parts.append(f"[tool_calls: {args}]")
+    return " ".join(parts)

@@ -252,3 +252,14 @@ def test_tool_strict_level_and_structured_outputs_beside_tools():
     req = request(tools=TOOLS, tool_choice="auto", structured_outputs={"regex": "a+"})
     adjust_request(req, HermesToolParser)
     assert req.structured_outputs.regex == "a+"
+
+
+def test_what_enable_log_outputs_logs_of_calls():
+    # vllm/entrypoints/openai/chat_completion/serving.py: "[tool_calls: name(arguments)]" when there is no content
+    from frontend.tool_calls import logged_delta, logged_output
+
+    message, _ = answer(request(tools=TOOLS), '<tool_call>{"name": "get_time", "arguments": {"tz": "UTC"}}</tool_call>')
+    assert logged_output(message) == '[tool_calls: get_time({"tz": "UTC"})]'
+    assert logged_output({"role": "assistant", "content": "hi", "tool_calls": message["tool_calls"]}) == "hi"
+    assert logged_delta({"content": None, "tool_calls": [{"index": 0, "function": {"arguments": '{"a'}}]}) == '[tool_calls: {"a]'
+    assert logged_delta({"content": "x"}) == "x" and logged_delta({}) == ""
