@@ -52,6 +52,7 @@ from frontend.ssl_refresh import SSLCertRefresher
 from frontend.tls import ssl_context
 from frontend.tokenizer import Tokenizer
 from frontend.tokenizer_info import tokenizer_info_routes
+from frontend.tool_choice import check_tools, template_tools
 from frontend.tool_parsers import configured_tool_parser
 
 log = logging.getLogger("frontend")
@@ -214,8 +215,9 @@ class APIServer:
             add = True if req.add_special_tokens is None else req.add_special_tokens
             ids = self.tokenizer.encode(req.prompt, add_special_tokens=add)
         else:
+            check_tools(req.tools)
             ids = chat_prompt(self.ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens),
-                              chat_template_kwargs=req.chat_template_kwargs)  # fmt: skip
+                              tools=template_tools(req.tools), chat_template_kwargs=req.chat_template_kwargs)  # fmt: skip
         strs = self.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
         return json_response({"count": len(ids), "max_model_len": self.ctx.max_model_len, "tokens": ids, "token_strs": strs})
 

@@ -103,6 +103,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     add_generation_prompt: bool = True
     return_token_strs: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None  # shown to the chat template, as vLLM's TokenizeChatRequest
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):

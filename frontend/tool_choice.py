@@ -43,9 +43,7 @@ def check_tool_usage(req: ChatCompletionRequest) -> None:
     unset tool_choice ("auto" with tools, else "none") and refuses what vLLM refuses."""
     if req.tools == []:
         raise vllm_validation_error("`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.", "tools")
-    if req.tools is not None:
-        for i, tool in enumerate(req.tools):
-            _check_tool(i, tool)
+    check_tools(req.tools)
     if req.tool_choice is msgspec.UNSET:
         req.tool_choice = "auto" if req.tools else "none"
     choice = req.tool_choice
@@ -62,6 +60,12 @@ def check_tool_usage(req: ChatCompletionRequest) -> None:
             getattr(req.structured_outputs, k) is not None for k in ("json", "regex", "choice")
         ):
             raise vllm_validation_error("You can only either use constraints for structured outputs or tools, not both.")
+
+
+def check_tools(tools: list | None) -> None:
+    """Each tool as vLLM's ``ChatCompletionToolsParam`` types it (also /tokenize's)."""
+    for i, tool in enumerate(tools or ()):
+        _check_tool(i, tool)
 
 
 def _validation_error(errors: list[dict]) -> APIError:

@@ -91,3 +91,16 @@ def test_the_template_sees_the_tools_as_vllm_dumps_them_and_none_hides_them(herm
     shown = prompt_text(hermes, model, tools=tools, tool_choice="auto")
     assert 'TOOLS[{"type": "function", "function": {"name": "f", "description": null, "parameters": null}}]hi' in shown  # /detokenize skips the special <|user|>
     assert "TOOLS" not in prompt_text(hermes, model, tools=tools, tool_choice="none")
+
+
+def test_tokenize_shows_the_tools_to_the_template(hermes, model):
+    # vllm/entrypoints/serve/tokenize/protocol.py TokenizeChatRequest.tools, dumped as for a chat
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    messages = [{"role": "user", "content": "hi"}]
+    status, with_tools = post(hermes, "/tokenize", {"model": model, "messages": messages, "tools": tools})
+    status2, without = post(hermes, "/tokenize", {"model": model, "messages": messages})
+    assert status == status2 == 200 and with_tools["count"] > without["count"]
+    _, text = post(hermes, "/detokenize", {"model": model, "tokens": with_tools["tokens"]})
+    assert 'TOOLS[{"type": "function", "function": {"name": "f", "description": null, "parameters": null}}]' in text["prompt"]
+    status, body = post(hermes, "/tokenize", {"model": model, "messages": messages, "tools": [{"type": "function"}]})
+    assert status == 400 and body["error"]["param"] == "body.tools.0.function"
