@@ -263,3 +263,19 @@ def test_what_enable_log_outputs_logs_of_calls():
     assert logged_output({"role": "assistant", "content": "hi", "tool_calls": message["tool_calls"]}) == "hi"
     assert logged_delta({"content": None, "tool_calls": [{"index": 0, "function": {"arguments": '{"a'}}]}) == '[tool_calls: {"a]'
     assert logged_delta({"content": "x"}) == "x" and logged_delta({}) == ""
+
+
+@pytest.mark.parametrize("choice", ["required", NAMED])
+def test_the_forcing_tag_accepts_a_call_in_hermes_format_and_nothing_else(choice):
+    # the tag compiled by xgrammar (as structured outputs will): a call to a listed tool passes, text or another name not
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string
+
+    req = request(tools=TOOLS, tool_choice=choice)
+    adjust_request(req, HermesToolParser)
+    grammar = xgr.Grammar.from_structural_tag(req.structured_outputs.structural_tag)
+    assert _is_grammar_accept_string(grammar, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+    assert not _is_grammar_accept_string(grammar, "Sure, the weather is fine.")
+    assert not _is_grammar_accept_string(grammar, '<tool_call>\n{"name": "get_forecast", "arguments": {}}\n</tool_call>')
+    two = '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call><tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
+    assert _is_grammar_accept_string(grammar, two) == (choice == "required")  # a named call stops after one
