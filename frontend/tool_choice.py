@@ -39,11 +39,32 @@ def named_function(tool_choice: Any) -> str | None:
 
 
 def check_tool_usage(req: ChatCompletionRequest) -> None:
-    """vLLM's ``check_tool_usage`` validator (and the tools' own types): resolves an
-    unset tool_choice ("auto" with tools, else "none") and refuses what vLLM refuses."""
+    """vLLM's request validation of tools: its ``check_tool_usage`` validator (which
+    resolves an unset tool_choice: "auto" with tools, else "none"), its
+    ``check_structured_outputs_count`` beside a named tool, then pydantic's types of
+    the tools and the named choice -- in vLLM's order."""
+    _check_tool_usage(req)
+    choice = req.tool_choice
+    if isinstance(choice, dict) and req.structured_outputs is not None:
+        count = sum(getattr(req.structured_outputs, k) is not None for k in ("json", "regex", "choice"))
+        if count > 1:
+            raise vllm_validation_error("You can only use one kind of constraints for structured outputs ('json', 'regex' or 'choice').")
+        if count:
+            raise vllm_validation_error("You can only either use constraints for structured outputs or tools, not both.")
+    check_tools(req.tools)
+    if isinstance(choice, dict) and choice.get("type", "function") != "function":
+        shown = _shown(choice)
+        raise _validation_error([
+            *({"type": "literal_error", "loc": "body.tool_choice", "msg": f"Input should be '{v}'", "input": shown, "ctx": {"expected": f"'{v}'"}}
+              for v in ("none", "auto", "required")),
+            {"type": "literal_error", "loc": "body.tool_choice.type", "msg": "Input should be 'function'", "input": _shown(choice["type"]),
+             "ctx": {"expected": "'function'"}},
+        ])  # fmt: skip
+
+
+def _check_tool_usage(req: ChatCompletionRequest) -> None:
     if req.tools == []:
         raise vllm_validation_error("`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.", "tools")
-    check_tools(req.tools)
     if req.tool_choice is msgspec.UNSET:
         req.tool_choice = "auto" if req.tools else "none"
     choice = req.tool_choice
@@ -53,13 +74,9 @@ def check_tool_usage(req: ChatCompletionRequest) -> None:
         raise vllm_validation_error("When using `tool_choice`, `tools` must be set.", "tool_choice")
     if choice not in ("auto", "required") and not isinstance(choice, dict):
         raise vllm_validation_error(f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or "required" are supported.',
-                       "tool_choice")  # fmt: skip
+                                    "tool_choice")  # fmt: skip
     if isinstance(choice, dict):
         _check_named(choice, req.tools)
-        if req.structured_outputs is not None and any(
-            getattr(req.structured_outputs, k) is not None for k in ("json", "regex", "choice")
-        ):
-            raise vllm_validation_error("You can only either use constraints for structured outputs or tools, not both.")
 
 
 def check_tools(tools: list | None) -> None:
@@ -114,16 +131,9 @@ def _check_named(choice: dict, tools: list[dict]) -> None:
     name = function["name"]
     if not isinstance(name, str) or not name:
         raise vllm_validation_error(f"Invalid `name` in `function`: `{name}` in `tool_choice`! {_CORRECT_USAGE}", "tool_choice.function.name")
-    if not any(tool["function"]["name"] == name for tool in tools):
+    # NOTE: a malformed tool is pydantic's to refuse, after this check (vLLM's KeyError there is a 500)
+    if not any(isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("name") == name for t in tools):
         raise vllm_validation_error("The tool specified in `tool_choice` does not match any of the specified `tools`", "tool_choice")
-    if choice.get("type", "function") != "function":
-        shown = _shown(choice)
-        raise _validation_error([
-            *({"type": "literal_error", "loc": "body.tool_choice", "msg": f"Input should be '{v}'", "input": shown, "ctx": {"expected": f"'{v}'"}}
-              for v in ("none", "auto", "required")),
-            {"type": "literal_error", "loc": "body.tool_choice.type", "msg": "Input should be 'function'", "input": _shown(choice["type"]),
-             "ctx": {"expected": "'function'"}},
-        ])  # fmt: skip
 
 
 def check_tool_parsing(req: ChatCompletionRequest, parser_cls: type[ToolParser] | None) -> None:

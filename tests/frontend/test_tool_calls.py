@@ -279,3 +279,20 @@ def test_the_forcing_tag_accepts_a_call_in_hermes_format_and_nothing_else(choice
     assert not _is_grammar_accept_string(grammar, '<tool_call>\n{"name": "get_forecast", "arguments": {}}\n</tool_call>')
     two = '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call><tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
     assert _is_grammar_accept_string(grammar, two) == (choice == "required")  # a named call stops after one
+
+
+def test_the_order_of_vllms_checks():
+    # vLLM's validators first (tool_choice, then structured outputs), pydantic's types after, as vLLM's
+    # ChatCompletionRequest answered them in .venv-vllm
+    e = refused(tools=[{"type": "x", "function": {"name": "f"}}], tool_choice="sometimes")
+    assert e.message.startswith("Invalid value for `tool_choice`: sometimes!")
+    e = refused(tools=TOOLS, tool_choice=NAMED, structured_outputs={"regex": "a", "json": {}})
+    assert e.message == "You can only use one kind of constraints for structured outputs ('json', 'regex' or 'choice')."
+    e = refused(tools=TOOLS, tool_choice={"type": "other", "function": {"name": "get_weather"}})
+    assert e.param == "body.tool_choice" and e.type == "Bad Request"
+    # recorded from a live vllm serve 0.32
+    assert e.message == ("4 validation errors:\n"
+                         "  {'type': 'literal_error', 'loc': 'body.tool_choice', 'msg': \"Input should be 'none'\", 'input': '<dict of 2 items>', 'ctx': {'expected': \"'none'\"}}\n"
+                         "  {'type': 'literal_error', 'loc': 'body.tool_choice', 'msg': \"Input should be 'auto'\", 'input': '<dict of 2 items>', 'ctx': {'expected': \"'auto'\"}}\n"
+                         "  {'type': 'literal_error', 'loc': 'body.tool_choice', 'msg': \"Input should be 'required'\", 'input': '<dict of 2 items>', 'ctx': {'expected': \"'required'\"}}\n"
+                         "  {'type': 'literal_error', 'loc': 'body.tool_choice.type', 'msg': \"Input should be 'function'\", 'input': 'other', 'ctx': {'expected': \"'function'\"}}")  # fmt: skip

@@ -33,6 +33,9 @@ REFUSED = {
     "bad_tool_type": {"tools": [{"type": "x", "function": {"name": "f"}}]},
     "tool_without_function": {"tools": [{"type": "function"}]},
     "named_with_structured_outputs": {"tools": TOOLS, "tool_choice": NAMED, "structured_outputs": {"regex": "a+"}},
+    "named_bad_type": {"tools": TOOLS, "tool_choice": {"type": "other", "function": {"name": "get_weather"}}},
+    "bad_tool_and_bad_choice": {"tools": [{"type": "x", "function": {"name": "f"}}], "tool_choice": "sometimes"},
+    "parameters_not_an_object": {"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
 }
 
 
