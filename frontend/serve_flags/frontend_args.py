@@ -84,7 +84,7 @@ _RULES = [
     Rule(("--tool-call-parser",), ONE, PASSED, f"passed to the frontend: {', '.join(TOOL_PARSERS)} (vLLM's other parsers refused)",
          accepts=tuple(TOOL_PARSERS), why_not=f"kvpool has only the {', '.join(TOOL_PARSERS)} tool-call parsers", to=(FRONT,)),
     refused("--tool-parser-plugin", ONE, "tool parser plugins (vLLM's Python ToolParser classes) cannot be loaded: "
-            f"kvpool has the {', '.join(TOOL_PARSERS)} tool-call parsers", accepts=("",)),
+            f"kvpool has the {', '.join(TOOL_PARSERS)} tool-call parsers"),
     refused("--tool-server", ONE, "kvpool has no Responses API (/v1/responses) whose built-in tools a tool server serves"),
     passed("--tool-strict-level", ONE, FRONT),
     refused("--trust-request-chat-template", BOOL, "kvpool always renders with the server's chat template", accepts=(False,)),
