@@ -7,7 +7,8 @@ held to the tool's parameters schema.
 When: "required" and a named function always; "auto" only when a tool is
 ``strict``, ``parallel_tool_calls`` is false or --tool-strict-level is function or
 parameter (else the model writes freely and the parser reads what it wrote).
-``parallel_tool_calls: false`` stops after one call.
+``parallel_tool_calls: false`` stops after one call. "auto" beside the request's own
+structured outputs is a call or the constrained answer (frontend.tool_output_format).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any
 
 # NOTE: xgrammar (which loads torch) is imported inside the functions: only a
 # request with tools on a server that parses them builds a tag.
-from frontend.errors import bad_request
 from frontend.tool_choice import requested_constraint, template_tools
+from frontend.tool_output_format import output_format
 
 # vLLM's ToolStrictLevel (--tool-strict-level, of which kvpool accepts only auto).
 AUTO, FUNCTION, PARAMETER = 0, 1, 2
@@ -36,16 +37,19 @@ def structural_tag(model: str | None, req, level: str = "auto") -> dict | None:
     strict_level = LEVELS[level]
     if single_call and not (is_auto and structured):
         strict_level = max(strict_level, FUNCTION)  # NOTE: limiting the calls needs their envelope in the grammar
-    resolved = _resolve_strictness(template_tools(req.tools), choice, strict_level)
-    if resolved is None:
+    if _resolve_strictness(template_tools(req.tools), choice, strict_level) is None:
         return None
+    output = None
     if is_auto and structured:
-        # NOTE: vLLM joins the tag and the output's own constraint in one grammar (an OrFormat).
-        raise bad_request("tool_choice=auto with strict tools or parallel_tool_calls=false, together with structured outputs, "
-                          "is not supported yet", "structured_outputs")  # fmt: skip
-    from xgrammar import get_model_structural_tag, normalize_tool_choice
+        # NOTE: as vLLM: a call or the request's own constraint, one grammar; the call
+        # part is then "required"'s (auto's would let any text through).
+        if (output := output_format(req)) is None:
+            return None
+        choice = "required"
+    from xgrammar import StructuralTag, get_model_structural_tag, normalize_tool_choice
+    from xgrammar.structural_tag import OrFormat
 
-    tools = [_xgrammar_tool(t) for t in resolved]
+    tools = [_xgrammar_tool(t) for t in _resolve_strictness(template_tools(req.tools), choice, strict_level)]
     tool_choice = {"type": "function", "function": {"name": choice["function"]["name"]}} if isinstance(choice, dict) else choice
     if model == "hermes":
         function_tools, _, simplified = normalize_tool_choice(tools, tool_choice)
@@ -54,6 +58,8 @@ def structural_tag(model: str | None, req, level: str = "auto") -> dict | None:
         tag = get_model_structural_tag(model=model, tools=tools, tool_choice=tool_choice, reasoning=False)
     if single_call:
         _limit_to_single_tool_call(tag)
+    if output is not None:
+        tag = StructuralTag(format=OrFormat(elements=[tag.format, output]))
     return tag.model_dump()
 
 

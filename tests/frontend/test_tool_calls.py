@@ -296,3 +296,43 @@ def test_the_order_of_vllms_checks():
                          "  {'type': 'literal_error', 'loc': 'body.tool_choice', 'msg': \"Input should be 'auto'\", 'input': '<dict of 2 items>', 'ctx': {'expected': \"'auto'\"}}\n"
                          "  {'type': 'literal_error', 'loc': 'body.tool_choice', 'msg': \"Input should be 'required'\", 'input': '<dict of 2 items>', 'ctx': {'expected': \"'required'\"}}\n"
                          "  {'type': 'literal_error', 'loc': 'body.tool_choice.type', 'msg': \"Input should be 'function'\", 'input': 'other', 'ctx': {'expected': \"'function'\"}}")  # fmt: skip
+
+
+def test_auto_with_a_tag_and_structured_outputs_is_a_call_or_the_constrained_answer():
+    # vllm/parser/abstract_parser.py _apply_structural_tag: OrFormat of the "required" tag and the output's format
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string
+
+    strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}]
+    req = request(tools=strict, tool_choice="auto", structured_outputs={"regex": "a+"})
+    adjust_request(req, HermesToolParser)
+    tag = json.loads(req.structured_outputs.structural_tag)
+    assert req.structured_outputs.regex is None and tag["format"]["type"] == "or"
+    assert [e["type"] for e in tag["format"]["elements"]] == ["tags_with_separator", "regex"]
+    grammar = xgr.Grammar.from_structural_tag(req.structured_outputs.structural_tag)
+    assert _is_grammar_accept_string(grammar, "aaa")
+    assert _is_grammar_accept_string(grammar, '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>')
+    assert not _is_grammar_accept_string(grammar, "hello")
+    # a constraint xgrammar refuses is not joined: it stays the request's own, the calls free
+    req = request(tools=strict, tool_choice="auto", structured_outputs={"regex": "("})
+    adjust_request(req, HermesToolParser)
+    assert req.structured_outputs.regex == "(" and req.structured_outputs.structural_tag is None
+
+
+def test_the_joined_constraint_is_read_as_vllms_extract_structured_outputs():
+    # response_format over structured_outputs (vllm/entrypoints/generate/base/protocol.py structured_outputs_from_response_format)
+    from types import SimpleNamespace
+
+    from frontend.protocol import StructuredOutputsParams
+    from frontend.tool_output_format import output_format
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    req = SimpleNamespace(structured_outputs=StructuredOutputsParams(regex="x"),
+                          response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})  # fmt: skip
+    assert output_format(req).model_dump()["json_schema"] == schema  # json wins over regex, as structured_outputs_to_format
+    req = SimpleNamespace(structured_outputs=None, response_format={"type": "json_object"})
+    assert output_format(req).model_dump()["json_schema"] == {"type": "object"}
+    req = SimpleNamespace(structured_outputs=StructuredOutputsParams(choice=["yes", "no"]), response_format={"type": "text"})
+    assert [e["value"] for e in output_format(req).model_dump()["elements"]] == ["yes", "no"]
+    req = SimpleNamespace(structured_outputs=StructuredOutputsParams(grammar='start: "a"'), response_format=None)
+    assert output_format(req).model_dump()["type"] == "grammar"  # Lark, converted to EBNF
