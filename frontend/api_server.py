@@ -53,6 +53,8 @@ from frontend.ssl_refresh import SSLCertRefresher
 from frontend.tls import ssl_context
 from frontend.tokenizer import Tokenizer
 from frontend.tokenizer_info import tokenizer_info_routes
+from frontend.tool_choice import check_tools, template_tools
+from frontend.tool_parsers import configured_tool_parser
 
 log = logging.getLogger("frontend")
 HEALTH_POLL_S = 0.5
@@ -82,6 +84,9 @@ class APIServer:
             sse_keep_alive_s=float(config.sse_keep_alive_interval),
             max_tokens_cap=max_tokens_cap(config.generation_config, defaults, config.override_generation_config),
             vocab_size=model_vocab_size(config.model),
+            tool_parser=configured_tool_parser(config.tool_call_parser, config.enable_auto_tool_choice, self.tokenizer, config.model),
+            strict_tool_calling=config.enforce_strict_tool_calling, tool_strict_level=config.tool_strict_level,
+            exclude_tools_when_tool_choice_none=config.exclude_tools_when_tool_choice_none,
         )  # fmt: skip
         self.ready, self.why_not_ready = False, "the scheduler has not answered yet"
         self.was_ready = False
@@ -217,7 +222,9 @@ class APIServer:
         else:
             if req.continue_final_message and req.add_generation_prompt_sent is True:  # NOTE: as vLLM, only when both were sent
                 raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-            ids, _ = await chat_prompt(self.ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens), req.tools,
+            check_tools(req.tools)
+            ids, _ = await chat_prompt(self.ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens),
+                                       template_tools(req.tools),
                                        chat_template_kwargs=req.chat_template_kwargs, continue_final_message=req.continue_final_message,
                                        chat_template=req.chat_template)  # fmt: skip
         strs = self.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None

@@ -116,6 +116,8 @@ def refused_flag(a: argparse.Namespace) -> str | None:
 def settle(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """Fill in the defaults that depend on MODEL and check the values (p.error: exit 2)."""
     a.served_model_name = a.served_model_name[0] if a.served_model_name else a.model
+    if getattr(a, "enable_auto_tool_choice", False) and not getattr(a, "tool_call_parser", None):
+        p.error("--enable-auto-tool-choice requires --tool-call-parser")  # NOTE: vLLM's check, before anything starts
     a.dtype = DTYPES[a.dtype]
     a.max_model_len = _max_model_len(p, a)
     if a.max_num_batched_tokens is None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from frontend.admission import add_admission_args, check_admission_args
 from frontend.chat_template import chat_template_problem
 from frontend.sampling import DEFAULT_MAX_N_SEQUENCES
+from frontend.tool_parsers import TOOL_PARSERS
 from protocol.sampling_params import MAX_LOGPROBS
 
 
@@ -84,6 +85,12 @@ class FrontendConfig:
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (frontend.tokenizer_info)
     log_error_stack: bool = False  # an error response logs its stack; default VLLM_SERVER_DEV_MODE
     sse_keep_alive_interval: int = 0  # s of stream silence before a ": keep-alive" comment (0: never)
+    # Tool calls (frontend.tool_choice): parsed from the model's text only with both, as vLLM.
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    enforce_strict_tool_calling: bool = True  # VLLM_ENFORCE_STRICT_TOOL_CALLING, read as vLLM reads it
+    tool_strict_level: str = "auto"  # the structural tag's floor: auto, function or parameter
+    exclude_tools_when_tool_choice_none: bool = False  # tool_choice "none": the template sees no tools
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -173,6 +180,14 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-error-stack", action=flag, default=None, help="an error response logs its stack (default: VLLM_SERVER_DEV_MODE)")
     p.add_argument("--sse-keep-alive-interval", type=int, default=0,
                    help='a stream silent this many seconds gets a ": keep-alive" comment (default %(default)s: never)')
+    p.add_argument("--enable-auto-tool-choice", action=flag, default=False,
+                   help="tool_choice auto (and required, named) parsed from the model's text with --tool-call-parser (default %(default)s)")
+    p.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+                   help="the model's tool-call format (default: none)")
+    p.add_argument("--tool-strict-level", default="auto", choices=["auto", "function", "parameter"],
+                   help="constrain every call's envelope (function), its arguments too (parameter), or as the request asks (default %(default)s)")
+    p.add_argument("--exclude-tools-when-tool-choice-none", action=flag, default=False,
+                   help="tool_choice none: the chat template is not shown the tools (default %(default)s)")
 
 
 # --uvicorn-log-level's names, as logging levels (uvicorn's "trace" is 5).
@@ -198,6 +213,7 @@ def config_from_args(argv: list[str] | None = None) -> FrontendConfig:
     if not raw.strip().isdigit() or int(raw) < 1:
         p.error(f"VLLM_MAX_N_SEQUENCES must be a positive integer, got {raw!r}")
     a.max_n_sequences = int(raw)
+    a.enforce_strict_tool_calling = os.environ.get("VLLM_ENFORCE_STRICT_TOOL_CALLING", "True").lower() in ("true", "1")
     _operator_env(p, a)
     _check_operator_args(p, a)
     check_admission_args(p, a)
@@ -242,6 +258,8 @@ def _check_operator_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> N
         p.error(problem)
     if a.enable_log_outputs and not a.enable_log_requests:
         p.error("--enable-log-outputs requires --enable-log-requests")
+    if a.enable_auto_tool_choice and not a.tool_call_parser:
+        p.error("--enable-auto-tool-choice requires --tool-call-parser")
     if a.sse_keep_alive_interval < 0:
         p.error("--sse-keep-alive-interval must be a non-negative integer (0 disables keep-alive comments)")
     a.uds = a.uds or None  # NOTE: as vLLM's `if args.uds`: an empty path is none

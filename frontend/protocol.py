@@ -108,6 +108,9 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     add_special_tokens: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
+    # vLLM's default: "auto" with tools, else "none" (frontend.tool_choice resolves UNSET).
+    tool_choice: str | dict[str, Any] | None | msgspec.UnsetType = msgspec.UNSET
+    parallel_tool_calls: bool | None = True
     documents: list[dict[str, Any]] | None = None
     echo: bool = False
     chat_template: str | None = None

@@ -21,6 +21,7 @@ from frontend.output_log import OutputLog
 from frontend.sampling import DEFAULT_MAX_N_SEQUENCES, EngineParams
 from frontend.streaming import WriteBatch
 from frontend.tokenizer import Tokenizer
+from frontend.tool_parsers import ToolParser
 from protocol.client_messages import MAX_REQUEST_ID_LENGTH
 from protocol.sampling_params import MAX_LOGPROBS
 
@@ -54,6 +55,12 @@ class ServingContext:
     max_tokens_cap: int | None = None  # vLLM's override_max_tokens (frontend.sampling.max_tokens_cap)
     writes: WriteBatch = field(default_factory=WriteBatch)  # every stream's frames of a step
     vocab_size: int | None = None  # the model's (config.json): vLLM's token-id checks
+    # --enable-auto-tool-choice --tool-call-parser: the parser class (frontend.tool_parsers), else None.
+    tool_parser: type[ToolParser] | None = None
+    # VLLM_ENFORCE_STRICT_TOOL_CALLING (default on): forced calls through a structural tag, else a JSON schema.
+    strict_tool_calling: bool = True
+    tool_strict_level: str = "auto"  # --tool-strict-level
+    exclude_tools_when_tool_choice_none: bool = False  # --exclude-tools-when-tool-choice-none
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

@@ -49,6 +49,13 @@ from frontend.serving import (
 )  # fmt: skip
 from frontend.streaming import ClientGone, StreamedChoices, TextChunk
 from frontend.structured_outputs import with_structured_outputs
+from frontend.tool_calls import StreamedToolCalls, chat_message, logged_delta, logged_output
+from frontend.tool_choice import (
+    adjust_request,
+    check_tool_parsing,
+    check_tool_usage,
+    template_tools,
+)
 from frontend.truncation import check_truncation, tokens_kept, truncate_ids
 
 _encode = msgspec.json.encode
@@ -109,6 +116,7 @@ async def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest,
     logprobs asked for or None, engine params, the rendered conversation). Shared by
     the endpoint and its render. ``rendered()``, if given, is called between the
     prompt's checks and the sampling fields' (where vLLM's request gets its id)."""
+    check_tool_usage(req)
     ctx.check_model(req.model)
     check_unhonoured(req, "chat")
     if not req.messages:
@@ -117,8 +125,11 @@ async def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest,
         raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
     check_truncation(req.truncate_prompt_tokens, ctx.max_model_len)
     check_chat_fields(req)
-    ids, chat = await chat_prompt(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens, req.tools, req.documents,
+    check_tool_parsing(req, ctx.tool_parser)
+    shown = None if req.tool_choice == "none" and ctx.exclude_tools_when_tool_choice_none else template_tools(req.tools)
+    ids, chat = await chat_prompt(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens, shown, req.documents,
                                   req.chat_template_kwargs, req.continue_final_message, req.chat_template, req.reasoning_effort)  # fmt: skip
+    adjust_request(req, ctx.tool_parser, ctx.strict_tool_calling, ctx.tool_strict_level)
     requested = req.max_completion_tokens or req.max_tokens
     # NOTE: the rendered prompt's ids, sliced: vLLM's tokenizer-level truncation gives the
     # same unless add_special_tokens puts specials around a chat prompt. Truncated to
@@ -154,6 +165,7 @@ def chat_role(ctx: ServingContext, req: ChatCompletionRequest) -> str:
 
 async def create_chat_completion(ctx: ServingContext, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
     request_id = response_id("chatcmpl", request, req.request_id)
+    check_tool_usage(req)  # NOTE: as vLLM's request validators, before the model is checked
     ctx.preflight(req.model, req.n)
     # NOTE: --log-error-stack's lines name the id from where vLLM's request has one
     ids, max_tokens, num_logprobs, params, chat = await chat_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
@@ -165,15 +177,17 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
         return await _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids, echo)
 
     choices = await collect(ctx, request_id, [ids], params)
+    messages = [chat_message(ctx.tool_parser, ctx.tokenizer, req, chat_role(ctx, req), echo + c.text, c.finish_reason, not ctx.strict_tool_calling)
+                for c in choices]  # fmt: skip
     out = [{
-        "index": c.index, "message": {"role": chat_role(ctx, req), "content": echo + c.text, "tool_calls": []},
+        "index": c.index, "message": message,
         "logprobs": chat_logprobs(ctx.tokenizer, c.token_ids, c.logprobs, num_logprobs, as_ids) if num_logprobs is not None else None,
-        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, "token_ids": c.token_ids if req.return_token_ids else None,
-    } for c in choices]  # fmt: skip
+        "finish_reason": finish_reason, "stop_reason": c.stop_reason, "token_ids": c.token_ids if req.return_token_ids else None,
+    } for c, (message, finish_reason) in zip(choices, messages, strict=True)]  # fmt: skip
     if ctx.output_log is not None:
-        for c in choices:
-            if c.text:
-                ctx.output_log.output(request_id, c.text, c.token_ids, c.finish_reason)
+        for c, (message, finish_reason) in zip(choices, messages, strict=True):
+            if text := logged_output(message):
+                ctx.output_log.output(request_id, text, c.token_ids, finish_reason)
     return json_response({
         "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.model_name, "choices": out,
         "usage": usage(len(ids), sum(len(c.token_ids) for c in choices), ctx.cached(cached_tokens(choices, params.n))),
@@ -204,6 +218,20 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
                 "token_ids": token_ids}  # fmt: skip
 
     text_chunk = TextChunk(lambda c: chunk([c]), lambda i, text: choice(i, {"content": text}))
+    # NOTE: with a tool parser (as vLLM's), every choice's text goes through its own parser.
+    tools = [StreamedToolCalls(ctx.tool_parser, ctx.tokenizer, req, not ctx.strict_tool_calling) for _ in range(params.n)] if ctx.tool_parser else None
+
+    def tool_chunk(d, lp, use) -> bytes | None:
+        finished = d.finish_reason is not None
+        delta = tools[d.index].delta(d.text, finished)
+        if delta is None:
+            if not finished and lp is None:
+                return None
+            delta = {}
+        finish_reason = tools[d.index].finish_reason(d.finish_reason) if finished else None
+        if texts is not None:
+            ctx.output_log.delta(request_id, logged_delta(delta), d.token_ids, d.finish_reason)
+        return _encode(chunk([choice(d.index, delta, lp, finish_reason, d.stop_reason, d.token_ids if with_ids else None)], use))
 
     def render(d) -> bytes | None:
         i = d.index
@@ -211,15 +239,18 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
         cached[i] = max(cached[i], d.num_cached_tokens)
         if texts is not None:
             texts[i] += d.text
-            ctx.output_log.delta(request_id, d.text, d.token_ids, d.finish_reason)
+            if tools is None:  # NOTE: with a parser, what it made of the text is logged (tool_chunk)
+                ctx.output_log.delta(request_id, d.text, d.token_ids, d.finish_reason)
         lp = None
         if num_logprobs is not None and d.logprobs:
             lp = chat_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, num_logprobs, as_ids)
-        elif not d.text and d.finish_reason is None and not with_ids:
-            return None  # NOTE: as vLLM, a token with no text yet is still sent when it has logprobs (or its ids)
         if d.finish_reason is not None:
             groups.finished(i, d.finish_reason, len(ids), generated[i])
-        elif lp is None and not continuous and not with_ids:
+        if tools is not None:
+            return tool_chunk(d, lp, usage(len(ids), sum(generated)) if continuous else None)
+        if lp is None and not d.text and d.finish_reason is None and not with_ids:
+            return None  # NOTE: as vLLM, a token with no text yet is still sent when it has logprobs (or its ids)
+        if d.finish_reason is None and lp is None and not continuous and not with_ids:
             return text_chunk(i, d.text)  # the common chunk: only new text
         delta = {"content": d.text} if d.text or d.finish_reason is None else {}
         use = usage(len(ids), sum(generated)) if continuous else None

@@ -13,7 +13,9 @@ that cannot compile is a 400 before the engine sees it. The parse runs in a thre
 vLLM's xgrammar backend reads ``disable_any_whitespace`` from the server's config, not
 the request, and ``disable_additional_properties`` / ``whitespace_pattern`` belong to
 other backends: with xgrammar vLLM accepts and does not use them, and so does kvpool.
-``structural_tag`` (and a structural-tag ``response_format``) is refused by name.
+``structural_tag`` is parsed and compiled as vLLM's xgrammar backend does (both of its
+forms; forced tool calls are made of one); a ``response_format`` of type
+``structural_tag`` is refused by name (vLLM rebuilds it through pydantic's dump).
 """
 
 from __future__ import annotations
@@ -115,8 +117,9 @@ def _check_request_content(kind: str, value: Any) -> None:
                           "structured outputs")  # fmt: skip
     if kind == "regex" and "\x00" in value:
         raise bad_request("structured_outputs.regex must not contain a NUL character ('\\x00')")
-    if kind == "structural_tag":
-        raise bad_request("structured_outputs.structural_tag is not supported by kvpool", "structured_outputs")
+    if kind == "structural_tag" and _exceeds_json_nesting(value, MAX_JSON_NESTING):
+        raise bad_request("The JSON schema is nested too deeply: objects and arrays may nest at most "
+                          f"{MAX_JSON_NESTING} levels")  # fmt: skip
 
 
 def _validate_xgrammar(kind: str, value: Any) -> GrammarSpec:
@@ -158,7 +161,24 @@ def _validate_xgrammar(kind: str, value: Any) -> GrammarSpec:
         except Exception:
             raise bad_request("Invalid grammar specification.") from None
         return GrammarSpec("lark" if lark else "ebnf", value)
+    if kind == "structural_tag":
+        try:
+            tag = json.loads(value)
+            if "structures" in tag:  # NOTE: vLLM's fallback to xgrammar's deprecated form
+                xgr.Grammar.from_structural_tag(*structural_tag_items(xgr, tag))
+            else:
+                xgr.Grammar.from_structural_tag(value)
+        except Exception:
+            raise bad_request("Invalid structural tag specification.") from None
+        return GrammarSpec("structural_tag", value)
     return GrammarSpec("json_object")
+
+
+def structural_tag_items(xgr, tag: dict) -> tuple[list, list[str]]:
+    """A structural tag in xgrammar's deprecated form (``structures`` and ``triggers``),
+    as vLLM's xgrammar backend reads it: the items and their triggers."""
+    items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"]) for s in tag["structures"]]
+    return items, tag["triggers"]
 
 
 def sanitize_message(message: str) -> str:

@@ -74,6 +74,10 @@ class Tokenizer:
         """Every id the tokenizer knows, added tokens included (``len(tokenizer)``)."""
         return self._len
 
+    def get_vocab(self) -> dict[str, int]:
+        """Every token's id, added tokens included (transformers' ``get_vocab``)."""
+        return self.backend.get_vocab(with_added_tokens=True)
+
     def token_id(self, name: str) -> int | None:
         token = self.special_tokens_map.get(name)
         return None if token is None else self.backend.token_to_id(token)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import msgspec
 
 # vLLM's StructuredOutputOptions as xgrammar compiles them (choice travels as "ebnf").
-GRAMMAR_KINDS = ("json", "json_object", "regex", "ebnf", "lark")
+GRAMMAR_KINDS = ("json", "json_object", "regex", "ebnf", "lark", "structural_tag")
 
 
 class GrammarSpec(msgspec.Struct, array_like=True, frozen=True, gc=False):

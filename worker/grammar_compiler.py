@@ -136,6 +136,14 @@ class GrammarCompiler:
                 return c.compile_grammar(spec.spec)
             case "lark":
                 return c.compile_lark(spec.spec)
+            case "structural_tag":
+                tag = json.loads(spec.spec)
+                if "structures" in tag:  # NOTE: xgrammar's deprecated form, as vLLM's backend falls back to it
+                    xgr = _xgrammar()
+                    items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
+                             for s in tag["structures"]]  # fmt: skip
+                    return c.compile_structural_tag(items, tag["triggers"])
+                return c.compile_structural_tag(spec.spec)
         raise ValueError(f"unknown grammar kind {spec.kind!r}")
 
     def submit(self, seq_ids: list[int], specs: list[GrammarSpec]) -> list[int]:

@@ -5,7 +5,18 @@ from __future__ import annotations
 import argparse
 
 from frontend.serve_flags import reasons as why
-from frontend.serve_flags.rules import BOOL, MANY, ONE, Group, handled, passed, refused
+from frontend.serve_flags.rules import (
+    BOOL,
+    MANY,
+    ONE,
+    PASSED,
+    Group,
+    Rule,
+    handled,
+    passed,
+    refused,
+)
+from frontend.tool_parsers import TOOL_PARSERS
 
 _TITLE = "Frontend"
 _DESCRIPTION = "Arguments for the OpenAI-compatible frontend server."
@@ -30,7 +41,7 @@ _RULES = [
     refused("--dp-supervisor-probe-failure-threshold", ONE, why.ONE_ENGINE),
     refused("--dp-supervisor-probe-interval-s", ONE, why.ONE_ENGINE),
     refused("--dp-supervisor-probe-timeout-s", ONE, why.ONE_ENGINE),
-    refused("--enable-auto-tool-choice", BOOL, why.TOOLS, accepts=(False,)),
+    passed("--enable-auto-tool-choice", BOOL, FRONT),
     refused("--enable-flash-late-interaction", BOOL, why.POOLING, accepts=(True,)),
     passed("--enable-force-include-usage", BOOL, FRONT),
     passed("--enable-log-deltas", BOOL, FRONT, default_on=True),
@@ -43,7 +54,7 @@ _RULES = [
     passed("--enable-server-load-tracking", BOOL, FRONT),
     passed("--enable-ssl-refresh", BOOL, FRONT),
     passed("--enable-tokenizer-info-endpoint", BOOL, FRONT),
-    refused("--exclude-tools-when-tool-choice-none", BOOL, why.TOOLS, accepts=(False,)),
+    passed("--exclude-tools-when-tool-choice-none", BOOL, FRONT),
     refused("--fingerprint-mode", ONE, why.NOT_YET),
     refused("--fingerprint-value", ONE, why.NOT_YET),
     refused("--grpc-port", ONE, why.GRPC),
@@ -67,10 +78,12 @@ _RULES = [
     passed("--ssl-ciphers", ONE, FRONT),
     passed("--ssl-keyfile", ONE, FRONT),
     refused("--tokens-only", BOOL, "kvpool has no Tokens In<>Out endpoints (vLLM's /inference/v1/generate) to serve alone", accepts=(False,)),
-    refused("--tool-call-parser", ONE, why.TOOLS),
-    refused("--tool-parser-plugin", ONE, why.TOOLS),
-    refused("--tool-server", ONE, why.TOOLS),
-    refused("--tool-strict-level", ONE, why.TOOLS, accepts=("auto",)),
+    Rule(("--tool-call-parser",), ONE, PASSED, f"passed to the frontend: {', '.join(TOOL_PARSERS)} (vLLM's other parsers refused)",
+         accepts=tuple(TOOL_PARSERS), why_not=f"kvpool has only the {', '.join(TOOL_PARSERS)} tool-call parsers", to=(FRONT,)),
+    refused("--tool-parser-plugin", ONE, "tool parser plugins (vLLM's Python ToolParser classes) cannot be loaded: "
+            f"kvpool has the {', '.join(TOOL_PARSERS)} tool-call parsers"),
+    refused("--tool-server", ONE, "kvpool has no Responses API (/v1/responses) whose built-in tools a tool server serves"),
+    passed("--tool-strict-level", ONE, FRONT),
     passed("--trust-request-chat-template", BOOL, FRONT),
     refused("--trust-request-mm-kwargs", BOOL, why.MULTIMODAL, accepts=(False,)),
     passed("--uds", ONE, FRONT),

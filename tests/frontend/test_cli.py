@@ -152,3 +152,14 @@ def test_kv_offloading_size_goes_to_the_scheduler_and_the_worker(tiny_checkpoint
     assert "--kv-offloading-size" not in argv["frontend"]
     off = built([], tiny_checkpoint)
     assert "--kv-offloading-size" not in off["scheduler"] and "--kv-offloading-size" not in off["worker"]
+
+
+def test_auto_tool_choice_needs_a_parser_before_anything_starts(tiny_checkpoint, capsys):
+    # vllm/entrypoints/launchers/cli_args.py validate_parsed_serve_args
+    from frontend.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", str(tiny_checkpoint), "--enable-auto-tool-choice"])
+    assert e.value.code == 2 and "--enable-auto-tool-choice requires --tool-call-parser" in capsys.readouterr().err
+    c = built(["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--tool-strict-level", "function"], tiny_checkpoint)["frontend"]
+    assert "--enable-auto-tool-choice" in c and value(c, "--tool-call-parser") == "hermes" and value(c, "--tool-strict-level") == "function"

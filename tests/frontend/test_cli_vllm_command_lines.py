@@ -104,10 +104,13 @@ def test_grpc_is_refused():
     assert refusal("vllm serve <model_path> --grpc") == "kvpool serve: --grpc: kvpool serves HTTP only, no gRPC server"
 
 
-def test_tool_calling_is_refused_as_not_yet():
+def test_tool_calling_is_passed_and_other_parsers_refused():
     # vllm/tool_parsers/llama_tool_parser.py ("Used when --enable-auto-tool-choice --tool-call-parser llama3_json")
-    line = refusal("vllm serve <model> --enable-auto-tool-choice --tool-call-parser llama3_json")
-    assert line == "kvpool serve: --enable-auto-tool-choice: tool calling is not supported yet"
+    c = children("vllm serve <model> --enable-auto-tool-choice --tool-call-parser llama3_json")
+    assert "--enable-auto-tool-choice" in c["frontend"] and value(c["frontend"], "--tool-call-parser") == "llama3_json"
+    # vllm/tool_parsers/mistral_tool_parser.py: a parser vLLM has and kvpool does not
+    line = refusal("vllm serve <model> --enable-auto-tool-choice --tool-call-parser mistral")
+    assert line == "kvpool serve: --tool-call-parser mistral: kvpool has only the hermes, llama3_json, llama4_json tool-call parsers"
 
 
 def test_the_repo_systemd_unit():

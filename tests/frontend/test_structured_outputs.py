@@ -150,8 +150,23 @@ def test_too_deep_a_schema_is_refused():
     )
 
 
-def test_structural_tags_are_refused_by_name():
-    assert refusal(completion(structured_outputs={"structural_tag": "{}"})).param == "structured_outputs"
+# A structural tag in xgrammar's current form, and the same in its deprecated one (vLLM
+# compiles both): a <n>...</n> block holding {"n": integer}, triggered by "<n>".
+_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+TAG = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<n>"], "tags": [
+    {"begin": "<n>", "content": {"type": "json_schema", "json_schema": _SCHEMA}, "end": "</n>"}]}}
+LEGACY_TAG = {"structures": [{"begin": "<n>", "schema": _SCHEMA, "end": "</n>"}], "triggers": ["<n>"]}
+
+
+@pytest.mark.parametrize("tag", [TAG, LEGACY_TAG], ids=["format", "structures"])
+def test_a_structural_tag_is_parsed_and_travels_as_given(tag):
+    spec = grammar_spec_of(completion(structured_outputs={"structural_tag": json.dumps(tag)}))
+    assert spec == GrammarSpec("structural_tag", json.dumps(tag))
+
+
+def test_a_bad_structural_tag_is_vllms_400_and_its_response_format_is_refused_by_name():
+    # vLLM's words (its validate_xgrammar_grammar), a 400 without a param.
+    assert refusal(completion(structured_outputs={"structural_tag": "{}"})).message == "Invalid structural tag specification."
     e = refusal(completion(response_format={"type": "structural_tag", "format": {}}))
     assert e.param == "response_format" and "structural_tag" in e.message
 

@@ -6,6 +6,7 @@ exactly as if it never stopped."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 
@@ -93,6 +94,23 @@ def test_bitmask_allows_only_what_the_grammar_allows(compiler, texts):
     # By hand: at the start of [0-9]+ a token is allowed iff its text is all digits (EOS not yet).
     assert allowed == {i for i, t in enumerate(texts) if t and t.isascii() and t.isdigit()}
     assert all(logits[1, i] == before[1, i] for i in allowed)
+
+
+def test_a_structural_tag_allows_free_text_until_its_trigger_then_its_schema(compiler, texts, tiny_checkpoint):
+    # The legacy form vLLM's xgrammar backend still compiles: <n>{"n": integer}</n> after "<n>".
+    tag = {"structures": [{"begin": "<n>", "schema": {"type": "object", "properties": {"n": {"type": "integer"}},
+                                                        "required": ["n"]}, "end": "</n>"}], "triggers": ["<n>"]}  # fmt: skip
+    spec = RowGrammar(GrammarSpec("structural_tag", json.dumps(tag)), [EOS])
+    trigger = Tokenizer.from_file(str(tiny_checkpoint / "tokenizer.json")).encode("<n>", add_special_tokens=False).ids
+    rows = GrammarRows(compiler, MAX_SEQS, VOCAB_SIZE)
+    rows.add(0, spec, [])  # nothing written yet: free text
+    rows.add(1, spec, trigger)  # the trigger written: the schema's object must open
+    logits = torch.zeros(2, VOCAB_SIZE)
+    rows.apply(logits, [0, 1])
+    free = {i for i in range(VOCAB_SIZE) if logits[0, i] > float("-inf")}
+    assert set(trigger) <= free and EOS in free
+    opened = {i for i in range(VOCAB_SIZE) if logits[1, i] > float("-inf")}
+    assert opened and all(texts[i].startswith("{") for i in opened)
 
 
 def finished(compiler) -> tuple[list[int], list[tuple[int, str]]]:
