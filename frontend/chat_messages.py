@@ -75,10 +75,11 @@ def _tool_calls(calls: list) -> list:
     out = []
     for call in calls:
         if not isinstance(call, dict):
-            raise bad_request("assistant tool_calls entries must be objects.", "tool_calls")
+            raise bad_request("assistant tool_calls entries must be objects. (parameter=tool_calls)", "tool_calls")
         function = call.get("function")
         if call.get("type", "function") != "function" or not isinstance(function, dict):
-            raise bad_request("chat completions only support assistant tool_calls of type 'function'.", "tool_calls")
+            raise bad_request("chat completions only support assistant tool_calls of type 'function'. (parameter=tool_calls)",
+                              "tool_calls")  # fmt: skip
         call = {**call, "function": dict(function)}
         _arguments(call["function"])
         out.append(call)
