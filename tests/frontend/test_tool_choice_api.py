@@ -6,6 +6,8 @@ answer building is tests/frontend/test_tool_calls.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from kvtest.http_api import post
 
@@ -89,7 +91,7 @@ def test_the_template_sees_the_tools_as_vllm_dumps_them_and_none_hides_them(herm
     # --exclude-tools-when-tool-choice-none with tool_choice "none"
     tools = [{"type": "function", "function": {"name": "f", "extra": 1}}]
     shown = prompt_text(hermes, model, tools=tools, tool_choice="auto")
-    assert 'TOOLS[{"type": "function", "function": {"name": "f", "description": null, "parameters": null}}]hi' in shown  # /detokenize skips the special <|user|>
+    assert 'TOOLS[{"type": "function", "function": {"name": "f", "description": null, "parameters": null}}]<|user|>hi' in shown  # /detokenize keeps specials, as vLLM's
     assert "TOOLS" not in prompt_text(hermes, model, tools=tools, tool_choice="none")
 
 
@@ -104,3 +106,23 @@ def test_tokenize_shows_the_tools_to_the_template(hermes, model):
     assert 'TOOLS[{"type": "function", "function": {"name": "f", "description": null, "parameters": null}}]' in text["prompt"]
     status, body = post(hermes, "/tokenize", {"model": model, "messages": messages, "tools": [{"type": "function"}]})
     assert status == 400 and body["error"]["param"] == "body.tools.0.function"
+
+
+BOOL_TOOL = [{"type": "function", "function": {"name": "set_flag", "description": "f", "strict": True, "parameters": {
+    "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"], "additionalProperties": False}}}]  # fmt: skip
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "set_flag"}}], ids=["required", "named"])
+def test_with_hermes_a_forced_call_is_a_valid_call(hermes, model, choice):
+    # The random model writes whatever the grammar lets it: forced through vLLM's
+    # structural tag, the answer can only be a call of the tool, with schema-valid
+    # arguments for a strict tool (a boolean leaves the grammar no room to run long;
+    # vLLM leaves a non-strict tool's arguments free).
+    status, body = chat(hermes, model, tools=BOOL_TOOL, tool_choice=choice, max_tokens=200, temperature=0)
+    assert status == 200, body
+    c = body["choices"][0]
+    calls = c["message"].get("tool_calls")
+    assert calls, c
+    assert [call["function"]["name"] for call in calls] == ["set_flag"] * len(calls)
+    assert all(json.loads(call["function"]["arguments"]) in ({"on": True}, {"on": False}) for call in calls)
+    assert all(call["id"].startswith("chatcmpl-tool-") and call["type"] == "function" for call in calls)
