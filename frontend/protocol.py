@@ -61,6 +61,8 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     # vLLM's: an int64, lower first under --scheduling-policy priority; ignored by fcfs.
     priority: Priority = 0
     return_tokens_as_token_ids: bool | None = None
+    # Each prompt token's logprob and the top-k (frontend.prompt_logprobs); -1: every token.
+    prompt_logprobs: int | None = None
     request_id: str | None = None
     # NOTE: not yet honoured (issue 23's structured-outputs work): the seam both it and
     # forced tool calls build on.

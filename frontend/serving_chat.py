@@ -4,6 +4,8 @@ wrote them), streamed as ``chat.completion.chunk`` deltas or answered whole."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import msgspec
 from aiohttp import web
 
@@ -13,6 +15,12 @@ from frontend.error_middleware import REQUEST_ID_KEY
 from frontend.errors import APIError, bad_request
 from frontend.logprobs import chat_logprobs
 from frontend.metrics import ChoiceGroups
+from frontend.prompt_logprobs import (
+    check_logprob_fields,
+    model_vocab_size,
+    num_prompt_logprobs,
+    prompt_logprobs_json,
+)
 from frontend.protocol import ChatCompletionRequest
 from frontend.sampling import (
     EngineParams,
@@ -91,6 +99,7 @@ def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest, rendered=
     logprobs asked for or None, engine params). Shared by the endpoint and its render.
     ``rendered()``, if given, is called between the prompt's checks and the sampling
     fields' (where vLLM's request gets its id)."""
+    check_logprob_fields(req, "top_logprobs")
     ctx.check_model(req.model)
     if not req.messages:
         raise bad_request("messages must not be empty", "messages")
@@ -104,7 +113,16 @@ def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest, rendered=
         rendered()
     max_tokens = output_budget(requested, len(ids), ctx.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)
     num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return ids, max_tokens, num_logprobs, engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
+    if num_logprobs == -1:  # vLLM's -1: the whole vocabulary (over any --max-logprobs this server allows)
+        num_logprobs = model_vocab_size(ctx.model_path) or ctx.tokenizer.vocab_size
+    params = engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
+    asked = req.prompt_logprobs
+    if asked is None and getattr(req, "echo", False):  # NOTE: vLLM's chat echo asks for top_logprobs' worth
+        asked = req.top_logprobs
+    plp = num_prompt_logprobs(req, ctx, asked)
+    if plp is not None:
+        params = replace(params, generate={**params.generate, "prompt_logprobs": plp})
+    return ids, max_tokens, num_logprobs, params
 
 
 def chat_role(ctx: ServingContext, req: ChatCompletionRequest) -> str:
@@ -138,7 +156,8 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
     return json_response({
         "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.model_name, "choices": out,
         "usage": usage(len(ids), sum(len(c.token_ids) for c in choices), ctx.cached(cached_tokens(choices, params.n))),
-        "system_fingerprint": None, "prompt_logprobs": None, "kv_transfer_params": None,
+        "system_fingerprint": None, "prompt_logprobs": prompt_logprobs_json(ctx.tokenizer, ids, choices[0].prompt_logprobs),
+        "kv_transfer_params": None,
     })  # fmt: skip
 
 

@@ -3,6 +3,8 @@ string, a list of strings, a token-id list or a list of them; streamed or not.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import msgspec
 from aiohttp import web
 
@@ -11,6 +13,14 @@ from frontend.error_middleware import REQUEST_ID_KEY
 from frontend.errors import APIError, bad_request
 from frontend.logprobs import completion_logprobs
 from frontend.metrics import ChoiceGroups
+from frontend.prompt_logprobs import (
+    check_logprob_fields,
+    echo_logprobs,
+    join_logprobs,
+    model_vocab_size,
+    num_prompt_logprobs,
+    prompt_logprobs_json,
+)
 from frontend.protocol import CompletionRequest
 from frontend.sampling import (
     EngineParams,
@@ -35,6 +45,7 @@ from frontend.serving import (
     usage,
 )  # fmt: skip
 from frontend.streaming import ClientGone, StreamedChoices, TextChunk
+from protocol.prompt_logprobs import PromptLogprobs
 
 _encode = msgspec.json.encode
 
@@ -72,6 +83,7 @@ def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
     its text where one was given, max_tokens, engine params). Shared by the endpoint
     and its render. ``rendered()``, if given, is called between the prompts' checks and
     the sampling fields' (where vLLM's request gets its id)."""
+    check_logprob_fields(req, "logprobs")
     ctx.check_model(req.model)
     if req.suffix is not None:
         raise bad_request("suffix is not currently supported", "suffix")
@@ -82,7 +94,15 @@ def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
         rendered()
     # NOTE: one budget for every prompt (they share EngineParams): the longest prompt's.
     max_tokens = output_budget(req.max_tokens, max(len(p) for p in prompts), ctx.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)
-    return prompts, texts, max_tokens, engine_params(req, max_tokens, req.logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
+    if req.echo and req.max_tokens == 0:
+        max_tokens = 1  # NOTE: vLLM's echo without generation: one token is sampled, and only the prompt shown
+    # vLLM's -1: the whole vocabulary (over any --max-logprobs this server allows)
+    num_logprobs = req.logprobs if req.logprobs != -1 else model_vocab_size(ctx.model_path) or ctx.tokenizer.vocab_size
+    params = engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
+    plp = num_prompt_logprobs(req, ctx, req.prompt_logprobs if req.prompt_logprobs is not None or not req.echo else req.logprobs)
+    if plp is not None:
+        params = replace(params, generate={**params.generate, "prompt_logprobs": plp})
+    return prompts, texts, max_tokens, params
 
 
 async def create_completion(ctx: ServingContext, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
@@ -98,20 +118,35 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
         return await _stream(ctx, request, req, request_id, prompts, params, echo, as_ids)
 
     choices = await collect(ctx, request_id, prompts, params)
+    echo_only = req.echo and req.max_tokens == 0
     out = []
     for c in choices:
-        prefix = echo[c.index // n]
+        prompt = prompts[c.index // n]
         lp = None
         if req.logprobs is not None:
-            lp = completion_logprobs(ctx.tokenizer, c.token_ids, c.logprobs, req.logprobs, as_ids, len(prefix))
-        out.append({"index": c.index, "text": prefix + c.text, "logprobs": lp, "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason, "prompt_logprobs": None})  # fmt: skip
+            lp = _choice_logprobs(ctx, req, prompt, c.prompt_logprobs, c.token_ids, c.logprobs, as_ids, echo_only)
+        out.append({"index": c.index, "text": echo[c.index // n] + ("" if echo_only else c.text), "logprobs": lp,
+                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                    "prompt_logprobs": prompt_logprobs_json(ctx.tokenizer, prompt, c.prompt_logprobs)})  # fmt: skip
     num_prompt = sum(len(p) for p in prompts)
     return json_response({
         "id": request_id, "object": "text_completion", "created": now(), "model": ctx.model_name, "choices": out,
         "usage": usage(num_prompt, sum(len(c.token_ids) for c in choices), ctx.cached(cached_tokens(choices, n))),
         "system_fingerprint": None, "kv_transfer_params": None,
     })  # fmt: skip
+
+
+def _choice_logprobs(ctx, req, prompt, plp: PromptLogprobs | None, token_ids, logprobs, as_ids: bool, echo_only: bool,
+                     text_offset: int = 0) -> dict:  # fmt: skip
+    """A choice's (or a stream's first chunk's) completion logprobs: with echo the prompt's
+    tokens first (vLLM's prompt logprobs), then the generated ones (none when echo_only)."""
+    if not req.echo or plp is None:
+        return completion_logprobs(ctx.tokenizer, token_ids, logprobs, req.logprobs, as_ids, text_offset)
+    head = echo_logprobs(ctx.tokenizer, prompt, plp, req.logprobs, as_ids, text_offset)
+    if echo_only:
+        return head
+    end = head["text_offset"][-1] + len(head["tokens"][-1])
+    return join_logprobs(head, completion_logprobs(ctx.tokenizer, token_ids, logprobs, req.logprobs, as_ids, end))
 
 
 async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) -> web.StreamResponse:
@@ -123,8 +158,9 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
     generated = [0] * (len(prompts) * n)
     cached = [0] * len(generated)
     groups = ChoiceGroups(ctx.metrics, n, len(prompts), params.generate["max_tokens"])
-    offsets = [len(echo[i // n]) for i in range(len(generated))]
+    offsets = [0] * len(generated)
     first = [bool(req.echo)] * len(generated)
+    echo_only = req.echo and req.max_tokens == 0
 
     def chunk(choices: list[dict], use: dict | None = None) -> dict:
         c = {"id": request_id, "object": "text_completion", "created": created, "model": ctx.model_name, "choices": choices}
@@ -142,12 +178,16 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
         generated[i] += len(d.token_ids)
         cached[i] = max(cached[i], d.num_cached_tokens)
         text = d.text
-        if first[i]:
-            text, first[i] = echo[i // n] + text, False
         lp = None
-        if req.logprobs is not None and d.logprobs:
+        if first[i]:
+            # vLLM's first chunk under echo: the prompt (and its logprobs), then the first token's unless echo_only
+            text, first[i] = echo[i // n] + ("" if echo_only else text), False
+            if req.logprobs is not None:
+                lp = _choice_logprobs(ctx, req, prompts[i // n], d.prompt_logprobs, d.token_ids, d.logprobs or [], as_ids, echo_only)
+        elif req.logprobs is not None and d.logprobs:
             lp = completion_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, req.logprobs, as_ids, offsets[i])
-            offsets[i] += sum(len(t) for t in lp["tokens"])
+        if lp is not None and lp["tokens"]:
+            offsets[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
         elif not text and d.finish_reason is None:
             return None  # NOTE: as vLLM, a token with no text yet is still sent when it has logprobs
         if d.finish_reason is not None:

@@ -31,6 +31,9 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     min_tokens: int = 0
     stop_token_ids: list[int] = []
     logprobs: int | None = None  # the sampled token's logprob and the top-k, k <= MAX_LOGPROBS
+    # Each prompt token's logprob and the top-k (k <= MAX_LOGPROBS) at every prompt
+    # position, returned once with the first sampled token (protocol.prompt_logprobs).
+    prompt_logprobs: int | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -89,6 +92,12 @@ def check_sampling(msg, vocab_size: int | None = None) -> None:
         raise SamplingError(
             f"Requested sample logprobs of {msg.logprobs}, which is greater than max allowed: {MAX_LOGPROBS}", "logprobs"
         )
+    prompt_logprobs = getattr(msg, "prompt_logprobs", None)
+    if prompt_logprobs is not None and prompt_logprobs < 0:
+        raise out_of_range("prompt_logprobs", "must be non-negative")
+    if prompt_logprobs is not None and prompt_logprobs > MAX_LOGPROBS:
+        raise SamplingError(f"Requested prompt logprobs of {prompt_logprobs}, which is greater than max allowed: {MAX_LOGPROBS}",
+                            "prompt_logprobs")  # fmt: skip
     if msg.seed is not None and not -(2**63) <= msg.seed < 2**63:
         raise out_of_range("seed", "must fit in 64 bits")
     if any(t < 0 for t in msg.stop_token_ids):
@@ -110,5 +119,6 @@ def sampling_params_of(msg, eos_token_ids: tuple[int, ...] = ()) -> SamplingPara
         presence_penalty=msg.presence_penalty, frequency_penalty=msg.frequency_penalty,
         repetition_penalty=msg.repetition_penalty, min_tokens=msg.min_tokens,
         stop_token_ids=stop if msg.min_tokens else [], logprobs=msg.logprobs,
+        prompt_logprobs=getattr(msg, "prompt_logprobs", None),
     )
     return None if p == GREEDY else p

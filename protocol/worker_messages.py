@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
+from protocol.prompt_logprobs import PromptLogprobs
 from protocol.sampling_params import SamplingParams
 
 _OPTS = dict(array_like=True, omit_defaults=True, gc=False, tag_field="t")
@@ -154,6 +155,9 @@ class StepResult(msgspec.Struct, **_OPTS, tag=5):
     execute_time_s: float = 0.0
     # Only rows that asked for logprobs, in seq_ids order.
     logprobs: list[SampledLogprobs] = []
+    # seq_id -> its prompt's logprobs: only rows that asked for them, in the step that
+    # samples their first output token (never again, also after a preemption).
+    prompt_logprobs: dict[int, PromptLogprobs] = {}
 
 
 class WorkerError(msgspec.Struct, **_OPTS, tag=6):

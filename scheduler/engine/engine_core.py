@@ -59,6 +59,7 @@ class _Done:
 
     outputs: StepTokens
     logprobs: list  # StepResult.logprobs
+    prompt_logprobs: dict  # StepResult.prompt_logprobs
     nbytes: int
     seconds: float
     # (flops, bytes read, bytes written) per GPU, with --enable-mfu-metrics.
@@ -288,11 +289,11 @@ class EngineCore:
         # adds its own; whatever publishes next sends them first.
         if self.kv_event_publisher is not None:
             self._step_kv_events = self.kv_event_sink.take()
-        return _Done(outputs, result.logprobs, nbytes, time.perf_counter() - t0, perf)
+        return _Done(outputs, result.logprobs, result.prompt_logprobs, nbytes, time.perf_counter() - t0, perf)
 
     async def _deliver(self, done: _Done) -> None:
         """A finished step's outputs to its clients, then its metrics and KV events."""
-        await self.client_side.send_outputs(outputs_by_client(done.outputs, done.logprobs))
+        await self.client_side.send_outputs(outputs_by_client(done.outputs, done.logprobs, done.prompt_logprobs))
         self.metrics.observe_step(done.outputs, done.nbytes, done.seconds)
         if done.perf is not None:
             self.metrics.observe_perf(*done.perf)

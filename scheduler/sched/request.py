@@ -39,7 +39,7 @@ class Request:
         "num_cached_tokens", "num_external_cached_tokens", "block_hashes", "block_hasher", "arrival_time", "scheduled_time",
         "first_token_time",
         "last_token_time", "num_preemptions", "alloc_noop_until", "max_num_tokens", "stop_token_ids", "append_only_below",
-        "min_tokens", "sampling", "priority",
+        "min_tokens", "sampling", "priority", "skip_reading_prefix_cache",
     )  # fmt: skip
 
     def __init__(
@@ -109,6 +109,9 @@ class Request:
         self.min_tokens = min_tokens
         # What the worker samples with (None: greedy, no logprobs).
         self.sampling = None if sampling is None else RowSampling(self.num_prompt_tokens, sampling)
+        # vLLM's: a request for prompt logprobs never reads the prefix cache (every prompt
+        # position must be computed to be scored); it still caches its own full blocks.
+        self.skip_reading_prefix_cache = sampling is not None and sampling.prompt_logprobs is not None
         # The scheduler's (the core never sees it): while the request holds fewer
         # tokens than this, a sampled token fills no block, reaches no limit and is
         # not its first: it is only appended (update_from_output's fast path). 0: not yet.

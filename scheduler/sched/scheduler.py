@@ -248,7 +248,8 @@ class Scheduler(WorkerLossRecovery):
                 break  # nobody overtakes the head of the queue
             # NOTE: admitted before (resumed after a preemption or a lost worker): counted apart.
             num_host_hit_tokens = num_hit_tokens - len(hits) * self.block_size
-            kv.record_prefix_cache_query(request.num_tokens, num_hit_tokens, request.num_cached_tokens >= 0, num_host_hit_tokens)
+            if kv.prefix_cache_lookup_enabled(request):  # NOTE: vLLM counts no lookup of a request that skips the cache
+                kv.record_prefix_cache_query(request.num_tokens, num_hit_tokens, request.num_cached_tokens >= 0, num_host_hit_tokens)
             waiting.popleft()
             running.append(request)
             if request.num_cached_tokens < 0:
