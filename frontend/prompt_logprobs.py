@@ -12,7 +12,6 @@ from functools import lru_cache
 from pathlib import Path
 
 from frontend.errors import bad_request
-from frontend.logprobs import token_str
 from frontend.tokenizer import Tokenizer
 from protocol.prompt_logprobs import PromptLogprobs
 
@@ -56,6 +55,47 @@ def num_prompt_logprobs(req, ctx, asked: int | None) -> int | None:
     return n
 
 
+def _decode(tokenizer: Tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def _corrected(tokenizer: Tokenizer, token_id: int, context: list[int]) -> str:
+    """vLLM's ``LogprobsProcessor._correct_decoded_token``: a token that decodes to an
+    unfinished UTF-8 sequence, decoded after up to 4 preceding prompt tokens; "" if the
+    sequence is still unfinished there."""
+    for num_ctx in range(1, min(len(context), 4) + 1):
+        ctx = context[-num_ctx:]
+        full = _decode(tokenizer, ctx + [token_id])
+        if full.endswith("\ufffd"):
+            continue
+        clean_end = len(ctx)
+        for j in range(len(ctx) - 1, -1, -1):
+            if not _decode(tokenizer, [ctx[j]]).endswith("\ufffd"):
+                break
+            clean_end = j
+        prefix = _decode(tokenizer, ctx[:clean_end]) if clean_end > 0 else ""
+        if full.startswith(prefix):
+            return full[len(prefix) :]
+        common = 0
+        for a, b in zip(prefix, full, strict=False):
+            if a != b:
+                break
+            common += 1
+        return full[common:]
+    return ""
+
+
+def position_tokens(tokenizer: Tokenizer, prompt_ids: list[int], i: int, ids: list[int]) -> list[str]:
+    """The decoded_token of each of ``ids`` at scored position ``i`` (prompt token i+1),
+    as vLLM decodes prompt logprobs: each token alone, a trailing U+FFFD corrected with
+    the prompt tokens scored before it as context (``_verify_tokens``)."""
+    out = []
+    for t in ids:
+        text = tokenizer.token_text(t)
+        out.append(_corrected(tokenizer, t, prompt_ids[max(1, i - 3) : i + 1]) if text.endswith("\ufffd") else text)
+    return out
+
+
 def prompt_logprobs_json(tokenizer: Tokenizer, prompt_ids: list[int], plp: PromptLogprobs | None) -> list | None:
     """A choice's ``prompt_logprobs``: None for the first token, then per position the
     prompt token's {logprob, rank, decoded_token} and the top-k's (ranks 1..k)."""
@@ -64,11 +104,13 @@ def prompt_logprobs_json(tokenizer: Tokenizer, prompt_ids: list[int], plp: Promp
     out: list[dict | None] = [None]
     for i, (lp, rank) in enumerate(zip(plp.token_logprobs, plp.ranks, strict=True)):
         tid = prompt_ids[i + 1]
-        entry = {str(tid): {"logprob": _clamp(lp), "rank": rank, "decoded_token": tokenizer.token_text(tid)}}
-        if plp.top_token_ids:
-            for r, (t, v) in enumerate(zip(plp.top_token_ids[i], plp.top_logprobs[i], strict=True), start=1):
+        top_ids = plp.top_token_ids[i] if plp.top_token_ids else []
+        texts = position_tokens(tokenizer, prompt_ids, i, [tid, *top_ids])
+        entry = {str(tid): {"logprob": _clamp(lp), "rank": rank, "decoded_token": texts[0]}}
+        if top_ids:
+            for r, (t, v, text) in enumerate(zip(top_ids, plp.top_logprobs[i], texts[1:], strict=True), start=1):
                 # NOTE: a dict, as vLLM's: the prompt token keeps its place, a top-k entry its values.
-                entry[str(t)] = {"logprob": _clamp(v), "rank": r, "decoded_token": tokenizer.token_text(t)}
+                entry[str(t)] = {"logprob": _clamp(v), "rank": r, "decoded_token": text}
         out.append(entry)
     return out
 
@@ -84,13 +126,15 @@ def echo_logprobs(tokenizer: Tokenizer, prompt_ids: list[int], plp: PromptLogpro
     text_offset += len(first)
     for i, lp in enumerate(plp.token_logprobs):
         tid = prompt_ids[i + 1]
-        s = token_str(tokenizer, tid, as_ids)
         entries = {tid: lp}
         if plp.top_token_ids:
             entries.update(zip(plp.top_token_ids[i], plp.top_logprobs[i], strict=True))
+        ids = list(entries)
+        texts = [f"token_id:{t}" for t in ids] if as_ids else position_tokens(tokenizer, prompt_ids, i, ids)
+        s = texts[0]
         tokens.append(s)
         token_logprobs.append(_clamp(lp))
-        top.append({token_str(tokenizer, t, as_ids): _clamp(v) for j, (t, v) in enumerate(entries.items()) if num == -1 or j <= num})
+        top.append({text: _clamp(entries[t]) for j, (t, text) in enumerate(zip(ids, texts, strict=True)) if num == -1 or j <= num})
         offsets.append(text_offset)
         text_offset += len(s)
     return {"text_offset": offsets, "token_logprobs": token_logprobs, "tokens": tokens, "top_logprobs": top}
