@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 
 MC_TASK, GEN_TASK = "kvpool_mc", "kvpool_gen"
+LM_EVAL = "lm-eval"  # bench.compare's results key and row
+GOAL = 1e-3  # per-choice loglikelihoods, float32
 MC_DOCS = [
     {"question": "The cat sat on the", "choices": ["mat", "moon", "table"], "answer": 0},
     {"question": "Blocks of KV memory are owned by the", "choices": ["scheduler", "worker", "client"], "answer": 0},
@@ -93,6 +95,30 @@ def max_difference(a: dict, b: dict) -> float:
     """The largest |Δ| between two runs' per-choice loglikelihoods."""
     pairs = [(x, y) for da, db in zip(a["mc"], b["mc"], strict=True) for x, y in zip(da, db, strict=True)]
     return max(abs(x - y) for x, y in pairs)
+
+
+def compare_samples(url: str, model: str, tokenizer: str, out: Path, timeout: float) -> dict:
+    """``samples``, or {"error": why} (one engine failing leaves the rest of bench.compare's table)."""
+    try:
+        return samples(url, model, tokenizer, out, timeout)
+    except (RuntimeError, subprocess.TimeoutExpired, ValueError) as e:
+        print(f"compare: lm-eval against {url} failed: {e}", file=sys.stderr, flush=True)
+        return {"error": str(e)}
+
+
+def lm_eval_rows(got: dict) -> list[dict]:
+    """bench.compare's rows: the largest per-choice loglikelihood difference (goal
+    <= 1e-3), and the generation task's identical texts."""
+    v, k = got.get("vllm", {}), got.get("kvpool", {})
+    ok = "mc" in v and "mc" in k
+    diff = max_difference(v, k) if ok else None
+    same = sum(a == b for a, b in zip(v["gen"], k["gen"], strict=True)) / len(v["gen"]) if ok else None
+    return [
+        {"workload": LM_EVAL, "figure": "max |Δ loglikelihood| (float32)", "key": "max_loglikelihood_difference",
+         "vllm": 0.0, "kvpool": diff, "ratio": None, "goal": f"<= {GOAL:g}", "met": None if diff is None else diff <= GOAL},
+        {"workload": LM_EVAL, "figure": "generations identical", "key": "fraction_identical", "vllm": 1.0, "kvpool": same,
+         "ratio": same, "goal": "", "met": None},
+    ]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

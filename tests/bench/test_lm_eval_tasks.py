@@ -86,3 +86,17 @@ def test_lm_eval_loglikelihoods_equal_vllms(real_vllm, tiny_checkpoint, tmp_path
             s.wait_ready(600)
             got[engine] = samples(s.url, "tiny", str(tiny_checkpoint), tmp_path / engine, timeout=400)
     assert max_difference(got["vllm"], got["kvpool"]) <= 1e-3
+
+
+def test_compare_rows_judge_the_largest_difference():
+    from bench.compare_report import format_table
+    from bench.lm_eval_tasks import lm_eval_rows
+
+    v = {"mc": [[-1.0, -2.0]], "gen": ["a", "b"]}
+    diff, same = lm_eval_rows({"vllm": v, "kvpool": {"mc": [[-1.0, -2.002]], "gen": ["a", "c"]}})
+    assert diff["kvpool"] == pytest.approx(0.002) and diff["met"] is False
+    assert same["kvpool"] == 0.5
+    assert lm_eval_rows({"vllm": v, "kvpool": {"mc": [[-1.00001, -2.0]], "gen": ["a", "b"]}})[0]["met"] is True
+    # An engine that failed: no figure, no verdict.
+    assert lm_eval_rows({"vllm": v, "kvpool": {"error": "down"}})[0]["met"] is None
+    assert "2.0e-03" in format_table([diff])
