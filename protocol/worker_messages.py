@@ -155,8 +155,9 @@ class StepResult(msgspec.Struct, **_OPTS, tag=5):
     execute_time_s: float = 0.0
     # Only rows that asked for logprobs, in seq_ids order.
     logprobs: list[SampledLogprobs] = []
-    # seq_id -> its prompt's logprobs: only rows that asked for them, in the step that
-    # samples their first output token (never again, also after a preemption).
+    # seq_id -> what this step's tokens scored of its prompt (rows that asked for prompt
+    # logprobs only), and an entry, maybe empty, for such a row sampling its first token:
+    # the scheduler joins them (scheduler.sched.prompt_logprobs).
     prompt_logprobs: dict[int, PromptLogprobs] = {}
 
 

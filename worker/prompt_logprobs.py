@@ -3,19 +3,22 @@
 A row that asks for them, and has sampled nothing yet, is pending here from the plan
 that adds it. Each step, the scheduled tokens of pending rows that precede another
 prompt token get their logits (position i scores prompt token i+1) from the step's
-hidden states; only those rows pay, and only for those positions. What a row gathered
-is handed back once, in the step that samples its first token (vLLM returns them all
-at the end of prefill too), and the row is done.
+hidden states; only those rows pay, and only for those positions. Each step's result
+carries what its chunks scored (so a frame is bounded by the step's token budget,
+not by prompt lengths), and an entry, empty or not, for each pending row that samples
+its first token: the scheduler joins a row's parts and hands them to the client with
+that token, all at once as vLLM does. The row is then done.
 
 NOTE: a row resumed after a preemption carries its output tokens when it sampled
 before: its prompt logprobs were sent then, so it is not pending again. A row
-preempted mid-prefill is removed and re-added whole: it computes them afresh from
-position 0 (it never reads the prefix cache: the scheduler's skip_reading_prefix_cache).
+preempted mid-prefill is removed and re-added whole: it scores its prompt afresh from
+position 0 (it never reads the prefix cache: the scheduler's skip_reading_prefix_cache),
+and the scheduler drops the parts it had.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -26,7 +29,6 @@ from protocol.prompt_logprobs import PromptLogprobs
 class _Pending:
     k: int  # top-k asked
     num_prompt_tokens: int
-    gathered: PromptLogprobs = field(default_factory=PromptLogprobs)
 
 
 @dataclass(slots=True)
@@ -63,9 +65,9 @@ class PromptLogprobsState:
     def remove(self, seq_id: int) -> None:
         self.pending.pop(seq_id, None)
 
-    def compute(self, compute_logits, hidden: torch.Tensor, chunks: list[PromptChunk], tokens_of) -> None:
+    def compute(self, compute_logits, hidden: torch.Tensor, chunks: list[PromptChunk], tokens_of) -> dict[int, PromptLogprobs]:
         """hidden (T, H): the step's hidden states; ``tokens_of(seq_id)`` its tokens.
-        Appends each chunk's positions that score a prompt token to its row."""
+        Each chunk's scored positions (those before another prompt token), by seq_id."""
         idx, targets, spans = [], [], []
         for ch in chunks:
             p = self.pending[ch.seq_id]
@@ -76,30 +78,28 @@ class PromptLogprobsState:
             c = ch.num_computed_tokens
             idx.extend(range(ch.step_offset, ch.step_offset + m))
             targets.extend(tokens_of(ch.seq_id)[c + 1 : c + 1 + m])
-            spans.append((p, m))
+            spans.append((ch.seq_id, p.k, m))
         if not idx:
-            return
+            return {}
         dev = hidden.device
         logits = compute_logits(hidden[torch.tensor(idx, dtype=torch.long, device=dev)])  # (M, V)
         logprobs = logits.log_softmax(dim=-1, dtype=torch.float32)  # (M, V)
-        k = max(p.k for p, _ in spans)
-        lp, ranks, top_v, top_i = gather_prompt_logprobs(logprobs, torch.tensor(targets, dtype=torch.long, device=dev), k)
+        k_max = max(k for _, k, _ in spans)
+        lp, ranks, top_v, top_i = gather_prompt_logprobs(logprobs, torch.tensor(targets, dtype=torch.long, device=dev), k_max)
         lp, ranks, top_v, top_i = lp.tolist(), ranks.tolist(), top_v.tolist(), top_i.tolist()
-        at = 0
-        for p, m in spans:
-            g = p.gathered
-            g.token_logprobs += lp[at : at + m]
-            g.ranks += ranks[at : at + m]
-            if p.k:
-                g.top_token_ids += [row[: p.k] for row in top_i[at : at + m]]
-                g.top_logprobs += [row[: p.k] for row in top_v[at : at + m]]
-            at += m
+        parts, at = {}, 0
+        for seq_id, k, m in spans:
+            end = at + m
+            top_ids = [row[:k] for row in top_i[at:end]] if k else []
+            top_lps = [row[:k] for row in top_v[at:end]] if k else []
+            parts[seq_id] = PromptLogprobs(lp[at:end], ranks[at:end], top_ids, top_lps)
+            at = end
+        return parts
 
-    def take(self, seq_ids: list[int]) -> dict[int, PromptLogprobs]:
-        """The finished prompts' logprobs of the rows that sample this step."""
-        out = {}
-        for sid in seq_ids:
-            p = self.pending.pop(sid, None)
-            if p is not None:
-                out[sid] = p.gathered
-        return out
+    def finish(self, parts: dict[int, PromptLogprobs], sampled_seq_ids: list[int]) -> dict[int, PromptLogprobs]:
+        """``parts`` with an entry for each pending row that samples its first token now
+        (the scheduler's cue that its prompt is whole); those rows are done."""
+        for sid in sampled_seq_ids:
+            if self.pending.pop(sid, None) is not None:
+                parts.setdefault(sid, PromptLogprobs())
+        return parts

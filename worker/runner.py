@@ -173,23 +173,23 @@ class ModelRunner:
             self.block_table.block_table, slot_mapping, inputs.decode_rows, inputs.decode_context_lens, inputs.prefills
         )
         hidden = self.model.forward(token_ids, positions, self.attention.for_step(md))  # (T, H)
-        if self.prompt_logprobs.pending and self.samples:
-            self._prompt_logprobs(hidden, inputs)
+        # NOTE: only rank 0 samples, so only it scores prompts (tensor parallelism).
+        scored = self._prompt_logprobs(hidden, inputs) if self.prompt_logprobs.pending and self.samples else None
         sample_seq, sample_idx = self._advance(inputs)
         self.num_tokens_computed += num_tokens
         self.kv_bytes_written += num_tokens * self._kv_bytes_per_token
         if not sample_seq:
-            return ModelRunnerOutput([], [], None, num_tokens)
+            return ModelRunnerOutput([], [], None, num_tokens, prompt_logprobs=scored)
         if not self.samples:
             return ModelRunnerOutput(sample_seq, [], None, num_tokens)
         out = self._sample(hidden, sample_seq, sample_idx, num_tokens)
-        if self.prompt_logprobs.pending:
-            out.prompt_logprobs = self.prompt_logprobs.take(sample_seq)
+        if scored is not None:
+            out.prompt_logprobs = self.prompt_logprobs.finish(scored, sample_seq)
         return out
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: _StepInputs) -> None:
-        """hidden (T, H): the logprobs of the prompt tokens that this step's tokens of
-        pending rows score (before ``_advance``: computed counts are the step's start)."""
+    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: _StepInputs) -> dict[int, PromptLogprobs]:
+        """hidden (T, H): what this step's tokens of pending rows score of their prompts
+        (before ``_advance``: computed counts are the step's start), by seq_id."""
         pending, rows = self.prompt_logprobs.pending, self.rows
         chunks = [PromptChunk(sid, i, rows[sid].num_computed_tokens, 1)
                   for i, sid in enumerate(inputs.decode_seq_ids) if sid in pending]  # fmt: skip
@@ -198,8 +198,7 @@ class ModelRunner:
             if sid in pending:
                 chunks.append(PromptChunk(sid, offset, c, n))
             offset += n
-        if chunks:
-            self.prompt_logprobs.compute(self.model.compute_logits, hidden, chunks, lambda sid: rows[sid].token_ids)
+        return self.prompt_logprobs.compute(self.model.compute_logits, hidden, chunks, lambda sid: rows[sid].token_ids) if chunks else {}
 
     def _prepare_inputs(self, plan: StepPlan) -> _StepInputs:
         """The step's tokens laid out decodes (one token) first, then prefill chunks:

@@ -280,6 +280,7 @@ class Scheduler(WorkerLossRecovery):
         self.kv_cache_manager.free(request, num_computed_tokens)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.prompt_logprobs = None  # NOTE: the worker scores its prompt afresh, from position 0
         self.waiting.appendleft(request)
 
     def update_from_output(self, result: StepResult) -> StepTokens:

@@ -1,7 +1,8 @@
 """Prompt logprobs in the step runner: every prompt position after the first scores
-the next prompt token from the raw logits, chunk by chunk, handed back once with the
-row's first sampled token. Expected values come from transformers' forward pass over
-the whole prompt (float64 reference), never from the runner."""
+the next prompt token from the raw logits, chunk by chunk; each step hands back what
+its chunks scored, and an entry for a row sampling its first token (the scheduler's cue
+that the prompt is whole), never again after. Expected values come from transformers'
+forward pass over the whole prompt (float64 reference), never from the runner."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 from kvtest.hf_models import reference_logits
 
+from protocol.prompt_logprobs import PromptLogprobs
 from protocol.sampling_params import SamplingParams
 from protocol.worker_messages import RequestRow, RowSampling, StepPlan
 from worker.checkpoint import Checkpoint
@@ -64,15 +66,26 @@ def test_whole_prompt_in_one_step(model, expected):
     assert not r.execute(StepPlan(1)).prompt_logprobs
 
 
-def test_chunked_prefill_gathers_every_chunk_once(model, expected):
-    """Chunks of 3, 1 (laid out as a decode token) and 5: nothing until the last chunk,
-    which also samples; the values are the one-shot ones."""
+def test_chunked_prefill_sends_each_chunks_positions(model, expected):
+    """Chunks of 3, 1 (laid out as a decode token) and 5: 3, 1 and 4 positions scored
+    (the last prompt token scores the first output token); joined, the one-shot values."""
     r = new_runner(model)
-    assert not r.execute(StepPlan(0, {1: 3}, new_rows=[row(1, PROMPT, [1, 2, 3], 2)])).prompt_logprobs
-    assert not r.execute(StepPlan(1, {1: 1})).prompt_logprobs
-    out = r.execute(StepPlan(2, {1: 5}))
-    assert out.seq_ids == [1]
-    assert_matches(out.prompt_logprobs[1], expected, 2)
+    outs = [r.execute(StepPlan(0, {1: 3}, new_rows=[row(1, PROMPT, [1, 2, 3], 2)])), r.execute(StepPlan(1, {1: 1})),
+            r.execute(StepPlan(2, {1: 5}))]  # fmt: skip
+    assert [len(o.prompt_logprobs[1]) for o in outs] == [3, 1, 4]
+    assert [o.seq_ids for o in outs] == [[], [], [1]]
+    parts = [o.prompt_logprobs[1] for o in outs]
+    whole = PromptLogprobs(*([x for p in parts for x in getattr(p, f)] for f in PromptLogprobs.__struct_fields__))
+    assert_matches(whole, expected, 2)
+    assert not r.execute(StepPlan(3)).prompt_logprobs
+
+
+def test_a_last_chunk_of_one_token_still_marks_the_prompt_whole(model):
+    r = new_runner(model)
+    first = r.execute(StepPlan(0, {1: 8}, new_rows=[row(1, PROMPT, [1, 2, 3], 1)]))
+    last = r.execute(StepPlan(1, {1: 1}))
+    assert len(first.prompt_logprobs[1]) == 8 and first.seq_ids == []
+    assert last.seq_ids == [1] and len(last.prompt_logprobs[1]) == 0
 
 
 def test_only_rows_that_asked(model, expected):
@@ -89,7 +102,7 @@ def test_only_rows_that_asked(model, expected):
 
 def test_preempted_mid_prefill_computes_them_afresh(model, expected):
     r = new_runner(model)
-    r.execute(StepPlan(0, {1: 4}, new_rows=[row(1, PROMPT, [1, 2, 3], 3)]))
+    assert len(r.execute(StepPlan(0, {1: 4}, new_rows=[row(1, PROMPT, [1, 2, 3], 3)])).prompt_logprobs[1]) == 4
     r.execute(StepPlan(1, {}, preempted_seq_ids=[1]))
     out = r.execute(StepPlan(2, {1: 9}, resumed_rows=[row(1, PROMPT, [8, 9, 10], 3)]))
     assert_matches(out.prompt_logprobs[1], expected, 3)

@@ -66,3 +66,29 @@ def test_its_blocks_are_cached_for_others():
     # 13 tokens: (13 - 1) // 4 = 3 blocks may hit, and b cached all 3.
     assert plans[0].new_rows[0].num_computed_tokens == 12
     assert (kv.prefix_cache_stats.requests, kv.prefix_cache_stats.queries, kv.prefix_cache_stats.hits) == (1, 13, 12)
+
+
+def test_parts_are_joined_and_dropped_on_requeue():
+    """The worker's parts, joined on the request until its first token takes them whole;
+    a request requeued before its first token is scored afresh: its parts are dropped."""
+    from protocol.prompt_logprobs import PromptLogprobs
+    from protocol.worker_messages import StepResult
+    from scheduler.sched.prompt_logprobs import gather_prompt_logprobs
+
+    r = Request("b", PROMPT, 2, seq_id=7, sampling=SamplingParams(prompt_logprobs=1))
+    reqs = {7: r}
+    p1 = PromptLogprobs([-1.0, -2.0], [3, 1], [[5], [6]], [[-0.5], [-2.0]])
+    p2 = PromptLogprobs([-3.0], [9], [[4]], [[-0.1]])
+    assert gather_prompt_logprobs(reqs, StepResult(0, prompt_logprobs={7: p1})) == {}
+    whole = gather_prompt_logprobs(reqs, StepResult(1, [7], [40], prompt_logprobs={7: p2, 8: p2}))
+    assert whole == {7: PromptLogprobs([-1.0, -2.0, -3.0], [3, 1, 9], [[5], [6], [4]], [[-0.5], [-2.0], [-0.1]])}
+    assert r.prompt_logprobs is None
+    # A part, then a requeue (preemption or a lost worker) before the first token.
+    r = Request("c", PROMPT, 2, seq_id=8, block_hasher=BlockHasher(BS), sampling=SamplingParams(prompt_logprobs=1))
+    s = Scheduler(KVCacheManager(40, BS, 256), 8, 64, 256)
+    s.add_request(r)
+    s.schedule()
+    gather_prompt_logprobs(s.seq_id_to_request, StepResult(0, prompt_logprobs={8: p1}))
+    assert r.prompt_logprobs == p1
+    s._requeue(r)
+    assert r.prompt_logprobs is None
