@@ -112,7 +112,8 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
     prompts, texts, max_tokens, params = completion_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
     params = with_header_priority(params, request.headers)
     as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
-    echo = [(t if t is not None else ctx.tokenizer.decode(ids)) if req.echo else "" for ids, t in zip(prompts, texts, strict=True)]
+    # NOTE: a token-id prompt is echoed as vLLM's renderer decodes it: special tokens kept.
+    echo = [(t if t is not None else ctx.tokenizer.decode(ids, skip_special_tokens=False)) if req.echo else "" for ids, t in zip(prompts, texts, strict=True)]
     n = params.n
     if req.stream:
         return await _stream(ctx, request, req, request_id, prompts, params, echo, as_ids)

@@ -49,6 +49,15 @@ def test_echo_without_generation_scores_the_prompt(served, model, hf):
     assert len(c["prompt_logprobs"]) == len(ids) and c["prompt_logprobs"][0] is None
 
 
+def test_echo_of_token_ids_keeps_special_tokens(served, model, hf):
+    """vLLM decodes a token-id prompt for echo with the tokenizer's own decode: special
+    tokens stay (here the tiny checkpoint's <|system|> and <|user|>, ids 2 and 3)."""
+    ids = [100, 2, 3, 200]
+    status, body = post(served, "/v1/completions", {"model": model, "prompt": ids, "max_tokens": 0, "echo": True})
+    assert status == 200 and body["choices"][0]["text"] == hf[0].decode(ids)
+    assert "<|system|><|user|>" in body["choices"][0]["text"]
+
+
 def test_prompt_logprobs_field_ranks_and_top_k(served, model, hf):
     ids = hf[0](TEXT)["input_ids"]
     status, body = post(served, "/v1/completions", {"model": model, "prompt": ids, "max_tokens": 2, "prompt_logprobs": 2})
