@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from frontend.errors import bad_request
+from frontend.logprob_tokens import decoded_tokens
 from frontend.tokenizer import Tokenizer
 from protocol.prompt_logprobs import PromptLogprobs
 
@@ -55,45 +56,10 @@ def num_prompt_logprobs(req, ctx, asked: int | None) -> int | None:
     return n
 
 
-def _decode(tokenizer: Tokenizer, ids: list[int]) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=False)
-
-
-def _corrected(tokenizer: Tokenizer, token_id: int, context: list[int]) -> str:
-    """vLLM's ``LogprobsProcessor._correct_decoded_token``: a token that decodes to an
-    unfinished UTF-8 sequence, decoded after up to 4 preceding prompt tokens; "" if the
-    sequence is still unfinished there."""
-    for num_ctx in range(1, min(len(context), 4) + 1):
-        ctx = context[-num_ctx:]
-        full = _decode(tokenizer, ctx + [token_id])
-        if full.endswith("\ufffd"):
-            continue
-        clean_end = len(ctx)
-        for j in range(len(ctx) - 1, -1, -1):
-            if not _decode(tokenizer, [ctx[j]]).endswith("\ufffd"):
-                break
-            clean_end = j
-        prefix = _decode(tokenizer, ctx[:clean_end]) if clean_end > 0 else ""
-        if full.startswith(prefix):
-            return full[len(prefix) :]
-        common = 0
-        for a, b in zip(prefix, full, strict=False):
-            if a != b:
-                break
-            common += 1
-        return full[common:]
-    return ""
-
-
 def position_tokens(tokenizer: Tokenizer, prompt_ids: list[int], i: int, ids: list[int]) -> list[str]:
-    """The decoded_token of each of ``ids`` at scored position ``i`` (prompt token i+1),
-    as vLLM decodes prompt logprobs: each token alone, a trailing U+FFFD corrected with
-    the prompt tokens scored before it as context (``_verify_tokens``)."""
-    out = []
-    for t in ids:
-        text = tokenizer.token_text(t)
-        out.append(_corrected(tokenizer, t, prompt_ids[max(1, i - 3) : i + 1]) if text.endswith("\ufffd") else text)
-    return out
+    """The decoded_token of each of ``ids`` at scored position ``i`` (prompt token i+1):
+    the context is the prompt tokens scored before it (vLLM's, which skips the first)."""
+    return decoded_tokens(tokenizer, ids, prompt_ids[max(1, i - 3) : i + 1])
 
 
 def prompt_logprobs_json(tokenizer: Tokenizer, prompt_ids: list[int], plp: PromptLogprobs | None) -> list | None:

@@ -169,6 +169,7 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
     cached = [0] * params.n
     texts = [""] * params.n if ctx.output_log is not None else None  # each choice's text, for --enable-log-outputs
     groups = ChoiceGroups(ctx.metrics, params.n, 1, params.generate["max_tokens"])
+    recent: list[list[int]] = [[] for _ in range(params.n)]  # each choice's last output tokens: its logprobs' decoding context
 
     def chunk(choices: list[dict], use: dict | None = None) -> dict:
         c = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": ctx.model_name, "choices": choices}
@@ -190,7 +191,8 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
             ctx.output_log.delta(request_id, d.text, d.token_ids, d.finish_reason)
         lp = None
         if num_logprobs is not None and d.logprobs:
-            lp = chat_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, num_logprobs, as_ids)
+            lp = chat_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, num_logprobs, as_ids, recent[i])
+            recent[i] = (recent[i] + d.token_ids)[-4:]
         elif not d.text and d.finish_reason is None:
             return None  # NOTE: as vLLM, a token with no text yet is still sent when it has logprobs
         if d.finish_reason is not None:

@@ -160,6 +160,7 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
     cached = [0] * len(generated)
     groups = ChoiceGroups(ctx.metrics, n, len(prompts), params.generate["max_tokens"])
     offsets = [0] * len(generated)
+    recent: list[list[int]] = [[] for _ in generated]  # each choice's last output tokens: its logprobs' decoding context
     first = [bool(req.echo)] * len(generated)
     echo_only = req.echo and req.max_tokens == 0
 
@@ -186,9 +187,10 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
             if req.logprobs is not None:
                 lp = _choice_logprobs(ctx, req, prompts[i // n], d.prompt_logprobs, d.token_ids, d.logprobs or [], as_ids, echo_only)
         elif req.logprobs is not None and d.logprobs:
-            lp = completion_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, req.logprobs, as_ids, offsets[i])
+            lp = completion_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, req.logprobs, as_ids, offsets[i], recent[i])
         if lp is not None and lp["tokens"]:
             offsets[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+            recent[i] = (recent[i] + d.token_ids)[-4:]
         elif not text and d.finish_reason is None:
             return None  # NOTE: as vLLM, a token with no text yet is still sent when it has logprobs
         if d.finish_reason is not None:
