@@ -57,6 +57,7 @@ from bench.compare_workloads import (
     repeated,
     run_bench,
 )
+from bench.lm_eval_tasks import LM_EVAL, compare_samples, lm_eval_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "tiny"  # the served model name on both servers
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how often the KV usage gauge is sampled (a /metrics page costs each server a few ms)")  # fmt: skip
     p.add_argument("--agreement-prompts", type=int, default=64, help="0: no agreement row")
     p.add_argument("--agreement-tokens", type=int, default=32)
+    p.add_argument("--no-lm-eval", action="store_true", help="no lm-eval row (bench/lm_eval_tasks.py, on the agreement run's server)")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds a server may take to start (vLLM compiles)")
     p.add_argument("--bench-timeout", type=float, default=1800.0, help="seconds one vllm bench serve may take")
     p.add_argument("--out", type=Path, default=ROOT / "out/compare", help="logs, bench results, caches (default %(default)s)")
@@ -166,6 +168,8 @@ def run_pool(engine: str, model: Path, cfg: ServerConfig, workloads, a, tag: str
                   f"preemptions {fig['vllm:num_preemptions']:.0f}", flush=True)  # fmt: skip
         if workloads:  # the metrics row compares the pages after the same workloads
             results.setdefault(METRICS, {}).setdefault(tag, {})[engine] = scrape_page(s.url)
+        if prompts and not a.no_lm_eval:  # NOTE: on the float32 server of the agreement run
+            results.setdefault(LM_EVAL, {})[engine] = compare_samples(s.url, NAME, str(model), a.out / LM_EVAL / engine, a.bench_timeout)
         return greedy_token_ids(s.url, NAME, prompts, a.agreement_tokens, a.bench_timeout) if prompts else None
 
 
@@ -259,12 +263,13 @@ def write_report(a, model: Path, main_cfg: ServerConfig, workloads, results: dic
     """The table on stdout, every figure in the result JSON, the ratios' PNG."""
     shared = {w.name: w.shared_prefix for w in workloads} | {QUEUED: True}
     metrics_rows, metrics = metrics_report(results.pop(METRICS, {}))
-    table = rows(results, shared) + ([agreement_row(agree)] if agree else []) + metrics_rows
+    lm_eval = results.pop(LM_EVAL, {})
+    table = rows(results, shared) + ([agreement_row(agree)] if agree else []) + (lm_eval_rows(lm_eval) if lm_eval else []) + metrics_rows
     print(format_table(table) + format_differences(metrics))
     doc = {"settings": asdict(main_cfg) | {"small_num_blocks": a.small_num_blocks, "model": str(model), "engines": a.engines,
                                            "threads": a.threads, "repeat": a.repeat},
            "workloads": {w.name: {"what": w.what, "pool": w.pool, "client_args": list(w.args)} for w in workloads},
-           "results": results, "agreement": agree, "metrics": metrics, "table": table, "errors": errors,
+           "results": results, "agreement": agree, LM_EVAL: lm_eval, "metrics": metrics, "table": table, "errors": errors,
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before": load_before,
                        "loadavg_after": os.getloadavg(), "wall_s": round(time.monotonic() - t0, 1)}}  # fmt: skip
     result_json = a.result_json or a.out / "compare.json"

@@ -28,6 +28,7 @@ FIGURES = [
     ("peak_kv_cache_usage_perc", "peak KV usage", None),
 ]
 SPEED_WORKLOADS = ("prefix-c8", "prefix-c64")
+SCIENTIFIC = ("max_loglikelihood_difference",)  # figures shown as 1.0e-05
 
 
 def goal(kind: str | None, workload: str, shared_prefix: bool) -> tuple[str, object] | None:
@@ -79,7 +80,7 @@ def _fmt(x) -> str:
 def format_table(table: list[dict]) -> str:
     head = ("workload", "figure", "vLLM", "kvpool", "kvpool/vLLM", "goal", "met")
     frac = ("peak_kv_cache_usage_perc", "fraction_identical")
-    f = lambda r, x: "-" if x is None else f"{x:.3f}" if r["key"] in frac else _fmt(x)  # noqa: E731
+    f = lambda r, x: "-" if x is None else f"{x:.3f}" if r["key"] in frac else f"{x:.1e}" if r["key"] in SCIENTIFIC else _fmt(x)  # noqa: E731
     body = [(r["workload"], r["figure"], f(r, r["vllm"]), f(r, r["kvpool"]), "-" if r["ratio"] is None else f"{r['ratio']:.3f}", r["goal"],
              {True: "yes", False: "NO", None: ""}[r["met"]]) for r in table]  # fmt: skip
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]

@@ -17,6 +17,7 @@ from frontend.engine_client import EngineClient
 from frontend.sampling import EngineParams
 from frontend.tokenizer import Tokenizer
 from protocol.client_messages import TokenLogprobs, TokenOutput
+from protocol.prompt_logprobs import PromptLogprobs
 
 
 @dataclass(slots=True)
@@ -30,6 +31,7 @@ class ChoiceDelta:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     num_cached_tokens: int = 0
+    prompt_logprobs: PromptLogprobs | None = None  # with the first token, when asked
 
 
 @dataclass(slots=True)
@@ -43,8 +45,11 @@ class Choice:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     num_cached_tokens: int = 0
+    prompt_logprobs: PromptLogprobs | None = None
 
     def add(self, d: ChoiceDelta) -> None:
+        if d.prompt_logprobs is not None:
+            self.prompt_logprobs = d.prompt_logprobs
         self.text += d.text
         self.token_ids += d.token_ids
         if d.logprobs:
@@ -78,7 +83,7 @@ class ChoiceState:
                 stop_reason = detok.token_ids[-1]
         finished = self.finished = stop_str is not None or out.finished
         return ChoiceDelta(self.index, detok.get_next_output_text(finished, delta=True), out.new_token_ids, out.logprobs,
-                           finish_reason if finished else None, stop_reason, out.num_cached_tokens)  # fmt: skip
+                           finish_reason if finished else None, stop_reason, out.num_cached_tokens, out.prompt_logprobs)  # fmt: skip
 
 
 async def run_choice(

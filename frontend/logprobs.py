@@ -4,6 +4,7 @@ its own decoded text, or as ``token_id:N`` with ``return_tokens_as_token_ids``."
 
 from __future__ import annotations
 
+from frontend.logprob_tokens import decoded_tokens
 from frontend.tokenizer import Tokenizer
 from protocol.client_messages import TokenLogprobs
 
@@ -17,28 +18,43 @@ def token_str(tokenizer: Tokenizer, token_id: int, as_ids: bool) -> str:
     return f"token_id:{token_id}" if as_ids else tokenizer.token_text(token_id)
 
 
+def _texts(tokenizer: Tokenizer, ids: list[int], as_ids: bool, context: list[int]) -> list[str]:
+    return [f"token_id:{t}" for t in ids] if as_ids else decoded_tokens(tokenizer, ids, context)
+
+
 def completion_logprobs(tokenizer: Tokenizer, token_ids: list[int], logprobs: list[TokenLogprobs], num: int,
-                        as_ids: bool, text_offset: int = 0) -> dict:  # fmt: skip
+                        as_ids: bool, text_offset: int = 0, context: list[int] = ()) -> dict:  # fmt: skip
+    """``context``: the choice's output tokens before ``token_ids`` (a stream's earlier chunks)."""
     tokens, token_logprobs, top, offsets = [], [], [], []
+    seen = list(context)
     for token_id, lp in zip(token_ids, logprobs, strict=False):
-        s = token_str(tokenizer, token_id, as_ids)
+        top_ids = lp.top_token_ids[:num]
+        texts = _texts(tokenizer, [token_id, *top_ids], as_ids, seen)
+        s = texts[0]
         tokens.append(s)
         token_logprobs.append(_clamp(lp.logprob))
-        entry = {token_str(tokenizer, t, as_ids): _clamp(v) for t, v in zip(lp.top_token_ids[:num], lp.top_logprobs[:num], strict=False)}
+        entry = {t: _clamp(v) for t, v in zip(texts[1:], lp.top_logprobs[:num], strict=False)}
         entry.setdefault(s, _clamp(lp.logprob))
         top.append(entry)
         offsets.append(text_offset)
         text_offset += len(s)
+        seen.append(token_id)
     return {"text_offset": offsets, "token_logprobs": token_logprobs, "tokens": tokens, "top_logprobs": top}
 
 
-def chat_logprobs(tokenizer: Tokenizer, token_ids: list[int], logprobs: list[TokenLogprobs], num: int, as_ids: bool) -> dict:
+def chat_logprobs(tokenizer: Tokenizer, token_ids: list[int], logprobs: list[TokenLogprobs], num: int, as_ids: bool,
+                  context: list[int] = ()) -> dict:  # fmt: skip
+    """``context``: the choice's output tokens before ``token_ids`` (a stream's earlier chunks)."""
     content = []
+    seen = list(context)
     for token_id, lp in zip(token_ids, logprobs, strict=False):
-        s = token_str(tokenizer, token_id, as_ids)
+        top_ids = lp.top_token_ids[:num]
+        texts = _texts(tokenizer, [token_id, *top_ids], as_ids, seen)
+        s = texts[0]
         top = [
-            {"token": (ts := token_str(tokenizer, t, as_ids)), "logprob": _clamp(v), "bytes": list(ts.encode("utf-8"))}
-            for t, v in zip(lp.top_token_ids[:num], lp.top_logprobs[:num], strict=False)
+            {"token": ts, "logprob": _clamp(v), "bytes": list(ts.encode("utf-8"))}
+            for ts, v in zip(texts[1:], lp.top_logprobs[:num], strict=False)
         ]
         content.append({"token": s, "logprob": _clamp(lp.logprob), "bytes": list(s.encode("utf-8")), "top_logprobs": top})
+        seen.append(token_id)
     return {"content": content}

@@ -66,6 +66,8 @@ class _SamplingFields(UnhonouredFields, kw_only=True):
     # vLLM's: an int64, lower first under --scheduling-policy priority; ignored by fcfs.
     priority: Priority = 0
     return_tokens_as_token_ids: bool | None = None
+    # Each prompt token's logprob and the top-k (frontend.prompt_logprobs); -1: every token.
+    prompt_logprobs: int | None = None
     request_id: str | None = None
     # Structured outputs (frontend.structured_outputs): the seam forced tool calls
     # build on too; response_format ({"type": ...}) overrides it as in vLLM.

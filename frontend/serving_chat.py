@@ -4,6 +4,8 @@ wrote them), streamed as ``chat.completion.chunk`` deltas or answered whole."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import msgspec
 from aiohttp import web
 
@@ -23,6 +25,12 @@ from frontend.errors import APIError, bad_request
 from frontend.logits_fields import with_logits_fields
 from frontend.logprobs import chat_logprobs
 from frontend.metrics import ChoiceGroups
+from frontend.prompt_logprobs import (
+    check_logprob_fields,
+    model_vocab_size,
+    num_prompt_logprobs,
+    prompt_logprobs_json,
+)
 from frontend.protocol import ChatCompletionRequest
 from frontend.request_fields import check_unhonoured
 from frontend.sampling import (
@@ -117,6 +125,7 @@ async def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest,
     the endpoint and its render. ``rendered()``, if given, is called between the
     prompt's checks and the sampling fields' (where vLLM's request gets its id)."""
     check_tool_usage(req)
+    check_logprob_fields(req, "top_logprobs")
     ctx.check_model(req.model)
     check_unhonoured(req, "chat")
     if not req.messages:
@@ -143,7 +152,15 @@ async def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest,
         rendered()
     max_tokens = output_budget(requested, len(ids), ctx.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)
     num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    if num_logprobs == -1:  # vLLM's -1: the whole vocabulary (over any --max-logprobs this server allows)
+        num_logprobs = model_vocab_size(ctx.model_path) or ctx.tokenizer.vocab_size
     params = engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
+    asked = req.prompt_logprobs
+    if asked is None and getattr(req, "echo", False):  # NOTE: vLLM's chat echo asks for top_logprobs' worth
+        asked = req.top_logprobs
+    plp = num_prompt_logprobs(req, ctx, asked)
+    if plp is not None:
+        params = replace(params, generate={**params.generate, "prompt_logprobs": plp})
     return ids, max_tokens, num_logprobs, with_logits_fields(params, req, ctx.tokenizer, ctx.vocab_size), chat
 
 
@@ -191,8 +208,8 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
     return json_response({
         "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.model_name, "choices": out,
         "usage": usage(len(ids), sum(len(c.token_ids) for c in choices), ctx.cached(cached_tokens(choices, params.n))),
-        "system_fingerprint": None, "prompt_logprobs": None, "prompt_token_ids": ids if req.return_token_ids else None,
-        "prompt_text": None, "kv_transfer_params": None,
+        "system_fingerprint": None, "prompt_logprobs": prompt_logprobs_json(ctx.tokenizer, ids, choices[0].prompt_logprobs),
+        "prompt_token_ids": ids if req.return_token_ids else None, "prompt_text": None, "kv_transfer_params": None,
     })  # fmt: skip
 
 
@@ -204,6 +221,7 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
     cached = [0] * params.n
     texts = [""] * params.n if ctx.output_log is not None else None  # each choice's text, for --enable-log-outputs
     groups = ChoiceGroups(ctx.metrics, params.n, 1, params.generate["max_tokens"])
+    recent: list[list[int]] = [[] for _ in range(params.n)]  # each choice's last output tokens: its logprobs' decoding context
 
     def chunk(choices: list[dict], use: dict | None = None) -> dict:
         c = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": ctx.model_name, "choices": choices}
@@ -243,7 +261,8 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
                 ctx.output_log.delta(request_id, d.text, d.token_ids, d.finish_reason)
         lp = None
         if num_logprobs is not None and d.logprobs:
-            lp = chat_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, num_logprobs, as_ids)
+            lp = chat_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, num_logprobs, as_ids, recent[i])
+            recent[i] = (recent[i] + d.token_ids)[-4:]
         if d.finish_reason is not None:
             groups.finished(i, d.finish_reason, len(ids), generated[i])
         if tools is not None:

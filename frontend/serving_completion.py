@@ -3,6 +3,8 @@ string, a list of strings, a token-id list or a list of them; streamed or not.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import msgspec
 from aiohttp import web
 
@@ -12,6 +14,14 @@ from frontend.errors import APIError, bad_request
 from frontend.logits_fields import with_logits_fields
 from frontend.logprobs import completion_logprobs
 from frontend.metrics import ChoiceGroups
+from frontend.prompt_logprobs import (
+    check_logprob_fields,
+    echo_logprobs,
+    join_logprobs,
+    model_vocab_size,
+    num_prompt_logprobs,
+    prompt_logprobs_json,
+)
 from frontend.protocol import CompletionRequest
 from frontend.request_fields import check_unhonoured
 from frontend.sampling import (
@@ -39,6 +49,7 @@ from frontend.serving import (
 from frontend.streaming import ClientGone, StreamedChoices, TextChunk
 from frontend.structured_outputs import with_structured_outputs
 from frontend.truncation import check_truncation, encode_truncated, tokens_kept, truncate_ids
+from protocol.prompt_logprobs import PromptLogprobs
 
 _encode = msgspec.json.encode
 
@@ -79,6 +90,7 @@ async def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
     its text where one was given, max_tokens, engine params). Shared by the endpoint
     and its render. ``rendered()``, if given, is called between the prompts' checks and
     the sampling fields' (where vLLM's request gets its id)."""
+    check_logprob_fields(req, "logprobs")
     ctx.check_model(req.model)
     check_unhonoured(req, "completion")
     if req.suffix is not None:
@@ -92,7 +104,14 @@ async def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
         rendered()
     # NOTE: one budget for every prompt (they share EngineParams): the longest prompt's.
     max_tokens = output_budget(req.max_tokens, max(len(p) for p in prompts), ctx.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)
-    params = engine_params(req, max_tokens, req.logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
+    if req.echo and req.max_tokens == 0:
+        max_tokens = 1  # NOTE: vLLM's echo without generation: one token is sampled, and only the prompt shown
+    # vLLM's -1: the whole vocabulary (over any --max-logprobs this server allows)
+    num_logprobs = req.logprobs if req.logprobs != -1 else model_vocab_size(ctx.model_path) or ctx.tokenizer.vocab_size
+    params = engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
+    plp = num_prompt_logprobs(req, ctx, req.prompt_logprobs if req.prompt_logprobs is not None or not req.echo else req.logprobs)
+    if plp is not None:
+        params = replace(params, generate={**params.generate, "prompt_logprobs": plp})
     return prompts, texts, max_tokens, with_logits_fields(params, req, ctx.tokenizer, ctx.vocab_size)
 
 
@@ -113,21 +132,36 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
         return await _stream(ctx, request, req, request_id, prompts, params, echo, as_ids)
 
     choices = await collect(ctx, request_id, prompts, params)
+    echo_only = req.echo and req.max_tokens == 0
     out = []
     for c in choices:
-        prefix = echo[c.index // n]
+        prompt = prompts[c.index // n]
         lp = None
         if req.logprobs is not None:
-            lp = completion_logprobs(ctx.tokenizer, c.token_ids, c.logprobs, req.logprobs, as_ids, len(prefix))
-        out.append({"index": c.index, "text": prefix + c.text, "logprobs": lp, "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason, "token_ids": c.token_ids if req.return_token_ids else None,
-                    "prompt_logprobs": None, "prompt_token_ids": prompts[c.index // n] if req.return_token_ids else None})  # fmt: skip
+            lp = _choice_logprobs(ctx, req, prompt, c.prompt_logprobs, c.token_ids, c.logprobs, as_ids, echo_only)
+        out.append({"index": c.index, "text": echo[c.index // n] + ("" if echo_only else c.text), "logprobs": lp,
+                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, "token_ids": c.token_ids if req.return_token_ids else None,
+                    "prompt_logprobs": prompt_logprobs_json(ctx.tokenizer, prompt, c.prompt_logprobs),
+                    "prompt_token_ids": prompt if req.return_token_ids else None})  # fmt: skip
     num_prompt = sum(len(p) for p in prompts)
     return json_response({
         "id": request_id, "object": "text_completion", "created": now(), "model": ctx.model_name, "choices": out,
         "usage": usage(num_prompt, sum(len(c.token_ids) for c in choices), ctx.cached(cached_tokens(choices, n))),
         "system_fingerprint": None, "kv_transfer_params": None,
     })  # fmt: skip
+
+
+def _choice_logprobs(ctx, req, prompt, plp: PromptLogprobs | None, token_ids, logprobs, as_ids: bool, echo_only: bool,
+                     text_offset: int = 0) -> dict:  # fmt: skip
+    """A choice's (or a stream's first chunk's) completion logprobs: with echo the prompt's
+    tokens first (vLLM's prompt logprobs), then the generated ones (none when echo_only)."""
+    if not req.echo or plp is None:
+        return completion_logprobs(ctx.tokenizer, token_ids, logprobs, req.logprobs, as_ids, text_offset)
+    head = echo_logprobs(ctx.tokenizer, prompt, plp, req.logprobs, as_ids, text_offset)
+    if echo_only:
+        return head
+    end = head["text_offset"][-1] + len(head["tokens"][-1])
+    return join_logprobs(head, completion_logprobs(ctx.tokenizer, token_ids, logprobs, req.logprobs, as_ids, end))
 
 
 async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) -> web.StreamResponse:
@@ -139,11 +173,13 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
     generated = [0] * (len(prompts) * n)
     cached = [0] * len(generated)
     groups = ChoiceGroups(ctx.metrics, n, len(prompts), params.generate["max_tokens"])
-    offsets = [len(echo[i // n]) for i in range(len(generated))]
+    offsets = [0] * len(generated)
+    recent: list[list[int]] = [[] for _ in generated]  # each choice's last output tokens: its logprobs' decoding context
     first = [bool(req.echo)] * len(generated)
     # return_token_ids: each choice's first chunk carries its prompt's ids, every chunk its new ones
     with_ids = bool(req.return_token_ids)
     ids_sent = [False] * len(generated)
+    echo_only = req.echo and req.max_tokens == 0
 
     def chunk(choices: list[dict], use: dict | None = None) -> dict:
         c = {"id": request_id, "object": "text_completion", "created": created, "model": ctx.model_name, "choices": choices}
@@ -162,12 +198,17 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
         generated[i] += len(d.token_ids)
         cached[i] = max(cached[i], d.num_cached_tokens)
         text = d.text
-        if first[i]:
-            text, first[i] = echo[i // n] + text, False
         lp = None
-        if req.logprobs is not None and d.logprobs:
-            lp = completion_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, req.logprobs, as_ids, offsets[i])
-            offsets[i] += sum(len(t) for t in lp["tokens"])
+        if first[i]:
+            # vLLM's first chunk under echo: the prompt (and its logprobs), then the first token's unless echo_only
+            text, first[i] = echo[i // n] + ("" if echo_only else text), False
+            if req.logprobs is not None:
+                lp = _choice_logprobs(ctx, req, prompts[i // n], d.prompt_logprobs, d.token_ids, d.logprobs or [], as_ids, echo_only)
+        elif req.logprobs is not None and d.logprobs:
+            lp = completion_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, req.logprobs, as_ids, offsets[i], recent[i])
+        if lp is not None and lp["tokens"]:
+            offsets[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+            recent[i] = (recent[i] + d.token_ids)[-4:]
         elif not text and d.finish_reason is None and not with_ids:
             return None  # NOTE: as vLLM, a token with no text yet is still sent when it has logprobs (or its ids)
         if d.finish_reason is not None:

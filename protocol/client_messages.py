@@ -16,6 +16,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
+from protocol.prompt_logprobs import PromptLogprobs
 from protocol.structured_output import GrammarSpec
 
 TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
@@ -64,6 +65,9 @@ class Generate(msgspec.Struct, tag="generate", tag_field="type", omit_defaults=T
     # Structured outputs (checked and converted by the frontend, as vLLM's API server):
     # every sampled token must keep the output inside this grammar.
     structured_outputs: GrammarSpec | None = None
+    # Every prompt token's logprob and the top-k (k <= 20), with the first output token.
+    # As vLLM, such a request never reads the prefix cache (skip_reading_prefix_cache).
+    prompt_logprobs: int | None = None
 
 
 class Abort(msgspec.Struct, tag="abort", tag_field="type", forbid_unknown_fields=True):
@@ -102,6 +106,8 @@ class TokenOutput(msgspec.Struct, omit_defaults=True, gc=False):
     num_cached_tokens: int = 0
     # One per new token when the request asked for logprobs.
     logprobs: list[TokenLogprobs] | None = None
+    # With the first output token, when the request asked for prompt_logprobs.
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class EngineCoreOutputs(msgspec.Struct, tag="outputs", tag_field="type", omit_defaults=True, gc=False):

@@ -39,6 +39,9 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     allowed_token_ids: list[int] | None = None
     logit_bias: dict[int, float] | None = None
     bad_words_token_ids: list[list[int]] = []
+    # Each prompt token's logprob and the top-k (k <= MAX_LOGPROBS) at every prompt
+    # position, returned once with the first sampled token (protocol.prompt_logprobs).
+    prompt_logprobs: int | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -98,6 +101,12 @@ def check_sampling(msg, vocab_size: int | None = None) -> None:
         raise SamplingError(
             f"Requested sample logprobs of {msg.logprobs}, which is greater than max allowed: {MAX_LOGPROBS}", "logprobs"
         )
+    prompt_logprobs = getattr(msg, "prompt_logprobs", None)
+    if prompt_logprobs is not None and prompt_logprobs < 0:
+        raise out_of_range("prompt_logprobs", "must be non-negative")
+    if prompt_logprobs is not None and prompt_logprobs > MAX_LOGPROBS:
+        raise SamplingError(f"Requested prompt logprobs of {prompt_logprobs}, which is greater than max allowed: {MAX_LOGPROBS}",
+                            "prompt_logprobs")  # fmt: skip
     if msg.seed is not None and not -(2**63) <= msg.seed < 2**63:
         raise out_of_range("seed", "must fit in 64 bits")
     if vocab_size is not None:
@@ -147,5 +156,6 @@ def sampling_params_of(msg, eos_token_ids: tuple[int, ...] = ()) -> SamplingPara
         stop_token_ids=stop if msg.min_tokens else [], logprobs=msg.logprobs,
         allowed_token_ids=msg.allowed_token_ids or None, logit_bias=msg.logit_bias or None,
         bad_words_token_ids=msg.bad_words_token_ids,
+        prompt_logprobs=getattr(msg, "prompt_logprobs", None),
     )
     return None if p == GREEDY else p

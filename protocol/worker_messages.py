@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
+from protocol.prompt_logprobs import PromptLogprobs
 from protocol.sampling_params import SamplingParams
 from protocol.structured_output import GrammarSpec, RowGrammar
 
@@ -159,6 +160,10 @@ class StepResult(msgspec.Struct, **_OPTS, tag=5):
     execute_time_s: float = 0.0
     # Only rows that asked for logprobs, in seq_ids order.
     logprobs: list[SampledLogprobs] = []
+    # seq_id -> what this step's tokens scored of its prompt (rows that asked for prompt
+    # logprobs only), and an entry, maybe empty, for such a row sampling its first token:
+    # the scheduler joins them (scheduler.sched.prompt_logprobs).
+    prompt_logprobs: dict[int, PromptLogprobs] = {}
 
 
 class WorkerError(msgspec.Struct, **_OPTS, tag=6):

@@ -302,4 +302,4 @@ class WorkerProcess:
             SampledLogprobs(sid, lp.logprob, lp.top_token_ids, lp.top_logprobs)
             for sid, lp in zip(out.seq_ids, out.logprobs, strict=True) if lp is not None
         ]
-        return StepResult(plan.step_id, out.seq_ids, out.sampled_token_ids, elapsed, logprobs)
+        return StepResult(plan.step_id, out.seq_ids, out.sampled_token_ids, elapsed, logprobs, out.prompt_logprobs or {})

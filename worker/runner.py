@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from protocol.prompt_logprobs import PromptLogprobs
 from protocol.worker_messages import RequestRow, StepPlan
 from worker.attention.paged_attention import DEFAULT_WORKSPACE_BYTES, PagedAttention
 from worker.block_table import BlockTable
@@ -22,6 +23,7 @@ from worker.grammar_bitmask import GrammarRows
 from worker.grammar_compiler import GrammarCompiler
 from worker.models.decoder import DecoderModel
 from worker.plan_check import Limits, RowView, check_plan
+from worker.prompt_logprobs import PromptChunk, PromptLogprobsState
 from worker.sampling_state import RowLogprobs, SamplingState
 from worker.tier_copies import TierCopier
 
@@ -40,6 +42,7 @@ class ModelRunnerOutput:
     logits: torch.Tensor | None  # (len(seq_ids), V), row i for seq_ids[i]
     num_scheduled_tokens: int
     logprobs: list[RowLogprobs | None] | None = None  # per seq_ids[i], when asked
+    prompt_logprobs: dict[int, PromptLogprobs] | None = None  # seq_id -> its prompt's, when asked
 
 
 @dataclass(slots=True)
@@ -90,6 +93,7 @@ class ModelRunner:
         self.sampling = SamplingState(max_num_seqs, model.config.vocab_size, self.device, seed)
         # Structured outputs, where tokens are sampled (None on other TP ranks: they ignore grammars).
         self.grammars = None if grammar_compiler is None else GrammarRows(grammar_compiler, max_num_seqs, model.config.vocab_size)
+        self.prompt_logprobs = PromptLogprobsState()
         self.rows: dict[int, RowState] = {}
         # NOTE: False on tensor-parallel ranks other than 0: they run the model, rank 0
         # samples, and its tokens reach them through append_sampled before the next plan.
@@ -114,8 +118,11 @@ class ModelRunner:
         self.sampling.add(table_row, None if sampling is None else sampling.params, row.token_ids, num_prompt)
         if sampling is not None and sampling.grammar is not None and self.grammars is not None:
             self.grammars.add(table_row, sampling.grammar, row.token_ids[num_prompt:])
+        if sampling is not None:
+            self.prompt_logprobs.add(row.seq_id, sampling.params.prompt_logprobs, row.token_ids, num_prompt)
 
     def _remove(self, seq_id: int) -> None:
+        self.prompt_logprobs.remove(seq_id)
         self.sampling.remove(self.block_table.row_of[seq_id])
         if self.grammars is not None:
             self.grammars.remove(self.block_table.row_of[seq_id])
@@ -174,14 +181,32 @@ class ModelRunner:
             self.block_table.block_table, slot_mapping, inputs.decode_rows, inputs.decode_context_lens, inputs.prefills
         )
         hidden = self.model.forward(token_ids, positions, self.attention.for_step(md))  # (T, H)
+        # NOTE: only rank 0 samples, so only it scores prompts (tensor parallelism).
+        scored = self._prompt_logprobs(hidden, inputs) if self.prompt_logprobs.pending and self.samples else None
         sample_seq, sample_idx = self._advance(inputs)
         self.num_tokens_computed += num_tokens
         self.kv_bytes_written += num_tokens * self._kv_bytes_per_token
         if not sample_seq:
-            return ModelRunnerOutput([], [], None, num_tokens)
+            return ModelRunnerOutput([], [], None, num_tokens, prompt_logprobs=scored)
         if not self.samples:
             return ModelRunnerOutput(sample_seq, [], None, num_tokens)
-        return self._sample(hidden, sample_seq, sample_idx, num_tokens)
+        out = self._sample(hidden, sample_seq, sample_idx, num_tokens)
+        if scored is not None:
+            out.prompt_logprobs = self.prompt_logprobs.finish(scored, sample_seq)
+        return out
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: _StepInputs) -> dict[int, PromptLogprobs]:
+        """hidden (T, H): what this step's tokens of pending rows score of their prompts
+        (before ``_advance``: computed counts are the step's start), by seq_id."""
+        pending, rows = self.prompt_logprobs.pending, self.rows
+        chunks = [PromptChunk(sid, i, rows[sid].num_computed_tokens, 1)
+                  for i, sid in enumerate(inputs.decode_seq_ids) if sid in pending]  # fmt: skip
+        offset = len(inputs.decode_seq_ids)
+        for sid, (_, c, n) in zip(inputs.prefill_seq_ids, inputs.prefills, strict=True):
+            if sid in pending:
+                chunks.append(PromptChunk(sid, offset, c, n))
+            offset += n
+        return self.prompt_logprobs.compute(self.model.compute_logits, hidden, chunks, lambda sid: rows[sid].token_ids) if chunks else {}
 
     def _prepare_inputs(self, plan: StepPlan) -> _StepInputs:
         """The step's tokens laid out decodes (one token) first, then prefill chunks:

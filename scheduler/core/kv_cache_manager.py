@@ -75,8 +75,9 @@ class KVCacheManager:
 
         ``record_stats=False`` lets a caller count the lookup only once it admits the
         request (`record_prefix_cache_query`), so a request that waits several steps
-        for room is counted once."""
-        if not self.enable_caching:
+        for room is counted once. A request that skips reading the cache finds nothing
+        and is not counted (vLLM's ``prefix_cache_lookup_enabled``)."""
+        if not self.prefix_cache_lookup_enabled(request):
             return [], 0
         max_hit_blocks = min((request.num_tokens - 1) // self.block_size, len(request.block_hashes))
         get_one_block = self.block_pool.cached_block_hash_to_block.get_one_block
@@ -95,6 +96,10 @@ class KVCacheManager:
             num_host_hit_tokens = num_computed_tokens - len(computed) * self.block_size
             self.record_prefix_cache_query(request.num_tokens, num_computed_tokens, request.num_preemptions > 0, num_host_hit_tokens)
         return computed, num_computed_tokens
+
+    def prefix_cache_lookup_enabled(self, request: KVCacheRequest) -> bool:
+        """Whether a lookup may run for ``request`` (and count in the prefix-cache stats)."""
+        return self.enable_caching and not request.skip_reading_prefix_cache
 
     def record_prefix_cache_query(self, num_tokens: int, num_hit_tokens: int, preempted: bool = False, num_host_hit_tokens: int = 0) -> None:
         """Count one admission's lookup; ``preempted``: the request is resumed after

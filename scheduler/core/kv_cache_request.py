@@ -23,6 +23,9 @@ class KVCacheRequest(Protocol):
     alloc_noop_until: int
     # Times preempted so far: a resumed request's lookups are counted apart.
     num_preemptions: int
+    # vLLM's: never read the prefix cache (a request for prompt logprobs must compute
+    # every prompt position); its full blocks are still cached for others.
+    skip_reading_prefix_cache: bool
 
     @property
     def num_tokens(self) -> int: ...

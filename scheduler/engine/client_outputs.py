@@ -14,14 +14,17 @@ from collections.abc import Iterable
 
 from protocol.client_messages import EngineCoreOutputs, TokenLogprobs, TokenOutput
 from protocol.codec import Codec
+from protocol.prompt_logprobs import PromptLogprobs
 from protocol.worker_messages import SampledLogprobs
 from scheduler.engine.sockets import RouterPort
 from scheduler.sched.outputs import StepTokens
 from scheduler.sched.request import Request
 
 
-def outputs_by_client(step: StepTokens, logprobs: Iterable[SampledLogprobs] = ()) -> dict[bytes, EngineCoreOutputs]:
-    """client id -> that client's TokenOutputs of this step, in batch order."""
+def outputs_by_client(step: StepTokens, logprobs: Iterable[SampledLogprobs] = (),
+                      prompt_logprobs: dict[int, PromptLogprobs] | None = None) -> dict[bytes, EngineCoreOutputs]:  # fmt: skip
+    """client id -> that client's TokenOutputs of this step, in batch order.
+    ``prompt_logprobs`` (seq_id -> them): with the first token of the rows that asked."""
     batches: dict[bytes, list[TokenOutput]] = {}
     outputs: list[TokenOutput] = []
     for r, token_id in zip(step.requests, step.token_ids, strict=True):
@@ -43,6 +46,11 @@ def outputs_by_client(step: StepTokens, logprobs: Iterable[SampledLogprobs] = ()
             i = index.get(lp.seq_id)
             if i is not None:
                 outputs[i].logprobs = [TokenLogprobs(lp.logprob, lp.top_token_ids, lp.top_logprobs)]
+    if prompt_logprobs:
+        for i, r in enumerate(step.requests):
+            plp = prompt_logprobs.get(r.seq_id)
+            if plp is not None:
+                outputs[i].prompt_logprobs = plp
     return {client: EngineCoreOutputs(batch) for client, batch in batches.items()}
 
 

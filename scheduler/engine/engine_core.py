@@ -48,6 +48,7 @@ from scheduler.engine.worker_checks import check_result
 from scheduler.engine.worker_link import HEARTBEAT_INTERVAL_S, WorkerLost
 from scheduler.engine.worker_side import WorkerSide
 from scheduler.sched.outputs import SchedulerOutput, StepTokens
+from scheduler.sched.prompt_logprobs import gather_prompt_logprobs
 from scheduler.sched.request import RequestStatus
 
 log = logging.getLogger("scheduler")
@@ -59,6 +60,7 @@ class _Done:
 
     outputs: StepTokens
     logprobs: list  # StepResult.logprobs
+    prompt_logprobs: dict  # seq_id -> the whole prompt's, with the first token (scheduler.sched.prompt_logprobs)
     nbytes: int
     seconds: float
     # (flops, bytes read, bytes written) per GPU, with --enable-mfu-metrics.
@@ -292,6 +294,7 @@ class EngineCore:
         """The step's result into the scheduler; None (the worker lost) if it is not believable."""
         try:
             check_result(result, self.state.limits.vocab_size)
+            prompt_logprobs = gather_prompt_logprobs(self.state.scheduler.seq_id_to_request, result)
             outputs = self.state.scheduler.update_from_output(result)
         except ValueError as e:
             self.worker.lose(str(e))
@@ -301,11 +304,11 @@ class EngineCore:
         # adds its own; whatever publishes next sends them first.
         if self.kv_event_publisher is not None:
             self._step_kv_events = self.kv_event_sink.take()
-        return _Done(outputs, result.logprobs, nbytes, time.perf_counter() - t0, perf)
+        return _Done(outputs, result.logprobs, prompt_logprobs, nbytes, time.perf_counter() - t0, perf)
 
     async def _deliver(self, done: _Done) -> None:
         """A finished step's outputs to its clients, then its metrics and KV events."""
-        await self.client_side.send_outputs(outputs_by_client(done.outputs, done.logprobs))
+        await self.client_side.send_outputs(outputs_by_client(done.outputs, done.logprobs, done.prompt_logprobs))
         self.metrics.observe_step(done.outputs, done.nbytes, done.seconds)
         if done.perf is not None:
             self.metrics.observe_perf(*done.perf)

@@ -42,7 +42,8 @@ class Request:
         "num_cached_tokens", "num_external_cached_tokens", "block_hashes", "block_hasher", "arrival_time", "scheduled_time",
         "first_token_time",
         "last_token_time", "num_preemptions", "alloc_noop_until", "max_num_tokens", "stop_token_ids", "append_only_below",
-        "min_tokens", "sampling", "priority", "grammar",
+        "min_tokens", "sampling", "priority", "grammar", "skip_reading_prefix_cache",
+        "prompt_logprobs",
     )  # fmt: skip
 
     def __init__(
@@ -121,6 +122,12 @@ class Request:
             self.sampling = RowSampling(self.num_prompt_tokens, sampling or GREEDY, row_grammar)
         else:
             self.sampling = None if sampling is None else RowSampling(self.num_prompt_tokens, sampling)
+        # vLLM's: a request for prompt logprobs never reads the prefix cache (every prompt
+        # position must be computed to be scored); it still caches its own full blocks.
+        self.skip_reading_prefix_cache = sampling is not None and sampling.prompt_logprobs is not None
+        # The prompt logprobs the worker sent so far, until the first token takes them
+        # (scheduler.sched.prompt_logprobs); None when not asked, or not yet.
+        self.prompt_logprobs = None
         # The scheduler's (the core never sees it): while the request holds fewer
         # tokens than this, a sampled token fills no block, reaches no limit and is
         # not its first: it is only appended (update_from_output's fast path). 0: not yet.

@@ -256,7 +256,8 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
                 break  # nobody overtakes the head of the queue
             # NOTE: admitted before (resumed after a preemption or a lost worker): counted apart.
             num_host_hit_tokens = num_hit_tokens - len(hits) * self.block_size
-            kv.record_prefix_cache_query(request.num_tokens, num_hit_tokens, request.num_cached_tokens >= 0, num_host_hit_tokens)
+            if kv.prefix_cache_lookup_enabled(request):  # NOTE: vLLM counts no lookup of a request that skips the cache
+                kv.record_prefix_cache_query(request.num_tokens, num_hit_tokens, request.num_cached_tokens >= 0, num_host_hit_tokens)
             waiting.popleft()
             running.append(request)
             if request.num_cached_tokens < 0:
@@ -287,6 +288,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
         self.kv_cache_manager.free(request, num_computed_tokens)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.prompt_logprobs = None  # NOTE: the worker scores its prompt afresh, from position 0
         self.waiting.appendleft(request)
 
     def update_from_output(self, result: StepResult) -> StepTokens:
