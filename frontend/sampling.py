@@ -13,7 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from frontend.errors import APIError, bad_request
-from protocol.sampling_params import MAX_LOGPROBS, SamplingError, check_sampling
+from protocol.sampling_params import GREEDY_TEMPERATURE, MAX_LOGPROBS, SamplingError, check_sampling
 
 # vLLM's defaults where neither the request nor generation_config.json says.
 VLLM_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
@@ -103,6 +103,9 @@ def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict
         check_sampling(fields)
     except SamplingError as e:
         raise bad_request(str(e), e.param) from None
+    if req.n > 1 and fields.temperature < GREEDY_TEMPERATURE:
+        # NOTE: vLLM's _verify_greedy_sampling: n greedy samples would all be the same.
+        raise bad_request(f"n must be 1 when using greedy sampling, got {req.n}.")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     generate = {
         "max_tokens": max_tokens, "ignore_eos": req.ignore_eos, "temperature": float(fields.temperature),

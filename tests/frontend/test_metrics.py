@@ -85,7 +85,7 @@ def test_a_served_chat_request_with_n_2(served, model):
              "vllm:request_generation_tokens_sum")  # fmt: skip
     before = page()
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "n": 2,
-                       "ignore_eos": True, "temperature": 0}).encode()  # fmt: skip
+                       "ignore_eos": True, "temperature": 1.0, "seed": 3}).encode()  # n > 1 samples, as vLLM requires  # fmt: skip
     req = urllib.request.Request(served.base_url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
         assert len(json.loads(r.read())["choices"]) == 2
