@@ -51,7 +51,7 @@ FIELDS: dict[str, RequestField] = {
     "top_logprobs": RequestField(_H, "chat: the top-k with logprobs=true", CHAT),
     "max_tokens": RequestField(_H, "bounded by the context left, as vLLM's get_max_tokens"),
     "max_completion_tokens": RequestField(_H, "chat: wins over max_tokens", CHAT),
-    "n": RequestField(_H, "n engine requests, choices in order"),
+    "n": RequestField(_H, "n engine requests, choices in order (n > 1 needs sampling, as vLLM)"),
     "seed": RequestField(_H, "a generator of its own per request"),
     "stop": RequestField(_H, "stop strings matched by the frontend on the detokenized text"),
     "stream": RequestField(_H, "server-sent events"),
@@ -60,7 +60,8 @@ FIELDS: dict[str, RequestField] = {
     "temperature": RequestField(_H, "the worker's sampler"),
     "top_p": RequestField(_H, "the worker's sampler"),
     "user": RequestField(_N, "vLLM ignores it (its protocol says so)"),
-    "response_format": RequestField(_H, "text, json_object, json_schema through xgrammar"),
+    "response_format": RequestField(_H, "text, json_object, json_schema through xgrammar (type structural_tag refused by "
+                                        "name)"),  # fmt: skip
     "tools": RequestField(_H, "passed to the chat template; calls parsed with --tool-call-parser", CHAT),
     "tool_choice": RequestField(_H, "none, auto (--enable-auto-tool-choice), required and named (forced through "
                                     "structured outputs)", CHAT),  # fmt: skip
@@ -82,7 +83,8 @@ FIELDS: dict[str, RequestField] = {
     "min_tokens": RequestField(_H, "EOS and stop ids masked in the worker until reached"),
     "skip_special_tokens": RequestField(_H, "the frontend's detokenizer"),
     "spaces_between_special_tokens": RequestField(_H, "the frontend's detokenizer"),
-    "truncate_prompt_tokens": RequestField(_H, "the prompt cut in the frontend before the length check"),
+    "truncate_prompt_tokens": RequestField(_H, "the prompt's last k tokens kept (-1: the context less one) before the length "
+                                               "check"),  # fmt: skip
     "truncation_side": RequestField(_H, "which end truncate_prompt_tokens keeps"),
     "allowed_token_ids": RequestField(_H, "every other token masked in the worker"),
     "prompt_logprobs": RequestField(_H, "computed by the worker during prefill; such a request skips reading the "
@@ -98,10 +100,12 @@ FIELDS: dict[str, RequestField] = {
     "documents": RequestField(_H, "the chat template's variable", CHAT),
     "chat_template": RequestField(_H, "only with --trust-request-chat-template, as vLLM", CHAT),
     "chat_template_kwargs": RequestField(_H, "the chat template's variables, over --default-chat-template-kwargs", CHAT),
-    "media_io_kwargs": RequestField(_N, f"{_MM}; vLLM reads them for media inputs only, which kvpool refuses", CHAT),
-    "mm_processor_kwargs": RequestField(_N, f"{_MM}; vLLM reads them for media inputs only, which kvpool refuses",
+    "media_io_kwargs": RequestField(_R, "vLLM's 400 without --trust-request-mm-kwargs, which kvpool refuses (text only)",
+                                    CHAT),  # fmt: skip
+    "mm_processor_kwargs": RequestField(_R, "vLLM's 400 without --trust-request-mm-kwargs, which kvpool refuses (text only)",
                                         CHAT),  # fmt: skip
-    "structured_outputs": RequestField(_H, "json, regex, choice, grammar, json_object through xgrammar"),
+    "structured_outputs": RequestField(_H, "json, regex, choice, grammar, json_object, structural_tag through xgrammar, "
+                                           "compiled on the worker"),  # fmt: skip
     "priority": RequestField(_H, "--scheduling-policy priority (the X-Vllm-Priority header wins)"),
     "request_id": RequestField(_H, "the response id; the engine's id adds a random suffix"),
     "session_id": RequestField(_N, "vLLM hands it to KV connectors, which kvpool does not have"),
@@ -146,8 +150,6 @@ class UnhonouredFields(msgspec.Struct, kw_only=True):
     kv_transfer_params: dict[str, Any] | None = None
     ec_transfer_params: dict[str, Any] | None = None
     vllm_xargs: dict[str, Any] | None = None
-    media_io_kwargs: dict[str, Any] | None = None
-    mm_processor_kwargs: dict[str, Any] | None = None
 
 
 def check_unhonoured(req: UnhonouredFields, endpoint: str, num_prompt_tokens: int | None = None) -> None:
