@@ -134,16 +134,36 @@ def with_header_priority(params: EngineParams, headers) -> EngineParams:
     return replace(params, generate={**params.generate, "priority": priority})
 
 
-def check_prompt_length(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> None:
-    """vLLM's ``_validate_input`` for completion-like requests, its wording."""
-    if num_prompt_tokens >= max_model_len:
+def check_output_tokens(max_tokens: int | None, max_model_len: int, param: str = "max_tokens") -> None:
+    """vLLM 0.32's ``TokenizeParams`` check, before tokenizing: no output budget over the
+    whole context (one that only overflows with the prompt gets less: ``output_budget``)."""
+    if max_tokens is not None and max_tokens > max_model_len:
+        raise bad_request(f"{param}={max_tokens} cannot be greater than max_model_len={max_model_len}. Please request "
+                          f"fewer output tokens. (parameter={param}, value={max_tokens})", param)  # fmt: skip
+
+
+def check_prompt_length(num_prompt_tokens: int, max_model_len: int, from_text: bool = False) -> None:
+    """vLLM 0.32's renderer check (``_token_len_check``), its words: the prompt alone must
+    fit the context. vLLM tokenizes a text at most max_model_len + 1 tokens deep, so for
+    one it names "at least" that many."""
+    if num_prompt_tokens <= max_model_len:
+        return
+    count = min(num_prompt_tokens, max_model_len + 1) if from_text else num_prompt_tokens
+    at_least = "at least " if count == max_model_len + 1 else ""
+    raise bad_request(
+        f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains {at_least}{count} "
+        "input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input "
+        f"prompt. (parameter=input_tokens, value={count})", "input_tokens",
+    )  # fmt: skip
+
+
+def check_prompt_chars(text: str, max_model_len: int, max_chars_per_token: int) -> None:
+    """vLLM 0.32's ``_text_len_check``: a text longer than the context could hold even at
+    the vocabulary's longest token is refused before it is tokenized."""
+    limit = max_model_len * max_chars_per_token
+    if len(text) > limit:
         raise bad_request(
-            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
-            f"{num_prompt_tokens} input tokens. Please reduce the length of the input messages.", "input_tokens",
-        )  # fmt: skip
-    if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
-        raise bad_request(
-            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum context "
-            f"length is {max_model_len} tokens and your request has {num_prompt_tokens} input tokens "
-            f"({max_tokens} > {max_model_len} - {num_prompt_tokens}).", "max_tokens",
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains {len(text)} "
+            f"characters (more than {limit} characters, which is the upper bound for {max_model_len} input tokens). "
+            f"Please reduce the length of the input prompt. (parameter=input_text, value={len(text)})", "input_text",
         )  # fmt: skip

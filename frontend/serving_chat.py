@@ -35,6 +35,7 @@ from frontend.protocol import ChatCompletionRequest
 from frontend.request_fields import check_unhonoured
 from frontend.sampling import (
     EngineParams,
+    check_output_tokens,
     check_prompt_length,
     engine_params,
     output_budget,
@@ -132,6 +133,10 @@ async def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest,
         raise bad_request("messages must not be empty", "messages")
     if req.top_logprobs and not req.logprobs:
         raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+    if req.max_completion_tokens is not None:
+        check_output_tokens(req.max_completion_tokens, ctx.max_model_len, "max_completion_tokens")
+    else:
+        check_output_tokens(req.max_tokens, ctx.max_model_len)
     check_truncation(req.truncate_prompt_tokens, ctx.max_model_len)
     check_chat_fields(req)
     check_tool_parsing(req, ctx.tool_parser)
@@ -146,7 +151,7 @@ async def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest,
     keep = tokens_kept(req.truncate_prompt_tokens, ctx.max_model_len,
                        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens)  # fmt: skip
     ids = truncate_ids(ids, keep, req.truncation_side)
-    check_prompt_length(len(ids), requested, ctx.max_model_len)
+    check_prompt_length(len(ids), ctx.max_model_len, from_text=True)
     check_unhonoured(req, "chat", len(ids))
     if rendered is not None:
         rendered()

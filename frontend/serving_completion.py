@@ -26,6 +26,8 @@ from frontend.protocol import CompletionRequest
 from frontend.request_fields import check_unhonoured
 from frontend.sampling import (
     EngineParams,
+    check_output_tokens,
+    check_prompt_chars,
     check_prompt_length,
     engine_params,
     output_budget,
@@ -71,6 +73,8 @@ async def prompt_token_ids(ctx: ServingContext, req: CompletionRequest) -> tuple
     keep, side = tokens_kept(req.truncate_prompt_tokens, ctx.max_model_len, req.max_tokens), req.truncation_side
     for one in p:
         if isinstance(one, str):
+            if req.truncate_prompt_tokens is None:
+                check_prompt_chars(one, ctx.max_model_len, ctx.tokenizer.max_chars_per_token)
             ids.append(await ctx.tokenizer.in_pool(lambda tok, one=one: encode_truncated(tok, one, req.add_special_tokens, keep, side)))
             texts.append(one)
         else:
@@ -95,10 +99,11 @@ async def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
     check_unhonoured(req, "completion")
     if req.suffix is not None:
         raise bad_request("suffix is not currently supported", "suffix")
+    check_output_tokens(req.max_tokens, ctx.max_model_len)
     check_truncation(req.truncate_prompt_tokens, ctx.max_model_len)
     prompts, texts = await prompt_token_ids(ctx, req)
-    for ids in prompts:
-        check_prompt_length(len(ids), req.max_tokens, ctx.max_model_len)
+    for ids, text in zip(prompts, texts, strict=True):
+        check_prompt_length(len(ids), ctx.max_model_len, from_text=text is not None)
         check_unhonoured(req, "completion", len(ids))
     if rendered is not None:
         rendered()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -73,6 +74,11 @@ class Tokenizer:
     def vocab_size(self) -> int:
         """Every id the tokenizer knows, added tokens included (``len(tokenizer)``)."""
         return self._len
+
+    @functools.cached_property
+    def max_chars_per_token(self) -> int:
+        """The longest token's text in the vocabulary (vLLM's bound on a prompt's characters)."""
+        return max(len(t) for t in self.get_vocab())
 
     def get_vocab(self) -> dict[str, int]:
         """Every token's id, added tokens included (transformers' ``get_vocab``)."""

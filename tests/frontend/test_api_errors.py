@@ -42,11 +42,41 @@ def test_unknown_model_is_404(served):
 
 
 def test_prompt_over_the_context_length_uses_vllms_wording(served, model):
+    # vLLM 0.32's renderer (checked against a live vllm serve): the prompt alone must fit;
+    # a token prompt one over the context reads "at least", as its text tokenization stops there.
+    e = error_of(post(served, "/v1/completions", {"model": model, "prompt": [7] * 1100, "max_tokens": 1}), 400)
+    assert e["message"] == ("This model's maximum context length is 1024 tokens. However, your prompt contains 1100 input "
+                            "tokens, which exceeds this limit even without any output tokens. Please reduce the length of "
+                            "the input prompt. (parameter=input_tokens, value=1100)") and e["param"] == "input_tokens"  # fmt: skip
+    e = error_of(post(served, "/v1/completions", {"model": model, "prompt": [7] * 1025, "max_tokens": 1}), 400)
+    assert "your prompt contains at least 1025 input tokens" in e["message"]
+    # A prompt that fills the context leaves no output: vLLM's get_max_tokens gives 0.
     e = error_of(post(served, "/v1/completions", {"model": model, "prompt": [7] * 1024, "max_tokens": 1}), 400)
-    assert e["message"] == ("This model's maximum context length is 1024 tokens. However, your request has 1024 input "
-                            "tokens. Please reduce the length of the input messages.")  # fmt: skip
-    e = error_of(post(served, "/v1/completions", {"model": model, "prompt": [5] * 1000, "max_tokens": 100}), 400)
-    assert e["message"].startswith("'max_tokens' or 'max_completion_tokens' is too large: 100.") and e["param"] == "max_tokens"
+    assert e["message"] == "max_tokens must be at least 1, got 0." and e["param"] == "max_tokens"
+    # An output budget over the whole context is refused before tokenizing.
+    e = error_of(post(served, "/v1/completions", {"model": model, "prompt": "x", "max_tokens": 2000}), 400)
+    assert e["message"] == ("max_tokens=2000 cannot be greater than max_model_len=1024. Please request fewer output "
+                            "tokens. (parameter=max_tokens, value=2000)") and e["param"] == "max_tokens"  # fmt: skip
+    e = error_of(post(served, "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "x"}],
+                                                        "max_completion_tokens": 2000}), 400)  # fmt: skip
+    assert e["param"] == "max_completion_tokens" and e["message"].startswith("max_completion_tokens=2000 cannot be greater")
+
+
+def test_an_output_budget_over_what_the_prompt_leaves_gets_what_is_left(served, model):
+    # vLLM 0.32 answers 200 and generates at most the context's rest (get_max_tokens).
+    status, body = post(served, "/v1/completions", {"model": model, "prompt": [5] * 1000, "max_tokens": 100,
+                                                    "ignore_eos": True, "temperature": 0})  # fmt: skip
+    assert status == 200, body
+    assert body["usage"]["completion_tokens"] == 24 and body["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_text_longer_than_the_context_could_hold_is_refused_before_tokenizing(served, model):
+    from frontend.tokenizer import Tokenizer
+
+    longest = Tokenizer(model).max_chars_per_token  # vLLM's bound: max_model_len tokens of the longest token
+    text = "a" * (1024 * longest + 1)
+    e = error_of(post(served, "/v1/completions", {"model": model, "prompt": text, "max_tokens": 1}), 400)
+    assert e["param"] == "input_text" and f"contains {len(text)} characters (more than {1024 * longest} characters" in e["message"]
 
 
 @pytest.mark.parametrize(
