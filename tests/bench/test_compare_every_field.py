@@ -54,6 +54,22 @@ def post(url: str, path: str, body: dict) -> tuple[int, dict]:
         return e.code, json.loads(e.read() or b"{}")
 
 
+def stream(url: str, path: str, body: dict) -> tuple[int, list[dict]]:
+    """A streamed answer's chunks, less what differs by nature (id, created)."""
+    req = urllib.request.Request(url + path, data=json.dumps({"model": NAME, **body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            lines = r.read().decode().splitlines()
+            status = r.status
+    except urllib.error.HTTPError as e:
+        return e.code, [json.loads(e.read() or b"{}")]
+    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    for c in chunks:
+        c.pop("id", None), c.pop("created", None)
+    return status, chunks
+
+
 def both(engines, path: str, body: dict) -> tuple[dict, dict]:
     (vs, v), (ks, k) = (post(engines[e].url, path, body) for e in ("vllm", "kvpool"))
     assert vs == ks, f"status: vLLM {vs} {v}, kvpool {ks} {k}"
@@ -105,7 +121,8 @@ COMPLETIONS = {
     "penalties": {"max_tokens": 10, "repetition_penalty": 1.3, "presence_penalty": 0.5, "frequency_penalty": 0.7},
     "min_tokens_ignore_eos": {"max_tokens": 8, "min_tokens": 8, "ignore_eos": True},
     "stop_token_ids": {"max_tokens": 12, "stop_token_ids": [300, 301, 302, 303, 304, 305]},
-    "n2": {"max_tokens": 5, "n": 2},
+    "n2_seeded": {"max_tokens": 5, "n": 2, "temperature": 1.0, "seed": 11, "top_k": 1},
+    "over_what_the_prompt_leaves": {"prompt": [7] * 500, "max_tokens": 100, "ignore_eos": True},
     "regex": {"max_tokens": 12, "structured_outputs": {"regex": "[a-c]{3}-[0-9]{2}"}},
     "choice": {"max_tokens": 12, "structured_outputs": {"choice": ["pool", "cache block", "evict"]}},
     "json_schema": {"max_tokens": 40, "response_format": {"type": "json_schema", "json_schema": {"name": "b", "schema": {
@@ -119,6 +136,17 @@ CHATS = {
     "truncate": {"max_tokens": 5, "truncate_prompt_tokens": 12},
     "bad_words": {"max_tokens": 8, "bad_words": ["the"]},
 }
+STREAMS = {
+    "completion": ("/v1/completions", {"prompt": PROMPT, "max_tokens": 6}),
+    "completion_logprobs_usage": ("/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "logprobs": 2,
+                                                      "stream_options": {"include_usage": True, "continuous_usage_stats": True}}),
+    "completion_echo_ids": ("/v1/completions", {"prompt": PROMPT, "max_tokens": 3, "echo": True, "return_token_ids": True}),
+    "chat": ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 6, "stream_options": {"include_usage": True}}),
+    "chat_logprobs_ids": ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 4, "logprobs": True, "top_logprobs": 2,
+                                                   "return_token_ids": True}),
+    "chat_continuous_usage": ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 3,
+                                                       "stream_options": {"include_usage": True, "continuous_usage_stats": True}}),
+}  # fmt: skip
 REFUSED = {
     "logit_bias_out_of_vocab": {"logit_bias": {"10000000": 1}},
     "allowed_token_ids_out_of_vocab": {"allowed_token_ids": [10000000]},
@@ -128,6 +156,9 @@ REFUSED = {
     "bad_regex": {"structured_outputs": {"regex": "(unclosed"}},
     "two_constraints": {"structured_outputs": {"regex": "a", "choice": ["a"]}},
     "max_tokens_zero_without_echo": {"max_tokens": 0},
+    "max_tokens_over_the_context": {"max_tokens": 600},
+    "prompt_over_the_context": {"prompt": [7] * 600},
+    "n_greedy": {"n": 2, "temperature": 0},
 }
 
 
@@ -160,3 +191,15 @@ def test_a_chat_answers_as_vllm(engines, case):
 def test_a_bad_field_gets_vllms_status(engines, case):
     v, k = both(engines, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4, **REFUSED[case]})
     assert k["error"]["message"], k
+
+
+@pytest.mark.compare
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("case", list(STREAMS))
+def test_a_stream_is_vllms_chunk_for_chunk(engines, case):
+    path, body = STREAMS[case]
+    (vs, v), (ks, k) = (stream(engines[e].url, path, {**body, "temperature": 0}) for e in ("vllm", "kvpool"))
+    assert vs == ks == 200
+    close(v, k, "chunks")
