@@ -15,6 +15,8 @@ import pytest
 
 from bench.compare_servers import Server, ServerConfig, free_port, server_command, vllm_env
 
+# Every test here runs both engines (minutes): selected with -m compare only.
+pytestmark = [pytest.mark.compare, pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(1800)]
 CFG = ServerConfig(block_size=32, num_blocks=256, max_model_len=512, kv_cache_metrics=False)
 NAME = "tiny"
 PROMPT = "The cache keeps every block it has seen until the pool runs dry"
@@ -162,20 +164,12 @@ REFUSED = {
 }
 
 
-@pytest.mark.compare
-@pytest.mark.slow
-@pytest.mark.e2e
-@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("case", list(COMPLETIONS))
 def test_a_completion_answers_as_vllm(engines, case):
     v, k = both(engines, "/v1/completions", {"prompt": PROMPT, **GREEDY, **COMPLETIONS[case]})
     same_choices(v, k)
 
 
-@pytest.mark.compare
-@pytest.mark.slow
-@pytest.mark.e2e
-@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("case", list(CHATS))
 def test_a_chat_answers_as_vllm(engines, case):
     body = {"messages": CHAT, **GREEDY, **CHATS[case]}
@@ -183,20 +177,12 @@ def test_a_chat_answers_as_vllm(engines, case):
     same_choices(v, k)
 
 
-@pytest.mark.compare
-@pytest.mark.slow
-@pytest.mark.e2e
-@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_a_bad_field_gets_vllms_status(engines, case):
     v, k = both(engines, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4, **REFUSED[case]})
     assert k["error"]["message"], k
 
 
-@pytest.mark.compare
-@pytest.mark.slow
-@pytest.mark.e2e
-@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("case", list(STREAMS))
 def test_a_stream_is_vllms_chunk_for_chunk(engines, case):
     path, body = STREAMS[case]
