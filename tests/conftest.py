@@ -42,3 +42,16 @@ def tiny_reference(tiny_checkpoint):
     from kvtest.hf_models import load_reference
 
     return load_reference(tiny_checkpoint, torch.float64)
+
+
+@pytest.fixture(scope="session")
+def real_vllm(request):
+    """The repository root, once vLLM's venv is there and ``-m compare`` asked for it:
+    the ``compare``-marked tests run vLLM itself (``make compare`` installs
+    ``.venv-vllm``), for minutes, so never in CI and never unless selected."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".venv-vllm/bin/vllm").exists():
+        pytest.skip("no .venv-vllm (make compare installs it)")
+    if "compare" not in (request.config.getoption("-m") or ""):
+        pytest.skip("runs vLLM for minutes: select it with -m compare")
+    return root

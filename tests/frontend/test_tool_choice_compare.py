@@ -54,9 +54,7 @@ def post(url: str, body: dict, stream: bool = False):
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    if not (ROOT / ".venv-vllm/bin/vllm").exists():
-        pytest.skip("no .venv-vllm (make compare installs it)")
+def servers(real_vllm, tmp_path_factory):
     from bench.compare import default_model
     from bench.compare_servers import Server, ServerConfig, free_port, server_command, vllm_env
 

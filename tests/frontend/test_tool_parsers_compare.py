@@ -98,8 +98,7 @@ def ours(case) -> dict:
 
 
 @pytest.mark.compare
-@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="needs .venv-vllm")
-def test_same_calls_and_deltas_as_vllms_parsers():
+def test_same_calls_and_deltas_as_vllms_parsers(real_vllm):
     run = subprocess.run([str(VLLM_PYTHON), str(Path(__file__).with_name("vllm_tool_parser_run.py"))], input=json.dumps(CASES),
                          capture_output=True, text=True, timeout=300, env={"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
                                                                            "VLLM_NO_USAGE_STATS": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
