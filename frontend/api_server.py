@@ -55,6 +55,7 @@ from frontend.tokenizer import Tokenizer
 from frontend.tokenizer_info import tokenizer_info_routes
 from frontend.tool_choice import check_tools, template_tools
 from frontend.tool_parsers import configured_tool_parser
+from frontend.version import system_fingerprint
 
 log = logging.getLogger("frontend")
 HEALTH_POLL_S = 0.5
@@ -87,6 +88,7 @@ class APIServer:
             tool_parser=configured_tool_parser(config.tool_call_parser, config.enable_auto_tool_choice, self.tokenizer, config.model),
             strict_tool_calling=config.enforce_strict_tool_calling, tool_strict_level=config.tool_strict_level,
             exclude_tools_when_tool_choice_none=config.exclude_tools_when_tool_choice_none,
+            system_fingerprint=system_fingerprint(config.model, config.served_model_name, config.max_model_len),
         )  # fmt: skip
         self.ready, self.why_not_ready = False, "the scheduler has not answered yet"
         self.was_ready = False

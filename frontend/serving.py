@@ -61,6 +61,8 @@ class ServingContext:
     strict_tool_calling: bool = True
     tool_strict_level: str = "auto"  # --tool-strict-level
     exclude_tools_when_tool_choice_none: bool = False  # --exclude-tools-when-tool-choice-none
+    # Every answer's system_fingerprint (frontend.version); on a stream's last chunk only, as vLLM's.
+    system_fingerprint: str | None = None
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -119,7 +121,21 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
     ``ServingContext.cached``; vLLM's continuous-usage chunks have none either)."""
     details = None if cached_tokens is None else {"cached_tokens": cached_tokens, "created_cache_tokens": None, "multimodal_tokens": None}
     return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens, "prompt_tokens_details": details}  # fmt: skip
+            "completion_tokens": completion_tokens, "prompt_tokens_details": details, "completion_tokens_details": None}  # fmt: skip
+
+
+def stream_usage(prompt_tokens: int, completion_tokens: int, chat: bool) -> dict:
+    """A streamed chunk's running usage (continuous_usage_stats), keyed as vLLM 0.32
+    serializes it (exclude_unset): chat's sets completion_tokens_details (null)."""
+    use = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens, "completion_tokens": completion_tokens}
+    if chat:
+        use["completion_tokens_details"] = None
+    return use
+
+
+def final_stream_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    """A stream's last chunk's usage, as vLLM 0.32 serializes it (exclude_none): no null keys."""
+    return {k: v for k, v in usage(prompt_tokens, completion_tokens, cached_tokens).items() if v is not None}
 
 
 def choice_requests(request_id: str, prompts: list[list[int]], params: EngineParams) -> list[tuple[str, int, list[int], EngineParams]]:

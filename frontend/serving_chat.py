@@ -48,12 +48,14 @@ from frontend.serving import (
     collect,
     end_sse,
     engine_error,
+    final_stream_usage,
     json_response,
     now,
     response_id,
     send_error_event,
     send_event,
     start_sse,
+    stream_usage,
     usage,
 )  # fmt: skip
 from frontend.streaming import ClientGone, StreamedChoices, TextChunk
@@ -68,6 +70,8 @@ from frontend.tool_choice import (
 from frontend.truncation import check_truncation, tokens_kept, truncate_ids
 
 _encode = msgspec.json.encode
+# NOTE: vLLM 0.32's ChatMessage fields kvpool never fills, null in its answers as in vLLM's.
+_MESSAGE_NULLS = {"refusal": None, "annotations": None, "audio": None, "function_call": None, "reasoning": None}
 
 
 def check_request_templates(ctx: ServingContext, chat_template: str | None, chat_template_kwargs: dict | None) -> None:
@@ -202,9 +206,10 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
     messages = [chat_message(ctx.tool_parser, ctx.tokenizer, req, chat_role(ctx, req), echo + c.text, c.finish_reason, not ctx.strict_tool_calling)
                 for c in choices]  # fmt: skip
     out = [{
-        "index": c.index, "message": message,
+        "index": c.index, "message": {**_MESSAGE_NULLS, **message},
         "logprobs": chat_logprobs(ctx.tokenizer, c.token_ids, c.logprobs, num_logprobs, as_ids) if num_logprobs is not None else None,
         "finish_reason": finish_reason, "stop_reason": c.stop_reason, "token_ids": c.token_ids if req.return_token_ids else None,
+        "routed_experts": None,  # NOTE: vLLM's MoE routing capture (--enable-return-routed-experts): never here
     } for c, (message, finish_reason) in zip(choices, messages, strict=True)]  # fmt: skip
     if ctx.output_log is not None:
         for c, (message, finish_reason) in zip(choices, messages, strict=True):
@@ -213,8 +218,9 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
     return json_response({
         "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.model_name, "choices": out,
         "usage": usage(len(ids), sum(len(c.token_ids) for c in choices), ctx.cached(cached_tokens(choices, params.n))),
-        "system_fingerprint": None, "prompt_logprobs": prompt_logprobs_json(ctx.tokenizer, ids, choices[0].prompt_logprobs),
+        "system_fingerprint": ctx.system_fingerprint, "prompt_logprobs": prompt_logprobs_json(ctx.tokenizer, ids, choices[0].prompt_logprobs),
         "prompt_token_ids": ids if req.return_token_ids else None, "prompt_text": None, "kv_transfer_params": None,
+        "service_tier": None, "ec_transfer_params": None, "metrics": None,  # NOTE: vLLM 0.32's keys, null here as there
     })  # fmt: skip
 
 
@@ -232,11 +238,17 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
         c = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": ctx.model_name, "choices": choices}
         if use is not None:
             c["usage"] = use
+        # NOTE: as vLLM, the fingerprint rides on the last message: the usage chunk, else each finishing chunk
+        if ctx.system_fingerprint and (not choices or (not include_usage and any(x.get("finish_reason") for x in choices))):
+            c["system_fingerprint"] = ctx.system_fingerprint
         return c
 
     with_ids = bool(req.return_token_ids)
 
     def choice(i, delta, lp=None, finish_reason=None, stop_reason=None, token_ids=None) -> dict:
+        # NOTE: as vLLM's (exclude_unset), stop_reason only on the chunk that finishes the choice
+        if finish_reason is None:
+            return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": None, "token_ids": token_ids}
         return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish_reason, "stop_reason": stop_reason,
                 "token_ids": token_ids}  # fmt: skip
 
@@ -271,13 +283,13 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
         if d.finish_reason is not None:
             groups.finished(i, d.finish_reason, len(ids), generated[i])
         if tools is not None:
-            return tool_chunk(d, lp, usage(len(ids), sum(generated)) if continuous else None)
+            return tool_chunk(d, lp, stream_usage(len(ids), sum(generated), chat=True) if continuous else None)
         if lp is None and not d.text and d.finish_reason is None and not with_ids:
             return None  # NOTE: as vLLM, a token with no text yet is still sent when it has logprobs (or its ids)
         if d.finish_reason is None and lp is None and not continuous and not with_ids:
             return text_chunk(i, d.text)  # the common chunk: only new text
         delta = {"content": d.text} if d.text or d.finish_reason is None else {}
-        use = usage(len(ids), sum(generated)) if continuous else None
+        use = stream_usage(len(ids), sum(generated), chat=True) if continuous else None
         token_ids = d.token_ids if with_ids else None
         return _encode(chunk([choice(i, delta, lp, d.finish_reason, d.stop_reason, token_ids)], use))
 
@@ -285,17 +297,17 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
         # NOTE: as vLLM, the first chunk of every choice carries only the role.
         for i in range(params.n):
             first = {"index": i, "delta": {"role": chat_role(ctx, req), "content": ""}, "logprobs": None, "finish_reason": None}
-            head = chunk([first], usage(len(ids), 0) if continuous else None)
+            head = chunk([first], stream_usage(len(ids), 0, chat=True) if continuous else None)
             # NOTE: as vLLM, every role chunk names the prompt's ids (null unless return_token_ids)
             head["prompt_token_ids"], head["prompt_text"] = ids if with_ids else None, None
             await send_event(resp, head)
         if echo:  # NOTE: as vLLM, one chunk per choice after the role chunks
             for i in range(params.n):
                 echoed = {"index": i, "delta": {"content": echo}, "logprobs": None, "finish_reason": None}
-                await send_event(resp, chunk([echoed], usage(len(ids), 0) if continuous else None))
+                await send_event(resp, chunk([echoed], stream_usage(len(ids), 0, chat=True) if continuous else None))
         await StreamedChoices(ctx, request, resp, render).run(choice_requests(request_id, [ids], params))
         if include_usage:
-            await send_event(resp, chunk([], usage(len(ids), sum(generated), ctx.cached(cached[0]))))
+            await send_event(resp, chunk([], final_stream_usage(len(ids), sum(generated), ctx.cached(cached[0]))))
         if texts is not None:
             ctx.output_log.stream_end(request_id, texts)
     except ClientGone:

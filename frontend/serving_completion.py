@@ -40,12 +40,14 @@ from frontend.serving import (
     collect,
     end_sse,
     engine_error,
+    final_stream_usage,
     json_response,
     now,
     response_id,
     send_error_event,
     send_event,
     start_sse,
+    stream_usage,
     usage,
 )  # fmt: skip
 from frontend.streaming import ClientGone, StreamedChoices, TextChunk
@@ -147,12 +149,13 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
         out.append({"index": c.index, "text": echo[c.index // n] + ("" if echo_only else c.text), "logprobs": lp,
                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, "token_ids": c.token_ids if req.return_token_ids else None,
                     "prompt_logprobs": prompt_logprobs_json(ctx.tokenizer, prompt, c.prompt_logprobs),
-                    "prompt_token_ids": prompt if req.return_token_ids else None})  # fmt: skip
+                    "prompt_token_ids": prompt if req.return_token_ids else None, "routed_experts": None})  # fmt: skip
     num_prompt = sum(len(p) for p in prompts)
     return json_response({
         "id": request_id, "object": "text_completion", "created": now(), "model": ctx.model_name, "choices": out,
         "usage": usage(num_prompt, sum(len(c.token_ids) for c in choices), ctx.cached(cached_tokens(choices, n))),
-        "system_fingerprint": None, "kv_transfer_params": None,
+        "system_fingerprint": ctx.system_fingerprint, "kv_transfer_params": None,
+        "service_tier": None, "ec_transfer_params": None, "metrics": None,  # NOTE: vLLM 0.32's keys, null here as there
     })  # fmt: skip
 
 
@@ -190,6 +193,9 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
         c = {"id": request_id, "object": "text_completion", "created": created, "model": ctx.model_name, "choices": choices}
         if use is not None:
             c["usage"] = use
+        # NOTE: as vLLM, the fingerprint rides on the last message: the usage chunk, else each finishing chunk
+        if ctx.system_fingerprint and (not choices or (not include_usage and any(x.get("finish_reason") for x in choices))):
+            c["system_fingerprint"] = ctx.system_fingerprint
         return c
 
     def choice(i, text, lp=None, finish_reason=None, stop_reason=None, prompt_ids=None, token_ids=None) -> dict:
@@ -220,7 +226,7 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
             groups.finished(i, d.finish_reason, len(prompts[i // n]), generated[i])
         elif lp is None and not continuous and not with_ids:
             return text_chunk(i, text)  # the common chunk: only new text
-        use = usage(num_prompt, sum(generated)) if continuous else None
+        use = stream_usage(num_prompt, sum(generated), chat=False) if continuous else None
         prompt_ids = token_ids = None
         if with_ids:
             token_ids = d.token_ids
@@ -231,7 +237,7 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
     try:
         await StreamedChoices(ctx, request, resp, render).run(choice_requests(request_id, prompts, params))
         if include_usage:
-            await send_event(resp, chunk([], usage(num_prompt, sum(generated), ctx.cached(sum(cached[::n])))))
+            await send_event(resp, chunk([], final_stream_usage(num_prompt, sum(generated), ctx.cached(sum(cached[::n])))))
     except ClientGone:
         return resp
     except EngineError as e:

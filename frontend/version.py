@@ -14,3 +14,18 @@ def kvpool_version() -> str:
         return version("kvpool")
     except PackageNotFoundError:  # pragma: no cover - run from a source tree
         return "0.0.0"
+
+
+def system_fingerprint(model_dir, served_model_name: str, max_model_len: int) -> str:
+    """The answers' ``system_fingerprint``, in the shape of vLLM 0.32's default
+    (``--fingerprint-mode full``: ``vllm-<version>-<hash8>``): kvpool's version and 8
+    hex digits of a hash of what decides the answers here -- the checkpoint's
+    config.json, the served name and the context length. Two servers with one
+    fingerprint answer alike; a changed model or context changes it."""
+    import hashlib
+    from pathlib import Path
+
+    config = Path(model_dir) / "config.json"
+    h = hashlib.sha256(config.read_bytes() if config.is_file() else b"")
+    h.update(f"\0{served_model_name}\0{max_model_len}".encode())
+    return f"kvpool-{kvpool_version()}-{h.hexdigest()[:8]}"

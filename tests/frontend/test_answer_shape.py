@@ -1,0 +1,81 @@
+"""The shape of every answer, key for key, as vLLM 0.32 serializes it (recorded from a
+live ``vllm serve`` of the tiny checkpoint; ``tests/bench/test_compare_every_field.py``
+holds kvpool to it live with ``-m compare``): whole answers carry vLLM's null fields;
+a stream's chunks leave out what vLLM leaves unset (a chat chunk's stop_reason until it
+finishes, usage's null details); the system_fingerprint rides on the last message only."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+# vLLM 0.32's keys, as its answers to the same requests had them.
+COMPLETION = {"id", "object", "created", "model", "choices", "service_tier", "system_fingerprint", "usage",
+              "kv_transfer_params", "ec_transfer_params", "metrics"}  # fmt: skip
+COMPLETION_CHOICE = {"index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids", "prompt_logprobs",
+                     "prompt_token_ids", "routed_experts"}  # fmt: skip
+CHAT = {"id", "object", "created", "model", "choices", "service_tier", "system_fingerprint", "usage", "prompt_logprobs",
+        "prompt_token_ids", "prompt_text", "kv_transfer_params", "ec_transfer_params", "metrics"}  # fmt: skip
+CHAT_CHOICE = {"index", "message", "logprobs", "finish_reason", "stop_reason", "token_ids", "routed_experts"}
+CHAT_MESSAGE = {"role", "content", "refusal", "annotations", "audio", "function_call", "reasoning"}
+USAGE = {"prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details"}
+
+
+@pytest.fixture
+def front(served, model):
+    """The live kvpool serve of this folder's tests (tokens stream one by one; it has
+    --enable-prompt-tokens-details, so a final usage carries its details)."""
+    served.model = model
+    return served
+
+
+def post(front, path: str, body: dict) -> bytes:
+    body = {"model": front.model, "ignore_eos": True, **body}
+    req = urllib.request.Request(front.base_url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200
+        return r.read()
+
+
+def chunks(raw: bytes) -> list[dict]:
+    return [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: {")]
+
+
+def test_whole_answers_have_vllms_keys(front):
+    c = json.loads(post(front, "/v1/completions", {"prompt": "hello", "max_tokens": 3}))
+    assert set(c) == COMPLETION and set(c["choices"][0]) == COMPLETION_CHOICE and set(c["usage"]) == USAGE
+    assert c["system_fingerprint"].startswith("kvpool-")
+    chat = json.loads(post(front, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}))
+    assert set(chat) == CHAT and set(chat["choices"][0]) == CHAT_CHOICE and set(chat["usage"]) == USAGE
+    assert set(chat["choices"][0]["message"]) == CHAT_MESSAGE
+    assert chat["system_fingerprint"] == c["system_fingerprint"]  # one server, one fingerprint
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_a_chat_stream_leaves_out_what_vllm_leaves_unset(front, include_usage):
+    options = {"include_usage": True, "continuous_usage_stats": True} if include_usage else {}
+    got = chunks(post(front, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                                                      "stream": True, "stream_options": options}))  # fmt: skip
+    role, *content, last = [c for c in got if c["choices"]]
+    assert set(role["choices"][0]) == {"index", "delta", "logprobs", "finish_reason"}
+    assert content and all(set(c["choices"][0]) == {"index", "delta", "logprobs", "finish_reason", "token_ids"} for c in content)
+    assert set(last["choices"][0]) == {"index", "delta", "logprobs", "finish_reason", "stop_reason", "token_ids"}
+    with_fingerprint = [i for i, c in enumerate(got) if "system_fingerprint" in c]
+    if include_usage:
+        final = got[-1]
+        assert final["choices"] == [] and set(final["usage"]) == {"prompt_tokens", "total_tokens", "completion_tokens",
+                                                                  "prompt_tokens_details"}  # fmt: skip
+        assert with_fingerprint == [len(got) - 1]  # the usage chunk is the last message
+        assert all(set(c["usage"]) == {"prompt_tokens", "total_tokens", "completion_tokens", "completion_tokens_details"}
+                   for c in got[:-1])  # fmt: skip
+    else:
+        assert with_fingerprint == [len(got) - 1] and got[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_completion_stream_puts_the_fingerprint_on_its_finishing_chunk(front):
+    got = chunks(post(front, "/v1/completions", {"prompt": "hello", "max_tokens": 3, "stream": True, "n": 2, "temperature": 1.0,
+                                                 "stream_options": {"continuous_usage_stats": True, "include_usage": False}}))  # fmt: skip
+    finishing = [i for i, c in enumerate(got) if c["choices"][0]["finish_reason"]]
+    assert len(finishing) == 2 and [i for i, c in enumerate(got) if "system_fingerprint" in c] == finishing
