@@ -4,9 +4,10 @@ serve`, both with --enable-auto-tool-choice --tool-call-parser hermes (marked
 error bodies, and, where the model writes freely ("none", "auto"), the same greedy
 answer whole and streamed.
 
-"required" and a named function are compared by status only: vLLM constrains their
-text with the structural tag, which kvpool hands to structured outputs; the answers
-are compared once that constraint is enforced end to end."""
+"required" and a named function are forced by the parser's structural tag on both
+sides (kvpool compiles it in its structured outputs): the same greedy text and calls
+(names and arguments; the call ids are random on both), whole and streamed, for a
+free-form tool and a strict one."""
 
 from __future__ import annotations
 
@@ -74,7 +75,15 @@ def chat(**fields) -> dict:
 
 
 def answer(body: dict) -> list[tuple]:
-    return [(c["message"].get("content"), c["message"].get("tool_calls"), c["finish_reason"]) for c in body["choices"]]
+    """Each choice's text, calls (less their random ids) and finish reason."""
+    def calls(c):
+        return [(t["type"], t["function"]["name"], t["function"]["arguments"]) for t in c["message"].get("tool_calls") or []]
+
+    return [(c["message"].get("content"), calls(c), c["finish_reason"]) for c in body["choices"]]
+
+
+STRICT = [{"type": "function", "function": {"name": "set_flag", "strict": True, "parameters": {
+    "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"], "additionalProperties": False}}}]  # fmt: skip
 
 
 @pytest.mark.compare
@@ -91,5 +100,8 @@ def test_same_answers_and_refusals_as_vllm(servers):
     for name, fields in REFUSED.items():
         (vs, vb), (ks, kb) = post(vllm, chat(**fields)), post(kvpool, chat(**fields))
         assert vs == ks == 400 and kb["error"] == vb["error"], name
-    for choice in ("required", NAMED):
-        assert post(vllm, chat(tools=TOOLS, tool_choice=choice))[0] == post(kvpool, chat(tools=TOOLS, tool_choice=choice))[0] == 200
+    for tools, choice, max_tokens in ((TOOLS, "required", 8), (TOOLS, NAMED, 8), (STRICT, "required", 60),
+                                      (STRICT, {"type": "function", "function": {"name": "set_flag"}}, 60)):
+        body = {**chat(tools=tools, tool_choice=choice), "max_tokens": max_tokens}
+        (vs, vb), (ks, kb) = post(vllm, body), post(kvpool, body)
+        assert vs == ks == 200 and answer(kb) == answer(vb), (choice, answer(vb), answer(kb))
