@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import hashlib
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 # NOTE: the vLLM release every behaviour is checked against (the one in .venv-vllm).
 VLLM_API_VERSION = "0.32.0"
@@ -22,9 +24,6 @@ def system_fingerprint(model_dir, served_model_name: str, max_model_len: int) ->
     hex digits of a hash of what decides the answers here -- the checkpoint's
     config.json, the served name and the context length. Two servers with one
     fingerprint answer alike; a changed model or context changes it."""
-    import hashlib
-    from pathlib import Path
-
     config = Path(model_dir) / "config.json"
     h = hashlib.sha256(config.read_bytes() if config.is_file() else b"")
     h.update(f"\0{served_model_name}\0{max_model_len}".encode())
