@@ -47,7 +47,7 @@ from frontend.router_probes import router_probe_routes
 from frontend.sagemaker import invocations_route
 from frontend.sampling import default_sampling, max_tokens_cap
 from frontend.serving import ServingContext, json_response, now
-from frontend.serving_chat import chat_prompt, create_chat_completion
+from frontend.serving_chat import chat_prompt, check_generation_prompt, create_chat_completion
 from frontend.serving_completion import create_completion
 from frontend.ssl_refresh import SSLCertRefresher
 from frontend.tls import ssl_context
@@ -222,8 +222,7 @@ class APIServer:
             add = True if req.add_special_tokens is None else req.add_special_tokens
             ids = await self.tokenizer.encode_async(req.prompt, add_special_tokens=add)
         else:
-            if req.continue_final_message and req.add_generation_prompt_sent is True:  # NOTE: as vLLM, only when both were sent
-                raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+            check_generation_prompt(req)
             check_tools(req.tools)
             ids, _ = await chat_prompt(self.ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens),
                                        template_tools(req.tools),

@@ -14,10 +14,6 @@ def _clamp(lp: float) -> float:
     return max(lp, -9999.0)
 
 
-def token_str(tokenizer: Tokenizer, token_id: int, as_ids: bool) -> str:
-    return f"token_id:{token_id}" if as_ids else tokenizer.token_text(token_id)
-
-
 def _texts(tokenizer: Tokenizer, ids: list[int], as_ids: bool, context: list[int]) -> list[str]:
     return [f"token_id:{t}" for t in ids] if as_ids else decoded_tokens(tokenizer, ids, context)
 

@@ -7,10 +7,6 @@ and the prompt's part of a completion's ``logprobs`` under ``echo``.
 
 from __future__ import annotations
 
-import json
-from functools import lru_cache
-from pathlib import Path
-
 from frontend.errors import bad_request
 from frontend.logprob_tokens import decoded_tokens
 from frontend.tokenizer import Tokenizer
@@ -21,13 +17,10 @@ def _clamp(lp: float) -> float:
     return max(lp, -9999.0)  # NOTE: JSON has no -inf; vLLM sends -9999.0 (clamp_prompt_logprobs)
 
 
-@lru_cache(maxsize=8)
-def model_vocab_size(model_path: str) -> int | None:
-    """config.json's vocab_size (vLLM's ``model_config.get_vocab_size()``), None if unreadable."""
-    try:
-        return int(json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))["vocab_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+def whole_vocabulary(ctx) -> int:
+    """What vLLM's -1 asks for (logprobs, prompt_logprobs): the model's whole vocabulary
+    (config.json's, read once at start), else the tokenizer's."""
+    return ctx.vocab_size or ctx.tokenizer.vocab_size
 
 
 def check_logprob_fields(req, top_field: str) -> None:
@@ -50,7 +43,7 @@ def num_prompt_logprobs(req, ctx, asked: int | None) -> int | None:
     whole vocabulary, so over any bound this server allows)."""
     if not asked:
         return asked
-    n = asked if asked != -1 else (model_vocab_size(ctx.model_path) or ctx.tokenizer.vocab_size)
+    n = asked if asked != -1 else whole_vocabulary(ctx)
     if n > ctx.max_logprobs:
         raise bad_request(f"Requested prompt logprobs of {n}, which is greater than max allowed: {ctx.max_logprobs}", "prompt_logprobs")
     return n

@@ -152,10 +152,10 @@ class UnhonouredFields(msgspec.Struct, kw_only=True):
     vllm_xargs: dict[str, Any] | None = None
 
 
-def check_unhonoured(req: UnhonouredFields, endpoint: str, num_prompt_tokens: int | None = None) -> None:
+def check_unhonoured(req: UnhonouredFields, endpoint: str) -> None:
     """A 400 naming the first field set to a value kvpool cannot honour, in vLLM's words
-    where vLLM refuses it too; and vLLM's own range checks of the no-effect fields. A
-    field of the other endpoint only is ignored, as vLLM ignores a field it does not know."""
+    where vLLM refuses it too. A field of the other endpoint only is ignored, as vLLM
+    ignores a field it does not know."""
     if req.use_beam_search:
         raise bad_request("use_beam_search is not supported by kvpool: beam search is not implemented", "use_beam_search")
     if req.thinking_token_budget is not None and req.thinking_token_budget != -1:
@@ -172,7 +172,11 @@ def check_unhonoured(req: UnhonouredFields, endpoint: str, num_prompt_tokens: in
         raise bad_request("return_prompt_text is not supported by kvpool", "return_prompt_text")
     if req.mm_payload not in ("tensors", "none"):
         raise bad_request(f"mm_payload must be 'tensors' or 'none', got {req.mm_payload!r}", "mm_payload")
-    if num_prompt_tokens is not None and not 0 <= req.routed_experts_prompt_start <= num_prompt_tokens:
+
+
+def check_routed_experts_start(req: UnhonouredFields, num_prompt_tokens: int) -> None:
+    """vLLM's range check of a no-effect field, once a prompt's length is known."""
+    if not 0 <= req.routed_experts_prompt_start <= num_prompt_tokens:
         raise bad_request(f"routed_experts_prompt_start must be between 0 and the prompt length ({num_prompt_tokens}), "
                           "inclusive.", "routed_experts_prompt_start")  # fmt: skip
 

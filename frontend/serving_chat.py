@@ -27,12 +27,12 @@ from frontend.logprobs import chat_logprobs
 from frontend.metrics import ChoiceGroups
 from frontend.prompt_logprobs import (
     check_logprob_fields,
-    model_vocab_size,
     num_prompt_logprobs,
     prompt_logprobs_json,
+    whole_vocabulary,
 )
 from frontend.protocol import ChatCompletionRequest
-from frontend.request_fields import check_unhonoured
+from frontend.request_fields import check_routed_experts_start, check_unhonoured
 from frontend.sampling import (
     EngineParams,
     check_output_tokens,
@@ -108,14 +108,19 @@ async def chat_prompt(ctx: ServingContext, messages: list[dict], add_generation_
     return out, chat
 
 
-def check_chat_fields(req: ChatCompletionRequest) -> None:
-    """vLLM's request validators for what kvpool renders: the generation prompt and
-    the multimodal kwargs it refuses without --trust-request-mm-kwargs (refused by
-    kvpool's serve)."""
+def check_generation_prompt(req) -> None:
+    """vLLM's validator of a chat (or /tokenize) request's generation prompt."""
     # NOTE: as vLLM, only when both were sent; a default add_generation_prompt meets
     # transformers' own refusal when the template is applied.
     if req.continue_final_message and req.add_generation_prompt_sent is True:
         raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+
+
+def check_chat_fields(req: ChatCompletionRequest) -> None:
+    """vLLM's request validators for what kvpool renders: the generation prompt and
+    the multimodal kwargs it refuses without --trust-request-mm-kwargs (refused by
+    kvpool's serve)."""
+    check_generation_prompt(req)
     for name in ("mm_processor_kwargs", "media_io_kwargs"):
         if getattr(req, name):
             raise bad_request(f"Per-request {name} are disabled by default because they can change multimodal "
@@ -156,13 +161,13 @@ async def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest,
                        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens)  # fmt: skip
     ids = truncate_ids(ids, keep, req.truncation_side)
     check_prompt_length(len(ids), ctx.max_model_len, from_text=True)
-    check_unhonoured(req, "chat", len(ids))
+    check_routed_experts_start(req, len(ids))
     if rendered is not None:
         rendered()
     max_tokens = output_budget(requested, len(ids), ctx.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)
     num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
     if num_logprobs == -1:  # vLLM's -1: the whole vocabulary (over any --max-logprobs this server allows)
-        num_logprobs = model_vocab_size(ctx.model_path) or ctx.tokenizer.vocab_size
+        num_logprobs = whole_vocabulary(ctx)
     params = engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
     asked = req.prompt_logprobs
     if asked is None and getattr(req, "echo", False):  # NOTE: vLLM's chat echo asks for top_logprobs' worth

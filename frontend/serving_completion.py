@@ -18,12 +18,12 @@ from frontend.prompt_logprobs import (
     check_logprob_fields,
     echo_logprobs,
     join_logprobs,
-    model_vocab_size,
     num_prompt_logprobs,
     prompt_logprobs_json,
+    whole_vocabulary,
 )
 from frontend.protocol import CompletionRequest
-from frontend.request_fields import check_unhonoured
+from frontend.request_fields import check_routed_experts_start, check_unhonoured
 from frontend.sampling import (
     EngineParams,
     check_output_tokens,
@@ -106,7 +106,7 @@ async def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
     prompts, texts = await prompt_token_ids(ctx, req)
     for ids, text in zip(prompts, texts, strict=True):
         check_prompt_length(len(ids), ctx.max_model_len, from_text=text is not None)
-        check_unhonoured(req, "completion", len(ids))
+        check_routed_experts_start(req, len(ids))
     if rendered is not None:
         rendered()
     # NOTE: one budget for every prompt (they share EngineParams): the longest prompt's.
@@ -114,7 +114,7 @@ async def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
     if req.echo and req.max_tokens == 0:
         max_tokens = 1  # NOTE: vLLM's echo without generation: one token is sampled, and only the prompt shown
     # vLLM's -1: the whole vocabulary (over any --max-logprobs this server allows)
-    num_logprobs = req.logprobs if req.logprobs != -1 else model_vocab_size(ctx.model_path) or ctx.tokenizer.vocab_size
+    num_logprobs = req.logprobs if req.logprobs != -1 else whole_vocabulary(ctx)
     params = engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
     plp = num_prompt_logprobs(req, ctx, req.prompt_logprobs if req.prompt_logprobs is not None or not req.echo else req.logprobs)
     if plp is not None:

@@ -99,9 +99,6 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.hf.encode(text, add_special_tokens=add_special_tokens)
 
-    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
-        return self.hf(texts, add_special_tokens=add_special_tokens)["input_ids"]
-
     async def encode_async(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """``encode`` in the tokenizer thread: a long text never stalls other streams."""
         loop = asyncio.get_running_loop()
