@@ -31,7 +31,7 @@ from typing import Any
 from frontend.errors import bad_request
 from frontend.protocol import StructuredOutputsParams
 from frontend.sampling import EngineParams
-from protocol.structured_output import GrammarSpec
+from protocol.structured_output import GrammarSpec, structural_tag_args
 
 # vLLM's MAX_STRUCTURED_OUTPUT_JSON_NESTING.
 MAX_JSON_NESTING = 64
@@ -163,22 +163,11 @@ def _validate_xgrammar(kind: str, value: Any) -> GrammarSpec:
         return GrammarSpec("lark" if lark else "ebnf", value)
     if kind == "structural_tag":
         try:
-            tag = json.loads(value)
-            if "structures" in tag:  # NOTE: vLLM's fallback to xgrammar's deprecated form
-                xgr.Grammar.from_structural_tag(*structural_tag_items(xgr, tag))
-            else:
-                xgr.Grammar.from_structural_tag(value)
+            xgr.Grammar.from_structural_tag(*structural_tag_args(xgr, value))
         except Exception:
             raise bad_request("Invalid structural tag specification.") from None
         return GrammarSpec("structural_tag", value)
     return GrammarSpec("json_object")
-
-
-def structural_tag_items(xgr, tag: dict) -> tuple[list, list[str]]:
-    """A structural tag in xgrammar's deprecated form (``structures`` and ``triggers``),
-    as vLLM's xgrammar backend reads it: the items and their triggers."""
-    items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"]) for s in tag["structures"]]
-    return items, tag["triggers"]
 
 
 def sanitize_message(message: str) -> str:

@@ -11,6 +11,8 @@ a request's grammar is ready (vLLM's WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR).
 
 from __future__ import annotations
 
+import json
+
 import msgspec
 
 # vLLM's StructuredOutputOptions as xgrammar compiles them (choice travels as "ebnf").
@@ -32,3 +34,15 @@ class RowGrammar(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
     spec: GrammarSpec
     stop_token_ids: list[int] = []
+
+
+def structural_tag_args(xgr, spec: str) -> tuple:
+    """What xgrammar's ``Grammar.from_structural_tag`` / ``compile_structural_tag`` take
+    for a structural tag, as vLLM's xgrammar backend reads one: the JSON as it is, or in
+    xgrammar's deprecated form (``structures`` and ``triggers``) the items and their
+    triggers. ``xgr`` is the xgrammar module of the caller (protocol imports none)."""
+    tag = json.loads(spec)
+    if "structures" not in tag:
+        return (spec,)
+    items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"]) for s in tag["structures"]]
+    return items, tag["triggers"]

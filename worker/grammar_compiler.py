@@ -28,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from protocol.structured_output import GrammarSpec
+from protocol.structured_output import GrammarSpec, structural_tag_args
 
 # NOTE: vLLM's GrammarCompiler(max_threads=8); the pool runs compiles one at a time
 # per thread, each of which xgrammar may parallelise inside.
@@ -137,13 +137,7 @@ class GrammarCompiler:
             case "lark":
                 return c.compile_lark(spec.spec)
             case "structural_tag":
-                tag = json.loads(spec.spec)
-                if "structures" in tag:  # NOTE: xgrammar's deprecated form, as vLLM's backend falls back to it
-                    xgr = _xgrammar()
-                    items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
-                             for s in tag["structures"]]  # fmt: skip
-                    return c.compile_structural_tag(items, tag["triggers"])
-                return c.compile_structural_tag(spec.spec)
+                return c.compile_structural_tag(*structural_tag_args(_xgrammar(), spec.spec))
         raise ValueError(f"unknown grammar kind {spec.kind!r}")
 
     def submit(self, seq_ids: list[int], specs: list[GrammarSpec]) -> list[int]:
