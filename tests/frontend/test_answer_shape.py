@@ -6,10 +6,8 @@ finishes, usage's null details); the system_fingerprint rides on the last messag
 
 from __future__ import annotations
 
-import json
-import urllib.request
-
 import pytest
+from kvtest.http_api import post, post_stream
 
 # vLLM 0.32's keys, as its answers to the same requests had them.
 COMPLETION = {"id", "object", "created", "model", "choices", "service_tier", "system_fingerprint", "usage",
@@ -31,23 +29,21 @@ def front(served, model):
     return served
 
 
-def post(front, path: str, body: dict) -> bytes:
-    body = {"model": front.model, "ignore_eos": True, **body}
-    req = urllib.request.Request(front.base_url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        assert r.status == 200
-        return r.read()
+def whole(front, path: str, body: dict) -> dict:
+    status, answer = post(front, path, {"model": front.model, "ignore_eos": True, **body})
+    assert status == 200, answer
+    return answer
 
 
-def chunks(raw: bytes) -> list[dict]:
-    return [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: {")]
+def chunks(front, path: str, body: dict) -> list[dict]:
+    return post_stream(front, path, {"model": front.model, "ignore_eos": True, "stream": True, **body})
 
 
 def test_whole_answers_have_vllms_keys(front):
-    c = json.loads(post(front, "/v1/completions", {"prompt": "hello", "max_tokens": 3}))
+    c = whole(front, "/v1/completions", {"prompt": "hello", "max_tokens": 3})
     assert set(c) == COMPLETION and set(c["choices"][0]) == COMPLETION_CHOICE and set(c["usage"]) == USAGE
     assert c["system_fingerprint"].startswith("kvpool-")
-    chat = json.loads(post(front, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}))
+    chat = whole(front, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
     assert set(chat) == CHAT and set(chat["choices"][0]) == CHAT_CHOICE and set(chat["usage"]) == USAGE
     assert set(chat["choices"][0]["message"]) == CHAT_MESSAGE
     assert chat["system_fingerprint"] == c["system_fingerprint"]  # one server, one fingerprint
@@ -56,8 +52,8 @@ def test_whole_answers_have_vllms_keys(front):
 @pytest.mark.parametrize("include_usage", [False, True])
 def test_a_chat_stream_leaves_out_what_vllm_leaves_unset(front, include_usage):
     options = {"include_usage": True, "continuous_usage_stats": True} if include_usage else {}
-    got = chunks(post(front, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
-                                                      "stream": True, "stream_options": options}))  # fmt: skip
+    got = chunks(front, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                                                 "stream_options": options})  # fmt: skip
     role, *content, last = [c for c in got if c["choices"]]
     assert set(role["choices"][0]) == {"index", "delta", "logprobs", "finish_reason"}
     assert content and all(set(c["choices"][0]) == {"index", "delta", "logprobs", "finish_reason", "token_ids"} for c in content)
@@ -75,7 +71,7 @@ def test_a_chat_stream_leaves_out_what_vllm_leaves_unset(front, include_usage):
 
 
 def test_a_completion_stream_puts_the_fingerprint_on_its_finishing_chunk(front):
-    got = chunks(post(front, "/v1/completions", {"prompt": "hello", "max_tokens": 3, "stream": True, "n": 2, "temperature": 1.0,
-                                                 "stream_options": {"continuous_usage_stats": True, "include_usage": False}}))  # fmt: skip
+    got = chunks(front, "/v1/completions", {"prompt": "hello", "max_tokens": 3, "n": 2, "temperature": 1.0,
+                                            "stream_options": {"continuous_usage_stats": True, "include_usage": False}})  # fmt: skip
     finishing = [i for i, c in enumerate(got) if c["choices"][0]["finish_reason"]]
     assert len(finishing) == 2 and [i for i, c in enumerate(got) if "system_fingerprint" in c] == finishing

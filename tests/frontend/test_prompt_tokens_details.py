@@ -6,11 +6,9 @@ and chat, whole and streamed. A continuous-usage chunk never has it. The fake sc
 
 from __future__ import annotations
 
-import json
-import urllib.request
-
 import pytest
 from kvtest.fake_engine import fake_engine, frontend_process
+from kvtest.http_api import post, post_stream
 
 DETAILS = {"cached_tokens": 16, "created_cache_tokens": None, "multimodal_tokens": None}
 
@@ -24,30 +22,21 @@ def front(request, tiny_checkpoint, tmp_path_factory):
         yield f
 
 
-def post(front, path: str, body: dict) -> bytes:
-    req = urllib.request.Request(front.base_url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        assert r.status == 200
-        return r.read()
-
-
-def events(raw: bytes) -> list[dict]:
-    return [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: {")]
-
-
 REQUESTS = [("/v1/completions", {"prompt": "hello there"}), ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})]
 
 
 @pytest.mark.parametrize(("path", "body"), REQUESTS, ids=["completion", "chat"])
 def test_a_whole_answer(front, tiny_checkpoint, path, body):
-    usage = json.loads(post(front, path, {**body, "model": str(tiny_checkpoint), "max_tokens": 3}))["usage"]
+    status, answer = post(front, path, {**body, "model": str(tiny_checkpoint), "max_tokens": 3})
+    assert status == 200
+    usage = answer["usage"]
     assert usage["prompt_tokens_details"] == front.expected and usage["completion_tokens"] == 3
 
 
 @pytest.mark.parametrize(("path", "body"), REQUESTS, ids=["completion", "chat"])
 def test_a_stream_with_usage(front, tiny_checkpoint, path, body):
     options = {"include_usage": True, "continuous_usage_stats": True}
-    chunks = events(post(front, path, {**body, "model": str(tiny_checkpoint), "max_tokens": 3, "stream": True, "stream_options": options}))
+    chunks = post_stream(front, path, {**body, "model": str(tiny_checkpoint), "max_tokens": 3, "stream": True, "stream_options": options})
     final = chunks[-1]
     # NOTE: vLLM serializes a stream's usage without its null keys (checked against a live vllm serve)
     assert final["choices"] == [] and final["usage"].get("prompt_tokens_details", None) == front.expected

@@ -19,6 +19,14 @@ def post(served, path: str, body: bytes | dict, content_type: str = "application
         return e.code, json.loads(e.read())
 
 
+def post_stream(served, path: str, body: dict) -> list[dict]:
+    """A streamed answer's events (its ``data: {...}`` lines), the status asserted 200."""
+    req = urllib.request.Request(served.base_url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.status == 200
+        return [json.loads(line[6:]) for line in r.read().decode().splitlines() if line.startswith("data: {")]
+
+
 def get_metrics(served) -> str:
     return urllib.request.urlopen(served.base_url + "/metrics", timeout=10).read().decode()
 
