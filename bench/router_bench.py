@@ -71,11 +71,15 @@ def _stop(proc: subprocess.Popen, timeout: float) -> None:
 
 
 class Replica:
-    """One ``kvpool serve`` on a free loopback port, in its own session."""
+    """One ``kvpool serve`` on a free loopback port, in its own session; with
+    ``kv_events``, publishing its KV events on another (``kv_events_endpoint``)."""
 
-    def __init__(self, model: Path | str, log_dir: Path, *extra: str):
+    def __init__(self, model: Path | str, log_dir: Path, *extra: str, kv_events: bool = False):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.kv_events_endpoint = f"tcp://127.0.0.1:{free_port()}" if kv_events else None
+        if self.kv_events_endpoint is not None:
+            extra = (*extra, "--kv-events-endpoint", self.kv_events_endpoint)
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         kvpool = str(Path(sys.executable).with_name("kvpool"))
@@ -113,10 +117,25 @@ class Replica:
         self._log.close()
 
 
+def kv_aware_args(replicas: list[Replica], block_size: int, model: str) -> list[str]:
+    """vllm-router's flags that point ``kv_aware`` at each replica's KV events.
+
+    NOTE: vllm-router 0.1.17 subscribes to an HTTP worker's events only from these static
+    flags: it reads /kv_event_sources and /get_server_info (kvpool answers both as vLLM)
+    but spawns no subscriber for an HTTP worker from them (docs/architecture.md, "KV-aware
+    routing")."""
+    args = []
+    for r in replicas:
+        if r.kv_events_endpoint is None:
+            raise ValueError(f"replica {r.url} publishes no KV events (Replica(..., kv_events=True))")
+        args += ["--kv-event-source", f"{r.url}={r.kv_events_endpoint}"]
+    return args + ["--kv-event-block-size", str(block_size), "--kv-event-model", model]
+
+
 class Router:
     """``vllm-router`` over ``worker_urls`` on a free loopback port (metrics on another)."""
 
-    def __init__(self, worker_urls: list[str], policy: str, log_path: Path, *extra: str):
+    def __init__(self, worker_urls: list[str], policy: str, log_path: Path, *extra: str, log_level: str = "warning"):
         binary = router_binary()
         if binary is None:
             raise FileNotFoundError("vllm-router not found (pip install vllm-router, or `make install`: the test extra has it)")
@@ -124,7 +143,7 @@ class Router:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path)
         argv = [binary, "--worker-urls", *worker_urls, "--policy", policy, "--host", "127.0.0.1", "--port", str(self.port),
-                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warning", *extra]  # fmt: skip
+                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", log_level, *extra]  # fmt: skip
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
 

@@ -250,6 +250,16 @@ class APIServer:
         scheduler = merge_rejections(scheduler, self.engine.admission.rejections)
         return web.Response(body=scheduler + self.metrics.render(family_names(scheduler)), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
+    async def scheduler_engine_info(self) -> dict:
+        """The scheduler's GET /engine_info (scheduler/engine/engine_info.py); 503 when unreachable."""
+        try:
+            async with self._http.get(self.config.scheduler_http + "/engine_info") as r:
+                if r.status == 200:
+                    return await r.json()
+                raise unavailable(f"the scheduler's /engine_info answered {r.status}")
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise unavailable(f"the scheduler is unreachable: {e}") from None
+
     async def scheduler_reset_prefix_cache(self) -> tuple[int, str]:
         """The scheduler's answer to POST /reset_prefix_cache: (status, its text)."""
         try:

@@ -1,7 +1,14 @@
 """What vllm-router probes besides vLLM's own routes (SGLang's names;
 docs/architecture.md): the render endpoints (``frontend.render``),
 ``/get_model_info``, ``/get_server_info``, ``/get_load``, ``/health_generate`` and
-``/flush_cache`` (dev mode)."""
+``/flush_cache`` (dev mode); and vLLM's ``/kv_event_sources``.
+
+vllm-router's ``kv_aware`` discovers a worker's KV events over HTTP: ``/kv_event_sources``
+(vLLM's: the publisher config per data-parallel rank) for where to subscribe, and the
+``vllm_config`` of ``/get_server_info`` (``model_config.model``, ``cache_config.block_size``)
+for the cache identity and the block size; without them it indexes nothing. Both come
+from the scheduler's ``/engine_info`` (scheduler/engine/engine_info.py), read once.
+"""
 
 from __future__ import annotations
 
@@ -26,8 +33,28 @@ if TYPE_CHECKING:
 HEALTH_GENERATE_TIMEOUT_S = 30.0
 
 
+def vllm_config(model: str, served_model_name: str, max_model_len: int, info: dict) -> dict:
+    """The part of vLLM's VllmConfig (as ``/server_info?config_format=json`` dumps it) a router reads."""
+    return {"model_config": {"model": model, "served_model_name": served_model_name, "max_model_len": max_model_len},
+            "cache_config": dict(info.get("cache_config", {})),
+            "parallel_config": {"data_parallel_size": 1, "data_parallel_rank": info.get("data_parallel_rank", 0)}}  # fmt: skip
+
+
+def kv_event_sources(info: dict) -> dict:
+    """vLLM's /kv_event_sources: {rank: KVEventsConfig}, {} when nothing is published."""
+    config = info.get("kv_events_config")
+    return {} if config is None else {str(info.get("data_parallel_rank", 0)): config}
+
+
 def router_probe_routes(server: APIServer) -> list[tuple[str, str, object]]:
     ctx, config = server.ctx, server.config
+    cached_info: list[dict] = []
+
+    async def engine_info() -> dict:
+        # NOTE: fixed for the scheduler's life, so read once; a failure is not cached.
+        if not cached_info:
+            cached_info.append(await server.scheduler_engine_info())
+        return cached_info[0]
 
     async def render_completion_(request: web.Request) -> web.Response:
         body = await render_completion(ctx, await read_body(request, CompletionRequest))
@@ -42,9 +69,15 @@ def router_probe_routes(server: APIServer) -> list[tuple[str, str, object]]:
 
     async def server_info(_request: web.Request) -> web.Response:
         c = config
+        info = await engine_info()
         return json_response({"version": kvpool_version(), "model_path": c.model, "served_model_name": c.served_model_name,
                               "max_model_len": c.max_model_len, "dev_mode": c.dev_mode, "ready": server.ready,
-                              "status": "ready" if server.ready else server.why_not_ready, "load": server.engine.num_in_flight})  # fmt: skip
+                              "status": "ready" if server.ready else server.why_not_ready, "load": server.engine.num_in_flight,
+                              "kv_block_size": info["cache_config"]["block_size"],
+                              "vllm_config": vllm_config(c.model, c.served_model_name, c.max_model_len, info)})  # fmt: skip
+
+    async def kv_event_sources_(_request: web.Request) -> web.Response:
+        return json_response(kv_event_sources(await engine_info()))
 
     async def get_load(_request: web.Request) -> web.Response:
         # The engine requests this server has running or waiting (vllm-router reads "load").
@@ -75,6 +108,7 @@ def router_probe_routes(server: APIServer) -> list[tuple[str, str, object]]:
         ("POST", "/v1/chat/completions/render", render_chat_),
         ("GET", "/get_model_info", model_info),
         ("GET", "/get_server_info", server_info),
+        ("GET", "/kv_event_sources", kv_event_sources_),
         ("GET", "/get_load", get_load),
         ("GET", "/health_generate", health_generate),
         ("POST", "/flush_cache", flush_cache),

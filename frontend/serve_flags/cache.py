@@ -9,8 +9,9 @@ from frontend.serve_flags import reasons as why
 from frontend.serve_flags.rules import BOOL, MANY, ONE, Group, handled, passed, refused
 from frontend.serve_flags.values import human_readable_int
 
-# vLLM's --prefix-caching-hash-algo choices; the scheduler hashes with the first two.
-HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+# --prefix-caching-hash-algo: kvpool's own hashes over packed tokens (the default), then
+# vLLM's four, each exactly as vLLM 0.32 (scheduler/core/vllm_hashing.py).
+HASH_ALGOS = ("kvpool_sha256", "kvpool_xxhash", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 
 _CACHE = [
     handled("--block-size", ONE, "scheduler and worker", type=int, default=16, help="tokens per KV block (default %(default)s)"),
@@ -38,9 +39,10 @@ _CACHE = [
     handled("--num-gpu-blocks-override", ONE, "scheduler", type=int, default=None, metavar="N",
             help="use N blocks instead of what the worker reports"),  # fmt: skip
     refused("--prefix-cache-retention-interval", ONE, why.NOT_YET, accepts=("0",)),
-    handled("--prefix-caching-hash-algo", ONE, "scheduler", default=None, choices=HASH_ALGOS, accepts=(None, "sha256", "xxhash"),
-            why_not="the CBOR-serialised hashes are not supported yet (sha256 and xxhash are)",
-            help="the prefix cache's block hash (default: sha256, as vLLM)"),  # fmt: skip
+    handled("--prefix-caching-hash-algo", ONE, "scheduler", default=None, choices=HASH_ALGOS,
+            help="the prefix cache's block hash: kvpool_sha256 (default) or kvpool_xxhash, kvpool's own over packed "
+                 "tokens; or vLLM's sha256, sha256_cbor, xxhash, xxhash_cbor, exactly (seeded from PYTHONHASHSEED as "
+                 "vLLM), for an indexer that hashes tokens itself"),  # fmt: skip
     passed("--prefix-match-unit", ONE, "scheduler"),
     refused("--replayssm-buffer-len", ONE, why.MAMBA),
     refused("--swa-bounded-replay", BOOL, why.MAMBA, accepts=(True,)),

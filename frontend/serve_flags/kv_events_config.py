@@ -10,7 +10,8 @@ ipc:// or inproc:// endpoint and connects to any other (the scheduler's
 ``--kv-events-endpoint-mode vllm``); the replay socket always binds.
 
 NOTE: ``max_queue_size`` is checked and has nothing to bound: vLLM queues events for a
-publishing thread, kvpool's step loop publishes each batch itself, without a queue.
+publishing thread, kvpool's step loop publishes each batch itself, without a queue. It
+is passed on only to be reported, as vLLM does, in ``/kv_event_sources``.
 """
 
 from __future__ import annotations
@@ -92,5 +93,6 @@ def kv_events_scheduler_flags(text: str, data_parallel_rank: int, scheduler_args
                 "--kv-events-endpoint tcp://127.0.0.1:PORT, or CURVE (--scheduler-args '--curve-secret-key ...')"
             )
     flags = ["--kv-events-endpoint", endpoint, "--kv-events-endpoint-mode", "vllm", "--kv-events-topic", c["topic"],
-             "--kv-events-buffer-steps", str(c["buffer_steps"]), "--kv-events-hwm", str(c["hwm"])]  # fmt: skip
+             "--kv-events-buffer-steps", str(c["buffer_steps"]), "--kv-events-hwm", str(c["hwm"]),
+             "--kv-events-max-queue-size", str(c["max_queue_size"])]  # fmt: skip
     return flags + (["--kv-events-replay-endpoint", replay] if replay is not None else [])

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from protocol.curve import CurveKeyError, load_keypair
 from protocol.kv_events import INT_BLOCK_HASHES_ENV, int_block_hashes_from_env
-from scheduler.core.hashing import HASH_ALGOS
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
+from scheduler.core.vllm_hashing import DEFAULT_PREFIX_CACHING_HASH_ALGO, PREFIX_CACHING_HASH_ALGOS
 from scheduler.engine.kv_event_endpoints import (
     ENDPOINT_MODES,
     check_connect_endpoint,
@@ -62,7 +62,10 @@ class SchedulerConfig:
     # NOTE: a waiting request holds its prompt once, as a Python list: this limit is
     # what keeps the scheduler's memory finite under a flood of requests.
     max_num_waiting: int = 100_000
-    prefix_caching_hash_algo: str = "sha256"
+    # kvpool's own packed-token hash (the default) or one of vLLM's, exactly (scheduler/core/vllm_hashing.py).
+    prefix_caching_hash_algo: str = DEFAULT_PREFIX_CACHING_HASH_ALGO
+    # PYTHONHASHSEED as the scheduler started, the seed of vLLM's NONE_HASH (None: unset).
+    python_hash_seed: str | None = None
     dev_mode: bool = False
     log_level: str = "INFO"
     # The periodic stats line (scheduler/engine/stats_logger.py): off with --disable-log-stats; its period is VLLM_LOG_STATS_INTERVAL.
@@ -89,6 +92,9 @@ class SchedulerConfig:
     # "bind" always (kvpool's flag), or "vllm": bind a wildcard/ipc/inproc endpoint, else connect.
     kv_events_endpoint_mode: str = "bind"
     kv_events_hwm: int = 100_000
+    # vLLM's KVEventsConfig.max_queue_size, reported in /engine_info. NOTE: it bounds nothing
+    # here: the step loop publishes each batch itself, without vLLM's queue.
+    kv_events_max_queue_size: int = 100_000
     # Hashes as 64-bit ints (vLLM 0.33's default) or the full bytes.
     kv_events_int_block_hashes: bool = True
     # This engine's rank among replicas, in every KV event batch (vLLM's data_parallel_rank).
@@ -154,7 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="not supported: kvpool plans a step once the previous one's result is in (--no-async-scheduling is accepted)")  # fmt: skip
     p.add_argument("--max-num-waiting", type=int, default=d.max_num_waiting,
                    help="most requests waiting to run; more are refused (default %(default)s, ~36 bytes a prompt token each)")  # fmt: skip
-    p.add_argument("--prefix-caching-hash-algo", choices=HASH_ALGOS, default=d.prefix_caching_hash_algo)
+    p.add_argument("--prefix-caching-hash-algo", choices=PREFIX_CACHING_HASH_ALGOS, default=d.prefix_caching_hash_algo,
+                   help="kvpool_sha256 / kvpool_xxhash: kvpool's own over packed tokens (default %(default)s); sha256, "
+                        "sha256_cbor, xxhash, xxhash_cbor: vLLM's, exactly, seeded from PYTHONHASHSEED as vLLM")  # fmt: skip
     # NOTE: VLLM_SERVER_DEV_MODE as well (vLLM's switch; the frontend reads it too, so
     # one variable given to `kvpool serve` opens /reset_prefix_cache end to end).
     dev_env = os.environ.get("KVPOOL_DEV_MODE") == "1" or os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip() not in ("", "0")
@@ -197,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bind: the PUB socket binds the endpoint; vllm: as vLLM's --kv-events-config, it binds a wildcard "
                         "(*), ipc:// or inproc:// endpoint and connects to any other (default %(default)s)")  # fmt: skip
     g.add_argument("--kv-events-hwm", type=int, default=d.kv_events_hwm, help="the PUB socket's send high-water mark (default %(default)s)")
+    g.add_argument("--kv-events-max-queue-size", type=int, default=d.kv_events_max_queue_size,
+                   help="vLLM's max_queue_size, reported to routers in /kv_event_sources; kvpool queues no events (default %(default)s)")  # fmt: skip
     g.add_argument("--kv-events-int-block-hashes", action=argparse.BooleanOptionalAction, default=None,
                    help="block hashes as 64-bit ints, as vLLM 0.33 sends them (the default), or with --no-... the full "
                         f"hash bytes; default from {INT_BLOCK_HASHES_ENV} (1 = ints, 0 = bytes) as in vLLM")  # fmt: skip
@@ -266,8 +276,8 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
                 "(give --curve-secret-key and --curve-authorized-keys)")  # fmt: skip
     if a.kv_events_replay_endpoint is not None and a.kv_events_endpoint is None:
         p.error("--kv-events-replay-endpoint needs --kv-events-endpoint")
-    if a.kv_events_buffer_steps < 1 or a.kv_events_hwm < 1:
-        p.error("--kv-events-buffer-steps and --kv-events-hwm must be positive")
+    if a.kv_events_buffer_steps < 1 or a.kv_events_hwm < 1 or a.kv_events_max_queue_size < 1:
+        p.error("--kv-events-buffer-steps, --kv-events-hwm and --kv-events-max-queue-size must be positive")
     if a.data_parallel_rank < 0:
         p.error(f"--data-parallel-rank must be non-negative, got {a.data_parallel_rank}")
     if not 0.0 <= a.kv_offloading_size < float("inf"):
@@ -297,4 +307,5 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
         a.log_stats_interval_s = -1.0
     if not 0 < a.log_stats_interval_s < float("inf"):
         p.error(f"VLLM_LOG_STATS_INTERVAL must be a positive number of seconds, got {os.environ.get('VLLM_LOG_STATS_INTERVAL')!r}")
+    a.python_hash_seed = os.environ.get("PYTHONHASHSEED")
     return SchedulerConfig(**vars(a))

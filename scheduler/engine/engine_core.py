@@ -33,10 +33,11 @@ from functools import partial
 import zmq.asyncio
 
 from protocol.worker_messages import CompileGrammars, Shutdown, StepResult
-from scheduler.core.hashing import BlockHasher
+from scheduler.core.vllm_hashing import make_block_hasher
 from scheduler.engine.client_outputs import outputs_by_client
 from scheduler.engine.client_side import ClientSide
 from scheduler.engine.config import SchedulerConfig
+from scheduler.engine.engine_info import engine_info
 from scheduler.engine.engine_state import EngineState
 from scheduler.engine.http_server import HttpSide
 from scheduler.engine.kv_event_publisher import make_kv_event_sink
@@ -87,14 +88,18 @@ class EngineCore:
         self.state = EngineState()
         self.worker_side = WorkerSide(self.state, config, workers, self.metrics, self.kv_event_sink, self._publish_kv_events)
         self.worker = self.worker_side.link
-        hasher = BlockHasher(config.block_size, config.prefix_caching_hash_algo)
+        hasher = make_block_hasher(config.block_size, config.prefix_caching_hash_algo, config.python_hash_seed)
+        if config.prefix_caching_hash_algo in ("xxhash", "xxhash_cbor") and config.python_hash_seed is None:
+            log.warning("Using a random per-process NONE_HASH seed because %s is not collision resistant. Block hashes are "
+                        "therefore not reproducible across processes; set PYTHONHASHSEED to a shared value to reuse the "
+                        "prefix cache across instances, or use sha256.", config.prefix_caching_hash_algo)  # fmt: skip
         self.client_side = ClientSide(
             self.state, clients, hasher, config.max_frame_bytes, config.max_num_waiting, self.metrics.record_admission_rejection,
             self.metrics.request_metrics.observe_finished,
         )
         self.worker_side.end_requests = self.client_side.end
         self.http_side = HttpSide(self.state, self.worker, self.metrics, self._publish_kv_events, config.host, config.http_port,
-                                  config.dev_mode)  # fmt: skip
+                                  config.dev_mode, engine_info(config))  # fmt: skip
         self.iteration_log = IterationDetailsLogger(config.log_stats and config.enable_logging_iteration_details, config.data_parallel_rank)
         self._step_kv_events: list = []  # see _step_loop
         self._stop = asyncio.Event()

@@ -1,4 +1,5 @@
-"""The scheduler's HTTP side, on the same event loop: /metrics, /health and the
+"""The scheduler's HTTP side, on the same event loop: /metrics, /health, /engine_info
+(what the frontend tells routers: scheduler/engine/engine_info.py) and the
 development endpoint POST /reset_prefix_cache (dev mode only; 404 otherwise).
 
 ``EngineCore`` (scheduler/engine/engine_core.py) holds one ``HttpSide``; what the
@@ -8,6 +9,7 @@ metrics, and a reset publishes its KV events through the engine's publisher.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 
@@ -23,9 +25,11 @@ log = logging.getLogger("scheduler")
 class HttpSide:
     def __init__(
         self, state: EngineState, link: WorkerLink, metrics: SchedulerMetrics, publish_kv_events: Callable[[], None],
-        host: str, port: int, dev_mode: bool,
+        host: str, port: int, dev_mode: bool, engine_info: dict | None = None,
     ):  # fmt: skip
-        """``publish_kv_events``: the engine's, called after a reset emptied the cache."""
+        """``publish_kv_events``: the engine's, called after a reset emptied the cache;
+        ``engine_info``: GET /engine_info's answer (fixed at start-up)."""
+        self.engine_info = engine_info or {}
         self.state = state
         self.link = link
         self.metrics = metrics
@@ -36,7 +40,7 @@ class HttpSide:
         """/metrics, /health (and the dev-mode reset); None, logged, if the port is taken."""
         reset = self.reset_prefix_cache if self.dev_mode else None
         try:
-            return await start_http(build_app(self.render_metrics, self.health, reset), self.host, self.port)
+            return await start_http(build_app(self.render_metrics, self.health, reset, self.engine_info), self.host, self.port)
         except OSError as e:
             log.error("cannot start: HTTP on %s:%d: %s (choose another --http-port)", self.host, self.port, e)
             return None
@@ -66,8 +70,10 @@ def build_app(
     render_metrics: Callable[[], bytes],
     is_healthy: Callable[[], tuple[bool, str]],
     reset_prefix_cache: Callable[[], tuple[bool, str]] | None,
+    engine_info: dict | None = None,
 ) -> web.Application:
     app = web.Application()
+    info_body = json.dumps(engine_info or {}).encode()
 
     async def metrics(_request: web.Request) -> web.Response:
         return web.Response(body=render_metrics(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
@@ -76,8 +82,12 @@ def build_app(
         ok, why = is_healthy()
         return web.Response(status=200 if ok else 503, text=why + "\n")
 
+    async def info(_request: web.Request) -> web.Response:
+        return web.Response(body=info_body, content_type="application/json")
+
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/health", health)
+    app.router.add_get("/engine_info", info)
 
     if reset_prefix_cache is not None:
 

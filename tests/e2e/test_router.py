@@ -6,7 +6,11 @@ it; skipped naming the reason where it is missing, failed under CI).
 * A workload of many shared prefixes, the same for each policy, with both replicas'
   prefix caches flushed between: ``cache_aware`` gives a higher aggregate hit rate
   (vllm:prefix_cache_hits / queries summed over both replicas' /metrics) than
-  ``round_robin``; both replicas serve and no request fails under either.
+  ``round_robin``; both replicas serve and no request fails under either. (kv_aware's
+  rate on it is a benchmark, bench/router_hit_rate_bench.py: it varies run to run.)
+* ``kv_aware`` credits what the events say is cached: a prefix computed on one replica
+  behind the router's back (sent to it directly) draws every later request that
+  shares it to that replica; and the replicas answer vLLM's /kv_event_sources.
 * One replica SIGKILLed: once the router has noticed, the survivor serves every request.
 
 The pools are small (64 blocks) so that round_robin, which caches every prefix on both
@@ -29,6 +33,7 @@ from bench.router_bench import (
     Router,
     complete,
     http_get,
+    kv_aware_args,
     requests_served,
     router_binary,
 )
@@ -36,6 +41,7 @@ from bench.router_bench import (
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 NUM_BLOCKS, NUM_PREFIXES, REPEATS, CONCURRENCY = 64, 12, 6, 4
+BLOCK_SIZE = 16  # kvpool serve's default
 
 
 def require_router() -> None:
@@ -51,7 +57,7 @@ def replicas(tiny_checkpoint, tmp_path_factory):
     require_router()
     logs = tmp_path_factory.mktemp("router-replicas")
     started = [Replica(tiny_checkpoint, logs / f"r{i}", "--dev-mode", "--num-gpu-blocks-override", str(NUM_BLOCKS),
-                       "--max-model-len", "512") for i in range(2)]  # fmt: skip
+                       "--max-model-len", "512", kv_events=True) for i in range(2)]  # fmt: skip
     try:
         for r in started:
             r.wait_ready()
@@ -152,6 +158,35 @@ def test_cache_aware_beats_round_robin_on_shared_prefixes(router_factory, replic
         rates[policy] = got["hit_rate"]
     print(f"aggregate prefix-cache hit rate: {rates}")
     assert rates["cache_aware"] > rates["round_robin"], rates
+
+
+def test_kv_aware_follows_the_events_to_the_replica_that_holds_a_prefix(router_factory, replicas, tiny_checkpoint):
+    model = str(tiny_checkpoint)
+    router = router_factory("kv_aware", *kv_aware_args(replicas, BLOCK_SIZE, model))
+    flush(router)
+    prefix = " ".join(["replica", "one", "holds", "this", "prefix"] * 30)  # about ten blocks
+    for holder in (1, 0):  # NOTE: both ways round, so a fixed tie-break cannot pass for a credit
+        text = f"{holder}: {prefix}"
+        ok, why = complete(replicas[holder].url, {"model": model, "prompt": text, "max_tokens": 1})
+        assert ok, why
+        time.sleep(1.0)  # the BlockStored batch reaches the router's subscriber
+        before = [requests_served(r.url) for r in replicas]
+        for i in range(4):
+            ok, why = complete(router.url, {"model": model, "prompt": f"{text} question {i}", "max_tokens": 1})
+            assert ok, why
+        after = [requests_served(r.url) for r in replicas]
+        assert [a - b for a, b in zip(after, before, strict=True)] == [4 if i == holder else 0 for i in range(2)], (holder, before, after)
+
+
+def test_the_replicas_answer_vllms_kv_event_sources(replicas):
+    for r in replicas:
+        status, body = http_get(r.url + "/kv_event_sources")
+        # vLLM's KVEventsConfig per data-parallel rank, its publisher's resolved fields
+        assert status == 200 and json.loads(body) == {"0": {
+            "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": r.kv_events_endpoint, "replay_endpoint": None,
+            "buffer_steps": 10000, "hwm": 100000, "max_queue_size": 100000, "topic": ""}}  # fmt: skip
+        info = json.loads(http_get(r.url + "/get_server_info")[1])
+        assert info["kv_block_size"] == BLOCK_SIZE and info["vllm_config"]["cache_config"]["block_size"] == BLOCK_SIZE
 
 
 def test_the_survivor_serves_everything_once_the_router_noticed(router_factory, replicas, tiny_checkpoint):

@@ -28,8 +28,6 @@ def test_a_refused_flag_exits_2_with_one_line_and_starts_nothing(tiny_checkpoint
     [
         (["--kv-cache-dtype", "fp8"], "kvpool serve: --kv-cache-dtype fp8: kvpool keeps the KV cache in the model's dtype (auto; "
                                       "choose it with --dtype): an fp8 or otherwise quantized KV cache is not supported yet"),
-        (["--prefix-caching-hash-algo", "sha256_cbor"],
-         "kvpool serve: --prefix-caching-hash-algo sha256_cbor: the CBOR-serialised hashes are not supported yet (sha256 and xxhash are)"),
         (["--kv-offloading-backend", "lmcache"],
          "kvpool serve: --kv-offloading-backend lmcache: LMCache is not supported; kvpool's host tier is vLLM's native one"),
         (["--log-level", "CRITICAL"], "kvpool serve: --log-level CRITICAL: kvpool's processes log at DEBUG, INFO, WARNING or ERROR"),

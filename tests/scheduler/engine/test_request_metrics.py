@@ -137,7 +137,7 @@ def test_cache_config_info_has_vllms_labels_once_the_pool_exists():
     assert sorted(sample.labels) == sorted(CACHE_CONFIG_LABELS) and sample.value == 1.0
     assert sample.labels["block_size"] == "32" and sample.labels["enable_prefix_caching"] == "False"
     assert sample.labels["num_gpu_blocks"] == "1000" and sample.labels["engine"] == "0"
-    assert sample.labels["prefix_caching_hash_algo"] == "sha256" and sample.labels["kv_offloading_size"] == "None"
+    assert sample.labels["prefix_caching_hash_algo"] == "kvpool_sha256" and sample.labels["kv_offloading_size"] == "None"
     # 1000 tokens take 32 blocks: 1000 / 32 = 31.25 such requests at once, 31250 tokens.
     assert sample.labels["kv_cache_max_concurrency"] == "31.25" and sample.labels["kv_cache_size_tokens"] == "31250"
     assert sample.labels["effective_attention_block_size"] == "32"
