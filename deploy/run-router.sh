@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # N `kvpool serve` replicas behind vllm-router (the vLLM project's router, from the test
 # extra): replica i (1..N) serves the tiny generated checkpoint on 127.0.0.1:(ROUTER_PORT+i),
-# publishes its KV events with rank i-1 and its own topic, and the router listens on
+# publishes its KV events on its own ports with its own topic (rank 0, vLLM's meaning), and the router listens on
 # 127.0.0.1:ROUTER_PORT with --policy cache_aware. Then the load generator's shared-prefix
 # workload through the router, each replica's prefix-cache hit rate and the aggregate, and
 # everything stopped -- or, with --hold, everything served until Ctrl-C.
@@ -143,6 +143,7 @@ if [ -z "$MODEL" ]; then
 fi
 
 urls=()
+kv_sources=()
 for i in $(seq 1 "$REPLICAS"); do
     port=$((ROUTER_PORT + i))
     dir="$LOG_DIR/replica-$i"
@@ -150,9 +151,16 @@ for i in $(seq 1 "$REPLICAS"); do
     events=()
     if [ -n "$EVENTS_PORT" ]; then
         pub=$((EVENTS_PORT + 2 * (i - 1)))
-        # NOTE: llm-d's indexer reads the topic as kv@<pod>@<model>; the rank goes in every batch.
+        # NOTE: llm-d's indexer reads the topic as kv@<pod>@<model>. Every replica keeps rank 0:
+        # vLLM's data_parallel_rank is the engine's rank inside its own DP group, and
+        # vllm-router's kv_aware files a batch under (worker, rank), so rank i would be a
+        # target that does not exist.
         events=(--kv-events-endpoint "tcp://127.0.0.1:$pub" --kv-events-replay-endpoint "tcp://127.0.0.1:$((pub + 1))"
-                --kv-events-topic "kv@127.0.0.1:$port@$MODEL" --data-parallel-rank "$((i - 1))")
+                --kv-events-topic "kv@127.0.0.1:$port@$MODEL")
+        if [ "$POLICY" = kv_aware ]; then
+            kv_sources+=(--kv-event-source "http://127.0.0.1:$port=tcp://127.0.0.1:$pub"
+                         --kv-event-replay-source "http://127.0.0.1:$port=tcp://127.0.0.1:$((pub + 1))")
+        fi
     fi
     # shellcheck disable=SC2086  # KVPOOL_SERVE_ARGS is meant to be word-split
     start "replica-$i" "$dir/serve.log" "$PYTHON" -m frontend.cli serve "$MODEL" --host 127.0.0.1 --port "$port" \
@@ -164,6 +172,11 @@ done
 for url in "${urls[@]}"; do
     wait_http "$url/health" "kvpool serve at $url"
 done
+if [ "${#kv_sources[@]}" -gt 0 ]; then
+    # NOTE: vllm-router 0.1.17 subscribes to an HTTP worker's KV events only when told
+    # where they are, with the block size and model (docs/architecture.md, "KV-aware routing").
+    kv_sources+=(--kv-event-block-size "$BLOCK_SIZE" --kv-event-model "$MODEL")
+fi
 
 # Health checked every 2 s, out after 2 failures: a dead replica leaves the rotation in
 # about 4 s (the router's defaults: 60 s and 3). The metrics port must not collide.
@@ -171,7 +184,7 @@ done
 start router "$LOG_DIR/router.log" "$ROUTER" --worker-urls "${urls[@]}" --policy "$POLICY" \
     --host 127.0.0.1 --port "$ROUTER_PORT" --prometheus-host 127.0.0.1 --prometheus-port "$((ROUTER_PORT + 90))" \
     --health-check-interval-secs 2 --health-failure-threshold 2 --worker-startup-check-interval 1 \
-    ${KVPOOL_ROUTER_ARGS:-}
+    "${kv_sources[@]}" ${KVPOOL_ROUTER_ARGS:-}
 wait_http "http://127.0.0.1:$ROUTER_PORT/readiness" "vllm-router"
 log "ready: vllm-router ($POLICY) at http://127.0.0.1:$ROUTER_PORT/v1 over ${urls[*]}"
 

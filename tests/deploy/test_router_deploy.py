@@ -65,10 +65,11 @@ def test_systemd_analyze_verify(unit, tmp_path):
 
 
 @pytest.mark.parametrize("n", [0, 1, 5])
-def test_each_template_instance_gets_its_own_ports_and_rank(n):
+def test_each_template_instance_gets_its_own_ports_and_rank_0(n):
     a = build_parser().parse_args(serve_args_of_instance(n))  # exits 2 on an unknown flag
     assert a.command == "serve" and a.host == "127.0.0.1"
-    assert (a.port, a.worker_http_port, a.data_parallel_rank) == (8101 + n, 8201 + n, n)
+    # NOTE: rank 0 for every instance: vLLM's data_parallel_rank is the engine's rank in its own DP group.
+    assert (a.port, a.worker_http_port, a.data_parallel_rank) == (8101 + n, 8201 + n, 0)
     assert a.kv_events_endpoint == f"tcp://127.0.0.1:{5557 + 2 * n}"
     assert a.kv_events_replay_endpoint == f"tcp://127.0.0.1:{5558 + 2 * n}"
     assert a.kv_events_topic == f"kv@127.0.0.1:{8101 + n}@/opt/kvpool/models/checkpoint"
@@ -93,10 +94,10 @@ def test_the_kubernetes_manifest_parses_and_its_flags_exist():
     sts = by_kind[("StatefulSet", "kvpool")]
     assert by_kind[("Service", "kvpool")]["spec"]["clusterIP"] == "None" and sts["spec"]["serviceName"] == "kvpool"
     (serve,) = sts["spec"]["template"]["spec"]["containers"]
-    env = {"POD_NAME": "kvpool-1", "POD_INDEX": "1"}
+    env = {"POD_NAME": "kvpool-1"}
     args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], x) for x in serve["args"]]
     a = build_parser().parse_args(args)
-    assert a.data_parallel_rank == 1 and a.kv_events_topic == "kv@kvpool-1@/models/checkpoint" and a.port == 8000
+    assert a.data_parallel_rank == 0 and a.kv_events_topic == "kv@kvpool-1@/models/checkpoint" and a.port == 8000
     assert {e["name"] for e in serve["env"]} == set(env)
     (router,) = by_kind[("Deployment", "vllm-router")]["spec"]["template"]["spec"]["containers"]
     r = router_args(router["args"])

@@ -1,0 +1,112 @@
+"""Aggregate prefix-cache hit rate behind vllm-router, per policy (``python -m bench
+router_hit_rate``): two ``kvpool serve`` of the tiny checkpoint (CPU), each publishing its
+KV events, behind ``vllm-router --policy round_robin | cache_aware | kv_aware`` (kv_aware
+subscribed to both replicas' events: bench.router_bench.kv_aware_args).
+
+The workload: NUM_PREFIXES shared prefixes of about 13 blocks, each asked REPEATS times
+with its own short suffix, shuffled, CONCURRENCY clients; both replicas' prefix caches
+flushed between policies. The figure is vllm:prefix_cache_hits / queries summed over
+both replicas' /metrics. Each pool holds NUM_BLOCKS: all prefixes fit in the two pools
+together but not twice, so a policy that caches a prefix on both replicas evicts.
+
+Targets (issue 28): kv_aware >= cache_aware > round_robin.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import tempfile
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench.router_bench import Replica, Router, complete, http_get, kv_aware_args, router_binary
+from bench.table import Row
+
+NUM_BLOCKS, BLOCK_SIZE, NUM_PREFIXES, REPEATS, CONCURRENCY = 128, 16, 12, 6, 2
+POLICIES = ("round_robin", "cache_aware", "kv_aware")
+
+
+def workload(seed: int = 7) -> list[str]:
+    rng = random.Random(seed)
+    words = ["block", "cache", "prefix", "hash", "token", "pool", "evict", "worker", "scheduler", "router", "replica"]
+    prefixes = [" ".join(rng.choice(words) for _ in range(100)) for _ in range(NUM_PREFIXES)]
+    prompts = [f"{p} {i}-{j}" for i, p in enumerate(prefixes) for j in range(REPEATS)]
+    rng.shuffle(prompts)
+    return prompts
+
+
+def prefix_cache_totals(url: str) -> tuple[float, float]:
+    """(hits, queries) from one replica's /metrics."""
+    status, text = http_get(url + "/metrics")
+    if status != 200:
+        raise RuntimeError(f"{url}/metrics answered {status}")
+    hits = queries = 0.0
+    for line in text.decode().splitlines():
+        if line.startswith("vllm:prefix_cache_hits_total"):
+            hits += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("vllm:prefix_cache_queries_total"):
+            queries += float(line.rsplit(" ", 1)[1])
+    return hits, queries
+
+
+def hit_rate(router: Router, replicas: list[Replica], model: str) -> tuple[float, int]:
+    """(aggregate hit rate, failed requests) of the workload through ``router``."""
+    req = urllib.request.Request(router.url + "/flush_cache", b"", method="POST")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        r.read()
+    before = [prefix_cache_totals(r.url) for r in replicas]
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        results = list(pool.map(lambda p: complete(router.url, {"model": model, "prompt": p, "max_tokens": 2}), workload()))
+    after = [prefix_cache_totals(r.url) for r in replicas]
+    hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
+    queries = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
+    return hits / queries, sum(not ok for ok, _ in results)
+
+
+def measure(model: str, work: Path) -> dict[str, tuple[float, int]]:
+    replicas = [Replica(model, work / f"r{i}", "--dev-mode", "--num-gpu-blocks-override", str(NUM_BLOCKS),
+                        "--max-model-len", "512", kv_events=True) for i in range(2)]  # fmt: skip
+    out = {}
+    try:
+        for r in replicas:
+            r.wait_ready()
+        for policy in POLICIES:
+            extra = kv_aware_args(replicas, BLOCK_SIZE, model) if policy == "kv_aware" else []
+            router = Router([r.url for r in replicas], policy, work / f"router-{policy}.log", *extra)
+            try:
+                router.wait_ready()
+                out[policy] = hit_rate(router, replicas, model)
+            finally:
+                router.stop()
+    finally:
+        for r in replicas:
+            r.stop()
+    return out
+
+
+def rows() -> list[Row]:
+    from worker.tiny.generate import default_checkpoint
+
+    if router_binary() is None:
+        return [Row("router hit rate: NOT RUN, vllm-router not found (`make install` installs it)", float("nan"), "", "", None)]
+    with tempfile.TemporaryDirectory(prefix="kvpool-router-hit-rate-") as tmp:
+        got = measure(str(default_checkpoint()), Path(tmp))
+    failed = sum(f for _, f in got.values())
+    if failed:
+        print(f"router hit-rate bench: {failed} requests failed", file=sys.stderr)
+    rate = {p: r for p, (r, _) in got.items()}
+    name = f"router, 2 replicas, shared prefixes (c{CONCURRENCY}): aggregate prefix-cache hit rate"
+    return [
+        Row(f"{name}, round_robin", rate["round_robin"], "", "", None),
+        Row(f"{name}, cache_aware", rate["cache_aware"], "", "> round_robin", rate["cache_aware"] > rate["round_robin"]),
+        Row(f"{name}, kv_aware", rate["kv_aware"], "", ">= cache_aware", rate["kv_aware"] >= rate["cache_aware"]),
+        Row("router hit-rate bench: failed requests", failed, "req", "0", failed == 0),
+    ]
+
+
+if __name__ == "__main__":
+    from bench.table import print_table
+
+    print_table(rows())
