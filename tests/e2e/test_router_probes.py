@@ -80,6 +80,12 @@ def test_model_and_server_info(served, model):
     status, body = get(served, "/get_server_info")
     info = json.loads(body)
     assert status == 200 and info["served_model_name"] == model and info["ready"] is True and info["version"] == "0.1.0"
+    # What vllm-router's kv_aware reads: the block size and the cache identity (vLLM's config names).
+    assert info["kv_block_size"] == 16 and info["vllm_config"]["cache_config"]["block_size"] == 16
+    assert info["vllm_config"]["model_config"]["model"] == model
+    assert info["vllm_config"]["parallel_config"] == {"data_parallel_size": 1, "data_parallel_rank": 0}
+    status, body = get(served, "/kv_event_sources")
+    assert status == 200 and json.loads(body) == {}  # vLLM's answer without a publisher
 
 
 def test_load_counts_the_requests_in_flight(served, model):
