@@ -47,8 +47,10 @@ def first_batch(pub, sub: zmq.Socket) -> list[bytes]:
 
 def test_vllms_fields_become_the_schedulers_flags():
     argv = scheduler_argv({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://router:5557",
-                           "replay_endpoint": "tcp://127.0.0.1:5558", "topic": "kv", "buffer_steps": 50, "hwm": 7})  # fmt: skip
+                           "replay_endpoint": "tcp://127.0.0.1:5558", "topic": "kv", "buffer_steps": 50, "hwm": 7,
+                           "max_queue_size": 9})  # fmt: skip
     c = config_from_args(argv)
+    assert c.kv_events_max_queue_size == 9  # reported back in /kv_event_sources, as vLLM
     assert (c.kv_events_endpoint, c.kv_events_endpoint_mode, c.kv_events_replay_endpoint) == ("tcp://router:5557", "vllm", "tcp://127.0.0.1:5558")
     assert (c.kv_events_topic, c.kv_events_buffer_steps, c.kv_events_hwm) == ("kv", 50, 7)
 
