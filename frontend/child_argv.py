@@ -49,8 +49,6 @@ def scheduler_argv(a, client_port: int, worker_port: int, sched_http: int) -> li
         if value:
             sched += [flag, value]
     sched += getattr(a, "kv_events_flags", [])
-    if a.data_parallel_rank:
-        sched += ["--data-parallel-rank", str(a.data_parallel_rank)]
     return sched + passed_flags(a, "scheduler") + a.scheduler_args
 
 

@@ -133,8 +133,6 @@ def settle(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(f"--worker-restart-timeout must be a positive number of seconds, got {a.worker_restart_timeout}")
     if a.max_request_body_bytes < 1:
         p.error(f"--max-request-body-bytes must be positive, got {a.max_request_body_bytes}")
-    if a.data_parallel_rank < 0:
-        p.error(f"--data-parallel-rank must be non-negative, got {a.data_parallel_rank}")
     if getattr(a, "enable_log_outputs", False) and not a.enable_log_requests:
         p.error("--enable-log-outputs requires --enable-log-requests")  # NOTE: vLLM's check, before anything starts
     if a.kv_cache_memory is not None and a.kv_cache_memory_bytes is not None:
@@ -146,7 +144,7 @@ def settle(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         if a.kv_events_endpoint is not None:
             p.error("--kv-events-config and --kv-events-endpoint both configure the KV events publisher: give one")
         try:
-            a.kv_events_flags = kv_events_scheduler_flags(a.kv_events_config, a.data_parallel_rank, a.scheduler_args)
+            a.kv_events_flags = kv_events_scheduler_flags(a.kv_events_config, 0, a.scheduler_args)
         except ValueError as e:
             p.error(str(e))
 

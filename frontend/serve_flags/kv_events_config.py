@@ -4,8 +4,8 @@ vLLM's fields and defaults (vllm/config/kv_events.py): ``enable_kv_cache_events`
 (False), ``publisher`` ("zmq" when enabled, else "null"), ``endpoint``
 ("tcp://*:5557"), ``replay_endpoint`` (None), ``buffer_steps`` (10000), ``hwm``
 (100000), ``max_queue_size`` (100000), ``topic`` (""). As vLLM's ZmqEventPublisher,
-both endpoints are offset by ``--data-parallel-rank`` (a tcp port plus the rank, an
-inproc name with ``_dpN``), and the PUB socket binds a wildcard (``*``, ``::``),
+both endpoints would be offset by a data-parallel rank (a tcp port plus the rank, an
+inproc name with ``_dpN``; ``kvpool serve``'s rank is always 0, so they are not), and the PUB socket binds a wildcard (``*``, ``::``),
 ipc:// or inproc:// endpoint and connects to any other (the scheduler's
 ``--kv-events-endpoint-mode vllm``); the replay socket always binds.
 

@@ -15,9 +15,7 @@ _RULES = [
     refused("--data-parallel-external-lb -dpe", BOOL, why.ONE_ENGINE, accepts=(False,)),
     refused("--data-parallel-hybrid-lb -dph", BOOL, why.ONE_ENGINE, accepts=(False,)),
     refused("--data-parallel-multi-port-external-lb -dpm", SWITCH, why.ONE_ENGINE),
-    handled("--data-parallel-rank -dpn", ONE, "scheduler: the rank in every KV event batch (and the KV events port offset)",
-            type=int, default=0, metavar="RANK",
-            help="this replica's rank, in its KV events, for an indexer over several replicas (default %(default)s)"),  # fmt: skip
+    refused("--data-parallel-rank -dpn", ONE, why.DP_RANK, accepts=("0",)),
     refused("--data-parallel-rpc-port -dpp", ONE, why.ONE_ENGINE),
     refused("--data-parallel-size -dp", ONE, why.ONE_ENGINE, accepts=("1",)),
     refused("--data-parallel-size-local -dpl", ONE, why.ONE_ENGINE, accepts=("1",)),

@@ -5,6 +5,13 @@ ONE_ENGINE = (
     "a kvpool serve is one engine on one host; for more, run several kvpool serve replicas "
     "behind vllm-router (deploy/run-router.sh)"
 )
+# NOTE: vLLM 0.32 with --data-parallel-size 1 takes its rank from VLLM_DP_RANK (0), whatever
+# --data-parallel-rank says, and tells dense models to run independent instances without
+# --data-parallel-* flags; its KV events then carry rank 0 (vllm/config/parallel.py).
+DP_RANK = (
+    "a kvpool serve is one engine, data-parallel size 1, whose rank is 0 as vLLM's is then; independent "
+    "replicas all keep rank 0 (tell them apart by --kv-events-topic)"
+)
 EXPERTS = "kvpool serves dense models, without expert parallelism or MoE kernels"
 CONTEXT_PARALLEL = "context parallelism is not supported (kvpool splits a model only by --tensor-parallel-size)"
 PIPELINE = "pipeline parallelism is not supported (kvpool splits a model only by --tensor-parallel-size)"

@@ -68,8 +68,8 @@ def test_systemd_analyze_verify(unit, tmp_path):
 def test_each_template_instance_gets_its_own_ports_and_rank_0(n):
     a = build_parser().parse_args(serve_args_of_instance(n))  # exits 2 on an unknown flag
     assert a.command == "serve" and a.host == "127.0.0.1"
-    # NOTE: rank 0 for every instance: vLLM's data_parallel_rank is the engine's rank in its own DP group.
-    assert (a.port, a.worker_http_port, a.data_parallel_rank) == (8101 + n, 8201 + n, 0)
+    # NOTE: no --data-parallel-rank: every instance is an engine of its own, rank 0 (vLLM's meaning).
+    assert (a.port, a.worker_http_port) == (8101 + n, 8201 + n) and not hasattr(a, "data_parallel_rank")
     assert a.kv_events_endpoint == f"tcp://127.0.0.1:{5557 + 2 * n}"
     assert a.kv_events_replay_endpoint == f"tcp://127.0.0.1:{5558 + 2 * n}"
     assert a.kv_events_topic == f"kv@127.0.0.1:{8101 + n}@/opt/kvpool/models/checkpoint"
@@ -97,7 +97,7 @@ def test_the_kubernetes_manifest_parses_and_its_flags_exist():
     env = {"POD_NAME": "kvpool-1"}
     args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], x) for x in serve["args"]]
     a = build_parser().parse_args(args)
-    assert a.data_parallel_rank == 0 and a.kv_events_topic == "kv@kvpool-1@/models/checkpoint" and a.port == 8000
+    assert not hasattr(a, "data_parallel_rank") and a.kv_events_topic == "kv@kvpool-1@/models/checkpoint" and a.port == 8000
     assert {e["name"] for e in serve["env"]} == set(env)
     (router,) = by_kind[("Deployment", "vllm-router")]["spec"]["template"]["spec"]["containers"]
     r = router_args(router["args"])

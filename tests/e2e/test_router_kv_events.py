@@ -1,6 +1,7 @@
-"""Two `kvpool serve` replicas publish KV events an indexer can tell apart: each batch
-carries its instance's `--data-parallel-rank`, each frame its `--kv-events-topic`, read
-off the wire by a plain ZMQ SUB (not kvpool's own subscriber)."""
+"""Two `kvpool serve` replicas publish KV events an indexer can tell apart: each frame
+carries its `--kv-events-topic`, each batch rank 0 (vLLM's data_parallel_rank of an engine
+outside a data-parallel group), read off the wire by a plain ZMQ SUB (not kvpool's own
+subscriber)."""
 
 from __future__ import annotations
 
@@ -17,17 +18,17 @@ from kvtest.serve import kvpool_serve
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def test_each_replica_publishes_its_own_rank_and_topic(tiny_checkpoint, tmp_path):
+def test_each_replica_publishes_its_own_topic_and_rank_0(tiny_checkpoint, tmp_path):
     model = str(tiny_checkpoint)
-    replicas = [(0, f"kv@replica-a@{model}"), (3, f"kv@replica-b@{model}")]
+    replicas = [(0, f"kv@replica-a@{model}"), (0, f"kv@replica-b@{model}")]
     endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in replicas]
     ctx = zmq.Context()
     with contextlib.ExitStack() as stack:
         stack.callback(ctx.destroy, 0)
         served = [
-            stack.enter_context(kvpool_serve(tiny_checkpoint, tmp_path / f"r{rank}", "--kv-events-endpoint", ep,
-                                             "--kv-events-topic", topic, "--data-parallel-rank", str(rank)))
-            for (rank, topic), ep in zip(replicas, endpoints, strict=True)
+            stack.enter_context(kvpool_serve(tiny_checkpoint, tmp_path / f"r{i}", "--kv-events-endpoint", ep,
+                                             "--kv-events-topic", topic))
+            for i, ((_rank, topic), ep) in enumerate(zip(replicas, endpoints, strict=True))
         ]  # fmt: skip
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
@@ -55,17 +56,17 @@ def test_each_replica_publishes_its_own_rank_and_topic(tiny_checkpoint, tmp_path
         assert seen == {topic.encode(): {rank} for rank, topic in replicas}
 
 
-def test_a_negative_rank_is_refused(tiny_checkpoint, capsys):
+def test_a_rank_other_than_0_is_refused(tiny_checkpoint, capsys):
     from frontend.cli import main
     from scheduler.engine.config import config_from_args
     from scheduler.engine.kv_event_publisher import KVEventPublisher
 
-    for parse in (lambda: main(["serve", str(tiny_checkpoint), "--data-parallel-rank", "-1"]),
-                  lambda: config_from_args(["--data-parallel-rank", "-1"])):  # fmt: skip
-        with pytest.raises(SystemExit) as e:
-            parse()
-        assert e.value.code == 2
-        assert "--data-parallel-rank must be non-negative, got -1" in capsys.readouterr().err
+    for rank in ("-1", "3"):
+        assert main(["serve", str(tiny_checkpoint), "--data-parallel-rank", rank]) == 2  # refused before anything starts
+        assert f"--data-parallel-rank {rank}: a kvpool serve is one engine, data-parallel size 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        config_from_args(["--data-parallel-rank", "-1"])
+    assert e.value.code == 2 and "--data-parallel-rank must be non-negative, got -1" in capsys.readouterr().err
     with pytest.raises(ValueError, match="data_parallel_rank must be non-negative, got -2"):
         KVEventPublisher(None, "inproc://never", data_parallel_rank=-2)
     assert config_from_args(["--data-parallel-rank", "2"]).data_parallel_rank == 2

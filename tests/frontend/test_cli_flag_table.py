@@ -40,7 +40,7 @@ VLLM = [line.split("\t") for line in DATA.read_text().splitlines() if not line.s
 HANDLED_SAMPLES = {
     "--disable-log-stats": [], "--enable-log-requests": [], "--host": ["0.0.0.0"], "--port": ["9000"],
     "--return-tokens-as-token-ids": [], "--dtype": ["half"], "--generation-config": ["vllm"], "--max-model-len": ["2k"],
-    "--seed": ["7"], "--served-model-name": ["tiny"], "--data-parallel-rank": ["1"], "--distributed-timeout-seconds": ["20"],
+    "--seed": ["7"], "--served-model-name": ["tiny"], "--distributed-timeout-seconds": ["20"],
     "--tensor-parallel-size": ["2"], "--block-size": ["32"], "--enable-prefix-caching": "--no-enable-prefix-caching",
     "--gpu-memory-utilization": ["0.5"], "--kv-cache-memory-bytes": ["1G"], "--kv-offloading-size": ["1"],
     "--num-gpu-blocks-override": ["64"], "--prefix-caching-hash-algo": ["xxhash"], "--log-level": ["DEBUG"],

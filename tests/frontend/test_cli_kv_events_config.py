@@ -55,10 +55,13 @@ def test_vllms_fields_become_the_schedulers_flags():
     assert (c.kv_events_topic, c.kv_events_buffer_steps, c.kv_events_hwm) == ("kv", 50, 7)
 
 
-def test_the_data_parallel_rank_offsets_both_ports_as_vllm():
-    c = config_from_args(scheduler_argv({"enable_kv_cache_events": True, "endpoint": "tcp://router:5557",
-                                         "replay_endpoint": "tcp://127.0.0.1:5600"}, "--data-parallel-rank", "2"))  # fmt: skip
-    assert (c.kv_events_endpoint, c.kv_events_replay_endpoint, c.data_parallel_rank) == ("tcp://router:5559", "tcp://127.0.0.1:5602", 2)
+def test_a_data_parallel_rank_would_offset_both_ports_as_vllm():
+    # NOTE: vLLM's ZmqEventPublisher rule; kvpool serve's rank is always 0 (no offset), see test_cli_refusals.
+    from frontend.serve_flags.kv_events_config import offset_endpoint_port
+
+    assert offset_endpoint_port("tcp://router:5557", 2) == "tcp://router:5559"
+    assert offset_endpoint_port("inproc://ev", 2) == "inproc://ev_dp2" and offset_endpoint_port("tcp://h:0", 2) == "tcp://h:0"
+    assert offset_endpoint_port("tcp://router:5557", 0) == "tcp://router:5557"
 
 
 @pytest.mark.parametrize("config", [{}, {"enable_kv_cache_events": False}, {"enable_kv_cache_events": True, "publisher": "null"}])

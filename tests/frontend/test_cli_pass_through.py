@@ -78,11 +78,11 @@ def test_nothing_is_passed_that_was_not_given():
 def test_mapped_flags_reach_their_childs_own_flag():
     c = built(["--dtype", "half", "--kv-cache-memory-bytes", "2K", "--distributed-timeout-seconds", "45",
                "--prefix-caching-hash-algo", "xxhash", "--log-level", "WARNING", "--max-model-len", "1k",
-               "--max-num-batched-tokens", "1K", "--device-memory-utilization", "0.7", "-dpn", "3"])  # fmt: skip
+               "--max-num-batched-tokens", "1K", "--device-memory-utilization", "0.7", "-dpn", "0"])  # fmt: skip
     s, w, f = c["scheduler"], c["worker"], c["frontend"]
     assert value(w, "--dtype") == "float16" and value(w, "--kv-cache-memory") == "2048"
     assert value(w, "--distributed-timeout") == "45" and value(w, "--gpu-memory-utilization") == "0.7"
-    assert value(s, "--prefix-caching-hash-algo") == "xxhash" and value(s, "--data-parallel-rank") == "3"
+    assert value(s, "--prefix-caching-hash-algo") == "xxhash" and "--data-parallel-rank" not in s
     assert value(s, "--log-level") == value(w, "--log-level") == value(f, "--log-level") == "WARNING"
     assert value(s, "--max-model-len") == value(w, "--max-model-len") == value(f, "--max-model-len") == "1000"
     assert value(s, "--max-num-batched-tokens") == value(w, "--max-num-batched-tokens") == "1024"

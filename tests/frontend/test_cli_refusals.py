@@ -28,6 +28,9 @@ def test_a_refused_flag_exits_2_with_one_line_and_starts_nothing(tiny_checkpoint
     [
         (["--kv-cache-dtype", "fp8"], "kvpool serve: --kv-cache-dtype fp8: kvpool keeps the KV cache in the model's dtype (auto; "
                                       "choose it with --dtype): an fp8 or otherwise quantized KV cache is not supported yet"),
+        (["--data-parallel-rank", "1"], "kvpool serve: --data-parallel-rank 1: a kvpool serve is one engine, data-parallel size 1, "
+                                        "whose rank is 0 as vLLM's is then; independent replicas all keep rank 0 (tell them apart "
+                                        "by --kv-events-topic)"),
         (["--kv-offloading-backend", "lmcache"],
          "kvpool serve: --kv-offloading-backend lmcache: LMCache is not supported; kvpool's host tier is vLLM's native one"),
         (["--log-level", "CRITICAL"], "kvpool serve: --log-level CRITICAL: kvpool's processes log at DEBUG, INFO, WARNING or ERROR"),
