@@ -19,13 +19,16 @@ replicas, evicts what cache_aware, which keeps each prefix on one, still holds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import msgspec
 import pytest
+import zmq
 
 from bench.router_bench import (
     ROUTER_HEALTH_ARGS,
@@ -160,6 +163,28 @@ def test_cache_aware_beats_round_robin_on_shared_prefixes(router_factory, replic
     assert rates["cache_aware"] > rates["round_robin"], rates
 
 
+@contextlib.contextmanager
+def subscribed(endpoint: str):
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    time.sleep(0.5)  # NOTE: a SUB misses what is published before it has joined
+    try:
+        yield sub
+    finally:
+        ctx.destroy(0)
+
+
+def wait_for_block_stored(sub, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if sub.poll(100) and any(e["type"] == "BlockStored" for e in msgspec.msgpack.decode(sub.recv_multipart()[2])[1]):
+            return
+    raise AssertionError(f"no BlockStored within {timeout_s:g} s")
+
+
 def test_kv_aware_follows_the_events_to_the_replica_that_holds_a_prefix(router_factory, replicas, tiny_checkpoint):
     model = str(tiny_checkpoint)
     router = router_factory("kv_aware", *kv_aware_args(replicas, BLOCK_SIZE, model))
@@ -167,9 +192,11 @@ def test_kv_aware_follows_the_events_to_the_replica_that_holds_a_prefix(router_f
     prefix = " ".join(["replica", "one", "holds", "this", "prefix"] * 30)  # about ten blocks
     for holder in (1, 0):  # NOTE: both ways round, so a fixed tie-break cannot pass for a credit
         text = f"{holder}: {prefix}"
-        ok, why = complete(replicas[holder].url, {"model": model, "prompt": text, "max_tokens": 1})
-        assert ok, why
-        time.sleep(1.0)  # the BlockStored batch reaches the router's subscriber
+        with subscribed(replicas[holder].kv_events_endpoint) as sub:
+            ok, why = complete(replicas[holder].url, {"model": model, "prompt": text, "max_tokens": 1})
+            assert ok, why
+            wait_for_block_stored(sub)
+        time.sleep(0.5)  # the router's own subscriber got the same batch
         before = [requests_served(r.url) for r in replicas]
         for i in range(4):
             ok, why = complete(router.url, {"model": model, "prompt": f"{text} question {i}", "max_tokens": 1})
