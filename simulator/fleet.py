@@ -232,7 +232,7 @@ class Fleet:
         wall_start = time.perf_counter()
         specs = self.prepared.specs
         order = sorted(range(len(specs)), key=lambda i: specs[i].arrival_ns)
-        for k, i in enumerate(order):
+        for i in order:
             t = self._send_time(specs[i].arrival_ns)
             if t != specs[i].arrival_ns:
                 specs[i] = dataclasses.replace(specs[i], arrival_ns=t)
