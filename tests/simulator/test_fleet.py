@@ -45,7 +45,7 @@ def trace_workload() -> TraceWorkload:
     [
         # small, admitting without room for the whole sequence: preemptions, evictions
         (lambda: shared_prefix(output_len=80), SimConfig(60, block_size=16, max_num_seqs=8, reserve_full_sequence=False)),
-        (trace_workload, SimConfig(300, block_size=16, num_host_blocks=40)),
+        (trace_workload, SimConfig(120, block_size=16, num_host_blocks=200)),
     ],
 )
 def test_one_replica_is_the_single_engine_counter_for_counter(router, make, cfg):
