@@ -68,13 +68,17 @@ def _counters(url: str) -> tuple[float, float]:
 
 def run_live(model: str, work: Path, prompts: list[str], policies=POLICIES) -> tuple[dict[str, float], list[list[int]]]:
     """Each policy's live aggregate hit rate, and the prompts as the replicas tokenize them."""
-    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
-    replicas = [Replica(model, work / f"r{i}", "--dev-mode", "--num-gpu-blocks-override", str(NUM_BLOCKS), "--max-model-len", "512",
-                        "--kv-events-endpoint", endpoints[i]) for i in range(2)]  # fmt: skip
+    endpoints: list[str] = []
+    replicas: list[Replica] = []
     rates: dict[str, float] = {}
     try:
-        for r in replicas:
-            r.wait_ready()
+        # NOTE: one at a time, each event port taken just before its replica binds it:
+        # a port picked for one could otherwise go to the other's launcher first.
+        for i in range(2):
+            endpoints.append(f"tcp://127.0.0.1:{free_port()}")
+            replicas.append(Replica(model, work / f"r{i}", "--dev-mode", "--num-gpu-blocks-override", str(NUM_BLOCKS),
+                                    "--max-model-len", "512", "--kv-events-endpoint", endpoints[i]))  # fmt: skip
+            replicas[-1].wait_ready()
         token_prompts = [_post(replicas[0].url + "/tokenize", {"model": model, "prompt": p})["tokens"] for p in prompts]
         for policy in policies:
             live = LIVE_NAME.get(policy, policy)

@@ -31,6 +31,7 @@ with their weight (simulator/fleet.py `routing_units`).
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Hashable, Sequence
 
 from protocol.kv_events import MEDIUM_GPU
@@ -180,6 +181,9 @@ class KVBlockIndex:
     def __init__(self):
         self.held: dict[bytes, set[int]] = {}
         self.speculative: dict[bytes, dict[int, int]] = {}
+        # NOTE: entries in the order they expire (one TTL for all), so that expired ones
+        # are dropped as time passes, not kept until looked up.
+        self._expiries: deque[tuple[int, bytes, int]] = deque()
 
     def apply(self, replica: int, events: Sequence[kv_events.KVCacheEvent]) -> None:
         held = self.held
@@ -200,23 +204,31 @@ class KVBlockIndex:
                 for h in [h for h, owners in held.items() if replica in owners]:
                     self.apply(replica, [kv_events.BlockRemoved([h])])
 
+    def expire(self, now_ns: int) -> None:
+        """Drop the speculative entries expired by ``now_ns``."""
+        expiries, spec = self._expiries, self.speculative
+        while expiries and expiries[0][0] <= now_ns:
+            expiry, h, replica = expiries.popleft()
+            entry = spec.get(h)
+            if entry is not None and entry.get(replica) == expiry:  # not refreshed since
+                del entry[replica]
+                if not entry:
+                    del spec[h]
+
     def holders(self, block_hash: bytes, now_ns: int) -> set[int]:
+        """Replicas holding ``block_hash`` at ``now_ns`` (after `expire`)."""
         owners = self.held.get(block_hash, set())
         spec = self.speculative.get(block_hash)
-        if spec:
-            live = {r for r, expiry in spec.items() if expiry > now_ns}
-            if len(live) != len(spec):
-                for r in [r for r in spec if r not in live]:
-                    del spec[r]
-            owners = owners | live
-        return owners
+        return owners | spec.keys() if spec else owners
 
     def speculative_insert(self, block_hashes: Sequence[bytes], replica: int, expiry_ns: int) -> None:
         for h in block_hashes:
             self.speculative.setdefault(h, {})[replica] = expiry_ns
+            self._expiries.append((expiry_ns, h, replica))
 
     def prefix_scores(self, block_hashes: Sequence[bytes], now_ns: int) -> dict[int, int]:
         """Each replica's count of contiguously held leading blocks (src/kv_index/scorer.rs)."""
+        self.expire(now_ns)
         scores: dict[int, int] = {}
         active: set[int] | None = None
         for i, h in enumerate(block_hashes):
