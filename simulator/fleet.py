@@ -95,6 +95,7 @@ class FleetResult:
     num_preemptions: int
     simulated_s: float
     wall_s: float
+    cpu_s: float  # this process's CPU time for the run (the machine may be shared)
     per_replica: list[dict] = field(default_factory=list)
     router_decisions: dict = field(default_factory=dict)
 
@@ -229,7 +230,7 @@ class Fleet:
                 raise RuntimeError(f"replica {r} stuck: requests left but nothing can be scheduled")
 
     def run(self) -> FleetResult:
-        wall_start = time.perf_counter()
+        wall_start, cpu_start = time.perf_counter(), time.process_time()
         specs = self.prepared.specs
         order = sorted(range(len(specs)), key=lambda i: specs[i].arrival_ns)
         for i in order:
@@ -247,7 +248,7 @@ class Fleet:
             self._advance(r, None)
             if self.runs[r].sched.has_unfinished_requests():
                 raise RuntimeError(f"replica {r} stuck: requests left but nothing can be scheduled")
-        return self._result(wall_start)
+        return self._result(wall_start, cpu_start)
 
     def _route(self, i: int, t: int) -> int:
         run0 = self.runs[0]
@@ -261,7 +262,7 @@ class Fleet:
         self.routed_tokens[r] += self.prepared.specs[i].prompt_len
         return r
 
-    def _result(self, wall_start: float) -> FleetResult:
+    def _result(self, wall_start: float, cpu_start: float) -> FleetResult:
         specs, n = self.prepared.specs, len(self.prepared.specs)
         per, hits, queries, delays, ttfts = [], 0, 0, [], []
         for r, run in enumerate(self.runs):
@@ -296,6 +297,7 @@ class Fleet:
             num_evictions=sum(run.kv.block_pool.num_evictions for run in self.runs),
             num_preemptions=sum(run.sched.num_preemptions for run in self.runs),
             simulated_s=max(run.now for run in self.runs) / 1e9, wall_s=time.perf_counter() - wall_start,
+            cpu_s=time.process_time() - cpu_start,
             per_replica=per, router_decisions=decisions,
         )  # fmt: skip
 

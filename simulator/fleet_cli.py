@@ -28,7 +28,7 @@ FLEET_COLUMNS = (
     ("aggregate_hit_rate", "hit rate", ".2%"), ("requests_imbalance", "req max/mean", ".2f"),
     ("tokens_imbalance", "tok max/mean", ".2f"), ("mean_queueing_delay_ms", "mean queue ms", ".1f"),
     ("p50_queueing_delay_ms", "p50 queue ms", ".1f"), ("p99_queueing_delay_ms", "p99 queue ms", ".1f"),
-    ("num_evictions", "evictions", "d"), ("num_preemptions", "preemptions", "d"), ("wall_s", "wall s", ".1f"),
+    ("num_evictions", "evictions", "d"), ("num_preemptions", "preemptions", "d"), ("wall_s", "wall s", ".1f"), ("cpu_s", "cpu s", ".1f"),
 )  # fmt: skip
 
 
