@@ -283,6 +283,9 @@ class Fleet:
             return max(values) / mean if mean else 1.0
 
         decisions = dict(getattr(self.router, "decisions", {}))
+        tree = getattr(self.router, "tree", None)
+        if tree is not None:  # how close the router's tree came to its size-bound eviction
+            decisions["tree_tokens_max"] = max(tree.tenant_size.values(), default=0)
         return FleetResult(
             replicas=len(self.runs), router=self.router.name, num_blocks=self.cfg.num_blocks, policy=self.cfg.policy,
             max_concurrency=self.max_concurrency, aggregate_hit_rate=hits / queries if queries else 0.0,
