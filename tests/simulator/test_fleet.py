@@ -147,3 +147,13 @@ def test_cli_fleet_flag_errors(argv: list[str], message: str, capsys):
         main(["--num-blocks", "100", *argv])
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_trace_routing_units_are_its_blocks_weighted_by_their_tokens():
+    from simulator.fleet import routing_units
+
+    records = [MooncakeRecord(0.0, 1100, 3, (5, 6, 7)), MooncakeRecord(1.0, 1024, 3, (5, 6)), MooncakeRecord(2.0, 600, 3, (9, 6))]
+    w = TraceWorkload(records)
+    (a, wa), (b, wb), (c, wc) = (routing_units(w, i, []) for i in range(3))
+    assert (wa, wb, wc) == ([512, 512, 76], [512, 512], [512, 88])
+    assert b == a[:2] and c[0] != a[0] and c[1] != a[1]  # equal prefix, equal units; 6 after 9 is another prefix
