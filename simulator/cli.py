@@ -42,6 +42,7 @@ from scheduler.core.hashing import HASH_ALGOS
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
 from scheduler.sched.policy_options import add_policy_args, check_scheduler_options
 from simulator.engine import SimConfig, simulate
+from simulator.fleet_cli import add_fleet_args, check_fleet_args, fleet_main
 from simulator.free_policies import FREE_POLICIES
 from simulator.plot import plot_hit_rates
 from simulator.result import SimResult
@@ -113,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="host-to-device bandwidth a load is charged at, GB/s (default %(default)s)")
     g.add_argument("--kv-bytes-per-token", type=int, default=d.kv_bytes_per_token,
                    help="KV bytes of one token over all layers, for bytes moved (default %(default)s: Llama-3-8B, bfloat16)")
+    add_fleet_args(p)
     g = p.add_argument_group("output")
     g.add_argument("--result-json", default=None, help='write {"results": [...]} here')
     g.add_argument("--plot", default=None, help="PNG of hit rate against capacity, a line per policy")
@@ -158,6 +160,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--time-scale must be >= 0, --request-rate and --burstiness > 0")
     if a.vocab_size <= 2:
         p.error("--vocab-size must be > 2")
+    check_fleet_args(p, a)
     for flag, path in (("--result-json", a.result_json), ("--plot", a.plot)):
         if path is not None:
             _check_output_path(p, flag, Path(path))
@@ -235,6 +238,18 @@ def format_table(results: list[SimResult]) -> str:
     return "\n".join(lines)
 
 
+def sim_config(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, policy: str) -> SimConfig:
+    """One engine's configuration from the flags (the fleet's replicas share it)."""
+    return SimConfig(
+        num_blocks, a.block_size, policy, a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
+        a.step_overhead_ms, a.ms_per_token, a.prefix_caching_hash_algo, a.fast_forward,
+        num_host_blocks, a.kv_offloading_store, a.offload_bandwidth_gbps, a.kv_bytes_per_token,
+        a.scheduler_reserve_full_isl, a.scheduling_policy, a.long_prefill_token_threshold,
+        a.long_prefill_token_threshold_adaptive, a.enable_chunked_prefill, a.watermark, a.max_num_scheduled_tokens,
+        a.max_num_active_seqs,
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     try:
@@ -249,19 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{source}: {len(workload)} requests, block size {a.block_size}, max_num_seqs {a.max_num_seqs}, "
           f"max_num_batched_tokens {a.max_num_batched_tokens}", file=sys.stderr)  # fmt: skip
+    if a.replicas:
+        return fleet_main(a, workload, str(source))
     results = []
     for num_blocks in a.num_blocks:
         for num_host_blocks in a.kv_offloading_blocks:
             for policy in a.policy:
-                cfg = SimConfig(
-                    num_blocks, a.block_size, policy, a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
-                    a.step_overhead_ms, a.ms_per_token, a.prefix_caching_hash_algo, a.fast_forward,
-                    num_host_blocks, a.kv_offloading_store, a.offload_bandwidth_gbps, a.kv_bytes_per_token,
-                    a.scheduler_reserve_full_isl, a.scheduling_policy, a.long_prefill_token_threshold,
-                    a.long_prefill_token_threshold_adaptive, a.enable_chunked_prefill, a.watermark, a.max_num_scheduled_tokens,
-                    a.max_num_active_seqs,
-                )  # fmt: skip
-                results.append(simulate(workload, cfg))
+                results.append(simulate(workload, sim_config(a, num_blocks, num_host_blocks, policy)))
                 r = results[-1]
                 host = f", host tier {num_host_blocks}: {r.host_hit_rate:.2%}" if num_host_blocks else ""
                 print(f"  {num_blocks} blocks, {policy}: hit rate {r.prefix_cache_hit_rate:.2%}{host}, preempted "

@@ -97,7 +97,8 @@ class _Run:
 
     __slots__ = ("cfg", "workload", "specs", "n", "order", "token_base", "tier", "kv", "sched", "hasher", "limits",
                  "block_bytes", "overhead_ns", "per_token_ns", "admit_ns", "first_token_ns", "finish_ns",
-                 "next_arrival", "now", "num_rejected", "num_steps", "num_ff_steps", "num_loads")  # fmt: skip
+                 "next_arrival", "now", "num_rejected", "num_steps", "num_ff_steps", "num_loads", "horizon_ns",
+                 "finished_seq_ids")  # fmt: skip
 
     def __init__(self, workload: Workload, cfg: SimConfig):
         bs = cfg.block_size
@@ -121,6 +122,11 @@ class _Run:
         self.admit_ns, self.first_token_ns, self.finish_ns = [NOT_YET] * n, [NOT_YET] * n, [NOT_YET] * n
         self.next_arrival = self.now = 0
         self.num_rejected = self.num_steps = self.num_ff_steps = self.num_loads = 0
+        # NOTE: a fleet (simulator/fleet.py) hands requests to this run as its router
+        # picks them: ``order`` grows, and no arrival can come before ``horizon_ns``
+        # (None: none will come) once the requests in ``order`` are all admitted.
+        self.horizon_ns: int | None = None
+        self.finished_seq_ids: list[int] = []  # in finishing order
 
     def run(self) -> None:
         """Step until every request has arrived and none is left; with nothing to run,
@@ -131,7 +137,7 @@ class _Run:
             host_evictions = tier.num_evictions if tier is not None else 0
             out = sched.schedule()
             if out is None:
-                if self.next_arrival == self.n:
+                if self.next_arrival == len(self.order):
                     if sched.has_unfinished_requests():
                         raise RuntimeError("simulation stuck: requests left but nothing can be scheduled")
                     return
@@ -145,7 +151,7 @@ class _Run:
         """Queue every request whose arrival time has come, or reject it as the server
         would (scheduler/sched/validation.py)."""
         specs, order = self.specs, self.order
-        while self.next_arrival < self.n and specs[order[self.next_arrival]].arrival_ns <= self.now:
+        while self.next_arrival < len(order) and specs[order[self.next_arrival]].arrival_ns <= self.now:
             i = order[self.next_arrival]
             self.next_arrival += 1
             s = specs[i]
@@ -184,6 +190,7 @@ class _Run:
                 first_token_ns[r.seq_id] = now
         for i in outputs.finish_reasons:
             self.finish_ns[outputs.requests[i].seq_id] = now
+            self.finished_seq_ids.append(outputs.requests[i].seq_id)
         return step_ns, len(seq_ids), bool(outputs.finish_reasons)
 
     def load_ns(self, plan) -> int:
@@ -212,8 +219,11 @@ class _Run:
     def fast_forward(self, step_ns: int) -> None:
         """Repeat the decode step as long as nothing else would happen (simulator/fastforward.py),
         and no later than the step that starts before the next arrival."""
-        if self.next_arrival < self.n:
-            gap = self.specs[self.order[self.next_arrival]].arrival_ns - self.now
+        if self.next_arrival < len(self.order) or self.horizon_ns is not None:
+            if self.next_arrival < len(self.order):
+                gap = self.specs[self.order[self.next_arrival]].arrival_ns - self.now
+            else:
+                gap = self.horizon_ns - self.now
             if gap <= 0:
                 return
             limit = -(-gap // step_ns)  # steps that start before the next arrival

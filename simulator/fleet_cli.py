@@ -1,0 +1,119 @@
+"""The simulator's fleet mode: ``--replicas N --router POLICY`` (simulator/fleet.py).
+
+Every combination of --replicas, --router, --num-blocks (a replica's), --policy and
+--kv-offloading-blocks is one run; runs go to ``--jobs`` processes at once, each
+building the workload once. The table has a row a run: aggregate hit rate (hits over
+looked-up tokens, summed over the replicas), imbalance (max / mean requests and
+prompt tokens a replica), queueing (first admission - send, mean and percentiles);
+``--result-json`` adds each replica's figures.
+
+    python -m simulator --trace conversation_trace.jsonl --num-blocks 20000 \\
+        --replicas 4,8,16 --router round_robin,cache_aware,kv_aware --jobs 8 --result-json fleet.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from simulator.routers import ROUTERS
+
+FLEET_COLUMNS = (
+    ("replicas", "replicas", "d"), ("router", "router", "s"), ("num_blocks", "blocks", "d"),
+    ("aggregate_hit_rate", "hit rate", ".2%"), ("requests_imbalance", "req max/mean", ".2f"),
+    ("tokens_imbalance", "tok max/mean", ".2f"), ("mean_queueing_delay_ms", "mean queue ms", ".1f"),
+    ("p50_queueing_delay_ms", "p50 queue ms", ".1f"), ("p99_queueing_delay_ms", "p99 queue ms", ".1f"),
+    ("num_evictions", "evictions", "d"), ("num_preemptions", "preemptions", "d"), ("wall_s", "wall s", ".1f"), ("cpu_s", "cpu s", ".1f"),
+)  # fmt: skip
+
+
+def _router_list(text: str) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in values if v not in ROUTERS]
+    if bad or not values:
+        raise argparse.ArgumentTypeError(f"unknown router {', '.join(bad) or text!r}; choose from {', '.join(ROUTERS)}")
+    return values
+
+
+def add_fleet_args(p: argparse.ArgumentParser) -> None:
+    from simulator.cli import _int_list
+
+    g = p.add_argument_group("fleet (replicas behind vllm-router's policies)")
+    g.add_argument("--replicas", type=_int_list, default=None, metavar="N",
+                   help="simulate N replicas behind a router; a comma list runs each (default: one engine, no router)")
+    g.add_argument("--router", type=_router_list, default=None,
+                   help=f"routing policy, or a comma list: {', '.join(ROUTERS)} (default cache_aware, vllm-router's)")
+    g.add_argument("--max-concurrency", type=int, default=None,
+                   help="closed loop: at most this many requests in flight, the next sent when one finishes (default: no limit)")
+    g.add_argument("--jobs", type=int, default=None, help="runs at once, in processes (default: the CPU count)")  # fmt: skip
+
+
+def check_fleet_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    if a.replicas is None:
+        for flag, value in (("--router", a.router), ("--max-concurrency", a.max_concurrency), ("--jobs", a.jobs)):
+            if value is not None:
+                p.error(f"{flag} applies to fleet runs: give --replicas N")
+        return
+    if a.router is None:
+        a.router = ["cache_aware"]
+    if any(n < 1 for n in a.replicas):
+        p.error(f"--replicas must be positive, got {min(a.replicas)}")
+    if a.max_concurrency is not None and a.max_concurrency < 1:
+        p.error(f"--max-concurrency must be >= 1, got {a.max_concurrency}")
+    if a.jobs is not None and a.jobs < 1:
+        p.error(f"--jobs must be >= 1, got {a.jobs}")
+    if a.plot is not None:
+        p.error("--plot draws single-engine runs; a fleet run has --result-json")
+
+
+_WORKLOAD = None
+
+
+def _run_one(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, policy: str, replicas: int, router: str) -> dict:
+    """One fleet run in a worker process (the workload built once a process)."""
+    global _WORKLOAD
+    from simulator.cli import build_workload, sim_config
+    from simulator.fleet import simulate_fleet
+
+    if _WORKLOAD is None:
+        _WORKLOAD = build_workload(a)
+    cfg = sim_config(a, num_blocks, num_host_blocks, policy)
+    return simulate_fleet(_WORKLOAD, cfg, replicas, router, a.max_concurrency, a.seed).summary()
+
+
+def format_fleet_table(rows: list[dict]) -> str:
+    table = [[h for _, h, _ in FLEET_COLUMNS]]
+    table += [[format(r[k], spec) for k, _, spec in FLEET_COLUMNS] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(FLEET_COLUMNS))]
+    lines = ["  ".join(c.ljust(w) if i == 1 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))) for row in table]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def fleet_main(a: argparse.Namespace, workload, source: str) -> int:
+    runs = [(n, h, pol, rep, rt) for n in a.num_blocks for h in a.kv_offloading_blocks for pol in a.policy
+            for rep in a.replicas for rt in a.router]  # fmt: skip
+    jobs = min(len(runs), a.jobs or os.cpu_count() or 1)
+    print(f"  {len(runs)} fleet runs, {jobs} at once", file=sys.stderr)
+    if jobs == 1:
+        global _WORKLOAD
+        _WORKLOAD = workload
+        rows = [_run_one(a, *run) for run in runs]
+    else:
+        with ProcessPoolExecutor(jobs) as pool:
+            rows = list(pool.map(_run_one, [a] * len(runs), *zip(*runs, strict=True)))
+    for r in rows:
+        per = " ".join(f"{p['hit_rate']:.0%}" for p in r["per_replica"])
+        print(f"  {r['replicas']} x {r['num_blocks']} blocks, {r['router']}: hit rate {r['aggregate_hit_rate']:.2%} "
+              f"(replicas: {per}) ({r['wall_s']:.1f} s)", file=sys.stderr)  # fmt: skip
+    print(format_fleet_table(rows))
+    if a.result_json:
+        config = {k: (str(v) if isinstance(v, float) and math.isinf(v) else v) for k, v in vars(a).items()}
+        doc = {"source": source, "config": {k: v for k, v in config.items() if k not in ("result_json", "plot")}, "results": rows}
+        Path(a.result_json).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+    return 0

@@ -1,0 +1,273 @@
+"""vllm-router's routing policies, as the fleet simulator (simulator/fleet.py) runs them.
+
+Each policy sees what the router sees when a request comes: the replicas' loads
+(requests the router sent them that have not finished: vllm-router's ``worker.load()``),
+the request's routing key and, for ``kv_aware``, an index the replicas' own KV events
+fill. Decisions follow vllm-router's source (src/policies/*.rs, src/tree.rs), with
+its defaults (``vllm-router --help``, 0.1.17):
+
+* ``round_robin``: a counter over the replicas, in order.
+* ``least_loaded``: the replica with the fewest requests in flight, the first on a tie
+  (vllm-router's min-load fallback; with two replicas its ``power_of_two`` picks the
+  same, except that it breaks a tie at random).
+* ``power_of_two``: two distinct replicas drawn at random (seeded), the less loaded
+  one, the first drawn on a tie.
+* ``cache_aware``: when the loads are imbalanced (max - min > ``balance_abs_threshold``
+  and max > min x ``balance_rel_threshold``), the least loaded; else the approximate
+  tree (`ApproxTree`): a prefix match longer than ``cache_threshold`` of the request
+  goes to the tenant of the node the match ended in, else the least loaded. Either
+  way the request is inserted for the chosen replica.
+* ``kv_aware``: the longest run of the request's leading blocks that a replica holds
+  (`KVBlockIndex`, from BlockStored / BlockRemoved / AllBlocksCleared events); the
+  last replica on a tie (Rust's ``max_by_key``); no block held anywhere: the least
+  loaded; then the blocks it lacks are inserted speculatively for the chosen replica
+  for ``speculative_ttl``.
+
+Routing keys: the router matches characters of the prompt; the simulator matches
+units of the prompt that stand for its characters (tokens, or whole trace blocks)
+with their weight (simulator/fleet.py `routing_units`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Hashable, Sequence
+
+from protocol.kv_events import MEDIUM_GPU
+from scheduler.core import kv_events
+
+ROUTERS = ("round_robin", "least_loaded", "power_of_two", "cache_aware", "kv_aware")
+
+# vllm-router 0.1.17's defaults (`vllm-router --help`; src/policies/kv_aware.rs).
+CACHE_THRESHOLD = 0.3
+BALANCE_ABS_THRESHOLD = 64
+BALANCE_REL_THRESHOLD = 1.5
+SPECULATIVE_TTL_NS = 2_000_000_000
+
+
+def least_loaded(loads: Sequence[int]) -> int:
+    """The first replica of the smallest load (Rust's ``min_by_key``)."""
+    return min(range(len(loads)), key=loads.__getitem__)
+
+
+class RoundRobin:
+    name = "round_robin"
+
+    def __init__(self, num_replicas: int):
+        self.num_replicas = num_replicas
+        self.counter = 0
+
+    def route(self, loads: Sequence[int], units, block_hashes, now_ns: int) -> int:
+        choice = self.counter % self.num_replicas
+        self.counter += 1
+        return choice
+
+
+class LeastLoaded:
+    name = "least_loaded"
+
+    def __init__(self, num_replicas: int):
+        self.num_replicas = num_replicas
+
+    def route(self, loads: Sequence[int], units, block_hashes, now_ns: int) -> int:
+        return least_loaded(loads)
+
+
+class PowerOfTwo:
+    name = "power_of_two"
+
+    def __init__(self, num_replicas: int, seed: int = 0):
+        self.num_replicas = num_replicas
+        self.rng = random.Random(seed)
+
+    def route(self, loads: Sequence[int], units, block_hashes, now_ns: int) -> int:
+        if self.num_replicas == 1:
+            return 0
+        a, b = self.rng.sample(range(self.num_replicas), 2)
+        return a if loads[a] <= loads[b] else b
+
+
+class _Node:
+    __slots__ = ("children", "tenants", "last_tenant")
+
+    def __init__(self, last_tenant: int | None):
+        self.children: dict[Hashable, _Node] = {}
+        self.tenants: set[int] = set()
+        self.last_tenant = last_tenant
+
+
+class ApproxTree:
+    """vllm-router's multi-tenant radix tree (src/tree.rs) with one node per unit.
+
+    NOTE: equivalent for matching: the router's node text is split only where two
+    insertions diverge, a split copies the node's cached tenant (``last_tenant``, set
+    once, by the insertion that created the node), and a match that ends inside a node
+    takes that node's tenant -- so every unit's node here has the tenant the router's
+    node holding that character has. The router's periodic size-bound eviction
+    (``--max-tree-size`` 33,554,432 characters a replica, every 120 s) is not
+    modelled: `tenant_size` says how far a run came to it."""
+
+    def __init__(self):
+        self.root = _Node(None)
+        self.tenant_size: dict[int, int] = {}
+
+    def match(self, units: Sequence[Hashable], weights: Sequence[int] | None) -> tuple[int, int | None]:
+        """(matched weight, the tenant of the node the match ended in; None: no match)."""
+        node, matched = self.root, 0
+        for i, u in enumerate(units):
+            child = node.children.get(u)
+            if child is None:
+                break
+            node = child
+            matched += 1 if weights is None else weights[i]
+        if node is self.root:
+            return 0, None
+        tenant = node.last_tenant if node.last_tenant in node.tenants else min(node.tenants)
+        return matched, tenant
+
+    def insert(self, units: Sequence[Hashable], weights: Sequence[int] | None, tenant: int) -> None:
+        node = self.root
+        size = self.tenant_size.get(tenant, 0)
+        for i, u in enumerate(units):
+            child = node.children.get(u)
+            if child is None:
+                child = node.children[u] = _Node(tenant)
+            if tenant not in child.tenants:
+                child.tenants.add(tenant)
+                size += 1 if weights is None else weights[i]
+            node = child
+        self.tenant_size[tenant] = size
+
+
+class CacheAware:
+    name = "cache_aware"
+
+    def __init__(self, num_replicas: int, cache_threshold: float = CACHE_THRESHOLD,
+                 balance_abs_threshold: int = BALANCE_ABS_THRESHOLD, balance_rel_threshold: float = BALANCE_REL_THRESHOLD):  # fmt: skip
+        self.num_replicas = num_replicas
+        self.cache_threshold = cache_threshold
+        self.balance_abs_threshold = balance_abs_threshold
+        self.balance_rel_threshold = balance_rel_threshold
+        self.tree = ApproxTree()
+        self.decisions = {"load_balance": 0, "cache_affinity": 0, "low_match_min_load": 0}
+
+    def is_imbalanced(self, loads: Sequence[int]) -> bool:
+        lo, hi = min(loads), max(loads)
+        return hi - lo > self.balance_abs_threshold and hi > lo * self.balance_rel_threshold
+
+    def route(self, loads: Sequence[int], units, block_hashes, now_ns: int) -> int:
+        keys, weights = units
+        if self.is_imbalanced(loads):
+            choice, decision = least_loaded(loads), "load_balance"
+        else:
+            total = len(keys) if weights is None else sum(weights)
+            matched, tenant = self.tree.match(keys, weights)
+            rate = matched / total if total else 0.0
+            if rate > self.cache_threshold and tenant is not None:
+                choice, decision = tenant, "cache_affinity"
+            else:
+                choice, decision = least_loaded(loads), "low_match_min_load"
+        self.decisions[decision] += 1
+        if keys:
+            self.tree.insert(keys, weights, choice)
+        return choice
+
+
+class KVBlockIndex:
+    """Which replica holds which block hash: the replicas' device-pool events, plus
+    the router's speculative entries (hash -> replica -> expiry, virtual ns)."""
+
+    def __init__(self):
+        self.held: dict[bytes, set[int]] = {}
+        self.speculative: dict[bytes, dict[int, int]] = {}
+        # NOTE: entries in the order they expire (one TTL for all), so that expired ones
+        # are dropped as time passes, not kept until looked up.
+        self._expiries: deque[tuple[int, bytes, int]] = deque()
+
+    def apply(self, replica: int, events: Sequence[kv_events.KVCacheEvent]) -> None:
+        held = self.held
+        for ev in events:
+            if isinstance(ev, kv_events.BlockStored):
+                if ev.medium == MEDIUM_GPU:
+                    for h in ev.block_hashes:
+                        held.setdefault(h, set()).add(replica)
+            elif isinstance(ev, kv_events.BlockRemoved):
+                if ev.medium == MEDIUM_GPU:
+                    for h in ev.block_hashes:
+                        owners = held.get(h)
+                        if owners is not None:
+                            owners.discard(replica)
+                            if not owners:
+                                del held[h]
+            else:  # AllBlocksCleared
+                for h in [h for h, owners in held.items() if replica in owners]:
+                    self.apply(replica, [kv_events.BlockRemoved([h])])
+
+    def expire(self, now_ns: int) -> None:
+        """Drop the speculative entries expired by ``now_ns``."""
+        expiries, spec = self._expiries, self.speculative
+        while expiries and expiries[0][0] <= now_ns:
+            expiry, h, replica = expiries.popleft()
+            entry = spec.get(h)
+            if entry is not None and entry.get(replica) == expiry:  # not refreshed since
+                del entry[replica]
+                if not entry:
+                    del spec[h]
+
+    def holders(self, block_hash: bytes, now_ns: int) -> set[int]:
+        """Replicas holding ``block_hash`` at ``now_ns`` (after `expire`)."""
+        owners = self.held.get(block_hash, set())
+        spec = self.speculative.get(block_hash)
+        return owners | spec.keys() if spec else owners
+
+    def speculative_insert(self, block_hashes: Sequence[bytes], replica: int, expiry_ns: int) -> None:
+        for h in block_hashes:
+            self.speculative.setdefault(h, {})[replica] = expiry_ns
+            self._expiries.append((expiry_ns, h, replica))
+
+    def prefix_scores(self, block_hashes: Sequence[bytes], now_ns: int) -> dict[int, int]:
+        """Each replica's count of contiguously held leading blocks (src/kv_index/scorer.rs)."""
+        self.expire(now_ns)
+        scores: dict[int, int] = {}
+        active: set[int] | None = None
+        for i, h in enumerate(block_hashes):
+            owners = self.holders(h, now_ns)
+            active = set(owners) if active is None else active & owners
+            if not active:
+                break
+            for r in active:
+                scores[r] = i + 1
+        return scores
+
+
+class KvAware:
+    name = "kv_aware"
+
+    def __init__(self, num_replicas: int, speculative_ttl_ns: int = SPECULATIVE_TTL_NS, enable_speculative: bool = True):
+        self.num_replicas = num_replicas
+        self.index = KVBlockIndex()
+        self.speculative_ttl_ns = speculative_ttl_ns
+        self.enable_speculative = enable_speculative
+
+    def route(self, loads: Sequence[int], units, block_hashes: Sequence[bytes], now_ns: int) -> int:
+        if self.num_replicas == 1:
+            return 0
+        if not block_hashes:
+            return least_loaded(loads)
+        scores = self.index.prefix_scores(block_hashes, now_ns)
+        best = max(range(self.num_replicas), key=lambda r: (scores.get(r, 0), r))  # the last of the best
+        best_score = scores.get(best, 0)
+        choice = least_loaded(loads) if best_score == 0 else best
+        if self.enable_speculative and best_score < len(block_hashes):
+            self.index.speculative_insert(block_hashes[best_score:], choice, now_ns + self.speculative_ttl_ns)
+        return choice
+
+
+def make_router(name: str, num_replicas: int, seed: int = 0):
+    """A fresh policy by name (one of ROUTERS)."""
+    if name not in ROUTERS:
+        raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")
+    if name == "power_of_two":
+        return PowerOfTwo(num_replicas, seed)
+    return {"round_robin": RoundRobin, "least_loaded": LeastLoaded, "cache_aware": CacheAware, "kv_aware": KvAware}[name](num_replicas)
