@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 from protocol.client_messages import Generate
 from protocol.worker_messages import StepResult
+from scheduler.core.eviction_policies import eviction_pool_factory, kv_cache_manager_class
 from scheduler.core.hashing import BlockHasher
-from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.kv_cache_usage import get_peak_usage
 from scheduler.core.offload_tier import HostTier
 from scheduler.sched.policy_options import policy_kwargs
@@ -70,6 +70,17 @@ class SimConfig:
     watermark: float = 0.0
     max_num_scheduled_tokens: int | None = None  # None: max_num_batched_tokens
     max_num_active_seqs: int | None = None  # None: max_num_seqs
+    # The device pool's eviction policy (scheduler/core/eviction_policies.py), as --kv-eviction-policy.
+    eviction_policy: str = "lru"
+
+
+def _pool_factory(cfg: SimConfig):
+    """The free policy's pool, ordered by the eviction policy (the server's own choice of pool)."""
+    factory = eviction_pool_factory(cfg.eviction_policy, cfg.scheduling_policy, base=pool_class(cfg.policy))
+    if factory is not pool_class(cfg.policy) and cfg.policy != "vllm":
+        # NOTE: the what-if free policies move blocks in the free queue's list themselves.
+        raise ValueError(f"free policy {cfg.policy!r} orders the LRU queue only: use it with eviction policy lru and fcfs scheduling")
+    return factory
 
 
 def _percentile(values: list[int], q: float) -> float:
@@ -107,8 +118,8 @@ class _Run:
         self.order = sorted(range(n), key=lambda i: self.specs[i].arrival_ns)
         self.token_base = workload.output_token_base
         self.tier = HostTier(cfg.num_host_blocks, bs) if cfg.num_host_blocks else None
-        self.kv = KVCacheManager(cfg.num_blocks, bs, cfg.max_model_len, pool_factory=pool_class(cfg.policy),
-                                 host_tier=self.tier, offload_store=cfg.offload_store)  # fmt: skip
+        self.kv = kv_cache_manager_class(cfg.scheduling_policy)(cfg.num_blocks, bs, cfg.max_model_len, pool_factory=_pool_factory(cfg),
+                                                               host_tier=self.tier, offload_store=cfg.offload_store)  # fmt: skip
         self.sched = scheduler_class(cfg.scheduling_policy)(
             self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.reserve_full_sequence, **policy_kwargs(cfg)
         )
@@ -240,6 +251,7 @@ class _Run:
         return SimResult(
             num_blocks=self.cfg.num_blocks,
             policy=self.cfg.policy,
+            eviction_policy=self.cfg.eviction_policy,
             prefix_cache_hit_rate=stats.hit_rate,
             prefix_cache_queries=stats.queries,
             prefix_cache_hits=stats.hits,

@@ -16,6 +16,7 @@ capped at the pool's size each.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 
 from scheduler.core.block_policy import BlockPolicy
@@ -28,10 +29,10 @@ class ARCBlockPolicy(BlockPolicy):
     def __init__(self, num_blocks: int) -> None:
         self._hit = [False] * num_blocks
         self._in_t2 = [False] * num_blocks
-        self._t1: dict[KVCacheBlock, None] = {}
-        self._t2: dict[KVCacheBlock, None] = {}
-        self._b1: dict[BlockHash, None] = {}
-        self._b2: dict[BlockHash, None] = {}
+        self._t1: OrderedDict[KVCacheBlock, None] = OrderedDict()
+        self._t2: OrderedDict[KVCacheBlock, None] = OrderedDict()
+        self._b1: OrderedDict[BlockHash, None] = OrderedDict()
+        self._b2: OrderedDict[BlockHash, None] = OrderedDict()
         self._capacity = max(1, num_blocks - 1)
         # Target size of T1, 0..capacity.
         self.p = 0.0
@@ -69,16 +70,14 @@ class ARCBlockPolicy(BlockPolicy):
     def evict(self) -> KVCacheBlock:
         t1, t2 = self._t1, self._t2
         if t1 and (len(t1) > self.p or not t2):
-            block = next(iter(t1))
-            del t1[block]
+            block = t1.popitem(last=False)[0]
             ghost = self._b1
         else:
-            block = next(iter(t2))
-            del t2[block]
+            block = t2.popitem(last=False)[0]
             ghost = self._b2
         ghost[block.block_hash] = None
         if len(ghost) > self._capacity:
-            del ghost[next(iter(ghost))]
+            ghost.popitem(last=False)
         return block
 
     def clear(self) -> None:

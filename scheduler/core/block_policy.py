@@ -9,7 +9,9 @@ with LRU (`policy_free_queue.py`): they can never be hit, so taking them first
 never costs a hit under any policy.
 
 Every policy keeps per-block state in flat lists indexed by block id and is O(1)
-per call (amortized where a policy says so). The queue calls:
+per call (amortized where a policy says so). Orders are OrderedDicts: a plain
+dict's ``next(iter(d))`` walks the holes that deletions at its front leave behind,
+so a FIFO over one is O(n) per pop. The queue calls:
 
 * ``insert(block)``: a block holding a hash lost its last owner (now evictable);
 * ``remove(block)``: a hit took it out of the free set;
@@ -24,6 +26,7 @@ per call (amortized where a policy says so). The queue calls:
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 
 from scheduler.core.kv_cache_block import KVCacheBlock
@@ -70,7 +73,7 @@ class LRUBlockPolicy(BlockPolicy):
     __slots__ = ("_order",)
 
     def __init__(self, num_blocks: int = 0) -> None:
-        self._order: dict[KVCacheBlock, None] = {}
+        self._order: OrderedDict[KVCacheBlock, None] = OrderedDict()
 
     def insert(self, block: KVCacheBlock) -> None:
         self._order[block] = None
@@ -80,8 +83,7 @@ class LRUBlockPolicy(BlockPolicy):
 
     def evict(self) -> KVCacheBlock:
         order = self._order
-        block = next(iter(order))
-        del order[block]
+        block = order.popitem(last=False)[0]
         return block
 
     def clear(self) -> None:

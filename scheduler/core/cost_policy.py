@@ -19,6 +19,7 @@ only moves down on an insert); every other call is O(1).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 
 from scheduler.core.block_policy import BlockPolicy
@@ -34,9 +35,9 @@ class CostBlockPolicy(BlockPolicy):
         # block id -> its cached children (blocks whose parent it is and that hold a hash).
         self._children = [0] * num_blocks
         # depth -> free cached leaves at that depth, least recently freed first.
-        self._leaves: list[dict[KVCacheBlock, None]] = []
+        self._leaves: list[OrderedDict[KVCacheBlock, None]] = []
         # Free cached blocks that still have cached children.
-        self._inner: dict[KVCacheBlock, None] = {}
+        self._inner: OrderedDict[KVCacheBlock, None] = OrderedDict()
         self._min = 0
         self._len = 0
 
@@ -68,7 +69,7 @@ class CostBlockPolicy(BlockPolicy):
         depth = self._depth[block.block_id]
         leaves = self._leaves
         while len(leaves) <= depth:
-            leaves.append({})
+            leaves.append(OrderedDict())
         leaves[depth][block] = None
         if depth < self._min:
             self._min = depth
@@ -95,14 +96,12 @@ class CostBlockPolicy(BlockPolicy):
         if depth < len(leaves):
             self._min = depth
             bucket = leaves[depth]
-            block = next(iter(bucket))
-            del bucket[block]
+            block = bucket.popitem(last=False)[0]
         else:
             # NOTE: unreachable while the invariant above holds; kept so a broken
             # chain never leaves the pool without a victim.
             self._min = 0
-            block = next(iter(self._inner))
-            del self._inner[block]
+            block = self._inner.popitem(last=False)[0]
         self._len -= 1
         self._drop_child(block)
         return block

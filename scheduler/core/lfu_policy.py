@@ -9,6 +9,7 @@ block that was popular long ago from outliving all newer ones forever.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 
 from scheduler.core.block_policy import BlockPolicy
@@ -24,7 +25,7 @@ class LFUBlockPolicy(BlockPolicy):
         # block id -> hits since the block got its hash (capped).
         self._freq = [0] * num_blocks
         # count -> the free cached blocks with that count, least recently freed first.
-        self._buckets: list[dict[KVCacheBlock, None]] = [{} for _ in range(MAX_FREQUENCY + 1)]
+        self._buckets: list[OrderedDict[KVCacheBlock, None]] = [OrderedDict() for _ in range(MAX_FREQUENCY + 1)]
         self._len = 0
 
     def on_cached(self, block: KVCacheBlock, parent: KVCacheBlock | None) -> None:
@@ -51,8 +52,7 @@ class LFUBlockPolicy(BlockPolicy):
     def evict(self) -> KVCacheBlock:
         for bucket in self._buckets:
             if bucket:
-                block = next(iter(bucket))
-                del bucket[block]
+                block = bucket.popitem(last=False)[0]
                 self._len -= 1
                 return block
         raise ValueError("no free cached block to evict")

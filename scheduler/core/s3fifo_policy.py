@@ -17,6 +17,7 @@ most as many hashes as the pool has blocks.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 
 from scheduler.core.block_policy import BlockPolicy
@@ -34,9 +35,9 @@ class S3FIFOBlockPolicy(BlockPolicy):
     def __init__(self, num_blocks: int) -> None:
         self._freq = [0] * num_blocks
         self._queue = [_NEW] * num_blocks
-        self._small: dict[KVCacheBlock, None] = {}
-        self._main: dict[KVCacheBlock, None] = {}
-        self._ghost: dict[BlockHash, None] = {}
+        self._small: OrderedDict[KVCacheBlock, None] = OrderedDict()
+        self._main: OrderedDict[KVCacheBlock, None] = OrderedDict()
+        self._ghost: OrderedDict[BlockHash, None] = OrderedDict()
         self._ghost_size = max(1, num_blocks - 1)
 
     def on_cached(self, block: KVCacheBlock, parent: KVCacheBlock | None) -> None:
@@ -68,8 +69,7 @@ class S3FIFOBlockPolicy(BlockPolicy):
         small, main, freq = self._small, self._main, self._freq
         while True:
             if small and (len(small) > SMALL_FRACTION * (len(small) + len(main)) or not main):
-                block = next(iter(small))
-                del small[block]
+                block = small.popitem(last=False)[0]
                 i = block.block_id
                 if freq[i] > 0:
                     freq[i] = 0
@@ -79,10 +79,9 @@ class S3FIFOBlockPolicy(BlockPolicy):
                 ghost = self._ghost
                 ghost[block.block_hash] = None
                 if len(ghost) > self._ghost_size:
-                    del ghost[next(iter(ghost))]
+                    ghost.popitem(last=False)
                 return block
-            block = next(iter(main))
-            del main[block]
+            block = main.popitem(last=False)[0]
             i = block.block_id
             if freq[i] > 0:
                 freq[i] -= 1
