@@ -182,7 +182,7 @@ class WorkerSide:
         host_tier = HostTier(num_host_blocks, c.block_size, event_sink=self.kv_event_sink) if num_host_blocks else None
         state.kv = kv_cache_manager_class(c.scheduling_policy)(
             num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory,
-            host_tier=host_tier, offload_store=c.kv_offloading_store,
+            host_tier=host_tier, offload_store=c.kv_offloading_store, max_pinned_fraction=c.max_pinned_fraction,
         )  # fmt: skip
         state.scheduler = scheduler_class(c.scheduling_policy)(
             state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl, **policy_kwargs(c)
@@ -220,8 +220,11 @@ class WorkerSide:
         scheduler.preempt_all()
         # NOTE: the next worker's KV memory is empty: every hash is void. A block
         # still held here would be served to it as a cache hit of memory it never wrote.
+        num_pinned = kv.pinned.num_pinned_blocks
         if not kv.reset_prefix_cache():
             held = kv.block_pool.num_gpu_blocks - 1 - kv.block_pool.get_num_free_blocks()
             raise RuntimeError(f"worker lost but {held} blocks are still held after preempting every request")
+        if num_pinned:
+            log.warning("worker %s lost: its %d pinned blocks are void, the pins are cleared (pin them again)", name, num_pinned)
         self.publish_kv_events()
         self.metrics.update(scheduler, kv)
