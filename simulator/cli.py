@@ -39,6 +39,7 @@ import sys
 from pathlib import Path
 
 from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
+from scheduler.core.pinned_blocks import PinRefused
 from scheduler.core.hashing import HASH_ALGOS
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
 from scheduler.sched.policy_options import add_policy_args, check_scheduler_options
@@ -103,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--policy", type=_policy_list, default=[d.policy], help=f"free policy, or a comma list: {', '.join(FREE_POLICIES)} (default vllm)")
     g.add_argument("--kv-eviction-policy", type=_eviction_policy_list, default=[d.eviction_policy],
                    help=f"the pool's eviction policy (the server's flag), or a comma list: {', '.join(KV_EVICTION_POLICIES)} (default lru)")  # fmt: skip
+    g.add_argument("--pin-prefix-tokens", type=int, default=d.pin_prefix_tokens, metavar="N",
+                   help="pin the first N tokens (whole blocks) of the first request before the replay, as POST /v1/cache/pin "
+                        "(e.g. the workload's shared system prompt; default 0: none)")  # fmt: skip
+    g.add_argument("--max-pinned-fraction", type=float, default=d.max_pinned_fraction, metavar="FRACTION",
+                   help="the server's cap on pinned blocks, a share of the pool (default %(default)s)")  # fmt: skip
     g.add_argument("--block-size", type=int, default=d.block_size)
     g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
     g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
@@ -146,6 +152,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
     if a.policy != ["vllm"] and (a.kv_eviction_policy != ["lru"] or a.scheduling_policy == "priority"):
         p.error("--policy tail/forward reorder the LRU queue: combine them only with --kv-eviction-policy lru and --scheduling-policy fcfs")
+    if a.pin_prefix_tokens < 0 or not 0.0 <= a.max_pinned_fraction < 1.0:
+        p.error("--pin-prefix-tokens must be >= 0 and --max-pinned-fraction in [0, 1)")
     if a.priority_levels < 1:
         p.error(f"--priority-levels must be positive, got {a.priority_levels}")
     try:
@@ -220,7 +228,7 @@ COLUMNS = (
     ("num_blocks", "blocks", "d"), ("policy", "policy", "s"), ("eviction_policy", "eviction", "s"), ("prefix_cache_hit_rate", "hit rate", ".2%"),
     ("prefix_cache_preempted_hit_rate", "preempted hit rate", ".2%"),
     ("num_evictions", "evictions", "d"), ("num_preemptions", "preemptions", "d"), ("num_rejected", "rejected", "d"),
-    ("peak_usage", "peak usage", ".1%"), ("mean_queueing_delay_ms", "mean queue ms", ".1f"), ("wall_s", "wall s", ".1f"),
+    ("num_pinned_blocks", "pinned", "d"), ("peak_usage", "peak usage", ".1%"), ("mean_queueing_delay_ms", "mean queue ms", ".1f"), ("wall_s", "wall s", ".1f"),
 )  # fmt: skip
 
 
@@ -272,9 +280,13 @@ def main(argv: list[str] | None = None) -> int:
                     num_host_blocks, a.kv_offloading_store, a.offload_bandwidth_gbps, a.kv_bytes_per_token,
                     a.scheduler_reserve_full_isl, a.scheduling_policy, a.long_prefill_token_threshold,
                     a.long_prefill_token_threshold_adaptive, a.enable_chunked_prefill, a.watermark, a.max_num_scheduled_tokens,
-                    a.max_num_active_seqs, eviction,
+                    a.max_num_active_seqs, eviction, a.pin_prefix_tokens, a.max_pinned_fraction,
                 )  # fmt: skip
-                results.append(simulate(workload, cfg))
+                try:
+                    results.append(simulate(workload, cfg))
+                except PinRefused as e:
+                    print(f"kvpool-simulate: error: --pin-prefix-tokens {a.pin_prefix_tokens} with {num_blocks} blocks: {e}", file=sys.stderr)
+                    return 2
                 r = results[-1]
                 host = f", host tier {num_host_blocks}: {r.host_hit_rate:.2%}" if num_host_blocks else ""
                 print(f"  {num_blocks} blocks, {policy}/{eviction}: hit rate {r.prefix_cache_hit_rate:.2%}{host}, preempted "

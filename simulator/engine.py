@@ -72,6 +72,10 @@ class SimConfig:
     max_num_active_seqs: int | None = None  # None: max_num_seqs
     # The device pool's eviction policy (scheduler/core/eviction_policies.py), as --kv-eviction-policy.
     eviction_policy: str = "lru"
+    # Pin the first this many tokens (whole blocks) of the first request to arrive
+    # before the replay, as POST /v1/cache/pin would (the server's --max-pinned-fraction cap).
+    pin_prefix_tokens: int = 0
+    max_pinned_fraction: float = 0.5
 
 
 def _pool_factory(cfg: SimConfig):
@@ -119,11 +123,14 @@ class _Run:
         self.token_base = workload.output_token_base
         self.tier = HostTier(cfg.num_host_blocks, bs) if cfg.num_host_blocks else None
         self.kv = kv_cache_manager_class(cfg.scheduling_policy)(cfg.num_blocks, bs, cfg.max_model_len, pool_factory=_pool_factory(cfg),
-                                                               host_tier=self.tier, offload_store=cfg.offload_store)  # fmt: skip
+                                                               host_tier=self.tier, offload_store=cfg.offload_store,
+                                                               max_pinned_fraction=cfg.max_pinned_fraction)  # fmt: skip
         self.sched = scheduler_class(cfg.scheduling_policy)(
             self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.reserve_full_sequence, **policy_kwargs(cfg)
         )
         self.hasher = BlockHasher(bs, cfg.hash_algo)
+        if cfg.pin_prefix_tokens >= bs and n:
+            self.pin_prefix(cfg.pin_prefix_tokens // bs)
         # NOTE: prompt token ids lie below the output ones (simulator/workload.py).
         self.limits = RequestLimits(OUTPUT_TOKEN_BASE, cfg.max_model_len, bs, num_usable_blocks=cfg.num_blocks - 1)
         self.block_bytes = cfg.kv_bytes_per_token * bs
@@ -132,6 +139,19 @@ class _Run:
         self.admit_ns, self.first_token_ns, self.finish_ns = [NOT_YET] * n, [NOT_YET] * n, [NOT_YET] * n
         self.next_arrival = self.now = 0
         self.num_rejected = self.num_steps = self.num_ff_steps = self.num_loads = 0
+
+    def pin_prefix(self, num_blocks: int) -> None:
+        """Pin the first ``num_blocks`` full blocks of the first request's prompt, its KV
+        taken as computed already (no request, nothing counted), as a pin made before
+        the traffic starts."""
+        prompt, hashes = self.workload.prompt(self.order[0], self.hasher)
+        self.workload.reset()  # NOTE: prompt() is asked in arrival order; the replay asks again.
+        hashes = (hashes if hashes is not None else self.hasher.block_hashes(prompt))[:num_blocks]
+        pool = self.kv.block_pool
+        blocks = pool.get_new_blocks(len(hashes))
+        pool.cache_full_blocks(blocks, hashes, 0, len(hashes))
+        self.kv.pinned.pin(hashes, 0.0)
+        pool.free_blocks(blocks[::-1])
 
     def run(self) -> None:
         """Step until every request has arrived and none is left; with nothing to run,
@@ -252,6 +272,7 @@ class _Run:
             num_blocks=self.cfg.num_blocks,
             policy=self.cfg.policy,
             eviction_policy=self.cfg.eviction_policy,
+            num_pinned_blocks=kv.pinned.num_pinned_blocks,
             prefix_cache_hit_rate=stats.hit_rate,
             prefix_cache_queries=stats.queries,
             prefix_cache_hits=stats.hits,

@@ -43,3 +43,22 @@ def test_cli_runs_each_policy_and_refuses_tail_with_another_policy(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--num-blocks", "60", "--kv-eviction-policy", "mru"])
     assert "unknown eviction policy 'mru'" in capsys.readouterr().err
+
+
+def test_a_pinned_system_prompt_hits_in_full_through_a_flood_and_unpinned_it_does_not():
+    from loadgen.datasets import SampleRequest
+    from simulator.workload import SampleWorkload
+
+    system = list(range(10, 42))  # 8 blocks of 4
+    prompts = []
+    for i in range(10):
+        prompts.append(system + [100 + i] * 4)
+        prompts += [[200 + 40 * i + j] * 40 for j in range(2)]  # 2 unique prompts of 10 blocks between
+    w = SampleWorkload([SampleRequest(p, 2) for p in prompts], [0.1 * i for i in range(len(prompts))], 600)
+    cfg = SimConfig(21, 4, max_num_seqs=1, max_num_batched_tokens=128)
+    pinned = simulate(w, dataclasses.replace(cfg, pin_prefix_tokens=len(system)))
+    unpinned = simulate(w, cfg)
+    # Unique prompts never hit: every hit is the system prompt's. Pinned: all 32 tokens
+    # of each of its 10 requests (the first included: pinned before the replay).
+    assert pinned.num_pinned_blocks == 8 and pinned.prefix_cache_hits == 10 * 32
+    assert unpinned.num_pinned_blocks == 0 and unpinned.prefix_cache_hits < 10 * 32
