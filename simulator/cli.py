@@ -39,9 +39,9 @@ import sys
 from pathlib import Path
 
 from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
-from scheduler.core.pinned_blocks import PinRefused
 from scheduler.core.hashing import HASH_ALGOS
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
+from scheduler.core.pinned_blocks import PinRefused
 from scheduler.sched.policy_options import add_policy_args, check_scheduler_options
 from simulator.engine import SimConfig, simulate
 from simulator.free_policies import FREE_POLICIES
