@@ -59,6 +59,7 @@ class PolicyFreeBlockQueue(FreeKVCacheBlockQueue):
         num_removed = 0
         for block in blocks:
             if block.is_null:
+                block.ref_cnt += 1  # NOTE: as the LRU queue counts it (release takes it back)
                 continue
             on_hit(block)
             if block.ref_cnt == 0:
