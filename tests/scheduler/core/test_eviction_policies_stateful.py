@@ -10,9 +10,17 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import initialize, rule
 
-from scheduler.core.eviction_policies import KV_EVICTION_POLICIES, eviction_pool_factory, kv_cache_manager_class
+from scheduler.core.eviction_policies import (
+    KV_EVICTION_POLICIES,
+    eviction_pool_factory,
+    kv_cache_manager_class,
+)
 from scheduler.core.pinned_blocks import PinRefused
-from tests.scheduler.core.test_kv_cache_manager_stateful import BLOCK_SIZE, MAX_MODEL_LEN, ManagerMachine
+from tests.scheduler.core.test_kv_cache_manager_stateful import (
+    BLOCK_SIZE,
+    MAX_MODEL_LEN,
+    ManagerMachine,
+)
 
 
 class PolicyManagerMachine(ManagerMachine):
