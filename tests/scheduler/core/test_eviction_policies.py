@@ -205,3 +205,12 @@ def test_priority_retention_evicts_the_lower_priority_requests_blocks_first():
     pool = manager.block_pool
     assert pool.get_cached_block(b"h:0") is not None and pool.get_cached_block(b"h:1") is not None
     assert pool.get_cached_block(b"l:0") is None and pool.get_cached_block(b"l:1") is None
+
+
+def test_a_policy_composes_with_the_residency_pool_of_kv_cache_metrics():
+    from scheduler.core.block_residency import ResidencyBlockPool, residency_pool_factory
+
+    pool = eviction_pool_factory("arc", base=residency_pool_factory(1.0))(20)
+    assert isinstance(pool, ResidencyBlockPool)
+    random_run(pool, 1)  # invariants after every operation
+    assert pool.num_evictions > 0 and len(pool.take_residency().lifetimes) > 0
