@@ -81,6 +81,8 @@ class HttpSide:
         kv = self.state.kv
         if kv is None:
             return 503, msgspec.json.encode({"error": "no pool yet: no worker has connected"})
+        if not kv.enable_caching:
+            return 400, msgspec.json.encode({"error": "the prefix cache is off (--no-enable-prefix-caching): there is nothing to pin"})
         hashes = self.hasher.block_hashes(body.prompt_token_ids, body.cache_salt)
         if unpin:
             out = kv.pinned.unpin(hashes)
