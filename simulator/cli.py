@@ -47,6 +47,7 @@ from simulator.engine import SimConfig, simulate
 from simulator.free_policies import FREE_POLICIES
 from simulator.plot import plot_hit_rates
 from simulator.result import SimResult
+from simulator.retention import eviction_policy_list
 from simulator.workload import SampleWorkload, TraceWorkload, Workload
 
 DATASETS = ("mooncake", "shared-prefix", "random")
@@ -67,14 +68,6 @@ def _policy_list(text: str) -> list[str]:
     bad = [v for v in values if v not in FREE_POLICIES]
     if bad or not values:
         raise argparse.ArgumentTypeError(f"unknown policy {', '.join(bad) or text!r}; choose from {', '.join(FREE_POLICIES)}")
-    return values
-
-
-def _eviction_policy_list(text: str) -> list[str]:
-    values = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [v for v in values if v not in KV_EVICTION_POLICIES]
-    if bad or not values:
-        raise argparse.ArgumentTypeError(f"unknown eviction policy {', '.join(bad) or text!r}; choose from {', '.join(KV_EVICTION_POLICIES)}")
     return values
 
 
@@ -102,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("engine")
     g.add_argument("--num-blocks", type=_int_list, required=True, help="KV blocks (null block included); a comma list runs each")
     g.add_argument("--policy", type=_policy_list, default=[d.policy], help=f"free policy, or a comma list: {', '.join(FREE_POLICIES)} (default vllm)")
-    g.add_argument("--kv-eviction-policy", type=_eviction_policy_list, default=[d.eviction_policy],
+    g.add_argument("--kv-eviction-policy", type=eviction_policy_list, default=[d.eviction_policy],
                    help=f"the pool's eviction policy (the server's flag), or a comma list: {', '.join(KV_EVICTION_POLICIES)} (default lru)")  # fmt: skip
     g.add_argument("--pin-prefix-tokens", type=int, default=d.pin_prefix_tokens, metavar="N",
                    help="pin the first N tokens (whole blocks) of the first request before the replay, as POST /v1/cache/pin "

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 from protocol.client_messages import Generate
 from protocol.worker_messages import StepResult
-from scheduler.core.eviction_policies import eviction_pool_factory, kv_cache_manager_class
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_usage import get_peak_usage
 from scheduler.core.offload_tier import HostTier
@@ -35,8 +34,8 @@ from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
 from scheduler.sched.validation import RequestLimits, RequestRejected, validate_generate
 from simulator.fastforward import decode_horizon, fast_forward_decode
-from simulator.free_policies import pool_class
 from simulator.result import NOT_YET, SimResult
+from simulator.retention import pin_first_prefix, retention_manager
 from simulator.workload import OUTPUT_TOKEN_BASE, Workload
 
 
@@ -78,15 +77,6 @@ class SimConfig:
     max_pinned_fraction: float = 0.5
 
 
-def _pool_factory(cfg: SimConfig):
-    """The free policy's pool, ordered by the eviction policy (the server's own choice of pool)."""
-    factory = eviction_pool_factory(cfg.eviction_policy, cfg.scheduling_policy, base=pool_class(cfg.policy))
-    if factory is not pool_class(cfg.policy) and cfg.policy != "vllm":
-        # NOTE: the what-if free policies move blocks in the free queue's list themselves.
-        raise ValueError(f"free policy {cfg.policy!r} orders the LRU queue only: use it with eviction policy lru and fcfs scheduling")
-    return factory
-
-
 def _percentile(values: list[int], q: float) -> float:
     if not values:
         return 0.0
@@ -122,15 +112,14 @@ class _Run:
         self.order = sorted(range(n), key=lambda i: self.specs[i].arrival_ns)
         self.token_base = workload.output_token_base
         self.tier = HostTier(cfg.num_host_blocks, bs) if cfg.num_host_blocks else None
-        self.kv = kv_cache_manager_class(cfg.scheduling_policy)(cfg.num_blocks, bs, cfg.max_model_len, pool_factory=_pool_factory(cfg),
-                                                               host_tier=self.tier, offload_store=cfg.offload_store,
-                                                               max_pinned_fraction=cfg.max_pinned_fraction)  # fmt: skip
+        self.kv = retention_manager(cfg.num_blocks, bs, cfg.max_model_len, cfg.policy, cfg.eviction_policy, cfg.scheduling_policy,
+                                    cfg.max_pinned_fraction, host_tier=self.tier, offload_store=cfg.offload_store)  # fmt: skip
         self.sched = scheduler_class(cfg.scheduling_policy)(
             self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.reserve_full_sequence, **policy_kwargs(cfg)
         )
         self.hasher = BlockHasher(bs, cfg.hash_algo)
         if cfg.pin_prefix_tokens >= bs and n:
-            self.pin_prefix(cfg.pin_prefix_tokens // bs)
+            pin_first_prefix(self.kv, workload, self.order[0], self.hasher, cfg.pin_prefix_tokens // bs)
         # NOTE: prompt token ids lie below the output ones (simulator/workload.py).
         self.limits = RequestLimits(OUTPUT_TOKEN_BASE, cfg.max_model_len, bs, num_usable_blocks=cfg.num_blocks - 1)
         self.block_bytes = cfg.kv_bytes_per_token * bs
@@ -139,19 +128,6 @@ class _Run:
         self.admit_ns, self.first_token_ns, self.finish_ns = [NOT_YET] * n, [NOT_YET] * n, [NOT_YET] * n
         self.next_arrival = self.now = 0
         self.num_rejected = self.num_steps = self.num_ff_steps = self.num_loads = 0
-
-    def pin_prefix(self, num_blocks: int) -> None:
-        """Pin the first ``num_blocks`` full blocks of the first request's prompt, its KV
-        taken as computed already (no request, nothing counted), as a pin made before
-        the traffic starts."""
-        prompt, hashes = self.workload.prompt(self.order[0], self.hasher)
-        self.workload.reset()  # NOTE: prompt() is asked in arrival order; the replay asks again.
-        hashes = (hashes if hashes is not None else self.hasher.block_hashes(prompt))[:num_blocks]
-        pool = self.kv.block_pool
-        blocks = pool.get_new_blocks(len(hashes))
-        pool.cache_full_blocks(blocks, hashes, 0, len(hashes))
-        self.kv.pinned.pin(hashes, 0.0)
-        pool.free_blocks(blocks[::-1])
 
     def run(self) -> None:
         """Step until every request has arrived and none is left; with nothing to run,
