@@ -9,15 +9,18 @@ from __future__ import annotations
 import gc
 import hashlib
 import time
+from functools import partial
 
 from bench.table import Row, best_per_op_us
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.block_residency import ResidencyBlockPool
+from scheduler.core.eviction_policies import KV_EVICTION_POLICIES, eviction_pool_factory
 from scheduler.core.hashing import NONE_HASH, BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.request import Request
 
 LARGE_POOL = 100_000
+OTHER_POLICIES = [name for name in KV_EVICTION_POLICIES if name != "lru"]
 # NOTE: many short repeats, best taken: on a shared 2-core machine the best of many
 # short runs is the least disturbed figure (a few long runs are all disturbed).
 FAST = {"repeat": 21, "min_time_s": 0.05}
@@ -171,6 +174,9 @@ def rows() -> list[Row]:
         "alloc_res": lambda: alloc_free_us(ResidencyBlockPool),
         "touch_res": lambda: touch_free_us(ResidencyBlockPool),
         "evict_res": lambda: alloc_cache_evict_us(ResidencyBlockPool),
+        # --kv-eviction-policy: each other policy's hit and evicting paths (lru is the rows above).
+        **{f"touch_{name}": partial(touch_free_us, eviction_pool_factory(name)) for name in OTHER_POLICIES},
+        **{f"evict_{name}": partial(alloc_cache_evict_us, eviction_pool_factory(name)) for name in OTHER_POLICIES},
         "sha256": lambda: hash_block_us("sha256"),
         "xxhash": lambda: hash_block_us("xxhash"),
         "build": build_1m_s,
@@ -188,6 +194,9 @@ def rows() -> list[Row]:
         _row("pool: get_new_blocks(4) + free, --kv-cache-metrics", best["alloc_res"], "µs", 3),
         _row("pool: touch 4 cached + free, --kv-cache-metrics", best["touch_res"], "µs", 2.5),
         _row("pool: allocate 4 + cache + free, evicting, --kv-cache-metrics", best["evict_res"], "µs", 6.5),
+        *[_row(f"pool: touch 4 cached + free, --kv-eviction-policy {name}", best[f"touch_{name}"], "µs", 3) for name in OTHER_POLICIES],
+        *[_row(f"pool: allocate 4 + cache + free, evicting, --kv-eviction-policy {name}", best[f"evict_{name}"], "µs", 12)
+          for name in OTHER_POLICIES],  # fmt: skip
         _row("hash: one 16-token block, sha256", best["sha256"], "µs", 1.2),
         _row("hash: one 16-token block, xxhash", best["xxhash"], "µs"),
         _row("pool: build 1,000,000 blocks", best["build"], "s", 0.5),

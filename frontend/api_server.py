@@ -260,6 +260,14 @@ class APIServer:
         except (aiohttp.ClientError, TimeoutError) as e:
             raise unavailable(f"the scheduler is unreachable: {e}") from None
 
+    async def scheduler_post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        """POST ``body`` (JSON) to the scheduler's HTTP ``path``: (status, its body)."""
+        try:
+            async with self._http.post(self.config.scheduler_http + path, data=body, headers={"Content-Type": "application/json"}) as r:
+                return r.status, await r.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise unavailable(f"the scheduler is unreachable: {e}") from None
+
     async def scheduler_reset_prefix_cache(self) -> tuple[int, str]:
         """The scheduler's answer to POST /reset_prefix_cache: (status, its text)."""
         try:

@@ -34,6 +34,10 @@ def scheduler_argv(a, client_port: int, worker_port: int, sched_http: int) -> li
              "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--worker-reconnect-timeout", str(a.worker_restart_timeout)]  # fmt: skip
     if a.num_gpu_blocks_override is not None:
         sched += ["--num-gpu-blocks-override", str(a.num_gpu_blocks_override)]
+    if getattr(a, "kv_eviction_policy", "lru") != "lru":
+        sched += ["--kv-eviction-policy", a.kv_eviction_policy]
+    if getattr(a, "max_pinned_fraction", 0.5) != 0.5:
+        sched += ["--max-pinned-fraction", f"{a.max_pinned_fraction!r}"]
     if getattr(a, "prefix_caching_hash_algo", None):
         sched += ["--prefix-caching-hash-algo", a.prefix_caching_hash_algo]
     flags = {"--no-enable-prefix-caching": not a.enable_prefix_caching,

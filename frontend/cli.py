@@ -44,6 +44,11 @@ def _add_kvpool_flags(g) -> None:
     g.add_argument("--worker-http-port", type=int, default=None, metavar="PORT",
                    help="the worker's /metrics on 127.0.0.1 (default: a free port; 0 disables)")  # fmt: skip
     g.add_argument("--dev-mode", action="store_true", help="POST /reset_prefix_cache")
+    # NOTE: the choices are the scheduler's (scheduler/core/eviction_policies.py), which checks them again.
+    g.add_argument("--kv-eviction-policy", choices=("lru", "arc", "lfu", "s3fifo", "cost"), default="lru",
+                   help="the device pool's eviction order: lru (vLLM's), arc, lfu, s3fifo, cost (default %(default)s)")  # fmt: skip
+    g.add_argument("--max-pinned-fraction", type=float, default=0.5, metavar="FRACTION",
+                   help="share of the KV blocks POST /v1/cache/pin may hold, in [0, 1) (default %(default)s)")  # fmt: skip
     g.add_argument("--max-request-body-bytes", type=int, default=MAX_REQUEST_BODY_BYTES, metavar="BYTES",
                    help="the API refuses a larger request body with 413, before reading it (default %(default)s)")
     g.add_argument("--kv-events-endpoint", default=None, metavar="ENDPOINT", help="bind a PUB socket here for KV events (loopback)")
@@ -131,6 +136,8 @@ def settle(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(f"--kv-offloading-size must be a number of GiB >= 0, got {a.kv_offloading_size}")
     if not 0 < a.worker_restart_timeout < float("inf"):
         p.error(f"--worker-restart-timeout must be a positive number of seconds, got {a.worker_restart_timeout}")
+    if not 0.0 <= a.max_pinned_fraction < 1.0:
+        p.error(f"--max-pinned-fraction must be in [0, 1), got {a.max_pinned_fraction}")
     if a.max_request_body_bytes < 1:
         p.error(f"--max-request-body-bytes must be positive, got {a.max_request_body_bytes}")
     if getattr(a, "enable_log_outputs", False) and not a.enable_log_requests:

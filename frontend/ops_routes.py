@@ -8,6 +8,8 @@ answers them (``vllm/entrypoints/serve/``):
 * ``GET|POST /ping`` (SageMaker): ``/health``.
 * ``POST /reset_prefix_cache`` (dev mode: ``--dev-mode`` or VLLM_SERVER_DEV_MODE=1):
   ``{"success": bool}``, false while running requests hold blocks.
+* ``POST /v1/cache/pin`` / ``/v1/cache/unpin``: pinned prefixes, a kvpool extension
+  (``frontend.cache_pins``).
 * ``POST /v1/load_lora_adapter`` / ``/v1/unload_lora_adapter``, only with
   VLLM_ALLOW_RUNTIME_LORA_UPDATING (as vLLM; a 404 otherwise): kvpool has no LoRA,
   so loading is 501 and unloading finds no adapter (404, vLLM's words).
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 import msgspec
 from aiohttp import web
 
+from frontend.cache_pins import cache_pin_routes
 from frontend.errors import APIError, bad_request
 from frontend.request_body import read_body
 from frontend.serving import json_response
@@ -84,6 +87,7 @@ def ops_routes(server: APIServer) -> list[tuple[str, str, object]]:
         ("GET", "/load", load),
         ("GET", "/ping", server.health),
         ("POST", "/ping", server.health),
+        *cache_pin_routes(server),
     ]
     if config.dev_mode:
         routes.append(("POST", "/reset_prefix_cache", reset_prefix_cache))

@@ -150,3 +150,27 @@ def peek_request_id(frame: bytes | bytearray | memoryview) -> str | None:
         return _peek_decoder.decode(frame).request_id
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, MemoryError, OverflowError):
         return None
+
+
+# --- pinned prefixes (a kvpool extension) -----------------------------------------------
+# The API server's POST /v1/cache/pin and /v1/cache/unpin, as it forwards them to the
+# scheduler's HTTP port (JSON): the prompt already tokenized.
+
+
+class PinPrefix(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+    """Pin (or unpin) the full blocks of a prompt's tokens; ``ttl_s``: release after
+    that many seconds (pin only; None: until unpinned)."""
+
+    prompt_token_ids: list[TokenId]
+    cache_salt: str | None = None
+    ttl_s: Annotated[float, Meta(gt=0)] | None = None
+
+
+class PinResult(msgspec.Struct):
+    """Pin: the prompt's full blocks now pinned (0 with ``missing_blocks`` > 0: not all
+    were cached, nothing was pinned). Unpin: the blocks released."""
+
+    pinned_blocks: int
+    pinned_tokens: int
+    missing_blocks: int = 0
+    block_size: int = 0

@@ -38,14 +38,17 @@ import random
 import sys
 from pathlib import Path
 
+from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.hashing import HASH_ALGOS
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
+from scheduler.core.pinned_blocks import PinRefused
 from scheduler.sched.policy_options import add_policy_args, check_scheduler_options
 from simulator.engine import SimConfig, simulate
 from simulator.fleet_cli import add_fleet_args, check_fleet_args, fleet_main
 from simulator.free_policies import FREE_POLICIES
 from simulator.plot import plot_hit_rates
 from simulator.result import SimResult
+from simulator.retention import eviction_policy_list
 from simulator.workload import SampleWorkload, TraceWorkload, Workload
 
 DATASETS = ("mooncake", "shared-prefix", "random")
@@ -93,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("engine")
     g.add_argument("--num-blocks", type=_int_list, required=True, help="KV blocks (null block included); a comma list runs each")
     g.add_argument("--policy", type=_policy_list, default=[d.policy], help=f"free policy, or a comma list: {', '.join(FREE_POLICIES)} (default vllm)")
+    g.add_argument("--kv-eviction-policy", type=eviction_policy_list, default=[d.eviction_policy],
+                   help=f"the pool's eviction policy (the server's flag), or a comma list: {', '.join(KV_EVICTION_POLICIES)} (default lru)")  # fmt: skip
+    g.add_argument("--pin-prefix-tokens", type=int, default=d.pin_prefix_tokens, metavar="N",
+                   help="pin the first N tokens (whole blocks) of the first request before the replay, as POST /v1/cache/pin "
+                        "(e.g. the workload's shared system prompt; default 0: none)")  # fmt: skip
+    g.add_argument("--max-pinned-fraction", type=float, default=d.max_pinned_fraction, metavar="FRACTION",
+                   help="the server's cap on pinned blocks, a share of the pool (default %(default)s)")  # fmt: skip
     g.add_argument("--block-size", type=int, default=d.block_size)
     g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
     g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
@@ -135,6 +145,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
+    if a.policy != ["vllm"] and (a.kv_eviction_policy != ["lru"] or a.scheduling_policy == "priority"):
+        p.error("--policy tail/forward reorder the LRU queue: combine them only with --kv-eviction-policy lru and --scheduling-policy fcfs")
+    if a.pin_prefix_tokens < 0 or not 0.0 <= a.max_pinned_fraction < 1.0:
+        p.error("--pin-prefix-tokens must be >= 0 and --max-pinned-fraction in [0, 1)")
     if a.priority_levels < 1:
         p.error(f"--priority-levels must be positive, got {a.priority_levels}")
     try:
@@ -207,10 +221,10 @@ def _build_workload(a: argparse.Namespace) -> Workload:
 
 
 COLUMNS = (
-    ("num_blocks", "blocks", "d"), ("policy", "policy", "s"), ("prefix_cache_hit_rate", "hit rate", ".2%"),
+    ("num_blocks", "blocks", "d"), ("policy", "policy", "s"), ("eviction_policy", "eviction", "s"), ("prefix_cache_hit_rate", "hit rate", ".2%"),
     ("prefix_cache_preempted_hit_rate", "preempted hit rate", ".2%"),
     ("num_evictions", "evictions", "d"), ("num_preemptions", "preemptions", "d"), ("num_rejected", "rejected", "d"),
-    ("peak_usage", "peak usage", ".1%"), ("mean_queueing_delay_ms", "mean queue ms", ".1f"), ("wall_s", "wall s", ".1f"),
+    ("num_pinned_blocks", "pinned", "d"), ("peak_usage", "peak usage", ".1%"), ("mean_queueing_delay_ms", "mean queue ms", ".1f"), ("wall_s", "wall s", ".1f"),
 )  # fmt: skip
 
 
@@ -229,16 +243,16 @@ def _cell(value, spec: str) -> str:
 def format_table(results: list[SimResult]) -> str:
     cols = COLUMNS
     if any(r.num_host_blocks for r in results):
-        cols = (*COLUMNS[:3], *HOST_COLUMNS, *COLUMNS[3:])
+        cols = (*COLUMNS[:4], *HOST_COLUMNS, *COLUMNS[4:])
     rows = [[h for _, h, _ in cols]]
     rows += [[_cell(getattr(r, k), spec) for k, _, spec in cols] for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
-    lines = ["  ".join(c.rjust(w) if i != 1 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))) for row in rows]
+    lines = ["  ".join(c.rjust(w) if i not in (1, 2) else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))) for row in rows]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
 
 
-def sim_config(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, policy: str) -> SimConfig:
+def sim_config(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, policy: str, eviction: str = "lru") -> SimConfig:
     """One engine's configuration from the flags (the fleet's replicas share it)."""
     return SimConfig(
         num_blocks, a.block_size, policy, a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
@@ -246,7 +260,7 @@ def sim_config(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, pol
         num_host_blocks, a.kv_offloading_store, a.offload_bandwidth_gbps, a.kv_bytes_per_token,
         a.scheduler_reserve_full_isl, a.scheduling_policy, a.long_prefill_token_threshold,
         a.long_prefill_token_threshold_adaptive, a.enable_chunked_prefill, a.watermark, a.max_num_scheduled_tokens,
-        a.max_num_active_seqs,
+        a.max_num_active_seqs, eviction, a.pin_prefix_tokens, a.max_pinned_fraction,
     )  # fmt: skip
 
 
@@ -269,11 +283,15 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for num_blocks in a.num_blocks:
         for num_host_blocks in a.kv_offloading_blocks:
-            for policy in a.policy:
-                results.append(simulate(workload, sim_config(a, num_blocks, num_host_blocks, policy)))
+            for policy, eviction in [(p, e) for p in a.policy for e in a.kv_eviction_policy]:
+                try:
+                    results.append(simulate(workload, sim_config(a, num_blocks, num_host_blocks, policy, eviction)))
+                except PinRefused as e:
+                    print(f"kvpool-simulate: error: --pin-prefix-tokens {a.pin_prefix_tokens} with {num_blocks} blocks: {e}", file=sys.stderr)
+                    return 2
                 r = results[-1]
                 host = f", host tier {num_host_blocks}: {r.host_hit_rate:.2%}" if num_host_blocks else ""
-                print(f"  {num_blocks} blocks, {policy}: hit rate {r.prefix_cache_hit_rate:.2%}{host}, preempted "
+                print(f"  {num_blocks} blocks, {policy}/{eviction}: hit rate {r.prefix_cache_hit_rate:.2%}{host}, preempted "
                       f"{r.prefix_cache_preempted_hit_rate:.2%} ({r.wall_s:.1f} s)", file=sys.stderr)  # fmt: skip
     print(format_table(results))
     if a.result_json:

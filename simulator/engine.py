@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from protocol.client_messages import Generate
 from protocol.worker_messages import StepResult
 from scheduler.core.hashing import BlockHasher
-from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.kv_cache_usage import get_peak_usage
 from scheduler.core.offload_tier import HostTier
 from scheduler.sched.policy_options import policy_kwargs
@@ -35,8 +34,8 @@ from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
 from scheduler.sched.validation import RequestLimits, RequestRejected, validate_generate
 from simulator.fastforward import decode_horizon, fast_forward_decode
-from simulator.free_policies import pool_class
 from simulator.result import NOT_YET, SimResult
+from simulator.retention import pin_first_prefix, retention_manager
 from simulator.workload import OUTPUT_TOKEN_BASE, Workload
 
 
@@ -70,6 +69,12 @@ class SimConfig:
     watermark: float = 0.0
     max_num_scheduled_tokens: int | None = None  # None: max_num_batched_tokens
     max_num_active_seqs: int | None = None  # None: max_num_seqs
+    # The device pool's eviction policy (scheduler/core/eviction_policies.py), as --kv-eviction-policy.
+    eviction_policy: str = "lru"
+    # Pin the first this many tokens (whole blocks) of the first request to arrive
+    # before the replay, as POST /v1/cache/pin would (the server's --max-pinned-fraction cap).
+    pin_prefix_tokens: int = 0
+    max_pinned_fraction: float = 0.5
 
 
 def _percentile(values: list[int], q: float) -> float:
@@ -108,12 +113,14 @@ class _Run:
         self.order = sorted(range(n), key=lambda i: self.specs[i].arrival_ns)
         self.token_base = workload.output_token_base
         self.tier = HostTier(cfg.num_host_blocks, bs) if cfg.num_host_blocks else None
-        self.kv = KVCacheManager(cfg.num_blocks, bs, cfg.max_model_len, pool_factory=pool_class(cfg.policy),
-                                 host_tier=self.tier, offload_store=cfg.offload_store)  # fmt: skip
+        self.kv = retention_manager(cfg.num_blocks, bs, cfg.max_model_len, cfg.policy, cfg.eviction_policy, cfg.scheduling_policy,
+                                    cfg.max_pinned_fraction, host_tier=self.tier, offload_store=cfg.offload_store)  # fmt: skip
         self.sched = scheduler_class(cfg.scheduling_policy)(
             self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.reserve_full_sequence, **policy_kwargs(cfg)
         )
         self.hasher = BlockHasher(bs, cfg.hash_algo)
+        if cfg.pin_prefix_tokens >= bs and n:
+            pin_first_prefix(self.kv, workload, self.order[0], self.hasher, cfg.pin_prefix_tokens // bs)
         # NOTE: prompt token ids lie below the output ones (simulator/workload.py).
         self.limits = RequestLimits(OUTPUT_TOKEN_BASE, cfg.max_model_len, bs, num_usable_blocks=cfg.num_blocks - 1)
         self.block_bytes = cfg.kv_bytes_per_token * bs
@@ -250,6 +257,8 @@ class _Run:
         return SimResult(
             num_blocks=self.cfg.num_blocks,
             policy=self.cfg.policy,
+            eviction_policy=self.cfg.eviction_policy,
+            num_pinned_blocks=kv.pinned.num_pinned_blocks,
             prefix_cache_hit_rate=stats.hit_rate,
             prefix_cache_queries=stats.queries,
             prefix_cache_hits=stats.hits,

@@ -69,6 +69,8 @@ def check_fleet_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(f"--jobs must be >= 1, got {a.jobs}")
     if a.plot is not None:
         p.error("--plot draws single-engine runs; a fleet run has --result-json")
+    if len(a.kv_eviction_policy) > 1:
+        p.error("a fleet run takes one --kv-eviction-policy (its replicas share it), not a list")
 
 
 _WORKLOAD = None
@@ -82,7 +84,7 @@ def _run_one(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, polic
 
     if _WORKLOAD is None:
         _WORKLOAD = build_workload(a)
-    cfg = sim_config(a, num_blocks, num_host_blocks, policy)
+    cfg = sim_config(a, num_blocks, num_host_blocks, policy, a.kv_eviction_policy[0])
     return simulate_fleet(_WORKLOAD, cfg, replicas, router, a.max_concurrency, a.seed).summary()
 
 

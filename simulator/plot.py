@@ -39,9 +39,9 @@ def series(results: list[SimResult]) -> dict[str, list[tuple[int, float]]]:
     out: dict[str, list[tuple[int, float]]] = {}
     for r in results:
         if r.num_host_blocks:
-            out.setdefault(f"{r.policy} + {r.num_host_blocks} host blocks", []).append((r.num_blocks, r.combined_hit_rate))
+            out.setdefault(f"{_name(r)} + {r.num_host_blocks} host blocks", []).append((r.num_blocks, r.combined_hit_rate))
         else:
-            out.setdefault(r.policy, []).append((r.num_blocks, r.prefix_cache_hit_rate))
+            out.setdefault(_name(r), []).append((r.num_blocks, r.prefix_cache_hit_rate))
     return {policy: sorted(pts) for policy, pts in out.items()}
 
 
@@ -84,3 +84,10 @@ def plot_hit_rates(results: list[SimResult], path: str | Path, title: str) -> No
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _name(r: SimResult) -> str:
+    """A run's line: its free policy, its eviction policy, or both where neither is the default."""
+    if r.eviction_policy == "lru":
+        return r.policy
+    return r.eviction_policy if r.policy == "vllm" else f"{r.policy}/{r.eviction_policy}"

@@ -57,6 +57,10 @@ class SimResult:
     bytes_stored: int = 0
     bytes_loaded: int = 0
     load_time_s: float = 0.0
+    # The device pool's eviction policy (--kv-eviction-policy).
+    eviction_policy: str = "lru"
+    # Blocks pinned (--pin-prefix-tokens) at the end of the run.
+    num_pinned_blocks: int = 0
     admit_ns: list[int] = field(default_factory=list, repr=False)
     first_token_ns: list[int] = field(default_factory=list, repr=False)
     finish_ns: list[int] = field(default_factory=list, repr=False)

@@ -22,6 +22,7 @@ from scheduler.core.kv_cache_request import KVCacheRequest
 from scheduler.core.kv_events import KVEventSink
 from scheduler.core.offload_tier import HostTier, HostTierCopies
 from scheduler.core.offloading_connector import OffloadingConnector
+from scheduler.core.pinned_blocks import PinnedBlocks
 from scheduler.core.prefix_cache_stats import PrefixCacheStats
 
 # (num_gpu_blocks, enable_caching, event_sink) -> the pool. BlockPool itself by
@@ -33,7 +34,8 @@ OFFLOAD_STORE_MODES = ("eviction", "full")
 
 class KVCacheManager:
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True, event_sink: KVEventSink | None = None,
-                 pool_factory: PoolFactory = BlockPool, host_tier: HostTier | None = None, offload_store: str = "eviction"):  # fmt: skip
+                 pool_factory: PoolFactory = BlockPool, host_tier: HostTier | None = None, offload_store: str = "eviction",
+                 max_pinned_fraction: float = 0.5):  # fmt: skip
         if offload_store not in OFFLOAD_STORE_MODES:
             raise ValueError(f"offload_store must be one of {OFFLOAD_STORE_MODES}, got {offload_store!r}")
         if host_tier is not None and host_tier.block_size != block_size:
@@ -42,6 +44,8 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.block_pool = pool_factory(num_gpu_blocks, enable_caching, event_sink)
+        # Pinned prefixes (POST /v1/cache/pin): pool-level owners of their blocks.
+        self.pinned = PinnedBlocks(self.block_pool, int(max_pinned_fraction * (num_gpu_blocks - 1)))
         # request_id -> its block table, in order (append-only while it runs).
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # request_id -> how many leading blocks of its table are cached (hashed).
@@ -282,7 +286,11 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> bool:
         """Drop every hash, on the device and in the host tier (vLLM's CPU tier
         keeps serving after a reset; here both go). Refused (False, nothing
-        changed) while any request holds a block."""
+        changed) while any request holds a block. Pins are released first (their
+        blocks are the pool's own): ``self.pinned.num_cleared`` counts them."""
+        if any(self.req_to_blocks.values()):
+            return False
+        self.pinned.clear()
         if not self.block_pool.reset_prefix_cache():
             return False
         if self.offloading_connector is not None:
@@ -297,9 +305,9 @@ class KVCacheManager:
         if self.offloading_connector is not None:
             self.offloading_connector.check_invariants()
         owners: dict[int, int] = {}
-        for blocks in self.req_to_blocks.values():
+        for blocks in [*self.req_to_blocks.values(), self.pinned.blocks()]:
             for b in blocks:
                 owners[b.block_id] = owners.get(b.block_id, 0) + 1
         for block in self.block_pool.blocks[1:]:
             num_owners = owners.get(block.block_id, 0)
-            assert block.ref_cnt == num_owners, f"block {block.block_id}: ref_cnt {block.ref_cnt}, in {num_owners} tables"
+            assert block.ref_cnt == num_owners, f"block {block.block_id}: ref_cnt {block.ref_cnt}, in {num_owners} tables and pins"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from protocol.curve import CurveKeyError, load_keypair
 from protocol.kv_events import INT_BLOCK_HASHES_ENV, int_block_hashes_from_env
+from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
 from scheduler.core.vllm_hashing import DEFAULT_PREFIX_CACHING_HASH_ALGO, PREFIX_CACHING_HASH_ALGOS
 from scheduler.engine.kv_event_endpoints import (
@@ -107,6 +108,10 @@ class SchedulerConfig:
     kv_offloading_size: float = 0.0
     # When blocks are copied to the host tier: "eviction" (their hash leaves the device) or "full" (write-through, once computed).
     kv_offloading_store: str = "eviction"
+    # The device pool's eviction policy (scheduler/core/eviction_policies.py); lru: the free queue's own order.
+    kv_eviction_policy: str = "lru"
+    # Pinned blocks (POST /v1/cache/pin) may hold at most this share of the pool's blocks.
+    max_pinned_fraction: float = 0.5
     # vLLM's --enable-mfu-metrics (vllm:estimated_*_per_gpu): estimated from the
     # checkpoint's config.json (--model) in the worker's --dtype (scheduler/engine/perf_metrics.py).
     enable_mfu_metrics: bool = False
@@ -196,6 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kv-offloading-store", choices=OFFLOAD_STORE_MODES, default=d.kv_offloading_store,
                    help="copy a block to host memory when it is evicted from the device, or as soon as it is computed "
                         "(write-through) (default %(default)s)")  # fmt: skip
+    g = p.add_argument_group("retention (kvpool extensions)")
+    g.add_argument("--kv-eviction-policy", choices=KV_EVICTION_POLICIES, default=d.kv_eviction_policy,
+                   help="which free cached block is evicted first: lru (vLLM's), arc, lfu, s3fifo or cost; with "
+                        "--scheduling-policy priority, lower-priority requests' blocks go first (default %(default)s)")  # fmt: skip
+    g.add_argument("--max-pinned-fraction", type=float, default=d.max_pinned_fraction, metavar="FRACTION",
+                   help="share of the pool's blocks that pins (POST /v1/cache/pin) may hold, in [0, 1) (default %(default)s)")  # fmt: skip
     g = p.add_argument_group("KV events (vLLM's ZMQ format, for KV-aware routers)")
     g.add_argument("--kv-events-endpoint", metavar="ENDPOINT", help="bind a ZMQ PUB socket here and publish KV cache events, e.g. tcp://127.0.0.1:5557")
     g.add_argument("--kv-events-replay-endpoint", metavar="ENDPOINT", help="ROUTER socket serving missed batches, e.g. tcp://127.0.0.1:5558")
@@ -285,6 +296,8 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
     if a.kv_offloading_size > 0 and not a.enable_prefix_caching:
         p.error("--kv-offloading-size needs the prefix cache: blocks are offloaded and found by hash (drop --no-enable-prefix-caching)")
     _check_mfu_flags(p, a)
+    if not 0.0 <= a.max_pinned_fraction < 1.0:
+        p.error(f"--max-pinned-fraction must be in [0, 1), got {a.max_pinned_fraction}")
     if not 0.0 < a.kv_cache_metrics_sample <= 1.0:
         p.error(f"--kv-cache-metrics-sample must be in (0, 1], got {a.kv_cache_metrics_sample}")
     if a.kv_events_int_block_hashes is None:

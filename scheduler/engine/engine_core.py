@@ -99,7 +99,7 @@ class EngineCore:
         )
         self.worker_side.end_requests = self.client_side.end
         self.http_side = HttpSide(self.state, self.worker, self.metrics, self._publish_kv_events, config.host, config.http_port,
-                                  config.dev_mode, engine_info(config))  # fmt: skip
+                                  config.dev_mode, engine_info(config), hasher)  # fmt: skip
         self.iteration_log = IterationDetailsLogger(config.log_stats and config.enable_logging_iteration_details, config.data_parallel_rank)
         self._step_kv_events: list = []  # see _step_loop
         self._stop = asyncio.Event()
@@ -222,6 +222,9 @@ class EngineCore:
                 state.wakeup.clear()
                 now = time.monotonic()
                 self.worker.check_silence()
+                # NOTE: bounded: an idle loop still wakes every heartbeat interval.
+                if state.kv is not None and state.kv.pinned.expire(now):
+                    log.info("pins expired: %d blocks pinned now", state.kv.pinned.num_pinned_blocks)
                 if state.worker_lost_at is not None and not self.worker.ready:
                     await self._fail_requests_waiting_too_long(now)
                 if self.worker.ready:

@@ -1,6 +1,7 @@
 """The scheduler's HTTP side, on the same event loop: /metrics, /health, /engine_info
-(what the frontend tells routers: scheduler/engine/engine_info.py) and the
-development endpoint POST /reset_prefix_cache (dev mode only; 404 otherwise).
+(what the frontend tells routers: scheduler/engine/engine_info.py), the development
+endpoint POST /reset_prefix_cache (dev mode only; 404 otherwise) and POST
+/v1/cache/pin, /v1/cache/unpin (the API server's, forwarded: `PinPrefix`).
 
 ``EngineCore`` (scheduler/engine/engine_core.py) holds one ``HttpSide``; what the
 pages read of the engine is the ``EngineState``, the worker link's readiness and the
@@ -11,10 +12,16 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 
+import msgspec
 from aiohttp import web
 
+from protocol.client_messages import PinPrefix, PinResult
+from scheduler.core.hashing import BlockHasher
+from scheduler.core.pinned_blocks import PinRefused
+from scheduler.core.vllm_hashing import VllmBlockHasher
 from scheduler.engine.engine_state import EngineState
 from scheduler.engine.metrics import SchedulerMetrics
 from scheduler.engine.worker_link import WorkerLink
@@ -25,7 +32,7 @@ log = logging.getLogger("scheduler")
 class HttpSide:
     def __init__(
         self, state: EngineState, link: WorkerLink, metrics: SchedulerMetrics, publish_kv_events: Callable[[], None],
-        host: str, port: int, dev_mode: bool, engine_info: dict | None = None,
+        host: str, port: int, dev_mode: bool, engine_info: dict | None = None, hasher: BlockHasher | VllmBlockHasher | None = None,
     ):  # fmt: skip
         """``publish_kv_events``: the engine's, called after a reset emptied the cache;
         ``engine_info``: GET /engine_info's answer (fixed at start-up)."""
@@ -35,12 +42,16 @@ class HttpSide:
         self.metrics = metrics
         self.publish_kv_events = publish_kv_events
         self.host, self.port, self.dev_mode = host, port, dev_mode
+        self.hasher = hasher
 
     async def start(self) -> web.AppRunner | None:
         """/metrics, /health (and the dev-mode reset); None, logged, if the port is taken."""
         reset = self.reset_prefix_cache if self.dev_mode else None
         try:
-            return await start_http(build_app(self.render_metrics, self.health, reset, self.engine_info), self.host, self.port)
+            app = build_app(self.render_metrics, self.health, reset, self.engine_info)
+            if self.hasher is not None:
+                add_pin_routes(app, self.pin)
+            return await start_http(app, self.host, self.port)
         except OSError as e:
             log.error("cannot start: HTTP on %s:%d: %s (choose another --http-port)", self.host, self.port, e)
             return None
@@ -59,11 +70,52 @@ class HttpSide:
         kv = self.state.kv
         if kv is None:
             return False, "no pool yet: no worker has connected"
+        num_pinned = kv.pinned.num_pinned_blocks
         if kv.reset_prefix_cache():
             self.publish_kv_events()
+            if num_pinned:
+                log.warning("prefix cache reset: %d pinned blocks released, the pins are cleared", num_pinned)
+                return True, f"prefix cache reset; {num_pinned} pinned blocks released (the pins are cleared)"
             return True, "prefix cache reset"
         used = kv.block_pool.num_gpu_blocks - 1 - kv.block_pool.get_num_free_blocks()
         return False, f"refused: {used} blocks are held by running requests"
+
+
+    def pin(self, body: PinPrefix, unpin: bool) -> tuple[int, bytes]:
+        """Pin or unpin ``body``'s full blocks: (HTTP status, JSON body)."""
+        kv = self.state.kv
+        if kv is None:
+            return 503, msgspec.json.encode({"error": "no pool yet: no worker has connected"})
+        if not kv.enable_caching:
+            return 400, msgspec.json.encode({"error": "the prefix cache is off (--no-enable-prefix-caching): there is nothing to pin"})
+        hashes = self.hasher.block_hashes(body.prompt_token_ids, body.cache_salt)
+        if unpin:
+            out = kv.pinned.unpin(hashes)
+        else:
+            try:
+                out = kv.pinned.pin(hashes, time.monotonic(), body.ttl_s)
+            except PinRefused as e:
+                return 400, msgspec.json.encode({"error": str(e)})
+        size = self.hasher.block_size
+        return 200, msgspec.json.encode(PinResult(out.num_blocks, out.num_blocks * size, out.num_missing, size))
+
+
+def add_pin_routes(app: web.Application, pin: Callable[[PinPrefix, bool], tuple[int, bytes]]) -> None:
+    decoder = msgspec.json.Decoder(PinPrefix)
+
+    def route(unpin: bool):
+        async def handle(request: web.Request) -> web.Response:
+            try:
+                body = decoder.decode(await request.read())
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                return web.json_response({"error": f"invalid pin request: {e}"}, status=400)
+            status, text = pin(body, unpin)
+            return web.Response(status=status, body=text, content_type="application/json")
+
+        return handle
+
+    app.router.add_post("/v1/cache/pin", route(False))
+    app.router.add_post("/v1/cache/unpin", route(True))
 
 
 def build_app(

@@ -162,6 +162,10 @@ class SchedulerMetrics:
         self.num_gpu_blocks = gauge("kvpool_num_gpu_blocks", "Blocks in the pool, the null block included.")
         self.cached_hashes = gauge("kvpool_cached_block_hashes", "Distinct block hashes in the prefix cache (held or free).")
         self.evictions = self._counter("kvpool_evictions", "Cached blocks that lost their hash to a new owner (lazy eviction).")
+        self.pinned_blocks = gauge("kvpool_pinned_blocks", "Blocks held by pins (POST /v1/cache/pin): never evicted while pinned.")
+        self.pin_refusals = self._counter("kvpool_pin_refusals", "Pin requests refused: the pinned blocks would exceed --max-pinned-fraction.")
+        self.pins_cleared = self._counter("kvpool_pins_cleared", "Pinned blocks released by a prefix-cache reset or a lost worker.")
+        self.pins_expired = self._counter("kvpool_pins_expired", "Pinned blocks released when their ttl_s ran out.")
 
     def _add_steps(self) -> None:
         self.steps = self._counter("kvpool_steps", "Steps executed.")
@@ -253,6 +257,11 @@ class SchedulerMetrics:
         self._sync("src_external", by_source["external_kv_transfer"], prompt.external_kv_transfer)
         self._sync("generation", self.generation_tokens, scheduler.num_generation_tokens)
         self._sync("evictions", self.evictions, pool.num_evictions)
+        pinned = kv.pinned
+        self.pinned_blocks.set(pinned.num_pinned_blocks)
+        self._sync("pin_refusals", self.pin_refusals, pinned.num_refusals)
+        self._sync("pins_cleared", self.pins_cleared, pinned.num_cleared)
+        self._sync("pins_expired", self.pins_expired, pinned.num_expired)
         ext = kv.external_prefix_cache_stats
         self._sync("ext_queries", self.external_prefix_cache_queries, ext.queries)
         self._sync("ext_hits", self.external_prefix_cache_hits, ext.hits)

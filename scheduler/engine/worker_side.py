@@ -35,7 +35,7 @@ from protocol.worker_messages import (
 )
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.block_residency import residency_pool_factory
-from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.core.eviction_policies import eviction_pool_factory, kv_cache_manager_class
 from scheduler.core.kv_events import KVEventRecorder
 from scheduler.core.offload_tier import HostTier
 from scheduler.engine.cache_config_info import cache_config_info
@@ -176,11 +176,13 @@ class WorkerSide:
         c, state = self.config, self.state
         # NOTE: without --kv-cache-metrics the pool is the plain one: no hook at all.
         pool_factory = residency_pool_factory(c.kv_cache_metrics_sample) if c.kv_cache_metrics else BlockPool
+        # NOTE: lru (the default) keeps that pool as it is; another policy orders its free cached blocks.
+        pool_factory = eviction_pool_factory(c.kv_eviction_policy, c.scheduling_policy, base=pool_factory)
         num_host_blocks = host_tier_size_for(hello, c.kv_offloading_size, None)
         host_tier = HostTier(num_host_blocks, c.block_size, event_sink=self.kv_event_sink) if num_host_blocks else None
-        state.kv = KVCacheManager(
+        state.kv = kv_cache_manager_class(c.scheduling_policy)(
             num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory,
-            host_tier=host_tier, offload_store=c.kv_offloading_store,
+            host_tier=host_tier, offload_store=c.kv_offloading_store, max_pinned_fraction=c.max_pinned_fraction,
         )  # fmt: skip
         state.scheduler = scheduler_class(c.scheduling_policy)(
             state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl, **policy_kwargs(c)
@@ -189,7 +191,8 @@ class WorkerSide:
         state.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
         state.eos_token_ids = tuple(hello.eos_token_ids) or (hello.eos_token_id,)
         state.model_identity = (hello.architecture, hello.model_hash)
-        log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d)", num_blocks, c.block_size, hello.device, hello.num_blocks)
+        log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d), --kv-eviction-policy %s", num_blocks, c.block_size,
+                 hello.device, hello.num_blocks, c.kv_eviction_policy)  # fmt: skip
         if host_tier is not None:
             log.info("host tier of %d blocks (--kv-offloading-store %s)", num_host_blocks, c.kv_offloading_store)
 
@@ -217,8 +220,11 @@ class WorkerSide:
         scheduler.preempt_all()
         # NOTE: the next worker's KV memory is empty: every hash is void. A block
         # still held here would be served to it as a cache hit of memory it never wrote.
+        num_pinned = kv.pinned.num_pinned_blocks
         if not kv.reset_prefix_cache():
             held = kv.block_pool.num_gpu_blocks - 1 - kv.block_pool.get_num_free_blocks()
             raise RuntimeError(f"worker lost but {held} blocks are still held after preempting every request")
+        if num_pinned:
+            log.warning("worker %s lost: its %d pinned blocks are void, the pins are cleared (pin them again)", name, num_pinned)
         self.publish_kv_events()
         self.metrics.update(scheduler, kv)
