@@ -23,14 +23,21 @@ credits nothing of them it routes by load alone, and the row shows the gap.
 from __future__ import annotations
 
 import json
-import random
 import sys
 import tempfile
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.router_bench import Replica, Router, complete, free_port, http_get, router_binary
+from bench.router_bench import (
+    Replica,
+    Router,
+    complete,
+    free_port,
+    prefix_cache_totals,
+    router_binary,
+    shared_prefix_prompts,
+)
 from bench.table import Row
 
 POLICIES = ("round_robin", "least_loaded", "cache_aware", "kv_aware")
@@ -41,31 +48,13 @@ TOLERANCE = 0.10  # relative
 
 def workload(seed: int = 7) -> list[str]:
     """tests/e2e/test_router.py's kind of prompts."""
-    rng = random.Random(seed)
-    words = ["block", "cache", "prefix", "hash", "token", "pool", "evict", "worker", "scheduler", "router", "replica"]
-    prefixes = [" ".join(rng.choice(words) for _ in range(100)) for _ in range(NUM_PREFIXES)]
-    prompts = [f"{p} {i}-{j}" for i, p in enumerate(prefixes) for j in range(REPEATS)]
-    rng.shuffle(prompts)
-    return prompts
+    return shared_prefix_prompts(NUM_PREFIXES, REPEATS, seed)
 
 
 def _post(url: str, body: dict) -> dict:
     req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
         return json.loads(r.read())
-
-
-def _counters(url: str) -> tuple[float, float]:
-    status, text = http_get(url + "/metrics")
-    if status != 200:
-        raise RuntimeError(f"{url}/metrics answered {status}")
-    hits = queries = 0.0
-    for line in text.decode().splitlines():
-        if line.startswith("vllm:prefix_cache_hits_total"):
-            hits += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("vllm:prefix_cache_queries_total"):
-            queries += float(line.rsplit(" ", 1)[1])
-    return hits, queries
 
 
 def run_live(model: str, work: Path, prompts: list[str], policies=POLICIES) -> tuple[dict[str, float], list[list[int]]]:
@@ -94,14 +83,14 @@ def run_live(model: str, work: Path, prompts: list[str], policies=POLICIES) -> t
                 router.wait_ready()
                 for r in replicas:
                     _post(r.url + "/reset_prefix_cache", {})
-                before = [_counters(r.url) for r in replicas]
+                before = [prefix_cache_totals(r.url) for r in replicas]
                 url = router.url
                 with ThreadPoolExecutor(CONCURRENCY) as pool:
                     results = list(pool.map(lambda p, url=url: complete(url, {"model": model, "prompt": p, "max_tokens": MAX_TOKENS}), prompts))
                 failed = [why for ok, why in results if not ok]
                 if failed:
                     raise RuntimeError(f"{live}: {len(failed)} requests failed: {failed[:3]}")
-                after = [_counters(r.url) for r in replicas]
+                after = [prefix_cache_totals(r.url) for r in replicas]
             finally:
                 router.stop()
             hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))

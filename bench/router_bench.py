@@ -20,6 +20,7 @@ import http.client
 import itertools
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -58,6 +59,31 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return e.code, e.read()
     except OSError:
         return 0, b""
+
+def shared_prefix_prompts(num_prefixes: int, repeats: int, seed: int = 7) -> list[str]:
+    """The router workloads' prompts: ``num_prefixes`` long shared prefixes (100 words,
+    several blocks each), each asked ``repeats`` times with its own short suffix, shuffled."""
+    rng = random.Random(seed)
+    words = ["block", "cache", "prefix", "hash", "token", "pool", "evict", "worker", "scheduler", "router", "replica"]
+    prefixes = [" ".join(rng.choice(words) for _ in range(100)) for _ in range(num_prefixes)]
+    prompts = [f"{p} {i}-{j}" for i, p in enumerate(prefixes) for j in range(repeats)]
+    rng.shuffle(prompts)
+    return prompts
+
+
+def prefix_cache_totals(url: str) -> tuple[float, float]:
+    """(hits, queries) from one replica's /metrics."""
+    status, text = http_get(url + "/metrics")
+    if status != 200:
+        raise RuntimeError(f"{url}/metrics answered {status}")
+    hits = queries = 0.0
+    for line in text.decode().splitlines():
+        if line.startswith("vllm:prefix_cache_hits_total"):
+            hits += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("vllm:prefix_cache_queries_total"):
+            queries += float(line.rsplit(" ", 1)[1])
+    return hits, queries
+
 
 
 def _stop(proc: subprocess.Popen, timeout: float) -> None:

@@ -14,14 +14,21 @@ Targets (issue 28): kv_aware >= cache_aware > round_robin.
 
 from __future__ import annotations
 
-import random
 import sys
 import tempfile
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.router_bench import Replica, Router, complete, http_get, kv_aware_args, router_binary
+from bench.router_bench import (
+    Replica,
+    Router,
+    complete,
+    kv_aware_args,
+    prefix_cache_totals,
+    router_binary,
+    shared_prefix_prompts,
+)
 from bench.table import Row
 
 NUM_BLOCKS, BLOCK_SIZE, NUM_PREFIXES, REPEATS, CONCURRENCY = 128, 16, 12, 6, 2
@@ -29,26 +36,7 @@ POLICIES = ("round_robin", "cache_aware", "kv_aware")
 
 
 def workload(seed: int = 7) -> list[str]:
-    rng = random.Random(seed)
-    words = ["block", "cache", "prefix", "hash", "token", "pool", "evict", "worker", "scheduler", "router", "replica"]
-    prefixes = [" ".join(rng.choice(words) for _ in range(100)) for _ in range(NUM_PREFIXES)]
-    prompts = [f"{p} {i}-{j}" for i, p in enumerate(prefixes) for j in range(REPEATS)]
-    rng.shuffle(prompts)
-    return prompts
-
-
-def prefix_cache_totals(url: str) -> tuple[float, float]:
-    """(hits, queries) from one replica's /metrics."""
-    status, text = http_get(url + "/metrics")
-    if status != 200:
-        raise RuntimeError(f"{url}/metrics answered {status}")
-    hits = queries = 0.0
-    for line in text.decode().splitlines():
-        if line.startswith("vllm:prefix_cache_hits_total"):
-            hits += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("vllm:prefix_cache_queries_total"):
-            queries += float(line.rsplit(" ", 1)[1])
-    return hits, queries
+    return shared_prefix_prompts(NUM_PREFIXES, REPEATS, seed)
 
 
 def hit_rate(router: Router, replicas: list[Replica], model: str) -> tuple[float, int]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -39,6 +38,7 @@ from bench.router_bench import (
     kv_aware_args,
     requests_served,
     router_binary,
+    shared_prefix_prompts,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -102,12 +102,7 @@ def scrape(url: str) -> dict[str, float]:
 def workload(seed: int = 7) -> list[str]:
     """NUM_PREFIXES long shared prefixes (about 8 blocks each), each asked REPEATS
     times with its own short suffix, in a shuffled order."""
-    rng = random.Random(seed)
-    words = ["block", "cache", "prefix", "hash", "token", "pool", "evict", "worker", "scheduler", "router", "replica"]
-    prefixes = [" ".join(rng.choice(words) for _ in range(100)) for _ in range(NUM_PREFIXES)]
-    prompts = [f"{p} {i}-{j}" for i, p in enumerate(prefixes) for j in range(REPEATS)]
-    rng.shuffle(prompts)
-    return prompts
+    return shared_prefix_prompts(NUM_PREFIXES, REPEATS, seed)
 
 
 def run_policy(router: Router, replicas: list[Replica], model: str) -> dict:
