@@ -16,8 +16,15 @@ How the cast rounds follows vLLM's kernel on each device:
   to nearest even, saturating.
 
 The caches are torch fp8 tensors, not vLLM's uint8 views: the dtype says which format the
-bytes are in, so dequantizing is one ``copy_`` into the compute dtype; copies that only
-move bytes (the paged write on CPU, the host tier) go through same-size integer views.
+bytes are in; copies that only move bytes (the gather, the paged write on CPU, the host
+tier) go through same-size integer views.
+
+Reading (``dequantize``) is integer arithmetic, not torch's fp8 cast (element by element
+on CPU, several times slower than the attention it feeds): an fp8 byte's exponent and
+mantissa fields, moved to the compute dtype's places, are that dtype's bits of the value
+times 2^(fp8 bias - compute bias), subnormals included; one multiply by the inverse power
+of two and the scale restores it. NOTE: the fp8 NaN and infinity patterns read as finite
+values; the write saturates, so only a NaN from the model itself can produce one.
 """
 
 from __future__ import annotations
@@ -62,6 +69,28 @@ def quantize(x: torch.Tensor, fp8: torch.dtype, scale: float, toward_zero: bool)
         bits = q.view(torch.uint8)
         bits.sub_((q.float().abs() > xf.abs()).to(torch.uint8))
     return q
+
+
+# (mantissa bits, exponent bias) of each format, and the same-size integer of each compute dtype.
+_FIELDS = {torch.float8_e4m3fn: (3, 7), torch.float8_e5m2: (2, 15), torch.bfloat16: (7, 127), torch.float16: (10, 15),
+           torch.float32: (23, 127), torch.float64: (52, 1023)}  # fmt: skip
+_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def dequantize(raw: torch.Tensor, fp8: torch.dtype, out: torch.Tensor, scale: float) -> torch.Tensor:
+    """``out`` (any float dtype but fp8, the shape of ``raw``) = the fp8 values whose bytes
+    are ``raw`` (uint8), times ``scale``; four elementwise passes, in place in ``out``."""
+    fp8_mant, fp8_bias = _FIELDS[fp8]
+    mant, bias = _FIELDS[out.dtype]
+    bits = out.element_size() * 8
+    shift = mant - fp8_mant
+    # The sign bit, and the 7 exponent and mantissa bits moved up by shift; as a signed int.
+    mask = (1 << (bits - 1)) | (0x7F << shift)
+    mask -= 1 << bits
+    w = out.view(_INT[out.element_size()])
+    w.copy_(raw.view(torch.int8))  # NOTE: sign-extended, so the sign bit lands on top
+    w.bitwise_left_shift_(shift).bitwise_and_(mask)
+    return out.mul_(2.0 ** (bias - fp8_bias) * scale)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,8 +23,8 @@ so every token reads its own K/V, and its request's earlier ones, from the pages
 
 An fp8 cache (``worker.attention.kv_quant``) is read the same way on every path: the
 one-byte blocks are gathered first (as bytes: index_select has no fp8 kernels everywhere),
-then converted to the compute dtype and scaled in a second workspace, so the gather moves
-half the bytes of a 16-bit cache and SDPA sees the model's dtype.
+then converted to the compute dtype and scaled in the workspace (``dequantize``), so the
+gather moves half the bytes of a 16-bit cache and SDPA sees the model's dtype.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from worker.attention.cascade import (
     merge_shared_prefixes,
     shared_first_order,
 )
-from worker.attention.kv_quant import KVScales, is_fp8
+from worker.attention.kv_quant import KVScales, dequantize, is_fp8
 from worker.attention.metadata import (
     AttentionMetadata,
     DecodeGroup,
@@ -217,13 +217,7 @@ class PagedAttention:
     def _dequantize(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """fp8 blocks (m, block_elems), as bytes, -> the compute dtype, scaled, in the workspace."""
         m, fp8, s = k.shape[0], self.kv_caches[layer].dtype, self.scales[layer]
-        kd = self._k_work[:m].copy_(k.view(fp8))
-        vd = self._v_work[:m].copy_(v.view(fp8))
-        if s.k != 1.0:
-            kd.mul_(s.k)
-        if s.v != 1.0:
-            vd.mul_(s.v)
-        return kd, vd
+        return dequantize(k, fp8, self._k_work[:m], s.k), dequantize(v, fp8, self._v_work[:m], s.v)
 
     def _blocks(self, layer: int, block_ids: torch.Tensor, first_block: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """As ``_gather``, but blocks whose ids run consecutively are read in place (an fp8

@@ -13,7 +13,13 @@ import torch
 
 from protocol.kv_cache_spec import KV_CACHE_DTYPES, kv_cache_element_size
 from worker.attention.cache_ops import KVCacheWriter
-from worker.attention.kv_quant import KVScales, checkpoint_kv_scales, kv_cache_torch_dtype, quantize
+from worker.attention.kv_quant import (
+    KVScales,
+    checkpoint_kv_scales,
+    dequantize,
+    kv_cache_torch_dtype,
+    quantize,
+)
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -109,3 +115,15 @@ def test_the_cpu_cast_equals_vllms_cpu_kernel_bytes():
         name, dt, scale = key.split()
         ours = quantize(x.to(getattr(torch, dt)), kv_cache_torch_dtype(name, torch.float32), float(scale), toward_zero=True)
         assert ours.view(torch.uint8).tolist() == vllm_bytes, key
+
+
+@pytest.mark.parametrize("fp8", [E4M3, E5M2])
+@pytest.mark.parametrize("compute", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_dequantize_equals_torchs_cast_for_every_finite_byte(fp8, compute):
+    raw = torch.arange(256, dtype=torch.uint8)
+    finite = torch.isfinite(raw.view(fp8).double())  # E4M3: 2 NaNs; E5M2: 6 NaNs, 2 infinities
+    for scale in (1.0, 0.37, 3.5):
+        out = dequantize(raw, fp8, torch.empty(256, dtype=compute), scale)
+        want = raw.view(fp8).to(compute) * scale
+        assert torch.equal(out[finite], want[finite]), scale
+        assert torch.equal(out[finite].signbit(), want[finite].signbit())  # -0.0 stays -0.0
