@@ -166,3 +166,11 @@ def test_a_cache_dtype_vllm_does_not_know_is_argparses_error(capsys):
     with pytest.raises(SystemExit) as e:
         parse_serve(["serve", "m", "--kv-cache-dtype", "fp4"])
     assert e.value.code == 2 and "argument --kv-cache-dtype: invalid choice: 'fp4'" in capsys.readouterr().err
+
+
+def test_calculate_kv_scales_is_unknown_as_in_vllm_0_32(capsys):
+    # vLLM 0.32 dropped --calculate-kv-scales (its scales are 1.0 or the checkpoint's), so
+    # its parser refuses the flag as unknown; kvpool's does the same.
+    with pytest.raises(SystemExit) as e:
+        parse_serve(["serve", "m", "--kv-cache-dtype", "fp8", "--calculate-kv-scales"])
+    assert e.value.code == 2 and "unrecognized arguments: --calculate-kv-scales" in capsys.readouterr().err
