@@ -29,7 +29,7 @@ _CACHE = [
             accepts=KV_CACHE_DTYPES, why_not=why.KV_DTYPE,
             help="auto: the model's dtype (--dtype); fp8 (= fp8_e4m3) or fp8_e5m2: one byte per element, twice the blocks, "
                  "per-tensor scales as vLLM's (default %(default)s)"),  # fmt: skip
-    refused("--kv-cache-dtype-skip-layers", MANY, why.KV_DTYPE),
+    refused("--kv-cache-dtype-skip-layers", MANY, "one KV cache dtype for every layer: keeping some layers out of the fp8 cache is not supported yet"),
     handled("--kv-cache-memory-bytes", ONE, "worker (its --kv-cache-memory)", type=human_readable_int, default=None, metavar="BYTES",
             help="the KV cache's size in bytes (4G, 8000M...), instead of --gpu-memory-utilization's share"),  # fmt: skip
     handled("--kv-offloading-backend", ONE, "scheduler and worker: native, kvpool's host tier", default=None,

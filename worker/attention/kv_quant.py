@@ -89,7 +89,8 @@ def dequantize(raw: torch.Tensor, fp8: torch.dtype, out: torch.Tensor, scale: fl
     mask -= 1 << bits
     w = out.view(_INT[out.element_size()])
     w.copy_(raw.view(torch.int8))  # NOTE: sign-extended, so the sign bit lands on top
-    w.bitwise_left_shift_(shift).bitwise_and_(mask)
+    # NOTE: the shift as a multiply: torch's in-place shift goes through a temporary.
+    w.mul_(1 << shift).bitwise_and_(mask)
     return out.mul_(2.0 ** (bias - fp8_bias) * scale)
 
 
