@@ -10,8 +10,8 @@ attention reads ``fp8 * scale``.
 How the cast rounds follows vLLM's kernel on each device:
 
 * CPU (``cpu_attn_reshape_and_cache``): toward zero. NOTE: read off vLLM's kernel, not
-  its docs: its bytes equal ``round_toward_zero`` below for either format, bfloat16 or
-  float32 input, any scale (tests/worker/attention/test_kv_quant.py keeps the vLLM check).
+  its docs: its bytes equal ``quantize(..., toward_zero=True)`` for either format,
+  bfloat16 or float32 input, any scale (tests/worker/attention/test_kv_quant.py keeps the vLLM check).
 * CUDA (``scaled_fp8_conversion``: ``__nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, ...)``):
   to nearest even, saturating.
 
