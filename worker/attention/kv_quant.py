@@ -91,7 +91,12 @@ def dequantize(raw: torch.Tensor, fp8: torch.dtype, out: torch.Tensor, scale: fl
     w.copy_(raw.view(torch.int8))  # NOTE: sign-extended, so the sign bit lands on top
     # NOTE: the shift as a multiply: torch's in-place shift goes through a temporary.
     w.mul_(1 << shift).bitwise_and_(mask)
-    return out.mul_(2.0 ** (bias - fp8_bias) * scale)
+    factor = 2.0 ** (bias - fp8_bias)
+    if factor * scale > torch.finfo(torch.float32).max:
+        # NOTE: torch multiplies in float32; one factor would overflow there, and the
+        # power of two alone is exact, so the value rounds once either way.
+        return out.mul_(factor).mul_(scale)
+    return out.mul_(factor * scale)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,9 @@ so every token reads its own K/V, and its request's earlier ones, from the pages
 An fp8 cache (``worker.attention.kv_quant``) is read the same way on every path: the
 one-byte blocks are gathered first (as bytes: index_select has no fp8 kernels everywhere),
 then converted to the compute dtype and scaled in the workspace (``dequantize``), so the
-gather moves half the bytes of a 16-bit cache and SDPA sees the model's dtype.
+gather moves half the bytes of a 16-bit cache and SDPA sees the model's dtype. On CPU the
+two are one pass of a small C kernel (``worker.attention.fp8_gather``, the same bits)
+where its library is built; the torch passes otherwise.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from worker.attention.cascade import (
     merge_shared_prefixes,
     shared_first_order,
 )
+from worker.attention.fp8_gather import Fp8Gather
+from worker.attention.fp8_gather import load as load_fp8_gather
 from worker.attention.kv_quant import KVScales, dequantize, is_fp8
 from worker.attention.metadata import (
     AttentionMetadata,
@@ -91,11 +95,14 @@ class PagedAttention:
         self.cascade_min_tokens = cascade_min_tokens if device.type == "cpu" else None
         self._k_work = torch.empty((self.workspace_blocks, block_elems), dtype=dtype, device=device)
         self._v_work = torch.empty((self.workspace_blocks, block_elems), dtype=dtype, device=device)
+        # The fused fp8 read (None: the torch passes below).
+        self._fused = load_fp8_gather() if self.fp8 and Fp8Gather.supports(dtype, device) else None
         if self.fp8:
+            self._bytes = [kv.view(torch.uint8).view(2, self.num_blocks, block_elems) for kv in kv_caches]
+        if self.fp8 and self._fused is None:
             # The gathered bytes before conversion; caches are read through uint8 views.
             self._k_raw = torch.empty((self.workspace_blocks, block_elems), dtype=torch.uint8, device=device)
             self._v_raw = torch.empty((self.workspace_blocks, block_elems), dtype=torch.uint8, device=device)
-            self._bytes = [kv.view(torch.uint8).view(2, self.num_blocks, block_elems) for kv in kv_caches]
         self._positions = torch.arange(max_blocks_per_seq * self.block_size, device=device)
 
     def build_metadata(
@@ -204,6 +211,8 @@ class PagedAttention:
         """K and V of the given blocks, (m, block_size * kvh * hd) each, in the workspace,
         in the compute dtype."""
         m = block_ids.shape[0]
+        if self._fused is not None:
+            return self._fused_read(layer, block_ids, 0, m)
         if self.fp8:
             cache = self._bytes[layer]  # (2, num_blocks, block_elems) uint8
             k = torch.index_select(cache[0], 0, block_ids, out=self._k_raw[:m])
@@ -219,12 +228,20 @@ class PagedAttention:
         m, fp8, s = k.shape[0], self.kv_caches[layer].dtype, self.scales[layer]
         return dequantize(k, fp8, self._k_work[:m], s.k), dequantize(v, fp8, self._v_work[:m], s.v)
 
+    def _fused_read(self, layer: int, block_ids: torch.Tensor | None, first: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_gather`` (block_ids) or a consecutive run (None: first ..) of an fp8 cache, one pass each of K and V."""
+        cache, fp8, s = self._bytes[layer], self.kv_caches[layer].dtype, self.scales[layer]
+        return (self._fused(cache[0], block_ids, first, m, fp8, self._k_work, s.k),
+                self._fused(cache[1], block_ids, first, m, fp8, self._v_work, s.v))  # fmt: skip
+
     def _blocks(self, layer: int, block_ids: torch.Tensor, first_block: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """As ``_gather``, but blocks whose ids run consecutively are read in place (an fp8
         cache's are converted from there, without the gather)."""
         if first_block is None:
             return self._gather(layer, block_ids)
         end = first_block + block_ids.shape[0]
+        if self._fused is not None:
+            return self._fused_read(layer, None, first_block, block_ids.shape[0])
         if self.fp8:
             cache = self._bytes[layer]
             return self._dequantize(layer, cache[0, first_block:end], cache[1, first_block:end])

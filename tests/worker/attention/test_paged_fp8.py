@@ -4,7 +4,8 @@
 The reference is attention computed densely in float64 from the dequantized cache
 (``fp8 value * scale``, each row's own block list, no paging code), so the only error
 left is the compute dtype's; the step's own K/V reach the cache through the quantizing
-write, whose bytes are checked against hand-computed fp8 values.
+write, whose bytes are checked against hand-computed fp8 values. Every test runs twice:
+through the fused C read (``worker.attention.fp8_gather``) and through the torch passes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from worker.attention import fp8_gather, paged_attention
 from worker.attention.kv_quant import KVScales, quantize
 from worker.attention.paged_attention import PagedAttention
 from worker.block_table import BlockTable
@@ -36,6 +38,18 @@ FORMATS = [torch.float8_e4m3fn, torch.float8_e5m2]
 COMPUTE = [torch.float32, torch.bfloat16]
 # NOTE: bfloat16 holds fp8 * scale to 3 digits and its softmax too; float32 is exact to ~1e-7.
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.fixture(autouse=True, params=["fused", "torch"])
+def fp8_read(request, monkeypatch):
+    """Which fp8 read PagedAttention takes: the C kernel, or the torch fallback (the
+    library made unavailable)."""
+    if request.param == "fused":
+        if fp8_gather.load() is None:
+            pytest.skip("fp8 gather library not built (make install builds it)")
+    else:
+        monkeypatch.setattr(paged_attention, "load_fp8_gather", lambda: None)
+    return request.param
 
 
 def dense(cache: torch.Tensor, scales: KVScales, q: torch.Tensor, blocks: list[int], ctx: int, causal_from: int | None = None) -> torch.Tensor:
