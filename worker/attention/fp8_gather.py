@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "fp8_gather.c"
 LIBRARY = SOURCE.with_suffix(".so")
-ABI = 2  # fp8_gather_abi() of the source this module calls
+ABI = 4  # fp8_gather_abi() of the source this module calls
 # NOTE: -ffp-contract=off and no -ffast-math: the multiplies must round as torch's do.
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 
@@ -48,8 +48,8 @@ class Fp8Gather:
         self._fn = lib.fp8_gather_dequant
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                             ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_uint32,
-                             ctypes.c_float, ctypes.c_float, ctypes.c_int]  # fmt: skip
+                             ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                             ctypes.c_int, ctypes.c_float, ctypes.c_int]  # fmt: skip
 
     @staticmethod
     def supports(out_dtype: torch.dtype, device: torch.device) -> bool:
@@ -71,10 +71,9 @@ class Fp8Gather:
         fp8_mant, fp8_bias = _FP8[fp8]
         # NOTE: e5m2's top exponent is inf/NaN only where the fallback moves it into a
         # dtype with the same exponent field (float16); elsewhere it reads finite.
-        top = 0x7C if fp8 == torch.float8_e5m2 and out.dtype == torch.float16 else 0x100
+        top = fp8 == torch.float8_e5m2 and out.dtype == torch.float16
         rc = self._fn(cache.data_ptr(), num_blocks, block_elems, ids_ptr, first, m, out.data_ptr(),
-                      _OUT_KIND[out.dtype], 23 - fp8_mant, top, 2.0 ** (127 - fp8_bias), scale,
-                      torch.get_num_threads())  # fmt: skip
+                      _OUT_KIND[out.dtype], fp8_mant, fp8_bias, top, scale, torch.get_num_threads())  # fmt: skip
         if rc == -1:
             raise IndexError(f"fp8 gather: a block id is outside 0..{num_blocks - 1}")
         if rc != 0:

@@ -37,8 +37,9 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> None:
 @pytest.mark.parametrize("fp8", FP8)
 @pytest.mark.parametrize("compute", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("scale", [1.0, 0.3712, 7.3, 1000.0])
-def test_gather_equals_the_torch_fallback_bit_for_bit(fp8, compute, scale):
-    cache = _cache()
+@pytest.mark.parametrize("block_elems", [512, 200])  # 200: the vector loops' scalar tails
+def test_gather_equals_the_torch_fallback_bit_for_bit(fp8, compute, scale, block_elems):
+    cache = _cache(block_elems=block_elems)
     ids = torch.tensor([4, 1, 1, 5, 0, 4, 2])  # out of order, repeated
     ref = dequantize(cache.index_select(0, ids), fp8, torch.empty(len(ids), cache.shape[1], dtype=compute), scale)
     out = torch.full((len(ids) + 2, cache.shape[1]), 7.0, dtype=compute)  # a workspace larger than the gather

@@ -1,48 +1,65 @@
 /* Gather fp8 KV blocks and dequantize them into the compute dtype in one pass.
  *
  * No torch headers: worker/attention/fp8_gather.py loads this with ctypes and passes data
- * pointers. The arithmetic is the torch fallback's (kv_quant.dequantize), step for step,
- * so the bits are the same:
- *   a = the fp8 byte's sign, exponent and mantissa fields moved into a float32 and times
- *       2^(127 - fp8 bias): the fp8 value, subnormals included, exactly (e5m2's top
- *       exponent reads as inf/NaN only into float16, whose exponent field it shares),
- *   a * scale in float32 (torch's scalar multiply: opmath float), rounded to the output
- *   dtype to nearest even (bfloat16 as c10::BFloat16 rounds, float16 as c10::Half).
- * NOTE: built without -ffast-math and with -ffp-contract=off: the two multiplies must
- * round as torch's do. Plain loops over bytes, so gcc vectorizes them (AVX-512 here).
+ * pointers. Each output is the fallback's (kv_quant.dequantize) bit for bit: the fp8
+ * value (exact in float32; e5m2's top exponent reads as inf/NaN only into float16, whose
+ * exponent field it shares, as the fallback's moved fields do), times the scale in float32
+ * (torch's scalar multiply: opmath float), rounded to the output dtype to nearest even
+ * (bfloat16 as c10::BFloat16 rounds, float16 as c10::Half).
+ * NOTE: built without -ffast-math and with -ffp-contract=off: the multiply and the
+ * conversions must round as torch's do. Branch-free loops over bytes, so gcc vectorizes them (AVX-512 here).
  */
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX512BW__) && defined(__AVX512VBMI__)
+#include <immintrin.h>
+#endif
 
-#define FP8_GATHER_ABI 2
+#define FP8_GATHER_ABI 4
 
 enum { OUT_F32 = 0, OUT_BF16 = 1, OUT_F16 = 2 };
 
 int fp8_gather_abi(void) { return FP8_GATHER_ABI; }
 
-/* One block: n bytes -> n outputs. mshift: 20 for e4m3 (3 mantissa bits), 21 for e5m2;
- * top: the byte bits that make an inf/NaN pattern (0x7C for e5m2 into float16; else 0x100,
- * never all set); pre: 2^(127 - fp8 bias). */
-#define DEQUANT_LOOP(OUT_T, STORE)                                                  \
-    static void dequant_##OUT_T(const uint8_t *restrict src, OUT_T *restrict dst,   \
-                                int64_t n, int mshift, uint32_t top, float pre,     \
-                                float scale) {                                      \
-        for (int64_t j = 0; j < n; j++) {                                           \
-            uint32_t b = src[j];                                                    \
-            uint32_t bits = ((b & 0x80u) << 24) | ((b & 0x7Fu) << mshift);          \
-            bits |= (b & top) == top ? 0x7F800000u : 0u;                            \
-            float a;                                                                \
-            memcpy(&a, &bits, 4);                                                   \
-            float f = (a * pre) * scale;                                            \
-            STORE;                                                                  \
-        }                                                                           \
+struct fp8_format {
+    int mshift;
+    uint32_t rebias, mant_end, top;
+    float sub_min;
+};
+
+static inline float from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* One block: n bytes -> n outputs, each the fp8 value times scale, rounded to float32
+ * (torch's scalar multiply: opmath float), then stored by STORE.
+ * NOTE: the value is built in float32 directly, normal for every fp8 byte: the fields
+ * moved unbiased (as the fallback does) are float32 subnormals for small values, and
+ * a multiply on a subnormal takes a microcode assist on x86, ~100x an ordinary one.
+ * mshift: 23 - fp8 mantissa bits; rebias: (127 - fp8 bias) << 23; sub_min: 2^(1 - bias -
+ * mantissa bits), the smallest subnormal; mant_end: 2^mantissa bits (below: exponent 0);
+ * top: the byte bits of an inf/NaN pattern (0x7C for e5m2 into float16; else 0x100, never
+ * all set). */
+#define DEQUANT_LOOP(OUT_T, STORE)                                                   \
+    static void dequant_##OUT_T(const uint8_t *restrict src, OUT_T *restrict dst,    \
+                                int64_t n, const struct fp8_format *fmt, float scale) { \
+        const int mshift = fmt->mshift;                                              \
+        const uint32_t rebias = fmt->rebias, mant_end = fmt->mant_end, top = fmt->top; \
+        const float sub_min = fmt->sub_min;                                          \
+        for (int64_t j = 0; j < n; j++) {                                            \
+            uint32_t b = src[j], em = b & 0x7Fu;                                     \
+            uint32_t sub = to_bits((float)(int32_t)em * sub_min);                    \
+            uint32_t is_sub = 0u - (uint32_t)(em < mant_end);  /* all ones or 0 */   \
+            uint32_t bits = (sub & is_sub) | (((em << mshift) + rebias) & ~is_sub);  \
+            uint32_t is_top = 0u - (uint32_t)((b & top) == top);                     \
+            bits = ((0x7F800000u | (em << mshift)) & is_top) | (bits & ~is_top);     \
+            float f = from_bits(bits | ((b & 0x80u) << 24)) * scale;                 \
+            STORE;                                                                   \
+        }                                                                            \
     }
 
 typedef uint16_t bf16_t;
 typedef uint16_t f16_t;
 
-static inline float from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
 /* float -> IEEE half, to nearest even: c10::Half's fp16_ieee_from_fp32_value (from the FP16
  * library), written out because gcc does not vectorize the _Float16 conversion. */
@@ -68,13 +85,53 @@ DEQUANT_LOOP(bf16_t, {
     dst[j] = (f != f) ? (uint16_t)0x7FC0u : (uint16_t)r;
 })
 
+/* 16-bit outputs through a 256-entry table of the loops' own results (made per call),
+ * read as two 256-byte tables (low and high bytes) with AVX-512 VBMI's 128-byte permutes:
+ * 64 bytes a few instructions, where the arithmetic takes dozens. */
+static void lut16(const uint8_t *restrict src, uint16_t *restrict dst, int64_t n, const uint16_t *table) {
+    int64_t j = 0;
+#if defined(__AVX512BW__) && defined(__AVX512VBMI__)
+    uint8_t lo[256], hi[256];
+    for (int i = 0; i < 256; i++) lo[i] = (uint8_t)table[i], hi[i] = (uint8_t)(table[i] >> 8);
+    __m512i l0 = _mm512_loadu_si512(lo), l1 = _mm512_loadu_si512(lo + 64);
+    __m512i l2 = _mm512_loadu_si512(lo + 128), l3 = _mm512_loadu_si512(lo + 192);
+    __m512i h0 = _mm512_loadu_si512(hi), h1 = _mm512_loadu_si512(hi + 64);
+    __m512i h2 = _mm512_loadu_si512(hi + 128), h3 = _mm512_loadu_si512(hi + 192);
+    /* NOTE: unpack{lo,hi}_epi8 interleave within 128-bit lanes; the bytes are first placed
+     * so that lane k's low half holds elements 8k.. and its high half elements 32 + 8k... */
+    uint8_t order[64];
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < 8; i++) order[16 * k + i] = (uint8_t)(8 * k + i), order[16 * k + 8 + i] = (uint8_t)(32 + 8 * k + i);
+    __m512i perm = _mm512_loadu_si512(order);
+    for (; j + 64 <= n; j += 64) {
+        __m512i idx = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(src + j));
+        __mmask64 top = _mm512_movepi8_mask(idx); /* bit 7: the upper 128 entries */
+        __m512i vl = _mm512_mask_blend_epi8(top, _mm512_permutex2var_epi8(l0, idx, l1), _mm512_permutex2var_epi8(l2, idx, l3));
+        __m512i vh = _mm512_mask_blend_epi8(top, _mm512_permutex2var_epi8(h0, idx, h1), _mm512_permutex2var_epi8(h2, idx, h3));
+        _mm512_storeu_si512(dst + j, _mm512_unpacklo_epi8(vl, vh));
+        _mm512_storeu_si512(dst + j + 32, _mm512_unpackhi_epi8(vl, vh));
+    }
+#endif
+    for (; j < n; j++) dst[j] = table[src[j]];
+}
+
 /* out[i, :] = dequant(cache[ids[i], :]) for i < m (ids NULL: block first + i).
+ * fp8_mant, fp8_bias: the format's (3, 7: e4m3; 2, 15: e5m2); inf_nan_top: read e5m2's top
+ * exponent as inf/NaN (into float16, as the fallback's moved fields do), else as finite.
  * cache: (num_blocks, block_elems) bytes, contiguous; out: (m, block_elems), contiguous.
  * Returns 0, or -1 when an id is out of range (nothing written), -2 for a bad out kind. */
 int fp8_gather_dequant(const uint8_t *cache, int64_t num_blocks, int64_t block_elems,
                        const int64_t *ids, int64_t first, int64_t m, void *out, int out_kind,
-                       int mshift, uint32_t top, float pre, float scale, int num_threads) {
+                       int fp8_mant, int fp8_bias, int inf_nan_top, float scale, int num_threads) {
     if (out_kind < OUT_F32 || out_kind > OUT_F16) return -2;
+    struct fp8_format fmt = {23 - fp8_mant, (uint32_t)(127 - fp8_bias) << 23, 1u << fp8_mant,
+                             inf_nan_top ? 0x7Cu : 0x100u, 1.0f};
+    for (int e = 0; e < fp8_bias - 1 + fp8_mant; e++) fmt.sub_min *= 0.5f; /* exact */
+    uint8_t every_byte[256];
+    uint16_t table[256];
+    for (int i = 0; i < 256; i++) every_byte[i] = (uint8_t)i;
+    if (out_kind == OUT_BF16) dequant_bf16_t(every_byte, table, 256, &fmt, scale);
+    if (out_kind == OUT_F16) dequant_f16_t(every_byte, table, 256, &fmt, scale);
     if (ids != NULL) {
         for (int64_t i = 0; i < m; i++)
             if (ids[i] < 0 || ids[i] >= num_blocks) return -1;
@@ -88,11 +145,9 @@ int fp8_gather_dequant(const uint8_t *cache, int64_t num_blocks, int64_t block_e
         int64_t id = ids != NULL ? ids[i] : first + i;
         const uint8_t *src = cache + id * block_elems;
         if (out_kind == OUT_F32)
-            dequant_float(src, (float *)out + i * block_elems, block_elems, mshift, top, pre, scale);
-        else if (out_kind == OUT_BF16)
-            dequant_bf16_t(src, (bf16_t *)out + i * block_elems, block_elems, mshift, top, pre, scale);
+            dequant_float(src, (float *)out + i * block_elems, block_elems, &fmt, scale);
         else
-            dequant_f16_t(src, (f16_t *)out + i * block_elems, block_elems, mshift, top, pre, scale);
+            lut16(src, (uint16_t *)out + i * block_elems, block_elems, table);
     }
     return 0;
 }
