@@ -97,7 +97,7 @@ def fp8_decode_rows(model) -> list[Row]:
     return [
         Row("model: decode, 64 requests, bf16, bf16 KV cache (1 thread)", best[torch.bfloat16], "tok/s"),
         Row("model: decode, 64 requests, bf16, fp8 KV cache", best[torch.float8_e4m3fn], "tok/s"),
-        Row("model: decode step time, fp8 / bf16 KV cache", ratio, "x", "≤ 1.1", ratio <= 1.1),
+        Row("model: decode step time, fp8 / bf16 KV cache", ratio, "x", "≤ 1.1×", ratio <= 1.1),
     ]
 
 

@@ -8,7 +8,9 @@ plain torch operation over the same bytes in the same run (``python -m bench wor
   64, float32, through a shuffled block table, against SDPA over the same K/V laid
   out contiguously. Target: within 2x of SDPA.
 * fp8 decode: the same decode in bfloat16 (the KV write included) over an fp8 cache
-  against a bfloat16 cache, the same batch. Target: within 1.1x of the bfloat16 cache.
+  against a bfloat16 cache, the same batch; the fp8 blocks read by the fused C gather
+  (``worker.attention.fp8_gather``) where it is built. Target: within 1.1x of the
+  bfloat16 cache.
 
 Both sides of each comparison run in one torch thread. NOTE: the development machine
 has 2 cores shared with other processes; with 2 intra-op threads, an op waits at its
@@ -167,8 +169,8 @@ def fp8_decode_rows() -> list[Row]:
     ratio = fp8_us / bf16_us
     return [
         Row("worker: bf16 decode, bf16 KV cache, 64 x 1000 ctx (1 thread)", bf16_us / 1e3, "ms"),
-        Row("worker: bf16 decode, fp8 KV cache, 64 x 1000 ctx", fp8_us / 1e3, "ms", "≤ 1.1× bf16 cache", ratio <= 1.1),
-        Row("worker: fp8 / bf16 KV cache decode", ratio, "x"),
+        Row("worker: bf16 decode, fp8 KV cache, 64 x 1000 ctx", fp8_us / 1e3, "ms"),
+        Row("worker: fp8 / bf16 KV cache decode", ratio, "x", "≤ 1.1×", ratio <= 1.1),
     ]
 
 
