@@ -1,5 +1,6 @@
 """The fused fp8 read on CPU: gather the listed blocks' bytes and dequantize them into
-the compute-dtype workspace in one pass (``csrc/fp8_gather.c``, loaded with ctypes).
+the compute-dtype workspace in one pass (``csrc/fp8_gather.c``, loaded with ctypes); and
+the paged write's quantize fused with its scatter (float32 and bfloat16 K/V).
 
 The torch fallback (an ``index_select`` of the bytes, then ``kv_quant.dequantize``'s four
 elementwise passes) reads and writes the workspace five times; the kernel once. Its bits
@@ -26,10 +27,11 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "fp8_gather.c"
 LIBRARY = SOURCE.with_suffix(".so")
-ABI = 4  # fp8_gather_abi() of the source this module calls
+ABI = 5  # fp8_gather_abi() of the source this module calls
 # NOTE: -ffp-contract=off and no -ffast-math: the multiplies must round as torch's do.
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 
+_IN_KIND = {torch.float32: 0, torch.bfloat16: 1}
 _OUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # fp8 format -> (mantissa bits, exponent bias)
 _FP8 = {torch.float8_e4m3fn: (3, 7), torch.float8_e5m2: (2, 15)}
@@ -45,6 +47,11 @@ class Fp8Gather:
     """The loaded library; ``__call__`` is one layer's K or V read."""
 
     def __init__(self, lib: ctypes.CDLL):
+        self._write = lib.fp8_quantize_write
+        self._write.restype = ctypes.c_int
+        self._write.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_float,
+                                ctypes.c_float, ctypes.c_int]  # fmt: skip
         self._fn = lib.fp8_gather_dequant
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
@@ -54,6 +61,27 @@ class Fp8Gather:
     @staticmethod
     def supports(out_dtype: torch.dtype, device: torch.device) -> bool:
         return device.type == "cpu" and out_dtype in _OUT_KIND
+
+    @staticmethod
+    def supports_write(in_dtype: torch.dtype) -> bool:
+        return in_dtype in _IN_KIND
+
+    def quantize_write(self, x: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor, fp8: torch.dtype, scale: float) -> None:
+        """cache[slots[t]] = x[t] / scale in ``fp8``, rounded toward zero and saturated (what
+        ``kv_quant.quantize(..., toward_zero=True)`` then the scatter give). x: (T, row)
+        float32 or bfloat16; cache: (num_slots, row) uint8, contiguous; slots: (T,) int64."""
+        T, row = x.shape
+        if not x.is_contiguous() or not cache.is_contiguous() or cache.shape[1] != row:
+            raise ValueError(f"fp8 write: x {tuple(x.shape)} and cache {tuple(cache.shape)} must be contiguous rows of one size")
+        if slots.dtype != torch.int64 or not slots.is_contiguous():
+            slots = slots.to(torch.int64).contiguous()
+        fp8_mant, fp8_bias = _FP8[fp8]
+        rc = self._write(x.data_ptr(), _IN_KIND[x.dtype], T, row, slots.data_ptr(), cache.data_ptr(), cache.shape[0],
+                         fp8_mant, fp8_bias, scale, torch.finfo(fp8).max, torch.get_num_threads())  # fmt: skip
+        if rc == -1:
+            raise IndexError(f"fp8 write: a slot is outside 0..{cache.shape[0] - 1}")
+        if rc != 0:
+            raise RuntimeError(f"fp8 write: the kernel returned {rc}")
 
     def __call__(self, cache: torch.Tensor, block_ids: torch.Tensor | None, first: int, m: int, fp8: torch.dtype,
                  out: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from worker.attention import fp8_gather
-from worker.attention.kv_quant import dequantize
+from worker.attention.kv_quant import dequantize, quantize
 
 KERNEL = fp8_gather.load()
 needs_kernel = pytest.mark.skipif(KERNEL is None, reason="fp8 gather library not built (make install builds it)")
@@ -90,7 +90,7 @@ def test_the_kernel_is_only_for_cpu_and_16_or_32_bit_compute():
 @pytest.mark.parametrize("fp8", FP8)
 def test_paged_attention_reads_the_same_through_either_path(fp8, monkeypatch):
     """PagedAttention's decode and prefill outputs, fused read against torch passes: equal."""
-    from worker.attention import paged_attention
+    from worker.attention import cache_ops, paged_attention
     from worker.attention.paged_attention import PagedAttention
     from worker.kv_cache import allocate_kv_caches
 
@@ -106,8 +106,35 @@ def test_paged_attention_reads_the_same_through_either_path(fp8, monkeypatch):
     for fused in (True, False):
         if not fused:
             monkeypatch.setattr(paged_attention, "load_fp8_gather", lambda: None)
+            monkeypatch.setattr(cache_ops, "load_fp8_gather", lambda: None)
         pa = PagedAttention([cache.clone()], nh, 8, compute_dtype=torch.bfloat16, kv_scales=[paged_attention.KVScales(0.37, 2.5)])
-        assert (pa._fused is not None) == fused
+        assert (pa._fused is not None) == fused and (pa.writers[0].fused is not None) == fused
         md = pa.build_metadata(table, torch.tensor([10, 14, 7] + [24, 25, 26, 27, 28, 29]), [0, 1, 2], [11, 15, 8], [(3, 0, 6)])
         outs.append(pa.for_step(md)(0, q, k, v))
     assert torch.equal(outs[0], outs[1])
+
+
+SPECIALS = [0.0, -0.0, float("nan"), -float("nan"), float("inf"), -float("inf"), 1e-30, -1e-30, 1e-45, 447.9, 448.0,
+            -449.0, 480.0, 1e6, -1e6, 57344.0, 60000.0, 2**-9, 2**-10, -1.5 * 2**-9, 2**-6, 2**-6 * 0.999, 2**-16,
+            2**-17, 2**-14 * 0.99, 1.0, -1.9999]  # fmt: skip
+
+
+@needs_kernel
+@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scale", [1.0, 0.3712, 7.3])
+def test_quantize_write_equals_the_torch_quantize_and_scatter(fp8, dtype, scale):
+    """The fused write's bytes = kv_quant.quantize(toward_zero=True) (checked against vLLM's
+    CPU kernel in test_kv_quant.py), in the listed slots, nothing else touched."""
+    g = torch.Generator().manual_seed(3)
+    wide = torch.randn(4000, generator=g) * 10 ** torch.empty(4000).uniform_(-7, 6, generator=g)
+    x = torch.cat([torch.tensor(SPECIALS), wide])[: 4000 // 40 * 40].to(dtype).view(-1, 40)  # specials first
+    slots = torch.randperm(x.shape[0] + 7, generator=g)[: x.shape[0]]
+    cache = torch.full((x.shape[0] + 7, 40), 0xAB, dtype=torch.uint8)
+    KERNEL.quantize_write(x, slots, cache, fp8, scale)
+    assert torch.equal(cache[slots], quantize(x, fp8, scale, toward_zero=True).view(torch.uint8))
+    untouched = torch.ones(cache.shape[0], dtype=torch.bool)
+    untouched[slots] = False
+    assert (cache[untouched] == 0xAB).all()
+    with pytest.raises(IndexError):
+        KERNEL.quantize_write(x[:2], torch.tensor([0, cache.shape[0]]), cache, fp8, scale)

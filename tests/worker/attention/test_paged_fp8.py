@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.attention import fp8_gather, paged_attention
+from worker.attention import cache_ops, fp8_gather, paged_attention
 from worker.attention.kv_quant import KVScales, quantize
 from worker.attention.paged_attention import PagedAttention
 from worker.block_table import BlockTable
@@ -42,13 +42,14 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 @pytest.fixture(autouse=True, params=["fused", "torch"])
 def fp8_read(request, monkeypatch):
-    """Which fp8 read PagedAttention takes: the C kernel, or the torch fallback (the
-    library made unavailable)."""
+    """Which fp8 read and write PagedAttention takes: the C kernel, or the torch fallback
+    (the library made unavailable)."""
     if request.param == "fused":
         if fp8_gather.load() is None:
             pytest.skip("fp8 gather library not built (make install builds it)")
     else:
         monkeypatch.setattr(paged_attention, "load_fp8_gather", lambda: None)
+        monkeypatch.setattr(cache_ops, "load_fp8_gather", lambda: None)
     return request.param
 
 

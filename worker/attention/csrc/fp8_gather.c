@@ -15,7 +15,7 @@
 #include <immintrin.h>
 #endif
 
-#define FP8_GATHER_ABI 4
+#define FP8_GATHER_ABI 5
 
 enum { OUT_F32 = 0, OUT_BF16 = 1, OUT_F16 = 2 };
 
@@ -148,6 +148,58 @@ int fp8_gather_dequant(const uint8_t *cache, int64_t num_blocks, int64_t block_e
             dequant_float(src, (float *)out + i * block_elems, block_elems, &fmt, scale);
         else
             lut16(src, (uint16_t *)out + i * block_elems, block_elems, table);
+    }
+    return 0;
+}
+
+/* The paged write's quantize (kv_quant.quantize with toward_zero, vLLM's CPU kernel's
+ * rounding), fused with the scatter: cache[slots[t], :] = fp8(src[t, :] / scale), for
+ * t < T; src: (T, row) float32 (in_kind 0) or bfloat16 (1), contiguous; cache: (num_slots,
+ * row) bytes. Each value: x / scale in float32 (torch's division by a scalar), clamped to
+ * the largest finite value, then truncated to the fp8 grid (the byte the fallback's
+ * round-to-nearest-then-step-back gives); NaN -> 0x7F with its sign, as c10's casts.
+ * Returns 0, or -1 when a slot is out of range (nothing written). */
+#define QUANT_LOOP(IN_T, LOAD)                                                              \
+    static void quant_##IN_T(const IN_T *restrict src, uint8_t *restrict dst, int64_t n,    \
+                             int fp8_mant, int fp8_bias, float scale, float top, int divide) { \
+        const uint32_t min_normal = (uint32_t)(127 + 1 - fp8_bias) << 23;                   \
+        const uint32_t rebias = (uint32_t)(127 - fp8_bias) << fp8_mant;                     \
+        const int mshift = 23 - fp8_mant;                                                   \
+        float to_sub = 1.0f; /* 2^(bias - 1 + mant): the smallest subnormal -> 1 */         \
+        for (int e = 0; e < fp8_bias - 1 + fp8_mant; e++) to_sub *= 2.0f;                  \
+        for (int64_t j = 0; j < n; j++) {                                                   \
+            float x = LOAD;                                                                 \
+            x = divide ? x / scale : x;                                                     \
+            x = x > top ? top : x;                                                          \
+            x = x < -top ? -top : x;                                                        \
+            uint32_t bits = to_bits(x), a = bits & 0x7FFFFFFFu;                             \
+            uint32_t sign = (bits >> 24) & 0x80u;                                           \
+            uint32_t normal = ((a >> mshift) - rebias) & 0x7Fu;                             \
+            uint32_t sub = (uint32_t)(int32_t)(from_bits(a) * to_sub);                      \
+            uint32_t q = a >= min_normal ? normal : sub;                                    \
+            q = a > 0x7F800000u ? 0x7Fu : q;                                                \
+            dst[j] = (uint8_t)(q | sign);                                                   \
+        }                                                                                   \
+    }
+
+QUANT_LOOP(float, src[j])
+QUANT_LOOP(bf16_t, from_bits((uint32_t)src[j] << 16))
+
+int fp8_quantize_write(const void *src, int in_kind, int64_t T, int64_t row, const int64_t *slots,
+                       uint8_t *cache, int64_t num_slots, int fp8_mant, int fp8_bias, float scale,
+                       float top, int num_threads) {
+    if (in_kind < 0 || in_kind > 1) return -2;
+    for (int64_t t = 0; t < T; t++)
+        if (slots[t] < 0 || slots[t] >= num_slots) return -1;
+    int nt = (T * row < (1 << 16) || num_threads < 1) ? 1 : num_threads;
+    int divide = scale != 1.0f;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t t = 0; t < T; t++) {
+        uint8_t *dst = cache + slots[t] * row;
+        if (in_kind == 0)
+            quant_float((const float *)src + t * row, dst, row, fp8_mant, fp8_bias, scale, top, divide);
+        else
+            quant_bf16_t((const bf16_t *)src + t * row, dst, row, fp8_mant, fp8_bias, scale, top, divide);
     }
     return 0;
 }
