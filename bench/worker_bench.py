@@ -8,8 +8,8 @@ plain torch operation over the same bytes in the same run (``python -m bench wor
   64, float32, through a shuffled block table, against SDPA over the same K/V laid
   out contiguously. Target: within 2x of SDPA.
 * fp8 decode: the same decode in bfloat16 (the KV write included) over an fp8 cache
-  against a bfloat16 cache, the same batch; the fp8 blocks read by the fused C gather
-  (``worker.attention.fp8_gather``) where it is built. Target: within 1.1x of the
+  against a bfloat16 cache, the same batch; the fp8 blocks written and read by the C
+  kernels (``worker.attention.fp8_gather``) where they are built. Target: within 1.1x of the
   bfloat16 cache.
 
 Both sides of each comparison run in one torch thread. NOTE: the development machine

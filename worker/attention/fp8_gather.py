@@ -4,8 +4,9 @@ the paged write's quantize fused with its scatter (float32 and bfloat16 K/V).
 
 The torch fallback (an ``index_select`` of the bytes, then ``kv_quant.dequantize``'s four
 elementwise passes) reads and writes the workspace five times; the kernel once. Its bits
-are the fallback's (the same two float multiplies, the same rounding; tests compare all
-256 bytes of both formats into every compute dtype).
+are the fallback's (the same float32 multiply, the same rounding; tests compare all 256
+bytes of both formats into every compute dtype); the write's bytes are ``kv_quant.quantize``'s
+with ``toward_zero`` (vLLM's CPU rounding; the CUDA path never comes here).
 
 The library is built by ``make install`` (``python -m worker.attention.fp8_gather``
 rebuilds it) into an ignored ``csrc/fp8_gather.so``. NOTE: when it is missing, stale or
