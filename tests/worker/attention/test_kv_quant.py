@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from protocol.kv_cache_spec import KV_CACHE_DTYPES, kv_cache_element_size
+from worker.attention import fp8_gather
 from worker.attention.cache_ops import KVCacheWriter
 from worker.attention.kv_quant import (
     KVScales,
@@ -113,8 +114,13 @@ def test_the_cpu_cast_equals_vllms_cpu_kernel_bytes():
     got = json.loads(r.stdout.strip().splitlines()[-1])
     for key, vllm_bytes in got.items():
         name, dt, scale = key.split()
-        ours = quantize(x.to(getattr(torch, dt)), kv_cache_torch_dtype(name, torch.float32), float(scale), toward_zero=True)
+        fp8, xd = kv_cache_torch_dtype(name, torch.float32), x.to(getattr(torch, dt))
+        ours = quantize(xd, fp8, float(scale), toward_zero=True)
         assert ours.view(torch.uint8).tolist() == vllm_bytes, key
+        if (kernel := fp8_gather.load()) is not None:  # the C write (worker/attention/fp8_gather.py)
+            cache = torch.zeros(x.shape[0], 1, dtype=torch.uint8)
+            kernel.quantize_write(xd.view(-1, 1), torch.arange(x.shape[0]), cache, fp8, float(scale))
+            assert cache.view(-1).tolist() == vllm_bytes, f"C write: {key}"
 
 
 @pytest.mark.parametrize("fp8", [E4M3, E5M2])
