@@ -30,6 +30,8 @@ SOURCE = Path(__file__).parent / "csrc" / "fp8_gather.c"
 LIBRARY = SOURCE.with_suffix(".so")
 ABI = 5  # fp8_gather_abi() of the source this module calls
 # NOTE: -ffp-contract=off and no -ffast-math: the multiplies must round as torch's do.
+# -fopenmp: the library needs libgomp.so.1, which, loaded after torch, is torch's own
+# (one OpenMP thread pool in the process).
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 
 _IN_KIND = {torch.float32: 0, torch.bfloat16: 1}
