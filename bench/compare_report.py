@@ -10,6 +10,7 @@ from bench.compare_offline import QUEUED
 
 # (key, label, goal on which workloads: ("speed", "fidelity", "preempt" or None))
 FIGURES = [
+    ("num_gpu_blocks", "KV blocks", "blocks"),
     ("completed", "requests completed", None),
     ("failed", "requests failed", None),
     ("output_throughput", "output tok/s", "speed"),
@@ -33,6 +34,8 @@ SCIENTIFIC = ("max_loglikelihood_difference",)  # figures shown as 1.0e-05
 
 def goal(kind: str | None, workload: str, shared_prefix: bool) -> tuple[str, object] | None:
     """(goal text, test on (vllm, kvpool)) where the issue sets one for this row."""
+    if kind == "blocks":
+        return "= vLLM", lambda v, k: k == v
     if kind == "speed" and workload in SPEED_WORKLOADS:
         return ">= vLLM", lambda v, k: k >= v
     if kind == "ttft" and workload in SPEED_WORKLOADS:
@@ -65,7 +68,9 @@ def rows(results: dict, shared: dict[str, bool]) -> list[dict]:
 
 def agreement_row(agree: dict) -> dict:
     a = agree.get("fraction_identical")
-    return {"workload": "agreement", "figure": f"greedy identical ({agree.get('dtype', 'float32')})", "key": "fraction_identical",
+    kv = agree.get("kv_cache_dtype", "auto")
+    what = agree.get("dtype", "float32") + ("" if kv == "auto" else f", {kv} KV cache")
+    return {"workload": "agreement", "figure": f"greedy identical ({what})", "key": "fraction_identical",
             "vllm": 1.0, "kvpool": a, "ratio": a, "goal": ">= 95%", "met": None if a is None else a >= 0.95}  # fmt: skip
 
 

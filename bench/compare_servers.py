@@ -44,15 +44,21 @@ class ServerConfig:
     # so that the throughput figures pay little and the same for it.
     kv_cache_metrics: bool = True
     kv_cache_metrics_sample: float = 0.01
+    # --kv-cache-dtype on both (auto, fp8, fp8_e4m3, fp8_e5m2).
+    kv_cache_dtype: str = "auto"
+    # > 0: both pools sized from this KV space (vLLM's VLLM_CPU_KVCACHE_SPACE, kvpool's
+    # --kv-cache-memory), each engine counting its own blocks; 0: num_blocks on both.
+    kv_space_gib: int = 0
 
     def bytes_per_block(self, model: Path) -> int:
-        per_block = kv_bytes_per_block(model, self.block_size, self.dtype)
+        per_block = kv_bytes_per_block(model, self.block_size, self.dtype, 1, self.kv_cache_dtype)
         if per_block is None:
             raise ValueError(f"{model / 'config.json'} does not give the KV cache's shape")
         return per_block
 
     def common_flags(self) -> list[str]:
-        return ["--block-size", str(self.block_size), "--num-gpu-blocks-override", str(self.num_blocks),
+        return ["--block-size", str(self.block_size), *([] if self.kv_space_gib else ["--num-gpu-blocks-override", str(self.num_blocks)]),
+                *([] if self.kv_cache_dtype == "auto" else ["--kv-cache-dtype", self.kv_cache_dtype]),
                 "--max-num-seqs", str(self.max_num_seqs), "--max-num-batched-tokens", str(self.max_num_batched_tokens),
                 "--max-model-len", str(self.max_model_len), "--dtype", self.dtype,
                 "--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching",
@@ -74,7 +80,7 @@ def server_command(engine: str, model: Path, port: int, cfg: ServerConfig, root:
     if engine == "kvpool":
         # NOTE: KV memory for exactly the blocks asked (the null block included), so both
         # pools hold num_blocks; the override then only confirms it.
-        kv = cfg.num_blocks * cfg.bytes_per_block(model)
+        kv = cfg.kv_space_gib * 2**30 if cfg.kv_space_gib else cfg.num_blocks * cfg.bytes_per_block(model)
         return [str(root / ".venv/bin/kvpool"), "serve", *common, "--kv-cache-memory", str(kv)]
     raise ValueError(f"unknown engine {engine!r}: vllm or kvpool")
 
@@ -84,7 +90,7 @@ def vllm_env(cache: Path, cfg: ServerConfig, model: Path, threads: int) -> dict[
     pool), its compute threads bound to the first ``threads`` cores this process may use
     (vLLM's own default, "auto", binds every core but one), torch.compile's caches in a
     folder this run controls."""
-    gib = max(1, -(-cfg.num_blocks * cfg.bytes_per_block(model) // 2**30))
+    gib = cfg.kv_space_gib or max(1, -(-cfg.num_blocks * cfg.bytes_per_block(model) // 2**30))
     cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:threads])
     return {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": str(gib), "VLLM_CPU_OMP_THREADS_BIND": cores,
             "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
@@ -157,6 +163,17 @@ def scrape_page(url: str, timeout_s: float = 5.0) -> str:
     """A server's whole /metrics page."""
     with urllib.request.urlopen(url + "/metrics", timeout=timeout_s) as r:
         return r.read().decode()
+
+
+def num_gpu_blocks(page: str) -> int | None:
+    """The pool's block count, as both engines label vllm:cache_config_info with it."""
+    for fam in text_string_to_metric_families(page):
+        if fam.name == "vllm:cache_config_info":
+            for s in fam.samples:
+                value = s.labels.get("num_gpu_blocks")
+                if value and value != "None":
+                    return int(value)
+    return None
 
 
 def scrape(url: str, timeout_s: float = 5.0) -> dict[str, float]:

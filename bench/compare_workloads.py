@@ -107,6 +107,7 @@ def combine_runs(runs: list[dict], counters: tuple[str, ...]) -> dict:
     out = {k: statistics.median(r[k] for r in runs) if all(r.get(k) is not None for r in runs) else None for k in BENCH_KEYS}
     out.update({c: sum(r[c] for r in runs) for c in counters})
     out["peak_kv_cache_usage_perc"] = max(r["peak_kv_cache_usage_perc"] for r in runs)
+    out["num_gpu_blocks"] = runs[0].get("num_gpu_blocks")
     return out
 
 

@@ -11,6 +11,9 @@ Decode: 64 requests with 128-token prompts are prefilled, then 32 decode steps o
 FLOPs per decode token = 2 x (the matmul parameters, lm_head included) + 4 x layers x
 heads x head_dim x context (QK^T and PV).
 
+fp8 KV cache: the same decode steps in bfloat16 over an fp8 cache and a bfloat16 one, in
+alternating rounds (the step time's ratio; target within 1.1x).
+
 Shared-prefix decode: the shape of ``make compare``'s prefix workloads (block size 32,
 4 prefixes of 256 tokens each shared by a quarter of the rows through the same blocks,
 32-token suffixes), 64 and 8 rows, 32 decode steps (best of 3 rounds), with the
@@ -58,12 +61,13 @@ def flops_per_decode_token(c, context: int) -> float:
     return 2.0 * matmul + 4.0 * c.num_layers * q * context
 
 
-def decode_throughput(model, rounds: int = 5) -> tuple[float, float]:
-    """(tokens/s, GFLOP/s) of 64-request decode steps through the paged runner."""
+def decode_throughput(model, rounds: int = 5, kv_dtype: torch.dtype | None = None) -> tuple[float, float]:
+    """(tokens/s, GFLOP/s) of 64-request decode steps through the paged runner, over a
+    KV cache of ``kv_dtype`` (None: the model's)."""
     c = model.config
     blocks_per_seq = -(-(PROMPT_LEN + DECODE_STEPS + 1) // BLOCK_SIZE)
     num_blocks = NUM_REQUESTS * blocks_per_seq + 1
-    caches = allocate_kv_caches(c.num_layers, num_blocks, BLOCK_SIZE, c.num_kv_heads, c.head_dim, model.dtype, "cpu")
+    caches = allocate_kv_caches(c.num_layers, num_blocks, BLOCK_SIZE, c.num_kv_heads, c.head_dim, kv_dtype or model.dtype, "cpu")
     best = float("inf")
     gen = torch.Generator().manual_seed(0)
     for _ in range(rounds):
@@ -80,6 +84,21 @@ def decode_throughput(model, rounds: int = 5) -> tuple[float, float]:
     tokens_per_s = NUM_REQUESTS * DECODE_STEPS / best
     flops = flops_per_decode_token(c, PROMPT_LEN + DECODE_STEPS // 2)
     return tokens_per_s, tokens_per_s * flops / 1e9
+
+
+def fp8_decode_rows(model) -> list[Row]:
+    """The decode steps above in bfloat16 over an fp8 KV cache against a bfloat16 one,
+    in alternating rounds, best kept."""
+    best = {torch.bfloat16: 0.0, torch.float8_e4m3fn: 0.0}
+    for r in range(3):
+        for kv in best if r % 2 == 0 else reversed(best):
+            best[kv] = max(best[kv], decode_throughput(model, rounds=2, kv_dtype=kv)[0])
+    ratio = best[torch.bfloat16] / best[torch.float8_e4m3fn]  # step time fp8 / bf16
+    return [
+        Row("model: decode, 64 requests, bf16, bf16 KV cache (1 thread)", best[torch.bfloat16], "tok/s"),
+        Row("model: decode, 64 requests, bf16, fp8 KV cache", best[torch.float8_e4m3fn], "tok/s"),
+        Row("model: decode step time, fp8 / bf16 KV cache", ratio, "x", "≤ 1.1×", ratio <= 1.1),
+    ]
 
 
 SHARED_PREFIXES, PREFIX_LEN, SUFFIX_LEN, SHARED_BLOCK_SIZE = 4, 256, 32, 32
@@ -147,6 +166,7 @@ def rows() -> list[Row]:
             with tempfile.TemporaryDirectory() as t:
                 write_toy_shaped_checkpoint(t)
                 toy = load_model(Checkpoint(t), torch.float32, "cpu")
+            bf16 = load_model(Checkpoint(d), torch.bfloat16, "cpu")
         tokens_per_s = gflops = toy_tps = toy_gflops = 0.0
         for _ in range(3):  # NOTE: alternating rounds, best kept
             a, b = decode_throughput(model, rounds=2)
@@ -156,6 +176,7 @@ def rows() -> list[Row]:
             if d > toy_gflops:
                 toy_tps, toy_gflops = c, d
         shared = shared_prefix_rows(model)
+        fp8 = fp8_decode_rows(bf16)
     finally:
         torch.set_num_threads(threads)
     return [
@@ -168,4 +189,5 @@ def rows() -> list[Row]:
         Row("model: decode GFLOP/s, toy-shaped checkpoint, same run", toy_gflops, "GF/s"),
         Row("model: decode GFLOP/s, old toy model (recorded)", OLD_TOY_GFLOPS, "GF/s"),
         *shared,
+        *fp8,
     ]

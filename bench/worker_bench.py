@@ -7,6 +7,10 @@ plain torch operation over the same bytes in the same run (``python -m bench wor
 * Paged decode: 64 requests x 1,000-token context, GQA 32 query / 8 KV heads, head dim
   64, float32, through a shuffled block table, against SDPA over the same K/V laid
   out contiguously. Target: within 2x of SDPA.
+* fp8 decode: the same decode in bfloat16 (the KV write included) over an fp8 cache
+  against a bfloat16 cache, the same batch; the fp8 blocks written and read by the C
+  kernels (``worker.attention.fp8_gather``) where they are built. Target: within 1.1x of the
+  bfloat16 cache.
 
 Both sides of each comparison run in one torch thread. NOTE: the development machine
 has 2 cores shared with other processes; with 2 intra-op threads, an op waits at its
@@ -133,10 +137,47 @@ def decode_rows() -> list[Row]:
     ]
 
 
+def _bf16_decode(kv_dtype: torch.dtype, B: int, ctx: int, num_heads: int) -> Callable[[], torch.Tensor]:
+    """One layer's decode step (paged write, then attention) of B requests at ``ctx``, in
+    bfloat16, over a cache of ``kv_dtype``; the same values and block tables for any dtype."""
+    gen = torch.Generator().manual_seed(0)
+    blocks_per_seq = -(-ctx // BLOCK_SIZE)
+    num_blocks = B * blocks_per_seq + 1
+    cache = allocate_kv_caches(1, num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM, kv_dtype, "cpu")[0]
+    cache.copy_(torch.randn(cache.shape, generator=gen))
+    table = BlockTable(B, blocks_per_seq, BLOCK_SIZE, "cpu")
+    block_ids = (torch.randperm(num_blocks - 1, generator=gen) + 1).view(B, blocks_per_seq)
+    for i in range(B):
+        table.add_row(i, block_ids[i].tolist())
+    table.commit()
+    q = torch.randn(B, num_heads, HEAD_DIM, generator=gen).bfloat16()  # (B, nh, hd)
+    k_new = torch.randn(B, KV_HEADS, HEAD_DIM, generator=gen).bfloat16()  # (B, kvh, hd)
+    v_new = torch.randn(B, KV_HEADS, HEAD_DIM, generator=gen).bfloat16()
+    attention = PagedAttention([cache], num_heads, blocks_per_seq, compute_dtype=torch.bfloat16)
+    slots = table.compute_slot_mapping(torch.arange(B), torch.full((B,), ctx - 1))
+    md = attention.build_metadata(table.block_table, slots, list(range(B)), [ctx] * B, [])
+    return lambda: attention.forward(0, q, k_new, v_new, md)
+
+
+def fp8_decode_rows() -> list[Row]:
+    B, ctx, num_heads = 64, 1000, 32
+    bf16 = _bf16_decode(torch.bfloat16, B, ctx, num_heads)
+    fp8 = _bf16_decode(torch.float8_e4m3fn, B, ctx, num_heads)
+    with torch.inference_mode():
+        warm_up(bf16, fp8, seconds=3.0)
+        bf16_us, fp8_us = best_interleaved_us(bf16, fp8, rounds=5)
+    ratio = fp8_us / bf16_us
+    return [
+        Row("worker: bf16 decode, bf16 KV cache, 64 x 1000 ctx (1 thread)", bf16_us / 1e3, "ms"),
+        Row("worker: bf16 decode, fp8 KV cache, 64 x 1000 ctx", fp8_us / 1e3, "ms"),
+        Row("worker: fp8 / bf16 KV cache decode", ratio, "x", "≤ 1.1×", ratio <= 1.1),
+    ]
+
+
 def rows() -> list[Row]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return write_rows() + decode_rows()
+        return write_rows() + decode_rows() + fp8_decode_rows()
     finally:
         torch.set_num_threads(threads)

@@ -22,6 +22,12 @@ def _log_level(a) -> list[str]:
     return ["--log-level", a.log_level] if getattr(a, "log_level", None) else []
 
 
+def _kv_cache_dtype(a) -> list[str]:
+    # NOTE: both sides: the worker allocates and quantizes, the scheduler reports the name.
+    name = getattr(a, "kv_cache_dtype", None) or "auto"
+    return [] if name == "auto" else ["--kv-cache-dtype", name]
+
+
 def _offload(a) -> list[str]:
     # NOTE: both sides: the worker allocates the host tier, the scheduler manages it.
     return ["--kv-offloading-size", f"{a.kv_offloading_size:g}"] if getattr(a, "kv_offloading_size", 0) else []
@@ -38,6 +44,7 @@ def scheduler_argv(a, client_port: int, worker_port: int, sched_http: int) -> li
         sched += ["--kv-eviction-policy", a.kv_eviction_policy]
     if getattr(a, "max_pinned_fraction", 0.5) != 0.5:
         sched += ["--max-pinned-fraction", f"{a.max_pinned_fraction!r}"]
+    sched += _kv_cache_dtype(a)
     if getattr(a, "prefix_caching_hash_algo", None):
         sched += ["--prefix-caching-hash-algo", a.prefix_caching_hash_algo]
     flags = {"--no-enable-prefix-caching": not a.enable_prefix_caching,
@@ -64,6 +71,7 @@ def worker_argv(a, worker_port: int, worker_http: int) -> list[str]:
               "--served-model-name", a.served_model_name]  # fmt: skip
     if a.device:
         worker += ["--device", a.device]
+    worker += _kv_cache_dtype(a)
     if a.kv_cache_memory:
         worker += ["--kv-cache-memory", a.kv_cache_memory]
     elif getattr(a, "kv_cache_memory_bytes", None):

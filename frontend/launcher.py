@@ -61,15 +61,16 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
-def kv_bytes_per_block(model_dir: Path, block_size: int, dtype: str, tensor_parallel_size: int = 1) -> int | None:
+def kv_bytes_per_block(model_dir: Path, block_size: int, dtype: str, tensor_parallel_size: int = 1, kv_cache_dtype: str = "auto") -> int | None:
     """K and V of one block across every layer, from config.json (None if unknown); under
-    tensor parallelism what each rank holds (its KV heads, one when they are replicated)."""
+    tensor parallelism what each rank holds (its KV heads, one when they are replicated).
+    An fp8 ``kv_cache_dtype`` stores one byte an element whatever ``dtype`` is."""
     try:
         c = json.loads((model_dir / "config.json").read_text())
         head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
         kv_heads = c.get("num_key_value_heads") or c["num_attention_heads"]
         name = c.get("torch_dtype") or c.get("dtype") or "float32" if dtype == "auto" else dtype
-        size = {"float32": 4, "float16": 2, "bfloat16": 2, "half": 2, "float": 4}.get(str(name), 2)
+        size = kv_cache_spec.kv_cache_element_size(kv_cache_dtype, {"float32": 4, "float16": 2, "bfloat16": 2, "half": 2, "float": 4}.get(str(name), 2))
         kv_heads = max(1, kv_heads // tensor_parallel_size)
         return kv_cache_spec.kv_bytes_per_block(c["num_hidden_layers"], block_size, kv_heads, head_dim, size)
     except (OSError, ValueError, KeyError, TypeError):
@@ -200,7 +201,7 @@ class Launcher:
         pool = "KV cache: unknown"
         if blocks is not None:
             tp = getattr(a, "tensor_parallel_size", 1)
-            per_block = kv_bytes_per_block(a.model_dir, a.block_size, a.dtype, tp)
+            per_block = kv_bytes_per_block(a.model_dir, a.block_size, a.dtype, tp, getattr(a, "kv_cache_dtype", None) or "auto")
             size = f", {human_bytes(blocks * per_block)}" if per_block else ""
             size += f" on each of {tp} ranks" if size and tp > 1 else ""
             pool = f"KV cache: {int(blocks)} blocks × {a.block_size} tokens{size}"

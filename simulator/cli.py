@@ -123,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--offload-bandwidth-gbps", type=float, default=d.offload_bandwidth_gbps,
                    help="host-to-device bandwidth a load is charged at, GB/s (default %(default)s)")
     g.add_argument("--kv-bytes-per-token", type=int, default=d.kv_bytes_per_token,
-                   help="KV bytes of one token over all layers, for bytes moved (default %(default)s: Llama-3-8B, bfloat16)")
+                   help="KV bytes of one token over all layers, for bytes moved (default %(default)s: Llama-3-8B, bfloat16; "
+                        "an fp8 --kv-cache-dtype stores half: 65536)")
     add_fleet_args(p)
     g = p.add_argument_group("output")
     g.add_argument("--result-json", default=None, help='write {"results": [...]} here')

@@ -16,6 +16,7 @@ import torch
 import zmq
 
 from protocol.curve import CurveKeyError, load_keypair
+from protocol.kv_cache_spec import KV_CACHE_DTYPES
 from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
 from worker.kv_cache import parse_size
 from worker.models.config import DTYPES
@@ -99,7 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a Hugging Face checkpoint directory (config.json, *.safetensors) (default: the tiny generated Llama)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="where the model and KV cache live (default: cuda if available, else cpu)")
     p.add_argument("--dtype", choices=["auto", *DTYPES], default=d.dtype,
-                   help="model and KV cache dtype; auto: the checkpoint's torch_dtype (default %(default)s)")
+                   help="model dtype, and the KV cache's with --kv-cache-dtype auto; auto: the checkpoint's torch_dtype (default %(default)s)")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=d.kv_cache_dtype,
+                   help="KV cache dtype: auto (the model's) or fp8 (= fp8_e4m3), fp8_e5m2, one byte per element, "
+                        "scaled per tensor as vLLM (default %(default)s)")
     p.add_argument("--max-model-len", type=int, default=None, help="longest context served (default: the model's max_position_embeddings)")
     p.add_argument("--kv-cache-memory", type=_size, default=None, metavar="SIZE",
                    help=f"KV cache budget, e.g. 512MiB, 2GiB, 64M; at most what the device has available "
@@ -158,7 +162,7 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
         p.error(f"--cpu-nice must be 0..19 (a nice value; lowering the priority needs no privilege), got {a.cpu_nice}")
     _check_distributed_timeout(p, a)
     return WorkerConfig(
-        scheduler=a.scheduler, model=a.model, device=device, dtype=a.dtype, max_model_len=a.max_model_len,
+        scheduler=a.scheduler, model=a.model, device=device, dtype=a.dtype, kv_cache_dtype=a.kv_cache_dtype, max_model_len=a.max_model_len,
         kv_cache_memory=a.kv_cache_memory, gpu_memory_utilization=a.gpu_memory_utilization,
         max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size, kv_offloading_size=a.kv_offloading_size, seed=a.seed, http_port=a.http_port,
         served_model_name=a.served_model_name,

@@ -18,6 +18,8 @@ class WorkerConfig:
     model: str | None = None
     device: str = "cpu"
     dtype: str = "auto"  # auto: the checkpoint's torch_dtype
+    # The KV tensors' dtype (vLLM's --kv-cache-dtype): auto, the model's; or an fp8 format.
+    kv_cache_dtype: str = "auto"
     # None: the model's max_position_embeddings.
     max_model_len: int | None = None
     # Bytes for the KV cache; None means: on CUDA a share of device memory

@@ -208,7 +208,7 @@ class WorkerProcess:
         hosts = None if self.host_caches is None else [h[:, : ready.num_host_blocks] for h in self.host_caches]
         caches = [kv[:, : ready.num_blocks] for kv in self.kv_caches]
         runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id, seed=c.seed, host_caches=hosts,
-                             grammar_compiler=self.grammars)  # fmt: skip
+                             grammar_compiler=self.grammars, kv_scales=list(self.serving.kv_scales))  # fmt: skip
         self._set_ready(runner)
         if self.metrics is not None:
             self.metrics.num_blocks.set(ready.num_blocks)

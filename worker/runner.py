@@ -17,6 +17,7 @@ import torch
 
 from protocol.prompt_logprobs import PromptLogprobs
 from protocol.worker_messages import RequestRow, StepPlan
+from worker.attention.kv_quant import KVScales
 from worker.attention.paged_attention import DEFAULT_WORKSPACE_BYTES, PagedAttention
 from worker.block_table import BlockTable
 from worker.grammar_bitmask import GrammarRows
@@ -71,6 +72,7 @@ class ModelRunner:
         seed: int = 0,
         host_caches: list[torch.Tensor] | None = None,
         grammar_compiler: GrammarCompiler | None = None,
+        kv_scales: list[KVScales] | None = None,
     ):
         self.model = model
         _, num_blocks, block_size, kvh, hd = kv_caches[0].shape
@@ -89,7 +91,8 @@ class ModelRunner:
         # The offload tier's copies (plan.tier_copies), when this worker has a host tier.
         self.tier = TierCopier(kv_caches, host_caches) if host_caches else None
         self.block_table = BlockTable(max_num_seqs, max_blocks_per_seq, block_size, self.device)
-        self.attention = PagedAttention(kv_caches, model.num_heads, max_blocks_per_seq, workspace_bytes)
+        self.attention = PagedAttention(kv_caches, model.num_heads, max_blocks_per_seq, workspace_bytes,
+                                        compute_dtype=model.dtype, kv_scales=kv_scales)  # fmt: skip
         self.sampling = SamplingState(max_num_seqs, model.config.vocab_size, self.device, seed)
         # Structured outputs, where tokens are sampled (None on other TP ranks: they ignore grammars).
         self.grammars = None if grammar_compiler is None else GrammarRows(grammar_compiler, max_num_seqs, model.config.vocab_size)

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import torch
 
+from worker.attention.kv_quant import KVScales
 from worker.checkpoint import Checkpoint
 from worker.models.config import DTYPES, ModelConfig, ModelConfigError, model_config_from_hf
 from worker.models.decoder import DecoderModel
+from worker.models.kv_scales import read_kv_scales
 from worker.models.loader import load_model
 from worker.parallel.distributed import TPGroup
 from worker.parallel.linear import TPShard, plan_shard
@@ -35,6 +37,8 @@ class ServingModel:
     identity: str  # hash of config.json and the weights' index
     load_seconds: float
     shard: TPShard | None = None  # this rank's part, under tensor parallelism
+    # Per layer, an fp8 KV cache's scales (1.0 unless a quantized checkpoint has them).
+    kv_scales: tuple[KVScales, ...] = ()
 
 
 def resolve_dtype(requested: str, config: ModelConfig) -> str:
@@ -64,7 +68,7 @@ def check_shardable(model_dir: str | None, world_size: int) -> None:
 
 def load_serving_model(
     model_dir: str | None, dtype: str, device: str, max_model_len: int | None = None, group: TPGroup | None = None,
-    block_size: int | None = None,
+    block_size: int | None = None, kv_cache_dtype: str = "auto",
 ) -> ServingModel:
     directory = Path(model_dir) if model_dir else default_checkpoint()
     t0 = time.perf_counter()
@@ -81,9 +85,11 @@ def load_serving_model(
         # NOTE: the directory is not compared (hosts may mount it elsewhere); its identity is.
         # Agreement first, so that a rank started with another group size is named as such.
         group.agree({"world_size": group.world_size, "architecture": config.architecture, "model": identity,
-                     "dtype": resolved, "max_model_len": n, "block_size": block_size, "device": torch.device(device).type})
+                     "dtype": resolved, "max_model_len": n, "block_size": block_size, "device": torch.device(device).type,
+                     "kv_cache_dtype": kv_cache_dtype})
         shard = plan_shard(config, group.rank, group.world_size, where)
     model = load_model(ckpt, DTYPES[resolved], torch.device(device), config, shard, None if group is None else group.all_reduce)
+    kv_scales = tuple(read_kv_scales(ckpt, config.num_layers))
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
-    return ServingModel(model, config, directory, resolved, n, identity, time.perf_counter() - t0, shard)
+    return ServingModel(model, config, directory, resolved, n, identity, time.perf_counter() - t0, shard, kv_scales)

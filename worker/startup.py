@@ -17,6 +17,7 @@ import signal
 import torch
 import zmq
 
+from worker.attention.kv_quant import kv_cache_torch_dtype
 from worker.checkpoint import CheckpointError
 from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
 from worker.device_memory import check_host_tier_budget, check_kv_budget
@@ -56,7 +57,8 @@ def run(config: WorkerConfig, argv: list[str]) -> int:
                 check_shardable(config.model, config.tensor_parallel_size)
             group, local_ranks = start_group(config, argv)
         device = config.device if group is None else str(group.device)
-        serving = load_serving_model(config.model, config.dtype, device, config.max_model_len, group, config.block_size)
+        serving = load_serving_model(config.model, config.dtype, device, config.max_model_len, group, config.block_size,
+                                     config.kv_cache_dtype)
         if group is not None:
             group.start()
         return _serve(config, serving, group)
@@ -124,17 +126,18 @@ def _allocate_kv_caches(config: WorkerConfig, serving: ServingModel, group: TPGr
     """The device KV caches, as many blocks as the budget holds; and the bytes of one block."""
     m, model = serving.config, serving.model
     budget = _kv_budget(config, model)
+    dtype = kv_cache_torch_dtype(config.kv_cache_dtype, DTYPES[serving.dtype])
     # NOTE: under tensor parallelism this rank's KV heads only; the pool is the smallest count over ranks.
-    per_block = kv_bytes_per_block(m.num_layers, config.block_size, model.num_kv_heads, m.head_dim, DTYPES[serving.dtype])
+    per_block = kv_bytes_per_block(m.num_layers, config.block_size, model.num_kv_heads, m.head_dim, dtype)
     num_blocks = num_blocks_for_budget(budget, per_block)
     if group is not None:
         num_blocks = group.min_over_ranks("num_blocks", num_blocks)
     if num_blocks < 2:
         raise StartupError(f"a KV budget of {budget} bytes holds {num_blocks} blocks of {per_block} bytes; at least 2 are needed")
-    log.info("device %s, dtype %s: %d KV blocks of %d bytes fit a budget of %d bytes", model.device, serving.dtype, num_blocks, per_block, budget)
+    log.info("device %s, KV cache dtype %s: %d KV blocks of %d bytes fit a budget of %d bytes", model.device, dtype, num_blocks, per_block, budget)
     try:
         check_kv_budget(num_blocks * per_block, model.device)
-        kv_caches = allocate_kv_caches(m.num_layers, num_blocks, config.block_size, model.num_kv_heads, m.head_dim, DTYPES[serving.dtype], model.device)
+        kv_caches = allocate_kv_caches(m.num_layers, num_blocks, config.block_size, model.num_kv_heads, m.head_dim, dtype, model.device)
     except (ValueError, RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
         raise StartupError(f"cannot allocate the KV cache ({num_blocks} blocks of {per_block} bytes): {e}") from None
     return kv_caches, per_block

@@ -88,6 +88,10 @@ class TierCopier:
         self.on_cuda = self.device.type == "cuda"
         self.host_np = [_as_numpy(h) for h in host_caches]
         if self.on_cuda:
+            # NOTE: as same-size integers, so the copies move bytes whatever the KV dtype
+            # (index_copy_ has no fp8 kernels).
+            self.device_caches = [d.view(SAME_SIZE_INT[d.element_size()]) for d in device_caches]
+            self.host_caches = [h.view(SAME_SIZE_INT[h.element_size()]) for h in host_caches]
             self.stream = torch.cuda.Stream(self.device)
             self._pending_store: tuple[list[torch.Tensor], list[int], torch.cuda.Event, torch.cuda.Event] | None = None
             self._pending_load: tuple[list[torch.Tensor], torch.cuda.Event, torch.cuda.Event] | None = None

@@ -8,10 +8,15 @@ import argparse
 from frontend.serve_flags import reasons as why
 from frontend.serve_flags.rules import BOOL, MANY, ONE, Group, handled, passed, refused
 from frontend.serve_flags.values import human_readable_int
+from protocol.kv_cache_spec import KV_CACHE_DTYPES
 
 # --prefix-caching-hash-algo: kvpool's own hashes over packed tokens (the default), then
 # vLLM's four, each exactly as vLLM 0.32 (scheduler/core/vllm_hashing.py).
 HASH_ALGOS = ("kvpool_sha256", "kvpool_xxhash", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+# vLLM 0.32's CacheDType: argparse's choices, as vLLM's; kvpool accepts KV_CACHE_DTYPES of them.
+VLLM_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
+                     "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit",
+                     "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6")  # fmt: skip
 
 _CACHE = [
     handled("--block-size", ONE, "scheduler and worker", type=int, default=16, help="tokens per KV block (default %(default)s)"),
@@ -21,9 +26,11 @@ _CACHE = [
     handled("--gpu-memory-utilization --device-memory-utilization", ONE, "worker, on CUDA (default 0.9, the worker's; vLLM 0.32's is 0.92)",
             type=float, default=0.9,
             help="on CUDA without a KV size: the share of device memory the worker may use (default %(default)s; vLLM's 0.92)"),  # fmt: skip
-    handled("--kv-cache-dtype", ONE, "worker: the KV cache has the model's dtype (auto)", default=None, accepts=(None, "auto"),
-            why_not=why.KV_DTYPE, help="auto only: the KV cache has the model's dtype (--dtype)"),  # fmt: skip
-    refused("--kv-cache-dtype-skip-layers", MANY, why.KV_DTYPE),
+    handled("--kv-cache-dtype", ONE, "worker and scheduler: the KV tensors' dtype", default="auto", choices=VLLM_CACHE_DTYPES,
+            accepts=KV_CACHE_DTYPES, why_not=why.KV_DTYPE,
+            help="auto: the model's dtype (--dtype); fp8 (= fp8_e4m3) or fp8_e5m2: one byte per element, twice the blocks, "
+                 "per-tensor scales as vLLM's (default %(default)s)"),  # fmt: skip
+    refused("--kv-cache-dtype-skip-layers", MANY, "one KV cache dtype for every layer: keeping some layers out of the fp8 cache is not supported yet"),
     handled("--kv-cache-memory-bytes", ONE, "worker (its --kv-cache-memory)", type=human_readable_int, default=None, metavar="BYTES",
             help="the KV cache's size in bytes (4G, 8000M...), instead of --gpu-memory-utilization's share"),  # fmt: skip
     handled("--kv-offloading-backend", ONE, "scheduler and worker: native, kvpool's host tier", default=None,

@@ -34,8 +34,8 @@ WEIGHT_OFFLOAD = (
     "offloading model weights to host memory is not supported (kvpool's --kv-offloading-size offloads KV blocks)"
 )
 KV_DTYPE = (
-    "kvpool keeps the KV cache in the model's dtype (auto; choose it with --dtype): "
-    "an fp8 or otherwise quantized KV cache is not supported yet"
+    "kvpool's KV cache is the model's dtype (auto; choose it with --dtype) or fp8 (fp8, fp8_e4m3, fp8_e5m2), "
+    "the ones vLLM's CPU attention supports; other cache dtypes are not supported yet"
 )
 KV_TRANSFER = (
     "KV connectors (disaggregated prefill, LMCache, NIXL) are not supported; "

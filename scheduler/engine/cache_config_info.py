@@ -6,8 +6,8 @@ same label names: its own value where kvpool has the setting, vLLM's default
 where the setting is of a feature kvpool does not have (mamba state, KV sharing,
 ...), and "None" where only the worker knows it (gpu_memory_utilization,
 kv_cache_memory_bytes) or the scheduler cannot tell (user_specified_block_size: its
---block-size has a default). cache_dtype stays vLLM's "auto": kvpool's KV cache
-always has the model's dtype.
+--block-size has a default). cache_dtype is the --kv-cache-dtype name as given, as
+vLLM's (fp8 stays "fp8").
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def cache_config_info(config: SchedulerConfig, num_gpu_blocks: int) -> dict[str,
         kv_cache_max_concurrency=str(max_concurrency),
         kv_cache_size_tokens=str(int(max_concurrency * config.max_model_len)),
         block_size=str(config.block_size),
+        cache_dtype=config.kv_cache_dtype,
         user_specified_block_size="None",
         gpu_memory_utilization="None",
         num_gpu_blocks_override=str(config.num_gpu_blocks_override),

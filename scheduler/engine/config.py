@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 from protocol.curve import CurveKeyError, load_keypair
+from protocol.kv_cache_spec import KV_CACHE_DTYPES
 from protocol.kv_events import INT_BLOCK_HASHES_ENV, int_block_hashes_from_env
 from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
@@ -43,6 +44,9 @@ class SchedulerConfig:
     worker_port: int = 5556
     http_port: int = 8000
     block_size: int = 16
+    # The worker's --kv-cache-dtype: the scheduler counts blocks, not bytes; it reports
+    # the name (vllm:cache_config_info) and estimates KV traffic with it (--enable-mfu-metrics).
+    kv_cache_dtype: str = "auto"
     num_gpu_blocks_override: int | None = None
     enable_prefix_caching: bool = True
     max_num_seqs: int = 256
@@ -148,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-port", type=int, default=d.worker_port, help="worker ROUTER port (default %(default)s)")
     p.add_argument("--http-port", type=int, default=d.http_port, help="/metrics, /health (default %(default)s)")
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block (default %(default)s)")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=d.kv_cache_dtype,
+                   help="the worker's --kv-cache-dtype, for vllm:cache_config_info and the MFU estimates (default %(default)s)")
     p.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="N", help="use N blocks instead of what the worker reports")
     p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false", help="turn the prefix cache off")
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once (default %(default)s)")
@@ -239,7 +245,7 @@ def _check_mfu_flags(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--enable-mfu-metrics needs --model DIR (the checkpoint the worker serves)")
     if a.enable_mfu_metrics:
         try:
-            ModelShape.from_checkpoint(a.model, a.dtype)
+            ModelShape.from_checkpoint(a.model, a.dtype, a.kv_cache_dtype)
         except ValueError as e:
             p.error(str(e))
 

@@ -84,7 +84,7 @@ class EngineCore:
             config.model_name, kv_cache_metrics=config.kv_cache_metrics, kv_offloading=config.kv_offloading_size > 0,
             max_model_len=config.max_model_len, custom_buckets=config.custom_histogram_buckets,
         )  # fmt: skip
-        self.model_shape = ModelShape.from_checkpoint(config.model, config.dtype) if config.enable_mfu_metrics else None
+        self.model_shape = ModelShape.from_checkpoint(config.model, config.dtype, config.kv_cache_dtype) if config.enable_mfu_metrics else None
         self.state = EngineState()
         self.worker_side = WorkerSide(self.state, config, workers, self.metrics, self.kv_event_sink, self._publish_kv_events)
         self.worker = self.worker_side.link

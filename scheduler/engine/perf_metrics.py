@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from protocol.kv_cache_spec import kv_cache_element_size
 from scheduler.sched.outputs import SchedulerOutput
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -38,13 +39,16 @@ class ModelShape:
     head_dim: int
     intermediate_size: int
     vocab_size: int
-    # Weights, activations and the KV cache: the model's dtype (kvpool's KV cache has it).
+    # Weights and activations: the model's dtype.
     dtype_bytes: int
+    # The KV cache's element (vLLM's cache_byte_size): the model's, or 1 for fp8.
+    cache_bytes: int
+
 
     @classmethod
-    def from_checkpoint(cls, model_dir: str, dtype: str = "auto") -> ModelShape:
-        """From ``model_dir``/config.json; ``dtype`` as the worker's --dtype (auto: the
-        checkpoint's). Raises ValueError naming what is missing or not supported."""
+    def from_checkpoint(cls, model_dir: str, dtype: str = "auto", kv_cache_dtype: str = "auto") -> ModelShape:
+        """From ``model_dir``/config.json; ``dtype`` and ``kv_cache_dtype`` as the worker's
+        flags (auto: the checkpoint's). Raises ValueError naming what is missing or not supported."""
         path = Path(model_dir) / "config.json"
         try:
             cfg = json.loads(path.read_text())
@@ -65,6 +69,7 @@ class ModelShape:
             num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
             num_key_value_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=int(cfg.get("head_dim") or hidden // heads),
             intermediate_size=int(cfg.get("intermediate_size") or 4 * hidden), vocab_size=vocab, dtype_bytes=DTYPE_BYTES[name],
+            cache_bytes=kv_cache_element_size(kv_cache_dtype, DTYPE_BYTES[name]),
         )  # fmt: skip
 
 
@@ -106,7 +111,7 @@ def estimate_step(m: ModelShape, tp_size: int, ctx: StepContext) -> tuple[int, i
 
     NOTE: the attention terms take the layer count as a float, as vLLM's (it divides
     it by the pipeline stages), and are truncated to ints term by term as there."""
-    D, L, d, b = m.hidden_size, m.num_hidden_layers, m.head_dim, m.dtype_bytes
+    D, L, d, b, cb = m.hidden_size, m.num_hidden_layers, m.head_dim, m.dtype_bytes, m.cache_bytes
     Lf = float(L)
     q, kv = max(1, m.num_attention_heads // tp_size), max(1, m.num_key_value_heads // tp_size)
     DI, V = m.intermediate_size // tp_size, m.vocab_size // tp_size
@@ -121,7 +126,7 @@ def estimate_step(m: ModelShape, tp_size: int, ctx: StepContext) -> tuple[int, i
     if P:
         attn_input += (P * q + 2 * Pc * kv) * d * b * Lf
     if N:
-        attn_input += N * q * d * b * Lf + 2 * Nc * kv * d * b * Lf
+        attn_input += N * q * d * b * Lf + 2 * Nc * kv * d * cb * Lf  # NOTE: as vLLM, a prefill's context is counted at b
     read = (
         int(T * D * b * Lf) + int(D * (q + 2 * kv) * d * b * Lf) + int(attn_input) + int(T * q * d * b * Lf)  # attention
         + int(q * d * D * b * Lf)
@@ -129,7 +134,7 @@ def estimate_step(m: ModelShape, tp_size: int, ctx: StepContext) -> tuple[int, i
         + logits * D * b + D * V * b  # unembed
     )  # fmt: skip
     write = (
-        int(T * (q + 2 * kv) * d * b * Lf) + int(2 * T * kv * d * b * Lf) + int(T * D * b * Lf)  # attention: qkv, KV cache, out
+        int(T * (q + 2 * kv) * d * b * Lf) + int(2 * T * kv * d * cb * Lf) + int(T * D * b * Lf)  # attention: qkv, KV cache, out
         + 2 * T * DI * b * L + T * DI * b * L + T * D * b * L  # ffn
         + logits * V * b  # unembed
     )  # fmt: skip

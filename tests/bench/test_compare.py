@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.compare_report import FIGURES, agreement_row, format_table, rows
-from bench.compare_servers import ServerConfig, server_command, vllm_env
+from bench.compare_servers import ServerConfig, num_gpu_blocks, server_command, vllm_env
 from bench.compare_workloads import (
     BENCH_KEYS,
     Workload,
@@ -133,6 +133,21 @@ def test_both_servers_get_the_same_settings(tmp_path):
     assert k[k.index("--kv-cache-memory") + 1] == str(64 * 65536)
     with pytest.raises(ValueError, match="unknown engine"):
         server_command("sglang", model, 9000, cfg, ROOT, "tiny")
+
+
+def test_an_fp8_comparison_sizes_both_pools_from_the_same_kv_space(tmp_path):
+    model = tiny_config_dir(tmp_path)
+    cfg = ServerConfig(kv_cache_dtype="fp8", kv_space_gib=1)
+    v = server_command("vllm", model, 9000, cfg, ROOT, "tiny")
+    k = server_command("kvpool", model, 9000, cfg, ROOT, "tiny")
+    for cmd in (v, k):
+        assert cmd[cmd.index("--kv-cache-dtype") + 1] == "fp8" and "--num-gpu-blocks-override" not in cmd
+    assert k[k.index("--kv-cache-memory") + 1] == str(2**30)
+    assert vllm_env(tmp_path, cfg, model, 1)["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    # 2 (K, V) x 4 layers x 2 heads x 32 dims x 32 tokens x 1 byte
+    assert cfg.bytes_per_block(model) == 16384
+    page = 'vllm:cache_config_info{block_size="32",cache_dtype="fp8",engine="0",num_gpu_blocks="65536"} 1.0\n'
+    assert num_gpu_blocks(page) == 65536 and num_gpu_blocks("") is None
 
 
 def test_vllm_binds_as_many_cores_as_kvpool_gets_threads(tmp_path):

@@ -144,6 +144,9 @@ def test_kv_bytes_per_block_of_the_tiny_checkpoint(tiny_checkpoint):
     # 2 (K, V) x 4 layers x 16 tokens x 2 KV heads x 32 dims x 4 bytes (float32)
     assert kv_bytes_per_block(tiny_checkpoint, 16, "auto") == 2 * 4 * 16 * 2 * 32 * 4
     assert kv_bytes_per_block(tiny_checkpoint, 16, "bfloat16") == 2 * 4 * 16 * 2 * 32 * 2
+    # fp8: one byte an element, whatever the model's dtype.
+    assert kv_bytes_per_block(tiny_checkpoint, 16, "auto", 1, "fp8") == 2 * 4 * 16 * 2 * 32 * 1
+    assert kv_bytes_per_block(tiny_checkpoint, 16, "bfloat16", 1, "fp8_e5m2") == 2 * 4 * 16 * 2 * 32 * 1
 
 
 def test_kv_offloading_size_goes_to_the_scheduler_and_the_worker(tiny_checkpoint):

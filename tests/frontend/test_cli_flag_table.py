@@ -151,3 +151,26 @@ def test_show_hidden_metrics_for_version_takes_a_version_as_vllm_checks_it(fixed
         parse_serve(["serve", "m", "--show-hidden-metrics-for-version", "not-a-version"])
     assert e.value.code == 2
     assert "--show-hidden-metrics-for-version: invalid version 'not-a-version'" in capsys.readouterr().err
+
+
+def test_an_fp8_kv_cache_dtype_reaches_the_worker_and_the_scheduler(fixed_ports):
+    for name in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        after = argvs(["--kv-cache-dtype", name])
+        for child in ("worker", "scheduler"):
+            i = after[child].index("--kv-cache-dtype")
+            assert after[child][i + 1] == name, child
+        assert "--kv-cache-dtype" not in after["frontend"]
+
+
+def test_a_cache_dtype_vllm_does_not_know_is_argparses_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_serve(["serve", "m", "--kv-cache-dtype", "fp4"])
+    assert e.value.code == 2 and "argument --kv-cache-dtype: invalid choice: 'fp4'" in capsys.readouterr().err
+
+
+def test_calculate_kv_scales_is_unknown_as_in_vllm_0_32(capsys):
+    # vLLM 0.32 dropped --calculate-kv-scales (its scales are 1.0 or the checkpoint's), so
+    # its parser refuses the flag as unknown; kvpool's does the same.
+    with pytest.raises(SystemExit) as e:
+        parse_serve(["serve", "m", "--kv-cache-dtype", "fp8", "--calculate-kv-scales"])
+    assert e.value.code == 2 and "unrecognized arguments: --calculate-kv-scales" in capsys.readouterr().err

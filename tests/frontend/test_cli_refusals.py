@@ -26,8 +26,9 @@ def test_a_refused_flag_exits_2_with_one_line_and_starts_nothing(tiny_checkpoint
 @pytest.mark.parametrize(
     ("argv", "line"),
     [
-        (["--kv-cache-dtype", "fp8"], "kvpool serve: --kv-cache-dtype fp8: kvpool keeps the KV cache in the model's dtype (auto; "
-                                      "choose it with --dtype): an fp8 or otherwise quantized KV cache is not supported yet"),
+        (["--kv-cache-dtype", "int8_per_token_head"],
+         "kvpool serve: --kv-cache-dtype int8_per_token_head: kvpool's KV cache is the model's dtype (auto; choose it with --dtype) "
+         "or fp8 (fp8, fp8_e4m3, fp8_e5m2), the ones vLLM's CPU attention supports; other cache dtypes are not supported yet"),
         (["--data-parallel-rank", "1"], "kvpool serve: --data-parallel-rank 1: a kvpool serve is one engine, data-parallel size 1, "
                                         "whose rank is 0 as vLLM's is then; independent replicas all keep rank 0 (tell them apart "
                                         "by --kv-events-topic)"),

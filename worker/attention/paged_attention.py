@@ -20,6 +20,13 @@ chunks (several consecutive tokens of one request, possibly starting mid-sequenc
 
 K/V of the step are written into the cache before attention (``KVCacheWriter``, vLLM's reshape_and_cache),
 so every token reads its own K/V, and its request's earlier ones, from the pages.
+
+An fp8 cache (``worker.attention.kv_quant``) is read the same way on every path: the
+one-byte blocks are gathered first (as bytes: index_select has no fp8 kernels everywhere),
+then converted to the compute dtype and scaled in the workspace (``dequantize``), so the
+gather moves half the bytes of a 16-bit cache and SDPA sees the model's dtype. On CPU the
+two are one pass of a small C kernel (``worker.attention.fp8_gather``, the same bits)
+where its library is built; the torch passes otherwise.
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ from worker.attention.cascade import (
     merge_shared_prefixes,
     shared_first_order,
 )
+from worker.attention.fp8_gather import Fp8Gather
+from worker.attention.fp8_gather import load as load_fp8_gather
+from worker.attention.kv_quant import KVScales, dequantize, is_fp8
 from worker.attention.metadata import (
     AttentionMetadata,
     DecodeGroup,
@@ -58,22 +68,41 @@ class PagedAttention:
         max_blocks_per_seq: int,
         workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
         cascade_min_tokens: int | None = DEFAULT_CASCADE_MIN_TOKENS,
+        compute_dtype: torch.dtype | None = None,
+        kv_scales: list[KVScales] | None = None,
     ):
+        """compute_dtype: the queries' (the model's) dtype, None: the caches'; it must be
+        given for an fp8 cache. kv_scales: per layer, for an fp8 cache (None: all 1.0)."""
         self.kv_caches = kv_caches  # per layer (2, num_blocks, block_size, kvh, hd)
-        self.writers = [KVCacheWriter(kv) for kv in kv_caches]
+        self.scales = kv_scales or [KVScales()] * len(kv_caches)
+        self.writers = [KVCacheWriter(kv, s) for kv, s in zip(kv_caches, self.scales, strict=True)]
         _, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim = kv_caches[0].shape
         self.num_heads = num_heads
         self.group = num_heads // self.num_kv_heads
+        cache_dtype, device = kv_caches[0].dtype, kv_caches[0].device
+        self.fp8 = is_fp8(cache_dtype)
+        if self.fp8 and (compute_dtype is None or is_fp8(compute_dtype)):
+            raise ValueError(f"an {cache_dtype} KV cache needs the model's compute dtype, got {compute_dtype}")
+        dtype = compute_dtype or cache_dtype
+        self.dtype = dtype
         block_elems = self.block_size * self.num_kv_heads * self.head_dim
-        block_bytes = block_elems * kv_caches[0].element_size()
+        # NOTE: sized by the compute dtype, so an fp8 cache groups decode rows as a
+        # 16-bit cache does (the gathered blocks reach SDPA in the compute dtype).
+        block_bytes = block_elems * torch.empty((), dtype=dtype).element_size()
         # NOTE: at least one whole row, so any single request's context fits.
         self.workspace_blocks = max(max_blocks_per_seq, workspace_bytes // block_bytes)
-        dtype, device = kv_caches[0].dtype, kv_caches[0].device
-        self.dtype = dtype
         # None: no shared-prefix groups (off, or not on CPU where the kernel lives).
         self.cascade_min_tokens = cascade_min_tokens if device.type == "cpu" else None
         self._k_work = torch.empty((self.workspace_blocks, block_elems), dtype=dtype, device=device)
         self._v_work = torch.empty((self.workspace_blocks, block_elems), dtype=dtype, device=device)
+        # The fused fp8 read (None: the torch passes below).
+        self._fused = load_fp8_gather() if self.fp8 and Fp8Gather.supports(dtype, device) else None
+        if self.fp8:
+            self._bytes = [kv.view(torch.uint8).view(2, self.num_blocks, block_elems) for kv in kv_caches]
+        if self.fp8 and self._fused is None:
+            # The gathered bytes before conversion; caches are read through uint8 views.
+            self._k_raw = torch.empty((self.workspace_blocks, block_elems), dtype=torch.uint8, device=device)
+            self._v_raw = torch.empty((self.workspace_blocks, block_elems), dtype=torch.uint8, device=device)
         self._positions = torch.arange(max_blocks_per_seq * self.block_size, device=device)
 
     def build_metadata(
@@ -179,18 +208,44 @@ class PagedAttention:
         return attention
 
     def _gather(self, layer: int, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of the given blocks, (m, block_size * kvh * hd) each, in the workspace."""
-        cache = self.kv_caches[layer]
+        """K and V of the given blocks, (m, block_size * kvh * hd) each, in the workspace,
+        in the compute dtype."""
         m = block_ids.shape[0]
+        if self._fused is not None:
+            return self._fused_read(layer, block_ids, 0, m)
+        if self.fp8:
+            cache = self._bytes[layer]  # (2, num_blocks, block_elems) uint8
+            k = torch.index_select(cache[0], 0, block_ids, out=self._k_raw[:m])
+            v = torch.index_select(cache[1], 0, block_ids, out=self._v_raw[:m])
+            return self._dequantize(layer, k, v)
+        cache = self.kv_caches[layer]
         k = torch.index_select(cache[0].view(self.num_blocks, -1), 0, block_ids, out=self._k_work[:m])
         v = torch.index_select(cache[1].view(self.num_blocks, -1), 0, block_ids, out=self._v_work[:m])
         return k, v
 
+    def _dequantize(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp8 blocks (m, block_elems), as bytes, -> the compute dtype, scaled, in the workspace."""
+        m, fp8, s = k.shape[0], self.kv_caches[layer].dtype, self.scales[layer]
+        return dequantize(k, fp8, self._k_work[:m], s.k), dequantize(v, fp8, self._v_work[:m], s.v)
+
+    def _fused_read(self, layer: int, block_ids: torch.Tensor | None, first: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_gather`` (block_ids) or a consecutive run (None: first ..) of an fp8 cache, one pass each of K and V."""
+        cache, fp8, s = self._bytes[layer], self.kv_caches[layer].dtype, self.scales[layer]
+        return (self._fused(cache[0], block_ids, first, m, fp8, self._k_work, s.k),
+                self._fused(cache[1], block_ids, first, m, fp8, self._v_work, s.v))  # fmt: skip
+
     def _blocks(self, layer: int, block_ids: torch.Tensor, first_block: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """As ``_gather``, but blocks whose ids run consecutively are read in place."""
+        """As ``_gather``, but blocks whose ids run consecutively are read in place (an fp8
+        cache's are converted from there, without the gather)."""
         if first_block is None:
             return self._gather(layer, block_ids)
-        cache, end = self.kv_caches[layer], first_block + block_ids.shape[0]
+        end = first_block + block_ids.shape[0]
+        if self._fused is not None:
+            return self._fused_read(layer, None, first_block, block_ids.shape[0])
+        if self.fp8:
+            cache = self._bytes[layer]
+            return self._dequantize(layer, cache[0, first_block:end], cache[1, first_block:end])
+        cache = self.kv_caches[layer]
         return cache[0].view(self.num_blocks, -1)[first_block:end], cache[1].view(self.num_blocks, -1)[first_block:end]
 
     def forward(

@@ -18,6 +18,7 @@ import torch
 
 from protocol.codec import Codec
 from protocol.worker_messages import SchedulerToWorker, StepPlan, WorkerReady
+from worker.attention.kv_quant import KVScales
 from worker.models.decoder import DecoderModel
 from worker.parallel.distributed import GroupLost
 from worker.parallel.plan_fanout import Kind, PlanFanout
@@ -29,8 +30,9 @@ log = logging.getLogger("worker")
 
 class RankFollower:
     def __init__(self, model: DecoderModel, kv_caches: list[torch.Tensor], fanout: PlanFanout,
-                 host_caches: list[torch.Tensor] | None = None):  # fmt: skip
+                 host_caches: list[torch.Tensor] | None = None, kv_scales: list[KVScales] | None = None):  # fmt: skip
         self.model = model
+        self.kv_scales = kv_scales  # per layer, for an fp8 cache
         self.kv_caches = kv_caches  # each (2, num_blocks, block_size, local kv heads, head_dim)
         self.host_caches = host_caches  # the offload tier of this rank's heads, or None
         self.fanout = fanout
@@ -62,7 +64,7 @@ class RankFollower:
         if self.host_caches is not None and ready.num_host_blocks > 0:
             hosts = [h[:, : ready.num_host_blocks] for h in self.host_caches]
         self.runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id,
-                                  host_caches=hosts)  # fmt: skip
+                                  host_caches=hosts, kv_scales=self.kv_scales)  # fmt: skip
         self.runner.samples = False
         self._waiting = []
         log.info("rank %d ready: %d blocks, next step %d", self.fanout.group.rank, ready.num_blocks, ready.next_step_id)

@@ -48,7 +48,7 @@ def tiny_dir(tmp_path):
 
 def test_a_mixed_step_by_hand(tiny_dir):
     shape = ModelShape.from_checkpoint(str(tiny_dir))
-    assert shape == ModelShape(2, 8, 2, 1, 4, 16, 32, 2)
+    assert shape == ModelShape(2, 8, 2, 1, 4, 16, 32, 2, 2)
     ctx = StepContext()
     ctx.add(3, 3, True)  # a 3-token prompt
     ctx.add(1, 10, False)  # a decode at context 10
@@ -140,3 +140,17 @@ def test_the_scheduler_process_counts_each_step(tiny_dir, enabled):
         assert got == want
     finally:
         s.close()
+
+
+def test_an_fp8_cache_halves_the_kv_traffic_of_decodes_and_writes(tiny_dir):
+    # As vLLM's cache_byte_size: a decode's context is read, and every token's K/V written,
+    # at one byte; a prefill's context is counted at the activation size (b) as vLLM does.
+    shape = ModelShape.from_checkpoint(str(tiny_dir), "auto", "fp8")
+    assert (shape.dtype_bytes, shape.cache_bytes) == (2, 1)
+    ctx = StepContext()
+    ctx.add(3, 3, True)
+    ctx.add(1, 10, False)
+    # read: 2 * Nc 10 * kv 1 * d 4 * L 2 = 160 bytes at 1 instead of 2; write: 2 * T 4 * kv 1 * d 4 * L 2 = 64.
+    assert estimate_step(shape, 1, ctx) == (11456, 4544 - 160, 1536 - 64)
+    c = config_from_args(["--enable-mfu-metrics", "--model", str(tiny_dir), "--kv-cache-dtype", "fp8_e5m2"])
+    assert c.kv_cache_dtype == "fp8_e5m2"

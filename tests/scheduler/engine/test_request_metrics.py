@@ -270,3 +270,13 @@ def test_a_lost_workers_recomputes_are_not_preemptions(monkeypatch):
     assert value(m, "kvpool_prefix_cache_preempted_queries_total") == 11 + 7
     assert value(m, "vllm:prompt_tokens_total") == 16
     assert value(m, "vllm:prompt_tokens_by_source_total", source="local_compute") == 16
+
+
+def test_cache_config_info_names_the_kv_cache_dtype_as_given():
+    from scheduler.engine.cache_config_info import cache_config_info
+    from scheduler.engine.config import SchedulerConfig, config_from_args
+
+    assert cache_config_info(SchedulerConfig(), 100)["cache_dtype"] == "auto"
+    # vLLM's CacheConfig keeps the name it was given (fp8 is not spelled fp8_e4m3 there).
+    for name in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        assert cache_config_info(config_from_args(["--kv-cache-dtype", name]), 100)["cache_dtype"] == name
