@@ -46,7 +46,7 @@ def settled(cluster: Cluster, name: str, value: float, timeout: float = 10.0) ->
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu", "cost"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "cost", "arc", "s3fifo"])
 def test_predicted_counters_equal_the_live_metrics(policy):
     sim = predicted(policy)
     assert sim.num_finished == len(PROMPTS) and sim.prefix_cache_queries == 60
