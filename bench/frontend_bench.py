@@ -27,12 +27,12 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import aiohttp
 import numpy as np
 
+from bench.health import wait_healthy
 from bench.table import Row
 from loadgen.datasets import random_requests
 from loadgen.openai_client import OpenAIClient
@@ -76,17 +76,7 @@ class Stack:
         self.base_url = f"http://127.0.0.1:{self.api_port}"
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if urllib.request.urlopen(self.base_url + "/health", timeout=2).status == 200:
-                    return
-            except OSError:
-                pass
-            if any(p.poll() is not None for p in self.procs):
-                break
-            time.sleep(0.3)
-        raise RuntimeError("the bench's scheduler/worker/frontend did not get ready")
+        wait_healthy(self.base_url, self.procs, "the bench's scheduler/worker/frontend", timeout)
 
     def __enter__(self):
         return self

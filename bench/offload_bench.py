@@ -39,6 +39,7 @@ import torch
 import zmq
 from safetensors.torch import save_file
 
+from bench.health import wait_healthy
 from bench.table import Row
 from bench.worker_bench import warm_up
 from protocol.client_messages import ClientResponse, EngineCoreOutputs, Generate, RequestError
@@ -174,17 +175,7 @@ class _Service:
         self.codec: Codec = Codec(ClientResponse)
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/health", timeout=2).status == 200:
-                    return
-            except OSError:
-                pass
-            if any(p.poll() is not None for p in self.procs):
-                break
-            time.sleep(0.3)
-        raise RuntimeError("the offload bench's scheduler/worker did not get ready")
+        wait_healthy(f"http://127.0.0.1:{self.http_port}", self.procs, "the offload bench's scheduler/worker", timeout)
 
     def ttft_s(self, request_id: str, prompt: list[int], timeout: float = 300.0) -> float:
         """Seconds from sending the request to its first token; waits for its end."""

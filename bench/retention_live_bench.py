@@ -23,6 +23,7 @@ from pathlib import Path
 
 import zmq
 
+from bench.health import wait_healthy
 from bench.table import Row
 from loadgen.datasets import MooncakeRecord, expand_hash_ids, load_mooncake_trace
 from protocol.client_messages import ClientResponse, EngineCoreOutputs, Generate, RequestError
@@ -107,17 +108,7 @@ class _Service:
         return self
 
     def _wait_ready(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/health", timeout=2).status == 200:
-                    return
-            except OSError:
-                pass
-            if any(p.poll() is not None for p in self.procs):
-                break
-            time.sleep(0.3)
-        raise RuntimeError("the retention_live bench's scheduler/worker did not get ready")
+        wait_healthy(f"http://127.0.0.1:{self.http_port}", self.procs, "the retention_live bench's scheduler/worker", timeout)
 
     def generate(self, request_id: str, prompt: list[int], timeout: float = 120.0) -> None:
         """Send one request and wait for its end."""
