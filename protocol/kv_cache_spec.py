@@ -8,6 +8,10 @@ tensor is ``(2, num_blocks, block_size, num_kv_heads, head_dim)`` (worker/kv_cac
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import msgspec
+
 # --kv-cache-dtype: vLLM 0.32's names its CPU attention backend supports. auto: the
 # model's dtype; fp8 means fp8_e4m3 (as vLLM); every fp8 format takes one byte.
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -24,3 +28,61 @@ def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head
     """K and V of one block across every layer (vLLM's ``page_size_bytes``, times the
     layers); ``element_size`` is the bytes of one cache element."""
     return 2 * num_layers * block_size * num_kv_heads * head_dim * element_size
+
+
+# --- hybrid KV-cache groups (vLLM's kv_cache_groups) --------------------------------------
+
+
+class KVCacheGroupSpec(msgspec.Struct, frozen=True, array_like=True):
+    """Layers that share one block table: one attention type, one window.
+
+    ``sliding_window`` 0 is full attention; W > 0: each token attends to the last W
+    tokens, itself included, and the group's blocks wholly before that are freed."""
+
+    layer_ids: list[int]
+    sliding_window: int = 0
+
+
+def kv_cache_groups(layer_windows: Sequence[int], disable_hybrid: bool = False) -> list[KVCacheGroupSpec]:
+    """vLLM 0.32's grouping of layers with one page size (``kv_cache_utils``,
+    ``_get_kv_cache_groups_uniform_page_size``). ``layer_windows[i]``: layer i's window,
+    0 for full attention.
+
+    Every layer alike (all full, or all the same window): one group of every layer, as
+    today. Otherwise layers are bucketed by window in order of first appearance; a
+    group holds ``group_size`` layers (the smallest bucket's count, or the largest's
+    when it is under 1.5 times the smallest), and a bucket of n layers becomes
+    ceil(n / group_size) groups, group i taking ``layers[i::num_groups]``.
+    ``disable_hybrid`` (vLLM's --disable-hybrid-kv-cache-manager): every layer's KV is
+    kept as full attention's, one group (the layers still attend within their windows)."""
+    if not layer_windows:
+        raise ValueError("a model needs at least one layer")
+    if any(w < 0 for w in layer_windows):
+        raise ValueError(f"sliding windows must be >= 0 (0: full attention), got {list(layer_windows)}")
+    windows = set(layer_windows)
+    if disable_hybrid and len(windows) > 1:
+        windows = {0}
+    if len(windows) == 1:
+        return [KVCacheGroupSpec(list(range(len(layer_windows))), windows.pop())]
+    buckets: dict[int, list[int]] = {}
+    for layer, window in enumerate(layer_windows):
+        buckets.setdefault(window, []).append(layer)
+    sizes = [len(b) for b in buckets.values()]
+    group_size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+    groups: list[KVCacheGroupSpec] = []
+    for window, layers in buckets.items():
+        num_groups = -(-len(layers) // group_size)
+        groups.extend(KVCacheGroupSpec(layers[i::num_groups], window) for i in range(num_groups))
+    return groups
+
+
+def num_kv_tensors(groups: Sequence[KVCacheGroupSpec]) -> int:
+    """KV tensors a worker allocates for ``groups`` (vLLM's layout): tensor j is shared by
+    the j-th layer of every group, so a block id means the same memory in every group
+    and the pool's blocks cost ``num_kv_tensors`` layers each, not every layer."""
+    return max(len(g.layer_ids) for g in groups)
+
+
+def layer_tensor_index(groups: Sequence[KVCacheGroupSpec]) -> dict[int, int]:
+    """layer -> the KV tensor it reads and writes (its place in its group)."""
+    return {layer: j for g in groups for j, layer in enumerate(g.layer_ids)}

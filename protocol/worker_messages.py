@@ -59,6 +59,38 @@ class AppendedBlocks(msgspec.Struct, **_OPTS, tag=1):
     block_ids: list[int]
 
 
+class GroupAppendedBlocks(msgspec.Struct, **_OPTS, tag=13):
+    """Block ids appended to a live row's table in KV-cache ``group`` >= 1 (hybrid models)."""
+
+    seq_id: int
+    group: int
+    block_ids: list[int]
+
+
+class NulledBlocks(msgspec.Struct, **_OPTS, tag=14):
+    """The one exception to rule 2 (DESIGN.md, hybrid groups): entries [0, num_blocks) of
+    the row's table in a sliding-window ``group`` (any group, 0 included) now hold the
+    null block 0. Their blocks fell wholly outside the window and the scheduler freed
+    them; num_blocks only grows."""
+
+    seq_id: int
+    group: int
+    num_blocks: int
+
+
+class GroupDeltas(msgspec.Struct, array_like=True, gc=False):
+    """A step's deltas of the KV-cache groups beyond the first (hybrid models: layers
+    grouped by attention type, protocol.kv_cache_spec). Group 0's travel in the plan's own
+    fields, so a one-group plan carries none of this (one byte: None)."""
+
+    # seq_id -> the tables of groups 1..N-1, in group order, of a row sent whole this
+    # step (StepPlan.new_rows or resumed_rows; its block_ids is group 0's).
+    rows: dict[int, list[list[int]]] = {}
+    appended: list[GroupAppendedBlocks] = []
+    # Applied after every append.
+    nulled: list[NulledBlocks] = []
+
+
 class WorkerHello(msgspec.Struct, **_OPTS, tag=2):
     """First message of a worker: who it is and what memory it has."""
 
@@ -85,6 +117,10 @@ class WorkerHello(msgspec.Struct, **_OPTS, tag=2):
     # Host-memory KV slots this worker preallocated for the offload tier
     # (--kv-offloading-size); 0: no host tier.
     num_host_blocks: int = 0
+    # The KV-cache groups' windows, in group order (0: full attention); empty: one
+    # full-attention group, every model before hybrid groups. num_blocks counts blocks
+    # of protocol.kv_cache_spec.num_kv_tensors layers each.
+    group_windows: list[int] = []
 
 
 class WorkerReady(msgspec.Struct, **_OPTS, tag=3):
@@ -118,7 +154,8 @@ class TierCopies(msgspec.Struct, array_like=True, gc=False, frozen=True):
 
 class StepPlan(msgspec.Struct, **_OPTS, tag=4):
     """One step. Applied in this order (rule 3): drop finished and preempted rows,
-    add new rows, replace resumed rows, append block ids; then the offload tier's
+    add new rows, replace resumed rows, append block ids (group 0's,
+    then ``groups``'), null sliding-window groups' leading entries; then the offload tier's
     copies -- every store (device block -> host slot) first, then every load (host
     slot -> device block), so a device block stored and reused in the same step is
     saved before it is overwritten; then for the scheduled tokens write K/V into
@@ -138,6 +175,8 @@ class StepPlan(msgspec.Struct, **_OPTS, tag=4):
     preempted_seq_ids: list[int] = []
     # The offload tier's copies of this step; None (one byte) when there are none.
     tier_copies: TierCopies | None = None
+    # Hybrid models: the groups' deltas beyond group 0's; None with one group.
+    groups: GroupDeltas | None = None
 
 
 class SampledLogprobs(msgspec.Struct, **_OPTS, tag=9):

@@ -141,7 +141,7 @@ def test_client_messages_are_maps_tagged_by_type():
 def test_worker_messages_are_arrays_tag_first():
     # NOTE: msgspec ignores omit_defaults on array_like structs (jcrist/msgspec#720):
     # every field is encoded. A sender may still leave trailing defaults out.
-    assert msgspec.msgpack.decode(TO_WORKER.encode(StepPlan(step_id=9))) == [4, 9, {}, [], [], [], [], [], None]
+    assert msgspec.msgpack.decode(TO_WORKER.encode(StepPlan(step_id=9))) == [4, 9, {}, [], [], [], [], [], None, None]
     # A greedy row's sampling is None: one byte.
     assert msgspec.msgpack.decode(TO_WORKER.encode(ROW)) == [0, 7, [3, 4, 5, 2**31 - 1], [9, 10], 16, None]
     sampled = RequestRow(1, [2], [3], 0, RowSampling(1, SamplingParams(temperature=0.5, seed=3)))

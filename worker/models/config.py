@@ -69,6 +69,11 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]  # from config.json and generation_config.json
 
     @property
+    def layer_windows(self) -> tuple[int, ...]:
+        """Each layer's attention window, 0 for full attention (protocol.kv_cache_spec)."""
+        return (self.sliding_window or 0,) * self.num_layers
+
+    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 
