@@ -54,13 +54,19 @@ def kv_cache_groups(layer_windows: Sequence[int], disable_hybrid: bool = False) 
     when it is under 1.5 times the smallest), and a bucket of n layers becomes
     ceil(n / group_size) groups, group i taking ``layers[i::num_groups]``.
     ``disable_hybrid`` (vLLM's --disable-hybrid-kv-cache-manager): every layer's KV is
-    kept as full attention's, one group (the layers still attend within their windows)."""
+    kept as full attention's, one group (the layers still attend within their windows);
+    refused (ValueError), as by vLLM, when the layers have several window sizes."""
     if not layer_windows:
         raise ValueError("a model needs at least one layer")
     if any(w < 0 for w in layer_windows):
         raise ValueError(f"sliding windows must be >= 0 (0: full attention), got {list(layer_windows)}")
     windows = set(layer_windows)
     if disable_hybrid and len(windows) > 1:
+        if len(windows - {0}) > 1:
+            # NOTE: as vLLM 0.32, which cannot merge layers of several windows into one group.
+            raise ValueError(
+                f"--disable-hybrid-kv-cache-manager needs at most one sliding window size, got {sorted(windows - {0})}"
+            )
         windows = {0}
     if len(windows) == 1:
         return [KVCacheGroupSpec(list(range(len(layer_windows))), windows.pop())]
