@@ -36,8 +36,9 @@ ExternalBlockHash = bytes | int
 # vLLM's medium names: the device pool's, and its CPU offloading tier's.
 MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"
-# vLLM's KVCacheSpecKind.FULL_ATTENTION: the only kind of layer kvpool has.
+# vLLM's KVCacheSpecKind values for the kinds of layer kvpool has.
 KV_CACHE_SPEC_KIND_FULL_ATTENTION = "full_attention"
+KV_CACHE_SPEC_KIND_SLIDING_WINDOW = "sliding_window"
 
 SEQ_BYTES = 8
 # The replay socket's last frame set for a request: seq -1, empty topic and payload.

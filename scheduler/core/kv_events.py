@@ -27,9 +27,12 @@ class KVEventSink(Protocol):
         token_ids: list[int] | None,
         block_size: int,
         medium: str = MEDIUM_GPU,
+        *,
+        group_idx: int = 0,
+        sliding_window: int = 0,
     ) -> None: ...
 
-    def block_removed(self, block_hash: BlockHash, medium: str = MEDIUM_GPU) -> None: ...
+    def block_removed(self, block_hash: BlockHash, medium: str = MEDIUM_GPU, *, group_idx: int = 0) -> None: ...
 
     def all_blocks_cleared(self) -> None: ...
 
@@ -41,12 +44,16 @@ class BlockStored:
     token_ids: list[int] | None
     block_size: int
     medium: str = MEDIUM_GPU
+    # The KV-cache group (hybrid models; scheduler/core/group_events.py) and its window (0: full attention).
+    group_idx: int = 0
+    sliding_window: int = 0
 
 
 @dataclass(slots=True)
 class BlockRemoved:
     block_hashes: list[BlockHash]
     medium: str = MEDIUM_GPU
+    group_idx: int = 0
 
 
 @dataclass(slots=True)
@@ -63,11 +70,12 @@ class KVEventRecorder:
 
     events: list[KVCacheEvent] = field(default_factory=list)
 
-    def block_stored(self, block_hashes, parent_block_hash, token_ids, block_size, medium: str = MEDIUM_GPU) -> None:
-        self.events.append(BlockStored(list(block_hashes), parent_block_hash, token_ids, block_size, medium))
+    def block_stored(self, block_hashes, parent_block_hash, token_ids, block_size, medium: str = MEDIUM_GPU, *, group_idx: int = 0,
+                     sliding_window: int = 0) -> None:  # fmt: skip
+        self.events.append(BlockStored(list(block_hashes), parent_block_hash, token_ids, block_size, medium, group_idx, sliding_window))
 
-    def block_removed(self, block_hash: BlockHash, medium: str = MEDIUM_GPU) -> None:
-        self.events.append(BlockRemoved([block_hash], medium))
+    def block_removed(self, block_hash: BlockHash, medium: str = MEDIUM_GPU, *, group_idx: int = 0) -> None:
+        self.events.append(BlockRemoved([block_hash], medium, group_idx))
 
     def all_blocks_cleared(self) -> None:
         self.events.append(AllBlocksCleared())

@@ -45,8 +45,9 @@ from scheduler.engine.kv_event_endpoints import (
 
 REPLAY_POLL_MS = 100
 def to_wire_event(event: kv_events.KVCacheEvent, int_block_hashes: bool = True) -> wire.KVCacheEvent:
-    """Our event as vLLM's, filled in as vLLM's own BlockPool fills it for a request
-    without LoRA on a single full-attention KV cache group. Hashes as 64-bit ints
+    """Our event as vLLM's, filled in as vLLM's own BlockPool and KVCacheManager fill it
+    for a request without LoRA: its KV-cache group's index, kind and sliding window (one
+    full-attention group: 0, "full_attention", None). Hashes as 64-bit ints
     (vLLM 0.33's default), or the bytes with ``int_block_hashes=False``.
 
     Host-tier events (medium "CPU") as vLLM's offloading connector sends them: no
@@ -70,11 +71,12 @@ def to_wire_event(event: kv_events.KVCacheEvent, int_block_hashes: bool = True) 
                 lora_id=None,
                 medium=event.medium,
                 lora_name=None,
-                group_idx=0,
-                kv_cache_spec_kind=wire.KV_CACHE_SPEC_KIND_FULL_ATTENTION,
+                group_idx=event.group_idx,
+                kv_cache_spec_kind=wire.KV_CACHE_SPEC_KIND_SLIDING_WINDOW if event.sliding_window else wire.KV_CACHE_SPEC_KIND_FULL_ATTENTION,
+                kv_cache_spec_sliding_window=event.sliding_window or None,
             )
         case kv_events.BlockRemoved():
-            return wire.BlockRemoved(block_hashes=[h(x) for x in event.block_hashes], medium=event.medium, group_idx=0)
+            return wire.BlockRemoved(block_hashes=[h(x) for x in event.block_hashes], medium=event.medium, group_idx=event.group_idx)
         case kv_events.AllBlocksCleared():
             return wire.AllBlocksCleared()
     raise TypeError(f"not a KV cache event: {event!r}")

@@ -1,0 +1,206 @@
+"""HybridKVCacheManager by hand: block size 2, one full-attention group (0) and one
+sliding group (1) of window 4, so a sliding hit needs cdiv(4 - 1, 2) = 2 contiguous
+blocks and the token at position p keeps blocks from position p - 3 on."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.core.hashing import BlockHasher
+from scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
+from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.core.kv_events import BlockRemoved, KVEventRecorder
+from scheduler.sched.request import Request
+
+BS = 2
+HASHER = BlockHasher(BS)
+
+
+def req(rid: str, tokens: list[int]) -> Request:
+    return Request(rid, list(tokens), max_tokens=16, block_hasher=HASHER)
+
+
+def queue(m) -> str:
+    return " ".join(
+        f"{b.block_id}*" if b.block_hash is not None else str(b.block_id)
+        for b in m.block_pool.free_block_queue
+    )
+
+
+def admit(m, r: Request, num_new_tokens: int | None = None):
+    hits, n = m.get_computed_blocks(r)
+    new = m.allocate_slots(
+        r, r.num_tokens - n if num_new_tokens is None else num_new_tokens, n, hits
+    )
+    if new is not None:
+        r.num_computed_tokens = n + (r.num_tokens - n if num_new_tokens is None else num_new_tokens)
+    m.check_invariants()
+    return hits, n, new
+
+
+def decode(m, r: Request, token: int):
+    r.append_output_token_ids([token])
+    new = m.allocate_slots(r, 1)
+    if new is not None:
+        r.num_computed_tokens += 1
+    m.check_invariants()
+    return new
+
+
+@pytest.fixture
+def m():
+    return HybridKVCacheManager(16, BS, 64, [0, 4])
+
+
+def test_the_window_frees_its_blocks_deepest_first_and_nulls_them(m):
+    a = req("a", range(10))
+    _, n, new = admit(m, a)
+    # Five blocks per group: full 1..5, sliding 6..10; all five full, so cached.
+    assert n == 0 and new.get_block_ids() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]
+    assert queue(m) == "11 12 13 14 15"
+    assert m.take_nulled() == []
+    # Token 10 attends to positions 7..10: blocks 0..2 (positions 0..5) are wholly
+    # behind; freed from the deepest (8, 7, 6), cached, to the back of the queue.
+    new = decode(m, a, 10)
+    assert new.get_block_ids() == [[11], [12]]
+    assert m.get_block_ids("a") == [[1, 2, 3, 4, 5, 11], [0, 0, 0, 9, 10, 12]]
+    assert queue(m) == "13 14 15 8* 7* 6*"
+    assert m.take_nulled() == [("a", 1, 3)]
+    assert m.take_nulled() == []  # reported once
+    assert m.usage == pytest.approx(9 / 15)
+
+
+def test_a_sliding_hit_needs_only_the_window_and_pads_with_the_null_block(m):
+    a = req("a", range(10))
+    admit(m, a)
+    decode(m, a, 10)  # as above: a's sliding blocks 6, 7, 8 freed (cached)
+    b = req("b", [*range(10), 100, 101, 102, 103])
+    hits, n = m.get_computed_blocks(b)
+    # Full attention hits a's five full blocks (the sixth differs); within those 10
+    # tokens the sliding group needs blocks 3 and 4 only: found right to left.
+    assert n == 10 and hits.get_block_ids() == [[1, 2, 3, 4, 5], [0, 0, 0, 9, 10]]
+    new = m.allocate_slots(b, 4, n, hits)
+    b.num_computed_tokens = 14
+    # Two new blocks per group: 13, 14 (full) and 15, then 8 evicted (sliding).
+    assert new.get_block_ids() == [[13, 14], [15, 8]]
+    assert m.get_block_ids("b") == [[1, 2, 3, 4, 5, 13, 14], [0, 0, 0, 9, 10, 15, 8]]
+    assert [b.ref_cnt for b in m.block_pool.blocks[1:6]] == [2] * 5
+    assert queue(m) == "7* 6*"
+    # Two lookups counted: a's (10 tokens, no hit) and b's (14, 10 hit).
+    assert (m.prefix_cache_stats.queries, m.prefix_cache_stats.hits) == (24, 10)
+    m.check_invariants()
+    # Free: group by group, each table last block first; nulls skipped.
+    m.free(a)
+    assert queue(m) == "12 11 7* 6*"
+    m.free(b)
+    m.check_invariants()
+    assert m.usage == 0.0
+
+
+def test_a_sliding_hit_without_enough_contiguous_blocks_stops_at_the_gap():
+    m = HybridKVCacheManager(16, BS, 64, [0, 4])
+    a = req("a", range(10))
+    admit(m, a)
+    decode(m, a, 10)
+    # head -> 13 14 15 8* 7* 6* -> tail: c's six blocks evict a's freed sliding blocks.
+    c = req("c", range(50, 56))
+    _, _, new = admit(m, c)
+    assert new.get_block_ids() == [[13, 14, 15], [8, 7, 6]] and queue(m) == ""
+    m.free(c)
+    m.free(a)
+    # Left cached: full 1..5, sliding 9, 10 (positions 6..9).
+    b = req("b", range(12))
+    hits, n = m.get_computed_blocks(b)
+    assert n == 10 and hits.get_block_ids() == [[1, 2, 3, 4, 5], [0, 0, 0, 9, 10]]
+    d = req("d", [*range(6), 77, 78])
+    hits, n = m.get_computed_blocks(d)
+    # Full hits blocks 0..2 (6 tokens); sliding within them: block 2 (8) and 1 (7) are
+    # gone, block 0 (6) too: no hit at all, so full attention's is cut to it.
+    assert (n, hits.get_block_ids()) == (0, [[], []])
+
+
+def test_alloc_noop_until_is_the_first_call_that_would_free():
+    m = HybridKVCacheManager(32, BS, 64, [0, 4])
+    a = req("a", range(3))
+    admit(m, a)
+    # 2 blocks each; 1 cached. Full: room for 4 tokens, next cache at 3 full tokens
+    # (bound 2*2 - 1 = 3); sliding: block 0 freed by a call at c computed tokens once
+    # c - 3 >= 2, i.e. at c = 5, so a call ending at <= 5 frees nothing.
+    assert a.alloc_noop_until == 3
+    for token in range(3, 20):
+        before = (m.get_block_ids("a"), queue(m), m.block_pool.num_evictions)
+        end = a.num_computed_tokens + 1
+        noop = end <= a.alloc_noop_until
+        decode(m, a, token)
+        if noop:
+            assert (m.get_block_ids("a"), queue(m), m.block_pool.num_evictions) == before, token
+            assert m.take_nulled() == []
+    # 20 tokens computed, the 21st... blocks 0..7 of the sliding table nulled (positions < 17).
+    assert m.get_block_ids("a")[1][:8] == [0] * 8 and 0 not in m.get_block_ids("a")[1][8:]
+
+
+def test_the_admission_cap_counts_a_sliding_group_as_vllm():
+    # Window 4, 4 tokens in flight: a sliding table never holds more than
+    # cdiv(4 - 1 + 4, 2) + 1 = 5 blocks. A 20-token request needs 10 full blocks + 5.
+    r = req("r", range(20))
+    small = HybridKVCacheManager(15, BS, 64, [0, 4], max_num_batched_tokens=4)  # 14 usable
+    assert small.allocate_slots(r, 4, full_sequence_must_fit=True) is None
+    fits = HybridKVCacheManager(16, BS, 64, [0, 4], max_num_batched_tokens=4)  # 15 usable
+    assert fits.allocate_slots(r, 4, full_sequence_must_fit=True).get_block_ids() == [
+        [1, 2],
+        [3, 4],
+    ]
+
+
+def test_events_carry_the_raw_hash_and_the_group_as_vllm():
+    rec, ref = KVEventRecorder(), KVEventRecorder()
+    m = HybridKVCacheManager(16, BS, 64, [0, 4], event_sink=rec)
+    one = KVCacheManager(16, BS, 64, event_sink=ref)
+    a, a1 = req("a", range(5)), req("a", range(5))
+    admit(m, a)
+    one.allocate_slots(a1, 5)
+    (single,) = ref.take()
+    full, sliding = rec.take()
+    assert (full.block_hashes, full.token_ids, full.group_idx, full.sliding_window) == (
+        single.block_hashes,
+        [0, 1, 2, 3],
+        0,
+        0,
+    )
+    assert (sliding.block_hashes, sliding.group_idx, sliding.sliding_window) == (
+        single.block_hashes,
+        1,
+        4,
+    )
+    # Freed: head -> 6 3 7 8 .. 15 2* 1* 5* 4* -> tail (full 1, 2 and sliding 4, 5 hold
+    # hashes 0, 1). Fourteen blocks evict 2, 1 and 5: each event names its group.
+    m.free(a)
+    admit(m, req("z", range(100, 114)))
+    h0, h1 = single.block_hashes
+    removed = [(e.block_hashes, e.group_idx) for e in rec.take() if isinstance(e, BlockRemoved)]
+    assert removed == [([h1], 0), ([h0], 0), ([h1], 1)]
+    assert queue(m) == "4*"
+
+
+def test_one_sliding_group_alone():
+    m = HybridKVCacheManager(16, BS, 64, [4])
+    a = req("a", range(9))
+    admit(m, a)
+    assert m.get_block_ids("a") == [[1, 2, 3, 4, 5]]
+    decode(m, a, 9)  # token 9 keeps positions 6..9: blocks 0..2 freed
+    assert m.get_block_ids("a") == [[0, 0, 0, 4, 5]]
+    assert queue(m) == "6 7 8 9 10 11 12 13 14 15 3* 2* 1*"
+
+
+def test_bad_input_is_refused_by_name(m):
+    with pytest.raises(ValueError, match="group_windows"):
+        HybridKVCacheManager(16, BS, 64, [])
+    with pytest.raises(ValueError, match="group_windows"):
+        HybridKVCacheManager(16, BS, 64, [0, -1])
+    a = req("a", range(6))
+    with pytest.raises(ValueError, match="beyond its prefix hits"):
+        m.allocate_slots(a, 2, 4)
+    admit(m, a)
+    hits, _ = m.get_computed_blocks(req("b", range(6)))
+    with pytest.raises(ValueError, match="already holds blocks"):
+        m.allocate_slots(a, 1, 4, hits)
