@@ -33,6 +33,9 @@ OFFLOAD_STORE_MODES = ("eviction", "full")
 
 
 class KVCacheManager:
+    # KV-cache groups: one (hybrid models: scheduler/core/hybrid_kv_cache_manager.py).
+    num_groups = 1
+
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True, event_sink: KVEventSink | None = None,
                  pool_factory: PoolFactory = BlockPool, host_tier: HostTier | None = None, offload_store: str = "eviction",
                  max_pinned_fraction: float = 0.5):  # fmt: skip
