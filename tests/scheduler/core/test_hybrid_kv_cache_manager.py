@@ -119,14 +119,15 @@ def test_a_sliding_hit_without_enough_contiguous_blocks_stops_at_the_gap():
     assert (n, hits.get_block_ids()) == (0, [[], []])
 
 
-def test_alloc_noop_until_is_the_first_call_that_would_free():
-    m = HybridKVCacheManager(32, BS, 64, [0, 4])
+@pytest.mark.parametrize("enable_caching", [True, False])
+def test_alloc_noop_until_is_the_first_call_that_would_free(enable_caching):
+    m = HybridKVCacheManager(32, BS, 64, [0, 4], enable_caching)
     a = req("a", range(3))
     admit(m, a)
-    # 2 blocks each; 1 cached. Full: room for 4 tokens, next cache at 3 full tokens
-    # (bound 2*2 - 1 = 3); sliding: block 0 freed by a call at c computed tokens once
-    # c - 3 >= 2, i.e. at c = 5, so a call ending at <= 5 frees nothing.
-    assert a.alloc_noop_until == 3
+    # 2 blocks each, room for 4 tokens; with caching 1 block cached, the next fills at
+    # 4 tokens (bound 2*2 - 1 = 3). Sliding: block 0 is freed by a call at c computed
+    # tokens once c - 3 >= 2, i.e. at c = 5: a call ending at <= 5 frees nothing.
+    assert a.alloc_noop_until == (3 if enable_caching else 4)
     for token in range(3, 20):
         before = (m.get_block_ids("a"), queue(m), m.block_pool.num_evictions)
         end = a.num_computed_tokens + 1

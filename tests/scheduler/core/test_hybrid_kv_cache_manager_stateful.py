@@ -1,0 +1,198 @@
+"""Property-based test: HybridKVCacheManager over a two-group pool (full attention
+and a sliding window, either order) under random requests -- admitted with their
+prefix hits whole or in chunks, grown by chunks or a token at a time, preempted,
+freed, the cache reset -- with, after every step: the manager's invariants (each
+block in exactly one place, ref_cnt = the tables holding it), every sliding table's
+leading entries null exactly up to the window of its last call and every later
+entry a block, the nulls reported once by take_nulled, hits no longer than full
+attention's own and made of the request's blocks, usage from the free blocks, and a
+call the scheduler's fast path would skip (alloc_noop_until) changing nothing."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from scheduler.core.hashing import BlockHasher
+from scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
+from scheduler.core.single_type_kv_cache_manager import group_key
+from scheduler.sched.request import Request
+
+BLOCK_SIZE = 2
+MAX_MODEL_LEN = 40
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class HybridMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.m: HybridKVCacheManager | None = None
+        self.hasher = BlockHasher(BLOCK_SIZE)
+        self.running: dict[str, Request] = {}
+        # rid -> computed tokens at its last allocation call (what its nulls follow).
+        self.called_at: dict[str, int] = {}
+        # (rid, group) -> leading nulls the worker was told of (row sent, then take_nulled).
+        self.told: dict[tuple[str, int], int] = {}
+        self.next_id = 0
+
+    @initialize(
+        num_blocks=st.integers(4, 40),
+        window=st.sampled_from([1, 2, 3, 4, 5, 8]),
+        sliding_first=st.booleans(),
+        enable_caching=st.booleans(),
+    )
+    def make_manager(self, num_blocks, window, sliding_first, enable_caching):
+        windows = [window, 0] if sliding_first else [0, window]
+        self.sliding = 0 if sliding_first else 1
+        self.window = window
+        self.m = HybridKVCacheManager(
+            num_blocks, BLOCK_SIZE, MAX_MODEL_LEN, windows, enable_caching, max_num_batched_tokens=8
+        )
+
+    def snapshot(self):
+        pool = self.m.block_pool
+        return (
+            [b.block_id for b in pool.free_block_queue],
+            [(b.block_id, b.ref_cnt, b.block_hash) for b in pool.blocks],
+            {rid: self.m.get_block_ids(rid) for rid in self.running},
+            pool.num_evictions,
+        )
+
+    def full_only_hit(self, req: Request) -> int:
+        """Full attention's own hit: the longest run of its cached blocks from the start."""
+        get = self.m.block_pool.cached_block_hash_to_block.get_one_block
+        full = 1 - self.sliding
+        n = 0
+        for h in req.block_hashes[: (req.num_tokens - 1) // BLOCK_SIZE]:
+            if get(h + group_key(full)) is None:
+                break
+            n += 1
+        return n * BLOCK_SIZE
+
+    def allocate(self, req: Request, num_new: int, num_hit: int = 0, hits=None):
+        before = self.snapshot()
+        noop = (
+            hits is None
+            and req.request_id in self.called_at
+            and req.num_computed_tokens + num_new <= req.alloc_noop_until
+        )
+        called_at = req.num_computed_tokens + num_hit
+        new = self.m.allocate_slots(req, num_new, num_hit, hits)
+        if noop:
+            assert self.snapshot() == before, "a call the fast path skips changed the pool"
+            assert new is not None and not new
+        if new is not None:
+            self.called_at[req.request_id] = called_at
+            req.num_computed_tokens += num_hit + num_new
+        return new
+
+    @rule(
+        prompt=st.lists(st.integers(0, 2), min_size=1, max_size=24),
+        chunk=st.sampled_from([1, 3, 8, 40]),
+    )
+    def admit(self, prompt, chunk):
+        m = self.m
+        rid = f"r{self.next_id}"
+        self.next_id += 1
+        req = Request(rid, prompt, max_tokens=100, block_hasher=self.hasher)
+        hits, n = m.get_computed_blocks(req)
+        assert n == len(hits) * BLOCK_SIZE and n <= self.full_only_hit(req) and n < req.num_tokens
+        full, sliding = hits.groups[1 - self.sliding], hits.groups[self.sliding]
+        assert len(full) == len(sliding) == len(hits)
+        for i, b in enumerate(full):
+            assert b.block_hash == req.block_hashes[i] + group_key(1 - self.sliding)
+        # The sliding hit: nulls, then the blocks the window of the hit's end needs.
+        # NOTE: vLLM's search stops at its first hit when a window needs no block (W = 1).
+        num_needed = min(len(sliding), max(1, cdiv(self.window - 1, BLOCK_SIZE)))
+        assert all(b.is_null for b in sliding[: len(sliding) - num_needed])
+        for i in range(len(sliding) - num_needed, len(sliding)):
+            assert sliding[i].block_hash == req.block_hashes[i] + group_key(self.sliding)
+        if self.allocate(req, min(chunk, req.num_tokens - n), n, hits) is None:
+            assert rid not in m.single_type_managers[0].req_to_blocks
+            return
+        self.running[rid] = req
+        for g in range(2):
+            self.told[rid, g] = m.single_type_managers[g].num_null_blocks(
+                rid
+            )  # the row, sent whole
+
+    @precondition(lambda self: self.running)
+    @rule(which=st.integers(0, 100), chunk=st.sampled_from([1, 1, 2, 5]), token=st.integers(0, 2))
+    def step(self, which, chunk, token):
+        rid = sorted(self.running)[which % len(self.running)]
+        req = self.running[rid]
+        if req.num_computed_tokens == req.num_tokens:
+            if req.num_tokens >= MAX_MODEL_LEN:
+                return self.free(rid)
+            req.append_output_token_ids([token])
+        if self.allocate(req, min(chunk, req.num_tokens - req.num_computed_tokens)) is None:
+            self.free(rid)  # preempted, as the scheduler would
+
+    @precondition(lambda self: self.running)
+    @rule(which=st.integers(0, 100))
+    def finish(self, which):
+        self.free(sorted(self.running)[which % len(self.running)])
+
+    def free(self, rid: str) -> None:
+        self.m.free(self.running.pop(rid))
+        del self.called_at[rid]
+        for g in range(2):
+            self.told.pop((rid, g), None)
+        assert self.m.get_block_ids(rid) == [[], []]
+
+    @rule()
+    def reset_prefix_cache(self):
+        assert self.m.reset_prefix_cache() == (not self.running)
+
+    @invariant()
+    def consistent(self):
+        m = self.m
+        if m is None:
+            return
+        m.check_invariants()
+        pool = m.block_pool
+        assert m.usage == 1 - pool.get_num_free_blocks() / (pool.num_gpu_blocks - 1)
+        for rid, g, n in m.take_nulled():
+            assert rid in self.running and n > self.told[rid, g]
+            self.told[rid, g] = n
+        for rid, req in self.running.items():
+            tables = m.get_block_ids(rid)
+            assert (
+                len(tables[0])
+                == len(tables[1])
+                == cdiv(min(req.num_computed_tokens, MAX_MODEL_LEN), BLOCK_SIZE)
+            )
+            assert 0 not in tables[1 - self.sliding]
+            num_null = max(0, self.called_at[rid] - self.window + 1) // BLOCK_SIZE
+            sliding = tables[self.sliding]
+            assert sliding[:num_null] == [0] * num_null and 0 not in sliding[num_null:], (
+                self.called_at[rid],
+                sliding,
+            )
+            assert (
+                self.told[rid, self.sliding] == num_null and self.told[rid, 1 - self.sliding] == 0
+            )
+
+    def teardown(self):
+        m = self.m
+        if m is None:
+            return
+        for rid in list(self.running):
+            self.free(rid)
+            m.check_invariants()
+        pool = m.block_pool
+        assert m.usage == 0.0 and m.take_nulled() == []
+        assert {b.block_id for b in pool.free_block_queue} == set(range(1, pool.num_gpu_blocks))
+
+
+HybridMachine.TestCase.settings = settings(
+    max_examples=80,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestHybridKVCacheManagerRandomRequests = HybridMachine.TestCase
