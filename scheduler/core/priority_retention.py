@@ -18,6 +18,7 @@ import bisect
 from collections.abc import Callable, Iterator
 
 from scheduler.core.block_policy import BlockPolicy
+from scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.kv_cache_request import KVCacheRequest
@@ -104,6 +105,22 @@ class PriorityKVCacheManager(KVCacheManager):
 
     def allocate_slots(self, request: KVCacheRequest, *args, **kwargs):
         self.block_pool.policy.add_class(getattr(request, "priority", 0))
+        return super().allocate_slots(request, *args, **kwargs)
+
+    def free(self, request: KVCacheRequest, num_computed_tokens: int | None = None) -> None:
+        self.block_pool.policy.release_priority = getattr(request, "priority", 0)
+        super().free(request, num_computed_tokens)
+
+
+class PriorityHybridKVCacheManager(HybridKVCacheManager):
+    """`PriorityKVCacheManager`'s hooks for hybrid KV-cache groups: the blocks a request
+    frees join its priority's class, those its window leaves behind (freed while it
+    allocates) too."""
+
+    def allocate_slots(self, request: KVCacheRequest, *args, **kwargs):
+        priority = getattr(request, "priority", 0)
+        self.block_pool.policy.add_class(priority)
+        self.block_pool.policy.release_priority = priority
         return super().allocate_slots(request, *args, **kwargs)
 
     def free(self, request: KVCacheRequest, num_computed_tokens: int | None = None) -> None:

@@ -82,6 +82,33 @@ def pool_size_for(
     return num_gpu_blocks_override
 
 
+def is_hybrid(group_windows: list[int]) -> bool:
+    """Whether a hello's KV-cache groups need the hybrid manager: several groups, or
+    one sliding-window group ([] and [0]: one full-attention group, as before)."""
+    return len(group_windows) > 1 or any(group_windows)
+
+
+def check_group_windows(hello: WorkerHello, kv_offloading_size: float, kv_eviction_policy: str, current: list[int] | None) -> list[int]:
+    """The worker's KV-cache groups' windows, or WorkerRefused: what hybrid groups do not
+    support is named by its flag. ``current``: the pool's, for a returning worker."""
+    windows = list(hello.group_windows)
+    if any(w < 0 for w in windows):
+        raise WorkerRefused(f"KV-cache group windows {windows}: a window is 0 (full attention) or more")
+    if current is not None and windows != current:
+        raise WorkerRefused(f"KV-cache groups with windows {windows}, but the pool was built for {current}")
+    if is_hybrid(windows):
+        if kv_offloading_size > 0:
+            raise WorkerRefused(
+                f"--kv-offloading-size {kv_offloading_size:g}: the host tier is not supported with hybrid KV-cache groups "
+                f"(windows {windows}); leave it out, or serve with --disable-hybrid-kv-cache-manager"
+            )
+        if kv_eviction_policy != "lru":
+            raise WorkerRefused(
+                f"--kv-eviction-policy {kv_eviction_policy}: only lru is supported with hybrid KV-cache groups (windows {windows})"
+            )
+    return windows
+
+
 def check_result(result: StepResult, vocab_size: int) -> None:
     """Raise ValueError if the result samples a token outside the vocabulary."""
     bad = next((t for t in result.sampled_token_ids if not 0 <= t < vocab_size), None)

@@ -46,7 +46,9 @@ from scheduler.engine.sockets import LoopYield, RouterPort, peer_name
 from scheduler.engine.worker_checks import (
     PoolShape,
     WorkerRefused,
+    check_group_windows,
     host_tier_size_for,
+    is_hybrid,
     pool_size_for,
 )
 from scheduler.engine.worker_link import LinkState, WorkerLink, WorkerLost
@@ -75,6 +77,8 @@ class WorkerSide:
         # The client side's ``end`` (set by the engine once it exists): ends requests
         # whose grammar failed to compile, telling their clients.
         self.end_requests = None
+        # The KV-cache groups' windows of the pool built (None before the first worker).
+        self.pool_group_windows: list[int] | None = None
 
     async def receive_loop(self) -> None:
         link, pause = self.link, LoopYield()
@@ -143,6 +147,7 @@ class WorkerSide:
         try:
             num_blocks = pool_size_for(hello, c.block_size, c.num_gpu_blocks_override, current, c.max_model_len)
             num_host_blocks = host_tier_size_for(hello, c.kv_offloading_size, self._host_tier_size())
+            check_group_windows(hello, c.kv_offloading_size, c.kv_eviction_policy, self.pool_group_windows)
         except WorkerRefused as e:
             return await self._refuse_worker(ident, str(e))
         link.begin_handshake(ident, hello, num_blocks)
@@ -180,10 +185,18 @@ class WorkerSide:
         pool_factory = eviction_pool_factory(c.kv_eviction_policy, c.scheduling_policy, base=pool_factory)
         num_host_blocks = host_tier_size_for(hello, c.kv_offloading_size, None)
         host_tier = HostTier(num_host_blocks, c.block_size, event_sink=self.kv_event_sink) if num_host_blocks else None
-        state.kv = kv_cache_manager_class(c.scheduling_policy)(
-            num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory,
-            host_tier=host_tier, offload_store=c.kv_offloading_store, max_pinned_fraction=c.max_pinned_fraction,
-        )  # fmt: skip
+        self.pool_group_windows = list(hello.group_windows)
+        if is_hybrid(hello.group_windows):
+            # NOTE: the hello was checked (check_group_windows): no host tier, LRU eviction.
+            state.kv = kv_cache_manager_class(c.scheduling_policy, hybrid=True)(
+                num_blocks, c.block_size, c.max_model_len, hello.group_windows, c.enable_prefix_caching, event_sink=self.kv_event_sink,
+                pool_factory=pool_factory, max_num_batched_tokens=c.max_num_batched_tokens,
+            )  # fmt: skip
+        else:
+            state.kv = kv_cache_manager_class(c.scheduling_policy)(
+                num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory,
+                host_tier=host_tier, offload_store=c.kv_offloading_store, max_pinned_fraction=c.max_pinned_fraction,
+            )  # fmt: skip
         state.scheduler = scheduler_class(c.scheduling_policy)(
             state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl, **policy_kwargs(c)
         )
@@ -191,8 +204,9 @@ class WorkerSide:
         state.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
         state.eos_token_ids = tuple(hello.eos_token_ids) or (hello.eos_token_id,)
         state.model_identity = (hello.architecture, hello.model_hash)
-        log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d), --kv-eviction-policy %s", num_blocks, c.block_size,
-                 hello.device, hello.num_blocks, c.kv_eviction_policy)  # fmt: skip
+        log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d), --kv-eviction-policy %s%s", num_blocks, c.block_size,
+                 hello.device, hello.num_blocks, c.kv_eviction_policy,
+                 f", KV-cache groups of windows {hello.group_windows}" if is_hybrid(hello.group_windows) else "")  # fmt: skip
         if host_tier is not None:
             log.info("host tier of %d blocks (--kv-offloading-store %s)", num_host_blocks, c.kv_offloading_store)
 

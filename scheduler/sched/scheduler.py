@@ -42,6 +42,9 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
                                 max_num_scheduled_tokens=max_num_scheduled_tokens, max_num_active_seqs=max_num_active_seqs)  # fmt: skip
         self.kv_cache_manager = kv_cache_manager
         self.block_size = kv_cache_manager.block_size
+        # Hybrid KV-cache groups (scheduler/core/hybrid_kv_cache_manager.py): the plan carries the groups'
+        # deltas and the sliding windows' nulled entries; None with one group.
+        self._take_nulled = getattr(kv_cache_manager, "take_nulled", None)
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens  # NOTE: admission: max_num_active_seqs
         self.max_num_active_seqs = max_num_seqs if max_num_active_seqs is None else max_num_active_seqs  # vLLM's max_num_active_reqs
         self.max_num_scheduled_tokens = max_num_scheduled_tokens  # None: the step's budget is max_num_batched_tokens
@@ -138,7 +141,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
             raise RuntimeError(f"step {self._in_flight.plan.step_id} is still in flight")
         preempted: list[Request] = []
         while True:
-            plan = StepPlanBuilder()
+            plan = StepPlanBuilder(self._take_nulled is not None)
             cap = self._long_prefill_cap(len(self.running) + len(self.waiting)) if self._long_prefill_cap else 0
             token_budget, scheduled, sampling, victims = self._schedule_running(plan, cap)
             if not victims:
@@ -153,11 +156,22 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
             self._pending_finished_seq_ids.extend(r.seq_id for r in preempted)
             return None
         finished_seq_ids, self._pending_finished_seq_ids = self._pending_finished_seq_ids, []
-        step_plan = plan.build(self.next_step_id, finished_seq_ids, preempted, self.kv_cache_manager.take_tier_copies())
+        nulled = None if self._take_nulled is None else self._nulled_rows()
+        step_plan = plan.build(self.next_step_id, finished_seq_ids, preempted, self.kv_cache_manager.take_tier_copies(), nulled)
         self.next_step_id += 1
         total = self.step_token_budget - token_budget
         self._in_flight = SchedulerOutput(step_plan, scheduled, total, preempted, sampling)
         return self._in_flight
+
+    def _nulled_rows(self) -> list[tuple[int, int, int]]:
+        """(seq_id, group, leading null entries) of the running rows whose sliding windows freed blocks."""
+        requests = self.requests
+        out = []
+        for request_id, group, num_blocks in self._take_nulled():
+            request = requests.get(request_id)
+            if request is not None and request.status == RequestStatus.RUNNING:
+                out.append((request.seq_id, group, num_blocks))
+        return out
 
     def _schedule_running(self, plan: StepPlanBuilder, cap: int) -> tuple[int, list[Request], list[Request], list[Request]]:
         """Schedule the running requests, in order, while the token budget lasts, at

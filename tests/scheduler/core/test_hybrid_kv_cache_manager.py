@@ -205,3 +205,20 @@ def test_bad_input_is_refused_by_name(m):
     hits, _ = m.get_computed_blocks(req("b", range(6)))
     with pytest.raises(ValueError, match="already holds blocks"):
         m.allocate_slots(a, 1, 4, hits)
+
+
+def test_priority_retention_keeps_the_higher_prioritys_blocks_in_every_group():
+    from scheduler.core.eviction_policies import eviction_pool_factory
+    from scheduler.core.priority_retention import PriorityHybridKVCacheManager
+
+    m = PriorityHybridKVCacheManager(16, BS, 64, [0, 4], pool_factory=eviction_pool_factory("lru", "priority"))
+    hi, lo = req("hi", range(4)), req("lo", range(10, 14))
+    lo.priority = 5
+    admit(m, hi)  # full 1, 2; sliding 3, 4
+    admit(m, lo)  # full 5, 6; sliding 7, 8
+    m.free(hi)
+    m.free(lo)
+    # Free: 9..15 unhashed; cached by class: 0 -> 2 1 4 3, 5 -> 6 5 8 7. Twelve blocks
+    # take the seven unhashed, all of priority 5's, then priority 0's oldest (2).
+    admit(m, req("z", range(100, 112)))
+    assert {b.block_id for b in m.block_pool.blocks if b.block_hash is not None} - set(sum(m.get_block_ids("z"), [])) == {1, 3, 4}

@@ -89,3 +89,22 @@ def test_a_worker_without_host_blocks_is_refused_when_the_scheduler_offloads():
         host_tier_size_for(hello(), 1.5, None)
     with pytest.raises(WorkerRefused, match="fewer than the host tier's 300"):
         host_tier_size_for(hello(num_host_blocks=200), 1.5, 300)
+
+
+def test_hybrid_groups_refuse_what_they_do_not_support_by_its_flag():
+    from scheduler.engine.worker_checks import check_group_windows, is_hybrid
+
+    assert not is_hybrid([]) and not is_hybrid([0]) and is_hybrid([0, 512]) and is_hybrid([4096])
+    gemma = hello(group_windows=[512] * 5 + [0])
+    assert check_group_windows(gemma, 0.0, "lru", None) == [512] * 5 + [0]
+    with pytest.raises(WorkerRefused, match="--kv-offloading-size 2: the host tier is not supported with hybrid"):
+        check_group_windows(gemma, 2.0, "lru", None)
+    with pytest.raises(WorkerRefused, match="--kv-eviction-policy arc: only lru"):
+        check_group_windows(gemma, 0.0, "arc", None)
+    # One full-attention group: as before, whatever the flags.
+    assert check_group_windows(hello(), 2.0, "arc", None) == []
+    # A returning worker must bring the pool's groups.
+    with pytest.raises(WorkerRefused, match=r"windows \[0, 128\], but the pool was built for \[\]"):
+        check_group_windows(hello(group_windows=[0, 128]), 0.0, "lru", [])
+    with pytest.raises(WorkerRefused, match="a window is 0"):
+        check_group_windows(hello(group_windows=[0, -1]), 0.0, "lru", None)
