@@ -35,11 +35,14 @@ def get_num_held_tokens(kv_cache_manager: KVCacheManager, requests: Iterable[KVC
     pool = kv_cache_manager.block_pool
     num_used = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
     num_empty = 0
-    get = kv_cache_manager.req_to_blocks.get
-    for request in requests:
-        blocks = get(request.request_id)
-        if blocks:
-            num_empty += max(0, len(blocks) * block_size - request.num_computed_tokens)
+    # NOTE: hybrid KV-cache groups: each group's table has its own empty tail (a sliding
+    # group's null entries are no block, so not in num_used).
+    managers = getattr(kv_cache_manager, "single_type_managers", (kv_cache_manager,))
+    for get in [m.req_to_blocks.get for m in managers]:
+        for request in requests:
+            blocks = get(request.request_id)
+            if blocks:
+                num_empty += max(0, len(blocks) * block_size - request.num_computed_tokens)
     return num_used * block_size - num_empty
 
 

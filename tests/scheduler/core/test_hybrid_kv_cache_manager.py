@@ -222,3 +222,28 @@ def test_priority_retention_keeps_the_higher_prioritys_blocks_in_every_group():
     # take the seven unhashed, all of priority 5's, then priority 0's oldest (2).
     admit(m, req("z", range(100, 112)))
     assert {b.block_id for b in m.block_pool.blocks if b.block_hash is not None} - set(sum(m.get_block_ids("z"), [])) == {1, 3, 4}
+
+
+def test_token_usage_counts_each_groups_held_slots(m):
+    from scheduler.core.kv_cache_usage import get_num_held_tokens, get_peak_usage
+
+    a = req("a", range(10))
+    admit(m, a)
+    assert get_num_held_tokens(m, [a]) == 20  # 5 full blocks in each group
+    decode(m, a, 10)
+    # Full: 11 tokens in 6 blocks. Sliding: positions 6..10 in 3 blocks (3 nulled).
+    assert get_num_held_tokens(m, [a]) == 11 + 5
+    assert get_peak_usage(m) == pytest.approx(10 / 15)
+
+
+def test_residency_metrics_read_the_one_pool():
+    from scheduler.core.block_residency import residency_pool_factory
+
+    m = HybridKVCacheManager(8, BS, 64, [0, 4], pool_factory=residency_pool_factory())
+    a = req("a", range(6))
+    admit(m, a)  # 3 + 3 blocks, all cached
+    m.free(a)
+    admit(m, req("z", range(50, 62)))  # 6 + 6 blocks > 7: refused, nothing evicted
+    assert m.block_pool.take_residency().lifetimes == []
+    admit(m, req("z", range(50, 56)))  # 3 + 3 blocks: one unhashed, five of a's evicted
+    assert len(m.block_pool.take_residency().lifetimes) == 5

@@ -67,6 +67,19 @@ def test_to_wire_event_fills_what_vllm_fills():
     assert to_wire_event(BlockRemoved([h[2]])).block_hashes == [0x0202020202020202]
 
 
+def test_a_hybrid_groups_events_carry_its_index_kind_and_window_as_vllms():
+    h = [bytes([i]) * 32 for i in range(3)]
+    stored = to_wire_event(BlockStored(h[1:], h[0], list(range(8)), 4, group_idx=2, sliding_window=512), int_block_hashes=False)
+    assert stored == wire.BlockStored(
+        block_hashes=h[1:], parent_block_hash=h[0], token_ids=list(range(8)), block_size=4, lora_id=None,
+        medium="GPU", lora_name=None, group_idx=2, kv_cache_spec_kind="sliding_window", kv_cache_spec_sliding_window=512,
+    )  # fmt: skip
+    full = to_wire_event(BlockStored(h[1:], None, [], 4, group_idx=5), int_block_hashes=False)
+    assert (full.group_idx, full.kv_cache_spec_kind, full.kv_cache_spec_sliding_window) == (5, "full_attention", None)
+    removed = to_wire_event(BlockRemoved([h[2]], group_idx=3), int_block_hashes=False)
+    assert removed == wire.BlockRemoved(block_hashes=[h[2]], medium="GPU", group_idx=3)
+
+
 def test_host_tier_events_go_out_as_vllms_offloading_connector_sends_them():
     h = [bytes([i]) * 32 for i in range(3)]
     stored = to_wire_event(BlockStored(h[1:], None, [], 4, "CPU"), int_block_hashes=False)
