@@ -81,6 +81,12 @@ class HybridKVCacheManager:
         # (request_id, group) -> leading null entries not yet reported (`take_nulled`).
         self._nulled: dict[tuple[str, int], int] = {}
 
+    def num_blocks_needed(self, num_tokens: int) -> int:
+        """Blocks a new request of ``num_tokens`` tokens needs in every group together, as
+        the admission gate counts them: a sliding group's capped at its plateau."""
+        n = cdiv(num_tokens, self.block_size)
+        return sum(n if cap is None else min(n, cap) for cap in self.max_admission_blocks)
+
     @property
     def usage(self) -> float:
         return self.block_pool.get_usage()

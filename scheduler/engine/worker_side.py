@@ -201,7 +201,8 @@ class WorkerSide:
             state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl, **policy_kwargs(c)
         )
         self.metrics.set_cache_config_info(cache_config_info(c, num_blocks))
-        state.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1)
+        state.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1,
+                                     getattr(state.kv, "num_blocks_needed", None))  # fmt: skip
         state.eos_token_ids = tuple(hello.eos_token_ids) or (hello.eos_token_id,)
         state.model_identity = (hello.architecture, hello.model_hash)
         log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d), --kv-eviction-policy %s%s", num_blocks, c.block_size,

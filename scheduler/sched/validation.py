@@ -6,6 +6,7 @@ nothing else changes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocol.client_messages import Generate
@@ -29,6 +30,9 @@ class RequestLimits:
     block_size: int
     # Usable blocks (the null block excluded).
     num_usable_blocks: int
+    # Hybrid KV-cache groups: the blocks a request of n cached tokens needs over every group
+    # (HybridKVCacheManager.num_blocks_needed); None: one group, cdiv(n, block_size).
+    num_blocks_needed: Callable[[int], int] | None = None
 
 
 def validate_generate(msg: Generate, limits: RequestLimits, live_request_ids) -> None:
@@ -57,7 +61,7 @@ def validate_generate(msg: Generate, limits: RequestLimits, live_request_ids) ->
             f"prompt ({n} tokens) + max_tokens ({msg.max_tokens}) = {total} is over max_model_len ({limits.max_model_len})"
         )
     # NOTE: the last sampled token is never written to the cache, hence total - 1.
-    blocks = -(-(total - 1) // limits.block_size)
+    blocks = -(-(total - 1) // limits.block_size) if limits.num_blocks_needed is None else limits.num_blocks_needed(total - 1)
     if blocks > limits.num_usable_blocks:
         raise RequestRejected(
             f"request needs {blocks} KV blocks but the whole pool holds {limits.num_usable_blocks}"

@@ -211,7 +211,9 @@ def test_priority_retention_keeps_the_higher_prioritys_blocks_in_every_group():
     from scheduler.core.eviction_policies import eviction_pool_factory
     from scheduler.core.priority_retention import PriorityHybridKVCacheManager
 
-    m = PriorityHybridKVCacheManager(16, BS, 64, [0, 4], pool_factory=eviction_pool_factory("lru", "priority"))
+    m = PriorityHybridKVCacheManager(
+        16, BS, 64, [0, 4], pool_factory=eviction_pool_factory("lru", "priority")
+    )
     hi, lo = req("hi", range(4)), req("lo", range(10, 14))
     lo.priority = 5
     admit(m, hi)  # full 1, 2; sliding 3, 4
@@ -221,7 +223,9 @@ def test_priority_retention_keeps_the_higher_prioritys_blocks_in_every_group():
     # Free: 9..15 unhashed; cached by class: 0 -> 2 1 4 3, 5 -> 6 5 8 7. Twelve blocks
     # take the seven unhashed, all of priority 5's, then priority 0's oldest (2).
     admit(m, req("z", range(100, 112)))
-    assert {b.block_id for b in m.block_pool.blocks if b.block_hash is not None} - set(sum(m.get_block_ids("z"), [])) == {1, 3, 4}
+    assert {b.block_id for b in m.block_pool.blocks if b.block_hash is not None} - set(
+        sum(m.get_block_ids("z"), [])
+    ) == {1, 3, 4}
 
 
 def test_token_usage_counts_each_groups_held_slots(m):
@@ -247,3 +251,20 @@ def test_residency_metrics_read_the_one_pool():
     assert m.block_pool.take_residency().lifetimes == []
     admit(m, req("z", range(50, 56)))  # 3 + 3 blocks: one unhashed, five of a's evicted
     assert len(m.block_pool.take_residency().lifetimes) == 5
+
+
+def test_a_request_the_pool_can_never_hold_is_rejected_counting_every_group():
+    from protocol.client_messages import Generate
+    from scheduler.sched.validation import RequestLimits, RequestRejected, validate_generate
+
+    # Window 4, 4 tokens in flight: a sliding table plateaus at 5 blocks.
+    m = HybridKVCacheManager(16, BS, 64, [0, 4], max_num_batched_tokens=4)
+    assert [m.num_blocks_needed(n) for n in (1, 8, 9, 20)] == [2, 8, 10, 15]
+    limits = RequestLimits(512, 64, BS, 15, m.num_blocks_needed)
+    validate_generate(
+        Generate("a", list(range(2, 19)), max_tokens=4), limits, ()
+    )  # 21 tokens, 20 cached: 10 + 5
+    with pytest.raises(RequestRejected, match="needs 16 KV blocks but the whole pool holds 15"):
+        validate_generate(
+            Generate("b", list(range(2, 19)), max_tokens=6), limits, ()
+        )  # 22 cached: 11 + 5
