@@ -24,6 +24,12 @@ the host tier's hit rate, both tiers' together, loads, GB stored and loaded
 (``--kv-bytes-per-token``) and the seconds the loads cost, each charged
 ``bytes / --offload-bandwidth-gbps`` in its step.
 
+Hybrid KV-cache groups (sliding-window layers, simulator/layer_windows.py):
+``--layer-windows 512x5,0 --num-layers 26`` (or ``--sliding-window 512
+--sliding-window-pattern 6``) runs the server's HybridKVCacheManager over the groups
+the server would make; --num-blocks counts blocks of that model (a block spans
+fewer layers' KV than an all-full model's: same bytes, more blocks).
+
     python -m simulator --trace conversation_trace.jsonl --num-blocks 100000,200000 \\
         --policy vllm,tail,forward --result-json out.json --plot out.png
 """
@@ -46,6 +52,7 @@ from scheduler.sched.policy_options import add_policy_args, check_scheduler_opti
 from simulator.engine import SimConfig, simulate
 from simulator.fleet_cli import add_fleet_args, check_fleet_args, fleet_main
 from simulator.free_policies import FREE_POLICIES
+from simulator.layer_windows import add_layer_window_args, group_windows_from_args
 from simulator.plot import plot_hit_rates
 from simulator.result import SimResult
 from simulator.retention import eviction_policy_list
@@ -125,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kv-bytes-per-token", type=int, default=d.kv_bytes_per_token,
                    help="KV bytes of one token over all layers, for bytes moved (default %(default)s: Llama-3-8B, bfloat16; "
                         "an fp8 --kv-cache-dtype stores half: 65536)")
+    add_layer_window_args(p)
     add_fleet_args(p)
     g = p.add_argument_group("output")
     g.add_argument("--result-json", default=None, help='write {"results": [...]} here')
@@ -176,10 +184,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if a.vocab_size <= 2:
         p.error("--vocab-size must be > 2")
     check_fleet_args(p, a)
+    _check_groups(p, a)
     for flag, path in (("--result-json", a.result_json), ("--plot", a.plot)):
         if path is not None:
             _check_output_path(p, flag, Path(path))
     return a
+
+
+def _check_groups(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Sets ``a.groups`` (the KV-cache groups, or None) and ``a.group_windows``; refuses
+    with hybrid groups what the server refuses with them."""
+    found = group_windows_from_args(p, a)
+    a.groups = None if found is None else found[0]
+    a.group_windows = () if found is None else tuple(g.sliding_window for g in found[0])
+    if len(a.group_windows) > 1 or any(a.group_windows):
+        if any(a.kv_offloading_blocks) or a.kv_eviction_policy != ["lru"] or a.policy != ["vllm"] or a.replicas:
+            p.error("hybrid KV-cache groups run with --kv-eviction-policy lru, --policy vllm, no --kv-offloading-blocks and no --replicas")
 
 
 def _check_output_path(p: argparse.ArgumentParser, flag: str, path: Path) -> None:
@@ -261,7 +281,7 @@ def sim_config(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, pol
         num_host_blocks, a.kv_offloading_store, a.offload_bandwidth_gbps, a.kv_bytes_per_token,
         a.scheduler_reserve_full_isl, a.scheduling_policy, a.long_prefill_token_threshold,
         a.long_prefill_token_threshold_adaptive, a.enable_chunked_prefill, a.watermark, a.max_num_scheduled_tokens,
-        a.max_num_active_seqs, eviction, a.pin_prefix_tokens, a.max_pinned_fraction,
+        a.max_num_active_seqs, eviction, a.pin_prefix_tokens, a.max_pinned_fraction, getattr(a, "group_windows", ()),
     )  # fmt: skip
 
 
@@ -279,6 +299,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{source}: {len(workload)} requests, block size {a.block_size}, max_num_seqs {a.max_num_seqs}, "
           f"max_num_batched_tokens {a.max_num_batched_tokens}", file=sys.stderr)  # fmt: skip
+    if a.groups is not None:
+        from protocol.kv_cache_spec import num_kv_tensors
+
+        print(f"KV-cache groups: windows {list(a.group_windows)} over {sum(len(g.layer_ids) for g in a.groups)} layers; "
+              f"a block spans {num_kv_tensors(a.groups)} layers' KV", file=sys.stderr)  # fmt: skip
     if a.replicas:
         return fleet_main(a, workload, str(source))
     results = []

@@ -75,6 +75,8 @@ class SimConfig:
     # before the replay, as POST /v1/cache/pin would (the server's --max-pinned-fraction cap).
     pin_prefix_tokens: int = 0
     max_pinned_fraction: float = 0.5
+    # Hybrid KV-cache groups' windows (simulator/layer_windows.py); (): one full-attention group.
+    group_windows: tuple[int, ...] = ()
 
 
 def _percentile(values: list[int], q: float) -> float:
@@ -114,7 +116,8 @@ class _Run:
         self.token_base = workload.output_token_base
         self.tier = HostTier(cfg.num_host_blocks, bs) if cfg.num_host_blocks else None
         self.kv = retention_manager(cfg.num_blocks, bs, cfg.max_model_len, cfg.policy, cfg.eviction_policy, cfg.scheduling_policy,
-                                    cfg.max_pinned_fraction, host_tier=self.tier, offload_store=cfg.offload_store)  # fmt: skip
+                                    cfg.max_pinned_fraction, cfg.group_windows, cfg.max_num_batched_tokens, host_tier=self.tier,
+                                    offload_store=cfg.offload_store)  # fmt: skip
         self.sched = scheduler_class(cfg.scheduling_policy)(
             self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.reserve_full_sequence, **policy_kwargs(cfg)
         )
@@ -122,7 +125,7 @@ class _Run:
         if cfg.pin_prefix_tokens >= bs and n:
             pin_first_prefix(self.kv, workload, self.order[0], self.hasher, cfg.pin_prefix_tokens // bs)
         # NOTE: prompt token ids lie below the output ones (simulator/workload.py).
-        self.limits = RequestLimits(OUTPUT_TOKEN_BASE, cfg.max_model_len, bs, num_usable_blocks=cfg.num_blocks - 1)
+        self.limits = RequestLimits(OUTPUT_TOKEN_BASE, cfg.max_model_len, bs, cfg.num_blocks - 1, getattr(self.kv, "num_blocks_needed", None))
         self.block_bytes = cfg.kv_bytes_per_token * bs
         self.overhead_ns = round(cfg.step_overhead_ms * 1e6)
         self.per_token_ns = round(cfg.ms_per_token * 1e6)
@@ -151,7 +154,8 @@ class _Run:
                 self.now = self.specs[self.order[self.next_arrival]].arrival_ns
                 continue
             step_ns, num_sampled, any_finished = self.step(out)
-            if self.cfg.fast_forward and self.is_repeatable_decode(out, num_sampled, any_finished, host_evictions):
+            # NOTE: fast-forward replays one group's decode allocations; hybrid groups step every decode.
+            if self.cfg.fast_forward and out.plan.groups is None and self.is_repeatable_decode(out, num_sampled, any_finished, host_evictions):
                 self.fast_forward(step_ns)
 
     def admit_arrivals(self) -> None:

@@ -11,6 +11,7 @@ their KV taken as computed already (no request, nothing counted).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 from scheduler.core.eviction_policies import (
     KV_EVICTION_POLICIES,
@@ -18,18 +19,28 @@ from scheduler.core.eviction_policies import (
     kv_cache_manager_class,
 )
 from scheduler.core.hashing import BlockHasher
+from scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from scheduler.core.kv_cache_manager import KVCacheManager
 from simulator.free_policies import pool_class
 from simulator.workload import Workload
 
 
 def retention_manager(num_blocks: int, block_size: int, max_model_len: int, free_policy: str, eviction_policy: str, scheduling_policy: str,
-                      max_pinned_fraction: float, **kwargs) -> KVCacheManager:  # fmt: skip
+                      max_pinned_fraction: float, group_windows: Sequence[int] = (), max_num_batched_tokens: int | None = None,
+                      **kwargs) -> KVCacheManager | HybridKVCacheManager:  # fmt: skip
+    """The manager of one simulated engine; ``group_windows``: hybrid KV-cache groups'
+    windows (simulator/layer_windows.py), () for one full-attention group."""
     base = pool_class(free_policy)
     factory = eviction_pool_factory(eviction_policy, scheduling_policy, base=base)
     if factory is not base and free_policy != "vllm":
         # NOTE: the what-if free policies move blocks in the free queue's list themselves.
         raise ValueError(f"free policy {free_policy!r} orders the LRU queue only: use it with eviction policy lru and fcfs scheduling")
+    if len(group_windows) > 1 or any(group_windows):
+        # As the server refuses them (scheduler/engine/worker_checks.py).
+        if eviction_policy != "lru" or free_policy != "vllm" or kwargs.get("host_tier") is not None:
+            raise ValueError("hybrid KV-cache groups run with --kv-eviction-policy lru, --policy vllm and no host tier only")
+        return kv_cache_manager_class(scheduling_policy, hybrid=True)(num_blocks, block_size, max_model_len, group_windows, pool_factory=factory,
+                                                                      max_num_batched_tokens=max_num_batched_tokens)  # fmt: skip
     return kv_cache_manager_class(scheduling_policy)(num_blocks, block_size, max_model_len, pool_factory=factory,
                                                      max_pinned_fraction=max_pinned_fraction, **kwargs)  # fmt: skip
 
