@@ -18,7 +18,15 @@ from scheduler.engine.worker_side import WorkerSide
 
 
 def build(group_windows: list[int], **config):
-    hello = WorkerHello(rank=0, world_size=1, num_blocks=64, block_size=16, vocab_size=512, eos_token_id=1, group_windows=group_windows)
+    hello = WorkerHello(
+        rank=0,
+        world_size=1,
+        num_blocks=64,
+        block_size=16,
+        vocab_size=512,
+        eos_token_id=1,
+        group_windows=group_windows,
+    )
     side = SimpleNamespace(
         config=dataclasses.replace(SchedulerConfig(), **config), state=SimpleNamespace(kv=None, scheduler=None),
         kv_event_sink=None, metrics=SimpleNamespace(set_cache_config_info=lambda info: None), pool_group_windows=None,
@@ -49,3 +57,26 @@ def test_the_pool_follows_the_hellos_groups(windows, policy, cls):
         assert kv.pinned.num_pinned_blocks == 0
     else:
         assert kv.num_groups == 1
+
+
+def test_metrics_read_the_one_hybrid_pool():
+    from scheduler.core.hashing import BlockHasher
+    from scheduler.engine.metrics import SchedulerMetrics
+    from scheduler.sched.request import Request
+
+    side = build([8, 0], block_size=16)
+    sched, kv = side.state.scheduler, side.state.kv
+    sched.add_request(Request("a", list(range(2, 42)), 4, block_hasher=BlockHasher(16)))
+    sched.schedule()  # 40 tokens: 3 blocks in each group
+    metrics = SchedulerMetrics("m")
+    metrics.update(sched, kv)
+    values = {
+        line.split("{")[0]: float(line.split()[-1])
+        for line in metrics.render().decode().splitlines()
+        if not line.startswith("#")
+    }
+    assert values["vllm:kv_cache_usage_perc"] == pytest.approx(6 / 63)  # 3 blocks in each group
+    assert values["kvpool_kv_cache_token_usage_perc"] == pytest.approx(
+        80 / (63 * 16)
+    )  # 40 tokens in each group
+    assert values["vllm:prefix_cache_queries_total"] == 40
