@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.group_events import GroupKeyedEventSink
 from scheduler.core.grouped_blocks import GroupedBlocks
+from scheduler.core.hybrid_cache_hit import HybridCacheHit
 from scheduler.core.hybrid_pins import HybridPins
 from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
 from scheduler.core.kv_cache_manager import PoolFactory
@@ -61,12 +62,7 @@ class HybridKVCacheManager:
             else SlidingWindowManager(self.block_pool, block_size, g, enable_caching, w)
             for g, w in enumerate(group_windows)
         )  # fmt: skip
-        # vLLM's attention groups: groups of one spec looked up together, full attention first.
-        specs: dict[int, list[int]] = {}
-        for g, w in enumerate(group_windows):
-            specs.setdefault(w, []).append(g)
-        self.attention_groups = sorted(specs.items(), key=lambda item: item[0] != 0)
-        self._simple_hybrid = len(self.attention_groups) == 2 and self.attention_groups[0][0] == 0
+        self.cache_hit = HybridCacheHit(self.single_type_managers, self.block_pool, block_size)
         # vLLM's admission cap of a sliding group (SlidingWindowSpec.max_admission_blocks_per_request,
         # one step in flight): its blocks plateau there, since the window's are freed before each chunk.
         num_in_flight = max_model_len if max_num_batched_tokens is None else max_num_batched_tokens
@@ -116,36 +112,8 @@ class HybridKVCacheManager:
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_length: int
     ) -> tuple[GroupedBlocks, int]:
-        """vLLM's fixed point: each attention type accepts the candidate length or
-        shortens it; full attention is looked up once (its hits are a prefix)."""
-        bs, pool, managers = self.block_size, self.block_pool, self.single_type_managers
-        hit_blocks: list[list[KVCacheBlock] | None] = [None] * self.num_groups
-        full_hit_length = None
-        hit_length = max_length
-        while True:
-            curr = hit_length
-            for window, group_ids in self.attention_groups:
-                if window == 0 and full_hit_length is not None:
-                    curr = min(curr, full_hit_length)
-                    continue
-                blocks, curr = type(managers[group_ids[0]]).find_longest_cache_hit(
-                    block_hashes, curr, group_ids, pool, bs, window
-                )
-                if window == 0:
-                    full_hit_length = curr
-                for g, group_blocks in zip(group_ids, blocks, strict=True):
-                    hit_blocks[g] = group_blocks
-            if curr >= hit_length:
-                break
-            hit_length = curr
-            if self._simple_hybrid:
-                break
-        num_blocks = cdiv(hit_length, bs)
-        for window, group_ids in self.attention_groups:
-            if window == 0:
-                for g in group_ids:
-                    del hit_blocks[g][num_blocks:]
-        return GroupedBlocks(tuple(b if b is not None else [] for b in hit_blocks)), hit_length
+        """The longest prefix of at most ``max_length`` tokens cached in every group."""
+        return self.cache_hit.find(block_hashes, max_length)
 
     def prefix_cache_lookup_enabled(self, request: KVCacheRequest) -> bool:
         return self.enable_caching and not request.skip_reading_prefix_cache
