@@ -1,0 +1,87 @@
+"""``python -m scheduler`` with a worker whose hello says hybrid KV-cache groups (a full
+group and a sliding window of 32 tokens), over real sockets: the outputs are the
+deterministic ones (kvtest.fake_worker), every plan applies cleanly to a replica of the
+worker's per-group tables (kvtest.group_tables) and nulls sliding entries, a shared
+prefix hits, the pool is empty at the end; a worker offering a host tier is refused
+by flag when the scheduler runs with --kv-offloading-size."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from kvtest.group_tables import GroupTables
+from kvtest.scheduler_harness import (
+    Setup,
+    WorkerThread,
+    expected_tokens,
+    metric,
+    prompt_of,
+    tokens_of,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+WINDOWS = [0, 32]
+
+
+class HybridWorkerThread(WorkerThread):
+    """A WorkerThread whose hello says ``group_windows``; its plans also rebuild the groups' tables."""
+
+    def __init__(self, *args, group_windows: list[int], **kw):
+        self.group_windows = group_windows
+        self.tables = GroupTables(len(group_windows))
+        self.num_nulled = 0
+        super().__init__(*args, **kw)
+
+    def _hello(self):
+        return msgspec.structs.replace(super()._hello(), group_windows=self.group_windows)
+
+    def _execute(self, plan):
+        try:
+            self.tables.apply(plan)
+        except (AssertionError, KeyError) as e:
+            self.errors.append(f"step {plan.step_id}: groups: {e!r}")
+        self.num_nulled += len(plan.groups.nulled) if plan.groups is not None else 0
+        return super()._execute(plan)
+
+
+@pytest.fixture
+def setup():
+    s = Setup(start_worker=False)
+    try:
+        s.worker = HybridWorkerThread(s.ctx, s.sched.worker_address, group_windows=WINDOWS)
+        assert s.worker.ready.wait(10), "no WorkerReady"
+        s.sched.wait_health(200)
+        yield s
+    finally:
+        s.close()
+
+
+def test_hybrid_groups_serve_over_real_sockets(setup):
+    client, worker = setup.client, setup.worker
+    shared = prompt_of(3, 64)
+    prompts = [shared + prompt_of(10 + i, 20) for i in range(3)]
+    for i, prompt in enumerate(prompts):
+        assert tokens_of(client.generate(f"r{i}", prompt, 40)) == expected_tokens(prompt, 40)
+    assert worker.errors == []
+    assert worker.num_nulled > 0
+    m = setup.wait_idle()
+    # The second and third prompts hit the first's 4 shared blocks (64 tokens).
+    assert metric(m, "vllm:prefix_cache_hits_total") == 2 * 64
+
+
+def test_a_host_tier_is_refused_by_its_flag():
+    s = Setup("--kv-offloading-size", "0.01", start_worker=False)
+    try:
+        w = HybridWorkerThread(
+            s.ctx, s.sched.worker_address, group_windows=WINDOWS, num_host_blocks=8
+        )
+        s.worker = w
+        assert w.got_shutdown.wait(10) and not w.ready.is_set()
+        s.sched.proc.terminate()
+        s.sched.proc.wait(timeout=10)
+        assert (
+            "--kv-offloading-size 0.01: the host tier is not supported with hybrid KV-cache groups"
+            in s.sched.output()
+        )
+    finally:
+        s.close()
