@@ -1,6 +1,6 @@
 """HybridKVCacheManager held against vLLM 0.32's own KVCacheManager (``-m compare``):
 both, over the same hybrid groups (a full-attention group and sliding-window groups),
-pool size and block size, caching on, go through the same random admissions (prompts
+pool size and block size, caching on (and off), go through the same random admissions (prompts
 sharing prefixes, chunked or whole, the admission gate on or off), prefill chunks,
 decode steps, frees and preemptions; after every operation their answers (hit
 length, new block ids per group), every request's block ids per group, the free
@@ -21,15 +21,18 @@ from scheduler.sched.request import Request
 
 pytestmark = [pytest.mark.compare, pytest.mark.timeout(600)]
 
-# (windows, block_size, num_blocks): full + sliding, sliding first, Gemma 3's shape
-# (several groups of one window and a full one), two windows, one sliding group alone.
+# (windows, block_size, num_blocks, caching): full + sliding, sliding first, Gemma 3's
+# shape (several groups of one window and a full one), two windows, one sliding group
+# alone; and prefix caching off (vLLM's KVCacheCoordinatorNoPrefixCache).
 CONFIGS = [
-    ([0, 4], 2, 40),
-    ([4, 0], 2, 40),
-    ([8, 8, 0], 4, 48),
-    ([4, 0, 7], 2, 64),
-    ([6], 2, 24),
-    ([0, 16], 4, 32),
+    ([0, 4], 2, 40, True),
+    ([4, 0], 2, 40, True),
+    ([8, 8, 0], 4, 48, True),
+    ([4, 0, 7], 2, 64, True),
+    ([6], 2, 24, True),
+    ([0, 16], 4, 32, True),
+    ([0, 4], 2, 40, False),
+    ([5, 5, 0], 2, 48, False),
 ]
 SEEDS = range(4)
 NUM_OPS = 120
@@ -92,6 +95,7 @@ def run_ours(case: dict) -> list[dict]:
         bs,
         case["max_model_len"],
         case["windows"],
+        case["enable_caching"],
         max_num_batched_tokens=case["max_num_batched_tokens"],
     )
     requests: dict[str, Request] = {}
@@ -149,11 +153,11 @@ def run_ours(case: dict) -> list[dict]:
 
 def cases() -> list[dict]:
     out = []
-    for windows, bs, num_blocks in CONFIGS:
+    for windows, bs, num_blocks, caching in CONFIGS:
         for seed in SEEDS:
             ops = random_ops(random.Random(f"{windows}/{seed}"), bs)
             out.append({"windows": windows, "block_size": bs, "num_blocks": num_blocks, "max_model_len": MAX_MODEL_LEN,
-                        "max_num_batched_tokens": MAX_BATCHED, "ops": ops})  # fmt: skip
+                        "max_num_batched_tokens": MAX_BATCHED, "enable_caching": caching, "ops": ops})  # fmt: skip
     return out
 
 

@@ -1,5 +1,5 @@
 """Drives vLLM 0.32's own KVCacheManager over a hybrid KVCacheConfig (one group per
-window, 0 full attention; one block size, caching on) through the operations of
+window, 0 full attention; one block size; caching on or off) through the operations of
 tests/scheduler/core/test_hybrid_vs_vllm.py, and prints its state after each one.
 Run with the vLLM venv: ``.venv-vllm/bin/python THIS < cases.json``.
 
@@ -47,7 +47,7 @@ def run(case: dict) -> list[dict]:
         scheduler_block_size=bs,
         hash_block_size=bs,
         max_in_flight_tokens=case["max_num_batched_tokens"],
-        enable_caching=True,
+        enable_caching=case["enable_caching"],
         log_stats=True,
     )
     requests: dict[str, Request] = {}
