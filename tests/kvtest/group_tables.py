@@ -20,7 +20,9 @@ class GroupTables:
         for row in [*plan.new_rows, *plan.resumed_rows]:
             assert row.seq_id not in self.rows, f"row {row.seq_id} sent whole twice"
             rest = groups.rows.get(row.seq_id, []) if groups is not None else []
-            assert len(rest) == self.num_groups - 1, f"row {row.seq_id}: {len(rest)} tables beyond group 0"
+            assert len(rest) == self.num_groups - 1, (
+                f"row {row.seq_id}: {len(rest)} tables beyond group 0"
+            )
             self.rows[row.seq_id] = [list(row.block_ids), *map(list, rest)]
         for a in plan.appended:
             self.rows[a.seq_id][0].extend(a.block_ids)

@@ -17,6 +17,8 @@ def test_disable_hybrid_refuses_several_windows_as_vllm():
     from protocol.kv_cache_spec import kv_cache_groups
 
     # One window and full layers: one full group of every layer.
-    assert [(g.layer_ids, g.sliding_window) for g in kv_cache_groups([8, 0, 8], disable_hybrid=True)] == [([0, 1, 2], 0)]
+    assert [
+        (g.layer_ids, g.sliding_window) for g in kv_cache_groups([8, 0, 8], disable_hybrid=True)
+    ] == [([0, 1, 2], 0)]
     with pytest.raises(ValueError, match="--disable-hybrid-kv-cache-manager"):
         kv_cache_groups([8, 0, 16], disable_hybrid=True)

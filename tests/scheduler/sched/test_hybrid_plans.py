@@ -21,17 +21,23 @@ from scheduler.sched.request import Request, RequestStatus
 BS = 4
 
 
-def run(windows: list[int], num_blocks: int, seed: int, policy: str = "fcfs", budget: int = 24) -> dict:
+def run(
+    windows: list[int], num_blocks: int, seed: int, policy: str = "fcfs", budget: int = 24
+) -> dict:
     rng = random.Random(seed)
     hasher = BlockHasher(BS)
     pool = eviction_pool_factory("lru", policy)
-    kv = kv_cache_manager_class(policy, hybrid=True)(num_blocks, BS, 128, windows, pool_factory=pool, max_num_batched_tokens=budget)
+    kv = kv_cache_manager_class(policy, hybrid=True)(
+        num_blocks, BS, 128, windows, pool_factory=pool, max_num_batched_tokens=budget
+    )
     sched = scheduler_class(policy)(kv, 6, budget, 128)
     replica = GroupTables(len(windows))
     prefix = [rng.randrange(2, 60) for _ in range(12)]
     seen = {"nulled": 0, "group_appends": 0, "preemptions": 0, "rows": 0}
     for i in range(14):
-        prompt = prefix[: rng.randrange(0, 13)] + [rng.randrange(2, 60) for _ in range(rng.randrange(1, 30))]
+        prompt = prefix[: rng.randrange(0, 13)] + [
+            rng.randrange(2, 60) for _ in range(rng.randrange(1, 30))
+        ]
         sched.add_request(Request(f"r{i}", prompt, rng.randrange(1, 30), seq_id=i, ignore_eos=True, eos_token_id=1,
                                   block_hasher=hasher, priority=rng.randrange(3)))  # fmt: skip
     for step in range(400):
@@ -50,16 +56,22 @@ def run(windows: list[int], num_blocks: int, seed: int, policy: str = "fcfs", bu
         seen["rows"] += len(plan.new_rows) + len(plan.resumed_rows)
         assert set(replica.rows) == {r.seq_id for r in sched.running}
         for r in sched.running:
-            assert replica.rows[r.seq_id] == kv.get_block_ids(r.request_id), f"step {plan.step_id} row {r.seq_id}"
+            assert replica.rows[r.seq_id] == kv.get_block_ids(r.request_id), (
+                f"step {plan.step_id} row {r.seq_id}"
+            )
         kv.check_invariants()
         seq_ids = [r.seq_id for r in out.sampling]
-        sched.update_from_output(StepResult(plan.step_id, seq_ids, [rng.randrange(2, 60) for _ in seq_ids]))
+        sched.update_from_output(
+            StepResult(plan.step_id, seq_ids, [rng.randrange(2, 60) for _ in seq_ids])
+        )
     assert not sched.has_unfinished_requests()
     assert kv.usage == 0.0
     return seen
 
 
-@pytest.mark.parametrize("windows,num_blocks", [([0, 8], 40), ([8, 0], 40), ([5, 5, 0], 50), ([6], 10)])
+@pytest.mark.parametrize(
+    "windows,num_blocks", [([0, 8], 40), ([8, 0], 40), ([5, 5, 0], 50), ([6], 10)]
+)
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 def test_the_plans_deltas_rebuild_every_groups_tables(windows, num_blocks, policy):
     seen = {"nulled": 0, "group_appends": 0, "preemptions": 0, "rows": 0}
