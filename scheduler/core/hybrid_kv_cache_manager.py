@@ -13,8 +13,10 @@ blocks per group (`GroupedBlocks`) where that returns one list:
   then every group grows to the same length;
 * free: group by group, each table last block first.
 
-Not supported with hybrid groups (refused where the pool is built): the host tier,
-pins (`HybridPins` refuses them) and another eviction policy than LRU.
+Not supported with hybrid groups (refused where the pool is built, by flag): the host
+tier and an eviction policy other than LRU (LRU by priority class, under
+--scheduling-policy priority, works: priority_retention.py); pins (`HybridPins` refuses
+them).
 """
 
 from __future__ import annotations
@@ -267,8 +269,9 @@ class HybridKVCacheManager:
 
     def check_invariants(self) -> None:
         """Pool invariants, plus: each held block's ref_cnt is the number of tables
-        holding it; a request's tables are equally long in every group; a sliding
-        table's null entries are its leading ones, and cover no block in its window."""
+        holding it (null entries own nothing); a request's tables are equally long in
+        every group; a table's null entries are exactly its leading ones (none in a
+        full-attention group)."""
         self.block_pool.check_invariants()
         owners: dict[int, int] = {}
         lengths: dict[str, int] = {}
