@@ -4,19 +4,23 @@ pool size and block size, caching on (and off), go through the same random admis
 sharing prefixes, chunked or whole, the admission gate on or off), prefill chunks,
 decode steps, frees and preemptions; after every operation their answers (hit
 length, new block ids per group), every request's block ids per group, the free
-blocks, usage and prefix-cache counts are equal. vLLM's side:
+blocks, usage, prefix-cache counts and the prefix cache's (hash, group) keys are equal,
+and our KV events are vLLM's (raw hash, group index, kind, window). vLLM's side:
 tests/scheduler/core/data/vllm_hybrid_driver.py, run in .venv-vllm."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 
 import pytest
 
-from scheduler.core.hashing import BlockHasher
 from scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
+from scheduler.core.kv_events import BlockRemoved, BlockStored, KVEventRecorder
+from scheduler.core.vllm_hashing import VllmBlockHasher
+from scheduler.engine.kv_event_publisher import to_wire_event
 from scheduler.sched.request import Request
 
 pytestmark = [pytest.mark.compare, pytest.mark.timeout(600)]
@@ -89,13 +93,16 @@ def random_ops(rng: random.Random, bs: int) -> list[list]:
 
 def run_ours(case: dict) -> list[dict]:
     bs = case["block_size"]
-    hasher = BlockHasher(bs)
+    # vLLM's own sha256 block hashes (PYTHONHASHSEED unset on both sides): equal keys.
+    hasher = VllmBlockHasher(bs, "sha256", None)
+    events = KVEventRecorder()
     kv = HybridKVCacheManager(
         case["num_blocks"],
         bs,
         case["max_model_len"],
         case["windows"],
         case["enable_caching"],
+        events,
         max_num_batched_tokens=case["max_num_batched_tokens"],
     )
     requests: dict[str, Request] = {}
@@ -138,6 +145,14 @@ def run_ours(case: dict) -> list[dict]:
             r.num_preemptions += 1
         kv.check_invariants()
         stats = kv.prefix_cache_stats
+        stored, removed = [], []
+        for event in events.take():
+            wire = to_wire_event(event, int_block_hashes=False)
+            if isinstance(event, BlockStored):
+                kind, window = wire.kv_cache_spec_kind, wire.kv_cache_spec_sliding_window
+                stored += [[h.hex(), wire.group_idx, kind, window] for h in wire.block_hashes]
+            elif isinstance(event, BlockRemoved):
+                removed += [[h.hex(), wire.group_idx] for h in wire.block_hashes]
         out.append({
             "result": result,
             "tables": {k: kv.get_block_ids(k) for k in sorted(requests)},
@@ -147,6 +162,9 @@ def run_ours(case: dict) -> list[dict]:
             "hits": stats.hits,
             "preempted_queries": stats.preempted_queries,
             "preempted_hits": stats.preempted_hits,
+            "keys": sorted(k.hex() for k in kv.block_pool.cached_block_hash_to_block.keys()),
+            "stored": stored,
+            "removed": removed,
         })  # fmt: skip
     return out
 
@@ -165,8 +183,9 @@ def cases() -> list[dict]:
 def both(real_vllm):
     all_cases = cases()
     script = real_vllm / "tests/scheduler/core/data/vllm_hybrid_driver.py"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"} | {"VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "0"}
     proc = subprocess.run([str(real_vllm / ".venv-vllm/bin/python"), str(script)], input=json.dumps(all_cases),
-                          capture_output=True, text=True, timeout=500)  # fmt: skip
+                          capture_output=True, text=True, timeout=500, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     theirs = json.loads(proc.stdout.strip().splitlines()[-1])
     return all_cases, theirs
@@ -177,7 +196,19 @@ def test_every_operation_leaves_the_same_state_as_vllms(both, index):
     all_cases, theirs = both
     case = all_cases[index]
     ours = run_ours(case)
+    keys: set[str] = set()
     for i, (op, mine, vllms) in enumerate(zip(case["ops"], ours, theirs[index], strict=True)):
-        assert mine == vllms, (
-            f"{case['windows']} op {i}: {op[:2]} {op[3:] if op[0] != 'admit' else op[3:]}"
-        )
+        where = f"{case['windows']} op {i}: {op[:2]} {op[3:]}"
+        events = {k: (mine.pop(k), vllms.pop(k)) for k in ("stored", "removed")}
+        assert mine == vllms, where
+        # Events: ours replayed on the cache's keys give its keys (one stored per new
+        # key, one removed per key gone); vLLM's say the same and more (a stored event
+        # for a duplicate's block, a removed one for each block evicted), with the same
+        # raw hash, group index, kind and window.
+        stored = {(h, g, kind, w) for h, g, kind, w in events["stored"][0]}
+        removed = {(h, g) for h, g in events["removed"][0]}
+        assert stored <= {tuple(e) for e in events["stored"][1]}, where
+        assert removed <= {tuple(e) for e in events["removed"][1]}, where
+        keys -= {h + g.to_bytes(4, "big").hex() for h, g in removed}  # vLLM's BlockHashWithGroupId
+        keys |= {h + g.to_bytes(4, "big").hex() for h, g, _, _ in stored}
+        assert keys == set(vllms["keys"]), where

@@ -25,6 +25,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
     SlidingWindowSpec,
 )
+from vllm.distributed.kv_events import BlockRemoved, BlockStored
 from vllm.v1.request import Request, RequestStatus
 
 
@@ -37,7 +38,7 @@ def spec(window: int, block_size: int):
 
 def run(case: dict) -> list[dict]:
     bs = case["block_size"]
-    hash_fn = get_hash_fn_by_name("sha256")
+    hash_fn = get_hash_fn_by_name("sha256")  # NOTE: PYTHONHASHSEED unset: vLLM's fixed NONE_HASH seed
     init_none_hash(hash_fn)
     hasher = get_request_block_hasher(bs, hash_fn)
     groups = [KVCacheGroupSpec([f"layer.{g}"], spec(w, bs)) for g, w in enumerate(case["windows"])]
@@ -49,6 +50,7 @@ def run(case: dict) -> list[dict]:
         max_in_flight_tokens=case["max_num_batched_tokens"],
         enable_caching=case["enable_caching"],
         log_stats=True,
+        enable_kv_cache_events=True,
     )
     requests: dict[str, Request] = {}
     running: set[str] = set()
@@ -93,6 +95,13 @@ def run(case: dict) -> list[dict]:
             r.status = RequestStatus.PREEMPTED
             r.num_preemptions += 1
         stats = kv.prefix_cache_stats
+        stored, removed = [], []
+        for event in kv.take_events():
+            if isinstance(event, BlockStored):
+                kind, window = event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window
+                stored += [[h.hex(), event.group_idx, kind, window] for h in event.block_hashes]
+            elif isinstance(event, BlockRemoved):
+                removed += [[h.hex(), event.group_idx] for h in event.block_hashes]
         out.append({
             "result": result,
             "tables": {k: [list(g) for g in kv.get_block_ids(k)] for k in sorted(requests)},
@@ -102,6 +111,10 @@ def run(case: dict) -> list[dict]:
             "hits": stats.hits,
             "preempted_queries": stats.preempted_queries,
             "preempted_hits": stats.preempted_hits,
+            # (hash, group) keys of the prefix cache, and this operation's KV events.
+            "keys": sorted(k.hex() for k in kv.block_pool.cached_block_hash_to_block._cache),
+            "stored": stored,
+            "removed": removed,
         })  # fmt: skip
     return out
 
