@@ -183,7 +183,9 @@ def cases() -> list[dict]:
 def both(real_vllm):
     all_cases = cases()
     script = real_vllm / "tests/scheduler/core/data/vllm_hybrid_driver.py"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"} | {"VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "0"}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"} | {
+        "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "0"
+    }
     proc = subprocess.run([str(real_vllm / ".venv-vllm/bin/python"), str(script)], input=json.dumps(all_cases),
                           capture_output=True, text=True, timeout=500, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -15,6 +15,7 @@ import json
 import sys
 
 import torch
+from vllm.distributed.kv_events import BlockRemoved, BlockStored
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -25,7 +26,6 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
     SlidingWindowSpec,
 )
-from vllm.distributed.kv_events import BlockRemoved, BlockStored
 from vllm.v1.request import Request, RequestStatus
 
 
@@ -38,7 +38,9 @@ def spec(window: int, block_size: int):
 
 def run(case: dict) -> list[dict]:
     bs = case["block_size"]
-    hash_fn = get_hash_fn_by_name("sha256")  # NOTE: PYTHONHASHSEED unset: vLLM's fixed NONE_HASH seed
+    hash_fn = get_hash_fn_by_name(
+        "sha256"
+    )  # NOTE: PYTHONHASHSEED unset: vLLM's fixed NONE_HASH seed
     init_none_hash(hash_fn)
     hasher = get_request_block_hasher(bs, hash_fn)
     groups = [KVCacheGroupSpec([f"layer.{g}"], spec(w, bs)) for g, w in enumerate(case["windows"])]
