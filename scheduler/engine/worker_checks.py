@@ -94,7 +94,8 @@ def check_group_windows(hello: WorkerHello, kv_offloading_size: float, kv_evicti
     windows = list(hello.group_windows)
     if any(w < 0 for w in windows):
         raise WorkerRefused(f"KV-cache group windows {windows}: a window is 0 (full attention) or more")
-    if current is not None and windows != current:
+    # NOTE: [] and [0] are both one full-attention group.
+    if current is not None and (windows if is_hybrid(windows) else []) != (current if is_hybrid(current) else []):
         raise WorkerRefused(f"KV-cache groups with windows {windows}, but the pool was built for {current}")
     if is_hybrid(windows):
         if kv_offloading_size > 0:

@@ -106,5 +106,6 @@ def test_hybrid_groups_refuse_what_they_do_not_support_by_its_flag():
     # A returning worker must bring the pool's groups.
     with pytest.raises(WorkerRefused, match=r"windows \[0, 128\], but the pool was built for \[\]"):
         check_group_windows(hello(group_windows=[0, 128]), 0.0, "lru", [])
+    assert check_group_windows(hello(group_windows=[0]), 0.0, "lru", []) == [0]  # one full group either way
     with pytest.raises(WorkerRefused, match="a window is 0"):
         check_group_windows(hello(group_windows=[0, -1]), 0.0, "lru", None)
