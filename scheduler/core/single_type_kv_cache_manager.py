@@ -203,6 +203,16 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self.num_null.pop(request_id, None)
         super().free(request_id)
 
+    def cache_blocks(self, request: KVCacheRequest, num_tokens: int) -> None:
+        if self.sliding_window == 1:
+            # NOTE: as vLLM's reachable_block_mask: a window of one token needs no block
+            # for a hit, so none can serve one and none is cached (no hit is ever found).
+            num_full_blocks = num_tokens // self.block_size
+            if self.num_cached_block.get(request.request_id, 0) < num_full_blocks:
+                self.num_cached_block[request.request_id] = num_full_blocks
+            return
+        super().cache_blocks(request, num_tokens)
+
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         # The next token (position num_computed_tokens) attends to (p - W, p].
         return max(0, num_computed_tokens - self.sliding_window + 1)

@@ -106,8 +106,9 @@ class HybridMachine(RuleBasedStateMachine):
         for i, b in enumerate(full):
             assert b.block_hash == req.block_hashes[i] + group_key(1 - self.sliding)
         # The sliding hit: nulls, then the blocks the window of the hit's end needs.
-        # NOTE: vLLM's search stops at its first hit when a window needs no block (W = 1).
-        num_needed = min(len(sliding), max(1, cdiv(self.window - 1, BLOCK_SIZE)))
+        # NOTE: a window of one token caches no block (vLLM's reachable_block_mask): no hit.
+        assert self.window > 1 or n == 0
+        num_needed = min(len(sliding), cdiv(self.window - 1, BLOCK_SIZE))
         assert all(b.is_null for b in sliding[: len(sliding) - num_needed])
         for i in range(len(sliding) - num_needed, len(sliding)):
             assert sliding[i].block_hash == req.block_hashes[i] + group_key(self.sliding)

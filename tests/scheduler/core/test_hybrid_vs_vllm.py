@@ -37,6 +37,7 @@ CONFIGS = [
     ([0, 16], 4, 32, True),
     ([0, 4], 2, 40, False),
     ([5, 5, 0], 2, 48, False),
+    ([0, 1], 2, 40, True),
 ]
 SEEDS = range(4)
 NUM_OPS = 120
