@@ -72,7 +72,10 @@ def serving_windows(config: ModelConfig, disable_sliding_window: bool, disable_h
     every layer full attention; --disable-hybrid-kv-cache-manager keeps every layer's KV
     in one full group, the layers still attending within their windows)."""
     windows = (0,) * config.num_layers if disable_sliding_window else tuple(config.layer_windows)
-    return windows, tuple(kv_cache_groups(windows, disable_hybrid))
+    try:
+        return windows, tuple(kv_cache_groups(windows, disable_hybrid))
+    except ValueError as e:  # e.g. --disable-hybrid-kv-cache-manager over several window sizes, refused as by vLLM
+        raise ModelConfigError(str(e)) from None
 
 
 def check_shardable(model_dir: str | None, world_size: int) -> None:

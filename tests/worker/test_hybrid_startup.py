@@ -69,3 +69,16 @@ def test_the_flags_reach_the_config():
     assert not c.disable_hybrid_kv_cache_manager and not c.disable_sliding_window
     c = config_from_args(["--device", "cpu", "--disable-hybrid-kv-cache-manager", "--disable-sliding-window"])
     assert c.disable_hybrid_kv_cache_manager and c.disable_sliding_window
+
+
+def test_groups_that_cannot_be_made_are_a_checkpoint_error(serving, monkeypatch):
+    # As vLLM, --disable-hybrid-kv-cache-manager refuses layers of several window sizes
+    # (protocol.kv_cache_spec raises ValueError): the worker exits 2 naming it, not a traceback.
+    import worker.serving_model as sm
+
+    def refuse(windows, disable_hybrid):
+        raise ValueError("--disable-hybrid-kv-cache-manager needs at most one sliding window size, got [8, 16]")
+
+    monkeypatch.setattr(sm, "kv_cache_groups", refuse)
+    with pytest.raises(sm.ModelConfigError, match="needs at most one sliding window size"):
+        sm.serving_windows(serving.config, False, True)
