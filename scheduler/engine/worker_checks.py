@@ -31,8 +31,6 @@ class PoolShape:
     # The model's identity from the first hello (architecture, hash of its config and weights).
     architecture: str = ""
     model_hash: str = ""
-    # The KV-cache groups' windows the pool was built for (WorkerHello.group_windows).
-    group_windows: tuple[int, ...] = ()
 
 
 def pool_size_for(
@@ -65,11 +63,6 @@ def pool_size_for(
                 f"was built for ({current.architecture or '?'} {current.model_hash or '?'})"
             )
         # NOTE: each mismatch is named alone, with both values: the operator fixes that one.
-        if tuple(hello.group_windows) != current.group_windows:
-            raise WorkerRefused(
-                f"KV-cache group windows {list(hello.group_windows)}, but the pool was built for {list(current.group_windows)} "
-                "(a worker with another --disable-hybrid-kv-cache-manager or --disable-sliding-window?)"
-            )
         if hello.vocab_size != current.vocab_size:
             raise WorkerRefused(
                 f"vocabulary of {hello.vocab_size} tokens, but the pool was built for a model with {current.vocab_size}"
@@ -102,11 +95,6 @@ def host_tier_size_for(hello: WorkerHello, kv_offloading_size: float, current: i
     built for an earlier worker, None before the first."""
     if kv_offloading_size <= 0:
         return 0  # the worker frees any host memory it offered
-    if len(hello.group_windows) > 1 or any(hello.group_windows):
-        raise WorkerRefused(
-            f"--kv-offloading-size {kv_offloading_size:g} GiB: a host KV tier is not supported with hybrid KV-cache groups "
-            f"(the worker's group windows {list(hello.group_windows)}); drop it, or serve with --disable-hybrid-kv-cache-manager"
-        )
     if hello.num_host_blocks <= 0:
         raise WorkerRefused(
             f"the scheduler runs with --kv-offloading-size {kv_offloading_size:g} GiB but the worker offers no host KV "

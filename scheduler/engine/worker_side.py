@@ -138,9 +138,8 @@ class WorkerSide:
             if link.state is not LinkState.DETACHED:
                 return await self._refuse_worker(ident, f"worker {link.name} is already connected (one worker per scheduler)")
         current = None if state.kv is None else PoolShape(
-            state.kv.block_pool.num_gpu_blocks, state.limits.vocab_size, state.eos_token_ids[0], *state.model_identity,
-            tuple(getattr(state.kv, "group_windows", ())),
-        )  # fmt: skip
+            state.kv.block_pool.num_gpu_blocks, state.limits.vocab_size, state.eos_token_ids[0], *state.model_identity
+        )
         try:
             num_blocks = pool_size_for(hello, c.block_size, c.num_gpu_blocks_override, current, c.max_model_len)
             num_host_blocks = host_tier_size_for(hello, c.kv_offloading_size, self._host_tier_size())
@@ -177,24 +176,14 @@ class WorkerSide:
         c, state = self.config, self.state
         # NOTE: without --kv-cache-metrics the pool is the plain one: no hook at all.
         pool_factory = residency_pool_factory(c.kv_cache_metrics_sample) if c.kv_cache_metrics else BlockPool
-        windows = hello.group_windows
-        hybrid = len(windows) > 1 or any(windows)
         # NOTE: lru (the default) keeps that pool as it is; another policy orders its free cached blocks.
-        # The hybrid manager tells the pool no request priority: its pool evicts as vLLM's (fcfs order).
-        pool_factory = eviction_pool_factory(c.kv_eviction_policy, "fcfs" if hybrid else c.scheduling_policy, base=pool_factory)
+        pool_factory = eviction_pool_factory(c.kv_eviction_policy, c.scheduling_policy, base=pool_factory)
         num_host_blocks = host_tier_size_for(hello, c.kv_offloading_size, None)
         host_tier = HostTier(num_host_blocks, c.block_size, event_sink=self.kv_event_sink) if num_host_blocks else None
-        if hybrid:
-            # NOTE: a hybrid model (KV-cache groups): only its workers need the hybrid manager.
-            from scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
-
-            state.kv = HybridKVCacheManager(num_blocks, c.block_size, c.max_model_len, windows, c.enable_prefix_caching,
-                                            event_sink=self.kv_event_sink, pool_factory=pool_factory)  # fmt: skip
-        else:
-            state.kv = kv_cache_manager_class(c.scheduling_policy)(
-                num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory,
-                host_tier=host_tier, offload_store=c.kv_offloading_store, max_pinned_fraction=c.max_pinned_fraction,
-            )  # fmt: skip
+        state.kv = kv_cache_manager_class(c.scheduling_policy)(
+            num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory,
+            host_tier=host_tier, offload_store=c.kv_offloading_store, max_pinned_fraction=c.max_pinned_fraction,
+        )  # fmt: skip
         state.scheduler = scheduler_class(c.scheduling_policy)(
             state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl, **policy_kwargs(c)
         )

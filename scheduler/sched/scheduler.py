@@ -42,8 +42,6 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
                                 max_num_scheduled_tokens=max_num_scheduled_tokens, max_num_active_seqs=max_num_active_seqs)  # fmt: skip
         self.kv_cache_manager = kv_cache_manager
         self.block_size = kv_cache_manager.block_size
-        # The hybrid manager's sliding groups' freed entries (KV-cache groups); None: one group.
-        self._take_nulled = getattr(kv_cache_manager, "take_nulled", None)
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens  # NOTE: admission: max_num_active_seqs
         self.max_num_active_seqs = max_num_seqs if max_num_active_seqs is None else max_num_active_seqs  # vLLM's max_num_active_reqs
         self.max_num_scheduled_tokens = max_num_scheduled_tokens  # None: the step's budget is max_num_batched_tokens
@@ -155,11 +153,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
             self._pending_finished_seq_ids.extend(r.seq_id for r in preempted)
             return None
         finished_seq_ids, self._pending_finished_seq_ids = self._pending_finished_seq_ids, []
-        nulled = None
-        if self._take_nulled is not None:
-            requests = self.requests
-            nulled = [(requests[rid].seq_id, group, n) for rid, group, n in self._take_nulled() if rid in requests]
-        step_plan = plan.build(self.next_step_id, finished_seq_ids, preempted, self.kv_cache_manager.take_tier_copies(), nulled)
+        step_plan = plan.build(self.next_step_id, finished_seq_ids, preempted, self.kv_cache_manager.take_tier_copies())
         self.next_step_id += 1
         total = self.step_token_budget - token_budget
         self._in_flight = SchedulerOutput(step_plan, scheduled, total, preempted, sampling)

@@ -89,18 +89,3 @@ def test_a_worker_without_host_blocks_is_refused_when_the_scheduler_offloads():
         host_tier_size_for(hello(), 1.5, None)
     with pytest.raises(WorkerRefused, match="fewer than the host tier's 300"):
         host_tier_size_for(hello(num_host_blocks=200), 1.5, 300)
-
-
-def test_a_worker_with_other_kv_cache_groups_is_refused():
-    hybrid = PoolShape(100, 512, 1, "LlamaForCausalLM", "aa" * 16, (512, 0))
-    assert pool_size_for(hello(group_windows=[512, 0]), 16, None, hybrid, 4096) == 100
-    with pytest.raises(WorkerRefused, match=r"KV-cache group windows \[\], but the pool was built for \[512, 0\]"):
-        pool_size_for(hello(), 16, None, hybrid, 4096)
-    with pytest.raises(WorkerRefused, match=r"KV-cache group windows \[512, 0\], but the pool was built for \[\]"):
-        pool_size_for(hello(group_windows=[512, 0]), 16, None, POOL, 4096)
-
-
-def test_a_host_tier_is_refused_with_hybrid_kv_cache_groups():
-    with pytest.raises(WorkerRefused, match=r"--kv-offloading-size 1 GiB: a host KV tier is not supported with hybrid KV-cache groups"):
-        host_tier_size_for(hello(group_windows=[512], num_host_blocks=10), 1.0, None)
-    assert host_tier_size_for(hello(group_windows=[512]), 0.0, None) == 0
