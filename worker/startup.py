@@ -138,6 +138,9 @@ def _allocate_kv_caches(config: WorkerConfig, serving: ServingModel, group: TPGr
     # NOTE: under tensor parallelism this rank's KV heads only; the pool is the smallest count over ranks.
     per_block = kv_bytes_per_block(num_tensors, config.block_size, model.num_kv_heads, m.head_dim, dtype)
     num_blocks = num_blocks_for_budget(budget, per_block)
+    if groups and hello_group_windows(groups):
+        log.info("hybrid KV-cache groups (window: layers) %s: %d KV tensors for %d layers",
+                 ", ".join(f"{g.sliding_window}: {g.layer_ids}" for g in groups), num_tensors, m.num_layers)  # fmt: skip
     if group is not None:
         num_blocks = group.min_over_ranks("num_blocks", num_blocks)
     if num_blocks < 2:
