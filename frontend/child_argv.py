@@ -72,6 +72,8 @@ def worker_argv(a, worker_port: int, worker_http: int) -> list[str]:
     if a.device:
         worker += ["--device", a.device]
     worker += _kv_cache_dtype(a)
+    if getattr(a, "disable_sliding_window", False):
+        worker.append("--disable-sliding-window")
     if a.kv_cache_memory:
         worker += ["--kv-cache-memory", a.kv_cache_memory]
     elif getattr(a, "kv_cache_memory_bytes", None):

@@ -61,10 +61,14 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
-def kv_bytes_per_block(model_dir: Path, block_size: int, dtype: str, tensor_parallel_size: int = 1, kv_cache_dtype: str = "auto") -> int | None:
-    """K and V of one block across every layer, from config.json (None if unknown); under
-    tensor parallelism what each rank holds (its KV heads, one when they are replicated).
-    An fp8 ``kv_cache_dtype`` stores one byte an element whatever ``dtype`` is."""
+def kv_bytes_per_block(model_dir: Path, block_size: int, dtype: str, tensor_parallel_size: int = 1, kv_cache_dtype: str = "auto",
+                       disable_hybrid: bool = False, disable_sliding_window: bool = False) -> int | None:  # fmt: skip
+    """K and V of one block across the model's KV tensors, from config.json (None if
+    unknown): every layer, or for a hybrid model ``num_kv_tensors`` of its KV-cache
+    groups (the worker's sizing; ``disable_hybrid`` and ``disable_sliding_window`` are
+    vLLM's flags). Under tensor parallelism what each rank holds (its KV heads, one when
+    they are replicated). An fp8 ``kv_cache_dtype`` stores one byte an element whatever
+    ``dtype`` is."""
     try:
         c = json.loads((model_dir / "config.json").read_text())
         head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
@@ -72,9 +76,27 @@ def kv_bytes_per_block(model_dir: Path, block_size: int, dtype: str, tensor_para
         name = c.get("torch_dtype") or c.get("dtype") or "float32" if dtype == "auto" else dtype
         size = kv_cache_spec.kv_cache_element_size(kv_cache_dtype, {"float32": 4, "float16": 2, "bfloat16": 2, "half": 2, "float": 4}.get(str(name), 2))
         kv_heads = max(1, kv_heads // tensor_parallel_size)
-        return kv_cache_spec.kv_bytes_per_block(c["num_hidden_layers"], block_size, kv_heads, head_dim, size)
+        num_tensors = num_kv_tensors(c, disable_hybrid, disable_sliding_window)
+        return kv_cache_spec.kv_bytes_per_block(num_tensors, block_size, kv_heads, head_dim, size)
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def num_kv_tensors(c: dict, disable_hybrid: bool = False, disable_sliding_window: bool = False) -> int:
+    """The KV tensors a worker allocates for the model of config.json ``c``: its layers'
+    windows grouped as the worker groups them (protocol.kv_cache_spec)."""
+    windows = [0] * c["num_hidden_layers"] if disable_sliding_window else layer_windows(c)
+    return kv_cache_spec.num_kv_tensors(kv_cache_spec.kv_cache_groups(windows, disable_hybrid))
+
+
+def layer_windows(c: dict) -> list[int]:
+    """Each layer's attention window from config.json ``c``, 0 for full attention: the
+    model's ``sliding_window`` on every layer (off unless ``use_sliding_window`` where
+    the config has it, as Qwen2's), as the worker's ModelConfig reads it."""
+    window = c.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1 or c.get("use_sliding_window", True) is False:
+        window = 0
+    return [window] * c["num_hidden_layers"]
 
 
 def scrape_gauge(url: str, name: str) -> float | None:
@@ -201,7 +223,8 @@ class Launcher:
         pool = "KV cache: unknown"
         if blocks is not None:
             tp = getattr(a, "tensor_parallel_size", 1)
-            per_block = kv_bytes_per_block(a.model_dir, a.block_size, a.dtype, tp, getattr(a, "kv_cache_dtype", None) or "auto")
+            per_block = kv_bytes_per_block(a.model_dir, a.block_size, a.dtype, tp, getattr(a, "kv_cache_dtype", None) or "auto",
+                                           getattr(a, "disable_hybrid_kv_cache_manager", False), a.disable_sliding_window)  # fmt: skip
             size = f", {human_bytes(blocks * per_block)}" if per_block else ""
             size += f" on each of {tp} ranks" if size and tp > 1 else ""
             pool = f"KV cache: {int(blocks)} blocks × {a.block_size} tokens{size}"

@@ -105,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KV cache dtype: auto (the model's) or fp8 (= fp8_e4m3), fp8_e5m2, one byte per element, "
                         "scaled per tensor as vLLM (default %(default)s)")
     p.add_argument("--max-model-len", type=int, default=None, help="longest context served (default: the model's max_position_embeddings)")
+    p.add_argument("--disable-sliding-window", action=argparse.BooleanOptionalAction, default=d.disable_sliding_window,
+                   help="every layer attends to the whole context, and --max-model-len is capped at the model's window, "
+                        "as vLLM (default: off)")
+    p.add_argument("--disable-hybrid-kv-cache-manager", action=argparse.BooleanOptionalAction, default=d.disable_hybrid_kv_cache_manager,
+                   help="one full-attention KV-cache group for a model mixing sliding-window and full layers, as vLLM: no "
+                        "block is freed outside a window, but the layers still attend within theirs (default: off)")
     p.add_argument("--kv-cache-memory", type=_size, default=None, metavar="SIZE",
                    help=f"KV cache budget, e.g. 512MiB, 2GiB, 64M; at most what the device has available "
                         f"(default: on CPU {CPU_DEFAULT_KV_CACHE_MEMORY // 2**20}MiB, on CUDA see --gpu-memory-utilization)")
@@ -170,6 +176,7 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
         curve_client_key=a.curve_client_key, curve_server_key=a.curve_server_key,
         tensor_parallel_size=a.tensor_parallel_size, rank=a.rank, distributed_init_method=a.distributed_init_method,
         distributed_timeout_s=a.distributed_timeout, cpu_nice=a.cpu_nice,
+        disable_sliding_window=a.disable_sliding_window, disable_hybrid_kv_cache_manager=a.disable_hybrid_kv_cache_manager,
     )
 
 

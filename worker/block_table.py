@@ -8,6 +8,8 @@ list and returned when the request finishes or is preempted.
 Invariants: ``row_of`` maps exactly the live seq_ids to distinct rows; a free row is
 all zeros (the null block) and has ``num_blocks_per_row == 0``; the entries of a live
 row past its ``num_blocks_per_row`` are zeros too, so a padded gather reads block 0.
+A live row holds block 0 only in a leading run (a sliding-window group's entries
+freed outside the window: ``null_leading``; hybrid KV-cache groups only).
 """
 
 from __future__ import annotations
@@ -62,6 +64,19 @@ class BlockTable:
         self.num_blocks_per_row[row] = 0
         self._free_rows.append(row)
         self._dirty = True
+
+    def null_leading(self, seq_id: int, n: int) -> None:
+        """Entries [0, n) of the row now hold the null block (a sliding-window group's
+        blocks wholly outside the window, freed by the scheduler)."""
+        self._table_np[self.row_of[seq_id], :n] = 0
+        self._dirty = True
+
+    def num_null_leading(self, seq_id: int) -> int:
+        """How many of the row's first entries hold the null block."""
+        row = self.row_of[seq_id]
+        entries = self._table_np[row, : self.num_blocks_per_row[row]]
+        nonzero = entries.nonzero()[0]
+        return int(nonzero[0]) if len(nonzero) else len(entries)
 
     def num_blocks(self, seq_id: int) -> int:
         return self.num_blocks_per_row[self.row_of[seq_id]]

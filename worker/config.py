@@ -22,6 +22,10 @@ class WorkerConfig:
     kv_cache_dtype: str = "auto"
     # None: the model's max_position_embeddings.
     max_model_len: int | None = None
+    # vLLM's --disable-sliding-window: every layer full attention, the context capped at the window.
+    disable_sliding_window: bool = False
+    # vLLM's --disable-hybrid-kv-cache-manager: one full KV-cache group (layers still attend within their windows).
+    disable_hybrid_kv_cache_manager: bool = False
     # Bytes for the KV cache; None means: on CUDA a share of device memory
     # (gpu_memory_utilization), on CPU CPU_DEFAULT_KV_CACHE_MEMORY.
     kv_cache_memory: int | None = None

@@ -4,6 +4,10 @@ One tensor per layer, ``(2, num_blocks, block_size, num_kv_heads, head_dim)`` (i
 holds K, 1 holds V), allocated once at start-up and never reallocated while serving.
 The number of blocks is the memory budget divided by the bytes one block takes across
 all layers; block 0 is the scheduler's null block and is counted like any other.
+
+Hybrid models (KV-cache groups, protocol.kv_cache_spec): ``num_kv_tensors(groups)``
+tensors, shared by the layers of different groups as vLLM shares them
+(``layer_kv_caches``), and a block costs that many layers, not every layer.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import re
 import torch
 
 from protocol import kv_cache_spec
+from protocol.kv_cache_spec import KVCacheGroupSpec
 
 # Same-size integer dtypes by element size: KV copies through numpy are bitwise views
 # (numpy has no bfloat16).
@@ -82,6 +87,22 @@ def allocate_kv_caches(
     # NOTE: zeroed, not empty: padding slots of the null block are read (and masked
     # out) by batched attention; garbage there could be NaN, and 0 * NaN is NaN.
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+
+def layer_kv_caches(tensors: list[torch.Tensor], groups: list[KVCacheGroupSpec]) -> list[torch.Tensor]:
+    """One entry per layer: layer L's tensor, ``layer_tensor_index(groups)[L]`` (layers of
+    different groups share one object). One group of every layer: ``tensors`` as it is."""
+    index = kv_cache_spec.layer_tensor_index(groups)
+    if len(tensors) != kv_cache_spec.num_kv_tensors(groups):
+        raise ValueError(f"{len(tensors)} KV tensors for groups that need {kv_cache_spec.num_kv_tensors(groups)}")
+    return [tensors[index[layer]] for layer in range(len(index))]
+
+
+def first_blocks(caches: list[torch.Tensor], num_blocks: int) -> list[torch.Tensor]:
+    """Each per-layer cache cut to its first ``num_blocks`` blocks; entries that were one
+    tensor (shared by layers of different groups) stay one view."""
+    views: dict[int, torch.Tensor] = {}
+    return [views.setdefault(id(kv), kv[:, :num_blocks]) for kv in caches]
 
 
 def allocate_host_kv_caches(device_caches: list[torch.Tensor], num_host_blocks: int) -> list[torch.Tensor]:

@@ -7,7 +7,8 @@ makes that true: there is nothing to roll back.
 
 The check simulates the plan's order (DESIGN.md rule 3) on an overlay of the rows it
 touches: drop finished and preempted rows, add new rows, replace resumed rows, append
-block ids, then every live row's scheduled tokens must exist and fit its blocks.
+block ids, then every live row's scheduled tokens must exist and fit its blocks. A
+hybrid worker (KV-cache groups) checks its groups' deltas too (``worker.plan_check_groups``).
 """
 
 from __future__ import annotations
@@ -32,17 +33,36 @@ class Limits:
     vocab_size: int
     # Host slots of the offload tier (WorkerReady.num_host_blocks); 0: no tier.
     num_host_blocks: int = 0
+    # The KV-cache groups' windows (WorkerHello.group_windows); (): one full-attention group.
+    group_windows: tuple[int, ...] = ()
 
 
 # (num_tokens, num_computed_tokens, num_blocks) of one row.
 RowView = tuple[int, int, int]
+# A hybrid worker's check of the plan's groups (worker.plan_check_groups): the plan, the
+# rows live after its rows and appends, their group-0 view, the place to name in errors.
+GroupCheck = Callable[[StepPlan, Collection[int], Callable[[int], RowView], str], None]
+
+
+def leading_nulls(block_ids: list[int]) -> int:
+    """How many of ``block_ids``' first entries are the null block 0."""
+    n = 0
+    for b in block_ids:
+        if b != 0:
+            break
+        n += 1
+    return n
 
 
 def check_row(row: RequestRow, limits: Limits, where: str) -> RowView:
     sid, n_blocks, n_tokens = row.seq_id, len(row.block_ids), len(row.token_ids)
     if n_blocks > limits.max_blocks_per_seq:
         raise PlanError(f"{where}: seq_id {sid} has {n_blocks} blocks, past max_blocks_per_seq {limits.max_blocks_per_seq}")
-    check_block_ids(row.block_ids, limits, f"{where}: seq_id {sid}")
+    ids = row.block_ids
+    if limits.group_windows and limits.group_windows[0]:
+        # NOTE: group 0 is a sliding group: a prefix-cache hit's blocks before the window are null.
+        ids = ids[leading_nulls(ids) :]
+    check_block_ids(ids, limits, f"{where}: seq_id {sid}")
     if n_tokens == 0:
         raise PlanError(f"{where}: seq_id {sid} has no tokens")
     if n_tokens > limits.max_model_len:
@@ -94,8 +114,10 @@ def check_plan(
     live_seq_ids: Collection[int],
     row_view: Callable[[int], RowView],
     limits: Limits,
+    group_check: GroupCheck | None = None,
 ) -> None:
-    """Raise PlanError if ``plan`` cannot be applied to the live rows; change nothing."""
+    """Raise PlanError if ``plan`` cannot be applied to the live rows; change nothing.
+    ``group_check``: a hybrid worker's check of its KV-cache groups; None: one group."""
     where = _check_step_id(plan.step_id, expected_step_id)
     if plan.tier_copies is not None:
         check_tier_copies(plan.tier_copies, limits, where)
@@ -114,7 +136,12 @@ def check_plan(
     num_rows = len(untouched) + len(overlay)
     if num_rows > limits.max_num_seqs:
         raise PlanError(f"{where}: {num_rows} live rows, more than max_num_seqs {limits.max_num_seqs}")
-    _check_scheduled(plan, (*untouched, *overlay), exists, view, limits, where)
+    live_rows = (*untouched, *overlay)
+    _check_scheduled(plan, live_rows, exists, view, limits, where)
+    if group_check is not None:
+        group_check(plan, live_rows, view, where)
+    elif plan.groups is not None:
+        raise PlanError(f"{where}: groups (hybrid KV-cache group deltas) sent to a worker with one full-attention KV-cache group")
 
 
 def _check_step_id(step: int, expected_step_id: int) -> str:

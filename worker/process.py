@@ -48,6 +48,8 @@ from protocol.worker_messages import (
 )
 from worker.config import WorkerConfig
 from worker.grammar_compiler import GrammarCompiler
+from worker.group_tables import hello_group_windows
+from worker.kv_cache import first_blocks
 from worker.metrics import WorkerMetrics
 from worker.plan_check import PlanError
 from worker.runner import ModelRunner
@@ -82,7 +84,8 @@ class WorkerProcess:
         self.serving = serving
         self.model = serving.model
         # NOTE: the only KV allocation of the process, made before hello; a
-        # re-handshake reuses it. Each (2, num_blocks, block_size, kv_heads, head_dim).
+        # re-handshake reuses it. Each (2, num_blocks, block_size, kv_heads, head_dim),
+        # one entry per layer (layers of different KV-cache groups may share one).
         self.kv_caches = kv_caches
         self.hello_num_blocks = kv_caches[0].shape[1]  # what fits our budget
         # The offload tier's host memory (--kv-offloading-size), also allocated before
@@ -103,6 +106,7 @@ class WorkerProcess:
             num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, device=str(self.model.device),
             architecture=m.architecture, model_hash=s.identity, eos_token_ids=list(m.eos_token_ids),
             max_model_len=s.max_model_len, num_host_blocks=self.hello_num_host_blocks,
+            group_windows=hello_group_windows(s.kv_cache_groups) if s.kv_cache_groups else [],
         )
 
     @property
@@ -206,9 +210,11 @@ class WorkerProcess:
             log.info("the scheduler manages no host tier: freeing its %d slots", self.hello_num_host_blocks)
             self.host_caches = None
         hosts = None if self.host_caches is None else [h[:, : ready.num_host_blocks] for h in self.host_caches]
-        caches = [kv[:, : ready.num_blocks] for kv in self.kv_caches]
+        caches = first_blocks(self.kv_caches, ready.num_blocks)
+        s = self.serving
         runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id, seed=c.seed, host_caches=hosts,
-                             grammar_compiler=self.grammars, kv_scales=list(self.serving.kv_scales))  # fmt: skip
+                             grammar_compiler=self.grammars, kv_scales=list(s.kv_scales), groups=list(s.kv_cache_groups) or None,
+                             layer_windows=s.layer_windows or None)  # fmt: skip
         self._set_ready(runner)
         if self.metrics is not None:
             self.metrics.num_blocks.set(ready.num_blocks)

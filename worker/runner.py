@@ -7,14 +7,21 @@ sampled) and how many of them have K/V in the cache. Scheduled tokens of a row a
 ``computed += n``, and a row whose computed tokens reach its token count samples one
 token with its SamplingParams (``worker.sampling_state``; a row still mid-prefill
 samples nothing).
+
+Hybrid models (KV-cache groups): ``kv_caches`` has one entry per layer, shared tensors
+included, and ``worker.group_tables`` keeps a table per group; one full-attention group
+of full-attention layers runs exactly the path it always ran.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
+from protocol.kv_cache_spec import KVCacheGroupSpec
 from protocol.prompt_logprobs import PromptLogprobs
 from protocol.worker_messages import RequestRow, StepPlan
 from worker.attention.kv_quant import KVScales
@@ -22,8 +29,10 @@ from worker.attention.paged_attention import DEFAULT_WORKSPACE_BYTES, PagedAtten
 from worker.block_table import BlockTable
 from worker.grammar_bitmask import GrammarRows
 from worker.grammar_compiler import GrammarCompiler
+from worker.group_tables import GroupTables, hello_group_windows, needs_group_tables
 from worker.models.decoder import DecoderModel
 from worker.plan_check import Limits, RowView, check_plan
+from worker.plan_check_groups import check_groups
 from worker.prompt_logprobs import PromptChunk, PromptLogprobsState
 from worker.sampling_state import RowLogprobs, SamplingState
 from worker.tier_copies import TierCopier
@@ -73,7 +82,12 @@ class ModelRunner:
         host_caches: list[torch.Tensor] | None = None,
         grammar_compiler: GrammarCompiler | None = None,
         kv_scales: list[KVScales] | None = None,
+        groups: Sequence[KVCacheGroupSpec] | None = None,
+        layer_windows: Sequence[int] | None = None,
     ):
+        """kv_caches: one entry per layer (layers of different KV-cache groups may share a
+        tensor). groups: the KV-cache groups (None: one full-attention group of every
+        layer); layer_windows: each layer's attention window, 0 full (None: its group's)."""
         self.model = model
         _, num_blocks, block_size, kvh, hd = kv_caches[0].shape
         self.block_size = block_size
@@ -87,10 +101,25 @@ class ModelRunner:
             max_model_len=max_model_len,
             vocab_size=model.config.vocab_size,
             num_host_blocks=0 if not host_caches else host_caches[0].shape[1],
+            group_windows=() if groups is None else tuple(hello_group_windows(groups)),
         )
         # The offload tier's copies (plan.tier_copies), when this worker has a host tier.
         self.tier = TierCopier(kv_caches, host_caches) if host_caches else None
         self.block_table = BlockTable(max_num_seqs, max_blocks_per_seq, block_size, self.device)
+        # Hybrid models: every group's table and each layer's metadata; None: one group, today's path.
+        self.groups: GroupTables | None = None
+        self._group_check = None
+        if groups is not None:
+            windows = layer_windows
+            if windows is None:
+                windows = [0] * len(kv_caches)
+                for g in groups:
+                    for layer in g.layer_ids:
+                        windows[layer] = g.sliding_window
+            if needs_group_tables(groups, windows):
+                self.groups = GroupTables(groups, windows, self.block_table)
+            if self.limits.group_windows:
+                self._group_check = partial(check_groups, self.groups.view, self.groups.num_blocks, self.limits)
         self.attention = PagedAttention(kv_caches, model.num_heads, max_blocks_per_seq, workspace_bytes,
                                         compute_dtype=model.dtype, kv_scales=kv_scales)  # fmt: skip
         self.sampling = SamplingState(max_num_seqs, model.config.vocab_size, self.device, seed)
@@ -146,6 +175,8 @@ class ModelRunner:
             self._add(row)
         for ap in plan.appended:
             self.block_table.append(ap.seq_id, ap.block_ids)
+        if self.groups is not None:
+            self.groups.apply(plan)
         self.block_table.commit()
 
     def append_sampled(self, seq_ids: list[int], token_ids: list[int]) -> None:
@@ -157,7 +188,7 @@ class ModelRunner:
     def execute(self, plan: StepPlan) -> ModelRunnerOutput:
         """Check, apply and run one plan. Raises PlanError (state unchanged) if the
         plan breaks the contract."""
-        check_plan(plan, self.next_step_id, self.rows.keys(), self._row_view, self.limits)
+        check_plan(plan, self.next_step_id, self.rows.keys(), self._row_view, self.limits, self._group_check)
         self.apply(plan)
         self.next_step_id += 1
         self.num_steps += 1
@@ -179,11 +210,15 @@ class ModelRunner:
         token_ids = torch.tensor(inputs.token_ids, dtype=torch.long, device=dev)  # (T,)
         positions = torch.tensor(inputs.positions, dtype=torch.long, device=dev)  # (T,)
         rows = torch.tensor(inputs.rows, dtype=torch.long, device=dev)  # (T,)
-        slot_mapping = self.block_table.compute_slot_mapping(rows, positions)  # (T,)
-        md = self.attention.build_metadata(
-            self.block_table.block_table, slot_mapping, inputs.decode_rows, inputs.decode_context_lens, inputs.prefills
-        )
-        hidden = self.model.forward(token_ids, positions, self.attention.for_step(md))  # (T, H)
+        if self.groups is None:
+            slot_mapping = self.block_table.compute_slot_mapping(rows, positions)  # (T,)
+            md = self.attention.build_metadata(
+                self.block_table.block_table, slot_mapping, inputs.decode_rows, inputs.decode_context_lens, inputs.prefills
+            )
+            attention = self.attention.for_step(md)
+        else:
+            attention = self.groups.attention_fn(self.attention, rows, positions, inputs)
+        hidden = self.model.forward(token_ids, positions, attention)  # (T, H)
         # NOTE: only rank 0 samples, so only it scores prompts (tensor parallelism).
         scored = self._prompt_logprobs(hidden, inputs) if self.prompt_logprobs.pending and self.samples else None
         sample_seq, sample_idx = self._advance(inputs)

@@ -2,7 +2,8 @@
 
 Joins or starts the tensor-parallel group (rank 0 without ``--rank`` starts the other
 ranks on this host), loads the checkpoint, sizes the KV cache from the memory budget and
-allocates it (and the host tier), serves /metrics, then runs the process loop
+allocates it (``num_kv_tensors`` tensors of the model's KV-cache groups, shared by
+layers of different groups; and the host tier), serves /metrics, then runs the process loop
 (``worker.process``, or one rank of a group: ``worker.parallel.rank_group``) against the
 scheduler's worker port. A checkpoint that cannot be served, or a KV budget the device
 cannot hold, exits 2 before hello.
@@ -17,15 +18,18 @@ import signal
 import torch
 import zmq
 
+from protocol.kv_cache_spec import num_kv_tensors
 from worker.attention.kv_quant import kv_cache_torch_dtype
 from worker.checkpoint import CheckpointError
 from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
 from worker.device_memory import check_host_tier_budget, check_kv_budget
+from worker.group_tables import hello_group_windows
 from worker.kv_cache import (
     allocate_host_kv_caches,
     allocate_kv_caches,
     cuda_kv_budget,
     kv_bytes_per_block,
+    layer_kv_caches,
     num_blocks_for_budget,
 )
 from worker.metrics import WorkerMetrics
@@ -58,7 +62,7 @@ def run(config: WorkerConfig, argv: list[str]) -> int:
             group, local_ranks = start_group(config, argv)
         device = config.device if group is None else str(group.device)
         serving = load_serving_model(config.model, config.dtype, device, config.max_model_len, group, config.block_size,
-                                     config.kv_cache_dtype)
+                                     config.kv_cache_dtype, config.disable_sliding_window, config.disable_hybrid_kv_cache_manager)
         if group is not None:
             group.start()
         return _serve(config, serving, group)
@@ -99,6 +103,7 @@ def _serve(config: WorkerConfig, serving: ServingModel, group: TPGroup | None) -
         kv_caches, per_block = _allocate_kv_caches(config, serving, group)
         host_caches = None
         if config.kv_offloading_size > 0:
+            check_host_tier_groups(serving)
             host_caches = _allocate_host_tier(config, group, kv_caches, per_block)
         metrics = _start_metrics(config, group)
     except StartupError as e:
@@ -123,13 +128,19 @@ def _kv_budget(config: WorkerConfig, model: DecoderModel) -> int:
 
 
 def _allocate_kv_caches(config: WorkerConfig, serving: ServingModel, group: TPGroup | None) -> tuple[list[torch.Tensor], int]:
-    """The device KV caches, as many blocks as the budget holds; and the bytes of one block."""
+    """The device KV caches, one entry per layer (layers of different KV-cache groups
+    share a tensor), as many blocks as the budget holds; and the bytes of one block."""
     m, model = serving.config, serving.model
     budget = _kv_budget(config, model)
     dtype = kv_cache_torch_dtype(config.kv_cache_dtype, DTYPES[serving.dtype])
+    groups = list(serving.kv_cache_groups)
+    num_tensors = num_kv_tensors(groups) if groups else m.num_layers
     # NOTE: under tensor parallelism this rank's KV heads only; the pool is the smallest count over ranks.
-    per_block = kv_bytes_per_block(m.num_layers, config.block_size, model.num_kv_heads, m.head_dim, dtype)
+    per_block = kv_bytes_per_block(num_tensors, config.block_size, model.num_kv_heads, m.head_dim, dtype)
     num_blocks = num_blocks_for_budget(budget, per_block)
+    if groups and hello_group_windows(groups):
+        log.info("hybrid KV-cache groups (window: layers) %s: %d KV tensors for %d layers",
+                 ", ".join(f"{g.sliding_window}: {g.layer_ids}" for g in groups), num_tensors, m.num_layers)  # fmt: skip
     if group is not None:
         num_blocks = group.min_over_ranks("num_blocks", num_blocks)
     if num_blocks < 2:
@@ -137,14 +148,17 @@ def _allocate_kv_caches(config: WorkerConfig, serving: ServingModel, group: TPGr
     log.info("device %s, KV cache dtype %s: %d KV blocks of %d bytes fit a budget of %d bytes", model.device, dtype, num_blocks, per_block, budget)
     try:
         check_kv_budget(num_blocks * per_block, model.device)
-        kv_caches = allocate_kv_caches(m.num_layers, num_blocks, config.block_size, model.num_kv_heads, m.head_dim, dtype, model.device)
+        kv_caches = allocate_kv_caches(num_tensors, num_blocks, config.block_size, model.num_kv_heads, m.head_dim, dtype, model.device)
+        if groups:
+            kv_caches = layer_kv_caches(kv_caches, groups)
     except (ValueError, RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
         raise StartupError(f"cannot allocate the KV cache ({num_blocks} blocks of {per_block} bytes): {e}") from None
     return kv_caches, per_block
 
 
 def _allocate_host_tier(config: WorkerConfig, group: TPGroup | None, kv_caches: list[torch.Tensor], per_block: int) -> list[torch.Tensor]:
-    """The offload tier: as many blocks as --kv-offloading-size holds, in host memory."""
+    """The offload tier: as many blocks as --kv-offloading-size holds, in host memory.
+    Not with hybrid KV-cache groups (``_serve`` refuses it; so does the scheduler)."""
     num_host = int(config.kv_offloading_size * 2**30) // per_block
     if group is not None:
         num_host = group.min_over_ranks("num_host_blocks", num_host)
@@ -158,6 +172,18 @@ def _allocate_host_tier(config: WorkerConfig, group: TPGroup | None, kv_caches: 
     log.info("host KV tier: %d blocks of %d bytes (%g GiB)%s", num_host, per_block, config.kv_offloading_size,
              ", pinned" if host_caches[0].is_pinned() else "")
     return host_caches
+
+
+def check_host_tier_groups(serving: ServingModel) -> None:
+    """StartupError: the host tier copies whole tensors, and a hybrid model's blocks
+    are not yet offloaded per group (the scheduler refuses the tier for them too)."""
+    windows = hello_group_windows(serving.kv_cache_groups) if serving.kv_cache_groups else []
+    if windows:
+        raise StartupError(
+            f"--kv-offloading-size: a host KV tier is not supported with hybrid KV-cache groups (this model's group windows: "
+            f"{windows}); drop --kv-offloading-size, or pass --disable-hybrid-kv-cache-manager (and --disable-sliding-window "
+            "for a model whose every layer has a window)"
+        )
 
 
 def _start_metrics(config: WorkerConfig, group: TPGroup | None) -> WorkerMetrics | None:

@@ -27,10 +27,11 @@ _MODEL = [
     refused("--config-format", ONE, "kvpool reads a Hugging Face config.json", accepts=("auto", "hf")),
     refused("--convert", ONE, why.POOLING, accepts=("auto", "none")),
     refused("--disable-cascade-attn", BOOL, "kvpool never uses cascade attention", accepts=(True,)),
-    handled("--disable-sliding-window", BOOL, "launcher: --max-model-len is capped at the model's window, as vLLM caps it "
-            "(kvpool never applies a window: a sliding-window model is served only within its window)",
+    handled("--disable-sliding-window", BOOL, "launcher and worker: as vLLM, every layer attends to the whole context "
+            "and --max-model-len is capped at the model's window",
             action=argparse.BooleanOptionalAction, default=False,
-            help="cap --max-model-len at the model's sliding window, as vLLM (kvpool serves such a model only within it)"),  # fmt: skip
+            help="every layer full attention, --max-model-len capped at the model's sliding window, as vLLM (default: off; "
+                 "a sliding-window model is served past its window, its layers attending within it)"),  # fmt: skip
     handled("--dtype", ONE, "worker (half as float16, float as float32)", default="auto", choices=list(DTYPES),
             help="weights' and KV cache's dtype; auto: the checkpoint's torch_dtype (default %(default)s)"),  # fmt: skip
     refused("--enable-cumem-allocator", BOOL, why.SLEEP, accepts=(False,)),

@@ -6,14 +6,13 @@ from __future__ import annotations
 import argparse
 
 from frontend.serve_flags import reasons as why
-from frontend.serve_flags.rules import BOOL, MANY, ONE, Group, handled, passed, refused, same
+from frontend.serve_flags.rules import BOOL, MANY, ONE, Group, handled, passed, refused
 from frontend.serve_flags.values import human_readable_int
 
 _SCHEDULER = [
     refused("--async-scheduling", BOOL, why.ASYNC, accepts=(False,)),
     passed("--disable-chunked-mm-input", BOOL, "scheduler"),
-    same("--disable-hybrid-kv-cache-manager", BOOL,
-         "kvpool serves full-attention models, one KV cache group, where vLLM's hybrid manager does nothing"),  # fmt: skip
+    passed("--disable-hybrid-kv-cache-manager", BOOL, "worker"),
     passed("--enable-chunked-prefill", BOOL, "scheduler", default_on=True),
     passed("--long-prefill-token-threshold", ONE, "scheduler"),
     passed("--long-prefill-token-threshold-adaptive", BOOL, "scheduler"),

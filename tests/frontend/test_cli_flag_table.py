@@ -47,8 +47,9 @@ HANDLED_SAMPLES = {
     "--kv-cache-metrics": [], "--enable-mfu-metrics": [], "--max-num-batched-tokens": ["4k"], "--max-num-seqs": ["8"],
     "--scheduler-reserve-full-isl": "--no-scheduler-reserve-full-isl",
     "--kv-events-config": ['{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557"}'],
+    "--disable-sliding-window": [],
     # accepted, with nothing to pass on: read by the cli itself, or only kvpool's own behaviour accepted
-    "--config": None, "--model": None, "--tokenizer": None, "--disable-sliding-window": None, "--kv-cache-dtype": ["auto"], "--kv-offloading-backend": ["native"],
+    "--config": None, "--model": None, "--tokenizer": None, "--kv-cache-dtype": ["auto"], "--kv-offloading-backend": ["native"],
 }  # fmt: skip
 PASSED_SAMPLES = {ONE: ["7"], MANY: ["a", "b"], SWITCH: [], BOOL: []}
 # Flags vLLM accepts only with another (given to both runs, so the flag alone is compared).

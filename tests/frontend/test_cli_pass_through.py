@@ -115,8 +115,9 @@ def test_vllm_api_key_in_the_environment_reaches_a_child(tmp_path, monkeypatch):
 
 def test_disable_sliding_window_caps_the_length_at_the_window_as_vllm(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192, "sliding_window": 512}))
-    assert value(built([], str(tmp_path))["scheduler"], "--max-model-len") == "4096"  # the window is the worker's to refuse
+    assert value(built([], str(tmp_path))["scheduler"], "--max-model-len") == "4096"  # served past the window, as vLLM
     assert value(built(["--disable-sliding-window"], str(tmp_path))["worker"], "--max-model-len") == "512"
+    assert "--disable-sliding-window" in built(["--disable-sliding-window"], str(tmp_path))["worker"]  # every layer full attention
     assert value(built(["--disable-sliding-window", "--max-model-len", "256"], str(tmp_path))["worker"], "--max-model-len") == "256"
     with pytest.raises(SystemExit) as e:
         built(["--disable-sliding-window", "--max-model-len", "1000"], str(tmp_path))

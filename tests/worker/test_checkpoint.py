@@ -1,5 +1,5 @@
 """Loading checkpoints: sharded ones load; a truncated file, a missing tensor, a wrong
-shape, an unknown architecture or a sliding window kvpool cannot honour is each a
+shape, an unknown architecture or a context past a disabled sliding window is each a
 clear error naming the file or tensor, and the worker exits non-zero before hello."""
 
 from __future__ import annotations
@@ -83,13 +83,20 @@ def test_unknown_architecture_names_it_and_the_supported_ones(copy):
         assert arch in str(e.value)
 
 
-def test_sliding_window_is_refused_unless_max_model_len_fits_it(copy):
+def test_a_sliding_window_model_is_served_past_its_window_unless_disabled(copy):
     cfg = json.loads((copy / "config.json").read_text())
-    cfg.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=256)
+    cfg.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=256, max_position_embeddings=4096)
     (copy / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelConfigError, match="sliding-window attention \\(window 256\\).*max_model_len <= 256"):
-        load_serving_model(str(copy), "auto", "cpu")
-    assert load_serving_model(str(copy), "auto", "cpu", max_model_len=256).max_model_len == 256
+    s = load_serving_model(str(copy), "auto", "cpu")
+    # Every layer attends within its window of 256: one sliding-window KV-cache group.
+    assert s.max_model_len == 4096 and s.layer_windows == (256, 256)  # two layers
+    assert [(g.layer_ids, g.sliding_window) for g in s.kv_cache_groups] == [([0, 1], 256)]
+    # --disable-sliding-window, as vLLM: every layer full attention, the context capped at the window.
+    s = load_serving_model(str(copy), "auto", "cpu", disable_sliding_window=True)
+    assert s.max_model_len == 256 and s.layer_windows == (0, 0)
+    assert [(g.layer_ids, g.sliding_window) for g in s.kv_cache_groups] == [([0, 1], 0)]
+    with pytest.raises(ModelConfigError, match="max_model_len 1000 is longer than the model's sliding window 256 \\(--disable-sliding-window\\)"):
+        load_serving_model(str(copy), "auto", "cpu", max_model_len=1000, disable_sliding_window=True)
 
 
 def test_dtype_auto_is_the_checkpoint_dtype(copy):

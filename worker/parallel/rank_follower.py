@@ -17,8 +17,10 @@ import logging
 import torch
 
 from protocol.codec import Codec
+from protocol.kv_cache_spec import KVCacheGroupSpec
 from protocol.worker_messages import SchedulerToWorker, StepPlan, WorkerReady
 from worker.attention.kv_quant import KVScales
+from worker.kv_cache import first_blocks
 from worker.models.decoder import DecoderModel
 from worker.parallel.distributed import GroupLost
 from worker.parallel.plan_fanout import Kind, PlanFanout
@@ -30,8 +32,11 @@ log = logging.getLogger("worker")
 
 class RankFollower:
     def __init__(self, model: DecoderModel, kv_caches: list[torch.Tensor], fanout: PlanFanout,
-                 host_caches: list[torch.Tensor] | None = None, kv_scales: list[KVScales] | None = None):  # fmt: skip
+                 host_caches: list[torch.Tensor] | None = None, kv_scales: list[KVScales] | None = None,
+                 groups: list[KVCacheGroupSpec] | None = None, layer_windows: tuple[int, ...] | None = None):  # fmt: skip
         self.model = model
+        # The KV-cache groups and each layer's window (None: one full-attention group), as rank 0's.
+        self.groups, self.layer_windows = groups, layer_windows
         self.kv_scales = kv_scales  # per layer, for an fp8 cache
         self.kv_caches = kv_caches  # each (2, num_blocks, block_size, local kv heads, head_dim)
         self.host_caches = host_caches  # the offload tier of this rank's heads, or None
@@ -59,12 +64,12 @@ class RankFollower:
                     return 0
 
     def _install(self, ready: WorkerReady) -> None:
-        caches = [kv[:, : ready.num_blocks] for kv in self.kv_caches]
+        caches = first_blocks(self.kv_caches, ready.num_blocks)
         hosts = None
         if self.host_caches is not None and ready.num_host_blocks > 0:
             hosts = [h[:, : ready.num_host_blocks] for h in self.host_caches]
         self.runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id,
-                                  host_caches=hosts, kv_scales=self.kv_scales)  # fmt: skip
+                                  host_caches=hosts, kv_scales=self.kv_scales, groups=self.groups, layer_windows=self.layer_windows)  # fmt: skip
         self.runner.samples = False
         self._waiting = []
         log.info("rank %d ready: %d blocks, next step %d", self.fanout.group.rank, ready.num_blocks, ready.next_step_id)

@@ -100,7 +100,8 @@ def run_rank(config: WorkerConfig, serving: ServingModel, kv_caches: list[torch.
                 return leader.run(ctx)
             finally:
                 leader.stop_group()  # SIGTERM, refusal, scheduler lost: the others stop too
-        return RankFollower(serving.model, kv_caches, fanout, host_caches, list(serving.kv_scales)).run()
+        return RankFollower(serving.model, kv_caches, fanout, host_caches, list(serving.kv_scales),
+                            list(serving.kv_cache_groups) or None, serving.layer_windows or None).run()
     except GroupLost as e:
         log.error("rank %d: the tensor-parallel group is lost (%s); exiting %d", group.rank, e, EXIT_GROUP_LOST)
         return EXIT_GROUP_LOST
