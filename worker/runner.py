@@ -92,7 +92,7 @@ class ModelRunner:
         self.tier = TierCopier(kv_caches, host_caches) if host_caches else None
         self.block_table = BlockTable(max_num_seqs, max_blocks_per_seq, block_size, self.device)
         self.attention = PagedAttention(kv_caches, model.num_heads, max_blocks_per_seq, workspace_bytes,
-                                        compute_dtype=model.dtype, kv_scales=kv_scales)  # fmt: skip
+                                        compute_dtype=model.dtype, kv_scales=kv_scales, scale=model.config.attention_scale)  # fmt: skip
         self.sampling = SamplingState(max_num_seqs, model.config.vocab_size, self.device, seed)
         # Structured outputs, where tokens are sampled (None on other TP ranks: they ignore grammars).
         self.grammars = None if grammar_compiler is None else GrammarRows(grammar_compiler, max_num_seqs, model.config.vocab_size)

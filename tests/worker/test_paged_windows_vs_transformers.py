@@ -11,10 +11,12 @@ the first's blocks (its sliding groups hit only the blocks their window still ne
 the first request had already freed) and is prefilled in two chunks beside the first's
 decodes. Every logit row must be within 1e-4 (relative) of transformers' forward over the
 same tokens, and the greedy tokens must equal ``model.generate(do_sample=False)``.
+Gemma 3 with every layer full also runs through today's runner (one group).
 """
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -104,6 +106,53 @@ def test_disable_hybrid_keeps_every_block_and_the_windows(checkpoint):
     for sid, seq in paged.seqs.items():
         ref = reference_logits(hf, seq.tokens[:-1])
         for pos, logits in seq.logits:
+            torch.testing.assert_close(
+                logits.double(),
+                ref[pos],
+                rtol=1e-4,
+                atol=1e-4 * float(ref[pos].abs().max()),
+                msg=f"seq {sid} pos {pos}",
+            )
+
+
+def test_the_runner_serves_gemma3_with_its_attention_scale(tmp_path):
+    # Gemma 3 with every layer full: one group, today's runner; query_pre_attn_scalar,
+    # the norms and the embeddings' scale must all reach it (chunked prefill, shared
+    # prefix blocks, preemption from the mini scheduler's random plans).
+    from kvtest.mini_scheduler import MiniScheduler
+
+    from worker.kv_cache import allocate_kv_caches
+    from worker.runner import ModelRunner
+
+    path = make_checkpoint("gemma3", tmp_path)
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(
+        json.dumps({**cfg, "layer_types": ["full_attention"] * cfg["num_hidden_layers"]})
+    )
+    hf = load_reference(path)
+    model = load_model(Checkpoint(path), torch.float32, "cpu")
+    assert model.config.layer_windows == (0,) * 6 and model.config.attention_scale == 24**-0.5
+    c = model.config
+    caches = allocate_kv_caches(
+        c.num_layers, 128, 4, c.num_kv_heads, c.head_dim, torch.float32, "cpu"
+    )
+    rng = random.Random(3)
+    sched = MiniScheduler(ModelRunner(model, caches, 8, 128), rng, 128, 4)
+    for sid in range(4):
+        sched.add(
+            sid, [rng.randrange(2, VOCAB) for _ in range(rng.randint(5, 40))], rng.randint(1, 8)
+        )
+    sched.step()
+    sched.add(
+        4,
+        [rng.randrange(2, VOCAB) for _ in range(30)],
+        4,
+        share_from=next(s for s, r in sched.live.items() if r.computed >= 8),
+    )
+    sched.run()
+    for sid, req in sched.done.items():
+        ref = reference_logits(hf, req.prompt + req.out)
+        for pos, logits in req.logits:
             torch.testing.assert_close(
                 logits.double(),
                 ref[pos],
