@@ -109,7 +109,7 @@ def test_qwen2_and_mistral_windows():
 def test_final_logit_softcapping_as_transformers(tmp_path):
     # Gemma 3 sets none; Gemma 2 and others cap the logits: logits = cap * tanh(logits / cap).
     # NOTE: this model's uncapped logits reach past 10, so an ignored cap cannot match.
-    path = make_checkpoint("gemma3", tmp_path)
+    path = make_checkpoint("gemma3-tied", tmp_path)
     cfg = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**cfg, "final_logit_softcapping": 2.0}))
     prompt = [(7 * i) % (VOCAB - 2) + 2 for i in range(40)]

@@ -141,7 +141,7 @@ def test_the_runner_serves_gemma3_with_its_attention_scale(tmp_path):
     from worker.kv_cache import allocate_kv_caches
     from worker.runner import ModelRunner
 
-    path = make_checkpoint("gemma3", tmp_path)
+    path = make_checkpoint("gemma3-tied", tmp_path)
     cfg = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(
         json.dumps({**cfg, "layer_types": ["full_attention"] * cfg["num_hidden_layers"]})
