@@ -22,7 +22,9 @@ chunks (several consecutive tokens of one request, possibly starting mid-sequenc
   (p - W, p]. The leading columns of a row wholly before the window of its first query
   are never read (in a sliding KV-cache group they hold the null block), the keys of
   the first column read that fall before the window are masked, and shared prefixes
-  are off (a window keeps at most W tokens of any prefix). Window 0: full attention.
+  are off (a window keeps at most W tokens of any prefix); a long prefill chunk is
+  attended in pieces, each reading only the blocks its queries' windows reach.
+  Window 0: full attention.
 
 K/V of the step are written into the cache before attention (``KVCacheWriter``, vLLM's reshape_and_cache),
 so every token reads its own K/V, and its request's earlier ones, from the pages.
@@ -61,6 +63,10 @@ from worker.attention.metadata import (
 )
 
 DEFAULT_WORKSPACE_BYTES = 16 * 1024 * 1024  # per K and per V
+# NOTE: a windowed prefill chunk is attended in pieces of at least this many queries, so
+# a long chunk reads about (piece + W) keys per query, not the whole prefix; below it
+# the calls' fixed cost would outweigh the keys saved.
+WINDOW_PIECE_TOKENS = 256
 
 
 class PagedAttention:
@@ -220,24 +226,34 @@ class PagedAttention:
         self, block_table: torch.Tensor, table_np: np.ndarray | None, prefills: list[tuple[int, int, int]], offset: int,
         window: int = 0,
     ) -> list[PrefillChunk]:
-        """Each prefill chunk's blocks and causal mask (within the window, if any); the
-        chunks follow the decode tokens."""
-        bs, device = self.block_size, block_table.device
+        """Each prefill chunk's blocks and causal mask; the chunks follow the decode tokens.
+        With a window, a chunk is attended in pieces of at most ``max(window,
+        WINDOW_PIECE_TOKENS)`` queries, each reading only the blocks its window reaches."""
         chunks: list[PrefillChunk] = []
         for row, num_computed, n in prefills:
-            nb = -(-(num_computed + n) // bs)
-            # The first column the chunk's first query's window reaches (0 without a window).
-            c0 = max(0, num_computed - window + 1) // bs if window else 0
-            ids = block_table[row, c0:nb].long()
-            query_pos = torch.arange(num_computed, num_computed + n, device=device)[:, None]  # (n, 1)
-            key_pos = self._positions[c0 * bs : nb * bs][None, :]  # (1, L)
-            mask = key_pos <= query_pos  # (n, L)
-            if window:
-                mask &= key_pos > query_pos - window
-            first = first_if_consecutive(table_np[row, c0:nb]) if table_np is not None else None
-            chunks.append(PrefillChunk(offset, offset + n, ids, nb - c0, mask, first))
+            piece = max(window, WINDOW_PIECE_TOKENS) if window else n
+            for s in range(0, n, piece):
+                m = min(piece, n - s)
+                chunks.append(self._prefill_chunk(block_table, table_np, row, num_computed + s, m, offset + s, window))
             offset += n
         return chunks
+
+    def _prefill_chunk(
+        self, block_table: torch.Tensor, table_np: np.ndarray | None, row: int, first: int, n: int, offset: int, window: int
+    ) -> PrefillChunk:
+        """Queries at positions [first, first + n) of ``row``, tokens [offset, offset + n) of the step."""
+        bs, device = self.block_size, block_table.device
+        nb = -(-(first + n) // bs)
+        # The first column the first query's window reaches (0 without a window).
+        c0 = max(0, first - window + 1) // bs if window else 0
+        ids = block_table[row, c0:nb].long()
+        query_pos = torch.arange(first, first + n, device=device)[:, None]  # (n, 1)
+        key_pos = self._positions[c0 * bs : nb * bs][None, :]  # (1, L)
+        mask = key_pos <= query_pos  # (n, L)
+        if window:
+            mask &= key_pos > query_pos - window
+        first_block = first_if_consecutive(table_np[row, c0:nb]) if table_np is not None else None
+        return PrefillChunk(offset, offset + n, ids, nb - c0, mask, first_block)
 
     def for_step(self, metadata: AttentionMetadata | list[AttentionMetadata]):
         """The model's AttentionFn for one step: one metadata for every layer, or a list

@@ -226,3 +226,32 @@ def test_per_layer_metadata_with_a_shared_tensor():
             )
     with pytest.raises(ValueError, match="one metadata per layer"):
         attention.for_step(mds[:1])
+
+
+@pytest.mark.parametrize(
+    ("window", "pieces"),
+    [
+        (6, [(0, 256, 64), (256, 300, 13)]),
+        (100, [(0, 256, 64), (256, 300, 36)]),
+        (300, [(0, 300, 75)]),
+    ],
+)
+def test_a_long_windowed_chunk_is_attended_in_pieces(window, pieces):
+    # 300 queries in one chunk: pieces of max(W, 256) queries, each reading from the
+    # column its first query's window reaches: (start, end, columns read) each.
+    n, num_blocks = 300, 80
+    gen = torch.Generator().manual_seed(4)
+    cache = torch.zeros((2, num_blocks, BS, KVH, HD), dtype=torch.float64)
+    blocks = (torch.randperm(num_blocks - 1, generator=gen)[: n // BS] + 1).to(torch.int32)
+    attention = PagedAttention([cache], NH, n // BS, scale=SCALE)
+    slots = (blocks[:, None].long() * BS + torch.arange(BS)).reshape(-1)  # (T,)
+    md = attention.build_metadata(blocks[None, :], slots, [], [], [(0, 0, n)], window)
+    assert [(c.start, c.end, c.num_ctx_blocks) for c in md.prefills] == pieces
+    q = torch.randn(n, NH, HD, generator=gen, dtype=torch.float64)
+    k, v = torch.randn(2, n, KVH, HD, generator=gen, dtype=torch.float64)
+    with torch.inference_mode():
+        out = attention.for_step(md)(0, q, k, v)
+    for p in (0, 5, 6, 255, 256, 257, 299):
+        torch.testing.assert_close(
+            out[p], dense(q[p], k, v, p, window), rtol=1e-12, atol=1e-12, msg=f"pos {p}"
+        )
