@@ -44,7 +44,7 @@ def _configs():
         "gemma3": lambda: _gemma3(tf, common, tie_word_embeddings=False),
         "gemma3-tied": lambda: _gemma3(tf, common, tie_word_embeddings=True),
         "qwen2-sliding": lambda: tf.Qwen2Config(**common, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
-        "mistral-sliding": lambda: tf.MistralConfig(**common, sliding_window=WINDOW),
+        "mistral-sliding": lambda: tf.MistralConfig(**{**common, "head_dim": 32}, sliding_window=WINDOW),  # vLLM's CPU attention: head_dim 32
     }  # fmt: skip
 
 
