@@ -39,6 +39,8 @@ where its library is built; the torch passes otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -255,10 +257,10 @@ class PagedAttention:
         first_block = first_if_consecutive(table_np[row, c0:nb]) if table_np is not None else None
         return PrefillChunk(offset, offset + n, ids, nb - c0, mask, first_block)
 
-    def for_step(self, metadata: AttentionMetadata | list[AttentionMetadata]):
-        """The model's AttentionFn for one step: one metadata for every layer, or a list
-        with each layer's (the metadata of its KV-cache group and window; entries shared)."""
-        if isinstance(metadata, list):
+    def for_step(self, metadata: AttentionMetadata | Sequence[AttentionMetadata]):
+        """The model's AttentionFn for one step: one metadata for every layer, or a
+        sequence with each layer's (the metadata of its KV-cache group and window; entries shared)."""
+        if not isinstance(metadata, AttentionMetadata):
             if len(metadata) != len(self.kv_caches):
                 raise ValueError(f"one metadata per layer: {len(self.kv_caches)} layers, got {len(metadata)}")
             per_layer = metadata
