@@ -35,6 +35,7 @@ from frontend.model_dir import checkpoint_problem
 from frontend.ready_probe import FrontendProbe, requires_client_certificates
 from frontend.restart_policy import RestartPolicy
 from protocol import kv_cache_spec
+from protocol.layer_windows import layer_windows
 
 PR_SET_PDEATHSIG = 1
 POLL_S = 0.2
@@ -87,16 +88,6 @@ def num_kv_tensors(c: dict, disable_hybrid: bool = False, disable_sliding_window
     windows grouped as the worker groups them (protocol.kv_cache_spec)."""
     windows = [0] * c["num_hidden_layers"] if disable_sliding_window else layer_windows(c)
     return kv_cache_spec.num_kv_tensors(kv_cache_spec.kv_cache_groups(windows, disable_hybrid))
-
-
-def layer_windows(c: dict) -> list[int]:
-    """Each layer's attention window from config.json ``c``, 0 for full attention: the
-    model's ``sliding_window`` on every layer (off unless ``use_sliding_window`` where
-    the config has it, as Qwen2's), as the worker's ModelConfig reads it."""
-    window = c.get("sliding_window")
-    if not isinstance(window, int) or isinstance(window, bool) or window < 1 or c.get("use_sliding_window", True) is False:
-        window = 0
-    return [window] * c["num_hidden_layers"]
 
 
 def scrape_gauge(url: str, name: str) -> float | None:

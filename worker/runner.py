@@ -121,7 +121,7 @@ class ModelRunner:
             if self.limits.group_windows:
                 self._group_check = partial(check_groups, self.groups.view, self.groups.num_blocks, self.limits)
         self.attention = PagedAttention(kv_caches, model.num_heads, max_blocks_per_seq, workspace_bytes,
-                                        compute_dtype=model.dtype, kv_scales=kv_scales)  # fmt: skip
+                                        compute_dtype=model.dtype, kv_scales=kv_scales, scale=model.config.attention_scale)  # fmt: skip
         self.sampling = SamplingState(max_num_seqs, model.config.vocab_size, self.device, seed)
         # Structured outputs, where tokens are sampled (None on other TP ranks: they ignore grammars).
         self.grammars = None if grammar_compiler is None else GrammarRows(grammar_compiler, max_num_seqs, model.config.vocab_size)

@@ -4,6 +4,10 @@ implementation; a test-only dependency, never imported by kvpool itself).
 ``make_checkpoint(kind, dir)`` builds a tiny model of one supported architecture (or a
 variant: RoPE scaling, explicit head_dim, tied embeddings) with weights from a fixed
 seed, scaled so that greedy decoding has clear winners, and ``save_pretrained``s it.
+``WINDOW_KINDS`` have sliding-window layers (window ``WINDOW`` tokens): Gemma 3 with
+sliding and full layers, Qwen2 with its first layer full (``max_window_layers``), and
+Mistral with every layer sliding; ``gemma3-tied`` is Gemma 3 with its lm_head tied to
+the embeddings, as Google's checkpoints are.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pathlib import Path
 import torch
 
 VOCAB, EOS = 256, 1
+WINDOW = 16
 
 
 def _configs():
@@ -32,24 +37,45 @@ def _configs():
         "qwen2": lambda: tf.Qwen2Config(**common, tie_word_embeddings=True),
         "qwen3": lambda: tf.Qwen3Config(**{**common, "head_dim": 32}),
         "mistral": lambda: tf.MistralConfig(**common, sliding_window=None),
-    }
+        # Gemma 3: two sliding layers then a full one, twice; query_pre_attn_scalar is not
+        # head_dim; the full layers' RoPE has linear scaling, the sliding ones' a local base.
+        # NOTE: head_dim 32, which vLLM's CPU attention supports (16 it refuses); lm_head
+        # untied, since a random model with tied ones greedily repeats its last token.
+        "gemma3": lambda: _gemma3(tf, common, tie_word_embeddings=False),
+        "gemma3-tied": lambda: _gemma3(tf, common, tie_word_embeddings=True),
+        "qwen2-sliding": lambda: tf.Qwen2Config(**common, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
+        "mistral-sliding": lambda: tf.MistralConfig(**{**common, "head_dim": 32}, sliding_window=WINDOW),  # vLLM's CPU attention: head_dim 32
+    }  # fmt: skip
 
 
 KINDS = ["llama", "llama3-rope", "llama-linear-rope", "llama-bias", "qwen2", "qwen3", "mistral"]
+WINDOW_KINDS = ["gemma3", "qwen2-sliding", "mistral-sliding"]
+
+
+def _gemma3(tf, common: dict, tie_word_embeddings: bool):
+    return tf.Gemma3TextConfig(
+        **{**common, "num_hidden_layers": 6, "head_dim": 32}, query_pre_attn_scalar=24, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2, tie_word_embeddings=tie_word_embeddings,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})  # fmt: skip
 
 
 def _randomise(model: torch.nn.Module, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     H = model.config.hidden_size
+    # NOTE: Gemma's norms scale by (1 + w): w near 0 is a norm near 1.
+    norm_base = 0.0 if model.config.model_type.startswith("gemma") else 1.0
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
             if p.ndim == 1 and "norm" in name:
-                p.copy_(1.0 + 0.1 * noise)
+                p.copy_(norm_base + 0.1 * noise)
             elif p.ndim == 1:
                 p.copy_(0.1 * noise)
             elif "embed_tokens" in name:
-                p.copy_(noise)
+                # NOTE: Gemma scales its embeddings by sqrt(H): unit-size ones would
+                # swamp the residual stream, whose sublayer outputs are normed to ~1.
+                p.copy_(noise / math.sqrt(H) if norm_base == 0.0 else noise)
             elif "lm_head" in name:
                 p.copy_(noise * 3.0 / math.sqrt(H))
             elif name.endswith(("q_proj.weight", "k_proj.weight")):

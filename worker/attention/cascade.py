@@ -68,18 +68,19 @@ def shared_first_order(shared: list[SharedPrefix], num_decode: int) -> np.ndarra
 
 
 def merge_shared_prefixes(
-    q: torch.Tensor, res: torch.Tensor, lse: torch.Tensor, shared: list[SharedPrefix], read_blocks: ReadBlocks, block_size: int
+    q: torch.Tensor, res: torch.Tensor, lse: torch.Tensor, shared: list[SharedPrefix], read_blocks: ReadBlocks, block_size: int,
+    scale: float | None = None,
 ) -> None:
     """Attend each group's queries to its shared prefix, then merge that into ``res``,
     which holds each row's attention over its own keys, whose log-sum-exp is ``lse``.
     Rows are in the decode order, so the groups cover its first rows, up to the last group's end.
-    q, res (B, nh, hd); lse (B, kvh, group)."""
-    o1, l1 = _attend_prefixes(q, lse, shared, read_blocks, block_size)
+    q, res (B, nh, hd); lse (B, kvh, group). scale: of q.k, None: head_dim ** -0.5."""
+    o1, l1 = _attend_prefixes(q, lse, shared, read_blocks, block_size, scale)
     _merge(res, lse, o1, l1)
 
 
 def _attend_prefixes(
-    q: torch.Tensor, lse: torch.Tensor, shared: list[SharedPrefix], read_blocks: ReadBlocks, block_size: int
+    q: torch.Tensor, lse: torch.Tensor, shared: list[SharedPrefix], read_blocks: ReadBlocks, block_size: int, scale: float | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each group's queries over its prefix: the output (g_rows, kvh, group, hd) and its
     log-sum-exp (g_rows, kvh, group), in the decode order."""
@@ -94,7 +95,7 @@ def _attend_prefixes(
         kp = kp.view(1, ctx, kvh, hd).transpose(1, 2)  # (1, kvh, ctx, hd)
         vp = vp.view(1, ctx, kvh, hd).transpose(1, 2)
         qp = q[s.start : s.end].view(m, kvh, grp, hd).transpose(0, 1).reshape(1, kvh, m * grp, hd)
-        o, lse_p = flash_with_lse(qp, kp, vp)  # (1, kvh, m * group, hd), (1, kvh, m * group)
+        o, lse_p = flash_with_lse(qp, kp, vp, scale=scale)  # (1, kvh, m * group, hd), (1, kvh, m * group)
         o1[s.start : s.end] = o.view(kvh, m, grp, hd).transpose(0, 1)
         l1[s.start : s.end] = lse_p.view(kvh, m, grp).transpose(0, 1)
     return o1, l1

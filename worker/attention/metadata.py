@@ -1,5 +1,6 @@
 """What attention needs for one step (``AttentionMetadata``), built once per step by
-``PagedAttention.build_metadata`` and shared by every layer."""
+``PagedAttention.build_metadata`` and shared by every layer (of one KV-cache group and
+window, when the model has several)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ class PrefillChunk:
     end: int
     block_ids: torch.Tensor  # (num_ctx_blocks,) int64
     num_ctx_blocks: int
-    mask: torch.Tensor  # (n, num_ctx_blocks * block_size) bool, causal from num_computed
+    mask: torch.Tensor  # (n, num_ctx_blocks * block_size) bool, causal from num_computed (and within the window)
     first_block: int | None  # the id of its first block when the ids run consecutively
 
 
@@ -51,6 +52,7 @@ class AttentionMetadata:
     # adjacent, groups first (the last group ends where the ungrouped rows start):
     # decode_order[j] is the step's decode token at place j.
     decode_order: torch.Tensor | None = None
+    sliding_window: int = 0  # the window it attends within, 0: full attention
 
 
 def first_if_consecutive(ids: np.ndarray) -> int | None:

@@ -17,6 +17,14 @@ chunks (several consecutive tokens of one request, possibly starting mid-sequenc
 * Prefill chunks loop over requests (a chunk is many tokens, so the loop is cheap):
   gather the request's blocks, then SDPA with a causal mask offset by the number of
   tokens already computed.
+* Sliding windows (``build_metadata(..., sliding_window=W)``, one metadata per window;
+  ``for_step`` takes one per layer): the token at position p attends to positions
+  (p - W, p]. The leading columns of a row wholly before the window of its first query
+  are never read (in a sliding KV-cache group they hold the null block), the keys of
+  the first column read that fall before the window are masked, and shared prefixes
+  are off (a window keeps at most W tokens of any prefix); a long prefill chunk is
+  attended in pieces, each reading only the blocks its queries' windows reach.
+  Window 0: full attention.
 
 K/V of the step are written into the cache before attention (``KVCacheWriter``, vLLM's reshape_and_cache),
 so every token reads its own K/V, and its request's earlier ones, from the pages.
@@ -30,6 +38,8 @@ where its library is built; the torch passes otherwise.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -55,6 +65,10 @@ from worker.attention.metadata import (
 )
 
 DEFAULT_WORKSPACE_BYTES = 16 * 1024 * 1024  # per K and per V
+# NOTE: a windowed prefill chunk is attended in pieces of at least this many queries, so
+# a long chunk reads about (piece + W) keys per query, not the whole prefix; below it
+# the calls' fixed cost would outweigh the keys saved.
+WINDOW_PIECE_TOKENS = 256
 
 
 class PagedAttention:
@@ -70,10 +84,14 @@ class PagedAttention:
         cascade_min_tokens: int | None = DEFAULT_CASCADE_MIN_TOKENS,
         compute_dtype: torch.dtype | None = None,
         kv_scales: list[KVScales] | None = None,
+        scale: float | None = None,
     ):
-        """compute_dtype: the queries' (the model's) dtype, None: the caches'; it must be
-        given for an fp8 cache. kv_scales: per layer, for an fp8 cache (None: all 1.0)."""
+        """kv_caches: one per layer; layers may share a tensor (KV-cache groups, vLLM's
+        layout). compute_dtype: the queries' (the model's) dtype, None: the caches'; it must
+        be given for an fp8 cache. kv_scales: per layer, for an fp8 cache (None: all 1.0).
+        scale: of q.k, None: head_dim ** -0.5 (Gemma 3: query_pre_attn_scalar ** -0.5)."""
         self.kv_caches = kv_caches  # per layer (2, num_blocks, block_size, kvh, hd)
+        self.scale = scale
         self.scales = kv_scales or [KVScales()] * len(kv_caches)
         self.writers = [KVCacheWriter(kv, s) for kv, s in zip(kv_caches, self.scales, strict=True)]
         _, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim = kv_caches[0].shape
@@ -112,28 +130,41 @@ class PagedAttention:
         decode_rows: list[int],
         decode_context_lens: list[int],
         prefills: list[tuple[int, int, int]],
+        sliding_window: int = 0,
     ) -> AttentionMetadata:
         """block_table: (max_num_seqs, max_blocks_per_seq) int32 on the device.
         decode_rows / decode_context_lens: per decode token, its table row and the
-        context it attends to (its position + 1). prefills: (row, num_computed, n)."""
+        context it attends to (its position + 1). prefills: (row, num_computed, n).
+        sliding_window: W > 0, each token attends to the last W positions, itself
+        included; 0, to every earlier one (the table, slots and window of one KV-cache group)."""
+        if sliding_window < 0:
+            raise ValueError(f"sliding_window must be >= 0 (0: full attention), got {sliding_window}")
         # NOTE: on the CPU the table is readable as is; elsewhere reading it would wait for the device.
         table_np = block_table.numpy() if block_table.device.type == "cpu" else None
         groups: list[DecodeGroup] = []
         shared: list[SharedPrefix] = []
         order = None
         if decode_rows:
-            groups, shared, order = self._decode_metadata(block_table, table_np, decode_rows, decode_context_lens)
-        chunks = self._prefill_chunks(block_table, table_np, prefills, len(decode_rows))
-        return AttentionMetadata(slot_mapping, len(decode_rows), groups, chunks, shared, order)
+            groups, shared, order = self._decode_metadata(block_table, table_np, decode_rows, decode_context_lens, sliding_window)
+        chunks = self._prefill_chunks(block_table, table_np, prefills, len(decode_rows), sliding_window)
+        return AttentionMetadata(slot_mapping, len(decode_rows), groups, chunks, shared, order, sliding_window)
 
     def _decode_metadata(
-        self, block_table: torch.Tensor, table_np: np.ndarray | None, decode_rows: list[int], decode_context_lens: list[int]
+        self, block_table: torch.Tensor, table_np: np.ndarray | None, decode_rows: list[int], decode_context_lens: list[int],
+        window: int,
     ) -> tuple[list[DecodeGroup], list[SharedPrefix], torch.Tensor | None]:
         """The decode rows' workspace groups, their shared prefixes, and the decode order
         that puts each prefix's rows together (None without shared prefixes)."""
         bs = self.block_size
         rows_np = np.asarray(decode_rows, dtype=np.int64)
         ctx_np = np.asarray(decode_context_lens, dtype=np.int64)
+        if window:
+            # The first key in the window; the columns wholly before it are skipped and
+            # the keys of its column before it masked.
+            start = np.maximum(ctx_np - window, 0)
+            skip = start // bs
+            own = ctx_np - skip * bs
+            return self._decode_groups(block_table, rows_np, own, skip, (start - skip * bs).tolist()), [], None
         skip = np.zeros(len(decode_rows), dtype=np.int64)
         shared: list[SharedPrefix] = []
         order = None
@@ -146,9 +177,12 @@ class PagedAttention:
         own = ctx_np - skip * bs  # keys of each row after its shared prefix, >= 1
         return self._decode_groups(block_table, rows_np, own, skip), shared, order
 
-    def _decode_groups(self, block_table: torch.Tensor, rows_np: np.ndarray, own: np.ndarray, skip: np.ndarray) -> list[DecodeGroup]:
+    def _decode_groups(
+        self, block_table: torch.Tensor, rows_np: np.ndarray, own: np.ndarray, skip: np.ndarray, lead: list[int] | None = None
+    ) -> list[DecodeGroup]:
         """Consecutive decode rows in groups whose blocks, padded to the group's widest
-        row, fit the workspace together."""
+        row, fit the workspace together. ``lead``: per row, the keys of its first column
+        before its window (masked), None without a window."""
         device = block_table.device
         own_blocks = (-(-own // self.block_size)).tolist()
         own_list = own.tolist()
@@ -161,16 +195,18 @@ class PagedAttention:
             nb = own_blocks[i] if i < num_rows else 0
             at_end = i == num_rows
             if at_end or (i > start and (i - start + 1) * max(widest, nb) > self.workspace_blocks):
-                groups.append(self._decode_group(block_table, rows, first_col, own_list, start, i, widest))
+                groups.append(self._decode_group(block_table, rows, first_col, own_list, start, i, widest, lead))
                 start, widest = i, 0
             widest = max(widest, nb)
         return groups
 
     def _decode_group(
-        self, block_table: torch.Tensor, rows: torch.Tensor, first_col: torch.Tensor, own_list: list[int], start: int, end: int, widest: int
+        self, block_table: torch.Tensor, rows: torch.Tensor, first_col: torch.Tensor, own_list: list[int], start: int, end: int, widest: int,
+        lead: list[int] | None = None,
     ) -> DecodeGroup:
         """Rows [start, end): ``widest`` block ids each from its first own column, and the
-        bias that masks each row's padding (None when no row is padded)."""
+        bias that masks each row's padding and keys before its window (None when no row
+        has either)."""
         bs, device = self.block_size, block_table.device
         max_col = block_table.shape[1] - 1
         cols = first_col[start:end, None] + torch.arange(widest, device=device)  # (n, widest)
@@ -178,30 +214,62 @@ class PagedAttention:
         # null block or a clamped id); the bias masks them out.
         ids = block_table[rows[start:end, None], cols.clamp_(max=max_col)].reshape(-1).long()
         bias = None
-        if any(n_own != widest * bs for n_own in own_list[start:end]):
+        leading = lead is not None and any(lead[start:end])
+        if leading or any(n_own != widest * bs for n_own in own_list[start:end]):
             lens = torch.tensor(own_list[start:end], device=device)
             pad = self._positions[: widest * bs] >= lens[:, None]  # (n, L)
+            if leading:
+                pad |= self._positions[: widest * bs] < torch.tensor(lead[start:end], device=device)[:, None]
             bias = torch.zeros(pad.shape, dtype=self.dtype, device=device).masked_fill_(pad, float("-inf"))
             bias = bias[:, None, None, :]
         return DecodeGroup(start, end, ids, widest, bias)
 
     def _prefill_chunks(
-        self, block_table: torch.Tensor, table_np: np.ndarray | None, prefills: list[tuple[int, int, int]], offset: int
+        self, block_table: torch.Tensor, table_np: np.ndarray | None, prefills: list[tuple[int, int, int]], offset: int,
+        window: int = 0,
     ) -> list[PrefillChunk]:
-        """Each prefill chunk's blocks and causal mask; the chunks follow the decode tokens."""
-        bs, device = self.block_size, block_table.device
+        """Each prefill chunk's blocks and causal mask; the chunks follow the decode tokens.
+        With a window, a chunk is attended in pieces of at most ``max(window,
+        WINDOW_PIECE_TOKENS)`` queries, each reading only the blocks its window reaches."""
         chunks: list[PrefillChunk] = []
         for row, num_computed, n in prefills:
-            nb = -(-(num_computed + n) // bs)
-            ids = block_table[row, :nb].long()
-            query_pos = torch.arange(num_computed, num_computed + n, device=device)[:, None]  # (n, 1)
-            mask = self._positions[: nb * bs][None, :] <= query_pos  # (n, L)
-            first = first_if_consecutive(table_np[row, :nb]) if table_np is not None else None
-            chunks.append(PrefillChunk(offset, offset + n, ids, nb, mask, first))
+            piece = max(window, WINDOW_PIECE_TOKENS) if window else n
+            for s in range(0, n, piece):
+                m = min(piece, n - s)
+                chunks.append(self._prefill_chunk(block_table, table_np, row, num_computed + s, m, offset + s, window))
             offset += n
         return chunks
 
-    def for_step(self, metadata: AttentionMetadata):
+    def _prefill_chunk(
+        self, block_table: torch.Tensor, table_np: np.ndarray | None, row: int, first: int, n: int, offset: int, window: int
+    ) -> PrefillChunk:
+        """Queries at positions [first, first + n) of ``row``, tokens [offset, offset + n) of the step."""
+        bs, device = self.block_size, block_table.device
+        nb = -(-(first + n) // bs)
+        # The first column the first query's window reaches (0 without a window).
+        c0 = max(0, first - window + 1) // bs if window else 0
+        ids = block_table[row, c0:nb].long()
+        query_pos = torch.arange(first, first + n, device=device)[:, None]  # (n, 1)
+        key_pos = self._positions[c0 * bs : nb * bs][None, :]  # (1, L)
+        mask = key_pos <= query_pos  # (n, L)
+        if window:
+            mask &= key_pos > query_pos - window
+        first_block = first_if_consecutive(table_np[row, c0:nb]) if table_np is not None else None
+        return PrefillChunk(offset, offset + n, ids, nb - c0, mask, first_block)
+
+    def for_step(self, metadata: AttentionMetadata | Sequence[AttentionMetadata]):
+        """The model's AttentionFn for one step: one metadata for every layer, or a
+        sequence with each layer's (the metadata of its KV-cache group and window; entries shared)."""
+        if not isinstance(metadata, AttentionMetadata):
+            if len(metadata) != len(self.kv_caches):
+                raise ValueError(f"one metadata per layer: {len(self.kv_caches)} layers, got {len(metadata)}")
+            per_layer = metadata
+
+            def attention_per_layer(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                return self.forward(layer, q, k, v, per_layer[layer])
+
+            return attention_per_layer
+
         def attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return self.forward(layer, q, k, v, metadata)
 
@@ -263,7 +331,7 @@ class PagedAttention:
             kc = kc.view(ctx, kvh, hd).transpose(0, 1).unsqueeze(0)  # (1, kvh, ctx, hd)
             vc = vc.view(ctx, kvh, hd).transpose(0, 1).unsqueeze(0)
             qc = q[c.start : c.end].transpose(0, 1).unsqueeze(0)  # (1, nh, n, hd)
-            o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=c.mask, enable_gqa=True)  # (1, nh, n, hd)
+            o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=c.mask, enable_gqa=True, scale=self.scale)  # (1, nh, n, hd)
             out[c.start : c.end] = o[0].transpose(0, 1)
         return out
 
@@ -286,11 +354,12 @@ class PagedAttention:
             vg = vg.view(n, ctx, kvh, hd).transpose(1, 2)
             qg = q[g.start : g.end].view(n, kvh, grp, hd)  # (n, kvh, group, hd)
             if lse is None:
-                o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.bias)  # (n, kvh, group, hd)
+                o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.bias, scale=self.scale)  # (n, kvh, group, hd)
             else:
-                o, lse[g.start : g.end] = flash_with_lse(qg, kg, vg, attn_mask=g.bias)
+                o, lse[g.start : g.end] = flash_with_lse(qg, kg, vg, attn_mask=g.bias, scale=self.scale)
             res[g.start : g.end] = o.reshape(n, self.num_heads, hd)
         if md.shared_prefixes:
-            merge_shared_prefixes(q, res, lse, md.shared_prefixes, lambda ids, first: self._blocks(layer, ids, first), self.block_size)
+            merge_shared_prefixes(q, res, lse, md.shared_prefixes, lambda ids, first: self._blocks(layer, ids, first), self.block_size,
+                                  self.scale)  # fmt: skip
         if md.decode_order is not None:
             out.index_copy_(0, md.decode_order, res)

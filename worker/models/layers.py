@@ -6,6 +6,7 @@ a copy and ``F.linear`` runs them; fused projections are rows concatenated.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
+
+
+def gemma_rms_norm(x: torch.Tensor, weight_plus_one: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm, as transformers' Gemma3RMSNorm and vLLM's GemmaRMSNorm compute
+    it: x (..., D) normalised in float32, times (1 + w) in float32, then cast.
+    ``weight_plus_one`` (D,) float32 is ``1.0 + w.float()``, made once at load."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * weight_plus_one).to(x.dtype)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """transformers' ``gelu_pytorch_tanh`` (Gemma's MLP activation)."""
+    return F.gelu(x, approximate="tanh")
+
+
+ACTIVATION_FNS = {"silu": F.silu, "gelu_pytorch_tanh": gelu_tanh}
 
 
 @dataclass(slots=True)
@@ -37,21 +55,23 @@ MLP_CHUNK_ROWS = 256
 
 @dataclass(slots=True)
 class GatedMLP:
-    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up fused into one projection.
+    """SwiGLU: down(act(gate(x)) * up(x)), gate and up fused into one projection; ``act``
+    is silu (GeGLU's tanh gelu for Gemma).
 
     Wide inputs (prefill steps) go through gate/up and the activation in row chunks;
     down runs once over all rows (under tensor parallelism: one all-reduce)."""
 
     gate_up: Linear  # (2 * I, H)
     down: Linear  # (H, I)
+    act: Callable[[torch.Tensor], torch.Tensor] = F.silu
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
         if x.dim() != 2 or T <= 2 * MLP_CHUNK_ROWS:
             gate, up = self.gate_up(x).chunk(2, dim=-1)  # (T, I) each
-            return self.down(F.silu(gate) * up)  # (T, H)
+            return self.down(self.act(gate) * up)  # (T, H)
         act = x.new_empty((T, self.gate_up.weight.shape[0] // 2))  # (T, I)
         for s in range(0, T, MLP_CHUNK_ROWS):
             gate, up = self.gate_up(x[s : s + MLP_CHUNK_ROWS]).chunk(2, dim=-1)  # (c, I) each
-            torch.mul(F.silu(gate), up, out=act[s : s + MLP_CHUNK_ROWS])
+            torch.mul(self.act(gate), up, out=act[s : s + MLP_CHUNK_ROWS])
         return self.down(act)  # (T, H)

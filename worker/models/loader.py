@@ -3,7 +3,7 @@
 The table is vLLM's ``stacked_params_mapping``: q_proj, k_proj, v_proj become one qkv
 projection (rows concatenated in that order) and gate_proj, up_proj one gate_up. Every
 tensor's shape is checked against config.json before it is used; a tied lm_head is the
-embedding itself.
+embedding itself. Gemma's norm weights w become 1 + w in float32 (``gemma_rms_norm``).
 
 With a ``TPShard`` (tensor parallelism) each rank reads only its slices
 (``worker/parallel/linear.py``: ``shard_spec``), fused the same way; o_proj and down_proj
@@ -17,7 +17,7 @@ import torch
 from worker.checkpoint import Checkpoint, CheckpointError
 from worker.models.config import ModelConfig, model_config_from_hf
 from worker.models.decoder import DecoderLayer, DecoderModel
-from worker.models.layers import GatedMLP, Linear
+from worker.models.layers import ACTIVATION_FNS, GatedMLP, Linear
 from worker.parallel.linear import AllReduce, RowParallelLinear, TPShard, narrowed_shape, shard_spec
 
 # fused name -> the checkpoint's parts, concatenated along dim 0
@@ -51,6 +51,9 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes[f"{p}mlp.down_proj.weight"] = (H, inter)
         shapes[f"{p}input_layernorm.weight"] = (H,)
         shapes[f"{p}post_attention_layernorm.weight"] = (H,)
+        if c.gemma:
+            shapes[f"{p}pre_feedforward_layernorm.weight"] = (H,)
+            shapes[f"{p}post_feedforward_layernorm.weight"] = (H,)
     return shapes
 
 
@@ -61,17 +64,30 @@ def _stacked(w: dict[str, torch.Tensor], prefix: str, fused: str, suffix: str) -
     return torch.cat([w.pop(p) for p in parts])
 
 
-def _sharded_layer(w: dict[str, torch.Tensor], p: str, all_reduce: AllReduce) -> DecoderLayer:
-    """One layer from this rank's slices (already narrowed as ``shard_spec`` says)."""
+def _layer(w: dict[str, torch.Tensor], c: ModelConfig, i: int, all_reduce: AllReduce | None) -> DecoderLayer:
+    """Layer i from checked tensors; with ``all_reduce``, this rank's slices (already
+    narrowed as ``shard_spec`` says) with o and down row-parallel around it."""
+    p = f"model.layers.{i}."
     a, m = f"{p}self_attn.", f"{p}mlp."
+
+    def row(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear | RowParallelLinear:
+        return Linear(weight, bias) if all_reduce is None else RowParallelLinear(weight, bias, all_reduce)
+
+    def norm(name: str) -> torch.Tensor | None:
+        weight = w.pop(name, None)
+        return weight if weight is None or not c.gemma else 1.0 + weight.float()
+
     return DecoderLayer(
-        input_norm=w.pop(f"{p}input_layernorm.weight"),
+        input_norm=norm(f"{p}input_layernorm.weight"),
         qkv=Linear(_stacked(w, a, "qkv_proj", "weight"), _stacked(w, a, "qkv_proj", "bias")),
-        o=RowParallelLinear(w.pop(f"{a}o_proj.weight"), w.pop(f"{a}o_proj.bias", None), all_reduce),
-        post_attention_norm=w.pop(f"{p}post_attention_layernorm.weight"),
-        mlp=GatedMLP(Linear(_stacked(w, m, "gate_up_proj", "weight")), RowParallelLinear(w.pop(f"{m}down_proj.weight"), None, all_reduce)),
-        q_norm=w.pop(f"{a}q_norm.weight", None),
-        k_norm=w.pop(f"{a}k_norm.weight", None),
+        o=row(w.pop(f"{a}o_proj.weight"), w.pop(f"{a}o_proj.bias", None)),
+        post_attention_norm=norm(f"{p}post_attention_layernorm.weight"),
+        mlp=GatedMLP(Linear(_stacked(w, m, "gate_up_proj", "weight")), row(w.pop(f"{m}down_proj.weight"), None), ACTIVATION_FNS[c.hidden_act]),
+        q_norm=norm(f"{a}q_norm.weight"),
+        k_norm=norm(f"{a}k_norm.weight"),
+        pre_feedforward_norm=norm(f"{p}pre_feedforward_layernorm.weight"),
+        post_feedforward_norm=norm(f"{p}post_feedforward_layernorm.weight"),
+        local_rope=c.local_rope is not None and c.layer_windows[i] > 0,
     )
 
 
@@ -79,29 +95,16 @@ def build_decoder(
     config: ModelConfig, w: dict[str, torch.Tensor], shard: TPShard | None = None, all_reduce: AllReduce | None = None
 ) -> DecoderModel:
     """The model from checked tensors (``w`` is consumed); with ``shard``, this rank's part."""
-    if shard is not None and shard.size > 1:
-        if all_reduce is None:
-            raise ValueError("a sharded model needs the group's all_reduce")
-        layers = [_sharded_layer(w, f"model.layers.{i}.", all_reduce) for i in range(config.num_layers)]
-        embed = w.pop("model.embed_tokens.weight")
-        lm_head = embed if config.tie_word_embeddings else w.pop("lm_head.weight")
-        return DecoderModel(config, embed, layers, w.pop("model.norm.weight"), lm_head, shard)
-    layers = []
-    for i in range(config.num_layers):
-        p = f"model.layers.{i}."
-        a, m = f"{p}self_attn.", f"{p}mlp."
-        layers.append(DecoderLayer(
-            input_norm=w.pop(f"{p}input_layernorm.weight"),
-            qkv=Linear(_stacked(w, a, "qkv_proj", "weight"), _stacked(w, a, "qkv_proj", "bias")),
-            o=Linear(w.pop(f"{a}o_proj.weight"), w.pop(f"{a}o_proj.bias", None)),
-            post_attention_norm=w.pop(f"{p}post_attention_layernorm.weight"),
-            mlp=GatedMLP(Linear(_stacked(w, m, "gate_up_proj", "weight")), Linear(w.pop(f"{m}down_proj.weight"))),
-            q_norm=w.pop(f"{a}q_norm.weight", None),
-            k_norm=w.pop(f"{a}k_norm.weight", None),
-        ))
+    sharded = shard is not None and shard.size > 1
+    if sharded and all_reduce is None:
+        raise ValueError("a sharded model needs the group's all_reduce")
+    layers = [_layer(w, config, i, all_reduce if sharded else None) for i in range(config.num_layers)]
     embed = w.pop("model.embed_tokens.weight")
     lm_head = embed if config.tie_word_embeddings else w.pop("lm_head.weight")
-    return DecoderModel(config, embed, layers, w.pop("model.norm.weight"), lm_head)
+    norm = w.pop("model.norm.weight")
+    if config.gemma:
+        norm = 1.0 + norm.float()
+    return DecoderModel(config, embed, layers, norm, lm_head, shard if sharded else None)
 
 
 def load_model(

@@ -12,17 +12,17 @@ import math
 
 import torch
 
-from worker.models.config import ModelConfig
+from worker.models.config import Rope
 
 
-def inv_frequencies(config: ModelConfig) -> torch.Tensor:
+def inv_frequencies(head_dim: int, rope: Rope) -> torch.Tensor:
     """(head_dim / 2,) float32."""
-    dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))  # (hd/2,)
-    p = dict(config.rope_params)
-    if config.rope_type == "linear":
+    dim = head_dim
+    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))  # (hd/2,)
+    p = dict(rope.params)
+    if rope.type == "linear":
         return inv_freq / p["factor"]
-    if config.rope_type == "llama3":
+    if rope.type == "llama3":
         factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
         old_len = p["original_max_position_embeddings"]
         low_wavelen, high_wavelen = old_len / low, old_len / high
@@ -36,8 +36,8 @@ def inv_frequencies(config: ModelConfig) -> torch.Tensor:
 
 
 class RotaryEmbedding:
-    def __init__(self, config: ModelConfig, device: torch.device):
-        self.inv_freq = inv_frequencies(config).to(device)  # (hd/2,) float32
+    def __init__(self, head_dim: int, rope: Rope, device: torch.device):
+        self.inv_freq = inv_frequencies(head_dim, rope).to(device)  # (hd/2,) float32
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions (T,) -> cos, sin (T, 1, hd/2) in ``dtype``, shared by every layer."""

@@ -43,19 +43,19 @@ ROWS = [
 EXPECTED_GROUPS = {(0, 2, 5): 3, (1, 4, 7): 1, (8, 9): 3}  # decode indices -> shared blocks
 
 
-def dense_attention(cache: torch.Tensor, q: torch.Tensor, blocks: list[int], ctx: int) -> torch.Tensor:
+def dense_attention(cache: torch.Tensor, q: torch.Tensor, blocks: list[int], ctx: int, scale: float = HD**-0.5) -> torch.Tensor:
     """q (nh, hd) over the first ctx tokens of ``blocks``, float64 -> (nh, hd)."""
     k = cache[0, blocks].reshape(-1, KVH, HD)[:ctx].double()  # (ctx, kvh, hd)
     v = cache[1, blocks].reshape(-1, KVH, HD)[:ctx].double()
     out = torch.empty(NH, HD, dtype=torch.float64)
     for h in range(NH):
         kv = h // (NH // KVH)
-        p = torch.softmax(k[:, kv] @ q[h].double() / HD**0.5, dim=0)  # (ctx,)
+        p = torch.softmax(k[:, kv] @ q[h].double() * scale, dim=0)  # (ctx,)
         out[h] = p @ v[:, kv]
     return out
 
 
-def run_decode(dtype: torch.dtype, cascade_min_tokens: int | None):
+def run_decode(dtype: torch.dtype, cascade_min_tokens: int | None, scale: float | None = None):
     gen = torch.Generator().manual_seed(0)
     cache = allocate_kv_caches(1, NUM_BLOCKS, BS, KVH, HD, dtype, "cpu")[0]
     cache.copy_(torch.randn(cache.shape, generator=gen, dtype=torch.float64))
@@ -70,7 +70,7 @@ def run_decode(dtype: torch.dtype, cascade_min_tokens: int | None):
     rows = torch.arange(n)
     positions = torch.tensor([ctx - 1 for _, ctx in ROWS])
     slots = table.compute_slot_mapping(rows, positions)
-    attention = PagedAttention([cache], NH, 8, cascade_min_tokens=cascade_min_tokens)
+    attention = PagedAttention([cache], NH, 8, cascade_min_tokens=cascade_min_tokens, scale=scale)
     md = attention.build_metadata(table.block_table, slots, list(range(n)), [ctx for _, ctx in ROWS], [])
     with torch.inference_mode():
         out = attention.forward(0, q, k, v, md)
@@ -90,6 +90,14 @@ def test_cascade_equals_dense_attention(dtype):
     for i, (blocks, ctx) in enumerate(ROWS):
         ref = dense_attention(cache, q[i], blocks, ctx)
         torch.testing.assert_close(out[i].double(), ref, rtol=tol, atol=tol, msg=f"row {i}")
+
+
+def test_cascade_with_an_attention_scale_equals_dense_attention():
+    # Gemma 3's scale (query_pre_attn_scalar ** -0.5) reaches the shared prefix and the own blocks alike.
+    cache, q, out, md = run_decode(torch.float64, cascade_min_tokens=1, scale=0.3)
+    assert len(md.shared_prefixes) == 3
+    for i, (blocks, ctx) in enumerate(ROWS):
+        torch.testing.assert_close(out[i], dense_attention(cache, q[i], blocks, ctx, 0.3), rtol=1e-12, atol=1e-12, msg=f"row {i}")
 
 
 def test_cascade_off_and_threshold():
