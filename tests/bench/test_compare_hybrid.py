@@ -159,3 +159,83 @@ def test_the_exact_peak_combines_only_where_every_run_has_it():
         ]
         is None
     )
+
+
+@pytest.mark.compare
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_vllm_serves_the_gemma3_checkpoint_with_six_groups_as_transformers_does(
+    real_vllm, tmp_path
+):
+    """vLLM 0.32 itself on the generated checkpoint: the pool in blocks as asked, greedy
+    ids in float32 equal to transformers' for prompts past the window, and its KV events
+    per group (what kvpool's events must say for this model)."""
+    import msgspec
+    import torch
+    import zmq
+    from transformers import AutoModelForCausalLM
+
+    from bench.compare_servers import Server, free_port, num_gpu_blocks, scrape_page
+    from bench.compare_workloads import greedy_token_ids
+    from worker.tiny.gemma3 import gemma3_checkpoint
+
+    model = gemma3_checkpoint()
+    cfg = ServerConfig(num_blocks=512, max_model_len=1024)
+    port, events_port = free_port(), free_port()
+    # NOTE: vLLM 0.32 connects its PUB socket to an endpoint without a wildcard: the
+    # subscriber binds.
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.bind(f"tcp://127.0.0.1:{events_port}")
+    events = json.dumps(
+        {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://127.0.0.1:{events_port}",
+        }
+    )
+    cmd = server_command("vllm", model, port, cfg, real_vllm, "tiny") + [
+        "--kv-events-config",
+        events,
+    ]
+    env = vllm_env(tmp_path / "cache", cfg, model, 1) | {"OMP_NUM_THREADS": "1"}
+    prompts = agreement_prompts(4, 512, window=128)
+    try:
+        with Server("vllm", cmd, env, tmp_path / "vllm.log", port) as s:
+            s.wait_ready(600)
+            assert num_gpu_blocks(scrape_page(s.url)) == 512
+            # NOTE: the first batches may go before the subscription reaches vLLM's PUB:
+            # warm-up prompts of their own until one arrives (bounded), then drained.
+            for seed in range(100, 110):
+                greedy_token_ids(s.url, "tiny", agreement_prompts(1, 512, seed=seed), 1, 120)
+                if sub.poll(3000):
+                    break
+            else:
+                pytest.fail("no KV event batch from vLLM after 10 requests")
+            while sub.poll(1000):
+                sub.recv_multipart()
+            got = greedy_token_ids(s.url, "tiny", prompts[:1], 12, 120) + greedy_token_ids(
+                s.url, "tiny", prompts[1:], 12, 120
+            )
+            stored = []
+            while sub.poll(2000):
+                batch = msgspec.msgpack.decode(sub.recv_multipart()[-1])
+                stored += [e for e in batch[1] if e["type"] == "BlockStored"]
+    finally:
+        sub.close(0)
+    m = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).eval()
+    for prompt, ids in zip(prompts, got, strict=True):
+        want: list[int] = []
+        with torch.no_grad():
+            for _ in range(12):
+                want.append(int(m(torch.tensor([prompt + want])).logits[0, -1].argmax()))
+        assert ids == want
+    # The first prompt (272 tokens, one chunk): the full group (5) caches its 8 full
+    # blocks; each sliding group (0..4) only the 4 within the window of its last token.
+    first = [e for e in stored if e["parent_block_hash"] is None][:6]
+    assert [e["group_idx"] for e in first] == [0, 1, 2, 3, 4, 5]
+    assert [e["kv_cache_spec_kind"] for e in first] == ["sliding_window"] * 5 + ["full_attention"]
+    assert all(e["kv_cache_spec_sliding_window"] == 128 for e in first[:5])
+    assert [len(e["block_hashes"]) for e in first] == [4, 4, 4, 4, 4, 8]
+    assert all(e["block_hashes"] == first[5]["block_hashes"][4:] for e in first[:5])
