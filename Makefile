@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 # build says so and fp8 caches are read through torch.
 KERNEL := worker/attention/csrc/fp8_gather.so
 
-.PHONY: install kernels test run bench compare lint clean
+.PHONY: install kernels test run bench compare compare-hybrid lint clean
 
 install: $(STAMP) $(KERNEL)
 
@@ -41,6 +41,12 @@ bench: $(STAMP) $(KERNEL)
 compare: $(STAMP)
 	PYTHON=$(PYTHON) bash bench/install_vllm.sh
 	$(PY) -m bench.compare $(COMPARE_ARGS)
+
+# The hybrid KV-cache groups' row (issue #26): the generated Gemma-3-style checkpoint (5
+# sliding-window layers to 1 full, a 128-token window), the same pool in blocks on both.
+compare-hybrid: $(STAMP)
+	PYTHON=$(PYTHON) bash bench/install_vllm.sh
+	$(PY) -m bench.compare --checkpoint gemma3 $(COMPARE_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from bench.compare_checkpoints import CHECKPOINTS, checkpoint_dir, describe, kv_groups
 from bench.compare_metrics import METRICS, format_differences, metrics_report
 from bench.compare_offline import (
     QUEUED,
@@ -38,6 +39,7 @@ from bench.compare_offline import (
 from bench.compare_report import SPEED_WORKLOADS, agreement_row, format_table, plot_ratios, rows
 from bench.compare_servers import (
     COUNTERS,
+    PEAK,
     Server,
     ServerConfig,
     UsageSampler,
@@ -64,15 +66,25 @@ from protocol.kv_cache_spec import KV_CACHE_DTYPES
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "tiny"  # the served model name on both servers
 DEFAULT_TRACE = ROOT.parent / "shared/traces/conversation_trace.jsonl"
+NUM_BLOCKS = 256
+# NOTE: a request holds blocks in every group (the window's in each sliding one), so the
+# hybrid checkpoint's prefix-c64 needs ~2,000 blocks; 4,096 leave it unqueued (64 MiB).
+HYBRID_NUM_BLOCKS = 4096
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="checkpoint folder (default: the tiny generated one)")
+    p.add_argument("--model", default=None, help="checkpoint folder (default: the generated one --checkpoint names)")
+    p.add_argument("--checkpoint", default=None, choices=CHECKPOINTS,
+                   help="a generated checkpoint: tiny (a Llama, the default) or gemma3 (Gemma 3's 5 sliding : 1 full "
+                        "layers, a 128-token window: the hybrid KV-cache groups' row, make compare-hybrid)")  # fmt: skip
     p.add_argument("--engines", default="vllm,kvpool", help="comma-separated, in run order (default %(default)s)")
-    p.add_argument("--workloads", default="", help="comma-separated subset of prefix-c8,prefix-c64,small-pool,mooncake (default all)")
+    p.add_argument("--workloads", default="", help="comma-separated subset of prefix-c8,prefix-c64,small-pool,prefix-long,mooncake (default all; prefix-long "
+                        "by default only with several KV-cache groups, small-pool never with them)")  # fmt: skip
     p.add_argument("--block-size", type=int, default=32, help="a multiple of 32: vLLM's CPU attention needs it")
-    p.add_argument("--num-blocks", type=int, default=256, help="the pool of the main workloads (null block included)")
+    p.add_argument("--num-blocks", type=int, default=None,
+                   help=f"the pool of the main workloads (null block included; default {NUM_BLOCKS}, "
+                        f"{HYBRID_NUM_BLOCKS} with several KV-cache groups, whose requests hold blocks in each)")  # fmt: skip
     p.add_argument("--small-num-blocks", type=int, default=64, help="the pool of small-pool, which must preempt")
     p.add_argument("--small-concurrency", type=int, default=64, help="the small-pool workload's concurrency (default %(default)s: the whole load at once, so the schedule depends least on arrival times)")
     p.add_argument("--max-num-seqs", type=int, default=64)
@@ -108,11 +120,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def default_model() -> Path:
+def served_model(a) -> Path:
+    """--model's folder, or the generated checkpoint --checkpoint names (tiny by default)."""
+    if a.model and a.checkpoint:
+        raise SystemExit(f"compare: --model {a.model} and --checkpoint {a.checkpoint}: give one")
+    if a.model:
+        model = Path(a.model).resolve()
+        if not (model / "config.json").is_file():
+            raise SystemExit(f"compare: --model {a.model}: no config.json there")
+        return model
     sys.path.insert(0, str(ROOT))
-    from worker.tiny.generate import default_checkpoint
+    return checkpoint_dir(a.checkpoint or "tiny")
 
-    return default_checkpoint()
+
+def settle_model(a, model: Path) -> None:
+    """The checkpoint's KV-cache groups decide the pool's default size, the agreement
+    prompts' length (two windows) and the hybrid goals."""
+    try:
+        groups = kv_groups(model)
+    except (ValueError, KeyError) as e:
+        raise SystemExit(f"compare: {model}: {e}") from None
+    a.num_kv_groups = len(groups)
+    a.window = max(g.sliding_window for g in groups)
+    if a.num_blocks is None:
+        a.num_blocks = HYBRID_NUM_BLOCKS if a.num_kv_groups > 1 else NUM_BLOCKS
+    print(f"compare: {model.name}: {describe(groups)}", flush=True)
 
 
 def check(a) -> None:
@@ -166,6 +198,7 @@ def run_pool(engine: str, model: Path, cfg: ServerConfig, workloads, a, tag: str
                 after = scrape(s.url)
                 fig.update({c: after[c] - before[c] for c in COUNTERS})
                 fig["peak_kv_cache_usage_perc"] = peak
+                fig["peak_kv_cache_usage_since_start"] = after.get(PEAK)  # kvpool's exact one; vLLM has none
                 fig["num_gpu_blocks"] = blocks
                 runs.append(fig)
             if len(runs) > 1:
@@ -262,7 +295,8 @@ def run_all(model: Path, pools: dict[str, ServerConfig], workloads, vocab: int, 
         f32 = replace(pools["main"], dtype="float32")
         ids = {e: run_pool(e, model, f32, [], a, "float32", results, prompts) for e in a.engines}
     if len(ids) == 2:
-        agree = agreement(ids) | {"kv_cache_dtype": pools["main"].kv_cache_dtype}
+        agree = agreement(ids) | {"kv_cache_dtype": pools["main"].kv_cache_dtype, "window": a.window,
+                                  "prompt_len": len(prompts[0]), "goal_fraction": 1.0 if a.num_kv_groups > 1 else 0.95}  # fmt: skip
     if any(w.name == "small-pool" for w in workloads):
         results[QUEUED] = run_queued(model, pools["small"], vocab, a, errors)
     return results, agree, errors
@@ -274,9 +308,10 @@ def write_report(a, model: Path, main_cfg: ServerConfig, workloads, results: dic
     shared = {w.name: w.shared_prefix for w in workloads} | {QUEUED: True}
     metrics_rows, metrics = metrics_report(results.pop(METRICS, {}))
     lm_eval = results.pop(LM_EVAL, {})
-    table = rows(results, shared) + ([agreement_row(agree)] if agree else []) + (lm_eval_rows(lm_eval) if lm_eval else []) + metrics_rows
+    table = rows(results, shared, a.num_kv_groups > 1) + ([agreement_row(agree)] if agree else []) + (lm_eval_rows(lm_eval) if lm_eval else []) + metrics_rows
     print(format_table(table) + format_differences(metrics))
     doc = {"settings": asdict(main_cfg) | {"small_num_blocks": a.small_num_blocks, "model": str(model), "engines": a.engines,
+                                           "kv_cache_groups": [[g.layer_ids, g.sliding_window] for g in kv_groups(model)],
                                            "threads": a.threads, "repeat": a.repeat},
            "workloads": {w.name: {"what": w.what, "pool": w.pool, "client_args": list(w.args)} for w in workloads},
            "results": results, "agreement": agree, LM_EVAL: lm_eval, "metrics": metrics, "table": table, "errors": errors,
@@ -294,12 +329,16 @@ def main(argv: list[str] | None = None) -> int:
     # NOTE: SIGTERM unwinds like Ctrl-C, so every server's context manager stops its group.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     settle_args(a)
-    model = Path(a.model).resolve() if a.model else default_model()
+    model = served_model(a)
+    settle_model(a, model)
     pools = pool_configs(a)
-    workloads = default_workloads(a)
+    try:
+        workloads = default_workloads(a)
+    except ValueError as e:
+        raise SystemExit(f"compare: {e}") from None
     load_before = os.getloadavg()
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
-    prompts = agreement_prompts(a.agreement_prompts, vocab) if a.agreement_prompts else None
+    prompts = agreement_prompts(a.agreement_prompts, vocab, window=a.window) if a.agreement_prompts else None
     t0 = time.monotonic()
     try:
         results, agree, errors = run_all(model, pools, workloads, vocab, prompts, a)

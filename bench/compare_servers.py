@@ -7,6 +7,7 @@ sampled while it runs.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -20,11 +21,15 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.compare_checkpoints import kv_layers_per_block
 from frontend.launcher import kv_bytes_per_block
 
 COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
             "vllm:prompt_tokens", "vllm:generation_tokens")  # fmt: skip
 USAGE = "vllm:kv_cache_usage_perc"
+# kvpool's exact peak of USAGE since start, taken at every allocation (vLLM has none: its
+# side's peak is the sampled one).
+PEAK = "kvpool_peak_kv_cache_usage_perc"
 
 
 @dataclass(frozen=True)
@@ -51,10 +56,13 @@ class ServerConfig:
     kv_space_gib: int = 0
 
     def bytes_per_block(self, model: Path) -> int:
-        per_block = kv_bytes_per_block(model, self.block_size, self.dtype, 1, self.kv_cache_dtype)
-        if per_block is None:
+        """One block's K and V in the layers a block holds: every layer with one KV-cache
+        group, ``num_kv_tensors`` of them with several (vLLM's page of a hybrid model)."""
+        every_layer = kv_bytes_per_block(model, self.block_size, self.dtype, 1, self.kv_cache_dtype)
+        if every_layer is None:
             raise ValueError(f"{model / 'config.json'} does not give the KV cache's shape")
-        return per_block
+        num_layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
+        return every_layer // num_layers * kv_layers_per_block(model)
 
     def common_flags(self) -> list[str]:
         return ["--block-size", str(self.block_size), *([] if self.kv_space_gib else ["--num-gpu-blocks-override", str(self.num_blocks)]),
@@ -177,12 +185,15 @@ def num_gpu_blocks(page: str) -> int | None:
 
 
 def scrape(url: str, timeout_s: float = 5.0) -> dict[str, float]:
-    """Each counter of COUNTERS and the USAGE gauge, summed over their label sets."""
+    """Each counter of COUNTERS and the USAGE gauge, summed over their label sets; PEAK
+    where the server has it."""
     text = scrape_page(url, timeout_s)
     out = dict.fromkeys((*COUNTERS, USAGE), 0.0)
     for fam in text_string_to_metric_families(text):
         if fam.name in out:
             out[fam.name] += sum(s.value for s in fam.samples if s.name in (fam.name, fam.name + "_total"))
+        elif fam.name == PEAK and fam.samples:
+            out[PEAK] = max(s.value for s in fam.samples)
     return out
 
 

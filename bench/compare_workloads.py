@@ -38,9 +38,10 @@ class Workload:
     shared_prefix: bool = field(default=False)
 
 
-def prefix_args(num_prompts: int, concurrency: int, output_len: int, seed: int) -> tuple[str, ...]:
-    return ("--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", "256",
-            "--prefix-repetition-suffix-len", "32", "--prefix-repetition-num-prefixes", "4",
+def prefix_args(num_prompts: int, concurrency: int, output_len: int, seed: int, prefix_len: int = 256,
+                suffix_len: int = 32) -> tuple[str, ...]:  # fmt: skip
+    return ("--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", str(prefix_len),
+            "--prefix-repetition-suffix-len", str(suffix_len), "--prefix-repetition-num-prefixes", "4",
             "--prefix-repetition-output-len", str(output_len), "--num-prompts", str(num_prompts),
             "--max-concurrency", str(concurrency), "--ignore-eos", "--seed", str(seed))  # fmt: skip
 
@@ -79,6 +80,17 @@ def default_workloads(a) -> list[Workload]:
         Workload("small-pool", "small", prefix_args(a.num_prompts, a.small_concurrency, SMALL_OUTPUT_LEN, seed=3),
                  f"{a.small_num_blocks} blocks, 256 out, concurrency {a.small_concurrency}"),
     ]  # fmt: skip
+    if a.num_kv_groups > 1 or "prefix-long" in a.workloads:
+        # NOTE: prompts 8 windows of Gemma 3's tiny checkpoint long: most of each prompt's
+        # sliding-window blocks are freed while it decodes, and hits need every group.
+        ws.append(Workload("prefix-long", "main", prefix_args(a.num_prompts // 2, 8, 128, seed=4, prefix_len=1024, suffix_len=64),
+                           "1,024-token prefixes, 64-token suffixes, 128 out, concurrency 8", True))  # fmt: skip
+    if a.num_kv_groups > 1:
+        # NOTE: vLLM refuses a pool that cannot hold one max_model_len request in every
+        # group; 64 blocks over several groups leave max_model_len too short for it.
+        if "small-pool" in a.workloads:
+            raise ValueError(f"small-pool: not with {a.num_kv_groups} KV-cache groups (its pool cannot hold a max_model_len request in each)")
+        ws = [w for w in ws if w.name != "small-pool"]
     if a.trace:
         scale = 512 // a.block_size
         path = mooncake_slice(Path(a.trace), a.out / "mooncake_slice.jsonl", a.trace_requests, scale, a.max_model_len, 64)
@@ -107,6 +119,8 @@ def combine_runs(runs: list[dict], counters: tuple[str, ...]) -> dict:
     out = {k: statistics.median(r[k] for r in runs) if all(r.get(k) is not None for r in runs) else None for k in BENCH_KEYS}
     out.update({c: sum(r[c] for r in runs) for c in counters})
     out["peak_kv_cache_usage_perc"] = max(r["peak_kv_cache_usage_perc"] for r in runs)
+    exact = [r.get("peak_kv_cache_usage_since_start") for r in runs]
+    out["peak_kv_cache_usage_since_start"] = max(exact) if None not in exact else None
     out["num_gpu_blocks"] = runs[0].get("num_gpu_blocks")
     return out
 
@@ -139,9 +153,10 @@ def shared_prefix_prompts(n: int, vocab: int, prefix_len: int, suffix_len: int, 
     return [prefixes[i % 4] + [rng.randrange(5, vocab) for _ in range(suffix_len)] for i in range(n)]
 
 
-def agreement_prompts(n: int, vocab: int, seed: int = 7) -> list[list[int]]:
-    """The greedy-agreement prompts: 64-token prefixes, 16-token suffixes."""
-    return shared_prefix_prompts(n, vocab, 64, 16, seed)
+def agreement_prompts(n: int, vocab: int, seed: int = 7, window: int = 0) -> list[list[int]]:
+    """The greedy-agreement prompts: 64-token prefixes, 16-token suffixes; with a sliding
+    ``window``, prefixes of two windows (at least 64), so every prompt is longer than it."""
+    return shared_prefix_prompts(n, vocab, max(64, 2 * window), 16, seed)
 
 
 def greedy_token_ids(url: str, name: str, prompts: list[list[int]], max_tokens: int, timeout_s: float) -> list[list[int] | None]:

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -131,18 +132,23 @@ def cache_dir() -> Path:
 
 
 def default_checkpoint() -> Path:
-    """The tiny checkpoint's directory in the cache folder, generated on first use.
+    """The tiny checkpoint's directory in the cache folder, generated on first use."""
+    return cached_checkpoint(NAME, write_tiny_checkpoint)
+
+
+def cached_checkpoint(name: str, write: Callable[[Path], Path]) -> Path:
+    """``cache_dir() / name``, written by ``write(folder)`` on first use.
 
     NOTE: written into a temporary sibling and renamed into place, so processes that
     start together never see a half-written checkpoint; the loser of the race drops its
     copy.
     """
-    target = cache_dir() / NAME
+    target = cache_dir() / name
     if (target / "model.safetensors").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{NAME}.", dir=target.parent))
-    write_tiny_checkpoint(tmp)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
+    write(tmp)
     try:
         os.rename(tmp, target)
     except OSError:
