@@ -7,7 +7,6 @@ sampled while it runs.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -21,7 +20,6 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.compare_checkpoints import kv_layers_per_block
 from frontend.launcher import kv_bytes_per_block
 
 COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
@@ -57,12 +55,12 @@ class ServerConfig:
 
     def bytes_per_block(self, model: Path) -> int:
         """One block's K and V in the layers a block holds: every layer with one KV-cache
-        group, ``num_kv_tensors`` of them with several (vLLM's page of a hybrid model)."""
-        every_layer = kv_bytes_per_block(model, self.block_size, self.dtype, 1, self.kv_cache_dtype)
-        if every_layer is None:
+        group, ``num_kv_tensors`` of them with several (vLLM's page of a hybrid model), as
+        the launcher sizes kvpool's pool."""
+        per_block = kv_bytes_per_block(model, self.block_size, self.dtype, 1, self.kv_cache_dtype)
+        if per_block is None:
             raise ValueError(f"{model / 'config.json'} does not give the KV cache's shape")
-        num_layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
-        return every_layer // num_layers * kv_layers_per_block(model)
+        return per_block
 
     def common_flags(self) -> list[str]:
         return ["--block-size", str(self.block_size), *([] if self.kv_space_gib else ["--num-gpu-blocks-override", str(self.num_blocks)]),
