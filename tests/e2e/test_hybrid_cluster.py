@@ -9,14 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from kvtest import hf_models
 from kvtest.cluster import Cluster
 
 from protocol.client_messages import Generate
-
-pytest.importorskip("scheduler.core.hybrid_kv_cache_manager", reason="the hybrid manager (scheduler/core)")
-hf_models = pytest.importorskip("kvtest.hf_models")
-if "gemma3" not in getattr(hf_models, "WINDOW_KINDS", ()):
-    pytest.skip("needs the Gemma 3 checkpoint maker (worker/models' Gemma3ForCausalLM)", allow_module_level=True)
 
 PREFIX = [(13 * i + 5) % 200 + 3 for i in range(32)]
 PROMPTS = [PREFIX + [(7 * i + j) % 200 + 3 for i in range(8 + 4 * j)] for j in range(3)]

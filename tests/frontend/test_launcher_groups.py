@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from frontend.cli import parse_serve
 from frontend.launcher import Launcher, kv_bytes_per_block
 
@@ -32,8 +30,6 @@ def test_one_window_on_every_layer_is_one_group_of_every_layer(tmp_path):
 
 
 def test_gemma3_pattern_is_sized_by_its_kv_tensors(tmp_path):
-    # Runs once protocol.layer_windows (Gemma 3's layer_types) is in the tree.
-    pytest.importorskip("protocol.layer_windows")
     types = ["sliding_attention"] * 5 + ["full_attention"]
     d = write(tmp_path, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", num_hidden_layers=6, sliding_window=512,
               layer_types=types)  # fmt: skip

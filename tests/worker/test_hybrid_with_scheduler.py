@@ -6,26 +6,20 @@ shared prefix and chunked prefill."""
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 
 from protocol.kv_cache_spec import KVCacheGroupSpec
 from protocol.worker_messages import StepResult
+from scheduler.core import hybrid_kv_cache_manager as hybrid_manager
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
-from worker.attention.paged_attention import PagedAttention
 from worker.checkpoint import Checkpoint
 from worker.kv_cache import allocate_kv_caches, layer_kv_caches
 from worker.models.loader import load_model
 from worker.runner import ModelRunner
-
-hybrid_manager = pytest.importorskip("scheduler.core.hybrid_kv_cache_manager", reason="the hybrid manager (scheduler/core)")
-pytestmark = pytest.mark.skipif("sliding_window" not in inspect.signature(PagedAttention.build_metadata).parameters,
-                                reason="needs the attention's windows: build_metadata(..., sliding_window)")  # fmt: skip
 
 BS, W, NUM_BLOCKS, MAX_LEN = 4, 8, 64, 64
 HYBRID = [KVCacheGroupSpec([0, 2], W), KVCacheGroupSpec([1, 3], 0)]
@@ -87,9 +81,8 @@ def test_gemma3_through_worker_startup_and_the_hybrid_manager_equals_transformer
     """The worker's own start-up (groups from config.json, shared tensors, hello) with
     the hybrid manager its hello asks for: greedy tokens equal transformers' float32
     generate for prompts past the window of 16."""
-    hf_models = pytest.importorskip("kvtest.hf_models")
-    if "gemma3" not in getattr(hf_models, "WINDOW_KINDS", ()):
-        pytest.skip("needs the Gemma 3 checkpoint maker (worker/models' Gemma3ForCausalLM)")
+    from kvtest import hf_models
+
     from protocol.worker_messages import WorkerReady
     from worker.config import WorkerConfig
     from worker.process import WorkerProcess

@@ -6,8 +6,6 @@ still attending within its window)."""
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 
@@ -20,14 +18,10 @@ from protocol.worker_messages import (
     RequestRow,
     StepPlan,
 )
-from worker.attention.paged_attention import PagedAttention
 from worker.checkpoint import Checkpoint
 from worker.kv_cache import allocate_kv_caches, layer_kv_caches
 from worker.models.loader import load_model
 from worker.runner import ModelRunner
-
-pytestmark = pytest.mark.skipif("sliding_window" not in inspect.signature(PagedAttention.build_metadata).parameters,
-                                reason="needs the attention's windows: build_metadata(..., sliding_window)")  # fmt: skip
 
 BS, W = 4, 8
 HYBRID = [KVCacheGroupSpec([0, 2], W), KVCacheGroupSpec([1, 3], 0)]
