@@ -39,10 +39,10 @@ def runner(model, groups) -> ModelRunner:
     return ModelRunner(model, layer_kv_caches(tensors, groups), 4, MAX_LEN, groups=groups, layer_windows=[W, 0, W, 0])
 
 
-def drive(runner: ModelRunner, kv, prompts: list[list[int]], max_tokens: int) -> tuple[dict[str, list[int]], list[tuple[list, list]]]:
+def drive(runner: ModelRunner, kv, prompts: list[list[int]], max_tokens: int, preempted: list[int] | None = None) -> tuple[dict[str, list[int]], list[tuple[list, list]]]:  # fmt: skip
     """Every prompt through the scheduler (16-token steps: chunked prefill) and the
     runner: the greedy tokens by request, and after every step each running request's
-    tables in the worker and in the manager."""
+    tables in the worker and in the manager. ``preempted`` gets the scheduler's preemptions."""
     sched = Scheduler(kv, 4, 16, MAX_LEN)
     hasher = BlockHasher(BS)
     outputs: dict[str, list[int]] = {}
@@ -63,6 +63,8 @@ def drive(runner: ModelRunner, kv, prompts: list[list[int]], max_tokens: int) ->
             theirs = kv.get_block_ids(req.request_id)
             tables.append((ours, theirs if theirs and isinstance(theirs[0], list) else [theirs]))
         if not sched.has_unfinished_requests():
+            if preempted is not None:
+                preempted.append(sched.num_preemptions)
             return outputs, tables
     raise AssertionError("the requests did not finish")
 
@@ -77,28 +79,53 @@ def test_hybrid_manager_and_worker_agree_and_equal_one_full_group(model):
     assert hybrid == full and all(len(t) == 6 for t in full.values())
 
 
-def test_gemma3_through_worker_startup_and_the_hybrid_manager_equals_transformers(tmp_path):
-    """The worker's own start-up (groups from config.json, shared tensors, hello) with
-    the hybrid manager its hello asks for: greedy tokens equal transformers' float32
-    generate for prompts past the window of 16."""
-    from kvtest import hf_models
-
+def gemma3_worker(d, num_blocks: int):
+    """A worker built by its own start-up from the checkpoint at ``d`` (groups from
+    config.json, shared tensors, hello), ready with ``num_blocks``; and its hello's windows."""
     from protocol.worker_messages import WorkerReady
     from worker.config import WorkerConfig
     from worker.process import WorkerProcess
     from worker.serving_model import load_serving_model
     from worker.startup import _allocate_kv_caches
 
-    d = hf_models.make_checkpoint("gemma3", tmp_path / "g3")
-    prompts = [[(7 * i + j) % 200 + 3 for i in range(40 + 5 * j)] for j in range(2)]
-    ref = hf_models.load_reference(d)
-    want = {f"r{j}": hf_models.reference_generate(ref, p, 4) for j, p in enumerate(prompts)}
     serving = load_serving_model(str(d), "float32", "cpu", MAX_LEN, block_size=BS)
     config = WorkerConfig(block_size=BS, kv_cache_memory=256 * 1024)
     proc = WorkerProcess(config, serving, _allocate_kv_caches(config, serving, None)[0], None)
     windows = proc.hello().group_windows
+    assert proc._install(WorkerReady(num_blocks, BS, 4, MAX_LEN)) is None
+    return proc, windows
+
+
+def test_gemma3_preempted_by_a_small_hybrid_pool_equals_transformers(tmp_path):
+    """Preemption by recompute under sliding windows: four requests grow past a 44-block
+    pool (3 groups), one is preempted and recomputed, and every greedy token still equals
+    transformers' float32 generate."""
+    from kvtest import hf_models
+
+    d = hf_models.make_checkpoint("gemma3", tmp_path / "g3")
+    prompts = [[(7 * i + j) % 200 + 3 for i in range(28 + 4 * j)] for j in range(4)]
+    ref = hf_models.load_reference(d)
+    want = {f"r{j}": hf_models.reference_generate(ref, p, 20) for j, p in enumerate(prompts)}
+    proc, windows = gemma3_worker(d, 44)
+    kv = hybrid_manager.HybridKVCacheManager(44, BS, MAX_LEN, windows)
+    preempted: list[int] = []
+    got, tables = drive(proc.runner, kv, prompts, 20, preempted)
+    assert preempted[0] >= 1, "the pool was meant to preempt"
+    assert got == want and all(ours == theirs for ours, theirs in tables)
+
+
+def test_gemma3_through_worker_startup_and_the_hybrid_manager_equals_transformers(tmp_path):
+    """The worker's own start-up (groups from config.json, shared tensors, hello) with
+    the hybrid manager its hello asks for: greedy tokens equal transformers' float32
+    generate for prompts past the window of 16."""
+    from kvtest import hf_models
+
+    d = hf_models.make_checkpoint("gemma3", tmp_path / "g3")
+    prompts = [[(7 * i + j) % 200 + 3 for i in range(40 + 5 * j)] for j in range(2)]
+    ref = hf_models.load_reference(d)
+    want = {f"r{j}": hf_models.reference_generate(ref, p, 4) for j, p in enumerate(prompts)}
+    proc, windows = gemma3_worker(d, NUM_BLOCKS)
     assert windows == [16, 16, 0]  # layers [s, s, f] x 2: two sliding groups of 2 layers, one full
-    assert proc._install(WorkerReady(NUM_BLOCKS, BS, 4, MAX_LEN)) is None
     kv = hybrid_manager.HybridKVCacheManager(NUM_BLOCKS, BS, MAX_LEN, windows)
     got, tables = drive(proc.runner, kv, prompts, 4)
     assert got == want and all(ours == theirs for ours, theirs in tables)
