@@ -4,7 +4,8 @@ the command line, grouped as the server groups them (protocol.kv_cache_spec).
 ``--layer-windows 512x5,0 --num-layers 26``: the pattern (5 sliding layers of window
 512, then a full one: Gemma 3's) repeated over 26 layers; or, as a Hugging Face config
 says it, ``--sliding-window 512 --sliding-window-pattern 6 --num-layers 26`` (every 6th
-layer full). ``--disable-hybrid-kv-cache-manager``: one full-attention group (vLLM's
+layer full), or ``--model-config DIR`` (a checkpoint's config.json, read as the server
+reads it: protocol.layer_windows). ``--disable-hybrid-kv-cache-manager``: one full-attention group (vLLM's
 flag). A block then spans `num_kv_tensors` layers' KV: the pool's bytes buy
 num_layers / num_kv_tensors times the blocks of an all-full model.
 """
@@ -12,8 +13,11 @@ num_layers / num_kv_tensors times the blocks of an all-full model.
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 from protocol.kv_cache_spec import KVCacheGroupSpec, kv_cache_groups
+from protocol.layer_windows import layer_windows
 
 
 def parse_layer_windows(text: str) -> list[int]:
@@ -55,12 +59,18 @@ def add_layer_window_args(p: argparse.ArgumentParser) -> None:
         metavar="L",
         help="the model's layers (with a window pattern)",
     )
+    g.add_argument("--model-config", default=None, metavar="PATH",
+                   help="a checkpoint's config.json, or its folder: every layer's window as the server reads it")  # fmt: skip
     g.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
                    help="keep every layer's KV as full attention's (vLLM's flag): one group")  # fmt: skip
 
 
 def layer_windows_from_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> list[int] | None:
     """Every layer's window, or None (no pattern given: one full-attention group, as before)."""
+    if a.model_config is not None:
+        if a.layer_windows is not None or a.sliding_window or a.sliding_window_pattern or a.num_layers:
+            p.error("--model-config gives the layers' windows: not with --layer-windows, --sliding-window or --num-layers")
+        return _config_windows(p, Path(a.model_config))
     if a.layer_windows is not None and (a.sliding_window or a.sliding_window_pattern):
         p.error("give --layer-windows or --sliding-window with --sliding-window-pattern, not both")
     if a.sliding_window or a.sliding_window_pattern:
@@ -93,3 +103,13 @@ def group_windows_from_args(
         return kv_cache_groups(windows, a.disable_hybrid_kv_cache_manager), windows
     except ValueError as e:
         p.error(str(e))
+
+
+def _config_windows(p: argparse.ArgumentParser, path: Path) -> list[int]:
+    """The windows of the model whose config.json is ``path`` (or is in the folder ``path``)."""
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        return layer_windows(json.loads(path.read_text()))
+    except (OSError, ValueError) as e:
+        p.error(f"--model-config {path}: {e}")

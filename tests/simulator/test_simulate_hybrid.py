@@ -7,6 +7,7 @@ and what the server refuses with hybrid groups is refused by flag."""
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
@@ -46,6 +47,18 @@ def test_flags_give_the_servers_groups():
     assert parse_args(base).group_windows == () and parse_args(base).groups is None
 
 
+def test_a_checkpoints_config_gives_its_groups(tmp_path):
+    # Gemma 3's config.json as transformers writes it: layer_types name each layer.
+    cfg = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": 6,
+           "sliding_window": 128, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    base = ["--dataset", "shared-prefix", "--num-blocks", "100", "--model-config"]
+    assert parse_args([*base, str(tmp_path)]).group_windows == (128,) * 5 + (0,)
+    assert parse_args([*base, str(tmp_path / "config.json")]).groups == parse_args(
+        ["--dataset", "shared-prefix", "--num-blocks", "100", "--layer-windows", "128x5,0"]
+    ).groups
+
+
 @pytest.mark.parametrize(
     "flags,message",
     [
@@ -63,6 +76,8 @@ def test_flags_give_the_servers_groups():
         ),
         (["--sliding-window", "8"], "go together"),
         (["--num-layers", "4"], "need --layer-windows"),
+        (["--model-config", "/nonexistent/kvpool"], "--model-config /nonexistent/kvpool: "),
+        (["--model-config", "/tmp", "--layer-windows", "8,0"], "not with --layer-windows"),
     ],
 )
 def test_what_hybrid_groups_do_not_support_is_refused_by_flag(flags, message, capsys):
