@@ -6,6 +6,11 @@ its hits are a prefix, found left to right, once. Then each sliding window's gro
 right to left within the candidate length. Any that shortens it sends every type round
 again, until none does (the fixed point); with exactly full + one window, one round
 (vLLM's ``is_simple_hybrid``). Full attention's blocks are then cut to the length.
+
+It also answers vLLM's ``num_uncached_common_prefix_tokens``: how much longer the
+longest single lookup was than the hit (a prefix full attention has cached but a
+sliding group has not, under sparse retention); `get_computed_blocks` makes the
+request's shared-prefix junction of it.
 """
 
 from __future__ import annotations
@@ -32,11 +37,15 @@ class HybridCacheHit:
         self.attention_groups = sorted(specs.items(), key=lambda item: item[0] != 0)
         self.simple_hybrid = len(self.attention_groups) == 2 and self.attention_groups[0][0] == 0
 
-    def find(self, block_hashes: Sequence[BlockHash], max_length: int) -> tuple[GroupedBlocks, int]:
+    def find(
+        self, block_hashes: Sequence[BlockHash], max_length: int
+    ) -> tuple[GroupedBlocks, int, int]:
+        """(hit blocks per group, hit length, uncached common prefix length)."""
         bs, pool, managers = self.block_size, self.block_pool, self.managers
         hit_blocks: list[list[KVCacheBlock] | None] = [None] * len(managers)
         full_hit_length = None
         hit_length = max_length
+        longest_hit_length = 0
         while True:
             curr = hit_length
             for window, group_ids in self.attention_groups:
@@ -47,6 +56,7 @@ class HybridCacheHit:
                 blocks, curr = lookup(block_hashes, curr, group_ids, pool, bs, window)
                 if window == 0:
                     full_hit_length = curr
+                longest_hit_length = max(longest_hit_length, curr)
                 for g, group_blocks in zip(group_ids, blocks, strict=True):
                     hit_blocks[g] = group_blocks
             if curr >= hit_length:
@@ -59,4 +69,5 @@ class HybridCacheHit:
             if window == 0:
                 for g in group_ids:
                     del hit_blocks[g][num_blocks:]
-        return GroupedBlocks(tuple(b if b is not None else [] for b in hit_blocks)), hit_length
+        blocks = GroupedBlocks(tuple(b if b is not None else [] for b in hit_blocks))
+        return blocks, hit_length, longest_hit_length - hit_length

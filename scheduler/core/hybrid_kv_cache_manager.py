@@ -7,7 +7,11 @@ The same public surface as `KVCacheManager` (one group, unchanged), with one lis
 blocks per group (`GroupedBlocks`) where that returns one list:
 
 * prefix hits: full attention's longest run from the start, then each sliding group
-  within it (right to left), to the fixed point, as vLLM's coordinator;
+  within it (right to left), to the fixed point, as vLLM's coordinator; a lookup also
+  sets the request's shared-prefix junction (vLLM's ``shared_prefix_boundary``);
+* caching: full attention caches every full block; a sliding group only the tails
+  vLLM serve's default retention (``--prefix-cache-retention-interval 0``) keeps
+  (sliding_window_retention.py): at the replay boundary and at the junction;
 * allocation: first the blocks the window has left behind are freed (a sliding group's
   leading entries become the null block, reported by `take_nulled` for the plan),
   then every group grows to the same length;
@@ -78,6 +82,9 @@ class HybridKVCacheManager:
         self.min_num_free_blocks = self.block_pool.get_num_free_blocks()
         # (request_id, group) -> leading null entries not yet reported (`take_nulled`).
         self._nulled: dict[tuple[str, int], int] = {}
+        # request_id -> vLLM's request.shared_prefix_boundary (non-zero only), set by
+        # the lookup at admission, read by every caching of the request, dropped by free.
+        self.shared_prefix_boundary: dict[str, int] = {}
 
     def num_blocks_needed(self, num_tokens: int) -> int:
         """Blocks a new request of ``num_tokens`` tokens needs in every group together, as
@@ -101,10 +108,16 @@ class HybridKVCacheManager:
         blocks in the window of the prefix's end), and its length in tokens; capped so
         the last prompt token is computed. ``record_stats``: as `KVCacheManager`'s."""
         if not self.prefix_cache_lookup_enabled(request):
+            self._set_shared_prefix_boundary(request.request_id, 0)
             return self._empty(), 0
         hashes = request.block_hashes
         max_length = min(request.num_tokens - 1, len(hashes) * self.block_size)
-        hits, num_hit_tokens = self.find_longest_cache_hit(hashes, max_length)
+        hits, num_hit_tokens, num_uncached = self.find_longest_cache_hit(hashes, max_length)
+        # vLLM's junction: where the longest single group's hit ended (the lagging
+        # sliding groups' hit plus the prefix they have not cached), 0 if none lags.
+        self._set_shared_prefix_boundary(
+            request.request_id, num_hit_tokens + num_uncached if num_uncached else 0
+        )
         if record_stats:
             self.record_prefix_cache_query(
                 request.num_tokens, num_hit_tokens, request.num_preemptions > 0
@@ -113,9 +126,21 @@ class HybridKVCacheManager:
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_length: int
-    ) -> tuple[GroupedBlocks, int]:
-        """The longest prefix of at most ``max_length`` tokens cached in every group."""
+    ) -> tuple[GroupedBlocks, int, int]:
+        """The longest prefix of at most ``max_length`` tokens cached in every group,
+        its length, and how much longer one group's own hit ran (vLLM's
+        ``num_uncached_common_prefix_tokens``)."""
         return self.cache_hit.find(block_hashes, max_length)
+
+    def _set_shared_prefix_boundary(self, request_id: str, boundary: int) -> None:
+        # NOTE: vLLM looks up only a request without computed tokens; a lookup for a
+        # request holding blocks (a probe) leaves its junction as it was.
+        if request_id in self.single_type_managers[0].req_to_blocks:
+            return
+        if boundary:
+            self.shared_prefix_boundary[request_id] = boundary
+        else:
+            self.shared_prefix_boundary.pop(request_id, None)
 
     def prefix_cache_lookup_enabled(self, request: KVCacheRequest) -> bool:
         return self.enable_caching and not request.skip_reading_prefix_cache
@@ -183,8 +208,14 @@ class HybridKVCacheManager:
         )
         if self.enable_caching:
             num_tokens_to_cache = min(num_computed_tokens + num_new_tokens, request.num_tokens)
+            # vLLM's reachable boundaries: the replay boundary and the junction (0: none,
+            # which retains nothing).
+            boundaries = (
+                request.num_prompt_tokens - 1,
+                self.shared_prefix_boundary.get(request_id, 0),
+            )
             for m in managers:
-                m.cache_blocks(request, num_tokens_to_cache)
+                m.cache_blocks(request, num_tokens_to_cache, boundaries)
         num_free = self.block_pool.free_block_queue.num_free_blocks
         if num_free < self.min_num_free_blocks:
             self.min_num_free_blocks = num_free
@@ -229,6 +260,7 @@ class HybridKVCacheManager:
         ``num_computed_tokens``: as `KVCacheManager.free` (hashes past it are dropped)."""
         request_id = request.request_id
         request.alloc_noop_until = 0
+        self.shared_prefix_boundary.pop(request_id, None)
         for m in self.single_type_managers:
             self._nulled.pop((request_id, m.group_id), None)
             if num_computed_tokens is not None:

@@ -15,6 +15,9 @@ class KVCacheRequest(Protocol):
 
     request_id: str
     num_computed_tokens: int
+    # The prompt's tokens (the rest of all_token_ids are outputs): a sliding-window
+    # group caches the blocks a resend of the prompt would hit (hybrid groups only).
+    num_prompt_tokens: int
     block_hashes: Sequence[BlockHash]
     all_token_ids: Sequence[int]
     # The one field the manager writes, and only it (every allocation, and free):

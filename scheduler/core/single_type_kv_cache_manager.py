@@ -9,8 +9,9 @@ handed keyed hashes (`KeyedHashes`) and keys its map, events and evictions by th
 A sliding-window group of window W frees, as the request advances, every block
 wholly before the window of the next token (positions <= computed - W) and puts
 the null block in its place: the table keeps its length, its leading entries null.
-vLLM's rules kept exactly (eagle, DCP, retention intervals and fine-grained hashes
-left out: one block size, no spec decode).
+vLLM's rules kept exactly (eagle, DCP, positive retention intervals and fine-grained
+hashes left out: one block size, no spec decode). A sliding group caches only the
+blocks vLLM serve's default retention (0) keeps: sliding_window_retention.py.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
 from scheduler.core.kv_cache_request import KVCacheRequest
+from scheduler.core.sliding_window_retention import retained_block_runs
 
 
 def group_key(group_id: int) -> bytes:
@@ -120,8 +122,9 @@ class SingleTypeKVCacheManager:
         req_blocks.extend(new_blocks)
         return new_blocks
 
-    def cache_blocks(self, request: KVCacheRequest, num_tokens: int) -> None:
-        """Cache the table's full blocks within the first ``num_tokens`` tokens (null entries skipped)."""
+    def cache_blocks(self, request: KVCacheRequest, num_tokens: int, reachable_boundaries: Sequence[int] = ()) -> None:  # fmt: skip
+        """Cache the table's full blocks within the first ``num_tokens`` tokens (null
+        entries skipped). ``reachable_boundaries``: read by sliding windows only."""
         request_id = request.request_id
         num_cached_blocks = self.num_cached_block.get(request_id, 0)
         num_full_blocks = num_tokens // self.block_size
@@ -185,6 +188,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         if sliding_window < 1:
             raise ValueError(f"a sliding window is at least 1 token, got {sliding_window}")
         self.sliding_window = sliding_window
+        # The blocks a hit needs: those holding the window of the token after it.
+        self.num_tail_blocks = cdiv(sliding_window - 1, block_size)
         # request_id -> leading null entries of its table (the rest holds no null).
         self.num_null: dict[str, int] = {}
 
@@ -203,15 +208,27 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self.num_null.pop(request_id, None)
         super().free(request_id)
 
-    def cache_blocks(self, request: KVCacheRequest, num_tokens: int) -> None:
-        if self.sliding_window == 1:
-            # NOTE: as vLLM's reachable_block_mask: a window of one token needs no block
-            # for a hit, so none can serve one and none is cached (no hit is ever found).
-            num_full_blocks = num_tokens // self.block_size
-            if self.num_cached_block.get(request.request_id, 0) < num_full_blocks:
-                self.num_cached_block[request.request_id] = num_full_blocks
+    def cache_blocks(self, request: KVCacheRequest, num_tokens: int, reachable_boundaries: Sequence[int] = ()) -> None:  # fmt: skip
+        """Cache only the full blocks within the first ``num_tokens`` tokens that end a
+        hit at a reachable boundary (sliding_window_retention.py); the others stay
+        unhashed for good (the table's cached count passes them)."""
+        request_id = request.request_id
+        num_cached_blocks = self.num_cached_block.get(request_id, 0)
+        num_full_blocks = num_tokens // self.block_size
+        if num_cached_blocks >= num_full_blocks:
             return
-        super().cache_blocks(request, num_tokens)
+        # NOTE: a window of one token needs no block for a hit: none is cached (none
+        # could serve a hit; vLLM's mask is empty too).
+        runs = retained_block_runs(num_cached_blocks, num_full_blocks, self.num_tail_blocks,
+                                   reachable_boundaries, self.block_size)  # fmt: skip
+        if runs:
+            blocks = self.req_to_blocks[request_id]
+            hashes = KeyedHashes(request.block_hashes, self.suffix)
+            for lo, hi in runs:
+                self.block_pool.cache_full_blocks(
+                    blocks, hashes, lo, hi, request.all_token_ids, self.block_size
+                )
+        self.num_cached_block[request_id] = num_full_blocks
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         # The next token (position num_computed_tokens) attends to (p - W, p].

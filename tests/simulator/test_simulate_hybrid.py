@@ -1,6 +1,7 @@
 """The simulator with hybrid KV-cache groups (simulator/layer_windows.py): the flags
-give the server's groups; with a pool large enough to evict nothing the hit rate is
-the one-group engine's (a sliding group hits within the full group's hit); at equal
+give the server's groups; with a pool large enough to evict nothing the hits are the
+one-group engine's but for the sliding groups' sparse retention (vLLM serve's
+default: only the tails at replay boundaries and shared-prefix junctions); at equal
 bytes the hybrid pool runs more requests at once than --disable-hybrid-kv-cache-manager;
 and what the server refuses with hybrid groups is refused by flag."""
 
@@ -86,14 +87,20 @@ def test_what_hybrid_groups_do_not_support_is_refused_by_flag(flags, message, ca
     assert message in capsys.readouterr().err
 
 
-def test_with_nothing_evicted_the_hit_rate_is_the_one_group_engines():
+def test_with_nothing_evicted_the_hits_are_the_one_group_engines_but_the_junctions():
     one = simulate(workload(), SimConfig(num_blocks=4000, block_size=BS, max_num_seqs=4))
     hybrid = simulate(
         workload(), SimConfig(num_blocks=4000, block_size=BS, max_num_seqs=4, group_windows=(64, 0))
     )
     assert one.num_evictions == hybrid.num_evictions == 0
-    assert one.prefix_cache_queries == hybrid.prefix_cache_queries
-    assert hybrid.prefix_cache_hit_rate == one.prefix_cache_hit_rate > 0.5
+    assert one.prefix_cache_queries == hybrid.prefix_cache_queries == 24 * 304
+    # 3 prefixes of 256 tokens, 8 requests each (304-token prompts). One group: every
+    # request but a prefix's first hits the 256. Hybrid (window 64: a sliding hit needs
+    # the 4 blocks ending at it): a prefix's first request caches its sliding tail at
+    # its own prompt's end (303), past the prefix, so the second misses; its lookup
+    # (full attention hit 256 tokens) sets its junction there, its tail at 256 is
+    # cached, and every later request hits the 256 tokens.
+    assert (one.prefix_cache_hits, hybrid.prefix_cache_hits) == (21 * 256, 18 * 256)
 
 
 def test_at_equal_bytes_hybrid_groups_hold_more_requests():
@@ -104,9 +111,8 @@ def test_at_equal_bytes_hybrid_groups_hold_more_requests():
         workload(),
         SimConfig(num_blocks=720, block_size=BS, max_num_seqs=24, group_windows=(64,) * 5 + (0,)),
     )
-    assert (
-        hybrid.num_preemptions < full.num_preemptions
-        and hybrid.mean_queueing_delay_ms < full.mean_queueing_delay_ms
-    )
-    assert hybrid.prefix_cache_hit_rate == full.prefix_cache_hit_rate
+    assert hybrid.num_preemptions < full.num_preemptions
+    # NOTE: not a shorter queueing delay here: the hybrid run computes 768 more prompt
+    # tokens (three junction misses, the test above), outweighing its fewer preemptions.
+    assert (full.prefix_cache_hits, hybrid.prefix_cache_hits) == (21 * 256, 18 * 256)
     assert hybrid.num_rejected == full.num_rejected == 0

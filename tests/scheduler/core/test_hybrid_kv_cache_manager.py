@@ -1,6 +1,9 @@
 """HybridKVCacheManager by hand: block size 2, one full-attention group (0) and one
 sliding group (1) of window 4, so a sliding hit needs cdiv(4 - 1, 2) = 2 contiguous
-blocks and the token at position p keeps blocks from position p - 3 on."""
+blocks and the token at position p keeps blocks from position p - 3 on. The full
+group caches every full block; the sliding group only the 2 blocks ending at the
+replay boundary (num_prompt_tokens - 1, floored to a block) and at a shared-prefix
+junction (vLLM serve's default retention; test_sliding_window_retention.py)."""
 
 from __future__ import annotations
 
@@ -55,16 +58,21 @@ def m():
 def test_the_window_frees_its_blocks_deepest_first_and_nulls_them(m):
     a = req("a", range(10))
     _, n, new = admit(m, a)
-    # Five blocks per group: full 1..5, sliding 6..10; all five full, so cached.
+    # Five blocks per group: full 1..5, sliding 6..10; all five full. Full caches all
+    # five; sliding only blocks 2, 3 (8, 9), which end at the replay boundary 9.
     assert n == 0 and new.get_block_ids() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]
+    assert [m.block_pool.blocks[i].block_hash is not None for i in range(1, 11)] == [
+        *[True] * 5, False, False, True, True, False,
+    ]  # fmt: skip
     assert queue(m) == "11 12 13 14 15"
     assert m.take_nulled() == []
     # Token 10 attends to positions 7..10: blocks 0..2 (positions 0..5) are wholly
-    # behind; freed from the deepest (8, 7, 6), cached, to the back of the queue.
+    # behind; freed from the deepest (8, 7, 6): the cached 8 to the back of the queue,
+    # the unhashed 7, 6 to its front, where the next two blocks come from.
     new = decode(m, a, 10)
-    assert new.get_block_ids() == [[11], [12]]
-    assert m.get_block_ids("a") == [[1, 2, 3, 4, 5, 11], [0, 0, 0, 9, 10, 12]]
-    assert queue(m) == "13 14 15 8* 7* 6*"
+    assert new.get_block_ids() == [[7], [6]]
+    assert m.get_block_ids("a") == [[1, 2, 3, 4, 5, 7], [0, 0, 0, 9, 10, 6]]
+    assert queue(m) == "11 12 13 14 15 8*"
     assert m.take_nulled() == [("a", 1, 3)]
     assert m.take_nulled() == []  # reported once
     assert m.usage == pytest.approx(9 / 15)
@@ -73,28 +81,40 @@ def test_the_window_frees_its_blocks_deepest_first_and_nulls_them(m):
 def test_a_sliding_hit_needs_only_the_window_and_pads_with_the_null_block(m):
     a = req("a", range(10))
     admit(m, a)
-    decode(m, a, 10)  # as above: a's sliding blocks 6, 7, 8 freed (cached)
+    decode(m, a, 10)  # as above: a's sliding 8 freed (cached), 7, 6 reused
     b = req("b", [*range(10), 100, 101, 102, 103])
     hits, n = m.get_computed_blocks(b)
-    # Full attention hits a's five full blocks (the sixth differs); within those 10
-    # tokens the sliding group needs blocks 3 and 4 only: found right to left.
-    assert n == 10 and hits.get_block_ids() == [[1, 2, 3, 4, 5], [0, 0, 0, 9, 10]]
+    # Full attention hits a's five full blocks (the sixth differs). Within those 10
+    # tokens the sliding group's block 4 (10) holds no hash; right to left, blocks 3
+    # (9) and 2 (8, free but cached) are the 2 a hit needs: 8 tokens, full cut to 4.
+    assert n == 8 and hits.get_block_ids() == [[1, 2, 3, 4], [0, 0, 8, 9]]
+    # Full attention ran 2 tokens further: b's junction is at 10.
+    assert m.shared_prefix_boundary == {"b": 10}
     new = m.allocate_slots(b, 4, n, hits)
-    b.num_computed_tokens = 14
-    # Two new blocks per group: 13, 14 (full) and 15, then 8 evicted (sliding).
-    assert new.get_block_ids() == [[13, 14], [15, 8]]
-    assert m.get_block_ids("b") == [[1, 2, 3, 4, 5, 13, 14], [0, 0, 0, 9, 10, 15, 8]]
-    assert [b.ref_cnt for b in m.block_pool.blocks[1:6]] == [2] * 5
-    assert queue(m) == "7* 6*"
-    # Two lookups counted: a's (10 tokens, no hit) and b's (14, 10 hit).
-    assert (m.prefix_cache_stats.queries, m.prefix_cache_stats.hits) == (24, 10)
+    b.num_computed_tokens = 12
+    # Two new blocks per group: 11, 12 (full) and 13, 14 (sliding); 8 taken back.
+    assert new.get_block_ids() == [[11, 12], [13, 14]]
+    assert m.get_block_ids("b") == [[1, 2, 3, 4, 11, 12], [0, 0, 8, 9, 13, 14]]
+    assert [b.ref_cnt for b in m.block_pool.blocks[1:6]] == [2, 2, 2, 2, 1]
+    assert queue(m) == "15"
+    # b's sliding tails: blocks 3, 4 (junction 10) and 4, 5 (replay boundary 13):
+    # its blocks 4 and 5 (13, 14) are hashed, as all of its full group's.
+    assert m.block_pool.blocks[13].block_hash is not None
+    assert m.block_pool.blocks[14].block_hash is not None
+    # Two lookups counted: a's (10 tokens, no hit) and b's (14, 8 hit).
+    assert (m.prefix_cache_stats.queries, m.prefix_cache_stats.hits) == (24, 8)
+    # Thanks to b's junction tail, a third request on a's 10 tokens now hits them all:
+    # full a's 1..5 (5 found before b's 11), sliding a's 9 and b's 13.
+    hits, n = m.get_computed_blocks(req("c", [*range(10), 200, 201]), record_stats=False)
+    assert n == 10 and hits.get_block_ids() == [[1, 2, 3, 4, 5], [0, 0, 0, 9, 13]]
     m.check_invariants()
-    # Free: group by group, each table last block first; nulls skipped.
+    # Free: group by group, each table last block first; nulls skipped; unhashed
+    # blocks to the front (full 7, then sliding 6, 10), hashed to the back.
     m.free(a)
-    assert queue(m) == "12 11 7* 6*"
+    assert queue(m) == "6 10 7 15 5*"
     m.free(b)
     m.check_invariants()
-    assert m.usage == 0.0
+    assert m.usage == 0.0 and m.shared_prefix_boundary == {}
 
 
 def test_a_sliding_hit_without_enough_contiguous_blocks_stops_at_the_gap():
@@ -102,21 +122,24 @@ def test_a_sliding_hit_without_enough_contiguous_blocks_stops_at_the_gap():
     a = req("a", range(10))
     admit(m, a)
     decode(m, a, 10)
-    # head -> 13 14 15 8* 7* 6* -> tail: c's six blocks evict a's freed sliding blocks.
+    # A resend of a's prompt hits its replay tail: 9 tokens at most, so 4 blocks; the
+    # sliding group's blocks 3, 2 (9, and 8 free but cached).
+    hits, n = m.get_computed_blocks(req("a2", range(10)))
+    assert n == 8 and hits.get_block_ids() == [[1, 2, 3, 4], [0, 0, 8, 9]]
+    # head -> 11 12 13 14 15 8* -> tail: c's six blocks take them, evicting a's 8.
     c = req("c", range(50, 56))
     _, _, new = admit(m, c)
-    assert new.get_block_ids() == [[13, 14, 15], [8, 7, 6]] and queue(m) == ""
+    assert new.get_block_ids() == [[11, 12, 13], [14, 15, 8]] and queue(m) == ""
     m.free(c)
     m.free(a)
-    # Left cached: full 1..5, sliding 9, 10 (positions 6..9).
+    # Left cached of a: full 1..5, sliding 9 (block 3) alone.
     b = req("b", range(12))
     hits, n = m.get_computed_blocks(b)
-    assert n == 10 and hits.get_block_ids() == [[1, 2, 3, 4, 5], [0, 0, 0, 9, 10]]
-    d = req("d", [*range(6), 77, 78])
-    hits, n = m.get_computed_blocks(d)
-    # Full hits blocks 0..2 (6 tokens); sliding within them: block 2 (8) and 1 (7) are
-    # gone, block 0 (6) too: no hit at all, so full attention's is cut to it.
+    # Full hits blocks 0..4 (10 tokens); sliding within them: 10 (block 4) holds no
+    # hash, 9 (block 3) does, 8 (block 2) lost it: one block, then the gap, and
+    # blocks 1, 0 were never hashed: no hit at all, so full attention's is cut to it.
     assert (n, hits.get_block_ids()) == (0, [[], []])
+    assert m.shared_prefix_boundary == {"b": 10}
 
 
 @pytest.mark.parametrize("enable_caching", [True, False])
@@ -188,9 +211,14 @@ def test_one_sliding_group_alone():
     a = req("a", range(9))
     admit(m, a)
     assert m.get_block_ids("a") == [[1, 2, 3, 4, 5]]
-    decode(m, a, 9)  # token 9 keeps positions 6..9: blocks 0..2 freed
+    # Replay boundary 8: blocks 2, 3 (3, 4) cached, blocks 0, 1 not.
+    decode(m, a, 9)  # token 9 keeps positions 6..9: blocks 0..2 freed, deepest first
     assert m.get_block_ids("a") == [[0, 0, 0, 4, 5]]
-    assert queue(m) == "6 7 8 9 10 11 12 13 14 15 3* 2* 1*"
+    assert queue(m) == "2 1 6 7 8 9 10 11 12 13 14 15 3*"
+    # One group: no other group's hit to lag behind, so never a junction.
+    hits, n = m.get_computed_blocks(req("b", [*range(8), 50, 51]))
+    assert n == 8 and hits.get_block_ids() == [[0, 0, 3, 4]]
+    assert m.shared_prefix_boundary == {}
 
 
 def test_bad_input_is_refused_by_name(m):
@@ -220,12 +248,13 @@ def test_priority_retention_keeps_the_higher_prioritys_blocks_in_every_group():
     admit(m, lo)  # full 5, 6; sliding 7, 8
     m.free(hi)
     m.free(lo)
-    # Free: 9..15 unhashed; cached by class: 0 -> 2 1 4 3, 5 -> 6 5 8 7. Twelve blocks
-    # take the seven unhashed, all of priority 5's, then priority 0's oldest (2).
+    # Sliding: only block 0 (3, 7) ends at a replay boundary (3), blocks 4, 8 unhashed.
+    # Free: 4, 8, 9..15 unhashed; cached by class: 0 -> 2 1 3, 5 -> 6 5 7. Twelve
+    # blocks take the nine unhashed, then all of priority 5's: priority 0's stay.
     admit(m, req("z", range(100, 112)))
     assert {b.block_id for b in m.block_pool.blocks if b.block_hash is not None} - set(
         sum(m.get_block_ids("z"), [])
-    ) == {1, 3, 4}
+    ) == {1, 2, 3}
 
 
 def test_token_usage_counts_each_groups_held_slots(m):
@@ -245,11 +274,12 @@ def test_residency_metrics_read_the_one_pool():
 
     m = HybridKVCacheManager(8, BS, 64, [0, 4], pool_factory=residency_pool_factory())
     a = req("a", range(6))
-    admit(m, a)  # 3 + 3 blocks, all cached
+    admit(m, a)  # 3 + 3 blocks, all cached but sliding block 2 (past the replay tail)
     m.free(a)
     admit(m, req("z", range(50, 62)))  # 6 + 6 blocks > 7: refused, nothing evicted
     assert m.block_pool.take_residency().lifetimes == []
-    admit(m, req("z", range(50, 56)))  # 3 + 3 blocks: one unhashed, five of a's evicted
+    # 3 + 3 blocks: one never used, five of a's reused (four evicted, one unhashed).
+    admit(m, req("z", range(50, 56)))
     assert len(m.block_pool.take_residency().lifetimes) == 5
 
 

@@ -5,8 +5,12 @@ freed, the cache reset -- with, after every step: the manager's invariants (each
 block in exactly one place, ref_cnt = the tables holding it), every sliding table's
 leading entries null exactly up to the window of its last call and every later
 entry a block, the nulls reported once by take_nulled, hits no longer than full
-attention's own and made of the request's blocks, usage from the free blocks, and a
-call the scheduler's fast path would skip (alloc_noop_until) changing nothing."""
+attention's own and made of the request's blocks, usage from the free blocks, a
+call the scheduler's fast path would skip (alloc_noop_until) changing nothing, and
+which of a request's own blocks hold a hash: every full one in the full group; in
+the sliding group only those of the cdiv(W - 1, 2)-block tails ending at its replay
+boundary (prompt - 1) and at its junction (full attention's own hit at admission,
+when longer than the hit): vLLM serve's default retention, 0."""
 
 from __future__ import annotations
 
@@ -37,6 +41,9 @@ class HybridMachine(RuleBasedStateMachine):
         self.called_at: dict[str, int] = {}
         # (rid, group) -> leading nulls the worker was told of (row sent, then take_nulled).
         self.told: dict[tuple[str, int], int] = {}
+        # rid -> (blocks of its prefix hit, its shared-prefix junction in tokens or 0).
+        self.admitted: dict[str, tuple[int, int]] = {}
+        self.prompts: list[list[int]] = []
         self.next_id = 0
 
     @initialize(
@@ -49,6 +56,7 @@ class HybridMachine(RuleBasedStateMachine):
         windows = [window, 0] if sliding_first else [0, window]
         self.sliding = 0 if sliding_first else 1
         self.window = window
+        self.enable_caching = enable_caching
         self.m = HybridKVCacheManager(
             num_blocks, BLOCK_SIZE, MAX_MODEL_LEN, windows, enable_caching, max_num_batched_tokens=8
         )
@@ -95,6 +103,22 @@ class HybridMachine(RuleBasedStateMachine):
         chunk=st.sampled_from([1, 3, 8, 40]),
     )
     def admit(self, prompt, chunk):
+        self.prompts.append(prompt)
+        self.admit_prompt(prompt, chunk)
+
+    @precondition(lambda self: self.prompts)
+    @rule(
+        which=st.integers(0, 100),
+        cut=st.integers(0, 3),
+        extra=st.lists(st.integers(0, 2), min_size=1, max_size=12),
+        chunk=st.sampled_from([1, 3, 8, 40]),
+    )
+    def admit_extending(self, which, cut, extra, chunk):
+        """A prompt sharing a prefix with an earlier one: where junctions come from."""
+        earlier = self.prompts[which % len(self.prompts)]
+        self.admit_prompt(earlier[: len(earlier) - cut % len(earlier)] + extra, chunk)
+
+    def admit_prompt(self, prompt: list[int], chunk: int) -> None:
         m = self.m
         rid = f"r{self.next_id}"
         self.next_id += 1
@@ -112,10 +136,12 @@ class HybridMachine(RuleBasedStateMachine):
         assert all(b.is_null for b in sliding[: len(sliding) - num_needed])
         for i in range(len(sliding) - num_needed, len(sliding)):
             assert sliding[i].block_hash == req.block_hashes[i] + group_key(self.sliding)
+        full_hit = self.full_only_hit(req)
         if self.allocate(req, min(chunk, req.num_tokens - n), n, hits) is None:
             assert rid not in m.single_type_managers[0].req_to_blocks
             return
         self.running[rid] = req
+        self.admitted[rid] = (n // BLOCK_SIZE, full_hit if full_hit > n else 0)
         for g in range(2):
             self.told[rid, g] = m.single_type_managers[g].num_null_blocks(
                 rid
@@ -141,6 +167,7 @@ class HybridMachine(RuleBasedStateMachine):
     def free(self, rid: str) -> None:
         self.m.free(self.running.pop(rid))
         del self.called_at[rid]
+        del self.admitted[rid]
         for g in range(2):
             self.told.pop((rid, g), None)
         assert self.m.get_block_ids(rid) == [[], []]
@@ -177,6 +204,26 @@ class HybridMachine(RuleBasedStateMachine):
             assert (
                 self.told[rid, self.sliding] == num_null and self.told[rid, 1 - self.sliding] == 0
             )
+            self.check_hashes(req)
+
+    def check_hashes(self, req: Request) -> None:
+        """Its own blocks (past its hit; new ones never come with a hash): hashed iff
+        full, and, in the sliding group, in a tail ending at a reachable boundary."""
+        num_hit, junction = self.admitted[req.request_id]
+        num_full = min(req.num_computed_tokens, req.num_tokens) // BLOCK_SIZE
+        need = cdiv(self.window - 1, BLOCK_SIZE)
+        tails = set()
+        for boundary in (req.num_prompt_tokens - 1, junction):
+            end = boundary // BLOCK_SIZE
+            tails |= set(range(max(0, end - need), end)) if boundary else set()
+        for g, m in enumerate(self.m.single_type_managers):
+            for i, b in enumerate(m.req_to_blocks[req.request_id]):
+                if i < num_hit or b.is_null:
+                    continue
+                expected = (
+                    self.enable_caching and i < num_full and (g != self.sliding or i in tails)
+                )
+                assert (b.block_hash is not None) == expected, (req.request_id, g, i, tails)
 
     def teardown(self):
         m = self.m

@@ -1,5 +1,8 @@
 """Drives vLLM 0.32's own KVCacheManager over a hybrid KVCacheConfig (one group per
-window, 0 full attention; one block size; caching on or off) through the operations of
+window, 0 full attention; one block size; caching on or off; sliding groups' sparse
+retention at ``vllm serve``'s default, ``prefix_cache_retention_interval=0``, each
+request's ``shared_prefix_boundary`` set from its lookup as vLLM's scheduler sets it)
+through the operations of
 tests/scheduler/core/test_hybrid_vs_vllm.py, and prints its state after each one.
 Run with the vLLM venv: ``.venv-vllm/bin/python THIS < cases.json``.
 
@@ -45,7 +48,13 @@ def run(case: dict) -> list[dict]:
     hasher = get_request_block_hasher(bs, hash_fn)
     groups = [KVCacheGroupSpec([f"layer.{g}"], spec(w, bs)) for g, w in enumerate(case["windows"])]
     kv = KVCacheManager(
-        KVCacheConfig(num_blocks=case["num_blocks"], kv_cache_tensors=[], kv_cache_groups=groups),
+        # NOTE: CacheConfig.prefix_cache_retention_interval defaults to 0 (KVCacheConfig's to None: dense).
+        KVCacheConfig(
+            num_blocks=case["num_blocks"],
+            kv_cache_tensors=[],
+            kv_cache_groups=groups,
+            prefix_cache_retention_interval=0,
+        ),
         max_model_len=case["max_model_len"],
         scheduler_block_size=bs,
         hash_block_size=bs,
@@ -67,7 +76,8 @@ def run(case: dict) -> list[dict]:
             r = requests.get(rid)
             if r is None:
                 r = Request(rid, tokens, SamplingParams(max_tokens=64), None, block_hasher=hasher)
-            blocks, n, _ = kv.get_computed_blocks(r)
+            # As Scheduler.schedule: the lookup (at 0 computed tokens) sets the junction.
+            blocks, n, r.shared_prefix_boundary = kv.get_computed_blocks(r)
             num_new = min(chunk, r.num_tokens - n)
             new = kv.allocate_slots(r, num_new, n, blocks, full_sequence_must_fit=full_must_fit)
             if new is not None:
