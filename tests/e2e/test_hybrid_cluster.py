@@ -28,16 +28,19 @@ def gemma3(tmp_path):
 def test_gemma3_served_over_the_wire_equals_transformers(gemma3, tmp_path):
     d, want = gemma3
     sched = ["--block-size", "4", "--max-model-len", "128", "--max-num-batched-tokens", "24"]
-    worker = ["--model", str(d), "--block-size", "4", "--max-model-len", "128", "--kv-cache-memory", "256KiB"]
+    worker = ["--model", str(d), "--block-size", "4", "--max-model-len", "128", "--kv-cache-memory", "1MiB"]
     cfg = json.loads((d / "config.json").read_text())
     assert cfg["layer_types"] == ["sliding_attention", "sliding_attention", "full_attention"] * 2
     # Windows [16, 16, 0] x 2: groups {0, 3}, {1, 4} sliding and {2, 5} full, so 2 KV tensors:
     # a block of 4 tokens costs 2 (K, V) x 2 tensors x 4 x kv heads x head dim x 4 bytes.
     per_block = 2 * 2 * 4 * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
     with Cluster(sched, worker, log_dir=tmp_path) as c:
-        assert c.metrics()["kvpool_num_gpu_blocks"] == 256 * 1024 // per_block
+        assert c.metrics()["kvpool_num_gpu_blocks"] == 1024 * 1024 // per_block
+        # NOTE: a pool that evicts nothing: under vLLM's retention 0 a sliding group keeps only
+        # the tails at each prompt's end, and which survive a smaller pool depends on timing.
         for round_ in range(2):  # the second round hits the blocks the first one cached
             got = c.generate([Generate(f"r{round_}-{j}", p, 6, ignore_eos=True) for j, p in enumerate(PROMPTS)])
             assert [got[f"r{round_}-{j}"].token_ids for j in range(len(PROMPTS))] == want
             assert all(got[f"r{round_}-{j}"].error is None for j in range(len(PROMPTS)))
-        assert got["r1-0"].num_cached_tokens >= 32
+        # Each prompt again: its whole blocks up to its last token (40, 44, 48 tokens, bs 4).
+        assert [got[f"r1-{j}"].num_cached_tokens for j in range(3)] == [36, 40, 44]
