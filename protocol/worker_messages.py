@@ -14,6 +14,8 @@ All structs are ``array_like`` (encoded as msgpack arrays, tag first) with
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import msgspec
 
 from protocol.prompt_logprobs import PromptLogprobs
@@ -175,8 +177,16 @@ class StepPlan(msgspec.Struct, **_OPTS, tag=4):
     preempted_seq_ids: list[int] = []
     # The offload tier's copies of this step; None (one byte) when there are none.
     tier_copies: TierCopies | None = None
-    # Hybrid models: the groups' deltas beyond group 0's; None with one group.
-    groups: GroupDeltas | None = None
+    # Hybrid models send a HybridStepPlan, which carries its groups' deltas; a one-group
+    # plan has none and is byte for byte what it was before KV-cache groups.
+    groups: ClassVar[GroupDeltas | None] = None
+
+
+class HybridStepPlan(StepPlan, tag=15):
+    """A StepPlan of a hybrid model (KV-cache groups): the same fields, then the groups'
+    deltas beyond group 0's, applied as StepPlan's docstring says."""
+
+    groups: GroupDeltas = msgspec.field(default_factory=GroupDeltas)
 
 
 class SampledLogprobs(msgspec.Struct, **_OPTS, tag=9):
@@ -250,4 +260,4 @@ class GrammarsReady(msgspec.Struct, **_OPTS, tag=12):
 
 
 WorkerToScheduler = WorkerHello | StepResult | WorkerError | Heartbeat | WorkerExit | GrammarsReady
-SchedulerToWorker = WorkerReady | StepPlan | Heartbeat | Shutdown | CompileGrammars
+SchedulerToWorker = WorkerReady | StepPlan | HybridStepPlan | Heartbeat | Shutdown | CompileGrammars

@@ -4,7 +4,7 @@ attending through its group's table, with its own window.
 
 The runner keeps group 0's table (``ModelRunner.block_table``) and applies group 0's
 deltas itself; ``GroupTables`` holds every group's table (group 0's is the same
-object) and applies the rest of a plan (``StepPlan.groups``), after group 0's: rows
+object) and applies the rest of a plan (``HybridStepPlan.groups``), after group 0's: rows
 dropped and added in the same order in every table, so a request has the same row in
 every group; then appends to groups >= 1, then nulled entries (any group).
 

@@ -9,7 +9,7 @@ out as the wire's `TierCopies`.
 
 With hybrid KV-cache groups (``hybrid=True``) the tables of groups 1.. and the
 leading entries a sliding window nulled go in the plan's `GroupDeltas`; group 0's
-travel as with one group. With one group the plan is exactly as before (groups None).
+travel as with one group, in a `HybridStepPlan`. With one group the plan is a StepPlan, exactly as before.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from protocol.worker_messages import (
     AppendedBlocks,
     GroupAppendedBlocks,
     GroupDeltas,
+    HybridStepPlan,
     NulledBlocks,
     RequestRow,
     StepPlan,
@@ -88,7 +89,7 @@ class StepPlanBuilder:
         tier_copies = None
         if copies is not None:
             tier_copies = TierCopies(copies.store_device_ids, copies.store_host_ids, copies.load_host_ids, copies.load_device_ids)
-        return StepPlan(
+        fields = dict(
             step_id=step_id,
             num_scheduled_tokens=self.num_scheduled_tokens,
             new_rows=self.new_rows,
@@ -97,5 +98,7 @@ class StepPlanBuilder:
             finished_seq_ids=finished_seq_ids,
             preempted_seq_ids=[r.seq_id for r in preempted],
             tier_copies=tier_copies,
-            groups=self.groups,
         )
+        if self.groups is None:
+            return StepPlan(**fields)
+        return HybridStepPlan(**fields, groups=self.groups)

@@ -25,7 +25,11 @@ from protocol.codec import Codec
 from protocol.sampling_params import SamplingParams
 from protocol.worker_messages import (
     AppendedBlocks,
+    GroupAppendedBlocks,
+    GroupDeltas,
     Heartbeat,
+    HybridStepPlan,
+    NulledBlocks,
     RequestRow,
     RowSampling,
     SchedulerToWorker,
@@ -138,10 +142,20 @@ def test_client_messages_are_maps_tagged_by_type():
     assert msgspec.msgpack.decode(CLIENT_OUT.encode(EngineCoreOutputs())) == {"type": "outputs"}
 
 
+def test_a_hybrid_plan_is_its_own_tag_and_a_one_group_plan_has_no_groups():
+    deltas = GroupDeltas(rows={7: [[3, 4]]}, appended=[GroupAppendedBlocks(7, 1, [5])], nulled=[NulledBlocks(7, 0, 2)])
+    plan = HybridStepPlan(step_id=9, groups=deltas)
+    wire = msgspec.msgpack.decode(TO_WORKER.encode(plan))
+    assert wire[0] == 15 and wire[-1] == [{7: [[3, 4]]}, [[13, 7, 1, [5]]], [[14, 7, 0, 2]]]
+    back = TO_WORKER.decode(TO_WORKER.encode(plan))
+    assert type(back) is HybridStepPlan and back == plan and isinstance(back, StepPlan)
+    assert StepPlan(step_id=9).groups is None  # what the worker reads of a one-group plan
+
+
 def test_worker_messages_are_arrays_tag_first():
     # NOTE: msgspec ignores omit_defaults on array_like structs (jcrist/msgspec#720):
     # every field is encoded. A sender may still leave trailing defaults out.
-    assert msgspec.msgpack.decode(TO_WORKER.encode(StepPlan(step_id=9))) == [4, 9, {}, [], [], [], [], [], None, None]
+    assert msgspec.msgpack.decode(TO_WORKER.encode(StepPlan(step_id=9))) == [4, 9, {}, [], [], [], [], [], None]
     # A greedy row's sampling is None: one byte.
     assert msgspec.msgpack.decode(TO_WORKER.encode(ROW)) == [0, 7, [3, 4, 5, 2**31 - 1], [9, 10], 16, None]
     sampled = RequestRow(1, [2], [3], 0, RowSampling(1, SamplingParams(temperature=0.5, seed=3)))

@@ -14,9 +14,9 @@ from protocol.worker_messages import (
     AppendedBlocks,
     GroupAppendedBlocks,
     GroupDeltas,
+    HybridStepPlan,
     NulledBlocks,
     RequestRow,
-    StepPlan,
 )
 from worker.checkpoint import Checkpoint
 from worker.kv_cache import allocate_kv_caches, layer_kv_caches
@@ -40,7 +40,7 @@ def plans(hybrid: bool):
     """Step 0 and 1: the prompt in chunks of 12 and 8; then 8 decodes. Before each step
     the sliding group nulls what vLLM frees: (computed - W + 1) // BS blocks."""
     g = (lambda d: GroupDeltas(**d)) if hybrid else (lambda d: None)
-    yield StepPlan(0, {1: 12}, new_rows=[RequestRow(1, PROMPT, [1, 2, 3, 4, 5])], groups=g({"rows": {1: [[21, 22, 23, 24, 25]]}}))
+    yield HybridStepPlan(0, {1: 12}, new_rows=[RequestRow(1, PROMPT, [1, 2, 3, 4, 5])], groups=g({"rows": {1: [[21, 22, 23, 24, 25]]}}))
     blocks, computed, step = 5, 12, 1
     for n in (8, *[1] * 8):
         nulls = max(0, computed - W + 1) // BS
@@ -49,7 +49,7 @@ def plans(hybrid: bool):
             blocks += 1
             appended = [AppendedBlocks(1, [blocks])]
             deltas["appended"] = [GroupAppendedBlocks(1, 1, [blocks + GROUP1])]
-        yield StepPlan(step, {1: n} if n > 1 else {}, appended=appended, groups=g(deltas))
+        yield HybridStepPlan(step, {1: n} if n > 1 else {}, appended=appended, groups=g(deltas))
         computed, step = computed + n, step + 1
 
 
