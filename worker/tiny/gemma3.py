@@ -22,18 +22,13 @@ import math
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from worker.tiny.generate import (
     BOS_ID,
-    CHAT_TEMPLATE,
     EOS_ID,
-    GENERATION_CONFIG,
     SEED,
-    SPECIAL_TOKENS,
-    _write_json,
     cached_checkpoint,
-    train_tokenizer,
+    write_checkpoint,
 )
 
 NAME = "kvpool-tiny-gemma3-v1"  # NOTE: change the version when any file changes
@@ -114,18 +109,7 @@ def random_weights(config: dict = CONFIG, seed: int = SEED) -> dict[str, torch.T
 
 def write_gemma3_checkpoint(directory: str | Path) -> Path:
     """Write the whole checkpoint into ``directory`` (created if needed)."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    _write_json(d / "config.json", CONFIG)
-    _write_json(d / "generation_config.json", GENERATION_CONFIG)
-    save_file(random_weights(), str(d / "model.safetensors"), metadata={"format": "pt"})
-    train_tokenizer(CONFIG["vocab_size"]).save(str(d / "tokenizer.json"))
-    _write_json(d / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": SPECIAL_TOKENS[BOS_ID],
-        "eos_token": SPECIAL_TOKENS[EOS_ID], "add_bos_token": True, "chat_template": CHAT_TEMPLATE,
-        "model_max_length": CONFIG["max_position_embeddings"],
-    })  # fmt: skip
-    return d
+    return write_checkpoint(directory, CONFIG, random_weights())
 
 
 def gemma3_checkpoint() -> Path:

@@ -111,17 +111,23 @@ def _write_json(path: Path, data: dict) -> None:
 
 def write_tiny_checkpoint(directory: str | Path) -> Path:
     """Write the whole checkpoint into ``directory`` (created if needed)."""
+    return write_checkpoint(directory, CONFIG, random_weights())
+
+
+def write_checkpoint(directory: str | Path, config: dict, weights: dict[str, torch.Tensor]) -> Path:
+    """A checkpoint of ``config`` and ``weights`` with the tiny tokenizer, generation config
+    and chat template, into ``directory`` (created if needed)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    _write_json(d / "config.json", CONFIG)
+    _write_json(d / "config.json", config)
     _write_json(d / "generation_config.json", GENERATION_CONFIG)
-    save_file(random_weights(), str(d / "model.safetensors"), metadata={"format": "pt"})
-    tok = train_tokenizer(CONFIG["vocab_size"])
+    save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+    tok = train_tokenizer(config["vocab_size"])
     tok.save(str(d / "tokenizer.json"))
     _write_json(d / "tokenizer_config.json", {
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": SPECIAL_TOKENS[BOS_ID],
         "eos_token": SPECIAL_TOKENS[EOS_ID], "add_bos_token": True, "chat_template": CHAT_TEMPLATE,
-        "model_max_length": CONFIG["max_position_embeddings"],
+        "model_max_length": config["max_position_embeddings"],
     })
     return d
 
