@@ -77,6 +77,15 @@ def run(
     return paged
 
 
+def assert_logits_close(logits_at: list[tuple[int, torch.Tensor]], ref: torch.Tensor, sid: int) -> None:
+    """Each (position, logits) of a paged run equals transformers' row: 1e-4 relative, and
+    1e-4 of the row's largest logit absolute."""
+    for pos, logits in logits_at:
+        torch.testing.assert_close(
+            logits.double(), ref[pos], rtol=1e-4, atol=1e-4 * float(ref[pos].abs().max()), msg=f"seq {sid} pos {pos}"
+        )
+
+
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_paged_windows_match_transformers_float32(checkpoint, block_size):
     kind, path, hf = checkpoint
@@ -88,11 +97,7 @@ def test_paged_windows_match_transformers_float32(checkpoint, block_size):
     for sid, seq in paged.seqs.items():
         assert len(seq.tokens) > 3 * WINDOW
         ref = reference_logits(hf, seq.tokens[:-1])  # (T, V)
-        for pos, logits in seq.logits:
-            scale = float(ref[pos].abs().max())
-            torch.testing.assert_close(
-                logits.double(), ref[pos], rtol=1e-4, atol=1e-4 * scale, msg=f"seq {sid} pos {pos}"
-            )
+        assert_logits_close(seq.logits, ref, sid)
         assert seq.out == reference_generate(hf, seq.tokens[: seq.num_prompt], len(seq.out)), (
             f"seq {sid}"
         )
@@ -107,14 +112,7 @@ def test_disable_hybrid_keeps_every_block_and_the_windows(checkpoint):
     ]
     for sid, seq in paged.seqs.items():
         ref = reference_logits(hf, seq.tokens[:-1])
-        for pos, logits in seq.logits:
-            torch.testing.assert_close(
-                logits.double(),
-                ref[pos],
-                rtol=1e-4,
-                atol=1e-4 * float(ref[pos].abs().max()),
-                msg=f"seq {sid} pos {pos}",
-            )
+        assert_logits_close(seq.logits, ref, sid)
 
 
 def test_bfloat16_top_token_is_the_reference_or_a_near_tie(checkpoint):
@@ -169,11 +167,4 @@ def test_the_runner_serves_gemma3_with_its_attention_scale(tmp_path):
     sched.run()
     for sid, req in sched.done.items():
         ref = reference_logits(hf, req.prompt + req.out)
-        for pos, logits in req.logits:
-            torch.testing.assert_close(
-                logits.double(),
-                ref[pos],
-                rtol=1e-4,
-                atol=1e-4 * float(ref[pos].abs().max()),
-                msg=f"seq {sid} pos {pos}",
-            )
+        assert_logits_close(req.logits, ref, sid)
