@@ -3,7 +3,8 @@
 ``--checkpoint tiny`` (the default) is the project's tiny Llama, ``--checkpoint gemma3``
 its Gemma-3-style one (``worker/tiny/gemma3.py``: 5 sliding-window layers to 1 full, a
 128-token window), the hybrid KV-cache groups' row. The layout is read from the
-checkpoint's ``config.json`` alone, with vLLM 0.32's grouping
+checkpoint's ``config.json`` alone, read as kvpool's worker reads it
+(``protocol.layer_windows``), with vLLM 0.32's grouping
 (``protocol.kv_cache_spec.kv_cache_groups``): a block holds ``num_kv_tensors`` layers'
 K and V, not every layer's, once layers fall into several groups — so the same pool in
 blocks needs that many layers' bytes a block on both engines.
@@ -15,9 +16,9 @@ import json
 from pathlib import Path
 
 from protocol.kv_cache_spec import KVCacheGroupSpec, kv_cache_groups, num_kv_tensors
+from protocol.layer_windows import layer_windows
 
 CHECKPOINTS = ("tiny", "gemma3")
-LAYER_TYPES = {"full_attention": False, "sliding_attention": True}
 
 
 def checkpoint_dir(name: str) -> Path:
@@ -33,33 +34,13 @@ def checkpoint_dir(name: str) -> Path:
     raise ValueError(f"unknown checkpoint {name!r} (generated ones: {', '.join(CHECKPOINTS)})")
 
 
-def layer_windows(config: dict, where: str = "config.json") -> list[int]:
-    """Each layer's attention window, 0 for full attention: ``layer_types`` where the
-    config has it (Gemma 3, Qwen's), else ``sliding_window`` on every layer (Mistral;
-    off in Qwen2/3 unless ``use_sliding_window``), else 0."""
-    n = config["num_hidden_layers"]
-    window = config.get("sliding_window") or 0
-    if "use_sliding_window" in config and not config["use_sliding_window"]:
-        window = 0
-    types = config.get("layer_types")
-    if types is None:
-        return [int(window)] * n
-    if len(types) != n:
-        raise ValueError(f"{where}: layer_types has {len(types)} entries for {n} layers")
-    unknown = sorted({t for t in types if t not in LAYER_TYPES})
-    if unknown:
-        raise ValueError(
-            f"{where}: layer types {unknown} are not attention with or without a window ({', '.join(LAYER_TYPES)})"
-        )
-    if window <= 0 and any(LAYER_TYPES[t] for t in types):
-        raise ValueError(f"{where}: sliding_attention layers without a sliding_window")
-    return [int(window) if LAYER_TYPES[t] else 0 for t in types]
-
-
 def kv_groups(model: Path) -> list[KVCacheGroupSpec]:
     """The checkpoint's KV-cache groups, as vLLM 0.32 forms them with the hybrid manager."""
     path = model / "config.json"
-    return kv_cache_groups(layer_windows(json.loads(path.read_text()), str(path)))
+    try:
+        return kv_cache_groups(layer_windows(json.loads(path.read_text())))
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def kv_layers_per_block(model: Path) -> int:

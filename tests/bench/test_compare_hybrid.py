@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.compare import HYBRID_NUM_BLOCKS, NUM_BLOCKS, build_parser, served_model, settle_model
-from bench.compare_checkpoints import describe, kv_groups, kv_layers_per_block, layer_windows
+from bench.compare_checkpoints import describe, kv_groups, kv_layers_per_block
 from bench.compare_report import FIGURES, agreement_row, rows
 from bench.compare_servers import ServerConfig, server_command, vllm_env
 from bench.compare_workloads import agreement_prompts, combine_runs, default_workloads
@@ -34,19 +34,18 @@ LLAMA = {
 }
 
 
-def test_layer_windows_from_layer_types_or_one_window():
-    assert layer_windows(GEMMA3) == [128, 128, 128, 128, 128, 0]
-    assert layer_windows(LLAMA) == [0, 0, 0, 0]
-    assert layer_windows(LLAMA | {"sliding_window": 4096}) == [4096] * 4  # Mistral
-    assert (
-        layer_windows(LLAMA | {"sliding_window": 4096, "use_sliding_window": False}) == [0] * 4
-    )  # Qwen2
-    with pytest.raises(ValueError, match="layer_types has 2 entries for 4 layers"):
-        layer_windows(LLAMA | {"layer_types": ["full_attention"] * 2})
-    with pytest.raises(ValueError, match=r"layer types \['chunked_attention'\]"):
-        layer_windows(LLAMA | {"layer_types": ["chunked_attention"] + ["full_attention"] * 3})
-    with pytest.raises(ValueError, match="without a sliding_window"):
-        layer_windows(LLAMA | {"layer_types": ["sliding_attention"] * 4})
+def test_the_layout_is_read_as_kvpools_worker_reads_it(tmp_path):
+    # The harness's groups come from protocol.layer_windows (tested in tests/protocol):
+    # layer_types, else the one window on every layer (Mistral), off in Qwen2 unless used.
+    assert [g.sliding_window for g in kv_groups(config_dir(tmp_path, GEMMA3))] == [128] * 5 + [0]
+    assert [(g.layer_ids, g.sliding_window) for g in kv_groups(config_dir(tmp_path, LLAMA))] == [([0, 1, 2, 3], 0)]
+    assert [g.sliding_window for g in kv_groups(config_dir(tmp_path, LLAMA | {"sliding_window": 4096}))] == [4096]
+    qwen2 = LLAMA | {"sliding_window": 4096, "use_sliding_window": False}
+    assert [g.sliding_window for g in kv_groups(config_dir(tmp_path, qwen2))] == [0]
+    with pytest.raises(ValueError, match=r"config.json: layer_types must list one type per layer \(4\)"):
+        kv_groups(config_dir(tmp_path, LLAMA | {"layer_types": ["full_attention"] * 2}))
+    with pytest.raises(ValueError, match=r"layer_types \['chunked_attention'\] not supported"):
+        kv_groups(config_dir(tmp_path, LLAMA | {"layer_types": ["chunked_attention"] + ["full_attention"] * 3}))
 
 
 def test_gemma3_blocks_hold_one_layer_on_both_engines(tmp_path):
