@@ -82,6 +82,12 @@ def kv_cache_groups(layer_windows: Sequence[int], disable_hybrid: bool = False) 
     return groups
 
 
+def is_hybrid(group_windows: Sequence[int]) -> bool:
+    """Whether groups of these windows need the hybrid manager: several groups, or one
+    sliding-window group ([] and [0]: one full-attention group, every model before groups)."""
+    return len(group_windows) > 1 or any(group_windows)
+
+
 def num_kv_tensors(groups: Sequence[KVCacheGroupSpec]) -> int:
     """KV tensors a worker allocates for ``groups`` (vLLM's layout): tensor j is shared by
     the j-th layer of every group, so a block id means the same memory in every group

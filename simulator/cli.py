@@ -44,6 +44,7 @@ import random
 import sys
 from pathlib import Path
 
+from protocol.kv_cache_spec import is_hybrid
 from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.hashing import HASH_ALGOS
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
@@ -197,7 +198,7 @@ def _check_groups(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     found = group_windows_from_args(p, a)
     a.groups = None if found is None else found[0]
     a.group_windows = () if found is None else tuple(g.sliding_window for g in found[0])
-    if len(a.group_windows) > 1 or any(a.group_windows):
+    if is_hybrid(a.group_windows):
         if any(a.kv_offloading_blocks) or a.kv_eviction_policy != ["lru"] or a.policy != ["vllm"] or a.replicas:
             p.error("hybrid KV-cache groups run with --kv-eviction-policy lru, --policy vllm, no --kv-offloading-blocks and no --replicas")
 

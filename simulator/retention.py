@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from protocol.kv_cache_spec import is_hybrid
 from scheduler.core.eviction_policies import (
     KV_EVICTION_POLICIES,
     eviction_pool_factory,
@@ -35,7 +36,7 @@ def retention_manager(num_blocks: int, block_size: int, max_model_len: int, free
     if factory is not base and free_policy != "vllm":
         # NOTE: the what-if free policies move blocks in the free queue's list themselves.
         raise ValueError(f"free policy {free_policy!r} orders the LRU queue only: use it with eviction policy lru and fcfs scheduling")
-    if len(group_windows) > 1 or any(group_windows):
+    if is_hybrid(group_windows):
         # As the server refuses them (scheduler/engine/worker_checks.py).
         if eviction_policy != "lru" or free_policy != "vllm" or kwargs.get("host_tier") is not None:
             raise ValueError("hybrid KV-cache groups run with --kv-eviction-policy lru, --policy vllm and no host tier only")

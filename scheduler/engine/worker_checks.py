@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.kv_cache_spec import is_hybrid
 from protocol.worker_messages import StepResult, WorkerHello
 
 # A pool is one Python object per block: past this the hello is not believable.
@@ -80,12 +81,6 @@ def pool_size_for(
     if num_gpu_blocks_override > hello.num_blocks:
         raise WorkerRefused(f"--num-gpu-blocks-override {num_gpu_blocks_override} is more than the {hello.num_blocks} blocks the worker holds")
     return num_gpu_blocks_override
-
-
-def is_hybrid(group_windows: list[int]) -> bool:
-    """Whether a hello's KV-cache groups need the hybrid manager: several groups, or
-    one sliding-window group ([] and [0]: one full-attention group, as before)."""
-    return len(group_windows) > 1 or any(group_windows)
 
 
 def check_group_windows(hello: WorkerHello, kv_offloading_size: float, kv_eviction_policy: str, current: list[int] | None) -> list[int]:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 from protocol.codec import Codec, ProtocolError
+from protocol.kv_cache_spec import is_hybrid
 from protocol.worker_messages import (
     GrammarsReady,
     Heartbeat,
@@ -48,7 +49,6 @@ from scheduler.engine.worker_checks import (
     WorkerRefused,
     check_group_windows,
     host_tier_size_for,
-    is_hybrid,
     pool_size_for,
 )
 from scheduler.engine.worker_link import LinkState, WorkerLink, WorkerLost

@@ -92,7 +92,8 @@ def test_a_worker_without_host_blocks_is_refused_when_the_scheduler_offloads():
 
 
 def test_hybrid_groups_refuse_what_they_do_not_support_by_its_flag():
-    from scheduler.engine.worker_checks import check_group_windows, is_hybrid
+    from protocol.kv_cache_spec import is_hybrid
+    from scheduler.engine.worker_checks import check_group_windows
 
     assert not is_hybrid([]) and not is_hybrid([0]) and is_hybrid([0, 512]) and is_hybrid([4096])
     gemma = hello(group_windows=[512] * 5 + [0])
