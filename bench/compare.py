@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="checkpoint folder (default: the generated one --checkpoint names)")
     p.add_argument("--checkpoint", default=None, choices=CHECKPOINTS,
-                   help="a generated checkpoint: tiny (a Llama, the default) or gemma3 (Gemma 3's 5 sliding : 1 full "
+                   help="a generated checkpoint: tiny (a Llama, the default), llama50m (a 51M Llama in bfloat16) or gemma3 (Gemma 3's 5 sliding : 1 full "
                         "layers, a 128-token window: the hybrid KV-cache groups' row, make compare-hybrid)")  # fmt: skip
     p.add_argument("--engines", default="vllm,kvpool", help="comma-separated, in run order (default %(default)s)")
     p.add_argument("--workloads", default="", help="comma-separated subset of prefix-c8,prefix-c64,small-pool,prefix-long,mooncake (default all; prefix-long "

@@ -2,7 +2,8 @@
 
 ``--checkpoint tiny`` (the default) is the project's tiny Llama, ``--checkpoint gemma3``
 its Gemma-3-style one (``worker/tiny/gemma3.py``: 5 sliding-window layers to 1 full, a
-128-token window), the hybrid KV-cache groups' row. The layout is read from the
+128-token window), the hybrid KV-cache groups' row; ``llama50m`` a 51M-parameter Llama in
+bfloat16 (``worker/tiny/llama50m.py``), the compute-bound one of ``make compare-speed``. The layout is read from the
 checkpoint's ``config.json`` alone, read as kvpool's worker reads it
 (``protocol.layer_windows``), with vLLM 0.32's grouping
 (``protocol.kv_cache_spec.kv_cache_groups``): a block holds ``num_kv_tensors`` layers'
@@ -18,7 +19,7 @@ from pathlib import Path
 from protocol.kv_cache_spec import KVCacheGroupSpec, kv_cache_groups, num_kv_tensors
 from protocol.layer_windows import layer_windows
 
-CHECKPOINTS = ("tiny", "gemma3")
+CHECKPOINTS = ("tiny", "gemma3", "llama50m")
 
 
 def checkpoint_dir(name: str) -> Path:
@@ -31,6 +32,10 @@ def checkpoint_dir(name: str) -> Path:
         from worker.tiny.gemma3 import gemma3_checkpoint
 
         return gemma3_checkpoint()
+    if name == "llama50m":
+        from worker.tiny.llama50m import llama50m_checkpoint
+
+        return llama50m_checkpoint()
     raise ValueError(f"unknown checkpoint {name!r} (generated ones: {', '.join(CHECKPOINTS)})")
 
 
