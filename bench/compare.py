@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the speed and fidelity runs' dtype (agreement is always float32)")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
+                   help="the speed and fidelity runs' dtype (default %(default)s; agreement and lm-eval run on a float32 server either way)")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                    help="both servers' --kv-cache-dtype (fp8: one-byte KV; the agreement row then compares fp8 runs)")
@@ -168,7 +169,9 @@ def serve(engine: str, model: Path, cfg: ServerConfig, a, tag: str) -> Server:
     # engines' own rule, a core left to their other processes (vLLM's CPU backend binds the
     # cores less one, kvpool's worker takes one thread fewer than the cores). More threads
     # are no fair default: on 2 cores vLLM ran slower with two than with one.
-    env = {"OMP_NUM_THREADS": str(a.threads)} | (vllm_env(a.out / "cache", cfg, model, a.threads) if engine == "vllm" else {})
+    # None (compare_speed's default): no thread settings at all, each engine's own default.
+    threads = {} if a.threads is None else {"OMP_NUM_THREADS": str(a.threads)}
+    env = threads | (vllm_env(a.out / "cache", cfg, model, a.threads) if engine == "vllm" else {})
     return Server(engine, server_command(engine, model, port, cfg, ROOT, NAME), env, a.out / f"{engine}-{tag}.log", port)
 
 

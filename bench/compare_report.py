@@ -88,7 +88,7 @@ def agreement_row(agree: dict) -> dict:
             "met": None if a is None else a >= need}  # fmt: skip
 
 
-def _fmt(x) -> str:
+def fmt_number(x) -> str:
     if x is None:
         return "-"
     if isinstance(x, float) and not x.is_integer():
@@ -99,11 +99,17 @@ def _fmt(x) -> str:
 def format_table(table: list[dict]) -> str:
     head = ("workload", "figure", "vLLM", "kvpool", "kvpool/vLLM", "goal", "met")
     frac = ("peak_kv_cache_usage_perc", "peak_kv_cache_usage_since_start", "fraction_identical")
-    f = lambda r, x: "-" if x is None else f"{x:.3f}" if r["key"] in frac else f"{x:.1e}" if r["key"] in SCIENTIFIC else _fmt(x)  # noqa: E731
+    f = lambda r, x: "-" if x is None else f"{x:.3f}" if r["key"] in frac else f"{x:.1e}" if r["key"] in SCIENTIFIC else fmt_number(x)  # noqa: E731
     body = [(r["workload"], r["figure"], f(r, r["vllm"]), f(r, r["kvpool"]), "-" if r["ratio"] is None else f"{r['ratio']:.3f}", r["goal"],
              {True: "yes", False: "NO", None: ""}[r["met"]]) for r in table]  # fmt: skip
+    return align(head, body)
+
+
+def align(head: tuple[str, ...], body: list[tuple[str, ...]], num_left: int = 2) -> str:
+    """Columns of text under their heads and a rule: the first ``num_left`` to the left,
+    the rest (figures) to the right."""
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
-    line = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))  # noqa: E731
+    line = lambda cells: "  ".join(c.ljust(w) if i < num_left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))  # noqa: E731
     return "\n".join([line(head), line(tuple("-" * w for w in widths)), *map(line, body)])
 
 

@@ -91,16 +91,18 @@ def server_command(engine: str, model: Path, port: int, cfg: ServerConfig, root:
     raise ValueError(f"unknown engine {engine!r}: vllm or kvpool")
 
 
-def vllm_env(cache: Path, cfg: ServerConfig, model: Path, threads: int) -> dict[str, str]:
+def vllm_env(cache: Path, cfg: ServerConfig, model: Path, threads: int | None) -> dict[str, str]:
     """vLLM's CPU knobs: the CPU platform, KV space in GiB (the block override decides the
     pool), its compute threads bound to the first ``threads`` cores this process may use
-    (vLLM's own default, "auto", binds every core but one), torch.compile's caches in a
-    folder this run controls."""
+    (None: no binding given, vLLM's own default, "auto", which binds every core but one),
+    torch.compile's caches in a folder this run controls."""
     gib = cfg.kv_space_gib or max(1, -(-cfg.num_blocks * cfg.bytes_per_block(model) // 2**30))
-    cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:threads])
-    return {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": str(gib), "VLLM_CPU_OMP_THREADS_BIND": cores,
-            "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": str(gib),
+           "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    if threads is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:threads])
+    return env
 
 
 class Server:

@@ -125,15 +125,26 @@ def combine_runs(runs: list[dict], counters: tuple[str, ...]) -> dict:
     return out
 
 
-def run_bench(root: Path, url: str, model: Path, name: str, w: Workload, out: Path, timeout_s: float) -> dict:
-    """One ``vllm bench serve`` run; its result JSON's figures."""
+def bench_command(root: Path, url: str, model: Path, name: str, w: Workload, result: Path,
+                  temperature: float | None = 0.0) -> list[str]:  # fmt: skip
+    """``vllm bench serve``'s command line for one run of w, saving its JSON to result.
+    ``temperature`` None sends none: the server's default sampling (temperature 1), as
+    ``vllm bench serve`` does by default."""
+    temp = [] if temperature is None else ["--temperature", f"{temperature:g}"]
+    return [str(root / ".venv-vllm/bin/vllm"), "bench", "serve", "--backend", "vllm", "--base-url", url,
+            "--endpoint", "/v1/completions", "--model", name, "--tokenizer", str(model), *temp,
+            *w.args, "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+            "--save-result", "--result-dir", str(result.parent), "--result-filename", result.name, "--disable-tqdm"]  # fmt: skip
+
+
+def run_bench(root: Path, url: str, model: Path, name: str, w: Workload, out: Path, timeout_s: float,
+              temperature: float | None = 0.0) -> dict:  # fmt: skip
+    """One ``vllm bench serve`` run; its result JSON's figures (``temperature``: see
+    bench_command)."""
     out.mkdir(parents=True, exist_ok=True)
     result = out / f"{w.name}.json"
     result.unlink(missing_ok=True)
-    cmd = [str(root / ".venv-vllm/bin/vllm"), "bench", "serve", "--backend", "vllm", "--base-url", url,
-           "--endpoint", "/v1/completions", "--model", name, "--tokenizer", str(model), "--temperature", "0",
-           *w.args, "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-           "--save-result", "--result-dir", str(out), "--result-filename", result.name, "--disable-tqdm"]  # fmt: skip
+    cmd = bench_command(root, url, model, name, w, result, temperature)
     # NOTE: timed_trace expands a hash id into tokens seeded by Python's hash() of a
     # string; a fixed PYTHONHASHSEED makes both engines see the same prompts.
     env = {**os.environ, "PYTHONHASHSEED": "0", "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}

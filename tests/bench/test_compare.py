@@ -204,3 +204,24 @@ def test_a_small_real_compare_writes_every_key(real_vllm, tmp_path):
         runs = doc["results"]["prefix-c8"][engine]["runs"]
         assert len(runs) == 2 and sum(r["vllm:prompt_tokens"] for r in runs) == doc["results"]["prefix-c8"][engine]["vllm:prompt_tokens"]
     assert (out / "compare.png").stat().st_size > 0
+
+
+def test_with_the_bfloat16_default_agreement_runs_on_a_float32_server(monkeypatch, tmp_path):
+    import bench.compare as compare
+
+    a = compare.build_parser().parse_args(["--out", str(tmp_path)])
+    assert a.dtype == "bfloat16"
+    a.engines, a.window, a.num_kv_groups, a.num_blocks = ["vllm", "kvpool"], 0, 1, 256
+    pools = compare.pool_configs(a)
+    started = []
+
+    def run_pool(engine, model, cfg, workloads, a, tag, results, prompts=None):
+        started.append((engine, tag, cfg.dtype, [w.name for w in workloads], prompts is not None))
+        return [[7]] * len(prompts) if prompts else None
+
+    monkeypatch.setattr(compare, "run_pool", run_pool)
+    ws = [Workload("prefix-c8", "main", prefix_args(8, 8, 64, seed=1), shared_prefix=True)]
+    _, agree, errors = compare.run_all(tmp_path, pools, ws, 512, [[5, 6]] * 4, a)
+    assert started == [("vllm", "main", "bfloat16", ["prefix-c8"], False), ("kvpool", "main", "bfloat16", ["prefix-c8"], False),
+                       ("vllm", "float32", "float32", [], True), ("kvpool", "float32", "float32", [], True)]  # fmt: skip
+    assert errors == {} and agree["dtype"] == "float32" and agree["fraction_identical"] == 1.0
