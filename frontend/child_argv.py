@@ -67,7 +67,7 @@ def worker_argv(a, worker_port: int, worker_http: int) -> list[str]:
     worker = [sys.executable, "-m", "worker", "--scheduler", f"tcp://127.0.0.1:{worker_port}", "--model", str(a.model_dir),
               "--block-size", str(a.block_size), "--max-model-len", str(a.max_model_len), "--dtype", a.dtype,
               "--http-port", str(worker_http), "--gpu-memory-utilization", str(a.gpu_memory_utilization),
-              "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--seed", str(a.seed),
+              "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--max-num-seqs", str(a.max_num_seqs), "--seed", str(a.seed),
               "--served-model-name", a.served_model_name]  # fmt: skip
     if a.device:
         worker += ["--device", a.device]

@@ -118,7 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on CUDA without --kv-cache-memory: share of device memory this process may use, weights and "
                         "the profiled activation peak included (default %(default)s)")
     p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
-                   help="on CUDA: tokens of the dummy forward that profiles the activation peak (default %(default)s)")
+                   help="on CUDA: tokens of the dummy step that profiles the activation peak (default %(default)s)")
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
+                   help="on CUDA: rows of the profiled step's logits and sampler pass, the scheduler's --max-num-seqs "
+                        "(default %(default)s)")
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block (default %(default)s)")
     p.add_argument("--kv-offloading-size", type=_gib, default=d.kv_offloading_size, metavar="GIB",
                    help="GiB of host memory for the offload tier of KV blocks, as vLLM's flag; allocated (pinned on CUDA) "
@@ -170,7 +173,7 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
     return WorkerConfig(
         scheduler=a.scheduler, model=a.model, device=device, dtype=a.dtype, kv_cache_dtype=a.kv_cache_dtype, max_model_len=a.max_model_len,
         kv_cache_memory=a.kv_cache_memory, gpu_memory_utilization=a.gpu_memory_utilization,
-        max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size, kv_offloading_size=a.kv_offloading_size, seed=a.seed, http_port=a.http_port,
+        max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs, block_size=a.block_size, kv_offloading_size=a.kv_offloading_size, seed=a.seed, http_port=a.http_port,
         served_model_name=a.served_model_name,
         log_level=a.log_level, scheduler_timeout_s=a.scheduler_timeout, reconnect=a.reconnect,
         curve_client_key=a.curve_client_key, curve_server_key=a.curve_server_key,
@@ -208,6 +211,8 @@ def _check_lengths(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(f"--max-model-len must be positive, got {a.max_model_len}")
     if a.max_num_batched_tokens < 1:
         p.error(f"--max-num-batched-tokens must be positive, got {a.max_num_batched_tokens}")
+    if a.max_num_seqs < 1:
+        p.error(f"--max-num-seqs must be positive, got {a.max_num_seqs}")
 
 
 def _check_ranks(p: argparse.ArgumentParser, a: argparse.Namespace, device: str) -> None:

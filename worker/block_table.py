@@ -2,7 +2,9 @@
 
 Like vLLM's ``worker/block_table.py``: edits go to the host tensor, ``commit`` copies
 it to the device once per step, and slot mappings are computed on the device from the
-device copy. A request is known here by ``seq_id``; rows are handed out from a free
+device copy. On CUDA the copy is non-blocking from pinned memory, so the host tensor
+may still be being read after ``commit`` returns: every host edit first waits for the
+last copy (an event recorded after it, as vLLM's ``synchronize_input_prep``). A request is known here by ``seq_id``; rows are handed out from a free
 list and returned when the request finishes or is preempted.
 
 Invariants: ``row_of`` maps exactly the live seq_ids to distinct rows; a free row is
@@ -34,6 +36,10 @@ class BlockTable:
         # Popped from the end, so the lowest free row is reused first.
         self._free_rows = list(range(max_num_seqs - 1, -1, -1))
         self._dirty = False
+        # NOTE: CUDA only: marks the end of the last non-blocking upload; None on CPU,
+        # where the copy is done when copy_ returns.
+        self._copy_done = torch.cuda.Event() if device.type == "cuda" else None
+        self._copy_pending = False
 
     @property
     def num_free_rows(self) -> int:
@@ -42,6 +48,7 @@ class BlockTable:
     def add_row(self, seq_id: int, block_ids: list[int]) -> int:
         """Give ``seq_id`` a free row holding ``block_ids``; returns the row index."""
         assert seq_id not in self.row_of, seq_id
+        self._wait_for_upload()
         row = self._free_rows.pop()
         self.row_of[seq_id] = row
         n = len(block_ids)
@@ -52,6 +59,7 @@ class BlockTable:
 
     def append(self, seq_id: int, block_ids: list[int]) -> None:
         row = self.row_of[seq_id]
+        self._wait_for_upload()
         start = self.num_blocks_per_row[row]
         end = start + len(block_ids)
         self._table_np[row, start:end] = block_ids
@@ -60,6 +68,7 @@ class BlockTable:
 
     def remove_row(self, seq_id: int) -> None:
         row = self.row_of.pop(seq_id)
+        self._wait_for_upload()
         self._table_np[row, : self.num_blocks_per_row[row]] = 0
         self.num_blocks_per_row[row] = 0
         self._free_rows.append(row)
@@ -68,6 +77,7 @@ class BlockTable:
     def null_leading(self, seq_id: int, n: int) -> None:
         """Entries [0, n) of the row now hold the null block (a sliding-window group's
         blocks wholly outside the window, freed by the scheduler)."""
+        self._wait_for_upload()
         self._table_np[self.row_of[seq_id], :n] = 0
         self._dirty = True
 
@@ -88,8 +98,17 @@ class BlockTable:
     def commit(self) -> None:
         """Copy the host table to the device if anything changed since the last commit."""
         if self._dirty:
-            self.block_table.copy_(self.block_table_cpu, non_blocking=True)
+            self.block_table.copy_(self.block_table_cpu, non_blocking=self._copy_done is not None)
             self._dirty = False
+            if self._copy_done is not None:
+                self._copy_done.record()
+                self._copy_pending = True
+
+    def _wait_for_upload(self) -> None:
+        """Before a host edit: the last upload has read the host table (CUDA only)."""
+        if self._copy_pending:
+            self._copy_done.synchronize()
+            self._copy_pending = False
 
     def compute_slot_mapping(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """rows, positions: (T,) int64 on the device -> slots (T,) int64.

@@ -30,8 +30,10 @@ class WorkerConfig:
     # (gpu_memory_utilization), on CPU CPU_DEFAULT_KV_CACHE_MEMORY.
     kv_cache_memory: int | None = None
     gpu_memory_utilization: float = 0.9
-    # Tokens of the dummy forward that profiles the activation peak on CUDA.
+    # Tokens of the dummy step that profiles the activation peak on CUDA, and the rows
+    # its logits and sampler pass take (the scheduler's --max-num-seqs).
     max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
     block_size: int = 16
     # GiB of host memory for the offload tier (vLLM's --kv-offloading-size); 0: none.
     kv_offloading_size: float = 0.0

@@ -34,7 +34,6 @@ from worker.kv_cache import (
 )
 from worker.metrics import WorkerMetrics
 from worker.models.config import DTYPES, ModelConfigError
-from worker.models.decoder import DecoderModel
 from worker.parallel.distributed import GroupError, TPGroup
 from worker.parallel.rank_group import LocalRanks, rank_device, run_rank, threads_per_rank
 from worker.process import WorkerProcess, WorkerStopping
@@ -112,17 +111,20 @@ def _serve(config: WorkerConfig, serving: ServingModel, group: TPGroup | None) -
     return _run_process_loop(config, serving, kv_caches, metrics, group, host_caches)
 
 
-def _kv_budget(config: WorkerConfig, model: DecoderModel) -> int:
+def _kv_budget(config: WorkerConfig, serving: ServingModel, kv_dtype: torch.dtype) -> int:
     """Bytes for the KV cache: --kv-cache-memory, else on CUDA what the device has left
-    under --gpu-memory-utilization after a profiled forward, else the CPU default."""
+    under --gpu-memory-utilization after a profiled serving step (its peak counts the
+    buffers the runner allocates after the cache: ``worker.profile``), else the CPU default."""
     if config.kv_cache_memory is not None:
         return config.kv_cache_memory
     if config.device == "cuda":
-        from worker.profile import profile_activation_peak
+        from worker.profile import dummy_step, profile_step_peak
 
-        peak = profile_activation_peak(model, config.max_num_batched_tokens)
-        budget = cuda_kv_budget(model.device, config.gpu_memory_utilization, peak)
-        log.info("activation peak of a %d-token forward: %d bytes", config.max_num_batched_tokens, peak)
+        step = dummy_step(config.max_num_batched_tokens, config.max_num_seqs, serving.max_model_len, config.block_size)
+        peak = profile_step_peak(serving.model, step, kv_dtype, list(serving.kv_scales) or None, max(1, len(serving.kv_cache_groups)))
+        budget = cuda_kv_budget(serving.model.device, config.gpu_memory_utilization, peak)
+        log.info("peak of a profiled step (%d tokens in %d requests, %d rows sampled): %d bytes", step.num_tokens,
+                 len(step.lengths), step.max_num_seqs, peak)  # fmt: skip
         return budget
     return CPU_DEFAULT_KV_CACHE_MEMORY
 
@@ -131,8 +133,8 @@ def _allocate_kv_caches(config: WorkerConfig, serving: ServingModel, group: TPGr
     """The device KV caches, one entry per layer (layers of different KV-cache groups
     share a tensor), as many blocks as the budget holds; and the bytes of one block."""
     m, model = serving.config, serving.model
-    budget = _kv_budget(config, model)
     dtype = kv_cache_torch_dtype(config.kv_cache_dtype, DTYPES[serving.dtype])
+    budget = _kv_budget(config, serving, dtype)
     groups = list(serving.kv_cache_groups)
     num_tensors = num_kv_tensors(groups) if groups else m.num_layers
     # NOTE: under tensor parallelism this rank's KV heads only; the pool is the smallest count over ranks.

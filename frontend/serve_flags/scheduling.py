@@ -23,7 +23,7 @@ _SCHEDULER = [
     passed("--max-num-queued-reqs", ONE, "frontend"),  # NOTE: vLLM enforces both in its API server process
     passed("--max-num-queued-tokens", ONE, "frontend"),
     passed("--max-num-scheduled-tokens", ONE, "scheduler"),
-    handled("--max-num-seqs", ONE, "scheduler", type=int, default=256, help="most requests running at once (default %(default)s)"),
+    handled("--max-num-seqs", ONE, "scheduler and worker", type=int, default=256, help="most requests running at once (default %(default)s)"),
     passed("--prefill-schedule-interval", ONE, "scheduler"),
     refused("--scheduler-cls", ONE, "kvpool's scheduler is its own process, not a vLLM scheduler class"),
     handled("--scheduler-reserve-full-isl", BOOL, "scheduler", action=argparse.BooleanOptionalAction, default=True,

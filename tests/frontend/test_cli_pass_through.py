@@ -88,6 +88,15 @@ def test_mapped_flags_reach_their_childs_own_flag():
     assert value(s, "--max-num-batched-tokens") == value(w, "--max-num-batched-tokens") == "1024"
 
 
+def test_the_worker_profiles_the_step_the_scheduler_schedules():
+    # The worker's memory profile runs max_num_batched_tokens tokens and samples max_num_seqs rows.
+    given = built(["--max-num-batched-tokens", "3K", "--max-num-seqs", "48"])
+    for child in ("scheduler", "worker"):
+        assert value(given[child], "--max-num-batched-tokens") == "3072" and value(given[child], "--max-num-seqs") == "48"
+    default = built([])
+    assert value(default["worker"], "--max-num-seqs") == value(default["scheduler"], "--max-num-seqs") == "256"
+
+
 def test_float_is_float32_and_max_model_len_auto_or_minus_1_is_the_models(tmp_path):
     (tmp_path / "config.json").write_text('{"max_position_embeddings": 1000}')
     for auto in ("auto", "-1"):

@@ -56,3 +56,39 @@ def test_slot_mapping_uses_the_block_at_position_over_block_size():
     # slot = block_id * block_size + position % block_size
     assert slots.tolist() == [7 * 4 + 0, 7 * 4 + 3, 3 * 4 + 0, 3 * 4 + 3, 9 * 4 + 1, 5 * 4 + 0, 5 * 4 + 2]
     assert slots.dtype == torch.int64
+
+
+class UploadEvent:
+    """Stands in for the CUDA event ``commit`` records after a non-blocking upload: at
+    each ``synchronize`` it notes what the host table held (the upload's source)."""
+
+    def __init__(self, bt: BlockTable):
+        self.bt, self.recorded, self.seen_at_sync = bt, 0, []
+
+    def record(self) -> None:
+        self.recorded += 1
+
+    def synchronize(self) -> None:
+        self.seen_at_sync.append(self.bt.block_table_cpu.clone())
+
+
+def test_a_host_edit_after_a_non_blocking_upload_waits_for_it_first():
+    bt = BlockTable(2, 3, 4, "cpu")
+    assert bt._copy_done is None  # CPU: copy_ is synchronous, nothing to wait for
+    ev = bt._copy_done = UploadEvent(bt)
+    bt.add_row(1, [4, 2])  # no upload yet: no wait
+    bt.commit()
+    assert ev.recorded == 1 and ev.seen_at_sync == []
+    bt.append(1, [6])  # waits, then edits: at the wait the host table is what was uploaded
+    bt.add_row(2, [5])  # the same step: no second wait
+    assert [t.tolist() for t in ev.seen_at_sync] == [[[4, 2, 0], [0, 0, 0]]]
+    bt.commit()
+    bt.remove_row(1)
+    assert len(ev.seen_at_sync) == 2 and ev.seen_at_sync[1].tolist() == [[4, 2, 6], [5, 0, 0]]
+    bt.commit()
+    bt.null_leading(2, 1)
+    assert len(ev.seen_at_sync) == 3 and ev.seen_at_sync[2].tolist() == [[0, 0, 0], [5, 0, 0]]
+    bt.commit()
+    bt.commit()  # nothing changed: no upload, nothing recorded
+    assert ev.recorded == 4 and bt.block_table.tolist() == [[0, 0, 0], [0, 0, 0]]
+    check_invariants(bt)

@@ -44,3 +44,23 @@ def test_kvpool_serve_takes_the_flag_and_refuses_zero(capsys):
         main(["serve", "/nonexistent", "--tensor-parallel-size", "0"])
     assert e.value.code == 2
     assert "--tensor-parallel-size must be positive, got 0" in capsys.readouterr().err
+
+
+def test_the_ranks_rank_0_starts_profile_the_same_step(monkeypatch):
+    # Every rank sizes its KV cache from the same profiled step: rank 0's argv, flags included.
+    from worker.parallel import rank_group
+
+    started = []
+
+    class Recorded:
+        def __init__(self, cmd, **_kw):
+            started.append(cmd)
+            self.pid = 0
+
+    monkeypatch.setattr(rank_group.subprocess, "Popen", Recorded)
+    argv = ["--device", "cpu", "--tensor-parallel-size", "3", "--max-num-batched-tokens", "1024", "--max-num-seqs", "8"]
+    rank_group.LocalRanks(argv, 3, "tcp://127.0.0.1:29500", 1)
+    assert len(started) == 2
+    for r, cmd in enumerate(started, start=1):
+        c = config_from_args(cmd[cmd.index("worker") + 1 :])
+        assert (c.rank, c.max_num_batched_tokens, c.max_num_seqs) == (r, 1024, 8)

@@ -51,3 +51,11 @@ def test_a_negative_number_for_another_flag_still_reaches_its_check(capsys):
     with pytest.raises(SystemExit):
         config_from_args(["--block-size", "-4"])
     assert "--block-size must be positive" in capsys.readouterr().err
+
+
+def test_the_profiled_steps_shape_reaches_the_config(capsys):
+    c = config_from_args(["--device", "cpu", "--max-num-batched-tokens", "4096", "--max-num-seqs", "32"])
+    assert (c.max_num_batched_tokens, c.max_num_seqs) == (4096, 32)
+    with pytest.raises(SystemExit):
+        config_from_args(["--device", "cpu", "--max-num-seqs", "0"])
+    assert "--max-num-seqs must be positive, got 0" in capsys.readouterr().err

@@ -12,8 +12,10 @@ group exists:
    rank takes the smallest (the pool the scheduler gets is the smallest over ranks).
 
 Only then ``init_process_group`` with a bounded timeout (``--distributed-timeout``, not
-torch's 30 minutes): a rank that dies closes its sockets, so the others' collectives
-fail at once with ``GroupLost``; one that hangs is given up after the timeout.
+torch's 30 minutes): a rank that never joins fails ``start`` with ``GroupError``; a rank
+that dies closes its sockets, so the others' collectives fail at once with ``GroupLost``;
+one that hangs is given up after the timeout (gloo: ``GroupLost``; NCCL, whose
+collectives are asynchronous: the watchdog ends the process, ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``).
 """
 
 from __future__ import annotations
@@ -129,9 +131,19 @@ class TPGroup:
 
     def start(self) -> None:
         """The process group itself, over the same store."""
+        extra = {}
+        if self.backend == "nccl":
+            # NOTE: NCCL collectives return before they run, so a failed or timed-out one
+            # cannot raise here; with async error handling the watchdog aborts the
+            # communicator and ends the process (vLLM relies on the same), which the
+            # scheduler sees as a lost worker, instead of a rank hanging in the kernel.
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+            # NOTE: eager init, so a rank that never joins fails here within the timeout,
+            # not at the first collective of the first step.
+            extra["device_id"] = self.device
         try:
             dist.init_process_group(self.backend, store=dist.PrefixStore("pg", self.store), rank=self.rank,
-                                    world_size=self.world_size, timeout=self.timeout)  # fmt: skip
+                                    world_size=self.world_size, timeout=self.timeout, **extra)  # fmt: skip
         except (RuntimeError, ValueError) as e:
             raise GroupError(f"rank {self.rank}: init_process_group ({self.backend}) failed: {e}") from None
         self.started = True
