@@ -22,7 +22,8 @@ from typing import Protocol
 import torch
 
 from worker.models.config import ModelConfig
-from worker.models.layers import GatedMLP, Linear, gemma_rms_norm, rms_norm
+from worker.models.gemm_dtype import gemm_dtype
+from worker.models.layers import GatedMLP, Linear, gemma_rms_norm, make_linear, rms_norm
 from worker.models.rope import RotaryEmbedding, apply_rope
 from worker.parallel.linear import RowParallelLinear, TPShard
 
@@ -70,6 +71,8 @@ class DecoderModel:
         self.lm_head = lm_head  # (V, H); the embedding itself when tied
         self.dtype = embed.dtype
         self.device = embed.device
+        # NOTE: its own copy when the products run wider than the model (worker.models.gemm_dtype).
+        self.logits_proj = make_linear(lm_head, None, gemm_dtype(self.dtype, self.device))
         self.rotary = RotaryEmbedding(config.head_dim, config.rope, self.device)
         self.local_rotary = None if config.local_rope is None else RotaryEmbedding(config.head_dim, config.local_rope, self.device)
         # NOTE: Gemma's norms hold 1 + w in float32 (the loader makes them so).
@@ -110,7 +113,7 @@ class DecoderModel:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(N, H) -> (N, V), float32 (float64 for a float64 model) for the sampler."""
-        logits = torch.nn.functional.linear(hidden, self.lm_head)  # (N, V)
+        logits = self.logits_proj(hidden)  # (N, V), the model's dtype
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

@@ -40,11 +40,24 @@ ACTIVATION_FNS = {"silu": F.silu, "gelu_pytorch_tanh": gelu_tanh}
 
 @dataclass(slots=True)
 class Linear:
+    """y = x @ weight.T + bias. With ``out_dtype``, the weights are held in a wider dtype
+    than the model's (``worker.models.gemm_dtype``): x is widened, the output rounded back."""
+
     weight: torch.Tensor  # (out, in)
     bias: torch.Tensor | None = None  # (out,)
+    out_dtype: torch.dtype | None = None  # the model's dtype, when the weights are wider
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)  # (..., out)
+        if self.out_dtype is None:
+            return F.linear(x, self.weight, self.bias)  # (..., out)
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(self.out_dtype)
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, compute: torch.dtype) -> Linear:
+    """A Linear whose product runs in ``compute`` (the weights' own dtype or wider)."""
+    if compute == weight.dtype:
+        return Linear(weight, bias)
+    return Linear(weight.to(compute), None if bias is None else bias.to(compute), weight.dtype)
 
 
 # NOTE: gate/up and the activation run over at most this many rows at a time, so that
@@ -70,7 +83,7 @@ class GatedMLP:
         if x.dim() != 2 or T <= 2 * MLP_CHUNK_ROWS:
             gate, up = self.gate_up(x).chunk(2, dim=-1)  # (T, I) each
             return self.down(self.act(gate) * up)  # (T, H)
-        act = x.new_empty((T, self.gate_up.weight.shape[0] // 2))  # (T, I)
+        act = x.new_empty((T, self.gate_up.weight.shape[0] // 2))  # (T, I), the model's dtype
         for s in range(0, T, MLP_CHUNK_ROWS):
             gate, up = self.gate_up(x[s : s + MLP_CHUNK_ROWS]).chunk(2, dim=-1)  # (c, I) each
             torch.mul(self.act(gate), up, out=act[s : s + MLP_CHUNK_ROWS])

@@ -17,7 +17,8 @@ import torch
 from worker.checkpoint import Checkpoint, CheckpointError
 from worker.models.config import ModelConfig, model_config_from_hf
 from worker.models.decoder import DecoderLayer, DecoderModel
-from worker.models.layers import ACTIVATION_FNS, GatedMLP, Linear
+from worker.models.gemm_dtype import gemm_dtype
+from worker.models.layers import ACTIVATION_FNS, GatedMLP, Linear, make_linear
 from worker.parallel.linear import AllReduce, RowParallelLinear, TPShard, narrowed_shape, shard_spec
 
 # fused name -> the checkpoint's parts, concatenated along dim 0
@@ -64,14 +65,21 @@ def _stacked(w: dict[str, torch.Tensor], prefix: str, fused: str, suffix: str) -
     return torch.cat([w.pop(p) for p in parts])
 
 
-def _layer(w: dict[str, torch.Tensor], c: ModelConfig, i: int, all_reduce: AllReduce | None) -> DecoderLayer:
+def _layer(w: dict[str, torch.Tensor], c: ModelConfig, i: int, all_reduce: AllReduce | None, compute: torch.dtype) -> DecoderLayer:
     """Layer i from checked tensors; with ``all_reduce``, this rank's slices (already
-    narrowed as ``shard_spec`` says) with o and down row-parallel around it."""
+    narrowed as ``shard_spec`` says) with o and down row-parallel around it. Projections
+    run in ``compute`` (``worker.models.gemm_dtype``)."""
     p = f"model.layers.{i}."
     a, m = f"{p}self_attn.", f"{p}mlp."
 
+    def col(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
+        return make_linear(weight, bias, compute)
+
     def row(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear | RowParallelLinear:
-        return Linear(weight, bias) if all_reduce is None else RowParallelLinear(weight, bias, all_reduce)
+        if all_reduce is None:
+            return col(weight, bias)
+        out = None if compute == weight.dtype else weight.dtype
+        return RowParallelLinear(weight.to(compute), bias, all_reduce, out)
 
     def norm(name: str) -> torch.Tensor | None:
         weight = w.pop(name, None)
@@ -79,10 +87,10 @@ def _layer(w: dict[str, torch.Tensor], c: ModelConfig, i: int, all_reduce: AllRe
 
     return DecoderLayer(
         input_norm=norm(f"{p}input_layernorm.weight"),
-        qkv=Linear(_stacked(w, a, "qkv_proj", "weight"), _stacked(w, a, "qkv_proj", "bias")),
+        qkv=col(_stacked(w, a, "qkv_proj", "weight"), _stacked(w, a, "qkv_proj", "bias")),
         o=row(w.pop(f"{a}o_proj.weight"), w.pop(f"{a}o_proj.bias", None)),
         post_attention_norm=norm(f"{p}post_attention_layernorm.weight"),
-        mlp=GatedMLP(Linear(_stacked(w, m, "gate_up_proj", "weight")), row(w.pop(f"{m}down_proj.weight"), None), ACTIVATION_FNS[c.hidden_act]),
+        mlp=GatedMLP(col(_stacked(w, m, "gate_up_proj", "weight")), row(w.pop(f"{m}down_proj.weight"), None), ACTIVATION_FNS[c.hidden_act]),
         q_norm=norm(f"{a}q_norm.weight"),
         k_norm=norm(f"{a}k_norm.weight"),
         pre_feedforward_norm=norm(f"{p}pre_feedforward_layernorm.weight"),
@@ -98,8 +106,9 @@ def build_decoder(
     sharded = shard is not None and shard.size > 1
     if sharded and all_reduce is None:
         raise ValueError("a sharded model needs the group's all_reduce")
-    layers = [_layer(w, config, i, all_reduce if sharded else None) for i in range(config.num_layers)]
     embed = w.pop("model.embed_tokens.weight")
+    compute = gemm_dtype(embed.dtype, embed.device)
+    layers = [_layer(w, config, i, all_reduce if sharded else None, compute) for i in range(config.num_layers)]
     lm_head = embed if config.tie_word_embeddings else w.pop("lm_head.weight")
     norm = w.pop("model.norm.weight")
     if config.gemma:

@@ -113,8 +113,12 @@ class RowParallelLinear:
     weight: torch.Tensor  # (out, in / N)
     bias: torch.Tensor | None  # (out,), whole
     all_reduce: AllReduce
+    out_dtype: torch.dtype | None = None  # as Linear's: the model's dtype, when the weights are wider
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)  # (..., out), this rank's partial sum
+        if self.out_dtype is None:
+            y = F.linear(x, self.weight)  # (..., out), this rank's partial sum
+        else:  # NOTE: rounded before the sum, as a bfloat16 rank's partial sum is
+            y = F.linear(x.to(self.weight.dtype), self.weight).to(self.out_dtype)
         self.all_reduce(y)
         return y if self.bias is None else y + self.bias
