@@ -1,0 +1,72 @@
+"""A half-precision model's projections on a CPU without a native bf16 GEMM
+(``worker.models.gemm_dtype``): float32 weights, outputs rounded to the model's dtype,
+the numbers of a bfloat16 GEMM."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import worker.models.gemm_dtype as gemm
+from protocol.worker_messages import RequestRow, StepPlan
+from worker.checkpoint import Checkpoint
+from worker.kv_cache import allocate_kv_caches
+from worker.models.layers import Linear, make_linear
+from worker.models.loader import load_model
+from worker.runner import ModelRunner
+
+
+def test_full_precision_and_device_models_keep_their_dtype():
+    assert gemm.gemm_dtype(torch.float32, "cpu") == torch.float32
+    assert gemm.gemm_dtype(torch.float64, "cpu") == torch.float64
+    # NOTE: only the device's type is read; no CUDA is needed to ask.
+    assert gemm.gemm_dtype(torch.bfloat16, "cuda") == torch.bfloat16
+
+
+def test_a_cpu_without_a_native_bf16_gemm_computes_in_float32(monkeypatch):
+    monkeypatch.setattr(gemm, "native_half_gemm", lambda dtype: False)
+    assert gemm.gemm_dtype(torch.bfloat16, "cpu") == torch.float32
+    monkeypatch.setattr(gemm, "native_half_gemm", lambda dtype: True)
+    assert gemm.gemm_dtype(torch.bfloat16, "cpu") == torch.bfloat16
+
+
+def test_a_widened_linear_is_a_bf16_gemm_rounded_once():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 96, generator=g).to(torch.bfloat16)
+    w = torch.randn(40, 96, generator=g).to(torch.bfloat16)
+    b = torch.randn(40, generator=g).to(torch.bfloat16)
+    lin = make_linear(w, b, torch.float32)
+    assert lin.weight.dtype == torch.float32 and lin.out_dtype == torch.bfloat16
+    assert torch.equal(lin.weight, w.float())  # the bf16 values exactly
+    y = lin(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (7, 40)
+    # The exact product of the bf16 operands, rounded to bf16 once: at most one bf16
+    # rounding step (2^-8 relative) from it, float32's summation order aside.
+    exact = (x.double() @ w.double().T + b.double()).to(torch.bfloat16).double()
+    assert torch.allclose(y.double(), exact, rtol=2**-7, atol=1e-6)
+    # Same dtype: the weights are kept as they are, no copy.
+    same = make_linear(w, b, torch.bfloat16)
+    assert same.weight is w and same.out_dtype is None and isinstance(same, Linear)
+
+
+def _decode_logits(path, monkeypatch, native: bool) -> tuple[torch.Tensor, torch.dtype]:
+    monkeypatch.setattr(gemm, "native_half_gemm", lambda dtype: native)
+    model = load_model(Checkpoint(path), torch.bfloat16, "cpu")
+    c = model.config
+    caches = allocate_kv_caches(c.num_layers, 16, 16, c.num_kv_heads, c.head_dim, torch.bfloat16, "cpu")
+    runner = ModelRunner(model, caches, 2, 128)
+    prompts = [[5, 17, 99, 3, 42, 7, 8, 250, 31, 12], [9, 9, 100, 101, 4]]
+    rows = [RequestRow(0, prompts[0], [1, 2]), RequestRow(1, prompts[1], [3, 4])]
+    out = runner.execute(StepPlan(0, {0: 10, 1: 5}, new_rows=rows))
+    return out.logits, model.layers[0].qkv.weight.dtype
+
+
+def test_the_model_gives_the_same_logits_either_way(tiny_checkpoint, monkeypatch):
+    native, native_w = _decode_logits(tiny_checkpoint, monkeypatch, native=True)
+    wide, wide_w = _decode_logits(tiny_checkpoint, monkeypatch, native=False)
+    assert native_w == torch.bfloat16 and wide_w == torch.float32
+    # NOTE: both are bfloat16 models; only the summation order of the products differs,
+    # so they agree to a few bf16 rounding steps of the logits' scale.
+    scale = native.abs().max()
+    assert (native - wide).abs().max() <= 0.03 * scale
+    assert torch.equal(native.argmax(-1), wide.argmax(-1))
