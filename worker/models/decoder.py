@@ -22,7 +22,7 @@ from typing import Protocol
 import torch
 
 from worker.models.config import ModelConfig
-from worker.models.gemm_dtype import gemm_dtype
+from worker.models.gemm import gemm_dtype
 from worker.models.layers import GatedMLP, Linear, gemma_rms_norm, make_linear, rms_norm
 from worker.models.rope import RotaryEmbedding, apply_rope
 from worker.parallel.linear import RowParallelLinear, TPShard
@@ -71,7 +71,7 @@ class DecoderModel:
         self.lm_head = lm_head  # (V, H); the embedding itself when tied
         self.dtype = embed.dtype
         self.device = embed.device
-        # NOTE: its own copy when the products run wider than the model (worker.models.gemm_dtype).
+        # NOTE: its own copy when the products run wider than the model (worker.models.gemm).
         self.logits_proj = make_linear(lm_head, None, gemm_dtype(self.dtype, self.device))
         self.rotary = RotaryEmbedding(config.head_dim, config.rope, self.device)
         self.local_rotary = None if config.local_rope is None else RotaryEmbedding(config.head_dim, config.local_rope, self.device)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from worker.models.gemm import column_major, onednn_linear, onednn_weight
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x (..., D) normalised over D in float32, then scaled by weight (D,), as
@@ -41,23 +43,30 @@ ACTIVATION_FNS = {"silu": F.silu, "gelu_pytorch_tanh": gelu_tanh}
 @dataclass(slots=True)
 class Linear:
     """y = x @ weight.T + bias. With ``out_dtype``, the weights are held in a wider dtype
-    than the model's (``worker.models.gemm_dtype``): x is widened, the output rounded back."""
+    than the model's (``worker.models.gemm``): x is widened, the output rounded back.
+    With ``onednn``, ``weight`` is in oneDNN's blocked layout (``gemm.onednn_weight``)."""
 
     weight: torch.Tensor  # (out, in)
     bias: torch.Tensor | None = None  # (out,)
     out_dtype: torch.dtype | None = None  # the model's dtype, when the weights are wider
+    onednn: bool = False
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.out_dtype is None:
-            return F.linear(x, self.weight, self.bias)  # (..., out)
-        return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(self.out_dtype)
+        if self.out_dtype is not None:
+            x = x.to(self.weight.dtype)
+        y = onednn_linear(x, self.weight, self.bias) if self.onednn else F.linear(x, self.weight, self.bias)  # (..., out)
+        return y if self.out_dtype is None else y.to(self.out_dtype)
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, compute: torch.dtype) -> Linear:
-    """A Linear whose product runs in ``compute`` (the weights' own dtype or wider)."""
-    if compute == weight.dtype:
-        return Linear(weight, bias)
-    return Linear(weight.to(compute), None if bias is None else bias.to(compute), weight.dtype)
+    """A Linear whose product runs in ``compute`` (the weights' own dtype or wider), on
+    oneDNN's reordered weight where that is faster."""
+    out_dtype = None if compute == weight.dtype else weight.dtype
+    weight, bias = weight.to(compute), None if bias is None else bias.to(compute)
+    reordered = onednn_weight(weight)
+    if reordered is not None:
+        return Linear(reordered, bias, out_dtype, onednn=True)
+    return Linear(column_major(weight), bias, out_dtype)
 
 
 # NOTE: gate/up and the activation run over at most this many rows at a time, so that

@@ -17,7 +17,7 @@ import torch
 from worker.checkpoint import Checkpoint, CheckpointError
 from worker.models.config import ModelConfig, model_config_from_hf
 from worker.models.decoder import DecoderLayer, DecoderModel
-from worker.models.gemm_dtype import gemm_dtype
+from worker.models.gemm import gemm_dtype
 from worker.models.layers import ACTIVATION_FNS, GatedMLP, Linear, make_linear
 from worker.parallel.linear import AllReduce, RowParallelLinear, TPShard, narrowed_shape, shard_spec
 
@@ -68,7 +68,7 @@ def _stacked(w: dict[str, torch.Tensor], prefix: str, fused: str, suffix: str) -
 def _layer(w: dict[str, torch.Tensor], c: ModelConfig, i: int, all_reduce: AllReduce | None, compute: torch.dtype) -> DecoderLayer:
     """Layer i from checked tensors; with ``all_reduce``, this rank's slices (already
     narrowed as ``shard_spec`` says) with o and down row-parallel around it. Projections
-    run in ``compute`` (``worker.models.gemm_dtype``)."""
+    run in ``compute`` (``worker.models.gemm``)."""
     p = f"model.layers.{i}."
     a, m = f"{p}self_attn.", f"{p}mlp."
 

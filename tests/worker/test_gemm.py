@@ -1,5 +1,5 @@
 """A half-precision model's projections on a CPU without a native bf16 GEMM
-(``worker.models.gemm_dtype``): float32 weights, outputs rounded to the model's dtype,
+(``worker.models.gemm``): float32 weights, outputs rounded to the model's dtype,
 the numbers of a bfloat16 GEMM."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import worker.models.gemm_dtype as gemm
+import worker.models.gemm as gemm
 from protocol.worker_messages import RequestRow, StepPlan
 from worker.checkpoint import Checkpoint
 from worker.kv_cache import allocate_kv_caches
@@ -70,3 +70,31 @@ def test_the_model_gives_the_same_logits_either_way(tiny_checkpoint, monkeypatch
     scale = native.abs().max()
     assert (native - wide).abs().max() <= 0.03 * scale
     assert torch.equal(native.argmax(-1), wide.argmax(-1))
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_large_float32_weight_runs_on_onednns_reordered_copy(dtype, monkeypatch):
+    monkeypatch.setattr(gemm, "native_half_gemm", lambda d: False)
+    g = torch.Generator().manual_seed(1)
+    w = (torch.randn(1024, 768, generator=g) / 30).to(dtype)  # 786,432 elements: over ONEDNN_MIN_WEIGHT
+    b = torch.randn(1024, generator=g).to(dtype)
+    x = torch.randn(9, 768, generator=g).to(dtype)
+    lin = make_linear(w, b, torch.float32)
+    assert lin.onednn and lin.weight.is_mkldnn and tuple(lin.weight.shape) == (1024, 768)
+    y = lin(x)
+    assert y.dtype == dtype and y.shape == (9, 1024)
+    exact = x.double() @ w.double().T + b.double()
+    tol = 1e-5 if dtype == torch.float32 else 2**-7
+    assert torch.allclose(y.double(), exact.to(dtype).double(), rtol=tol, atol=1e-5)
+    # Rows of any shape in front, as F.linear takes them.
+    assert torch.allclose(lin(x.view(3, 3, 768)).view(9, 1024).double(), y.double())
+
+
+def test_a_small_float32_weight_stays_plain_and_column_major():
+    g = torch.Generator().manual_seed(2)
+    w, x = torch.randn(384, 256, generator=g), torch.randn(8, 256, generator=g)
+    lin = make_linear(w, None, torch.float32)
+    assert not lin.onednn and torch.equal(lin.weight, w)
+    assert lin.weight.stride() == (1, 384)  # (out, in), stored (in, out)
+    assert torch.allclose(lin(x).double(), x.double() @ w.double().T, rtol=1e-5, atol=1e-5)
