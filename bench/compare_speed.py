@@ -169,6 +169,16 @@ def run_all(a) -> tuple[list[dict], dict, dict[str, str]]:
     return table, runs, errors
 
 
+def cpu_capability() -> dict:
+    """What decides the bfloat16 rows: torch's CPU capability and whether it has a native
+    bf16 GEMM (``worker.models.gemm``)."""
+    import torch
+
+    from worker.models.gemm import native_half_gemm
+
+    return {"capability": torch.backends.cpu.get_cpu_capability(), "native_bf16_gemm": native_half_gemm(torch.bfloat16)}
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     # NOTE: SIGTERM unwinds like Ctrl-C, so every server's context manager stops its group.
@@ -181,11 +191,14 @@ def main(argv: list[str] | None = None) -> int:
         print("compare_speed: interrupted; every server was stopped", file=sys.stderr)
         return 130
     print(format_matrix(table))
+    cpu = cpu_capability()
+    print(f"compare_speed: CPU {platform.processor() or platform.machine()}, torch capability {cpu['capability']}, "
+          f"native bf16 GEMM: {'yes' if cpu['native_bf16_gemm'] else 'no (kvpool runs bf16 projections in float32)'}")  # fmt: skip
     settings = asdict(ServerConfig()) | {k: getattr(a, k) for k in ("checkpoints", "dtypes", "sampling", "concurrency",
                                                                     "repeat", "engines", "threads")}  # fmt: skip
     settings.pop("dtype")
     doc = {"settings": settings, "table": table, "runs": runs, "errors": errors,
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before": load_before,
+           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), **cpu, "loadavg_before": load_before,
                        "loadavg_after": os.getloadavg(), "wall_s": round(time.monotonic() - t0, 1)}}  # fmt: skip
     result_json = a.result_json or a.out / "compare-speed.json"
     result_json.write_text(json.dumps(doc, indent=2) + "\n")
