@@ -98,3 +98,15 @@ def test_a_small_float32_weight_stays_plain_and_column_major():
     assert not lin.onednn and torch.equal(lin.weight, w)
     assert lin.weight.stride() == (1, 384)  # (out, in), stored (in, out)
     assert torch.allclose(lin(x).double(), x.double() @ w.double().T, rtol=1e-5, atol=1e-5)
+
+
+def test_an_untied_lm_head_is_held_once(tiny_checkpoint):
+    from safetensors.torch import load_file
+
+    head = load_file(str(tiny_checkpoint / "model.safetensors"))["lm_head.weight"]
+    model = load_model(Checkpoint(tiny_checkpoint), torch.float32, "cpu")
+    assert not model.tied and torch.equal(model.lm_head, head)
+    # The head's values are the projection's own storage, not a second copy.
+    assert model.lm_head.data_ptr() == model.logits_proj.weight.data_ptr()
+    bf16 = load_model(Checkpoint(tiny_checkpoint), torch.bfloat16, "cpu")
+    assert bf16.lm_head.dtype == torch.bfloat16 and torch.equal(bf16.lm_head, head.to(torch.bfloat16))

@@ -68,10 +68,11 @@ class DecoderModel:
         self.embed = embed  # (V, H)
         self.layers = layers
         self.norm = norm  # (H,)
-        self.lm_head = lm_head  # (V, H); the embedding itself when tied
         self.dtype = embed.dtype
         self.device = embed.device
-        # NOTE: its own copy when the products run wider than the model (worker.models.gemm).
+        self.tied = lm_head is embed
+        # NOTE: an untied head lives only here (column-major, reordered or widened: worker.models.gemm);
+        # a tied one also as the embedding, which lookups need as it is.
         self.logits_proj = make_linear(lm_head, None, gemm_dtype(self.dtype, self.device))
         self.rotary = RotaryEmbedding(config.head_dim, config.rope, self.device)
         self.local_rotary = None if config.local_rope is None else RotaryEmbedding(config.head_dim, config.local_rope, self.device)
@@ -110,6 +111,14 @@ class DecoderModel:
                 x = x + norm(layer.o(o.reshape(T, q_size)), layer.post_attention_norm, eps)
                 x = x + norm(layer.mlp(norm(x, layer.pre_feedforward_norm, eps)), layer.post_feedforward_norm, eps)
         return norm(x, self.norm, eps)  # (T, H)
+
+    @property
+    def lm_head(self) -> torch.Tensor:
+        """(V, H) in the model's dtype; the embedding itself when tied (a copy otherwise)."""
+        if self.tied:
+            return self.embed
+        w = self.logits_proj.weight
+        return (w.to_dense() if self.logits_proj.onednn else w).to(self.dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(N, H) -> (N, V), float32 (float64 for a float64 model) for the sampler."""
