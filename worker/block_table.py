@@ -4,8 +4,9 @@ Like vLLM's ``worker/block_table.py``: edits go to the host tensor, ``commit`` c
 it to the device once per step, and slot mappings are computed on the device from the
 device copy. On CUDA the copy is non-blocking from pinned memory, so the host tensor
 may still be being read after ``commit`` returns: every host edit first waits for the
-last copy (an event recorded after it, as vLLM's ``synchronize_input_prep``). A request is known here by ``seq_id``; rows are handed out from a free
-list and returned when the request finishes or is preempted.
+last copy (an event recorded after it, as vLLM's ``synchronize_input_prep``). A request
+is known here by ``seq_id``; rows are handed out from a free list and returned when the
+request finishes or is preempted.
 
 Invariants: ``row_of`` maps exactly the live seq_ids to distinct rows; a free row is
 all zeros (the null block) and has ``num_blocks_per_row == 0``; the entries of a live
