@@ -58,9 +58,7 @@ def gemm_dtype(dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
 def onednn_weight(weight: torch.Tensor) -> torch.Tensor | None:
     """``weight`` (out, in) float32 on the CPU reordered for oneDNN's matmul, or None
     where it stays plain (too small, another dtype or device, no oneDNN)."""
-    if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2 or weight.numel() < ONEDNN_MIN_WEIGHT:
-        return None
-    if not torch.backends.mkldnn.is_available():
+    if not _cpu_float32_matrix(weight) or weight.numel() < ONEDNN_MIN_WEIGHT or not torch.backends.mkldnn.is_available():
         return None
     try:
         return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
@@ -75,6 +73,8 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def column_major(weight: torch.Tensor) -> torch.Tensor:
     """A float32 CPU weight (out, in) with its storage transposed (see the module); others as they are."""
-    if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2:
-        return weight
-    return weight.t().contiguous().t()
+    return weight.t().contiguous().t() if _cpu_float32_matrix(weight) else weight
+
+
+def _cpu_float32_matrix(weight: torch.Tensor) -> bool:
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2
