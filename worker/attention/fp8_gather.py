@@ -9,22 +9,20 @@ bytes of both formats into every compute dtype); the write's bytes are ``kv_quan
 with ``toward_zero`` (vLLM's CPU rounding; the CUDA path never comes here).
 
 The library is built by ``make install`` (``python -m worker.attention.fp8_gather``
-rebuilds it) into an ignored ``csrc/fp8_gather.so``. NOTE: when it is missing, stale or
-cannot load (no compiler, another platform), ``load()`` returns None and the torch path
-runs unchanged; that is logged once at debug level, never an error. CUDA caches never use it.
+rebuilds it) into an ignored ``csrc/fp8_gather.so``; without it (``worker.attention.native``)
+the torch path runs unchanged. CUDA caches never use it.
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
+from worker.attention import native
 
 SOURCE = Path(__file__).parent / "csrc" / "fp8_gather.c"
 LIBRARY = SOURCE.with_suffix(".so")
@@ -42,8 +40,7 @@ _FP8 = {torch.float8_e4m3fn: (3, 7), torch.float8_e5m2: (2, 15)}
 
 def build(cc: str = "gcc") -> Path:
     """Compile the library next to its source (raises CalledProcessError on failure)."""
-    subprocess.run([cc, *CFLAGS, "-o", str(LIBRARY), str(SOURCE)], check=True)
-    return LIBRARY
+    return native.build(SOURCE, CFLAGS, cc)
 
 
 class Fp8Gather:
@@ -126,19 +123,8 @@ def load() -> Fp8Gather | None:
 
 
 def _load(path: Path) -> Fp8Gather | None:
-    if not path.exists():
-        log.debug("fp8 gather: %s not built (make install builds it); fp8 KV reads use torch", path)
-        return None
-    try:
-        lib = ctypes.CDLL(str(path))
-        abi = lib.fp8_gather_abi()
-    except (OSError, AttributeError) as e:
-        log.debug("fp8 gather: %s does not load (%s); fp8 KV reads use torch", path, e)
-        return None
-    if abi != ABI:
-        log.debug("fp8 gather: %s is stale (ABI %s, want %s; rebuild with make kernels); fp8 KV reads use torch", path, abi, ABI)
-        return None
-    return Fp8Gather(lib)
+    lib = native.load(path, "fp8_gather_abi", ABI, "fp8 KV reads use torch")
+    return None if lib is None else Fp8Gather(lib)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,19 @@ class DecodeGroup:
 
 
 @dataclass(slots=True)
+class DecodeRows:
+    """The decode rows as the in-place kernel (``worker.attention.paged_decode``) reads
+    them, in the decode order: row i attends to keys [lead[i], num_keys[i]) counted from
+    column first_col[i] of block table row table_row[i]."""
+
+    table: torch.Tensor  # (max_num_seqs, max_blocks_per_seq) int32, the step's block table
+    table_row: np.ndarray  # (B,) int64
+    first_col: np.ndarray  # (B,) int64: after the row's shared prefix, or its window's first column
+    num_keys: np.ndarray  # (B,) int64, >= 1
+    lead: np.ndarray  # (B,) int64: keys of the first column before the window (0 without one)
+
+
+@dataclass(slots=True)
 class SharedPrefix:
     token_idx: torch.Tensor  # (m,) int64: the group's rows among the decode tokens
     start: int  # the same rows as the range [start, end) of the decode order attention uses
@@ -53,6 +66,8 @@ class AttentionMetadata:
     # decode_order[j] is the step's decode token at place j.
     decode_order: torch.Tensor | None = None
     sliding_window: int = 0  # the window it attends within, 0: full attention
+    # The decode rows for the in-place kernel, which then replaces decode_groups (empty).
+    decode_rows: DecodeRows | None = None
 
 
 def first_if_consecutive(ids: np.ndarray) -> int | None:

@@ -3,17 +3,20 @@
 The tokens of a step are laid out decodes first (one token per request), then prefill
 chunks (several consecutive tokens of one request, possibly starting mid-sequence).
 
-* Decodes are batched. Requests are grouped so that a group's blocks fit a workspace
-  allocated once at start-up; a group's blocks are gathered with one ``index_select``
-  per K and V into the workspace, as (n, ctx, kvh, hd) padded to the group's longest
-  context, and attended with SDPA under an additive padding mask built once per step
-  (None when no row is padded). GQA without copies: the query heads of a kv head become
-  SDPA's query-length axis, (n, kvh, group, hd).
+* Decodes, on CPU where its library is built (float32, bfloat16 and fp8 caches), run one
+  C kernel (``worker.attention.paged_decode``) that reads each row's blocks where they
+  lie. Elsewhere, or with ``decode_kernel=False``, decodes are batched: requests are
+  grouped so that a group's blocks fit a workspace allocated once at start-up; a group's
+  blocks are gathered with one ``index_select`` per K and V into the workspace, as (n,
+  ctx, kvh, hd) padded to the group's longest context, and attended with SDPA under an
+  additive padding mask built once per step (None when no row is padded). GQA without
+  copies: the query heads of a kv head become SDPA's query-length axis, (n, kvh, group, hd).
   NOTE: grouping keeps the gathered K/V hot in the CPU cache for SDPA (one gather of a
   whole large batch is slower than several groups of a few requests).
-* Shared prefixes (cascade attention, ``worker.attention.cascade``; on CPU): decode rows
-  whose leading blocks are the same physical blocks attend to those blocks together;
-  each row's own blocks after the prefix go through the grouped path above.
+* Shared prefixes (cascade attention, ``worker.attention.cascade``; on CPU, by default
+  only on the gather path): decode rows whose leading blocks are the same physical
+  blocks attend to those blocks together; each row's own blocks after the prefix go
+  through the kernel or the grouped path above.
 * Prefill chunks loop over requests (a chunk is many tokens, so the loop is cheap):
   gather the request's blocks, then SDPA with a causal mask offset by the number of
   tokens already computed.
@@ -29,7 +32,8 @@ chunks (several consecutive tokens of one request, possibly starting mid-sequenc
 K/V of the step are written into the cache before attention (``KVCacheWriter``, vLLM's reshape_and_cache),
 so every token reads its own K/V, and its request's earlier ones, from the pages.
 
-An fp8 cache (``worker.attention.kv_quant``) is read the same way on every path: the
+An fp8 cache (``worker.attention.kv_quant``) is converted as the kernel reads it (the
+scales applied to the queries and the output). On the other paths the
 one-byte blocks are gathered first (as bytes: index_select has no fp8 kernels everywhere),
 then converted to the compute dtype and scaled in the workspace (``dequantize``), so the
 gather moves half the bytes of a 16-bit cache and SDPA sees the model's dtype. On CPU the
@@ -59,10 +63,12 @@ from worker.attention.kv_quant import KVScales, dequantize, is_fp8
 from worker.attention.metadata import (
     AttentionMetadata,
     DecodeGroup,
+    DecodeRows,
     PrefillChunk,
     SharedPrefix,
     first_if_consecutive,
 )
+from worker.attention.paged_decode import load as load_paged_decode
 
 DEFAULT_WORKSPACE_BYTES = 16 * 1024 * 1024  # per K and per V
 # NOTE: a windowed prefill chunk is attended in pieces of at least this many queries, so
@@ -81,15 +87,21 @@ class PagedAttention:
         num_heads: int,
         max_blocks_per_seq: int,
         workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
-        cascade_min_tokens: int | None = DEFAULT_CASCADE_MIN_TOKENS,
+        cascade_min_tokens: int | None | str = "auto",
         compute_dtype: torch.dtype | None = None,
         kv_scales: list[KVScales] | None = None,
         scale: float | None = None,
+        decode_kernel: bool = True,
     ):
         """kv_caches: one per layer; layers may share a tensor (KV-cache groups, vLLM's
         layout). compute_dtype: the queries' (the model's) dtype, None: the caches'; it must
         be given for an fp8 cache. kv_scales: per layer, for an fp8 cache (None: all 1.0).
-        scale: of q.k, None: head_dim ** -0.5 (Gemma 3: query_pre_attn_scalar ** -0.5)."""
+        scale: of q.k, None: head_dim ** -0.5 (Gemma 3: query_pre_attn_scalar ** -0.5).
+        decode_kernel: decode rows through the in-place kernel where it runs (False: the
+        gather and SDPA everywhere). cascade_min_tokens: shared prefixes are attended
+        together when that saves this many gathered tokens; None: never; "auto": never
+        where the kernel runs (it gathers nothing, so there is nothing to share, and the
+        merge costs), else ``DEFAULT_CASCADE_MIN_TOKENS``."""
         self.kv_caches = kv_caches  # per layer (2, num_blocks, block_size, kvh, hd)
         self.scale = scale
         self.scales = kv_scales or [KVScales()] * len(kv_caches)
@@ -109,8 +121,6 @@ class PagedAttention:
         block_bytes = block_elems * torch.empty((), dtype=dtype).element_size()
         # NOTE: at least one whole row, so any single request's context fits.
         self.workspace_blocks = max(max_blocks_per_seq, workspace_bytes // block_bytes)
-        # None: no shared-prefix groups (off, or not on CPU where the kernel lives).
-        self.cascade_min_tokens = cascade_min_tokens if device.type == "cpu" else None
         self._k_work = torch.empty((self.workspace_blocks, block_elems), dtype=dtype, device=device)
         self._v_work = torch.empty((self.workspace_blocks, block_elems), dtype=dtype, device=device)
         # The fused fp8 read (None: the torch passes below).
@@ -122,6 +132,13 @@ class PagedAttention:
             self._k_raw = torch.empty((self.workspace_blocks, block_elems), dtype=torch.uint8, device=device)
             self._v_raw = torch.empty((self.workspace_blocks, block_elems), dtype=torch.uint8, device=device)
         self._positions = torch.arange(max_blocks_per_seq * self.block_size, device=device)
+        # The in-place decode kernel (None: the grouped gather and SDPA).
+        kernel = load_paged_decode() if decode_kernel else None
+        self.decode_kernel = kernel if kernel is not None and kernel.supports(cache_dtype, dtype, device, self.head_dim, self.group) else None
+        if cascade_min_tokens == "auto":
+            cascade_min_tokens = None if self.decode_kernel is not None else DEFAULT_CASCADE_MIN_TOKENS
+        # None: no shared-prefix groups (off, or not on CPU where the cascade kernel lives).
+        self.cascade_min_tokens = cascade_min_tokens if device.type == "cpu" else None
 
     def build_metadata(
         self,
@@ -141,20 +158,23 @@ class PagedAttention:
             raise ValueError(f"sliding_window must be >= 0 (0: full attention), got {sliding_window}")
         # NOTE: on the CPU the table is readable as is; elsewhere reading it would wait for the device.
         table_np = block_table.numpy() if block_table.device.type == "cpu" else None
-        groups: list[DecodeGroup] = []
+        groups: list[DecodeGroup] | DecodeRows = []
         shared: list[SharedPrefix] = []
         order = None
         if decode_rows:
             groups, shared, order = self._decode_metadata(block_table, table_np, decode_rows, decode_context_lens, sliding_window)
         chunks = self._prefill_chunks(block_table, table_np, prefills, len(decode_rows), sliding_window)
+        if isinstance(groups, DecodeRows):
+            return AttentionMetadata(slot_mapping, len(decode_rows), [], chunks, shared, order, sliding_window, groups)
         return AttentionMetadata(slot_mapping, len(decode_rows), groups, chunks, shared, order, sliding_window)
 
     def _decode_metadata(
         self, block_table: torch.Tensor, table_np: np.ndarray | None, decode_rows: list[int], decode_context_lens: list[int],
         window: int,
-    ) -> tuple[list[DecodeGroup], list[SharedPrefix], torch.Tensor | None]:
-        """The decode rows' workspace groups, their shared prefixes, and the decode order
-        that puts each prefix's rows together (None without shared prefixes)."""
+    ) -> tuple[list[DecodeGroup] | DecodeRows, list[SharedPrefix], torch.Tensor | None]:
+        """The decode rows' workspace groups (or the rows as the kernel reads them), their
+        shared prefixes, and the decode order that puts each prefix's rows together (None
+        without shared prefixes)."""
         bs = self.block_size
         rows_np = np.asarray(decode_rows, dtype=np.int64)
         ctx_np = np.asarray(decode_context_lens, dtype=np.int64)
@@ -164,6 +184,8 @@ class PagedAttention:
             start = np.maximum(ctx_np - window, 0)
             skip = start // bs
             own = ctx_np - skip * bs
+            if self._kernel_reads(block_table):
+                return DecodeRows(block_table, rows_np, skip, own, start - skip * bs), [], None
             return self._decode_groups(block_table, rows_np, own, skip, (start - skip * bs).tolist()), [], None
         skip = np.zeros(len(decode_rows), dtype=np.int64)
         shared: list[SharedPrefix] = []
@@ -175,7 +197,13 @@ class PagedAttention:
             rows_np, ctx_np, skip = rows_np[order_np], ctx_np[order_np], skip[order_np]
             order = torch.from_numpy(order_np).to(block_table.device)
         own = ctx_np - skip * bs  # keys of each row after its shared prefix, >= 1
+        if self._kernel_reads(block_table):
+            return DecodeRows(block_table, rows_np, skip, own, np.zeros_like(own)), shared, order
         return self._decode_groups(block_table, rows_np, own, skip), shared, order
+
+    def _kernel_reads(self, block_table: torch.Tensor) -> bool:
+        """Whether this step's decode rows go through the in-place kernel."""
+        return self.decode_kernel is not None and block_table.dtype == torch.int32 and block_table.is_contiguous()
 
     def _decode_groups(
         self, block_table: torch.Tensor, rows_np: np.ndarray, own: np.ndarray, skip: np.ndarray, lead: list[int] | None = None
@@ -347,6 +375,13 @@ class PagedAttention:
         if md.shared_prefixes:
             # Each decode row's log-sum-exp over its own keys, for the merge below.
             lse = torch.empty((q.shape[0], kvh, grp), dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+        if md.decode_rows is not None:
+            r = md.decode_rows
+            if q.stride(1) != hd or q.stride(2) != 1:
+                q = q.contiguous()
+            scale = self.scale if self.scale is not None else hd**-0.5
+            s = self.scales[layer]
+            self.decode_kernel(q, self.kv_caches[layer], r.table, r.table_row, r.first_col, r.num_keys, r.lead, scale, res, lse, (s.k, s.v))
         for g in md.decode_groups:
             n, ctx = g.end - g.start, g.num_ctx_blocks * self.block_size
             kg, vg = self._gather(layer, g.block_ids)

@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from worker.attention import fp8_gather
+from worker.attention import fp8_gather, native
 from worker.attention.kv_quant import dequantize, quantize
 
 KERNEL = fp8_gather.load()
@@ -72,7 +72,7 @@ def test_out_of_range_block_ids_raise_and_write_nothing():
 
 
 def test_an_absent_or_stale_library_falls_back_quietly(tmp_path, caplog):
-    with caplog.at_level(logging.DEBUG, logger=fp8_gather.__name__):
+    with caplog.at_level(logging.DEBUG, logger=native.__name__):
         assert fp8_gather._load(tmp_path / "missing.so") is None
         (tmp_path / "bad.so").write_bytes(b"not a library")
         assert fp8_gather._load(tmp_path / "bad.so") is None

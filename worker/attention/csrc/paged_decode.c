@@ -1,0 +1,398 @@
+/* Paged decode attention on CPU: each decode row's queries attend to its keys where they
+ * lie, block by block through the block table, with no gather into a workspace.
+ *
+ * No torch headers: worker/attention/paged_decode.py loads this with ctypes and passes data
+ * pointers. One task is one (row, kv head): the row's `group` query heads of that kv head
+ * meet each key once. Keys are taken a block (or the part of one the row uses) at a
+ * time: scores for the tile, an online softmax (running max and sum, float32), then the
+ * tile's values weighted into a float32 accumulator. Float32, bfloat16 and fp8 (e4m3fn,
+ * e5m2, with a per-layer scale each for K and V) caches, read as float32 where they lie;
+ * queries and output in the compute dtype (the 16/32-bit cache's own), the log-sum-exp of
+ * each query's scores in float32 (what cascade attention's merge needs).
+ * With AVX2 and FMA (and a head size a multiple of 16) the tile's loops are written with
+ * intrinsics: four keys' scores at a time in vertical accumulators, summed across lanes
+ * once, and values into accumulators held in registers across the tile. Elsewhere, plain
+ * C. The exp is a branch-free polynomial (Cephes' expf, a couple of ulp), eight lanes at a
+ * time with AVX2; libm's would run one lane at a time.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define PAGED_DECODE_ABI 2
+#define MAX_HEAD_DIM 256
+#define MAX_GROUP 16
+#define TILE 64 /* keys per tile: a block, or a part of one when blocks are larger */
+
+/* The cache's element: float32, bfloat16, or fp8 (e4m3fn, e5m2; then queries and output
+ * are in the compute dtype, float32 or bfloat16). */
+enum { KV_F32 = 0, KV_BF16 = 1, KV_E4M3 = 2, KV_E5M2 = 3 };
+
+int paged_decode_abi(void) { return PAGED_DECODE_ABI; }
+int paged_decode_max_head_dim(void) { return MAX_HEAD_DIM; }
+int paged_decode_max_group(void) { return MAX_GROUP; }
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* An fp8 byte's value (exact in float32): the exponent rebiased, the mantissa moved up;
+ * exponent 0 is subnormal. NOTE: the NaN/inf patterns read as finite, as
+ * worker.attention.kv_quant's dequantize reads them (the write saturates). */
+static inline float fp8_to_f32(uint8_t b, int kind) {
+    const int mbits = kind == KV_E4M3 ? 3 : 2, bias = kind == KV_E4M3 ? 7 : 15;
+    uint32_t em = b & 0x7Fu, u;
+    float f;
+    if (em < (1u << mbits)) {
+        f = (float)em * ldexpf(1.0f, 1 - bias - mbits);
+    } else {
+        u = (em << (23 - mbits)) + ((uint32_t)(127 - bias) << 23);
+        memcpy(&f, &u, 4);
+    }
+    return (b & 0x80u) ? -f : f;
+}
+
+/* Element i of the cache as float32. */
+static inline float load1(const void *p, int64_t i, int kind) {
+    switch (kind) {
+    case KV_F32: return ((const float *)p)[i];
+    case KV_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
+    default: return fp8_to_f32(((const uint8_t *)p)[i], kind);
+    }
+}
+
+/* float32 -> bfloat16, rounded to nearest even (c10::BFloat16's rounding; NaN kept NaN). */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* e^x for x <= 0 (scores minus their running max); below -87.3 it is 0. */
+static inline float exp_nonpositive(float x) {
+    const float lo = -87.33654f;
+    float keep = x < lo ? 0.0f : 1.0f;
+    x = x < lo ? lo : x;
+    /* x = n ln2 + r, |r| <= ln2 / 2; ln2 split in two for an exact n ln2 */
+    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &e, 4);
+    return p * two_n * keep;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define HAVE_AVX2 1
+
+/* 8 elements from element i of the cache, as float32 (fp8: fp8_to_f32 on 8 lanes). */
+static inline __attribute__((always_inline)) __m256 load8(const void *p, int64_t i, int kind) {
+    if (kind == KV_F32) return _mm256_loadu_ps((const float *)p + i);
+    if (kind == KV_BF16) {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    const int mbits = kind == KV_E4M3 ? 3 : 2, bias = kind == KV_E4M3 ? 7 : 15;
+    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)((const uint8_t *)p + i)));
+    __m256i em = _mm256_and_si256(b, _mm256_set1_epi32(0x7F));
+    __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(em, 23 - mbits), _mm256_set1_epi32((127 - bias) << 23));
+    __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(ldexpf(1.0f, 1 - bias - mbits)));
+    __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(1 << mbits), em);
+    __m256 x = _mm256_blendv_ps(_mm256_castsi256_ps(normal), sub, _mm256_castsi256_ps(is_sub));
+    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+    return _mm256_or_ps(x, _mm256_castsi256_ps(sign));
+}
+
+/* The sums of a, b, c, d's lanes, in that order. */
+static inline __m128 sum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 x = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+}
+
+/* exp_nonpositive on 8 lanes, the same polynomial. */
+static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f);
+    __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
+    x = _mm256_max_ps(x, lo);
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+
+/* Scores of 4 consecutive keys (element k0, stride ks) for GC (1 or 2) queries q, q + hd:
+ * s[g][t .. t + 3]. hd: a multiple of 8. */
+static inline __attribute__((always_inline)) void scores4(const float *q, int GC, int hd, const void *k, int64_t k0,
+                                                          int64_t ks, int kind, float *s0, float *s1) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int d = 0; d < hd; d += 8) {
+        __m256 x0 = load8(k, k0 + d, kind), x1 = load8(k, k0 + ks + d, kind);
+        __m256 x2 = load8(k, k0 + 2 * ks + d, kind), x3 = load8(k, k0 + 3 * ks + d, kind);
+        __m256 q0 = _mm256_loadu_ps(q + d);
+        a0 = _mm256_fmadd_ps(q0, x0, a0);
+        a1 = _mm256_fmadd_ps(q0, x1, a1);
+        a2 = _mm256_fmadd_ps(q0, x2, a2);
+        a3 = _mm256_fmadd_ps(q0, x3, a3);
+        if (GC == 2) {
+            __m256 q1 = _mm256_loadu_ps(q + hd + d);
+            b0 = _mm256_fmadd_ps(q1, x0, b0);
+            b1 = _mm256_fmadd_ps(q1, x1, b1);
+            b2 = _mm256_fmadd_ps(q1, x2, b2);
+            b3 = _mm256_fmadd_ps(q1, x3, b3);
+        }
+    }
+    _mm_storeu_ps(s0, sum4(a0, a1, a2, a3));
+    if (GC == 2) _mm_storeu_ps(s1, sum4(b0, b1, b2, b3));
+}
+
+/* acc[g][d .. d + 15] += sum over the tile's n keys of p[g][t] * v[t][d .. d + 15], for
+ * GC (1..4) queries from g0. */
+static inline __attribute__((always_inline)) void values16(float *acc, int hd, int g0, int GC, const float (*p)[TILE],
+                                                           const void *v, int64_t v0, int64_t ks, int n, int d, int kind) {
+    __m256 a[4][2];
+    for (int g = 0; g < GC; g++) {
+        a[g][0] = _mm256_loadu_ps(acc + (g0 + g) * hd + d);
+        a[g][1] = _mm256_loadu_ps(acc + (g0 + g) * hd + d + 8);
+    }
+    for (int t = 0; t < n; t++) {
+        __m256 x0 = load8(v, v0 + t * ks + d, kind), x1 = load8(v, v0 + t * ks + d + 8, kind);
+        for (int g = 0; g < GC; g++) {
+            __m256 w = _mm256_broadcast_ss(&p[g0 + g][t]);
+            a[g][0] = _mm256_fmadd_ps(w, x0, a[g][0]);
+            a[g][1] = _mm256_fmadd_ps(w, x1, a[g][1]);
+        }
+    }
+    for (int g = 0; g < GC; g++) {
+        _mm256_storeu_ps(acc + (g0 + g) * hd + d, a[g][0]);
+        _mm256_storeu_ps(acc + (g0 + g) * hd + d + 8, a[g][1]);
+    }
+}
+
+/* One tile with AVX2: scores into s, then (after the softmax, by the caller) values. */
+static inline __attribute__((always_inline)) void tile_scores_avx2(const float *q, int group, int hd, const void *k,
+                                                                   int64_t base, int64_t ks, int n, int kind,
+                                                                   float (*s)[TILE]) {
+    int t = 0;
+    for (; t + 4 <= n; t += 4) {
+        int g = 0;
+        for (; g + 2 <= group; g += 2) scores4(q + g * hd, 2, hd, k, base + t * ks, ks, kind, &s[g][t], &s[g + 1][t]);
+        if (g < group) scores4(q + g * hd, 1, hd, k, base + t * ks, ks, kind, &s[g][t], NULL);
+    }
+    for (; t < n; t++) {
+        for (int g = 0; g < group; g++) {
+            __m256 a = _mm256_setzero_ps();
+            for (int d = 0; d < hd; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * hd + d), load8(k, base + t * ks + d, kind), a);
+            __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+            x = _mm_hadd_ps(x, x);
+            x = _mm_hadd_ps(x, x);
+            s[g][t] = _mm_cvtss_f32(x);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void tile_values_avx2(float *acc, int group, int hd, const float (*p)[TILE],
+                                                                   const void *v, int64_t base, int64_t ks, int n,
+                                                                   int kind) {
+    for (int d = 0; d < hd; d += 16) {
+        int g = 0;
+        for (; g + 4 <= group; g += 4) values16(acc, hd, g, 4, p, v, base, ks, n, d, kind);
+        switch (group - g) {
+        case 3: values16(acc, hd, g, 3, p, v, base, ks, n, d, kind); break;
+        case 2: values16(acc, hd, g, 2, p, v, base, ks, n, d, kind); break;
+        case 1: values16(acc, hd, g, 1, p, v, base, ks, n, d, kind); break;
+        default: break;
+        }
+    }
+}
+#endif
+
+/* Scores of the tile's n keys for the group's queries: s[g][t] (generic C). */
+static void tile_scores(const float *q, int group, int hd, const void *k, int64_t base, int64_t ks, int n, int kind,
+                        float (*s)[TILE]) {
+    float key[MAX_HEAD_DIM];
+    for (int t = 0; t < n; t++) {
+        for (int d = 0; d < hd; d++)
+            key[d] = load1(k, base + t * ks + d, kind);
+        for (int g = 0; g < group; g++) {
+            float dot = 0.0f;
+            for (int d = 0; d < hd; d++) dot += q[g * hd + d] * key[d];
+            s[g][t] = dot;
+        }
+    }
+}
+
+/* acc[g] += sum over the tile's keys of p[g][t] * v[t] (generic C). */
+static void tile_values(float *acc, int group, int hd, const float (*p)[TILE], const void *v, int64_t base, int64_t ks,
+                        int n, int kind) {
+    float val[MAX_HEAD_DIM];
+    for (int t = 0; t < n; t++) {
+        for (int d = 0; d < hd; d++)
+            val[d] = load1(v, base + t * ks + d, kind);
+        for (int g = 0; g < group; g++)
+            for (int d = 0; d < hd; d++) acc[g * hd + d] += p[g][t] * val[d];
+    }
+}
+
+/* s[g][t] = e^(s[g][t] - max), the tile folded into each query's running max m and sum l
+ * (acc rescaled to the new max). */
+static void tile_softmax(float (*s)[TILE], int group, int hd, int n, float *m, float *l, float *acc) {
+    for (int g = 0; g < group; g++) {
+        float mx = m[g];
+        for (int t = 0; t < n; t++) mx = s[g][t] > mx ? s[g][t] : mx;
+        float corr = exp_nonpositive(m[g] - mx); /* m[g] = -inf: 0 */
+        float sum = 0.0f;
+        int t = 0;
+#ifdef HAVE_AVX2
+        __m256 vsum = _mm256_setzero_ps(), vmx = _mm256_set1_ps(mx);
+        for (; t + 8 <= n; t += 8) {
+            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(&s[g][t]), vmx));
+            _mm256_storeu_ps(&s[g][t], e);
+            vsum = _mm256_add_ps(vsum, e);
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, vsum);
+        for (int i = 0; i < 8; i++) sum += lanes[i];
+#endif
+        for (; t < n; t++) {
+            s[g][t] = exp_nonpositive(s[g][t] - mx);
+            sum += s[g][t];
+        }
+        l[g] = l[g] * corr + sum;
+        m[g] = mx;
+        if (corr != 1.0f)
+            for (int d = 0; d < hd; d++) acc[g * hd + d] *= corr;
+    }
+}
+
+/* One (row, kv head). q: the group's queries (group x hd, already in float32 and scaled);
+ * k, v: the cache's K and V of this layer, (num_blocks, bs, kvh, hd), of `kind`;
+ * table: the row's block ids, read from column first_col; keys [lead, nkeys) of those
+ * columns. Returns -1 on a block id outside the cache. */
+static inline __attribute__((always_inline)) int attend(const float *q, int group, int hd, const void *k, const void *v,
+                                                        int kind, const int32_t *table, int64_t first_col, int64_t nkeys,
+                                                        int64_t lead, int64_t num_blocks, int bs, int kvh, int h,
+                                                        float *acc, float *m, float *l) {
+    float s[MAX_GROUP][TILE];
+    const int64_t ks = (int64_t)kvh * hd; /* elements from one key to the next */
+#ifdef HAVE_AVX2
+    const int vec = hd % 16 == 0;
+#endif
+    for (int g = 0; g < group; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+        for (int d = 0; d < hd; d++) acc[g * hd + d] = 0.0f;
+    }
+    for (int64_t j = lead; j < nkeys;) {
+        int64_t col = first_col + j / bs;
+        int off = (int)(j % bs);
+        int n = bs - off;
+        if (n > TILE) n = TILE;
+        if (n > nkeys - j) n = (int)(nkeys - j);
+        int64_t blk = table[col];
+        if (blk < 0 || blk >= num_blocks) return -1;
+        int64_t base = ((blk * bs + off) * kvh + h) * hd; /* element index of the tile's first key */
+#ifdef HAVE_AVX2
+        if (vec) {
+            tile_scores_avx2(q, group, hd, k, base, ks, n, kind, s);
+            tile_softmax(s, group, hd, n, m, l, acc);
+            tile_values_avx2(acc, group, hd, (const float (*)[TILE])s, v, base, ks, n, kind);
+            j += n;
+            continue;
+        }
+#endif
+        tile_scores(q, group, hd, k, base, ks, n, kind, s);
+        tile_softmax(s, group, hd, n, m, l, acc);
+        tile_values(acc, group, hd, (const float (*)[TILE])s, v, base, ks, n, kind);
+        j += n;
+    }
+    return 0;
+}
+
+/* out[i] = attention of q[i] over its row's keys, for the B decode rows i.
+ * q: (B, nh, hd) with row stride q_row (elements), heads contiguous; out: (B, nh, hd)
+ * contiguous; both float32 (out_bf16 = 0) or bfloat16 (1). k, v: (num_blocks, bs, kvh, hd)
+ * contiguous, of `kind`; an fp8 cache's values are times k_scale, v_scale (1 otherwise).
+ * table: int32 (rows, table_cols) contiguous. Per row i: rows[i] its table row,
+ * first_col[i] the first column it reads, nkeys[i] the keys from that column's first on
+ * (>= 1), lead[i] the leading ones of those it skips (before its window). lse: (B, kvh,
+ * group) float32, or NULL. Returns 0, -1 (a block id outside the cache) or -2 (bad
+ * arguments). */
+int paged_decode(const void *q, int64_t q_row, const void *k, const void *v, int kind, float k_scale, float v_scale,
+                 int64_t num_blocks, int bs, int kvh, int hd, int nh, const int32_t *table, int64_t table_rows,
+                 int64_t table_cols, const int64_t *rows, const int64_t *first_col, const int64_t *nkeys,
+                 const int64_t *lead, int64_t B, float scale, int out_bf16, void *out, float *lse, int num_threads) {
+    if (hd < 1 || hd > MAX_HEAD_DIM || kvh < 1 || nh % kvh != 0 || nh / kvh > MAX_GROUP || bs < 1) return -2;
+    if (kind < KV_F32 || kind > KV_E5M2 || (kind == KV_F32 && out_bf16) || (kind == KV_BF16 && !out_bf16)) return -2;
+    for (int64_t i = 0; i < B; i++) {
+        if (rows[i] < 0 || rows[i] >= table_rows || first_col[i] < 0 || lead[i] < 0 || lead[i] >= nkeys[i]) return -2;
+        if (first_col[i] + (nkeys[i] + bs - 1) / bs > table_cols) return -2;
+    }
+    const int group = nh / kvh;
+    const int64_t tasks = B * kvh;
+    /* NOTE: the key scale goes into the queries (q.(k s) = (q s).k), the value scale
+     * onto each output (sum p (v s) = s sum p v). */
+    const float q_scale = scale * (kind >= KV_E4M3 ? k_scale : 1.0f);
+    const float o_scale = kind >= KV_E4M3 ? v_scale : 1.0f;
+    int err = 0;
+    int nt = num_threads < 1 ? 1 : num_threads;
+    if (nt > tasks) nt = (int)tasks;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) reduction(min : err)
+    for (int64_t task = 0; task < tasks; task++) {
+        int64_t i = task / kvh;
+        int h = (int)(task % kvh);
+        float qf[MAX_GROUP * MAX_HEAD_DIM];
+        float acc[MAX_GROUP * MAX_HEAD_DIM];
+        float m[MAX_GROUP], l[MAX_GROUP];
+        int64_t q0 = i * q_row + (int64_t)h * group * hd; /* the group's first query element */
+        for (int e = 0; e < group * hd; e++)
+            qf[e] = q_scale * (out_bf16 ? bf16_to_f32(((const uint16_t *)q)[q0 + e]) : ((const float *)q)[q0 + e]);
+        const int32_t *trow = table + rows[i] * table_cols;
+        int rc;
+        /* NOTE: one call per kind, so each is compiled for its element */
+        switch (kind) {
+        case KV_F32: rc = attend(qf, group, hd, k, v, KV_F32, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h, acc, m, l); break;
+        case KV_BF16: rc = attend(qf, group, hd, k, v, KV_BF16, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h, acc, m, l); break;
+        case KV_E4M3: rc = attend(qf, group, hd, k, v, KV_E4M3, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h, acc, m, l); break;
+        default: rc = attend(qf, group, hd, k, v, KV_E5M2, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h, acc, m, l); break;
+        }
+        if (rc != 0) {
+            err = rc < err ? rc : err;
+            continue;
+        }
+        int64_t o0 = i * (int64_t)nh * hd + (int64_t)h * group * hd;
+        for (int g = 0; g < group; g++) {
+            float inv = o_scale / l[g];
+            for (int d = 0; d < hd; d++) {
+                float x = acc[g * hd + d] * inv;
+                if (out_bf16)
+                    ((uint16_t *)out)[o0 + g * hd + d] = f32_to_bf16(x);
+                else
+                    ((float *)out)[o0 + g * hd + d] = x;
+            }
+            if (lse) lse[(i * kvh + h) * group + g] = m[g] + logf(l[g]);
+        }
+    }
+    return err;
+}

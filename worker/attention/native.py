@@ -1,0 +1,41 @@
+"""The small C libraries beside the attention code (``csrc/``): compiled by ``make install``
+next to their sources, loaded with ctypes.
+
+NOTE: a library that is missing, stale (another ABI than its wrapper calls) or does not
+load (no compiler, another platform) is not an error: ``load`` logs it once at debug
+level and returns None, and the caller keeps its torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import subprocess
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def build(source: Path, cflags: list[str], cc: str = "gcc") -> Path:
+    """Compile ``source`` into the library beside it (raises CalledProcessError on failure)."""
+    library = source.with_suffix(".so")
+    subprocess.run([cc, *cflags, "-o", str(library), str(source)], check=True)
+    return library
+
+
+def load(path: Path, abi_symbol: str, abi: int, fallback: str) -> ctypes.CDLL | None:
+    """The library at ``path`` when its ``abi_symbol()`` returns ``abi``; else None, logged
+    with ``fallback`` (what runs instead)."""
+    if not path.exists():
+        log.debug("%s not built (make install builds it); %s", path, fallback)
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+        found = getattr(lib, abi_symbol)()
+    except (OSError, AttributeError) as e:
+        log.debug("%s does not load (%s); %s", path, e, fallback)
+        return None
+    if found != abi:
+        log.debug("%s is stale (ABI %s, want %s; rebuild with make kernels); %s", path, found, abi, fallback)
+        return None
+    return lib
