@@ -9,7 +9,7 @@
  * e5m2, with a per-layer scale each for K and V) caches, read as float32 where they lie;
  * queries and output in the compute dtype (the 16/32-bit cache's own), the log-sum-exp of
  * each query's scores in float32 (what cascade attention's merge needs).
- * With AVX2 and FMA (and a head size a multiple of 16) the tile's loops are written with
+ * With AVX2, FMA and F16C (and a head size a multiple of 16) the tile's loops are written with
  * intrinsics: four keys' scores at a time in vertical accumulators, summed across lanes
  * once, and values into accumulators held in registers across the tile. Elsewhere, plain
  * C. The exp is a branch-free polynomial (Cephes' expf, a couple of ulp), eight lanes at a
@@ -19,7 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define PAGED_DECODE_ABI 2
+#define PAGED_DECODE_ABI 3
 #define MAX_HEAD_DIM 256
 #define MAX_GROUP 16
 #define TILE 64 /* keys per tile: a block, or a part of one when blocks are larger */
@@ -39,20 +39,17 @@ static inline float bf16_to_f32(uint16_t h) {
     return f;
 }
 
-/* An fp8 byte's value (exact in float32): the exponent rebiased, the mantissa moved up;
- * exponent 0 is subnormal. NOTE: the NaN/inf patterns read as finite, as
- * worker.attention.kv_quant's dequantize reads them (the write saturates). */
+/* An fp8 byte's value (exact in float32), e4m3fn's times 2^-8 (the caller scales by 2^8):
+ * the byte moved into a float16's fields, where its exponent's bias is 15 (e5m2's own;
+ * e4m3fn's 7, hence 2^-8), subnormals included, then widened. NOTE: the NaN/inf patterns
+ * read as finite, as worker.attention.kv_quant's dequantize reads them (the write
+ * saturates), except e5m2's top exponent, inf/NaN in float16 as in e5m2. */
 static inline float fp8_to_f32(uint8_t b, int kind) {
-    const int mbits = kind == KV_E4M3 ? 3 : 2, bias = kind == KV_E4M3 ? 7 : 15;
-    uint32_t em = b & 0x7Fu, u;
-    float f;
-    if (em < (1u << mbits)) {
-        f = (float)em * ldexpf(1.0f, 1 - bias - mbits);
-    } else {
-        u = (em << (23 - mbits)) + ((uint32_t)(127 - bias) << 23);
-        memcpy(&f, &u, 4);
-    }
-    return (b & 0x80u) ? -f : f;
+    uint16_t h = kind == KV_E5M2 ? (uint16_t)(b << 8) : (uint16_t)(((b & 0x7Fu) << 7) | ((b & 0x80u) << 8));
+    const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    float f = e == 0 ? ldexpf((float)m, -24) : ldexpf((float)(m | 0x400), e - 25);
+    if (kind == KV_E5M2 && e == 0x1F) f = m ? NAN : INFINITY;
+    return (h & 0x8000u) ? -f : f;
 }
 
 /* Element i of the cache as float32. */
@@ -95,26 +92,22 @@ static inline float exp_nonpositive(float x) {
     return p * two_n * keep;
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define HAVE_AVX2 1
 
-/* 8 elements from element i of the cache, as float32 (fp8: fp8_to_f32 on 8 lanes). */
+/* 8 elements from element i of the cache, as float32 (fp8: fp8_to_f32 on 8 lanes, F16C's widening). */
 static inline __attribute__((always_inline)) __m256 load8(const void *p, int64_t i, int kind) {
     if (kind == KV_F32) return _mm256_loadu_ps((const float *)p + i);
     if (kind == KV_BF16) {
         __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     }
-    const int mbits = kind == KV_E4M3 ? 3 : 2, bias = kind == KV_E4M3 ? 7 : 15;
-    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)((const uint8_t *)p + i)));
-    __m256i em = _mm256_and_si256(b, _mm256_set1_epi32(0x7F));
-    __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(em, 23 - mbits), _mm256_set1_epi32((127 - bias) << 23));
-    __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(ldexpf(1.0f, 1 - bias - mbits)));
-    __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(1 << mbits), em);
-    __m256 x = _mm256_blendv_ps(_mm256_castsi256_ps(normal), sub, _mm256_castsi256_ps(is_sub));
-    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
-    return _mm256_or_ps(x, _mm256_castsi256_ps(sign));
+    __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)((const uint8_t *)p + i)));
+    __m128i h = kind == KV_E5M2 ? _mm_slli_epi16(b, 8)
+                                : _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7),
+                                               _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
+    return _mm256_cvtph_ps(h);
 }
 
 /* The sums of a, b, c, d's lanes, in that order. */
@@ -353,8 +346,9 @@ int paged_decode(const void *q, int64_t q_row, const void *k, const void *v, int
     const int64_t tasks = B * kvh;
     /* NOTE: the key scale goes into the queries (q.(k s) = (q s).k), the value scale
      * onto each output (sum p (v s) = s sum p v). */
-    const float q_scale = scale * (kind >= KV_E4M3 ? k_scale : 1.0f);
-    const float o_scale = kind >= KV_E4M3 ? v_scale : 1.0f;
+    const float fp8_unit = kind == KV_E4M3 ? 256.0f : 1.0f; /* fp8_to_f32 reads e4m3fn times 2^-8 */
+    const float q_scale = scale * (kind >= KV_E4M3 ? k_scale * fp8_unit : 1.0f);
+    const float o_scale = kind >= KV_E4M3 ? v_scale * fp8_unit : 1.0f;
     int err = 0;
     int nt = num_threads < 1 ? 1 : num_threads;
     if (nt > tasks) nt = (int)tasks;
