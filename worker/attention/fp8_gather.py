@@ -16,8 +16,7 @@ the torch path runs unchanged. CUDA caches never use it.
 from __future__ import annotations
 
 import ctypes
-import subprocess
-import sys
+import functools
 from pathlib import Path
 
 import torch
@@ -36,11 +35,6 @@ _IN_KIND = {torch.float32: 0, torch.bfloat16: 1}
 _OUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # fp8 format -> (mantissa bits, exponent bias)
 _FP8 = {torch.float8_e4m3fn: (3, 7), torch.float8_e5m2: (2, 15)}
-
-
-def build(cc: str = "gcc") -> Path:
-    """Compile the library next to its source (raises CalledProcessError on failure)."""
-    return native.build(SOURCE, CFLAGS, cc)
 
 
 class Fp8Gather:
@@ -109,17 +103,10 @@ class Fp8Gather:
         return out[:m]
 
 
-_loaded: Fp8Gather | None = None
-_tried = False
-
-
+@functools.cache
 def load() -> Fp8Gather | None:
     """The kernel, or None (logged once at debug level) when the library is unavailable."""
-    global _loaded, _tried
-    if not _tried:
-        _tried = True
-        _loaded = _load(LIBRARY)
-    return _loaded
+    return _load(LIBRARY)
 
 
 def _load(path: Path) -> Fp8Gather | None:
@@ -128,8 +115,4 @@ def _load(path: Path) -> Fp8Gather | None:
 
 
 if __name__ == "__main__":
-    try:
-        print(build(*sys.argv[1:2]))
-    except (OSError, subprocess.CalledProcessError) as e:
-        # NOTE: not fatal: the torch path reads fp8 caches without it.
-        print(f"fp8 gather kernel not built ({e}); fp8 KV caches are read through torch", file=sys.stderr)
+    native.build_main(SOURCE, CFLAGS, "fp8 KV caches are read through torch")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import subprocess
+import sys
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -39,3 +40,12 @@ def load(path: Path, abi_symbol: str, abi: int, fallback: str) -> ctypes.CDLL | 
         log.debug("%s is stale (ABI %s, want %s; rebuild with make kernels); %s", path, found, abi, fallback)
         return None
     return lib
+
+
+def build_main(source: Path, cflags: list[str], instead: str) -> None:
+    """``python -m`` of a wrapper: build its library (argv[1]: the compiler, gcc if none).
+    NOTE: a failure is reported, not fatal: ``instead`` runs without the library."""
+    try:
+        print(build(source, cflags, *sys.argv[1:2]))
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"{source.name} not built ({e}); {instead}", file=sys.stderr)

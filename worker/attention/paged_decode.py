@@ -19,8 +19,7 @@ the torch path runs unchanged. CUDA caches never use it.
 from __future__ import annotations
 
 import ctypes
-import subprocess
-import sys
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -40,11 +39,6 @@ _COMPUTE = (torch.float32, torch.bfloat16)
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _I = ctypes.c_int
-
-
-def build(cc: str = "gcc") -> Path:
-    """Compile the library next to its source (raises CalledProcessError on failure)."""
-    return native.build(SOURCE, CFLAGS, cc)
 
 
 class PagedDecode:
@@ -102,17 +96,10 @@ class PagedDecode:
             raise ValueError(f"paged decode: rows outside the table {tuple(table.shape)}, or heads it cannot take (rc {rc})")
 
 
-_loaded: PagedDecode | None = None
-_tried = False
-
-
+@functools.cache
 def load() -> PagedDecode | None:
     """The kernel, or None (logged once at debug level) when the library is unavailable."""
-    global _loaded, _tried
-    if not _tried:
-        _tried = True
-        _loaded = _load(LIBRARY)
-    return _loaded
+    return _load(LIBRARY)
 
 
 def _load(path: Path) -> PagedDecode | None:
@@ -121,8 +108,4 @@ def _load(path: Path) -> PagedDecode | None:
 
 
 if __name__ == "__main__":
-    try:
-        print(build(*sys.argv[1:2]))
-    except (OSError, subprocess.CalledProcessError) as e:
-        # NOTE: not fatal: the torch path attends without it.
-        print(f"paged decode kernel not built ({e}); decode attention gathers blocks for SDPA", file=sys.stderr)
+    native.build_main(SOURCE, CFLAGS, "decode attention gathers blocks for SDPA")
