@@ -65,15 +65,16 @@ class PagedDecode:
                  kv_scales: tuple[float, float] = (1.0, 1.0)) -> None:  # fmt: skip
         """out[i] = attention of q[i] (B, nh, hd) over keys [lead[i], nkeys[i]) counted from
         column first_col[i] of table row rows[i] (int64 arrays of B); cache: one layer's
-        (2, num_blocks, block_size, kvh, hd); table: (rows, cols) int32; out: (B, nh, hd)
+        (2, num_blocks, block_size, kvh, hd), each half contiguous (a cache cut to its first
+        blocks, ``kv[:, :n]``, is); table: (rows, cols) int32; out: (B, nh, hd)
         contiguous, q's dtype; lse: (B, kvh, nh // kvh) float32, each query's log-sum-exp, or
         None; kv_scales: an fp8 cache's K and V scales (its values times them)."""
         _, num_blocks, bs, kvh, hd = cache.shape
         B, nh, _ = q.shape
         if not self.supports(cache.dtype, q.dtype, cache.device, hd, nh // kvh) or out.dtype != q.dtype:
             raise ValueError(f"paged decode: q {q.dtype} and out {out.dtype} must share a dtype the {cache.dtype} cache is read in")
-        if not cache.is_contiguous() or not out.is_contiguous():
-            raise ValueError("paged decode: the cache and out must be contiguous")
+        if not cache[0].is_contiguous() or not cache[1].is_contiguous() or not out.is_contiguous():
+            raise ValueError("paged decode: the cache's K and V halves and out must each be contiguous")
         if q.stride(2) != 1 or q.stride(1) != hd or tuple(out.shape) != (B, nh, hd):
             raise ValueError(f"paged decode: q {tuple(q.shape)} needs contiguous heads; out {tuple(out.shape)} its shape")
         if table.dtype != torch.int32 or not table.is_contiguous():

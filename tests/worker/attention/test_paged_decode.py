@@ -91,6 +91,26 @@ def test_queries_may_be_a_strided_view():
 
 
 @needs_kernel
+def test_a_cache_cut_to_its_first_blocks_is_read_where_its_halves_lie():
+    """The worker serves ``kv[:, :num_blocks]`` of the cache it allocated (the scheduler may
+    take fewer blocks than fit): V starts a whole allocation after K, not num_blocks after."""
+    nh, kvh, hd, bs = 4, 2, 32, 8
+    gen = torch.Generator().manual_seed(5)
+    full = torch.randn(2, 24, bs, kvh, hd, generator=gen)
+    cut = full[:, :10]
+    assert not cut.is_contiguous()
+    table = torch.tensor([[9, 0, 4], [3, 7, 1]], dtype=torch.int32)
+    q = torch.randn(2, nh, hd, generator=gen)
+    args = (np.array([0, 1]), np.zeros(2), np.array([20, 17]), np.zeros(2))
+    out, want = torch.empty(2, nh, hd), torch.empty(2, nh, hd)
+    KERNEL(q, cut, table, *args, 0.3, out)
+    KERNEL(q, cut.contiguous(), table, *args, 0.3, want)
+    assert torch.equal(out, want)
+    with pytest.raises(IndexError, match="outside 0..9"):  # the cut, not the allocation, bounds the ids
+        KERNEL(q[:1], cut, torch.tensor([[12]], dtype=torch.int32), np.zeros(1), np.zeros(1), np.ones(1), np.zeros(1), 0.3, out[:1])
+
+
+@needs_kernel
 def test_bad_input_is_refused_and_writes_nothing():
     nh, kvh, hd, bs = 4, 2, 32, 8
     cache = torch.randn(2, 4, bs, kvh, hd)
