@@ -30,7 +30,7 @@ def test_a_cpu_without_a_native_bf16_gemm_computes_in_float32(monkeypatch):
     assert gemm.gemm_dtype(torch.bfloat16, "cpu") == torch.bfloat16
 
 
-def test_a_widened_linear_is_a_bf16_gemm_rounded_once():
+def test_a_widened_linear_is_a_bf16_gemm_rounded_once(monkeypatch):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(7, 96, generator=g).to(torch.bfloat16)
     w = torch.randn(40, 96, generator=g).to(torch.bfloat16)
@@ -44,7 +44,8 @@ def test_a_widened_linear_is_a_bf16_gemm_rounded_once():
     # rounding step (2^-8 relative) from it, float32's summation order aside.
     exact = (x.double() @ w.double().T + b.double()).to(torch.bfloat16).double()
     assert torch.allclose(y.double(), exact, rtol=2**-7, atol=1e-6)
-    # Same dtype: the weights are kept as they are, no copy.
+    # Same dtype (and no native bf16 GEMM to reorder for): the weights are kept as they are, no copy.
+    monkeypatch.setattr(gemm, "native_half_gemm", lambda d: False)
     same = make_linear(w, b, torch.bfloat16)
     assert same.weight is w and same.out_dtype is None and isinstance(same, Linear)
 
@@ -89,6 +90,28 @@ def test_a_large_float32_weight_runs_on_onednns_reordered_copy(dtype, monkeypatc
     assert torch.allclose(y.double(), exact.to(dtype).double(), rtol=tol, atol=1e-5)
     # Rows of any shape in front, as F.linear takes them.
     assert torch.allclose(lin(x.view(3, 3, 768)).view(9, 1024).double(), y.double())
+
+
+@pytest.mark.skipif(not gemm.native_half_gemm(torch.bfloat16), reason="this CPU has no native bfloat16 GEMM")
+@pytest.mark.parametrize("shape", [(40, 96), (1024, 768)])
+def test_a_bf16_weight_with_a_native_gemm_runs_reordered_at_any_size(shape):
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(*shape, generator=g) / 30).to(torch.bfloat16)
+    b = torch.randn(shape[0], generator=g).to(torch.bfloat16)
+    x = torch.randn(5, shape[1], generator=g).to(torch.bfloat16)
+    lin = make_linear(w, b, torch.bfloat16)
+    assert lin.onednn and lin.out_dtype is None and lin.weight.is_mkldnn
+    y = lin(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (5, shape[0])
+    # A bf16 GEMM: float32 accumulation, one rounding to bf16 of the exact product.
+    exact = (x.double() @ w.double().T + b.double()).to(torch.bfloat16).double()
+    assert torch.allclose(y.double(), exact, rtol=2**-7, atol=1e-5)
+
+
+def test_a_half_weight_without_a_native_gemm_is_not_reordered(monkeypatch):
+    monkeypatch.setattr(gemm, "native_half_gemm", lambda d: False)
+    assert gemm.onednn_weight(torch.randn(1024, 768).to(torch.bfloat16)) is None
+    assert gemm.onednn_weight(torch.randn(1024, 768).to(torch.float64)) is None
 
 
 def test_a_small_float32_weight_stays_plain_and_column_major():
