@@ -4,7 +4,8 @@ and TTFT p50 over its runs, the ratios kvpool / vLLM, the prefix-cache counters 
 over the runs, the load average's range over every run of the cell, and the goal.
 
 The goal of a cell (issue #25): output tok/s ratio >= 1.0, TPOT p50 ratio <= 1.1, kvpool's
-TTFT p50 <= vLLM's, prefix-cache queries and hits equal.
+TTFT p50 <= vLLM's, prefix-cache queries and hits equal, and no request failed on either
+engine (a cell where one did compares different work).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ MAX_TPOT_RATIO = 1.1
 
 
 def summarize(runs: list[dict]) -> dict:
-    """One engine's runs of a cell: the median of each MEDIANS figure, the counters
-    summed (the same prompts on both engines: equal sums), the load average's range."""
+    """One engine's runs of a cell: the median of each MEDIANS figure, the counters and
+    failed requests summed (the same prompts on both engines: equal sums), the load
+    average's range."""
     out = {k: statistics.median(r[k] for r in runs) for k in MEDIANS}
     out |= {c: sum(r[c] for r in runs) for c in (QUERIES, HITS)}
+    out["failed"] = sum(r.get("failed") or 0 for r in runs)
     loads = [x for r in runs for x in (r["load_before"], r["load_after"])]
     return out | {"load_min": min(loads), "load_max": max(loads), "num_runs": len(runs)}
 
@@ -35,7 +38,8 @@ def judge(v: dict, k: dict) -> dict:
     parts = {"tok/s": toks is not None and toks >= MIN_TOKS_RATIO,
              "TPOT": tpot is not None and tpot <= MAX_TPOT_RATIO,
              "TTFT": k["median_ttft_ms"] <= v["median_ttft_ms"],
-             "queries": k[QUERIES] == v[QUERIES], "hits": k[HITS] == v[HITS]}  # fmt: skip
+             "queries": k[QUERIES] == v[QUERIES], "hits": k[HITS] == v[HITS],
+             "failed": k["failed"] == 0 and v["failed"] == 0}  # fmt: skip
     return {"toks_ratio": toks, "tpot_ratio": tpot, "parts": parts, "met": all(parts.values())}
 
 
@@ -69,5 +73,6 @@ def format_matrix(table: list[dict]) -> str:
         body.append((r["checkpoint"], r["dtype"], r["sampling"], str(r["concurrency"]), *_pair(r, "output_throughput"),
                      _ratio(r["toks_ratio"]), *_pair(r, "median_tpot_ms"), _ratio(r["tpot_ratio"]),
                      *_pair(r, "median_ttft_ms"), "/".join(q), "/".join(h), load, met))  # fmt: skip
-    goal = f"goal: tok/s ratio >= {MIN_TOKS_RATIO}, TPOT p50 ratio <= {MAX_TPOT_RATIO}, TTFT p50 kvpool <= vLLM, queries and hits equal"
+    goal = (f"goal: tok/s ratio >= {MIN_TOKS_RATIO}, TPOT p50 ratio <= {MAX_TPOT_RATIO}, TTFT p50 kvpool <= vLLM, queries and hits "
+            "equal, no request failed (NO: failed)")
     return align(head, body, num_left=3) + "\n" + goal

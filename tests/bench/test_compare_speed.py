@@ -18,9 +18,9 @@ from bench.compare_workloads import Workload, bench_command, prefix_args
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(toks, tpot, ttft, queries=100.0, hits=60.0, load=(1.0, 1.5)) -> dict:
+def run(toks, tpot, ttft, queries=100.0, hits=60.0, load=(1.0, 1.5), failed=0) -> dict:
     return {"output_throughput": toks, "median_tpot_ms": tpot, "median_ttft_ms": ttft, QUERIES: queries, HITS: hits,
-            "load_before": load[0], "load_after": load[1]}  # fmt: skip
+            "load_before": load[0], "load_after": load[1], "failed": failed}  # fmt: skip
 
 
 def test_engines_alternate_and_swap_who_goes_first_on_odd_repeats():
@@ -48,6 +48,14 @@ def test_summaries_take_medians_sum_counters_and_keep_the_load_range():
                    run(200.0, 20.0, 90.0, load=(0.9, 0.8))])  # fmt: skip
     assert (s["output_throughput"], s["median_tpot_ms"], s["median_ttft_ms"]) == (200.0, 20.0, 70.0)
     assert (s[QUERIES], s[HITS], s["load_min"], s["load_max"], s["num_runs"]) == (300.0, 180.0, 0.5, 2.0, 3)
+    assert summarize([run(1.0, 1.0, 1.0, failed=45), run(1.0, 1.0, 1.0), run(1.0, 1.0, 1.0, failed=2)])["failed"] == 47
+
+
+def test_a_request_the_reference_failed_fails_the_cell_too():
+    """vLLM's server dropped 45 of 128 requests in one run (its engine died): the two
+    engines did different work, so the cell is not met whoever was faster."""
+    g = judge(summarize([run(100.0, 10.0, 50.0, failed=45)]), summarize([run(300.0, 5.0, 20.0)]))
+    assert [p for p, ok in g["parts"].items() if not ok] == ["failed"] and g["met"] is False
 
 
 @pytest.mark.parametrize("kvpool, failing", [
@@ -57,6 +65,7 @@ def test_summaries_take_medians_sum_counters_and_keep_the_load_range():
     (run(120.0, 9.0, 50.5), ["TTFT"]),
     (run(120.0, 9.0, 40.0, queries=101.0), ["queries"]),
     (run(120.0, 9.0, 40.0, hits=59.0), ["hits"]),
+    (run(120.0, 9.0, 40.0, failed=3), ["failed"]),
 ])  # fmt: skip
 def test_a_cell_meets_the_goal_only_with_every_part(kvpool, failing):
     g = judge(summarize([run(100.0, 10.0, 50.0)]), summarize([kvpool]))
