@@ -17,16 +17,16 @@ weights take twice the memory.
 **Kernel.** A float32 projection on the CPU runs oneDNN's matmul over a weight reordered
 once, at load, into oneDNN's blocked layout, as vLLM's CPU backend runs its linears
 (``dispatch_cpu_unquantized_gemm``: ``create_onednn_mm`` over the weight). torch's
-``F.linear`` repacks the weight on every call. A bfloat16 (float16) projection with a
-native GEMM runs on its reordered weight at every size: on an AMD EPYC with AVX-512 BF16,
-one thread, llama50m's four projection shapes took 0.56 ms against ``F.linear``'s 0.91 at
-8 rows and 4.0 against 5.0 at 64, the tiny checkpoint's 0.08 against 0.12 at one row
-(the same bits either way). Measured on the development machine, one
-thread, decode steps of the generated 51M-parameter Llama: 49 ms against 57 at 8 rows,
+``F.linear`` repacks the weight on every call. Measured on the development machine (AVX2),
+one thread, decode steps of the generated 51M-parameter Llama: 49 ms against 57 at 8 rows,
 149 against 168 at 64. Small weights gain nothing (the tiny checkpoint's decode steps were
-6% slower with every weight reordered), so only weights of ``ONEDNN_MIN_WEIGHT`` elements
-or more are. The reordered weight replaces the plain one (no second copy); where oneDNN
-is not built in, or refuses the weight, the plain weight and ``F.linear`` stay.
+6% slower with every weight reordered), so only float32 weights of ``ONEDNN_MIN_WEIGHT``
+elements or more are. A bfloat16 (float16) projection with a native GEMM runs on its
+reordered weight at every size: on an AMD EPYC with AVX-512 BF16, one thread, llama50m's
+four projection shapes took 0.56 ms against ``F.linear``'s 0.91 at 8 rows and 4.0 against
+5.0 at 64, the tiny checkpoint's 0.08 against 0.12 at one row (the same bits either way).
+The reordered weight replaces the plain one (no second copy); where oneDNN is not built
+in, or refuses the weight, the plain weight and ``F.linear`` stay.
 
 A float32 weight left to ``F.linear`` on the CPU is held column-major: the same (out, in)
 tensor, its storage (in, out), so the product is ``x @ W`` over contiguous rows of W
