@@ -7,7 +7,9 @@ arriving at t, every replica runs the steps that start before t; the router then
 sees what it would see at t: each replica's load (requests routed to it that had not
 finished by t, a rejection finishing at once) and, for kv_aware, the KV events of
 the steps that had ended by t (a step's events are published at its end, as the
-engine core publishes them after the step). A replica with nothing to run jumps to
+engine core publishes them after the step) and each replica's tokens still being
+prefilled: a request's, from its routing until its first token (``stream``, what
+the load generator does) or until it finishes (a client that does not stream). A replica with nothing to run jumps to
 the arrival. Fast-forwarded decode stretches (simulator/fastforward.py) end before the
 next arrival anywhere, so no replica ever runs past a request it could be given.
 
@@ -80,15 +82,16 @@ class Fleet:
     """N replica runs, a router, the clock of sends; see the module doc."""
 
     def __init__(self, workload: Workload, cfg: SimConfig, replicas: int, router: str,
-                 max_concurrency: int | None = None, seed: int = 0):  # fmt: skip
+                 max_concurrency: int | None = None, seed: int = 0, stream: bool = True):  # fmt: skip
         from scheduler.core.kv_events import KVEventRecorder
 
         workload.reset()
         self.workload = workload
         self.prepared = _Prepared(workload)
         self.cfg = cfg
-        self.router = make_router(router, replicas, seed)
+        self.router = make_router(router, replicas, seed, cfg.block_size)
         self.max_concurrency = max_concurrency
+        self.stream = stream
         self.runs: list[_Run] = []
         self.recorders: list[KVEventRecorder] = []
         for _ in range(replicas):
@@ -109,6 +112,10 @@ class Fleet:
         self.pending_events: list[list[tuple[int, list]]] = [[] for _ in range(replicas)]
         self.all_finishes: list[int] = []  # sorted, for the closed loop
         self.sent = 0
+        # kv_aware: per replica, (request, tokens it prefills) routed and still prefilling
+        # as far as the router knows; the time each rejected request was answered.
+        self.prefilling: list[list[tuple[int, int]]] = [[] for _ in range(replicas)]
+        self.rejected_ns: dict[int, int] = {}
 
     # -- one replica -------------------------------------------------------------
     def _record(self, r: int, run: _Run, seen_finished: int) -> None:
@@ -129,6 +136,7 @@ class Fleet:
         for i in run.order[first : run.next_arrival]:
             if str(i) not in run.sched.requests:  # rejected: the server answers at once
                 self._finish(r, run.now)
+                self.rejected_ns[i] = run.now
 
     def _step(self, r: int, run: _Run) -> bool:
         """Admit what has arrived, run one step (and any fast-forward after it).
@@ -159,6 +167,18 @@ class Fleet:
     # -- the router's view ----------------------------------------------------------
     def _loads(self, t: int) -> list[int]:
         return [self.routed[r] - bisect.bisect_right(self.finish_times[r], t) for r in range(len(self.runs))]
+
+    def _prefilling(self, t: int) -> list[int]:
+        """Each replica's tokens of routed requests the router still counts as
+        prefilling at t: no first token (or, not streamed, no finish) by t."""
+        out = []
+        for r, held in enumerate(self.prefilling):
+            run = self.runs[r]
+            ends = run.first_token_ns if self.stream else run.finish_ns
+            held[:] = [(i, n) for i, n in held
+                       if not (ends[i] != NOT_YET and ends[i] <= t or self.rejected_ns.get(i, t + 1) <= t)]  # fmt: skip
+            out.append(sum(n for _, n in held))
+        return out
 
     def _deliver_events(self, t: int) -> None:
         index = self.router.index
@@ -221,8 +241,11 @@ class Fleet:
         prompt, hashes = self.prepared.build(i, run0.hasher)
         if self.recorders:
             self._deliver_events(t)
-        units = routing_units(self.workload, i, prompt)
-        r = self.router.route(self._loads(t), units, hashes, t)
+        if self.router.name == "kv_aware":
+            r, new_tokens = self.router.choose(len(prompt), hashes, self._loads(t), self._prefilling(t))
+            self.prefilling[r].append((i, new_tokens))
+        else:
+            r = self.router.route(self._loads(t), routing_units(self.workload, i, prompt), hashes, t)
         self.routed_to[i] = r
         self.routed[r] += 1
         self.routed_tokens[r] += self.prepared.specs[i].prompt_len
@@ -272,6 +295,7 @@ class Fleet:
 
 
 def simulate_fleet(workload: Workload, cfg: SimConfig, replicas: int, router: str,
-                   max_concurrency: int | None = None, seed: int = 0) -> FleetResult:  # fmt: skip
-    """Replay ``workload`` through ``replicas`` fresh engines behind ``router``."""
-    return Fleet(workload, cfg, replicas, router, max_concurrency, seed).run()
+                   max_concurrency: int | None = None, seed: int = 0, stream: bool = True) -> FleetResult:  # fmt: skip
+    """Replay ``workload`` through ``replicas`` fresh engines behind ``router``;
+    ``stream``: the clients stream (kv_aware's view of prefilling, see `Fleet`)."""
+    return Fleet(workload, cfg, replicas, router, max_concurrency, seed, stream).run()

@@ -50,12 +50,16 @@ def add_fleet_args(p: argparse.ArgumentParser) -> None:
                    help=f"routing policy, or a comma list: {', '.join(ROUTERS)} (default cache_aware, vllm-router's)")
     g.add_argument("--max-concurrency", type=int, default=None,
                    help="closed loop: at most this many requests in flight, the next sent when one finishes (default: no limit)")
+    g.add_argument("--non-streaming", action="store_true",
+                   help="the clients do not stream: kv_aware counts a request as prefilling until it finishes, "
+                        "not until its first token (default: streamed, as the load generator sends)")
     g.add_argument("--jobs", type=int, default=None, help="runs at once, in processes (default: the CPU count)")  # fmt: skip
 
 
 def check_fleet_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if a.replicas is None:
-        for flag, value in (("--router", a.router), ("--max-concurrency", a.max_concurrency), ("--jobs", a.jobs)):
+        for flag, value in (("--router", a.router), ("--max-concurrency", a.max_concurrency), ("--jobs", a.jobs),
+                            ("--non-streaming", a.non_streaming or None)):  # fmt: skip
             if value is not None:
                 p.error(f"{flag} applies to fleet runs: give --replicas N")
         return
@@ -85,7 +89,7 @@ def _run_one(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, polic
     if _WORKLOAD is None:
         _WORKLOAD = build_workload(a)
     cfg = sim_config(a, num_blocks, num_host_blocks, policy, a.kv_eviction_policy[0])
-    return simulate_fleet(_WORKLOAD, cfg, replicas, router, a.max_concurrency, a.seed).summary()
+    return simulate_fleet(_WORKLOAD, cfg, replicas, router, a.max_concurrency, a.seed, not a.non_streaming).summary()
 
 
 def format_fleet_table(rows: list[dict]) -> str:

@@ -17,11 +17,11 @@ its defaults (``vllm-router --help``, 0.1.17):
   tree (`ApproxTree`): a prefix match longer than ``cache_threshold`` of the request
   goes to the tenant of the node the match ended in, else the least loaded. Either
   way the request is inserted for the chosen replica.
-* ``kv_aware``: the longest run of the request's leading blocks that a replica holds
-  (`KVBlockIndex`, from BlockStored / BlockRemoved / AllBlocksCleared events); the
-  last replica on a tie (Rust's ``max_by_key``); no block held anywhere: the least
-  loaded; then the blocks it lacks are inserted speculatively for the chosen replica
-  for ``speculative_ttl``.
+* ``kv_aware``: 0.1.17's cost, measured against the binary (its source is not
+  published): the tokens a replica would prefill (the request's, less the leading
+  blocks the replica's KV events say it holds, plus those of its requests still
+  prefilling), times one more than its requests in flight; the cheapest wins
+  (`KvAware`).
 
 Routing keys: the router matches characters of the prompt; the simulator matches
 units of the prompt that stand for its characters (tokens, or whole trace blocks)
@@ -31,7 +31,6 @@ with their weight (simulator/fleet.py `routing_units`).
 from __future__ import annotations
 
 import random
-from collections import deque
 from collections.abc import Hashable, Sequence
 
 from protocol.kv_events import MEDIUM_GPU
@@ -39,11 +38,10 @@ from scheduler.core import kv_events
 
 ROUTERS = ("round_robin", "least_loaded", "power_of_two", "cache_aware", "kv_aware")
 
-# vllm-router 0.1.17's defaults (`vllm-router --help`; src/policies/kv_aware.rs).
+# vllm-router 0.1.17's defaults (`vllm-router --help`).
 CACHE_THRESHOLD = 0.3
 BALANCE_ABS_THRESHOLD = 64
 BALANCE_REL_THRESHOLD = 1.5
-SPECULATIVE_TTL_NS = 2_000_000_000
 
 
 def least_loaded(loads: Sequence[int]) -> int:
@@ -175,15 +173,11 @@ class CacheAware:
 
 
 class KVBlockIndex:
-    """Which replica holds which block hash: the replicas' device-pool events, plus
-    the router's speculative entries (hash -> replica -> expiry, virtual ns)."""
+    """Which replica holds which block hash, from the replicas' device-pool events
+    (BlockStored / BlockRemoved / AllBlocksCleared; host-tier events are not held)."""
 
     def __init__(self):
         self.held: dict[bytes, set[int]] = {}
-        self.speculative: dict[bytes, dict[int, int]] = {}
-        # NOTE: entries in the order they expire (one TTL for all), so that expired ones
-        # are dropped as time passes, not kept until looked up.
-        self._expiries: deque[tuple[int, bytes, int]] = deque()
 
     def apply(self, replica: int, events: Sequence[kv_events.KVCacheEvent]) -> None:
         held = self.held
@@ -204,35 +198,12 @@ class KVBlockIndex:
                 for h in [h for h, owners in held.items() if replica in owners]:
                     self.apply(replica, [kv_events.BlockRemoved([h])])
 
-    def expire(self, now_ns: int) -> None:
-        """Drop the speculative entries expired by ``now_ns``."""
-        expiries, spec = self._expiries, self.speculative
-        while expiries and expiries[0][0] <= now_ns:
-            expiry, h, replica = expiries.popleft()
-            entry = spec.get(h)
-            if entry is not None and entry.get(replica) == expiry:  # not refreshed since
-                del entry[replica]
-                if not entry:
-                    del spec[h]
-
-    def holders(self, block_hash: bytes, now_ns: int) -> set[int]:
-        """Replicas holding ``block_hash`` at ``now_ns`` (after `expire`)."""
-        owners = self.held.get(block_hash, set())
-        spec = self.speculative.get(block_hash)
-        return owners | spec.keys() if spec else owners
-
-    def speculative_insert(self, block_hashes: Sequence[bytes], replica: int, expiry_ns: int) -> None:
-        for h in block_hashes:
-            self.speculative.setdefault(h, {})[replica] = expiry_ns
-            self._expiries.append((expiry_ns, h, replica))
-
-    def prefix_scores(self, block_hashes: Sequence[bytes], now_ns: int) -> dict[int, int]:
-        """Each replica's count of contiguously held leading blocks (src/kv_index/scorer.rs)."""
-        self.expire(now_ns)
+    def prefix_scores(self, block_hashes: Sequence[bytes]) -> dict[int, int]:
+        """Each replica's count of contiguously held leading blocks."""
         scores: dict[int, int] = {}
         active: set[int] | None = None
         for i, h in enumerate(block_hashes):
-            owners = self.holders(h, now_ns)
+            owners = self.held.get(h, set())
             active = set(owners) if active is None else active & owners
             if not active:
                 break
@@ -242,32 +213,52 @@ class KVBlockIndex:
 
 
 class KvAware:
+    """vllm-router 0.1.17's ``kv_aware`` at its defaults (temperature 0, no session
+    affinity), as measured against the binary (docs/architecture.md, "KV-aware routing"):
+
+    * a replica is credited the leading blocks of the request it holds (its events;
+      the router guesses nothing for the replica it picks);
+    * its cost is ``(tokens it would prefill + the prefill tokens of its requests still
+      prefilling) x (1 + its requests in flight)``; the cheapest wins, a tie the first
+      (the router's own worker order, a hash map's: here, replica order);
+    * a request counts as prefilling from its routing until its first streamed token,
+      or until it finishes when it is not streamed; the tokens it counts are the ones
+      it would prefill on the replica it went to.
+
+    `choose` returns the replica and those tokens; the fleet (simulator/fleet.py)
+    keeps each replica's prefilling tokens."""
+
     name = "kv_aware"
 
-    def __init__(self, num_replicas: int, speculative_ttl_ns: int = SPECULATIVE_TTL_NS, enable_speculative: bool = True):
+    def __init__(self, num_replicas: int, block_size: int):
         self.num_replicas = num_replicas
+        self.block_size = block_size
         self.index = KVBlockIndex()
-        self.speculative_ttl_ns = speculative_ttl_ns
-        self.enable_speculative = enable_speculative
 
-    def route(self, loads: Sequence[int], units, block_hashes: Sequence[bytes], now_ns: int) -> int:
-        if self.num_replicas == 1:
-            return 0
-        if not block_hashes:
-            return least_loaded(loads)
-        scores = self.index.prefix_scores(block_hashes, now_ns)
-        best = max(range(self.num_replicas), key=lambda r: (scores.get(r, 0), r))  # the last of the best
-        best_score = scores.get(best, 0)
-        choice = least_loaded(loads) if best_score == 0 else best
-        if self.enable_speculative and best_score < len(block_hashes):
-            self.index.speculative_insert(block_hashes[best_score:], choice, now_ns + self.speculative_ttl_ns)
-        return choice
+    def costs(self, prompt_len: int, block_hashes: Sequence[bytes], loads: Sequence[int],
+              prefilling: Sequence[int]) -> list[tuple[int, int]]:  # fmt: skip
+        """Each replica's (cost, tokens it would prefill)."""
+        scores = self.index.prefix_scores(block_hashes)
+        out = []
+        for r in range(self.num_replicas):
+            new_tokens = prompt_len - min(prompt_len, scores.get(r, 0) * self.block_size)
+            out.append(((new_tokens + prefilling[r]) * (1 + loads[r]), new_tokens))
+        return out
+
+    def choose(self, prompt_len: int, block_hashes: Sequence[bytes], loads: Sequence[int],
+               prefilling: Sequence[int]) -> tuple[int, int]:  # fmt: skip
+        costs = self.costs(prompt_len, block_hashes, loads, prefilling)
+        best = min(range(self.num_replicas), key=lambda r: costs[r][0])  # the first of the cheapest
+        return best, costs[best][1]
 
 
-def make_router(name: str, num_replicas: int, seed: int = 0):
-    """A fresh policy by name (one of ROUTERS)."""
+def make_router(name: str, num_replicas: int, seed: int = 0, block_size: int = 16):
+    """A fresh policy by name (one of ROUTERS); ``block_size`` is kv_aware's
+    (``--kv-event-block-size``: the replicas' block size)."""
     if name not in ROUTERS:
         raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")
     if name == "power_of_two":
         return PowerOfTwo(num_replicas, seed)
-    return {"round_robin": RoundRobin, "least_loaded": LeastLoaded, "cache_aware": CacheAware, "kv_aware": KvAware}[name](num_replicas)
+    if name == "kv_aware":
+        return KvAware(num_replicas, block_size)
+    return {"round_robin": RoundRobin, "least_loaded": LeastLoaded, "cache_aware": CacheAware}[name](num_replicas)

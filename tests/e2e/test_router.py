@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 import pytest
 import zmq
+from kvtest.router import require_router
 
 from bench.router_bench import (
     ROUTER_HEALTH_ARGS,
@@ -37,7 +37,6 @@ from bench.router_bench import (
     http_get,
     kv_aware_args,
     requests_served,
-    router_binary,
     shared_prefix_prompts,
 )
 
@@ -45,14 +44,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 NUM_BLOCKS, NUM_PREFIXES, REPEATS, CONCURRENCY = 64, 12, 6, 4
 BLOCK_SIZE = 16  # kvpool serve's default
-
-
-def require_router() -> None:
-    if router_binary() is None:
-        msg = "vllm-router not found beside this interpreter or on PATH (pip install vllm-router; the test extra has it)"
-        if os.environ.get("CI"):
-            pytest.fail(msg + "; CI installs the test extra, so it must be there")
-        pytest.skip(msg)
 
 
 @pytest.fixture(scope="module")

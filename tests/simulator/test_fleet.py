@@ -5,7 +5,8 @@
 * The router sees loads as of the arrival: a burst alternates between two replicas
   under least_loaded; requests that finish before the next arrives all go to the first.
 * kv_aware's index, fed by the pools' own events, ends holding exactly what each
-  pool has cached.
+  pool has cached; a request it routes counts as prefilling until its first token
+  when streamed, until it finishes when not.
 * The closed loop never has more than --max-concurrency requests in flight, and with
   room for every request it is the open loop.
 * The CLI: the table, --result-json's aggregate_hit_rate per run, clear errors.
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.datasets import MooncakeRecord, shared_prefix_requests
+from loadgen.datasets import MooncakeRecord, SampleRequest, shared_prefix_requests
 from simulator.cli import main
 from simulator.engine import SimConfig, simulate
 from simulator.fleet import Fleet, simulate_fleet
@@ -89,6 +90,25 @@ def test_kv_aware_index_ends_holding_what_each_pool_caches():
         assert indexed == pool_hashes, r
         assert run.kv.block_pool.num_evictions > 0  # removals were exercised
     assert result.num_finished == 80 and sum(result.per_replica[r]["requests"] for r in range(3)) == 80
+
+
+@pytest.mark.parametrize("stream, expected", [(True, 0), (False, 1)])
+def test_kv_aware_counts_a_request_prefilling_until_its_first_token_or_its_end(stream: bool, expected: int):
+    """Request 0 (a 128-token prefix, 16 more, 60 tokens out) goes to replica 0 (a tie:
+    the first); request 1 (the same prefix, another 16) comes at 100 ms, after request
+    0's first token (one 5 + 144 x 0.02 ms step) and before its end (60 steps of 5 ms).
+    Replica 0 holds 8 of its blocks: 16 tokens to prefill there against 144 on replica
+    1, with one request in flight. Streamed, request 0 no longer prefills: (16 + 0) x 2 =
+    32 < 144, replica 0. Not streamed, it still counts its 144: (16 + 144) x 2 = 320 >
+    144, replica 1."""
+    prefix = list(range(1, 129))
+    samples = [SampleRequest(prefix + [200 + i] * 16, 60) for i in range(2)]
+    workload = SampleWorkload(samples, [0.0, 0.1], 512)
+    fleet = Fleet(workload, SimConfig(100, block_size=16), 2, "kv_aware", stream=stream)
+    fleet.run()
+    assert fleet.routed_to == [0, expected]
+    first_token, finish = fleet.runs[0].first_token_ns[0], fleet.runs[0].finish_ns[0]
+    assert first_token < 100_000_000 < finish  # the premise: request 1 came between them
 
 
 @pytest.mark.parametrize("concurrency", [1, 3])

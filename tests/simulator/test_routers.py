@@ -1,6 +1,7 @@
 """The fleet simulator's routing policies (simulator/routers.py) on hand-made cases,
 each expected decision reasoned from vllm-router's source (src/policies/*.rs,
-src/tree.rs, src/kv_index/scorer.rs) and its defaults (`vllm-router --help`)."""
+src/tree.rs) and its defaults (`vllm-router --help`); kv_aware's from the decisions
+the 0.1.17 binary made (tests/e2e/test_router_kv_aware_cost.py runs it)."""
 
 from __future__ import annotations
 
@@ -99,33 +100,42 @@ def stored(*hashes: bytes) -> list:
     return [BlockStored(list(hashes), None, None, 16)]
 
 
-def test_kv_aware_scores_the_contiguous_prefix_and_takes_the_last_of_the_best():
-    kv = KvAware(3, enable_speculative=False)
-    kv.index.apply(0, stored(b"A", b"B", b"D"))  # a gap at C: scores 2
+def test_kv_aware_credits_the_contiguous_prefix_each_replica_holds():
+    kv = KvAware(3, block_size=16)
+    kv.index.apply(0, stored(b"A", b"B", b"D"))  # a gap at C: 2 blocks
     kv.index.apply(1, stored(b"A", b"B", b"C"))
-    kv.index.apply(2, stored(b"B", b"C", b"D"))  # no first block: scores 0
-    assert kv.index.prefix_scores([b"A", b"B", b"C", b"D"], 0) == {0: 2, 1: 3}
-    assert kv.route([0, 9, 0], ([], None), [b"A", b"B", b"C", b"D"], 0) == 1  # cache over load
+    kv.index.apply(2, stored(b"B", b"C", b"D"))  # no first block: nothing
+    assert kv.index.prefix_scores([b"A", b"B", b"C", b"D"]) == {0: 2, 1: 3}
+    idle = [0, 0, 0]
+    # 64 tokens: replica 1 would prefill 16, replica 0 32, replica 2 all 64
+    assert kv.costs(64, [b"A", b"B", b"C", b"D"], idle, idle) == [(32, 32), (16, 16), (64, 64)]
+    assert kv.choose(64, [b"A", b"B", b"C", b"D"], idle, idle) == (1, 16)
     kv.index.apply(1, [BlockRemoved([b"C"])])
-    # 0 and 1 both hold A, B: Rust's max_by_key keeps the last
-    assert kv.route([0, 0, 0], ([], None), [b"A", b"B", b"C"], 0) == 1
-    kv.index.apply(1, [AllBlocksCleared()])
-    assert kv.route([0, 0, 0], ([], None), [b"A", b"B", b"C"], 0) == 0
+    assert kv.choose(64, [b"A", b"B", b"C", b"D"], idle, idle) == (0, 32)  # 0 and 1 tie at 32: the first
+    kv.index.apply(0, [AllBlocksCleared()])
+    assert kv.choose(64, [b"A", b"B", b"C", b"D"], idle, idle) == (1, 32)
+    kv.index.apply(2, [BlockStored([b"P"], None, None, 16, "CPU")])  # host-tier events are not device blocks
+    assert b"P" not in kv.index.held
 
 
-def test_kv_aware_without_hits_or_blocks_takes_the_least_loaded():
-    kv = KvAware(3, enable_speculative=False)
-    assert kv.route([2, 1, 1], ([], None), [b"X"], 0) == 1
-    assert kv.route([2, 2, 0], ([], None), [], 0) == 2  # prompt shorter than a block
-
-
-def test_kv_aware_speculative_entries_route_followers_until_they_expire():
-    kv = KvAware(2, speculative_ttl_ns=100)
-    assert kv.route([0, 0], ([], None), [b"P", b"Q"], 0) == 0  # no hits: replica 0, P and Q guessed there
-    assert kv.route([1, 0], ([], None), [b"P", b"Q"], 50) == 0  # the guess outweighs the load
-    assert kv.route([1, 0], ([], None), [b"P", b"Q"], 100) == 1  # expired: least loaded
-    kv.index.apply(0, [BlockStored([b"P"], None, None, 16, "CPU")])  # host-tier events are not device hits
-    assert kv.index.held == {}
+def test_kv_aware_weighs_the_tokens_to_prefill_by_the_requests_in_flight():
+    """The thresholds measured against vllm-router 0.1.17 (docs/architecture.md, "KV-aware
+    routing"): one request in flight on replica 0, still prefilling 64 tokens; the request
+    has 16 tokens past the blocks replica 0 holds. Replica 0 costs (16 + 64) x 2 = 160,
+    replica 1 (idle, holding nothing) 16 x (k + 1) for k held blocks: the router went to
+    replica 1 up to k = 8 (144) and to replica 0 from k = 10 (176)."""
+    for k, expected in ((8, (1, 144)), (10, (0, 16))):
+        kv = KvAware(2, block_size=16)
+        prefix = [bytes([i]) for i in range(k)]
+        kv.index.apply(0, stored(*prefix))
+        assert kv.choose(16 * (k + 1), [*prefix, b"tail"], [1, 0], [64, 0]) == expected
+    # the in-flight count multiplies: two requests in flight on 0 prefilling 16 each,
+    # 8 blocks held and 2 more to prefill: (32 + 32) x 3 = 192 > 160 on the idle one
+    kv = KvAware(2, block_size=16)
+    prefix = [bytes([i]) for i in range(8)]
+    kv.index.apply(0, stored(*prefix))
+    assert kv.choose(160, [*prefix, b"x", b"y"], [2, 0], [32, 0]) == (1, 160)
+    assert kv.choose(160, [*prefix, b"x", b"y"], [1, 0], [16, 0]) == (0, 32)  # (32 + 16) x 2 = 96
 
 
 def test_unknown_router_is_refused():
