@@ -155,6 +155,7 @@ def test_cli_fleet_table_and_result_json(tmp_path: Path, capsys):
         (["--router", "kv_aware"], "--router applies to fleet runs"),
         (["--max-concurrency", "4"], "--max-concurrency applies to fleet runs"),
         (["--jobs", "2"], "--jobs applies to fleet runs"),
+        (["--non-streaming"], "--non-streaming applies to fleet runs"),
         (["--replicas", "0"], "--replicas must be positive"),
         (["--replicas", "2", "--router", "random"], "unknown router 'random'"),
         (["--replicas", "2", "--max-concurrency", "0"], "--max-concurrency must be >= 1"),
