@@ -1,6 +1,7 @@
 """Batched sampling against plain per-request reference implementations.
 
-Seeded draws are reproducible whatever else is in the batch (and across preemption);
+The draw picks each token with its probability, seeded rows and unseeded alike, and a
+masked token never; seeded draws are reproducible whatever else is in the batch (and across preemption);
 top_k=1 and temperature -> 0 equal greedy; penalties, min_tokens, top-k/top-p/min-p and
 logprobs match what a loop over one request at a time computes.
 """
@@ -15,6 +16,7 @@ import torch
 from kvtest.mini_scheduler import MiniScheduler
 
 from protocol.sampling_params import SamplingParams
+from worker import sampler
 from worker.checkpoint import Checkpoint
 from worker.kv_cache import allocate_kv_caches
 from worker.models.loader import load_model
@@ -41,6 +43,30 @@ def run_batch(state: SamplingState, members: dict[int, int], steps: int) -> dict
         for r, t in zip(rows, tokens, strict=True):
             out[r].append(t)
     return out
+
+
+# By hand: a distribution with masked tokens (probability 0) among, before and after the others.
+PROBS = [0.0, 0.1, 0.0, 0.25, 0.05, 0.6, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_the_draw_picks_each_token_with_its_probability(seeded: bool):
+    n = 100_000
+    probs = torch.tensor(PROBS).expand(n, -1) * 3.0  # a row's total need not be 1
+    rows = [(i, 12345 + i) for i in range(n)] if seeded else []
+    tokens = sampler.draw(probs, rows, torch.Generator().manual_seed(7))
+    freq = torch.bincount(tokens, minlength=len(PROBS)).double() / n
+    # 5 standard deviations of a frequency of n draws at most
+    assert (freq - torch.tensor(PROBS, dtype=torch.float64)).abs().max() < 5 * math.sqrt(0.25 / n)
+    assert all(freq[i] == 0 for i, p in enumerate(PROBS) if p == 0.0)
+
+
+def test_a_uniform_that_rounds_up_to_the_total_still_draws_a_token_of_the_row(monkeypatch):
+    just_below_1 = math.nextafter(1.0, 0.0)
+    monkeypatch.setattr(sampler, "_uniforms", lambda n, device, seeded, gen: torch.full((n,), just_below_1, dtype=torch.float64))
+    probs = torch.tensor([[0.1, 0.2, 0.3, 0.0, 0.0], [0.5, 0.5, 1e-30, 0.0, 0.0]])
+    # the last token that carries probability; the 1e-30 is below float64's rounding of 1
+    assert sampler.draw(probs, [], None).tolist() == [2, 1]
 
 
 def test_seeded_rows_draw_the_same_tokens_whatever_the_batch():
