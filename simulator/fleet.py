@@ -9,8 +9,8 @@ finished by t, a rejection finishing at once) and, for kv_aware, the KV events o
 the steps that had ended by t (a step's events are published at its end, as the
 engine core publishes them after the step) and each replica's tokens still being
 prefilled: a request's, from its routing until its first token (``stream``, what
-the load generator does) or until it finishes (a client that does not stream). A replica with nothing to run jumps to
-the arrival. Fast-forwarded decode stretches (simulator/fastforward.py) end before the
+the load generator does) or until it finishes (a client that does not stream). A
+replica with nothing to run jumps to the arrival. Fast-forwarded decode stretches (simulator/fastforward.py) end before the
 next arrival anywhere, so no replica ever runs past a request it could be given.
 
 ``--max-concurrency C`` is the load generator's closed loop: a request is sent at its

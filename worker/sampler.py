@@ -13,9 +13,9 @@ The draw inverts each row's distribution at one uniform u: the first token whose
 cumulative probability (summed in float64) passes u times the row's total, which is
 token i with probability probs[i] exactly (a masked token, of probability 0, never).
 NOTE: vLLM's torch path races exponentials instead, ``argmax(probs / q)`` with q ~ Exp(1)
-drawn for every entry of (N, V); torch draws those one element at a time, 7.6 ms for 8 rows
-of a 32,000-token vocabulary on this machine against 0.25 ms for a cumulative sum and a
-search (docs/benchmarks.md, 2026-12-03). vLLM's CPU backend runs a fused C++ Gumbel-max
+drawn for every entry of (N, V); torch draws those one element at a time: 5.4-6.9 ms with
+the softmax for 8 rows of a 32,000-token vocabulary on this machine, against 0.45-0.51 ms
+for the softmax, the cumulative sum and the search (docs/benchmarks.md, 2026-12-03). vLLM's CPU backend runs a fused C++ Gumbel-max
 kernel instead; its draws differ from these in value, not in distribution.
 
 A seeded row's generator is seeded afresh for each output token from (seed, index of
@@ -102,8 +102,9 @@ class _Workspace:
     vocabulary; glibc hands such blocks back to the kernel when freed (mmap, or a trim of
     the heap's top) and faults every page in again on the next step: 2 ms of a 2.4 ms draw
     on this machine, 0.3 ms with the buffer kept. (A cumsum with ``dtype=float64`` over
-    float32 input takes a slower path still.) CUDA's caching allocator keeps blocks
-    already, so there each step allocates its own."""
+    float32 input takes a slower path still.) It keeps the largest batch's size: at most
+    max_num_seqs x V x 8 bytes. CUDA's caching allocator keeps blocks already, so there
+    each step allocates its own."""
 
     def __init__(self):
         self.buffer = torch.empty(0, dtype=torch.float64)
