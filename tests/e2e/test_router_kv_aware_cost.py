@@ -233,17 +233,17 @@ def test_the_simulator_picks_what_vllm_router_picks(fleet, case):
         for q, extra, stream in holds:
             prefix = fleet.fresh(q)
             w0.store(prefix)
-            time.sleep(0.2)
+            time.sleep(0.5)  # the router has read the event
             tag, thread = fleet.send(prefix + fleet.fresh(extra), stream=stream, hold=True)
             tags.append(tag)
             threads.append(thread)
             assert fleet.where(tag) == 0, "the set-up request went to worker 0"
             loads[0] += 1
             prefilling[0] += 0 if stream else extra * BLOCK
-        time.sleep(0.3)  # a streamed request's first chunk has reached the router
+        time.sleep(0.5)  # a streamed request's first chunk has reached the router
         prefix = fleet.fresh(held_blocks)
         w0.store(prefix)
-        time.sleep(0.2)
+        time.sleep(0.5)  # the router has read the event
         hashes = [b"held-%d" % i for i in range(held_blocks)]
         model.index.apply(0, [BlockStored(hashes, None, None, BLOCK)])
         simulated, _ = model.choose((held_blocks + new_blocks) * BLOCK, hashes + [b"new"] * new_blocks, loads, prefilling)
