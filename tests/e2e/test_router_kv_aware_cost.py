@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
 import threading
 import time
 import urllib.request
@@ -27,7 +26,7 @@ import pytest
 import zmq
 from kvtest.router import require_router
 
-from bench.router_bench import free_port, http_get, router_binary
+from bench.router_bench import Router, kv_aware_args
 from protocol import kv_events as wire
 from protocol.kv_events import KVEventBatch, batch_codec, encode_seq
 from scheduler.core.kv_events import BlockStored
@@ -55,7 +54,7 @@ class FakeWorker:
         self.pub = ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         port = self.pub.bind_to_random_port("tcp://127.0.0.1")
-        self.events_endpoint = f"tcp://127.0.0.1:{port}"
+        self.kv_events_endpoint = f"tcp://127.0.0.1:{port}"  # bench.router_bench.kv_aware_args reads it
         self.seq = 0
         self.codec = batch_codec()
 
@@ -177,31 +176,16 @@ def fleet(tmp_path_factory):
     require_router()
     ctx = zmq.Context()
     workers = [FakeWorker(name, ctx) for name in ("w0", "w1")]
-    port = free_port()
-    argv = [router_binary(), "--worker-urls", *[w.url for w in workers], "--policy", "kv_aware", "--host", "127.0.0.1",
-            "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-            "--kv-event-block-size", str(BLOCK), "--kv-event-model", MODEL, "--worker-startup-check-interval", "1"]  # fmt: skip
-    for w in workers:
-        argv += ["--kv-event-source", f"{w.url}={w.events_endpoint}"]
-    log = open(tmp_path_factory.mktemp("router") / "router.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    router = None
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while http_get(url + "/readiness", 2)[0] != 200:
-            assert proc.poll() is None, f"vllm-router exited with {proc.returncode}"
-            assert time.monotonic() < deadline, "vllm-router not ready within 60 s"
-            time.sleep(0.2)
+        router = Router([w.url for w in workers], "kv_aware", tmp_path_factory.mktemp("router") / "router.log",
+                        *kv_aware_args(workers, BLOCK, MODEL), "--worker-startup-check-interval", "1")  # fmt: skip
+        router.wait_ready()
         time.sleep(1.0)  # the event subscribers connect (a PUB drops what no one reads)
-        yield Fleet(url, workers, itertools.count(1), itertools.count())
+        yield Fleet(router.url, workers, itertools.count(1), itertools.count())
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
+        if router is not None:
+            router.stop()
         for w in workers:
             w.close()
         ctx.term()
