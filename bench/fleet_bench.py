@@ -36,6 +36,7 @@ from pathlib import Path
 from bench.router_bench import (
     Replica,
     Router,
+    aggregate_hit_rate,
     complete,
     free_port,
     prefix_cache_totals,
@@ -111,9 +112,7 @@ def _live_run(replicas: list[Replica], policy: str, extra: list[str], log: Path,
         after = [prefix_cache_totals(r.url) for r in replicas]
     finally:
         router.stop()
-    hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
-    queries = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
-    return hits / queries if queries else 0.0
+    return aggregate_hit_rate(before, after)
 
 
 def run_simulated(token_prompts: list[list[int]], policies=POLICIES, stream: bool = False) -> dict[str, float]:

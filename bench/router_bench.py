@@ -85,6 +85,14 @@ def prefix_cache_totals(url: str) -> tuple[float, float]:
     return hits, queries
 
 
+def aggregate_hit_rate(before: list[tuple[float, float]], after: list[tuple[float, float]]) -> float:
+    """Hits over queries summed over the replicas between two `prefix_cache_totals` each;
+    0.0 when nothing was looked up."""
+    hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
+    queries = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
+    return hits / queries if queries else 0.0
+
+
 
 def _stop(proc: subprocess.Popen, timeout: float) -> None:
     if proc.poll() is None:

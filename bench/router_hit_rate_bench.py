@@ -31,6 +31,7 @@ from pathlib import Path
 from bench.router_bench import (
     Replica,
     Router,
+    aggregate_hit_rate,
     complete,
     kv_aware_args,
     prefix_cache_totals,
@@ -62,9 +63,7 @@ def hit_rate(routers: list[Router], replicas: list[Replica], model: str, stream:
     with ThreadPoolExecutor(CONCURRENCY) as pool:
         results = list(pool.map(send, enumerate(workload())))
     after = [prefix_cache_totals(r.url) for r in replicas]
-    hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
-    queries = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
-    return hits / queries, sum(not ok for ok, _ in results)
+    return aggregate_hit_rate(before, after), sum(not ok for ok, _ in results)
 
 
 def measure(model: str, work: Path, stream: bool = True, num_routers: int = 1) -> dict[str, tuple[float, int]]:
