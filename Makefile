@@ -6,10 +6,12 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# The CPU attention kernels, each optional: without a compiler the build says so and torch
-# runs instead. The fused fp8 KV read (worker/attention/fp8_gather.py); decode attention
-# reading the blocks in place (worker/attention/paged_decode.py).
-KERNELS := worker/attention/csrc/fp8_gather.so worker/attention/csrc/paged_decode.so
+# The worker's CPU kernels, each optional: without a compiler (or, for the GEMM, AVX-512)
+# the build says so and torch runs instead. The fused fp8 KV read
+# (worker/attention/fp8_gather.py); decode attention reading the blocks in place
+# (worker/attention/paged_decode.py); the projections over packed weights
+# (worker/models/packed_gemm.py).
+KERNELS := worker/attention/csrc/fp8_gather.so worker/attention/csrc/paged_decode.so worker/models/csrc/packed_gemm.so
 
 .PHONY: install kernels test run bench compare compare-speed compare-hybrid lint clean
 
@@ -18,9 +20,13 @@ install: $(STAMP) $(KERNELS)
 worker/attention/csrc/%.so: worker/attention/csrc/%.c $(STAMP)
 	$(PY) -m worker.attention.$*
 
+worker/models/csrc/%.so: worker/models/csrc/%.c $(STAMP)
+	$(PY) -m worker.models.$*
+
 kernels: $(STAMP)
 	$(PY) -m worker.attention.fp8_gather
 	$(PY) -m worker.attention.paged_decode
+	$(PY) -m worker.models.packed_gemm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -1,6 +1,8 @@
 """A half-precision model's projections on a CPU without a native bf16 GEMM
 (``worker.models.gemm``): float32 weights, outputs rounded to the model's dtype,
-the numbers of a bfloat16 GEMM."""
+the numbers of a bfloat16 GEMM. And the kernels a projection falls back to where the
+packed one (``worker.models.packed_gemm``, tests/worker/test_packed_gemm.py) does not run:
+oneDNN's reordered weight, ``F.linear``."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import worker.models.gemm as gemm
 from protocol.worker_messages import RequestRow, StepPlan
 from worker.checkpoint import Checkpoint
 from worker.kv_cache import allocate_kv_caches
+from worker.models import packed_gemm
 from worker.models.layers import Linear, make_linear
 from worker.models.loader import load_model
 from worker.runner import ModelRunner
@@ -30,7 +33,13 @@ def test_a_cpu_without_a_native_bf16_gemm_computes_in_float32(monkeypatch):
     assert gemm.gemm_dtype(torch.bfloat16, "cpu") == torch.bfloat16
 
 
-def test_a_widened_linear_is_a_bf16_gemm_rounded_once(monkeypatch):
+@pytest.fixture
+def no_packed_kernel(monkeypatch):
+    """As on a CPU without AVX-512, or without the library built."""
+    monkeypatch.setattr(packed_gemm, "load", lambda: None)
+
+
+def test_a_widened_linear_is_a_bf16_gemm_rounded_once(monkeypatch, no_packed_kernel):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(7, 96, generator=g).to(torch.bfloat16)
     w = torch.randn(40, 96, generator=g).to(torch.bfloat16)
@@ -75,14 +84,14 @@ def test_the_model_gives_the_same_logits_either_way(tiny_checkpoint, monkeypatch
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_large_float32_weight_runs_on_onednns_reordered_copy(dtype, monkeypatch):
+def test_a_large_float32_weight_runs_on_onednns_reordered_copy(dtype, monkeypatch, no_packed_kernel):
     monkeypatch.setattr(gemm, "native_half_gemm", lambda d: False)
     g = torch.Generator().manual_seed(1)
     w = (torch.randn(1024, 768, generator=g) / 30).to(dtype)  # 786,432 elements: over ONEDNN_MIN_WEIGHT
     b = torch.randn(1024, generator=g).to(dtype)
     x = torch.randn(9, 768, generator=g).to(dtype)
     lin = make_linear(w, b, torch.float32)
-    assert lin.onednn and lin.weight.is_mkldnn and tuple(lin.weight.shape) == (1024, 768)
+    assert lin.kernel == "onednn" and lin.weight.is_mkldnn and tuple(lin.weight.shape) == (1024, 768)
     y = lin(x)
     assert y.dtype == dtype and y.shape == (9, 1024)
     exact = x.double() @ w.double().T + b.double()
@@ -94,13 +103,13 @@ def test_a_large_float32_weight_runs_on_onednns_reordered_copy(dtype, monkeypatc
 
 @pytest.mark.skipif(not gemm.native_half_gemm(torch.bfloat16), reason="this CPU has no native bfloat16 GEMM")
 @pytest.mark.parametrize("shape", [(40, 96), (1024, 768)])
-def test_a_bf16_weight_with_a_native_gemm_runs_reordered_at_any_size(shape):
+def test_a_bf16_weight_with_a_native_gemm_runs_reordered_at_any_size(shape, no_packed_kernel):
     g = torch.Generator().manual_seed(3)
     w = (torch.randn(*shape, generator=g) / 30).to(torch.bfloat16)
     b = torch.randn(shape[0], generator=g).to(torch.bfloat16)
     x = torch.randn(5, shape[1], generator=g).to(torch.bfloat16)
     lin = make_linear(w, b, torch.bfloat16)
-    assert lin.onednn and lin.out_dtype is None and lin.weight.is_mkldnn
+    assert lin.kernel == "onednn" and lin.out_dtype is None and lin.weight.is_mkldnn
     y = lin(x)
     assert y.dtype == torch.bfloat16 and y.shape == (5, shape[0])
     # A bf16 GEMM: float32 accumulation, one rounding to bf16 of the exact product.
@@ -114,16 +123,16 @@ def test_a_half_weight_without_a_native_gemm_is_not_reordered(monkeypatch):
     assert gemm.onednn_weight(torch.randn(1024, 768).to(torch.float64)) is None
 
 
-def test_a_small_float32_weight_stays_plain_and_column_major():
+def test_a_small_float32_weight_stays_plain_and_column_major(no_packed_kernel):
     g = torch.Generator().manual_seed(2)
     w, x = torch.randn(384, 256, generator=g), torch.randn(8, 256, generator=g)
     lin = make_linear(w, None, torch.float32)
-    assert not lin.onednn and torch.equal(lin.weight, w)
+    assert lin.kernel == "torch" and torch.equal(lin.weight, w)
     assert lin.weight.stride() == (1, 384)  # (out, in), stored (in, out)
     assert torch.allclose(lin(x).double(), x.double() @ w.double().T, rtol=1e-5, atol=1e-5)
 
 
-def test_an_untied_lm_head_is_held_once(tiny_checkpoint):
+def test_an_untied_lm_head_is_held_once(tiny_checkpoint, no_packed_kernel):
     from safetensors.torch import load_file
 
     head = load_file(str(tiny_checkpoint / "model.safetensors"))["lm_head.weight"]

@@ -12,7 +12,7 @@ first). The output is softmax attention up to rounding (float32 accumulation, as
 CPU kernel), and the log-sum-exp it returns per query is what cascade attention's merge takes.
 
 The library is built by ``make install`` (``python -m worker.attention.paged_decode``
-rebuilds it) into an ignored ``csrc/paged_decode.so``; without it (``worker.attention.native``)
+rebuilds it) into an ignored ``csrc/paged_decode.so``; without it (``worker.native``)
 the torch path runs unchanged. CUDA caches never use it.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from worker.attention import native
+from worker import native
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
 LIBRARY = SOURCE.with_suffix(".so")

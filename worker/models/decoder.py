@@ -117,8 +117,7 @@ class DecoderModel:
         """(V, H) in the model's dtype; the embedding itself when tied (a copy otherwise)."""
         if self.tied:
             return self.embed
-        w = self.logits_proj.weight
-        return (w.to_dense() if self.logits_proj.onednn else w).to(self.dtype)
+        return self.logits_proj.dense_weight().to(self.dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(N, H) -> (N, V), float32 (float64 for a float64 model) for the sampler."""

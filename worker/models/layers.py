@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from worker.models import packed_gemm
 from worker.models.gemm import column_major, onednn_linear, onednn_weight
 
 
@@ -44,28 +45,49 @@ ACTIVATION_FNS = {"silu": F.silu, "gelu_pytorch_tanh": gelu_tanh}
 class Linear:
     """y = x @ weight.T + bias. With ``out_dtype``, the weights are held in a wider dtype
     than the model's (``worker.models.gemm``): x is widened, the output rounded back.
-    With ``onednn``, ``weight`` is in oneDNN's blocked layout (``gemm.onednn_weight``)."""
+    ``kernel`` says how ``weight`` is held and multiplied: "torch" (out, in) through
+    ``F.linear``; "onednn", oneDNN's blocked layout (``gemm.onednn_weight``); "packed",
+    ``worker.models.packed_gemm``'s panels."""
 
-    weight: torch.Tensor  # (out, in)
+    weight: torch.Tensor  # (out, in), or the kernel's layout of it
     bias: torch.Tensor | None = None  # (out,)
     out_dtype: torch.dtype | None = None  # the model's dtype, when the weights are wider
-    onednn: bool = False
+    kernel: str = "torch"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.out_dtype is not None:
             x = x.to(self.weight.dtype)
-        y = onednn_linear(x, self.weight, self.bias) if self.onednn else F.linear(x, self.weight, self.bias)  # (..., out)
+        if self.kernel == "packed":
+            y = packed_gemm.load()(x, self.weight, self.bias)  # (..., out)
+        elif self.kernel == "onednn":
+            y = onednn_linear(x, self.weight, self.bias)
+        else:
+            y = F.linear(x, self.weight, self.bias)
         return y if self.out_dtype is None else y.to(self.out_dtype)
+
+    @property
+    def out_features(self) -> int:
+        return packed_gemm.PackedGemm.shape(self.weight)[0] if self.kernel == "packed" else self.weight.shape[0]
+
+    def dense_weight(self) -> torch.Tensor:
+        """The (out, in) weight, in the dtype it is held in (a copy unless plain)."""
+        if self.kernel == "packed":
+            return packed_gemm.PackedGemm.unpack(self.weight)
+        return self.weight.to_dense() if self.kernel == "onednn" else self.weight
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, compute: torch.dtype) -> Linear:
-    """A Linear whose product runs in ``compute`` (the weights' own dtype or wider), on
-    oneDNN's reordered weight where that is faster."""
+    """A Linear whose product runs in ``compute`` (the weights' own dtype or wider): on
+    the packed kernel where it runs (``worker.models.packed_gemm``), else on oneDNN's
+    reordered weight where that is faster, else ``F.linear``."""
     out_dtype = None if compute == weight.dtype else weight.dtype
-    weight, bias = weight.to(compute), None if bias is None else bias.to(compute)
+    weight, bias = weight.to(compute), None if bias is None else bias.to(compute).contiguous()
+    kernel = packed_gemm.load()
+    if kernel is not None and kernel.supports(weight):
+        return Linear(kernel.pack(weight), bias, out_dtype, kernel="packed")
     reordered = onednn_weight(weight)
     if reordered is not None:
-        return Linear(reordered, bias, out_dtype, onednn=True)
+        return Linear(reordered, bias, out_dtype, kernel="onednn")
     return Linear(column_major(weight), bias, out_dtype)
 
 
@@ -92,7 +114,7 @@ class GatedMLP:
         if x.dim() != 2 or T <= 2 * MLP_CHUNK_ROWS:
             gate, up = self.gate_up(x).chunk(2, dim=-1)  # (T, I) each
             return self.down(self.act(gate) * up)  # (T, H)
-        act = x.new_empty((T, self.gate_up.weight.shape[0] // 2))  # (T, I), the model's dtype
+        act = x.new_empty((T, self.gate_up.out_features // 2))  # (T, I), the model's dtype
         for s in range(0, T, MLP_CHUNK_ROWS):
             gate, up = self.gate_up(x[s : s + MLP_CHUNK_ROWS]).chunk(2, dim=-1)  # (c, I) each
             torch.mul(self.act(gate), up, out=act[s : s + MLP_CHUNK_ROWS])

@@ -122,3 +122,7 @@ class RowParallelLinear:
             y = F.linear(x.to(self.weight.dtype), self.weight).to(self.out_dtype)
         self.all_reduce(y)
         return y if self.bias is None else y + self.bias
+
+    def dense_weight(self) -> torch.Tensor:
+        """This rank's (out, in / N) weight (as ``Linear.dense_weight``)."""
+        return self.weight

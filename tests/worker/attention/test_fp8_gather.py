@@ -9,7 +9,8 @@ import logging
 import pytest
 import torch
 
-from worker.attention import fp8_gather, native
+from worker import native
+from worker.attention import fp8_gather
 from worker.attention.kv_quant import dequantize, quantize
 
 KERNEL = fp8_gather.load()

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from worker.attention import native, paged_attention, paged_decode
+from worker import native
+from worker.attention import paged_attention, paged_decode
 from worker.attention.paged_attention import PagedAttention
 
 KERNEL = paged_decode.load()

@@ -36,15 +36,15 @@ def test_a_rank_loads_its_slices_of_every_sharded_tensor(tiny_checkpoint, whole,
     assert (part.num_heads, part.num_kv_heads) == (4, 1)
     hd, q, kv, inter = c.head_dim, c.q_size, c.kv_size, c.intermediate_size
     for mine, full in zip(part.layers, whole.layers, strict=True):
-        fq, fk, fv = full.qkv.weight.split((q, kv, kv))
+        fq, fk, fv = full.qkv.dense_weight().split((q, kv, kv))
         expected_qkv = torch.cat([fq[rank * 4 * hd : (rank + 1) * 4 * hd], fk[rank * hd : (rank + 1) * hd], fv[rank * hd : (rank + 1) * hd]])
-        assert torch.equal(mine.qkv.weight, expected_qkv)
+        assert torch.equal(mine.qkv.dense_weight(), expected_qkv)
         assert isinstance(mine.o, RowParallelLinear) and isinstance(mine.mlp.down, RowParallelLinear)
-        assert torch.equal(mine.o.weight, full.o.weight[:, rank * 4 * hd : (rank + 1) * 4 * hd])
-        gate, up = full.mlp.gate_up.weight.split((inter, inter))
+        assert torch.equal(mine.o.dense_weight(), full.o.dense_weight()[:, rank * 4 * hd : (rank + 1) * 4 * hd])
+        gate, up = full.mlp.gate_up.dense_weight().split((inter, inter))
         half = slice(rank * inter // 2, (rank + 1) * inter // 2)
-        assert torch.equal(mine.mlp.gate_up.weight, torch.cat([gate[half], up[half]]))
-        assert torch.equal(mine.mlp.down.weight, full.mlp.down.weight[:, half])
+        assert torch.equal(mine.mlp.gate_up.dense_weight(), torch.cat([gate[half], up[half]]))
+        assert torch.equal(mine.mlp.down.dense_weight(), full.mlp.down.dense_weight()[:, half])
         assert torch.equal(mine.input_norm, full.input_norm)
     # Replicated: the embedding and lm_head whole on every rank.
     assert torch.equal(part.embed, whole.embed) and torch.equal(part.lm_head, whole.lm_head)

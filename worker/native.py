@@ -1,5 +1,5 @@
-"""The small C libraries beside the attention code (``csrc/``): compiled by ``make install``
-next to their sources, loaded with ctypes.
+"""The worker's small C libraries (``worker/attention/csrc/``, ``worker/models/csrc/``): compiled
+by ``make install`` next to their sources, loaded with ctypes.
 
 NOTE: a library that is missing, stale (another ABI than its wrapper calls) or does not
 load (no compiler, another platform) is not an error: ``load`` logs it once at debug
