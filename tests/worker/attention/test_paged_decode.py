@@ -35,7 +35,8 @@ def dense(cache: torch.Tensor, q: torch.Tensor, blocks: list[int], first: int, e
     return out, lse
 
 
-# (num_heads, kv heads, head_dim, block_size): the AVX2 loops (head_dim % 16 == 0) with
+# (num_heads, kv heads, head_dim, block_size): the AVX2 loops (head_dim % 16 == 0; a bf16
+# cache with AVX-512 BF16 and head_dim % 32 == 0: its own loops, 32, 64 and 128) with
 # one query per kv head, odd groups and a group of 16; plain C (head_dim 40, 24); blocks
 # larger than the kernel's 64-key tile.
 SHAPES = [(8, 2, 32, 32), (12, 4, 64, 16), (4, 4, 128, 128), (6, 2, 64, 8), (16, 1, 32, 4), (10, 2, 40, 16), (3, 1, 24, 8)]

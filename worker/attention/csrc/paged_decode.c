@@ -14,12 +14,15 @@
  * once, and values into accumulators held in registers across the tile. Elsewhere, plain
  * C. The exp is a branch-free polynomial (Cephes' expf, a couple of ulp), eight lanes at a
  * time with AVX2; libm's would run one lane at a time.
+ * With AVX-512 BF16, a bfloat16 cache (head size a multiple of 32) takes a faster path: the
+ * scores by vdpbf16ps (the bf16 query and key multiplied exactly, in float32 sums, then
+ * scaled), the values 16 lanes at a time: ~3x the AVX2 path's keys a second.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#define PAGED_DECODE_ABI 3
+#define PAGED_DECODE_ABI 4
 #define MAX_HEAD_DIM 256
 #define MAX_GROUP 16
 #define TILE 64 /* keys per tile: a block, or a part of one when blocks are larger */
@@ -221,6 +224,93 @@ static inline __attribute__((always_inline)) void tile_values_avx2(float *acc, i
 }
 #endif
 
+#if defined(HAVE_AVX2) && defined(__AVX512F__) && defined(__AVX512BF16__)
+#define HAVE_AVX512BF16 1
+
+/* The upper 8 lanes of a, added to its lower 8. */
+static inline __m256 fold16(__m512 a) {
+    __m256 hi = _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(a), 1));
+    return _mm256_add_ps(_mm512_castps512_ps256(a), hi);
+}
+
+/* A bfloat16 cache's tile: s[g][t] = qs * (q[g] . k[t]), the bf16 queries q (group x hd,
+ * unscaled) and keys multiplied exactly in pairs and summed in float32 (vdpbf16ps), four
+ * keys at a time. hd: a multiple of 32. */
+static inline __attribute__((always_inline)) void tile_scores_bf16(const uint16_t *q, int group, int hd, float qs,
+                                                                   const uint16_t *k, int64_t base, int64_t ks, int n,
+                                                                   float (*s)[TILE]) {
+    const __m128 scale4 = _mm_set1_ps(qs);
+    for (int g = 0; g < group; g++) {
+        const uint16_t *qg = q + g * hd;
+        int t = 0;
+        for (; t + 4 <= n; t += 4) {
+            const uint16_t *k0 = k + base + t * ks;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int d = 0; d < hd; d += 32) {
+                __m512bh qv = (__m512bh)_mm512_loadu_si512((const void *)(qg + d));
+                a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(k0 + d)), qv);
+                a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512((const void *)(k0 + ks + d)), qv);
+                a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512((const void *)(k0 + 2 * ks + d)), qv);
+                a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512((const void *)(k0 + 3 * ks + d)), qv);
+            }
+            _mm_storeu_ps(&s[g][t], _mm_mul_ps(sum4(fold16(a0), fold16(a1), fold16(a2), fold16(a3)), scale4));
+        }
+        for (; t < n; t++) {
+            __m512 a = _mm512_setzero_ps();
+            for (int d = 0; d < hd; d += 32)
+                a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(k + base + t * ks + d)),
+                                     (__m512bh)_mm512_loadu_si512((const void *)(qg + d)));
+            s[g][t] = qs * _mm512_reduce_add_ps(a);
+        }
+    }
+}
+
+/* 16 bfloat16 values from v as float32. */
+static inline __m512 load16_bf16(const uint16_t *v) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)v)), 16));
+}
+
+/* acc[g][d0 .. d0 + 16 NC) += sum over the tile's n keys of p[g][t] * v[t][...], for GC
+ * (1..4) queries from g0, NC (1..4) chunks of 16 dims held in registers across the tile. */
+static inline __attribute__((always_inline)) void values512(float *acc, int hd, int g0, int GC, int NC,
+                                                            const float (*p)[TILE], const uint16_t *v, int64_t v0,
+                                                            int64_t ks, int n, int d0) {
+    __m512 a[4][4];
+    for (int g = 0; g < GC; g++)
+        for (int c = 0; c < NC; c++) a[g][c] = _mm512_loadu_ps(acc + (g0 + g) * hd + d0 + 16 * c);
+    for (int t = 0; t < n; t++) {
+        __m512 x[4];
+        for (int c = 0; c < NC; c++) x[c] = load16_bf16(v + v0 + t * ks + d0 + 16 * c);
+        for (int g = 0; g < GC; g++) {
+            __m512 w = _mm512_set1_ps(p[g0 + g][t]);
+            for (int c = 0; c < NC; c++) a[g][c] = _mm512_fmadd_ps(w, x[c], a[g][c]);
+        }
+    }
+    for (int g = 0; g < GC; g++)
+        for (int c = 0; c < NC; c++) _mm512_storeu_ps(acc + (g0 + g) * hd + d0 + 16 * c, a[g][c]);
+}
+
+#define VALUES_NC(GC, NC) values512(acc, hd, g, GC, NC, p, v, base, ks, n, d0)
+#define VALUES_GC(NC)                                                                                                  \
+    do {                                                                                                               \
+        int g = 0;                                                                                                     \
+        for (; g + 4 <= group; g += 4) VALUES_NC(4, NC);                                                               \
+        switch (group - g) {                                                                                           \
+        case 3: VALUES_NC(3, NC); break;                                                                               \
+        case 2: VALUES_NC(2, NC); break;                                                                               \
+        case 1: VALUES_NC(1, NC); break;                                                                               \
+        default: break;                                                                                                \
+        }                                                                                                              \
+    } while (0)
+
+static inline __attribute__((always_inline)) void tile_values_bf16(float *acc, int group, int hd, const float (*p)[TILE],
+                                                                   const uint16_t *v, int64_t base, int64_t ks, int n) {
+    int d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64) VALUES_GC(4);
+    if (d0 < hd) VALUES_GC(2); /* hd a multiple of 32: 32 left */
+}
+#endif
+
 /* Scores of the tile's n keys for the group's queries: s[g][t] (generic C). */
 static void tile_scores(const float *q, int group, int hd, const void *k, int64_t base, int64_t ks, int n, int kind,
                         float (*s)[TILE]) {
@@ -280,13 +370,15 @@ static void tile_softmax(float (*s)[TILE], int group, int hd, int n, float *m, f
 }
 
 /* One (row, kv head). q: the group's queries (group x hd, already in float32 and scaled);
+ * qb, qs: a bfloat16 cache's, as they came (bfloat16) and their scale (AVX-512 BF16 reads them);
  * k, v: the cache's K and V of this layer, (num_blocks, bs, kvh, hd), of `kind`;
  * table: the row's block ids, read from column first_col; keys [lead, nkeys) of those
  * columns. Returns -1 on a block id outside the cache. */
-static inline __attribute__((always_inline)) int attend(const float *q, int group, int hd, const void *k, const void *v,
-                                                        int kind, const int32_t *table, int64_t first_col, int64_t nkeys,
-                                                        int64_t lead, int64_t num_blocks, int bs, int kvh, int h,
-                                                        float *acc, float *m, float *l) {
+static inline __attribute__((always_inline)) int attend(const float *q, const uint16_t *qb, float qs, int group, int hd,
+                                                        const void *k, const void *v, int kind, const int32_t *table,
+                                                        int64_t first_col, int64_t nkeys, int64_t lead,
+                                                        int64_t num_blocks, int bs, int kvh, int h, float *acc, float *m,
+                                                        float *l) {
     float s[MAX_GROUP][TILE];
     const int64_t ks = (int64_t)kvh * hd; /* elements from one key to the next */
 #ifdef HAVE_AVX2
@@ -306,6 +398,15 @@ static inline __attribute__((always_inline)) int attend(const float *q, int grou
         int64_t blk = table[col];
         if (blk < 0 || blk >= num_blocks) return -1;
         int64_t base = ((blk * bs + off) * kvh + h) * hd; /* element index of the tile's first key */
+#ifdef HAVE_AVX512BF16
+        if (kind == KV_BF16 && hd % 32 == 0) {
+            tile_scores_bf16(qb, group, hd, qs, (const uint16_t *)k, base, ks, n, s);
+            tile_softmax(s, group, hd, n, m, l, acc);
+            tile_values_bf16(acc, group, hd, (const float (*)[TILE])s, (const uint16_t *)v, base, ks, n);
+            j += n;
+            continue;
+        }
+#endif
 #ifdef HAVE_AVX2
         if (vec) {
             tile_scores_avx2(q, group, hd, k, base, ks, n, kind, s);
@@ -362,14 +463,15 @@ int paged_decode(const void *q, int64_t q_row, const void *k, const void *v, int
         int64_t q0 = i * q_row + (int64_t)h * group * hd; /* the group's first query element */
         for (int e = 0; e < group * hd; e++)
             qf[e] = q_scale * (out_bf16 ? bf16_to_f32(((const uint16_t *)q)[q0 + e]) : ((const float *)q)[q0 + e]);
+        const uint16_t *qb = out_bf16 ? (const uint16_t *)q + q0 : NULL;
         const int32_t *trow = table + rows[i] * table_cols;
         int rc;
         /* NOTE: one call per kind, so each is compiled for its element */
         switch (kind) {
-        case KV_F32: rc = attend(qf, group, hd, k, v, KV_F32, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h, acc, m, l); break;
-        case KV_BF16: rc = attend(qf, group, hd, k, v, KV_BF16, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h, acc, m, l); break;
-        case KV_E4M3: rc = attend(qf, group, hd, k, v, KV_E4M3, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h, acc, m, l); break;
-        default: rc = attend(qf, group, hd, k, v, KV_E5M2, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h, acc, m, l); break;
+        case KV_F32: rc = attend(qf, qb, q_scale, group, hd, k, v, KV_F32, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h, acc, m, l); break;
+        case KV_BF16: rc = attend(qf, qb, q_scale, group, hd, k, v, KV_BF16, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h, acc, m, l); break;
+        case KV_E4M3: rc = attend(qf, qb, q_scale, group, hd, k, v, KV_E4M3, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h, acc, m, l); break;
+        default: rc = attend(qf, qb, q_scale, group, hd, k, v, KV_E5M2, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h, acc, m, l); break;
         }
         if (rc != 0) {
             err = rc < err ? rc : err;
