@@ -10,8 +10,9 @@ STAMP  := $(VENV)/.installed
 # the build says so and torch runs instead. The fused fp8 KV read
 # (worker/attention/fp8_gather.py); decode attention reading the blocks in place
 # (worker/attention/paged_decode.py); the projections over packed weights
-# (worker/models/packed_gemm.py).
-KERNELS := worker/attention/csrc/fp8_gather.so worker/attention/csrc/paged_decode.so worker/models/csrc/packed_gemm.so
+# (worker/models/packed_gemm.py); RMSNorm and SiLU-and-multiply (worker/models/norm_act.py).
+KERNELS := worker/attention/csrc/fp8_gather.so worker/attention/csrc/paged_decode.so \
+           worker/models/csrc/packed_gemm.so worker/models/csrc/norm_act.so
 
 .PHONY: install kernels test run bench compare compare-speed compare-hybrid lint clean
 
@@ -27,6 +28,7 @@ kernels: $(STAMP)
 	$(PY) -m worker.attention.fp8_gather
 	$(PY) -m worker.attention.paged_decode
 	$(PY) -m worker.models.packed_gemm
+	$(PY) -m worker.models.norm_act
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

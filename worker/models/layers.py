@@ -12,13 +12,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from worker.models import packed_gemm
+from worker.models import norm_act, packed_gemm
 from worker.models.gemm import column_major, onednn_linear, onednn_weight
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x (..., D) normalised over D in float32, then scaled by weight (D,), as
-    transformers' LlamaRMSNorm computes it (the reference the tests hold us to)."""
+    transformers' LlamaRMSNorm computes it (the reference the tests hold us to); in one
+    pass where ``worker.models.norm_act`` runs."""
+    fused = norm_act.load()
+    if fused is not None and fused.supports(x, weight):
+        return fused.rms_norm(x, weight, eps)
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
@@ -112,10 +116,17 @@ class GatedMLP:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
         if x.dim() != 2 or T <= 2 * MLP_CHUNK_ROWS:
-            gate, up = self.gate_up(x).chunk(2, dim=-1)  # (T, I) each
-            return self.down(self.act(gate) * up)  # (T, H)
+            return self.down(self._act(self.gate_up(x)))  # (T, H)
         act = x.new_empty((T, self.gate_up.out_features // 2))  # (T, I), the model's dtype
         for s in range(0, T, MLP_CHUNK_ROWS):
-            gate, up = self.gate_up(x[s : s + MLP_CHUNK_ROWS]).chunk(2, dim=-1)  # (c, I) each
-            torch.mul(self.act(gate), up, out=act[s : s + MLP_CHUNK_ROWS])
+            self._act(self.gate_up(x[s : s + MLP_CHUNK_ROWS]), act[s : s + MLP_CHUNK_ROWS])
         return self.down(act)  # (T, H)
+
+    def _act(self, gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """act(gate) * up of gate_up (T, 2I), into ``out`` (T, I) when given; silu's in one
+        pass where ``worker.models.norm_act`` runs."""
+        fused = norm_act.load() if self.act is F.silu and gate_up.dim() == 2 else None
+        if fused is not None and fused.supports(gate_up):
+            return fused.silu_mul(gate_up, out)
+        gate, up = gate_up.chunk(2, dim=-1)  # (T, I) each
+        return self.act(gate) * up if out is None else torch.mul(self.act(gate), up, out=out)
