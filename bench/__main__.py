@@ -15,7 +15,7 @@ import traceback
 
 from bench.table import Row, print_table
 
-SUITES = ["pool_bench", "scheduler_bench", "engine_bench", "liveness_bench", "worker_bench", "sampler_bench", "model_bench", "loadgen_bench", "frontend_bench", "router_bench", "router_hit_rate_bench", "offload_bench", "offload_store_bench", "tp_bench", "fleet_bench", "retention_bench", "retention_live_bench", "capacity_bench"]
+SUITES = ["pool_bench", "scheduler_bench", "engine_bench", "liveness_bench", "worker_bench", "sampler_bench", "gemm_bench", "model_bench", "loadgen_bench", "frontend_bench", "router_bench", "router_hit_rate_bench", "offload_bench", "offload_store_bench", "tp_bench", "fleet_bench", "retention_bench", "retention_live_bench", "capacity_bench"]
 NAMES = [s.removesuffix("_bench") for s in SUITES]
 
 
