@@ -40,11 +40,11 @@ def rows() -> list[Row]:
             for m in ROW_COUNTS:
                 x = {k: torch.randn(m, k, generator=gen).to(dtype) for _, k in SHAPES}
 
-                def ours(x=x):
+                def ours(x=x, packed=packed):
                     for p in packed:
                         kernel(x[p.shape[1] * (2 if p.dim() == 4 else 1)], p, None)
 
-                def theirs(x=x):
+                def theirs(x=x, onednn=onednn):
                     for w in onednn:
                         torch.ops.mkldnn._linear_pointwise(x[w.shape[1]], w, None, "none", [], "")
 

@@ -24,20 +24,25 @@ def build(source: Path, cflags: list[str], cc: str = "gcc") -> Path:
     return library
 
 
-def load(path: Path, abi_symbol: str, abi: int, fallback: str) -> ctypes.CDLL | None:
-    """The library at ``path`` when its ``abi_symbol()`` returns ``abi``; else None, logged
-    with ``fallback`` (what runs instead)."""
+def load(path: Path, abi_symbol: str, abi: int, fallback: str, available_symbol: str | None = None) -> ctypes.CDLL | None:
+    """The library at ``path`` when its ``abi_symbol()`` returns ``abi`` (and, with
+    ``available_symbol``, that function returns 1: the CPU has the instructions it was
+    built for); else None, logged with ``fallback`` (what runs instead)."""
     if not path.exists():
         log.debug("%s not built (make install builds it); %s", path, fallback)
         return None
     try:
         lib = ctypes.CDLL(str(path))
         found = getattr(lib, abi_symbol)()
+        runs = available_symbol is None or getattr(lib, available_symbol)() == 1
     except (OSError, AttributeError) as e:
         log.debug("%s does not load (%s); %s", path, e, fallback)
         return None
     if found != abi:
         log.debug("%s is stale (ABI %s, want %s; rebuild with make kernels); %s", path, found, abi, fallback)
+        return None
+    if not runs:
+        log.debug("%s needs instructions this CPU lacks; %s", path, fallback)
         return None
     return lib
 

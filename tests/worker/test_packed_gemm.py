@@ -4,6 +4,8 @@ packing undone exactly; the model's projections on it where it runs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -138,3 +140,27 @@ def test_an_untied_lm_head_is_held_once_packed(tiny_checkpoint):
     assert model.logits_proj.kernel == "packed"
     assert model.logits_proj.weight.numel() == head.numel()  # the packed copy is the only one
     assert torch.equal(model.lm_head, head.to(torch.bfloat16))
+
+
+def test_a_library_missing_stale_or_built_for_another_cpu_is_left_for_onednn(tmp_path, caplog):
+    import logging
+    import shutil
+
+    from worker import native
+
+    if shutil.which("gcc") is None:
+        pytest.skip("no C compiler to build the stand-in libraries")
+    source = tmp_path / "fake.c"
+
+    def build(abi: int, available: int) -> Path:
+        source.write_text(f"int packed_gemm_abi(void) {{ return {abi}; }}\nint packed_gemm_available(void) {{ return {available}; }}\n"
+                          "int packed_gemm(void) { return -2; }\n")  # fmt: skip
+        return native.build(source, ["-shared", "-fPIC"]).rename(tmp_path / f"fake_{abi}_{available}.so")
+
+    with caplog.at_level(logging.DEBUG, logger=native.__name__):
+        assert packed_gemm._load(tmp_path / "missing.so") is None
+        assert packed_gemm._load(build(packed_gemm.ABI + 1, 1)) is None
+        assert packed_gemm._load(build(packed_gemm.ABI, 0)) is None
+        assert packed_gemm._load(build(packed_gemm.ABI, 1)) is not None  # current, and its CPU check passes
+    text = caplog.text
+    assert "not built" in text and "is stale" in text and "needs instructions this CPU lacks" in text

@@ -26,6 +26,7 @@ LIBRARY = SOURCE.with_suffix(".so")
 ABI = 1  # norm_act_abi() of the source this module calls
 # -fopenmp: libgomp.so.1, loaded after torch, is torch's own (one OpenMP thread pool).
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+FALLBACK = "RMSNorm and SiLU run as torch ops"  # what runs without the library
 DTYPES = (torch.float32, torch.bfloat16)
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -87,11 +88,9 @@ def load() -> NormAct | None:
 
 
 def _load(path: Path) -> NormAct | None:
-    lib = native.load(path, "norm_act_abi", ABI, "RMSNorm and SiLU run as torch ops")
-    if lib is None or not lib.norm_act_available():
-        return None
-    return NormAct(lib)
+    lib = native.load(path, "norm_act_abi", ABI, FALLBACK, "norm_act_available")
+    return None if lib is None else NormAct(lib)
 
 
 if __name__ == "__main__":
-    native.build_main(SOURCE, CFLAGS, "RMSNorm and SiLU run as torch ops")
+    native.build_main(SOURCE, CFLAGS, FALLBACK)

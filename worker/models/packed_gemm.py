@@ -28,6 +28,7 @@ LIBRARY = SOURCE.with_suffix(".so")
 ABI = 1  # packed_gemm_abi() of the source this module calls
 # -fopenmp: libgomp.so.1, loaded after torch, is torch's own (one OpenMP thread pool).
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+FALLBACK = "projections run on oneDNN or F.linear"  # what runs without the library
 PANEL = 32  # outputs per panel (the source's PANEL)
 DTYPES = (torch.float32, torch.bfloat16)
 _P = ctypes.c_void_p
@@ -100,11 +101,9 @@ def load() -> PackedGemm | None:
 
 
 def _load(path: Path) -> PackedGemm | None:
-    lib = native.load(path, "packed_gemm_abi", ABI, "projections run on oneDNN or F.linear")
-    if lib is None or not lib.packed_gemm_available():
-        return None
-    return PackedGemm(lib)
+    lib = native.load(path, "packed_gemm_abi", ABI, FALLBACK, "packed_gemm_available")
+    return None if lib is None else PackedGemm(lib)
 
 
 if __name__ == "__main__":
-    native.build_main(SOURCE, CFLAGS, "projections run on oneDNN or F.linear")
+    native.build_main(SOURCE, CFLAGS, FALLBACK)
