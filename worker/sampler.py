@@ -42,6 +42,7 @@ class BatchParams:
     top_p: torch.Tensor  # float
     min_p: torch.Tensor  # float
     all_greedy: bool
+    any_greedy: bool
     use_top_k: bool
     use_top_p: bool
     use_min_p: bool
@@ -150,9 +151,11 @@ def draw(probs: torch.Tensor, seeded: list[tuple[int, int]], generator: torch.Ge
 
 def sample(logits: torch.Tensor, bp: BatchParams) -> torch.Tensor:
     """(N, V) processed logits -> (N,) int64 token ids."""
-    greedy_tokens = logits.argmax(dim=-1)  # (N,)
     if bp.all_greedy:
-        return greedy_tokens
+        return logits.argmax(dim=-1)
+    # NOTE: only for greedy rows: at 8 rows of a 32,000-token vocabulary the argmax took
+    # 297 us, longer than the softmax's 161 (docs/benchmarks.md, 2026-12-03).
+    greedy_tokens = logits.argmax(dim=-1) if bp.any_greedy else None  # (N,)
     logits = logits / bp.temperature[:, None].to(logits.dtype)
     if bp.use_min_p:
         logits = apply_min_p(logits, bp.min_p)
@@ -160,7 +163,7 @@ def sample(logits: torch.Tensor, bp: BatchParams) -> torch.Tensor:
         logits = apply_top_k_top_p(logits, bp.top_k if bp.use_top_k else None, bp.top_p if bp.use_top_p else None)
     probs = logits.softmax(dim=-1, dtype=torch.float32)  # (N, V)
     drawn = draw(probs, bp.seeded, bp.generator)  # (N,)
-    return torch.where(bp.greedy, greedy_tokens, drawn)
+    return drawn if greedy_tokens is None else torch.where(bp.greedy, greedy_tokens, drawn)
 
 
 def mask_stop_tokens(logits: torch.Tensor, rows: list[int], token_ids: list[int]) -> torch.Tensor:

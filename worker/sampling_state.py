@@ -169,7 +169,7 @@ class SamplingState:
             temperature=self._tensor(self.temperature, idx), greedy=torch.from_numpy(greedy).to(dev),
             top_k=torch.from_numpy(np.where(top_k > 0, top_k, V)).to(dev),
             top_p=self._tensor(self.top_p, idx), min_p=self._tensor(self.min_p, idx),
-            all_greedy=bool(greedy.all()),
+            all_greedy=bool(greedy.all()), any_greedy=bool(greedy.any()),
             use_top_k=bool((sampling & (top_k > 0) & (top_k < V)).any()),
             use_top_p=bool((sampling & (self.top_p[idx] < 1)).any()),
             use_min_p=bool((sampling & (self.min_p[idx] > 0)).any()),
