@@ -104,7 +104,7 @@ def load() -> PagedDecode | None:
 
 
 def _load(path: Path) -> PagedDecode | None:
-    lib = native.load(path, "paged_decode_abi", ABI, "decode attention gathers blocks for SDPA")
+    lib = native.load(path, "paged_decode_abi", ABI, "decode attention gathers blocks for SDPA", "paged_decode_available")
     return None if lib is None else PagedDecode(lib)
 
 

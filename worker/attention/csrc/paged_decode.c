@@ -492,3 +492,16 @@ int paged_decode(const void *q, int64_t q_row, const void *k, const void *v, int
     }
     return err;
 }
+
+/* 1 where the CPU running this has the instructions it was compiled for (the library is
+ * built with -march=native; one built on another machine may not run here). */
+int paged_decode_available(void) {
+    __builtin_cpu_init();
+#ifdef HAVE_AVX512BF16
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bf16")) return 0;
+#endif
+#ifdef HAVE_AVX2
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
+#endif
+    return 1;
+}
