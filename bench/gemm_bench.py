@@ -42,7 +42,7 @@ def rows() -> list[Row]:
 
                 def ours(x=x, packed=packed):
                     for p in packed:
-                        kernel(x[p.shape[1] * (2 if p.dim() == 4 else 1)], p, None)
+                        kernel(x[kernel.shape(p)[1]], p, None)
 
                 def theirs(x=x, onednn=onednn):
                     for w in onednn:

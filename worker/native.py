@@ -34,12 +34,12 @@ def load(path: Path, abi_symbol: str, abi: int, fallback: str, available_symbol:
     try:
         lib = ctypes.CDLL(str(path))
         found = getattr(lib, abi_symbol)()
+        if found != abi:
+            log.debug("%s is stale (ABI %s, want %s; rebuild with make kernels); %s", path, found, abi, fallback)
+            return None
         runs = available_symbol is None or getattr(lib, available_symbol)() == 1
     except (OSError, AttributeError) as e:
         log.debug("%s does not load (%s); %s", path, e, fallback)
-        return None
-    if found != abi:
-        log.debug("%s is stale (ABI %s, want %s; rebuild with make kernels); %s", path, found, abi, fallback)
         return None
     if not runs:
         log.debug("%s needs instructions this CPU lacks; %s", path, fallback)

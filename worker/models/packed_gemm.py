@@ -4,7 +4,7 @@ order, and multiplied with AVX-512 (``vdpbf16ps`` for bfloat16).
 
 A decode step's few rows make a projection a read of its weight, and oneDNN's matmul
 (torch 2.13's, on Zen 4) read the weight at about half the pace one core streams memory;
-this kernel reaches that pace, and at prefill sizes it is no slower (docs/benchmarks.md,
+this kernel reaches that pace; from 64 rows on the two are within a few percent (docs/benchmarks.md,
 2026-12-03, issue 25). vLLM's CPU backend runs its linears on its own oneDNN build.
 
 The library is built by ``make install`` (``python -m worker.models.packed_gemm`` rebuilds
