@@ -9,24 +9,26 @@ STAMP  := $(VENV)/.installed
 # The worker's CPU kernels, each optional: without a compiler (or, for the GEMM, AVX-512)
 # the build says so and torch runs instead. The fused fp8 KV read
 # (worker/attention/fp8_gather.py); decode attention reading the blocks in place
-# (worker/attention/paged_decode.py); the projections over packed weights
-# (worker/models/packed_gemm.py); RMSNorm and SiLU-and-multiply (worker/models/norm_act.py).
+# (worker/attention/paged_decode.py); prefill attention alike (worker/attention/paged_prefill.py);
+# the projections over packed weights (worker/models/packed_gemm.py); RMSNorm and SiLU-and-multiply (worker/models/norm_act.py).
 KERNELS := worker/attention/csrc/fp8_gather.so worker/attention/csrc/paged_decode.so \
+           worker/attention/csrc/paged_prefill.so \
            worker/models/csrc/packed_gemm.so worker/models/csrc/norm_act.so
 
 .PHONY: install kernels test run bench compare compare-speed compare-hybrid lint clean
 
 install: $(STAMP) $(KERNELS)
 
-worker/attention/csrc/%.so: worker/attention/csrc/%.c $(STAMP)
+worker/attention/csrc/%.so: worker/attention/csrc/%.c worker/csrc/exp512.h $(STAMP)
 	$(PY) -m worker.attention.$*
 
-worker/models/csrc/%.so: worker/models/csrc/%.c $(STAMP)
+worker/models/csrc/%.so: worker/models/csrc/%.c worker/csrc/exp512.h $(STAMP)
 	$(PY) -m worker.models.$*
 
 kernels: $(STAMP)
 	$(PY) -m worker.attention.fp8_gather
 	$(PY) -m worker.attention.paged_decode
+	$(PY) -m worker.attention.paged_prefill
 	$(PY) -m worker.models.packed_gemm
 	$(PY) -m worker.models.norm_act
 

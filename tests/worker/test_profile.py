@@ -55,7 +55,9 @@ def test_the_step_runs_through_the_runners_paged_attention(model, monkeypatch):
     forward = PagedAttention.forward
 
     def counted(self, layer, q, k, v, md):
-        calls.append((layer, q.shape[0], len(md.prefills)))
+        # the chunks as the kernel reads them, or as the gather path does
+        chunks = len(md.prefill_rows.table_row) if md.prefill_rows is not None else len(md.prefills)
+        calls.append((layer, q.shape[0], chunks))
         return forward(self, layer, q, k, v, md)
 
     monkeypatch.setattr(PagedAttention, "forward", counted)

@@ -33,6 +33,19 @@ class DecodeRows:
 
 
 @dataclass(slots=True)
+class PrefillRows:
+    """The prefill chunks as the in-place kernel (``worker.attention.paged_prefill``) reads
+    them: chunk c is the step's tokens [offset[c], offset[c] + num_queries[c]), at positions
+    from first[c] of block table row table_row[c], attending causally (within the window)."""
+
+    table: torch.Tensor  # (max_num_seqs, max_blocks_per_seq) int32, the step's block table
+    table_row: np.ndarray  # (C,) int64
+    first: np.ndarray  # (C,) int64: the chunk's first position (its request's computed tokens)
+    num_queries: np.ndarray  # (C,) int64, >= 1
+    offset: np.ndarray  # (C,) int64
+
+
+@dataclass(slots=True)
 class SharedPrefix:
     token_idx: torch.Tensor  # (m,) int64: the group's rows among the decode tokens
     start: int  # the same rows as the range [start, end) of the decode order attention uses
@@ -68,6 +81,8 @@ class AttentionMetadata:
     sliding_window: int = 0  # the window it attends within, 0: full attention
     # The decode rows for the in-place kernel, which then replaces decode_groups (empty).
     decode_rows: DecodeRows | None = None
+    # The prefill chunks for the in-place kernel, which then replaces prefills (empty).
+    prefill_rows: PrefillRows | None = None
 
 
 def first_if_consecutive(ids: np.ndarray) -> int | None:

@@ -17,9 +17,11 @@ chunks (several consecutive tokens of one request, possibly starting mid-sequenc
   only on the gather path): decode rows whose leading blocks are the same physical
   blocks attend to those blocks together; each row's own blocks after the prefix go
   through the kernel or the grouped path above.
-* Prefill chunks loop over requests (a chunk is many tokens, so the loop is cheap):
-  gather the request's blocks, then SDPA with a causal mask offset by the number of
-  tokens already computed.
+* Prefill chunks, on CPU where its library is built (float32 and bfloat16 caches), run
+  one C kernel (``worker.attention.paged_prefill``) for all of a step's chunks, reading
+  each chunk's blocks where they lie. Elsewhere, or with ``prefill_kernel=False``, they
+  loop over requests: gather the request's blocks, then SDPA with a causal mask offset
+  by the number of tokens already computed.
 * Sliding windows (``build_metadata(..., sliding_window=W)``, one metadata per window;
   ``for_step`` takes one per layer): the token at position p attends to positions
   (p - W, p]. The leading columns of a row wholly before the window of its first query
@@ -65,10 +67,12 @@ from worker.attention.metadata import (
     DecodeGroup,
     DecodeRows,
     PrefillChunk,
+    PrefillRows,
     SharedPrefix,
     first_if_consecutive,
 )
 from worker.attention.paged_decode import load as load_paged_decode
+from worker.attention.paged_prefill import load as load_paged_prefill
 
 DEFAULT_WORKSPACE_BYTES = 16 * 1024 * 1024  # per K and per V
 # NOTE: a windowed prefill chunk is attended in pieces of at least this many queries, so
@@ -92,13 +96,15 @@ class PagedAttention:
         kv_scales: list[KVScales] | None = None,
         scale: float | None = None,
         decode_kernel: bool = True,
+        prefill_kernel: bool = True,
     ):
         """kv_caches: one per layer; layers may share a tensor (KV-cache groups, vLLM's
         layout). compute_dtype: the queries' (the model's) dtype, None: the caches'; it must
         be given for an fp8 cache. kv_scales: per layer, for an fp8 cache (None: all 1.0).
         scale: of q.k, None: head_dim ** -0.5 (Gemma 3: query_pre_attn_scalar ** -0.5).
         decode_kernel: decode rows through the in-place kernel where it runs (False: the
-        gather and SDPA everywhere). cascade_min_tokens: shared prefixes are attended
+        gather and SDPA everywhere). prefill_kernel: prefill chunks through the in-place
+        kernel where it runs (False: a gather and SDPA per chunk). cascade_min_tokens: shared prefixes are attended
         together when that saves this many gathered tokens; None: never; "auto": never
         where the kernel runs (it gathers nothing, so there is nothing to share, and the
         merge costs), else ``DEFAULT_CASCADE_MIN_TOKENS``."""
@@ -135,6 +141,8 @@ class PagedAttention:
         # The in-place decode kernel (None: the grouped gather and SDPA).
         kernel = load_paged_decode() if decode_kernel else None
         self.decode_kernel = kernel if kernel is not None and kernel.supports(cache_dtype, dtype, device, self.head_dim, self.group) else None
+        prefill = load_paged_prefill() if prefill_kernel else None
+        self.prefill_kernel = prefill if prefill is not None and prefill.supports(cache_dtype, dtype, device, self.head_dim, self.group) else None
         if cascade_min_tokens == "auto":
             cascade_min_tokens = None if self.decode_kernel is not None else DEFAULT_CASCADE_MIN_TOKENS
         # None: no shared-prefix groups (off, or not on CPU where the cascade kernel lives).
@@ -163,10 +171,14 @@ class PagedAttention:
         order = None
         if decode_rows:
             groups, shared, order = self._decode_metadata(block_table, table_np, decode_rows, decode_context_lens, sliding_window)
-        chunks = self._prefill_chunks(block_table, table_np, prefills, len(decode_rows), sliding_window)
+        prefill_rows = None
+        if prefills and self._prefill_kernel_reads(block_table):
+            chunks, prefill_rows = [], self._prefill_rows(block_table, prefills, len(decode_rows))
+        else:
+            chunks = self._prefill_chunks(block_table, table_np, prefills, len(decode_rows), sliding_window)
         if isinstance(groups, DecodeRows):
-            return AttentionMetadata(slot_mapping, len(decode_rows), [], chunks, shared, order, sliding_window, groups)
-        return AttentionMetadata(slot_mapping, len(decode_rows), groups, chunks, shared, order, sliding_window)
+            return AttentionMetadata(slot_mapping, len(decode_rows), [], chunks, shared, order, sliding_window, groups, prefill_rows)
+        return AttentionMetadata(slot_mapping, len(decode_rows), groups, chunks, shared, order, sliding_window, None, prefill_rows)
 
     def _decode_metadata(
         self, block_table: torch.Tensor, table_np: np.ndarray | None, decode_rows: list[int], decode_context_lens: list[int],
@@ -204,6 +216,18 @@ class PagedAttention:
     def _kernel_reads(self, block_table: torch.Tensor) -> bool:
         """Whether this step's decode rows go through the in-place kernel."""
         return self.decode_kernel is not None and block_table.dtype == torch.int32 and block_table.is_contiguous()
+
+    def _prefill_kernel_reads(self, block_table: torch.Tensor) -> bool:
+        """Whether this step's prefill chunks go through the in-place kernel."""
+        return self.prefill_kernel is not None and block_table.dtype == torch.int32 and block_table.is_contiguous()
+
+    @staticmethod
+    def _prefill_rows(block_table: torch.Tensor, prefills: list[tuple[int, int, int]], offset: int) -> PrefillRows:
+        """The chunks (row, num_computed, n) as the kernel reads them; their tokens follow
+        the step's ``offset`` decode tokens."""
+        rows, first, n = (np.fromiter((p[i] for p in prefills), dtype=np.int64, count=len(prefills)) for i in range(3))
+        starts = offset + np.concatenate(([0], np.cumsum(n)[:-1]))
+        return PrefillRows(block_table, rows, first, n, starts)
 
     def _decode_groups(
         self, block_table: torch.Tensor, rows_np: np.ndarray, own: np.ndarray, skip: np.ndarray, lead: list[int] | None = None
@@ -353,6 +377,11 @@ class PagedAttention:
         kvh, hd = self.num_kv_heads, self.head_dim
         if md.num_decode_tokens:
             self._decode(layer, q[: md.num_decode_tokens], out[: md.num_decode_tokens], md)
+        if md.prefill_rows is not None:
+            r = md.prefill_rows
+            scale = self.scale if self.scale is not None else hd**-0.5
+            self.prefill_kernel(q, self.kv_caches[layer], r.table, r.table_row, r.first, r.num_queries, r.offset,
+                                md.sliding_window, scale, out)  # fmt: skip
         for c in md.prefills:
             ctx = c.num_ctx_blocks * self.block_size
             kc, vc = self._blocks(layer, c.block_ids, c.first_block)

@@ -51,22 +51,7 @@ static inline void store(void *p, int64_t i, __m512 x, int bf16, __mmask16 m) {
         _mm256_mask_storeu_epi16((uint16_t *)p + i, m, (__m256i)_mm512_cvtneps_pbh(x));
 }
 
-/* e^x, 16 lanes: x = n ln2 + r, a degree-6 polynomial in r, times 2^n (vscalefps: 0 and
- * inf past the range, no exponent arithmetic to overflow). */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.8f)), _mm512_set1_ps(-104.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
+#include "../../csrc/exp512.h"
 
 /* y[r] = RMSNorm(x[r]) * w for the rows (row strides xs, ys in elements; w: d). */
 int rms_norm(int bf16, const void *x, int64_t xs, int64_t rows, int64_t d, const void *w, float eps, void *y, int64_t ys,
