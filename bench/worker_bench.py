@@ -8,6 +8,9 @@ plain torch operation over the same bytes in the same run (``python -m bench wor
   64, float32, through a shuffled block table, against SDPA over the same K/V laid
   out contiguously (target: within 2x of SDPA); the default path (the in-place C kernel,
   ``worker.attention.paged_decode``, where it is built) beside the gather-and-SDPA path.
+* Prefill attention: a shared-prefix wave (63 requests x 32 new tokens on 256 cached,
+  llama50m's heads, bfloat16) through the prefill kernel (``worker.attention.paged_prefill``)
+  against the gather and SDPA per chunk. Target: at most half its time.
 * fp8 decode: the same decode in bfloat16 (the KV write included) over an fp8 cache
   against a bfloat16 cache, the same batch; the fp8 blocks written and read by the C
   kernels (``worker.attention.fp8_gather``) where they are built. Target: within 1.1x of the
@@ -183,10 +186,55 @@ def fp8_decode_rows() -> list[Row]:
     ]
 
 
+def prefill_rows() -> list[Row]:
+    """A shared-prefix wave's prefill attention, one layer of llama50m's shape (12 query /
+    4 KV heads of 64, bfloat16, blocks of 32): 63 requests of 32 new tokens after 256
+    cached ones, through shuffled block tables, the kernel against the gather and SDPA
+    per chunk it replaced."""
+    gen = torch.Generator().manual_seed(0)
+    B, cached, n, num_heads, kvh, hd, bs = 63, 256, 32, 12, 4, 64, 32
+    blocks_per_seq = -(-(cached + n) // bs)
+    num_blocks = B * blocks_per_seq + 1
+    cache = allocate_kv_caches(1, num_blocks, bs, kvh, hd, torch.bfloat16, "cpu")[0]
+    cache.copy_(torch.randn(cache.shape, generator=gen))
+    table = BlockTable(B, blocks_per_seq, bs, "cpu")
+    block_ids = (torch.randperm(num_blocks - 1, generator=gen) + 1).view(B, blocks_per_seq)
+    for i in range(B):
+        table.add_row(i, block_ids[i].tolist())
+    table.commit()
+    q = torch.randn(B * n, num_heads, hd, generator=gen).bfloat16()
+    k_new = torch.randn(B * n, kvh, hd, generator=gen).bfloat16()
+    v_new = torch.randn(B * n, kvh, hd, generator=gen).bfloat16()
+    slots = table.compute_slot_mapping(torch.arange(B).repeat_interleave(n), torch.arange(cached, cached + n).repeat(B))
+    chunks = [(i, cached, n) for i in range(B)]
+    kernel = PagedAttention([cache], num_heads, blocks_per_seq)
+    gathering = PagedAttention([cache], num_heads, blocks_per_seq, prefill_kernel=False)
+    md = kernel.build_metadata(table.block_table, slots, [], [], chunks)
+    md_gather = gathering.build_metadata(table.block_table, slots, [], [], chunks)
+
+    def paged() -> torch.Tensor:
+        return kernel.forward(0, q, k_new, v_new, md)
+
+    def gather() -> torch.Tensor:
+        return gathering.forward(0, q, k_new, v_new, md_gather)
+
+    with torch.inference_mode():
+        torch.testing.assert_close(paged(), gather(), rtol=2e-2, atol=2e-2)
+        warm_up(paged, gather, seconds=3.0)
+        paged_us, gather_us = best_interleaved_us(paged, gather, rounds=5)
+    ratio = paged_us / gather_us
+    how = "in-place kernel" if kernel.prefill_kernel is not None else "kernel not built: gather + SDPA"
+    return [
+        Row("worker: bf16 prefill, 63 x 32 new on 256 cached, gather + SDPA per chunk (1 thread)", gather_us / 1e3, "ms"),
+        Row(f"worker: bf16 prefill, the same ({how})", paged_us / 1e3, "ms"),
+        Row("worker: prefill kernel / gather + SDPA", ratio, "x", "≤ 0.5×", ratio <= 0.5),
+    ]
+
+
 def rows() -> list[Row]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return write_rows() + decode_rows() + fp8_decode_rows()
+        return write_rows() + decode_rows() + fp8_decode_rows() + prefill_rows()
     finally:
         torch.set_num_threads(threads)

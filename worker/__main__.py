@@ -154,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu-nice", type=int, default=d.cpu_nice, metavar="N",
                    help="on CPU, run the worker at nice N at least, so that the scheduler and frontend sharing its cores "
                         "are not kept waiting by its compute threads (default %(default)s; 0: the priority it was started with)")
+    p.add_argument("--cpu-wide-step-tokens", type=int, default=d.cpu_wide_step_tokens, metavar="N",
+                   help="on CPU, run a step of at least N tokens on every core, the one left to the scheduler and frontend "
+                        "included (they wait on such a step); not with OMP_NUM_THREADS or tensor parallelism "
+                        "(default %(default)s; 0: never)")
     return p
 
 
@@ -169,6 +173,8 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
     _check_ranks(p, a, device)
     if not 0 <= a.cpu_nice <= 19:
         p.error(f"--cpu-nice must be 0..19 (a nice value; lowering the priority needs no privilege), got {a.cpu_nice}")
+    if a.cpu_wide_step_tokens < 0:
+        p.error(f"--cpu-wide-step-tokens must be >= 0 (0: never), got {a.cpu_wide_step_tokens}")
     _check_distributed_timeout(p, a)
     return WorkerConfig(
         scheduler=a.scheduler, model=a.model, device=device, dtype=a.dtype, kv_cache_dtype=a.kv_cache_dtype, max_model_len=a.max_model_len,
@@ -178,7 +184,7 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
         log_level=a.log_level, scheduler_timeout_s=a.scheduler_timeout, reconnect=a.reconnect,
         curve_client_key=a.curve_client_key, curve_server_key=a.curve_server_key,
         tensor_parallel_size=a.tensor_parallel_size, rank=a.rank, distributed_init_method=a.distributed_init_method,
-        distributed_timeout_s=a.distributed_timeout, cpu_nice=a.cpu_nice,
+        distributed_timeout_s=a.distributed_timeout, cpu_nice=a.cpu_nice, cpu_wide_step_tokens=a.cpu_wide_step_tokens,
         disable_sliding_window=a.disable_sliding_window, disable_hybrid_kv_cache_manager=a.disable_hybrid_kv_cache_manager,
     )
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 
 import torch
@@ -54,6 +55,7 @@ from worker.metrics import WorkerMetrics
 from worker.plan_check import PlanError
 from worker.runner import ModelRunner
 from worker.serving_model import ServingModel
+from worker.threads import StepThreads, wide_num_threads
 
 log = logging.getLogger("worker")
 
@@ -214,7 +216,7 @@ class WorkerProcess:
         s = self.serving
         runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id, seed=c.seed, host_caches=hosts,
                              grammar_compiler=self.grammars, kv_scales=list(s.kv_scales), groups=list(s.kv_cache_groups) or None,
-                             layer_windows=s.layer_windows or None)  # fmt: skip
+                             layer_windows=s.layer_windows or None, step_threads=self._step_threads())  # fmt: skip
         self._set_ready(runner)
         if self.metrics is not None:
             self.metrics.num_blocks.set(ready.num_blocks)
@@ -290,6 +292,13 @@ class WorkerProcess:
                 return None
             case WorkerReady():
                 return WorkerError("unexpected WorkerReady: this worker is already ready")
+
+    def _step_threads(self) -> StepThreads | None:
+        """On CPU, a big step on every core (``--cpu-wide-step-tokens``); None elsewhere."""
+        c = self.config
+        if self.model.device.type != "cpu":
+            return None
+        return StepThreads(wide_num_threads(os.environ, os.cpu_count(), c.tensor_parallel_size), c.cpu_wide_step_tokens)
 
     def _execute(self, plan: StepPlan) -> StepResult | WorkerError:
         runner = self.runner

@@ -35,6 +35,7 @@ from worker.plan_check import Limits, RowView, check_plan
 from worker.plan_check_groups import check_groups
 from worker.prompt_logprobs import PromptChunk, PromptLogprobsState
 from worker.sampling_state import RowLogprobs, SamplingState
+from worker.threads import StepThreads
 from worker.tier_copies import TierCopier
 
 
@@ -84,11 +85,14 @@ class ModelRunner:
         kv_scales: list[KVScales] | None = None,
         groups: Sequence[KVCacheGroupSpec] | None = None,
         layer_windows: Sequence[int] | None = None,
+        step_threads: StepThreads | None = None,
     ):
         """kv_caches: one entry per layer (layers of different KV-cache groups may share a
         tensor). groups: the KV-cache groups (None: one full-attention group of every
-        layer); layer_windows: each layer's attention window, 0 full (None: its group's)."""
+        layer); layer_windows: each layer's attention window, 0 full (None: its group's).
+        step_threads: the forward's CPU threads per step (None: torch's count throughout)."""
         self.model = model
+        self.step_threads = step_threads or StepThreads(None, 0)
         _, num_blocks, block_size, kvh, hd = kv_caches[0].shape
         self.block_size = block_size
         self.device = kv_caches[0].device
@@ -218,7 +222,8 @@ class ModelRunner:
             attention = self.attention.for_step(md)
         else:
             attention = self.groups.attention_fn(self.attention, rows, positions, inputs)
-        hidden = self.model.forward(token_ids, positions, attention)  # (T, H)
+        with self.step_threads.step(num_tokens):
+            hidden = self.model.forward(token_ids, positions, attention)  # (T, H)
         # NOTE: only rank 0 samples, so only it scores prompts (tensor parallelism).
         scored = self._prompt_logprobs(hidden, inputs) if self.prompt_logprobs.pending and self.samples else None
         sample_seq, sample_idx = self._advance(inputs)

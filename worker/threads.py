@@ -5,6 +5,12 @@ torch takes every core by default; the worker shares the machine with the schedu
 by several times (`make compare` shows it). vLLM's CPU backend binds one core fewer
 than the machine has; so does the worker, unless OMP_NUM_THREADS says otherwise.
 
+Big steps: a step of at least ``--cpu-wide-step-tokens`` tokens (128) runs its forward on
+every core, the one left to the scheduler and frontend included. They wait on such a step
+(a wave of prefills), so the core sits idle otherwise; llama50m's shared-prefix waves
+prefilled ~1.8x faster on two threads than on one, and TTFT fell with them
+(docs/benchmarks.md, "2026-12-03, 15:45"). Decode steps keep the one core fewer.
+
 Priority: on CPU the worker runs at nice 5 (``--cpu-nice``). It shares the cores with the
 scheduler and the frontend, which do little but must answer at once: a burst of requests
 is tokenized and admitted while the worker computes. At equal priority the worker's
@@ -16,7 +22,8 @@ nice 5 in most pairs. When nothing else wants the cores, nice costs the worker n
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 
 def default_num_threads(env: Mapping[str, str], cpu_count: int | None) -> int | None:
@@ -26,7 +33,40 @@ def default_num_threads(env: Mapping[str, str], cpu_count: int | None) -> int | 
     return max(1, (cpu_count or 1) - 1)
 
 
+def wide_num_threads(env: Mapping[str, str], cpu_count: int | None, tensor_parallel_size: int = 1) -> int | None:
+    """The thread count for a big step: every core, or None (no widening) when
+    OMP_NUM_THREADS is given or tensor-parallel ranks share the cores."""
+    if env.get("OMP_NUM_THREADS") or tensor_parallel_size > 1:
+        return None
+    return cpu_count or 1
+
+
 DEFAULT_CPU_NICE = 5
+DEFAULT_WIDE_STEP_TOKENS = 128
+
+
+class StepThreads:
+    """torch's thread count per step: as set for most steps, ``wide`` for a step of at
+    least ``min_tokens`` tokens (None or 0: never)."""
+
+    def __init__(self, wide: int | None, min_tokens: int):
+        self.wide = wide
+        self.min_tokens = min_tokens
+
+    @contextmanager
+    def step(self, num_tokens: int) -> Iterator[None]:
+        """Run the block at the step's thread count, and restore the count after."""
+        import torch
+
+        base = torch.get_num_threads()
+        if not self.wide or not self.min_tokens or num_tokens < self.min_tokens or self.wide <= base:
+            yield
+            return
+        torch.set_num_threads(self.wide)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(base)
 
 
 def lower_cpu_priority(nice: int) -> int:

@@ -15,6 +15,7 @@ from worker.kv_cache import allocate_kv_caches
 from worker.models.loader import load_model
 from worker.plan_check import PlanError
 from worker.runner import ModelRunner
+from worker.threads import StepThreads
 
 VOCAB_SIZE = 512  # the tiny default checkpoint's
 BS, NUM_BLOCKS, MAX_SEQS, MAX_LEN = 4, 32, 3, 32  # max_blocks_per_seq = 8
@@ -134,3 +135,19 @@ def test_bad_plan_is_refused_and_state_is_unchanged(model, tiny_reference, plan,
     assert sampled == {1: reference_generate(tiny_reference, PROMPT_A, 2)[1], 2: reference_generate(tiny_reference, PROMPT_B, 1)[0]}
 
 
+
+
+def test_a_big_step_runs_its_forward_on_the_wide_thread_count(model, monkeypatch):
+    c = model.config
+    caches = allocate_kv_caches(c.num_layers, NUM_BLOCKS, BS, c.num_kv_heads, c.head_dim, torch.float64, "cpu")
+    runner = ModelRunner(model, caches, MAX_SEQS, MAX_LEN, step_threads=StepThreads(wide=3, min_tokens=5))
+    seen, forward = [], model.forward
+    monkeypatch.setattr(model, "forward", lambda *a: seen.append(torch.get_num_threads()) or forward(*a))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        runner.execute(StepPlan(0, {1: 6, 2: 2}, new_rows=[RequestRow(1, PROMPT_A, [5, 9]), RequestRow(2, PROMPT_B, [12])]))
+        runner.execute(StepPlan(1))  # two decode tokens: below 5
+        assert seen == [3, 1] and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

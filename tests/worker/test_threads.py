@@ -1,5 +1,6 @@
-"""The worker leaves a core to the scheduler unless OMP_NUM_THREADS is given, and runs at
-a lower priority on CPU (``--cpu-nice``), its torch threads too."""
+"""The worker leaves a core to the scheduler unless OMP_NUM_THREADS is given, takes it
+back for a big step (``--cpu-wide-step-tokens``), and runs at a lower priority on CPU
+(``--cpu-nice``), its torch threads too."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
-from worker.threads import default_num_threads
+from worker.threads import StepThreads, default_num_threads, wide_num_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,3 +53,41 @@ def test_the_worker_and_the_threads_torch_starts_after_run_at_the_nice_asked():
 def test_a_nice_outside_0_to_19_is_refused(nice):
     r = subprocess.run([sys.executable, "-m", "worker", "--cpu-nice", nice], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--cpu-nice must be 0..19" in r.stderr
+
+
+@pytest.mark.parametrize(("env", "cpus", "tp", "expected"), [
+    ({}, 2, 1, 2), ({}, 16, 1, 16), ({}, None, 1, 1),
+    ({"OMP_NUM_THREADS": "1"}, 2, 1, None), ({}, 4, 2, None),
+])  # fmt: skip
+def test_a_big_step_takes_every_core_unless_told_the_count_or_ranks_share_them(env, cpus, tp, expected):
+    assert wide_num_threads(env, cpus, tp) == expected
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_a_step_of_at_least_min_tokens_runs_wide_and_the_count_comes_back(one_thread):
+    threads = StepThreads(wide=3, min_tokens=128)
+    seen = {}
+    for n in (1, 127, 128, 2048):
+        with threads.step(n):
+            seen[n] = torch.get_num_threads()
+        assert torch.get_num_threads() == 1
+    assert seen == {1: 1, 127: 1, 128: 3, 2048: 3}
+    with pytest.raises(RuntimeError, match="boom"), threads.step(500):
+        raise RuntimeError("boom")  # a failing forward restores the count too
+    assert torch.get_num_threads() == 1
+    for off in (StepThreads(None, 128), StepThreads(3, 0)):
+        with off.step(4096):
+            assert torch.get_num_threads() == 1
+
+
+def test_a_negative_wide_step_is_refused():
+    r = subprocess.run([sys.executable, "-m", "worker", "--cpu-wide-step-tokens", "-1"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)  # fmt: skip
+    assert r.returncode == 2 and "--cpu-wide-step-tokens must be >= 0" in r.stderr
