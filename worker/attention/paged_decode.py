@@ -29,7 +29,7 @@ from worker import native
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
 LIBRARY = SOURCE.with_suffix(".so")
-ABI = 4  # paged_decode_abi() of the source this module calls
+ABI = 5  # paged_decode_abi() of the source this module calls
 # -fopenmp: libgomp.so.1, loaded after torch, is torch's own (one OpenMP thread pool).
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 

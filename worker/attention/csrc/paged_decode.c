@@ -16,13 +16,14 @@
  * time with AVX2; libm's would run one lane at a time.
  * With AVX-512 BF16, a bfloat16 cache (head size a multiple of 32) takes a faster path: the
  * scores by vdpbf16ps (the bf16 query and key multiplied exactly, in float32 sums, then
- * scaled), the values 16 lanes at a time: ~3x the AVX2 path's keys a second.
+ * scaled), the values 16 lanes at a time: ~3x the AVX2 path's keys a second. A float32 cache
+ * (head size a multiple of 16) takes the same 16-lane loops with FMA there.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#define PAGED_DECODE_ABI 4
+#define PAGED_DECODE_ABI 5
 #define MAX_HEAD_DIM 256
 #define MAX_GROUP 16
 #define TILE 64 /* keys per tile: a block, or a part of one when blocks are larger */
@@ -273,14 +274,17 @@ static inline __m512 load16_bf16(const uint16_t *v) {
 /* acc[g][d0 .. d0 + 16 NC) += sum over the tile's n keys of p[g][t] * v[t][...], for GC
  * (1..4) queries from g0, NC (1..4) chunks of 16 dims held in registers across the tile. */
 static inline __attribute__((always_inline)) void values512(float *acc, int hd, int g0, int GC, int NC,
-                                                            const float (*p)[TILE], const uint16_t *v, int64_t v0,
-                                                            int64_t ks, int n, int d0) {
+                                                            const float (*p)[TILE], const void *v, int64_t v0,
+                                                            int64_t ks, int n, int d0, int bf16) {
     __m512 a[4][4];
     for (int g = 0; g < GC; g++)
         for (int c = 0; c < NC; c++) a[g][c] = _mm512_loadu_ps(acc + (g0 + g) * hd + d0 + 16 * c);
     for (int t = 0; t < n; t++) {
         __m512 x[4];
-        for (int c = 0; c < NC; c++) x[c] = load16_bf16(v + v0 + t * ks + d0 + 16 * c);
+        for (int c = 0; c < NC; c++) {
+            const int64_t at = v0 + t * ks + d0 + 16 * c;
+            x[c] = bf16 ? load16_bf16((const uint16_t *)v + at) : _mm512_loadu_ps((const float *)v + at);
+        }
         for (int g = 0; g < GC; g++) {
             __m512 w = _mm512_set1_ps(p[g0 + g][t]);
             for (int c = 0; c < NC; c++) a[g][c] = _mm512_fmadd_ps(w, x[c], a[g][c]);
@@ -290,7 +294,7 @@ static inline __attribute__((always_inline)) void values512(float *acc, int hd, 
         for (int c = 0; c < NC; c++) _mm512_storeu_ps(acc + (g0 + g) * hd + d0 + 16 * c, a[g][c]);
 }
 
-#define VALUES_NC(GC, NC) values512(acc, hd, g, GC, NC, p, v, base, ks, n, d0)
+#define VALUES_NC(GC, NC) values512(acc, hd, g, GC, NC, p, v, base, ks, n, d0, bf16)
 #define VALUES_GC(NC)                                                                                                  \
     do {                                                                                                               \
         int g = 0;                                                                                                     \
@@ -303,11 +307,42 @@ static inline __attribute__((always_inline)) void values512(float *acc, int hd, 
         }                                                                                                              \
     } while (0)
 
-static inline __attribute__((always_inline)) void tile_values_bf16(float *acc, int group, int hd, const float (*p)[TILE],
-                                                                   const uint16_t *v, int64_t base, int64_t ks, int n) {
+/* The tile's values, 16 lanes at a time: a bfloat16 cache (bf16, hd a multiple of 32) or a
+ * float32 one (hd a multiple of 16). */
+static inline __attribute__((always_inline)) void tile_values512(float *acc, int group, int hd, const float (*p)[TILE],
+                                                                 const void *v, int64_t base, int64_t ks, int n,
+                                                                 int bf16) {
     int d0 = 0;
     for (; d0 + 64 <= hd; d0 += 64) VALUES_GC(4);
-    if (d0 < hd) VALUES_GC(2); /* hd a multiple of 32: 32 left */
+    for (; d0 + 32 <= hd; d0 += 32) VALUES_GC(2);
+    if (d0 < hd) VALUES_GC(1); /* 16 left */
+}
+
+/* A float32 cache's tile: s[g][t] = q[g] . k[t] (q scaled), 16 lanes, four keys at a time.
+ * hd: a multiple of 16. */
+static inline __attribute__((always_inline)) void tile_scores_f32(const float *q, int group, int hd, const float *k,
+                                                                  int64_t base, int64_t ks, int n, float (*s)[TILE]) {
+    for (int g = 0; g < group; g++) {
+        const float *qg = q + g * hd;
+        int t = 0;
+        for (; t + 4 <= n; t += 4) {
+            const float *k0 = k + base + t * ks;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int d = 0; d < hd; d += 16) {
+                const __m512 qv = _mm512_loadu_ps(qg + d);
+                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(k0 + d), qv, a0);
+                a1 = _mm512_fmadd_ps(_mm512_loadu_ps(k0 + ks + d), qv, a1);
+                a2 = _mm512_fmadd_ps(_mm512_loadu_ps(k0 + 2 * ks + d), qv, a2);
+                a3 = _mm512_fmadd_ps(_mm512_loadu_ps(k0 + 3 * ks + d), qv, a3);
+            }
+            _mm_storeu_ps(&s[g][t], sum4(fold16(a0), fold16(a1), fold16(a2), fold16(a3)));
+        }
+        for (; t < n; t++) {
+            __m512 a = _mm512_setzero_ps();
+            for (int d = 0; d < hd; d += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(k + base + t * ks + d), _mm512_loadu_ps(qg + d), a);
+            s[g][t] = _mm512_reduce_add_ps(a);
+        }
+    }
 }
 #endif
 
@@ -402,7 +437,14 @@ static inline __attribute__((always_inline)) int attend(const float *q, const ui
         if (kind == KV_BF16 && hd % 32 == 0) {
             tile_scores_bf16(qb, group, hd, qs, (const uint16_t *)k, base, ks, n, s);
             tile_softmax(s, group, hd, n, m, l, acc);
-            tile_values_bf16(acc, group, hd, (const float (*)[TILE])s, (const uint16_t *)v, base, ks, n);
+            tile_values512(acc, group, hd, (const float (*)[TILE])s, v, base, ks, n, 1);
+            j += n;
+            continue;
+        }
+        if (kind == KV_F32 && vec) {
+            tile_scores_f32(q, group, hd, (const float *)k, base, ks, n, s);
+            tile_softmax(s, group, hd, n, m, l, acc);
+            tile_values512(acc, group, hd, (const float (*)[TILE])s, v, base, ks, n, 0);
             j += n;
             continue;
         }
