@@ -151,20 +151,26 @@ static void pair_values(const Args *a, Scratch *s, int nkp) {
 
 /* The online softmax over one tile of nk keys from position kt0: masks the scores in st
  * (causal, the window, padding), updates m and l, leaves p in st (f32) and, for bf16, in
- * pp; alpha: each lane's rescale of the output so far. */
+ * pp; alpha: each lane's rescale of the output so far. full: no key of the tile is masked
+ * for any row (it is all before the first query, and within the last one's window). */
 static inline __attribute__((always_inline)) void softmax_tile(const Args *a, Scratch *s, int64_t kt0, int nk, int nz,
-                                                               const __m512i *pos, __m512 *m, __m512 *l, __m512 *alpha) {
+                                                               const __m512i *pos, __m512 *m, __m512 *l, __m512 *alpha,
+                                                               int full) {
     const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
     for (int z = 0; z < nz; z++) {
         __m512 bm = ninf;
-        for (int j = 0; j < nk; j++) {
-            const __m512i kp = _mm512_set1_epi32((int)(kt0 + j));
-            __mmask16 ok = _mm512_cmple_epi32_mask(kp, pos[z]);
-            if (a->window) ok &= _mm512_cmpgt_epi32_mask(kp, _mm512_sub_epi32(pos[z], _mm512_set1_epi32((int)a->window)));
-            float *sj = s->st + j * MAX_ROWS + z * 16;
-            __m512 v = _mm512_mask_mov_ps(ninf, ok, _mm512_load_ps(sj));
-            _mm512_store_ps(sj, v);
-            bm = _mm512_max_ps(bm, v);
+        if (full) {
+            for (int j = 0; j < nk; j++) bm = _mm512_max_ps(bm, _mm512_load_ps(s->st + j * MAX_ROWS + z * 16));
+        } else {
+            for (int j = 0; j < nk; j++) {
+                const __m512i kp = _mm512_set1_epi32((int)(kt0 + j));
+                __mmask16 ok = _mm512_cmple_epi32_mask(kp, pos[z]);
+                if (a->window) ok &= _mm512_cmpgt_epi32_mask(kp, _mm512_sub_epi32(pos[z], _mm512_set1_epi32((int)a->window)));
+                float *sj = s->st + j * MAX_ROWS + z * 16;
+                __m512 v = _mm512_mask_mov_ps(ninf, ok, _mm512_load_ps(sj));
+                _mm512_store_ps(sj, v);
+                bm = _mm512_max_ps(bm, v);
+            }
         }
         const __m512 mn = _mm512_max_ps(m[z], bm);
         /* A lane with no key yet (-inf): its p are 0 and its alpha is moot (o and l are 0). */
@@ -233,16 +239,21 @@ static void task(const Args *a, Scratch *s, int64_t row, int64_t first, int64_t 
     const int esize = a->bf16 ? 2 : 4;
     for (int64_t kt0 = kstart; kt0 < kend; kt0 += KT) {
         const int nk = (int)(kend - kt0 < KT ? kend - kt0 : KT);
-        for (int j = 0; j < KT; j++) {
-            if (j >= nk) {
-                s->kp[j] = s->vp[j] = ZERO_ROW;
-                continue;
+        /* The tile's rows: a block's keys are consecutive rows of kvstride elements. */
+        int64_t col = kt0 / a->bs, in = kt0 % a->bs;
+        const char *kb = NULL, *vb = NULL;
+        for (int j = 0; j < nk; j++, in++) {
+            if (j == 0 || in == a->bs) {
+                if (in == a->bs) col++, in = 0;
+                const int64_t blk = a->table[row * a->tcols + col]; /* checked by the caller */
+                const int64_t at = (blk * a->bs * kvstride + (int64_t)h * hd) * esize;
+                kb = (const char *)a->kc + at;
+                vb = (const char *)a->vc + at;
             }
-            const int64_t p = kt0 + j, blk = a->table[row * a->tcols + p / a->bs]; /* checked by the caller */
-            const int64_t at = ((blk * a->bs + p % a->bs) * kvstride + (int64_t)h * hd) * esize;
-            s->kp[j] = (const char *)a->kc + at;
-            s->vp[j] = (const char *)a->vc + at;
+            s->kp[j] = kb + in * kvstride * esize;
+            s->vp[j] = vb + in * kvstride * esize;
         }
+        for (int j = nk; j < KT; j++) s->kp[j] = s->vp[j] = ZERO_ROW;
         const int nk4 = (nk + 3) & ~3;
         for (int j = 0; j < nk4; j += 4) {
             switch (nz) {
@@ -252,7 +263,10 @@ static void task(const Args *a, Scratch *s, int64_t row, int64_t first, int64_t 
             default: scores4(a, s, j, 4); break;
             }
         }
-        softmax_tile(a, s, kt0, nk, nz, pos, m, l, alpha);
+        /* Every real row sees every key of the tile: no mask (padding lanes, all zero
+         * queries, get finite scores that are never written out). */
+        const int full = kt0 + nk - 1 <= first + q0 && (!a->window || kt0 > first + q0 + nq - 1 - a->window);
+        softmax_tile(a, s, kt0, nk, nz, pos, m, l, alpha, full);
         const int nkp = a->bf16 ? (nk + 1) / 2 : nk;
         if (a->bf16) pair_values(a, s, nkp);
         for (int d0 = 0; d0 < hd; d0 += 4) {
