@@ -38,6 +38,17 @@ from worker.kv_cache import allocate_kv_caches
 BLOCK_SIZE, KV_HEADS, HEAD_DIM = 16, 8, 64
 
 
+def shuffled_table(B: int, blocks_per_seq: int, block_size: int, gen: torch.Generator) -> tuple[BlockTable, torch.Tensor]:
+    """B rows of ``blocks_per_seq`` blocks each, the ids 1.. shuffled (no null block): the
+    table and its (B, blocks_per_seq) ids."""
+    table = BlockTable(B, blocks_per_seq, block_size, "cpu")
+    block_ids = (torch.randperm(B * blocks_per_seq, generator=gen) + 1).view(B, blocks_per_seq)
+    for i in range(B):
+        table.add_row(i, block_ids[i].tolist())
+    table.commit()
+    return table, block_ids
+
+
 def warm_up(*fns: Callable[[], object], seconds: float = 1.0) -> None:
     """Run the contenders in turn for a while first.
 
@@ -101,11 +112,7 @@ def decode_rows() -> list[Row]:
     num_blocks = B * blocks_per_seq + 1
     cache = allocate_kv_caches(1, num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM, torch.float32, "cpu")[0]
     cache.normal_(generator=gen)
-    table = BlockTable(B, blocks_per_seq, BLOCK_SIZE, "cpu")
-    block_ids = (torch.randperm(num_blocks - 1, generator=gen) + 1).view(B, blocks_per_seq)  # shuffled, no null block
-    for i in range(B):
-        table.add_row(i, block_ids[i].tolist())
-    table.commit()
+    table, block_ids = shuffled_table(B, blocks_per_seq, BLOCK_SIZE, gen)
     q = torch.randn(B, num_heads, HEAD_DIM, generator=gen)  # (B, nh, hd): one decode token each
     k_new = cache[0, block_ids[:, -1], (ctx - 1) % BLOCK_SIZE].clone()  # (B, kvh, hd): rewrite what is there
     v_new = cache[1, block_ids[:, -1], (ctx - 1) % BLOCK_SIZE].clone()
@@ -157,11 +164,7 @@ def _bf16_decode(kv_dtype: torch.dtype, B: int, ctx: int, num_heads: int) -> Cal
     num_blocks = B * blocks_per_seq + 1
     cache = allocate_kv_caches(1, num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM, kv_dtype, "cpu")[0]
     cache.copy_(torch.randn(cache.shape, generator=gen))
-    table = BlockTable(B, blocks_per_seq, BLOCK_SIZE, "cpu")
-    block_ids = (torch.randperm(num_blocks - 1, generator=gen) + 1).view(B, blocks_per_seq)
-    for i in range(B):
-        table.add_row(i, block_ids[i].tolist())
-    table.commit()
+    table, block_ids = shuffled_table(B, blocks_per_seq, BLOCK_SIZE, gen)
     q = torch.randn(B, num_heads, HEAD_DIM, generator=gen).bfloat16()  # (B, nh, hd)
     k_new = torch.randn(B, KV_HEADS, HEAD_DIM, generator=gen).bfloat16()  # (B, kvh, hd)
     v_new = torch.randn(B, KV_HEADS, HEAD_DIM, generator=gen).bfloat16()
@@ -197,11 +200,7 @@ def prefill_rows() -> list[Row]:
     num_blocks = B * blocks_per_seq + 1
     cache = allocate_kv_caches(1, num_blocks, bs, kvh, hd, torch.bfloat16, "cpu")[0]
     cache.copy_(torch.randn(cache.shape, generator=gen))
-    table = BlockTable(B, blocks_per_seq, bs, "cpu")
-    block_ids = (torch.randperm(num_blocks - 1, generator=gen) + 1).view(B, blocks_per_seq)
-    for i in range(B):
-        table.add_row(i, block_ids[i].tolist())
-    table.commit()
+    table, block_ids = shuffled_table(B, blocks_per_seq, bs, gen)
     q = torch.randn(B * n, num_heads, hd, generator=gen).bfloat16()
     k_new = torch.randn(B * n, kvh, hd, generator=gen).bfloat16()
     v_new = torch.randn(B * n, kvh, hd, generator=gen).bfloat16()
