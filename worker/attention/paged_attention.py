@@ -114,6 +114,8 @@ class PagedAttention:
         self.writers = [KVCacheWriter(kv, s) for kv, s in zip(kv_caches, self.scales, strict=True)]
         _, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim = kv_caches[0].shape
         self.num_heads = num_heads
+        # The kernels' scale of q.k (SDPA takes self.scale, None meaning this default).
+        self.kernel_scale = scale if scale is not None else self.head_dim**-0.5
         self.group = num_heads // self.num_kv_heads
         cache_dtype, device = kv_caches[0].dtype, kv_caches[0].device
         self.fp8 = is_fp8(cache_dtype)
@@ -172,13 +174,13 @@ class PagedAttention:
         if decode_rows:
             groups, shared, order = self._decode_metadata(block_table, table_np, decode_rows, decode_context_lens, sliding_window)
         prefill_rows = None
-        if prefills and self._prefill_kernel_reads(block_table):
+        if prefills and self._in_place(self.prefill_kernel, block_table):
             chunks, prefill_rows = [], self._prefill_rows(block_table, prefills, len(decode_rows))
         else:
             chunks = self._prefill_chunks(block_table, table_np, prefills, len(decode_rows), sliding_window)
-        if isinstance(groups, DecodeRows):
-            return AttentionMetadata(slot_mapping, len(decode_rows), [], chunks, shared, order, sliding_window, groups, prefill_rows)
-        return AttentionMetadata(slot_mapping, len(decode_rows), groups, chunks, shared, order, sliding_window, None, prefill_rows)
+        kernel_rows = groups if isinstance(groups, DecodeRows) else None
+        return AttentionMetadata(slot_mapping, len(decode_rows), [] if kernel_rows is not None else groups, chunks, shared, order, sliding_window,
+                                 kernel_rows, prefill_rows)  # fmt: skip
 
     def _decode_metadata(
         self, block_table: torch.Tensor, table_np: np.ndarray | None, decode_rows: list[int], decode_context_lens: list[int],
@@ -196,7 +198,7 @@ class PagedAttention:
             start = np.maximum(ctx_np - window, 0)
             skip = start // bs
             own = ctx_np - skip * bs
-            if self._kernel_reads(block_table):
+            if self._in_place(self.decode_kernel, block_table):
                 return DecodeRows(block_table, rows_np, skip, own, start - skip * bs), [], None
             return self._decode_groups(block_table, rows_np, own, skip, (start - skip * bs).tolist()), [], None
         skip = np.zeros(len(decode_rows), dtype=np.int64)
@@ -209,17 +211,15 @@ class PagedAttention:
             rows_np, ctx_np, skip = rows_np[order_np], ctx_np[order_np], skip[order_np]
             order = torch.from_numpy(order_np).to(block_table.device)
         own = ctx_np - skip * bs  # keys of each row after its shared prefix, >= 1
-        if self._kernel_reads(block_table):
+        if self._in_place(self.decode_kernel, block_table):
             return DecodeRows(block_table, rows_np, skip, own, np.zeros_like(own)), shared, order
         return self._decode_groups(block_table, rows_np, own, skip), shared, order
 
-    def _kernel_reads(self, block_table: torch.Tensor) -> bool:
-        """Whether this step's decode rows go through the in-place kernel."""
-        return self.decode_kernel is not None and block_table.dtype == torch.int32 and block_table.is_contiguous()
-
-    def _prefill_kernel_reads(self, block_table: torch.Tensor) -> bool:
-        """Whether this step's prefill chunks go through the in-place kernel."""
-        return self.prefill_kernel is not None and block_table.dtype == torch.int32 and block_table.is_contiguous()
+    @staticmethod
+    def _in_place(kernel: object | None, block_table: torch.Tensor) -> bool:
+        """Whether this step's rows go through ``kernel`` (the decode or prefill one), which
+        reads a contiguous int32 block table."""
+        return kernel is not None and block_table.dtype == torch.int32 and block_table.is_contiguous()
 
     @staticmethod
     def _prefill_rows(block_table: torch.Tensor, prefills: list[tuple[int, int, int]], offset: int) -> PrefillRows:
@@ -379,9 +379,8 @@ class PagedAttention:
             self._decode(layer, q[: md.num_decode_tokens], out[: md.num_decode_tokens], md)
         if md.prefill_rows is not None:
             r = md.prefill_rows
-            scale = self.scale if self.scale is not None else hd**-0.5
             self.prefill_kernel(q, self.kv_caches[layer], r.table, r.table_row, r.first, r.num_queries, r.offset,
-                                md.sliding_window, scale, out)  # fmt: skip
+                                md.sliding_window, self.kernel_scale, out)  # fmt: skip
         for c in md.prefills:
             ctx = c.num_ctx_blocks * self.block_size
             kc, vc = self._blocks(layer, c.block_ids, c.first_block)
@@ -408,9 +407,8 @@ class PagedAttention:
             r = md.decode_rows
             if q.stride(1) != hd or q.stride(2) != 1:
                 q = q.contiguous()
-            scale = self.scale if self.scale is not None else hd**-0.5
             s = self.scales[layer]
-            self.decode_kernel(q, self.kv_caches[layer], r.table, r.table_row, r.first_col, r.num_keys, r.lead, scale, res, lse, (s.k, s.v))
+            self.decode_kernel(q, self.kv_caches[layer], r.table, r.table_row, r.first_col, r.num_keys, r.lead, self.kernel_scale, res, lse, (s.k, s.v))
         for g in md.decode_groups:
             n, ctx = g.end - g.start, g.num_ctx_blocks * self.block_size
             kg, vg = self._gather(layer, g.block_ids)
