@@ -21,7 +21,8 @@ chunks (several consecutive tokens of one request, possibly starting mid-sequenc
   one C kernel (``worker.attention.paged_prefill``) for all of a step's chunks, reading
   each chunk's blocks where they lie. Elsewhere, or with ``prefill_kernel=False``, they
   loop over requests: gather the request's blocks, then SDPA with a causal mask offset
-  by the number of tokens already computed.
+  by the number of tokens already computed (``worker.attention.prefill_metadata`` builds
+  either's per-step metadata).
 * Sliding windows (``build_metadata(..., sliding_window=W)``, one metadata per window;
   ``for_step`` takes one per layer): the token at position p attends to positions
   (p - W, p]. The leading columns of a row wholly before the window of its first query
@@ -66,19 +67,13 @@ from worker.attention.metadata import (
     AttentionMetadata,
     DecodeGroup,
     DecodeRows,
-    PrefillChunk,
-    PrefillRows,
     SharedPrefix,
-    first_if_consecutive,
 )
 from worker.attention.paged_decode import load as load_paged_decode
 from worker.attention.paged_prefill import load as load_paged_prefill
+from worker.attention.prefill_metadata import prefill_chunks, prefill_rows
 
 DEFAULT_WORKSPACE_BYTES = 16 * 1024 * 1024  # per K and per V
-# NOTE: a windowed prefill chunk is attended in pieces of at least this many queries, so
-# a long chunk reads about (piece + W) keys per query, not the whole prefix; below it
-# the calls' fixed cost would outweigh the keys saved.
-WINDOW_PIECE_TOKENS = 256
 
 
 class PagedAttention:
@@ -173,14 +168,14 @@ class PagedAttention:
         order = None
         if decode_rows:
             groups, shared, order = self._decode_metadata(block_table, table_np, decode_rows, decode_context_lens, sliding_window)
-        prefill_rows = None
+        kernel_prefills = None
         if prefills and self._in_place(self.prefill_kernel, block_table):
-            chunks, prefill_rows = [], self._prefill_rows(block_table, prefills, len(decode_rows))
+            chunks, kernel_prefills = [], prefill_rows(block_table, prefills, len(decode_rows))
         else:
-            chunks = self._prefill_chunks(block_table, table_np, prefills, len(decode_rows), sliding_window)
+            chunks = prefill_chunks(block_table, table_np, prefills, len(decode_rows), self.block_size, self._positions, sliding_window)
         kernel_rows = groups if isinstance(groups, DecodeRows) else None
         return AttentionMetadata(slot_mapping, len(decode_rows), [] if kernel_rows is not None else groups, chunks, shared, order, sliding_window,
-                                 kernel_rows, prefill_rows)  # fmt: skip
+                                 kernel_rows, kernel_prefills)  # fmt: skip
 
     def _decode_metadata(
         self, block_table: torch.Tensor, table_np: np.ndarray | None, decode_rows: list[int], decode_context_lens: list[int],
@@ -220,14 +215,6 @@ class PagedAttention:
         """Whether this step's rows go through ``kernel`` (the decode or prefill one), which
         reads a contiguous int32 block table."""
         return kernel is not None and block_table.dtype == torch.int32 and block_table.is_contiguous()
-
-    @staticmethod
-    def _prefill_rows(block_table: torch.Tensor, prefills: list[tuple[int, int, int]], offset: int) -> PrefillRows:
-        """The chunks (row, num_computed, n) as the kernel reads them; their tokens follow
-        the step's ``offset`` decode tokens."""
-        rows, first, n = (np.fromiter((p[i] for p in prefills), dtype=np.int64, count=len(prefills)) for i in range(3))
-        starts = offset + np.concatenate(([0], np.cumsum(n)[:-1]))
-        return PrefillRows(block_table, rows, first, n, starts)
 
     def _decode_groups(
         self, block_table: torch.Tensor, rows_np: np.ndarray, own: np.ndarray, skip: np.ndarray, lead: list[int] | None = None
@@ -275,39 +262,6 @@ class PagedAttention:
             bias = torch.zeros(pad.shape, dtype=self.dtype, device=device).masked_fill_(pad, float("-inf"))
             bias = bias[:, None, None, :]
         return DecodeGroup(start, end, ids, widest, bias)
-
-    def _prefill_chunks(
-        self, block_table: torch.Tensor, table_np: np.ndarray | None, prefills: list[tuple[int, int, int]], offset: int,
-        window: int = 0,
-    ) -> list[PrefillChunk]:
-        """Each prefill chunk's blocks and causal mask; the chunks follow the decode tokens.
-        With a window, a chunk is attended in pieces of at most ``max(window,
-        WINDOW_PIECE_TOKENS)`` queries, each reading only the blocks its window reaches."""
-        chunks: list[PrefillChunk] = []
-        for row, num_computed, n in prefills:
-            piece = max(window, WINDOW_PIECE_TOKENS) if window else n
-            for s in range(0, n, piece):
-                m = min(piece, n - s)
-                chunks.append(self._prefill_chunk(block_table, table_np, row, num_computed + s, m, offset + s, window))
-            offset += n
-        return chunks
-
-    def _prefill_chunk(
-        self, block_table: torch.Tensor, table_np: np.ndarray | None, row: int, first: int, n: int, offset: int, window: int
-    ) -> PrefillChunk:
-        """Queries at positions [first, first + n) of ``row``, tokens [offset, offset + n) of the step."""
-        bs, device = self.block_size, block_table.device
-        nb = -(-(first + n) // bs)
-        # The first column the first query's window reaches (0 without a window).
-        c0 = max(0, first - window + 1) // bs if window else 0
-        ids = block_table[row, c0:nb].long()
-        query_pos = torch.arange(first, first + n, device=device)[:, None]  # (n, 1)
-        key_pos = self._positions[c0 * bs : nb * bs][None, :]  # (1, L)
-        mask = key_pos <= query_pos  # (n, L)
-        if window:
-            mask &= key_pos > query_pos - window
-        first_block = first_if_consecutive(table_np[row, c0:nb]) if table_np is not None else None
-        return PrefillChunk(offset, offset + n, ids, nb - c0, mask, first_block)
 
     def for_step(self, metadata: AttentionMetadata | Sequence[AttentionMetadata]):
         """The model's AttentionFn for one step: one metadata for every layer, or a
