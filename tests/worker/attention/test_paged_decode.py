@@ -38,8 +38,10 @@ def dense(cache: torch.Tensor, q: torch.Tensor, blocks: list[int], first: int, e
 # (num_heads, kv heads, head_dim, block_size): the AVX2 loops (head_dim % 16 == 0; a bf16
 # cache with AVX-512 BF16 and head_dim % 32 == 0: its own loops, 32, 64 and 128) with
 # one query per kv head, odd groups and a group of 16; plain C (head_dim 40, 24); blocks
-# larger than the kernel's 64-key tile.
-SHAPES = [(8, 2, 32, 32), (12, 4, 64, 16), (4, 4, 128, 128), (6, 2, 64, 8), (16, 1, 32, 4), (10, 2, 40, 16), (3, 1, 24, 8)]
+# larger than the kernel's 64-key tile; a row's kv heads over more than one task (its
+# buffers hold 4,096 query elements: 2 of 4 heads of 8 x 256, then 2 and 1 of 3 of 16 x 128).
+SHAPES = [(8, 2, 32, 32), (12, 4, 64, 16), (4, 4, 128, 128), (6, 2, 64, 8), (16, 1, 32, 4), (10, 2, 40, 16), (3, 1, 24, 8),
+          (32, 4, 256, 16), (48, 3, 128, 16)]  # fmt: skip
 
 
 # (cache dtype, compute dtype, K and V scales): 16/32-bit caches in their own dtype, fp8

@@ -2,13 +2,16 @@
  * lie, block by block through the block table, with no gather into a workspace.
  *
  * No torch headers: worker/attention/paged_decode.py loads this with ctypes and passes data
- * pointers. One task is one (row, kv head): the row's `group` query heads of that kv head
- * meet each key once. Keys are taken a block (or the part of one the row uses) at a
- * time: scores for the tile, an online softmax (running max and sum, float32), then the
- * tile's values weighted into a float32 accumulator. Float32, bfloat16 and fp8 (e4m3fn,
- * e5m2, with a per-layer scale each for K and V) caches, read as float32 where they lie;
- * queries and output in the compute dtype (the 16/32-bit cache's own), the log-sum-exp of
- * each query's scores in float32 (what cascade attention's merge needs).
+ * pointers. One task is one row's kv heads (all of them where its buffers hold them): each
+ * kv head's `group` query heads meet each key once. Keys are taken a block (or the part of
+ * one the row uses) at a time, every head of the task in turn on it (a block holds all of
+ * a key's heads side by side, so the block is read once), while the next block the row's
+ * table names is prefetched: per head, scores for the tile, an online softmax (running
+ * max and sum, float32), then the tile's values weighted into a float32 accumulator.
+ * Float32, bfloat16 and fp8 (e4m3fn, e5m2, with a per-layer scale each for K and V)
+ * caches, read as float32 where they lie; queries and output in the compute dtype (the
+ * 16/32-bit cache's own), the log-sum-exp of each query's scores in float32 (what cascade
+ * attention's merge needs).
  * With AVX2, FMA and F16C (and a head size a multiple of 16) the tile's loops are written with
  * intrinsics: four keys' scores at a time in vertical accumulators, summed across lanes
  * once, and values into accumulators held in registers across the tile. Elsewhere, plain
@@ -404,26 +407,85 @@ static void tile_softmax(float (*s)[TILE], int group, int hd, int n, float *m, f
     }
 }
 
-/* One (row, kv head). q: the group's queries (group x hd, already in float32 and scaled);
- * qb, qs: a bfloat16 cache's, as they came (bfloat16) and their scale (AVX-512 BF16 reads them);
- * k, v: the cache's K and V of this layer, (num_blocks, bs, kvh, hd), of `kind`;
- * table: the row's block ids, read from column first_col; keys [lead, nkeys) of those
- * columns. Returns -1 on a block id outside the cache. */
-static inline __attribute__((always_inline)) int attend(const float *q, const uint16_t *qb, float qs, int group, int hd,
-                                                        const void *k, const void *v, int kind, const int32_t *table,
-                                                        int64_t first_col, int64_t nkeys, int64_t lead,
-                                                        int64_t num_blocks, int bs, int kvh, int h, float *acc, float *m,
-                                                        float *l) {
-    float s[MAX_GROUP][TILE];
-    const int64_t ks = (int64_t)kvh * hd; /* elements from one key to the next */
+/* One tile of one kv head: its n keys from element `base` of k and v, for the group's
+ * queries, folded into the head's running softmax (m, l) and accumulator acc. */
+static inline __attribute__((always_inline)) void tile(const float *q, const uint16_t *qb, float qs, int group, int hd,
+                                                      const void *k, const void *v, int kind, int64_t base, int64_t ks,
+                                                      int n, float (*s)[TILE], float *acc, float *m, float *l) {
 #ifdef HAVE_AVX2
     const int vec = hd % 16 == 0;
 #endif
-    for (int g = 0; g < group; g++) {
+#ifdef HAVE_AVX512BF16
+    if (kind == KV_BF16 && hd % 32 == 0) {
+        tile_scores_bf16(qb, group, hd, qs, (const uint16_t *)k, base, ks, n, s);
+        tile_softmax(s, group, hd, n, m, l, acc);
+        tile_values512(acc, group, hd, (const float (*)[TILE])s, v, base, ks, n, 1);
+        return;
+    }
+    if (kind == KV_F32 && vec) {
+        tile_scores_f32(q, group, hd, (const float *)k, base, ks, n, s);
+        tile_softmax(s, group, hd, n, m, l, acc);
+        tile_values512(acc, group, hd, (const float (*)[TILE])s, v, base, ks, n, 0);
+        return;
+    }
+#endif
+#ifdef HAVE_AVX2
+    if (vec) {
+        tile_scores_avx2(q, group, hd, k, base, ks, n, kind, s);
+        tile_softmax(s, group, hd, n, m, l, acc);
+        tile_values_avx2(acc, group, hd, (const float (*)[TILE])s, v, base, ks, n, kind);
+        return;
+    }
+#endif
+    tile_scores(q, group, hd, k, base, ks, n, kind, s);
+    tile_softmax(s, group, hd, n, m, l, acc);
+    tile_values(acc, group, hd, (const float (*)[TILE])s, v, base, ks, n, kind);
+}
+
+/* Ask for the tile of keys from j on (its K and V, heads [h0, h0 + nkv)) to be brought
+ * into the cache while the current one is computed.
+ * NOTE: a row's blocks lie anywhere in the cache, so the hardware's prefetchers, which
+ * follow addresses, cannot see the next one coming; the block table can. */
+static inline __attribute__((always_inline)) void prefetch_tile(const void *k, const void *v, int kind,
+                                                               const int32_t *table, int64_t first_col, int64_t j,
+                                                               int64_t nkeys, int64_t num_blocks, int bs, int kvh,
+                                                               int hd, int h0, int nkv) {
+    int64_t blk = table[first_col + j / bs];
+    if (blk < 0 || blk >= num_blocks) return; /* the loop reports it when it gets there */
+    int off = (int)(j % bs);
+    int64_t n = bs - off;
+    if (n > TILE) n = TILE;
+    if (n > nkeys - j) n = nkeys - j;
+    const int64_t esize = kind == KV_F32 ? 4 : kind == KV_BF16 ? 2 : 1;
+    const int64_t first = ((blk * bs + off) * kvh + h0) * hd * esize;
+    const int64_t last = first + ((n - 1) * kvh * hd + (int64_t)nkv * hd) * esize; /* one past */
+    for (int64_t b = first; b < last; b += 64) {
+        __builtin_prefetch((const char *)k + b, 0, 2);
+        __builtin_prefetch((const char *)v + b, 0, 2);
+    }
+}
+
+/* One row, kv heads [h0, h0 + nkv). q: their queries (nkv x group x hd, already in float32
+ * and scaled); qb, qs: a bfloat16 cache's, as they came (bfloat16) and their scale
+ * (AVX-512 BF16 reads them); k, v: the cache's K and V of this layer, (num_blocks, bs,
+ * kvh, hd), of `kind`; table: the row's block ids, read from column first_col; keys
+ * [lead, nkeys) of those columns. acc, m, l: per head, as q. Returns -1 on a block id
+ * outside the cache.
+ * NOTE: the heads are the inner loop, so a tile's keys, every head's side by side in the
+ * cache, are read from memory once, together, rather than a head's slice at a time. */
+static inline __attribute__((always_inline)) int attend(const float *q, const uint16_t *qb, float qs, int group, int hd,
+                                                        const void *k, const void *v, int kind, const int32_t *table,
+                                                        int64_t first_col, int64_t nkeys, int64_t lead,
+                                                        int64_t num_blocks, int bs, int kvh, int h0, int nkv, float *acc,
+                                                        float *m, float *l) {
+    float s[MAX_GROUP][TILE];
+    const int64_t ks = (int64_t)kvh * hd; /* elements from one key to the next */
+    const int gh = group * hd;
+    for (int g = 0; g < nkv * group; g++) {
         m[g] = -INFINITY;
         l[g] = 0.0f;
-        for (int d = 0; d < hd; d++) acc[g * hd + d] = 0.0f;
     }
+    for (int e = 0; e < nkv * gh; e++) acc[e] = 0.0f;
     for (int64_t j = lead; j < nkeys;) {
         int64_t col = first_col + j / bs;
         int off = (int)(j % bs);
@@ -432,35 +494,12 @@ static inline __attribute__((always_inline)) int attend(const float *q, const ui
         if (n > nkeys - j) n = (int)(nkeys - j);
         int64_t blk = table[col];
         if (blk < 0 || blk >= num_blocks) return -1;
-        int64_t base = ((blk * bs + off) * kvh + h) * hd; /* element index of the tile's first key */
-#ifdef HAVE_AVX512BF16
-        if (kind == KV_BF16 && hd % 32 == 0) {
-            tile_scores_bf16(qb, group, hd, qs, (const uint16_t *)k, base, ks, n, s);
-            tile_softmax(s, group, hd, n, m, l, acc);
-            tile_values512(acc, group, hd, (const float (*)[TILE])s, v, base, ks, n, 1);
-            j += n;
-            continue;
+        if (j + n < nkeys) prefetch_tile(k, v, kind, table, first_col, j + n, nkeys, num_blocks, bs, kvh, hd, h0, nkv);
+        for (int x = 0; x < nkv; x++) {
+            int64_t base = ((blk * bs + off) * kvh + h0 + x) * hd; /* element index of the tile's first key */
+            tile(q + x * gh, qb ? qb + x * gh : NULL, qs, group, hd, k, v, kind, base, ks, n, s, acc + x * gh,
+                 m + x * group, l + x * group);
         }
-        if (kind == KV_F32 && vec) {
-            tile_scores_f32(q, group, hd, (const float *)k, base, ks, n, s);
-            tile_softmax(s, group, hd, n, m, l, acc);
-            tile_values512(acc, group, hd, (const float (*)[TILE])s, v, base, ks, n, 0);
-            j += n;
-            continue;
-        }
-#endif
-#ifdef HAVE_AVX2
-        if (vec) {
-            tile_scores_avx2(q, group, hd, k, base, ks, n, kind, s);
-            tile_softmax(s, group, hd, n, m, l, acc);
-            tile_values_avx2(acc, group, hd, (const float (*)[TILE])s, v, base, ks, n, kind);
-            j += n;
-            continue;
-        }
-#endif
-        tile_scores(q, group, hd, k, base, ks, n, kind, s);
-        tile_softmax(s, group, hd, n, m, l, acc);
-        tile_values(acc, group, hd, (const float (*)[TILE])s, v, base, ks, n, kind);
         j += n;
     }
     return 0;
@@ -486,7 +525,10 @@ int paged_decode(const void *q, int64_t q_row, const void *k, const void *v, int
         if (first_col[i] + (nkeys[i] + bs - 1) / bs > table_cols) return -2;
     }
     const int group = nh / kvh;
-    const int64_t tasks = B * kvh;
+    /* A task is a row's kv heads, as many as its buffers hold. */
+    const int per_task = MAX_GROUP * MAX_HEAD_DIM / (group * hd) < kvh ? MAX_GROUP * MAX_HEAD_DIM / (group * hd) : kvh;
+    const int parts = (kvh + per_task - 1) / per_task;
+    const int64_t tasks = B * parts;
     /* NOTE: the key scale goes into the queries (q.(k s) = (q s).k), the value scale
      * onto each output (sum p (v s) = s sum p v). */
     const float fp8_unit = kind == KV_E4M3 ? 256.0f : 1.0f; /* fp8_to_f32 reads e4m3fn times 2^-8 */
@@ -497,30 +539,32 @@ int paged_decode(const void *q, int64_t q_row, const void *k, const void *v, int
     if (nt > tasks) nt = (int)tasks;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) reduction(min : err)
     for (int64_t task = 0; task < tasks; task++) {
-        int64_t i = task / kvh;
-        int h = (int)(task % kvh);
+        int64_t i = task / parts;
+        int h0 = (int)(task % parts) * per_task;
+        int nkv = kvh - h0 < per_task ? kvh - h0 : per_task;
         float qf[MAX_GROUP * MAX_HEAD_DIM];
         float acc[MAX_GROUP * MAX_HEAD_DIM];
-        float m[MAX_GROUP], l[MAX_GROUP];
-        int64_t q0 = i * q_row + (int64_t)h * group * hd; /* the group's first query element */
-        for (int e = 0; e < group * hd; e++)
+        float m[MAX_GROUP * MAX_HEAD_DIM], l[MAX_GROUP * MAX_HEAD_DIM];
+        const int elems = nkv * group * hd;
+        int64_t q0 = i * q_row + (int64_t)h0 * group * hd; /* the heads' first query element */
+        for (int e = 0; e < elems; e++)
             qf[e] = q_scale * (out_bf16 ? bf16_to_f32(((const uint16_t *)q)[q0 + e]) : ((const float *)q)[q0 + e]);
         const uint16_t *qb = out_bf16 ? (const uint16_t *)q + q0 : NULL;
         const int32_t *trow = table + rows[i] * table_cols;
         int rc;
         /* NOTE: one call per kind, so each is compiled for its element */
         switch (kind) {
-        case KV_F32: rc = attend(qf, qb, q_scale, group, hd, k, v, KV_F32, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h, acc, m, l); break;
-        case KV_BF16: rc = attend(qf, qb, q_scale, group, hd, k, v, KV_BF16, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h, acc, m, l); break;
-        case KV_E4M3: rc = attend(qf, qb, q_scale, group, hd, k, v, KV_E4M3, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h, acc, m, l); break;
-        default: rc = attend(qf, qb, q_scale, group, hd, k, v, KV_E5M2, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h, acc, m, l); break;
+        case KV_F32: rc = attend(qf, qb, q_scale, group, hd, k, v, KV_F32, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h0, nkv, acc, m, l); break;
+        case KV_BF16: rc = attend(qf, qb, q_scale, group, hd, k, v, KV_BF16, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h0, nkv, acc, m, l); break;
+        case KV_E4M3: rc = attend(qf, qb, q_scale, group, hd, k, v, KV_E4M3, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h0, nkv, acc, m, l); break;
+        default: rc = attend(qf, qb, q_scale, group, hd, k, v, KV_E5M2, trow, first_col[i], nkeys[i], lead[i], num_blocks, bs, kvh, h0, nkv, acc, m, l); break;
         }
         if (rc != 0) {
             err = rc < err ? rc : err;
             continue;
         }
-        int64_t o0 = i * (int64_t)nh * hd + (int64_t)h * group * hd;
-        for (int g = 0; g < group; g++) {
+        int64_t o0 = i * (int64_t)nh * hd + (int64_t)h0 * group * hd;
+        for (int g = 0; g < nkv * group; g++) {
             float inv = o_scale / l[g];
             for (int d = 0; d < hd; d++) {
                 float x = acc[g * hd + d] * inv;
@@ -529,7 +573,7 @@ int paged_decode(const void *q, int64_t q_row, const void *k, const void *v, int
                 else
                     ((float *)out)[o0 + g * hd + d] = x;
             }
-            if (lse) lse[(i * kvh + h) * group + g] = m[g] + logf(l[g]);
+            if (lse) lse[(i * kvh + h0) * group + g] = m[g] + logf(l[g]);
         }
     }
     return err;
