@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.threads import DEFAULT_CPU_NICE, DEFAULT_WIDE_STEP_TOKENS
+from worker.threads import DEFAULT_CPU_NICE
 
 CPU_DEFAULT_KV_CACHE_MEMORY = 64 * 1024 * 1024
 
@@ -60,5 +60,6 @@ class WorkerConfig:
     distributed_timeout_s: float = 30.0
     # On CPU every thread of the worker runs at this nice value at least (--cpu-nice).
     cpu_nice: int = DEFAULT_CPU_NICE
-    # On CPU a step of at least this many tokens runs on every core (0: never).
-    cpu_wide_step_tokens: int = DEFAULT_WIDE_STEP_TOKENS
+    # On CPU a step of at least this many tokens runs on every core (0: never; None: from
+    # the model's size, worker.threads.wide_step_tokens).
+    cpu_wide_step_tokens: int | None = None

@@ -55,7 +55,7 @@ from worker.metrics import WorkerMetrics
 from worker.plan_check import PlanError
 from worker.runner import ModelRunner
 from worker.serving_model import ServingModel
-from worker.threads import StepThreads, wide_num_threads
+from worker.threads import StepThreads, projection_weights, wide_num_threads, wide_step_tokens
 
 log = logging.getLogger("worker")
 
@@ -294,11 +294,17 @@ class WorkerProcess:
                 return WorkerError("unexpected WorkerReady: this worker is already ready")
 
     def _step_threads(self) -> StepThreads | None:
-        """On CPU, a big step on every core (``--cpu-wide-step-tokens``); None elsewhere."""
-        c = self.config
-        if self.model.device.type != "cpu":
+        """On CPU, a big step on every core (``--cpu-wide-step-tokens``, by default from the
+        model's size); None elsewhere."""
+        c, m = self.config, self.model
+        if m.device.type != "cpu":
             return None
-        return StepThreads(wide_num_threads(os.environ, os.cpu_count(), c.tensor_parallel_size), c.cpu_wide_step_tokens)
+        tokens = c.cpu_wide_step_tokens
+        if tokens is None:
+            mc = m.config
+            tokens = wide_step_tokens(projection_weights(mc.hidden_size, mc.intermediate_size, mc.num_layers,
+                                                         m.num_heads * mc.head_dim, m.num_kv_heads * mc.head_dim))  # fmt: skip
+        return StepThreads(wide_num_threads(os.environ, os.cpu_count(), c.tensor_parallel_size), tokens)
 
     def _execute(self, plan: StepPlan) -> StepResult | WorkerError:
         runner = self.runner

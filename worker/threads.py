@@ -5,11 +5,15 @@ torch takes every core by default; the worker shares the machine with the schedu
 by several times (`make compare` shows it). vLLM's CPU backend binds one core fewer
 than the machine has; so does the worker, unless OMP_NUM_THREADS says otherwise.
 
-Big steps: a step of at least ``--cpu-wide-step-tokens`` tokens (128) runs its forward on
-every core, the one left to the scheduler and frontend included. They wait on such a step
-(a wave of prefills), so the core sits idle otherwise; llama50m's shared-prefix waves
-prefilled ~1.8x faster on two threads than on one, and TTFT fell with them
-(docs/benchmarks.md, "2026-12-03, 15:45"). Decode steps keep the one core fewer.
+Big steps: a step whose projections are big enough runs its forward on every core, the
+one left to the scheduler and frontend included. By default that is a step of at least
+``WIDE_STEP_WEIGHT_TOKENS`` / (the model's projection weights) tokens (``wide_step_tokens``;
+``--cpu-wide-step-tokens N`` sets N): the cost of going wide (a second thread woken at each
+op, and sharing its core with the scheduler, frontend and client) is about the same for
+every step, what it saves grows with the step's multiply-adds. During a wave of prefills
+the scheduler and frontend wait on the step, so the core would sit idle; at a decode step
+of a model of tens of millions of parameters it is idle most of the step too.
+docs/benchmarks.md ("2026-12-03, 15:45" and "2026-12-03, 19:00") has the measurements.
 
 Priority: on CPU the worker runs at nice 5 (``--cpu-nice``). It shares the cores with the
 scheduler and the frontend, which do little but must answer at once: a burst of requests
@@ -42,7 +46,22 @@ def wide_num_threads(env: Mapping[str, str], cpu_count: int | None, tensor_paral
 
 
 DEFAULT_CPU_NICE = 5
-DEFAULT_WIDE_STEP_TOKENS = 128
+# NOTE: tokens x projection weights from which a step runs wide by default: the tiny
+# checkpoint's 3.1M weights from 128 tokens (a prefill wave; its decode steps of up to 64
+# rows gained nothing measurable), llama50m's 51M from 8 (its decode steps too).
+WIDE_STEP_WEIGHT_TOKENS = 384_000_000
+
+
+def wide_step_tokens(weights_per_token: int) -> int:
+    """The default ``--cpu-wide-step-tokens`` of a model whose projections take this many
+    multiply-adds a token (``projection_weights``)."""
+    return max(1, -(-WIDE_STEP_WEIGHT_TOKENS // max(1, weights_per_token)))
+
+
+def projection_weights(hidden: int, intermediate: int, num_layers: int, q_size: int, kv_size: int) -> int:
+    """The weights one token meets in a decoder's projections: each layer's q, k, v and o
+    and its gated MLP (the vocabulary's projection is per sampled row, not per token)."""
+    return num_layers * (hidden * (2 * q_size + 2 * kv_size) + 3 * hidden * intermediate)
 
 
 class StepThreads:

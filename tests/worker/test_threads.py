@@ -1,6 +1,6 @@
 """The worker leaves a core to the scheduler unless OMP_NUM_THREADS is given, takes it
-back for a big step (``--cpu-wide-step-tokens``), and runs at a lower priority on CPU
-(``--cpu-nice``), its torch threads too."""
+back for a big step (``--cpu-wide-step-tokens``, by default from the model's size), and
+runs at a lower priority on CPU (``--cpu-nice``), its torch threads too."""
 
 from __future__ import annotations
 
@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from worker.threads import StepThreads, default_num_threads, wide_num_threads
+from worker.threads import (
+    WIDE_STEP_WEIGHT_TOKENS,
+    StepThreads,
+    default_num_threads,
+    projection_weights,
+    wide_num_threads,
+    wide_step_tokens,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,6 +92,38 @@ def test_a_step_of_at_least_min_tokens_runs_wide_and_the_count_comes_back(one_th
     for off in (StepThreads(None, 128), StepThreads(3, 0)):
         with off.step(4096):
             assert torch.get_num_threads() == 1
+
+
+def test_a_token_meets_each_layers_q_k_v_o_and_gated_mlp_weights():
+    # The tiny checkpoint's shape: hidden 256, MLP 768, 4 layers, 8 query heads and 2 KV
+    # heads of 32. A layer: q 256x256, k and v 256x64 each, o 256x256, gate, up and down
+    # 256x768 each.
+    per_layer = 256 * 256 + 2 * 256 * 64 + 256 * 256 + 3 * 256 * 768
+    assert per_layer == 753_664
+    assert projection_weights(256, 768, 4, 256, 64) == 4 * per_layer
+
+
+@pytest.mark.parametrize(("weights", "tokens"), [
+    (4 * 753_664, 128),  # the tiny checkpoint: its prefill waves, not its decode steps
+    (8 * (768 * (2 * 768 + 2 * 256) + 3 * 768 * 2048), 8),  # llama50m: its decode steps of 8 rows too
+    (WIDE_STEP_WEIGHT_TOKENS, 1), (WIDE_STEP_WEIGHT_TOKENS + 1, 1), (WIDE_STEP_WEIGHT_TOKENS - 1, 2),
+    (7_000_000_000, 1), (0, WIDE_STEP_WEIGHT_TOKENS),
+])  # fmt: skip
+def test_the_default_wide_step_shrinks_as_the_model_grows(weights, tokens):
+    assert wide_step_tokens(weights) == tokens
+
+
+def test_the_worker_takes_its_wide_step_from_the_model_unless_told(tiny_checkpoint):
+    from worker.config import WorkerConfig
+    from worker.process import WorkerProcess
+    from worker.serving_model import load_serving_model
+    from worker.startup import _allocate_kv_caches
+
+    serving = load_serving_model(tiny_checkpoint, "float32", "cpu", 64)
+    for told, expected in ((None, 128), (5, 5), (0, 0)):
+        config = WorkerConfig(block_size=4, kv_cache_memory=64 * 1024, cpu_wide_step_tokens=told)
+        proc = WorkerProcess(config, serving, _allocate_kv_caches(config, serving, None)[0], None)
+        assert proc._step_threads().min_tokens == expected
 
 
 def test_a_negative_wide_step_is_refused():
