@@ -123,9 +123,16 @@ class KVEventSubscriber:
             if self._curve is not None:
                 apply_client(sock, *self._curve)
             sock.setsockopt(zmq.LINGER, 0)
+            # NOTE: bounded, as the wait for the answer is: a peer that refused the
+            # handshake (CURVE, a key it does not know) leaves no pipe, and a send
+            # without one would wait for ever.
+            sock.setsockopt(zmq.SNDTIMEO, max(1, int(self.replay_timeout_s * 1000)))
             sock.connect(self.replay_endpoint)
-            sock.send_multipart([b"", encode_seq(self.last_seq + 1)])
             deadline = time.monotonic() + self.replay_timeout_s
+            try:
+                sock.send_multipart([b"", encode_seq(self.last_seq + 1)])
+            except zmq.Again:
+                return 0
             while sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
                 frames = sock.recv_multipart()
                 # vLLM 0.33.0 and kvpool: [b"", topic, seq, payload]; older vLLM: [b"", seq, payload].
