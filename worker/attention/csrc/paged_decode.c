@@ -442,6 +442,13 @@ static inline __attribute__((always_inline)) void tile(const float *q, const uin
     tile_values(acc, group, hd, (const float (*)[TILE])s, v, base, ks, n, kind);
 }
 
+/* The keys of the tile from key j of a row of nkeys: the rest of j's block, at most TILE. */
+static inline int tile_keys(int64_t j, int bs, int64_t nkeys) {
+    int64_t n = bs - j % bs;
+    if (n > TILE) n = TILE;
+    return (int)(n < nkeys - j ? n : nkeys - j);
+}
+
 /* Ask for the tile of keys from j on (its K and V, heads [h0, h0 + nkv)) to be brought
  * into the cache while the current one is computed.
  * NOTE: a row's blocks lie anywhere in the cache, so the hardware's prefetchers, which
@@ -452,10 +459,8 @@ static inline __attribute__((always_inline)) void prefetch_tile(const void *k, c
                                                                int hd, int h0, int nkv) {
     int64_t blk = table[first_col + j / bs];
     if (blk < 0 || blk >= num_blocks) return; /* the loop reports it when it gets there */
-    int off = (int)(j % bs);
-    int64_t n = bs - off;
-    if (n > TILE) n = TILE;
-    if (n > nkeys - j) n = nkeys - j;
+    const int off = (int)(j % bs);
+    const int64_t n = tile_keys(j, bs, nkeys);
     const int64_t esize = kind == KV_F32 ? 4 : kind == KV_BF16 ? 2 : 1;
     const int64_t first = ((blk * bs + off) * kvh + h0) * hd * esize;
     const int64_t last = first + ((n - 1) * kvh * hd + (int64_t)nkv * hd) * esize; /* one past */
@@ -489,9 +494,7 @@ static inline __attribute__((always_inline)) int attend(const float *q, const ui
     for (int64_t j = lead; j < nkeys;) {
         int64_t col = first_col + j / bs;
         int off = (int)(j % bs);
-        int n = bs - off;
-        if (n > TILE) n = TILE;
-        if (n > nkeys - j) n = (int)(nkeys - j);
+        int n = tile_keys(j, bs, nkeys);
         int64_t blk = table[col];
         if (blk < 0 || blk >= num_blocks) return -1;
         if (j + n < nkeys) prefetch_tile(k, v, kind, table, first_col, j + n, nkeys, num_blocks, bs, kvh, hd, h0, nkv);
@@ -526,7 +529,7 @@ int paged_decode(const void *q, int64_t q_row, const void *k, const void *v, int
     }
     const int group = nh / kvh;
     /* A task is a row's kv heads, as many as its buffers hold. */
-    const int per_task = MAX_GROUP * MAX_HEAD_DIM / (group * hd) < kvh ? MAX_GROUP * MAX_HEAD_DIM / (group * hd) : kvh;
+    const int fit = MAX_GROUP * MAX_HEAD_DIM / (group * hd), per_task = fit < kvh ? fit : kvh;
     const int parts = (kvh + per_task - 1) / per_task;
     const int64_t tasks = B * parts;
     /* NOTE: the key scale goes into the queries (q.(k s) = (q s).k), the value scale
