@@ -50,6 +50,7 @@ from protocol.worker_messages import (
 from worker.config import WorkerConfig
 from worker.grammar_compiler import GrammarCompiler
 from worker.group_tables import hello_group_windows
+from worker.host_peers import HostPeers
 from worker.kv_cache import first_blocks
 from worker.metrics import WorkerMetrics
 from worker.plan_check import PlanError
@@ -98,6 +99,8 @@ class WorkerProcess:
         self.runner: ModelRunner | None = None
         # Structured outputs: compiled off the step path, kept across re-handshakes.
         self.grammars = GrammarCompiler(serving.directory, serving.config.vocab_size)
+        # This worker's presence on the host, taken with the first runner that can go wide.
+        self.host_peers: HostPeers | None = None
 
     def hello(self) -> WorkerHello:
         c, s = self.config, self.serving
@@ -117,6 +120,13 @@ class WorkerProcess:
 
     def run(self, ctx: zmq.Context) -> int:
         """Serve until Shutdown (0) or a fatal condition (non-zero)."""
+        try:
+            return self._run(ctx)
+        finally:
+            if self.host_peers is not None:
+                self.host_peers.close()
+
+    def _run(self, ctx: zmq.Context) -> int:
         while True:
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
@@ -304,7 +314,10 @@ class WorkerProcess:
             mc = m.config
             tokens = wide_step_tokens(projection_weights(mc.hidden_size, mc.intermediate_size, mc.num_layers,
                                                          m.num_heads * mc.head_dim, m.num_kv_heads * mc.head_dim))  # fmt: skip
-        return StepThreads(wide_num_threads(os.environ, os.cpu_count(), c.tensor_parallel_size), tokens)
+        wide = wide_num_threads(os.environ, os.cpu_count(), c.tensor_parallel_size)
+        if wide and tokens and self.host_peers is None:
+            self.host_peers = HostPeers()
+        return StepThreads(wide, tokens, self.host_peers)
 
     def _execute(self, plan: StepPlan) -> StepResult | WorkerError:
         runner = self.runner

@@ -14,6 +14,8 @@ every step, what it saves grows with the step's multiply-adds. During a wave of 
 the scheduler and frontend wait on the step, so the core would sit idle; at a decode step
 of a model of tens of millions of parameters it is idle most of the step too.
 docs/benchmarks.md ("2026-12-03, 15:45" and "2026-12-03, 19:00") has the measurements.
+Only a worker alone on its host goes wide (worker/host_peers.py): replicas sharing a host
+share its cores, and two going wide spin on each other's.
 
 Priority: on CPU the worker runs at nice 5 (``--cpu-nice``). It shares the cores with the
 scheduler and the frontend, which do little but must answer at once: a burst of requests
@@ -26,8 +28,13 @@ nice 5 in most pairs. When nothing else wants the cores, nice costs the worker n
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from worker.host_peers import HostPeers
 
 
 def default_num_threads(env: Mapping[str, str], cpu_count: int | None) -> int | None:
@@ -66,11 +73,13 @@ def projection_weights(hidden: int, intermediate: int, num_layers: int, q_size: 
 
 class StepThreads:
     """torch's thread count per step: as set for most steps, ``wide`` for a step of at
-    least ``min_tokens`` tokens (None or 0: never)."""
+    least ``min_tokens`` tokens (None or 0: never), while ``peers`` (worker/host_peers.py)
+    says no other worker runs on this host."""
 
-    def __init__(self, wide: int | None, min_tokens: int):
+    def __init__(self, wide: int | None, min_tokens: int, peers: HostPeers | None = None):
         self.wide = wide
         self.min_tokens = min_tokens
+        self.peers = peers
 
     @contextmanager
     def step(self, num_tokens: int) -> Iterator[None]:
@@ -78,7 +87,8 @@ class StepThreads:
         import torch
 
         base = torch.get_num_threads()
-        if not self.wide or not self.min_tokens or num_tokens < self.min_tokens or self.wide <= base:
+        if (not self.wide or not self.min_tokens or num_tokens < self.min_tokens or self.wide <= base
+                or (self.peers is not None and not self.peers.alone(time.monotonic()))):  # fmt: skip
             yield
             return
         torch.set_num_threads(self.wide)
