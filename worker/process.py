@@ -50,7 +50,7 @@ from protocol.worker_messages import (
 from worker.config import WorkerConfig
 from worker.grammar_compiler import GrammarCompiler
 from worker.group_tables import hello_group_windows
-from worker.host_peers import HostPeers
+from worker.host_peers import HostPeers, default_directory
 from worker.kv_cache import first_blocks
 from worker.metrics import WorkerMetrics
 from worker.plan_check import PlanError
@@ -305,7 +305,8 @@ class WorkerProcess:
 
     def _step_threads(self) -> StepThreads | None:
         """On CPU, a big step on every core (``--cpu-wide-step-tokens``, by default from the
-        model's size); None elsewhere."""
+        model's size) while no other worker runs on this host (worker/host_peers.py, where
+        this worker registers); None elsewhere."""
         c, m = self.config, self.model
         if m.device.type != "cpu":
             return None
@@ -314,10 +315,12 @@ class WorkerProcess:
             mc = m.config
             tokens = wide_step_tokens(projection_weights(mc.hidden_size, mc.intermediate_size, mc.num_layers,
                                                          m.num_heads * mc.head_dim, m.num_kv_heads * mc.head_dim))  # fmt: skip
-        wide = wide_num_threads(os.environ, os.cpu_count(), c.tensor_parallel_size)
-        if wide and tokens and self.host_peers is None:
-            self.host_peers = HostPeers()
-        return StepThreads(wide, tokens, self.host_peers)
+        if self.host_peers is None:  # NOTE: every CPU worker says it is here, wide or not
+            try:
+                self.host_peers = HostPeers()
+            except OSError as e:
+                log.warning("cannot register in %s (%s): big steps go wide even beside another worker", default_directory(), e)
+        return StepThreads(wide_num_threads(os.environ, os.cpu_count(), c.tensor_parallel_size), tokens, self.host_peers)
 
     def _execute(self, plan: StepPlan) -> StepResult | WorkerError:
         runner = self.runner
