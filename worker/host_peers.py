@@ -9,11 +9,10 @@ worker that is gone: it is removed. The directory is read at most once per
 
 Why: libgomp (torch's OpenMP) keeps a thread that finished its share of a parallel
 region spinning before it sleeps, and cannot see other processes. Two replicas on one
-host, each going wide, spin on each other's cores: behind vllm-router, two tiny
-replicas on this 2-core machine served 256 requests in 21-30 s, against 3.9 s with
-every step narrow (docs/benchmarks.md, "2026-12-03, 22:00"). A shorter spin
-(GOMP_SPINCOUNT) fixed the pair but cost a lone llama50m replica a third of its
-decode throughput, and a replica alone is what the wide steps are for.
+host, each going wide, spin on each other's cores, and ran several times slower than
+with every step narrow. A shorter spin (GOMP_SPINCOUNT) fixed the pair but slowed a lone
+replica's decode, and a replica alone is what the wide steps are for
+(docs/benchmarks.md, "2026-12-03, 21:55").
 """
 
 from __future__ import annotations
