@@ -13,10 +13,16 @@ the load generator does) or until it finishes (a client that does not stream). A
 replica with nothing to run jumps to the arrival. Fast-forwarded decode stretches (simulator/fastforward.py) end before the
 next arrival anywhere, so no replica ever runs past a request it could be given.
 
+A request's times outside the engines (`RequestPaths`, ``--request-path-ms``; none by
+default): the router decides ``decide`` after the send (its own work: kv_aware's render
+call), the engine has the request ``there`` after the decision, and the router and the
+client see a token (the first, streamed; the last) ``back`` after the engine made it;
+the router's loads and prefilling counts are what it has seen by the decision.
+
 ``--max-concurrency C`` is the load generator's closed loop: a request is sent at its
-arrival time or, when C are in flight, when the one that frees a slot finishes. That
-finish is found by stepping the replica whose clock is earliest until every finish
-before the candidate send time is known.
+arrival time or, when C are in flight, when the client sees the end of the one that
+frees a slot. That finish is found by stepping the replica whose clock is earliest
+until every finish before the candidate send time is known.
 
 One replica behind any router is the single-engine simulator, counter for counter.
 """
@@ -26,6 +32,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import random
 import time
 
 from loadgen.datasets import MOONCAKE_BLOCK_TOKENS
@@ -34,6 +41,34 @@ from simulator.fleet_result import FleetResult
 from simulator.result import NOT_YET
 from simulator.routers import make_router
 from simulator.workload import TraceWorkload, Workload
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestPaths:
+    """A request's times outside the engines, in ns: from its send to the router's
+    decision (``decide``: the router's own work first, kv_aware's render call), from
+    the decision to the engine (``there``), and from the engine's last token (or first,
+    streamed) back to the router and the client (``back``). With ``jitter`` j each
+    request's three are drawn apart, each uniform within (1 - j, 1 + j) x its mean,
+    from ``seed``: live, no two requests take the same time."""
+
+    decide_ns: int = 0
+    there_ns: int = 0
+    back_ns: int = 0
+    jitter: float = 0.0
+    seed: int = 0
+
+    @classmethod
+    def from_ms(cls, decide: float, there: float, back: float, jitter: float = 0.0, seed: int = 0) -> RequestPaths:
+        return cls(*(round(ms * 1e6) for ms in (decide, there, back)), jitter, seed)
+
+    def draw(self, n: int) -> list[tuple[int, int, int]]:
+        """Request i's (decide, there, back) ns, for i < n."""
+        means = (self.decide_ns, self.there_ns, self.back_ns)
+        if not self.jitter:
+            return [means] * n
+        rng, j = random.Random(self.seed), self.jitter
+        return [tuple(round(m * rng.uniform(1 - j, 1 + j)) for m in means) for _ in range(n)]  # type: ignore[misc]
 
 
 def routing_units(workload: Workload, index: int, prompt: list[int]) -> tuple[list, list[int] | None]:
@@ -82,7 +117,8 @@ class Fleet:
     """N replica runs, a router, the clock of sends; see the module doc."""
 
     def __init__(self, workload: Workload, cfg: SimConfig, replicas: int, router: str,
-                 max_concurrency: int | None = None, seed: int = 0, stream: bool = True):  # fmt: skip
+                 max_concurrency: int | None = None, seed: int = 0, stream: bool = True,
+                 paths: RequestPaths | None = None):  # fmt: skip
         from scheduler.core.kv_events import KVEventRecorder
 
         workload.reset()
@@ -92,6 +128,7 @@ class Fleet:
         self.router = make_router(router, replicas, seed, cfg.block_size)
         self.max_concurrency = max_concurrency
         self.stream = stream
+        self.paths = (paths or RequestPaths()).draw(len(workload.specs))
         self.runs: list[_Run] = []
         self.recorders: list[KVEventRecorder] = []
         for _ in range(replicas):
@@ -120,13 +157,16 @@ class Fleet:
     # -- one replica -------------------------------------------------------------
     def _record(self, r: int, run: _Run, seen_finished: int) -> None:
         for seq_id in run.finished_seq_ids[seen_finished:]:
-            self._finish(r, run.finish_ns[seq_id])
+            self._finish(r, seq_id, run.finish_ns[seq_id])
         if self.recorders:
             events = self.recorders[r].take()
             if events:
                 self.pending_events[r].append((run.now, events))
 
-    def _finish(self, r: int, t: int) -> None:
+    def _finish(self, r: int, i: int, t: int) -> None:
+        """Request i of replica r ended in the engine at t: its answer reaches the
+        router and the client its way back later."""
+        t += self.paths[i][2]
         self.finish_times[r].append(t)
         bisect.insort(self.all_finishes, t)
 
@@ -135,15 +175,22 @@ class Fleet:
         run.admit_arrivals()
         for i in run.order[first : run.next_arrival]:
             if str(i) not in run.sched.requests:  # rejected: the server answers at once
-                self._finish(r, run.now)
+                self._finish(r, i, run.now)
                 self.rejected_ns[i] = run.now
 
     def _step(self, r: int, run: _Run) -> bool:
         """Admit what has arrived, run one step (and any fast-forward after it).
         False when the replica has nothing to run."""
         self._admit(r, run)
-        if not run.sched.has_unfinished_requests():
-            return False
+        while not run.sched.has_unfinished_requests():
+            # Idle: on to the next request on its way here, if it comes before the horizon.
+            if run.next_arrival == len(run.order):
+                return False
+            arrival = self.prepared.specs[run.order[run.next_arrival]].arrival_ns
+            if run.horizon_ns is not None and arrival >= run.horizon_ns:
+                return False
+            run.now = max(run.now, arrival)
+            self._admit(r, run)
         seen = len(run.finished_seq_ids)
         host_evictions = run.tier.num_evictions if run.tier is not None else 0
         out = run.sched.schedule()
@@ -171,12 +218,14 @@ class Fleet:
     def _prefilling(self, t: int) -> list[int]:
         """Each replica's tokens of routed requests the router still counts as
         prefilling at t: no first token (or, not streamed, no finish) by t."""
-        out = []
+        out, paths = [], self.paths
         for r, held in enumerate(self.prefilling):
             run = self.runs[r]
             ends = run.first_token_ns if self.stream else run.finish_ns
+            # NOTE: seen once back: what the engine had sent by t less its way back.
             held[:] = [(i, n) for i, n in held
-                       if not (ends[i] != NOT_YET and ends[i] <= t or self.rejected_ns.get(i, t + 1) <= t)]  # fmt: skip
+                       if not (ends[i] != NOT_YET and ends[i] + paths[i][2] <= t
+                               or self.rejected_ns.get(i, t + 1) + paths[i][2] <= t)]  # fmt: skip
             out.append(sum(n for _, n in held))
         return out
 
@@ -190,6 +239,13 @@ class Fleet:
             if k:
                 del pending[:k]
 
+    def _clock(self, run: _Run) -> int:
+        """When the replica next does anything: now, or when idle, the arrival of the
+        next request on its way to it."""
+        if run.sched.has_unfinished_requests() or run.next_arrival == len(run.order):
+            return run.now
+        return max(run.now, self.prepared.specs[run.order[run.next_arrival]].arrival_ns)
+
     def _send_time(self, t: int) -> int:
         """When the next request goes out: its arrival time t, or under the closed loop
         the finish that frees a slot."""
@@ -200,18 +256,20 @@ class Fleet:
             need = self.sent - c + 1  # finishes needed by the send time
             if need <= 0:
                 return t
-            busy = [r for r, run in enumerate(self.runs) if run.sched.has_unfinished_requests() or run.next_arrival < len(run.order)]
-            known_until = min((self.runs[r].now for r in busy), default=math.inf)
+            clocks = {r: self._clock(run) for r, run in enumerate(self.runs)
+                      if run.sched.has_unfinished_requests() or run.next_arrival < len(run.order)}  # fmt: skip
+            known_until = min(clocks.values(), default=math.inf)
             if len(self.all_finishes) >= need and self.all_finishes[need - 1] <= known_until:
                 return max(t, self.all_finishes[need - 1])
-            if not busy:
+            if not clocks:
                 raise RuntimeError("closed loop stuck: slots taken but nothing running")
-            r = min(busy, key=lambda i: self.runs[i].now)
+            r = min(clocks, key=clocks.__getitem__)
             run = self.runs[r]
             # NOTE: the next send follows a finish: this replica's come after any
             # fast-forward, the others' after their clocks.
-            others = [self.runs[i].now for i in busy if i != r]
+            others = [c for i, c in clocks.items() if i != r]
             run.horizon_ns = max(t, min(others)) if others else None
+            run.now = clocks[r]  # an idle replica waits for the request on its way
             if not self._step(r, run) and run.sched.has_unfinished_requests():
                 raise RuntimeError(f"replica {r} stuck: requests left but nothing can be scheduled")
 
@@ -219,13 +277,16 @@ class Fleet:
         wall_start, cpu_start = time.perf_counter(), time.process_time()
         specs = self.prepared.specs
         order = sorted(range(len(specs)), key=lambda i: specs[i].arrival_ns)
+        decided = 0
         for i in order:
-            t = self._send_time(specs[i].arrival_ns)
-            if t != specs[i].arrival_ns:
-                specs[i] = dataclasses.replace(specs[i], arrival_ns=t)
+            decide_ns, there_ns, _ = self.paths[i]
+            # NOTE: decisions in the order of sends, so no replica has run past one.
+            t = decided = max(decided, self._send_time(specs[i].arrival_ns) + decide_ns)
             for r in range(len(self.runs)):
                 self._advance(r, t)
             r = self._route(i, t)
+            if t + there_ns != specs[i].arrival_ns:  # the engine has it when it gets there
+                specs[i] = dataclasses.replace(specs[i], arrival_ns=t + there_ns)
             run = self.runs[r]
             run.now = max(run.now, t)  # behind t only when it had nothing to run
             run.order.append(i)
@@ -295,7 +356,9 @@ class Fleet:
 
 
 def simulate_fleet(workload: Workload, cfg: SimConfig, replicas: int, router: str,
-                   max_concurrency: int | None = None, seed: int = 0, stream: bool = True) -> FleetResult:  # fmt: skip
+                   max_concurrency: int | None = None, seed: int = 0, stream: bool = True,
+                   paths: RequestPaths | None = None) -> FleetResult:  # fmt: skip
     """Replay ``workload`` through ``replicas`` fresh engines behind ``router``;
-    ``stream``: the clients stream (kv_aware's view of prefilling, see `Fleet`)."""
-    return Fleet(workload, cfg, replicas, router, max_concurrency, seed, stream).run()
+    ``stream``: the clients stream (kv_aware's view of prefilling, see `Fleet`);
+    ``paths``: a request's times outside the engines (none by default)."""
+    return Fleet(workload, cfg, replicas, router, max_concurrency, seed, stream, paths).run()

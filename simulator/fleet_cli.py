@@ -40,6 +40,16 @@ def _router_list(text: str) -> list[str]:
     return values
 
 
+def _request_path(text: str) -> tuple[float, float, float]:
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or not all(0 <= v < math.inf for v in values):
+        raise argparse.ArgumentTypeError(f"expected DECIDE,THERE,BACK: three milliseconds >= 0, got {text!r}")
+    return values  # type: ignore[return-value]
+
+
 def add_fleet_args(p: argparse.ArgumentParser) -> None:
     from simulator.cli import _int_list
 
@@ -53,13 +63,21 @@ def add_fleet_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--non-streaming", action="store_true",
                    help="the clients do not stream: kv_aware counts a request as prefilling until it finishes, "
                         "not until its first token (default: streamed, as the load generator sends)")
+    g.add_argument("--request-path-ms", type=_request_path, default=None, metavar="DECIDE,THERE,BACK",
+                   help="a request's milliseconds outside the engines: from its send to the router's decision (the "
+                        "router's own work, kv_aware's render call), from there to the engine, and from the engine's "
+                        "token back to the router and client (default 0,0,0)")
+    g.add_argument("--request-path-jitter", type=float, default=None, metavar="J",
+                   help="with --request-path-ms: each request's three times drawn apart, uniform within (1 - J, 1 + J) "
+                        "x the given ones, from --seed (default 0: every request the same)")
     g.add_argument("--jobs", type=int, default=None, help="runs at once, in processes (default: the CPU count)")  # fmt: skip
 
 
 def check_fleet_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if a.replicas is None:
         for flag, value in (("--router", a.router), ("--max-concurrency", a.max_concurrency), ("--jobs", a.jobs),
-                            ("--non-streaming", a.non_streaming or None)):  # fmt: skip
+                            ("--non-streaming", a.non_streaming or None), ("--request-path-ms", a.request_path_ms),
+                            ("--request-path-jitter", a.request_path_jitter)):  # fmt: skip
             if value is not None:
                 p.error(f"{flag} applies to fleet runs: give --replicas N")
         return
@@ -69,6 +87,11 @@ def check_fleet_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(f"--replicas must be positive, got {min(a.replicas)}")
     if a.max_concurrency is not None and a.max_concurrency < 1:
         p.error(f"--max-concurrency must be >= 1, got {a.max_concurrency}")
+    if a.request_path_jitter is not None:
+        if a.request_path_ms is None:
+            p.error("--request-path-jitter needs --request-path-ms")
+        if not 0 <= a.request_path_jitter < 1:
+            p.error(f"--request-path-jitter must be in [0, 1), got {a.request_path_jitter}")
     if a.jobs is not None and a.jobs < 1:
         p.error(f"--jobs must be >= 1, got {a.jobs}")
     if a.plot is not None:
@@ -84,12 +107,13 @@ def _run_one(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, polic
     """One fleet run in a worker process (the workload built once a process)."""
     global _WORKLOAD
     from simulator.cli import build_workload, sim_config
-    from simulator.fleet import simulate_fleet
+    from simulator.fleet import RequestPaths, simulate_fleet
 
     if _WORKLOAD is None:
         _WORKLOAD = build_workload(a)
     cfg = sim_config(a, num_blocks, num_host_blocks, policy, a.kv_eviction_policy[0])
-    return simulate_fleet(_WORKLOAD, cfg, replicas, router, a.max_concurrency, a.seed, not a.non_streaming).summary()
+    paths = RequestPaths.from_ms(*a.request_path_ms, a.request_path_jitter or 0.0, a.seed) if a.request_path_ms else None
+    return simulate_fleet(_WORKLOAD, cfg, replicas, router, a.max_concurrency, a.seed, not a.non_streaming, paths).summary()
 
 
 def format_fleet_table(rows: list[dict]) -> str:

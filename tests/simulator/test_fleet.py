@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import pytest
 from loadgen.datasets import MooncakeRecord, SampleRequest, shared_prefix_requests
 from simulator.cli import main
 from simulator.engine import SimConfig, simulate
-from simulator.fleet import Fleet, simulate_fleet
+from simulator.fleet import Fleet, RequestPaths, simulate_fleet
 from simulator.routers import ROUTERS
 from simulator.workload import SampleWorkload, TraceWorkload
 
@@ -149,6 +150,21 @@ def test_cli_fleet_table_and_result_json(tmp_path: Path, capsys):
     assert rows[0]["aggregate_hit_rate"] == rows[1]["aggregate_hit_rate"]  # one replica: the router is moot
 
 
+def test_cli_request_path_adds_its_times_to_each_request_of_a_closed_loop(tmp_path: Path):
+    """One request at a time: each spends 2 + 3 ms before its engine and (but the last,
+    whose way back no engine waits for) 4.5 ms after it; the engines' work is the same."""
+    argv = ["--dataset", "shared-prefix", "--num-requests", "40", "--num-blocks", "120", "--replicas", "2",
+            "--router", "round_robin", "--max-concurrency", "1", "--jobs", "1"]  # fmt: skip
+    spans = []
+    for extra in ([], ["--request-path-ms", "2,3,4.5"], ["--request-path-ms", "2,3,4.5", "--request-path-jitter", "0.5"]):
+        out = tmp_path / f"fleet{len(spans)}.json"
+        assert main([*argv, *extra, "--result-json", str(out)]) == 0
+        (row,) = json.loads(out.read_text())["results"]
+        spans.append(row["simulated_s"])
+    assert spans[1] - spans[0] == pytest.approx(40 * 0.005 + 39 * 0.0045, abs=1e-9)
+    assert spans[2] != spans[1]  # drawn apart, the sum moves
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -161,6 +177,12 @@ def test_cli_fleet_table_and_result_json(tmp_path: Path, capsys):
         (["--replicas", "2", "--max-concurrency", "0"], "--max-concurrency must be >= 1"),
         (["--replicas", "2", "--jobs", "0"], "--jobs must be >= 1"),
         (["--replicas", "2", "--plot", "x.png"], "--plot draws single-engine runs"),
+        (["--request-path-ms", "1,2,3"], "--request-path-ms applies to fleet runs"),
+        (["--replicas", "2", "--request-path-ms", "1,2"], "expected DECIDE,THERE,BACK"),
+        (["--replicas", "2", "--request-path-ms", "1,-2,3"], "expected DECIDE,THERE,BACK"),
+        (["--replicas", "2", "--request-path-ms", "1,x,3"], "expected DECIDE,THERE,BACK"),
+        (["--replicas", "2", "--request-path-jitter", "0.5"], "--request-path-jitter needs --request-path-ms"),
+        (["--replicas", "2", "--request-path-ms", "1,2,3", "--request-path-jitter", "1"], "must be in [0, 1)"),
     ],
 )
 def test_cli_fleet_flag_errors(argv: list[str], message: str, capsys):
@@ -178,3 +200,50 @@ def test_trace_routing_units_are_its_blocks_weighted_by_their_tokens():
     (a, wa), (b, wb), (c, wc) = (routing_units(w, i, []) for i in range(3))
     assert (wa, wb, wc) == ([512, 512, 76], [512, 512], [512, 88])
     assert b == a[:2] and c[0] != a[0] and c[1] != a[1]  # equal prefix, equal units; 6 after 9 is another prefix
+
+
+def test_a_request_reaches_its_engine_after_the_path_and_the_client_sends_after_the_way_back():
+    """One at a time through the closed loop: each request is sent when the client sees
+    the last one's end (``back`` after the engine's), decided ``decide`` later, and
+    reaches its engine ``there`` after that."""
+    paths = RequestPaths.from_ms(2.0, 3.0, 4.5)
+    fleet = Fleet(shared_prefix(12, rate_gap_s=0.0), SimConfig(200, block_size=16), 2, "round_robin",
+                  max_concurrency=1, paths=paths)  # fmt: skip
+    result = fleet.run()
+    arrivals = sorted(s.arrival_ns for s in fleet.prepared.specs)
+    finishes = sorted(f for run in fleet.runs for f in run.finish_ns if f >= 0)
+    assert result.num_finished == 12
+    assert arrivals[0] == 2_000_000 + 3_000_000  # the first send at 0
+    assert arrivals[1:] == [f + 4_500_000 + 2_000_000 + 3_000_000 for f in finishes[:-1]]
+
+
+@pytest.mark.parametrize("back_ms, expected", [(50.0, 0), (95.0, 1)])
+def test_kv_aware_sees_a_first_token_only_once_it_is_back(back_ms: float, expected: int):
+    """The streamed case of the test above: request 0's first token comes at 7.88 ms (one
+    5 + 144 x 0.02 ms step). Seen 50 ms later, before request 1's decision at 100 ms:
+    request 0 no longer prefills, replica 0 (32 < 144). Seen 95 ms later, after it:
+    (16 + 144) x 2 = 320 > 144, replica 1."""
+    prefix = list(range(1, 129))
+    samples = [SampleRequest(prefix + [200 + i] * 16, 60) for i in range(2)]
+    workload = SampleWorkload(samples, [0.0, 0.1], 512)
+    fleet = Fleet(workload, SimConfig(100, block_size=16), 2, "kv_aware", paths=RequestPaths.from_ms(0.0, 0.0, back_ms))
+    fleet.run()
+    assert fleet.routed_to == [0, expected]
+    assert fleet.runs[0].first_token_ns[0] == 7_880_000  # the premise
+
+
+def test_jittered_paths_are_drawn_per_request_within_the_bounds_and_followed():
+    paths = RequestPaths.from_ms(2.0, 3.0, 4.0, jitter=0.5, seed=3)
+    draws = paths.draw(12)
+    assert draws == paths.draw(12) != RequestPaths.from_ms(2.0, 3.0, 4.0, jitter=0.5, seed=4).draw(12)
+    for mean, column in zip((2e6, 3e6, 4e6), zip(*draws, strict=True), strict=True):
+        assert all(0.5 * mean <= v <= 1.5 * mean for v in column) and len(set(column)) == 12
+    fleet = Fleet(shared_prefix(12, rate_gap_s=0.0), SimConfig(200, block_size=16), 2, "round_robin",
+                  max_concurrency=1, paths=paths)  # fmt: skip
+    fleet.run()
+    arrival = [s.arrival_ns for s in fleet.prepared.specs]
+    finish = [max(run.finish_ns[i] for run in fleet.runs) for i in range(12)]
+    order = sorted(range(12), key=arrival.__getitem__)
+    assert arrival[order[0]] == draws[order[0]][0] + draws[order[0]][1]
+    for prev, i in itertools.pairwise(order):  # one at a time: sent when the last one's end is back
+        assert arrival[i] == finish[prev] + draws[prev][2] + draws[i][0] + draws[i][1]
