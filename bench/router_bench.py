@@ -71,17 +71,22 @@ def shared_prefix_prompts(num_prefixes: int, repeats: int, seed: int = 7) -> lis
     return prompts
 
 
-def prefix_cache_totals(url: str) -> tuple[float, float]:
-    """(hits, queries) from one replica's /metrics."""
+def metric_totals(url: str, *names: str) -> tuple[float, ...]:
+    """Each named sample of one replica's /metrics, summed over its labels."""
     status, text = http_get(url + "/metrics")
     if status != 200:
         raise RuntimeError(f"{url}/metrics answered {status}")
-    hits = queries = 0.0
+    totals = dict.fromkeys(names, 0.0)
     for line in text.decode().splitlines():
-        if line.startswith("vllm:prefix_cache_hits_total"):
-            hits += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("vllm:prefix_cache_queries_total"):
-            queries += float(line.rsplit(" ", 1)[1])
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return tuple(totals.values())
+
+
+def prefix_cache_totals(url: str) -> tuple[float, float]:
+    """(hits, queries) from one replica's /metrics."""
+    hits, queries = metric_totals(url, "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
     return hits, queries
 
 
