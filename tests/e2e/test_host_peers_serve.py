@@ -9,6 +9,7 @@ import time
 import urllib.request
 
 import pytest
+from kvtest.waiting import wait_for
 
 from bench.router_bench import Replica
 
@@ -23,14 +24,6 @@ def _complete(url: str, model: str, salt: str) -> None:
     req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
         assert r.status == 200
-
-
-def _wait_for(predicate, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.1)
 
 
 def test_two_workers_on_one_host_keep_big_steps_narrow_until_one_stops(tiny_checkpoint, tmp_path, monkeypatch):
@@ -55,7 +48,7 @@ def test_two_workers_on_one_host_keep_big_steps_narrow_until_one_stops(tiny_chec
 
         second.stop()
         second = None
-        _wait_for(lambda: len(list(registry.glob("*.lock"))) == 1, "the stopped worker's file removed")
+        wait_for(lambda: len(list(registry.glob("*.lock"))) == 1, "the stopped worker's file removed")
         time.sleep(1.1)  # the registry is read at most once a second
         _complete(first.url, model, "second")
         assert "no other kvpool worker on this host" in log.read_text()

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 from kvtest.fake_engine import fake_engine, frontend_process
+from kvtest.waiting import wait_for
 
 from frontend.admission import (
     BACKLOG_FULL,
@@ -158,14 +158,6 @@ def metric(front, sample: str) -> tuple[float | None, bytes]:
         if line.startswith(sample + " "):
             return float(line.split()[-1]), page
     return None, page
-
-
-def wait_for(cond, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 class Background:

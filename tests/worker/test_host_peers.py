@@ -9,7 +9,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 import torch
 
 from worker.host_peers import HostPeers
@@ -70,14 +69,6 @@ def test_the_directory_is_read_at_most_once_an_interval(tmp_path):
         me.close()
         if other is not None:
             other.close()
-
-
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_a_big_step_stays_narrow_while_another_worker_runs(tmp_path, one_thread):

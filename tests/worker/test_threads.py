@@ -70,14 +70,6 @@ def test_a_big_step_takes_every_core_unless_told_the_count_or_ranks_share_them(e
     assert wide_num_threads(env, cpus, tp) == expected
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_a_step_of_at_least_min_tokens_runs_wide_and_the_count_comes_back(one_thread):
     threads = StepThreads(wide=3, min_tokens=128)
     seen = {}
