@@ -128,7 +128,7 @@ class Fleet:
         self.router = make_router(router, replicas, seed, cfg.block_size)
         self.max_concurrency = max_concurrency
         self.stream = stream
-        self.paths = (paths or RequestPaths()).draw(len(workload.specs))
+        self.path_ns = (paths or RequestPaths()).draw(len(workload.specs))  # per request: (decide, there, back)
         self.runs: list[_Run] = []
         self.recorders: list[KVEventRecorder] = []
         for _ in range(replicas):
@@ -166,7 +166,7 @@ class Fleet:
     def _finish(self, r: int, i: int, t: int) -> None:
         """Request i of replica r ended in the engine at t: its answer reaches the
         router and the client its way back later."""
-        t += self.paths[i][2]
+        t += self.path_ns[i][2]
         self.finish_times[r].append(t)
         bisect.insort(self.all_finishes, t)
 
@@ -218,7 +218,7 @@ class Fleet:
     def _prefilling(self, t: int) -> list[int]:
         """Each replica's tokens of routed requests the router still counts as
         prefilling at t: no first token (or, not streamed, no finish) by t."""
-        out, paths = [], self.paths
+        out, paths = [], self.path_ns
         for r, held in enumerate(self.prefilling):
             run = self.runs[r]
             ends = run.first_token_ns if self.stream else run.finish_ns
@@ -279,7 +279,7 @@ class Fleet:
         order = sorted(range(len(specs)), key=lambda i: specs[i].arrival_ns)
         decided = 0
         for i in order:
-            decide_ns, there_ns, _ = self.paths[i]
+            decide_ns, there_ns, _ = self.path_ns[i]
             # NOTE: decisions in the order of sends, so no replica has run past one.
             t = decided = max(decided, self._send_time(specs[i].arrival_ns) + decide_ns)
             for r in range(len(self.runs)):
