@@ -31,7 +31,7 @@ call). Each request's paths vary by up to PATH_JITTER either way, and each simul
 figure is the mean over SIM_SEEDS draws (of the paths, and of power_of_two's picks).
 Without the paths the simulated kv_aware, not streamed, sat 11-17 % below the live one:
 a live router decides later after a finish than a simulated one, when more of the
-requests in flight have ended (docs/benchmarks.md, "2026-12-03, 23:00").
+requests in flight have ended (docs/benchmarks.md, "2026-12-03, 22:50").
 """
 
 from __future__ import annotations
@@ -82,10 +82,12 @@ class Timing:
         return Timing(self.requests + other.requests, self.client_s + other.client_s,
                       tuple(a + b for a, b in zip(self.metrics, other.metrics, strict=True)))  # fmt: skip
 
+    def value(self, name: str) -> float:
+        return self.metrics[METRICS.index(name)]
+
     def mean(self, name: str) -> float:
         """A latency histogram's mean, s."""
-        m = dict(zip(METRICS, self.metrics, strict=True))
-        return m[f"{name}_sum"] / m[f"{name}_count"]
+        return self.value(f"{name}_sum") / self.value(f"{name}_count")
 
     @property
     def outside_ms(self) -> float:
@@ -96,7 +98,7 @@ class Timing:
         """(step overhead, a token's cost) of the simulator's step, from the engines: a
         decode step takes the inter-token latency; a prefill, the request's prefill time,
         that and its uncached tokens."""
-        hits, queries = self.metrics[0], self.metrics[1]
+        hits, queries = self.value("vllm:prefix_cache_hits_total"), self.value("vllm:prefix_cache_queries_total")
         overhead = self.mean("vllm:inter_token_latency_seconds") * 1e3
         prefill = self.mean("vllm:request_prefill_time_seconds") * 1e3
         return overhead, max(0.0, prefill - overhead) / ((queries - hits) / self.requests)

@@ -99,7 +99,7 @@ class WorkerProcess:
         self.runner: ModelRunner | None = None
         # Structured outputs: compiled off the step path, kept across re-handshakes.
         self.grammars = GrammarCompiler(serving.directory, serving.config.vocab_size)
-        # This worker's presence on the host, taken with the first runner that can go wide.
+        # This worker's presence on the host (every CPU worker's), taken with the first runner.
         self.host_peers: HostPeers | None = None
 
     def hello(self) -> WorkerHello:
