@@ -1,7 +1,15 @@
-"""Shared test set-up: makes tests/kvtest (test helpers) importable."""
+"""Shared test set-up: makes tests/kvtest (test helpers) importable; Triton interprets on CPU."""
 
+import os
 import sys
 from pathlib import Path
+
+import torch
+
+# The Triton kernels of CUDA's paged attention run in Triton's CPU interpreter where there
+# is no GPU (read when a kernel is defined, so before any test imports one).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:

@@ -62,6 +62,7 @@ from worker.attention.cascade import (
 )
 from worker.attention.fp8_gather import Fp8Gather
 from worker.attention.fp8_gather import load as load_fp8_gather
+from worker.attention.kernels import in_place_kernels
 from worker.attention.kv_quant import KVScales, dequantize, is_fp8
 from worker.attention.metadata import (
     AttentionMetadata,
@@ -69,8 +70,6 @@ from worker.attention.metadata import (
     DecodeRows,
     SharedPrefix,
 )
-from worker.attention.paged_decode import load as load_paged_decode
-from worker.attention.paged_prefill import load as load_paged_prefill
 from worker.attention.prefill_metadata import prefill_chunks, prefill_rows
 
 DEFAULT_WORKSPACE_BYTES = 16 * 1024 * 1024  # per K and per V
@@ -92,6 +91,7 @@ class PagedAttention:
         scale: float | None = None,
         decode_kernel: bool = True,
         prefill_kernel: bool = True,
+        kernels: str = "auto",
     ):
         """kv_caches: one per layer; layers may share a tensor (KV-cache groups, vLLM's
         layout). compute_dtype: the queries' (the model's) dtype, None: the caches'; it must
@@ -99,7 +99,9 @@ class PagedAttention:
         scale: of q.k, None: head_dim ** -0.5 (Gemma 3: query_pre_attn_scalar ** -0.5).
         decode_kernel: decode rows through the in-place kernel where it runs (False: the
         gather and SDPA everywhere). prefill_kernel: prefill chunks through the in-place
-        kernel where it runs (False: a gather and SDPA per chunk). cascade_min_tokens: shared prefixes are attended
+        kernel where it runs (False: a gather and SDPA per chunk). kernels: which in-place
+        kernels (``worker.attention.kernels``): ``auto``, the C ones on CPU and Triton on
+        CUDA; ``triton``, Triton anywhere; ``none``. cascade_min_tokens: shared prefixes are attended
         together when that saves this many gathered tokens; None: never; "auto": never
         where the kernel runs (it gathers nothing, so there is nothing to share, and the
         merge costs), else ``DEFAULT_CASCADE_MIN_TOKENS``."""
@@ -135,11 +137,9 @@ class PagedAttention:
             self._k_raw = torch.empty((self.workspace_blocks, block_elems), dtype=torch.uint8, device=device)
             self._v_raw = torch.empty((self.workspace_blocks, block_elems), dtype=torch.uint8, device=device)
         self._positions = torch.arange(max_blocks_per_seq * self.block_size, device=device)
-        # The in-place decode kernel (None: the grouped gather and SDPA).
-        kernel = load_paged_decode() if decode_kernel else None
-        self.decode_kernel = kernel if kernel is not None and kernel.supports(cache_dtype, dtype, device, self.head_dim, self.group) else None
-        prefill = load_paged_prefill() if prefill_kernel else None
-        self.prefill_kernel = prefill if prefill is not None and prefill.supports(cache_dtype, dtype, device, self.head_dim, self.group) else None
+        # The in-place kernels (None: the grouped gather and SDPA; a gather and SDPA per chunk).
+        self.decode_kernel, self.prefill_kernel = in_place_kernels(kernels, device, cache_dtype, dtype, self.head_dim, self.group,
+                                                                   decode_kernel, prefill_kernel)  # fmt: skip
         if cascade_min_tokens == "auto":
             cascade_min_tokens = None if self.decode_kernel is not None else DEFAULT_CASCADE_MIN_TOKENS
         # None: no shared-prefix groups (off, or not on CPU where the cascade kernel lives).
@@ -332,9 +332,9 @@ class PagedAttention:
         if md.num_decode_tokens:
             self._decode(layer, q[: md.num_decode_tokens], out[: md.num_decode_tokens], md)
         if md.prefill_rows is not None:
-            r = md.prefill_rows
+            r, s = md.prefill_rows, self.scales[layer]
             self.prefill_kernel(q, self.kv_caches[layer], r.table, r.table_row, r.first, r.num_queries, r.offset,
-                                md.sliding_window, self.kernel_scale, out)  # fmt: skip
+                                md.sliding_window, self.kernel_scale, out, (s.k, s.v))  # fmt: skip
         for c in md.prefills:
             ctx = c.num_ctx_blocks * self.block_size
             kc, vc = self._blocks(layer, c.block_ids, c.first_block)

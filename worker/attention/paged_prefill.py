@@ -56,18 +56,22 @@ class PagedPrefill:
                 and head_dim <= self.max_head_dim and 1 <= group <= self.max_group)  # fmt: skip
 
     def __call__(self, q: torch.Tensor, cache: torch.Tensor, table: torch.Tensor, rows: np.ndarray, first: np.ndarray,
-                 n: np.ndarray, offset: np.ndarray, window: int, scale: float, out: torch.Tensor) -> None:  # fmt: skip
+                 n: np.ndarray, offset: np.ndarray, window: int, scale: float, out: torch.Tensor,
+                 kv_scales: tuple[float, float] = (1.0, 1.0)) -> None:  # fmt: skip
         """out[offset[c]:offset[c] + n[c]] = causal attention of the same tokens of q (T, nh,
         hd), at positions [first[c], first[c] + n[c]), over the keys of table row rows[c]
         (and only the last ``window`` positions when window > 0); int64 arrays of one entry
         per chunk. cache: one layer's (2, num_blocks, block_size, kvh, hd), each half
-        contiguous; table: (rows, cols) int32; out: q's shape and dtype, heads contiguous."""
+        contiguous; table: (rows, cols) int32; out: q's shape and dtype, heads contiguous.
+        kv_scales: an fp8 cache's (the Triton kernel's call); this one reads none, so 1.0."""
         _, num_blocks, bs, kvh, hd = cache.shape
         T, nh, _ = q.shape
         if not self.supports(cache.dtype, q.dtype, cache.device, hd, nh // kvh) or nh % kvh or out.dtype != q.dtype:
             raise ValueError(f"paged prefill: q {q.dtype}, out {out.dtype} and the {cache.dtype} cache must share a dtype it takes")
         if not cache[0].is_contiguous() or not cache[1].is_contiguous():
             raise ValueError("paged prefill: the cache's K and V halves must each be contiguous")
+        if tuple(kv_scales) != (1.0, 1.0):
+            raise ValueError(f"paged prefill: K and V scales {tuple(kv_scales)} are an fp8 cache's, which it does not read")
         for name, t in (("q", q), ("out", out)):
             if t.stride(2) != 1 or t.stride(1) != hd or tuple(t.shape) != (T, nh, hd):
                 raise ValueError(f"paged prefill: {name} {tuple(t.shape)} needs q's shape and contiguous heads")

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from worker import native
-from worker.attention import paged_attention, paged_decode
+from worker.attention import kernels, paged_attention, paged_decode
 from worker.attention.paged_attention import PagedAttention
 
 KERNEL = paged_decode.load()
@@ -190,7 +190,7 @@ def test_auto_cascade_is_off_with_the_kernel_and_on_without():
 
 
 def test_without_the_library_decode_gathers(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr(paged_attention, "load_paged_decode", lambda: None)
+    monkeypatch.setattr(kernels, "load_paged_decode", lambda: None)
     out, md = decode()
     assert md.decode_rows is None and md.decode_groups
     want, _ = decode(decode_kernel=False)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-import worker.attention.paged_attention as paged_attention
+import worker.attention.kernels as kernels
 from worker.attention.paged_attention import PagedAttention
 from worker.attention.paged_prefill import load
 
@@ -108,7 +108,7 @@ def test_caches_it_cannot_read_keep_the_gather_path(monkeypatch):
         a = PagedAttention([torch.zeros(2, 4, 16, 2, hd, dtype=dtype)], 4, 4, compute_dtype=compute)
         assert a.prefill_kernel is None
     # The library missing: the gather path, nothing else changes.
-    monkeypatch.setattr(paged_attention, "load_paged_prefill", lambda: None)
+    monkeypatch.setattr(kernels, "load_paged_prefill", lambda: None)
     assert PagedAttention([torch.zeros(2, 4, 16, 2, 64)], 4, 4).prefill_kernel is None
 
 
