@@ -1,6 +1,8 @@
 """`make bench`: run every benchmark suite and print one table, target beside each figure.
 
 Each suite is a module with ``rows() -> list[Row]``. ``python -m bench pool`` runs one.
+``python -m bench gpu [ARGS]`` is not a suite: it hands its arguments to ``bench.gpu``, the
+one call that checks the CUDA path on a CUDA host.
 A benchmark reports: the table marks each figure below its target, and the exit status
 is 0 unless a suite crashed (1) or was named wrongly (2). Figures on a shared, noisy
 machine are not verdicts; `docs/benchmarks.md` keeps the runs with their conditions.
@@ -13,6 +15,7 @@ import importlib
 import sys
 import traceback
 
+from bench.gpu.cli import main as gpu_main
 from bench.table import Row, print_table
 
 SUITES = ["pool_bench", "scheduler_bench", "engine_bench", "liveness_bench", "worker_bench", "sampler_bench", "gemm_bench", "model_bench", "loadgen_bench", "frontend_bench", "router_bench", "router_hit_rate_bench", "offload_bench", "offload_store_bench", "tp_bench", "fleet_bench", "retention_bench", "retention_live_bench", "capacity_bench"]
@@ -47,8 +50,11 @@ def run_suites(names: list[str]) -> tuple[list[Row], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["gpu"]:
+        return gpu_main(argv[1:])
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     unknown = [s for s in args.suites if s not in NAMES]
     if unknown:
         parser.error(f"unknown suite {', '.join(map(repr, unknown))}; the suites are: {', '.join(NAMES)}")
