@@ -87,8 +87,8 @@ def _attend_prefixes(
     _, kvh, grp = lse.shape
     hd = q.shape[-1]
     g_rows = shared[-1].end
-    o1 = torch.empty((g_rows, kvh, grp, hd), dtype=q.dtype)
-    l1 = torch.empty((g_rows, kvh, grp), dtype=lse.dtype)
+    o1 = torch.empty((g_rows, kvh, grp, hd), dtype=q.dtype, device=q.device)
+    l1 = torch.empty((g_rows, kvh, grp), dtype=lse.dtype, device=q.device)
     for s in shared:
         m, ctx = s.end - s.start, s.num_blocks * block_size
         kp, vp = read_blocks(s.block_ids, s.first_block)

@@ -9,6 +9,7 @@ under its interpreter, how the suite checks the CUDA kernels without a GPU), or
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -17,15 +18,19 @@ from worker.attention import triton_paged
 from worker.attention.paged_decode import load as load_paged_decode
 from worker.attention.paged_prefill import load as load_paged_prefill
 
+log = logging.getLogger(__name__)
+
 KERNEL_CHOICES = ("auto", "triton", "none")
 
 
 def in_place_kernels(
     kernels: str, device: torch.device, cache_dtype: torch.dtype, dtype: torch.dtype, head_dim: int, group: int,
-    decode: bool = True, prefill: bool = True,
+    decode: bool = True, prefill: bool = True, block_size: int | None = None, num_kv_heads: int | None = None,
 ) -> tuple[Any | None, Any | None]:
     """(decode kernel, prefill kernel) for these caches, each None where the gather runs;
-    ``decode`` / ``prefill`` False: that part gathers whatever runs here."""
+    ``decode`` / ``prefill`` False: that part gathers whatever runs here. With the cache's
+    ``block_size`` and ``num_kv_heads``, a Triton kernel on CUDA is first run once on a
+    small input (``triton_paged.self_check``) and left out, with a warning, if it fails."""
     if kernels not in KERNEL_CHOICES:
         raise ValueError(f"kernels must be one of {', '.join(KERNEL_CHOICES)}, got {kernels!r}")
     if kernels == "none":
@@ -34,4 +39,12 @@ def in_place_kernels(
         found = (triton_paged.load_decode() if decode else None, triton_paged.load_prefill() if prefill else None)
     else:
         found = (load_paged_decode() if decode else None, load_paged_prefill() if prefill else None)
-    return tuple(k if k is not None and k.supports(cache_dtype, dtype, device, head_dim, group) else None for k in found)  # type: ignore[return-value]
+    chosen = [k if k is not None and k.supports(cache_dtype, dtype, device, head_dim, group) else None for k in found]
+    if device.type == "cuda" and block_size is not None and num_kv_heads is not None:
+        for i, k in enumerate(chosen):
+            problem = None if k is None else triton_paged.self_check(k, cache_dtype, dtype, device, block_size, num_kv_heads, head_dim, group)
+            if problem is not None:
+                log.warning("the Triton %s kernel fails its check on %s (%s); that part of attention gathers blocks for SDPA",
+                            k.name, device, problem)  # fmt: skip
+                chosen[i] = None
+    return chosen[0], chosen[1]

@@ -139,7 +139,7 @@ class PagedAttention:
         self._positions = torch.arange(max_blocks_per_seq * self.block_size, device=device)
         # The in-place kernels (None: the grouped gather and SDPA; a gather and SDPA per chunk).
         self.decode_kernel, self.prefill_kernel = in_place_kernels(kernels, device, cache_dtype, dtype, self.head_dim, self.group,
-                                                                   decode_kernel, prefill_kernel)  # fmt: skip
+                                                                   decode_kernel, prefill_kernel, self.block_size, self.num_kv_heads)  # fmt: skip
         if cascade_min_tokens == "auto":
             cascade_min_tokens = None if self.decode_kernel is not None else DEFAULT_CASCADE_MIN_TOKENS
         # None: no shared-prefix groups (off, or not on CPU where the cascade kernel lives).
@@ -356,7 +356,7 @@ class PagedAttention:
         lse = None
         if md.shared_prefixes:
             # Each decode row's log-sum-exp over its own keys, for the merge below.
-            lse = torch.empty((q.shape[0], kvh, grp), dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+            lse = torch.empty((q.shape[0], kvh, grp), dtype=torch.float64 if q.dtype == torch.float64 else torch.float32, device=q.device)
         if md.decode_rows is not None:
             r = md.decode_rows
             if q.stride(1) != hd or q.stride(2) != 1:

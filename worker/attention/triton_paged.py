@@ -224,3 +224,37 @@ def load_decode(tile_n: int = 32) -> TritonDecode | None:
 def load_prefill(block_q: int = 16, tile_n: int = 32) -> TritonPrefill | None:
     kernel = _kernel()
     return None if kernel is None else TritonPrefill(kernel, block_q, tile_n)
+
+
+def self_check(kernel: _TritonAttention, cache_dtype: torch.dtype, dtype: torch.dtype, device: torch.device, block_size: int,
+               num_kv_heads: int, head_dim: int, group: int) -> str | None:  # fmt: skip
+    """None when one small call on ``device`` (this cache's dtypes, block size and heads:
+    the kernel a step compiles) equals attention computed by torch; else what went wrong.
+    NOTE: a Triton that compiles differently (another version, another GPU) fails here, at
+    start-up, and the worker gathers instead, not at its first step."""
+    gen = torch.Generator().manual_seed(0)
+    nh, bs = num_kv_heads * group, block_size
+    cache = torch.randn(2, 4, bs, num_kv_heads, head_dim, generator=gen).to(cache_dtype)
+    table = torch.tensor([[2, 0, 3, 1]], dtype=torch.int32)
+    q = torch.randn(3, nh, head_dim, generator=gen).to(dtype)
+    decode = isinstance(kernel, TritonDecode)
+    # Decode: rows of 1 and 2 blocks + 1 keys; prefill: 3 queries from position bs - 1.
+    keys = [1, 2 * bs + 1, bs + 1] if decode else [bs, bs + 1, bs + 2]
+    try:
+        on = [t.to(device) for t in (q, cache, table)]
+        out = torch.full_like(on[0], float("nan"))
+        if decode:
+            kernel(*on, np.zeros(3), np.zeros(3), np.array(keys), np.zeros(3), head_dim**-0.5, out)
+        else:
+            kernel(*on, np.zeros(1), np.array([bs - 1]), np.array([3]), np.zeros(1), 0, head_dim**-0.5, out)
+        got = out.float().cpu()
+    except Exception as e:  # noqa: BLE001 - any failure to compile or launch means: do not use it
+        return f"{type(e).__name__}: {e}"
+    flat = cache[:, table[0].long()].reshape(2, -1, num_kv_heads, head_dim).float()  # the row's keys in order
+    for i, n in enumerate(keys):
+        k, v = flat[0, :n].repeat_interleave(group, 1), flat[1, :n].repeat_interleave(group, 1)  # (n, nh, hd)
+        s = torch.einsum("hd,nhd->hn", q[i].float(), k) * head_dim**-0.5
+        want = torch.einsum("hn,nhd->hd", torch.softmax(s, -1), v)
+        if not torch.allclose(got[i], want, rtol=3e-2, atol=3e-2):
+            return f"row {i} differs from torch's attention by {float((got[i] - want).abs().max()):.3g}"
+    return None

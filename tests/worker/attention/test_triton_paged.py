@@ -204,3 +204,30 @@ def test_on_cuda_the_compiled_kernels_equal_the_gather_path(window, cache_dtype)
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     else:
         torch.testing.assert_close(out.float(), want.float(), rtol=3e-2, atol=3e-2)
+
+
+@interpreted
+@pytest.mark.parametrize("dtypes", DTYPES, ids=DTYPE_IDS)
+def test_the_start_up_check_passes_a_kernel_that_computes_attention(dtypes):
+    cache_dtype, dtype, _ = dtypes
+    for kernel in (triton_paged.load_decode(), triton_paged.load_prefill()):
+        assert triton_paged.self_check(kernel, cache_dtype, dtype, torch.device("cpu"), 16, 3, 64, 3) is None
+
+
+@interpreted
+def test_the_start_up_check_fails_a_kernel_that_does_not(monkeypatch):
+    kernel = triton_paged.load_decode()
+    monkeypatch.setattr(kernel, "_launch", lambda *args: None)  # writes nothing
+    problem = triton_paged.self_check(kernel, torch.float32, torch.float32, torch.device("cpu"), 16, 2, 32, 2)
+    assert problem is not None and problem.startswith("row 0 differs")
+
+
+def test_on_cuda_a_kernel_that_fails_its_check_is_left_out_with_a_warning(caplog):
+    """A kernel that cannot run on the device (here: no CUDA at all, so the check's first
+    allocation fails) leaves that part of attention to the gather path."""
+    if torch.cuda.is_available():
+        pytest.skip("needs a host without CUDA, where any CUDA call fails")
+    with caplog.at_level("WARNING", logger=kernels.__name__):
+        chosen = kernels.in_place_kernels("auto", torch.device("cuda"), torch.float32, torch.float32, 32, 2, block_size=16, num_kv_heads=2)
+    assert chosen == (None, None)
+    assert [r.getMessage().split(" kernel fails")[0] for r in caplog.records] == ["the Triton paged decode", "the Triton paged prefill"]
