@@ -62,13 +62,23 @@ def num_blocks_for_budget(budget_bytes: int, bytes_per_block: int) -> int:
     return budget_bytes // bytes_per_block
 
 
-def cuda_kv_budget(device: torch.device, gpu_memory_utilization: float, activation_peak_bytes: int = 0) -> int:
+def cuda_kv_budget(device: torch.device, gpu_memory_utilization: float, activation_peak_bytes: int,
+                   before_load: tuple[int, int]) -> int:  # fmt: skip
     """Bytes left for the KV cache when this process may use ``gpu_memory_utilization``
-    of the device's total memory, counting what is already in use (weights, other
-    processes) and the profiled activation peak against it, as vLLM does."""
-    free, total = torch.cuda.mem_get_info(device)
-    used = total - free
-    return max(0, int(total * gpu_memory_utilization) - used - activation_peak_bytes)
+    of the device's total memory, as vLLM's worker counts it: what this process took since
+    ``before_load`` (the device's (free, total) before the weights loaded) and the profiled
+    activation peak count against that share; other processes' memory does not (two
+    engines at 0.45 share one device). Raises ValueError, as vLLM refuses to start, when
+    the device had less than that share free before the load."""
+    free_before, total = before_load
+    requested = int(total * gpu_memory_utilization)
+    if free_before < requested:
+        raise ValueError(f"free memory on {device} before loading ({free_before / 2**30:.2f}/{total / 2**30:.2f} GiB) is less than "
+                         f"--gpu-memory-utilization {gpu_memory_utilization} asks for ({requested / 2**30:.2f} GiB); lower it, "
+                         "or free memory other processes use")  # fmt: skip
+    free_now, _ = torch.cuda.mem_get_info(device)
+    taken = free_before - free_now  # weights, this process's CUDA buffers
+    return max(0, requested - taken - activation_peak_bytes)
 
 
 def allocate_kv_caches(

@@ -44,6 +44,9 @@ class ServingModel:
     # the KV-cache groups of its layers (protocol.kv_cache_spec); (): one full group.
     layer_windows: tuple[int, ...] = ()
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] = ()
+    # On CUDA, the device's (free, total) bytes just before the weights loaded (vLLM's
+    # init snapshot): the KV budget counts only what this process took since.
+    memory_before_load: tuple[int, int] | None = None
 
 
 def resolve_dtype(requested: str, config: ModelConfig) -> str:
@@ -110,8 +113,10 @@ def load_serving_model(
                      "kv_cache_dtype": kv_cache_dtype, "kv_cache_groups": [[g.layer_ids, g.sliding_window] for g in groups],
                      "layer_windows": list(windows)})
         shard = plan_shard(config, group.rank, group.world_size, where)
+    memory_before_load = torch.cuda.mem_get_info(torch.device(device)) if torch.device(device).type == "cuda" else None
     model = load_model(ckpt, DTYPES[resolved], torch.device(device), config, shard, None if group is None else group.all_reduce)
     kv_scales = tuple(read_kv_scales(ckpt, config.num_layers))
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
-    return ServingModel(model, config, directory, resolved, n, identity, time.perf_counter() - t0, shard, kv_scales, windows, groups)
+    return ServingModel(model, config, directory, resolved, n, identity, time.perf_counter() - t0, shard, kv_scales, windows, groups,
+                        memory_before_load)  # fmt: skip

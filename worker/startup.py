@@ -122,7 +122,10 @@ def _kv_budget(config: WorkerConfig, serving: ServingModel, kv_dtype: torch.dtyp
 
         step = dummy_step(config.max_num_batched_tokens, config.max_num_seqs, serving.max_model_len, config.block_size)
         peak = profile_step_peak(serving.model, step, kv_dtype, list(serving.kv_scales) or None, max(1, len(serving.kv_cache_groups)))
-        budget = cuda_kv_budget(serving.model.device, config.gpu_memory_utilization, peak)
+        try:
+            budget = cuda_kv_budget(serving.model.device, config.gpu_memory_utilization, peak, serving.memory_before_load)
+        except ValueError as e:
+            raise StartupError(str(e)) from None
         log.info("peak of a profiled step (%d tokens in %d requests, %d rows sampled): %d bytes", step.num_tokens,
                  len(step.lengths), step.max_num_seqs, peak)  # fmt: skip
         return budget

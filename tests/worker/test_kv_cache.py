@@ -8,6 +8,7 @@ import torch
 from worker.__main__ import config_from_args
 from worker.kv_cache import (
     allocate_kv_caches,
+    cuda_kv_budget,
     kv_bytes_per_block,
     num_blocks_for_budget,
     parse_size,
@@ -67,3 +68,22 @@ def test_allocation_layout():
     with pytest.raises(ValueError, match="at least 2 blocks"):
         allocate_kv_caches(1, 1, 4, 2, 8, torch.float32, "cpu")
 
+
+
+GIB = 2**30
+
+
+def test_the_cuda_budget_counts_what_this_process_took_not_other_processes(monkeypatch):
+    """vLLM's count: an 80 GiB device where another engine holds 36 GiB throughout; this one
+    loaded 4 GiB of weights (44 free before, 40 after) and profiled a 2 GiB peak."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 * GIB, 80 * GIB))
+    budget = cuda_kv_budget(torch.device("cuda"), 0.45, 2 * GIB, before_load=(44 * GIB, 80 * GIB))
+    assert budget == int(80 * GIB * 0.45) - 4 * GIB - 2 * GIB
+    # Weights and peak past the share: nothing left, never a negative budget.
+    assert cuda_kv_budget(torch.device("cuda"), 0.05, 2 * GIB, before_load=(44 * GIB, 80 * GIB)) == 0
+
+
+def test_the_cuda_budget_refuses_a_share_the_device_did_not_have_free(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 * GIB, 80 * GIB))
+    with pytest.raises(ValueError, match=r"\(44.00/80.00 GiB\) is less than --gpu-memory-utilization 0.9 asks for \(72.00 GiB\)"):
+        cuda_kv_budget(torch.device("cuda"), 0.9, 0, before_load=(44 * GIB, 80 * GIB))
