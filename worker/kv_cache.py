@@ -12,12 +12,15 @@ tensors, shared by the layers of different groups as vLLM shares them
 
 from __future__ import annotations
 
+import logging
 import re
 
 import torch
 
 from protocol import kv_cache_spec
 from protocol.kv_cache_spec import KVCacheGroupSpec
+
+log = logging.getLogger(__name__)
 
 # Same-size integer dtypes by element size: KV copies through numpy are bitwise views
 # (numpy has no bfloat16).
@@ -117,7 +120,7 @@ def first_blocks(caches: list[torch.Tensor], num_blocks: int) -> list[torch.Tens
 
 def allocate_host_kv_caches(device_caches: list[torch.Tensor], num_host_blocks: int) -> list[torch.Tensor]:
     """The offload tier's host memory: one zeroed tensor per layer with the layout of
-    that layer's device cache, ``(2, num_host_blocks, block_size, kvh, hd)``, pinned
+    that layer's device cache, ``(2, num_host_blocks, block_size, kvh, hd)``, page-locked
     when the device cache is on CUDA (so copies to and from it can run asynchronously).
 
     NOTE: zeroed, so every page is backed now: the hello then promises only memory
@@ -125,8 +128,19 @@ def allocate_host_kv_caches(device_caches: list[torch.Tensor], num_host_blocks: 
     """
     if num_host_blocks < 1:
         raise ValueError(f"a host KV tier needs at least 1 block, got {num_host_blocks}")
-    pin = device_caches[0].device.type == "cuda"
-    return [
-        torch.zeros((kv.shape[0], num_host_blocks, *kv.shape[2:]), dtype=kv.dtype, device="cpu", pin_memory=pin)
-        for kv in device_caches
-    ]
+    lock = device_caches[0].device.type == "cuda"
+    return [page_locked_zeros((kv.shape[0], num_host_blocks, *kv.shape[2:]), kv.dtype) if lock else
+            torch.zeros((kv.shape[0], num_host_blocks, *kv.shape[2:]), dtype=kv.dtype) for kv in device_caches]  # fmt: skip
+
+
+def page_locked_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Zeroed host memory that CUDA copies to and from asynchronously: registered with
+    cudaHostRegister, byte for byte. NOTE: not ``pin_memory=True``, whose allocator rounds
+    each request up to a power of two (a 2.3 GiB layer would lock 4 GiB, the whole tier
+    nearly twice what was asked). Where registering fails, the memory stays pageable (its
+    copies then wait for the device), with a warning."""
+    t = torch.zeros(shape, dtype=dtype)
+    rc = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+    if int(rc) != 0:
+        log.warning("cudaHostRegister of %d bytes failed (%s); the host KV tier stays pageable", t.numel() * t.element_size(), rc)
+    return t

@@ -7,10 +7,12 @@ import torch
 
 from worker.__main__ import config_from_args
 from worker.kv_cache import (
+    allocate_host_kv_caches,
     allocate_kv_caches,
     cuda_kv_budget,
     kv_bytes_per_block,
     num_blocks_for_budget,
+    page_locked_zeros,
     parse_size,
 )
 
@@ -87,3 +89,43 @@ def test_the_cuda_budget_refuses_a_share_the_device_did_not_have_free(monkeypatc
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 * GIB, 80 * GIB))
     with pytest.raises(ValueError, match=r"\(44.00/80.00 GiB\) is less than --gpu-memory-utilization 0.9 asks for \(72.00 GiB\)"):
         cuda_kv_budget(torch.device("cuda"), 0.9, 0, before_load=(44 * GIB, 80 * GIB))
+
+
+class FakeCudart:
+    """torch.cuda.cudart()'s cudaHostRegister, recording what it is asked to register."""
+
+    def __init__(self, rc: int):
+        self.rc, self.calls = rc, []
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802 - CUDA's name
+        self.calls.append((ptr, size, flags))
+        return self.rc
+
+
+def test_the_host_tier_locks_exactly_its_bytes(monkeypatch):
+    """Registered byte for byte, where torch's pin_memory would round 2 x 3 x 5 x 7 x 4 bytes
+    (and a 2.3 GiB layer) up to the next power of two."""
+    cudart = FakeCudart(0)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    t = page_locked_zeros((2, 3, 5, 7), torch.float32)
+    assert cudart.calls == [(t.data_ptr(), 2 * 3 * 5 * 7 * 4, 0)]
+    assert t.shape == (2, 3, 5, 7) and not t.any()
+
+
+def test_a_host_tier_that_cannot_be_locked_stays_pageable_with_a_warning(monkeypatch, caplog):
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: FakeCudart(2))  # cudaErrorMemoryAllocation
+    with caplog.at_level("WARNING"):
+        t = page_locked_zeros((4, 8), torch.bfloat16)
+    assert t.shape == (4, 8) and "cudaHostRegister of 64 bytes failed" in caplog.text
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_host_tier_is_page_locked_and_copies_asynchronously():
+    dev = allocate_kv_caches(2, 8, 4, 2, 16, torch.bfloat16, "cuda")
+    host = allocate_host_kv_caches(dev, 5)
+    assert all(h.is_pinned() and h.shape == (2, 5, 4, 2, 16) for h in host)
+    src = torch.randn(2, 5, 4, 2, 16, device="cuda").to(torch.bfloat16)
+    host[0].copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(host[0].cuda(), src)
