@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -85,6 +86,19 @@ def environment(report: Report) -> None:
             missing.append(package)
     report.check("packages", not missing, "all there" if not missing else
                  f"missing: {', '.join(missing)} (bring them as wheels: bash bench/gpu/wheels.sh)")  # fmt: skip
+
+
+def kernel_compile(report: Report, out: Path) -> None:
+    """``bench.gpu.kernel_compile`` for sm_90 (no GPU needed), in a process where Triton compiles."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    log = out / "kernel-compile.log"
+    with log.open("w") as f:
+        rc = subprocess.run([sys.executable, "-m", "bench.gpu.kernel_compile", "--arch", "90"], cwd=REPO, env=env, stdout=f,
+                            stderr=subprocess.STDOUT, timeout=600).returncode  # fmt: skip
+    lines = log.read_text().splitlines()
+    compiled = [line for line in lines if line.endswith(" ok")]
+    report.check("Triton kernel compiles for sm_90", rc == 0, f"{len(compiled)} variants without spills ({lines[0] if lines else 'no output'}; "
+                 f"{log.name})")  # fmt: skip
 
 
 def cuda_tests(report: Report, out: Path, collect_only: bool) -> None:

@@ -3,7 +3,9 @@ in one call, on a CUDA host.
 
 1. The host: Python, torch, CUDA, the device, Triton, and every package kvpool imports
    (a missing one is named, with the wheels that bring it: ``bench/gpu/wheels.sh``).
-2. The CUDA-marked tests (``pytest -m cuda``, only the files that hold them).
+2. The Triton kernel compiled for sm_90 by this host's Triton (registers, spills, tensor
+   cores: ``bench.gpu.kernel_compile``); then the CUDA-marked tests (``pytest -m cuda``,
+   only the files that hold them).
 3. ``kvpool serve --device cuda`` of the tiny checkpoint, greedy against transformers
    on the device (float32): the default cache; the host tier (a pool too small for the
    prompts, so blocks leave for the host and come back); an fp8 cache, whose answers
@@ -38,6 +40,7 @@ from bench.gpu.checks import (
     cuda_tests,
     decode_floor,
     environment,
+    kernel_compile,
     real_model_dir,
     serve_checks,
 )
@@ -76,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     environment(report)
     if "tests" not in skip:
+        kernel_compile(report, args.out)
         cuda_tests(report, args.out, collect_only=dry)
     if "serve" not in skip:
         serve_checks(report, args.out, device, sizes)

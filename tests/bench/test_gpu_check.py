@@ -5,6 +5,7 @@ the figures its decode-step floor is made of."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +71,16 @@ def test_the_prompts_share_prefixes_where_the_checks_need_them():
     tier = tier_prompts(512, 7)
     assert [p[:96] == tier[0][:96] for p in tier] == [True, False, False, True, False, False, True]
     assert all(len(p) == 100 and min(p) >= 2 for p in tier)
+
+
+@pytest.mark.slow
+def test_the_kernel_compiles_for_hopper_without_spills_tensor_cores_for_16_bit():
+    """Triton's own compiler and ptxas (in its wheel), no GPU: what the interpreter cannot
+    show (a kernel the compiler refuses, registers spilled) shows here."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu.kernel_compile", "--arch", "90"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(("decode", "prefill"))]
+    assert len(rows) == 10 and all(r.endswith(" ok") and " 0 bytes spilled" in r for r in rows)
+    assert all("tensor cores" in r for r in rows if "bf16" in r or "fp16" in r)

@@ -52,23 +52,28 @@ def _fp8_value(b, KIND: tl.constexpr):
 
 
 @triton.jit
-def _load_kv(ptr, offsets, mask, DTYPE: tl.constexpr, KV_KIND: tl.constexpr):
-    """A tile of K or V in the compute dtype, zero where masked."""
+def _load_kv(ptr, offsets, mask, KV_KIND: tl.constexpr):
+    """A tile of K or V, zero where masked: the cache's own dtype, or an fp8 cache's values
+    in float32 (the caller casts them to the compute dtype, exactly)."""
     if KV_KIND == 0:
-        return tl.load(ptr + offsets, mask=mask, other=0.0)
-    raw = tl.load(ptr + offsets, mask=mask, other=0)
-    return _fp8_value(raw, KV_KIND).to(DTYPE)
+        tile = tl.load(ptr + offsets, mask=mask, other=0.0)
+    else:
+        tile = _fp8_value(tl.load(ptr + offsets, mask=mask, other=0), KV_KIND)
+    return tile
 
 
 @triton.jit
 def _dot(a, b, UPCAST: tl.constexpr):
-    """a @ b, float32 sums. UPCAST: both operands in float32 first, exact for bfloat16
-    (NOTE: Triton's CPU interpreter multiplies bfloat16 operands as their integer bits)."""
+    """a @ b, float32 sums (IEEE products for float32 operands, not TF32). UPCAST: both
+    operands in float32 first, exact for bfloat16 (NOTE: Triton's CPU interpreter
+    multiplies bfloat16 operands as their integer bits)."""
     if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    if a.dtype == tl.float32:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b, out_dtype=tl.float32)
+        c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif a.dtype == tl.float32:
+        c = tl.dot(a, b, input_precision="ieee")
+    else:
+        c = tl.dot(a, b, out_dtype=tl.float32)
+    return c
 
 
 @triton.jit
@@ -126,7 +131,7 @@ def paged_attention_kernel(
         block = tl.load(table_ptr + row * stride_table + kp // BS, mask=kin, other=0)
         kv_off = ((block.to(tl.int64) * BS + kp % BS) * KVH + h) * HD
         kv_mask = kin[:, None] & dmask[None, :]
-        k = _load_kv(k_ptr, kv_off[:, None] + d[None, :], kv_mask, q.dtype, KV_KIND)  # (TILE_N, HD_P)
+        k = _load_kv(k_ptr, kv_off[:, None] + d[None, :], kv_mask, KV_KIND).to(q.dtype)  # (TILE_N, HD_P)
         s = _dot(q, tl.trans(k), UPCAST) * scale_log2  # (BLOCK_M, TILE_N), log2 units
         seen = kin[None, :] & (kp[None, :] <= qpos[:, None]) & (kp[None, :] > floor[:, None])
         s = tl.where(seen, s, float("-inf"))
@@ -136,7 +141,7 @@ def paged_attention_kernel(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_kv(v_ptr, kv_off[:, None] + d[None, :], kv_mask, q.dtype, KV_KIND)  # (TILE_N, HD_P)
+        v = _load_kv(v_ptr, kv_off[:, None] + d[None, :], kv_mask, KV_KIND).to(q.dtype)  # (TILE_N, HD_P)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, UPCAST)
         m_i = m_new
 

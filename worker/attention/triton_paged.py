@@ -50,6 +50,12 @@ def supports(cache_dtype: torch.dtype, dtype: torch.dtype, device: torch.device,
     return 1 <= head_dim <= MAX_HEAD_DIM and 1 <= group <= MAX_GROUP
 
 
+def num_warps(float32: bool, block_m: int) -> int:
+    """Warps per program: 8 for float32 tiles of 64 score rows, whose IEEE products are FMAs
+    held in registers (at 4 warps they spill: ``python -m bench.gpu.kernel_compile``), else 4."""
+    return 8 if float32 and block_m >= 64 else 4
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
@@ -129,6 +135,7 @@ class _TritonAttention:
             scale * kv_scales[0] * LOG2E, kv_scales[1], window,
             BS=bs, KVH=kvh, HD=hd, HD_P=max(16, _pow2(hd)), GROUP=group, GROUP_P=group_p, BLOCK_M=block_m,
             TILE_N=self.tile_n, KV_KIND=kind, WRITE_LSE=lse is not None, UPCAST=q.device.type != "cuda",
+            num_warps=num_warps(q.dtype == torch.float32, block_m),
         )  # fmt: skip
 
 
