@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 WHEELS=${WHEELS:-.whl}
+PYTHON_VERSION=${PYTHON_VERSION:-3.12}  # the host's Python (cp312 wheels)
 PY=${PY:-.venv/bin/python}
 mkdir -p "$WHEELS"
 # xgrammar's own needs (pydantic and its parts, apache-tvm-ffi) come too; --no-deps takes none.
@@ -17,7 +18,7 @@ for name in $PACKAGES; do
     spec=$name${version:+==$version}
     platforms=""
     for n in 2_17 2_24 2_27 2_28 2_31 2_34 2_35; do platforms="$platforms --platform manylinux_${n}_x86_64"; done
-    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYTHON_VERSION" --implementation cp \
         $platforms --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d "$WHEELS" "$spec"
 done
 ls -1 "$WHEELS"
