@@ -24,6 +24,7 @@ from bench.gpu.serve_check import (
     serve_greedy,
     tier_prompts,
 )
+from bench.gpu.shaped import smollm2_shaped_checkpoint
 from bench.gpu.sizes import Sizes
 from bench.gpu.step_floor import copy_bandwidth, time_decode
 from worker.tiny.generate import default_checkpoint
@@ -189,18 +190,21 @@ def real_model_dir(report: Report, given: Path | None, out: Path) -> Path | None
     return folder
 
 
-def decode_floor(report: Report, device: torch.device, sizes: Sizes, real: Path | None) -> None:
-    """The decode step at each row count beside its floor, for the generated checkpoint and
-    the real model; bfloat16."""
+def decode_floor(report: Report, out: Path, device: torch.device, sizes: Sizes, real: Path | None) -> None:
+    """The decode step at each row count beside its floor, bfloat16: the generated
+    checkpoint, SmolLM2's shape with random weights (its bytes and kernels are the real
+    model's), and the real model where it is here. The target, on CUDA: 64 rows within
+    ``STEP_TARGET`` times the floor, for the real model's shape."""
     bandwidth = copy_bandwidth(device, sizes.copy_bytes)
     report.check("copy bandwidth", None, f"{bandwidth / 1e9:.1f} GB/s ({sizes.copy_bytes >> 20} MiB copied, read + written)")
-    models = [(sizes.floor_model, llama50m_checkpoint() if sizes.floor_model == "llama50m" else default_checkpoint())]
+    models = [(sizes.floor_model, llama50m_checkpoint() if sizes.floor_model == "llama50m" else default_checkpoint()),
+              ("SmolLM2-shaped", smollm2_shaped_checkpoint(out / "smollm2-shaped"))]  # fmt: skip
     if real is not None:
         models.append(("real model", real))
     for name, path in models:
         for rows in sizes.floor_rows:
             t = time_decode(path, torch.bfloat16, device, rows, sizes.floor_context, sizes.floor_steps, bandwidth)
-            target = name == "real model" and rows == 64 and device.type == "cuda"
+            target = name != sizes.floor_model and rows == 64 and device.type == "cuda"
             report.check(f"decode step, {name}, {rows} rows", t.over_floor <= STEP_TARGET if target else None,
                          f"{t.step_s * 1e3:.3f} ms, floor {t.floor_s * 1e3:.3f} ms ({t.over_floor:.2f}x; weights {t.weight_bytes / 1e6:.1f} MB"
                          f" + KV {t.kv_bytes / 1e6:.1f} MB at {t.context} tokens)" + (f"; target ≤ {STEP_TARGET:g}x" if target else ""))  # fmt: skip

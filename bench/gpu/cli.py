@@ -15,7 +15,9 @@ in one call, on a CUDA host.
    Face folder, or a GGUF file that transformers converts into one first).
 5. The decode step at 1, 64 and 256 rows (bfloat16, 512 tokens of context each) beside
    its floor: the weights read once plus the K/V attended, over the copy bandwidth
-   measured in the same call; for the generated 50M Llama and the real model.
+   measured in the same call; for the generated 50M Llama, SmolLM2's shape with random
+   weights (the real model's bytes and kernels, where its weights cannot travel) and the
+   real model. Target: 64 rows of SmolLM2 within 2x the floor.
 
 Everything it prints, and each server's and pytest's full log, goes to ``--out`` (or
 ``$KVPOOL_GPU_OUT``, else ``./gpu-check``). Without a CUDA device it says so first and
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if real is not None:
         serve_checks(report, args.out, device, sizes, real)
     if "floor" not in skip:
-        decode_floor(report, device, sizes, real)
+        decode_floor(report, args.out, device, sizes, real)
     report.table()
     (args.out / "summary.json").write_text(json.dumps(report.summary(), indent=1))
     failed = [c.name for c in report.checks if c.ok is False]

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from bench.gpu.serve_check import compare, prompts_for, tier_prompts
+from bench.gpu.shaped import smollm2_shaped_checkpoint
 from bench.gpu.step_floor import copy_bandwidth, kv_bytes_attended, weight_bytes
 from worker.checkpoint import Checkpoint
 from worker.models.loader import load_model
@@ -38,10 +39,11 @@ def test_without_cuda_the_call_says_so_and_dry_runs_every_step(tmp_path):
     failed = [c for c in checks.values() if c["ok"] is False]
     assert not failed, failed
     # Every step ran: the tests collected, three served configurations (the host tier's passes
-    # only with blocks loaded back from it), the step at three row counts.
+    # only with blocks loaded back from it), the step at three row counts for two models.
     assert checks["CUDA-marked tests collected (a dry run: they skip without CUDA)"]["ok"]
     assert {"serve tiny, float32, default cache", "serve tiny, float32, host tier", "serve tiny, float32, fp8 cache"} <= set(checks)
     assert sum(name.startswith("decode step, tiny") for name in checks) == 3
+    assert sum(name.startswith("decode step, SmolLM2-shaped") for name in checks) == 3  # the real model's bytes, random weights
     # The whole log is in the folder, with pytest's and each server's.
     log = (out / "gpu-check.log").read_text()
     assert log.splitlines()[0].startswith("NO CUDA DEVICE") and "decode step, tiny, 16 rows" in log
@@ -86,3 +88,12 @@ def test_the_kernel_compiles_for_hopper_without_spills_tensor_cores_for_16_bit()
     rows = [line for line in proc.stdout.splitlines() if line.startswith(("decode", "prefill"))]
     assert len(rows) == 10 and all(r.endswith(" ok") and " 0 bytes spilled" in r for r in rows)
     assert all("tensor cores" in r for r in rows if "bf16" in r or "fp16" in r)
+
+
+def test_the_smollm2_shaped_checkpoint_has_the_real_models_shape(tmp_path):
+    """The figures the issue names: 30 layers, hidden 576, 9 heads / 3 KV heads, vocabulary
+    49,152, tied embeddings; about 135M parameters, 269 MB in bfloat16 read per step."""
+    model = load_model(Checkpoint(smollm2_shaped_checkpoint(tmp_path / "s")), torch.bfloat16, "cpu")
+    c = model.config
+    assert (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.vocab_size, c.tie_word_embeddings) == (30, 576, 9, 3, 49152, True)
+    assert 134e6 < weight_bytes(model) / 2 < 135e6
