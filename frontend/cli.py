@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from frontend.config import FrontendConfig
+from frontend.gguf_model import GGUFModelError, gguf_model_dir
 from frontend.serve_flags import GROUPS, all_rules
 from frontend.serve_flags.config_file import ConfigFileError, with_config_file
 from frontend.serve_flags.kv_events_config import kv_events_scheduler_flags
@@ -173,6 +174,14 @@ def parse_serve(argv: list[str]) -> argparse.Namespace:
     if a.model is None:
         p.serve_parser.error("no model: give MODEL, --model MODEL or model: in the --config file")
     a.model_dir = Path(a.model).expanduser().resolve()
+    if a.model.endswith(".gguf") and a.model_dir.is_file():
+        # NOTE: a GGUF file becomes a folder every process reads as a checkpoint, its
+        # tokenizer from the file or from --tokenizer (then part of the folder).
+        try:
+            a.model_dir = gguf_model_dir(a.model_dir, a.tokenizer)
+        except GGUFModelError as e:
+            raise Refused(f"kvpool serve: {e}") from None
+        a.tokenizer = None
     if (line := refused_flag(a)) is not None:
         raise Refused(line)
     settle(p.serve_parser, a)

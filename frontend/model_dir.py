@@ -25,7 +25,8 @@ def checkpoint_problem(model: str, model_dir: Path) -> str | None:
         return f"{model}: config.json is not readable JSON ({e})"
     if not isinstance(config, dict):
         return f"{model}: config.json is not a JSON object"
-    if not any(model_dir.glob("*.safetensors")) and not (model_dir / "model.safetensors.index.json").is_file():
+    if not any(model_dir.glob("*.safetensors")) and not (model_dir / "model.safetensors.index.json").is_file() \
+            and not any(model_dir.glob("*.gguf")):
         return f"{model}: no *.safetensors weights ({_NEEDS})"
     if not (model_dir / "tokenizer.json").is_file():
         return f"{model}: no tokenizer.json ({_NEEDS}; only fast tokenizers are supported)"

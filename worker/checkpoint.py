@@ -3,7 +3,9 @@
 ``config.json`` (required), ``generation_config.json`` (optional), and the weights:
 one ``model.safetensors`` or shards listed by ``model.safetensors.index.json``. Tensors
 are read with ``safetensors`` (memory-mapped; never pickle) straight to the target
-device, then cast. Nothing is downloaded: a checkpoint is a directory.
+device, then cast. Or one ``*.gguf`` file (the folder ``kvpool serve FILE.gguf`` writes
+beside a GGUF), dequantized at load (``worker.gguf_weights``). Nothing is downloaded: a
+checkpoint is a directory.
 
 Every problem is a ``CheckpointError`` naming the file (and tensor) at fault.
 """
@@ -16,6 +18,8 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
+
+from worker.gguf_weights import GGUFError, GGUFWeights
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -48,6 +52,7 @@ class Checkpoint:
         if not self.dir.is_dir():
             raise CheckpointError(f"{self.dir}: not a checkpoint directory")
         self.config_path = self.dir / "config.json"
+        self.gguf: GGUFWeights | None = None
         self.config = read_json(self.config_path)
         self.generation_config = read_json(self.dir / "generation_config.json", required=False)
         index_path = self.dir / INDEX_FILE
@@ -61,6 +66,8 @@ class Checkpoint:
                 if not path.is_file():
                     raise CheckpointError(f"{path}: listed in {INDEX_FILE} but not found")
             self._index_bytes = index_path.read_bytes()
+        elif not any(self.dir.glob("*.safetensors")) and (ggufs := sorted(self.dir.glob("*.gguf"))):
+            self._open_gguf(ggufs)
         else:
             files = sorted(self.dir.glob("*.safetensors"))
             if not files:
@@ -69,6 +76,17 @@ class Checkpoint:
                 raise CheckpointError(f"{self.dir}: {len(files)} safetensors files but no {INDEX_FILE} to say which tensor is where")
             self.tensor_files = {name: files[0] for name in self._header(files[0])}
             self._index_bytes = json.dumps(self._header(files[0]), sort_keys=True).encode()
+
+    def _open_gguf(self, files: list[Path]) -> None:
+        if len(files) > 1:
+            raise CheckpointError(f"{self.dir}: {len(files)} GGUF files; a checkpoint holds one")
+        heads, kv_heads = self.config.get("num_attention_heads"), self.config.get("num_key_value_heads")
+        try:
+            self.gguf = GGUFWeights(files[0], heads, kv_heads or heads)
+        except GGUFError as e:
+            raise CheckpointError(str(e)) from None
+        self.tensor_files = dict.fromkeys(self.gguf.tensors, files[0])
+        self._index_bytes = self.gguf.index_bytes()
 
     @staticmethod
     def _header(path: Path) -> dict[str, list]:
@@ -105,6 +123,8 @@ class Checkpoint:
         if missing:
             where = INDEX_FILE if (self.dir / INDEX_FILE).is_file() else self.tensor_files[next(iter(self.tensor_files))].name
             raise CheckpointError(f"{self.dir / where}: missing tensor {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        if self.gguf is not None:
+            return self._load_gguf(names, dtype, device, narrow)
         by_file: dict[Path, list[str]] = {}
         for n in names:
             by_file.setdefault(self.tensor_files[n], []).append(n)
@@ -131,4 +151,21 @@ class Checkpoint:
                         out[n] = sl[index].to(dtype)
             except (SafetensorError, OSError) as e:
                 raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+        return out
+
+    def _load_gguf(self, names: list[str], dtype: torch.dtype, device: torch.device | str,
+                   narrow: dict[str, tuple[int, int, int]]) -> dict[str, torch.Tensor]:  # fmt: skip
+        """``load`` from the GGUF file: each tensor dequantized whole, then narrowed."""
+        out: dict[str, torch.Tensor] = {}
+        for n in names:
+            try:
+                t = self.gguf.load(n, dtype, device)
+            except GGUFError as e:
+                raise CheckpointError(str(e)) from None
+            shape = self.shapes[n] = tuple(t.shape)
+            if n in narrow:
+                dim, start, length = narrow[n]
+                if dim < len(shape) and start + length <= shape[dim]:
+                    t = t.narrow(dim, start, length)
+            out[n] = t
         return out

