@@ -13,7 +13,6 @@ The config comes from the folder ``kvpool serve`` writes beside the file
 from __future__ import annotations
 
 import hashlib
-import re
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +20,10 @@ import torch
 from gguf import MODEL_ARCH_NAMES, GGUFReader, dequantize, get_tensor_name_map
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
-# A Hugging Face name as kvpool's loader asks for it (not one of gguf's other aliases).
-_HF_NAME = re.compile(r"^(model\.(embed_tokens|norm|layers\.\d+\.[a-z_]+(\.[a-z_]+)?)|lm_head)$")
+# A layer's tensors by the names kvpool's loader asks for (``worker.models.loader``).
+LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
+               "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "self_attn.q_norm",
+               "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # fmt: skip
 
 
 class GGUFError(ValueError):
@@ -46,11 +47,13 @@ class GGUFWeights:
         arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == self.architecture)
         blocks = 1 + max((int(t.name.split(".")[1]) for t in self.reader.tensors if t.name.startswith("blk.")), default=-1)
         self.names = get_tensor_name_map(arch, blocks)
-        # GGUF base name -> the Hugging Face one kvpool's loader uses.
-        hf = {}
-        for key, (_, gguf_name) in self.names.mapping.items():
-            if _HF_NAME.match(key) and gguf_name not in hf:
-                hf[gguf_name] = key
+        # GGUF base name -> the Hugging Face one kvpool's loader uses (gguf's map also knows
+        # other models' aliases of each, so it is read forward from kvpool's names).
+        hf = {self.names.get_name(n): n for n in ("model.embed_tokens", "model.norm", "lm_head")}
+        for i in range(blocks):
+            for part in LAYER_PARTS:
+                hf[self.names.get_name(f"model.layers.{i}.{part}")] = f"model.layers.{i}.{part}"
+        hf.pop(None, None)
         self.tensors = {}
         for t in self.reader.tensors:
             base, _, suffix = t.name.rpartition(".")

@@ -1,13 +1,18 @@
 """GGUF weights (worker/gguf_weights.py) dequantized as transformers dequantizes them: the
 real SmolLM2-135M-Instruct GGUF that ``make install`` brings (Q4_1 and Q8_0 tensors, a
-Llama's permuted Q and K rows), every tensor equal to transformers' own, bit for bit."""
+Llama's permuted Q and K rows), every tensor equal to transformers' own, bit for bit; and
+for each architecture kvpool serves, a model written as llama.cpp's converter writes it
+read back to its weights; files kvpool cannot serve refused by name."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 import torch
-from gguf import GGUFWriter
+from gguf import MODEL_ARCH_NAMES, GGUFWriter, get_tensor_name_map
+from kvtest.hf_models import make_checkpoint
 
 from frontend.gguf_model import GGUFModelError, check_gguf, gguf_model_dir, installed_real_model
 from worker.checkpoint import Checkpoint, CheckpointError
@@ -82,3 +87,50 @@ def test_a_folder_of_two_gguf_files_or_a_broken_one_is_refused(tmp_path):
     (tmp_path / "b.gguf").write_bytes(b"")
     with pytest.raises(CheckpointError, match="2 GGUF files"):
         Checkpoint(tmp_path)
+
+
+def as_llama_cpp_converts(kind: str, hf_dir, gguf_path) -> dict[str, torch.Tensor]:
+    """Write ``hf_dir``'s weights into a float32 GGUF as llama.cpp's converter does (gguf's
+    names; a Llama's Q and K rows permuted for its RoPE; Gemma's norms plus 1); returns
+    what reading it back must give: the weights, through that conversion and its undoing."""
+    from safetensors.torch import load_file
+
+    config = json.loads((hf_dir / "config.json").read_text())
+    weights = load_file(str(hf_dir / "model.safetensors"))
+    arch = {"gemma3": "gemma3"}.get(kind, kind)
+    names = get_tensor_name_map(next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch), config["num_hidden_layers"])
+    w = GGUFWriter(str(gguf_path), arch)
+    want = {}
+    for name, t in weights.items():
+        base, suffix = name.rsplit(".", 1)
+        a = t.numpy()
+        if kind == "llama" and base.endswith(("q_proj", "k_proj")):
+            heads = config["num_attention_heads" if base.endswith("q_proj") else "num_key_value_heads"]
+            a = a.reshape(heads, 2, a.shape[0] // heads // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+        if kind == "gemma3" and base.endswith("norm"):
+            a = a + np.float32(1)
+            t = torch.from_numpy(a - np.float32(1))  # the float32 round trip through + 1 and - 1
+        w.add_tensor(f"{names.get_name(base)}.{suffix}", np.ascontiguousarray(a))
+        want[name] = t
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return want
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "gemma3"])
+def test_each_architecture_reads_back_the_weights_llama_cpp_converted(kind, tmp_path):
+    """The GGUF names of each architecture kvpool serves, and what its converter did undone:
+    every tensor back bit for bit (Gemma's norms as float32 rounds w + 1 - 1)."""
+    hf_dir = make_checkpoint(kind, tmp_path / "hf")
+    folder = tmp_path / "gguf"
+    folder.mkdir()
+    (folder / "config.json").write_text((hf_dir / "config.json").read_text())
+    want = as_llama_cpp_converts(kind, hf_dir, folder / "model.gguf")
+    ckpt = Checkpoint(folder)
+    config = model_config_from_hf(ckpt.config, None, str(ckpt.config_path))
+    names = list(expected_shapes(config))
+    got = ckpt.load(names, torch.float32, "cpu")
+    assert set(names) <= set(want)
+    assert [n for n in names if not torch.equal(got[n], want[n])] == []
