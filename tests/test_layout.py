@@ -42,7 +42,8 @@ RULES: dict[str, tuple[str, ...]] = {
 # folder -> modules under its forbidden prefixes that it may import all the same.
 ALLOWED: dict[str, tuple[str, ...]] = {
     # The load generator counts tokens with the server's own tokenizer.
-    "loadgen": ("frontend.tokenizer",),
+    # ... and reads a GGUF model's tokenizer from the folder kvpool serve makes of the file.
+    "loadgen": ("frontend.tokenizer", "frontend.gguf_model"),
     # A workload is its requests and when they arrive: the simulator replays the load
     # generator's datasets on the load generator's arrival schedule.
     "simulator": ("loadgen.datasets", "loadgen.arrivals"),
