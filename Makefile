@@ -51,7 +51,7 @@ TEST_JOBS ?= 2
 test: $(STAMP) $(KERNELS)
 	$(PY) -m pytest -q --durations=25 -n $(TEST_JOBS) --dist loadfile tests
 
-run: $(STAMP)
+run: $(STAMP) $(KERNELS)
 	PYTHON=$(PY) bash deploy/run.sh
 
 bench: $(STAMP) $(KERNELS)

@@ -145,7 +145,10 @@ grep -h " ready at " "$LOG_DIR/serve.log" >&2
 log "ready; running the load generator (pool: $KV_CACHE_MEMORY of KV on $DEVICE, block size $BLOCK_SIZE)"
 
 if [ "$REAL" = 1 ]; then
-    "$PYTHON" deploy/ask.py "http://$HOST:$HTTP_PORT" "What is the capital of France?"
+    # NOTE: a question whose greedy answer leads by a logit or more at each of its first
+    # tokens; "What is the capital of France?" starts at a near tie (0.08 in float32,
+    # "The" against "L") that bfloat16's rounding can flip.
+    "$PYTHON" deploy/ask.py "http://$HOST:$HTTP_PORT" "Name the capital of France."
 fi
 
 set +e

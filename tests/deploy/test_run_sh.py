@@ -199,6 +199,6 @@ def test_make_run_serves_the_real_model_answers_in_words_then_runs_sharegpt_chat
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate(timeout=10)
     assert proc.returncode == 0, err[-3000:]
-    assert "Q: What is the capital of France?" in out and "Paris" in out.split("Q: What is the capital of France?")[1].split("\n\n")[0]
+    assert "Q: Name the capital of France." in out and "Paris" in out.split("Q: Name the capital of France.")[1].split("\n\n")[0]
     assert "Workload: sharegpt: 4 requests (ShareGPT_V3_unfiltered_cleaned_split.json, first turns, 8 out)" in out
     assert "Successful requests:" in out and "SmolLM2-135M-Instruct" in err
