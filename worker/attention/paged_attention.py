@@ -2,6 +2,9 @@
 
 The tokens of a step are laid out decodes first (one token per request), then prefill
 chunks (several consecutive tokens of one request, possibly starting mid-sequence).
+Which kernels read the blocks in place is ``worker.attention.kernels``'s choice: the C
+ones below on CPU, on CUDA the Triton kernel (``worker.attention.triton_paged``), which
+takes the C kernels' calls.
 
 * Decodes, on CPU where its library is built (float32, bfloat16 and fp8 caches), run one
   C kernel (``worker.attention.paged_decode``) that reads each row's blocks where they
