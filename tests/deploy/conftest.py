@@ -13,7 +13,6 @@ Without the `prometheus` binary the fixture skips, or fails under CI (env CI set
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -25,16 +24,14 @@ from pathlib import Path
 
 import pytest
 from kvtest.ports import free_port
+from kvtest.real_data import skip_or_fail_under_ci
 
 
 def require_tool(name: str) -> str:
     """Path of a binary; skip without it, except under CI where it must be installed."""
     path = shutil.which(name)
     if path is None:
-        msg = f"`{name}` not found (Debian: apt-get install prometheus)"
-        if os.environ.get("CI"):
-            pytest.fail(msg + "; CI must install it (.ci/run does)")
-        pytest.skip(msg)
+        skip_or_fail_under_ci(f"`{name}` not found (Debian: apt-get install prometheus)", "CI must install it (.ci/run does)")
     return path
 
 

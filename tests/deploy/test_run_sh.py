@@ -43,6 +43,20 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _run_sh(run_sh: Path, env: dict[str, str], bound: float, *loadgen_args: str) -> tuple[int, str, str]:
+    """``run_sh`` in its own process group, killed whole if it outlives ``bound`` seconds:
+    (exit status, stdout, stderr)."""
+    proc = subprocess.Popen(["bash", str(run_sh), *loadgen_args], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=bound)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=10)
+    return proc.returncode, out, err
+
+
 def _launch(tmp_path: Path, extra_env: dict[str, str], *loadgen_args: str, bound: float = 90, clone: Path | None = None):
     """Run run.sh with the stand-in servers. With ``clone``, run a copy of run.sh in that
     folder as a fresh clone after `make install` would: PYTHON unset, the wrapper at
@@ -76,21 +90,7 @@ def _launch(tmp_path: Path, extra_env: dict[str, str], *loadgen_args: str, bound
         KVPOOL_STOP_TIMEOUT="2",
         **extra_env,
     )
-    proc = subprocess.Popen(
-        ["bash", str(run_sh), *loadgen_args],
-        cwd=ROOT,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=bound)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate(timeout=10)
+    rc, out, err = _run_sh(run_sh, env, bound, *loadgen_args)
     pids = [int(p) for p in re.findall(r"started \w+ \(pid (\d+)\)", err)]
     try:
         deadline = time.monotonic() + 5
@@ -101,7 +101,7 @@ def _launch(tmp_path: Path, extra_env: dict[str, str], *loadgen_args: str, bound
         for p in pids:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
-    return proc.returncode, out, err, pids, left
+    return rc, out, err, pids, left
 
 
 @pytest.mark.e2e
@@ -155,16 +155,8 @@ def test_run_sh_for_real_through_kvpool_serve(tmp_path, tiny_checkpoint):
     (http,) = _free_ports(1)
     env = dict(os.environ, PYTHON=sys.executable, KVPOOL_HTTP_PORT=str(http), KVPOOL_MODEL="tiny",
                KVPOOL_LOG_DIR=str(tmp_path / "logs"), KVPOOL_STOP_TIMEOUT="10")  # fmt: skip
-    proc = subprocess.Popen(["bash", str(RUN_SH), "--num-requests", "8", "--prefix-len", "32", "--suffix-len", "8",
-                             "--output-len", "4"], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate(timeout=10)
-    assert proc.returncode == 0, err[-3000:]
+    rc, out, err = _run_sh(RUN_SH, env, 240, "--num-requests", "8", "--prefix-len", "32", "--suffix-len", "8", "--output-len", "4")
+    assert rc == 0, err[-3000:]
     assert "Successful requests:" in out and f"via http://127.0.0.1:{http}/v1/completions" in out
     assert f"{tiny_checkpoint} ready at http://127.0.0.1:{http}/v1 (KV cache: 256 blocks × 16 tokens, 8.0 MiB)" in err
     for name in ("scheduler", "worker", "frontend"):
@@ -187,15 +179,8 @@ def test_make_run_serves_the_real_model_answers_in_words_then_runs_sharegpt_chat
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "KVPOOL_MODEL")}
     env.update(PYTHON=sys.executable, KVPOOL_HTTP_PORT=str(free_port()), KVPOOL_LOG_DIR=str(tmp_path / "logs"), KVPOOL_STOP_TIMEOUT="4",
                KVPOOL_READY_TIMEOUT="180")  # fmt: skip
-    proc = subprocess.Popen(["bash", str(RUN_SH), "--num-requests", "4", "--sharegpt-output-len", "8"], cwd=ROOT, env=env,
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=280)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate(timeout=10)
-    assert proc.returncode == 0, err[-3000:]
+    rc, out, err = _run_sh(RUN_SH, env, 280, "--num-requests", "4", "--sharegpt-output-len", "8")
+    assert rc == 0, err[-3000:]
     assert "Q: Name the capital of France." in out and "Paris" in out.split("Q: Name the capital of France.")[1].split("\n\n")[0]
     assert "Workload: sharegpt: 4 requests (ShareGPT_V3_unfiltered_cleaned_split.json, first turns, 8 out)" in out
     assert "Successful requests:" in out and "SmolLM2-135M-Instruct" in err

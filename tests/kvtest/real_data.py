@@ -24,8 +24,12 @@ def sharegpt() -> Path:
 
 def _required(path: Path | None, package: str) -> Path:
     if path is None:
-        msg = f"{package} not installed (make install brings it)"
-        if os.environ.get("CI"):
-            pytest.fail(msg + "; CI runs make install")
-        pytest.skip(msg)
+        skip_or_fail_under_ci(f"{package} not installed (make install brings it)", "CI runs make install")
     return path
+
+
+def skip_or_fail_under_ci(why: str, ci_does: str) -> None:
+    """Skip the test for want of something, except under CI (env CI set), which provides it: fail there."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{why}; {ci_does}")
+    pytest.skip(why)
