@@ -23,6 +23,7 @@ from loadgen.datasets import (
     random_requests,
     shared_prefix_requests,
 )
+from loadgen.multiturn import Chats, send_chats, sharegpt_chats
 from loadgen.progress import Progress
 from loadgen.report import format_report, summarize, write_result_json
 from loadgen.request_result import SchedulerUnreachable
@@ -33,7 +34,10 @@ from protocol.curve import CurveKeyError
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
 
-def build_dataset(cfg: LoadgenConfig) -> list[SampleRequest]:
+def build_dataset(cfg: LoadgenConfig) -> list[SampleRequest] | Chats:
+    if cfg.dataset == "multiturn":
+        return sharegpt_chats(read_sharegpt(cfg.dataset_path), cfg.num_users, cfg.num_rounds, cfg.system_prompt_words,
+                              cfg.question_words, cfg.seed)  # fmt: skip
     if cfg.dataset == "shared-prefix":
         return shared_prefix_requests(
             cfg.num_requests,
@@ -66,6 +70,10 @@ def build_dataset(cfg: LoadgenConfig) -> list[SampleRequest]:
     )
 
 
+def workload_size(requests: list[SampleRequest] | Chats) -> int:
+    return requests.num_requests if isinstance(requests, Chats) else len(requests)
+
+
 def http_client(cfg: LoadgenConfig):
     from loadgen.openai_client import OpenAIClient
 
@@ -74,10 +82,20 @@ def http_client(cfg: LoadgenConfig):
         from frontend.tokenizer import Tokenizer
 
         tokenizer = Tokenizer(cfg.tokenizer)
-    return OpenAIClient(cfg.base_url, cfg.endpoint, cfg.model, cfg.backend == "openai-chat", tokenizer)
+    return OpenAIClient(cfg.base_url, cfg.endpoint, cfg.model, cfg.backend == "openai-chat", tokenizer,
+                        decode_prompts=cfg.dataset != "multiturn")  # fmt: skip
 
 
-async def _amain(cfg: LoadgenConfig, requests: list[SampleRequest]) -> int:
+async def _amain(cfg: LoadgenConfig, requests: list[SampleRequest] | Chats) -> int:
+    prefix = f"loadgen-{secrets.token_hex(4)}"
+    progress = Progress(workload_size(requests))
+    send = None
+    if isinstance(requests, Chats):
+        chats, requests = requests, []
+
+        def send(client):
+            return send_chats(client, chats, cfg.output_len, not cfg.respect_eos, cfg.request_timeout, cfg.timeout, prefix, progress)
+
     if cfg.dataset == "mooncake":
         offsets = np.array([r.arrival_s for r in requests], dtype=np.float64)
         offsets = np.maximum(offsets - offsets.min(), 0.0) if len(offsets) else offsets
@@ -96,13 +114,14 @@ async def _amain(cfg: LoadgenConfig, requests: list[SampleRequest]) -> int:
         connect_timeout=cfg.connect_timeout,
         timeout=cfg.timeout,
         metrics_interval=cfg.metrics_interval,
-        request_id_prefix=f"loadgen-{secrets.token_hex(4)}",
-        progress=Progress(len(requests)),
+        request_id_prefix=prefix,
+        progress=progress,
         client=client,
+        send=send,
     )
     series = [s for s in (outcome.before, *outcome.series) if s is not None]
     summary = summarize(outcome.results, outcome.duration_s, outcome.before, outcome.after, series)
-    summary["workload"] = describe_workload(cfg, len(requests))
+    summary["workload"] = describe_workload(cfg, len(outcome.results))
     if client is not None and client.model:
         summary["workload"] += f", model {client.model}"  # as the server's /v1/models names it
     print(format_report(summary), flush=True)
@@ -142,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"loadgen: error: cannot build the {cfg.dataset} dataset: {e}", file=sys.stderr)
         return EXIT_USAGE
-    if not requests:
+    if not workload_size(requests):
         print(f"loadgen: error: the {cfg.dataset} dataset has no requests (is the trace {cfg.trace} empty?)", file=sys.stderr)
         return EXIT_USAGE
     make_output_folders(cfg)

