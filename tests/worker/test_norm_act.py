@@ -36,7 +36,7 @@ def close(got: torch.Tensor, want: torch.Tensor) -> None:
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,d", [(1, 768), (8, 256), (37, 100), (3, 7)])
+@pytest.mark.parametrize("rows,d", [(1, 768), (8, 256), (37, 100), (3, 7), (64, 768)])  # the last one on its threads
 def test_rms_norm_is_llamas(dtype, rows, d):
     g = torch.Generator().manual_seed(rows * d)
     x = (torch.randn(rows, d, generator=g) * 3).to(dtype)
@@ -46,7 +46,7 @@ def test_rms_norm_is_llamas(dtype, rows, d):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,inter", [(1, 2048), (8, 300), (5, 13)])
+@pytest.mark.parametrize("rows,inter", [(1, 2048), (8, 300), (5, 13), (16, 2048)])  # the last one on its threads
 def test_silu_mul_is_act_gate_times_up(dtype, rows, inter):
     g = torch.Generator().manual_seed(rows + inter)
     gate_up = (torch.randn(rows, 2 * inter, generator=g) * 4).to(dtype)
