@@ -3,7 +3,8 @@
 ``--checkpoint tiny`` (the default) is the project's tiny Llama, ``--checkpoint gemma3``
 its Gemma-3-style one (``worker/tiny/gemma3.py``: 5 sliding-window layers to 1 full, a
 128-token window), the hybrid KV-cache groups' row; ``llama50m`` a 51M-parameter Llama in
-bfloat16 (``worker/tiny/llama50m.py``), the compute-bound one of ``make compare-speed``. The layout is read from the
+bfloat16 (``worker/tiny/llama50m.py``), the compute-bound one of ``make compare-speed``;
+``smollm2`` the real SmolLM2-135M-Instruct in bfloat16 (``bench/real_model.py``). The layout is read from the
 checkpoint's ``config.json`` alone, read as kvpool's worker reads it
 (``protocol.layer_windows``), with vLLM 0.32's grouping
 (``protocol.kv_cache_spec.kv_cache_groups``): a block holds ``num_kv_tensors`` layers'
@@ -19,11 +20,11 @@ from pathlib import Path
 from protocol.kv_cache_spec import KVCacheGroupSpec, kv_cache_groups, num_kv_tensors
 from protocol.layer_windows import layer_windows
 
-CHECKPOINTS = ("tiny", "gemma3", "llama50m")
+CHECKPOINTS = ("tiny", "gemma3", "llama50m", "smollm2")
 
 
 def checkpoint_dir(name: str) -> Path:
-    """A generated checkpoint's folder in the cache, written on first use."""
+    """A generated (or, smollm2, converted) checkpoint's folder in the cache, written on first use."""
     if name == "tiny":
         from worker.tiny.generate import default_checkpoint
 
@@ -36,6 +37,10 @@ def checkpoint_dir(name: str) -> Path:
         from worker.tiny.llama50m import llama50m_checkpoint
 
         return llama50m_checkpoint()
+    if name == "smollm2":
+        from bench.real_model import smollm2_checkpoint
+
+        return smollm2_checkpoint()
     raise ValueError(f"unknown checkpoint {name!r} (generated ones: {', '.join(CHECKPOINTS)})")
 
 

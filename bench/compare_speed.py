@@ -12,6 +12,13 @@ is ``prefix-c8``/``prefix-c64``'s (``bench/compare_workloads.py``); ``greedy`` s
 temperature 0, ``default`` no temperature (the server's default sampling, as ``vllm
 bench serve`` does by default). The table: ``bench/compare_speed_report.py``.
 
+``--workload sharegpt``: ``vllm bench serve --dataset-name sharegpt`` over the installed
+ShareGPT (``bench/real_model.py``), 48 prompts at concurrency 8 and three times the
+concurrency above 16; ``--workload multiturn``: kvpool's load generator's multi-turn
+chats (as many users as the concurrency, 4 rounds, 64 tokens an answer, greedy), the one
+workload whose prefix reuse is real. With ``--checkpoints smollm2`` (the real model) these
+are issue #48's speed rows.
+
     python -m bench.compare_speed --help
 """
 
@@ -33,9 +40,18 @@ from bench.compare import NAME, ROOT, serve
 from bench.compare_checkpoints import checkpoint_dir
 from bench.compare_servers import COUNTERS, ServerConfig, num_gpu_blocks, scrape, scrape_page
 from bench.compare_speed_report import cell_row, format_matrix
-from bench.compare_workloads import Workload, prefix_args, repeated, run_bench
+from bench.compare_workloads import (
+    Workload,
+    multiturn_args,
+    prefix_args,
+    repeated,
+    run_bench,
+    run_loadgen,
+    sharegpt_args,
+)
 
-CHECKPOINTS = ("tiny", "llama50m")  # one KV-cache group each: compare's 256-block pool
+CHECKPOINTS = ("tiny", "llama50m", "smollm2")  # one KV-cache group each: compare's 256-block pool
+WORKLOADS = ("prefix", "sharegpt", "multiturn")
 DTYPES = ("bfloat16", "float32")
 SAMPLING = {"greedy": 0.0, "default": None}  # the --temperature each sends (None: none)
 ENGINES = ("vllm", "kvpool")
@@ -46,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.compare_speed", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoints", default="tiny,llama50m", help=f"comma-separated of {', '.join(CHECKPOINTS)} (default %(default)s)")
     p.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated of bfloat16, float32 (default %(default)s)")
+    p.add_argument("--workload", default="prefix", choices=WORKLOADS,
+                   help="prefix: prefix_repetition; sharegpt: vllm bench serve's ShareGPT; multiturn: multi-turn chats, greedy (default %(default)s)")
     p.add_argument("--sampling", default="greedy,default",
                    help="comma-separated: greedy (temperature 0), default (no temperature sent) (default %(default)s)")  # fmt: skip
     p.add_argument("--concurrency", default="8,64", help="comma-separated client concurrencies (default %(default)s)")
@@ -78,6 +96,8 @@ def settle_args(a) -> None:
     a.dtypes = split("dtypes", a.dtypes, DTYPES)
     a.sampling = split("sampling", a.sampling, tuple(SAMPLING))
     a.engines = split("engines", a.engines, ENGINES)
+    if a.workload == "multiturn" and a.sampling != ["greedy"]:
+        raise SystemExit("compare_speed: --workload multiturn: its chat client sends temperature 0; give --sampling greedy")
     try:
         a.concurrency = [int(c) for c in a.concurrency.split(",")]
     except ValueError:
@@ -95,14 +115,30 @@ def settle_args(a) -> None:
             raise SystemExit(f"compare_speed: {need} is missing; run `make compare-speed` (it installs .venv-vllm) or `make install`")
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
+    a.dataset = None
+    if a.workload != "prefix":
+        from bench.real_model import sharegpt_json
+
+        try:
+            a.dataset = sharegpt_json(a.out / "sharegpt.json")
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(f"compare_speed: --workload {a.workload}: {e}") from None
 
 
-def cells(sampling: list[str], concurrency: list[int]) -> list[tuple[str, int, Workload]]:
-    """(sampling, concurrency, workload) of every cell: prefix-c8/c64's shape, 64 prompts
-    at concurrency 8, twice the concurrency above 32; each cell its own prompts."""
+def cells(sampling: list[str], concurrency: list[int], workload: str = "prefix", dataset: Path | None = None) -> list[tuple[str, int, Workload]]:
+    """(sampling, concurrency, workload) of every cell, each cell its own prompts (seed):
+    prefix: prefix-c8/c64's shape, 64 prompts at concurrency 8, twice the concurrency above
+    32; sharegpt: 48 prompts, three times the concurrency above 16; multiturn: as many
+    users as the concurrency, 4 rounds of 64 tokens."""
     out = []
     for i, (s, c) in enumerate((s, c) for s in sampling for c in concurrency):
-        out.append((s, c, Workload(f"{s}-c{c}", "main", prefix_args(max(64, 2 * c), c, 64, seed=1 + i), shared_prefix=True)))
+        if workload == "sharegpt":
+            w = Workload(f"sharegpt-{s}-c{c}", "main", sharegpt_args(dataset, max(48, 3 * c), c, seed=1 + i))
+        elif workload == "multiturn":
+            w = Workload(f"multiturn-c{c}", "main", multiturn_args(dataset, c, 4, 64, seed=1 + i), client="loadgen")
+        else:
+            w = Workload(f"{s}-c{c}", "main", prefix_args(max(64, 2 * c), c, 64, seed=1 + i), shared_prefix=True)
+        out.append((s, c, w))
     return out
 
 
@@ -116,7 +152,10 @@ def measured_run(server, model: Path, w: Workload, temperature: float | None, ou
     """One bench run against a server: its figures, its counters' deltas and the load
     average (1 min) before and after."""
     load_before, before = os.getloadavg()[0], scrape(server.url)
-    fig = run_bench(ROOT, server.url, model, NAME, w, out, timeout_s, temperature)
+    if w.client == "loadgen":
+        fig = run_loadgen(server.url, model, NAME, w, out, timeout_s)
+    else:
+        fig = run_bench(ROOT, server.url, model, NAME, w, out, timeout_s, temperature)
     after = scrape(server.url)
     return fig | {c: after[c] - before[c] for c in COUNTERS} | {"load_before": load_before, "load_after": os.getloadavg()[0]}
 
@@ -125,7 +164,7 @@ def run_pair(checkpoint: str, dtype: str, a) -> dict[tuple[str, int], dict[str, 
     """Both servers for one (checkpoint, dtype), warmed up, then every cell alternating:
     {(sampling, concurrency): {engine: [run, ...]}}."""
     model, cfg, tag = checkpoint_dir(checkpoint), ServerConfig(dtype=dtype), f"{checkpoint}-{dtype}"
-    todo = cells(a.sampling, a.concurrency)
+    todo = cells(a.sampling, a.concurrency, a.workload, a.dataset)
     got = {(s, c): {e: [] for e in a.engines} for s, c, _ in todo}
     with ExitStack() as stack:
         servers = {e: stack.enter_context(serve(e, model, cfg, a, tag)) for e in a.engines}
@@ -135,7 +174,8 @@ def run_pair(checkpoint: str, dtype: str, a) -> dict[tuple[str, int], dict[str, 
             print(f"compare_speed: {tag}: {e} ready after {time.monotonic() - t0:.0f} s, "
                   f"{num_gpu_blocks(scrape_page(s.url))} blocks", flush=True)  # fmt: skip
         s0, _, w0 = todo[0]
-        warm = replace(w0, name="warmup", args=prefix_args(max(64, 2 * a.concurrency[0]), a.concurrency[0], 64, seed=WARMUP_SEED))
+        warm = replace(w0, name="warmup", args=prefix_args(max(64, 2 * a.concurrency[0]), a.concurrency[0], 64, seed=WARMUP_SEED),
+                       client="vllm")  # fmt: skip
         for e, s in servers.items():  # NOTE: untimed: vLLM's first requests pay for its compiled graph's first runs
             run_bench(ROOT, s.url, model, NAME, warm, a.out / tag / e, a.bench_timeout, SAMPLING[s0])
         for rep, i, e in schedule(len(todo), a.engines, a.repeat):
@@ -194,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu = cpu_capability()
     print(f"compare_speed: CPU {platform.processor() or platform.machine()}, torch capability {cpu['capability']}, "
           f"native bf16 GEMM: {'yes' if cpu['native_bf16_gemm'] else 'no (kvpool runs bf16 projections in float32)'}")  # fmt: skip
-    settings = asdict(ServerConfig()) | {k: getattr(a, k) for k in ("checkpoints", "dtypes", "sampling", "concurrency",
+    settings = asdict(ServerConfig()) | {k: getattr(a, k) for k in ("checkpoints", "workload", "dtypes", "sampling", "concurrency",
                                                                     "repeat", "engines", "threads")}  # fmt: skip
     settings.pop("dtype")
     doc = {"settings": settings, "table": table, "runs": runs, "errors": errors,

@@ -18,6 +18,7 @@ import os
 import random
 import statistics
 import subprocess
+import sys
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -36,6 +37,9 @@ class Workload:
     args: tuple[str, ...]  # vllm bench serve's dataset and load flags
     what: str = ""
     shared_prefix: bool = field(default=False)
+    # "vllm": vllm bench serve runs it (args: its flags); "loadgen": kvpool's own load
+    # generator (args: its flags), for the multi-turn chats vLLM's bench has no dataset for.
+    client: str = "vllm"
 
 
 def prefix_args(num_prompts: int, concurrency: int, output_len: int, seed: int, prefix_len: int = 256,
@@ -44,6 +48,21 @@ def prefix_args(num_prompts: int, concurrency: int, output_len: int, seed: int, 
             "--prefix-repetition-suffix-len", str(suffix_len), "--prefix-repetition-num-prefixes", "4",
             "--prefix-repetition-output-len", str(output_len), "--num-prompts", str(num_prompts),
             "--max-concurrency", str(concurrency), "--ignore-eos", "--seed", str(seed))  # fmt: skip
+
+
+def sharegpt_args(path: Path, num_prompts: int, concurrency: int, seed: int) -> tuple[str, ...]:
+    """``vllm bench serve --dataset-name sharegpt``: its own sampling and length filters,
+    each conversation's first answer's length out (ignore_eos)."""
+    return ("--dataset-name", "sharegpt", "--dataset-path", str(path), "--num-prompts", str(num_prompts),
+            "--max-concurrency", str(concurrency), "--ignore-eos", "--seed", str(seed))  # fmt: skip
+
+
+def multiturn_args(path: Path, users: int, rounds: int, output_len: int, seed: int) -> tuple[str, ...]:
+    """kvpool's load generator's multi-turn chats (LMCache's multi-round QA): ``users``
+    conversations at once, each ``rounds`` questions from ShareGPT after a shared system
+    prompt, every round resending the history with the streamed answers, greedy."""
+    return ("--dataset", "multiturn", "--dataset-path", str(path), "--num-users", str(users), "--num-rounds", str(rounds),
+            "--output-len", str(output_len), "--seed", str(seed))  # fmt: skip
 
 
 def mooncake_slice(trace: Path, out: Path, num_requests: int, scale: int, max_model_len: int, max_output: int) -> Path:
@@ -154,6 +173,25 @@ def run_bench(root: Path, url: str, model: Path, name: str, w: Workload, out: Pa
         raise RuntimeError(f"vllm bench serve ({w.name}) failed with {p.returncode}; see {out / (w.name + '.log')}")
     data = json.loads(result.read_text())
     return {k: data.get(k) for k in BENCH_KEYS}
+
+
+def run_loadgen(url: str, model: Path, name: str, w: Workload, out: Path, timeout_s: float) -> dict:
+    """One run of kvpool's load generator (``w.client`` "loadgen") through the chat API,
+    its summary under vllm bench serve's names (BENCH_KEYS)."""
+    out.mkdir(parents=True, exist_ok=True)
+    result = out / f"{w.name}.json"
+    result.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "loadgen", "--backend", "openai-chat", "--base-url", url, "--model", name,
+           "--tokenizer", str(model), "--metrics-url", "", *w.args, "--result-json", str(result)]  # fmt: skip
+    with open(out / f"{w.name}.log", "wb") as log:
+        p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, cwd=Path(__file__).resolve().parents[1])
+    if p.returncode not in (0, 1) or not result.exists():  # NOTE: 1: some request failed; the summary counts it
+        raise RuntimeError(f"loadgen ({w.name}) failed with {p.returncode}; see {out / (w.name + '.log')}")
+    s = json.loads(result.read_text())
+    return {"completed": s["completed"], "failed": s["failed"], "duration": s["duration_s"],
+            "total_input_tokens": s["total_input_tokens"], "total_output_tokens": s["total_output_tokens"],
+            "request_throughput": s["request_throughput"], "output_throughput": s["output_throughput"],
+            **{f"{stat}_{k}": (s[k] or {}).get(stat) for k in ("ttft_ms", "tpot_ms") for stat in ("mean", "median", "p99")}}  # fmt: skip
 
 
 def shared_prefix_prompts(n: int, vocab: int, prefix_len: int, suffix_len: int, seed: int) -> list[list[int]]:

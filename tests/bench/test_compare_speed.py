@@ -13,7 +13,13 @@ import pytest
 
 from bench.compare_speed import cells, schedule
 from bench.compare_speed_report import HITS, QUERIES, cell_row, format_matrix, judge, summarize
-from bench.compare_workloads import Workload, bench_command, prefix_args
+from bench.compare_workloads import (
+    Workload,
+    bench_command,
+    multiturn_args,
+    prefix_args,
+    sharegpt_args,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,6 +47,23 @@ def test_cells_take_the_prefix_workloads_shape_with_prompts_of_their_own():
     assert got[1][2].args == prefix_args(128, 64, 64, seed=2)
     seeds = [w.args[list(w.args).index("--seed") + 1] for _, _, w in got]
     assert len(set(seeds)) == 4  # no cell hits another's prefixes on the same server
+
+
+def test_sharegpt_cells_take_48_prompts_at_c8_and_three_per_user_above():
+    path = Path("/data/sg.json")
+    got = cells(["default"], [8, 32], "sharegpt", path)
+    assert [w.args for _, _, w in got] == [sharegpt_args(path, 48, 8, seed=1), sharegpt_args(path, 96, 32, seed=2)]
+    args = list(got[1][2].args)
+    assert args[args.index("--dataset-name") + 1] == "sharegpt" and args[args.index("--dataset-path") + 1] == str(path)
+    assert "--ignore-eos" in args and all(w.client == "vllm" for _, _, w in got)
+
+
+def test_multiturn_cells_run_kvpools_load_generator_one_user_per_concurrent_request():
+    path = Path("/data/sg.json")
+    (_, c, w), = cells(["greedy"], [8], "multiturn", path)
+    assert w.client == "loadgen" and w.args == multiturn_args(path, 8, 4, 64, seed=1)
+    args = list(w.args)
+    assert [args[args.index(f) + 1] for f in ("--dataset", "--num-users", "--num-rounds", "--output-len")] == ["multiturn", "8", "4", "64"]
 
 
 def test_summaries_take_medians_sum_counters_and_keep_the_load_range():
@@ -106,7 +129,8 @@ def test_bench_sends_the_temperature_asked_or_none(tmp_path, temperature, sent):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--checkpoints", "tiny,gemma3"], "--checkpoints 'tiny,gemma3': 'gemma3' not one of tiny, llama50m"),
+    (["--checkpoints", "tiny,gemma3"], "--checkpoints 'tiny,gemma3': 'gemma3' not one of tiny, llama50m, smollm2"),
+    (["--workload", "multiturn"], "--workload multiturn: its chat client sends temperature 0; give --sampling greedy"),
     (["--dtypes", "float16"], "--dtypes 'float16': 'float16' not one of bfloat16, float32"),
     (["--sampling", "greedy,greedy"], "--sampling 'greedy,greedy': empty or repeated values"),
     (["--engines", "sglang"], "--engines 'sglang'"),

