@@ -92,3 +92,40 @@ def test_the_mlp_takes_its_activation_fused(rows, monkeypatch):
     fused = mlp(x)
     monkeypatch.setattr(norm_act, "load", lambda: None)
     assert torch.equal(fused, mlp(x))  # torch's silu and multiply: the same bits here
+
+
+def torch_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """rope.apply_rope's torch ops, written out: each half times cos, then the other half times sin added in."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat(((x1 * cos).addcmul_(x2, sin, value=-1), (x2 * cos).addcmul_(x1, sin)), dim=-1)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows,hd", [(1, 64), (8, 64), (5, 40), (300, 128)])  # 300 x 12 x 128: on its threads
+def test_rope_rounds_as_the_torch_ops_bit_for_bit_on_a_view_of_qkv(rows, hd):
+    from worker.models.rope import apply_rope
+
+    g = torch.Generator().manual_seed(rows + hd)
+    nh, kvh = 9, 3
+    qkv = (torch.randn(rows, (nh + 2 * kvh) * hd, generator=g) * 4).to(torch.bfloat16)
+    qk = qkv[:, : (nh + kvh) * hd].view(rows, nh + kvh, hd)  # q and k heads, rows (nh + 2 kvh) hd apart
+    angles = torch.rand(rows, 1, hd // 2, generator=g) * 50
+    cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+    assert KERNEL.supports_rope(qk, cos, sin)
+    want = torch_rope(qk, cos, sin)
+    got = KERNEL.rope(qk, cos, sin)
+    assert got.is_contiguous() and torch.equal(got, want)
+    assert torch.equal(apply_rope(qk, cos, sin), want)
+
+
+def test_rope_the_kernel_does_not_take_runs_as_torch_ops():
+    from worker.models.rope import apply_rope
+
+    supports = norm_act.NormAct.supports_rope
+    x = torch.randn(4, 3, 16)
+    cos, sin = torch.rand(4, 1, 8), torch.rand(4, 1, 8)
+    assert not supports(x, cos, sin)  # float32: torch's ops
+    xb, cb, sb = x.to(torch.bfloat16), cos.to(torch.bfloat16), sin.to(torch.bfloat16)
+    assert not supports(xb.transpose(0, 1), cb, sb)  # heads not contiguous
+    assert not supports(xb, cb[:, :, :4], sb[:, :, :4])  # cos of another shape
+    torch.testing.assert_close(apply_rope(x, cos, sin), torch_rope(x, cos, sin))

@@ -1,9 +1,11 @@
 """RMSNorm and SiLU-and-multiply in one pass each (``csrc/norm_act.c``, loaded with ctypes,
-AVX-512 F/BF16), with the roundings of transformers' model in its dtype.
+AVX-512 F/BF16), with the roundings of transformers' model in its dtype; and a bfloat16
+model's rotary embedding, with ``worker.models.rope``'s roundings.
 
 torch runs RMSNorm as eight ops and SwiGLU's activation as two, each a dispatch and a pass
 over memory: at a decode step's few rows the dispatches are most of their time, at a
-prefill's many rows the passes (docs/benchmarks.md, 2026-12-03, issue 25). vLLM's CPU
+prefill's many rows the passes (docs/benchmarks.md, 2026-12-03, issue 25). The rotary
+embedding is four ops and two views: 17.6 us a layer at 8 rows of SmolLM2's 12 q and k heads. vLLM's CPU
 backend fuses them alike (its ``rms_norm`` and ``silu_and_mul`` ops).
 
 The library is built by ``make install`` (``python -m worker.models.norm_act`` rebuilds
@@ -23,7 +25,7 @@ from worker import native
 
 SOURCE = Path(__file__).parent / "csrc" / "norm_act.c"
 LIBRARY = SOURCE.with_suffix(".so")
-ABI = 1  # norm_act_abi() of the source this module calls
+ABI = 2  # norm_act_abi() of the source this module calls
 # -fopenmp: libgomp.so.1, loaded after torch, is torch's own (one OpenMP thread pool).
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 FALLBACK = "RMSNorm and SiLU run as torch ops"  # what runs without the library
@@ -42,6 +44,9 @@ class NormAct:
         self._silu = lib.silu_mul
         self._silu.restype = ctypes.c_int
         self._silu.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _P, _I64, ctypes.c_int]
+        self._rope = lib.rope_bf16
+        self._rope.restype = ctypes.c_int
+        self._rope.argtypes = [_P, _I64, _I64, _I64, _I64, _P, _P, _P, ctypes.c_int]
 
     @staticmethod
     def supports(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
@@ -78,6 +83,24 @@ class NormAct:
         if rc != 0:
             raise ValueError(f"silu_mul: the library refused gate_up {tuple(gate_up.shape)} (rc {rc})")
         return out
+
+    @staticmethod
+    def supports_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+        """x (T, heads, hd) bfloat16 on the CPU, heads contiguous (rows may be apart), cos
+        and sin (T, 1, hd/2) bfloat16 contiguous."""
+        if x.device.type != "cpu" or x.dtype != torch.bfloat16 or x.dim() != 3 or x.stride(2) != 1 or x.stride(1) != x.shape[2]:
+            return False
+        want = (x.shape[0], 1, x.shape[2] // 2)
+        return all(t.dtype == torch.bfloat16 and t.is_contiguous() and tuple(t.shape) == want for t in (cos, sin))
+
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``rope.apply_rope`` of a bfloat16 x (T, heads, hd): a new contiguous (T, heads, hd)."""
+        t, heads, hd = x.shape
+        y = torch.empty((t, heads, hd), dtype=x.dtype)
+        rc = self._rope(x.data_ptr(), x.stride(0), t, heads, hd, cos.data_ptr(), sin.data_ptr(), y.data_ptr(), torch.get_num_threads())
+        if rc != 0:
+            raise ValueError(f"rope: the library refused x {tuple(x.shape)} (rc {rc})")
+        return y
 
 
 @functools.cache

@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from worker.models import norm_act
 from worker.models.config import Rope
 
 
@@ -53,7 +54,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     a new contiguous (T, heads, hd).
 
     NOTE: each half is written in place of a ``cat``: four ops instead of seven, no
-    temporaries, which a microbenchmark of q and k of a long step found faster."""
+    temporaries, which a microbenchmark of q and k of a long step found faster. A bfloat16
+    x goes through ``worker.models.norm_act``'s one pass where it runs, with the same roundings."""
+    fused = norm_act.load() if x.dtype == torch.bfloat16 else None
+    if fused is not None and fused.supports_rope(x, cos, sin):
+        return fused.rope(x, cos, sin)
     x1, x2 = x.chunk(2, dim=-1)  # (T, heads, hd/2) each
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     o1, o2 = out.chunk(2, dim=-1)

@@ -1,5 +1,6 @@
 /* The decoder's elementwise steps, each in one pass over its rows, for AVX-512 (F, BF16):
- * RMSNorm and SiLU-and-multiply, with transformers' roundings.
+ * RMSNorm and SiLU-and-multiply, with transformers' roundings, and the rotary embedding
+ * of a bfloat16 model with worker/models/rope.py's.
  *
  * No torch headers: worker/models/norm_act.py loads this with ctypes and passes data
  * pointers. torch runs each as several ops (RMSNorm: widen, square, mean, add, rsqrt,
@@ -8,15 +9,16 @@
  * (vcvtneps2bf16) where transformers' bfloat16 model rounds:
  *   rms_norm:  y = bf16(w * bf16(x * 1 / sqrt(sum(x^2) / D + eps)))
  *   silu_mul:  y = bf16(bf16(g / (1 + e^-g)) * u)
- * float32 alike without the roundings. The sum of squares runs in another order than
- * torch's (16 lanes, then across them), and e^x is a polynomial (Cephes' expf, ~2 ulp,
+ *   rope:      y1 = bf16(bf16(x1 c) - x2 s), y2 = bf16(bf16(x2 c) + x1 s)  (a head's halves x1, x2)
+ * float32 alike without the roundings (rope: bfloat16 only). The sum of squares runs in
+ * another order than torch's (16 lanes, then across them), and e^x is a polynomial (Cephes' expf, ~2 ulp,
  * scaled by vscalefps), so a result may sit one float32 ulp from torch's, which a
  * bfloat16 rounding almost always absorbs.
  */
 #include <math.h>
 #include <stdint.h>
 
-#define NORM_ACT_ABI 1
+#define NORM_ACT_ABI 2
 
 int norm_act_abi(void) { return NORM_ACT_ABI; }
 
@@ -96,8 +98,35 @@ int silu_mul(int bf16, const void *gu, int64_t gs, int64_t rows, int64_t inter, 
     }
     return 0;
 }
+/* y (rows, heads, hd) contiguous = x (rows, heads, hd; row stride xs elements, heads
+ * contiguous) rotated by cos, sin (rows, hd / 2) contiguous, all bfloat16: each head's
+ * halves x1, x2 as rope.py's two torch ops round them (the bf16 products x2 s, x1 s are
+ * exact in float32, so one float32 sum then one rounding is what addcmul_ gives). */
+int rope_bf16(const void *x, int64_t xs, int64_t rows, int64_t heads, int64_t hd, const void *cos, const void *sin, void *y,
+              int num_threads) {
+    if (rows < 0 || heads < 1 || hd < 2 || hd % 2 != 0) return -2;
+    const int64_t half = hd / 2;
+#pragma omp parallel for schedule(static) num_threads(num_threads < 1 ? 1 : num_threads) if (num_threads > 1 && rows > 1 && rows * heads * hd >= PARALLEL_MIN_ELEMENTS)
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < half; i += 16) {
+            const __mmask16 m = lanes(half - i);
+            const __m512 c = load(cos, r * half + i, 1, m), sn = load(sin, r * half + i, 1, m);
+            for (int64_t h = 0; h < heads; h++) {
+                const int64_t xo = r * xs + h * hd + i, yo = (r * heads + h) * hd + i;
+                const __m512 x1 = load(x, xo, 1, m), x2 = load(x, xo + half, 1, m);
+                store(y, yo, _mm512_sub_ps(round_to(_mm512_mul_ps(x1, c), 1), _mm512_mul_ps(x2, sn)), 1, m);
+                store(y, yo + half, _mm512_add_ps(round_to(_mm512_mul_ps(x2, c), 1), _mm512_mul_ps(x1, sn)), 1, m);
+            }
+        }
+    }
+    return 0;
+}
 #else
 int norm_act_available(void) { return 0; }
+int rope_bf16(const void *x, int64_t xs, int64_t rows, int64_t heads, int64_t hd, const void *cos, const void *sin, void *y,
+              int num_threads) {
+    return -3;
+}
 int rms_norm(int bf16, const void *x, int64_t xs, int64_t rows, int64_t d, const void *w, float eps, void *y, int64_t ys,
              int num_threads) {
     return -3;
