@@ -10,9 +10,12 @@ one left to the scheduler and frontend included. By default that is a step of at
 ``WIDE_STEP_WEIGHT_TOKENS`` / (the model's projection weights) tokens (``wide_step_tokens``;
 ``--cpu-wide-step-tokens N`` sets N): the cost of going wide (a second thread woken at each
 op, and sharing its core with the scheduler, frontend and client) is about the same for
-every step, what it saves grows with the step's multiply-adds. During a wave of prefills
-the scheduler and frontend wait on the step, so the core would sit idle; at a decode step
-of a model of tens of millions of parameters it is idle most of the step too.
+every step, what it saves grows with the step's multiply-adds, and with the bytes it reads
+from memory: a model of ``WIDE_STEP_MEMORY_WEIGHTS`` projection weights or more goes wide
+at every step, one row's decode included, since each step reads all its weights from
+memory and two cores read it about twice as fast as one. During a wave of prefills the
+scheduler and frontend wait on the step, so the core would sit idle; at a decode step of a
+model of tens of millions of parameters it is idle most of the step too.
 docs/benchmarks.md ("2026-12-03, 15:45" and "2026-12-03, 19:00") has the measurements.
 Only a worker alone on its host goes wide (worker/host_peers.py): replicas sharing a host
 share its cores, and two going wide spin on each other's.
@@ -57,11 +60,17 @@ DEFAULT_CPU_NICE = 5
 # checkpoint's 3.1M weights from 128 tokens (a prefill wave; its decode steps of up to 64
 # rows gained nothing measurable), llama50m's 51M from 8 (its decode steps too).
 WIDE_STEP_WEIGHT_TOKENS = 384_000_000
+# NOTE: projection weights from which every step runs wide. Decode steps of one row, in
+# process, one thread against two: SmolLM2-135M (106M weights) 18.3 against 12.8 ms,
+# llama50m (50M) 8.0 against 5.8; the tiny checkpoint's 3M, cache-resident, gained nothing.
+WIDE_STEP_MEMORY_WEIGHTS = 32_000_000
 
 
 def wide_step_tokens(weights_per_token: int) -> int:
     """The default ``--cpu-wide-step-tokens`` of a model whose projections take this many
     multiply-adds a token (``projection_weights``)."""
+    if weights_per_token >= WIDE_STEP_MEMORY_WEIGHTS:
+        return 1
     return max(1, -(-WIDE_STEP_WEIGHT_TOKENS // max(1, weights_per_token)))
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from worker.threads import (
+    WIDE_STEP_MEMORY_WEIGHTS,
     WIDE_STEP_WEIGHT_TOKENS,
     StepThreads,
     default_num_threads,
@@ -97,9 +98,10 @@ def test_a_token_meets_each_layers_q_k_v_o_and_gated_mlp_weights():
 
 @pytest.mark.parametrize(("weights", "tokens"), [
     (4 * 753_664, 128),  # the tiny checkpoint: its prefill waves, not its decode steps
-    (8 * (768 * (2 * 768 + 2 * 256) + 3 * 768 * 2048), 8),  # llama50m: its decode steps of 8 rows too
-    (WIDE_STEP_WEIGHT_TOKENS, 1), (WIDE_STEP_WEIGHT_TOKENS + 1, 1), (WIDE_STEP_WEIGHT_TOKENS - 1, 2),
-    (7_000_000_000, 1), (0, WIDE_STEP_WEIGHT_TOKENS),
+    (8 * (768 * (2 * 768 + 2 * 256) + 3 * 768 * 2048), 1),  # llama50m (50M): every step reads its weights from memory
+    (30 * (576 * (2 * 576 + 2 * 192) + 3 * 576 * 1536), 1),  # SmolLM2-135M (106M)
+    (WIDE_STEP_MEMORY_WEIGHTS - 1, 13), (WIDE_STEP_MEMORY_WEIGHTS, 1),
+    (WIDE_STEP_WEIGHT_TOKENS // 16, 16), (WIDE_STEP_WEIGHT_TOKENS // 16 - 1, 17), (0, WIDE_STEP_WEIGHT_TOKENS),
 ])  # fmt: skip
 def test_the_default_wide_step_shrinks_as_the_model_grows(weights, tokens):
     assert wide_step_tokens(weights) == tokens
