@@ -79,8 +79,8 @@ class PackedGemm:
         n, k = self.shape(packed)
         if x.dtype != packed.dtype or x.shape[-1] != k:
             raise ValueError(f"packed gemm: x {tuple(x.shape)} {x.dtype} against a ({n}, {k}) {packed.dtype} weight")
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, k)
+        flat = x.dim() == 2  # NOTE: then no reshape and no view back (see norm_act's rms_norm)
+        x2 = x if flat else x.reshape(-1, k)
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
         y = torch.empty((x2.shape[0], n), dtype=x.dtype)
@@ -90,7 +90,7 @@ class PackedGemm:
                       None if bias is None else bias.data_ptr(), n, y.data_ptr(), n, torch.get_num_threads())  # fmt: skip
         if rc != 0:
             raise ValueError(f"packed gemm: the library refused a ({n}, {k}) weight (rc {rc})")
-        return y.view(*lead, n)
+        return y if flat else y.view(*x.shape[:-1], n)
 
 
 @functools.cache
