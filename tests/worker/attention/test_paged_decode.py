@@ -198,3 +198,26 @@ def test_without_the_library_decode_gathers(monkeypatch, tmp_path, caplog):
     with caplog.at_level(logging.DEBUG, logger=native.__name__):
         assert paged_decode._load(tmp_path / "missing.so") is None
     assert "not built" in caplog.records[0].getMessage()
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("kvh", [3, 4])
+def test_one_row_on_several_threads_splits_its_heads_and_attends_alike(threads, kvh):
+    """Fewer rows than threads: each row's kv heads go to tasks of their own (3 heads on 2
+    threads: 2 and 1), each head's output as dense attention's."""
+    gen = torch.Generator().manual_seed(threads * kvh)
+    nh, hd, bs, num_blocks = 3 * kvh, 64, 16, 12
+    cache = torch.randn(2, num_blocks, bs, kvh, hd, generator=gen).to(torch.bfloat16)
+    table = torch.randperm(num_blocks, generator=gen)[:8].to(torch.int32).view(1, 8).contiguous()
+    q = (torch.randn(1, nh, hd, generator=gen) * 3).to(torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(1, kvh, 3)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        KERNEL(q, cache, table, np.array([0]), np.array([0]), np.array([5 * bs + 7]), np.array([0]), 0.125, out, lse)
+    finally:
+        torch.set_num_threads(before)
+    want, want_lse = dense(cache, q[0], table[0, :6].long().tolist(), 0, 5 * bs + 7, 0.125)
+    torch.testing.assert_close(out[0].double(), want.to(torch.bfloat16).double(), rtol=2**-7, atol=1e-3)
+    torch.testing.assert_close(lse[0].reshape(-1).double(), want_lse, rtol=1e-5, atol=1e-5)

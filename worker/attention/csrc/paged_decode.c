@@ -612,8 +612,18 @@ int paged_decode(const void *q, int64_t q_row, const void *k, const void *v, int
         if (first_col[i] + (nkeys[i] + bs - 1) / bs > table_cols) return -2;
     }
     const int group = nh / kvh;
-    /* A task is a row's kv heads, as many as its buffers hold. */
-    const int fit = MAX_GROUP * MAX_HEAD_DIM / (group * hd), per_task = fit < kvh ? fit : kvh;
+    /* A task is a row's kv heads, as many as its buffers hold; fewer rows than threads
+     * split each row's heads further, so that every thread has a task (a step of one row
+     * on two threads: SmolLM2's 3 kv heads as 2 and 1). */
+    const int threads = num_threads < 1 ? 1 : num_threads;
+    const int fit = MAX_GROUP * MAX_HEAD_DIM / (group * hd);
+    int per_task = fit < kvh ? fit : kvh;
+    if (B > 0 && B < threads) {
+        int want = (int)((threads + B - 1) / B); /* parts a row needs */
+        want = want < kvh ? want : kvh;
+        const int split = (kvh + want - 1) / want;
+        per_task = split < per_task ? split : per_task;
+    }
     const int parts = (kvh + per_task - 1) / per_task;
     const int64_t tasks = B * parts;
     /* NOTE: the key scale goes into the queries (q.(k s) = (q s).k), the value scale
@@ -622,7 +632,7 @@ int paged_decode(const void *q, int64_t q_row, const void *k, const void *v, int
     const float q_scale = scale * (kind >= KV_E4M3 ? k_scale * fp8_unit : 1.0f);
     const float o_scale = kind >= KV_E4M3 ? v_scale * fp8_unit : 1.0f;
     int err = 0;
-    int nt = num_threads < 1 ? 1 : num_threads;
+    int nt = threads;
     if (nt > tasks) nt = (int)tasks;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) reduction(min : err)
     for (int64_t task = 0; task < tasks; task++) {
