@@ -20,7 +20,7 @@ KERNELS := worker/attention/csrc/fp8_gather.so worker/attention/csrc/paged_decod
            worker/attention/csrc/paged_prefill.so \
            worker/models/csrc/packed_gemm.so worker/models/csrc/norm_act.so
 
-.PHONY: install kernels test run bench compare compare-speed compare-hybrid lint clean
+.PHONY: install kernels test run bench compare compare-speed compare-real compare-hybrid lint clean
 
 install: $(STAMP) $(TEST_STAMP) $(KERNELS)
 
@@ -77,6 +77,13 @@ compare: $(TEST_STAMP)
 compare-speed: $(TEST_STAMP)
 	PYTHON=$(PYTHON) bash bench/install_vllm.sh
 	$(PY) -m bench.compare_speed $(COMPARE_SPEED_ARGS)
+
+# The real model's rows (issue #48): SmolLM2-135M-Instruct in bf16 on ShareGPT (default
+# sampling, concurrency 8 and 32) and on multi-turn chats (greedy, 8 users x 4 rounds).
+compare-real: $(TEST_STAMP)
+	PYTHON=$(PYTHON) bash bench/install_vllm.sh
+	$(PY) -m bench.compare_speed --checkpoints smollm2 --dtypes bfloat16 --workload sharegpt --sampling default --concurrency 8,32 --out out/compare-real/sharegpt
+	$(PY) -m bench.compare_speed --checkpoints smollm2 --dtypes bfloat16 --workload multiturn --sampling greedy --concurrency 8 --out out/compare-real/multiturn
 
 # The hybrid KV-cache groups' row (issue #26): the generated Gemma-3-style checkpoint (5
 # sliding-window layers to 1 full, a 128-token window), the same pool in blocks on both.
