@@ -248,28 +248,38 @@ static inline __attribute__((always_inline)) void prefetch_values4(const char *p
     for (const char *p = pv + t * row; p < p1; p += 64) __builtin_prefetch(p, 0, 2);
 }
 
-/* A bfloat16 cache's tile for the task's nkv heads: s[x * group + g][t] = qs * (q[x][g] .
- * k[t][x]), the bf16 queries q (nkv x group x hd, unscaled) and keys multiplied exactly in
- * pairs and summed in float32 (vdpbf16ps), four keys at a time, each key's heads in turn
- * (they lie side by side, so the tile is read front to back). hd: a multiple of 32. */
-static inline __attribute__((always_inline)) void tile_scores_bf16(const uint16_t *q, int group, int nkv, int hd,
-                                                                   float qs, const uint16_t *k, int64_t base,
-                                                                   int64_t ks, int n, float (*s)[TILE], const char *pv) {
+/* One chunk of a query-key dot product into a: 32 bfloat16 pairs multiplied exactly and
+ * summed in float32 (vdpbf16ps), or 16 floats (FMA); k, q at the chunk's first element. */
+static inline __attribute__((always_inline)) __m512 dot_chunk(__m512 a, const void *k, const void *q, int bf16) {
+    if (bf16) return _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(k), (__m512bh)_mm512_loadu_si512(q));
+    return _mm512_fmadd_ps(_mm512_loadu_ps((const float *)k), _mm512_loadu_ps((const float *)q), a);
+}
+
+/* A tile's scores for the task's nkv heads: s[x * group + g][t] = qs * (q[x][g] . k[t][x]),
+ * four keys at a time, each key's heads in turn (they lie side by side, so the tile is read
+ * front to back), its values prefetched meanwhile (pv: the tile's first value at the task's
+ * first head). A bfloat16 cache (bf16: q its queries as they came, qs their scale; hd a
+ * multiple of 32) or a float32 one (q scaled already, qs 1; hd a multiple of 16). */
+static inline __attribute__((always_inline)) void tile_scores512(const void *q, int group, int nkv, int hd, float qs,
+                                                                 const void *k, int64_t base, int64_t ks, int n,
+                                                                 float (*s)[TILE], const char *pv, int bf16) {
+    const int64_t es = bf16 ? 2 : 4; /* bytes an element */
+    const int step = bf16 ? 32 : 16; /* elements a chunk */
+    const char *kb = (const char *)k, *qb = (const char *)q;
     const __m128 scale4 = _mm_set1_ps(qs);
     int t = 0;
     for (; t + 4 <= n; t += 4) {
-        prefetch_values4(pv, ks * 2, (int64_t)nkv * hd * 2, t);
+        prefetch_values4(pv, ks * es, (int64_t)nkv * hd * es, t);
         for (int x = 0; x < nkv; x++) {
-            const uint16_t *k0 = k + base + t * ks + x * hd;
+            const char *k0 = kb + (base + t * ks + x * hd) * es;
             for (int g = 0; g < group; g++) {
-                const uint16_t *qg = q + (x * group + g) * hd;
+                const char *qg = qb + (int64_t)(x * group + g) * hd * es;
                 __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                for (int d = 0; d < hd; d += 32) {
-                    __m512bh qv = (__m512bh)_mm512_loadu_si512((const void *)(qg + d));
-                    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(k0 + d)), qv);
-                    a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512((const void *)(k0 + ks + d)), qv);
-                    a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512((const void *)(k0 + 2 * ks + d)), qv);
-                    a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512((const void *)(k0 + 3 * ks + d)), qv);
+                for (int d = 0; d < hd; d += step) {
+                    a0 = dot_chunk(a0, k0 + d * es, qg + d * es, bf16);
+                    a1 = dot_chunk(a1, k0 + (ks + d) * es, qg + d * es, bf16);
+                    a2 = dot_chunk(a2, k0 + (2 * ks + d) * es, qg + d * es, bf16);
+                    a3 = dot_chunk(a3, k0 + (3 * ks + d) * es, qg + d * es, bf16);
                 }
                 _mm_storeu_ps(&s[x * group + g][t], _mm_mul_ps(sum4(fold16(a0), fold16(a1), fold16(a2), fold16(a3)), scale4));
             }
@@ -278,11 +288,9 @@ static inline __attribute__((always_inline)) void tile_scores_bf16(const uint16_
     for (; t < n; t++)
         for (int x = 0; x < nkv; x++)
             for (int g = 0; g < group; g++) {
-                const uint16_t *qg = q + (x * group + g) * hd, *kt = k + base + t * ks + x * hd;
+                const char *kt = kb + (base + t * ks + x * hd) * es, *qg = qb + (int64_t)(x * group + g) * hd * es;
                 __m512 a = _mm512_setzero_ps();
-                for (int d = 0; d < hd; d += 32)
-                    a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(kt + d)),
-                                         (__m512bh)_mm512_loadu_si512((const void *)(qg + d)));
+                for (int d = 0; d < hd; d += step) a = dot_chunk(a, kt + d * es, qg + d * es, bf16);
                 s[x * group + g][t] = qs * _mm512_reduce_add_ps(a);
             }
 }
@@ -337,40 +345,6 @@ static inline __attribute__((always_inline)) void tile_values512(float *acc, int
     for (; d0 + 64 <= hd; d0 += 64) VALUES_GC(4);
     for (; d0 + 32 <= hd; d0 += 32) VALUES_GC(2);
     if (d0 < hd) VALUES_GC(1); /* 16 left */
-}
-
-/* A float32 cache's tile for the task's nkv heads: s[x * group + g][t] = q[x][g] . k[t][x]
- * (q scaled), 16 lanes, four keys at a time, each key's heads in turn. hd: a multiple of 16. */
-static inline __attribute__((always_inline)) void tile_scores_f32(const float *q, int group, int nkv, int hd,
-                                                                  const float *k, int64_t base, int64_t ks, int n,
-                                                                  float (*s)[TILE], const char *pv) {
-    int t = 0;
-    for (; t + 4 <= n; t += 4) {
-        prefetch_values4(pv, ks * 4, (int64_t)nkv * hd * 4, t);
-        for (int x = 0; x < nkv; x++) {
-            const float *k0 = k + base + t * ks + x * hd;
-            for (int g = 0; g < group; g++) {
-                const float *qg = q + (x * group + g) * hd;
-                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                for (int d = 0; d < hd; d += 16) {
-                    const __m512 qv = _mm512_loadu_ps(qg + d);
-                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(k0 + d), qv, a0);
-                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(k0 + ks + d), qv, a1);
-                    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(k0 + 2 * ks + d), qv, a2);
-                    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(k0 + 3 * ks + d), qv, a3);
-                }
-                _mm_storeu_ps(&s[x * group + g][t], sum4(fold16(a0), fold16(a1), fold16(a2), fold16(a3)));
-            }
-        }
-    }
-    for (; t < n; t++)
-        for (int x = 0; x < nkv; x++)
-            for (int g = 0; g < group; g++) {
-                const float *qg = q + (x * group + g) * hd, *kt = k + base + t * ks + x * hd;
-                __m512 a = _mm512_setzero_ps();
-                for (int d = 0; d < hd; d += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(kt + d), _mm512_loadu_ps(qg + d), a);
-                s[x * group + g][t] = _mm512_reduce_add_ps(a);
-            }
 }
 
 #include "../../csrc/exp512.h"
@@ -497,18 +471,15 @@ static inline int tile_keys(int64_t j, int bs, int64_t nkeys) {
  * NOTE: the next tile's K is prefetched a head's share at a time, before each head's
  * values: one burst of every line stalled the core until most had arrived (the loads
  * wait for free miss buffers), which made the prefetch a synchronous read; spread
- * out, it overlaps the arithmetic. Decode of 32 rows x 330 keys, SmolLM2's heads, the
- * cache in memory: 21 -> 13 ns a (row, kv head) key at two threads. */
+ * out, it overlaps the arithmetic (docs/benchmarks.md, "2026-12-07, 06:00"). */
 static inline __attribute__((always_inline)) void tile512(const float *q, const uint16_t *qb, float qs, int group,
                                                          int nkv, int hd, const void *k, const void *v, int bf16,
                                                          int64_t base, int64_t ks, int n, const char *next_k,
                                                          int64_t next_bytes, float (*s)[TILE], float *acc, float *m,
                                                          float *l) {
     const int gh = group * hd;
-    if (bf16)
-        tile_scores_bf16(qb, group, nkv, hd, qs, (const uint16_t *)k, base, ks, n, s, (const char *)v + base * 2);
-    else
-        tile_scores_f32(q, group, nkv, hd, (const float *)k, base, ks, n, s, (const char *)v + base * 4);
+    tile_scores512(bf16 ? (const void *)qb : (const void *)q, group, nkv, hd, bf16 ? qs : 1.0f, k, base, ks, n, s,
+                   (const char *)v + base * (bf16 ? 2 : 4), bf16);
     for (int x = 0; x < nkv; x++) {
         if (next_k)
             for (int64_t b = next_bytes * x / nkv; b < next_bytes * (x + 1) / nkv; b += 64) __builtin_prefetch(next_k + b, 0, 2);
