@@ -60,6 +60,7 @@ def scheduler_argv(a, client_port: int, worker_port: int, sched_http: int) -> li
         if value:
             sched += [flag, value]
     sched += getattr(a, "kv_events_flags", [])
+    sched += getattr(a, "speculative_flags", [])
     return sched + passed_flags(a, "scheduler") + a.scheduler_args
 
 

@@ -16,6 +16,7 @@ from frontend.serve_flags import GROUPS, all_rules
 from frontend.serve_flags.config_file import ConfigFileError, with_config_file
 from frontend.serve_flags.kv_events_config import kv_events_scheduler_flags
 from frontend.serve_flags.rules import add_rule, refusal
+from frontend.serve_flags.speculative import speculative_scheduler_flags
 from frontend.serve_flags.spelling import normalize_flag_names
 from frontend.serve_flags.values import DTYPES
 
@@ -147,6 +148,10 @@ def settle(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--kv-cache-memory-bytes and --kv-cache-memory both size the KV cache: give one")
     if a.kv_cache_memory_bytes is not None and a.kv_cache_memory_bytes < 1:
         p.error(f"--kv-cache-memory-bytes must be positive, got {a.kv_cache_memory_bytes}")
+    try:
+        a.speculative_flags = speculative_scheduler_flags(a.speculative_config, a.spec_method, a.spec_model, a.spec_tokens)
+    except ValueError as e:
+        p.error(str(e))
     a.kv_events_flags = []
     if a.kv_events_config is not None:
         if a.kv_events_endpoint is not None:

@@ -166,6 +166,14 @@ class StepPlan(msgspec.Struct, **_OPTS, tag=4):
     Scheduled tokens: every live row decodes exactly one token this step unless
     ``num_scheduled_tokens`` names it (a prefill chunk, or 0 for a row left out of
     this step). A row whose computed tokens reach its token count samples one token.
+
+    Speculative decoding: a row named in ``spec_token_ids`` has one token without K/V
+    (its last) and is scheduled 1 + len(drafts) tokens: that token, then the drafts, at the
+    positions after it. Its K/V are written for all of them and it samples at each: the
+    drafts are verified in order and the first token that differs from its draft (or the
+    token after the last draft) ends the row's tokens of the step (StepResult.extra_token_ids).
+    Its computed tokens then count only the verified ones; the rejected drafts' slots are
+    written again by later steps. Drafts are never in a row's token_ids until verified.
     """
 
     step_id: int
@@ -180,6 +188,10 @@ class StepPlan(msgspec.Struct, **_OPTS, tag=4):
     # Hybrid models send a HybridStepPlan, which carries its groups' deltas; a one-group
     # plan has none and is byte for byte what it was before KV-cache groups.
     groups: ClassVar[GroupDeltas | None] = None
+    # A step with drafts is a SpecStepPlan: seq_id -> the draft tokens scheduled after the
+    # row's last token. NOTE: not a field here: an array-like struct encodes every field, and
+    # a plan without drafts stays byte for byte what it was. Read only.
+    spec_token_ids: ClassVar[dict[int, list[int]]] = {}
 
 
 class HybridStepPlan(StepPlan, tag=15):
@@ -187,6 +199,18 @@ class HybridStepPlan(StepPlan, tag=15):
     deltas beyond group 0's, applied as StepPlan's docstring says."""
 
     groups: GroupDeltas = msgspec.field(default_factory=GroupDeltas)
+
+
+class SpecStepPlan(StepPlan, tag=16):
+    """A StepPlan with drafts to verify (speculative decoding): the same fields, then the drafts."""
+
+    spec_token_ids: dict[int, list[int]] = {}
+
+
+class HybridSpecStepPlan(HybridStepPlan, tag=17):
+    """A HybridStepPlan with drafts to verify: its fields, then the drafts."""
+
+    spec_token_ids: dict[int, list[int]] = {}
 
 
 class SampledLogprobs(msgspec.Struct, **_OPTS, tag=9):
@@ -200,7 +224,8 @@ class SampledLogprobs(msgspec.Struct, **_OPTS, tag=9):
 
 class StepResult(msgspec.Struct, **_OPTS, tag=5):
     """The worker's answer to a StepPlan: the token sampled for every row that
-    finished its prefill or decoded this step (two parallel lists)."""
+    finished its prefill or decoded this step (two parallel lists); a row that verified
+    drafts may have more (``extra_token_ids``)."""
 
     step_id: int
     seq_ids: list[int] = []
@@ -213,6 +238,11 @@ class StepResult(msgspec.Struct, **_OPTS, tag=5):
     # logprobs only), and an entry, maybe empty, for such a row sampling its first token:
     # the scheduler joins them (scheduler.sched.prompt_logprobs).
     prompt_logprobs: dict[int, PromptLogprobs] = {}
+    # seq_id -> the tokens a row gained after its first this step, for a row whose first
+    # draft was accepted (then its first token is that draft): the further accepted
+    # drafts, then the token sampled after the last accepted one.
+    # ``logprobs`` then holds one entry per token of such a row, in order.
+    extra_token_ids: dict[int, list[int]] = {}
 
 
 class WorkerError(msgspec.Struct, **_OPTS, tag=6):
@@ -260,4 +290,4 @@ class GrammarsReady(msgspec.Struct, **_OPTS, tag=12):
 
 
 WorkerToScheduler = WorkerHello | StepResult | WorkerError | Heartbeat | WorkerExit | GrammarsReady
-SchedulerToWorker = WorkerReady | StepPlan | HybridStepPlan | Heartbeat | Shutdown | CompileGrammars
+SchedulerToWorker = WorkerReady | StepPlan | HybridStepPlan | SpecStepPlan | HybridSpecStepPlan | Heartbeat | Shutdown | CompileGrammars

@@ -210,16 +210,32 @@ def _check_scheduled(
     where: str,
 ) -> None:
     """Every scheduled row exists; every live row's scheduled tokens (1 unless named)
-    exist and fit its blocks."""
+    exist and fit its blocks. A row with drafts has exactly one token not yet computed and
+    is scheduled it and every draft, each draft a token of the vocabulary."""
     for sid, n in plan.num_scheduled_tokens.items():
         if not exists(sid):
             raise PlanError(f"{where}: unknown seq_id {sid} in num_scheduled_tokens")
         if n < 0:
             raise PlanError(f"{where}: seq_id {sid} has a negative number of scheduled tokens ({n})")
     scheduled = plan.num_scheduled_tokens
+    spec = plan.spec_token_ids
+    for sid, drafts in spec.items():
+        if not exists(sid):
+            raise PlanError(f"{where}: unknown seq_id {sid} in spec_token_ids")
+        n_tokens, computed, _ = view(sid)
+        if not drafts or computed != n_tokens - 1 or scheduled.get(sid, 1) != 1 + len(drafts):
+            raise PlanError(f"{where}: seq_id {sid} has {len(drafts)} drafts: it must have one token not yet computed "
+                            f"(has {n_tokens - computed}) and be scheduled it and every draft ({scheduled.get(sid, 1)} scheduled)")  # fmt: skip
+        if min(drafts) < 0 or max(drafts) >= limits.vocab_size:
+            bad = next(t for t in drafts if not 0 <= t < limits.vocab_size)
+            raise PlanError(f"{where}: seq_id {sid} has draft token id {bad} outside the vocabulary of {limits.vocab_size}")
+        if n_tokens + len(drafts) > limits.max_model_len:
+            raise PlanError(f"{where}: seq_id {sid}'s drafts reach position {n_tokens + len(drafts) - 1}, past max_model_len {limits.max_model_len}")
     for sid in live_rows:
         n = scheduled.get(sid, 1)
         n_tokens, computed, n_blocks = view(sid)
+        if sid in spec:
+            n_tokens += len(spec[sid])
         if computed + n > n_tokens:
             raise PlanError(f"{where}: seq_id {sid} is scheduled {n} tokens but has only {n_tokens - computed} not yet computed")
         if computed + n > n_blocks * limits.block_size:

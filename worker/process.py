@@ -339,4 +339,18 @@ class WorkerProcess:
             SampledLogprobs(sid, lp.logprob, lp.top_token_ids, lp.top_logprobs)
             for sid, lp in zip(out.seq_ids, out.logprobs, strict=True) if lp is not None
         ]
-        return StepResult(plan.step_id, out.seq_ids, out.sampled_token_ids, elapsed, logprobs, out.prompt_logprobs or {})
+        if out.extra_logprobs and logprobs:
+            logprobs = _with_extra_logprobs(logprobs, out.extra_logprobs)
+        return StepResult(plan.step_id, out.seq_ids, out.sampled_token_ids, elapsed, logprobs, out.prompt_logprobs or {},
+                          out.extra_token_ids or {})  # fmt: skip
+
+
+def _with_extra_logprobs(logprobs: list[SampledLogprobs], extra: dict) -> list[SampledLogprobs]:
+    """Each row's logprobs, first token then its extra tokens' (speculative decoding), in row order."""
+    merged = []
+    for lp in logprobs:
+        merged.append(lp)
+        for more in extra.get(lp.seq_id, ()):
+            if more is not None:
+                merged.append(SampledLogprobs(lp.seq_id, more.logprob, more.top_token_ids, more.top_logprobs))
+    return merged

@@ -8,6 +8,16 @@ sampled) and how many of them have K/V in the cache. Scheduled tokens of a row a
 token with its SamplingParams (``worker.sampling_state``; a row still mid-prefill
 samples nothing).
 
+Speculative decoding: a row the plan gives drafts (``spec_token_ids``) runs its last token
+and the drafts as one chunk and samples at every position, in order, each with the row's
+sampling parameters and grammar as if it were a decode step of its own (its output so far
+includes the drafts accepted before it): a draft is accepted while the token sampled at
+the position before it equals it. For greedy rows that is vLLM's exact-match rule; for
+sampled rows it is vLLM's rejection sampling of a draft that is certain (n-gram drafts
+carry no probabilities): the draft is kept with probability p(draft), else a token is
+drawn from p without it -- together a draw from p, so the output keeps the target
+distribution, and a seeded row draws exactly the tokens it would without drafts.
+
 Hybrid models (KV-cache groups): ``kv_caches`` has one entry per layer, shared tensors
 included, and ``worker.group_tables`` keeps a table per group; one full-attention group
 of full-attention layers runs exactly the path it always ran.
@@ -54,6 +64,10 @@ class ModelRunnerOutput:
     num_scheduled_tokens: int
     logprobs: list[RowLogprobs | None] | None = None  # per seq_ids[i], when asked
     prompt_logprobs: dict[int, PromptLogprobs] | None = None  # seq_id -> its prompt's, when asked
+    # Speculative decoding: seq_id -> its tokens after sampled_token_ids' (accepted drafts, then one
+    # more), and their logprobs when asked; only rows that got more than one token.
+    extra_token_ids: dict[int, list[int]] | None = None
+    extra_logprobs: dict[int, list[RowLogprobs | None]] | None = None
 
 
 @dataclass(slots=True)
@@ -68,6 +82,8 @@ class _StepInputs:
     token_ids: list[int]  # (T,) the step's tokens
     positions: list[int]  # (T,)
     rows: list[int]  # (T,) each token's block-table row
+    # Rows with drafts: (seq_id, index of its last token among the step's, its drafts).
+    spec: list[tuple[int, int, list[int]]] | None = None
 
 
 class ModelRunner:
@@ -183,10 +199,30 @@ class ModelRunner:
             self.groups.apply(plan)
         self.block_table.commit()
 
-    def append_sampled(self, seq_ids: list[int], token_ids: list[int]) -> None:
-        """The tokens rank 0 sampled for ``seq_ids`` (what an execute with ``samples`` False returned)."""
-        for sid, tok in zip(seq_ids, token_ids, strict=True):
-            self.rows[sid].token_ids.append(tok)
+    def append_sampled(self, seq_ids: list[int], token_ids: list[int], spec: dict[int, list[int]] | None = None) -> None:
+        """The tokens rank 0 sampled for ``seq_ids`` (what an execute with ``samples`` False returned),
+        row after row. A row with drafts in that step (``spec``) has a token for each draft accepted
+        and one more: the tokens are read while each equals its draft, and the row's computed
+        tokens grow by the drafts accepted. Raises ValueError if the tokens do not divide so."""
+        it = iter(token_ids)
+        try:
+            for sid in seq_ids:
+                st = self.rows[sid]
+                tok = next(it)
+                st.token_ids.append(tok)
+                drafts = spec.get(sid) if spec else None
+                if drafts is None:
+                    continue
+                for draft in drafts:
+                    if tok != draft:
+                        break
+                    st.num_computed_tokens += 1  # accepted: its K/V, written this step, stand
+                    tok = next(it)
+                    st.token_ids.append(tok)
+        except StopIteration:
+            raise ValueError(f"{len(token_ids)} tokens are fewer than the rows {seq_ids} and their accepted drafts need") from None
+        if next(it, None) is not None:
+            raise ValueError(f"{len(token_ids)} tokens are more than the rows {seq_ids} and their accepted drafts need")
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> ModelRunnerOutput:
@@ -226,14 +262,14 @@ class ModelRunner:
             hidden = self.model.forward(token_ids, positions, attention)  # (T, H)
         # NOTE: only rank 0 samples, so only it scores prompts (tensor parallelism).
         scored = self._prompt_logprobs(hidden, inputs) if self.prompt_logprobs.pending and self.samples else None
-        sample_seq, sample_idx = self._advance(inputs)
+        sample_seq, sample_idx = self._advance(inputs, plan.spec_token_ids)
         self.num_tokens_computed += num_tokens
         self.kv_bytes_written += num_tokens * self._kv_bytes_per_token
         if not sample_seq:
             return ModelRunnerOutput([], [], None, num_tokens, prompt_logprobs=scored)
         if not self.samples:
             return ModelRunnerOutput(sample_seq, [], None, num_tokens)
-        out = self._sample(hidden, sample_seq, sample_idx, num_tokens)
+        out = self._sample(hidden, sample_seq, sample_idx, num_tokens, inputs.spec)
         if scored is not None:
             out.prompt_logprobs = self.prompt_logprobs.finish(scored, sample_seq)
         return out
@@ -255,6 +291,7 @@ class ModelRunner:
         """The step's tokens laid out decodes (one token) first, then prefill chunks:
         see worker.attention.paged_attention."""
         scheduled = plan.num_scheduled_tokens
+        spec = plan.spec_token_ids
         row_of = self.block_table.row_of
         dec_seq, dec_rows, dec_tokens, dec_pos = [], [], [], []
         pre_seq, pre_chunks, pre_tokens, pre_pos, pre_rows = [], [], [], [], []
@@ -269,7 +306,11 @@ class ModelRunner:
             elif n > 1:
                 pre_seq.append(sid)
                 pre_chunks.append((row_of[sid], c, n))
-                pre_tokens.extend(st.token_ids[c : c + n])
+                if spec and sid in spec:
+                    pre_tokens.append(st.token_ids[c])  # its last token, then the drafts
+                    pre_tokens.extend(spec[sid])
+                else:
+                    pre_tokens.extend(st.token_ids[c : c + n])
                 pre_pos.extend(range(c, c + n))
                 pre_rows.extend([row_of[sid]] * n)
         return _StepInputs(
@@ -277,9 +318,11 @@ class ModelRunner:
             dec_tokens + pre_tokens, dec_pos + pre_pos, dec_rows + pre_rows,
         )
 
-    def _advance(self, inputs: _StepInputs) -> tuple[list[int], list[int]]:
+    def _advance(self, inputs: _StepInputs, spec: dict[int, list[int]]) -> tuple[list[int], list[int]]:
         """Advance computed counts; the rows that reach their token count sample: their
-        seq ids, and the index of each one's last token among the step's."""
+        seq ids, and the index of each one's last token among the step's. A row with
+        drafts counts only its last token as computed here (its drafts count as they are
+        accepted, in ``_sample``) and samples from that token on (``inputs.spec``)."""
         sample_seq, sample_idx = [], []
         for i, sid in enumerate(inputs.decode_seq_ids):
             st = self.rows[sid]
@@ -290,27 +333,86 @@ class ModelRunner:
         offset = len(inputs.decode_seq_ids)
         for sid, (_, _, n) in zip(inputs.prefill_seq_ids, inputs.prefills, strict=True):
             st = self.rows[sid]
-            st.num_computed_tokens += n
             offset += n
+            if spec and sid in spec:
+                st.num_computed_tokens += 1
+                sample_seq.append(sid)
+                sample_idx.append(offset - n)
+                if inputs.spec is None:
+                    inputs.spec = []
+                inputs.spec.append((sid, offset - n, spec[sid]))
+                continue
+            st.num_computed_tokens += n
             if st.num_computed_tokens == len(st.token_ids):
                 sample_seq.append(sid)
                 sample_idx.append(offset - 1)
         return sample_seq, sample_idx
 
-    def _sample(self, hidden: torch.Tensor, sample_seq: list[int], sample_idx: list[int], num_tokens: int) -> ModelRunnerOutput:
+    def _sample(self, hidden: torch.Tensor, sample_seq: list[int], sample_idx: list[int], num_tokens: int,
+                spec: list[tuple[int, int, list[int]]] | None = None) -> ModelRunnerOutput:  # fmt: skip
         """hidden (T, H): one token for each row of ``sample_seq`` from its hidden state
-        at ``sample_idx``, appended to the row."""
+        at ``sample_idx``, appended to the row; rows with drafts (``spec``) then verify them."""
+        n = len(sample_seq)
+        if spec:
+            # Every draft position's logits too, in the same pass over the LM head (its weights
+            # are read once a step whatever the rows; the positions a rejection leaves are wasted).
+            sample_idx = sample_idx + [start + j for _, start, drafts in spec for j in range(1, len(drafts) + 1)]
         idx = torch.tensor(sample_idx, dtype=torch.long, device=self.device)
-        logits = self.model.compute_logits(hidden[idx])  # (N, V)
+        all_logits = self.model.compute_logits(hidden[idx])  # (N + drafts, V)
+        logits = all_logits[:n] if spec else all_logits
+        sampled, logprobs = self._sample_rows(logits, sample_seq)
+        out = ModelRunnerOutput(sample_seq, sampled, logits, num_tokens, logprobs)
+        if spec:
+            self._verify(all_logits, sample_seq, sampled, spec, out)
+        return out
+
+    def _sample_rows(self, logits: torch.Tensor, seq_ids: list[int]) -> tuple[list[int], list[RowLogprobs | None]]:
+        """logits (N, V), row i of ``seq_ids[i]``: each row's next token (grammar, then its
+        sampling parameters over its output so far), appended to the row."""
         rows, row_of = self.rows, self.block_table.row_of
-        table_rows = [row_of[sid] for sid in sample_seq]
-        num_outputs = [len(rows[sid].token_ids) - rows[sid].num_prompt_tokens for sid in sample_seq]
+        table_rows = [row_of[sid] for sid in seq_ids]
+        num_outputs = [len(rows[sid].token_ids) - rows[sid].num_prompt_tokens for sid in seq_ids]
         grammars = self.grammars
         if grammars is not None and grammars.any_of(table_rows):
             grammars.apply(logits, table_rows)  # in place, before any sampling step (as vLLM)
-        sampled, logprobs = self.sampling.sample(logits, table_rows, num_outputs, lambda i: rows[sample_seq[i]].token_ids)
+        sampled, logprobs = self.sampling.sample(logits, table_rows, num_outputs, lambda i: rows[seq_ids[i]].token_ids)
         if grammars is not None and grammars.matchers:
             grammars.accept(table_rows, sampled)
-        for sid, tok in zip(sample_seq, sampled, strict=True):
+        for sid, tok in zip(seq_ids, sampled, strict=True):
             rows[sid].token_ids.append(tok)
-        return ModelRunnerOutput(sample_seq, sampled, logits, num_tokens, logprobs)
+        return sampled, logprobs
+
+    def _verify(self, all_logits: torch.Tensor, sample_seq: list[int], sampled: list[int],
+                spec: list[tuple[int, int, list[int]]], out: ModelRunnerOutput) -> None:  # fmt: skip
+        """The drafts of ``spec``'s rows, position after position: a row goes on while the
+        token it sampled equals its draft there (accepted: that position's K/V stand), and
+        samples again from the logits after it (``all_logits`` rows from len(sample_seq) on,
+        each row's draft positions in order); its last token is the first that differs, or
+        the one after its last draft. Fills ``out``'s extra tokens (and their logprobs)."""
+        rows = self.rows
+        first = dict(zip(sample_seq, sampled, strict=True))
+        alive = []  # (seq_id, where its draft positions' logits start, its drafts)
+        base = len(sample_seq)
+        for sid, _, drafts in spec:
+            if first[sid] == drafts[0]:
+                alive.append((sid, base, drafts))
+            base += len(drafts)
+        extra_tokens: dict[int, list[int]] = {}
+        extra_logprobs: dict[int, list[RowLogprobs | None]] = {}
+        j = 1
+        while alive:
+            seq_ids = [sid for sid, _, _ in alive]
+            for sid in seq_ids:
+                rows[sid].num_computed_tokens += 1  # draft j - 1 was accepted
+            at = torch.tensor([b + j - 1 for _, b, _ in alive], dtype=torch.long, device=all_logits.device)
+            tokens, logprobs = self._sample_rows(all_logits[at], seq_ids)
+            still = []
+            for (sid, b, drafts), tok, lp in zip(alive, tokens, logprobs, strict=True):
+                extra_tokens.setdefault(sid, []).append(tok)
+                extra_logprobs.setdefault(sid, []).append(lp)
+                if j < len(drafts) and tok == drafts[j]:
+                    still.append((sid, b, drafts))
+            alive = still
+            j += 1
+        out.extra_token_ids = extra_tokens
+        out.extra_logprobs = extra_logprobs

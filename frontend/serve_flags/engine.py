@@ -23,10 +23,13 @@ _RULES = [
     refused("--performance-mode", ONE, why.NOT_YET, accepts=("balanced",)),
     refused("--profiler-config", ONE, why.TRACING),
     refused("--reasoning-config", ONE, why.REASONING),
-    refused("--spec-method", ONE, why.SPECULATIVE),
-    refused("--spec-model", ONE, why.SPECULATIVE),
-    refused("--spec-tokens", ONE, why.SPECULATIVE),
-    refused("--speculative-config -sc", ONE, why.SPECULATIVE),
+    # Speculative decoding: n-gram drafts (protocol/speculative_config.py); the three shortcuts
+    # fill the JSON's method, model and num_speculative_tokens, as vLLM's create_speculative_config.
+    handled("--spec-method", ONE, "scheduler: --speculative-config's method", default=None, metavar="METHOD"),
+    handled("--spec-model", ONE, "scheduler: --speculative-config's model (refused: no draft model)", default=None, metavar="MODEL"),
+    handled("--spec-tokens", ONE, "scheduler: --speculative-config's num_speculative_tokens", type=int, default=None, metavar="N"),
+    handled("--speculative-config -sc", ONE, "scheduler: n-gram drafting, its proposer and vLLM's spec-decode metrics", default=None,
+            metavar="JSON", help="vLLM's SpeculativeConfig as JSON: method ngram, num_speculative_tokens, prompt_lookup_min/max"),  # fmt: skip
     refused("--structured-outputs-config", ONE, "structured outputs are xgrammar with vLLM's default settings (no other backend, no disable_any_whitespace): not configurable"),
     refused("--watermark-config", ONE, why.NOT_YET),
     refused("--weight-transfer-config", ONE, why.NOT_YET),

@@ -27,9 +27,11 @@ def outputs_by_client(step: StepTokens, logprobs: Iterable[SampledLogprobs] = ()
     ``prompt_logprobs`` (seq_id -> them): with the first token of the rows that asked."""
     batches: dict[bytes, list[TokenOutput]] = {}
     outputs: list[TokenOutput] = []
-    for r, token_id in zip(step.requests, step.token_ids, strict=True):
+    more = step.more_token_ids
+    for i, (r, token_id) in enumerate(zip(step.requests, step.token_ids, strict=True)):
         # NOTE: a request that sampled was admitted, so its num_cached_tokens is set (>= 0).
-        out = TokenOutput(r.request_id, [token_id], num_cached_tokens=r.num_cached_tokens)
+        new = [token_id] if not more or i not in more else [token_id, *more[i]]
+        out = TokenOutput(r.request_id, new, num_cached_tokens=r.num_cached_tokens)
         outputs.append(out)
         batch = batches.get(r.client_id)
         if batch is None:
@@ -44,8 +46,15 @@ def outputs_by_client(step: StepTokens, logprobs: Iterable[SampledLogprobs] = ()
         index = {r.seq_id: i for i, r in enumerate(step.requests)}
         for lp in logprobs:
             i = index.get(lp.seq_id)
-            if i is not None:
-                outputs[i].logprobs = [TokenLogprobs(lp.logprob, lp.top_token_ids, lp.top_logprobs)]
+            if i is None:
+                continue
+            out = outputs[i]
+            if out.logprobs is None:
+                out.logprobs = []
+            # A row of several tokens (verified drafts) has one entry per token, in order; those
+            # past a stop that ended it are dropped with their tokens.
+            if len(out.logprobs) < len(out.new_token_ids):
+                out.logprobs.append(TokenLogprobs(lp.logprob, lp.top_token_ids, lp.top_logprobs))
     if prompt_logprobs:
         for i, r in enumerate(step.requests):
             plp = prompt_logprobs.get(r.seq_id)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from protocol.curve import CurveKeyError, load_keypair
 from protocol.kv_cache_spec import KV_CACHE_DTYPES
 from protocol.kv_events import INT_BLOCK_HASHES_ENV, int_block_hashes_from_env
+from protocol.speculative_config import parse_speculative_config
 from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
 from scheduler.core.vllm_hashing import DEFAULT_PREFIX_CACHING_HASH_ALGO, PREFIX_CACHING_HASH_ALGOS
@@ -121,6 +122,8 @@ class SchedulerConfig:
     enable_mfu_metrics: bool = False
     model: str | None = None
     dtype: str = "auto"
+    # vLLM's --speculative-config JSON (protocol/speculative_config.py); None: no speculation.
+    speculative_config: str | None = None
 
     @property
     def curve(self) -> bool:
@@ -233,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_mfu_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> None:
+    p.add_argument("--speculative-config", "-sc", metavar="JSON",
+                   help="vLLM's speculative decoding config, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}' "
+                        "(n-gram drafts: prompt_lookup_min/max, default 5)")  # fmt: skip
     g = p.add_argument_group("MFU metrics (vllm:estimated_flops_per_gpu_total, _read_bytes_, _write_bytes_)")
     g.add_argument("--enable-mfu-metrics", action="store_true", help="estimate each step's flops and memory traffic per GPU, as vLLM")
     g.add_argument("--model", metavar="DIR", help="the checkpoint the worker serves (its config.json); needed by --enable-mfu-metrics")
@@ -302,6 +308,11 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
     if a.kv_offloading_size > 0 and not a.enable_prefix_caching:
         p.error("--kv-offloading-size needs the prefix cache: blocks are offloaded and found by hash (drop --no-enable-prefix-caching)")
     _check_mfu_flags(p, a)
+    try:
+        spec = parse_speculative_config(a.speculative_config)
+    except ValueError as e:
+        p.error(f"--speculative-config: {e}")
+    a.speculative_config = None if spec is None else spec.to_json()
     if not 0.0 <= a.max_pinned_fraction < 1.0:
         p.error(f"--max-pinned-fraction must be in [0, 1), got {a.max_pinned_fraction}")
     if not 0.0 < a.kv_cache_metrics_sample <= 1.0:

@@ -32,6 +32,7 @@ from functools import partial
 
 import zmq.asyncio
 
+from protocol.speculative_config import parse_speculative_config
 from protocol.worker_messages import CompileGrammars, Shutdown, StepResult
 from scheduler.core.vllm_hashing import make_block_hasher
 from scheduler.engine.client_outputs import outputs_by_client
@@ -83,6 +84,7 @@ class EngineCore:
         self.metrics = SchedulerMetrics(
             config.model_name, kv_cache_metrics=config.kv_cache_metrics, kv_offloading=config.kv_offloading_size > 0,
             max_model_len=config.max_model_len, custom_buckets=config.custom_histogram_buckets,
+            speculative=parse_speculative_config(config.speculative_config),
         )  # fmt: skip
         self.model_shape = ModelShape.from_checkpoint(config.model, config.dtype, config.kv_cache_dtype) if config.enable_mfu_metrics else None
         self.state = EngineState()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from protocol.speculative_config import SpeculativeConfig
 from scheduler.core.block_residency import ResidencyBlockPool
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.kv_cache_usage import get_peak_usage, get_token_usage
@@ -16,6 +17,7 @@ from scheduler.engine.metric_buckets import histogram_buckets
 from scheduler.engine.request_metrics import RequestMetrics, observe_many
 from scheduler.sched.outputs import StepTokens
 from scheduler.sched.scheduler import Scheduler
+from scheduler.spec.spec_stats import SpecDecodingStats
 
 # vLLM's sources of prompt tokens (vllm:prompt_tokens_by_source), and of cache hits
 # (vllm:prompt_tokens_cached_by_source, vLLM's CacheHitSource): here the device's
@@ -30,12 +32,15 @@ STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 
 class SchedulerMetrics:
     def __init__(self, model_name: str, engine: str = "0", kv_cache_metrics: bool = False, kv_offloading: bool = False,
-                 max_model_len: int = 4096, custom_buckets: dict | None = None):  # fmt: skip
+                 max_model_len: int = 4096, custom_buckets: dict | None = None,
+                 speculative: SpeculativeConfig | None = None):  # fmt: skip
         """``kv_cache_metrics``: also the KV residency histograms (vLLM's
         --kv-cache-metrics; the pool must be a `ResidencyBlockPool`).
         ``kv_offloading``: also the host tier's (--kv-offloading-size).
         ``max_model_len``: the top of the token-count buckets (vLLM's); ``custom_buckets``:
-        --custom-histogram-buckets (scheduler/engine/metric_buckets.py)."""
+        --custom-histogram-buckets (scheduler/engine/metric_buckets.py).
+        ``speculative``: --speculative-config; the ``vllm:spec_decode_*`` counters exist only
+        with it, as vLLM's SpecDecodingProm."""
         self._custom_buckets = custom_buckets
         self.registry = CollectorRegistry()
         self._labels = ["model_name", "engine"]
@@ -47,6 +52,10 @@ class SchedulerMetrics:
         self.request_metrics = RequestMetrics(self._histogram, max_model_len, custom_buckets)
         self._add_pool()
         self._add_steps()
+        # NOTE: before the perf counters, as vLLM registers SpecDecodingProm before PerfMetricsProm.
+        self.spec_decode: dict | None = None
+        if speculative is not None:
+            self._add_spec_decode(speculative.num_speculative_tokens)
         self._add_perf()
         self.kv_block_lifetime = self.kv_block_idle_before_evict = self.kv_block_reuse_gap = None
         if kv_cache_metrics:
@@ -174,6 +183,31 @@ class SchedulerMetrics:
             "kvpool_step_duration_seconds", "Wall time of one step: schedule, worker round trip, update.", STEP_BUCKETS
         )
 
+    def _add_spec_decode(self, num_spec_tokens: int) -> None:
+        """vLLM's SpecDecodingProm: three counters, and the accepted tokens of each draft
+        position 0..k-1 (a child per position, exported from the start)."""
+        counter = self._counter
+        self.spec_decode = dict(
+            drafts=counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+            draft_tokens=counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+            accepted=counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+            per_pos=list(self._by_label(Counter, "vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                                        "position", tuple(str(i) for i in range(num_spec_tokens))).values()),
+        )  # fmt: skip
+
+    def _sync_spec_decode(self, stats: SpecDecodingStats) -> None:
+        # NOTE: a metrics object built without the --speculative-config (its families then
+        # absent until now) still exports a speculating scheduler's counters, from its first update.
+        if self.spec_decode is None:
+            self._add_spec_decode(stats.num_spec_tokens)
+        m = self.spec_decode
+        self._sync("spec_drafts", m["drafts"], stats.num_drafts)
+        self._sync("spec_draft_tokens", m["draft_tokens"], stats.num_draft_tokens)
+        self._sync("spec_accepted", m["accepted"], stats.num_accepted_tokens)
+        per_pos = zip(m["per_pos"], stats.num_accepted_tokens_per_pos, strict=True)
+        for pos, (child, value) in enumerate(per_pos):
+            self._sync(f"spec_pos{pos}", child, value)
+
     def _add_perf(self) -> None:
         # NOTE: vLLM's PerfMetricsProm families, always exported; they count only under
         # --enable-mfu-metrics (`observe_perf`), and stay 0 without it, as vLLM's.
@@ -256,6 +290,8 @@ class SchedulerMetrics:
         self._sync("src_local", by_source["local_cache_hit"], prompt.local_cache_hit)
         self._sync("src_external", by_source["external_kv_transfer"], prompt.external_kv_transfer)
         self._sync("generation", self.generation_tokens, scheduler.num_generation_tokens)
+        if scheduler.spec_stats is not None:
+            self._sync_spec_decode(scheduler.spec_stats)
         self._sync("evictions", self.evictions, pool.num_evictions)
         pinned = kv.pinned
         self.pinned_blocks.set(pinned.num_pinned_blocks)

@@ -18,6 +18,13 @@ step, as vLLM's ``LoggingStatLogger._log_iteration_details`` (`IterationDetailsL
 
     Engine 000: Iteration(0): 2 context requests, 40 context tokens, 1 generation
     requests, 1 generation tokens, iteration elapsed time: 3.14 ms, GPU KV cache usage: 5.0%
+
+With --speculative-config, after the stats line and at its level, vLLM's
+``SpecDecodingLogging`` line when the interval had drafts (`SpecDecodingLogger`)::
+
+    SpecDecoding metrics: Mean acceptance length: 3.00, Accepted throughput: 0.40
+    tokens/s, Drafted throughput: 0.60 tokens/s, Accepted: 4 tokens, Drafted: 6 tokens,
+    Per-position acceptance rate: 1.000, 0.500, 0.500, Avg Draft acceptance rate: 66.7%
 """
 
 from __future__ import annotations
@@ -32,11 +39,27 @@ from dataclasses import dataclass
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.engine.engine_state import EngineState
 from scheduler.sched.outputs import SchedulerOutput
+from scheduler.spec.spec_stats import SpecDecodingStats
 
 log = logging.getLogger("scheduler")
 
 # vLLM's CachingMetrics window: the hit rate of the last this-many requests.
 MAX_RECENT_REQUESTS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class SpecSnapshot:
+    """Speculative decoding's cumulative counters (`SpecDecodingStats`), copied."""
+
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    num_accepted_tokens_per_pos: tuple[int, ...]
+
+    @classmethod
+    def of(cls, stats: SpecDecodingStats) -> SpecSnapshot:
+        per_pos = tuple(stats.num_accepted_tokens_per_pos)
+        return cls(stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens, per_pos)
 
 
 @dataclass(slots=True)
@@ -52,6 +75,7 @@ class StatsSnapshot:
     num_running: int
     num_waiting: int
     kv_cache_usage: float
+    spec: SpecSnapshot | None = None  # None without speculative decoding
 
 
 def stats_snapshot(state: EngineState) -> StatsSnapshot | None:
@@ -60,9 +84,10 @@ def stats_snapshot(state: EngineState) -> StatsSnapshot | None:
     if scheduler is None:
         return None
     p = kv.prefix_cache_stats
+    spec = None if scheduler.spec_stats is None else SpecSnapshot.of(scheduler.spec_stats)
     return StatsSnapshot(
         scheduler.prompt_token_stats.computed, scheduler.num_generation_tokens, scheduler.num_preemptions, p.requests, p.queries,
-        p.hits, scheduler.num_running, scheduler.num_waiting, kv.block_pool.get_usage(),
+        p.hits, scheduler.num_running, scheduler.num_waiting, kv.block_pool.get_usage(), spec,
     )  # fmt: skip
 
 
@@ -74,6 +99,7 @@ class StatsLogger:
         self._was_idle = True
         # (requests, queries, hits) of recent intervals, oldest first.
         self._recent: deque[tuple[int, int, int]] = deque()
+        self.spec = SpecDecodingLogger(now)
 
     def log(self, snap: StatsSnapshot, now: float) -> str:
         """Log the interval since the previous call; returns the line (for tests)."""
@@ -96,6 +122,8 @@ class StatsLogger:
             + f"GPU KV cache usage: {snap.kv_cache_usage * 100:.1f}%, Prefix cache hit rate: {self.hit_rate * 100:.1f}%"
         )
         log.log(level, "%s", line)
+        if snap.spec is not None:
+            self.spec.log(snap.spec, now, level)
         return line
 
     def _observe_prefix(self, requests: int, queries: int, hits: int) -> None:
@@ -111,6 +139,46 @@ class StatsLogger:
     def hit_rate(self) -> float:
         queries = sum(q for _, q, _ in self._recent)
         return sum(h for _, _, h in self._recent) / queries if queries else 0.0
+
+
+class SpecDecodingLogger:
+    """vLLM's SpecDecodingLogging line, from the deltas of the cumulative counters since
+    the last line it logged. As vLLM's: nothing when no draft was verified since (its
+    ``if not self.num_drafts: return``), and then its clock is not reset either, so the
+    throughputs of the next line are over the whole time since the previous one."""
+
+    __slots__ = ("_last", "_last_time")
+
+    def __init__(self, now: float):
+        self._last: SpecSnapshot | None = None
+        self._last_time = now
+
+    def log(self, snap: SpecSnapshot, now: float, level: int = logging.INFO) -> str | None:
+        """Log the drafts since the previous line at ``level`` (the stats line's); returns
+        the line (for tests), None when there were no drafts."""
+        prev = self._last or SpecSnapshot(0, 0, 0, (0,) * len(snap.num_accepted_tokens_per_pos))
+        num_drafts = snap.num_drafts - prev.num_drafts
+        if num_drafts <= 0:
+            return None
+        draft_tokens = snap.num_draft_tokens - prev.num_draft_tokens
+        accepted = snap.num_accepted_tokens - prev.num_accepted_tokens
+        pairs = zip(snap.num_accepted_tokens_per_pos, prev.num_accepted_tokens_per_pos, strict=True)
+        per_pos = [(n - p) / num_drafts for n, p in pairs]
+        elapsed = now - self._last_time
+        # NOTE: vLLM's 0 throughputs for no elapsed time, and its nan rate for drafts of 0 tokens.
+        draft_tps = draft_tokens / elapsed if elapsed > 0 else 0.0
+        accepted_tps = accepted / elapsed if elapsed > 0 else 0.0
+        acceptance_rate = accepted / draft_tokens * 100 if draft_tokens > 0 else float("nan")
+        self._last, self._last_time = snap, now
+        line = (
+            f"SpecDecoding metrics: Mean acceptance length: {1 + accepted / num_drafts:.2f}, "  # the bonus token counted, as vLLM
+            f"Accepted throughput: {accepted_tps:.2f} tokens/s, Drafted throughput: {draft_tps:.2f} tokens/s, "
+            f"Accepted: {accepted} tokens, Drafted: {draft_tokens} tokens, "
+            f"Per-position acceptance rate: {', '.join(f'{r:.3f}' for r in per_pos)}, "
+            f"Avg Draft acceptance rate: {acceptance_rate:.1f}%"
+        )
+        log.log(level, "%s", line)
+        return line
 
 
 class IterationDetailsLogger:

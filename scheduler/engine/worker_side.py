@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from protocol.codec import Codec, ProtocolError
 from protocol.kv_cache_spec import is_hybrid
+from protocol.speculative_config import parse_speculative_config
 from protocol.worker_messages import (
     GrammarsReady,
     Heartbeat,
@@ -198,7 +199,8 @@ class WorkerSide:
                 host_tier=host_tier, offload_store=c.kv_offloading_store, max_pinned_fraction=c.max_pinned_fraction,
             )  # fmt: skip
         state.scheduler = scheduler_class(c.scheduling_policy)(
-            state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl, **policy_kwargs(c)
+            state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl, **policy_kwargs(c),
+            speculative=parse_speculative_config(c.speculative_config),
         )
         self.metrics.set_cache_config_info(cache_config_info(c, num_blocks))
         state.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1,

@@ -47,7 +47,21 @@ class SchedulerOutput:
                 raise ValueError(f"step {result.step_id}: sampled rows {sorted(got)} but expected {sorted(expected_ids)}")
             by_seq_id = {r.seq_id: r for r in requests}
             requests = [by_seq_id[seq_id] for seq_id in result.seq_ids]
+        if result.extra_token_ids:
+            self._check_extra_tokens(result)
         return requests
+
+    def _check_extra_tokens(self, result: StepResult) -> None:
+        """A row's tokens after its first must follow accepted drafts: its first token and
+        all but the last extra one equal its drafts, in order, and no more than it had."""
+        spec = self.plan.spec_token_ids
+        for seq_id, more in result.extra_token_ids.items():
+            drafts = spec.get(seq_id)
+            if drafts is None or not more or len(more) > len(drafts):
+                raise ValueError(f"step {result.step_id}: seq {seq_id} has {len(more)} extra tokens for {len(drafts or ())} drafts")
+            first = result.sampled_token_ids[result.seq_ids.index(seq_id)]
+            if [first, *more[:-1]] != drafts[: len(more)]:
+                raise ValueError(f"step {result.step_id}: seq {seq_id}'s tokens {[first, *more]} do not follow its drafts {drafts}")
 
 
 @dataclass(slots=True)
@@ -66,6 +80,22 @@ class StepTokens:
     prev_token_times: list[float | None]
     # Index in `requests` -> finish reason, for the requests this step ended.
     finish_reasons: dict[int, str] = field(default_factory=dict)
+    # Index in `requests` -> the tokens it got after ``token_ids[i]`` (speculative decoding:
+    # accepted drafts and the token after them), only as many as it kept (a stop ends them).
+    more_token_ids: dict[int, list[int]] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        """Every token of the step (vLLM's num_generation_tokens)."""
+        n = len(self.requests)
+        for more in self.more_token_ids.values():
+            n += len(more)
+        return n
+
+    def new_token_ids(self, i: int) -> list[int]:
+        """All the tokens ``requests[i]`` got this step, in order."""
+        more = self.more_token_ids.get(i)
+        return [self.token_ids[i]] if more is None else [self.token_ids[i], *more]
 
     def ttft_s(self, i: int) -> float | None:
         """Time to first token, when ``token_ids[i]`` is its request's first."""
@@ -81,4 +111,5 @@ class StepTokens:
             [self.token_ids[i] for i in keep],
             [self.prev_token_times[i] for i in keep],
             {position[i]: reason for i, reason in self.finish_reasons.items()},
+            {position[i]: more for i, more in self.more_token_ids.items() if i in position},
         )

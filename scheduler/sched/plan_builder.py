@@ -20,9 +20,11 @@ from protocol.worker_messages import (
     AppendedBlocks,
     GroupAppendedBlocks,
     GroupDeltas,
+    HybridSpecStepPlan,
     HybridStepPlan,
     NulledBlocks,
     RequestRow,
+    SpecStepPlan,
     StepPlan,
     TierCopies,
 )
@@ -37,7 +39,7 @@ _BLOCK_ID = attrgetter("block_id")
 class StepPlanBuilder:
     """The row deltas of the step being scheduled; `build` makes its `StepPlan`."""
 
-    __slots__ = ("num_scheduled_tokens", "new_rows", "resumed_rows", "appended", "groups")
+    __slots__ = ("num_scheduled_tokens", "new_rows", "resumed_rows", "appended", "groups", "spec_token_ids")
 
     def __init__(self, hybrid: bool = False) -> None:
         # seq_id -> tokens scheduled, for the rows that do not decode exactly one
@@ -46,6 +48,8 @@ class StepPlanBuilder:
         self.new_rows: list[RequestRow] = []
         self.resumed_rows: list[RequestRow] = []
         self.appended: list[AppendedBlocks] = []
+        # seq_id -> the drafts scheduled after its last token (speculative decoding).
+        self.spec_token_ids: dict[int, list[int]] = {}
         # Hybrid KV-cache groups: the deltas beyond group 0's (None with one group).
         self.groups: GroupDeltas | None = GroupDeltas(rows={}, appended=[], nulled=[]) if hybrid else None
 
@@ -67,6 +71,7 @@ class StepPlanBuilder:
         self.appended = [a for a in self.appended if a.seq_id != seq_id]
         if self.groups is not None:
             self.groups.appended = [a for a in self.groups.appended if a.seq_id != seq_id]
+        self.spec_token_ids.pop(seq_id, None)
         return self.num_scheduled_tokens.pop(seq_id, 1)
 
     def add_row(self, request: Request, block_ids: list[int] | list[list[int]], num_computed_tokens: int, resumed: bool) -> None:
@@ -99,6 +104,10 @@ class StepPlanBuilder:
             preempted_seq_ids=[r.seq_id for r in preempted],
             tier_copies=tier_copies,
         )
+        if self.spec_token_ids:
+            if self.groups is None:
+                return SpecStepPlan(**fields, spec_token_ids=self.spec_token_ids)
+            return HybridSpecStepPlan(**fields, groups=self.groups, spec_token_ids=self.spec_token_ids)
         if self.groups is None:
             return StepPlan(**fields)
         return HybridStepPlan(**fields, groups=self.groups)

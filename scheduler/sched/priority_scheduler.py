@@ -24,7 +24,7 @@ from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.sched.plan_builder import StepPlanBuilder
 from scheduler.sched.policy_options import SCHEDULING_POLICIES
 from scheduler.sched.request import Request
-from scheduler.sched.scheduler import Scheduler
+from scheduler.sched.scheduler import Scheduler, plan_drafts
 
 
 def _victim_key(request: Request) -> tuple[int, float]:
@@ -49,7 +49,10 @@ class PriorityScheduler(Scheduler):
             num_computed = request.num_computed_tokens
             num_tokens = len(request.all_token_ids)
             num_new_tokens = num_tokens - num_computed
-            if num_new_tokens == 1 and num_computed < request.alloc_noop_until:
+            drafts = request.spec_token_ids
+            if drafts:
+                num_new_tokens += len(drafts)
+            elif num_new_tokens == 1 and num_computed < request.alloc_noop_until:
                 request.num_computed_tokens = num_tokens
                 token_budget -= 1
                 i += 1
@@ -67,10 +70,12 @@ class PriorityScheduler(Scheduler):
                     break  # it preempted itself: running[i:] is left out of the step
                 if new_blocks:
                     plan.append_blocks(request.seq_id, new_blocks)
+            if drafts:
+                plan_drafts(plan, request, end - num_tokens)
             if num_new_tokens != 1:
                 num_scheduled_tokens[request.seq_id] = num_new_tokens
             request.num_computed_tokens = end
-            if end != num_tokens:
+            if end < num_tokens:
                 all_sampling = False
             token_budget -= num_new_tokens
             i += 1
@@ -78,7 +83,7 @@ class PriorityScheduler(Scheduler):
         for request in running[i:]:
             num_scheduled_tokens[request.seq_id] = 0
         scheduled = running[:i]
-        sampling = scheduled.copy() if all_sampling else [r for r in scheduled if r.num_computed_tokens == len(r.all_token_ids)]
+        sampling = scheduled.copy() if all_sampling else [r for r in scheduled if r.num_computed_tokens >= len(r.all_token_ids)]
         return token_budget, scheduled, sampling, preempted
 
     def _allocate_or_preempt_by_priority(

@@ -43,7 +43,7 @@ class Request:
         "first_token_time",
         "last_token_time", "num_preemptions", "alloc_noop_until", "max_num_tokens", "stop_token_ids", "append_only_below",
         "min_tokens", "sampling", "priority", "grammar", "skip_reading_prefix_cache",
-        "prompt_logprobs",
+        "prompt_logprobs", "spec_token_ids", "draft_index",
     )  # fmt: skip
 
     def __init__(
@@ -132,6 +132,10 @@ class Request:
         # tokens than this, a sampled token fills no block, reaches no limit and is
         # not its first: it is only appended (update_from_output's fast path). 0: not yet.
         self.append_only_below = 0
+        # Speculative decoding (scheduler/spec/): the draft tokens to verify in its next
+        # step (never in all_token_ids, never hashed), and the proposer's index of its tokens.
+        self.spec_token_ids: list[int] = []
+        self.draft_index = None
 
     @property
     def num_tokens(self) -> int:

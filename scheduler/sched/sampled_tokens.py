@@ -18,10 +18,13 @@ from scheduler.sched.request import Request, RequestStatus
 
 
 def append_sampled_tokens(
-    requests: list[Request], token_ids: list[int], block_size: int, prompt_stats: PromptTokenStats
+    requests: list[Request], token_ids: list[int], block_size: int, prompt_stats: PromptTokenStats,
+    extra_token_ids: dict[int, list[int]] | None = None,
 ) -> tuple[StepTokens, list[tuple[Request, RequestStatus]]]:
     """Append ``token_ids[i]`` to ``requests[i]`` (the result's rows, matched); a
-    request whose first token this is goes into ``prompt_stats``.
+    request whose first token this is goes into ``prompt_stats``. ``extra_token_ids``
+    (seq_id -> them): a row's further tokens of the step (verified drafts), appended one
+    by one after its first until one ends the request; the rest are dropped, as vLLM does.
 
     Returns the step's tokens (less those of requests ended, aborted, while the step
     ran), and the requests this step ended, in row order, with how.
@@ -38,7 +41,9 @@ def append_sampled_tokens(
     skipped: list[int] = []
     for request, token_id in zip(requests, token_ids, strict=True):
         all_token_ids = request.all_token_ids
-        if len(all_token_ids) < request.append_only_below and token_id not in request.stop_token_ids:
+        if extra_token_ids and request.seq_id in extra_token_ids:
+            pass  # several tokens: the general case
+        elif len(all_token_ids) < request.append_only_below and token_id not in request.stop_token_ids:
             all_token_ids.append(token_id)
             append_prev(request.last_token_time)
             request.last_token_time = now
@@ -53,6 +58,15 @@ def append_sampled_tokens(
             # Its first token. As vLLM counts it: the whole prompt, cached tokens included, once.
             prompt_stats.record(request)
         status = _append_token(request, token_id, now, block_size)
+        more = extra_token_ids.get(request.seq_id) if extra_token_ids else None
+        if more is not None and status is None:
+            kept = []
+            for token in more:
+                kept.append(token)
+                status = _append_token(request, token, now, block_size)
+                if status is not None:
+                    break
+            outputs.more_token_ids[i] = kept
         if status is not None:
             outputs.finish_reasons[i] = status.value
             done.append((request, status))

@@ -7,6 +7,12 @@ scheduler/sched/policy_options.py). Out of blocks: preempt the last running requ
 recompute (priority: scheduler/sched/priority_scheduler.py). Finish on max_tokens, or on
 a stop token (EOS unless ignore_eos, and stop_token_ids) once min_tokens are out.
 
+Speculative decoding (``speculative``, vLLM's --speculative-config): after each step the
+requests that sampled get n-gram drafts (scheduler/spec/ngram_proposer.py); a decoding
+request is then scheduled 1 + its drafts, their slots allocated with its tokens (only
+verified tokens are ever cached); the worker's result says how many were accepted, and
+the rejected ones come off its computed tokens (scheduler/sched/sampled_tokens.py).
+
 The plan says only what changed since the last (scheduler/sched/plan_builder.py); the
 worker's sampled tokens are appended by scheduler/sched/sampled_tokens.py."""
 
@@ -16,6 +22,7 @@ import time
 from collections.abc import Iterable
 from functools import partial
 
+from protocol.speculative_config import SpeculativeConfig
 from protocol.worker_messages import StepResult
 from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.core.kv_cache_manager import KVCacheManager
@@ -28,6 +35,8 @@ from scheduler.sched.request import Request, RequestStatus
 from scheduler.sched.request_queue import create_request_queue
 from scheduler.sched.sampled_tokens import append_sampled_tokens
 from scheduler.sched.worker_loss import WorkerLossRecovery
+from scheduler.spec.ngram_proposer import NgramProposer
+from scheduler.spec.spec_stats import SpecDecodingStats
 
 
 class Scheduler(WorkerLossRecovery, GrammarWait):
@@ -36,7 +45,8 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
     def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
                  reserve_full_sequence: bool = True, *, long_prefill_token_threshold: int = 0,
                  long_prefill_token_threshold_adaptive: bool = False, enable_chunked_prefill: bool = True, watermark: float = 0.0,
-                 max_num_scheduled_tokens: int | None = None, max_num_active_seqs: int | None = None):  # fmt: skip
+                 max_num_scheduled_tokens: int | None = None, max_num_active_seqs: int | None = None,
+                 speculative: SpeculativeConfig | None = None):  # fmt: skip
         check_scheduler_options(max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill=enable_chunked_prefill,
                                 long_prefill_token_threshold=long_prefill_token_threshold, watermark=watermark,
                                 max_num_scheduled_tokens=max_num_scheduled_tokens, max_num_active_seqs=max_num_active_seqs)  # fmt: skip
@@ -71,6 +81,11 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
         self.num_worker_loss_recomputes = 0
         self.prompt_token_stats = PromptTokenStats()
         self.num_generation_tokens = 0
+        # Speculative decoding: the drafter and vLLM's spec-decode counters (None: off).
+        self.speculative = speculative
+        self.proposer = None if speculative is None else NgramProposer(
+            speculative.num_speculative_tokens, speculative.prompt_lookup_min, speculative.prompt_lookup_max, max_model_len)
+        self.spec_stats = None if speculative is None else SpecDecodingStats(speculative.num_speculative_tokens)
         self._init_grammar_wait()
 
     # --- requests ---------------------------------------------------------------------
@@ -193,7 +208,10 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
             num_computed = request.num_computed_tokens
             num_tokens = len(request.all_token_ids)
             num_new_tokens = num_tokens - num_computed
-            if num_new_tokens == 1 and num_computed < request.alloc_noop_until and token_budget > 0:
+            drafts = request.spec_token_ids
+            if drafts:
+                num_new_tokens += len(drafts)
+            elif num_new_tokens == 1 and num_computed < request.alloc_noop_until and token_budget > 0:
                 request.num_computed_tokens = num_tokens
                 token_budget -= 1
                 continue
@@ -211,12 +229,14 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
                     break  # it preempted itself: the requests before it are scheduled
                 if new_blocks:
                     plan.append_blocks(request.seq_id, new_blocks)
+            if drafts:
+                plan_drafts(plan, request, end - num_tokens)
             if num_new_tokens != 1:
                 num_scheduled_tokens[request.seq_id] = num_new_tokens
             # NOTE: safe to count now: a preemption victim is always a request this
             # loop has not reached yet (the last running one), never a scheduled one.
             request.num_computed_tokens = end
-            if end != num_tokens:
+            if end < num_tokens:
                 all_sampling = False
             token_budget -= num_new_tokens
         if num_scheduled_running < 0:
@@ -226,7 +246,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
             # Running rows left out of this step (budget spent) must say so: default is 1.
             for request in running[num_scheduled_running:]:
                 num_scheduled_tokens[request.seq_id] = 0
-        sampling = scheduled.copy() if all_sampling else [r for r in scheduled if r.num_computed_tokens == len(r.all_token_ids)]
+        sampling = scheduled.copy() if all_sampling else [r for r in scheduled if r.num_computed_tokens >= len(r.all_token_ids)]
         return token_budget, scheduled, sampling, preempted
 
     def _allocate_or_preempt(self, request: Request, num_new_tokens: int, preempted: list[Request]) -> list[KVCacheBlock] | None:
@@ -302,6 +322,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
         self.kv_cache_manager.free(request, num_computed_tokens)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids.clear()  # as vLLM: drafts go with the blocks; a resumed request drafts afresh
         request.prompt_logprobs = None  # NOTE: the worker scores its prompt afresh, from position 0
         self.waiting.appendleft(request)
 
@@ -316,9 +337,52 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
         self._in_flight = None
         if out.plan.tier_copies is not None:
             self.kv_cache_manager.complete_tier_copies()
-        outputs, done = append_sampled_tokens(requests, result.sampled_token_ids, self.block_size, self.prompt_token_stats)
+        spec = out.plan.spec_token_ids
+        if spec:
+            self._roll_back_rejected(requests, result, spec)
+        outputs, done = append_sampled_tokens(requests, result.sampled_token_ids, self.block_size, self.prompt_token_stats,
+                                              result.extra_token_ids)  # fmt: skip
         for request, status in done:
             self.running.remove(request)
             self._finish(request, status)
-        self.num_generation_tokens += len(outputs.requests)
+        self.num_generation_tokens += outputs.num_tokens
+        if self.proposer is not None:
+            self._draft(outputs.requests)
         return outputs
+
+    def _roll_back_rejected(self, requests: list[Request], result: StepResult, spec: dict[int, list[int]]) -> None:
+        """The drafts the worker rejected come off their requests' computed tokens (their
+        slots stay in the table, for the next tokens); vLLM's spec-decode counters."""
+        extra = result.extra_token_ids
+        stats = self.spec_stats
+        for request in requests:
+            drafts = spec.get(request.seq_id)
+            if drafts is None:
+                continue
+            request.spec_token_ids.clear()
+            if request.status is not RequestStatus.RUNNING:
+                continue  # ended (aborted) while the step ran: nothing to roll back
+            # Its first token is its first draft when that was accepted; each further token follows
+            # an accepted draft (SchedulerOutput.match_result checked them against the drafts).
+            more = extra.get(request.seq_id)
+            num_accepted = 0 if more is None else len(more)
+            request.num_computed_tokens -= len(drafts) - num_accepted
+            stats.observe_draft(len(drafts), num_accepted)
+
+    def _draft(self, requests: list[Request]) -> None:
+        """Drafts for the next step of the requests that just sampled and still run."""
+        propose = self.proposer.propose
+        for request in requests:
+            if request.status is RequestStatus.RUNNING and request.num_computed_tokens == len(request.all_token_ids) - 1:
+                request.spec_token_ids = propose(request)
+
+
+def plan_drafts(plan: StepPlanBuilder, request: Request, num_drafts: int) -> None:
+    """The first ``num_drafts`` of the request's drafts go into the plan; as vLLM, those
+    past what the step's budget allowed are dropped, not kept for a later step."""
+    drafts = request.spec_token_ids
+    if num_drafts <= 0:
+        drafts.clear()
+    else:
+        del drafts[num_drafts:]
+        plan.spec_token_ids[request.seq_id] = drafts.copy()

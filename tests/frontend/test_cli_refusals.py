@@ -43,8 +43,9 @@ def test_a_refused_flag_exits_2_with_one_line_and_starts_nothing(tiny_checkpoint
                        "kvpool serve replicas behind vllm-router (deploy/run-router.sh)"),
         (["--no-enforce-eager"], "kvpool serve: --no-enforce-eager: kvpool never compiles the model or captures CUDA graphs: "
                                  "its worker always runs eagerly"),
-        (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 5}'],
-         """kvpool serve: --speculative-config '{"method": "ngram", "num_speculative_tokens": 5}': speculative decoding is not supported"""),
+        (["--per-request-spec-decode-metrics", "all"],
+         "kvpool serve: --per-request-spec-decode-metrics all: per-request speculative decoding metrics are not supported yet "
+         "(the vllm:spec_decode_* counters are)"),
         (["--reasoning-parser", "deepseek_r1"], "kvpool serve: --reasoning-parser deepseek_r1: reasoning parsers are not supported yet"),
         (["--quantization", "awq"], "kvpool serve: --quantization awq: quantized checkpoints are not supported: kvpool loads "
                                     "unquantized safetensors weights"),
@@ -71,6 +72,6 @@ def test_what_vllm_does_as_kvpool_does_anyway_is_accepted(tiny_checkpoint, monke
 
 
 def test_several_refused_flags_still_make_one_line(tiny_checkpoint, capsys):
-    assert main(["serve", str(tiny_checkpoint), "--enable-lora", "--speculative-config", "{}"]) == 2
+    assert main(["serve", str(tiny_checkpoint), "--enable-lora", "--kernel-config", "{}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("kvpool serve: --enable-lora: ")

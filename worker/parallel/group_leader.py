@@ -83,7 +83,7 @@ class GroupLeader(WorkerProcess):
         self.fanout.send(Kind.PLAN, self._last_tokens, self._frame)
         reply = super()._execute(plan)
         # NOTE: a refused plan changed no rank's state (each rank checks it the same way).
-        self._last_tokens = reply.sampled_token_ids if type(reply) is StepResult else []
+        self._last_tokens = _all_tokens(reply) if type(reply) is StepResult else []
         return reply
 
     def _serve(self, sock: zmq.Socket) -> int:
@@ -107,3 +107,16 @@ class GroupLeader(WorkerProcess):
             self.fanout.send(Kind.STOP)
         except GroupLost:
             pass
+
+
+def _all_tokens(result: StepResult) -> list[int]:
+    """The step's tokens row after row, a row's extra tokens (verified drafts) after its first:
+    the other ranks divide them by the drafts they ran (ModelRunner.append_sampled)."""
+    extra = result.extra_token_ids
+    if not extra:
+        return result.sampled_token_ids
+    tokens = []
+    for sid, tok in zip(result.seq_ids, result.sampled_token_ids, strict=True):
+        tokens.append(tok)
+        tokens.extend(extra.get(sid, ()))
+    return tokens

@@ -18,7 +18,7 @@ import torch
 
 from protocol.codec import Codec
 from protocol.kv_cache_spec import KVCacheGroupSpec
-from protocol.worker_messages import SchedulerToWorker, StepPlan, WorkerReady
+from protocol.worker_messages import SchedulerToWorker, SpecStepPlan, StepPlan, WorkerReady
 from worker.attention.kv_quant import KVScales
 from worker.kv_cache import first_blocks
 from worker.models.decoder import DecoderModel
@@ -44,6 +44,7 @@ class RankFollower:
         self.codec: Codec = Codec(SchedulerToWorker)
         self.runner: ModelRunner | None = None
         self._waiting: list[int] = []  # rows that reached their last token in the step before
+        self._drafts: dict[int, list[int]] = {}  # the drafts those rows verified (speculative decoding)
         self.num_steps = 0
 
     def run(self) -> int:
@@ -78,18 +79,17 @@ class RankFollower:
         runner = self.runner
         if runner is None:
             raise GroupLost(f"rank {self.fanout.group.rank}: a plan before WorkerReady")
-        if len(tokens) != len(self._waiting):
-            raise GroupLost(
-                f"rank {self.fanout.group.rank}: rank 0 sampled {len(tokens)} tokens, this rank expected {len(self._waiting)}"
-            )
-        runner.append_sampled(self._waiting, tokens)
-        self._waiting = []
+        try:
+            runner.append_sampled(self._waiting, tokens, self._drafts)
+        except ValueError as e:
+            raise GroupLost(f"rank {self.fanout.group.rank}: rank 0's sampled tokens do not fit this rank's rows: {e}") from None
+        self._waiting, self._drafts = [], {}
         plan = self.codec.decode(frame)
-        if type(plan) is not StepPlan:
+        if type(plan) not in (StepPlan, SpecStepPlan):
             raise GroupLost(f"rank {self.fanout.group.rank}: rank 0 fanned out a {type(plan).__name__} as a plan")
         try:
             out = runner.execute(plan)
         except PlanError:
             return
-        self._waiting = out.seq_ids
+        self._waiting, self._drafts = out.seq_ids, plan.spec_token_ids
         self.num_steps += 1
