@@ -30,6 +30,14 @@ Hybrid KV-cache groups (sliding-window layers, simulator/layer_windows.py):
 the server would make; --num-blocks counts blocks of that model (a block spans
 fewer layers' KV than an all-full model's: same bytes, more blocks).
 
+Speculative decoding: ``--num-speculative-tokens K --spec-acceptance-rate A`` runs the
+scheduler's own speculative decoding with a drafter that drafts K tokens for every
+decoding request each step, each accepted with probability A until the first rejection
+(seeded by --seed; simulator/spec_decode.py). Drafts are scheduled tokens, so each step
+pays ``--ms-per-token`` for them; the table adds drafts, draft tokens, accepted tokens,
+the draft acceptance rate and the mean acceptance length. Decode steps are not
+fast-forwarded then.
+
     python -m simulator --trace conversation_trace.jsonl --num-blocks 100000,200000 \\
         --policy vllm,tail,forward --result-json out.json --plot out.png
 """
@@ -57,6 +65,7 @@ from simulator.layer_windows import add_layer_window_args, group_windows_from_ar
 from simulator.plot import plot_hit_rates
 from simulator.result import SimResult
 from simulator.retention import eviction_policy_list
+from simulator.spec_decode import DEFAULT_ACCEPTANCE_RATE
 from simulator.workload import SampleWorkload, TraceWorkload, Workload
 
 DATASETS = ("mooncake", "shared-prefix", "random")
@@ -91,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-input-len", type=int, default=None, help="cut longer trace prompts to this many tokens")
     g.add_argument("--request-rate", type=float, default=math.inf, help="datasets: req/s (Poisson/gamma); inf = all at t=0")
     g.add_argument("--burstiness", type=float, default=1.0, help="datasets: gamma shape of inter-arrival gaps")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="seeds the datasets, --priority-levels and --spec-acceptance-rate's draws")
     g.add_argument("--vocab-size", type=int, default=512, help="prompt token ids are drawn from [2, vocab)")
     g.add_argument("--output-len", type=int, default=32, help="datasets: tokens to generate")
     g.add_argument("--num-prefixes", type=int, default=8, help="shared-prefix: system prompts")
@@ -123,6 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="block hash (default %(default)s: offline, so no adversary; results do not depend on it)")  # fmt: skip
     add_policy_args(g)  # the scheduler's own flags
     g.add_argument("--no-fast-forward", dest="fast_forward", action="store_false", help="step every decode step (slow; for checks)")
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens, metavar="K",
+                   help="draft K tokens for every decoding request each step, verified by the scheduler as with the "
+                        "server's --speculative-config; the drafts are scheduled tokens, charged --ms-per-token each "
+                        "(default 0: off; with K > 0 decode steps are not fast-forwarded)")  # fmt: skip
+    g.add_argument("--spec-acceptance-rate", type=float, default=None, metavar="A",
+                   help="with --num-speculative-tokens: the probability that a draft token is accepted, in [0, 1]; "
+                        f"a step accepts its drafts in order until the first rejection (seeded by --seed; default {d.spec_acceptance_rate})")  # fmt: skip
     g = p.add_argument_group("host tier (offloading)")
     g.add_argument("--kv-offloading-blocks", type=_int_list, default=[0], metavar="N",
                    help="host-tier KV blocks (the scheduler's HostTier); a comma list runs each; 0: none (default 0)")
@@ -184,12 +201,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--time-scale must be >= 0, --request-rate and --burstiness > 0")
     if a.vocab_size <= 2:
         p.error("--vocab-size must be > 2")
+    _check_speculative(p, a)
     check_fleet_args(p, a)
     _check_groups(p, a)
     for flag, path in (("--result-json", a.result_json), ("--plot", a.plot)):
         if path is not None:
             _check_output_path(p, flag, Path(path))
     return a
+
+
+def _check_speculative(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """--num-speculative-tokens K >= 0; --spec-acceptance-rate only with K > 0, in [0, 1]
+    (sets its default)."""
+    if a.num_speculative_tokens < 0:
+        p.error(f"--num-speculative-tokens must be >= 0 (0: no speculative decoding), got {a.num_speculative_tokens}")
+    if a.spec_acceptance_rate is not None:
+        if a.num_speculative_tokens == 0:
+            p.error("--spec-acceptance-rate needs --num-speculative-tokens K > 0")
+        if not 0.0 <= a.spec_acceptance_rate <= 1.0:
+            p.error(f"--spec-acceptance-rate must be a probability in [0, 1], got {a.spec_acceptance_rate}")
+    else:
+        a.spec_acceptance_rate = DEFAULT_ACCEPTANCE_RATE
 
 
 def _check_groups(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -250,6 +282,14 @@ COLUMNS = (
 )  # fmt: skip
 
 
+# Shown when a run has speculative decoding: its counts, as vLLM's SpecDecodingLogging.
+SPEC_COLUMNS = (
+    ("num_speculative_tokens", "spec K", "d"), ("spec_num_drafts", "drafts", "d"), ("spec_num_draft_tokens", "draft tokens", "d"),
+    ("spec_num_accepted_tokens", "accepted", "d"), ("spec_draft_acceptance_rate", "draft accept", ".2%"),
+    ("spec_mean_acceptance_length", "mean accept len", ".2f"), ("simulated_s", "simulated s", ".1f"),
+)  # fmt: skip
+
+
 # Shown when a run has a host tier: hit rate by tier (device + host = combined) and bytes moved.
 HOST_COLUMNS = (
     ("num_host_blocks", "host blocks", "d"), ("host_hit_rate", "host hit rate", ".2%"),
@@ -266,12 +306,19 @@ def format_table(results: list[SimResult]) -> str:
     cols = COLUMNS
     if any(r.num_host_blocks for r in results):
         cols = (*COLUMNS[:4], *HOST_COLUMNS, *COLUMNS[4:])
+    if any(r.num_speculative_tokens for r in results):
+        cols = (*cols[:-1], *SPEC_COLUMNS, cols[-1])
     rows = [[h for _, h, _ in cols]]
     rows += [[_cell(getattr(r, k), spec) for k, _, spec in cols] for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
     lines = ["  ".join(c.rjust(w) if i not in (1, 2) else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))) for row in rows]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
+
+
+def _spec_rate(a: argparse.Namespace) -> float:
+    rate = getattr(a, "spec_acceptance_rate", None)
+    return DEFAULT_ACCEPTANCE_RATE if rate is None else rate
 
 
 def sim_config(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, policy: str, eviction: str = "lru") -> SimConfig:
@@ -283,6 +330,7 @@ def sim_config(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, pol
         a.scheduler_reserve_full_isl, a.scheduling_policy, a.long_prefill_token_threshold,
         a.long_prefill_token_threshold_adaptive, a.enable_chunked_prefill, a.watermark, a.max_num_scheduled_tokens,
         a.max_num_active_seqs, eviction, a.pin_prefix_tokens, a.max_pinned_fraction, getattr(a, "group_windows", ()),
+        getattr(a, "num_speculative_tokens", 0), _spec_rate(a), a.seed,
     )  # fmt: skip
 
 
@@ -318,8 +366,10 @@ def main(argv: list[str] | None = None) -> int:
                     return 2
                 r = results[-1]
                 host = f", host tier {num_host_blocks}: {r.host_hit_rate:.2%}" if num_host_blocks else ""
+                spec = (f", spec acceptance {r.spec_draft_acceptance_rate:.2%}, mean length {r.spec_mean_acceptance_length:.2f}"
+                        if r.num_speculative_tokens else "")  # fmt: skip
                 print(f"  {num_blocks} blocks, {policy}/{eviction}: hit rate {r.prefix_cache_hit_rate:.2%}{host}, preempted "
-                      f"{r.prefix_cache_preempted_hit_rate:.2%} ({r.wall_s:.1f} s)", file=sys.stderr)  # fmt: skip
+                      f"{r.prefix_cache_preempted_hit_rate:.2%}{spec} ({r.wall_s:.1f} s)", file=sys.stderr)  # fmt: skip
     print(format_table(results))
     if a.result_json:
         config = {k: (str(v) if isinstance(v, float) and math.isinf(v) else v) for k, v in vars(a).items()}

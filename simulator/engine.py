@@ -12,6 +12,14 @@ exactly reproducible and fast-forwarding changes nothing.
 
 Pure decode stretches are fast-forwarded (simulator/fastforward.py).
 
+Speculative decoding (``num_speculative_tokens`` K > 0): the scheduler runs with a
+SpeculativeConfig and the simulator's drafter (simulator/spec_decode.py): every decoding
+request drafts K tokens a step, each accepted with probability ``spec_acceptance_rate``
+until the first rejection. Drafts are scheduled tokens, so a step pays for verifying
+them; the stand-in worker samples the request's own next token at every position and
+keeps the drafts that match (StepResult.extra_token_ids). NOTE: no fast-forward then:
+a stretch of such steps draws acceptances and moves each request by a random count.
+
 With a host tier (``num_host_blocks``, the scheduler's own HostTier) a plan carries
 the tier's copies: its loads add ``bytes / offload_bandwidth_gbps`` to the step
 (they run before its tokens); its stores add nothing (the worker overlaps them).
@@ -19,11 +27,13 @@ the tier's copies: its loads add ``bytes / offload_bandwidth_gbps`` to the step
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocol.client_messages import Generate
+from protocol.speculative_config import SpeculativeConfig
 from protocol.worker_messages import StepResult
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_usage import get_peak_usage
@@ -36,6 +46,12 @@ from scheduler.sched.validation import RequestLimits, RequestRejected, validate_
 from simulator.fastforward import decode_horizon, fast_forward_decode
 from simulator.result import NOT_YET, SimResult
 from simulator.retention import pin_first_prefix, retention_manager
+from simulator.spec_decode import (
+    DEFAULT_ACCEPTANCE_RATE,
+    AcceptanceDrafter,
+    num_accepted,
+    spec_figures,
+)
 from simulator.workload import OUTPUT_TOKEN_BASE, Workload
 
 
@@ -77,6 +93,11 @@ class SimConfig:
     max_pinned_fraction: float = 0.5
     # Hybrid KV-cache groups' windows (simulator/layer_windows.py); (): one full-attention group.
     group_windows: tuple[int, ...] = ()
+    # Speculative decoding (simulator/spec_decode.py): drafts a decoding step (0: off),
+    # each accepted with this probability until the first rejection, drawn from this seed.
+    num_speculative_tokens: int = 0
+    spec_acceptance_rate: float = DEFAULT_ACCEPTANCE_RATE
+    spec_seed: int = 0
 
 
 def _percentile(values: list[int], q: float) -> float:
@@ -105,9 +126,9 @@ class _Run:
     __slots__ = ("cfg", "workload", "specs", "n", "order", "token_base", "tier", "kv", "sched", "hasher", "limits",
                  "block_bytes", "overhead_ns", "per_token_ns", "admit_ns", "first_token_ns", "finish_ns",
                  "next_arrival", "now", "num_rejected", "num_steps", "num_ff_steps", "num_loads", "horizon_ns",
-                 "finished_seq_ids")  # fmt: skip
+                 "finished_seq_ids", "spec_k")  # fmt: skip
 
-    def __init__(self, workload: Workload, cfg: SimConfig):
+    def __init__(self, workload: Workload, cfg: SimConfig, replica: int = 0):
         bs = cfg.block_size
         self.cfg, self.workload = cfg, workload
         self.specs = workload.specs
@@ -118,9 +139,16 @@ class _Run:
         self.kv = retention_manager(cfg.num_blocks, bs, cfg.max_model_len, cfg.policy, cfg.eviction_policy, cfg.scheduling_policy,
                                     cfg.max_pinned_fraction, cfg.group_windows, cfg.max_num_batched_tokens, host_tier=self.tier,
                                     offload_store=cfg.offload_store)  # fmt: skip
+        self.spec_k = k = cfg.num_speculative_tokens
+        speculative = SpeculativeConfig(k, 1, 1) if k > 0 else None
         self.sched = scheduler_class(cfg.scheduling_policy)(
-            self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.reserve_full_sequence, **policy_kwargs(cfg)
+            self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.reserve_full_sequence,
+            speculative=speculative, **policy_kwargs(cfg),
         )
+        if speculative is not None:
+            # NOTE: a fleet's replicas (``replica``) draw apart, each from its own seeded stream.
+            rng = random.Random(cfg.spec_seed * 1_000_003 + replica)
+            self.sched.proposer = AcceptanceDrafter(k, cfg.spec_acceptance_rate, cfg.max_model_len, self.token_base, rng)
         self.hasher = BlockHasher(bs, cfg.hash_algo)
         if cfg.pin_prefix_tokens >= bs and n:
             pin_first_prefix(self.kv, workload, self.order[0], self.hasher, cfg.pin_prefix_tokens // bs)
@@ -179,9 +207,10 @@ class _Run:
             self.sched.add_request(req)
 
     def step(self, out) -> tuple[int, int, bool]:
-        """Run one planned step in virtual time: charge it, sample a token for every row
-        that completed its tokens, apply them. Returns (the step's ns, rows sampled,
-        whether any request finished)."""
+        """Run one planned step in virtual time: charge it (drafts are scheduled tokens),
+        sample a token for every row that completed its tokens, and for a row with drafts
+        one more for each draft kept (`num_accepted`), apply them. Returns (the step's ns,
+        rows sampled, whether any request finished)."""
         self.num_steps += 1
         plan = out.plan
         for row in plan.new_rows:
@@ -190,11 +219,21 @@ class _Run:
         self.now = now = self.now + step_ns
         seq_ids, token_ids = [], []
         token_base = self.token_base
+        spec = plan.spec_token_ids
+        extra: dict[int, list[int]] = {}
         for req in out.scheduled:
-            if req.num_computed_tokens == req.num_tokens:
-                seq_ids.append(req.seq_id)
-                token_ids.append(token_base[req.seq_id] + req.num_output_tokens)
-        outputs = self.sched.update_from_output(StepResult(plan.step_id, seq_ids, token_ids))
+            # NOTE: a row with drafts counts them computed (>=): they are rolled back if rejected.
+            if req.num_computed_tokens >= req.num_tokens:
+                seq_id = req.seq_id
+                token = token_base[seq_id] + req.num_output_tokens
+                seq_ids.append(seq_id)
+                token_ids.append(token)
+                drafts = spec.get(seq_id) if spec else None
+                if drafts:
+                    m = num_accepted(drafts, token)
+                    if m:  # the accepted drafts after the first, then the token after the last
+                        extra[seq_id] = list(range(token + 1, token + m + 1))
+        outputs = self.sched.update_from_output(StepResult(plan.step_id, seq_ids, token_ids, extra_token_ids=extra))
         first_token_ns = self.first_token_ns
         for r in outputs.requests:
             if first_token_ns[r.seq_id] == NOT_YET:
@@ -218,6 +257,8 @@ class _Run:
         """Whether the step just run may be repeated without scheduling: every running
         request decoded one token, and none was admitted, resumed, preempted or finished."""
         plan = out.plan
+        if self.spec_k:
+            return False  # speculation: each step draws acceptances (see the module doc)
         if any_finished or plan.new_rows or plan.resumed_rows or out.preempted:
             return False
         num_running = len(self.sched.running)
@@ -295,6 +336,7 @@ class _Run:
             bytes_stored=stores * block_bytes,
             bytes_loaded=loads * block_bytes,
             load_time_s=self.num_loads * block_bytes / gbps / 1e9,
+            **spec_figures(self.spec_k, self.sched.spec_stats),
             admit_ns=self.admit_ns,
             first_token_ns=self.first_token_ns,
             finish_ns=self.finish_ns,

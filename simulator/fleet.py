@@ -40,6 +40,7 @@ from simulator.engine import SimConfig, _Run
 from simulator.fleet_result import FleetResult
 from simulator.result import NOT_YET
 from simulator.routers import make_router
+from simulator.spec_decode import spec_figures
 from simulator.workload import TraceWorkload, Workload
 
 
@@ -131,8 +132,8 @@ class Fleet:
         self.path_ns = (paths or RequestPaths()).draw(len(workload.specs))  # per request: (decide, there, back)
         self.runs: list[_Run] = []
         self.recorders: list[KVEventRecorder] = []
-        for _ in range(replicas):
-            run = _Run(self.prepared, cfg)
+        for r in range(replicas):
+            run = _Run(self.prepared, cfg, r)
             run.specs = self.prepared.specs
             run.order = []
             if router == "kv_aware":
@@ -352,6 +353,7 @@ class Fleet:
             simulated_s=max(run.now for run in self.runs) / 1e9, wall_s=time.perf_counter() - wall_start,
             cpu_s=time.process_time() - cpu_start,
             per_replica=per, router_decisions=decisions,
+            spec_decode=spec_figures(self.cfg.num_speculative_tokens, *(run.sched.spec_stats for run in self.runs)),
         )  # fmt: skip
 
 

@@ -35,6 +35,8 @@ class FleetResult:
     cpu_s: float  # this process's CPU time for the run (the machine may be shared)
     per_replica: list[dict] = field(default_factory=list)
     router_decisions: dict = field(default_factory=dict)
+    # Speculative decoding's counts over all replicas (simulator/spec_decode.py); empty when off.
+    spec_decode: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}

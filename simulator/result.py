@@ -61,10 +61,25 @@ class SimResult:
     eviction_policy: str = "lru"
     # Blocks pinned (--pin-prefix-tokens) at the end of the run.
     num_pinned_blocks: int = 0
+    # Speculative decoding (--num-speculative-tokens K; zeros when off), as vLLM's
+    # SpecDecodingLogging: drafts (one per request per step that verified some), draft
+    # tokens, accepted tokens; draft acceptance rate = accepted / draft tokens; mean
+    # acceptance length = 1 + accepted / drafts (tokens a verifying step yields a request);
+    # per position i: the share of drafts whose i-th token was accepted.
+    num_speculative_tokens: int = 0
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_draft_acceptance_rate: float = 0.0
+    spec_mean_acceptance_length: float = 0.0
+    spec_acceptance_rate_per_position: list[float] = field(default_factory=list)
     admit_ns: list[int] = field(default_factory=list, repr=False)
     first_token_ns: list[int] = field(default_factory=list, repr=False)
     finish_ns: list[int] = field(default_factory=list, repr=False)
 
     def summary(self) -> dict:
-        """The JSON row: every figure, no per-request lists."""
-        return {k: getattr(self, k) for k in self.__slots__ if not k.endswith("_ns")}
+        """The JSON row: every figure, no per-request lists; the spec-decode ones only
+        with speculation."""
+        spec = self.num_speculative_tokens > 0
+        return {k: getattr(self, k) for k in self.__slots__
+                if not k.endswith("_ns") and (spec or not (k.startswith("spec_") or k == "num_speculative_tokens"))}  # fmt: skip
