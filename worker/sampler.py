@@ -114,7 +114,9 @@ class _Workspace:
         n = shape[0] * shape[1]
         if device.type != "cpu":
             return torch.empty(shape, dtype=torch.float64, device=device)
-        if self.buffer.numel() < n:
+        # NOTE: a buffer made under torch.inference_mode (the runner's step) cannot be written
+        # outside it (a sampler called directly): then it is made again.
+        if self.buffer.numel() < n or (self.buffer.is_inference() and not torch.is_inference_mode_enabled()):
             self.buffer = torch.empty(n, dtype=torch.float64)
         return self.buffer[:n].view(shape)
 
