@@ -20,7 +20,7 @@ KERNELS := worker/attention/csrc/fp8_gather.so worker/attention/csrc/paged_decod
            worker/attention/csrc/paged_prefill.so \
            worker/models/csrc/packed_gemm.so worker/models/csrc/norm_act.so
 
-.PHONY: install kernels test run bench compare compare-speed compare-real compare-hybrid lint clean
+.PHONY: install kernels test run bench compare compare-speed compare-real compare-spec compare-hybrid lint clean
 
 install: $(STAMP) $(TEST_STAMP) $(KERNELS)
 
@@ -84,6 +84,12 @@ compare-real: $(TEST_STAMP)
 	PYTHON=$(PYTHON) bash bench/install_vllm.sh
 	$(PY) -m bench.compare_speed --checkpoints smollm2 --dtypes bfloat16 --workload sharegpt --sampling default --concurrency 8,32 --out out/compare-real/sharegpt
 	$(PY) -m bench.compare_speed --checkpoints smollm2 --dtypes bfloat16 --workload multiturn --sampling greedy --concurrency 8 --out out/compare-real/multiturn
+
+# Speculative decoding's row (issue #46): n-gram drafts on the real model, a proofreading
+# workload that copies its prompts, kvpool with and without drafts and vLLM with them.
+compare-spec: $(TEST_STAMP)
+	PYTHON=$(PYTHON) bash bench/install_vllm.sh
+	$(PY) -m bench.spec_decode --concurrency 1,8 --out out/compare-spec
 
 # The hybrid KV-cache groups' row (issue #26): the generated Gemma-3-style checkpoint (5
 # sliding-window layers to 1 full, a 128-token window), the same pool in blocks on both.

