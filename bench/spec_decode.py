@@ -78,7 +78,6 @@ def main(argv: list[str] | None = None) -> int:
 
     data = copy_dataset(sharegpt_json(a.out / "sharegpt.json"), a.out / "copy.jsonl", 64, AutoTokenizer.from_pretrained(model))
     cfg = ServerConfig(dtype="bfloat16")
-    a.threads = None
     results: dict = {}
     for engine in a.engines.split(","):
         base = engine.split("-")[0]

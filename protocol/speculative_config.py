@@ -48,18 +48,23 @@ def _positive_int(fields: dict, name: str) -> int | None:
     return value
 
 
+def load_speculative_fields(text: str | None) -> dict | None:
+    """The flag's JSON as a dict (None: no flag, or ``null``). Raises ValueError unless it is a JSON object."""
+    if text is None:
+        return None
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON ({e})") from None
+    if fields is not None and not isinstance(fields, dict):
+        raise ValueError(f"expected a JSON object, got {type(fields).__name__}")
+    return fields
+
+
 def parse_speculative_config(text: str | dict | None) -> SpeculativeConfig | None:
     """The flag's JSON (or its dict) -> the config; None for no speculation (no flag,
     ``null`` or ``{}``, as vLLM). Raises ValueError naming what is wrong."""
-    if text is None:
-        return None
-    if isinstance(text, str):
-        try:
-            fields = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"not valid JSON ({e})") from None
-    else:
-        fields = text
+    fields = load_speculative_fields(text) if isinstance(text, str) else text
     if fields is None:
         return None
     if not isinstance(fields, dict):

@@ -234,7 +234,7 @@ def _check_scheduled(
     for sid in live_rows:
         n = scheduled.get(sid, 1)
         n_tokens, computed, n_blocks = view(sid)
-        if sid in spec:
+        if spec and sid in spec:
             n_tokens += len(spec[sid])
         if computed + n > n_tokens:
             raise PlanError(f"{where}: seq_id {sid} is scheduled {n} tokens but has only {n_tokens - computed} not yet computed")

@@ -82,8 +82,8 @@ class _StepInputs:
     token_ids: list[int]  # (T,) the step's tokens
     positions: list[int]  # (T,)
     rows: list[int]  # (T,) each token's block-table row
-    # Rows with drafts: (seq_id, index of its last token among the step's, its drafts).
-    spec: list[tuple[int, int, list[int]]] | None = None
+    # seq_id -> the drafts scheduled after its last token (the plan's spec_token_ids).
+    drafts: dict[int, list[int]]
 
 
 class ModelRunner:
@@ -262,14 +262,14 @@ class ModelRunner:
             hidden = self.model.forward(token_ids, positions, attention)  # (T, H)
         # NOTE: only rank 0 samples, so only it scores prompts (tensor parallelism).
         scored = self._prompt_logprobs(hidden, inputs) if self.prompt_logprobs.pending and self.samples else None
-        sample_seq, sample_idx = self._advance(inputs, plan.spec_token_ids)
+        sample_seq, sample_idx, spec = self._advance(inputs)
         self.num_tokens_computed += num_tokens
         self.kv_bytes_written += num_tokens * self._kv_bytes_per_token
         if not sample_seq:
             return ModelRunnerOutput([], [], None, num_tokens, prompt_logprobs=scored)
         if not self.samples:
             return ModelRunnerOutput(sample_seq, [], None, num_tokens)
-        out = self._sample(hidden, sample_seq, sample_idx, num_tokens, inputs.spec)
+        out = self._sample(hidden, sample_seq, sample_idx, num_tokens, spec)
         if scored is not None:
             out.prompt_logprobs = self.prompt_logprobs.finish(scored, sample_seq)
         return out
@@ -315,15 +315,17 @@ class ModelRunner:
                 pre_rows.extend([row_of[sid]] * n)
         return _StepInputs(
             dec_seq, pre_seq, dec_rows, [p + 1 for p in dec_pos], pre_chunks,
-            dec_tokens + pre_tokens, dec_pos + pre_pos, dec_rows + pre_rows,
+            dec_tokens + pre_tokens, dec_pos + pre_pos, dec_rows + pre_rows, spec,
         )
 
-    def _advance(self, inputs: _StepInputs, spec: dict[int, list[int]]) -> tuple[list[int], list[int]]:
+    def _advance(self, inputs: _StepInputs) -> tuple[list[int], list[int], list[tuple[int, int, list[int]]]]:
         """Advance computed counts; the rows that reach their token count sample: their
         seq ids, and the index of each one's last token among the step's. A row with
         drafts counts only its last token as computed here (its drafts count as they are
-        accepted, in ``_sample``) and samples from that token on (``inputs.spec``)."""
-        sample_seq, sample_idx = [], []
+        accepted, in ``_sample``) and samples from that token on: the third list holds
+        those rows as (seq_id, index of its last token among the step's, its drafts)."""
+        sample_seq, sample_idx, spec_rows = [], [], []
+        drafts = inputs.drafts
         for i, sid in enumerate(inputs.decode_seq_ids):
             st = self.rows[sid]
             st.num_computed_tokens += 1
@@ -334,19 +336,17 @@ class ModelRunner:
         for sid, (_, _, n) in zip(inputs.prefill_seq_ids, inputs.prefills, strict=True):
             st = self.rows[sid]
             offset += n
-            if spec and sid in spec:
+            if drafts and sid in drafts:
                 st.num_computed_tokens += 1
                 sample_seq.append(sid)
                 sample_idx.append(offset - n)
-                if inputs.spec is None:
-                    inputs.spec = []
-                inputs.spec.append((sid, offset - n, spec[sid]))
+                spec_rows.append((sid, offset - n, drafts[sid]))
                 continue
             st.num_computed_tokens += n
             if st.num_computed_tokens == len(st.token_ids):
                 sample_seq.append(sid)
                 sample_idx.append(offset - 1)
-        return sample_seq, sample_idx
+        return sample_seq, sample_idx, spec_rows
 
     def _sample(self, hidden: torch.Tensor, sample_seq: list[int], sample_idx: list[int], num_tokens: int,
                 spec: list[tuple[int, int, list[int]]] | None = None) -> ModelRunnerOutput:  # fmt: skip

@@ -8,21 +8,15 @@ so a bad config is refused before any process starts, and goes to the scheduler,
 
 from __future__ import annotations
 
-import json
-
-from protocol.speculative_config import parse_speculative_config
+from protocol.speculative_config import load_speculative_fields, parse_speculative_config
 
 
 def speculative_scheduler_flags(config: str | None, method: str | None, model: str | None, tokens: int | None) -> list[str]:
     """The scheduler's ``--speculative-config`` flag ([] for no speculation). Raises ValueError."""
-    fields = None
-    if config is not None:
-        try:
-            fields = json.loads(config)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--speculative-config: not valid JSON ({e})") from None
-        if fields is not None and not isinstance(fields, dict):
-            raise ValueError(f"--speculative-config: expected a JSON object, got {type(fields).__name__}")
+    try:
+        fields = load_speculative_fields(config)
+    except ValueError as e:
+        raise ValueError(f"--speculative-config: {e}") from None
     for flag, key, value in (("--spec-method", "method", method), ("--spec-model", "model", model), ("--spec-tokens", "num_speculative_tokens", tokens)):
         if value is None:
             continue

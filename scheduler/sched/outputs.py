@@ -55,11 +55,12 @@ class SchedulerOutput:
         """A row's tokens after its first must follow accepted drafts: its first token and
         all but the last extra one equal its drafts, in order, and no more than it had."""
         spec = self.plan.spec_token_ids
+        first_of = dict(zip(result.seq_ids, result.sampled_token_ids, strict=True))
         for seq_id, more in result.extra_token_ids.items():
             drafts = spec.get(seq_id)
             if drafts is None or not more or len(more) > len(drafts):
                 raise ValueError(f"step {result.step_id}: seq {seq_id} has {len(more)} extra tokens for {len(drafts or ())} drafts")
-            first = result.sampled_token_ids[result.seq_ids.index(seq_id)]
+            first = first_of[seq_id]
             if [first, *more[:-1]] != drafts[: len(more)]:
                 raise ValueError(f"step {result.step_id}: seq {seq_id}'s tokens {[first, *more]} do not follow its drafts {drafts}")
 
