@@ -38,13 +38,17 @@ takes the C kernels' calls.
 K/V of the step are written into the cache before attention (``KVCacheWriter``, vLLM's reshape_and_cache),
 so every token reads its own K/V, and its request's earlier ones, from the pages.
 
-An fp8 cache (``worker.attention.kv_quant``) is converted as the kernel reads it (the
-scales applied to the queries and the output). On the other paths the
-one-byte blocks are gathered first (as bytes: index_select has no fp8 kernels everywhere),
-then converted to the compute dtype and scaled in the workspace (``dequantize``), so the
-gather moves half the bytes of a 16-bit cache and SDPA sees the model's dtype. On CPU the
-two are one pass of a small C kernel (``worker.attention.fp8_gather``, the same bits)
-where its library is built; the torch passes otherwise.
+An fp8 cache (``worker.attention.kv_quant``) is read with vLLM's CPU arithmetic
+(``cpu_attn_vec.hpp``): every value in float32 (an fp8 value is exact there), the queries
+widened, not scaled, q.k times the scale and the K scale (on the logits), float32
+probabilities and sums, the output rounded to the compute dtype once. The decode kernel
+converts the bytes as it reads them. On the other paths the one-byte blocks are gathered
+first (as bytes: index_select has no fp8 kernels everywhere), then converted to float32
+in the workspace (``dequantize``; K unscaled, V times its scale) for SDPA in float32. On
+CPU the two are one pass of a small C kernel (``worker.attention.fp8_gather``, the same
+bits) where its library is built; the torch passes otherwise. NOTE: SDPA in the compute
+dtype (bfloat16) rounded the probabilities where vLLM keeps float32, and greedy
+continuations parted from vLLM's on most prompts (``bench/kv_dtype_agreement.py``).
 """
 
 from __future__ import annotations
@@ -123,16 +127,17 @@ class PagedAttention:
             raise ValueError(f"an {cache_dtype} KV cache needs the model's compute dtype, got {compute_dtype}")
         dtype = compute_dtype or cache_dtype
         self.dtype = dtype
+        # The dtype the gather paths attend in: an fp8 cache's is float32 (vLLM's CPU kernel).
+        self.read_dtype = torch.float32 if self.fp8 else dtype
         block_elems = self.block_size * self.num_kv_heads * self.head_dim
-        # NOTE: sized by the compute dtype, so an fp8 cache groups decode rows as a
-        # 16-bit cache does (the gathered blocks reach SDPA in the compute dtype).
-        block_bytes = block_elems * torch.empty((), dtype=dtype).element_size()
+        # NOTE: sized by the dtype the gathered blocks reach SDPA in.
+        block_bytes = block_elems * torch.empty((), dtype=self.read_dtype).element_size()
         # NOTE: at least one whole row, so any single request's context fits.
         self.workspace_blocks = max(max_blocks_per_seq, workspace_bytes // block_bytes)
-        self._k_work = torch.empty((self.workspace_blocks, block_elems), dtype=dtype, device=device)
-        self._v_work = torch.empty((self.workspace_blocks, block_elems), dtype=dtype, device=device)
+        self._k_work = torch.empty((self.workspace_blocks, block_elems), dtype=self.read_dtype, device=device)
+        self._v_work = torch.empty((self.workspace_blocks, block_elems), dtype=self.read_dtype, device=device)
         # The fused fp8 read (None: the torch passes below).
-        self._fused = load_fp8_gather() if self.fp8 and Fp8Gather.supports(dtype, device) else None
+        self._fused = load_fp8_gather() if self.fp8 and Fp8Gather.supports(self.read_dtype, device) else None
         if self.fp8:
             self._bytes = [kv.view(torch.uint8).view(2, self.num_blocks, block_elems) for kv in kv_caches]
         if self.fp8 and self._fused is None:
@@ -262,7 +267,7 @@ class PagedAttention:
             pad = self._positions[: widest * bs] >= lens[:, None]  # (n, L)
             if leading:
                 pad |= self._positions[: widest * bs] < torch.tensor(lead[start:end], device=device)[:, None]
-            bias = torch.zeros(pad.shape, dtype=self.dtype, device=device).masked_fill_(pad, float("-inf"))
+            bias = torch.zeros(pad.shape, dtype=self.read_dtype, device=device).masked_fill_(pad, float("-inf"))
             bias = bias[:, None, None, :]
         return DecodeGroup(start, end, ids, widest, bias)
 
@@ -284,9 +289,14 @@ class PagedAttention:
 
         return attention
 
+    def sdpa_scale(self, layer: int) -> float | None:
+        """The scale of q.k on the gather paths: with an fp8 cache times its K scale, on the
+        logits (the gathered K is unscaled), as vLLM's CPU kernel; None: SDPA's default."""
+        return self.kernel_scale * self.scales[layer].k if self.fp8 else self.scale
+
     def _gather(self, layer: int, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of the given blocks, (m, block_size * kvh * hd) each, in the workspace,
-        in the compute dtype."""
+        in ``read_dtype`` (an fp8 cache's K unscaled: ``sdpa_scale`` carries its scale)."""
         m = block_ids.shape[0]
         if self._fused is not None:
             return self._fused_read(layer, block_ids, 0, m)
@@ -301,14 +311,16 @@ class PagedAttention:
         return k, v
 
     def _dequantize(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp8 blocks (m, block_elems), as bytes, -> the compute dtype, scaled, in the workspace."""
+        """fp8 blocks (m, block_elems), as bytes, -> float32 in the workspace: K unscaled, V
+        times its scale. NOTE: vLLM scales the output, not V; the same at 1.0, one rounding
+        apart otherwise, and a scaled V keeps the cascade merge's two parts alike."""
         m, fp8, s = k.shape[0], self.kv_caches[layer].dtype, self.scales[layer]
-        return dequantize(k, fp8, self._k_work[:m], s.k), dequantize(v, fp8, self._v_work[:m], s.v)
+        return dequantize(k, fp8, self._k_work[:m], 1.0), dequantize(v, fp8, self._v_work[:m], s.v)
 
     def _fused_read(self, layer: int, block_ids: torch.Tensor | None, first: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``_gather`` (block_ids) or a consecutive run (None: first ..) of an fp8 cache, one pass each of K and V."""
         cache, fp8, s = self._bytes[layer], self.kv_caches[layer].dtype, self.scales[layer]
-        return (self._fused(cache[0], block_ids, first, m, fp8, self._k_work, s.k),
+        return (self._fused(cache[0], block_ids, first, m, fp8, self._k_work, 1.0),
                 self._fused(cache[1], block_ids, first, m, fp8, self._v_work, s.v))  # fmt: skip
 
     def _blocks(self, layer: int, block_ids: torch.Tensor, first_block: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -343,8 +355,8 @@ class PagedAttention:
             kc, vc = self._blocks(layer, c.block_ids, c.first_block)
             kc = kc.view(ctx, kvh, hd).transpose(0, 1).unsqueeze(0)  # (1, kvh, ctx, hd)
             vc = vc.view(ctx, kvh, hd).transpose(0, 1).unsqueeze(0)
-            qc = q[c.start : c.end].transpose(0, 1).unsqueeze(0)  # (1, nh, n, hd)
-            o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=c.mask, enable_gqa=True, scale=self.scale)  # (1, nh, n, hd)
+            qc = q[c.start : c.end].to(self.read_dtype).transpose(0, 1).unsqueeze(0)  # (1, nh, n, hd)
+            o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=c.mask, enable_gqa=True, scale=self.sdpa_scale(layer))  # (1, nh, n, hd)
             out[c.start : c.end] = o[0].transpose(0, 1)
         return out
 
@@ -356,6 +368,7 @@ class PagedAttention:
             res = torch.empty_like(q)
         else:
             res = out
+        qr = q.to(self.read_dtype)  # the gather paths' queries (B, nh, hd)
         lse = None
         if md.shared_prefixes:
             # Each decode row's log-sum-exp over its own keys, for the merge below.
@@ -371,14 +384,14 @@ class PagedAttention:
             kg, vg = self._gather(layer, g.block_ids)
             kg = kg.view(n, ctx, kvh, hd).transpose(1, 2)  # (n, kvh, ctx, hd)
             vg = vg.view(n, ctx, kvh, hd).transpose(1, 2)
-            qg = q[g.start : g.end].view(n, kvh, grp, hd)  # (n, kvh, group, hd)
+            qg = qr[g.start : g.end].view(n, kvh, grp, hd)  # (n, kvh, group, hd)
             if lse is None:
-                o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.bias, scale=self.scale)  # (n, kvh, group, hd)
+                o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.bias, scale=self.sdpa_scale(layer))  # (n, kvh, group, hd)
             else:
-                o, lse[g.start : g.end] = flash_with_lse(qg, kg, vg, attn_mask=g.bias, scale=self.scale)
+                o, lse[g.start : g.end] = flash_with_lse(qg, kg, vg, attn_mask=g.bias, scale=self.sdpa_scale(layer))
             res[g.start : g.end] = o.reshape(n, self.num_heads, hd)
         if md.shared_prefixes:
-            merge_shared_prefixes(q, res, lse, md.shared_prefixes, lambda ids, first: self._blocks(layer, ids, first), self.block_size,
-                                  self.scale)  # fmt: skip
+            merge_shared_prefixes(qr, res, lse, md.shared_prefixes, lambda ids, first: self._blocks(layer, ids, first), self.block_size,
+                                  self.sdpa_scale(layer))  # fmt: skip
         if md.decode_order is not None:
             out.index_copy_(0, md.decode_order, res)

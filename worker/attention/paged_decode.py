@@ -6,9 +6,8 @@ vLLM's CPU backend does the same with a C++ kernel. The gather costs a copy of e
 key and value a step reads, and padding each group of rows to its longest one; the
 kernel reads each once and stops at each row's last key. Float32 and bfloat16 caches in
 their own dtype, fp8 caches (e4m3fn, e5m2) in either, their values converted as they are
-read (an fp8 value is exact in float32; the K scale goes into the queries, the V scale
-onto the output, where the gather path rounds each scaled value to the compute dtype
-first). The output is softmax attention up to rounding (float32 accumulation, as SDPA's
+read (an fp8 value is exact in float32; as vLLM's CPU kernel, the queries stay unscaled,
+the scale of q.k times the K scale multiplies the scores, and the V scale the output). The output is softmax attention up to rounding (float32 accumulation, as SDPA's
 CPU kernel), and the log-sum-exp it returns per query is what cascade attention's merge takes.
 
 The library is built by ``make install`` (``python -m worker.attention.paged_decode``
@@ -29,7 +28,7 @@ from worker import native
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
 LIBRARY = SOURCE.with_suffix(".so")
-ABI = 5  # paged_decode_abi() of the source this module calls
+ABI = 6  # paged_decode_abi() of the source this module calls
 # -fopenmp: libgomp.so.1, loaded after torch, is torch's own (one OpenMP thread pool).
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 

@@ -29,7 +29,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define PAGED_DECODE_ABI 5
+#define PAGED_DECODE_ABI 6
 #define MAX_HEAD_DIM 256
 #define MAX_GROUP 16
 #define TILE 64 /* keys per tile: a block, or a part of one when blocks are larger */
@@ -437,20 +437,30 @@ static void tile_softmax(float (*s)[TILE], int group, int hd, int n, float *m, f
     }
 }
 
+/* s[g][t] *= ss for the group's queries over the tile's n keys (ss 1: nothing). */
+static inline void scale_scores(float (*s)[TILE], int group, int n, float ss) {
+    if (ss == 1.0f) return;
+    for (int g = 0; g < group; g++)
+        for (int t = 0; t < n; t++) s[g][t] *= ss;
+}
+
 /* One tile of one kv head: its n keys from element `base` of k and v, for the group's
- * queries, folded into the head's running softmax (m, l) and accumulator acc. */
+ * queries, folded into the head's running softmax (m, l) and accumulator acc; the scores
+ * times ss (the scale on the logits, 1 where the queries carry it). */
 static inline __attribute__((always_inline)) void tile(const float *q, int group, int hd,
                                                       const void *k, const void *v, int kind, int64_t base, int64_t ks,
-                                                      int n, float (*s)[TILE], float *acc, float *m, float *l) {
+                                                      int n, float ss, float (*s)[TILE], float *acc, float *m, float *l) {
 #ifdef HAVE_AVX2
     if (hd % 16 == 0) {
         tile_scores_avx2(q, group, hd, k, base, ks, n, kind, s);
+        scale_scores(s, group, n, ss);
         tile_softmax(s, group, hd, n, m, l, acc);
         tile_values_avx2(acc, group, hd, (const float (*)[TILE])s, v, base, ks, n, kind);
         return;
     }
 #endif
     tile_scores(q, group, hd, k, base, ks, n, kind, s);
+    scale_scores(s, group, n, ss);
     tile_softmax(s, group, hd, n, m, l, acc);
     tile_values(acc, group, hd, (const float (*)[TILE])s, v, base, ks, n, kind);
 }
@@ -510,9 +520,10 @@ static inline __attribute__((always_inline)) void prefetch_tile(const void *k, c
     }
 }
 
-/* One row, kv heads [h0, h0 + nkv). q: their queries (nkv x group x hd, already in float32
- * and scaled); qb, qs: a bfloat16 cache's, as they came (bfloat16) and their scale
- * (AVX-512 BF16 reads them); k, v: the cache's K and V of this layer, (num_blocks, bs,
+/* One row, kv heads [h0, h0 + nkv). q: their queries (nkv x group x hd, already in float32;
+ * scaled, but for an fp8 cache); qb: a bfloat16 cache's, as they came (bfloat16; AVX-512
+ * BF16 reads them); qs: the scale of q.k where the queries do not carry it (a bfloat16 or
+ * fp8 cache's); k, v: the cache's K and V of this layer, (num_blocks, bs,
  * kvh, hd), of `kind`; table: the row's block ids, read from column first_col; keys
  * [lead, nkeys) of those columns. acc, m, l: per head, as q. Returns -1 on a block id
  * outside the cache.
@@ -556,7 +567,8 @@ static inline __attribute__((always_inline)) int attend(const float *q, const ui
         if (j + n < nkeys) prefetch_tile(k, v, kind, table, first_col, j + n, nkeys, num_blocks, bs, kvh, hd, h0, nkv);
         for (int x = 0; x < nkv; x++) {
             int64_t base = ((blk * bs + off) * kvh + h0 + x) * hd; /* element index of the tile's first key */
-            tile(q + x * gh, group, hd, k, v, kind, base, ks, n, s, acc + x * gh, m + x * group, l + x * group);
+            tile(q + x * gh, group, hd, k, v, kind, base, ks, n, kind >= KV_E4M3 ? qs : 1.0f, s, acc + x * gh, m + x * group,
+                 l + x * group);
         }
         j += n;
     }
@@ -597,8 +609,10 @@ int paged_decode(const void *q, int64_t q_row, const void *k, const void *v, int
     }
     const int parts = (kvh + per_task - 1) / per_task;
     const int64_t tasks = B * parts;
-    /* NOTE: the key scale goes into the queries (q.(k s) = (q s).k), the value scale
-     * onto each output (sum p (v s) = s sum p v). */
+    /* NOTE: an fp8 cache's scales as vLLM's CPU kernel applies them (cpu_attn_vec.hpp,
+     * scale_on_logits): the queries unscaled, q.k of the raw values times scale * k_scale
+     * (and fp8_to_f32's 2^8), the value scale onto each output (sum p (v s) = s sum p v).
+     * A float32 cache's queries carry the scale, as vLLM's do (copy_q_heads_tile). */
     const float fp8_unit = kind == KV_E4M3 ? 256.0f : 1.0f; /* fp8_to_f32 reads e4m3fn times 2^-8 */
     const float q_scale = scale * (kind >= KV_E4M3 ? k_scale * fp8_unit : 1.0f);
     const float o_scale = kind >= KV_E4M3 ? v_scale * fp8_unit : 1.0f;
@@ -616,7 +630,7 @@ int paged_decode(const void *q, int64_t q_row, const void *k, const void *v, int
         const int elems = nkv * group * hd;
         int64_t q0 = i * q_row + (int64_t)h0 * group * hd; /* the heads' first query element */
         for (int e = 0; e < elems; e++)
-            qf[e] = q_scale * (out_bf16 ? bf16_to_f32(((const uint16_t *)q)[q0 + e]) : ((const float *)q)[q0 + e]);
+            qf[e] = (kind >= KV_E4M3 ? 1.0f : q_scale) * (out_bf16 ? bf16_to_f32(((const uint16_t *)q)[q0 + e]) : ((const float *)q)[q0 + e]);
         const uint16_t *qb = out_bf16 ? (const uint16_t *)q + q0 : NULL;
         const int32_t *trow = table + rows[i] * table_cols;
         int rc;
