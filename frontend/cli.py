@@ -56,6 +56,11 @@ def _add_kvpool_flags(g) -> None:
     g.add_argument("--kv-events-endpoint", default=None, metavar="ENDPOINT", help="bind a PUB socket here for KV events (loopback)")
     g.add_argument("--kv-events-replay-endpoint", default=None, metavar="ENDPOINT")
     g.add_argument("--kv-events-topic", default="", metavar="TOPIC", help="topic frame of every KV event batch (default: empty)")
+    g.add_argument("--cpu-wide-step-tokens", type=int, default=None, metavar="N",
+                   help="on CPU, the worker runs a step of at least N tokens on every core while no other process keeps "
+                        "one busy (default: the worker's, from the model's size; 0: never)")
+    g.add_argument("--cpu-nice", type=int, default=None, metavar="N",
+                   help="on CPU, the worker runs at nice N at least, 0..19 (default: the worker's)")
     g.add_argument("--scheduler-args", type=shlex.split, default=[], metavar="'ARGS'", help="more flags for the scheduler")
     g.add_argument("--worker-args", type=shlex.split, default=[], metavar="'ARGS'", help="more flags for the worker (CURVE keys...)")
     g.add_argument("--worker-restarts", type=int, default=5,
@@ -140,6 +145,10 @@ def settle(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(f"--worker-restart-timeout must be a positive number of seconds, got {a.worker_restart_timeout}")
     if not 0.0 <= a.max_pinned_fraction < 1.0:
         p.error(f"--max-pinned-fraction must be in [0, 1), got {a.max_pinned_fraction}")
+    if a.cpu_nice is not None and not 0 <= a.cpu_nice <= 19:
+        p.error(f"--cpu-nice must be 0..19 (a nice value; lowering the priority needs no privilege), got {a.cpu_nice}")
+    if a.cpu_wide_step_tokens is not None and a.cpu_wide_step_tokens < 0:
+        p.error(f"--cpu-wide-step-tokens must be >= 0 (0: never), got {a.cpu_wide_step_tokens}")
     if a.max_request_body_bytes < 1:
         p.error(f"--max-request-body-bytes must be positive, got {a.max_request_body_bytes}")
     if getattr(a, "enable_log_outputs", False) and not a.enable_log_requests:

@@ -157,7 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu-wide-step-tokens", type=int, default=d.cpu_wide_step_tokens, metavar="N",
                    help="on CPU, run a step of at least N tokens on every core, the one left to the scheduler and frontend "
                         "included; not with OMP_NUM_THREADS or tensor parallelism (default: from the model's size, "
-                        "128 for a 3M-parameter model, 8 for a 50M one, 1 from 384M; 0: never)")
+                        "128 for a 3M-parameter model, 1 from 32M; 0: never); only while no other process keeps a core "
+                        "busy (worker/host_load.py) and no other kvpool worker runs on the host")
+    p.add_argument("--serve-pid", type=int, default=None, metavar="PID",
+                   help="the kvpool serve that started this worker (it passes its pid): its CPU use and its other "
+                        "children's are the serve's own, not a neighbour's (default: none)")
     return p
 
 
@@ -185,6 +189,7 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
         curve_client_key=a.curve_client_key, curve_server_key=a.curve_server_key,
         tensor_parallel_size=a.tensor_parallel_size, rank=a.rank, distributed_init_method=a.distributed_init_method,
         distributed_timeout_s=a.distributed_timeout, cpu_nice=a.cpu_nice, cpu_wide_step_tokens=a.cpu_wide_step_tokens,
+        serve_pid=a.serve_pid,
         disable_sliding_window=a.disable_sliding_window, disable_hybrid_kv_cache_manager=a.disable_hybrid_kv_cache_manager,
     )
 

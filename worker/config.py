@@ -63,3 +63,6 @@ class WorkerConfig:
     # On CPU a step of at least this many tokens runs on every core (0: never; None: from
     # the model's size, worker.threads.wide_step_tokens).
     cpu_wide_step_tokens: int | None = None
+    # The pid of the `kvpool serve` that started this worker: its CPU time and its other
+    # children's are this serve's, not a neighbour's (worker/host_load.py).
+    serve_pid: int | None = None

@@ -62,6 +62,11 @@ class HostPeers:
             self._alone = alone
         return self._alone
 
+    @property
+    def seen_alone(self) -> bool:
+        """``alone``'s last answer, without looking again."""
+        return self._alone
+
     def _others(self) -> bool:
         found = False
         for name in os.listdir(self.directory):

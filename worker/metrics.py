@@ -9,6 +9,7 @@ worker has its own registry, so nothing here is global.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import (
@@ -19,6 +20,10 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from worker.threads import StepThreads
 
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 # Bytes of one step's copies in one direction: vLLM's offloading connector's buckets.
@@ -53,6 +58,7 @@ class WorkerMetrics:
             names, registry=self.registry,
         ).labels(**labels)
         self._offload_metrics(names, labels)
+        self._labels = labels
         self._last_tokens = 0
         self._last_bytes = 0
         # Set by the process loop: True while a scheduler's WorkerReady is installed.
@@ -109,6 +115,11 @@ class WorkerMetrics:
                 o[f"{kind}_total_time"].inc(seconds)
                 o[f"{kind}_size"].observe(nbytes)
 
+    def watch_step_threads(self, threads: StepThreads) -> None:
+        """Report the CPU worker's big steps from ``threads`` (worker/threads.py), read at
+        each scrape: how many went wide, whether one would now, and the neighbours' load."""
+        self.registry.register(_StepThreadsCollector(threads, self._labels))
+
     def reset_totals(self) -> None:
         """Call when a new runner (counting from 0) replaces the old one."""
         self._last_tokens = self._last_bytes = 0
@@ -144,3 +155,29 @@ class WorkerMetrics:
         server.daemon_threads = True
         threading.Thread(target=server.serve_forever, name="worker-http", daemon=True).start()
         return server
+
+
+class _StepThreadsCollector(Collector):
+    def __init__(self, threads: StepThreads, labels: dict[str, str]):
+        self.threads = threads
+        self.names, self.values = list(labels), list(labels.values())
+
+    def collect(self) -> Iterator:
+        t = self.threads
+        wide = CounterMetricFamily("kvpool_worker_wide_steps", "Steps run on every core (big steps, --cpu-wide-step-tokens).",
+                                   labels=self.names)
+        wide.add_metric(self.values, t.num_wide_steps)
+        allowed = GaugeMetricFamily(
+            "kvpool_worker_wide_steps_allowed",
+            "1 while a big step would run on every core: no other process keeps a core busy (worker/host_load.py) "
+            "and no other kvpool worker runs on this host (worker/host_peers.py), as of their last looks.",
+            labels=self.names,
+        )
+        allowed.add_metric(self.values, float(t.wide_allowed))
+        others = GaugeMetricFamily(
+            "kvpool_worker_cpu_neighbour_cores",
+            "Cores' worth of CPU time used by processes other than this serve's, at the last look (worker/host_load.py).",
+            labels=self.names,
+        )
+        others.add_metric(self.values, t.load.others_cores if t.load is not None else 0.0)
+        yield from (wide, allowed, others)

@@ -18,7 +18,16 @@ scheduler and frontend wait on the step, so the core would sit idle; at a decode
 model of tens of millions of parameters it is idle most of the step too.
 docs/benchmarks.md ("2026-12-03, 15:45" and "2026-12-03, 19:00") has the measurements.
 Only a worker alone on its host goes wide (worker/host_peers.py): replicas sharing a host
-share its cores, and two going wide spin on each other's.
+share its cores, and two going wide spin on each other's. And only while no other process
+keeps a core busy (worker/host_load.py, looked at every half second at most): the wide
+step's extra thread lands on some core, each op of the forward waits for it, and beside
+a neighbour that holds one (a benchmark client's timing loop, a busy loop at nice 0)
+that thread gets a fraction of its core, so every step ran several times slower than
+narrow (issue #45). The scheduler's and frontend's use is not a neighbour's (the core
+was left for them, and the wide steps were measured beside them); a neighbour is
+anything else that uses half a core or more. ``--cpu-wide-step-tokens 0`` turns wide
+steps off; the worker's /metrics has ``kvpool_worker_wide_steps_total``,
+``kvpool_worker_wide_steps_allowed`` and ``kvpool_worker_cpu_neighbour_cores``.
 
 Priority: on CPU the worker runs at nice 5 (``--cpu-nice``). It shares the cores with the
 scheduler and the frontend, which do little but must answer at once: a burst of requests
@@ -34,10 +43,9 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from worker.host_peers import HostPeers
+from worker.host_load import HostLoad
+from worker.host_peers import HostPeers
 
 
 def default_num_threads(env: Mapping[str, str], cpu_count: int | None) -> int | None:
@@ -83,12 +91,31 @@ def projection_weights(hidden: int, intermediate: int, num_layers: int, q_size: 
 class StepThreads:
     """torch's thread count per step: as set for most steps, ``wide`` for a step of at
     least ``min_tokens`` tokens (None or 0: never), while ``peers`` (worker/host_peers.py)
-    says no other worker runs on this host."""
+    says no other worker runs on this host and ``load`` (worker/host_load.py) says no
+    other process keeps a core busy."""
 
-    def __init__(self, wide: int | None, min_tokens: int, peers: HostPeers | None = None):
+    def __init__(self, wide: int | None, min_tokens: int, peers: HostPeers | None = None, load: HostLoad | None = None):
         self.wide = wide
         self.min_tokens = min_tokens
         self.peers = peers
+        self.load = load
+        self.num_wide_steps = 0
+
+    def goes_wide(self, num_tokens: int, base: int) -> bool:
+        """Whether a step of ``num_tokens`` runs on ``wide`` threads rather than ``base``."""
+        if not self.wide or not self.min_tokens or num_tokens < self.min_tokens or self.wide <= base:
+            return False
+        now = time.monotonic()
+        # NOTE: both looked at, so that each keeps its own view current.
+        alone = self.peers is None or self.peers.alone(now)
+        free = self.load is None or self.load.allows_wide(now)
+        return alone and free
+
+    @property
+    def wide_allowed(self) -> bool:
+        """Whether a big step would go wide now, as of the checks' last looks (no new look)."""
+        return (bool(self.wide and self.min_tokens) and (self.peers is None or self.peers.seen_alone)
+                and (self.load is None or self.load.free))  # fmt: skip
 
     @contextmanager
     def step(self, num_tokens: int) -> Iterator[None]:
@@ -96,11 +123,11 @@ class StepThreads:
         import torch
 
         base = torch.get_num_threads()
-        if (not self.wide or not self.min_tokens or num_tokens < self.min_tokens or self.wide <= base
-                or (self.peers is not None and not self.peers.alone(time.monotonic()))):  # fmt: skip
+        if not self.goes_wide(num_tokens, base):
             yield
             return
         torch.set_num_threads(self.wide)
+        self.num_wide_steps += 1
         try:
             yield
         finally:
