@@ -68,6 +68,10 @@ class Generate(msgspec.Struct, tag="generate", tag_field="type", omit_defaults=T
     # Every prompt token's logprob and the top-k (k <= 20), with the first output token.
     # As vLLM, such a request never reads the prefix cache (skip_reading_prefix_cache).
     prompt_logprobs: int | None = None
+    # A request resubmitted by a client that lost its scheduler (a kvpool extension): the
+    # output tokens it already received. It resumes as a preempted request does: these
+    # are recomputed, not sampled again, and max_tokens and min_tokens count them.
+    resumed_token_ids: list[TokenId] = []
 
 
 class Abort(msgspec.Struct, tag="abort", tag_field="type", forbid_unknown_fields=True):

@@ -99,6 +99,8 @@ class ClientSide:
             stop_token_ids=msg.stop_token_ids, min_tokens=msg.min_tokens, sampling=sampling_params_of(msg, eos),
             priority=msg.priority, grammar=msg.structured_outputs,
         )  # fmt: skip
+        if msg.resumed_token_ids:
+            request.append_output_token_ids(msg.resumed_token_ids)  # NOTE: recomputed at admission, as after a preemption
         self._next_seq_id += 1
         scheduler.add_request(request)
         state.wakeup.set()

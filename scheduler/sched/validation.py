@@ -55,6 +55,8 @@ def validate_generate(msg: Generate, limits: RequestLimits, live_request_ids) ->
     bad = next((t for t in msg.prompt_token_ids if t >= limits.vocab_size), None)
     if bad is not None:
         raise RequestRejected(f"token id {bad} is outside the vocabulary (0..{limits.vocab_size - 1})")
+    if msg.resumed_token_ids:
+        _check_resumed(msg, limits.vocab_size)
     total = n + msg.max_tokens
     if total > limits.max_model_len:
         raise RequestRejected(
@@ -66,3 +68,17 @@ def validate_generate(msg: Generate, limits: RequestLimits, live_request_ids) ->
         raise RequestRejected(
             f"request needs {blocks} KV blocks but the whole pool holds {limits.num_usable_blocks}"
         )
+
+
+def _check_resumed(msg: Generate, vocab_size: int) -> None:
+    """A resubmitted request's output so far must leave it something to sample, fit the
+    vocabulary, and not ask for prompt logprobs again (they came with its first token)."""
+    resumed = msg.resumed_token_ids
+    if len(resumed) >= msg.max_tokens:
+        raise RequestRejected(f"resumed_token_ids ({len(resumed)} tokens) must be fewer than max_tokens ({msg.max_tokens})",
+                              "resumed_token_ids")  # fmt: skip
+    bad = next((t for t in resumed if t >= vocab_size), None)
+    if bad is not None:
+        raise RequestRejected(f"resumed token id {bad} is outside the vocabulary (0..{vocab_size - 1})", "resumed_token_ids")
+    if msg.prompt_logprobs is not None:
+        raise RequestRejected("a resumed request cannot ask for prompt_logprobs: they came with its first token", "prompt_logprobs")
