@@ -11,8 +11,9 @@ answers them (``vllm/entrypoints/serve/``):
 * ``POST /v1/cache/pin`` / ``/v1/cache/unpin``: pinned prefixes, a kvpool extension
   (``frontend.cache_pins``).
 * ``POST /v1/load_lora_adapter`` / ``/v1/unload_lora_adapter``, only with
-  VLLM_ALLOW_RUNTIME_LORA_UPDATING (as vLLM; a 404 otherwise): kvpool has no LoRA,
-  so loading is 501 and unloading finds no adapter (404, vLLM's words).
+  VLLM_ALLOW_RUNTIME_LORA_UPDATING (as vLLM; a 404 otherwise): vLLM's checks of the
+  request first (a 400 for an empty name or path, or the served model's name), then,
+  kvpool having no LoRA, loading is 501 and unloading finds no adapter (404, vLLM's words).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 # pydantic's spellings of a bool query parameter (vLLM's Query(bool)).
 _TRUE = {"1", "on", "t", "true", "y", "yes"}
 _FALSE = {"0", "off", "f", "false", "n", "no"}
+INVALID_USER_INPUT = "InvalidUserInput"  # vLLM's error type for a LoRA request it refuses unread
 
 
 class LoadLoRAAdapterRequest(msgspec.Struct, kw_only=True):
@@ -75,11 +77,18 @@ def ops_routes(server: APIServer) -> list[tuple[str, str, object]]:
 
     async def load_lora_adapter(request: web.Request) -> web.Response:
         req = await read_body(request, LoadLoRAAdapterRequest)
+        # NOTE: vLLM's _check_load_lora_adapter_request, before any loading is tried.
+        if not req.lora_name or not req.lora_path:
+            raise APIError("Both 'lora_name' and 'lora_path' must be provided.", 400, type_=INVALID_USER_INPUT)
+        if req.lora_name == config.served_model_name:
+            raise APIError(f"The lora adapter '{req.lora_name}' conflicts with a served base model.", 400, type_=INVALID_USER_INPUT)
         raise APIError(f"cannot load LoRA adapter {req.lora_name!r}: kvpool serves its base model only and has no LoRA "
                        "support (VLLM_ALLOW_RUNTIME_LORA_UPDATING only makes this route exist)", 501)  # fmt: skip
 
     async def unload_lora_adapter(request: web.Request) -> web.Response:
         req = await read_body(request, UnloadLoRAAdapterRequest)
+        if not req.lora_name:
+            raise APIError("'lora_name' needs to be provided to unload a LoRA adapter.", 400, type_=INVALID_USER_INPUT)
         raise APIError(f"The lora adapter '{req.lora_name}' cannot be found.", 404)
 
     routes = [

@@ -126,3 +126,18 @@ def test_lora_routes_exist_only_with_runtime_lora_updating(plain, tracking):
     assert (status, json.loads(body)["error"]["message"]) == (404, "The lora adapter 'sql' cannot be found.")
     status, body = call(tracking, "POST", "/v1/load_lora_adapter", {"name": "x"})
     assert status == 400 and "lora_name" in json.loads(body)["error"]["message"]
+
+
+def test_lora_requests_vllm_refuses_unread_are_400s_first(tracking, tiny_checkpoint):
+    """vLLM's own checks come before kvpool's 501 (its words and type, from vLLM 0.32's serving_models)."""
+    refusals = [
+        ("/v1/load_lora_adapter", {"lora_name": "", "lora_path": "/adapters/sql"}, "Both 'lora_name' and 'lora_path' must be provided."),
+        ("/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": ""}, "Both 'lora_name' and 'lora_path' must be provided."),
+        ("/v1/load_lora_adapter", {"lora_name": str(tiny_checkpoint), "lora_path": "/a"},
+         f"The lora adapter '{tiny_checkpoint}' conflicts with a served base model."),
+        ("/v1/unload_lora_adapter", {"lora_name": ""}, "'lora_name' needs to be provided to unload a LoRA adapter."),
+    ]  # fmt: skip
+    for path, body, message in refusals:
+        status, answer = call(tracking, "POST", path, body)
+        error = json.loads(answer)["error"]
+        assert (status, error["message"], error["type"], error["code"]) == (400, message, "InvalidUserInput", 400), body
