@@ -34,13 +34,14 @@ def format_bytes(n: int) -> str:
     return f"{n} bytes"
 
 
-def check_kv_budget(budget_bytes: int, device: torch.device, available_bytes: int | None = None) -> None:
-    """Raise ValueError when the KV budget is more than the device has available."""
+def check_kv_budget(budget_bytes: int, device: torch.device, available_bytes: int | None = None, flag: str = "--kv-cache-memory") -> None:
+    """Raise ValueError when the KV budget is more than the device has available;
+    ``flag`` is the one that set its size (the message says to lower it)."""
     available = available_memory_bytes(device) if available_bytes is None else available_bytes
     if budget_bytes > available:
         raise ValueError(
             f"a KV cache of {format_bytes(budget_bytes)} does not fit: the device ({device}) has "
-            f"{format_bytes(available)} available; lower --kv-cache-memory"
+            f"{format_bytes(available)} available; lower {flag}"
         )
 
 

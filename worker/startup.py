@@ -132,17 +132,27 @@ def _kv_budget(config: WorkerConfig, serving: ServingModel, kv_dtype: torch.dtyp
     return CPU_DEFAULT_KV_CACHE_MEMORY
 
 
+def _num_kv_blocks(config: WorkerConfig, serving: ServingModel, kv_dtype: torch.dtype, per_block: int) -> tuple[int, int, str]:
+    """The KV blocks to allocate, their budget in bytes, and the flag that sized them."""
+    if config.num_gpu_blocks_override is None:
+        budget = _kv_budget(config, serving, kv_dtype)
+        return num_blocks_for_budget(budget, per_block), budget, "--kv-cache-memory"
+    # NOTE: as vLLM (kv_cache_utils.may_override_num_blocks): the override is the count,
+    # above or below what the budget holds; only what the device has bounds it.
+    num_blocks = config.num_gpu_blocks_override
+    return num_blocks, num_blocks * per_block, "--num-gpu-blocks-override"
+
+
 def _allocate_kv_caches(config: WorkerConfig, serving: ServingModel, group: TPGroup | None) -> tuple[list[torch.Tensor], int]:
     """The device KV caches, one entry per layer (layers of different KV-cache groups
     share a tensor), as many blocks as the budget holds; and the bytes of one block."""
     m, model = serving.config, serving.model
     dtype = kv_cache_torch_dtype(config.kv_cache_dtype, DTYPES[serving.dtype])
-    budget = _kv_budget(config, serving, dtype)
     groups = list(serving.kv_cache_groups)
     num_tensors = num_kv_tensors(groups) if groups else m.num_layers
     # NOTE: under tensor parallelism this rank's KV heads only; the pool is the smallest count over ranks.
     per_block = kv_bytes_per_block(num_tensors, config.block_size, model.num_kv_heads, m.head_dim, dtype)
-    num_blocks = num_blocks_for_budget(budget, per_block)
+    num_blocks, budget, flag = _num_kv_blocks(config, serving, dtype, per_block)
     if groups and hello_group_windows(groups):
         log.info("hybrid KV-cache groups (window: layers) %s: %d KV tensors for %d layers",
                  ", ".join(f"{g.sliding_window}: {g.layer_ids}" for g in groups), num_tensors, m.num_layers)  # fmt: skip
@@ -152,7 +162,7 @@ def _allocate_kv_caches(config: WorkerConfig, serving: ServingModel, group: TPGr
         raise StartupError(f"a KV budget of {budget} bytes holds {num_blocks} blocks of {per_block} bytes; at least 2 are needed")
     log.info("device %s, KV cache dtype %s: %d KV blocks of %d bytes fit a budget of %d bytes", model.device, dtype, num_blocks, per_block, budget)
     try:
-        check_kv_budget(num_blocks * per_block, model.device)
+        check_kv_budget(num_blocks * per_block, model.device, flag=flag)
         kv_caches = allocate_kv_caches(num_tensors, num_blocks, config.block_size, model.num_kv_heads, m.head_dim, dtype, model.device)
         if groups:
             kv_caches = layer_kv_caches(kv_caches, groups)

@@ -43,8 +43,9 @@ _CACHE = [
     refused("--mamba-cache-dtype", ONE, why.MAMBA, accepts=("auto",)),
     refused("--mamba-cache-mode", ONE, why.MAMBA, accepts=("none",)),
     refused("--mamba-ssm-cache-dtype", ONE, why.MAMBA, accepts=("auto",)),
-    handled("--num-gpu-blocks-override", ONE, "scheduler", type=int, default=None, metavar="N",
-            help="use N blocks instead of what the worker reports"),  # fmt: skip
+    handled("--num-gpu-blocks-override", ONE, "scheduler and worker: the worker allocates exactly N blocks", type=int, default=None,
+            metavar="N", help="a KV cache of exactly N blocks, whatever --kv-cache-memory holds, as vLLM; refused when the "
+                              "device cannot hold them"),  # fmt: skip
     refused("--prefix-cache-retention-interval", ONE, why.NOT_YET, accepts=("0",)),
     handled("--prefix-caching-hash-algo", ONE, "scheduler", default=None, choices=HASH_ALGOS,
             help="the prefix cache's block hash: kvpool_sha256 (default) or kvpool_xxhash, kvpool's own over packed "

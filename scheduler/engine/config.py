@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block (default %(default)s)")
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=d.kv_cache_dtype,
                    help="the worker's --kv-cache-dtype, for vllm:cache_config_info and the MFU estimates (default %(default)s)")
-    p.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="N", help="use N blocks instead of what the worker reports")
+    p.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="N", help="a pool of N blocks; the worker must hold as many (give it the flag too; kvpool serve does)")
     p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false", help="turn the prefix cache off")
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once (default %(default)s)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,

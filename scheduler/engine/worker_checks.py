@@ -79,7 +79,11 @@ def pool_size_for(
     if num_gpu_blocks_override is None:
         return hello.num_blocks
     if num_gpu_blocks_override > hello.num_blocks:
-        raise WorkerRefused(f"--num-gpu-blocks-override {num_gpu_blocks_override} is more than the {hello.num_blocks} blocks the worker holds")
+        # NOTE: a worker given the flag allocates exactly that many (as vLLM sizes its cache to it).
+        raise WorkerRefused(
+            f"--num-gpu-blocks-override {num_gpu_blocks_override} is more than the {hello.num_blocks} blocks the worker "
+            "holds: give the worker --num-gpu-blocks-override too (kvpool serve passes it to both)"
+        )
     return num_gpu_blocks_override
 
 

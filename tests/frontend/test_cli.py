@@ -32,7 +32,8 @@ def test_vllm_serve_flags_reach_the_right_process(tiny_checkpoint):
                   "--kv-events-endpoint", "tcp://127.0.0.1:5999", "--seed", "1234"], tiny_checkpoint)  # fmt: skip
     s, w, f = argv["scheduler"], argv["worker"], argv["frontend"]
     assert value(s, "--block-size") == value(w, "--block-size") == "32"
-    assert value(s, "--num-gpu-blocks-override") == "100" and value(s, "--max-num-seqs") == "8"
+    # the worker allocates exactly the override's blocks (as vLLM), the scheduler pools them
+    assert value(s, "--num-gpu-blocks-override") == value(w, "--num-gpu-blocks-override") == "100" and value(s, "--max-num-seqs") == "8"
     assert value(s, "--max-num-batched-tokens") == "512" and "--no-enable-prefix-caching" in s
     assert value(s, "--max-model-len") == value(w, "--max-model-len") == value(f, "--max-model-len") == "1000"
     assert value(s, "--served-model-name") == value(f, "--served-model-name") == "tiny"

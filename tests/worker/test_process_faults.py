@@ -7,6 +7,7 @@ every process is killed in a finally.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -102,6 +103,33 @@ def test_http_serves_health_and_metrics_and_404_elsewhere():
             status, body = _get(port, "/anything")
             assert status == 404 and "kvpool_worker" not in body
             r.send(Shutdown())
+    finally:
+        r.close()
+
+
+def test_num_gpu_blocks_override_above_the_budget_allocates_exactly_that_many():
+    # 1MiB holds 128 blocks of this model at block size 4 in float32; vLLM sizes its cache to the override
+    r = FakeScheduler()
+    try:
+        with worker(r.endpoint, "--http-port", "0", "--num-gpu-blocks-override", "1000") as proc:
+            hello = r.recv(STARTUP_S, skip_heartbeats=False)
+            assert isinstance(hello, WorkerHello) and hello.num_blocks == 1000
+            proc.kill()
+    finally:
+        r.close()
+
+
+def test_num_gpu_blocks_override_over_the_host_memory_is_refused_before_hello_naming_the_flag():
+    per_block = 2 * 4 * 4 * 2 * 32 * 4  # K and V, 4 layers, block size 4, 2 KV heads of 32, float32
+    n = 2 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // per_block  # twice the host's memory
+    r = FakeScheduler()
+    try:
+        with worker(r.endpoint, "--http-port", "0", "--num-gpu-blocks-override", str(n)) as proc:
+            assert proc.wait(timeout=STARTUP_S + 30) == 2
+            err = _stderr(proc)
+            assert f"cannot allocate the KV cache ({n} blocks of {per_block} bytes)" in err, err
+            assert "available; lower --num-gpu-blocks-override" in err, err
+            assert not r.sock.poll(0), "the worker said hello with memory it does not have"
     finally:
         r.close()
 

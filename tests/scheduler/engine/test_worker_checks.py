@@ -59,7 +59,9 @@ def test_a_returning_worker_is_told_the_exact_mismatch(kw, words, absent):
 def test_a_first_worker_sizes_the_pool_or_the_override_does():
     assert pool_size_for(hello(num_blocks=300), 16, None, None) == 300
     assert pool_size_for(hello(num_blocks=300), 16, 200, None) == 200
-    with pytest.raises(WorkerRefused, match="more than the 300 blocks"):
+    assert pool_size_for(hello(num_blocks=400), 16, 400, None) == 400  # a worker given the override holds exactly that
+    # a worker started without the flag: the message says to give it the flag too
+    with pytest.raises(WorkerRefused, match="more than the 300 blocks the worker holds: give the worker --num-gpu-blocks-override too"):
         pool_size_for(hello(num_blocks=300), 16, 400, None)
     with pytest.raises(WorkerRefused, match="block size 8"):
         pool_size_for(hello(block_size=8), 16, None, None)
