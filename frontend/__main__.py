@@ -9,6 +9,8 @@ import sys
 
 from frontend.config import config_from_args
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
 
 def main(argv: list[str] | None = None) -> int:
     config = config_from_args(argv)
@@ -18,8 +20,18 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+
+        def on_stop_signal() -> None:
+            # NOTE: once: a second SIGTERM (kvpool serve's, after its process group's) must
+            # not end the stop under way; left to the loop, whose close restores the
+            # default action, it killed the process in its last moments (status -15).
+            for sig in STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, signal.SIG_IGN)
+            stop.set()
+
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, on_stop_signal)
         return await serve(config, stop)
 
     try:

@@ -190,7 +190,7 @@ async def collect(ctx: ServingContext, request_id: str, prompts: list[list[int]]
 
 # NOTE: refusals that are the server's state, not the request's: 503 (with Retry-After),
 # which the openai SDK and routers retry, as vLLM answers overload; all else is 400.
-_UNAVAILABLE = ("lost the connection", "no worker", "the waiting queue is full", "the scheduler is shutting down")
+_UNAVAILABLE = ("lost the connection", "no worker", "the waiting queue is full", "the scheduler is shutting down", "the server is stopping")
 
 
 def engine_error(e: EngineError) -> APIError:

@@ -214,6 +214,10 @@ def _start_metrics(config: WorkerConfig, group: TPGroup | None) -> WorkerMetrics
 
 
 def _on_sigterm(_signum, _frame) -> None:
+    # NOTE: once: the stop is under way, and a second SIGTERM (kvpool serve's, after the
+    # process group's) raised again inside its clean-up (the goodbye's linger, the
+    # context's term) would end it with a traceback instead of status 0.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise WorkerStopping()
 
 

@@ -54,6 +54,8 @@ from scheduler.sched.prompt_logprobs import gather_prompt_logprobs
 from scheduler.sched.request import RequestStatus
 
 log = logging.getLogger("scheduler")
+# SIGTERM and SIGINT stop the process.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @dataclass(slots=True)
@@ -112,8 +114,8 @@ class EngineCore:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.request_stop)
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, self._on_stop_signal)
         http = await self.http_side.start()
         if http is None:
             self._close()
@@ -193,6 +195,16 @@ class EngineCore:
             return
         self._fatal = task.exception() or RuntimeError(f"task {task.get_coro().__qualname__} ended")
         log.critical("internal error in %s; stopping", task.get_coro().__qualname__, exc_info=task.exception())
+        self.request_stop()
+
+    def _on_stop_signal(self) -> None:
+        # NOTE: once: a second SIGTERM (kvpool serve's, after its process group's) must not
+        # end the stop under way; left to the loop, whose close restores the default
+        # action, it killed the process in its last moments (status -15).
+        loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)
         self.request_stop()
 
     def request_stop(self) -> None:

@@ -36,12 +36,14 @@ class Served:
 
 
 @contextlib.contextmanager
-def kvpool_serve(model_dir, log_dir, *extra: str, ready_timeout: float = 120.0, env: dict | None = None):
+def kvpool_serve(model_dir, log_dir, *extra: str, ready_timeout: float = 120.0, env: dict | None = None, new_session: bool = False):
+    """``new_session``: kvpool serve leads a process group of its own (a test may signal the group)."""
     port = free_port()
     log_dir = Path(log_dir)
     argv = [KVPOOL, "serve", str(model_dir), "--port", str(port), "--log-dir", str(log_dir), "--kv-cache-memory", "8MiB",
             "--device", "cpu", *extra]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
+                            start_new_session=new_session)  # fmt: skip
     lines: list[str] = []
     ready = threading.Event()
 
