@@ -30,7 +30,15 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from bench.compare_servers import Server, ServerConfig, free_port, scrape_page, server_command, stop_process_group, vllm_env
+from bench.compare_servers import (
+    Server,
+    ServerConfig,
+    free_port,
+    scrape_page,
+    server_command,
+    stop_process_group,
+    vllm_env,
+)
 from bench.compare_workloads import Workload, run_loadgen
 from bench.real_model import smollm2_checkpoint
 
@@ -46,7 +54,7 @@ def aiperf_command(url: str, model: Path, out: Path, a: argparse.Namespace, num_
             "--tokenizer", str(model), "--isl", str(a.input_len), "--isl-stddev", "0", "--osl", str(a.output_len),
             "--osl-stddev", "0", "--extra-inputs", "ignore_eos:true", "--extra-inputs", f"min_tokens:{a.output_len}",
             "--request-count", str(num_requests), "--concurrency", str(a.concurrency), "--random-seed", str(seed),
-            "--ui-type", "none", "--artifact-dir", str(out)]  # fmt: skip
+            "--ui-type", "none", "--artifact-dir", str(out)]
 
 
 def run_aiperf(url: str, model: Path, out: Path, a: argparse.Namespace, num_requests: int, seed: int) -> dict:
@@ -57,7 +65,7 @@ def run_aiperf(url: str, model: Path, out: Path, a: argparse.Namespace, num_requ
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     with open(out / "aiperf.log", "wb") as log:
         p = subprocess.run(aiperf_command(url, model, out, a, num_requests, seed), stdout=log, stderr=subprocess.STDOUT, env=env,
-                           timeout=a.timeout, cwd=out)  # fmt: skip
+                           timeout=a.timeout, cwd=out)
     found = sorted(out.rglob("profile_export_aiperf.json"))
     if p.returncode != 0 or not found:
         raise RuntimeError(f"aiperf failed with {p.returncode}; see {out / 'aiperf.log'}")
@@ -68,7 +76,7 @@ def run_aiperf(url: str, model: Path, out: Path, a: argparse.Namespace, num_requ
 def loadgen_workload(a: argparse.Namespace, name: str, num_requests: int, seed: int) -> Workload:
     return Workload(name, "main", ("--dataset", "random", "--input-len", str(a.input_len), "--range-ratio", "0",
                                    "--output-len", str(a.output_len), "--vocab-size", "49152", "--num-requests", str(num_requests),
-                                   "--max-concurrency", str(a.concurrency), "--seed", str(seed)), client="loadgen")  # fmt: skip
+                                   "--max-concurrency", str(a.concurrency), "--seed", str(seed)), client="loadgen")
 
 
 @contextmanager
@@ -76,7 +84,7 @@ def busy_loop():
     """A process spinning at nice 0 on the last core this one may use, stopped on leaving."""
     cpu = max(os.sched_getaffinity(0))
     proc = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"],
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True)
     try:
         yield
     finally:
@@ -163,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     (a.out / "result.json").write_text(json.dumps(results, indent=1))
     client = "aiperf 0.13" if a.neighbour == "aiperf" else "a nice-0 busy loop on one core, kvpool's load generator"
     print(f"\nSmolLM2-135M bf16, chat, streaming, {a.input_len} tokens in, {a.output_len} out, {a.num_requests} requests at "
-          f"concurrency {a.concurrency}; beside: {client}; free: kvpool's load generator alone; median of {a.repeat}\n")  # fmt: skip
+          f"concurrency {a.concurrency}; beside: {client}; free: kvpool's load generator alone; median of {a.repeat}\n")
     print("| engine | cores | output tok/s | wide steps |")
     print("|---|---|---|---|")
     for engine, cases in results.items():

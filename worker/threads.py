@@ -114,8 +114,8 @@ class StepThreads:
     @property
     def wide_allowed(self) -> bool:
         """Whether a big step would go wide now, as of the checks' last looks (no new look)."""
-        return (bool(self.wide and self.min_tokens) and (self.peers is None or self.peers.seen_alone)
-                and (self.load is None or self.load.free))  # fmt: skip
+        alone = self.peers is None or self.peers.seen_alone
+        return bool(self.wide and self.min_tokens) and alone and (self.load is None or self.load.free)
 
     @contextmanager
     def step(self, num_tokens: int) -> Iterator[None]:

@@ -46,7 +46,7 @@ def test_the_worker_is_told_the_launchers_pid():
     (["--cpu-nice", "20"], "--cpu-nice must be 0..19"),
     (["--cpu-nice", "-1"], "--cpu-nice must be 0..19"),
     (["--cpu-wide-step-tokens", "-1"], "--cpu-wide-step-tokens must be >= 0"),
-])  # fmt: skip
+])
 def test_a_value_the_worker_would_refuse_is_refused_before_anything_starts(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         parse_serve(["serve", "m", *argv])
