@@ -5,11 +5,11 @@ Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health
 (the scheduler's and the frontend's); vLLM's operator routes (``frontend.ops_routes``:
 ``/version``, ``/load``, ``/ping``, dev mode's ``/reset_prefix_cache``, the LoRA
 routes) and SageMaker's ``/invocations`` (``frontend.sagemaker``); for vllm-router,
-``frontend.router_probes``. Every route answers under ``--root-path`` as well. In
-front of them, as vLLM stacks its middlewares: the API-key check (``frontend.auth``),
-then CORS (``frontend.cors``). Every failure is OpenAI's error object
-(``frontend.errors``). A client that disconnects cancels its handler, which aborts
-its engine requests.
+``frontend.router_probes``; vLLM's ``/openapi.json`` and docs pages
+(``frontend.openapi``). Every route answers under ``--root-path`` as well. In front
+of them, as vLLM stacks its middlewares: the API-key check (``frontend.auth``), then
+CORS (``frontend.cors``). Every failure is OpenAI's error object (``frontend.errors``).
+A client that disconnects cancels its handler, which aborts its engine requests.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from frontend.errors import bad_request, unavailable
 from frontend.listen import listen_address, remove_socket, site, socket_inode
 from frontend.metrics import FrontendMetrics, family_names
 from frontend.model_dir import model_vocab_size
+from frontend.openapi import docs_routes
 from frontend.ops_routes import ops_routes
 from frontend.output_log import OutputLog
 from frontend.protocol import (
@@ -69,7 +70,8 @@ class APIServer:
             self.tokenizer.chat_template = load_chat_template(config.chat_template)
             self.tokenizer.chat_template_from_flag = True
         keys = (config.curve_client_key, config.curve_server_key) if config.curve_client_key else None
-        self.engine = EngineClient(config.scheduler, keys, AdmissionControl(config.max_num_queued_reqs, config.max_num_queued_tokens))
+        self.engine = EngineClient(config.scheduler, keys, AdmissionControl(config.max_num_queued_reqs, config.max_num_queued_tokens),
+                                   config.scheduler_restart_timeout_s, self._scheduler_ready)  # fmt: skip
         self.metrics = FrontendMetrics(config.served_model_name, in_flight=lambda: self.engine.num_in_flight, max_model_len=config.max_model_len)
         defaults = default_sampling(config.generation_config, config.model, config.override_generation_config)
         self.metrics.registry.register(RejectionsCollector(self.engine.admission, config.served_model_name))
@@ -107,13 +109,17 @@ class APIServer:
         tls = ssl_context(self.config)  # NOTE: first: a bad certificate fails before anything starts
         await self.engine.connect(self.config.connect_timeout_s)
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        # NOTE: one look before listening: a frontend restarted beside a ready scheduler
+        # then serves its first connections (queued in kvpool serve's socket) at once.
+        await self._check_health()
         self._poller = asyncio.create_task(self._poll_health(), name="frontend-health")
         access = configure_server_logging(self.config)
         self._runner = web.AppRunner(self.build_app(), access_log=access, access_log_class=access_logger_class(self.config),
                                      handler_cancellation=True)  # fmt: skip
         await self._runner.setup()
         await site(self._runner, self.config, tls).start()
-        self._uds_inode = socket_inode(self.config)
+        # NOTE: an inherited socket's file is its owner's (kvpool serve's) to remove.
+        self._uds_inode = socket_inode(self.config) if self.config.listen_fd is None else None
         if tls is not None and self.config.enable_ssl_refresh:
             self._ssl_refresher = SSLCertRefresher(tls, self.config)
         # NOTE: as vLLM's API server: what start-up made is never garbage, so the
@@ -124,6 +130,8 @@ class APIServer:
     async def stop(self) -> None:
         if self._ssl_refresher is not None:
             await self._ssl_refresher.stop()
+        # NOTE: first, or the runner's clean-up waits on every open response (aiohttp's 60 s).
+        self.engine.end_all()
         if self._runner is not None:
             await self._runner.cleanup()
         remove_socket(self.config, self._uds_inode)
@@ -135,15 +143,24 @@ class APIServer:
         await self.engine.close()
 
     async def _poll_health(self) -> None:
-        url = self.config.scheduler_http + "/health"
         while True:
-            try:
-                async with self._http.get(url) as r:
-                    self.ready, self.why_not_ready = r.status == 200, (await r.text()).strip()
-                    self.was_ready |= self.ready
-            except (aiohttp.ClientError, TimeoutError) as e:
-                self.ready, self.why_not_ready = False, f"the scheduler's /health is unreachable: {e}"
             await asyncio.sleep(HEALTH_POLL_S)
+            await self._check_health()
+
+    async def _check_health(self) -> None:
+        try:
+            async with self._http.get(self.config.scheduler_http + "/health") as r:
+                self.ready, self.why_not_ready = r.status == 200, (await r.text()).strip()
+                self.was_ready |= self.ready
+        except (aiohttp.ClientError, TimeoutError) as e:
+            self.ready, self.why_not_ready = False, f"the scheduler's /health is unreachable: {e}"
+
+    async def _scheduler_ready(self) -> bool:
+        """One look at the scheduler's /health (the engine client's, after a lost connection)."""
+        if self._http is None:
+            return False
+        async with self._http.get(self.config.scheduler_http + "/health") as r:
+            return r.status == 200
 
     # --- the app ----------------------------------------------------------------
 
@@ -170,6 +187,8 @@ class APIServer:
             *router_probe_routes(self),
             *tokenizer_info_routes(self),
         ]
+        if not c.disable_fastapi_docs:
+            routes += docs_routes(routes, c.root_path)
         # NOTE: as Starlette's root_path: a route answers with the prefix and without it.
         for prefix in ("", c.root_path) if c.root_path else ("",):
             for method, path, handler in routes:

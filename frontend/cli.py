@@ -65,9 +65,14 @@ def _add_kvpool_flags(g) -> None:
     g.add_argument("--worker-args", type=shlex.split, default=[], metavar="'ARGS'", help="more flags for the worker (CURVE keys...)")
     g.add_argument("--worker-restarts", type=int, default=5,
                    help="exits in a row of a crashed worker before giving up; 60 s of serving resets the count (default %(default)s)")
+    g.add_argument("--scheduler-restarts", type=int, default=5,
+                   help="exits in a row of a crashed scheduler before giving up; 60 s of serving resets the count (default %(default)s)")
+    g.add_argument("--frontend-restarts", type=int, default=5,
+                   help="exits in a row of a crashed API server before giving up; 60 s of serving resets the count (default %(default)s)")
     g.add_argument("--worker-restart-timeout", type=float, default=30.0, metavar="SECONDS",
-                   help="while the worker restarts, new requests wait in the queue; one that waits longer than this "
-                        "for a worker fails with 503 (the scheduler's --worker-reconnect-timeout; default %(default)s)")  # fmt: skip
+                   help="while the worker or the scheduler restarts, requests wait; one that waits longer than this "
+                        "fails with 503 (the scheduler's --worker-reconnect-timeout, the frontend's "
+                        "--scheduler-restart-timeout; default %(default)s)")  # fmt: skip
     g.add_argument("--ready-timeout", type=float, default=120.0, metavar="SECONDS")
     g.add_argument("--stop-timeout", type=float, default=10.0, metavar="SECONDS")
     g.add_argument("--log-dir", default=None, help="write each process's log to DIR/NAME.log (default: this terminal)")
@@ -141,6 +146,9 @@ def settle(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
             p.error(f"--{flag.replace('_', '-')} must be positive, got {getattr(a, flag)}")
     if not 0 <= a.kv_offloading_size < float("inf"):
         p.error(f"--kv-offloading-size must be a number of GiB >= 0, got {a.kv_offloading_size}")
+    for name in ("worker_restarts", "scheduler_restarts", "frontend_restarts"):
+        if getattr(a, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
     if not 0 < a.worker_restart_timeout < float("inf"):
         p.error(f"--worker-restart-timeout must be a positive number of seconds, got {a.worker_restart_timeout}")
     if not 0.0 <= a.max_pinned_fraction < 1.0:

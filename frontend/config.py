@@ -26,6 +26,9 @@ class FrontendConfig:
     # worker's 8001 (`kvpool serve` puts the API on 8000 and picks the others free).
     port: int = 8002
     uds: str | None = None  # a Unix domain socket to listen on instead of host:port (frontend.listen)
+    # A listening socket already bound to host:port, inherited (kvpool serve's, so that
+    # connections made while the frontend restarts wait in its backlog, not refused).
+    listen_fd: int | None = None
     scheduler: str = "tcp://127.0.0.1:5555"
     scheduler_http: str = "http://127.0.0.1:8000"
     max_model_len: int = 4096
@@ -36,6 +39,9 @@ class FrontendConfig:
     # more text than --max-model-len tokens of any tokenizer.
     max_request_body_bytes: int = 4 << 20
     connect_timeout_s: float = 60.0
+    # A lost scheduler (restarting): requests in flight and new ones wait this long for it
+    # to be ready again, then resume there (frontend/engine_client.py); 0: fail them at once.
+    scheduler_restart_timeout_s: float = 30.0
     curve_client_key: str | None = None
     curve_server_key: str | None = None
     log_level: str = "INFO"
@@ -101,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=d.host, help="the API's address (default %(default)s)")
     p.add_argument("--port", type=int, default=d.port, help="the API's port (default %(default)s: the scheduler's HTTP port is 8000, the worker's 8001)")
     p.add_argument("--uds", default=None, help="listen on this Unix domain socket instead of --host and --port (default: none)")
+    p.add_argument("--listen-fd", type=int, default=None, metavar="FD",
+                   help="serve on this inherited listening socket, bound to --host/--port (kvpool serve's; default: bind)")
     p.add_argument("--scheduler", default=d.scheduler, help="the scheduler's client port (default %(default)s)")
     p.add_argument("--scheduler-http", default=d.scheduler_http, help="the scheduler's /health and /metrics (default %(default)s)")
     p.add_argument("--max-model-len", type=int, default=d.max_model_len, help="longest prompt + output, in tokens (default %(default)s)")
@@ -110,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-request-body-bytes", type=int, default=d.max_request_body_bytes, help="larger request bodies get 413 (default %(default)s)")
     p.add_argument("--connect-timeout", dest="connect_timeout_s", type=float, default=d.connect_timeout_s,
                    help="give up reaching the scheduler after this long, in s (default %(default)s)")
+    p.add_argument("--scheduler-restart-timeout", dest="scheduler_restart_timeout_s", type=float, default=d.scheduler_restart_timeout_s,
+                   metavar="SECONDS", help="when the scheduler's connection drops, requests wait this long for it to come back "
+                                           "and then resume there; 0 fails them at once (default %(default)s)")  # fmt: skip
     p.add_argument("--curve-client-key", metavar="FILE", help="this client's secret certificate, NAME.key_secret (default: none, no CURVE)")
     p.add_argument("--curve-server-key", metavar="FILE", help="the scheduler's public certificate, NAME.key (default: none, no CURVE)")
     p.add_argument("--enable-log-requests", action="store_true",
@@ -141,7 +152,7 @@ def add_operator_args(p: argparse.ArgumentParser, d: FrontendConfig) -> None:
     p.add_argument("--uvicorn-log-level", default=d.uvicorn_log_level, choices=list(_SERVER_LOG_LEVELS),
                    help="the HTTP server's own loggers and the access log (default %(default)s)")
     p.add_argument("--disable-uvicorn-access-log", action=flag, default=False, help="no line per request (default %(default)s)")
-    p.add_argument("--disable-fastapi-docs", action=flag, default=False, help="accepted; there are no docs routes to disable (default %(default)s)")
+    p.add_argument("--disable-fastapi-docs", action=flag, default=False, help="no /openapi.json, /docs nor /redoc (default %(default)s)")
     p.add_argument("--root-path", default=None, help="a path prefix every route answers under as well, behind a proxy (default: none)")
     p.add_argument("--chat-template", default=None, help="a chat template file, or the template itself (default: the checkpoint's)")
     p.add_argument("--chat-template-content-format", default="auto", choices=["auto", "string", "openai"],
@@ -205,6 +216,8 @@ def config_from_args(argv: list[str] | None = None) -> FrontendConfig:
         p.error(f"--port must be a port number, got {a.port}")
     if a.max_model_len < 2:
         p.error(f"--max-model-len must be at least 2, got {a.max_model_len}")
+    if not 0 <= a.scheduler_restart_timeout_s < float("inf"):
+        p.error(f"--scheduler-restart-timeout must be a number of seconds >= 0, got {a.scheduler_restart_timeout_s}")
     if (a.curve_client_key is None) != (a.curve_server_key is None):
         p.error("--curve-client-key and --curve-server-key go together")
     if a.served_model_name is None:

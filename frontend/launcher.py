@@ -6,12 +6,19 @@ processes, supervised (vLLM's ``vllm serve``, with the engine core split out).
 * One line when ready: the model, the URL, the KV pool (blocks × block size, bytes).
 * SIGINT/SIGTERM stop every child (SIGTERM, then SIGKILL after ``--stop-timeout``);
   children get SIGTERM should the launcher itself die (``PR_SET_PDEATHSIG``).
-* The scheduler or the frontend exiting stops the rest, and the launcher exits 1. The
-  worker exiting is restarted (``frontend/restart_policy.py``), new requests queued meanwhile:
-  the scheduler puts its requests back in the queue, so a crashed worker costs none.
-  With ``--tensor-parallel-size N`` the worker is rank 0 of a group that starts the
-  other ranks itself; any rank dying ends the group (rank 0 exits), so restarting the
-  worker restarts the whole group.
+* A child that exits is restarted alone, on the same ports (``frontend/restart_policy.py``;
+  ``--worker-restarts``, ``--scheduler-restarts``, ``--frontend-restarts``), so no process
+  is a single point of failure:
+  - the worker: new requests wait in the scheduler's queue, which puts the lost worker's
+    requests back in it, so a crashed worker costs none. With ``--tensor-parallel-size N``
+    the worker is rank 0 of a group that starts the other ranks itself; any rank dying
+    ends the group (rank 0 exits), so restarting the worker restarts the whole group.
+  - the scheduler: the worker sees its connection drop and handshakes with the next one
+    (``--reconnect``); the frontend holds every request it accepted and gives them to the
+    next one with the tokens already streamed, to resume as preempted requests do
+    (``frontend/engine_client.py``), new requests waiting meanwhile; no client sees it.
+  - the frontend: its clients' open connections are cut (the scheduler frees their
+    requests' blocks), and connections are refused until it listens again.
 
 Each child's argv comes from ``frontend/child_argv.py``; the flags, from
 ``frontend/cli.py`` and its table of ``vllm serve``'s (``frontend/serve_flags``).
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -31,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from frontend import child_argv
+from frontend.listen import bind_listener, remove_unix_socket
 from frontend.model_dir import checkpoint_problem
 from frontend.ready_probe import FrontendProbe, requires_client_certificates
 from frontend.restart_policy import RestartPolicy
@@ -38,6 +47,10 @@ from protocol import kv_cache_spec
 from protocol.layer_windows import layer_windows
 
 PR_SET_PDEATHSIG = 1
+# NOTE: what the kernel queues while no frontend accepts (a restart: 40 requests/s for a
+# few seconds); Linux caps it at net.core.somaxconn (4096).
+LISTEN_BACKLOG = 1024
+CHILDREN = ("scheduler", "worker", "frontend")
 POLL_S = 0.2
 
 
@@ -125,6 +138,8 @@ class Child:
     log_path: Path | None
     proc: subprocess.Popen | None = None
     started_at: float = 0.0  # time.monotonic() of the last start
+    # File descriptors it inherits (the frontend's listening socket).
+    pass_fds: tuple[int, ...] = ()
     _log: object = field(default=None, repr=False)
 
     def start(self) -> None:
@@ -132,7 +147,8 @@ class Child:
         if self.log_path is not None:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's life
             out = self._log
-        self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT if out else None, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT if out else None, preexec_fn=_die_with_parent,
+                                     pass_fds=self.pass_fds)  # fmt: skip
         self.started_at = time.monotonic()
 
     def alive(self) -> bool:
@@ -145,7 +161,11 @@ class Launcher:
         self.log = log
         self.children: dict[str, Child] = {}
         self.stopping = False
-        self.restarts = RestartPolicy(args.worker_restarts)
+        self.restarts = {name: RestartPolicy(getattr(args, f"{name}_restarts", 5), name=name) for name in CHILDREN}
+        # The children waiting out their back-off: when each starts again.
+        self.restart_at: dict[str, float] = {}
+        self.listener: socket.socket | None = None
+        self.uds_inode: int | None = None
 
     def build(self) -> None:
         a = self.args
@@ -170,8 +190,23 @@ class Launcher:
         for name, argv in argvs.items():
             self.children[name] = Child(name, argv, logs / f"{name}.log" if logs else None)
 
+    def listen(self) -> None:
+        """Bind the API's socket here and hand it to the frontend (``--listen-fd``), so that
+        connections made while a frontend restarts wait in the backlog for the next one
+        instead of being refused."""
+        a, frontend = self.args, self.children["frontend"]
+        self.listener = bind_listener(a.host, a.port, self.uds, LISTEN_BACKLOG)
+        self.uds_inode = os.stat(self.uds).st_ino if self.uds is not None else None
+        frontend.argv = [*frontend.argv, "--listen-fd", str(self.listener.fileno())]
+        frontend.pass_fds = (self.listener.fileno(),)
+
     def run(self) -> int:
         self.build()
+        try:
+            self.listen()
+        except OSError as e:
+            self.log(f"kvpool serve: {e}")
+            return 1
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
         try:
@@ -223,24 +258,28 @@ class Launcher:
         print(f"kvpool serve: {a.served_model_name} ready at {where} ({pool})", flush=True)
 
     def _supervise(self) -> int:
+        """Restart whichever child exits, after its back-off, until one gives up (1) or a
+        signal stops the server (0). Each is restarted alone: a worker re-registers with
+        the scheduler, a scheduler is re-registered with by the worker and given the
+        frontend's requests in flight again, a frontend reconnects (its clients' open
+        connections are cut; the scheduler frees their requests)."""
         while not self.stopping:
-            dead = self._dead()
-            if dead is not None:
-                self.log(f"kvpool serve: the {dead} exited (status {self.children[dead].proc.returncode}); stopping")
-                return 1
-            worker = self.children["worker"]
-            if not worker.alive():
-                delay = self.restarts.after_exit(time.monotonic() - worker.started_at)
+            now = time.monotonic()
+            for name, child in self.children.items():
+                if name in self.restart_at:
+                    if now >= self.restart_at[name]:
+                        del self.restart_at[name]
+                        child.start()
+                    continue
+                if child.alive():
+                    continue
+                policy = self.restarts[name]
+                delay = policy.after_exit(now - child.started_at)
                 if delay is None:
-                    self.log(f"kvpool serve: {self.restarts.why_give_up()}")
+                    self.log(f"kvpool serve: {policy.why_give_up()}")
                     return 1
-                self.log(f"kvpool serve: the worker exited (status {worker.proc.returncode}); restarting it in {delay:g} s")
-                end = time.monotonic() + delay
-                while time.monotonic() < end and not self.stopping:
-                    time.sleep(POLL_S)
-                if self.stopping:
-                    break
-                worker.start()
+                self.log(f"kvpool serve: the {name} exited (status {child.proc.returncode}); restarting it in {delay:g} s")
+                self.restart_at[name] = now + delay
             time.sleep(POLL_S)
         return 0
 
@@ -248,9 +287,9 @@ class Launcher:
         # NOTE: the frontend first (no new requests), the scheduler last (it tells
         # its clients their requests ended).
         order = [self.children[n] for n in ("frontend", "worker", "scheduler") if n in self.children]
-        for c in order:
-            if c.alive():
-                c.proc.send_signal(signal.SIGTERM)
+        signalled = [c for c in order if c.alive()]
+        for c in signalled:
+            c.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.args.stop_timeout
         for c in order:
             if c.proc is None:
@@ -261,8 +300,14 @@ class Launcher:
                 self.log(f"kvpool serve: the {c.name} ignored SIGTERM for {self.args.stop_timeout:g} s; killing it")
                 c.proc.kill()
                 c.proc.wait()
+            else:
+                if c in signalled and c.proc.returncode != 0:
+                    self.log(f"kvpool serve: the {c.name} exited with status {c.proc.returncode} on SIGTERM")
             if c._log is not None:
                 c._log.close()
+        if self.listener is not None:
+            self.listener.close()
+            remove_unix_socket(self.uds, self.uds_inode)
 
 
 def main_serve(args) -> int:

@@ -16,6 +16,8 @@ from frontend.config import FrontendConfig
 
 
 def site(runner: web.AppRunner, config: FrontendConfig, tls: ssl.SSLContext | None) -> web.BaseSite:
+    if config.listen_fd is not None:
+        return web.SockSite(runner, inherited(config.listen_fd), ssl_context=tls)
     if config.uds is None:
         return web.TCPSite(runner, config.host, config.port, ssl_context=tls)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -25,6 +27,48 @@ def site(runner: web.AppRunner, config: FrontendConfig, tls: ssl.SSLContext | No
         sock.close()
         raise OSError(f"cannot listen on --uds {config.uds}: {e.strerror or e}") from None
     return web.SockSite(runner, sock, ssl_context=tls)
+
+
+def inherited(fd: int) -> socket.socket:
+    """The listening socket a parent bound and passed down (``--listen-fd``)."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as e:
+        raise OSError(f"--listen-fd {fd} is not an open socket: {e.strerror or e}") from None
+    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) != 1:
+        sock.detach()
+        raise OSError(f"--listen-fd {fd} is not a listening socket")
+    return sock
+
+
+def bind_listener(host: str, port: int, uds: str | None, backlog: int) -> socket.socket:
+    """A listening socket on ``host``:``port`` (as aiohttp binds it: SO_REUSEADDR), or on
+    the Unix socket ``uds`` (as ``site`` binds it), inheritable, for ``--listen-fd``;
+    OSError naming the address when it cannot bind."""
+    if uds is not None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(uds)
+            sock.listen(backlog)
+        except OSError as e:
+            sock.close()
+            raise OSError(f"cannot listen on --uds {uds}: {e.strerror or e}") from None
+        sock.set_inheritable(True)
+        return sock
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(backlog)
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def listen_address(config: FrontendConfig) -> str:
@@ -39,12 +83,17 @@ def remove_socket(config: FrontendConfig, inode: int | None) -> None:
     """After a stop: the socket file this process bound (``inode``), if still there.
     NOTE: vLLM leaves it behind, so its next start on the path fails; removing
     only our own socket never deletes a file someone put there since."""
-    if config.uds is None or inode is None:
+    remove_unix_socket(config.uds, inode)
+
+
+def remove_unix_socket(path: str | None, inode: int | None) -> None:
+    """The socket file at ``path``, if it is still the one bound (``inode``)."""
+    if path is None or inode is None:
         return
     with contextlib.suppress(OSError):
-        st = os.stat(config.uds)
+        st = os.stat(path)
         if stat.S_ISSOCK(st.st_mode) and st.st_ino == inode:
-            os.unlink(config.uds)
+            os.unlink(path)
 
 
 def socket_inode(config: FrontendConfig) -> int | None:

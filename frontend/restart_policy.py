@@ -1,8 +1,9 @@
-"""When `kvpool serve` restarts a worker that exited, and when it gives up.
+"""When `kvpool serve` restarts a child that exited (the worker, the scheduler, the
+frontend: one policy each), and when it gives up.
 
 As a supervisor does (systemd's ``StartLimitIntervalSec``/``StartLimitBurst``): the
-worker is restarted after a doubling back-off (1, 2, 4, ... s, at most 30), and after
-``max_restarts`` exits *in a row* kvpool serve gives up, saying why. A worker that served
+child is restarted after a doubling back-off (1, 2, 4, ... s, at most 30), and after
+``max_restarts`` exits *in a row* kvpool serve gives up, saying why. A child that served
 for ``healthy_s`` since its start wipes the slate: its exit is the first of a new run,
 so a server that has run for a week is not ended by an ordinary crash.
 """
@@ -21,11 +22,13 @@ HEALTHY_S = 60.0
 class RestartPolicy:
     max_restarts: int
     healthy_s: float = HEALTHY_S
+    # The child, as the give-up message names it.
+    name: str = "worker"
     # Exits in a row, each within healthy_s of its start.
     restarts: int = 0
 
     def after_exit(self, ran_s: float) -> float | None:
-        """The back-off before restarting a worker that ran ``ran_s`` seconds, or None
+        """The back-off before restarting a child that ran ``ran_s`` seconds, or None
         to give up (`why_give_up` says why)."""
         if ran_s >= self.healthy_s:
             self.restarts = 0
@@ -37,6 +40,6 @@ class RestartPolicy:
 
     def why_give_up(self) -> str:
         return (
-            f"the worker exited {self.restarts + 1} times in a row, each within {self.healthy_s:g} s of its start "
-            f"(--worker-restarts {self.max_restarts}); giving up"
+            f"the {self.name} exited {self.restarts + 1} times in a row, each within {self.healthy_s:g} s of its start "
+            f"(--{self.name}-restarts {self.max_restarts}); giving up"
         )

@@ -35,3 +35,10 @@ def test_the_back_off_is_capped():
     policy = RestartPolicy(max_restarts=100)
     delays = [policy.after_exit(ran_s=0.5) for _ in range(10)]
     assert max(delays) == MAX_BACKOFF_S and delays[-1] == MAX_BACKOFF_S
+
+
+def test_each_child_gives_up_naming_itself_and_its_flag():
+    policy = RestartPolicy(max_restarts=0, name="scheduler")
+    assert policy.after_exit(ran_s=1.0) is None
+    why = policy.why_give_up()
+    assert why.startswith("the scheduler exited 1 times in a row") and "--scheduler-restarts 0" in why

@@ -116,13 +116,16 @@ def test_a_worker_crashing_again_at_once_ends_kvpool_serve_saying_why(tiny_check
         assert "the worker exited 2 times in a row, each within 60 s of its start (--worker-restarts 1); giving up" in said
 
 
-def test_a_dead_scheduler_stops_everything_with_a_non_zero_status(tiny_checkpoint, tmp_path):
-    with kvpool_serve(tiny_checkpoint, tmp_path) as s:
+def test_a_scheduler_past_its_restart_limit_stops_everything_with_a_non_zero_status(tiny_checkpoint, tmp_path):
+    # NOTE: a dead scheduler is restarted (tests/e2e/test_scheduler_restart_under_load.py);
+    # with no restarts allowed, kvpool serve gives up, stopping every child.
+    with kvpool_serve(tiny_checkpoint, tmp_path, "--scheduler-restarts", "0") as s:
         kids = list(children(s.proc.pid))
         os.kill(role(s.proc.pid, "scheduler"), signal.SIGKILL)
         s.proc.wait(60)
         assert s.proc.returncode == 1
         wait_until(lambda: all(gone(p) for p in kids), 30, "every child to stop")
+    assert "the scheduler exited 1 times in a row" in "".join(s.output) and "(--scheduler-restarts 0); giving up" in "".join(s.output)
 
 
 def test_a_child_refusing_a_passed_flag_at_start_is_quoted(tiny_checkpoint, tmp_path):
