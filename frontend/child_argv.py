@@ -6,6 +6,7 @@ the same name, as given; the rest are mapped here, flag by flag."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 from frontend.serve_flags import all_rules
@@ -65,7 +66,8 @@ def scheduler_argv(a, client_port: int, worker_port: int, sched_http: int) -> li
 
 
 def worker_argv(a, worker_port: int, worker_http: int) -> list[str]:
-    worker = [sys.executable, "-m", "worker", "--scheduler", f"tcp://127.0.0.1:{worker_port}", "--model", str(a.model_dir),
+    # NOTE: --reconnect: a scheduler that died is restarted; the worker handshakes with the next one.
+    worker = [sys.executable, "-m", "worker", "--scheduler", f"tcp://127.0.0.1:{worker_port}", "--reconnect", "--model", str(a.model_dir),
               "--block-size", str(a.block_size), "--max-model-len", str(a.max_model_len), "--dtype", a.dtype,
               "--http-port", str(worker_http), "--gpu-memory-utilization", str(a.gpu_memory_utilization),
               "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--max-num-seqs", str(a.max_num_seqs), "--seed", str(a.seed),
@@ -75,6 +77,9 @@ def worker_argv(a, worker_port: int, worker_http: int) -> list[str]:
     worker += _kv_cache_dtype(a)
     if getattr(a, "disable_sliding_window", False):
         worker.append("--disable-sliding-window")
+    if a.num_gpu_blocks_override is not None:
+        # NOTE: both sides: the worker allocates exactly N blocks (as vLLM), the scheduler pools them.
+        worker += ["--num-gpu-blocks-override", str(a.num_gpu_blocks_override)]
     if a.kv_cache_memory:
         worker += ["--kv-cache-memory", a.kv_cache_memory]
     elif getattr(a, "kv_cache_memory_bytes", None):
@@ -84,6 +89,12 @@ def worker_argv(a, worker_port: int, worker_http: int) -> list[str]:
         worker += ["--tensor-parallel-size", str(a.tensor_parallel_size)]
     if getattr(a, "distributed_timeout_seconds", None) is not None:
         worker += ["--distributed-timeout", f"{a.distributed_timeout_seconds:g}"]
+    for flag, value in (("--cpu-nice", getattr(a, "cpu_nice", None)), ("--cpu-wide-step-tokens", getattr(a, "cpu_wide_step_tokens", None))):
+        if value is not None:
+            worker += [flag, str(value)]
+    # NOTE: the launcher builds the argv: the worker's parent, whose CPU use and other
+    # children's (scheduler, frontend) are not a neighbour's (worker/host_load.py).
+    worker += ["--serve-pid", str(os.getpid())]
     return worker + passed_flags(a, "worker") + a.worker_args
 
 
@@ -91,7 +102,8 @@ def frontend_argv(a, client_port: int, scheduler_http: str) -> list[str]:
     front = [sys.executable, "-m", "frontend", "--model", str(a.model_dir), "--served-model-name", a.served_model_name,
              "--host", a.host, "--port", str(a.port), "--scheduler", f"tcp://127.0.0.1:{client_port}",
              "--scheduler-http", scheduler_http, "--max-model-len", str(a.max_model_len),
-             "--generation-config", a.generation_config, "--max-request-body-bytes", str(a.max_request_body_bytes)]  # fmt: skip
+             "--generation-config", a.generation_config, "--max-request-body-bytes", str(a.max_request_body_bytes),
+             "--scheduler-restart-timeout", f"{a.worker_restart_timeout:g}"]  # fmt: skip
     flags = {"--dev-mode": a.dev_mode, "--enable-log-requests": a.enable_log_requests,
              "--return-tokens-as-token-ids": a.return_tokens_as_token_ids}  # fmt: skip
     return front + [flag for flag, on in flags.items() if on] + _log_level(a) + passed_flags(a, "frontend")

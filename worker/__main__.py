@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-memory", type=_size, default=None, metavar="SIZE",
                    help=f"KV cache budget, e.g. 512MiB, 2GiB, 64M; at most what the device has available "
                         f"(default: on CPU {CPU_DEFAULT_KV_CACHE_MEMORY // 2**20}MiB, on CUDA see --gpu-memory-utilization)")
+    p.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="N",
+                   help="allocate exactly N KV blocks instead of what the budget holds, as vLLM; refused when the device "
+                        "cannot hold them (default: from the budget)")
     p.add_argument("--gpu-memory-utilization", type=_fraction, default=d.gpu_memory_utilization,
                    help="on CUDA without --kv-cache-memory: share of device memory this process may use, weights and "
                         "the profiled activation peak included (default %(default)s)")
@@ -177,12 +180,15 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
     _check_ranks(p, a, device)
     if not 0 <= a.cpu_nice <= 19:
         p.error(f"--cpu-nice must be 0..19 (a nice value; lowering the priority needs no privilege), got {a.cpu_nice}")
+    if a.num_gpu_blocks_override is not None and a.num_gpu_blocks_override < 2:
+        p.error(f"--num-gpu-blocks-override must be at least 2 (block 0 is the null block), got {a.num_gpu_blocks_override}")
     if a.cpu_wide_step_tokens is not None and a.cpu_wide_step_tokens < 0:
         p.error(f"--cpu-wide-step-tokens must be >= 0 (0: never), got {a.cpu_wide_step_tokens}")
     _check_distributed_timeout(p, a)
     return WorkerConfig(
         scheduler=a.scheduler, model=a.model, device=device, dtype=a.dtype, kv_cache_dtype=a.kv_cache_dtype, max_model_len=a.max_model_len,
-        kv_cache_memory=a.kv_cache_memory, gpu_memory_utilization=a.gpu_memory_utilization,
+        kv_cache_memory=a.kv_cache_memory, num_gpu_blocks_override=a.num_gpu_blocks_override,
+        gpu_memory_utilization=a.gpu_memory_utilization,
         max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs, block_size=a.block_size, kv_offloading_size=a.kv_offloading_size, seed=a.seed, http_port=a.http_port,
         served_model_name=a.served_model_name,
         log_level=a.log_level, scheduler_timeout_s=a.scheduler_timeout, reconnect=a.reconnect,

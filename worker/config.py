@@ -29,6 +29,9 @@ class WorkerConfig:
     # Bytes for the KV cache; None means: on CUDA a share of device memory
     # (gpu_memory_utilization), on CPU CPU_DEFAULT_KV_CACHE_MEMORY.
     kv_cache_memory: int | None = None
+    # vLLM's --num-gpu-blocks-override: exactly this many KV blocks, whatever the budget
+    # above would hold (refused only when the device cannot hold them).
+    num_gpu_blocks_override: int | None = None
     gpu_memory_utilization: float = 0.9
     # Tokens of the dummy step that profiles the activation peak on CUDA, and the rows
     # its logits and sampler pass take (the scheduler's --max-num-seqs).

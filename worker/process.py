@@ -50,6 +50,7 @@ from protocol.worker_messages import (
 from worker.config import WorkerConfig
 from worker.grammar_compiler import GrammarCompiler
 from worker.group_tables import hello_group_windows
+from worker.host_load import HostLoad
 from worker.host_peers import HostPeers, default_directory
 from worker.kv_cache import first_blocks
 from worker.metrics import WorkerMetrics
@@ -101,6 +102,8 @@ class WorkerProcess:
         self.grammars = GrammarCompiler(serving.directory, serving.config.vocab_size)
         # This worker's presence on the host (every CPU worker's), taken with the first runner.
         self.host_peers: HostPeers | None = None
+        # Each step's thread count on CPU, built with the first runner and kept after.
+        self.step_threads: StepThreads | None = None
 
     def hello(self) -> WorkerHello:
         c, s = self.config, self.serving
@@ -240,7 +243,21 @@ class WorkerProcess:
         return None
 
     def _serve(self, sock: zmq.Socket) -> int:
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            return self._serve_until_lost(sock, monitor)
+        finally:
+            sock.disable_monitor()
+            monitor.close(linger=0)
+
+    def _serve_until_lost(self, sock: zmq.Socket, monitor: zmq.Socket) -> int:
+        """Answer the scheduler until Shutdown; SchedulerLost after its silence or as soon as
+        its connection drops (a scheduler that died and is restarting: the next one is a
+        new handshake, with ``reconnect``)."""
         timeout, interval = self.config.scheduler_timeout_s, self.config.heartbeat_interval_s
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
         last_heard = last_sent = time.monotonic()
         while True:
             now = time.monotonic()
@@ -250,7 +267,11 @@ class WorkerProcess:
                 wait = min(wait, GRAMMAR_POLL_S)
             # NOTE: poll even when the wait is over, so a message that queued up
             # during a long step counts as heard rather than as a timeout.
-            if sock.poll(max(0, math.ceil(wait * 1000))):
+            ready = dict(poller.poll(max(0, math.ceil(wait * 1000))))
+            if monitor in ready and not ready.get(sock):
+                monitor.recv_multipart()
+                raise SchedulerLost(f"lost the connection to the scheduler at {self.config.scheduler}")
+            if ready:
                 reply = self._handle(sock)
                 if reply is None:
                     return 0
@@ -306,10 +327,13 @@ class WorkerProcess:
     def _step_threads(self) -> StepThreads | None:
         """On CPU, a big step on every core (``--cpu-wide-step-tokens``, by default from the
         model's size) while no other worker runs on this host (worker/host_peers.py, where
-        this worker registers); None elsewhere."""
+        this worker registers) and no other process keeps a core busy (worker/host_load.py);
+        None elsewhere. Built once, kept across handshakes."""
         c, m = self.config, self.model
         if m.device.type != "cpu":
             return None
+        if self.step_threads is not None:
+            return self.step_threads
         tokens = c.cpu_wide_step_tokens
         if tokens is None:
             mc = m.config
@@ -320,7 +344,11 @@ class WorkerProcess:
                 self.host_peers = HostPeers()
             except OSError as e:
                 log.warning("cannot register in %s (%s): big steps go wide even beside another worker", default_directory(), e)
-        return StepThreads(wide_num_threads(os.environ, os.cpu_count(), c.tensor_parallel_size), tokens, self.host_peers)
+        wide = wide_num_threads(os.environ, os.cpu_count(), c.tensor_parallel_size)
+        self.step_threads = StepThreads(wide, tokens, self.host_peers, HostLoad(c.serve_pid))
+        if self.metrics is not None:
+            self.metrics.watch_step_threads(self.step_threads)
+        return self.step_threads
 
     def _execute(self, plan: StepPlan) -> StepResult | WorkerError:
         runner = self.runner
