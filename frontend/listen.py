@@ -45,28 +45,21 @@ def bind_listener(host: str, port: int, uds: str | None, backlog: int) -> socket
     """A listening socket on ``host``:``port`` (as aiohttp binds it: SO_REUSEADDR), or on
     the Unix socket ``uds`` (as ``site`` binds it), inheritable, for ``--listen-fd``;
     OSError naming the address when it cannot bind."""
-    if uds is not None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.bind(uds)
-            sock.listen(backlog)
-        except OSError as e:
-            sock.close()
-            raise OSError(f"cannot listen on --uds {uds}: {e.strerror or e}") from None
-        sock.set_inheritable(True)
-        return sock
+    where = f"--uds {uds}" if uds is not None else f"{host}:{port}"
+    sock = None
     try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-        sock = socket.socket(family, kind, proto)
-    except OSError as e:
-        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if uds is not None:
+            sock, addr = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), uds
+        else:
+            family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+            sock = socket.socket(family, kind, proto)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(addr)
         sock.listen(backlog)
     except OSError as e:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        if sock is not None:
+            sock.close()
+        raise OSError(f"cannot listen on {where}: {e.strerror or e}") from None
     sock.set_inheritable(True)
     return sock
 

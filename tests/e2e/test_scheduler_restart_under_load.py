@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 
 import pytest
+from kvtest.openai_load import openai_load
 from kvtest.procs import children
 from kvtest.serve import kvpool_serve
 
@@ -43,16 +42,8 @@ def _scrape(base_url: str, family: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in page.splitlines() if line.startswith(family + "{"))
 
 
-def _load(base_url: str, result, num_requests: int = 200) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "loadgen", "--backend", "openai", "--base-url", base_url, "--request-rate", "40",
-         "--num-requests", str(num_requests), "--result-json", str(result)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-
-
 def _kill_during_load(s, module: str, result, lossless: bool = True) -> str:
-    lg = _load(s.base_url, result)
+    lg = openai_load(s.base_url, result)
     try:
         time.sleep(2.0)  # the load is running: some requests in flight, most still to come
         victim = _child(s.proc.pid, module)

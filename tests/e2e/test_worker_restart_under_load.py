@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
+from kvtest.openai_load import openai_load
 from kvtest.procs import children
 from kvtest.serve import kvpool_serve
 from kvtest.tp_ranks import rank_pids
@@ -33,11 +32,7 @@ def _victim(serve_pid: int, tp: int) -> int:
 def test_a_killed_worker_under_load_costs_no_request(tiny_checkpoint, tmp_path, tp):
     with kvpool_serve(tiny_checkpoint, tmp_path / "logs", "--tensor-parallel-size", str(tp), "--dtype", "float32") as s:
         result = tmp_path / "r.json"
-        lg = subprocess.Popen(
-            [sys.executable, "-m", "loadgen", "--backend", "openai", "--base-url", s.base_url, "--request-rate", "40",
-             "--num-requests", "200", "--result-json", str(result)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+        lg = openai_load(s.base_url, result)
         try:
             time.sleep(1.5)  # the load is running: some requests in flight, most still to come
             victim = _victim(s.proc.pid, tp)

@@ -11,6 +11,7 @@ import asyncio
 import pytest
 import zmq
 import zmq.asyncio
+from kvtest.engine_sinks import WAIT_S, RecordingSink, until
 
 from frontend.engine_client import EngineClient, EngineError
 from protocol.client_messages import (
@@ -23,20 +24,6 @@ from protocol.client_messages import (
     TokenOutput,
 )
 from protocol.codec import Codec
-
-WAIT_S = 10
-
-
-class _Sink:
-    def __init__(self):
-        self.outputs: list[TokenOutput] = []
-        self.errors: list[EngineError] = []
-
-    def on_output(self, out):
-        self.outputs.append(out)
-
-    def on_error(self, error):
-        self.errors.append(error)
 
 
 def run_with_router(test):
@@ -59,17 +46,9 @@ def run_with_router(test):
     asyncio.run(main())
 
 
-async def until(predicate) -> None:
-    for _ in range(WAIT_S * 100):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("not within the bound")
-
-
 def test_a_refusal_naming_no_request_fails_the_unanswered_ones_only():
     async def test(client, router, codec_in, codec_out):
-        answered, unanswered = _Sink(), _Sink()
+        answered, unanswered = RecordingSink(), RecordingSink()
         await client.start("answered", [1, 2], {"max_tokens": 4}, answered)
         await client.start("unanswered", [1, 2], {"max_tokens": 4}, unanswered)
         ident = None
@@ -93,7 +72,7 @@ def test_a_refusal_naming_no_request_fails_the_unanswered_ones_only():
 
 def test_a_refusal_naming_a_request_fails_it_with_the_field():
     async def test(client, router, codec_in, codec_out):
-        sink = _Sink()
+        sink = RecordingSink()
         await client.start("r1", [1, 2], {"max_tokens": 4, "stop_token_ids": [2**40]}, sink)
         ident, frame = await asyncio.wait_for(router.recv_multipart(), WAIT_S)
         assert codec_in.decode(frame).stop_token_ids == [2**40]  # any int64 crosses the wire
@@ -114,7 +93,7 @@ def test_a_refusal_naming_a_request_fails_it_with_the_field():
 def test_a_generate_the_wire_cannot_carry_is_refused_before_it_is_sent(request_id, params, field):
     async def test(client, router, codec_in, codec_out):
         with pytest.raises(EngineError) as info:
-            await client.start(request_id, [1, 2], {"max_tokens": 4, **params}, _Sink())
+            await client.start(request_id, [1, 2], {"max_tokens": 4, **params}, RecordingSink())
         assert "cannot be sent to the engine" in str(info.value) and info.value.param == field
         assert client.num_in_flight == 0
         assert not await router.poll(300), "the frame was sent"

@@ -11,37 +11,18 @@ import asyncio
 
 import zmq
 import zmq.asyncio
+from kvtest.engine_sinks import WAIT_S, RecordingSink, until
 
-from frontend.engine_client import EngineClient, EngineError
+from frontend.engine_client import EngineClient
 from frontend.serving import engine_error
-from protocol.client_messages import ClientRequest, ClientResponse, EngineCoreOutputs, Generate, TokenOutput
+from protocol.client_messages import (
+    ClientRequest,
+    ClientResponse,
+    EngineCoreOutputs,
+    Generate,
+    TokenOutput,
+)
 from protocol.codec import Codec
-
-WAIT_S = 10
-
-
-class _Sink:
-    def __init__(self):
-        self.outputs: list[TokenOutput] = []
-        self.errors: list[EngineError] = []
-
-    def on_output(self, out):
-        self.outputs.append(out)
-
-    def on_error(self, error):
-        self.errors.append(error)
-
-    @property
-    def token_ids(self) -> list[int]:
-        return [t for o in self.outputs for t in o.new_token_ids]
-
-
-async def until(predicate) -> None:
-    for _ in range(WAIT_S * 100):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("not within the bound")
 
 
 def _router(ctx, port: int | None = None):
@@ -73,7 +54,7 @@ def test_a_restarted_scheduler_gets_every_request_in_flight_with_its_outputs():
             return ready["now"]
 
         client = EngineClient(f"tcp://127.0.0.1:{port}", restart_timeout_s=WAIT_S, scheduler_ready=scheduler_ready)
-        sinks = {rid: _Sink() for rid in ("streamed", "silent", "aborted", "meanwhile")}
+        sinks = {rid: RecordingSink() for rid in ("streamed", "silent", "aborted", "meanwhile")}
         try:
             await client.connect(WAIT_S)
             for rid in ("streamed", "silent", "aborted"):
@@ -119,7 +100,7 @@ def test_a_scheduler_that_never_comes_back_fails_the_held_requests_with_503():
         ctx = zmq.asyncio.Context()
         router, port = _router(ctx)
         client = EngineClient(f"tcp://127.0.0.1:{port}", restart_timeout_s=0.5)
-        sink = _Sink()
+        sink = RecordingSink()
         try:
             await client.connect(WAIT_S)
             await client.start("r", [1, 2], {"max_tokens": 4}, sink)
