@@ -59,7 +59,7 @@ class _SamplingFields(UnhonouredFields, kw_only=True):
     min_tokens: int = 0
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    stream: bool = False
+    stream: bool | None = False  # NOTE: None as vLLM's: not streamed
     stream_options: StreamOptions | None = None
     user: str | None = None
     cache_salt: str | None = None
@@ -91,7 +91,7 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     # list type in a union: the shape is checked in frontend.serving_completion).
     prompt: str | list[Any]
     max_tokens: int | None = 16
-    echo: bool = False
+    echo: bool | None = False
     logprobs: int | None = None
     add_special_tokens: bool = True
     suffix: str | None = None
@@ -101,7 +101,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     messages: list[dict[str, Any]]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: int | None = 0
     # NOTE: whether the client sent it matters (vLLM's check of continue_final_message
     # reads the raw body): ``add_generation_prompt`` is the value, True when not sent.
@@ -133,7 +133,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     messages: list[dict[str, Any]] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt_sent: bool | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="add_generation_prompt")
-    return_token_strs: bool = False
+    return_token_strs: bool | None = False
     chat_template_kwargs: dict[str, Any] | None = None
     continue_final_message: bool = False
     chat_template: str | None = None
