@@ -244,6 +244,12 @@ class EngineCore:
                 if self.worker.ready:
                     await self._send_grammar_compiles()
                 out = state.scheduler.schedule() if self.worker.ready else None
+                if state.scheduler is not None:
+                    # vLLM's step gauges (metrics.py): waiting as this schedule left it; usage
+                    # and running after the step's result, or now when there is no step.
+                    self.metrics.update_waiting_gauges(state.scheduler)
+                    if out is None:
+                        self.metrics.update_step_gauges(state.scheduler, state.kv)
                 if out is None:
                     if done is not None:
                         # Delivering may drop clients (aborts): schedule again first.
@@ -321,6 +327,7 @@ class EngineCore:
         except ValueError as e:
             self.worker.lose(str(e))
             return None
+        self.metrics.update_step_gauges(self.state.scheduler, self.state.kv)
         self.iteration_log.end(self.state.kv)
         # NOTE: this step's KV events are set apart now, before the next schedule()
         # adds its own; whatever publishes next sends them first.

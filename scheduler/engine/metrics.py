@@ -263,18 +263,35 @@ class SchedulerMetrics:
             counter.inc(delta)
         self._last[key] = value
 
-    def update(self, scheduler: Scheduler, kv: KVCacheManager) -> None:
-        pool = kv.block_pool
-        self.kv_cache_usage.set(pool.get_usage())
-        self.free_blocks.set(pool.get_num_free_blocks())
-        self.free_cached_blocks.set(pool.num_free_cached_blocks)
-        self.num_gpu_blocks.set(pool.num_gpu_blocks)
-        self.cached_hashes.set(len(pool.cached_block_hash_to_block))
-        self.num_running.set(scheduler.num_running)
+    # NOTE: the gauges vLLM takes from each step's SchedulerStats (KV usage, running,
+    # waiting) are set once a step, as vLLM's, not from the live state at every scrape:
+    # a scrape lands while a step runs, when the pool still holds the blocks of the
+    # requests that step finishes, and the waiting queue holds requests that arrived
+    # since the schedule (vLLM's engine takes them in only before its next schedule);
+    # read live, the peak usage stood above vLLM's and requests the next schedule
+    # admitted read as waiting.
+
+    def update_waiting_gauges(self, scheduler: Scheduler) -> None:
+        """Waiting requests, right after a schedule: those it left waiting, what vLLM
+        reports at the end of the step (later arrivals count from the next schedule)."""
         self.num_waiting.set(scheduler.num_waiting)
         deferred = len(scheduler.waiting_for_grammar)
         self.num_waiting_by_reason["capacity"].set(scheduler.num_waiting - deferred)
         self.num_waiting_by_reason["deferred"].set(deferred)
+
+    def update_step_gauges(self, scheduler: Scheduler, kv: KVCacheManager) -> None:
+        """KV usage and running requests once a step's result is applied (its finished
+        requests freed), before the next schedule: vLLM's reading."""
+        self.kv_cache_usage.set(kv.block_pool.get_usage())
+        self.num_running.set(scheduler.num_running)
+
+    def update(self, scheduler: Scheduler, kv: KVCacheManager) -> None:
+        """Every other family from the live state (counters, pool gauges); any time."""
+        pool = kv.block_pool
+        self.free_blocks.set(pool.get_num_free_blocks())
+        self.free_cached_blocks.set(pool.num_free_cached_blocks)
+        self.num_gpu_blocks.set(pool.num_gpu_blocks)
+        self.cached_hashes.set(len(pool.cached_block_hash_to_block))
         stats = kv.prefix_cache_stats
         self._sync("queries", self.prefix_cache_queries, stats.queries)
         self._sync("hits", self.prefix_cache_hits, stats.hits)

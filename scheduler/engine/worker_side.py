@@ -244,4 +244,6 @@ class WorkerSide:
         if num_pinned:
             log.warning("worker %s lost: its %d pinned blocks are void, the pins are cleared (pin them again)", name, num_pinned)
         self.publish_kv_events()
+        self.metrics.update_waiting_gauges(scheduler)
+        self.metrics.update_step_gauges(scheduler, kv)
         self.metrics.update(scheduler, kv)

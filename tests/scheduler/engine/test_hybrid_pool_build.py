@@ -69,6 +69,8 @@ def test_metrics_read_the_one_hybrid_pool():
     sched.add_request(Request("a", list(range(2, 42)), 4, block_hasher=BlockHasher(16)))
     sched.schedule()  # 40 tokens: 3 blocks in each group
     metrics = SchedulerMetrics("m")
+    metrics.update_waiting_gauges(sched)
+    metrics.update_step_gauges(sched, kv)
     metrics.update(sched, kv)
     values = {
         line.split("{")[0]: float(line.split()[-1])

@@ -149,6 +149,8 @@ def test_peak_and_token_usage_gauges():
     sched.add_request(Request("b", list(range(2, 11)), 4, seq_id=1, block_hasher=hasher))  # 9 tokens, 1 hit: 3 blocks
     sched.schedule()
     m = SchedulerMetrics("m")
+    m.update_waiting_gauges(sched)
+    m.update_step_gauges(sched, kv)
     m.update(sched, kv)
     value = m.registry.get_sample_value
     # Held: "a" 2 blocks, "b" 1 shared + 2 own = 4 blocks; filled: 6 + 9 - 4 shared = 11 tokens.
@@ -159,6 +161,8 @@ def test_peak_and_token_usage_gauges():
         kv.free(request)
     sched.running.clear()
     m.update(sched, kv)
+    assert value("vllm:kv_cache_usage_perc", LABELS) == pytest.approx(0.4)  # NOTE: a step's gauge: read once a step
+    m.update_step_gauges(sched, kv)
     assert value("vllm:kv_cache_usage_perc", LABELS) == 0.0
     assert value("kvpool_kv_cache_token_usage_perc", LABELS) == 0.0
     assert value("kvpool_peak_kv_cache_usage_perc", LABELS) == pytest.approx(0.4)
