@@ -63,3 +63,14 @@ def real_vllm(request):
     if "compare" not in (request.config.getoption("-m") or ""):
         pytest.skip("runs vLLM for minutes: select it with -m compare")
     return root
+
+
+def pytest_collection_modifyitems(items):
+    """schemathesis 4.32 names each operation's item ``test[GET /path]``, but pytest 9.2 builds
+    a node id from the function's original name and a parametrize call's id only, so every
+    operation of a schema shares one id and pytest-xdist, which finds items by id, runs the
+    wrong ones. Give each the operation as its parameter."""
+    for item in items:
+        label = getattr(item, "operation_label", None)
+        if label is not None and not item.nodeid.endswith("]"):
+            item._id = item._id.with_params(label)
