@@ -58,7 +58,8 @@ def copy_dataset(sharegpt: Path, out: Path, n: int, tokenizer) -> Path:
 def spec_counters(url: str) -> dict[str, float]:
     page = scrape_page(url)
     out = {}
-    for name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total"):
+    for name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):  # fmt: skip
         out[name] = sum(float(line.rsplit(" ", 1)[1]) for line in page.splitlines() if line.startswith(name + "{"))
     return out
 
@@ -105,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"of {fig['spec_decode_num_draft_tokens_total']:.0f}", flush=True)  # fmt: skip
                 results.setdefault(engine, {})[c] = runs
     (a.out / "result.json").write_text(json.dumps(results, indent=1))
-    print("\n| engine | conc | tok/s (median) | TPOT p50 ms | acceptance rate | mean acceptance length |")
-    print("|---|---|---|---|---|---|")
+    print("\n| engine | conc | tok/s (median) | TPOT p50 ms | acceptance rate | mean acceptance length | prefix queries / hits |")
+    print("|---|---|---|---|---|---|---|")
     for engine, by_c in results.items():
         for c, runs in by_c.items():
             tok = statistics.median(r["output_throughput"] for r in runs)
@@ -116,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
             acc = sum(r["spec_decode_num_accepted_tokens_total"] for r in runs)
             rate = f"{acc / dt:.1%}" if dt else "-"
             mal = f"{1 + acc / drafts:.2f}" if drafts else "-"
-            print(f"| {engine} | {c} | {tok:.1f} | {tpot:.1f} | {rate} | {mal} |")
+            queries = sum(r["prefix_cache_queries_total"] for r in runs)
+            hits = sum(r["prefix_cache_hits_total"] for r in runs)
+            print(f"| {engine} | {c} | {tok:.1f} | {tpot:.1f} | {rate} | {mal} | {queries:,.0f} / {hits:,.0f} |")
     return 0
 
 
