@@ -14,18 +14,14 @@ Unpin answers ``{"unpinned_blocks": n, "unpinned_tokens": t}``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import msgspec
 from aiohttp import web
 
 from frontend.errors import APIError, bad_request
 from frontend.request_body import read_body
+from frontend.server_view import ServerView
 from frontend.serving import json_response, random_id
 from protocol.client_messages import PinPrefix, PinResult
-
-if TYPE_CHECKING:
-    from frontend.api_server import APIServer
 
 
 class PinRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -40,7 +36,7 @@ class PinRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 _result = msgspec.json.Decoder(PinResult)
 
 
-async def _token_ids(server: APIServer, req: PinRequest) -> list[int]:
+async def _token_ids(server: ServerView, req: PinRequest) -> list[int]:
     ctx = server.ctx
     if (req.prompt is None) == (req.prompt_token_ids is None):
         raise bad_request("give exactly one of prompt and prompt_token_ids", "prompt")
@@ -60,7 +56,7 @@ async def _token_ids(server: APIServer, req: PinRequest) -> list[int]:
     return ids
 
 
-async def _ask(server: APIServer, path: str, body: PinPrefix) -> PinResult:
+async def _ask(server: ServerView, path: str, body: PinPrefix) -> PinResult:
     status, text = await server.scheduler_post(path, msgspec.json.encode(body))
     if status == 400:
         raise bad_request(msgspec.json.decode(text).get("error", text.decode()), "prompt")
@@ -69,7 +65,7 @@ async def _ask(server: APIServer, path: str, body: PinPrefix) -> PinResult:
     return _result.decode(text)
 
 
-def cache_pin_routes(server: APIServer) -> list[tuple[str, str, object]]:
+def cache_pin_routes(server: ServerView) -> list[tuple[str, str, object]]:
     async def read(request: web.Request) -> tuple[PinRequest, list[int]]:
         req = await read_body(request, PinRequest)
         server.ctx.check_model(req.model)

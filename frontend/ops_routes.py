@@ -18,19 +18,15 @@ answers them (``vllm/entrypoints/serve/``):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import msgspec
 from aiohttp import web
 
 from frontend.cache_pins import cache_pin_routes
 from frontend.errors import APIError, bad_request
 from frontend.request_body import read_body
+from frontend.server_view import ServerView
 from frontend.serving import json_response
 from frontend.version import VLLM_API_VERSION, kvpool_version
-
-if TYPE_CHECKING:
-    from frontend.api_server import APIServer
 
 # pydantic's spellings of a bool query parameter (vLLM's Query(bool)).
 _TRUE = {"1", "on", "t", "true", "y", "yes"}
@@ -56,7 +52,7 @@ def query_bool(request: web.Request, name: str) -> bool:
     raise bad_request(f"query parameter {name} must be a boolean (true or false), got {raw!r}", f"query.{name}")
 
 
-def ops_routes(server: APIServer) -> list[tuple[str, str, object]]:
+def ops_routes(server: ServerView) -> list[tuple[str, str, object]]:
     config = server.config
 
     async def version(_request: web.Request) -> web.Response:

@@ -13,7 +13,6 @@ from the scheduler's ``/engine_info`` (scheduler/engine/engine_info.py), read on
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 import msgspec
 from aiohttp import web
@@ -23,11 +22,9 @@ from frontend.errors import APIError, unavailable
 from frontend.protocol import ChatCompletionRequest, CompletionRequest
 from frontend.render import render_chat, render_completion
 from frontend.request_body import read_body
+from frontend.server_view import ServerView
 from frontend.serving import json_response, random_id
 from frontend.version import kvpool_version
-
-if TYPE_CHECKING:
-    from frontend.api_server import APIServer
 
 # GET /health_generate: the most a one-token generation may take before it is a failure.
 HEALTH_GENERATE_TIMEOUT_S = 30.0
@@ -46,7 +43,7 @@ def kv_event_sources(info: dict) -> dict:
     return {} if config is None else {str(info.get("data_parallel_rank", 0)): config}
 
 
-def router_probe_routes(server: APIServer) -> list[tuple[str, str, object]]:
+def router_probe_routes(server: ServerView) -> list[tuple[str, str, object]]:
     ctx, config = server.ctx, server.config
     cached_info: list[dict] = []
 

@@ -9,7 +9,6 @@ handler". The body must be ``application/json``, as vLLM's ``validate_json_reque
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 import msgspec
 from aiohttp import web
@@ -17,9 +16,7 @@ from aiohttp import web
 from frontend.errors import APIError
 from frontend.protocol import ChatCompletionRequest, CompletionRequest
 from frontend.request_body import decode, read_bytes
-
-if TYPE_CHECKING:
-    from frontend.api_server import APIServer
+from frontend.server_view import ServerView
 
 _HANDLER_NAMES = "['ChatCompletionRequest', 'CompletionRequest']"
 
@@ -31,7 +28,7 @@ def _decode(body: bytes, type_):
         return None
 
 
-def invocations_route(server: APIServer) -> tuple[str, str, object]:
+def invocations_route(server: ServerView) -> tuple[str, str, object]:
     async def invocations(request: web.Request) -> web.StreamResponse:
         media_type = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
         if media_type != "application/json":

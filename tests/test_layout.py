@@ -265,3 +265,12 @@ def test_architecture_doc_names_only_modules_that_exist():
     assert paths, "docs/architecture.md names no module path"
     missing = sorted(p for p in paths if not (REPO / p.rstrip("/")).exists())
     assert missing == [], f"docs/architecture.md names paths that do not exist: {missing}"
+
+
+def test_no_module_hides_an_import_under_type_checking():
+    # An import that only type checkers run is how an import circle hides (the house rule:
+    # none, not even there); a module that needs another's shape takes a Protocol instead
+    # (frontend/server_view.py).
+    hidden = [str(p.relative_to(REPO)) for top in PROJECT for p in sorted((REPO / top).rglob("*.py"))
+              if re.search(r"^if (typing\.)?TYPE_CHECKING\b", p.read_text(encoding="utf-8"), re.MULTILINE)]  # fmt: skip
+    assert hidden == [], f"imports under TYPE_CHECKING: {hidden}"

@@ -19,7 +19,6 @@ groups) has no GroupTables: the runner's path is exactly as it was.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,9 +26,7 @@ from protocol.kv_cache_spec import KVCacheGroupSpec
 from protocol.worker_messages import StepPlan
 from worker.attention.paged_attention import PagedAttention
 from worker.block_table import BlockTable
-
-if TYPE_CHECKING:
-    from worker.runner import _StepInputs
+from worker.step_inputs import StepInputs
 
 
 def hello_group_windows(groups: Sequence[KVCacheGroupSpec]) -> list[int]:
@@ -106,7 +103,7 @@ class GroupTables:
         for t in others:
             t.commit()
 
-    def attention_fn(self, attention: PagedAttention, rows: torch.Tensor, positions: torch.Tensor, inputs: _StepInputs):
+    def attention_fn(self, attention: PagedAttention, rows: torch.Tensor, positions: torch.Tensor, inputs: StepInputs):
         """The step's AttentionFn: each group's slot mapping from its table, one metadata
         per (group, window) pair, and each layer bound to its pair's. Call after commit."""
         slots = [t.compute_slot_mapping(rows, positions) for t in self.tables]  # per group, (T,)

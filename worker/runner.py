@@ -45,6 +45,7 @@ from worker.plan_check import Limits, RowView, check_plan
 from worker.plan_check_groups import check_groups
 from worker.prompt_logprobs import PromptChunk, PromptLogprobsState
 from worker.sampling_state import RowLogprobs, SamplingState
+from worker.step_inputs import StepInputs
 from worker.threads import StepThreads
 from worker.tier_copies import TierCopier
 
@@ -70,20 +71,6 @@ class ModelRunnerOutput:
     extra_logprobs: dict[int, list[RowLogprobs | None]] | None = None
 
 
-@dataclass(slots=True)
-class _StepInputs:
-    """One step's scheduled tokens, decodes first (see ``ModelRunner._prepare_inputs``)."""
-
-    decode_seq_ids: list[int]
-    prefill_seq_ids: list[int]
-    decode_rows: list[int]  # per decode token, its block-table row
-    decode_context_lens: list[int]  # per decode token, its position + 1
-    prefills: list[tuple[int, int, int]]  # per prefill chunk, (row, num_computed, n)
-    token_ids: list[int]  # (T,) the step's tokens
-    positions: list[int]  # (T,)
-    rows: list[int]  # (T,) each token's block-table row
-    # seq_id -> the drafts scheduled after its last token (the plan's spec_token_ids).
-    drafts: dict[int, list[int]]
 
 
 class ModelRunner:
@@ -274,7 +261,7 @@ class ModelRunner:
             out.prompt_logprobs = self.prompt_logprobs.finish(scored, sample_seq)
         return out
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: _StepInputs) -> dict[int, PromptLogprobs]:
+    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> dict[int, PromptLogprobs]:
         """hidden (T, H): what this step's tokens of pending rows score of their prompts
         (before ``_advance``: computed counts are the step's start), by seq_id."""
         pending, rows = self.prompt_logprobs.pending, self.rows
@@ -287,7 +274,7 @@ class ModelRunner:
             offset += n
         return self.prompt_logprobs.compute(self.model.compute_logits, hidden, chunks, lambda sid: rows[sid].token_ids) if chunks else {}
 
-    def _prepare_inputs(self, plan: StepPlan) -> _StepInputs:
+    def _prepare_inputs(self, plan: StepPlan) -> StepInputs:
         """The step's tokens laid out decodes (one token) first, then prefill chunks:
         see worker.attention.paged_attention."""
         scheduled = plan.num_scheduled_tokens
@@ -313,12 +300,12 @@ class ModelRunner:
                     pre_tokens.extend(st.token_ids[c : c + n])
                 pre_pos.extend(range(c, c + n))
                 pre_rows.extend([row_of[sid]] * n)
-        return _StepInputs(
+        return StepInputs(
             dec_seq, pre_seq, dec_rows, [p + 1 for p in dec_pos], pre_chunks,
             dec_tokens + pre_tokens, dec_pos + pre_pos, dec_rows + pre_rows, spec,
         )
 
-    def _advance(self, inputs: _StepInputs) -> tuple[list[int], list[int], list[tuple[int, int, list[int]]]]:
+    def _advance(self, inputs: StepInputs) -> tuple[list[int], list[int], list[tuple[int, int, list[int]]]]:
         """Advance computed counts; the rows that reach their token count sample: their
         seq ids, and the index of each one's last token among the step's. A row with
         drafts counts only its last token as computed here (its drafts count as they are

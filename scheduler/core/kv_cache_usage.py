@@ -11,12 +11,9 @@ block holding one token from a full one.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
+from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.kv_cache_request import KVCacheRequest
-
-if TYPE_CHECKING:
-    from scheduler.core.kv_cache_manager import KVCacheManager
 
 
 def get_peak_usage(kv_cache_manager: KVCacheManager) -> float:
