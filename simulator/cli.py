@@ -45,10 +45,8 @@ fast-forwarded then.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
-import random
 import sys
 from pathlib import Path
 
@@ -65,20 +63,10 @@ from simulator.layer_windows import add_layer_window_args, group_windows_from_ar
 from simulator.plot import plot_hit_rates
 from simulator.result import SimResult
 from simulator.retention import eviction_policy_list
+from simulator.run_setup import build_workload, int_list, sim_config
 from simulator.spec_decode import DEFAULT_ACCEPTANCE_RATE
-from simulator.workload import SampleWorkload, TraceWorkload, Workload
 
 DATASETS = ("mooncake", "shared-prefix", "random")
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one value")
-    return values
 
 
 def _policy_list(text: str) -> list[str]:
@@ -111,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--priority-levels", type=int, default=1, metavar="N",
                    help="give each request a priority drawn from 0..N-1 (--seed), for --scheduling-policy priority (default 1: all 0)")  # fmt: skip
     g = p.add_argument_group("engine")
-    g.add_argument("--num-blocks", type=_int_list, required=True, help="KV blocks (null block included); a comma list runs each")
+    g.add_argument("--num-blocks", type=int_list, required=True, help="KV blocks (null block included); a comma list runs each")
     g.add_argument("--policy", type=_policy_list, default=[d.policy], help=f"free policy, or a comma list: {', '.join(FREE_POLICIES)} (default vllm)")
     g.add_argument("--kv-eviction-policy", type=eviction_policy_list, default=[d.eviction_policy],
                    help=f"the pool's eviction policy (the server's flag), or a comma list: {', '.join(KV_EVICTION_POLICIES)} (default lru)")  # fmt: skip
@@ -141,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --num-speculative-tokens: the probability that a draft token is accepted, in [0, 1]; "
                         f"a step accepts its drafts in order until the first rejection (seeded by --seed; default {d.spec_acceptance_rate})")  # fmt: skip
     g = p.add_argument_group("host tier (offloading)")
-    g.add_argument("--kv-offloading-blocks", type=_int_list, default=[0], metavar="N",
+    g.add_argument("--kv-offloading-blocks", type=int_list, default=[0], metavar="N",
                    help="host-tier KV blocks (the scheduler's HostTier); a comma list runs each; 0: none (default 0)")
     g.add_argument("--kv-offloading-store", choices=OFFLOAD_STORE_MODES, default=d.offload_store,
                    help="when blocks go to the host tier: on eviction, or write-through when full (default %(default)s)")
@@ -248,32 +236,6 @@ def _check_output_path(p: argparse.ArgumentParser, flag: str, path: Path) -> Non
         p.error(f"{flag} {path}: {path.parent} is not a folder")
 
 
-def build_workload(a: argparse.Namespace) -> Workload:
-    workload = _build_workload(a)
-    if a.priority_levels > 1:
-        rng = random.Random(a.seed)
-        workload.specs = [dataclasses.replace(s, priority=rng.randrange(a.priority_levels)) for s in workload.specs]
-    return workload
-
-
-def _build_workload(a: argparse.Namespace) -> Workload:
-    # NOTE: loadgen imports are here so that the scheduler package loads without them.
-    from loadgen.arrivals import arrival_offsets
-    from loadgen.datasets import load_mooncake_trace, random_requests, shared_prefix_requests
-
-    if a.dataset == "mooncake":
-        records = load_mooncake_trace(a.trace)
-        if a.num_requests is not None:
-            records = records[: a.num_requests]
-        return TraceWorkload(records, a.time_scale, a.vocab_size, a.max_input_len)
-    num = 200 if a.num_requests is None else a.num_requests
-    if a.dataset == "shared-prefix":
-        samples = shared_prefix_requests(num, a.num_prefixes, a.prefix_len, a.suffix_len, a.output_len, a.vocab_size, a.seed)
-    else:
-        samples = random_requests(num, a.input_len, a.output_len, a.range_ratio, a.vocab_size, a.seed)
-    return SampleWorkload(samples, arrival_offsets(num, a.request_rate, a.burstiness, a.seed).tolist(), a.vocab_size)
-
-
 COLUMNS = (
     ("num_blocks", "blocks", "d"), ("policy", "policy", "s"), ("eviction_policy", "eviction", "s"), ("prefix_cache_hit_rate", "hit rate", ".2%"),
     ("prefix_cache_preempted_hit_rate", "preempted hit rate", ".2%"),
@@ -314,24 +276,6 @@ def format_table(results: list[SimResult]) -> str:
     lines = ["  ".join(c.rjust(w) if i not in (1, 2) else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))) for row in rows]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
-
-
-def _spec_rate(a: argparse.Namespace) -> float:
-    rate = getattr(a, "spec_acceptance_rate", None)
-    return DEFAULT_ACCEPTANCE_RATE if rate is None else rate
-
-
-def sim_config(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, policy: str, eviction: str = "lru") -> SimConfig:
-    """One engine's configuration from the flags (the fleet's replicas share it)."""
-    return SimConfig(
-        num_blocks, a.block_size, policy, a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
-        a.step_overhead_ms, a.ms_per_token, a.prefix_caching_hash_algo, a.fast_forward,
-        num_host_blocks, a.kv_offloading_store, a.offload_bandwidth_gbps, a.kv_bytes_per_token,
-        a.scheduler_reserve_full_isl, a.scheduling_policy, a.long_prefill_token_threshold,
-        a.long_prefill_token_threshold_adaptive, a.enable_chunked_prefill, a.watermark, a.max_num_scheduled_tokens,
-        a.max_num_active_seqs, eviction, a.pin_prefix_tokens, a.max_pinned_fraction, getattr(a, "group_windows", ()),
-        getattr(a, "num_speculative_tokens", 0), _spec_rate(a), a.seed,
-    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from simulator.routers import ROUTERS
+from simulator.run_setup import build_workload, int_list, sim_config
 
 FLEET_COLUMNS = (
     ("replicas", "replicas", "d"), ("router", "router", "s"), ("num_blocks", "blocks", "d"),
@@ -51,10 +52,8 @@ def _request_path(text: str) -> tuple[float, float, float]:
 
 
 def add_fleet_args(p: argparse.ArgumentParser) -> None:
-    from simulator.cli import _int_list
-
     g = p.add_argument_group("fleet (replicas behind vllm-router's policies)")
-    g.add_argument("--replicas", type=_int_list, default=None, metavar="N",
+    g.add_argument("--replicas", type=int_list, default=None, metavar="N",
                    help="simulate N replicas behind a router; a comma list runs each (default: one engine, no router)")
     g.add_argument("--router", type=_router_list, default=None,
                    help=f"routing policy, or a comma list: {', '.join(ROUTERS)} (default cache_aware, vllm-router's)")
@@ -106,7 +105,6 @@ _WORKLOAD = None
 def _run_one(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, policy: str, replicas: int, router: str) -> dict:
     """One fleet run in a worker process (the workload built once a process)."""
     global _WORKLOAD
-    from simulator.cli import build_workload, sim_config
     from simulator.fleet import RequestPaths, simulate_fleet
 
     if _WORKLOAD is None:

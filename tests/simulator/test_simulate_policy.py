@@ -11,8 +11,9 @@ import pytest
 
 from loadgen.datasets import shared_prefix_requests
 from scheduler.sched.scheduler import Scheduler
-from simulator.cli import build_workload, main, parse_args
+from simulator.cli import main, parse_args
 from simulator.engine import SimConfig, simulate
+from simulator.run_setup import build_workload
 from simulator.workload import SampleWorkload
 
 
