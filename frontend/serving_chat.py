@@ -61,12 +61,8 @@ from frontend.serving import (
 from frontend.streaming import ClientGone, StreamedChoices, TextChunk
 from frontend.structured_outputs import with_structured_outputs
 from frontend.tool_calls import StreamedToolCalls, chat_message, logged_delta, logged_output
-from frontend.tool_choice import (
-    adjust_request,
-    check_tool_parsing,
-    check_tool_usage,
-    template_tools,
-)
+from frontend.tool_choice import check_tool_parsing, check_tool_usage, template_tools
+from frontend.tool_constraint import adjust_request
 from frontend.truncation import check_truncation, tokens_kept, truncate_ids
 
 _encode = msgspec.json.encode

@@ -1,20 +1,17 @@
 """A chat request's ``tools``, ``tool_choice`` and ``parallel_tool_calls``, checked and
 applied as vLLM 0.32 does: its ``ChatCompletionRequest`` validators, the renderer's
-refusals without a tool parser, the tools as the chat template sees them, and the
-parser's ``adjust_request`` -- "required" and named calls forced through an xgrammar
-structural tag in the parser's own call format (vLLM's default
-VLLM_ENFORCE_STRICT_TOOL_CALLING)."""
+refusals without a tool parser, and the tools as the chat template sees them. The
+constraint that forces the calls is frontend/tool_constraint.py's."""
 
 from __future__ import annotations
 
-import json
 from http import HTTPStatus
 from typing import Any
 
 import msgspec
 
 from frontend.errors import APIError, bad_request
-from frontend.protocol import ChatCompletionRequest, StructuredOutputsParams
+from frontend.protocol import ChatCompletionRequest
 from frontend.tool_parsers.base import ToolParser
 
 _CORRECT_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
@@ -176,33 +173,3 @@ def requested_constraint(req) -> bool:
     other than text)."""
     response_format = getattr(req, "response_format", None)  # NOTE: a field of issue 23's structured outputs
     return req.structured_outputs is not None or (isinstance(response_format, dict) and response_format.get("type") != "text")
-
-
-def _force(req, constraint: StructuredOutputsParams) -> None:
-    """The calls' constraint replaces the request's own, as vLLM's (response_format dropped)."""
-    req.structured_outputs = constraint
-    if getattr(req, "response_format", None) is not None:
-        req.response_format = None
-
-
-def adjust_request(req: ChatCompletionRequest, parser_cls: type[ToolParser] | None, strict: bool = True,
-                   strict_level: str = "auto") -> None:  # fmt: skip
-    """vLLM's ``DelegatingParser.adjust_request`` for a tool parser: the structural tag
-    that constrains the calls (``strict``: VLLM_ENFORCE_STRICT_TOOL_CALLING, vLLM's
-    default), else a JSON schema for "required" and named calls; and the parser's own
-    needs (special tokens kept)."""
-    if parser_cls is None or not req.tools:
-        return
-    if strict:
-        # NOTE: imported here: xgrammar is loaded only by a server that parses tools.
-        from frontend.tool_structural_tag import structural_tag
-
-        if (tag := structural_tag(parser_cls.structural_tag_model, req, strict_level)) is not None:
-            _force(req, StructuredOutputsParams(structural_tag=json.dumps(tag)))
-    elif req.structured_outputs is None or req.structured_outputs.structural_tag is None:
-        from frontend.tool_schema import json_schema_from_tools
-
-        if (schema := json_schema_from_tools(req.tool_choice, req.tools, req.parallel_tool_calls)) is not None:
-            _force(req, StructuredOutputsParams(json=schema))
-    if parser_cls.keeps_special_tokens and req.tool_choice != "none":
-        req.skip_special_tokens = False

@@ -274,3 +274,83 @@ def test_no_module_hides_an_import_under_type_checking():
     hidden = [str(p.relative_to(REPO)) for top in PROJECT for p in sorted((REPO / top).rglob("*.py"))
               if re.search(r"^if (typing\.)?TYPE_CHECKING\b", p.read_text(encoding="utf-8"), re.MULTILINE)]  # fmt: skip
     assert hidden == [], f"imports under TYPE_CHECKING: {hidden}"
+
+
+def _module_files(root: Path = REPO) -> dict[str, Path]:
+    """Every project module by dotted name (a package by its __init__)."""
+    out = {}
+    for top in PROJECT:
+        for path in sorted((root / top).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def import_circles(root: Path = REPO) -> list[list[str]]:
+    """The groups of project modules that import each other round a circle (every import
+    statement, those inside functions too; a module's own package not counted)."""
+    modules = _module_files(root)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps = set()
+        for _, imported in imported_modules(path.read_text(encoding="utf-8"), str(path), package):
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name and not _under(name, imported):
+                deps.add(imported)
+        graph[name] = deps
+    # Tarjan's strongly connected components, iteratively.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    circles.append(sorted(group))
+    return circles
+
+
+def test_no_import_circle():
+    assert import_circles() == []
+
+
+def test_an_import_circle_planted_in_a_copy_of_the_tree_is_found(tmp_path):
+    for top in PROJECT:
+        (tmp_path / top).mkdir()
+    (tmp_path / "frontend" / "__init__.py").write_text("")
+    (tmp_path / "frontend" / "a.py").write_text("from frontend.b import x\n")
+    (tmp_path / "frontend" / "b.py").write_text("def f():\n    from frontend import c\n")
+    (tmp_path / "frontend" / "c.py").write_text("import frontend.a\n")
+    (tmp_path / "frontend" / "d.py").write_text("from frontend.a import y\n")
+    assert import_circles(tmp_path) == [["frontend.a", "frontend.b", "frontend.c"]]

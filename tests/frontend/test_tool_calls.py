@@ -14,12 +14,8 @@ import pytest
 from frontend.errors import APIError
 from frontend.protocol import ChatCompletionRequest
 from frontend.tool_calls import StreamedToolCalls, chat_message
-from frontend.tool_choice import (
-    adjust_request,
-    check_tool_parsing,
-    check_tool_usage,
-    template_tools,
-)
+from frontend.tool_choice import check_tool_parsing, check_tool_usage, template_tools
+from frontend.tool_constraint import adjust_request
 from frontend.tool_parsers.hermes import HermesToolParser
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
