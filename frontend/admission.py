@@ -91,12 +91,6 @@ class AdmissionControl:
         if self.prefilling:
             self.num_prefill_tokens -= self.prefilling.pop(request_id, 0)
 
-    def all_done(self) -> None:
-        """Every engine request ended at once (the scheduler's connection was lost)."""
-        if self.prefilling:
-            self.prefilling.clear()
-            self.num_prefill_tokens = 0
-
 
 def add_admission_args(p: argparse.ArgumentParser) -> None:
     """vLLM's flags, read as vLLM reads them (1k, 2K); unset: no limit."""

@@ -159,8 +159,8 @@ class APIServer:
         """One look at the scheduler's /health (the engine client's, after a lost connection)."""
         if self._http is None:
             return False
-        async with self._http.get(self.config.scheduler_http + "/health") as r:
-            return r.status == 200
+        await self._check_health()
+        return self.ready
 
     # --- the app ----------------------------------------------------------------
 

@@ -137,6 +137,10 @@ class EngineClient:
 
     async def connect(self, timeout: float) -> None:
         await self._connect(timeout)
+        self._start_tasks()
+
+    def _start_tasks(self) -> None:
+        """The reader and the connection's watcher, on the socket just connected."""
         self._tasks = [asyncio.create_task(self._read(), name="engine-client-read"),
                        asyncio.create_task(self._watch(), name="engine-client-watch")]  # fmt: skip
 
@@ -211,13 +215,16 @@ class EngineClient:
             self._recovery = asyncio.create_task(self._recover(), name="engine-client-recover")
             return  # NOTE: the recovery starts a new reader and watcher on the new socket
 
+    def _forget(self, request_id: str) -> OutputSink | None:
+        """Drop every record of a request that ends here (its sink, returned)."""
+        self._unheard.pop(request_id, None)
+        self._book.forget(request_id)
+        self.admission.prefill_done(request_id)
+        return self._sinks.pop(request_id, None)
+
     def _fail(self, request_ids: list[str], error: EngineError) -> None:
         for rid in request_ids:
-            sink = self._sinks.pop(rid, None)
-            self._unheard.pop(rid, None)
-            self._book.forget(rid)
-            self.admission.prefill_done(rid)
-            if sink is not None:
+            if (sink := self._forget(rid)) is not None:
                 self._deliver_error(rid, sink, error)
 
     async def _recover(self) -> None:
@@ -241,14 +248,13 @@ class EngineClient:
                 break
             self._close_socket()  # NOTE: connected but never ready: try a fresh socket
         self._unheard.clear()
-        ids = [rid for rid in self._book.kept if rid in self._sinks]
+        ids = list(self._book.kept)  # NOTE: kept and forgotten with the sinks, so every request in flight
         log.warning("the scheduler at %s is back after %.1f s; resuming %d requests", self.address, time.monotonic() - lost, len(ids))
         for rid in ids:
             self._unheard[rid] = None
             self._book.kept[rid].waiting_since = None
             await self._sock.send(self._frame(self._book.generate(rid)))
-        self._tasks = [asyncio.create_task(self._read(), name="engine-client-read"),
-                       asyncio.create_task(self._watch(), name="engine-client-watch")]  # fmt: skip
+        self._start_tasks()
         self._recovery = None
 
     async def _wait_ready(self) -> bool:
@@ -289,13 +295,10 @@ class EngineClient:
                 if msg.request_id is None:
                     self._on_unattributed(msg.message)
                     continue
-                self._unheard.pop(msg.request_id, None)
-                kept.pop(msg.request_id, None)
-                sink = sinks.pop(msg.request_id, None)
+                sink = self._forget(msg.request_id)
                 if sink is None:
                     log.warning("scheduler error for %s: %s", msg.request_id, msg.message)
                 else:
-                    admission.prefill_done(msg.request_id)
                     self._deliver_error(msg.request_id, sink, EngineError(msg.message, msg.param))
                 continue
             unheard = self._unheard
@@ -351,10 +354,7 @@ class EngineClient:
         """Abort without waiting (a DEALER send does not block below its HWM).
         ``stopped``: a stop string ended them (the scheduler counts them finished)."""
         for rid in request_ids:
-            self._sinks.pop(rid, None)
-            self._unheard.pop(rid, None)
-            self._book.forget(rid)
-            self.admission.prefill_done(rid)
+            self._forget(rid)
             if self._sock is None or self._recovery is not None:
                 continue  # NOTE: the scheduler that had it is gone; it is not given again
             try:

@@ -39,12 +39,6 @@ class ResumeBook:
     def __init__(self):
         self.kept: dict[str, Kept] = {}
 
-    def __len__(self) -> int:
-        return len(self.kept)
-
-    def __contains__(self, request_id: str) -> bool:
-        return request_id in self.kept
-
     def track(self, request_id: str, prompt_token_ids: list[int], params: dict) -> Kept:
         kept = self.kept[request_id] = Kept(prompt_token_ids, params)
         return kept

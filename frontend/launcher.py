@@ -18,7 +18,8 @@ processes, supervised (vLLM's ``vllm serve``, with the engine core split out).
     next one with the tokens already streamed, to resume as preempted requests do
     (``frontend/engine_client.py``), new requests waiting meanwhile; no client sees it.
   - the frontend: its clients' open connections are cut (the scheduler frees their
-    requests' blocks), and connections are refused until it listens again.
+    requests' blocks); new connections wait in the listening socket's backlog, which the
+    launcher holds and hands to each frontend (``--listen-fd``), until the next one accepts.
 
 Each child's argv comes from ``frontend/child_argv.py``; the flags, from
 ``frontend/cli.py`` and its table of ``vllm serve``'s (``frontend/serve_flags``).
@@ -222,13 +223,13 @@ class Launcher:
     def _on_signal(self, signum, _frame) -> None:
         self.stopping = True
 
-    def _dead(self, names=("scheduler", "frontend")) -> str | None:
-        return next((n for n in names if not self.children[n].alive()), None)
+    def _dead(self) -> str | None:
+        return next((n for n in CHILDREN if not self.children[n].alive()), None)
 
     def _wait_ready(self) -> int | None:
         deadline = time.monotonic() + self.args.ready_timeout
         while not self.stopping:
-            dead = self._dead(("scheduler", "worker", "frontend"))
+            dead = self._dead()
             if dead is not None:
                 child = self.children[dead]
                 # NOTE: a flag passed on as given is checked by the child: its last line says what was wrong.

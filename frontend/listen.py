@@ -20,13 +20,7 @@ def site(runner: web.AppRunner, config: FrontendConfig, tls: ssl.SSLContext | No
         return web.SockSite(runner, inherited(config.listen_fd), ssl_context=tls)
     if config.uds is None:
         return web.TCPSite(runner, config.host, config.port, ssl_context=tls)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(config.uds)
-    except OSError as e:
-        sock.close()
-        raise OSError(f"cannot listen on --uds {config.uds}: {e.strerror or e}") from None
-    return web.SockSite(runner, sock, ssl_context=tls)
+    return web.SockSite(runner, bind_listener(config.host, config.port, config.uds, UDS_BACKLOG), ssl_context=tls)
 
 
 def inherited(fd: int) -> socket.socket:
@@ -39,6 +33,10 @@ def inherited(fd: int) -> socket.socket:
         sock.detach()
         raise OSError(f"--listen-fd {fd} is not a listening socket")
     return sock
+
+
+# NOTE: aiohttp's own backlog, which its server sets again when it starts on the socket.
+UDS_BACKLOG = 128
 
 
 def bind_listener(host: str, port: int, uds: str | None, backlog: int) -> socket.socket:

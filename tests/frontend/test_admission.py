@@ -71,7 +71,7 @@ def test_queued_tokens_is_the_backlog_before_the_request_not_after():
     assert not rejected(adm, 2)
     adm.prefill_done("a")  # again (e.g. its abort after): nothing more taken off
     assert adm.num_prefill_tokens == 4
-    adm.all_done()
+    adm.prefill_done("b")
     assert adm.num_prefill_tokens == 0 and adm.prefilling == {}
     assert adm.rejections == {"max_num_queued_reqs": 0, "max_num_queued_tokens": 1}
 
