@@ -123,6 +123,13 @@ class WorkerHello(msgspec.Struct, **_OPTS, tag=2):
     # full-attention group, every model before hybrid groups. num_blocks counts blocks
     # of protocol.kv_cache_spec.num_kv_tensors layers each.
     group_windows: list[int] = []
+    # The external KV tier (--kv-offloading-backend disk or mooncake; "": none): its name, the
+    # identity its objects are made for (a digest of the model, the KV dtype and layout and the
+    # block size, protocol/external_kv.py), and the keys it holds now (a directory's listing;
+    # a shared store is asked by the scheduler instead, so none here).
+    external_tier: str = ""
+    external_identity: str = ""
+    external_keys: list[str] = []
 
 
 class WorkerReady(msgspec.Struct, **_OPTS, tag=3):
@@ -152,6 +159,22 @@ class TierCopies(msgspec.Struct, array_like=True, gc=False, frozen=True):
     store_host_ids: list[int] = []
     load_host_ids: list[int] = []
     load_device_ids: list[int] = []
+
+
+class ExternalKVOps(msgspec.Struct, array_like=True, gc=False, frozen=True):
+    """A step's work for the external KV tier (disk, Mooncake Store), off the step path:
+    device block save_block_ids[i] is saved under save_keys[i] (read before any token of the
+    step is written, so a block reused by this step is saved as it was); each load reads
+    its keys into its device blocks after the step ran, and the worker says how it went in
+    an ``ExternalKVDone``. The scheduler computes no token of a loading request's blocks
+    until then, and never frees them before."""
+
+    save_block_ids: list[int] = []
+    save_keys: list[str] = []
+    # load_ids[i]: load i's id (the request's seq_id); its keys and device blocks, in order.
+    load_ids: list[int] = []
+    load_keys: list[list[str]] = []
+    load_block_ids: list[list[int]] = []
 
 
 class StepPlan(msgspec.Struct, **_OPTS, tag=4):
@@ -185,6 +208,8 @@ class StepPlan(msgspec.Struct, **_OPTS, tag=4):
     preempted_seq_ids: list[int] = []
     # The offload tier's copies of this step; None (one byte) when there are none.
     tier_copies: TierCopies | None = None
+    # The external tier's saves and loads (ExternalKVOps); None (one byte, or nothing) when none.
+    external: ExternalKVOps | None = None
     # Hybrid models send a HybridStepPlan, which carries its groups' deltas; a one-group
     # plan has none and is byte for byte what it was before KV-cache groups.
     groups: ClassVar[GroupDeltas | None] = None
@@ -289,5 +314,15 @@ class GrammarsReady(msgspec.Struct, **_OPTS, tag=12):
     errors: list[str] = []
 
 
-WorkerToScheduler = WorkerHello | StepResult | WorkerError | Heartbeat | WorkerExit | GrammarsReady
+class ExternalKVDone(msgspec.Struct, **_OPTS, tag=18):
+    """The external tier's news since the last one (sent off the step path, as each load
+    ends): load id -> how many of its blocks, from the first, were read and checked (the
+    rest are computed again); and keys the tier no longer holds (evicted to stay within its
+    bound, a save that failed, an object found corrupt or foreign)."""
+
+    loaded: dict[int, int] = {}
+    removed_keys: list[str] = []
+
+
+WorkerToScheduler = WorkerHello | StepResult | WorkerError | Heartbeat | WorkerExit | GrammarsReady | ExternalKVDone
 SchedulerToWorker = WorkerReady | StepPlan | HybridStepPlan | SpecStepPlan | HybridSpecStepPlan | Heartbeat | Shutdown | CompileGrammars

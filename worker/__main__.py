@@ -129,6 +129,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-offloading-size", type=_gib, default=d.kv_offloading_size, metavar="GIB",
                    help="GiB of host memory for the offload tier of KV blocks, as vLLM's flag; allocated (pinned on CUDA) "
                         "before hello; 0: no host tier (default %(default)s)")
+    g = p.add_argument_group("external KV tier (worker/external/)")
+    g.add_argument("--kv-offloading-backend", choices=("native", "disk", "mooncake"), default="native",
+                   help="native: the host tier alone (--kv-offloading-size); disk: blocks saved as files under "
+                        "--kv-offloading-path, kept across restarts; mooncake: blocks saved in a Mooncake Store "
+                        "(--mooncake-master), shared by every engine using it (default %(default)s)")
+    g.add_argument("--kv-offloading-path", metavar="DIR", help="disk: the directory of the saved blocks")
+    g.add_argument("--kv-offloading-disk-size", type=_gib, default=None, metavar="GIB",
+                   help="disk: at most this many GiB in the directory; the least recently used blocks are removed past it")
+    g.add_argument("--mooncake-master", metavar="HOST:PORT", help="mooncake: the master's RPC address")
+    g.add_argument("--mooncake-metadata", metavar="URL", help="mooncake: the metadata server (http://HOST:PORT/metadata)")
     p.add_argument("--seed", type=_seed, default=d.seed,
                    help="global sampling seed: requests without a seed of their own draw from it, so they repeat "
                         "across runs given the same requests in the same order (default %(default)s, as vLLM)")
@@ -168,6 +178,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_external_tier(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """The external tier's flags name what its backend needs, and nothing of another's."""
+    backend = a.kv_offloading_backend
+    if backend == "disk":
+        if not a.kv_offloading_path or not a.kv_offloading_disk_size:
+            p.error("--kv-offloading-backend disk needs --kv-offloading-path DIR and --kv-offloading-disk-size GIB (> 0)")
+    elif a.kv_offloading_path or a.kv_offloading_disk_size:
+        p.error(f"--kv-offloading-path and --kv-offloading-disk-size are for --kv-offloading-backend disk, not {backend}")
+    if backend == "mooncake":
+        if not a.mooncake_master or not a.mooncake_metadata:
+            p.error("--kv-offloading-backend mooncake needs --mooncake-master HOST:PORT and --mooncake-metadata URL")
+    elif a.mooncake_master or a.mooncake_metadata:
+        p.error(f"--mooncake-master and --mooncake-metadata are for --kv-offloading-backend mooncake, not {backend}")
+    if backend != "native" and a.tensor_parallel_size > 1:
+        p.error(f"--kv-offloading-backend {backend}: not with tensor parallelism yet (each rank would save its own heads)")
+
+
 def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
     p = build_parser()
     a = p.parse_args(_join_negative_values(sys.argv[1:] if argv is None else list(argv)))
@@ -185,6 +212,7 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
     if a.cpu_wide_step_tokens is not None and a.cpu_wide_step_tokens < 0:
         p.error(f"--cpu-wide-step-tokens must be >= 0 (0: never), got {a.cpu_wide_step_tokens}")
     _check_distributed_timeout(p, a)
+    _check_external_tier(p, a)
     return WorkerConfig(
         scheduler=a.scheduler, model=a.model, device=device, dtype=a.dtype, kv_cache_dtype=a.kv_cache_dtype, max_model_len=a.max_model_len,
         kv_cache_memory=a.kv_cache_memory, num_gpu_blocks_override=a.num_gpu_blocks_override,
@@ -196,6 +224,9 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
         tensor_parallel_size=a.tensor_parallel_size, rank=a.rank, distributed_init_method=a.distributed_init_method,
         distributed_timeout_s=a.distributed_timeout, cpu_nice=a.cpu_nice, cpu_wide_step_tokens=a.cpu_wide_step_tokens,
         serve_pid=a.serve_pid,
+        kv_offloading_backend="" if a.kv_offloading_backend == "native" else a.kv_offloading_backend,
+        kv_offloading_path=a.kv_offloading_path, kv_offloading_disk_bytes=int((a.kv_offloading_disk_size or 0) * 2**30),
+        mooncake_master=a.mooncake_master, mooncake_metadata=a.mooncake_metadata,
         disable_sliding_window=a.disable_sliding_window, disable_hybrid_kv_cache_manager=a.disable_hybrid_kv_cache_manager,
     )
 

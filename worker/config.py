@@ -40,6 +40,13 @@ class WorkerConfig:
     block_size: int = 16
     # GiB of host memory for the offload tier (vLLM's --kv-offloading-size); 0: none.
     kv_offloading_size: float = 0.0
+    # The external KV tier (worker/external/): "" none, "disk" (a directory bounded in bytes)
+    # or "mooncake" (a Mooncake Store: its master and metadata server).
+    kv_offloading_backend: str = ""
+    kv_offloading_path: str | None = None
+    kv_offloading_disk_bytes: int = 0
+    mooncake_master: str | None = None
+    mooncake_metadata: str | None = None
     # The global sampling seed (vLLM's --seed, default 0 as in vLLM v1): the noise of
     # every request without a seed of its own.
     seed: int = 0

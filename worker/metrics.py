@@ -23,6 +23,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from worker.external.external_io import ExternalIO
+from worker.external.io_metrics import ExternalIOCollector
 from worker.threads import StepThreads
 
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -119,6 +121,10 @@ class WorkerMetrics:
         """Report the CPU worker's big steps from ``threads`` (worker/threads.py), read at
         each scrape: how many went wide, whether one would now, and the neighbours' load."""
         self.registry.register(_StepThreadsCollector(threads, self._labels))
+
+    def watch_external(self, io: ExternalIO) -> None:
+        """Report the external tier's saves and loads (worker/external/io_metrics.py), read at each scrape."""
+        self.registry.register(ExternalIOCollector(io, self._labels))
 
     def reset_totals(self) -> None:
         """Call when a new runner (counting from 0) replaces the old one."""

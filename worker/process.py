@@ -35,6 +35,7 @@ from protocol.codec import Codec, ProtocolError
 from protocol.curve import apply_client
 from protocol.worker_messages import (
     CompileGrammars,
+    ExternalKVDone,
     GrammarsReady,
     Heartbeat,
     SampledLogprobs,
@@ -48,6 +49,8 @@ from protocol.worker_messages import (
     WorkerReady,
 )
 from worker.config import WorkerConfig
+from worker.external.external_io import ExternalIO
+from worker.external.ops_check import check_external_ops
 from worker.grammar_compiler import GrammarCompiler
 from worker.group_tables import hello_group_windows
 from worker.host_load import HostLoad
@@ -65,6 +68,8 @@ EXIT_SCHEDULER_LOST = 3
 EXIT_REFUSED = 4
 # How often the loop looks for finished grammar compiles while any is in flight.
 GRAMMAR_POLL_S = 0.002
+# How long a new handshake waits for the external tier's saves and loads of the last scheduler.
+EXTERNAL_DRAIN_S = 30.0
 
 
 class SchedulerLost(Exception):
@@ -82,7 +87,7 @@ class WorkerStopping(Exception):
 class WorkerProcess:
     def __init__(
         self, config: WorkerConfig, serving: ServingModel, kv_caches: list[torch.Tensor], metrics: WorkerMetrics | None,
-        host_caches: list[torch.Tensor] | None = None,
+        host_caches: list[torch.Tensor] | None = None, external: ExternalIO | None = None,
     ):
         self.config = config
         self.serving = serving
@@ -104,6 +109,10 @@ class WorkerProcess:
         self.host_peers: HostPeers | None = None
         # Each step's thread count on CPU, built with the first runner and kept after.
         self.step_threads: StepThreads | None = None
+        # The external KV tier (disk, Mooncake Store): its saves and loads, on a thread of their own.
+        self.external = external
+        if external is not None and metrics is not None:
+            metrics.watch_external(external)
 
     def hello(self) -> WorkerHello:
         c, s = self.config, self.serving
@@ -115,7 +124,20 @@ class WorkerProcess:
             architecture=m.architecture, model_hash=s.identity, eos_token_ids=list(m.eos_token_ids),
             max_model_len=s.max_model_len, num_host_blocks=self.hello_num_host_blocks,
             group_windows=hello_group_windows(s.kv_cache_groups) if s.kv_cache_groups else [],
+            **self._hello_external(),
         )
+
+    def _hello_external(self) -> dict:
+        """The external tier in the hello: its name, identity and (a directory) its keys.
+        NOTE: loads of an earlier scheduler are finished first and their news dropped: their
+        ids mean nothing to the next one."""
+        ext = self.external
+        if ext is None:
+            return {}
+        if not ext.drain(EXTERNAL_DRAIN_S):
+            log.warning("the external tier's queue did not drain in %g s", EXTERNAL_DRAIN_S)
+        ext.take_done()
+        return dict(external_tier=ext.store.name, external_identity=ext.identity, external_keys=ext.store.keys())
 
     @property
     def hello_num_host_blocks(self) -> int:
@@ -262,8 +284,8 @@ class WorkerProcess:
         while True:
             now = time.monotonic()
             wait = min(last_heard + timeout, last_sent + interval) - now
-            if self.grammars.has_pending:
-                # NOTE: a compile ends on another thread: look for it often meanwhile.
+            if self.grammars.has_pending or (self.external is not None and self.external.has_pending_loads):
+                # NOTE: a compile or a load ends on another thread: look for it often meanwhile.
                 wait = min(wait, GRAMMAR_POLL_S)
             # NOTE: poll even when the wait is over, so a message that queued up
             # during a long step counts as heard rather than as a timeout.
@@ -279,10 +301,10 @@ class WorkerProcess:
                     self._send(sock, reply)
                     last_sent = time.monotonic()
                 last_heard = time.monotonic()
-                if self._send_grammars_ready(sock):
+                if self._send_news(sock):
                     last_sent = time.monotonic()
                 continue
-            if self._send_grammars_ready(sock):
+            if self._send_news(sock):
                 last_sent = time.monotonic()
             now = time.monotonic()
             if now - last_heard >= timeout:
@@ -290,6 +312,14 @@ class WorkerProcess:
             if now - last_sent >= interval:
                 self._send(sock, Heartbeat(sent_at=time.time()))
                 last_sent = now
+
+    def _send_news(self, sock: zmq.Socket) -> bool:
+        """Grammars compiled and external loads ended since the last news; False if none."""
+        sent = self._send_grammars_ready(sock)
+        if self.external is not None and (done := self.external.take_done()) is not None:
+            self._send(sock, ExternalKVDone(*done))
+            sent = True
+        return sent
 
     def _send_grammars_ready(self, sock: zmq.Socket) -> bool:
         """Tell the scheduler which grammars finished compiling; False if none did."""
@@ -353,11 +383,18 @@ class WorkerProcess:
     def _execute(self, plan: StepPlan) -> StepResult | WorkerError:
         runner = self.runner
         t0 = time.perf_counter()
+        ops = plan.external
         try:
+            if ops is not None:
+                # NOTE: checked and staged before the plan is applied: a block it reuses is saved as it was.
+                check_external_ops(ops, self.external, runner.limits.num_blocks)
+                staged = self.external.stage(ops)
             out = runner.execute(plan)
         except PlanError as e:
             log.warning("refused plan %d: %s", plan.step_id, e)
             return WorkerError(str(e), step_id=plan.step_id)
+        if ops is not None:
+            self.external.submit(staged, ops)
         elapsed = time.perf_counter() - t0
         if self.metrics is not None:
             self.metrics.observe_step(elapsed, runner.num_tokens_computed, runner.kv_bytes_written)

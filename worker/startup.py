@@ -23,6 +23,8 @@ from worker.attention.kv_quant import kv_cache_torch_dtype
 from worker.checkpoint import CheckpointError
 from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
 from worker.device_memory import check_host_tier_budget, check_kv_budget
+from worker.external.external_io import ExternalIO
+from worker.external.open_tier import open_external_tier
 from worker.group_tables import hello_group_windows
 from worker.kv_cache import (
     allocate_host_kv_caches,
@@ -105,10 +107,18 @@ def _serve(config: WorkerConfig, serving: ServingModel, group: TPGroup | None) -
             check_host_tier_groups(serving)
             host_caches = _allocate_host_tier(config, group, kv_caches, per_block)
         metrics = _start_metrics(config, group)
-    except StartupError as e:
+        external = open_external_tier(config, serving, kv_caches)
+    except (StartupError, ValueError) as e:
         log.error("%s", e)
         return 2
-    return _run_process_loop(config, serving, kv_caches, metrics, group, host_caches)
+    try:
+        return _run_process_loop(config, serving, kv_caches, metrics, group, host_caches, external)
+    finally:
+        if external is not None:
+            try:
+                external.close()
+            except WorkerStopping:
+                pass  # SIGTERM while the queue drains: it stops as it is
 
 
 def _kv_budget(config: WorkerConfig, serving: ServingModel, kv_dtype: torch.dtype) -> int:
@@ -222,14 +232,14 @@ def _on_sigterm(_signum, _frame) -> None:
 
 
 def _run_process_loop(config: WorkerConfig, serving: ServingModel, kv_caches: list[torch.Tensor], metrics: WorkerMetrics | None,
-                      group: TPGroup | None, host_caches: list[torch.Tensor] | None) -> int:  # fmt: skip
+                      group: TPGroup | None, host_caches: list[torch.Tensor] | None, external: ExternalIO | None = None) -> int:  # fmt: skip
     ctx = zmq.Context()
     try:
         # NOTE: only now, with a scheduler to tell; before, SIGTERM simply ends the process.
         signal.signal(signal.SIGTERM, _on_sigterm)
         if group is not None:
             return run_rank(config, serving, kv_caches, metrics, group, ctx, host_caches)
-        return WorkerProcess(config, serving, kv_caches, metrics, host_caches).run(ctx)
+        return WorkerProcess(config, serving, kv_caches, metrics, host_caches, external).run(ctx)
     except WorkerStopping:
         return 0
     except KeyboardInterrupt:

@@ -49,6 +49,14 @@ class HybridKVCacheManager:
     host_tier = None
     offloading_connector = None
     offload_store = "eviction"
+    # No external tier for hybrid groups yet (the worker refuses one too).
+    external = None
+
+    def take_external_ops(self) -> None:
+        return None
+
+    def get_num_external_hits(self, request, num_hit_tokens: int) -> int:
+        return 0
 
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, group_windows: Sequence[int], enable_caching: bool = True,
                  event_sink: KVEventSink | None = None, pool_factory: PoolFactory = BlockPool, *, max_num_batched_tokens: int | None = None):  # fmt: skip

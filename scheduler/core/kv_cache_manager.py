@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from scheduler.core.block_pool import BlockPool
+from scheduler.core.external_tier import ExternalOps, ExternalTier
 from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.core.kv_cache_request import KVCacheRequest
 from scheduler.core.kv_events import KVEventSink
@@ -38,7 +39,7 @@ class KVCacheManager:
 
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True, event_sink: KVEventSink | None = None,
                  pool_factory: PoolFactory = BlockPool, host_tier: HostTier | None = None, offload_store: str = "eviction",
-                 max_pinned_fraction: float = 0.5):  # fmt: skip
+                 max_pinned_fraction: float = 0.5, external_tier: ExternalTier | None = None):  # fmt: skip
         if offload_store not in OFFLOAD_STORE_MODES:
             raise ValueError(f"offload_store must be one of {OFFLOAD_STORE_MODES}, got {offload_store!r}")
         if host_tier is not None and host_tier.block_size != block_size:
@@ -60,6 +61,9 @@ class KVCacheManager:
         self.offload_store = offload_store
         self._write_through = self.host_tier is not None and offload_store == "full"
         self.offloading_connector = None if self.host_tier is None else OffloadingConnector(self.host_tier, self.block_pool, self._write_through)
+        # The external tier (disk, Mooncake Store: scheduler/core/external_tier.py), below the host
+        # tier; None without one (or without caching: nothing would be hashed).
+        self.external = external_tier if enable_caching else None
         # vLLM's connector_prefix_cache_stats: tokens asked of the host tier (what the device did
         # not hold) and found there (vllm:external_prefix_cache_*).
         self.external_prefix_cache_stats = PrefixCacheStats()
@@ -120,11 +124,12 @@ class KVCacheManager:
             return
         num_local = num_hit_tokens - num_host_hit_tokens
         self.prefix_cache_stats.record(num_tokens, num_local, preempted)
-        if self.host_tier is not None:
+        if self.host_tier is not None or self.external is not None:
             self.external_prefix_cache_stats.record(num_tokens - num_local, num_host_hit_tokens, preempted)
 
     def allocate_slots(self, request: KVCacheRequest, num_new_tokens: int, num_new_computed_tokens: int = 0, new_computed_blocks: list[KVCacheBlock] | None = None,
-                       num_lookahead_tokens: int = 0, full_sequence_must_fit: bool = False, watermark_blocks: int = 0) -> list[KVCacheBlock] | None:  # fmt: skip
+                       num_lookahead_tokens: int = 0, full_sequence_must_fit: bool = False, watermark_blocks: int = 0,
+                       delay_cache: bool = False) -> list[KVCacheBlock] | None:  # fmt: skip
         """Make room for ``num_new_tokens`` more tokens of ``request`` (after its
         computed tokens and the ``new_computed_blocks`` prefix hits).
 
@@ -135,7 +140,10 @@ class KVCacheManager:
         ``full_sequence_must_fit`` (vLLM's admission gate, ``scheduler_reserve_full_isl``):
         None unless the free blocks could also hold every token the request has now
         (prompt and output so far, up to max_model_len), not only this chunk. Both checks
-        leave ``watermark_blocks`` free (vLLM's watermark: the scheduler's, for admissions)."""
+        leave ``watermark_blocks`` free (vLLM's watermark: the scheduler's, for admissions).
+
+        ``delay_cache`` (vLLM's ``delay_cache_blocks``): the new tokens are an external load's,
+        not yet written: their blocks are cached by `cache_loaded` once the load is in."""
         if num_new_tokens < 0 or num_new_computed_tokens < 0 or num_lookahead_tokens < 0:
             raise ValueError("token counts must be >= 0")
         if new_computed_blocks is None:
@@ -160,7 +168,8 @@ class KVCacheManager:
             req_blocks = self.req_to_blocks[request_id] = []
             self.num_cached_block[request_id] = 0
         new_blocks = self._add_blocks(request, req_blocks, new_computed_blocks, num_host_hits, num_new_blocks)
-        self._cache_and_bound(request, req_blocks, min(num_computed_tokens + num_new_tokens, len(request.all_token_ids)))
+        num_final = num_computed_tokens if delay_cache else num_computed_tokens + num_new_tokens
+        self._cache_and_bound(request, req_blocks, min(num_final, len(request.all_token_ids)))
         return new_blocks
 
     def _get_num_blocks_to_allocate(self, request: KVCacheRequest, num_tokens_need_slot: int, num_held: int, new_computed_blocks: Sequence[KVCacheBlock], full_sequence_must_fit: bool, watermark_blocks: int) -> int | None:  # fmt: skip
@@ -250,6 +259,8 @@ class KVCacheManager:
             )
             if self._write_through:
                 self.offloading_connector.add_written(req_blocks, request.block_hashes, num_cached, num_full_blocks)
+            if self.external is not None:
+                self.external.add_written(req_blocks, request.block_hashes, num_cached, num_full_blocks)
             self.num_cached_block[request_id] = num_cached = num_full_blocks
         # While its computed tokens stay at or below this, a call for this request would allocate
         # nothing (its blocks have room) and cache nothing (no block past the cached ones fills):
@@ -269,6 +280,8 @@ class KVCacheManager:
                 self.block_pool.uncache_blocks(uncached)
                 if self._write_through:
                     self.offloading_connector.forget_written(uncached)
+                if self.external is not None:
+                    self.external.forget_written(uncached)
             blocks.reverse()
             self.block_pool.free_blocks(blocks)
 
@@ -285,6 +298,30 @@ class KVCacheManager:
         """The plan in flight ran: its copies are done."""
         if self.offloading_connector is not None:
             self.offloading_connector.complete_copies()
+
+    # --- the external tier -------------------------------------------------------------
+
+    def get_num_external_hits(self, request: KVCacheRequest, num_hit_tokens: int) -> int:
+        """Tokens of the request's next blocks, after its ``num_hit_tokens`` device and host
+        hits, that the external tier holds (vLLM's ``get_num_new_matched_tokens``); capped, as
+        every hit, so the last prompt token is computed. 0 without a tier."""
+        if self.external is None or not self.prefix_cache_lookup_enabled(request):
+            return 0
+        start = num_hit_tokens // self.block_size
+        end = min((request.num_tokens - 1) // self.block_size, len(request.block_hashes))
+        return self.external.lookup(request.block_hashes[start:end]) * self.block_size if end > start else 0
+
+    def cache_loaded(self, request: KVCacheRequest, num_computed_tokens: int) -> None:
+        """An external load ended: the request's first ``num_computed_tokens`` tokens are in
+        its blocks; cache (hash) those full blocks, as if just computed."""
+        req_blocks = self.req_to_blocks.get(request.request_id)
+        if req_blocks is None or num_computed_tokens > len(req_blocks) * self.block_size:
+            raise ValueError(f"request {request.request_id!r}: {num_computed_tokens} loaded tokens, it holds room for fewer")
+        self._cache_and_bound(request, req_blocks, min(num_computed_tokens, len(request.all_token_ids)))
+
+    def take_external_ops(self) -> ExternalOps | None:
+        """The step's external saves and loads for its plan (None: none, or no tier)."""
+        return None if self.external is None else self.external.take_ops()
 
     def reset_prefix_cache(self) -> bool:
         """Drop every hash, on the device and in the host tier (vLLM's CPU tier

@@ -113,6 +113,12 @@ class SchedulerConfig:
     kv_offloading_size: float = 0.0
     # When blocks are copied to the host tier: "eviction" (their hash leaves the device) or "full" (write-through, once computed).
     kv_offloading_store: str = "eviction"
+    # The external tier below it (scheduler/core/external_tier.py): "native" none; "disk" (the
+    # worker's directory; the worker lists it at hello) or "mooncake" (a shared store: its
+    # master is asked which blocks it holds; the metadata server is the store's).
+    kv_offloading_backend: str = "native"
+    mooncake_master: str | None = None
+    mooncake_metadata: str | None = None
     # The device pool's eviction policy (scheduler/core/eviction_policies.py); lru: the free queue's own order.
     kv_eviction_policy: str = "lru"
     # Pinned blocks (POST /v1/cache/pin) may hold at most this share of the pool's blocks.
@@ -210,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kv-offloading-store", choices=OFFLOAD_STORE_MODES, default=d.kv_offloading_store,
                    help="copy a block to host memory when it is evicted from the device, or as soon as it is computed "
                         "(write-through) (default %(default)s)")  # fmt: skip
+    g.add_argument("--kv-offloading-backend", choices=("native", "disk", "mooncake"), default=d.kv_offloading_backend,
+                   help="native: the host tier alone; disk or mooncake: also an external tier the worker saves every "
+                        "computed block to and loads hits from, off the step path (give the worker the same flag) "
+                        "(default %(default)s)")  # fmt: skip
+    g.add_argument("--mooncake-master", metavar="HOST:PORT", help="mooncake: the master the scheduler asks which blocks the store holds")
+    g.add_argument("--mooncake-metadata", metavar="URL", help="mooncake: the store's metadata server (http://HOST:PORT/metadata)")
     g = p.add_argument_group("retention (kvpool extensions)")
     g.add_argument("--kv-eviction-policy", choices=KV_EVICTION_POLICIES, default=d.kv_eviction_policy,
                    help="which free cached block is evicted first: lru (vLLM's), arc, lfu, s3fifo or cost; with "
@@ -254,6 +266,24 @@ def _check_mfu_flags(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
             ModelShape.from_checkpoint(a.model, a.dtype, a.kv_cache_dtype)
         except ValueError as e:
             p.error(str(e))
+
+
+def _check_external_tier(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    backend = a.kv_offloading_backend
+    if backend == "native":
+        if a.mooncake_master or a.mooncake_metadata:
+            p.error("--mooncake-master and --mooncake-metadata are for --kv-offloading-backend mooncake")
+        return
+    if not a.enable_prefix_caching:
+        p.error(f"--kv-offloading-backend {backend} needs the prefix cache: blocks are saved and found by hash (drop --no-enable-prefix-caching)")
+    if a.prefix_caching_hash_algo not in ("kvpool_sha256", "kvpool_xxhash") and not os.environ.get("PYTHONHASHSEED"):
+        p.error(f"--kv-offloading-backend {backend} with --prefix-caching-hash-algo {a.prefix_caching_hash_algo}: vLLM's hashes are "
+                "seeded from PYTHONHASHSEED, random when it is unset, so no other process (nor this one restarted) would find a "
+                "saved block; set PYTHONHASHSEED, or use kvpool_sha256")  # fmt: skip
+    if backend == "mooncake" and not (a.mooncake_master and a.mooncake_metadata):
+        p.error("--kv-offloading-backend mooncake needs --mooncake-master HOST:PORT and --mooncake-metadata URL")
+    if backend == "disk" and (a.mooncake_master or a.mooncake_metadata):
+        p.error("--mooncake-master and --mooncake-metadata are for --kv-offloading-backend mooncake, not disk")
 
 
 def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
@@ -307,6 +337,7 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
         p.error(f"--kv-offloading-size must be a size in GiB, 0 or more, got {a.kv_offloading_size}")
     if a.kv_offloading_size > 0 and not a.enable_prefix_caching:
         p.error("--kv-offloading-size needs the prefix cache: blocks are offloaded and found by hash (drop --no-enable-prefix-caching)")
+    _check_external_tier(p, a)
     _check_mfu_flags(p, a)
     try:
         spec = parse_speculative_config(a.speculative_config)

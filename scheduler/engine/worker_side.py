@@ -25,6 +25,7 @@ from protocol.codec import Codec, ProtocolError
 from protocol.kv_cache_spec import is_hybrid
 from protocol.speculative_config import parse_speculative_config
 from protocol.worker_messages import (
+    ExternalKVDone,
     GrammarsReady,
     Heartbeat,
     Shutdown,
@@ -43,6 +44,7 @@ from scheduler.core.offload_tier import HostTier
 from scheduler.engine.cache_config_info import cache_config_info
 from scheduler.engine.config import SchedulerConfig
 from scheduler.engine.engine_state import EngineState
+from scheduler.engine.external_setup import check_external_tier, make_external_tier
 from scheduler.engine.metrics import SchedulerMetrics
 from scheduler.engine.sockets import LoopYield, RouterPort, peer_name
 from scheduler.engine.worker_checks import (
@@ -103,6 +105,8 @@ class WorkerSide:
                     link.deliver(ident, msg)
                 case GrammarsReady() if link.is_ours(ident) and self.state.scheduler is not None:
                     await self._on_grammars_ready(msg)
+                case ExternalKVDone() if link.is_ours(ident) and self.state.scheduler is not None:
+                    self._on_external_done(msg)
                 case Heartbeat():
                     if link.acknowledge(ident):
                         self._on_worker_ready()
@@ -129,6 +133,15 @@ class WorkerSide:
         for request_id, error in scheduler.grammar_failures(msg.failed_seq_ids, msg.errors):
             await self.end_requests([request_id], RequestStatus.FINISHED_ERROR, f"grammar compilation failed: {error}")
 
+    def _on_external_done(self, msg: ExternalKVDone) -> None:
+        """External loads ended: their requests may be scheduled; keys gone leave the index."""
+        kv = self.state.kv
+        if kv.external is None:
+            return
+        kv.external.removed(msg.removed_keys)
+        if self.state.scheduler.external_loads_done(msg.loaded):
+            self.state.wakeup.set()
+
     async def _refuse_worker(self, ident: bytes, reason: str) -> None:
         log.error("refusing worker %s: %s", peer_name(ident), reason)
         await self.port.send(ident, self.link.codec.encode(Shutdown(reason)))
@@ -149,6 +162,7 @@ class WorkerSide:
             num_blocks = pool_size_for(hello, c.block_size, c.num_gpu_blocks_override, current, c.max_model_len)
             num_host_blocks = host_tier_size_for(hello, c.kv_offloading_size, self._host_tier_size())
             check_group_windows(hello, c.kv_offloading_size, c.kv_eviction_policy, self.pool_group_windows)
+            check_external_tier(hello, c.kv_offloading_backend)
         except WorkerRefused as e:
             return await self._refuse_worker(ident, str(e))
         link.begin_handshake(ident, hello, num_blocks)
@@ -171,6 +185,10 @@ class WorkerSide:
         state = self.state
         if state.kv is None:
             self._build_pool(self.link.hello, self.link.num_blocks)
+        if state.kv.external is not None:
+            hello = self.link.hello
+            state.kv.external.attach(hello.external_identity, hello.external_keys)
+            log.info("%s tier: %d blocks held (as the worker listed them)", hello.external_tier, len(hello.external_keys))
         state.worker_lost_at = None
         # NOTE: a new worker holds no grammar: those still compiling are asked again.
         state.scheduler.recompile_grammars()
@@ -197,6 +215,7 @@ class WorkerSide:
             state.kv = kv_cache_manager_class(c.scheduling_policy)(
                 num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory,
                 host_tier=host_tier, offload_store=c.kv_offloading_store, max_pinned_fraction=c.max_pinned_fraction,
+                external_tier=make_external_tier(c.kv_offloading_backend, c.block_size, c.mooncake_master, c.mooncake_metadata),
             )  # fmt: skip
         state.scheduler = scheduler_class(c.scheduling_policy)(
             state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl, **policy_kwargs(c),
@@ -234,6 +253,7 @@ class WorkerSide:
                 name, "left" if clean else "lost", why, scheduler.num_running)  # fmt: skip
         state.worker_lost_at = time.monotonic()
         scheduler.abandon_in_flight()
+        scheduler.abandon_loads()
         scheduler.preempt_all()
         # NOTE: the next worker's KV memory is empty: every hash is void. A block
         # still held here would be served to it as a cache hit of memory it never wrote.

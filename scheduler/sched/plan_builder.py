@@ -18,6 +18,7 @@ from operator import attrgetter
 
 from protocol.worker_messages import (
     AppendedBlocks,
+    ExternalKVOps,
     GroupAppendedBlocks,
     GroupDeltas,
     HybridSpecStepPlan,
@@ -28,6 +29,7 @@ from protocol.worker_messages import (
     StepPlan,
     TierCopies,
 )
+from scheduler.core.external_tier import ExternalOps
 from scheduler.core.grouped_blocks import GroupedBlocks
 from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.core.offload_tier import HostTierCopies
@@ -85,10 +87,11 @@ class StepPlanBuilder:
         (self.resumed_rows if resumed else self.new_rows).append(row)
 
     def build(self, step_id: int, finished_seq_ids: list[int], preempted: list[Request], copies: HostTierCopies | None,
-              nulled: list[tuple[int, int, int]] | None = None) -> StepPlan:  # fmt: skip
+              nulled: list[tuple[int, int, int]] | None = None, external: ExternalOps | None = None) -> StepPlan:  # fmt: skip
         """The step's plan: its deltas, the rows to drop, and the host tier's stores
         and loads (``copies``; None without a tier or without copies). ``nulled``:
-        (seq_id, group, leading null entries) of rows live at the end of the step."""
+        (seq_id, group, leading null entries) of rows live at the end of the step. ``external``:
+        the external tier's saves and loads (None: none)."""
         if nulled:
             self.groups.nulled.extend(NulledBlocks(seq_id, group, n) for seq_id, group, n in nulled)
         tier_copies = None
@@ -104,6 +107,8 @@ class StepPlanBuilder:
             preempted_seq_ids=[r.seq_id for r in preempted],
             tier_copies=tier_copies,
         )
+        if external is not None:
+            fields["external"] = ExternalKVOps(external.save_block_ids, external.save_keys, external.load_ids, external.load_keys, external.load_block_ids)
         if self.spec_token_ids:
             if self.groups is None:
                 return SpecStepPlan(**fields, spec_token_ids=self.spec_token_ids)

@@ -17,6 +17,8 @@ class RequestStatus(enum.Enum):
     WAITING = "waiting"
     # Its grammar is still compiling on the worker (scheduler/sched/grammar_wait.py).
     WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = "waiting_for_structured_output_grammar"
+    # Its blocks are being loaded from the external tier (scheduler/sched/external_wait.py).
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_LENGTH = "length"
@@ -43,7 +45,7 @@ class Request:
         "first_token_time",
         "last_token_time", "num_preemptions", "alloc_noop_until", "max_num_tokens", "stop_token_ids", "append_only_below",
         "min_tokens", "sampling", "priority", "grammar", "skip_reading_prefix_cache",
-        "prompt_logprobs", "spec_token_ids", "draft_index",
+        "prompt_logprobs", "spec_token_ids", "draft_index", "external_load",
     )  # fmt: skip
 
     def __init__(
@@ -85,6 +87,9 @@ class Request:
         # Of them, those loaded from the host tier (vLLM's external KV transfer).
         self.num_cached_tokens = -1
         self.num_external_cached_tokens = 0
+        # While its blocks load from the external tier: (its tokens computed before the load,
+        # the blocks loading, its device hits' tokens); None otherwise.
+        self.external_load: tuple[int, int, int] | None = None
         # NOTE: ``block_hashes`` lets a caller that already hashed the prompt (the
         # offline what-if replay memoises shared trace prefixes) pass them in: they must
         # be what ``block_hasher`` would give; it hashes on from where they end.

@@ -26,6 +26,7 @@ from protocol.speculative_config import SpeculativeConfig
 from protocol.worker_messages import StepResult
 from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.sched.external_wait import ExternalKVWait
 from scheduler.sched.grammar_wait import GrammarWait
 from scheduler.sched.outputs import SchedulerOutput, StepTokens
 from scheduler.sched.plan_builder import StepPlanBuilder
@@ -39,7 +40,7 @@ from scheduler.spec.ngram_proposer import NgramProposer
 from scheduler.spec.spec_stats import SpecDecodingStats
 
 
-class Scheduler(WorkerLossRecovery, GrammarWait):
+class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
     policy = "fcfs"  # --scheduling-policy (its waiting queue: scheduler/sched/request_queue.py)
 
     def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
@@ -87,6 +88,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
             speculative.num_speculative_tokens, speculative.prompt_lookup_min, speculative.prompt_lookup_max, max_model_len)
         self.spec_stats = None if speculative is None else SpecDecodingStats(speculative.num_speculative_tokens)
         self._init_grammar_wait()
+        self._init_external_wait()
 
     # --- requests ---------------------------------------------------------------------
 
@@ -115,6 +117,8 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
             if request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
                 del self.waiting_for_grammar[request.seq_id]
                 self._finish(request, status)
+            elif request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                self._end_loading(request, status)
             elif self._finish(request, status):
                 self.running.remove(request)
             else:
@@ -142,7 +146,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting) + len(self.waiting_for_grammar)
+        return len(self.waiting) + len(self.waiting_for_grammar) + len(self.loading)
 
     @property
     def num_running(self) -> int:
@@ -166,13 +170,15 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
             preempted += victims
             if scheduled:  # NOTE: else the first running one preempted itself: vLLM runs an empty step, we plan again
                 break
-        if not scheduled:
+        external = self.kv_cache_manager.take_external_ops()
+        if not scheduled and external is None:
             # Nothing to run; rows to drop ride along with the next plan.
             self._pending_finished_seq_ids.extend(r.seq_id for r in preempted)
             return None
+        # NOTE: a plan of external saves or loads alone runs too: a parked request's load starts, blocks of the last step are saved.
         finished_seq_ids, self._pending_finished_seq_ids = self._pending_finished_seq_ids, []
         nulled = None if self._take_nulled is None else self._nulled_rows()
-        step_plan = plan.build(self.next_step_id, finished_seq_ids, preempted, self.kv_cache_manager.take_tier_copies(), nulled)
+        step_plan = plan.build(self.next_step_id, finished_seq_ids, preempted, self.kv_cache_manager.take_tier_copies(), nulled, external)
         self.next_step_id += 1
         total = self.step_token_budget - token_budget
         self._in_flight = SchedulerOutput(step_plan, scheduled, total, preempted, sampling)
@@ -276,7 +282,17 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
         now = time.monotonic()
         while waiting and token_budget > 0 and len(running) < self.max_num_active_seqs:
             request = waiting.head
-            hits, num_hit_tokens = kv.get_computed_blocks(request, record_stats=False)
+            loaded = kv.external is not None and self._holds_loaded_blocks(request)
+            if loaded:
+                # Its blocks were loaded from the external tier: held and cached, counted at its park.
+                hits, num_hit_tokens = [], request.num_computed_tokens
+            else:
+                hits, num_hit_tokens = kv.get_computed_blocks(request, record_stats=False)
+                num_external_tokens = kv.get_num_external_hits(request, num_hit_tokens)
+                if num_external_tokens:
+                    if not self._park_for_load(request, hits, num_hit_tokens, num_external_tokens):
+                        break  # nobody overtakes the head of the queue
+                    continue
             num_new_tokens = request.num_tokens - num_hit_tokens
             if 0 < cap < num_new_tokens:
                 num_new_tokens = cap
@@ -284,13 +300,14 @@ class Scheduler(WorkerLossRecovery, GrammarWait):
                 if not self.enable_chunked_prefill:
                     break  # vLLM: not split, and nobody overtakes the head
                 num_new_tokens = token_budget
-            new_blocks = kv.allocate_slots(request, num_new_tokens, num_hit_tokens, hits, full_sequence_must_fit=self.reserve_full_sequence,
+            # NOTE: a loaded request's computed tokens are its own already, not new hits.
+            new_blocks = kv.allocate_slots(request, num_new_tokens, 0 if loaded else num_hit_tokens, hits, full_sequence_must_fit=self.reserve_full_sequence,
                                            watermark_blocks=self.watermark_blocks if running else 0)  # fmt: skip
             if new_blocks is None:
                 break  # nobody overtakes the head of the queue
             # NOTE: admitted before (resumed after a preemption or a lost worker): counted apart.
-            num_host_hit_tokens = num_hit_tokens - len(hits) * self.block_size
-            if kv.prefix_cache_lookup_enabled(request):  # NOTE: vLLM counts no lookup of a request that skips the cache
+            num_host_hit_tokens = request.num_external_cached_tokens if loaded else num_hit_tokens - len(hits) * self.block_size
+            if not loaded and kv.prefix_cache_lookup_enabled(request):  # NOTE: vLLM counts no lookup of a request that skips the cache
                 kv.record_prefix_cache_query(request.num_tokens, num_hit_tokens, request.num_cached_tokens >= 0, num_host_hit_tokens)
             waiting.popleft()
             running.append(request)

@@ -1,0 +1,51 @@
+"""The external KV tier a worker opens at start-up, from its flags (--kv-offloading-backend)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from protocol.external_kv import kv_identity
+from worker.group_tables import hello_group_windows
+from worker.config import WorkerConfig
+from worker.external.external_io import ExternalIO
+from worker.external.store_errors import StoreError
+from worker.serving_model import ServingModel
+
+log = logging.getLogger("kvpool.worker.external")
+
+
+def worker_identity(serving: ServingModel, kv_caches: list[torch.Tensor], block_size: int) -> str:
+    """The identity of this worker's KV objects (protocol/external_kv.py), from what it holds."""
+    _, _, _, kvh, hd = kv_caches[0].shape
+    m = serving.config
+    return kv_identity(m.architecture, serving.identity, str(kv_caches[0].dtype).removeprefix("torch."), block_size, len(kv_caches), kvh, hd)
+
+
+def open_external_tier(config: WorkerConfig, serving: ServingModel, kv_caches: list[torch.Tensor]) -> ExternalIO | None:
+    """The tier of ``config.kv_offloading_backend`` (None without one). Raises ValueError
+    naming the problem: a hybrid model, a directory it cannot use, a store out of reach."""
+    backend = config.kv_offloading_backend
+    if not backend:
+        return None
+    if serving.kv_cache_groups and hello_group_windows(serving.kv_cache_groups):
+        raise ValueError(f"--kv-offloading-backend {backend}: not supported with hybrid KV-cache groups yet; pass "
+                         "--disable-hybrid-kv-cache-manager, or serve without an external tier")  # fmt: skip
+    identity = worker_identity(serving, kv_caches, config.block_size)
+    if backend == "disk":
+        from worker.external.disk_store import DiskStore
+
+        store = DiskStore(config.kv_offloading_path, config.kv_offloading_disk_bytes, identity)
+        log.info("disk tier at %s: %d blocks held, bounded at %d bytes", store.dir, len(store), store.max_bytes)
+    elif backend == "mooncake":
+        from worker.external.mooncake_store import MooncakeStore
+
+        try:
+            store = MooncakeStore(config.mooncake_master, config.mooncake_metadata)
+        except StoreError as e:
+            raise ValueError(f"--kv-offloading-backend mooncake: {e}") from e
+        log.info("Mooncake Store tier: master %s, metadata %s", config.mooncake_master, config.mooncake_metadata)
+    else:
+        raise ValueError(f"unknown --kv-offloading-backend {backend!r}")
+    return ExternalIO(store, identity, kv_caches)
