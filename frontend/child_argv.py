@@ -34,6 +34,20 @@ def _offload(a) -> list[str]:
     return ["--kv-offloading-size", f"{a.kv_offloading_size:g}"] if getattr(a, "kv_offloading_size", 0) else []
 
 
+def _external(a, child: str) -> list[str]:
+    """The external tier (--kv-offloading-backend disk or mooncake): both sides name it; the
+    worker holds the directory or the store's client, the scheduler asks the master too."""
+    backend = getattr(a, "kv_offloading_backend", None) or "native"
+    if backend == "native":
+        return []
+    argv = ["--kv-offloading-backend", backend]
+    if backend == "mooncake":
+        argv += ["--mooncake-master", a.mooncake_master, "--mooncake-metadata", a.mooncake_metadata]
+    elif child == "worker":
+        argv += ["--kv-offloading-path", a.kv_offloading_path, "--kv-offloading-disk-size", f"{a.kv_offloading_disk_size:g}"]
+    return argv
+
+
 def scheduler_argv(a, client_port: int, worker_port: int, sched_http: int) -> list[str]:
     sched = [sys.executable, "-m", "scheduler", "--host", "127.0.0.1", "--port", str(client_port), "--worker-port", str(worker_port),
              "--http-port", str(sched_http), "--block-size", str(a.block_size), "--served-model-name", a.served_model_name,
@@ -55,7 +69,7 @@ def scheduler_argv(a, client_port: int, worker_port: int, sched_http: int) -> li
     if getattr(a, "enable_mfu_metrics", False):
         # NOTE: the scheduler estimates from the checkpoint's shape in the worker's dtype.
         sched += ["--enable-mfu-metrics", "--model", str(a.model_dir), "--dtype", a.dtype]
-    sched += _offload(a) + _log_level(a)
+    sched += _offload(a) + _external(a, "scheduler") + _log_level(a)
     for flag, value in (("--kv-events-endpoint", a.kv_events_endpoint), ("--kv-events-replay-endpoint", a.kv_events_replay_endpoint),
                         ("--kv-events-topic", a.kv_events_topic)):  # fmt: skip
         if value:
@@ -84,7 +98,7 @@ def worker_argv(a, worker_port: int, worker_http: int) -> list[str]:
         worker += ["--kv-cache-memory", a.kv_cache_memory]
     elif getattr(a, "kv_cache_memory_bytes", None):
         worker += ["--kv-cache-memory", str(a.kv_cache_memory_bytes)]
-    worker += _offload(a) + _log_level(a)
+    worker += _offload(a) + _external(a, "worker") + _log_level(a)
     if a.tensor_parallel_size > 1:
         worker += ["--tensor-parallel-size", str(a.tensor_parallel_size)]
     if getattr(a, "distributed_timeout_seconds", None) is not None:

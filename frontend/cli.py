@@ -61,6 +61,13 @@ def _add_kvpool_flags(g) -> None:
                         "one busy (default: the worker's, from the model's size; 0: never)")
     g.add_argument("--cpu-nice", type=int, default=None, metavar="N",
                    help="on CPU, the worker runs at nice N at least, 0..19 (default: the worker's)")
+    g.add_argument("--kv-offloading-path", default=None, metavar="DIR",
+                   help="--kv-offloading-backend disk: the directory of the saved KV blocks, kept across restarts")
+    g.add_argument("--kv-offloading-disk-size", type=float, default=None, metavar="GIB",
+                   help="--kv-offloading-backend disk: at most this many GiB in the directory (least recently used removed past it)")
+    g.add_argument("--mooncake-master", default=None, metavar="HOST:PORT", help="--kv-offloading-backend mooncake: the store's master")
+    g.add_argument("--mooncake-metadata", default=None, metavar="URL",
+                   help="--kv-offloading-backend mooncake: the store's metadata server (http://HOST:PORT/metadata)")
     g.add_argument("--scheduler-args", type=shlex.split, default=[], metavar="'ARGS'", help="more flags for the scheduler")
     g.add_argument("--worker-args", type=shlex.split, default=[], metavar="'ARGS'", help="more flags for the worker (CURVE keys...)")
     g.add_argument("--worker-restarts", type=int, default=5,
@@ -130,6 +137,24 @@ def refused_flag(a: argparse.Namespace) -> str | None:
     return None
 
 
+def _check_external_tier(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """--kv-offloading-backend disk or mooncake and the flags each needs (and no other's)."""
+    backend = a.kv_offloading_backend or "native"
+    disk_flags, store_flags = (a.kv_offloading_path, a.kv_offloading_disk_size), (a.mooncake_master, a.mooncake_metadata)
+    if backend == "disk":
+        if not a.kv_offloading_path or not a.kv_offloading_disk_size or a.kv_offloading_disk_size <= 0:
+            p.error("--kv-offloading-backend disk needs --kv-offloading-path DIR and --kv-offloading-disk-size GIB (> 0)")
+    elif any(v is not None for v in disk_flags):
+        p.error(f"--kv-offloading-path and --kv-offloading-disk-size are for --kv-offloading-backend disk, not {backend}")
+    if backend == "mooncake":
+        if not all(store_flags):
+            p.error("--kv-offloading-backend mooncake needs --mooncake-master HOST:PORT and --mooncake-metadata URL")
+    elif any(v is not None for v in store_flags):
+        p.error(f"--mooncake-master and --mooncake-metadata are for --kv-offloading-backend mooncake, not {backend}")
+    if backend != "native" and not a.enable_prefix_caching:
+        p.error(f"--kv-offloading-backend {backend} needs the prefix cache: blocks are saved and found by hash")
+
+
 def settle(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """Fill in the defaults that depend on MODEL and check the values (p.error: exit 2)."""
     a.served_model_name = a.served_model_name[0] if a.served_model_name else a.model
@@ -146,6 +171,7 @@ def settle(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
             p.error(f"--{flag.replace('_', '-')} must be positive, got {getattr(a, flag)}")
     if not 0 <= a.kv_offloading_size < float("inf"):
         p.error(f"--kv-offloading-size must be a number of GiB >= 0, got {a.kv_offloading_size}")
+    _check_external_tier(p, a)
     for name in ("worker_restarts", "scheduler_restarts", "frontend_restarts"):
         if getattr(a, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")

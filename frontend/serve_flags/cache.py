@@ -33,9 +33,12 @@ _CACHE = [
     refused("--kv-cache-dtype-skip-layers", MANY, "one KV cache dtype for every layer: keeping some layers out of the fp8 cache is not supported yet"),
     handled("--kv-cache-memory-bytes", ONE, "worker (its --kv-cache-memory)", type=human_readable_int, default=None, metavar="BYTES",
             help="the KV cache's size in bytes (4G, 8000M...), instead of --gpu-memory-utilization's share"),  # fmt: skip
-    handled("--kv-offloading-backend", ONE, "scheduler and worker: native, kvpool's host tier", default=None,
-            accepts=(None, "native"), why_not="LMCache is not supported; kvpool's host tier is vLLM's native one",
-            help="native only: kvpool's host tier (with --kv-offloading-size)"),  # fmt: skip
+    handled("--kv-offloading-backend", ONE, "scheduler and worker: native (the host tier), disk or mooncake (an external tier below it)",
+            default=None, accepts=(None, "native", "disk", "mooncake"),
+            why_not="LMCache is not supported; kvpool's tiers are its host tier (native) and its disk or mooncake tiers",
+            help="native: the host tier (with --kv-offloading-size); disk (--kv-offloading-path, --kv-offloading-disk-size) or "
+                 "mooncake (--mooncake-master, --mooncake-metadata): also a tier every computed block is saved to and "
+                 "loaded back from, kept across restarts and (mooncake) shared by replicas"),  # fmt: skip
     handled("--kv-offloading-size", ONE, "scheduler and worker", type=float, default=0.0, metavar="GIB",
             help="GiB of host memory for evicted KV blocks, loaded back on a prefix hit (default: off)"),  # fmt: skip
     refused("--kv-sharing-fast-prefill", BOOL, why.NOT_YET, accepts=(False,)),

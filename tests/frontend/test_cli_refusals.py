@@ -33,7 +33,7 @@ def test_a_refused_flag_exits_2_with_one_line_and_starts_nothing(tiny_checkpoint
                                         "whose rank is 0 as vLLM's is then; independent replicas all keep rank 0 (tell them apart "
                                         "by --kv-events-topic)"),
         (["--kv-offloading-backend", "lmcache"],
-         "kvpool serve: --kv-offloading-backend lmcache: LMCache is not supported; kvpool's host tier is vLLM's native one"),
+         "kvpool serve: --kv-offloading-backend lmcache: LMCache is not supported; kvpool's tiers are its host tier (native) and its disk or mooncake tiers"),
         (["--log-level", "CRITICAL"], "kvpool serve: --log-level CRITICAL: kvpool's processes log at DEBUG, INFO, WARNING or ERROR"),
         (["--served-model-name", "a", "b"],
          "kvpool serve: --served-model-name a b: kvpool serves one model name (several are not supported yet)"),
