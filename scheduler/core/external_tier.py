@@ -108,10 +108,8 @@ class ExternalTier:
         self._written_this_step: list[tuple[int, BlockHash]] = []
         self._written_last_step: list[tuple[int, BlockHash]] = []
         self._ops = ExternalOps()
-        # Counters, in blocks (never reset): looked up, found, saves sent, saves skipped (held
-        # already), loads sent, blocks whose load failed, keys reported removed.
-        self.num_queried = 0
-        self.num_hits = 0
+        # Counters, in blocks (never reset): saves sent, saves skipped (held already), loads sent
+        # (the hits admissions claimed), blocks whose load failed, keys reported removed.
         self.num_saves = 0
         self.num_saves_skipped = 0
         self.num_loads = 0
@@ -135,12 +133,7 @@ class ExternalTier:
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> int:
         """How many of ``block_hashes``, from the first, the tier holds."""
-        if not block_hashes:
-            return 0
-        n = self.index.count_prefix(self.keys(block_hashes))
-        self.num_queried += len(block_hashes)
-        self.num_hits += n
-        return n
+        return self.index.count_prefix(self.keys(block_hashes)) if block_hashes else 0
 
     def add_load(self, load_id: int, block_hashes: Sequence[BlockHash], blocks: Sequence[KVCacheBlock]) -> None:
         """Load the blocks of ``block_hashes`` into ``blocks`` (new, uncached), in this step's plan."""

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from protocol.speculative_config import SpeculativeConfig
 from scheduler.core.block_residency import ResidencyBlockPool
+from scheduler.core.external_tier import ExternalTier
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.kv_cache_usage import get_peak_usage, get_token_usage
 from scheduler.engine.metric_buckets import histogram_buckets
@@ -24,6 +25,8 @@ from scheduler.spec.spec_stats import SpecDecodingStats
 # prefix cache and the host tier.
 PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+# The source an external tier's hits count under.
+EXTERNAL_SOURCES = {"disk": "disk", "mooncake": "external_unspecified"}
 # vLLM's reasons of vllm:admission_rejections and vllm:num_requests_waiting_by_reason.
 ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 WAITING_REASONS = ("capacity", "deferred")
@@ -62,6 +65,8 @@ class SchedulerMetrics:
             self._add_residency()
         self.offload = self._offload_metrics() if kv_offloading else None
         self._last: dict[str, int] = {}
+        # The external tier's counters, made with its first update (None: no tier).
+        self.external: dict | None = None
         self._token_usage_of: tuple[Scheduler, KVCacheManager] | None = None
 
     def _gauge(self, name: str, doc: str):
@@ -319,7 +324,12 @@ class SchedulerMetrics:
         self._sync("ext_queries", self.external_prefix_cache_queries, ext.queries)
         self._sync("ext_hits", self.external_prefix_cache_hits, ext.hits)
         self._sync("cached_device", self.prompt_tokens_cached_by_source["device"], stats.hits)
-        self._sync("cached_host", self.prompt_tokens_cached_by_source["host"], ext.hits)
+        outside = kv.external
+        num_outside = 0 if outside is None else outside.num_loads * kv.block_size
+        self._sync("cached_host", self.prompt_tokens_cached_by_source["host"], ext.hits - num_outside)
+        if outside is not None:
+            self._sync("cached_outside", self.prompt_tokens_cached_by_source[EXTERNAL_SOURCES[outside.backend]], num_outside)
+            self._update_external(outside)
         tier, m = kv.host_tier, self.offload
         if tier is not None and m is not None:
             m["usage"].set(tier.get_usage())
@@ -339,6 +349,23 @@ class SchedulerMetrics:
             observe_many(self.kv_block_lifetime, samples.lifetimes)
             observe_many(self.kv_block_idle_before_evict, samples.idle_before_evict)
             observe_many(self.kv_block_reuse_gap, samples.reuse_gaps)
+
+    def _update_external(self, tier: ExternalTier) -> None:
+        """The external tier's counters, as the scheduler sees them (the worker's /metrics has its bytes and times)."""
+        m = self.external
+        if m is None:
+            m = self.external = dict(
+                saves=self._counter("kvpool_kv_offload_external_saved_blocks", "Blocks the plans asked the worker to save to the external tier."),
+                skipped=self._counter("kvpool_kv_offload_external_saves_skipped", "Saves not asked: the external tier held the block already."),
+                loads=self._counter("kvpool_kv_offload_external_loaded_blocks", "Blocks admissions claimed from the external tier, loaded off the step path."),
+                failed=self._counter("kvpool_kv_offload_external_load_failed_blocks", "Blocks of those loads the worker could not use (computed again)."),
+                removed=self._counter("kvpool_kv_offload_external_removed_blocks", "Blocks the worker reported gone from the external tier."),
+            )  # fmt: skip
+        self._sync("ext_saves", m["saves"], tier.num_saves)
+        self._sync("ext_skipped", m["skipped"], tier.num_saves_skipped)
+        self._sync("ext_loads", m["loads"], tier.num_loads)
+        self._sync("ext_failed", m["failed"], tier.num_load_failures)
+        self._sync("ext_removed", m["removed"], tier.num_removed)
 
     def observe_step(self, outputs: StepTokens, plan_bytes: int, step_s: float) -> None:
         """One executed step: its plan's size, its wall time, the latencies and requests it completed."""

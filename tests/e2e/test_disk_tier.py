@@ -48,19 +48,26 @@ def workload(rounds: int = ROUNDS) -> list[Generate]:
     ]  # fmt: skip
 
 
-def run(log_dir, disk_dir, requests: list[Generate], disk_gib: str = "0.01"):
-    """Every request in turn, on a scheduler and worker with the disk tier at ``disk_dir``:
-    the results, the scheduler's metrics, the worker's samples and its log."""
+def run(log_dir, disk_dir, requests: list[Generate], disk_gib: str = "0.01", host_gib: str | None = None):
+    """Every request in turn, on a scheduler and worker with the disk tier at ``disk_dir``
+    (and a host tier of ``host_gib``): the results, the scheduler's metrics, the worker's
+    samples and its log."""
     log_dir.mkdir()
     worker_http = free_port()
     tier = [*DISK, "--kv-offloading-path", str(disk_dir), "--kv-offloading-disk-size", disk_gib] if disk_dir else []
-    with Cluster([*DEVICE, *(DISK if disk_dir else [])], ["--dtype", "float32", *tier, "--http-port", str(worker_http)], log_dir=log_dir) as c:
+    host = ["--kv-offloading-size", host_gib] if host_gib else []
+    with Cluster([*DEVICE, *(DISK if disk_dir else []), *host], ["--dtype", "float32", *tier, *host, "--http-port", str(worker_http)],
+                 log_dir=log_dir) as c:  # fmt: skip
         results = {}
         for g in requests:
             r = c.generate([g], timeout=60)[g.request_id]
             assert r.error is None and r.finish_reason == "length", r
             results[g.request_id] = r
         m = c.metrics()
+        for f in text_string_to_metric_families(c.metrics_text()):
+            for smp in f.samples:
+                if "source" in smp.labels:
+                    m[f"{smp.name}{{source={smp.labels['source']}}}"] = smp.value
         worker = {
             (s.name, tuple(sorted(s.labels.items()))): s.value
             for f in text_string_to_metric_families(c.metrics_text(worker_http)) for s in f.samples
@@ -118,8 +125,24 @@ def test_revisits_load_their_prefix_from_disk_with_the_same_outputs(first_run, n
     assert len(files) == NUM_PREFIXES * PREFIX_BLOCKS
     assert {f.stat().st_size for f in files} == {HEADER_SIZE + per_block}
     assert sample(worker, "vllm:kv_offload_tiering_write_bytes_total", tier="1:disk") == len(files) * per_block
+    # The scheduler counts them under vLLM's source label, and its own block counters agree with the worker's.
+    assert m["vllm:prompt_tokens_cached_by_source_total{source=disk}"] == loaded * BLOCK
+    assert m["vllm:prompt_tokens_cached_by_source_total{source=host}"] == 0
+    assert m["kvpool_kv_offload_external_loaded_blocks_total"] == loaded
+    assert m["kvpool_kv_offload_external_saved_blocks_total"] == len(files)
+    assert m["kvpool_kv_offload_external_load_failed_blocks_total"] == 0
     # Idle afterwards: no device block held.
     assert m["vllm:kv_cache_usage_perc"] == 0.0 and m["kvpool_free_blocks"] == 11
+
+
+def test_below_a_host_tier_the_disk_serves_what_host_memory_evicted(no_tier, tmp_path):
+    # A host tier of 8 slots (32 KiB blocks): half the prefixes' blocks; the rest come from disk.
+    results, m, _, _ = run(tmp_path / "both", tmp_path / "kv", workload(), host_gib="0.00025")
+    assert tokens(results) == tokens(no_tier[0])
+    host, disk = m["vllm:prompt_tokens_cached_by_source_total{source=host}"], m["vllm:prompt_tokens_cached_by_source_total{source=disk}"]
+    assert host > 0 and disk > 0
+    assert m["vllm:prefix_cache_hits_total"] + host + disk == (ROUNDS - 1) * NUM_PREFIXES * PREFIX_BLOCKS * BLOCK
+    assert m["kvpool_kv_offload_external_loaded_blocks_total"] * BLOCK == disk
 
 
 def test_a_restart_on_the_same_directory_finds_every_prefix(first_run, no_tier, tmp_path):
