@@ -1,19 +1,23 @@
 """MooncakeStore: KV objects in a Mooncake Store (--kv-offloading-backend mooncake).
 
 A Mooncake Store is a master (``mooncake_master``: which object lives where) and the memory
-its clients lend it: this worker's client mounts ``global_segment_bytes`` of its own memory
-into the pool, where objects of any engine may be placed, and stages every put and get
-through a local buffer of ``local_buffer_bytes`` (so no object may be larger). Bytes move
-over Mooncake's transfer engine ("tcp" here); the metadata server (the master's own HTTP
-one, ``http://host:port/metadata``) tells clients how to reach each other's segments.
+its clients lend it, in segments: store servers (``mooncake_client``) and any engine that
+lends some. This worker's client stages every put and get through a local buffer of
+``local_buffer_bytes`` (so no object may be larger) and, by default, lends nothing: an
+object in an engine's segment leaves the store with the engine, and the tier is there to
+outlive engines (``global_segment_bytes`` lends some all the same). Bytes move over
+Mooncake's transfer engine ("tcp" here); the metadata server (the master's own HTTP one,
+``http://host:port/metadata``) tells clients how to reach each other's segments.
 
 The same interface as DiskStore (worker/external/disk_store.py), with three differences:
 
-* ``put`` never returns removed keys: the master evicts on its own when the pool is
-  full, and tells nobody; the scheduler asks the master what it holds
-  (scheduler/core/mooncake_index.py), so ``keys()`` is empty.
-* Objects in this worker's segment leave the store with it: what survives a restart is
-  what other clients' segments hold.
+* ``put`` never returns removed keys: the master evicts on its own and tells nobody; the
+  scheduler asks the master what it holds (scheduler/core/mooncake_index.py), so
+  ``keys()`` is empty.
+* "full" is usually transient: the master evicts in the background, a share of the pool
+  at a time, once it passes a high watermark, so a put that finds no room (no segment
+  has any, or every object in the way is leased: a read or an existence check leases
+  an object for seconds) fails, and one a moment later succeeds.
 * Every failure talking to the store raises StoreError. After an "unreachable", the store
   answers "unreachable" at once for ``RETRY_S`` seconds, then asks the master again only
   if its port accepts a connection: Mooncake's client spends seconds on each call to a
@@ -35,7 +39,6 @@ from worker.external.store_errors import StoreError
 
 log = logging.getLogger("kvpool.worker.mooncake_store")
 
-DEFAULT_SEGMENT_BYTES = 1 << 30
 DEFAULT_LOCAL_BUFFER_BYTES = 64 << 20
 # The first size of the buffer gets read into; it grows to the largest object read.
 READ_BUFFER_BYTES = 1 << 20
@@ -89,13 +92,13 @@ class MooncakeStore:
         self,
         master_address: str,
         metadata_server: str,
-        global_segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        global_segment_bytes: int = 0,
         local_buffer_bytes: int = DEFAULT_LOCAL_BUFFER_BYTES,
         local_hostname: str = "127.0.0.1",
     ):
         """Join the store of the master at ``master_address`` (``host:port``) whose metadata
         server is ``metadata_server`` (``http://host:port/metadata``), lending it
-        ``global_segment_bytes`` of memory (0: none). Raises ValueError for a malformed
+        ``global_segment_bytes`` of this process's memory (default none). Raises ValueError for a malformed
         argument, StoreError("unreachable") when the master or the metadata server does
         not answer, within seconds."""
         # NOTE: imported here, not above: mooncake is an optional extra, needed only by a
