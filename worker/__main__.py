@@ -134,11 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="native: the host tier alone (--kv-offloading-size); disk: blocks saved as files under "
                         "--kv-offloading-path, kept across restarts; mooncake: blocks saved in a Mooncake Store "
                         "(--mooncake-master), shared by every engine using it (default %(default)s)")
-    g.add_argument("--kv-offloading-path", metavar="DIR", help="disk: the directory of the saved blocks")
+    g.add_argument("--kv-offloading-path", metavar="DIR", help="disk: the directory of the saved blocks (default: none)")
     g.add_argument("--kv-offloading-disk-size", type=_gib, default=None, metavar="GIB",
-                   help="disk: at most this many GiB in the directory; the least recently used blocks are removed past it")
-    g.add_argument("--mooncake-master", metavar="HOST:PORT", help="mooncake: the master's RPC address")
-    g.add_argument("--mooncake-metadata", metavar="URL", help="mooncake: the metadata server (http://HOST:PORT/metadata)")
+                   help="disk: at most this many GiB in the directory; the least recently used blocks are removed past it (default: none)")
+    g.add_argument("--mooncake-master", metavar="HOST:PORT", help="mooncake: the master's RPC address (default: none)")
+    g.add_argument("--mooncake-metadata", metavar="URL", help="mooncake: the metadata server (http://HOST:PORT/metadata) (default: none)")
     p.add_argument("--seed", type=_seed, default=d.seed,
                    help="global sampling seed: requests without a seed of their own draw from it, so they repeat "
                         "across runs given the same requests in the same order (default %(default)s, as vLLM)")

@@ -37,6 +37,8 @@ VLLM_HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 # vLLM's DEFAULT_NONE_HASH_SEED: the seed of the collision-resistant algorithms without PYTHONHASHSEED.
 DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 _NON_CRYPTO = ("xxhash", "xxhash_cbor")
+# The algorithms whose chains vLLM seeds at random without PYTHONHASHSEED (their hashes differ per process).
+RANDOMLY_SEEDED_ALGOS = _NON_CRYPTO
 
 
 def _pickled(obj: Any) -> bytes:

@@ -16,7 +16,7 @@ from protocol.kv_events import INT_BLOCK_HASHES_ENV, int_block_hashes_from_env
 from protocol.speculative_config import parse_speculative_config
 from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
-from scheduler.core.vllm_hashing import DEFAULT_PREFIX_CACHING_HASH_ALGO, PREFIX_CACHING_HASH_ALGOS
+from scheduler.core.vllm_hashing import DEFAULT_PREFIX_CACHING_HASH_ALGO, PREFIX_CACHING_HASH_ALGOS, RANDOMLY_SEEDED_ALGOS
 from scheduler.engine.kv_event_endpoints import (
     ENDPOINT_MODES,
     check_connect_endpoint,
@@ -276,10 +276,10 @@ def _check_external_tier(p: argparse.ArgumentParser, a: argparse.Namespace) -> N
         return
     if not a.enable_prefix_caching:
         p.error(f"--kv-offloading-backend {backend} needs the prefix cache: blocks are saved and found by hash (drop --no-enable-prefix-caching)")
-    if a.prefix_caching_hash_algo not in ("kvpool_sha256", "kvpool_xxhash") and not os.environ.get("PYTHONHASHSEED"):
-        p.error(f"--kv-offloading-backend {backend} with --prefix-caching-hash-algo {a.prefix_caching_hash_algo}: vLLM's hashes are "
-                "seeded from PYTHONHASHSEED, random when it is unset, so no other process (nor this one restarted) would find a "
-                "saved block; set PYTHONHASHSEED, or use kvpool_sha256")  # fmt: skip
+    if a.prefix_caching_hash_algo in RANDOMLY_SEEDED_ALGOS and not os.environ.get("PYTHONHASHSEED"):
+        p.error(f"--kv-offloading-backend {backend} with --prefix-caching-hash-algo {a.prefix_caching_hash_algo}: vLLM seeds its "
+                "xxhash chains at random when PYTHONHASHSEED is unset, so no other process (nor this one restarted) would find "
+                "a saved block; set PYTHONHASHSEED, or use kvpool_sha256 or sha256")  # fmt: skip
     if backend == "mooncake" and not (a.mooncake_master and a.mooncake_metadata):
         p.error("--kv-offloading-backend mooncake needs --mooncake-master HOST:PORT and --mooncake-metadata URL")
     if backend == "disk" and (a.mooncake_master or a.mooncake_metadata):

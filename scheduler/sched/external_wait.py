@@ -77,7 +77,8 @@ class ExternalKVWait:
             # As vLLM: its cached tokens, counted at its first scheduling, are those it got (the failed ones not).
             request.num_external_cached_tokens = request.num_computed_tokens - num_device_tokens
             kv.cache_loaded(request, request.num_computed_tokens)
-            request.status = RequestStatus.WAITING
+            # NOTE: one admitted before (preempted, or its worker lost) comes back as a resumed row.
+            request.status = RequestStatus.PREEMPTED if request.num_cached_tokens >= 0 else RequestStatus.WAITING
             back.append(request)
         for request in reversed(back):
             self.waiting.appendleft(request)

@@ -13,9 +13,10 @@ A load writes into its device blocks while later steps run: safe, because the sc
 schedules no token of those blocks and frees none of them before the load is reported
 (`take_done`, sent as ``ExternalKVDone``), and nothing else holds them. Each block read is
 checked whole (protocol/external_kv.py) before it is written; a load stops at its first
-missing or bad block, and says how many it loaded, from the first. A bad block is removed
+missing or bad block, and says how many it loaded, from the first. That block is removed
 from the store with every block of the load after it (their prefix is being computed
-again; each is saved afresh when it is), and their keys reported removed.
+again; each is saved afresh when it is), and their keys reported removed; a store out of
+reach removes nothing.
 
 A save that fails (a full disk, a store out of reach) is logged, counted, and reported as
 a removed key; saving then pauses for ``pause_s`` (loads go on), so a full disk costs one

@@ -387,8 +387,6 @@ def test_a_lost_worker_sends_its_loading_requests_back_to_start_over(warm_store)
     assert e.outputs["r"] == expected_output(PROMPT, 3)
 
 
-@pytest.mark.xfail(strict=True, raises=ContractViolation,
-                   reason="bug: external_loads_done sets WAITING, so a preempted request that parked is sent in new_rows")  # fmt: skip
 def test_a_preempted_request_whose_blocks_load_comes_back_as_a_resumed_row():
     """A request preempted while running, whose evicted blocks the tier holds, parks on its way
     back. The worker dropped its row at the preemption: the row comes back whole as a resumed
