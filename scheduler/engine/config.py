@@ -16,7 +16,11 @@ from protocol.kv_events import INT_BLOCK_HASHES_ENV, int_block_hashes_from_env
 from protocol.speculative_config import parse_speculative_config
 from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
-from scheduler.core.vllm_hashing import DEFAULT_PREFIX_CACHING_HASH_ALGO, PREFIX_CACHING_HASH_ALGOS, RANDOMLY_SEEDED_ALGOS
+from scheduler.core.vllm_hashing import (
+    DEFAULT_PREFIX_CACHING_HASH_ALGO,
+    PREFIX_CACHING_HASH_ALGOS,
+    RANDOMLY_SEEDED_ALGOS,
+)
 from scheduler.engine.kv_event_endpoints import (
     ENDPOINT_MODES,
     check_connect_endpoint,

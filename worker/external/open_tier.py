@@ -7,10 +7,10 @@ import logging
 import torch
 
 from protocol.external_kv import kv_identity
-from worker.group_tables import hello_group_windows
 from worker.config import WorkerConfig
 from worker.external.external_io import ExternalIO
 from worker.external.store_errors import StoreError
+from worker.group_tables import hello_group_windows
 from worker.serving_model import ServingModel
 
 log = logging.getLogger("kvpool.worker.external")
