@@ -32,6 +32,8 @@ SUFFIX = ".kv"
 
 class DiskStore:
     name = "disk"
+    # A full disk stays full until someone frees space: saving pauses as long as after any failure.
+    full_pause_s = 30.0
 
     def __init__(self, root: str | os.PathLike, max_bytes: int, identity: str):
         if max_bytes < 1:

@@ -20,7 +20,8 @@ reach removes nothing.
 
 A save that fails (a full disk, a store out of reach) is logged, counted, and reported as
 a removed key; saving then pauses for ``pause_s`` (loads go on), so a full disk costs one
-failure per pause, not one per block.
+failure per pause, not one per block. A store whose "full" passes by itself (Mooncake's
+master evicts in the background) names a shorter pause for it: ``full_pause_s``.
 
 Payload of a block: every layer's K then V of that block, in layer order, as the KV
 tensors hold them.
@@ -166,9 +167,11 @@ class ExternalIO:
             removed = self.store.put(key, encode_header(self.identity, key, payload), payload)
         except StoreError as e:
             c.save_failures[e.reason] = c.save_failures.get(e.reason, 0) + 1
-            self._paused_until = time.monotonic() + self.pause_s
+            # NOTE: a store that evicts in the background (Mooncake) is briefly full as a matter of course: its own, shorter pause.
+            pause = getattr(self.store, "full_pause_s", self.pause_s) if e.reason == "full" else self.pause_s
+            self._paused_until = time.monotonic() + pause
             log.warning("external tier (%s): a save failed (%s): %s; saving pauses for %g s, serving goes on",
-                        self.store.name, e.reason, e, self.pause_s)  # fmt: skip
+                        self.store.name, e.reason, e, pause)  # fmt: skip
             self._report_removed([key])
             return
         c.save_seconds += time.perf_counter() - t0

@@ -87,6 +87,8 @@ def reason_of(rc: int) -> str:
 
 class MooncakeStore:
     name = "mooncake"
+    # "full" (-200) passes once the master's background eviction ran: a short pause, not the tier's 30 s.
+    full_pause_s = 1.0
 
     def __init__(
         self,
