@@ -360,12 +360,15 @@ class SchedulerMetrics:
                 loads=self._counter("kvpool_kv_offload_external_loaded_blocks", "Blocks admissions claimed from the external tier, loaded off the step path."),
                 failed=self._counter("kvpool_kv_offload_external_load_failed_blocks", "Blocks of those loads the worker could not use (computed again)."),
                 removed=self._counter("kvpool_kv_offload_external_removed_blocks", "Blocks the worker reported gone from the external tier."),
+                unreachable=self._counter("kvpool_kv_offload_external_unreachable",
+                                          "Lookups of a shared store whose master did not answer (the tier counted as empty, nothing saved)."),
             )  # fmt: skip
         self._sync("ext_saves", m["saves"], tier.num_saves)
         self._sync("ext_skipped", m["skipped"], tier.num_saves_skipped)
         self._sync("ext_loads", m["loads"], tier.num_loads)
         self._sync("ext_failed", m["failed"], tier.num_load_failures)
         self._sync("ext_removed", m["removed"], tier.num_removed)
+        self._sync("ext_unreachable", m["unreachable"], getattr(tier.index, "num_unreachable", 0))
 
     def observe_step(self, outputs: StepTokens, plan_bytes: int, step_s: float) -> None:
         """One executed step: its plan's size, its wall time, the latencies and requests it completed."""
