@@ -23,6 +23,15 @@ a stretch of such steps draws acceptances and moves each request by a random cou
 With a host tier (``num_host_blocks``, the scheduler's own HostTier) a plan carries
 the tier's copies: its loads add ``bytes / offload_bandwidth_gbps`` to the step
 (they run before its tokens); its stores add nothing (the worker overlaps them).
+
+With an external tier (``external_tier`` "disk" or "store": the scheduler's own
+ExternalTier and parking, simulator/external_worker.py) a plan carries its saves and
+loads: staging the saves adds ``bytes / offload_bandwidth_gbps`` to the step, and a
+plan of saves or loads alone runs too, costing only that; the loads end later, off the
+step path, and their requests come back to the waiting queue then. With nothing to run
+the clock jumps to the next arrival or the next load's end. ``external_warm``: the
+workload is replayed once to fill the store, and the run measured is a second replay
+with everything else fresh (a restart).
 """
 
 from __future__ import annotations
@@ -43,6 +52,9 @@ from scheduler.sched.priority_scheduler import scheduler_class
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
 from scheduler.sched.validation import RequestLimits, RequestRejected, validate_generate
+from simulator.external_io import EXTERNAL_TIER_SPEEDS, TierSpeeds
+from simulator.external_store import SimulatedStore
+from simulator.external_worker import SimExternalWorker
 from simulator.fastforward import decode_horizon, fast_forward_decode
 from simulator.result import NOT_YET, SimResult
 from simulator.retention import pin_first_prefix, retention_manager
@@ -98,6 +110,22 @@ class SimConfig:
     num_speculative_tokens: int = 0
     spec_acceptance_rate: float = DEFAULT_ACCEPTANCE_RATE
     spec_seed: int = 0
+    # The external tier (simulator/external_io.py): "none", "disk" or "store"; its capacity in
+    # blocks (0: unbounded); read and write GB/s and per-load latency (None: the tier's
+    # defaults, EXTERNAL_TIER_SPEEDS); replay once to fill it before the measured replay.
+    external_tier: str = "none"
+    external_tier_blocks: int = 0
+    external_read_gbps: float | None = None
+    external_write_gbps: float | None = None
+    external_latency_ms: float | None = None
+    external_warm: bool = False
+
+    def external_speeds(self) -> TierSpeeds:
+        """The external tier's speeds: those given, the tier's defaults for the others."""
+        d = EXTERNAL_TIER_SPEEDS[self.external_tier]
+        pick = lambda given, default: default if given is None else given  # noqa: E731
+        return TierSpeeds(pick(self.external_read_gbps, d.read_gbps), pick(self.external_write_gbps, d.write_gbps),
+                          pick(self.external_latency_ms, d.latency_ms))  # fmt: skip
 
 
 def _percentile(values: list[int], q: float) -> float:
@@ -112,7 +140,11 @@ def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], N
     ``on_end`` (tests) sees the scheduler once the run is over."""
     wall_start = time.perf_counter()
     workload.reset()
-    run = _Run(workload, cfg)
+    store = None if cfg.external_tier == "none" else SimulatedStore(cfg.external_tier_blocks)
+    if store is not None and cfg.external_warm:
+        _Run(workload, cfg, store=store).run()  # NOTE: its queued saves are in the store already (a drained shutdown)
+        workload.reset()
+    run = _Run(workload, cfg, store=store)
     run.run()
     if on_end is not None:
         on_end(run.sched)
@@ -126,9 +158,9 @@ class _Run:
     __slots__ = ("cfg", "workload", "specs", "n", "order", "token_base", "tier", "kv", "sched", "hasher", "limits",
                  "block_bytes", "overhead_ns", "per_token_ns", "admit_ns", "first_token_ns", "finish_ns",
                  "next_arrival", "now", "num_rejected", "num_steps", "num_ff_steps", "num_loads", "horizon_ns",
-                 "finished_seq_ids", "spec_k")  # fmt: skip
+                 "finished_seq_ids", "spec_k", "external", "stage_ns")  # fmt: skip
 
-    def __init__(self, workload: Workload, cfg: SimConfig, replica: int = 0):
+    def __init__(self, workload: Workload, cfg: SimConfig, replica: int = 0, store: SimulatedStore | None = None):
         bs = cfg.block_size
         self.cfg, self.workload = cfg, workload
         self.specs = workload.specs
@@ -136,9 +168,16 @@ class _Run:
         self.order = sorted(range(n), key=lambda i: self.specs[i].arrival_ns)
         self.token_base = workload.output_token_base
         self.tier = HostTier(cfg.num_host_blocks, bs) if cfg.num_host_blocks else None
+        self.block_bytes = cfg.kv_bytes_per_token * bs
+        self.external = None
+        if cfg.external_tier != "none":
+            store = SimulatedStore(cfg.external_tier_blocks) if store is None else store
+            self.external = SimExternalWorker(cfg.external_tier, bs, self.block_bytes, cfg.external_speeds(), cfg.offload_bandwidth_gbps, store)
+        self.stage_ns = 0  # the last step's staging of external saves
+        kwargs = {} if self.external is None else {"external_tier": self.external.tier}
         self.kv = retention_manager(cfg.num_blocks, bs, cfg.max_model_len, cfg.policy, cfg.eviction_policy, cfg.scheduling_policy,
                                     cfg.max_pinned_fraction, cfg.group_windows, cfg.max_num_batched_tokens, host_tier=self.tier,
-                                    offload_store=cfg.offload_store)  # fmt: skip
+                                    offload_store=cfg.offload_store, **kwargs)  # fmt: skip
         self.spec_k = k = cfg.num_speculative_tokens
         speculative = SpeculativeConfig(k, 1, 1) if k > 0 else None
         self.sched = scheduler_class(cfg.scheduling_policy)(
@@ -154,7 +193,6 @@ class _Run:
             pin_first_prefix(self.kv, workload, self.order[0], self.hasher, cfg.pin_prefix_tokens // bs)
         # NOTE: prompt token ids lie below the output ones (simulator/workload.py).
         self.limits = RequestLimits(OUTPUT_TOKEN_BASE, cfg.max_model_len, bs, cfg.num_blocks - 1, getattr(self.kv, "num_blocks_needed", None))
-        self.block_bytes = cfg.kv_bytes_per_token * bs
         self.overhead_ns = round(cfg.step_overhead_ms * 1e6)
         self.per_token_ns = round(cfg.ms_per_token * 1e6)
         self.admit_ns, self.first_token_ns, self.finish_ns = [NOT_YET] * n, [NOT_YET] * n, [NOT_YET] * n
@@ -168,23 +206,46 @@ class _Run:
 
     def run(self) -> None:
         """Step until every request has arrived and none is left; with nothing to run,
-        jump to the next arrival."""
-        sched, tier = self.sched, self.tier
+        jump to the next arrival (or the next external load's end)."""
+        sched, tier, external = self.sched, self.tier, self.external
         while True:
             self.admit_arrivals()
+            if external is not None:
+                external.deliver(sched, self.now)
             host_evictions = tier.num_evictions if tier is not None else 0
             out = sched.schedule()
             if out is None:
-                if self.next_arrival == len(self.order):
+                t = self.next_event_ns()
+                if t is None:
                     if sched.has_unfinished_requests():
-                        raise RuntimeError("simulation stuck: requests left but nothing can be scheduled")
+                        raise RuntimeError(f"simulation stuck: requests left but nothing can be scheduled{self.stuck_reason()}")
                     return
-                self.now = self.specs[self.order[self.next_arrival]].arrival_ns
+                self.now = t
                 continue
             step_ns, num_sampled, any_finished = self.step(out)
             # NOTE: fast-forward replays one group's decode allocations; hybrid groups step every decode.
             if self.cfg.fast_forward and out.plan.groups is None and self.is_repeatable_decode(out, num_sampled, any_finished, host_evictions):
                 self.fast_forward(step_ns)
+
+    def stuck_reason(self) -> str:
+        """Why nothing can be scheduled, where the simulator can tell ("" where not)."""
+        sched, kv = self.sched, self.kv
+        held = [(r.request_id, len(kv.req_to_blocks[r.request_id])) for r in list(sched.waiting)[1:] if r.request_id in kv.req_to_blocks]
+        if not held or sched.running:
+            return ""
+        # NOTE: a request back from an external load keeps its blocks while it waits; a request preempted
+        # after it went back ahead of it, and cannot fit without those blocks (a scheduler deadlock).
+        return (f": request {held[0][0]!r}, back from an external load, holds {held[0][1]} blocks behind the waiting head "
+                f"{sched.waiting.head.request_id!r} (preempted after it), which cannot fit without them")  # fmt: skip
+
+    def next_event_ns(self) -> int | None:
+        """When something next comes when nothing runs: an arrival, or an external load's end."""
+        times = []
+        if self.next_arrival < len(self.order):
+            times.append(self.specs[self.order[self.next_arrival]].arrival_ns)
+        if self.external is not None and (t := self.external.next_event_ns()) is not None:
+            times.append(t)
+        return min(times, default=None)
 
     def admit_arrivals(self) -> None:
         """Queue every request whose arrival time has come, or reject it as the server
@@ -210,13 +271,22 @@ class _Run:
         """Run one planned step in virtual time: charge it (drafts are scheduled tokens),
         sample a token for every row that completed its tokens, and for a row with drafts
         one more for each draft kept (`num_accepted`), apply them. Returns (the step's ns,
-        rows sampled, whether any request finished)."""
+        rows sampled, whether any request finished).
+
+        A plan's external saves add their staging; a plan of external saves or loads alone
+        costs only that (it computes nothing); its I/O is queued once it ran."""
         self.num_steps += 1
         plan = out.plan
         for row in plan.new_rows:
             self.admit_ns[row.seq_id] = self.now
-        step_ns = self.overhead_ns + self.per_token_ns * out.num_scheduled_tokens + self.load_ns(plan)
+        self.stage_ns = stage_ns = 0 if self.external is None else self.external.stage_ns(plan.external)
+        if out.scheduled:
+            step_ns = self.overhead_ns + self.per_token_ns * out.num_scheduled_tokens + self.load_ns(plan) + stage_ns
+        else:
+            step_ns = stage_ns
         self.now = now = self.now + step_ns
+        if plan.external is not None:
+            self.external.ran(self.sched, plan.external, now)
         seq_ids, token_ids = [], []
         token_base = self.token_base
         spec = plan.spec_token_ids
@@ -259,6 +329,8 @@ class _Run:
         plan = out.plan
         if self.spec_k:
             return False  # speculation: each step draws acceptances (see the module doc)
+        if self.external is not None and not (out.scheduled and self.external.allows_fast_forward(self.sched, plan.external)):
+            return False
         if any_finished or plan.new_rows or plan.resumed_rows or out.preempted:
             return False
         num_running = len(self.sched.running)
@@ -270,30 +342,50 @@ class _Run:
 
     def fast_forward(self, step_ns: int) -> None:
         """Repeat the decode step as long as nothing else would happen (simulator/fastforward.py),
-        and no later than the step that starts before the next arrival."""
-        if self.next_arrival < len(self.order) or self.horizon_ns is not None:
-            if self.next_arrival < len(self.order):
-                gap = self.specs[self.order[self.next_arrival]].arrival_ns - self.now
-            else:
-                gap = self.horizon_ns - self.now
+        and no later than the step that starts before the next arrival (or external load's end).
+        With an external tier each step of the stretch stages and queues its own saves."""
+        external = self.external
+        step_ns -= self.stage_ns  # NOTE: the staging was the step's own; the stretch's steps stage theirs
+        ends = []
+        if self.next_arrival < len(self.order):
+            ends.append(self.specs[self.order[self.next_arrival]].arrival_ns)
+        elif self.horizon_ns is not None:
+            ends.append(self.horizon_ns)
+        if external is not None and (t := external.next_event_ns()) is not None:
+            ends.append(t)
+        if ends:
+            gap = min(ends) - self.now
             if gap <= 0:
                 return
-            limit = -(-gap // step_ns)  # steps that start before the next arrival
+            if external is None:
+                limit = -(-gap // step_ns)  # steps that start before the next arrival
+            else:
+                limit = external.num_steps_before(gap, step_ns, len(self.sched.running))
         else:
             limit = 1 << 62
         k = decode_horizon(self.sched, limit)
-        if k > 0:
-            fast_forward_decode(self.sched, k, self.token_base)
-            self.num_steps += k
-            self.num_ff_steps += k
-            self.now += k * step_ns
+        if k <= 0:
+            return
+        start, staged = self.now, 0
+
+        def on_external_ops(j: int, ops) -> None:  # step j of the stretch planned ``ops``
+            nonlocal staged
+            staged += external.stage_ns(ops)
+            external.ran(self.sched, ops, start + (j + 1) * step_ns + staged)
+
+        fast_forward_decode(self.sched, k, self.token_base, on_external_ops if external is not None else None)
+        self.num_steps += k
+        self.num_ff_steps += k
+        self.now += k * step_ns + staged
 
     def result(self, wall_start: float) -> SimResult:
         """The run's figures, ``wall_s`` counted from ``wall_start``."""
-        kv, tier, specs, n = self.kv, self.tier, self.specs, self.n
+        kv, tier, specs, n, external = self.kv, self.tier, self.specs, self.n, self.external
         stats, ext = kv.prefix_cache_stats, kv.external_prefix_cache_stats
+        # NOTE: the manager counts the host tier's hits and the external tier's together (as vLLM's connector stats).
+        external_hits = external.num_hit_tokens if external is not None else 0
         if tier is not None:
-            host_hits, stores, loads, skipped = ext.hits, tier.num_stores, tier.num_loads, tier.num_stores_skipped
+            host_hits, stores, loads, skipped = ext.hits - external_hits, tier.num_stores, tier.num_loads, tier.num_stores_skipped
         else:
             host_hits = stores = loads = skipped = 0
         delays = [self.admit_ns[i] - specs[i].arrival_ns for i in range(n) if self.admit_ns[i] != NOT_YET]
@@ -325,10 +417,10 @@ class _Run:
             wall_s=time.perf_counter() - wall_start,
             num_host_blocks=self.cfg.num_host_blocks,
             host_hit_rate=host_hits / stats.queries if stats.queries else 0.0,
-            combined_hit_rate=(stats.hits + host_hits) / stats.queries if stats.queries else 0.0,
-            external_prefix_cache_hit_rate=ext.hit_rate if tier is not None else 0.0,
-            external_prefix_cache_queries=ext.queries if tier is not None else 0,
-            external_prefix_cache_hits=host_hits,
+            combined_hit_rate=(stats.hits + host_hits + external_hits) / stats.queries if stats.queries else 0.0,
+            external_prefix_cache_hit_rate=ext.hit_rate if tier is not None or external is not None else 0.0,
+            external_prefix_cache_queries=ext.queries if tier is not None or external is not None else 0,
+            external_prefix_cache_hits=host_hits + external_hits,
             num_host_stores=stores,
             num_host_loads=loads,
             num_host_stores_skipped=skipped,
@@ -337,6 +429,8 @@ class _Run:
             bytes_loaded=loads * block_bytes,
             load_time_s=self.num_loads * block_bytes / gbps / 1e9,
             **spec_figures(self.spec_k, self.sched.spec_stats),
+            **({} if external is None else external.figures(self.now, stats.queries)),
+            external_tier_warm=external is not None and self.cfg.external_warm,
             admit_ns=self.admit_ns,
             first_token_ns=self.first_token_ns,
             finish_ns=self.finish_ns,

@@ -29,12 +29,17 @@ The tier's copies are taken and completed step by step as stepping does
 (`_tier_steps`): evictions' stores in the step of their allocation, write-through
 stores in the step after the caching. Equal to stepping on 1,400 random cases and
 the tests (tests/simulator/test_offload_sim.py).
+
+With an external tier the same goes for its ops (saves only: a stretch starts no load),
+taken step by step and handed to ``on_external_ops`` with their step's index; when a
+stretch may start is the simulator's (simulator/external_worker.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from scheduler.core.external_tier import ExternalOps
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
 
@@ -69,16 +74,23 @@ def _head_watch_pops(scheduler: Scheduler, max_pops: int) -> int:
     return num
 
 
-def _tier_steps(kv, first: int, upto: int) -> None:
-    """The host tier's side of steps ``first`` .. ``upto - 1``, after the allocations
+ExternalOpsSink = Callable[[int, ExternalOps], None]
+
+
+def _tier_steps(kv, first: int, upto: int, on_external_ops: ExternalOpsSink | None = None) -> None:
+    """The tiers' side of steps ``first`` .. ``upto - 1``, after the allocations
     of step ``first`` (if it had any), as stepping does it: each step's plan takes
     its copies (the stores of its evictions, then with write-through those of the
-    blocks the step before cached) and its result completes them. Only step
-    ``first`` and the one after it can have copies: the others allocate and cache
+    blocks the step before cached) and its result completes them; so with its
+    external ops (the saves of blocks cached in the stretch, in the plan the scheduler
+    puts them in). Only step
+    ``first`` and the one after it can have any: the others allocate and cache
     nothing."""
-    for _ in range(first, min(upto, first + 2)):
+    for j in range(first, min(upto, first + 2)):
         if kv.take_tier_copies() is not None:
             kv.complete_tier_copies()
+        if on_external_ops is not None and (ops := kv.take_external_ops()) is not None:
+            on_external_ops(j, ops)
 
 
 def _host_store_room(scheduler: Scheduler, max_stores: int) -> int | None:
@@ -170,9 +182,11 @@ def decode_horizon(scheduler: Scheduler, limit: int) -> int:
     return lo
 
 
-def fast_forward_decode(scheduler: Scheduler, num_steps: int, output_token_base: Sequence[int]) -> None:
+def fast_forward_decode(scheduler: Scheduler, num_steps: int, output_token_base: Sequence[int],
+                        on_external_ops: ExternalOpsSink | None = None) -> None:  # fmt: skip
     """Advance every running request ``num_steps`` decode steps (``num_steps`` from
-    `decode_horizon`). Request r's k-th output token is output_token_base[r.seq_id] + k."""
+    `decode_horizon`). Request r's k-th output token is output_token_base[r.seq_id] + k.
+    ``on_external_ops(j, ops)``: step j's external ops (None: no external tier)."""
     kv = scheduler.kv_cache_manager
     bs = kv.block_size
     running = scheduler.running
@@ -188,18 +202,18 @@ def fast_forward_decode(scheduler: Scheduler, num_steps: int, output_token_base:
         r.append_output_token_ids(list(range(base + r.num_tokens, base + num_tokens)))
         r.num_computed_tokens = num_tokens - 1
 
-    tier = kv.host_tier is not None
+    tier = kv.host_tier is not None or on_external_ops is not None
     pending, current = 0, -1  # the first step whose copies are not yet taken; the step replayed
     for j, i in sorted(events):
         if tier and j != current:
-            _tier_steps(kv, pending, j)
+            _tier_steps(kv, pending, j, on_external_ops)
             pending = current = j
         r = running[i]
         advance(r, start[i] + j)
         if kv.allocate_slots(r, 1) is None:
             raise RuntimeError(f"fast-forward ran out of blocks at step {j}: decode_horizon was wrong")
     if tier:
-        _tier_steps(kv, pending, num_steps)
+        _tier_steps(kv, pending, num_steps, on_external_ops)
     for i, r in enumerate(running):
         advance(r, start[i] + num_steps)
     scheduler.next_step_id += num_steps

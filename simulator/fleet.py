@@ -122,6 +122,8 @@ class Fleet:
                  paths: RequestPaths | None = None):  # fmt: skip
         from scheduler.core.kv_events import KVEventRecorder
 
+        if cfg.external_tier != "none":
+            raise ValueError("a fleet's replicas have no external tier (one engine only)")
         workload.reset()
         self.workload = workload
         self.prepared = _Prepared(workload)

@@ -73,13 +73,45 @@ class SimResult:
     spec_draft_acceptance_rate: float = 0.0
     spec_mean_acceptance_length: float = 0.0
     spec_acceptance_rate_per_position: list[float] = field(default_factory=list)
+    # The external tier (--external-tier disk|store; "none", and these figures left out of
+    # summary(), without one). Its hit rate: tokens its loads brought at first admissions
+    # over all looked-up tokens, so the device's + the host tier's + this = combined_hit_rate.
+    # Blocks loaded are those read whole (a load stops at a block the store no longer
+    # holds: a failure, computed again). Times: the I/O thread's seconds saving and
+    # loading; stage: the device-to-host copies of the saves, charged in their steps; mean
+    # load: queued to reported (waits behind earlier saves included); backlog: the
+    # queued I/O a plan's ops found (peak) and left at the end (write bandwidth short of
+    # the saves shows there).
+    external_tier: str = "none"
+    external_tier_blocks: int = 0  # capacity (0: unbounded)
+    external_tier_warm: bool = False
+    external_tier_warm_blocks: int = 0  # held when the measured replay began
+    external_tier_hit_rate: float = 0.0
+    external_tier_hit_tokens: int = 0
+    external_tier_preempted_hit_tokens: int = 0
+    external_tier_loads: int = 0
+    external_tier_blocks_loaded: int = 0
+    external_tier_load_failures: int = 0
+    external_tier_blocks_saved: int = 0
+    external_tier_saves_skipped: int = 0
+    external_tier_evictions: int = 0
+    external_tier_bytes_read: int = 0
+    external_tier_bytes_written: int = 0
+    external_tier_mean_load_ms: float = 0.0
+    external_tier_stage_s: float = 0.0
+    external_tier_save_s: float = 0.0
+    external_tier_load_s: float = 0.0
+    external_tier_peak_backlog_s: float = 0.0
+    external_tier_end_backlog_s: float = 0.0
     admit_ns: list[int] = field(default_factory=list, repr=False)
     first_token_ns: list[int] = field(default_factory=list, repr=False)
     finish_ns: list[int] = field(default_factory=list, repr=False)
 
     def summary(self) -> dict:
         """The JSON row: every figure, no per-request lists; the spec-decode ones only
-        with speculation."""
+        with speculation, the external tier's only with one."""
         spec = self.num_speculative_tokens > 0
+        external = self.external_tier != "none"
         return {k: getattr(self, k) for k in self.__slots__
-                if not k.endswith("_ns") and (spec or not (k.startswith("spec_") or k == "num_speculative_tokens"))}  # fmt: skip
+                if not k.endswith("_ns") and (spec or not (k.startswith("spec_") or k == "num_speculative_tokens"))
+                and (external or not k.startswith("external_tier"))}  # fmt: skip
