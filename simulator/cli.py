@@ -24,6 +24,15 @@ the host tier's hit rate, both tiers' together, loads, GB stored and loaded
 (``--kv-bytes-per-token``) and the seconds the loads cost, each charged
 ``bytes / --offload-bandwidth-gbps`` in its step.
 
+External tier: ``--external-tier disk|store`` gives the manager the scheduler's own
+ExternalTier (the server's --kv-offloading-backend disk or mooncake) and runs its
+parking: a request whose next blocks the tier holds waits while they load, off the
+step path, at ``--external-read-gbps``; every computed block is saved at
+``--external-write-gbps``, on the worker's one I/O thread (simulator/external_io.py).
+The table adds the tier's hit rate, all tiers' together, blocks loaded and saved, GB
+read and written, the mean load time, the I/O backlog and the mean time to first token.
+``--external-tier-warm`` measures a restart: a second replay over the tier the first filled.
+
 Hybrid KV-cache groups (sliding-window layers, simulator/layer_windows.py):
 ``--layer-windows 512x5,0 --num-layers 26`` (or ``--sliding-window 512
 --sliding-window-pattern 6``) runs the server's HybridKVCacheManager over the groups
@@ -57,6 +66,7 @@ from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
 from scheduler.core.pinned_blocks import PinRefused
 from scheduler.sched.policy_options import add_policy_args, check_scheduler_options
 from simulator.engine import SimConfig, simulate
+from simulator.external_args import add_external_tier_args, check_external_tier_args
 from simulator.fleet_cli import add_fleet_args, check_fleet_args, fleet_main
 from simulator.free_policies import FREE_POLICIES
 from simulator.layer_windows import add_layer_window_args, group_windows_from_args
@@ -138,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kv-bytes-per-token", type=int, default=d.kv_bytes_per_token,
                    help="KV bytes of one token over all layers, for bytes moved (default %(default)s: Llama-3-8B, bfloat16; "
                         "an fp8 --kv-cache-dtype stores half: 65536)")
+    add_external_tier_args(p)
     add_layer_window_args(p)
     add_fleet_args(p)
     g = p.add_argument_group("output")
@@ -191,6 +202,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--vocab-size must be > 2")
     _check_speculative(p, a)
     check_fleet_args(p, a)
+    check_external_tier_args(p, a)
     _check_groups(p, a)
     for flag, path in (("--result-json", a.result_json), ("--plot", a.plot)):
         if path is not None:
@@ -219,8 +231,9 @@ def _check_groups(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     a.groups = None if found is None else found[0]
     a.group_windows = () if found is None else tuple(g.sliding_window for g in found[0])
     if is_hybrid(a.group_windows):
-        if any(a.kv_offloading_blocks) or a.kv_eviction_policy != ["lru"] or a.policy != ["vllm"] or a.replicas:
-            p.error("hybrid KV-cache groups run with --kv-eviction-policy lru, --policy vllm, no --kv-offloading-blocks and no --replicas")
+        if any(a.kv_offloading_blocks) or a.kv_eviction_policy != ["lru"] or a.policy != ["vllm"] or a.replicas or a.external_tier != "none":
+            p.error("hybrid KV-cache groups run with --kv-eviction-policy lru, --policy vllm, no --kv-offloading-blocks, "
+                    "no --external-tier and no --replicas")  # fmt: skip
 
 
 def _check_output_path(p: argparse.ArgumentParser, flag: str, path: Path) -> None:
@@ -260,14 +273,33 @@ HOST_COLUMNS = (
 )  # fmt: skip
 
 
+# Shown when a run has an external tier: its hit rate, all tiers' (device + host + external),
+# blocks and bytes moved, the mean load (queued to done), the I/O queue's peak backlog, and TTFT.
+EXTERNAL_COLUMNS = (
+    ("external_tier", "ext tier", "s"), ("external_tier_blocks", "ext blocks", "d"), ("external_tier_hit_rate", "ext hit rate", ".2%"),
+    ("combined_hit_rate", "all tiers", ".2%"), ("external_tier_blocks_loaded", "ext loaded", "d"),
+    ("external_tier_blocks_saved", "ext saved", "d"), ("external_tier_bytes_read", "GB read", "gb"),
+    ("external_tier_bytes_written", "GB written", "gb"), ("external_tier_mean_load_ms", "mean load ms", ".1f"),
+    ("external_tier_peak_backlog_s", "peak backlog s", ".2f"), ("mean_ttft_ms", "mean TTFT ms", ".1f"),
+)  # fmt: skip
+
+
+# The share of the run the I/O thread spends saving past which the progress line says the writes cannot keep up.
+WRITES_BEHIND = 0.9
+
+
 def _cell(value, spec: str) -> str:
     return f"{value / 1e9:.2f}" if spec == "gb" else format(value, spec)
 
 
 def format_table(results: list[SimResult]) -> str:
-    cols = COLUMNS
+    external = any(r.external_tier != "none" for r in results)
+    tiers = ()
     if any(r.num_host_blocks for r in results):
-        cols = (*COLUMNS[:4], *HOST_COLUMNS, *COLUMNS[4:])
+        tiers = tuple(c for c in HOST_COLUMNS if not (external and c[0] == "combined_hit_rate"))
+    if external:
+        tiers += EXTERNAL_COLUMNS
+    cols = (*COLUMNS[:4], *tiers, *COLUMNS[4:]) if tiers else COLUMNS
     if any(r.num_speculative_tokens for r in results):
         cols = (*cols[:-1], *SPEC_COLUMNS, cols[-1])
     rows = [[h for _, h, _ in cols]]
@@ -276,6 +308,19 @@ def format_table(results: list[SimResult]) -> str:
     lines = ["  ".join(c.rjust(w) if i not in (1, 2) else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))) for row in rows]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
+
+
+def _external_line(r: SimResult) -> str:
+    """The progress line's external-tier part ("" without one); it says when the tier's writes cannot keep up."""
+    if r.external_tier == "none":
+        return ""
+    size = r.external_tier_blocks or "unbounded"
+    warm = f", warm ({r.external_tier_warm_blocks} blocks)" if r.external_tier_warm else ""
+    saving = r.external_tier_save_s / r.simulated_s if r.simulated_s else 0.0
+    behind = ": its writes cannot keep up" if saving >= WRITES_BEHIND else ""
+    return (f", {r.external_tier} tier {size}{warm}: {r.external_tier_hit_rate:.2%}, {r.external_tier_bytes_read / 1e9:.2f} GB read, "
+            f"{r.external_tier_bytes_written / 1e9:.2f} GB written (saving {saving:.0%} of the time{behind}; "
+            f"peak backlog {r.external_tier_peak_backlog_s:.2f} s)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -300,20 +345,23 @@ def main(argv: list[str] | None = None) -> int:
     if a.replicas:
         return fleet_main(a, workload, str(source))
     results = []
-    for num_blocks in a.num_blocks:
-        for num_host_blocks in a.kv_offloading_blocks:
-            for policy, eviction in [(p, e) for p in a.policy for e in a.kv_eviction_policy]:
-                try:
-                    results.append(simulate(workload, sim_config(a, num_blocks, num_host_blocks, policy, eviction)))
-                except PinRefused as e:
-                    print(f"kvpool-simulate: error: --pin-prefix-tokens {a.pin_prefix_tokens} with {num_blocks} blocks: {e}", file=sys.stderr)
-                    return 2
-                r = results[-1]
-                host = f", host tier {num_host_blocks}: {r.host_hit_rate:.2%}" if num_host_blocks else ""
-                spec = (f", spec acceptance {r.spec_draft_acceptance_rate:.2%}, mean length {r.spec_mean_acceptance_length:.2f}"
-                        if r.num_speculative_tokens else "")  # fmt: skip
-                print(f"  {num_blocks} blocks, {policy}/{eviction}: hit rate {r.prefix_cache_hit_rate:.2%}{host}, preempted "
-                      f"{r.prefix_cache_preempted_hit_rate:.2%}{spec} ({r.wall_s:.1f} s)", file=sys.stderr)  # fmt: skip
+    runs = [(n, h, x, p, e) for n in a.num_blocks for h in a.kv_offloading_blocks for x in a.external_tier_blocks
+            for p in a.policy for e in a.kv_eviction_policy]  # fmt: skip
+    for num_blocks, num_host_blocks, num_external_blocks, policy, eviction in runs:
+        try:
+            results.append(simulate(workload, sim_config(a, num_blocks, num_host_blocks, policy, eviction, num_external_blocks)))
+        except PinRefused as e:
+            print(f"kvpool-simulate: error: --pin-prefix-tokens {a.pin_prefix_tokens} with {num_blocks} blocks: {e}", file=sys.stderr)
+            return 2
+        except RuntimeError as e:
+            print(f"kvpool-simulate: error: {num_blocks} blocks, {policy}/{eviction}: {e}", file=sys.stderr)
+            return 2
+        r = results[-1]
+        host = f", host tier {num_host_blocks}: {r.host_hit_rate:.2%}" if num_host_blocks else ""
+        spec = (f", spec acceptance {r.spec_draft_acceptance_rate:.2%}, mean length {r.spec_mean_acceptance_length:.2f}"
+                if r.num_speculative_tokens else "")  # fmt: skip
+        print(f"  {num_blocks} blocks, {policy}/{eviction}: hit rate {r.prefix_cache_hit_rate:.2%}{host}{_external_line(r)}, preempted "
+              f"{r.prefix_cache_preempted_hit_rate:.2%}{spec} ({r.wall_s:.1f} s)", file=sys.stderr)  # fmt: skip
     print(format_table(results))
     if a.result_json:
         config = {k: (str(v) if isinstance(v, float) and math.isinf(v) else v) for k, v in vars(a).items()}
