@@ -163,10 +163,10 @@ class TierCopies(msgspec.Struct, array_like=True, gc=False, frozen=True):
 
 class ExternalKVOps(msgspec.Struct, array_like=True, gc=False, frozen=True):
     """A step's work for the external KV tier (disk, Mooncake Store), off the step path:
-    device block save_block_ids[i] is saved under save_keys[i] (read before any token of the
-    step is written, so a block reused by this step is saved as it was); each load reads
-    its keys into its device blocks after the step ran, and the worker says how it went in
-    an ``ExternalKVDone``. The scheduler computes no token of a loading request's blocks
+    device block save_block_ids[i], which this step computes, is saved under save_keys[i]
+    (read once the step's forward ran, before the result goes back); each load reads its
+    keys into its device blocks after the step ran, and the worker says how it went in an
+    ``ExternalKVDone``. The scheduler computes no token of a loading request's blocks
     until then, and never frees them before."""
 
     save_block_ids: list[int] = []

@@ -386,15 +386,14 @@ class WorkerProcess:
         ops = plan.external
         try:
             if ops is not None:
-                # NOTE: checked and staged before the plan is applied: a block it reuses is saved as it was.
                 check_external_ops(ops, self.external, runner.limits.num_blocks)
-                staged = self.external.stage(ops)
             out = runner.execute(plan)
         except PlanError as e:
             log.warning("refused plan %d: %s", plan.step_id, e)
             return WorkerError(str(e), step_id=plan.step_id)
         if ops is not None:
-            self.external.submit(staged, ops)
+            # NOTE: the blocks it saves were computed by this very step: read now, before any later plan.
+            self.external.submit(self.external.stage(ops), ops)
         elapsed = time.perf_counter() - t0
         if self.metrics is not None:
             self.metrics.observe_step(elapsed, runner.num_tokens_computed, runner.kv_bytes_written)

@@ -4,8 +4,8 @@ vLLM's KV connector, scheduler role, for a tier that outlives the engine: the ma
 second source of computed tokens. It answers how many of a request's next blocks the tier
 holds (`lookup`, vLLM's ``get_num_new_matched_tokens``), records the loads of the blocks an
 admission allocated for them (``update_state_after_alloc``), and saves every block once
-it is computed (write-through: a block is in the plan after the one that computes it,
-read by the worker before that plan writes anything). The worker moves the bytes, off the
+it is computed (write-through: a block is in the plan that computes it, and the worker
+reads it once that plan's forward ran). The worker moves the bytes, off the
 step path; the scheduler never touches them.
 
 What the tier holds is the ``KeyIndex``'s to say: for a directory, the keys the worker
@@ -103,10 +103,9 @@ class ExternalTier:
         self.index = index
         # The worker's identity (WorkerHello.external_identity): keys are made from it.
         self.identity = ""
-        # (device block id, hash) cached by the step being scheduled, and by the step before
-        # (computed by its plan, saved in this one's).
-        self._written_this_step: list[tuple[int, BlockHash]] = []
-        self._written_last_step: list[tuple[int, BlockHash]] = []
+        # (device block id, hash) cached by the step being scheduled: computed by its plan, and
+        # saved once that plan's forward ran.
+        self._written: list[tuple[int, BlockHash]] = []
         self._ops = ExternalOps()
         # Counters, in blocks (never reset): saves sent, saves skipped (held already), loads sent
         # (the hits admissions claimed), blocks whose load failed, keys reported removed.
@@ -157,25 +156,21 @@ class ExternalTier:
     # --- saves ------------------------------------------------------------------------
 
     def add_written(self, req_blocks: list[KVCacheBlock], block_hashes: Sequence[BlockHash], start: int, end: int) -> None:
-        """Blocks ``start`` .. ``end - 1`` of a table were just cached: saved in the plan
-        after this one (which computes them)."""
-        self._written_this_step.extend((req_blocks[i].block_id, block_hashes[i]) for i in range(start, end))
+        """Blocks ``start`` .. ``end - 1`` of a table were just cached: the plan being built
+        computes them, and saves them once its forward ran."""
+        self._written.extend((req_blocks[i].block_id, block_hashes[i]) for i in range(start, end))
 
     def forget_written(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Blocks cached in the step being planned that it will not compute after all."""
         block_ids = {b.block_id for b in blocks}
-        self._written_this_step = [w for w in self._written_this_step if w[0] not in block_ids]
-
-    def has_written(self) -> bool:
-        """Whether blocks computed by the last plan wait to be saved (a plan of saves alone is worth sending)."""
-        return bool(self._written_this_step or self._written_last_step)
+        self._written = [w for w in self._written if w[0] not in block_ids]
 
     # --- the step's ops ---------------------------------------------------------------
 
     def take_ops(self) -> ExternalOps | None:
         """The saves and loads for the plan being built (None: none). Call once per
         plan, after every allocation of the step."""
-        written, self._written_last_step, self._written_this_step = self._written_last_step, self._written_this_step, []
+        written, self._written = self._written, []
         ops, self._ops = self._ops, ExternalOps()
         if written:
             keys = self.keys([h for _, h in written])
@@ -196,6 +191,5 @@ class ExternalTier:
 
     def clear(self) -> None:
         """Forget every save and load not yet sent (a lost worker). The tier keeps what it holds."""
-        self._written_this_step.clear()
-        self._written_last_step.clear()
+        self._written.clear()
         self._ops = ExternalOps()

@@ -2,11 +2,11 @@
 
 A plan's ``ExternalKVOps`` (protocol/worker_messages.py) are done in two halves:
 
-* `stage`, before the plan is applied: the bytes of every block to save are gathered into
-  host memory (one gather per layer), so a block the plan reuses is saved as the steps
-  before left it;
-* `submit`, once the plan ran: the staged saves, then the loads, go to the I/O thread in
-  that order. One thread, first in first out: a load queued after the save of the same key
+* `stage`, once the plan ran (its forward computed the blocks it saves): the bytes of
+  every block to save are gathered into host memory (one gather per layer), before any
+  later plan may reuse the block;
+* `submit`, right after: the staged saves, then the loads, go to the I/O thread in that
+  order. One thread, first in first out: a load queued after the save of the same key
   reads what that save wrote.
 
 A load writes into its device blocks while later steps run: safe, because the scheduler
@@ -87,7 +87,7 @@ class ExternalIO:
     # --- the step's side (the process loop's thread) -----------------------------------
 
     def stage(self, ops: ExternalKVOps) -> list[tuple[str, bytes]]:
-        """The (key, payload) of every save of ``ops``: call before the plan is applied."""
+        """The (key, payload) of every save of ``ops``: call once the plan ran, before the next."""
         ids = ops.save_block_ids
         if not ids:
             return []
@@ -98,7 +98,7 @@ class ExternalIO:
         return [(key, raw[i].tobytes()) for i, key in enumerate(ops.save_keys)]
 
     def submit(self, staged: list[tuple[str, bytes]], ops: ExternalKVOps) -> None:
-        """Queue the staged saves, then the plan's loads: call once the plan ran."""
+        """Queue the staged saves, then the plan's loads."""
         for key, payload in staged:
             self._queue.put(("save", key, payload))
         if ops.load_ids:

@@ -3,13 +3,13 @@ scheduler/core/external_tier.py), with the real KVCacheManager and Scheduler.
 
 A request whose next blocks the tier holds is parked: its blocks are allocated, not
 cached, and the plan carries their load; when the worker says how many blocks it loaded,
-the request is admitted with those as computed tokens. Every computed block is saved in
-the plan after the one that computes it (write-through), unless the tier holds it.
+the request is admitted with those as computed tokens. Every computed block is saved by
+the plan that computes it, once its forward ran (write-through), unless the tier holds it.
 
 The worker is FakeWorker (tests/kvtest/fake_worker.py: it checks every slot a row reads
 holds that row's own prefix) with a model of the tier: a dict from key to the prefix keys
-of a block's slots. A save copies a block's slots before the plan runs, a load copies them
-into its blocks after, so a load into the wrong block, a save of a block not yet computed
+of a block's slots. A save copies a block's slots after the plan ran, a load copies them
+into its blocks after, so a load into the wrong block, a save of a block not computed
 or a recompute of a loaded block is caught by the reads. Block size 4; the prompt is 14
 tokens, 3 full blocks and 2 tokens."""
 
@@ -47,7 +47,7 @@ def expected_output(prompt: list[int], n: int) -> list[int]:
 
 
 class TierWorker:
-    """FakeWorker with the external tier: saves before the plan runs, loads after, news by `take_done`."""
+    """FakeWorker with the external tier: saves and loads after the plan ran, news by `take_done`."""
 
     def __init__(self, store: dict[str, list[int]], num_blocks: int = NUM_BLOCKS):
         self.fake = FakeWorker(num_blocks, BS, VOCAB)
@@ -58,15 +58,14 @@ class TierWorker:
 
     def execute(self, plan: StepPlan) -> StepResult:
         ops, slots = plan.external, self.fake.slots
+        result = self.fake.execute(plan)
         if ops is not None:
             for block_id, key in zip(ops.save_block_ids, ops.save_keys, strict=True):
                 block = [slots.get((block_id, off)) for off in range(BS)]
                 if None in block:
-                    raise ContractViolation(f"save of block {block_id}, not computed yet")
+                    raise ContractViolation(f"save of block {block_id}, not computed by the plan that saves it")
                 self.store[key] = block
                 self.num_saved += 1
-        result = self.fake.execute(plan)
-        if ops is not None:
             held = {b for row in self.fake.rows.values() for b in row.block_ids}
             for load_id, keys, block_ids in zip(ops.load_ids, ops.load_keys, ops.load_block_ids, strict=True):
                 if held.intersection(block_ids):
@@ -142,7 +141,7 @@ class Engine:
     def drain(self) -> None:
         """Step, delivering the worker's news, until every request finished and every save went out."""
         for _ in range(STEP_BOUND):
-            if not self.s.has_unfinished_requests() and not self.tier.has_written():
+            if not self.s.has_unfinished_requests():
                 return
             self.step()
             self.deliver()
@@ -171,26 +170,23 @@ def free_blocks(e: Engine) -> int:
 # --- write-through ---------------------------------------------------------------------
 
 
-def test_computed_blocks_are_saved_in_the_next_plan_even_one_of_saves_alone():
+def test_computed_blocks_are_saved_by_the_plan_that_computes_them():
     e = Engine({})
     prompt = PROMPT[:9]  # 2 full blocks and 1 token
     r = e.add("r", 3, prompt, max_tokens=1)
-    first = e.step()
-    assert first.plan.external is None  # nothing computed before it, nothing to load
+    first = e.schedule()
     (row,) = first.plan.new_rows
-    assert r.status.is_finished  # its one token sampled: nothing left to schedule
-    second = e.schedule()
-    # A plan with no tokens (it drops the finished row), carrying the saves of the blocks the first computed.
-    assert second.scheduled == [] and second.plan.num_scheduled_tokens == {} and second.plan.new_rows == []
-    assert second.plan.finished_seq_ids == [3]
-    assert second.plan.external.save_keys == keys_of(prompt) and second.plan.external.save_block_ids == row.block_ids[:2]
-    assert second.plan.external.load_ids == []
-    e.run(second)
+    # The plan computing them saves them (the worker reads them once its forward ran).
+    assert first.plan.external.save_keys == keys_of(prompt) and first.plan.external.save_block_ids == row.block_ids[:2]
+    assert first.plan.external.load_ids == []
+    e.run(first)
+    assert r.status.is_finished
     assert sorted(e.w.store) == sorted(keys_of(prompt)) and e.tier.num_saves == 2
-    assert e.schedule() is None  # nothing left: no plan
+    # Nothing left to save: the finished row is dropped with the next plan, whenever there is one.
+    assert e.schedule() is None
 
 
-def test_a_block_filled_by_decoding_is_saved_after_the_step_that_fills_it():
+def test_a_block_filled_by_decoding_is_saved_by_the_step_that_fills_it():
     e = Engine({})
     prompt = PROMPT[:9]  # decode fills the third block at 12 tokens
     e.add("r", 3, prompt, max_tokens=5)
@@ -198,7 +194,7 @@ def test_a_block_filled_by_decoding_is_saved_after_the_step_that_fills_it():
     saves = [(p.step_id, p.external.save_keys) for p in e.plans if p.external is not None and p.external.save_keys]
     tokens = prompt + e.outputs["r"]
     # Step 0 computes 9 tokens (2 blocks), steps 1 and 2 positions 9 and 10, step 3 position 11: the third block fills.
-    assert saves == [(1, keys_of(prompt)), (4, keys_of(tokens[:12])[2:])]
+    assert saves == [(0, keys_of(prompt)), (3, keys_of(tokens[:12])[2:])]
     assert e.w.num_saved == 3
 
 
@@ -207,11 +203,10 @@ def test_a_block_the_tier_holds_is_not_saved_again():
     store = {k[1]: [0] * BS}  # the middle block only: no prefix of the request is held
     e = Engine(store)
     r = e.add("r", 1, max_tokens=1)
-    out = e.step()
-    assert r in out.scheduled and out.plan.external is None and out.plan.new_rows[0].num_computed_tokens == 0
     out = e.schedule()
+    assert r in out.scheduled and out.plan.new_rows[0].num_computed_tokens == 0 and out.plan.external.load_ids == []
     assert out.plan.external.save_keys == [k[0], k[2]]
-    assert out.plan.external.save_block_ids == [e.plans[0].new_rows[0].block_ids[i] for i in (0, 2)]
+    assert out.plan.external.save_block_ids == [out.plan.new_rows[0].block_ids[i] for i in (0, 2)]
     assert e.tier.num_saves_skipped == 1
     e.run(out)
 
@@ -272,9 +267,7 @@ def test_a_partial_load_computes_the_rest_and_saves_it_again(warm_store):
     (row,) = out.plan.new_rows
     assert row.num_computed_tokens == BS and out.plan.num_scheduled_tokens == {5: 10} and row.block_ids[:3] == block_ids
     assert r.num_cached_tokens == BS and r.num_external_cached_tokens == BS
-    e.run(out)
-    # The blocks computed again are saved again, from the blocks the load left untouched.
-    out = e.schedule()
+    # The blocks computed again are saved again by the plan computing them, from the blocks the load left untouched.
     assert out.plan.external.save_keys == k[1:] and out.plan.external.save_block_ids == block_ids[1:]
     e.run(out)
     e.drain()
