@@ -21,7 +21,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.external_store_io import MooncakeMaster
-from bench.router_bench import Replica, Router, complete, metric_totals, router_binary, shared_prefix_prompts
+from bench.router_bench import (
+    Replica,
+    Router,
+    complete,
+    metric_totals,
+    router_binary,
+    shared_prefix_prompts,
+)
 from bench.table import Row, print_table
 
 NUM_BLOCKS, NUM_PREFIXES, REPEATS = 128, 12, 6

@@ -15,7 +15,9 @@ prefill stats, are the ones it got); blocks that failed are computed again (vLLM
 
 A request that ends while it loads (an abort) keeps its blocks until the load is
 reported: the worker is still writing them. A lost worker loses its loads: their
-requests start over.
+requests start over. A loaded request that waits behind another (a request preempted
+after it came back goes ahead of it) gives its blocks back, still cached, if the head
+cannot fit while nothing runs: held, they would stop the queue for good.
 
 A mixin of `Scheduler` (scheduler/sched/scheduler.py), over its waiting queue, its
 request maps and the KV-cache manager.
@@ -87,6 +89,18 @@ class ExternalKVWait:
     def _holds_loaded_blocks(self, request: Request) -> bool:
         """Whether a waiting request holds blocks from a load (it is admitted without a lookup)."""
         return request.request_id in self.kv_cache_manager.req_to_blocks
+
+    def _release_loaded_behind(self, head: Request) -> bool:
+        """The head of the waiting queue does not fit and nothing runs: free the blocks of
+        waiting requests behind it that hold loaded ones (a request preempted after one came
+        back from its load went ahead of it), or nothing would ever run again. Their blocks
+        stay cached, hits for them when their turn comes. True if any were freed."""
+        kv = self.kv_cache_manager
+        holders = [r for r in self.waiting if r is not head and r.request_id in kv.req_to_blocks]
+        for request in holders:
+            kv.free(request)
+            request.num_computed_tokens = 0
+        return bool(holders)
 
     def _end_loading(self, request: Request, status: RequestStatus) -> None:
         """End a request while its blocks load: it is gone for its client now; its blocks stay

@@ -304,6 +304,8 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
             new_blocks = kv.allocate_slots(request, num_new_tokens, 0 if loaded else num_hit_tokens, hits, full_sequence_must_fit=self.reserve_full_sequence,
                                            watermark_blocks=self.watermark_blocks if running else 0)  # fmt: skip
             if new_blocks is None:
+                if not running and self._release_loaded_behind(request):
+                    continue  # NOTE: nothing runs to free blocks; loaded ones behind the head were holding them
                 break  # nobody overtakes the head of the queue
             # NOTE: admitted before (resumed after a preemption or a lost worker): counted apart.
             num_host_hit_tokens = request.num_external_cached_tokens if loaded else num_hit_tokens - len(hits) * self.block_size

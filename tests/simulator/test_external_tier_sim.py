@@ -132,8 +132,6 @@ def test_fast_forward_with_an_external_tier_changes_nothing(blocks: int):
         assert getattr(fast, name) == getattr(slow, name), name
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="scheduler deadlock: a request back from an external load keeps "
-                   "its blocks in the waiting queue, and a request preempted after it goes ahead of it and cannot fit")  # fmt: skip
 def test_a_request_back_from_a_load_does_not_block_a_preempted_one_forever():
     # Found by a search over small pools: 4 requests of one 24-token prefix on 9 blocks (the device alone finishes them).
     samples = shared_prefix_requests(4, 1, 24, 4, 8, vocab_size=100, seed=0)

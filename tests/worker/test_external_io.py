@@ -5,6 +5,8 @@ store with the load's blocks after it; a save the store refuses pauses saving.""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -167,3 +169,55 @@ def test_several_loads_of_one_plan_are_each_reported(open_io):
     assert io.drain(BOUND_S)
     loaded, removed = io.take_done()
     assert loaded == {10: 1, 11: 1} and removed == [key(9)] and not io.has_pending_loads
+
+
+class GatedDiskStore(DiskStore):
+    """A real DiskStore whose writes wait for ``gate``: a slow disk, to order the I/O thread's work."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.writing = threading.Event()
+
+    def put(self, key, header, payload):
+        self.writing.set()
+        assert self.gate.wait(BOUND_S), "the test never opened the gate"
+        return super().put(key, header, payload)
+
+
+def test_loads_go_before_queued_saves_and_read_a_save_still_queued(tmp_path):
+    store = GatedDiskStore(tmp_path, 1 << 20, IDENTITY)
+    io = ExternalIO(store, IDENTITY, kv_caches(torch.bfloat16))
+    try:
+        kv = io.kv_caches
+        # Three saves: the thread blocks writing the first; the other two wait in the queue.
+        io.submit(io.stage(ExternalKVOps(save_block_ids=[1, 2, 3], save_keys=[key(1), key(2), key(3)])), ExternalKVOps())
+        assert store.writing.wait(BOUND_S)
+        # A load of the third, queued after them, is served first, from the staged bytes.
+        ops = ExternalKVOps(load_ids=[5], load_keys=[[key(3)]], load_block_ids=[[8]])
+        io.submit([], ops)
+        assert not io.drain(0.2)  # the first save still waits at the gate
+        store.gate.set()
+        assert io.drain(BOUND_S)
+        assert io.take_done() == ({5: 1}, [])
+        assert all(torch.equal(bits(layer, 8), bits(layer, 3)) for layer in kv)
+        assert sorted(store.keys()) == sorted([key(1), key(2), key(3)])
+    finally:
+        store.gate.set()
+        io.close()
+
+
+def test_saves_past_the_pending_bound_are_dropped_and_reported(tmp_path):
+    store = GatedDiskStore(tmp_path, 1 << 20, IDENTITY)
+    io = ExternalIO(store, IDENTITY, kv_caches(torch.bfloat16), max_pending_save_bytes=2 * LAYERS * 2 * BS * KVH * HD * 2)
+    try:
+        staged = io.stage(ExternalKVOps(save_block_ids=[1, 2, 3, 4], save_keys=[key(1), key(2), key(3), key(4)]))
+        io.submit(staged, ExternalKVOps())  # room for two blocks' bytes: the last two are dropped
+        store.gate.set()
+        assert io.drain(BOUND_S)
+        assert io.counters.saves_dropped == 2 and io.counters.saved_blocks == 2
+        assert io.take_done() == ({}, [key(3), key(4)])
+        assert sorted(store.keys()) == sorted([key(1), key(2)])
+    finally:
+        store.gate.set()
+        io.close()

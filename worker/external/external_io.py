@@ -5,9 +5,11 @@ A plan's ``ExternalKVOps`` (protocol/worker_messages.py) are done in two halves:
 * `stage`, once the plan ran (its forward computed the blocks it saves): the bytes of
   every block to save are gathered into host memory (one gather per layer), before any
   later plan may reuse the block;
-* `submit`, right after: the staged saves, then the loads, go to the I/O thread in that
-  order. One thread, first in first out: a load queued after the save of the same key
-  reads what that save wrote.
+* `submit`, right after: the staged saves and the loads go to the I/O thread, which takes
+  loads first (a request waits on each; a save only makes a later hit possible). A load of
+  a key whose save is still queued reads the staged bytes. Saves past
+  ``max_pending_save_bytes`` are dropped (their keys reported removed): a store slower
+  than the prefill rate costs hits, not unbounded memory.
 
 A load writes into its device blocks while later steps run: safe, because the scheduler
 schedules no token of those blocks and frees none of them before the load is reported
@@ -30,9 +32,9 @@ tensors hold them.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -43,7 +45,8 @@ from worker.external.store_errors import StoreError
 
 log = logging.getLogger("kvpool.worker.external")
 
-_STOP = object()
+# Bytes of staged saves the I/O thread may hold before new ones are dropped.
+DEFAULT_MAX_PENDING_SAVE_BYTES = 256 << 20
 
 
 @dataclass(slots=True)
@@ -55,6 +58,7 @@ class IOCounters:
     save_seconds: float = 0.0
     save_failures: dict[str, int] = field(default_factory=dict)  # by StoreError reason
     saves_paused: int = 0  # saves not tried: saving was paused after a failure
+    saves_dropped: int = 0  # saves not queued: too many bytes of saves were waiting already
     loaded_blocks: int = 0
     loaded_bytes: int = 0
     load_seconds: float = 0.0
@@ -65,7 +69,8 @@ class IOCounters:
 class ExternalIO:
     """Saves and loads between ``kv_caches`` (one per layer, (2, blocks, bs, kvh, hd)) and ``store``."""
 
-    def __init__(self, store, identity: str, kv_caches: list[torch.Tensor], pause_s: float = 30.0):
+    def __init__(self, store, identity: str, kv_caches: list[torch.Tensor], pause_s: float = 30.0,
+                 max_pending_save_bytes: int = DEFAULT_MAX_PENDING_SAVE_BYTES):
         self.store = store
         self.identity = identity
         self.kv_caches = kv_caches
@@ -74,8 +79,17 @@ class ExternalIO:
         self._block_shape = (len(kv_caches), 2, *first.shape[2:])
         self._dtype = first.dtype
         self.block_bytes = len(kv_caches) * 2 * first[0, 0].numel() * first.element_size()
+        self.max_pending_save_bytes = max_pending_save_bytes
         self.counters = IOCounters()
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        # Two queues, loads first (a request waits on each); the thread sleeps on the condition.
+        self._cond = threading.Condition()
+        self._loads: deque = deque()
+        self._saves: deque = deque()
+        # key -> payload of each save queued or being written: a load reads those from here.
+        self._pending_saves: dict[str, bytes] = {}
+        self._pending_save_bytes = 0
+        self._busy = False
+        self._stopping = False
         self._lock = threading.Lock()
         self._loaded: dict[int, int] = {}
         self._removed: list[str] = []
@@ -98,14 +112,27 @@ class ExternalIO:
         return [(key, raw[i].tobytes()) for i, key in enumerate(ops.save_keys)]
 
     def submit(self, staged: list[tuple[str, bytes]], ops: ExternalKVOps) -> None:
-        """Queue the staged saves, then the plan's loads."""
-        for key, payload in staged:
-            self._queue.put(("save", key, payload))
-        if ops.load_ids:
-            with self._lock:
-                self._num_pending_loads += len(ops.load_ids)
-            for load_id, keys, block_ids in zip(ops.load_ids, ops.load_keys, ops.load_block_ids, strict=True):
-                self._queue.put(("load", load_id, keys, block_ids))
+        """Queue the staged saves and the plan's loads. A save past ``max_pending_save_bytes``
+        of saves not yet written is dropped (counted, its key reported removed): a store slower
+        than the prefill rate must not grow the worker's memory without bound."""
+        dropped = []
+        with self._cond:
+            for key, payload in staged:
+                if key in self._pending_saves:
+                    continue  # the same bytes are on their way
+                if self._pending_save_bytes + len(payload) > self.max_pending_save_bytes:
+                    dropped.append(key)
+                    continue
+                self._pending_saves[key] = payload
+                self._pending_save_bytes += len(payload)
+                self._saves.append((key, payload))
+            for load in zip(ops.load_ids, ops.load_keys, ops.load_block_ids, strict=True):
+                self._loads.append(load)
+            self._num_pending_loads += len(ops.load_ids)
+            self._cond.notify()
+        if dropped:
+            self.counters.saves_dropped += len(dropped)
+            self._report_removed(dropped)
 
     @property
     def saving_paused(self) -> bool:
@@ -125,14 +152,16 @@ class ExternalIO:
         return loaded, removed
 
     def drain(self, timeout: float) -> bool:
-        """Wait until every queued save and load is done (tests; shutdown). False on timeout."""
-        done = threading.Event()
-        self._queue.put(done)
-        return done.wait(timeout)
+        """Wait until every queued save and load is done (tests; a new handshake). False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not (self._loads or self._saves or self._busy), timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         """Finish what is queued (bounded by ``timeout``), then stop the thread and the store."""
-        self._queue.put(_STOP)
+        self.drain(timeout)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
         self._thread.join(timeout)
         self.store.close()
 
@@ -140,12 +169,15 @@ class ExternalIO:
 
     def _run(self) -> None:
         while True:
-            job = self._queue.get()
-            if job is _STOP:
-                return
-            if isinstance(job, threading.Event):
-                job.set()
-                continue
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()  # drain() may be waiting
+                self._cond.wait_for(lambda: self._loads or self._saves or self._stopping)
+                if self._stopping:
+                    return
+                # NOTE: loads first: a request waits on each, while a save only makes a later hit possible.
+                job = ("load", *self._loads.popleft()) if self._loads else ("save", *self._saves.popleft())
+                self._busy = True
             try:
                 if job[0] == "save":
                     self._save(job[1], job[2])
@@ -155,6 +187,12 @@ class ExternalIO:
                 log.exception("external tier: %s failed", job[0])
                 if job[0] == "load":
                     self._report_load(job[1], 0)
+            finally:
+                if job[0] == "save":
+                    with self._cond:
+                        payload = self._pending_saves.pop(job[1], None)
+                        if payload is not None:
+                            self._pending_save_bytes -= len(payload)
 
     def _save(self, key: str, payload: bytes) -> None:
         c = self.counters
@@ -206,6 +244,12 @@ class ExternalIO:
 
     def _load_one(self, key: str, block_id: int) -> str | None:
         """Read, check and write one block; None when done, else why not."""
+        with self._cond:
+            pending = self._pending_saves.get(key)
+        if pending is not None:
+            # Its save is still queued: the bytes are here, checked as they will be written.
+            self._write_block(pending, block_id)
+            return None
         try:
             data = self.store.get(key)
         except StoreError as e:
@@ -219,10 +263,13 @@ class ExternalIO:
             log.warning("external tier (%s): object %s refused (%s); the block is computed again", self.store.name, key, e)
             self.store.remove(key)
             return e.reason
+        self._write_block(payload, block_id)
+        return None
+
+    def _write_block(self, payload: bytes | memoryview, block_id: int) -> None:
         block = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(self._dtype).view(self._block_shape)
         for layer, kv in enumerate(self.kv_caches):
             kv[:, block_id].copy_(block[layer])
-        return None
 
     def _report_load(self, load_id: int, num_loaded: int) -> None:
         with self._lock:

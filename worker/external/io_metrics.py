@@ -42,6 +42,9 @@ class ExternalIOCollector(Collector):
         yield self._counter("kvpool_kv_offload_tiering_loaded_blocks", "Blocks loaded from the tier (read and checked).", c.loaded_blocks)
         yield self._counter("kvpool_kv_offload_tiering_saved_blocks", "Blocks saved to the tier.", c.saved_blocks)
         yield self._counter("kvpool_kv_offload_tiering_saves_paused", "Saves not tried: saving was paused after a failed save.", c.saves_paused)
+        yield self._counter("kvpool_kv_offload_tiering_saves_dropped",
+                            "Saves not queued: the saves waiting to be written held too many bytes already (a store slower than prefill).",
+                            c.saves_dropped)  # fmt: skip
         yield self._by_reason("kvpool_kv_offload_tiering_bad_blocks",
                               "Blocks a load could not use, computed again instead: missing, truncated, checksum, foreign, key, "
                               "magic, version, io or unreachable.", c.load_failures)  # fmt: skip
