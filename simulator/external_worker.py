@@ -19,36 +19,12 @@ saves are taken step by step, staged and queued at their steps' times, as steppi
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
-from protocol.external_kv import kv_identity, object_key
+from protocol.external_kv import kv_identity
 from scheduler.core.external_tier import ExternalOps, ExternalTier, KnownKeys
-from scheduler.core.kv_cache_block import BlockHash
 from scheduler.sched.scheduler import Scheduler
 from simulator.external_io import EXTERNAL_TIER_BACKENDS, SimExternalIO, TierSpeeds
 from simulator.external_store import SimulatedStore
-
-
-class _MemoKeysTier(ExternalTier):
-    """The scheduler's ExternalTier, its keys memoised: a waiting head is looked up again every
-    step it waits, and each lookup digests every block it asks about. Nothing else differs."""
-
-    MAX_MEMO = 1 << 20  # keys kept; then the memo starts over
-
-    def __init__(self, backend: str, block_size: int, index: KnownKeys):
-        super().__init__(backend, block_size, index)
-        self._memo: dict[BlockHash, str] = {}
-
-    def keys(self, block_hashes: Sequence[BlockHash]) -> list[str]:
-        memo = self._memo
-        out = [memo.get(h) for h in block_hashes]
-        if None in out:
-            if len(memo) > self.MAX_MEMO:
-                memo.clear()
-            for i, (h, key) in enumerate(zip(block_hashes, out, strict=True)):
-                if key is None:
-                    out[i] = memo[h] = object_key(self.identity, h)
-        return out
 
 
 class SimExternalWorker:
@@ -58,7 +34,7 @@ class SimExternalWorker:
         self.kind = kind
         self.store = store
         self.block_size = block_size
-        self.tier = _MemoKeysTier(EXTERNAL_TIER_BACKENDS[kind], block_size, KnownKeys())
+        self.tier = ExternalTier(EXTERNAL_TIER_BACKENDS[kind], block_size, KnownKeys())
         # As a worker's hello: its identity, and what its store holds (a warm start: the first replay's).
         self.tier.attach(kv_identity("kvpool-simulator", "", "", block_size, 0, 0, 0), store.keys())
         self.num_warm_blocks = len(store)

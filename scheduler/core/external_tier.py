@@ -83,6 +83,10 @@ class KnownKeys:
         return len(self.keys)
 
 
+# Keys memoised before the memo starts over (about 150 MB at most).
+MAX_KEY_MEMO = 1 << 20
+
+
 @dataclass(slots=True)
 class ExternalOps:
     """A step's saves (device block, key) and loads (load id, keys, device blocks)."""
@@ -103,6 +107,8 @@ class ExternalTier:
         self.index = index
         # The worker's identity (WorkerHello.external_identity): keys are made from it.
         self.identity = ""
+        # block hash -> its key, for this identity (cleared past MAX_KEY_MEMO entries).
+        self._key_memo: dict[BlockHash, str] = {}
         # (device block id, hash) cached by the step being scheduled: computed by its plan, and
         # saved once that plan's forward ran.
         self._written: list[tuple[int, BlockHash]] = []
@@ -120,13 +126,25 @@ class ExternalTier:
         was planned for the worker before is void."""
         if not identity:
             raise ValueError(f"the worker has no {self.backend} tier (its hello carries no identity)")
+        if identity != self.identity:
+            self._key_memo.clear()
         self.identity = identity
         self.index.reset(keys)
         self.clear()
 
     def keys(self, block_hashes: Sequence[BlockHash]) -> list[str]:
-        identity = self.identity
-        return [object_key(identity, h) for h in block_hashes]
+        """The keys of ``block_hashes``, memoised: a waiting head is looked up again every step
+        it waits, and each key is a digest."""
+        memo = self._key_memo
+        out = [memo.get(h) for h in block_hashes]
+        if None in out:
+            if len(memo) > MAX_KEY_MEMO:
+                memo.clear()
+            identity = self.identity
+            for i, (h, key) in enumerate(zip(block_hashes, out, strict=True)):
+                if key is None:
+                    out[i] = memo[h] = object_key(identity, h)
+        return out
 
     # --- loads ------------------------------------------------------------------------
 
