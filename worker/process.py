@@ -297,12 +297,15 @@ class WorkerProcess:
                 reply = self._handle(sock)
                 if reply is None:
                     return 0
+                # NOTE: news first: a load that ended during the step is heard before its result, so the
+                # scheduler's next plan schedules its request.
+                sent = self._send_news(sock)
                 if reply is not False:
                     self._send(sock, reply)
-                    last_sent = time.monotonic()
+                    sent = True
                 last_heard = time.monotonic()
-                if self._send_news(sock):
-                    last_sent = time.monotonic()
+                if sent:
+                    last_sent = last_heard
                 continue
             if self._send_news(sock):
                 last_sent = time.monotonic()
@@ -384,16 +387,22 @@ class WorkerProcess:
         runner = self.runner
         t0 = time.perf_counter()
         ops = plan.external
+        loads_first = ops is not None and ops.load_ids and plan.tier_copies is None
         try:
             if ops is not None:
                 check_external_ops(ops, self.external, runner.limits.num_blocks)
+                if loads_first:
+                    # NOTE: the loads run beside this step's forward: their blocks are new to a parked
+                    # request, which no row reads. (After the host tier's copies otherwise, which may
+                    # store the blocks' old contents first.)
+                    self.external.submit([], ops)
             out = runner.execute(plan)
         except PlanError as e:
             log.warning("refused plan %d: %s", plan.step_id, e)
             return WorkerError(str(e), step_id=plan.step_id)
         if ops is not None:
             # NOTE: the blocks it saves were computed by this very step: read now, before any later plan.
-            self.external.submit(self.external.stage(ops), ops)
+            self.external.submit(self.external.stage(ops), None if loads_first else ops)
         elapsed = time.perf_counter() - t0
         if self.metrics is not None:
             self.metrics.observe_step(elapsed, runner.num_tokens_computed, runner.kv_bytes_written)

@@ -111,10 +111,11 @@ class ExternalIO:
         raw = gathered.contiguous().cpu().view(torch.uint8).reshape(len(ids), -1).numpy()
         return [(key, raw[i].tobytes()) for i, key in enumerate(ops.save_keys)]
 
-    def submit(self, staged: list[tuple[str, bytes]], ops: ExternalKVOps) -> None:
-        """Queue the staged saves and the plan's loads. A save past ``max_pending_save_bytes``
-        of saves not yet written is dropped (counted, its key reported removed): a store slower
-        than the prefill rate must not grow the worker's memory without bound."""
+    def submit(self, staged: list[tuple[str, bytes]], ops: ExternalKVOps | None = None) -> None:
+        """Queue the staged saves and the loads of ``ops`` (None: none). A save past
+        ``max_pending_save_bytes`` of saves not yet written is dropped (counted, its key
+        reported removed): a store slower than the prefill rate must not grow the worker's
+        memory without bound."""
         dropped = []
         with self._cond:
             for key, payload in staged:
@@ -126,9 +127,10 @@ class ExternalIO:
                 self._pending_saves[key] = payload
                 self._pending_save_bytes += len(payload)
                 self._saves.append((key, payload))
-            for load in zip(ops.load_ids, ops.load_keys, ops.load_block_ids, strict=True):
-                self._loads.append(load)
-            self._num_pending_loads += len(ops.load_ids)
+            if ops is not None:
+                for load in zip(ops.load_ids, ops.load_keys, ops.load_block_ids, strict=True):
+                    self._loads.append(load)
+                self._num_pending_loads += len(ops.load_ids)
             self._cond.notify()
         if dropped:
             self.counters.saves_dropped += len(dropped)
