@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+
+from protocol.tcp_address import accepts, split_address
 
 log = logging.getLogger("kvpool.scheduler.mooncake_index")
 
@@ -36,15 +37,6 @@ log = logging.getLogger("kvpool.scheduler.mooncake_index")
 SETUP_RETRIES = "2"
 PROBE_TIMEOUT_S = 2.0
 WARN_EVERY_S = 30.0
-
-
-def accepts(host: str, port: int, timeout: float) -> bool:
-    """Whether ``host:port`` accepts a TCP connection within ``timeout`` seconds."""
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-    except OSError:
-        return False
-    return True
 
 
 class MooncakeKeyIndex:
@@ -65,11 +57,8 @@ class MooncakeKeyIndex:
             from mooncake.store import MooncakeDistributedStore
         except ImportError as e:
             raise ValueError(f"--kv-offloading-backend mooncake needs Mooncake's client (pip install 'kvpool[mooncake]'): {e}") from e
-        host, sep, port = master_address.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"the Mooncake master's address {master_address!r} is not host:port")
         self.master_address = master_address
-        self._master = (host.strip("[]"), int(port))
+        self._master = split_address(master_address, "the Mooncake master's address")
         if not accepts(*self._master, PROBE_TIMEOUT_S):
             raise ValueError(f"the Mooncake master {master_address} does not accept connections")
         os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", SETUP_RETRIES)

@@ -31,10 +31,10 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import socket
 import time
 from urllib.parse import urlsplit
 
+from protocol.tcp_address import accepts, split_address
 from worker.external.store_errors import StoreError
 
 log = logging.getLogger("kvpool.worker.mooncake_store")
@@ -57,23 +57,6 @@ INVALID_PARAMS = -600  # also: the buffer given to get_into is too small
 OBJECT_NOT_FOUND = -704
 OBJECT_ALREADY_EXISTS = -705
 RPC_FAIL = -900  # -900 .. -999: the master did not answer
-
-
-def split_address(address: str, what: str) -> tuple[str, int]:
-    """``host:port`` as (host, port); ValueError naming ``what`` otherwise."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{what} {address!r} is not host:port")
-    return host.strip("[]"), int(port)
-
-
-def accepts(host: str, port: int, timeout: float) -> bool:
-    """Whether ``host:port`` accepts a TCP connection within ``timeout`` seconds."""
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-    except OSError:
-        return False
-    return True
 
 
 def reason_of(rc: int) -> str:
