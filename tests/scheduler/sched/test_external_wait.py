@@ -391,3 +391,22 @@ def test_a_preempted_request_whose_blocks_load_comes_back_as_a_resumed_row():
     parked_after_preemption = [p for p in e.plans if p.external is not None and p.external.load_ids]
     assert e.s.num_preemptions >= 1 and parked_after_preemption
     assert e.outputs == {"a": expected_output(PROMPT, 14), "b": expected_output([p + 100 for p in PROMPT], 14)}
+
+
+def test_a_loaded_request_behind_a_head_that_cannot_fit_gives_its_blocks_back(warm_store):
+    # 7 usable blocks. "a" loads its 3 blocks and waits to be admitted, holding them; "b" (20
+    # tokens: 5 blocks) is put ahead of it, as a request preempted meanwhile would be. Nothing
+    # runs, so nothing would ever free a block: "a" must give its blocks back for "b" to go.
+    e = Engine(warm_store, num_blocks=8)
+    a = e.add("a", 1)
+    e.run(e.schedule())
+    assert e.deliver() == 1 and a.num_computed_tokens == 3 * BS and free_blocks(e) == 4
+    b = e.add("b", 2, list(range(100, 120)), max_tokens=1)
+    e.s.waiting.remove_ended(b)
+    e.s.waiting.appendleft(b)
+    out = e.schedule()
+    assert [r.request_id for r in out.scheduled] == ["b"] and out.plan.new_rows[0].seq_id == 2
+    assert a.status == RequestStatus.WAITING and a.num_computed_tokens == 0 and "a" not in e.kv.req_to_blocks
+    e.run(out)
+    e.drain()
+    assert e.outputs["a"] == expected_output(PROMPT, 3) and e.outputs["b"] == expected_output(list(range(100, 120)), 1)
