@@ -50,7 +50,7 @@ from protocol.worker_messages import (
 )
 from worker.config import WorkerConfig
 from worker.external.external_io import ExternalIO
-from worker.external.ops_check import check_external_ops
+from worker.external.plan_ops import after_step, before_step, hello_fields
 from worker.grammar_compiler import GrammarCompiler
 from worker.group_tables import hello_group_windows
 from worker.host_load import HostLoad
@@ -68,8 +68,6 @@ EXIT_SCHEDULER_LOST = 3
 EXIT_REFUSED = 4
 # How often the loop looks for finished grammar compiles while any is in flight.
 GRAMMAR_POLL_S = 0.002
-# How long a new handshake waits for the external tier's saves and loads of the last scheduler.
-EXTERNAL_DRAIN_S = 30.0
 
 
 class SchedulerLost(Exception):
@@ -124,20 +122,8 @@ class WorkerProcess:
             architecture=m.architecture, model_hash=s.identity, eos_token_ids=list(m.eos_token_ids),
             max_model_len=s.max_model_len, num_host_blocks=self.hello_num_host_blocks,
             group_windows=hello_group_windows(s.kv_cache_groups) if s.kv_cache_groups else [],
-            **self._hello_external(),
+            **hello_fields(self.external),
         )
-
-    def _hello_external(self) -> dict:
-        """The external tier in the hello: its name, identity and (a directory) its keys.
-        NOTE: loads of an earlier scheduler are finished first and their news dropped: their
-        ids mean nothing to the next one."""
-        ext = self.external
-        if ext is None:
-            return {}
-        if not ext.drain(EXTERNAL_DRAIN_S):
-            log.warning("the external tier's queue did not drain in %g s", EXTERNAL_DRAIN_S)
-        ext.take_done()
-        return dict(external_tier=ext.store.name, external_identity=ext.identity, external_keys=ext.store.keys())
 
     @property
     def hello_num_host_blocks(self) -> int:
@@ -386,23 +372,13 @@ class WorkerProcess:
     def _execute(self, plan: StepPlan) -> StepResult | WorkerError:
         runner = self.runner
         t0 = time.perf_counter()
-        ops = plan.external
-        loads_first = ops is not None and ops.load_ids and plan.tier_copies is None
         try:
-            if ops is not None:
-                check_external_ops(ops, self.external, runner.limits.num_blocks)
-                if loads_first:
-                    # NOTE: the loads run beside this step's forward: their blocks are new to a parked
-                    # request, which no row reads. (After the host tier's copies otherwise, which may
-                    # store the blocks' old contents first.)
-                    self.external.submit([], ops)
+            loads_started = before_step(self.external, plan, runner.limits.num_blocks)
             out = runner.execute(plan)
         except PlanError as e:
             log.warning("refused plan %d: %s", plan.step_id, e)
             return WorkerError(str(e), step_id=plan.step_id)
-        if ops is not None:
-            # NOTE: the blocks it saves were computed by this very step: read now, before any later plan.
-            self.external.submit(self.external.stage(ops), None if loads_first else ops)
+        after_step(self.external, plan, loads_started)
         elapsed = time.perf_counter() - t0
         if self.metrics is not None:
             self.metrics.observe_step(elapsed, runner.num_tokens_computed, runner.kv_bytes_written)
