@@ -112,12 +112,17 @@ class ExternalKVWait:
         del self.seq_id_to_request[request.seq_id]
 
     def abandon_loads(self) -> None:
-        """The worker is gone with its loads: their requests start over, at the front of the
-        waiting queue; those that ended meanwhile free their blocks."""
+        """The worker is gone with its loads and its memory: their requests start over, at the
+        front of the waiting queue; those that ended meanwhile free their blocks, and so do
+        waiting requests whose loads had ended (what they loaded is void)."""
         kv = self.kv_cache_manager
         for orphan in self._load_orphans.values():
             kv.free(orphan)
         self._load_orphans.clear()
+        for request in self.waiting:
+            if request.request_id in kv.req_to_blocks:
+                kv.free(request)
+                request.num_computed_tokens = 0
         for request in reversed(list(self.loading.values())):
             request.external_load = None
             self._requeue(request)

@@ -410,3 +410,18 @@ def test_a_loaded_request_behind_a_head_that_cannot_fit_gives_its_blocks_back(wa
     e.run(out)
     e.drain()
     assert e.outputs["a"] == expected_output(PROMPT, 3) and e.outputs["b"] == expected_output(list(range(100, 120)), 1)
+
+
+def test_a_lost_worker_voids_what_a_waiting_request_had_loaded(warm_store):
+    # "r" loaded its blocks and waits to be admitted, holding them, when the worker is lost:
+    # the new worker's memory holds none of that, so the blocks go and the cache can be reset.
+    e = Engine(warm_store)
+    r = e.add("r", 5)
+    e.run(e.schedule())
+    assert e.deliver() == 1 and "r" in e.kv.req_to_blocks and r.num_computed_tokens == 3 * BS
+    e.s.abandon_in_flight()
+    e.s.abandon_loads()
+    e.s.preempt_all()
+    assert e.kv.reset_prefix_cache()  # WorkerSide resets the pool: refused while any block is held
+    assert "r" not in e.kv.req_to_blocks and r.num_computed_tokens == 0 and list(e.s.waiting) == [r]
+    e.kv.check_invariants()
