@@ -11,11 +11,12 @@ vLLM's engine core sends one EngineCoreOutputs per client per step. A refusal is
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
 
+from protocol.kv_transfer_params import KVTransferParams
 from protocol.prompt_logprobs import PromptLogprobs
 from protocol.structured_output import GrammarSpec
 
@@ -72,6 +73,11 @@ class Generate(msgspec.Struct, tag="generate", tag_field="type", omit_defaults=T
     # output tokens it already received. It resumes as a preempted request does: these
     # are recomputed, not sampled again, and max_tokens and min_tokens count them.
     resumed_token_ids: list[TokenId] = []
+    # P/D disaggregation (protocol/kv_transfer_params.py): a prefill engine's request
+    # (do_remote_decode) keeps its blocks for a decode engine; a decode engine's
+    # (do_remote_prefill) reads its prompt's blocks from the prefill engine's worker.
+    # Ignored by an engine without --kv-transfer-config, as vLLM's.
+    kv_transfer_params: KVTransferParams | None = None
 
 
 class Abort(msgspec.Struct, tag="abort", tag_field="type", forbid_unknown_fields=True):
@@ -112,6 +118,9 @@ class TokenOutput(msgspec.Struct, omit_defaults=True, gc=False):
     logprobs: list[TokenLogprobs] | None = None
     # With the first output token, when the request asked for prompt_logprobs.
     prompt_logprobs: PromptLogprobs | None = None
+    # With the last output of a prefill engine's request (do_remote_decode): where a
+    # decode engine reads its blocks (protocol/kv_transfer_params.py's answer keys).
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class EngineCoreOutputs(msgspec.Struct, tag="outputs", tag_field="type", omit_defaults=True, gc=False):

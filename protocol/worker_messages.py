@@ -130,6 +130,11 @@ class WorkerHello(msgspec.Struct, **_OPTS, tag=2):
     external_tier: str = ""
     external_identity: str = ""
     external_keys: list[str] = []
+    # P/D disaggregation (--kv-transfer-config): the "host:port" decode engines' workers read
+    # this worker's lent blocks at ("": it lends none), and the identity of its KV (the
+    # external tier's digest: a reader of another model or layout is refused).
+    kv_transfer_address: str = ""
+    kv_transfer_identity: str = ""
 
 
 class WorkerReady(msgspec.Struct, **_OPTS, tag=3):
@@ -177,6 +182,30 @@ class ExternalKVOps(msgspec.Struct, array_like=True, gc=False, frozen=True):
     load_block_ids: list[list[int]] = []
 
 
+class KVTransferOps(msgspec.Struct, array_like=True, gc=False, frozen=True):
+    """A step's work for P/D disaggregation (protocol/kv_transfer_config.py), off the step path.
+
+    A prefill engine *lends*: lend_ids[i] (a finished request's id) may now be read by a
+    decode engine's worker, blocks lend_block_ids[i] (the scheduler frees none of them
+    before the worker reports the read, or takes the lend back: ``unlend_ids``, applied
+    before this step's forward, after which a read of them is refused).
+
+    A decode engine *pulls*: pull i (id pull_ids[i], the request's seq_id) reads blocks
+    pull_remote_block_ids[i] of request pull_request_ids[i] from the worker at
+    pull_addresses[i] ("host:port") into device blocks pull_block_ids[i], in order; the
+    worker says how it went in a ``KVTransferDone``. As with the external tier's loads, the
+    scheduler computes no token of those blocks until then, and frees none of them before."""
+
+    lend_ids: list[str] = []
+    lend_block_ids: list[list[int]] = []
+    unlend_ids: list[str] = []
+    pull_ids: list[int] = []
+    pull_addresses: list[str] = []
+    pull_request_ids: list[str] = []
+    pull_remote_block_ids: list[list[int]] = []
+    pull_block_ids: list[list[int]] = []
+
+
 class StepPlan(msgspec.Struct, **_OPTS, tag=4):
     """One step. Applied in this order (rule 3): drop finished and preempted rows,
     add new rows, replace resumed rows, append block ids (group 0's,
@@ -210,6 +239,8 @@ class StepPlan(msgspec.Struct, **_OPTS, tag=4):
     tier_copies: TierCopies | None = None
     # The external tier's saves and loads (ExternalKVOps); None (one byte, or nothing) when none.
     external: ExternalKVOps | None = None
+    # P/D disaggregation's lends and pulls (KVTransferOps); None when none.
+    kv_transfer: KVTransferOps | None = None
     # Hybrid models send a HybridStepPlan, which carries its groups' deltas; a one-group
     # plan has none and is byte for byte what it was before KV-cache groups.
     groups: ClassVar[GroupDeltas | None] = None
@@ -324,5 +355,15 @@ class ExternalKVDone(msgspec.Struct, **_OPTS, tag=18):
     removed_keys: list[str] = []
 
 
-WorkerToScheduler = WorkerHello | StepResult | WorkerError | Heartbeat | WorkerExit | GrammarsReady | ExternalKVDone
+class KVTransferDone(msgspec.Struct, **_OPTS, tag=19):
+    """P/D disaggregation's news since the last one (sent off the step path): pull id ->
+    how many of its blocks, from the first, were read and written (the rest are computed
+    again, or the request fails, by the failure policy); and the ids of lent requests a
+    decode engine has read (their blocks may be freed)."""
+
+    pulled: dict[int, int] = {}
+    sent: list[str] = []
+
+
+WorkerToScheduler = WorkerHello | StepResult | WorkerError | Heartbeat | WorkerExit | GrammarsReady | ExternalKVDone | KVTransferDone
 SchedulerToWorker = WorkerReady | StepPlan | HybridStepPlan | SpecStepPlan | HybridSpecStepPlan | Heartbeat | Shutdown | CompileGrammars
