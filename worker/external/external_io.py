@@ -26,7 +26,7 @@ failure per pause, not one per block. A store whose "full" passes by itself (Moo
 master evicts in the background) names a shorter pause for it: ``full_pause_s``.
 
 Payload of a block: every layer's K then V of that block, in layer order, as the KV
-tensors hold them.
+tensors hold them (worker/kv_block_bytes.py).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import torch
 from protocol.external_kv import BadObject, decode, encode_header
 from protocol.worker_messages import ExternalKVOps
 from worker.external.store_errors import StoreError
+from worker.kv_block_bytes import block_bytes, gather_blocks, write_blocks
 
 log = logging.getLogger("kvpool.worker.external")
 
@@ -75,10 +76,7 @@ class ExternalIO:
         self.identity = identity
         self.kv_caches = kv_caches
         self.pause_s = pause_s
-        first = kv_caches[0]
-        self._block_shape = (len(kv_caches), 2, *first.shape[2:])
-        self._dtype = first.dtype
-        self.block_bytes = len(kv_caches) * 2 * first[0, 0].numel() * first.element_size()
+        self.block_bytes = block_bytes(kv_caches)
         self.max_pending_save_bytes = max_pending_save_bytes
         self.counters = IOCounters()
         # Two queues, loads first (a request waits on each); the thread sleeps on the condition.
@@ -105,10 +103,7 @@ class ExternalIO:
         ids = ops.save_block_ids
         if not ids:
             return []
-        index = torch.tensor(ids, dtype=torch.long, device=self.kv_caches[0].device)
-        # (layers, 2, n, bs, kvh, hd) -> (n, layers, 2, bs, kvh, hd): a block's bytes contiguous.
-        gathered = torch.stack([kv.index_select(1, index) for kv in self.kv_caches]).transpose(0, 2).transpose(1, 2)
-        raw = gathered.contiguous().cpu().view(torch.uint8).reshape(len(ids), -1).numpy()
+        raw = gather_blocks(self.kv_caches, ids).numpy()  # (n, block_bytes)
         return [(key, raw[i].tobytes()) for i, key in enumerate(ops.save_keys)]
 
     def submit(self, staged: list[tuple[str, bytes]], ops: ExternalKVOps | None = None) -> None:
@@ -250,7 +245,7 @@ class ExternalIO:
             pending = self._pending_saves.get(key)
         if pending is not None:
             # Its save is still queued: the bytes are here, checked as they will be written.
-            self._write_block(pending, block_id)
+            write_blocks(self.kv_caches, [block_id], pending)
             return None
         try:
             data = self.store.get(key)
@@ -265,13 +260,8 @@ class ExternalIO:
             log.warning("external tier (%s): object %s refused (%s); the block is computed again", self.store.name, key, e)
             self.store.remove(key)
             return e.reason
-        self._write_block(payload, block_id)
+        write_blocks(self.kv_caches, [block_id], payload)
         return None
-
-    def _write_block(self, payload: bytes | memoryview, block_id: int) -> None:
-        block = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(self._dtype).view(self._block_shape)
-        for layer, kv in enumerate(self.kv_caches):
-            kv[:, block_id].copy_(block[layer])
 
     def _report_load(self, load_id: int, num_loaded: int) -> None:
         with self._lock:

@@ -6,21 +6,14 @@ import logging
 
 import torch
 
-from protocol.external_kv import kv_identity
 from worker.config import WorkerConfig
 from worker.external.external_io import ExternalIO
 from worker.external.store_errors import StoreError
 from worker.group_tables import hello_group_windows
+from worker.kv_block_bytes import kv_block_identity
 from worker.serving_model import ServingModel
 
 log = logging.getLogger("kvpool.worker.external")
-
-
-def worker_identity(serving: ServingModel, kv_caches: list[torch.Tensor], block_size: int) -> str:
-    """The identity of this worker's KV objects (protocol/external_kv.py), from what it holds."""
-    _, _, _, kvh, hd = kv_caches[0].shape
-    m = serving.config
-    return kv_identity(m.architecture, serving.identity, str(kv_caches[0].dtype).removeprefix("torch."), block_size, len(kv_caches), kvh, hd)
 
 
 def open_external_tier(config: WorkerConfig, serving: ServingModel, kv_caches: list[torch.Tensor]) -> ExternalIO | None:
@@ -32,7 +25,7 @@ def open_external_tier(config: WorkerConfig, serving: ServingModel, kv_caches: l
     if serving.kv_cache_groups and hello_group_windows(serving.kv_cache_groups):
         raise ValueError(f"--kv-offloading-backend {backend}: not supported with hybrid KV-cache groups yet; pass "
                          "--disable-hybrid-kv-cache-manager, or serve without an external tier")  # fmt: skip
-    identity = worker_identity(serving, kv_caches, config.block_size)
+    identity = kv_block_identity(serving, kv_caches, config.block_size)
     if backend == "disk":
         from worker.external.disk_store import DiskStore
 
