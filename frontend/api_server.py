@@ -91,6 +91,7 @@ class APIServer:
             strict_tool_calling=config.enforce_strict_tool_calling, tool_strict_level=config.tool_strict_level,
             exclude_tools_when_tool_choice_none=config.exclude_tools_when_tool_choice_none,
             system_fingerprint=system_fingerprint(config.model, config.served_model_name, config.max_model_len),
+            kv_connector=config.kv_transfer_config is not None,
         )  # fmt: skip
         self.ready, self.why_not_ready = False, "the scheduler has not answered yet"
         self.was_ready = False

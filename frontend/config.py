@@ -14,6 +14,7 @@ from frontend.admission import add_admission_args, check_admission_args
 from frontend.chat_template import chat_template_problem
 from frontend.sampling import DEFAULT_MAX_N_SEQUENCES
 from frontend.tool_parsers import TOOL_PARSERS
+from protocol.kv_transfer_config import KVTransferConfig, parse_kv_transfer_config
 from protocol.sampling_params import MAX_LOGPROBS
 
 
@@ -97,6 +98,9 @@ class FrontendConfig:
     enforce_strict_tool_calling: bool = True  # VLLM_ENFORCE_STRICT_TOOL_CALLING, read as vLLM reads it
     tool_strict_level: str = "auto"  # the structural tag's floor: auto, function or parameter
     exclude_tools_when_tool_choice_none: bool = False  # tool_choice "none": the template sees no tools
+    # --kv-transfer-config (protocol.kv_transfer_config): a KV connector, so requests'
+    # kv_transfer_params are checked and sent to the engine; None: ignored, as vLLM.
+    kv_transfer_config: KVTransferConfig | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -199,6 +203,9 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
                    help="constrain every call's envelope (function), its arguments too (parameter), or as the request asks (default %(default)s)")
     p.add_argument("--exclude-tools-when-tool-choice-none", action=flag, default=False,
                    help="tool_choice none: the chat template is not shown the tools (default %(default)s)")
+    p.add_argument("--kv-transfer-config", default=None, metavar="JSON",
+                   help="vLLM's KVTransferConfig as JSON (kvpool serve's): requests' kv_transfer_params are checked "
+                        "and sent to the engine (default: none, they are ignored)")  # fmt: skip
 
 
 # --uvicorn-log-level's names, as logging levels (uvicorn's "trace" is 5).
@@ -276,6 +283,11 @@ def _check_operator_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> N
     if a.sse_keep_alive_interval < 0:
         p.error("--sse-keep-alive-interval must be a non-negative integer (0 disables keep-alive comments)")
     a.uds = a.uds or None  # NOTE: as vLLM's `if args.uds`: an empty path is none
+    if a.kv_transfer_config is not None:
+        try:
+            a.kv_transfer_config = parse_kv_transfer_config(a.kv_transfer_config)
+        except ValueError as e:
+            p.error(str(e))
     if a.root_path is not None:
         a.root_path = a.root_path.rstrip("/") or None
         if a.root_path is not None and not a.root_path.startswith("/"):

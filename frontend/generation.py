@@ -32,6 +32,7 @@ class ChoiceDelta:
     stop_reason: str | int | None = None
     num_cached_tokens: int = 0
     prompt_logprobs: PromptLogprobs | None = None  # with the first token, when asked
+    kv_transfer_params: dict | None = None  # with the last, from a prefill engine (do_remote_decode)
 
 
 @dataclass(slots=True)
@@ -46,10 +47,13 @@ class Choice:
     stop_reason: str | int | None = None
     num_cached_tokens: int = 0
     prompt_logprobs: PromptLogprobs | None = None
+    kv_transfer_params: dict | None = None
 
     def add(self, d: ChoiceDelta) -> None:
         if d.prompt_logprobs is not None:
             self.prompt_logprobs = d.prompt_logprobs
+        if d.kv_transfer_params is not None:
+            self.kv_transfer_params = d.kv_transfer_params
         self.text += d.text
         self.token_ids += d.token_ids
         if d.logprobs:
@@ -83,7 +87,8 @@ class ChoiceState:
                 stop_reason = detok.token_ids[-1]
         finished = self.finished = stop_str is not None or out.finished
         return ChoiceDelta(self.index, detok.get_next_output_text(finished, delta=True), out.new_token_ids, out.logprobs,
-                           finish_reason if finished else None, stop_reason, out.num_cached_tokens, out.prompt_logprobs)  # fmt: skip
+                           finish_reason if finished else None, stop_reason, out.num_cached_tokens, out.prompt_logprobs,
+                           out.kv_transfer_params)  # fmt: skip
 
 
 async def run_choice(

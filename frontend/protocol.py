@@ -84,6 +84,9 @@ class _SamplingFields(UnhonouredFields, kw_only=True):
     # The prompt's token ids (once) and each choice's in the answer, as vLLM's.
     return_token_ids: bool | None = None
     response_format: dict[str, Any] | None = None
+    # P/D disaggregation: checked and sent to the engine with --kv-transfer-config, else
+    # ignored, as vLLM (frontend.sampling.with_kv_transfer_params).
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):

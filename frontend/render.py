@@ -20,10 +20,12 @@ from frontend.serving_completion import completion_engine_input
 
 
 def _generate_request(ctx: ServingContext, request_id: str, token_ids: list[int], params: EngineParams, req) -> dict:
-    """One vLLM ``GenerateRequest``, field for field."""
+    """One vLLM ``GenerateRequest``, field for field (``kv_transfer_params`` as the request
+    gave them, as vLLM's render passes them on unread)."""
     sampling = {**params.generate, "n": params.n, "stop": params.stop, "include_stop_str_in_output": params.include_stop_str_in_output,
                 "skip_special_tokens": params.skip_special_tokens, "spaces_between_special_tokens": params.spaces_between_special_tokens}  # fmt: skip
     sampling.pop("cache_salt", None)
+    sampling.pop("kv_transfer_params", None)
     # NOTE: vLLM's SamplingParams holds the words and the allowed ids as the request gave them
     if sampling.pop("bad_words_token_ids", None):
         sampling["bad_words"] = list(dict.fromkeys(req.bad_words))
@@ -31,7 +33,8 @@ def _generate_request(ctx: ServingContext, request_id: str, token_ids: list[int]
         sampling["allowed_token_ids"] = req.allowed_token_ids
     priority = sampling.pop("priority")
     return {"request_id": request_id, "token_ids": token_ids, "features": None, "sampling_params": sampling, "model": ctx.model_name,
-            "stream": req.stream, "stream_options": None, "cache_salt": req.cache_salt, "priority": priority, "kv_transfer_params": None}  # fmt: skip
+            "stream": req.stream, "stream_options": None, "cache_salt": req.cache_salt, "priority": priority,
+            "kv_transfer_params": req.kv_transfer_params}  # fmt: skip
 
 
 async def render_completion(ctx: ServingContext, req: CompletionRequest) -> list[dict]:

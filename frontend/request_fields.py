@@ -1,9 +1,9 @@
 """Every field of vLLM 0.32's ``CompletionRequest`` and ``ChatCompletionRequest``, and
 what kvpool does with it: ``honoured`` (as vLLM does), ``no effect, as vLLM`` (vLLM
 accepts it and, in the configuration kvpool serves -- no watermark config, no reasoning
-parser, no KV connector, no custom logits processors, text only -- it changes nothing
-there either) or ``refused`` (a 400 naming the field, unless the value is one under
-which vLLM behaves as kvpool does).
+parser, no KV connector but kvpool's own, no custom logits processors, text only -- it
+changes nothing there either) or ``refused`` (a 400 naming the field, unless the value
+is one under which vLLM behaves as kvpool does).
 
 A field of neither request class is ignored, as vLLM ignores unknown fields; a field of
 one of them is never accepted and then ignored. ``tests/frontend/test_request_fields.py``
@@ -108,7 +108,7 @@ FIELDS: dict[str, RequestField] = {
                                            "compiled on the worker"),  # fmt: skip
     "priority": RequestField(_H, "--scheduling-policy priority (the X-Vllm-Priority header wins)"),
     "request_id": RequestField(_H, "the response id; the engine's id adds a random suffix"),
-    "session_id": RequestField(_N, "vLLM hands it to KV connectors, which kvpool does not have"),
+    "session_id": RequestField(_N, "vLLM hands it to KV connectors; NixlConnector's contract, kvpool's, does not read it"),
     "return_tokens_as_token_ids": RequestField(_H, "logprob tokens as token_id:N"),
     "return_token_ids": RequestField(_H, "prompt_token_ids and each choice's token_ids in the answer"),
     "routed_experts_prompt_start": RequestField(_N, "checked (0..prompt length) as vLLM checks it; acts only for "
@@ -118,7 +118,9 @@ FIELDS: dict[str, RequestField] = {
     "mm_payload": RequestField(_N, f"{_MM}; vLLM reads it for multimodal items of a render answer only"),
     "return_mm_kwargs": RequestField(_N, "vLLM's deprecated alias of mm_payload"),
     "cache_salt": RequestField(_H, "in the first block's hash: salted requests share no block"),
-    "kv_transfer_params": RequestField(_N, "vLLM passes them to a KV connector, which kvpool does not have"),
+    "kv_transfer_params": RequestField(_H, "with --kv-transfer-config: P/D disaggregation, checked and passed to the "
+                                           "engine, a prefill's answer carries them (docs/pd-disaggregation.md); "
+                                           "ignored without it, as vLLM"),  # fmt: skip
     "ec_transfer_params": RequestField(_N, "vLLM passes them to an encoder-cache connector, which kvpool does not have"),
     "vllm_xargs": RequestField(_N, "vLLM passes them to custom logits processors, which kvpool does not load"),
     "repetition_detection": RequestField(_R, "repetition_detection is not supported by kvpool"),
@@ -147,7 +149,6 @@ class UnhonouredFields(msgspec.Struct, kw_only=True):
     return_token_offsets: bool | None = False
     mm_payload: str = "tensors"
     return_mm_kwargs: bool | None = None
-    kv_transfer_params: dict[str, Any] | None = None
     ec_transfer_params: dict[str, Any] | None = None
     vllm_xargs: dict[str, Any] | None = None
 

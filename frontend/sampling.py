@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from frontend.errors import APIError, bad_request
+from protocol.kv_transfer_params import parse_kv_transfer_params
 from protocol.sampling_params import GREEDY_TEMPERATURE, MAX_LOGPROBS, SamplingError, check_sampling
 
 # vLLM's defaults where neither the request nor generation_config.json says.
@@ -118,6 +119,20 @@ def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict
         generate["cache_salt"] = req.cache_salt
     return EngineParams(generate, stop, req.include_stop_str_in_output, req.skip_special_tokens, req.n,
                         spaces_between_special_tokens=req.spaces_between_special_tokens)
+
+
+def with_kv_transfer_params(params: EngineParams, raw: dict | None, kv_connector: bool) -> EngineParams:
+    """A request's ``kv_transfer_params`` on its engine requests, checked
+    (``protocol.kv_transfer_params``: a bad key is a 400 naming it), when this server has
+    a KV connector (--kv-transfer-config). Without one they are ignored, unchecked, as
+    vLLM ignores them; empty ones are none, as vLLM passes on only a non-empty dict."""
+    if not kv_connector or not raw:
+        return params
+    try:
+        checked = parse_kv_transfer_params(raw)
+    except ValueError as e:
+        raise bad_request(str(e), "kv_transfer_params") from None
+    return replace(params, generate={**params.generate, "kv_transfer_params": checked})
 
 
 def with_header_priority(params: EngineParams, headers) -> EngineParams:

@@ -63,6 +63,8 @@ class ServingContext:
     exclude_tools_when_tool_choice_none: bool = False  # --exclude-tools-when-tool-choice-none
     # Every answer's system_fingerprint (frontend.version); on a stream's last chunk only, as vLLM's.
     system_fingerprint: str | None = None
+    # --kv-transfer-config given: requests' kv_transfer_params are checked and sent on (frontend.sampling).
+    kv_connector: bool = False
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

@@ -40,6 +40,7 @@ from frontend.sampling import (
     engine_params,
     output_budget,
     with_header_priority,
+    with_kv_transfer_params,
 )
 from frontend.serving import (
     ServingContext,
@@ -171,6 +172,7 @@ async def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest,
     plp = num_prompt_logprobs(req, ctx, asked)
     if plp is not None:
         params = replace(params, generate={**params.generate, "prompt_logprobs": plp})
+    params = with_kv_transfer_params(params, req.kv_transfer_params, ctx.kv_connector)
     return ids, max_tokens, num_logprobs, with_logits_fields(params, req, ctx.tokenizer, ctx.vocab_size), chat
 
 
@@ -220,7 +222,8 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
         "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.model_name, "choices": out,
         "usage": usage(len(ids), sum(len(c.token_ids) for c in choices), ctx.cached(cached_tokens(choices, params.n))),
         "system_fingerprint": ctx.system_fingerprint, "prompt_logprobs": prompt_logprobs_json(ctx.tokenizer, ids, choices[0].prompt_logprobs),
-        "prompt_token_ids": ids if req.return_token_ids else None, "prompt_text": None, "kv_transfer_params": None,
+        "prompt_token_ids": ids if req.return_token_ids else None, "prompt_text": None,
+        "kv_transfer_params": choices[0].kv_transfer_params,  # a prefill engine's answer to vllm-router's PD mode
         "service_tier": None, "ec_transfer_params": None, "metrics": None,  # NOTE: vLLM 0.32's keys, null here as there
     })  # fmt: skip
 

@@ -32,6 +32,7 @@ from frontend.sampling import (
     engine_params,
     output_budget,
     with_header_priority,
+    with_kv_transfer_params,
 )
 from frontend.serving import (
     ServingContext,
@@ -119,6 +120,7 @@ async def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
     plp = num_prompt_logprobs(req, ctx, req.prompt_logprobs if req.prompt_logprobs is not None or not req.echo else req.logprobs)
     if plp is not None:
         params = replace(params, generate={**params.generate, "prompt_logprobs": plp})
+    params = with_kv_transfer_params(params, req.kv_transfer_params, ctx.kv_connector)
     return prompts, texts, max_tokens, with_logits_fields(params, req, ctx.tokenizer, ctx.vocab_size)
 
 
@@ -154,7 +156,8 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
     return json_response({
         "id": request_id, "object": "text_completion", "created": now(), "model": ctx.model_name, "choices": out,
         "usage": usage(num_prompt, sum(len(c.token_ids) for c in choices), ctx.cached(cached_tokens(choices, n))),
-        "system_fingerprint": ctx.system_fingerprint, "kv_transfer_params": None,
+        # NOTE: as vLLM, the first prompt's first choice's: a prefill engine's answer to vllm-router's PD mode
+        "system_fingerprint": ctx.system_fingerprint, "kv_transfer_params": choices[0].kv_transfer_params,
         "service_tier": None, "ec_transfer_params": None, "metrics": None,  # NOTE: vLLM 0.32's keys, null here as there
     })  # fmt: skip
 

@@ -36,7 +36,8 @@ class FakeEngine:
     ``reset_status`` is what POST /reset_prefix_cache answers (200 or 409). While
     ``holding`` is set, requests are kept unanswered until ``release()`` (with
     ``first_token_while_holding``, each gets one unfinished token first, then is held).
-    ``metrics_page`` is what GET /metrics answers."""
+    ``metrics_page`` is what GET /metrics answers; ``kv_transfer_params``, what each
+    request's finished output carries (a prefill engine's, for P/D disaggregation)."""
 
     def __init__(self, num_cached_tokens: int = 16):
         self.num_cached_tokens = num_cached_tokens
@@ -46,6 +47,7 @@ class FakeEngine:
         self.holding = threading.Event()
         self.first_token_while_holding = False
         self.metrics_page = ""
+        self.kv_transfer_params: dict | None = None
         self._held: list[tuple[bytes, Generate]] = []
         self._release = threading.Event()
         self.ctx = zmq.Context()
@@ -91,7 +93,7 @@ class FakeEngine:
     def _answer(self, codec: Codec, ident: bytes, msg: Generate) -> None:
         tokens = [2 + (sum(msg.prompt_token_ids) + 7 * k) % 200 for k in range(msg.max_tokens)]
         out = TokenOutput(request_id=msg.request_id, new_token_ids=tokens, finished=True, finish_reason="length",
-                          num_cached_tokens=self.num_cached_tokens)  # fmt: skip
+                          num_cached_tokens=self.num_cached_tokens, kv_transfer_params=self.kv_transfer_params)  # fmt: skip
         self.sock.send_multipart([ident, codec.encode(EngineCoreOutputs([out]))])
 
     def _handler(self):
