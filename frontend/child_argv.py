@@ -48,6 +48,12 @@ def _external(a, child: str) -> list[str]:
     return argv
 
 
+def _kv_transfer(a) -> list[str]:
+    # NOTE: all three: the scheduler and the worker move the blocks, the API server reads
+    # requests' kv_transfer_params; the same JSON, so one engine_id (frontend.cli settles it).
+    return ["--kv-transfer-config", a.kv_transfer_config] if getattr(a, "kv_transfer_config", None) else []
+
+
 def scheduler_argv(a, client_port: int, worker_port: int, sched_http: int) -> list[str]:
     sched = [sys.executable, "-m", "scheduler", "--host", "127.0.0.1", "--port", str(client_port), "--worker-port", str(worker_port),
              "--http-port", str(sched_http), "--block-size", str(a.block_size), "--served-model-name", a.served_model_name,
@@ -69,7 +75,7 @@ def scheduler_argv(a, client_port: int, worker_port: int, sched_http: int) -> li
     if getattr(a, "enable_mfu_metrics", False):
         # NOTE: the scheduler estimates from the checkpoint's shape in the worker's dtype.
         sched += ["--enable-mfu-metrics", "--model", str(a.model_dir), "--dtype", a.dtype]
-    sched += _offload(a) + _external(a, "scheduler") + _log_level(a)
+    sched += _offload(a) + _external(a, "scheduler") + _kv_transfer(a) + _log_level(a)
     for flag, value in (("--kv-events-endpoint", a.kv_events_endpoint), ("--kv-events-replay-endpoint", a.kv_events_replay_endpoint),
                         ("--kv-events-topic", a.kv_events_topic)):  # fmt: skip
         if value:
@@ -98,7 +104,7 @@ def worker_argv(a, worker_port: int, worker_http: int) -> list[str]:
         worker += ["--kv-cache-memory", a.kv_cache_memory]
     elif getattr(a, "kv_cache_memory_bytes", None):
         worker += ["--kv-cache-memory", str(a.kv_cache_memory_bytes)]
-    worker += _offload(a) + _external(a, "worker") + _log_level(a)
+    worker += _offload(a) + _external(a, "worker") + _kv_transfer(a) + _log_level(a)
     if a.tensor_parallel_size > 1:
         worker += ["--tensor-parallel-size", str(a.tensor_parallel_size)]
     if getattr(a, "distributed_timeout_seconds", None) is not None:
@@ -120,4 +126,4 @@ def frontend_argv(a, client_port: int, scheduler_http: str) -> list[str]:
              "--scheduler-restart-timeout", f"{a.worker_restart_timeout:g}"]  # fmt: skip
     flags = {"--dev-mode": a.dev_mode, "--enable-log-requests": a.enable_log_requests,
              "--return-tokens-as-token-ids": a.return_tokens_as_token_ids}  # fmt: skip
-    return front + [flag for flag, on in flags.items() if on] + _log_level(a) + passed_flags(a, "frontend")
+    return front + [flag for flag, on in flags.items() if on] + _kv_transfer(a) + _log_level(a) + passed_flags(a, "frontend")

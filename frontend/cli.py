@@ -19,6 +19,7 @@ from frontend.serve_flags.rules import add_rule, refusal
 from frontend.serve_flags.speculative import speculative_scheduler_flags
 from frontend.serve_flags.spelling import normalize_flag_names
 from frontend.serve_flags.values import DTYPES
+from protocol.kv_transfer_config import parse_kv_transfer_config
 
 MAX_REQUEST_BODY_BYTES = FrontendConfig.__dataclass_fields__["max_request_body_bytes"].default
 
@@ -137,6 +138,26 @@ def refused_flag(a: argparse.Namespace) -> str | None:
     return None
 
 
+def _settle_kv_transfer(a: argparse.Namespace) -> None:
+    """--kv-transfer-config, checked once, here: each child is given the checked config's
+    JSON, so all three name the same engine_id (a fresh uuid when the flag names none),
+    also across restarts. Refused (one line) when it cannot be served as given."""
+    if a.kv_transfer_config is None:
+        return
+    try:
+        config = parse_kv_transfer_config(a.kv_transfer_config)
+    except ValueError as e:
+        raise Refused(f"kvpool serve: {e}") from None
+    backend = a.kv_offloading_backend or "native"
+    if backend != "native":
+        raise Refused(f"kvpool serve: --kv-transfer-config with --kv-offloading-backend {backend}: not supported together yet "
+                      "(the host tier, --kv-offloading-size, is)")  # fmt: skip
+    if a.tensor_parallel_size > 1:
+        raise Refused(f"kvpool serve: --kv-transfer-config with --tensor-parallel-size {a.tensor_parallel_size}: not supported "
+                      "yet (a P/D engine's blocks are moved by one worker)")  # fmt: skip
+    a.kv_transfer_config = config.to_json()
+
+
 def _check_external_tier(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """--kv-offloading-backend disk or mooncake and the flags each needs (and no other's)."""
     backend = a.kv_offloading_backend or "native"
@@ -232,6 +253,7 @@ def parse_serve(argv: list[str]) -> argparse.Namespace:
         a.tokenizer = None
     if (line := refused_flag(a)) is not None:
         raise Refused(line)
+    _settle_kv_transfer(a)
     settle(p.serve_parser, a)
     return a
 

@@ -18,7 +18,11 @@ _RULES = [
     handled("--kv-events-config", ONE, "scheduler: its KV events publisher, by vLLM's bind/connect rule", default=None, metavar="JSON",
             help="vLLM's KVEventsConfig as JSON: enable_kv_cache_events, publisher, endpoint (a wildcard, ipc:// or "
                  "inproc:// endpoint is bound, any other connected to), replay_endpoint, topic, buffer_steps, hwm"),  # fmt: skip
-    refused("--kv-transfer-config", ONE, why.KV_TRANSFER),
+    handled("--kv-transfer-config", ONE, "scheduler, worker and API server: P/D disaggregation (docs/pd-disaggregation.md), "
+            "checked once and given to each with the same engine_id", default=None, metavar="JSON",
+            help="vLLM's KVTransferConfig as JSON: kv_connector KVPoolConnector (or NixlConnector, its contract), kv_role "
+                 "kv_producer, kv_consumer or kv_both, engine_id, kv_load_failure_policy, kv_connector_extra_config "
+                 "(kv_lease_duration, side_channel_host, side_channel_port, read_timeout)"),  # fmt: skip
     refused("--optimization-level", ONE, why.GRAPHS, accepts=("0",)),
     refused("--performance-mode", ONE, why.NOT_YET, accepts=("balanced",)),
     refused("--profiler-config", ONE, why.TRACING),

@@ -37,9 +37,5 @@ KV_DTYPE = (
     "kvpool's KV cache is the model's dtype (auto; choose it with --dtype) or fp8 (fp8, fp8_e4m3, fp8_e5m2), "
     "the ones vLLM's CPU attention supports; other cache dtypes are not supported yet"
 )
-KV_TRANSFER = (
-    "KV connectors (disaggregated prefill, LMCache, NIXL) are not supported; "
-    "kvpool's own host-memory tier is --kv-offloading-size"
-)
 ASYNC = "kvpool's scheduler plans a step once the previous step's tokens are back (no async scheduling)"
 UVICORN = "kvpool's HTTP server is aiohttp, not uvicorn/h11 (its request size limit is --max-request-body-bytes)"

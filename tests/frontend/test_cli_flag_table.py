@@ -48,6 +48,7 @@ HANDLED_SAMPLES = {
     "--scheduler-reserve-full-isl": "--no-scheduler-reserve-full-isl",
     "--kv-events-config": ['{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557"}'],
     "--disable-sliding-window": [],
+    "--kv-transfer-config": ['{"kv_connector": "NixlConnector", "kv_role": "kv_both"}'],
     "--speculative-config": ['{"method": "ngram", "num_speculative_tokens": 3}'],
     # --speculative-config's shortcuts, valid only together: tests/frontend/test_cli_speculative.py
     "--spec-method": None, "--spec-model": None, "--spec-tokens": None,

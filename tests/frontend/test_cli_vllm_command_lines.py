@@ -86,7 +86,7 @@ def test_an_attention_backend_is_refused():
     assert line.startswith("kvpool serve: --attention-config ") and "its own PyTorch model code" in line
 
 
-def test_a_kv_connector_is_refused():
+def test_a_kv_connector_other_than_kvpools_is_refused():
     # vllm/distributed/kv_transfer/kv_connector/v1/decode_bench_connector.py (module docstring)
     line = refusal("""vllm serve <model> --kv-transfer-config '{
             "kv_connector": "DecodeBenchConnector",
@@ -96,7 +96,8 @@ def test_a_kv_connector_is_refused():
                 "fill_std": 0.0
             }
         }'""")
-    assert line.startswith("kvpool serve: --kv-transfer-config ") and "KV connectors" in line and "--kv-offloading-size" in line
+    assert line.startswith("kvpool serve: --kv-transfer-config: kv_connector 'DecodeBenchConnector' is not supported by kvpool")
+    assert "KVPoolConnector, NixlConnector" in line
 
 
 def test_grpc_is_refused():
