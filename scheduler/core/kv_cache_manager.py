@@ -67,6 +67,9 @@ class KVCacheManager:
         # vLLM's connector_prefix_cache_stats: tokens asked of the host tier (what the device did
         # not hold) and found there (vllm:external_prefix_cache_*).
         self.external_prefix_cache_stats = PrefixCacheStats()
+        # Whether a KV connector (P/D disaggregation: scheduler/sched/pd_connector.py) is a source
+        # of tokens too: then, as vLLM, the connector's stats are kept even with no tier.
+        self.has_connector = False
         # Fewest free blocks seen right after an allocation: the peak of usage, which a poll between
         # steps misses (frees come at the end of every step); read by scheduler/core/kv_cache_usage.py.
         self.min_num_free_blocks = self.block_pool.get_num_free_blocks()
@@ -124,7 +127,7 @@ class KVCacheManager:
             return
         num_local = num_hit_tokens - num_host_hit_tokens
         self.prefix_cache_stats.record(num_tokens, num_local, preempted)
-        if self.host_tier is not None or self.external is not None:
+        if self.host_tier is not None or self.external is not None or self.has_connector:
             self.external_prefix_cache_stats.record(num_tokens - num_local, num_host_hit_tokens, preempted)
 
     def allocate_slots(self, request: KVCacheRequest, num_new_tokens: int, num_new_computed_tokens: int = 0, new_computed_blocks: list[KVCacheBlock] | None = None,

@@ -41,6 +41,8 @@ def outputs_by_client(step: StepTokens, logprobs: Iterable[SampledLogprobs] = ()
     for i, reason in step.finish_reasons.items():
         outputs[i].finished = True
         outputs[i].finish_reason = reason
+        # A prefill engine's request: where a decode engine reads its blocks (scheduler/sched/pd_connector.py).
+        outputs[i].kv_transfer_params = step.requests[i].kv_transfer_answer
     # NOTE: only rows whose SamplingParams asked for logprobs have them (rarely any).
     if logprobs:
         index = {r.seq_id: i for i, r in enumerate(step.requests)}

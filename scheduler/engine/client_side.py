@@ -85,6 +85,8 @@ class ClientSide:
             validate_generate(msg, state.limits, scheduler.requests)
         except RequestRejected as e:
             return await self.send_error(ident, msg.request_id, str(e), e.param)
+        if scheduler.kv_transfer is not None and msg.request_id in scheduler.kv_transfer.lent:
+            return await self.send_error(ident, msg.request_id, f"request id {msg.request_id!r} is in use (its blocks are lent to a decode engine)")
         if scheduler.num_waiting >= self.max_num_waiting:
             # NOTE: vLLM's max_num_queued_reqs refuses on waiting + running; --max-num-waiting on waiting alone.
             self.on_admission_rejection("max_num_queued_reqs")
@@ -99,6 +101,7 @@ class ClientSide:
             stop_token_ids=msg.stop_token_ids, min_tokens=msg.min_tokens, sampling=sampling_params_of(msg, eos),
             priority=msg.priority, grammar=msg.structured_outputs,
         )  # fmt: skip
+        request.kv_transfer_params = msg.kv_transfer_params
         if msg.resumed_token_ids:
             request.append_output_token_ids(msg.resumed_token_ids)  # NOTE: recomputed at admission, as after a preemption
         self._next_seq_id += 1

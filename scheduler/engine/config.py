@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from protocol.curve import CurveKeyError, load_keypair
 from protocol.kv_cache_spec import KV_CACHE_DTYPES
 from protocol.kv_events import INT_BLOCK_HASHES_ENV, int_block_hashes_from_env
+from protocol.kv_transfer_config import parse_kv_transfer_config
 from protocol.speculative_config import parse_speculative_config
 from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
@@ -123,6 +124,8 @@ class SchedulerConfig:
     kv_offloading_backend: str = "native"
     mooncake_master: str | None = None
     mooncake_metadata: str | None = None
+    # P/D disaggregation (vLLM's --kv-transfer-config JSON, protocol/kv_transfer_config.py); None: off.
+    kv_transfer_config: str | None = None
     # The device pool's eviction policy (scheduler/core/eviction_policies.py); lru: the free queue's own order.
     kv_eviction_policy: str = "lru"
     # Pinned blocks (POST /v1/cache/pin) may hold at most this share of the pool's blocks.
@@ -226,6 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default %(default)s)")  # fmt: skip
     g.add_argument("--mooncake-master", metavar="HOST:PORT", help="mooncake: the master the scheduler asks which blocks the store holds")
     g.add_argument("--mooncake-metadata", metavar="URL", help="mooncake: the store's metadata server (http://HOST:PORT/metadata)")
+    g = p.add_argument_group("P/D disaggregation (vLLM's KV connector)")
+    g.add_argument("--kv-transfer-config", metavar="JSON",
+                   help='{"kv_connector": "KVPoolConnector" (or "NixlConnector"), "kv_role": "kv_producer" | "kv_consumer" | '
+                        '"kv_both", ...}: prefill engines lend a request\'s blocks, decode engines read them from the '
+                        "prefill engine's worker (give the worker the same flag; docs/pd-disaggregation.md)")  # fmt: skip
     g = p.add_argument_group("retention (kvpool extensions)")
     g.add_argument("--kv-eviction-policy", choices=KV_EVICTION_POLICIES, default=d.kv_eviction_policy,
                    help="which free cached block is evicted first: lru (vLLM's), arc, lfu, s3fifo or cost; with "
@@ -290,6 +298,17 @@ def _check_external_tier(p: argparse.ArgumentParser, a: argparse.Namespace) -> N
         p.error("--mooncake-master and --mooncake-metadata are for --kv-offloading-backend mooncake, not disk")
 
 
+def _check_kv_transfer(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    if a.kv_transfer_config is None:
+        return
+    try:
+        parse_kv_transfer_config(a.kv_transfer_config)
+    except ValueError as e:
+        p.error(str(e))
+    if a.kv_offloading_backend != "native":
+        p.error(f"--kv-transfer-config with --kv-offloading-backend {a.kv_offloading_backend} is not supported together yet")
+
+
 def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
     p = build_parser()
     a = p.parse_args(argv)
@@ -342,6 +361,7 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
     if a.kv_offloading_size > 0 and not a.enable_prefix_caching:
         p.error("--kv-offloading-size needs the prefix cache: blocks are offloaded and found by hash (drop --no-enable-prefix-caching)")
     _check_external_tier(p, a)
+    _check_kv_transfer(p, a)
     _check_mfu_flags(p, a)
     try:
         spec = parse_speculative_config(a.speculative_config)

@@ -239,6 +239,8 @@ class EngineCore:
                 # NOTE: bounded: an idle loop still wakes every heartbeat interval.
                 if state.kv is not None and state.kv.pinned.expire(now):
                     log.info("pins expired: %d blocks pinned now", state.kv.pinned.num_pinned_blocks)
+                if state.scheduler is not None and (n := state.scheduler.expire_lends(now)):
+                    log.warning("%d requests' blocks freed unread: no decode engine read them within their lease", n)
                 if state.worker_lost_at is not None and not self.worker.ready:
                     await self._fail_requests_waiting_too_long(now)
                 if self.worker.ready:

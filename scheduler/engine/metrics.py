@@ -324,9 +324,12 @@ class SchedulerMetrics:
         self._sync("ext_queries", self.external_prefix_cache_queries, ext.queries)
         self._sync("ext_hits", self.external_prefix_cache_hits, ext.hits)
         self._sync("cached_device", self.prompt_tokens_cached_by_source["device"], stats.hits)
-        outside = kv.external
+        outside, pd = kv.external, scheduler.kv_transfer
         num_outside = 0 if outside is None else outside.num_loads * kv.block_size
-        self._sync("cached_host", self.prompt_tokens_cached_by_source["host"], ext.hits - num_outside)
+        num_p2p = 0 if pd is None else pd.num_pull_tokens
+        self._sync("cached_host", self.prompt_tokens_cached_by_source["host"], ext.hits - num_outside - num_p2p)
+        if num_p2p:
+            self._sync("cached_p2p", self.prompt_tokens_cached_by_source["p2p"], num_p2p)
         if outside is not None:
             self._sync("cached_outside", self.prompt_tokens_cached_by_source[EXTERNAL_SOURCES[outside.backend]], num_outside)
             self._update_external(outside)

@@ -28,6 +28,7 @@ from protocol.worker_messages import (
     ExternalKVDone,
     GrammarsReady,
     Heartbeat,
+    KVTransferDone,
     Shutdown,
     StepResult,
     WorkerError,
@@ -45,6 +46,7 @@ from scheduler.engine.cache_config_info import cache_config_info
 from scheduler.engine.config import SchedulerConfig
 from scheduler.engine.engine_state import EngineState
 from scheduler.engine.external_setup import check_external_tier, make_external_tier
+from scheduler.engine.pd_setup import check_kv_transfer, make_pd_connector
 from scheduler.engine.metrics import SchedulerMetrics
 from scheduler.engine.sockets import LoopYield, RouterPort, peer_name
 from scheduler.engine.worker_checks import (
@@ -107,6 +109,8 @@ class WorkerSide:
                     await self._on_grammars_ready(msg)
                 case ExternalKVDone() if link.is_ours(ident) and self.state.scheduler is not None:
                     self._on_external_done(msg)
+                case KVTransferDone() if link.is_ours(ident) and self.state.scheduler is not None:
+                    await self._on_transfer_done(msg)
                 case Heartbeat():
                     if link.acknowledge(ident):
                         self._on_worker_ready()
@@ -142,6 +146,19 @@ class WorkerSide:
         if self.state.scheduler.external_loads_done(msg.loaded):
             self.state.wakeup.set()
 
+    async def _on_transfer_done(self, msg: KVTransferDone) -> None:
+        """P/D news: pulls ended (their requests may be scheduled, or fail by the policy);
+        lent blocks a decode engine read are freed."""
+        scheduler = self.state.scheduler
+        if scheduler.kv_transfer is None:
+            return
+        num_back, failed = scheduler.kv_pulls_done(msg.pulled)
+        if num_back + scheduler.lends_read(msg.sent):
+            self.state.wakeup.set()
+        if failed:
+            await self.end_requests(failed, RequestStatus.FINISHED_ERROR,
+                                    "the KV of the prompt could not be read from the prefill engine (kv_load_failure_policy fail)")  # fmt: skip
+
     async def _refuse_worker(self, ident: bytes, reason: str) -> None:
         log.error("refusing worker %s: %s", peer_name(ident), reason)
         await self.port.send(ident, self.link.codec.encode(Shutdown(reason)))
@@ -163,6 +180,7 @@ class WorkerSide:
             num_host_blocks = host_tier_size_for(hello, c.kv_offloading_size, self._host_tier_size())
             check_group_windows(hello, c.kv_offloading_size, c.kv_eviction_policy, self.pool_group_windows)
             check_external_tier(hello, c.kv_offloading_backend)
+            check_kv_transfer(hello, c.kv_transfer_config)
         except WorkerRefused as e:
             return await self._refuse_worker(ident, str(e))
         link.begin_handshake(ident, hello, num_blocks)
@@ -189,6 +207,8 @@ class WorkerSide:
             hello = self.link.hello
             state.kv.external.attach(hello.external_identity, hello.external_keys)
             log.info("%s tier: %d blocks held (as the worker listed them)", hello.external_tier, len(hello.external_keys))
+        if state.scheduler.kv_transfer is not None:
+            state.scheduler.kv_transfer.attach(self.link.hello.kv_transfer_address)
         state.worker_lost_at = None
         # NOTE: a new worker holds no grammar: those still compiling are asked again.
         state.scheduler.recompile_grammars()
@@ -219,7 +239,7 @@ class WorkerSide:
             )  # fmt: skip
         state.scheduler = scheduler_class(c.scheduling_policy)(
             state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl, **policy_kwargs(c),
-            speculative=parse_speculative_config(c.speculative_config),
+            speculative=parse_speculative_config(c.speculative_config), kv_transfer=make_pd_connector(c.kv_transfer_config, c.block_size),
         )
         self.metrics.set_cache_config_info(cache_config_info(c, num_blocks))
         state.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1,

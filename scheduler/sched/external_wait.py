@@ -1,4 +1,4 @@
-"""Requests whose blocks load from the external tier (vLLM's WAITING_FOR_REMOTE_KVS).
+"""Requests whose blocks load from outside (vLLM's WAITING_FOR_REMOTE_KVS): the external tier, a prefill engine.
 
 At admission, after the device's and the host tier's hits, the external tier may hold
 the request's next blocks (a disk directory written by an earlier run, a store shared
@@ -19,8 +19,13 @@ requests start over. A loaded request that waits behind another (a request preem
 after it came back goes ahead of it) gives its blocks back, still cached, if the head
 cannot fit while nothing runs: held, they would stop the queue for good.
 
+A decode engine's pull from a prefill engine (P/D disaggregation, pd_connector.py) parks
+the same way; it holds the whole prompt, its last partial block too, and a whole prompt
+loaded computes its last token again to sample the next (as vLLM's). Its prefill engine
+lends blocks until they are read: `lends_read`, `expire_lends`.
+
 A mixin of `Scheduler` (scheduler/sched/scheduler.py), over its waiting queue, its
-request maps and the KV-cache manager.
+request maps, the KV-cache manager and the P/D connector.
 """
 
 from __future__ import annotations
@@ -36,34 +41,68 @@ class ExternalKVWait:
         # seq_id -> request that ended while loading: its blocks are freed when the load is reported.
         self._load_orphans: dict[int, Request] = {}
 
-    def _park_for_load(self, request: Request, hits: list[KVCacheBlock], num_hit_tokens: int, num_external_tokens: int) -> bool:
+    @property
+    def loads_external(self) -> bool:
+        """Whether blocks may load from outside: an external tier, or a decode engine's connector."""
+        return self.kv_cache_manager.external is not None or (self.kv_transfer is not None and self.kv_transfer.config.is_consumer)
+
+    def _external_tokens(self, request: Request, num_hit_tokens: int) -> tuple[int, bool]:
+        """Tokens of ``request`` after its ``num_hit_tokens`` hits that load from outside, and
+        whether from a prefill engine (a pull, which wins: it holds the whole prompt) rather
+        than the external tier."""
+        if self.kv_transfer is not None and self.kv_cache_manager.prefix_cache_lookup_enabled(request):
+            # NOTE: as vLLM's, a request that skips the prefix cache (prompt logprobs) loads nothing: it computes its prompt.
+            num_remote = self.kv_transfer.num_remote_tokens(request, num_hit_tokens)
+            if num_remote:
+                return num_remote, True
+        return self.kv_cache_manager.get_num_external_hits(request, num_hit_tokens), False
+
+    def _park_for_load(self, request: Request, hits: list[KVCacheBlock], num_hit_tokens: int, num_external_tokens: int, pull: bool = False) -> bool:
         """Admit ``request`` as a load: its hits and room for ``num_external_tokens`` more,
-        whose blocks the external tier holds. False, nothing changed, when they do not fit."""
+        which the external tier holds (or a prefill engine: ``pull``). False, nothing
+        changed, when they do not fit."""
         kv, block_size = self.kv_cache_manager, self.block_size
         new_blocks = kv.allocate_slots(request, num_external_tokens, num_hit_tokens, hits, full_sequence_must_fit=self.reserve_full_sequence,
                                        watermark_blocks=self.watermark_blocks if self.running else 0, delay_cache=True)  # fmt: skip
         if new_blocks is None:
             return False
         num_host_blocks = num_hit_tokens // block_size - len(hits)
-        num_load = num_external_tokens // block_size
+        num_load = -(-num_external_tokens // block_size)
         first = num_hit_tokens // block_size
-        kv.external.add_load(request.seq_id, request.block_hashes[first : first + num_load], new_blocks[num_host_blocks : num_host_blocks + num_load])
+        blocks = new_blocks[num_host_blocks : num_host_blocks + num_load]
+        if pull:
+            self.kv_transfer.add_pull(request.seq_id, request, first, blocks, num_external_tokens)
+        else:
+            kv.external.add_load(request.seq_id, request.block_hashes[first : first + num_load], blocks)
         num_cached = num_hit_tokens + num_external_tokens
         num_outside = num_cached - len(hits) * block_size
         if kv.prefix_cache_lookup_enabled(request):
             kv.record_prefix_cache_query(request.num_tokens, num_cached, request.num_cached_tokens >= 0, num_outside)
-        request.external_load = (num_hit_tokens, num_load, len(hits) * block_size)
+        request.external_load = (num_hit_tokens, num_load, len(hits) * block_size, num_external_tokens, pull)
         request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
         self.waiting.popleft()
         self.loading[request.seq_id] = request
         return True
 
     def external_loads_done(self, loaded: dict[int, int]) -> int:
-        """The worker's ``ExternalKVDone``: load id (seq_id) -> blocks read and checked, from
-        the first. Their requests return to the head of the waiting queue, in the order they
-        were parked; unknown ids are skipped. Returns how many returned."""
+        """The worker's ``ExternalKVDone`` (or ``KVTransferDone``'s pulls): load id (seq_id) ->
+        blocks read and checked, from the first. Their requests return to the head of the
+        waiting queue, in the order they were parked; unknown ids are skipped. Returns how
+        many returned."""
+        return len(self._loads_done(loaded, fail=False)[0])
+
+    def kv_pulls_done(self, pulled: dict[int, int]) -> tuple[int, list[str]]:
+        """``KVTransferDone``'s pulls: as `external_loads_done`, but under the connector's
+        ``kv_load_failure_policy`` ``fail`` a request whose pull fell short does not come back:
+        its id is returned, for the caller to end it with an error (its blocks stay held until
+        then). Returns how many came back, and those ids."""
+        fail = self.kv_transfer is not None and self.kv_transfer.config.kv_load_failure_policy == "fail"
+        back, failed = self._loads_done(pulled, fail)
+        return len(back), [r.request_id for r in failed]
+
+    def _loads_done(self, loaded: dict[int, int], fail: bool) -> tuple[list[Request], list[Request]]:
         kv, block_size = self.kv_cache_manager, self.block_size
-        back = []
+        back, failed = [], []
         for seq_id in [s for s in self.loading if s in loaded] + [s for s in loaded if s not in self.loading]:
             request = self.loading.pop(seq_id, None)
             if request is None:
@@ -71,20 +110,34 @@ class ExternalKVWait:
                 if orphan is not None:
                     kv.free(orphan)
                 continue
-            before, num_load, num_device_tokens = request.external_load
+            before, num_load, num_device_tokens, num_tokens, pull = request.external_load
             num_loaded = max(0, min(loaded[seq_id], num_load))
-            kv.external.loaded(num_load, num_loaded)
+            if pull:
+                self.kv_transfer.pulled(num_load, num_loaded)
+            else:
+                kv.external.loaded(num_load, num_loaded)
             request.external_load = None
-            request.num_computed_tokens = before + num_loaded * block_size
+            if pull and fail and num_loaded < num_load:
+                # NOTE: back in the waiting queue's maps as a waiting request, for the caller to end.
+                request.status = RequestStatus.WAITING
+                self.waiting.appendleft(request)
+                failed.append(request)
+                continue
+            computed = before + min(num_loaded * block_size, num_tokens)
+            if computed == request.num_tokens:
+                # As vLLM: a whole prompt loaded computes its last token again, to sample the next. NOTE: cached
+                # after, so the block that token is written into again is not shared until it is.
+                computed -= 1
+            kv.cache_loaded(request, computed)
+            request.num_computed_tokens = computed
             # As vLLM: its cached tokens, counted at its first scheduling, are those it got (the failed ones not).
-            request.num_external_cached_tokens = request.num_computed_tokens - num_device_tokens
-            kv.cache_loaded(request, request.num_computed_tokens)
+            request.num_external_cached_tokens = computed - num_device_tokens
             # NOTE: one admitted before (preempted, or its worker lost) comes back as a resumed row.
             request.status = RequestStatus.PREEMPTED if request.num_cached_tokens >= 0 else RequestStatus.WAITING
             back.append(request)
         for request in reversed(back):
             self.waiting.appendleft(request)
-        return len(back)
+        return back, failed
 
     def _holds_loaded_blocks(self, request: Request) -> bool:
         """Whether a waiting request holds blocks from a load (it is admitted without a lookup)."""
@@ -129,6 +182,27 @@ class ExternalKVWait:
         self.loading.clear()
         if kv.external is not None:
             kv.external.clear()
+        if self.kv_transfer is not None:
+            # What a prefill engine lent lived in the lost worker's memory.
+            for request in self.kv_transfer.clear():
+                kv.free(request)
+
+    def expire_lends(self, now: float) -> int:
+        """A prefill engine frees the blocks of lent requests whose lease passed (no decode
+        engine read them in time). Returns how many."""
+        if self.kv_transfer is None or not self.kv_transfer.lent:
+            return 0
+        gone = self.kv_transfer.expired(now)
+        for request in gone:
+            self.kv_cache_manager.free(request)
+        return len(gone)
+
+    def lends_read(self, request_ids: list[str]) -> int:
+        """``KVTransferDone``'s sent: decode engines read these lent requests' blocks; freed."""
+        done = self.kv_transfer.sent(request_ids)
+        for request in done:
+            self.kv_cache_manager.free(request)
+        return len(done)
 
     @property
     def num_loading(self) -> int:

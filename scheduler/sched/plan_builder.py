@@ -23,6 +23,7 @@ from protocol.worker_messages import (
     GroupDeltas,
     HybridSpecStepPlan,
     HybridStepPlan,
+    KVTransferOps,
     NulledBlocks,
     RequestRow,
     SpecStepPlan,
@@ -87,11 +88,13 @@ class StepPlanBuilder:
         (self.resumed_rows if resumed else self.new_rows).append(row)
 
     def build(self, step_id: int, finished_seq_ids: list[int], preempted: list[Request], copies: HostTierCopies | None,
-              nulled: list[tuple[int, int, int]] | None = None, external: ExternalOps | None = None) -> StepPlan:  # fmt: skip
+              nulled: list[tuple[int, int, int]] | None = None, external: ExternalOps | None = None,
+              kv_transfer: KVTransferOps | None = None) -> StepPlan:  # fmt: skip
         """The step's plan: its deltas, the rows to drop, and the host tier's stores
         and loads (``copies``; None without a tier or without copies). ``nulled``:
         (seq_id, group, leading null entries) of rows live at the end of the step. ``external``:
-        the external tier's saves and loads (None: none)."""
+        the external tier's saves and loads (None: none); ``kv_transfer``: P/D disaggregation's
+        lends and pulls (None: none)."""
         if nulled:
             self.groups.nulled.extend(NulledBlocks(seq_id, group, n) for seq_id, group, n in nulled)
         tier_copies = None
@@ -109,6 +112,8 @@ class StepPlanBuilder:
         )
         if external is not None:
             fields["external"] = ExternalKVOps(external.save_block_ids, external.save_keys, external.load_ids, external.load_keys, external.load_block_ids)
+        if kv_transfer is not None:
+            fields["kv_transfer"] = kv_transfer
         if self.spec_token_ids:
             if self.groups is None:
                 return SpecStepPlan(**fields, spec_token_ids=self.spec_token_ids)

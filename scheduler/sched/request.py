@@ -5,7 +5,9 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Iterable, Sequence
+from typing import Any
 
+from protocol.kv_transfer_params import KVTransferParams
 from protocol.sampling_params import GREEDY, SamplingParams
 from protocol.structured_output import GrammarSpec, RowGrammar
 from protocol.worker_messages import RowSampling
@@ -46,6 +48,7 @@ class Request:
         "last_token_time", "num_preemptions", "alloc_noop_until", "max_num_tokens", "stop_token_ids", "append_only_below",
         "min_tokens", "sampling", "priority", "grammar", "skip_reading_prefix_cache",
         "prompt_logprobs", "spec_token_ids", "draft_index", "external_load",
+        "kv_transfer_params", "kv_transfer_answer",
     )  # fmt: skip
 
     def __init__(
@@ -87,9 +90,14 @@ class Request:
         # Of them, those loaded from the host tier (vLLM's external KV transfer).
         self.num_cached_tokens = -1
         self.num_external_cached_tokens = 0
-        # While its blocks load from the external tier: (its tokens computed before the load,
-        # the blocks loading, its device hits' tokens); None otherwise.
-        self.external_load: tuple[int, int, int] | None = None
+        # While its blocks load from the external tier or a prefill engine: (its tokens computed
+        # before the load, the blocks loading, its device hits' tokens, the tokens loading,
+        # whether it is a pull from a prefill engine); None otherwise.
+        self.external_load: tuple[int, int, int, int, bool] | None = None
+        # P/D disaggregation (scheduler/sched/pd_connector.py): the request's params (None
+        # once its blocks were pulled), and a prefill engine's answer, for its last output.
+        self.kv_transfer_params: KVTransferParams | None = None
+        self.kv_transfer_answer: dict[str, Any] | None = None
         # NOTE: ``block_hashes`` lets a caller that already hashed the prompt (the
         # offline what-if replay memoises shared trace prefixes) pass them in: they must
         # be what ``block_hasher`` would give; it hashes on from where they end.

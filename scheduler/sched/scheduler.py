@@ -27,6 +27,7 @@ from protocol.worker_messages import StepResult
 from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.external_wait import ExternalKVWait
+from scheduler.sched.pd_connector import PDConnector
 from scheduler.sched.grammar_wait import GrammarWait
 from scheduler.sched.outputs import SchedulerOutput, StepTokens
 from scheduler.sched.plan_builder import StepPlanBuilder
@@ -40,6 +41,10 @@ from scheduler.spec.ngram_proposer import NgramProposer
 from scheduler.spec.spec_stats import SpecDecodingStats
 
 
+# How a request ends when a prefill engine lends its blocks: normally (vLLM's connector frees an aborted one's).
+_LENDS = (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED)
+
+
 class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
     policy = "fcfs"  # --scheduling-policy (its waiting queue: scheduler/sched/request_queue.py)
 
@@ -47,7 +52,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
                  reserve_full_sequence: bool = True, *, long_prefill_token_threshold: int = 0,
                  long_prefill_token_threshold_adaptive: bool = False, enable_chunked_prefill: bool = True, watermark: float = 0.0,
                  max_num_scheduled_tokens: int | None = None, max_num_active_seqs: int | None = None,
-                 speculative: SpeculativeConfig | None = None):  # fmt: skip
+                 speculative: SpeculativeConfig | None = None, kv_transfer: PDConnector | None = None):  # fmt: skip
         check_scheduler_options(max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill=enable_chunked_prefill,
                                 long_prefill_token_threshold=long_prefill_token_threshold, watermark=watermark,
                                 max_num_scheduled_tokens=max_num_scheduled_tokens, max_num_active_seqs=max_num_active_seqs)  # fmt: skip
@@ -87,6 +92,10 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
         self.proposer = None if speculative is None else NgramProposer(
             speculative.num_speculative_tokens, speculative.prompt_lookup_min, speculative.prompt_lookup_max, max_model_len)
         self.spec_stats = None if speculative is None else SpecDecodingStats(speculative.num_speculative_tokens)
+        # P/D disaggregation's connector (scheduler/sched/pd_connector.py; None: off).
+        self.kv_transfer = kv_transfer
+        if kv_transfer is not None and kv_transfer.config.is_consumer:
+            kv_cache_manager.has_connector = True
         self._init_grammar_wait()
         self._init_external_wait()
 
@@ -98,6 +107,8 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
             raise ValueError(f"duplicate request id {request.request_id!r}")
         if request.seq_id in self.seq_id_to_request:
             raise ValueError(f"duplicate seq_id {request.seq_id}")
+        if self.kv_transfer is not None and request.request_id in self.kv_transfer.lent:
+            raise ValueError(f"duplicate request id {request.request_id!r} (its blocks are lent to a decode engine)")
         self.requests[request.request_id] = self.seq_id_to_request[request.seq_id] = request
         # It stops at max_tokens, or when it fills max_model_len, whichever is first.
         request.max_num_tokens = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len)
@@ -130,7 +141,12 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
         was_on_worker = request.status == RequestStatus.RUNNING
         request.status = status
         request.append_only_below = 0
-        self.kv_cache_manager.free(request)
+        if status in _LENDS and self.kv_transfer is not None and self.kv_transfer.wants_lend(request):
+            # A prefill engine's request: its blocks wait for a decode engine (pd_connector.py).
+            block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
+            request.kv_transfer_answer = self.kv_transfer.lend(request, block_ids, time.monotonic())
+        else:
+            self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         del self.seq_id_to_request[request.seq_id]
         if was_on_worker:
@@ -171,14 +187,16 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
             if scheduled:  # NOTE: else the first running one preempted itself: vLLM runs an empty step, we plan again
                 break
         external = self.kv_cache_manager.take_external_ops()
-        if not scheduled and external is None:
+        kv_transfer = None if self.kv_transfer is None else self.kv_transfer.take_ops()
+        if not scheduled and external is None and kv_transfer is None:
             # Nothing to run; rows to drop ride along with the next plan.
             self._pending_finished_seq_ids.extend(r.seq_id for r in preempted)
             return None
         # NOTE: a plan of external saves or loads alone runs too: a parked request's load starts, blocks of the last step are saved.
         finished_seq_ids, self._pending_finished_seq_ids = self._pending_finished_seq_ids, []
         nulled = None if self._take_nulled is None else self._nulled_rows()
-        step_plan = plan.build(self.next_step_id, finished_seq_ids, preempted, self.kv_cache_manager.take_tier_copies(), nulled, external)
+        step_plan = plan.build(self.next_step_id, finished_seq_ids, preempted, self.kv_cache_manager.take_tier_copies(), nulled, external,
+                               kv_transfer)  # fmt: skip
         self.next_step_id += 1
         total = self.step_token_budget - token_budget
         self._in_flight = SchedulerOutput(step_plan, scheduled, total, preempted, sampling)
@@ -282,15 +300,15 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
         now = time.monotonic()
         while waiting and token_budget > 0 and len(running) < self.max_num_active_seqs:
             request = waiting.head
-            loaded = kv.external is not None and self._holds_loaded_blocks(request)
+            loaded = self.loads_external and self._holds_loaded_blocks(request)
             if loaded:
-                # Its blocks were loaded from the external tier: held and cached, counted at its park.
+                # Its blocks were loaded (the external tier, a prefill engine): held and cached, counted at its park.
                 hits, num_hit_tokens = [], request.num_computed_tokens
             else:
                 hits, num_hit_tokens = kv.get_computed_blocks(request, record_stats=False)
-                num_external_tokens = kv.get_num_external_hits(request, num_hit_tokens)
+                num_external_tokens, pull = self._external_tokens(request, num_hit_tokens)
                 if num_external_tokens:
-                    if not self._park_for_load(request, hits, num_hit_tokens, num_external_tokens):
+                    if not self._park_for_load(request, hits, num_hit_tokens, num_external_tokens, pull):
                         break  # nobody overtakes the head of the queue
                     continue
             num_new_tokens = request.num_tokens - num_hit_tokens

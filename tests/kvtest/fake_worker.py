@@ -81,7 +81,8 @@ class FakeWorker:
                 raise ContractViolation(f"{what} row {row.seq_id}: block id {b} outside 1..{self.num_blocks - 1}")
         if len(set(row.block_ids)) != len(row.block_ids):
             raise ContractViolation(f"{what} row {row.seq_id}: a block id twice in one row")
-        if row.num_computed_tokens % self.block_size or row.num_computed_tokens > len(row.token_ids):
+        # NOTE: a decode engine's row whose prompt was pulled whole starts at its last token, anywhere in a block.
+        if row.num_computed_tokens > len(row.token_ids):
             raise ContractViolation(f"{what} row {row.seq_id}: bad num_computed_tokens {row.num_computed_tokens}")
 
     def _fresh(self, block_ids) -> None:
@@ -132,7 +133,7 @@ class FakeWorker:
                 raise ContractViolation(f"new row {row.seq_id} already known: rows are sent whole only once")
             self._check_row(row, "new")
             self.rows[row.seq_id] = _Row(list(row.token_ids), list(row.block_ids), row.num_computed_tokens)
-            fresh_blocks.extend(row.block_ids[row.num_computed_tokens // bs :])
+            fresh_blocks.extend(row.block_ids[-(-row.num_computed_tokens // bs) :])
             fresh.add(row.seq_id)
         for row in plan.resumed_rows:
             if row.seq_id not in self.preempted or row.seq_id in self.rows:
@@ -140,7 +141,7 @@ class FakeWorker:
             self.preempted.discard(row.seq_id)
             self._check_row(row, "resumed")
             self.rows[row.seq_id] = _Row(list(row.token_ids), list(row.block_ids), row.num_computed_tokens)
-            fresh_blocks.extend(row.block_ids[row.num_computed_tokens // bs :])
+            fresh_blocks.extend(row.block_ids[-(-row.num_computed_tokens // bs) :])
             fresh.add(row.seq_id)
         for app in plan.appended:
             r = self.rows.get(app.seq_id)
