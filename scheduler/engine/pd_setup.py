@@ -4,8 +4,8 @@ the blocks; both must be given the same config)."""
 
 from __future__ import annotations
 
-from protocol.kv_transfer_config import parse_kv_transfer_config
 from protocol.kv_cache_spec import is_hybrid
+from protocol.kv_transfer_config import parse_kv_transfer_config
 from protocol.worker_messages import WorkerHello
 from scheduler.engine.worker_checks import WorkerRefused
 from scheduler.sched.pd_connector import PDConnector

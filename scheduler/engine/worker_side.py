@@ -46,8 +46,8 @@ from scheduler.engine.cache_config_info import cache_config_info
 from scheduler.engine.config import SchedulerConfig
 from scheduler.engine.engine_state import EngineState
 from scheduler.engine.external_setup import check_external_tier, make_external_tier
-from scheduler.engine.pd_setup import check_kv_transfer, make_pd_connector
 from scheduler.engine.metrics import SchedulerMetrics
+from scheduler.engine.pd_setup import check_kv_transfer, make_pd_connector
 from scheduler.engine.sockets import LoopYield, RouterPort, peer_name
 from scheduler.engine.worker_checks import (
     PoolShape,

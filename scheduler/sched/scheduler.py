@@ -27,9 +27,9 @@ from protocol.worker_messages import StepResult
 from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.external_wait import ExternalKVWait
-from scheduler.sched.pd_connector import PDConnector
 from scheduler.sched.grammar_wait import GrammarWait
 from scheduler.sched.outputs import SchedulerOutput, StepTokens
+from scheduler.sched.pd_connector import PDConnector
 from scheduler.sched.plan_builder import StepPlanBuilder
 from scheduler.sched.policy_options import check_scheduler_options, long_prefill_cap, step_budget
 from scheduler.sched.prompt_token_stats import PromptTokenStats
@@ -39,7 +39,6 @@ from scheduler.sched.sampled_tokens import append_sampled_tokens
 from scheduler.sched.worker_loss import WorkerLossRecovery
 from scheduler.spec.ngram_proposer import NgramProposer
 from scheduler.spec.spec_stats import SpecDecodingStats
-
 
 # How a request ends when a prefill engine lends its blocks: normally (vLLM's connector frees an aborted one's).
 _LENDS = (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED)
