@@ -70,6 +70,7 @@ from simulator.external_args import add_external_tier_args, check_external_tier_
 from simulator.fleet_cli import add_fleet_args, check_fleet_args, fleet_main
 from simulator.free_policies import FREE_POLICIES
 from simulator.layer_windows import add_layer_window_args, group_windows_from_args
+from simulator.pd_args import add_pd_args, check_pd_args
 from simulator.plot import plot_hit_rates
 from simulator.result import SimResult
 from simulator.retention import eviction_policy_list
@@ -151,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_external_tier_args(p)
     add_layer_window_args(p)
     add_fleet_args(p)
+    add_pd_args(p)
     g = p.add_argument_group("output")
     g.add_argument("--result-json", default=None, help='write {"results": [...]} here')
     g.add_argument("--plot", default=None, help="PNG of hit rate against capacity, a line per policy")
@@ -202,6 +204,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--vocab-size must be > 2")
     _check_speculative(p, a)
     check_fleet_args(p, a)
+    check_pd_args(p, a)
     check_external_tier_args(p, a)
     _check_groups(p, a)
     for flag, path in (("--result-json", a.result_json), ("--plot", a.plot)):
@@ -231,9 +234,9 @@ def _check_groups(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     a.groups = None if found is None else found[0]
     a.group_windows = () if found is None else tuple(g.sliding_window for g in found[0])
     if is_hybrid(a.group_windows):
-        if any(a.kv_offloading_blocks) or a.kv_eviction_policy != ["lru"] or a.policy != ["vllm"] or a.replicas or a.external_tier != "none":
+        if any(a.kv_offloading_blocks) or a.kv_eviction_policy != ["lru"] or a.policy != ["vllm"] or a.replicas or a.pd or a.external_tier != "none":
             p.error("hybrid KV-cache groups run with --kv-eviction-policy lru, --policy vllm, no --kv-offloading-blocks, "
-                    "no --external-tier and no --replicas")  # fmt: skip
+                    "no --external-tier and no --replicas or --pd")  # fmt: skip
 
 
 def _check_output_path(p: argparse.ArgumentParser, flag: str, path: Path) -> None:
@@ -342,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"KV-cache groups: windows {list(a.group_windows)} over {sum(len(g.layer_ids) for g in a.groups)} layers; "
               f"a block spans {num_kv_tensors(a.groups)} layers' KV", file=sys.stderr)  # fmt: skip
-    if a.replicas:
+    if a.replicas or a.pd:
         return fleet_main(a, workload, str(source))
     results = []
     runs = [(n, h, x, p, e) for n in a.num_blocks for h in a.kv_offloading_blocks for x in a.external_tier_blocks

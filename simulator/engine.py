@@ -160,7 +160,9 @@ class _Run:
                  "next_arrival", "now", "num_rejected", "num_steps", "num_ff_steps", "num_loads", "horizon_ns",
                  "finished_seq_ids", "spec_k", "external", "stage_ns")  # fmt: skip
 
-    def __init__(self, workload: Workload, cfg: SimConfig, replica: int = 0, store: SimulatedStore | None = None):
+    def __init__(self, workload: Workload, cfg: SimConfig, replica: int = 0, store: SimulatedStore | None = None, external=None):
+        """``external``: an external tier's worker other than the configured one (a P/D fleet's
+        decode engine reads from prefill engines: simulator/pd_transfer.py), with its ``tier``."""
         bs = cfg.block_size
         self.cfg, self.workload = cfg, workload
         self.specs = workload.specs
@@ -169,8 +171,8 @@ class _Run:
         self.token_base = workload.output_token_base
         self.tier = HostTier(cfg.num_host_blocks, bs) if cfg.num_host_blocks else None
         self.block_bytes = cfg.kv_bytes_per_token * bs
-        self.external = None
-        if cfg.external_tier != "none":
+        self.external = external
+        if external is None and cfg.external_tier != "none":
             store = SimulatedStore(cfg.external_tier_blocks) if store is None else store
             self.external = SimExternalWorker(cfg.external_tier, bs, self.block_bytes, cfg.external_speeds(), cfg.offload_bandwidth_gbps, store)
         self.stage_ns = 0  # the last step's staging of external saves

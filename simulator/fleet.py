@@ -41,6 +41,7 @@ from simulator.fleet_result import FleetResult
 from simulator.result import NOT_YET
 from simulator.routers import make_router
 from simulator.spec_decode import spec_figures
+from simulator.token_times import TokenTimes
 from simulator.workload import TraceWorkload, Workload
 
 
@@ -156,6 +157,7 @@ class Fleet:
         # as far as the router knows; the time each rejected request was answered.
         self.prefilling: list[list[tuple[int, int]]] = [[] for _ in range(replicas)]
         self.rejected_ns: dict[int, int] = {}
+        self.tokens = TokenTimes(n)  # for the latency figures
 
     # -- one replica -------------------------------------------------------------
     def _record(self, r: int, run: _Run, seen_finished: int) -> None:
@@ -200,9 +202,9 @@ class Fleet:
         if out is None:
             self._record(r, run, seen)
             return False
-        step_ns, num_sampled, any_finished = run.step(out)
+        step_ns, num_sampled, any_finished = self.tokens.run_step(run, out)
         if run.cfg.fast_forward and run.is_repeatable_decode(out, num_sampled, any_finished, host_evictions):
-            run.fast_forward(step_ns)
+            self.tokens.run_fast_forward(run, step_ns)
         self._record(r, run, seen)
         return True
 
@@ -356,6 +358,7 @@ class Fleet:
             cpu_s=time.process_time() - cpu_start,
             per_replica=per, router_decisions=decisions,
             spec_decode=spec_figures(self.cfg.num_speculative_tokens, *(run.sched.spec_stats for run in self.runs)),
+            **self.tokens.figures([s.arrival_ns for s in specs]),
         )  # fmt: skip
 
 

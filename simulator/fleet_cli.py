@@ -29,6 +29,9 @@ FLEET_COLUMNS = (
     ("aggregate_hit_rate", "hit rate", ".2%"), ("requests_imbalance", "req max/mean", ".2f"),
     ("tokens_imbalance", "tok max/mean", ".2f"), ("mean_queueing_delay_ms", "mean queue ms", ".1f"),
     ("p50_queueing_delay_ms", "p50 queue ms", ".1f"), ("p99_queueing_delay_ms", "p99 queue ms", ".1f"),
+    ("p50_ttft_ms", "p50 TTFT ms", ".1f"), ("p99_ttft_ms", "p99 TTFT ms", ".1f"), ("p50_tpot_ms", "p50 TPOT ms", ".2f"),
+    ("p99_tpot_ms", "p99 TPOT ms", ".2f"), ("p50_itl_ms", "p50 ITL ms", ".2f"), ("p99_itl_ms", "p99 ITL ms", ".2f"),
+    ("output_tokens_per_s", "out tok/s", ".0f"),
     ("num_evictions", "evictions", "d"), ("num_preemptions", "preemptions", "d"), ("wall_s", "wall s", ".1f"), ("cpu_s", "cpu s", ".1f"),
 )  # fmt: skip
 
@@ -73,7 +76,8 @@ def add_fleet_args(p: argparse.ArgumentParser) -> None:
 
 
 def check_fleet_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    if a.replicas is None:
+    """Fleet runs: --replicas N, or --pd P:D (simulator/pd_args.py checks its own flags)."""
+    if a.replicas is None and a.pd is None:
         for flag, value in (("--router", a.router), ("--max-concurrency", a.max_concurrency), ("--jobs", a.jobs),
                             ("--non-streaming", a.non_streaming or None), ("--request-path-ms", a.request_path_ms),
                             ("--request-path-jitter", a.request_path_jitter)):  # fmt: skip
@@ -82,7 +86,7 @@ def check_fleet_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         return
     if a.router is None:
         a.router = ["cache_aware"]
-    if any(n < 1 for n in a.replicas):
+    if any(n < 1 for n in a.replicas or ()):
         p.error(f"--replicas must be positive, got {min(a.replicas)}")
     if a.max_concurrency is not None and a.max_concurrency < 1:
         p.error(f"--max-concurrency must be >= 1, got {a.max_concurrency}")
@@ -102,30 +106,55 @@ def check_fleet_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
 _WORKLOAD = None
 
 
-def _run_one(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, policy: str, replicas: int, router: str) -> dict:
-    """One fleet run in a worker process (the workload built once a process)."""
+def _run_one(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, policy: str, layout: int | tuple[int, int], router: str) -> dict:
+    """One fleet run in a worker process (the workload built once a process); ``layout``:
+    N replicas, or (P, D) prefill and decode engines."""
     global _WORKLOAD
     from simulator.fleet import RequestPaths, simulate_fleet
+    from simulator.pd_fleet import simulate_pd_fleet
 
     if _WORKLOAD is None:
         _WORKLOAD = build_workload(a)
     cfg = sim_config(a, num_blocks, num_host_blocks, policy, a.kv_eviction_policy[0])
+    if isinstance(layout, tuple):
+        return simulate_pd_fleet(_WORKLOAD, cfg, *layout, router, a.transfer_gbps, a.transfer_latency_ms, a.max_concurrency, a.seed).summary()
+    replicas = layout
     paths = RequestPaths.from_ms(*a.request_path_ms, a.request_path_jitter or 0.0, a.seed) if a.request_path_ms else None
     return simulate_fleet(_WORKLOAD, cfg, replicas, router, a.max_concurrency, a.seed, not a.non_streaming, paths).summary()
 
 
 def format_fleet_table(rows: list[dict]) -> str:
     table = [[h for _, h, _ in FLEET_COLUMNS]]
-    table += [[format(r[k], spec) for k, _, spec in FLEET_COLUMNS] for r in rows]
+    table += [[_pd_layout(r) if k == "replicas" and r["pd"] else format(r[k], spec) for k, _, spec in FLEET_COLUMNS] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(FLEET_COLUMNS))]
     lines = ["  ".join(c.ljust(w) if i == 1 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))) for row in table]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
 
 
+def _pd_layout(row: dict) -> str:
+    p, d = row["pd"].split(":")
+    return f"{p}P{d}D"
+
+
+def _pd_line(row: dict) -> str:
+    """A P/D run's pools: usage, busy share, peak running, and the link's bytes and seconds."""
+    pools = row["pd_pools"]
+    parts = [f"{_pd_layout(row)}, {row['router']}, {row['num_blocks']} blocks:"]
+    for pool in ("prefill", "decode"):
+        engines = pools[pool]
+        parts.append(f"{pool} peak usage {max(e['peak_usage'] for e in engines):.1%}, busy "
+                     f"{sum(e['busy_share'] for e in engines) / len(engines):.0%}, peak running {max(e['peak_running'] for e in engines)};")  # fmt: skip
+    x = pools["transfer"]
+    parts.append(f"transfers {x['transfers']} ({x['blocks']} blocks, {x['bytes'] / 1e9:.2f} GB at {x['gbps']:g} GB/s: "
+                 f"{x['busy_s']:.2f} s busy, mean {x['mean_wait_ms']:.1f} ms queued to read)")  # fmt: skip
+    return " ".join(parts)
+
+
 def fleet_main(a: argparse.Namespace, workload, source: str) -> int:
-    runs = [(n, h, pol, rep, rt) for n in a.num_blocks for h in a.kv_offloading_blocks for pol in a.policy
-            for rep in a.replicas for rt in a.router]  # fmt: skip
+    layouts = [*(a.replicas or ()), *(a.pd or ())]
+    runs = [(n, h, pol, lay, rt) for n in a.num_blocks for h in a.kv_offloading_blocks for pol in a.policy
+            for lay in layouts for rt in a.router]  # fmt: skip
     jobs = min(len(runs), a.jobs or os.cpu_count() or 1)
     print(f"  {len(runs)} fleet runs, {jobs} at once", file=sys.stderr)
     if jobs == 1:
@@ -137,9 +166,12 @@ def fleet_main(a: argparse.Namespace, workload, source: str) -> int:
             rows = list(pool.map(_run_one, [a] * len(runs), *zip(*runs, strict=True)))
     for r in rows:
         per = " ".join(f"{p['hit_rate']:.0%}" for p in r["per_replica"])
-        print(f"  {r['replicas']} x {r['num_blocks']} blocks, {r['router']}: hit rate {r['aggregate_hit_rate']:.2%} "
+        print(f"  {_pd_layout(r) if r['pd'] else r['replicas']} x {r['num_blocks']} blocks, {r['router']}: hit rate {r['aggregate_hit_rate']:.2%} "
               f"(replicas: {per}) ({r['wall_s']:.1f} s)", file=sys.stderr)  # fmt: skip
     print(format_fleet_table(rows))
+    for r in rows:
+        if r["pd"]:
+            print(_pd_line(r))
     if a.result_json:
         config = {k: (str(v) if isinstance(v, float) and math.isinf(v) else v) for k, v in vars(a).items()}
         doc = {"source": source, "config": {k: v for k, v in config.items() if k not in ("result_json", "plot")}, "results": rows}

@@ -25,6 +25,15 @@ class FleetResult:
     p90_queueing_delay_ms: float
     p99_queueing_delay_ms: float
     mean_ttft_ms: float
+    # Latency as `vllm bench serve` reports it (simulator/token_times.py), from the engine's arrival.
+    p50_ttft_ms: float
+    p99_ttft_ms: float
+    p50_tpot_ms: float
+    p99_tpot_ms: float
+    p50_itl_ms: float
+    p99_itl_ms: float
+    num_output_tokens: int
+    output_tokens_per_s: float
     num_requests: int
     num_finished: int
     num_rejected: int
@@ -37,6 +46,9 @@ class FleetResult:
     router_decisions: dict = field(default_factory=dict)
     # Speculative decoding's counts over all replicas (simulator/spec_decode.py); empty when off.
     spec_decode: dict = field(default_factory=dict)
+    # A P/D fleet (simulator/pd_fleet.py): "P:D" and each pool's and the transfers' figures; "" and {} otherwise.
+    pd: str = ""
+    pd_pools: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
