@@ -17,6 +17,7 @@ import zmq
 
 from protocol.curve import CurveKeyError, load_keypair
 from protocol.kv_cache_spec import KV_CACHE_DTYPES
+from protocol.kv_transfer_config import KVTransferConfig, parse_kv_transfer_config
 from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
 from worker.kv_cache import parse_size
 from worker.models.config import DTYPES
@@ -59,6 +60,13 @@ def _gib(text: str) -> float:
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"invalid size {text!r}: expected a number of GiB >= 0")
     return value
+
+
+def _kv_transfer_config(text: str) -> KVTransferConfig:
+    try:
+        return parse_kv_transfer_config(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 # A value that starts like a negative number ("-4MiB", "-.5G"): argparse would take
@@ -139,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="disk: at most this many GiB in the directory; the least recently used blocks are removed past it (default: none)")
     g.add_argument("--mooncake-master", metavar="HOST:PORT", help="mooncake: the master's RPC address (default: none)")
     g.add_argument("--mooncake-metadata", metavar="URL", help="mooncake: the metadata server (http://HOST:PORT/metadata) (default: none)")
+    p.add_argument("--kv-transfer-config", type=_kv_transfer_config, default=None, metavar="JSON",
+                   help="P/D disaggregation, vLLM's flag: kv_role kv_producer serves lent blocks on a side channel, "
+                        "kv_consumer pulls them, kv_both does either (worker/transfer/) (default: none)")
     p.add_argument("--seed", type=_seed, default=d.seed,
                    help="global sampling seed: requests without a seed of their own draw from it, so they repeat "
                         "across runs given the same requests in the same order (default %(default)s, as vLLM)")
@@ -195,6 +206,16 @@ def _check_external_tier(p: argparse.ArgumentParser, a: argparse.Namespace) -> N
         p.error(f"--kv-offloading-backend {backend}: not with tensor parallelism yet (each rank would save its own heads)")
 
 
+def _check_kv_transfer(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """--kv-transfer-config, with what it does not work with yet."""
+    if a.kv_transfer_config is None:
+        return
+    if a.tensor_parallel_size > 1:
+        p.error("--kv-transfer-config: not with tensor parallelism yet (each rank holds its own heads)")
+    if a.kv_offloading_backend != "native":
+        p.error(f"--kv-transfer-config: not with --kv-offloading-backend {a.kv_offloading_backend} yet")
+
+
 def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
     p = build_parser()
     a = p.parse_args(_join_negative_values(sys.argv[1:] if argv is None else list(argv)))
@@ -213,6 +234,7 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
         p.error(f"--cpu-wide-step-tokens must be >= 0 (0: never), got {a.cpu_wide_step_tokens}")
     _check_distributed_timeout(p, a)
     _check_external_tier(p, a)
+    _check_kv_transfer(p, a)
     return WorkerConfig(
         scheduler=a.scheduler, model=a.model, device=device, dtype=a.dtype, kv_cache_dtype=a.kv_cache_dtype, max_model_len=a.max_model_len,
         kv_cache_memory=a.kv_cache_memory, num_gpu_blocks_override=a.num_gpu_blocks_override,
@@ -226,7 +248,7 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
         serve_pid=a.serve_pid,
         kv_offloading_backend="" if a.kv_offloading_backend == "native" else a.kv_offloading_backend,
         kv_offloading_path=a.kv_offloading_path, kv_offloading_disk_bytes=int((a.kv_offloading_disk_size or 0) * 2**30),
-        mooncake_master=a.mooncake_master, mooncake_metadata=a.mooncake_metadata,
+        mooncake_master=a.mooncake_master, mooncake_metadata=a.mooncake_metadata, kv_transfer=a.kv_transfer_config,
         disable_sliding_window=a.disable_sliding_window, disable_hybrid_kv_cache_manager=a.disable_hybrid_kv_cache_manager,
     )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.kv_transfer_config import KVTransferConfig
 from worker.threads import DEFAULT_CPU_NICE
 
 CPU_DEFAULT_KV_CACHE_MEMORY = 64 * 1024 * 1024
@@ -47,6 +48,8 @@ class WorkerConfig:
     kv_offloading_disk_bytes: int = 0
     mooncake_master: str | None = None
     mooncake_metadata: str | None = None
+    # P/D disaggregation (--kv-transfer-config, worker/transfer/): the role and side channel; None: none.
+    kv_transfer: KVTransferConfig | None = None
     # The global sampling seed (vLLM's --seed, default 0 as in vLLM v1): the noise of
     # every request without a seed of its own.
     seed: int = 0

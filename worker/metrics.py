@@ -26,6 +26,8 @@ from prometheus_client.registry import Collector
 from worker.external.external_io import ExternalIO
 from worker.external.io_metrics import ExternalIOCollector
 from worker.threads import StepThreads
+from worker.transfer.kv_transfer import KVTransfer
+from worker.transfer.transfer_metrics import KVTransferCollector
 
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 # Bytes of one step's copies in one direction: vLLM's offloading connector's buckets.
@@ -125,6 +127,10 @@ class WorkerMetrics:
     def watch_external(self, io: ExternalIO) -> None:
         """Report the external tier's saves and loads (worker/external/io_metrics.py), read at each scrape."""
         self.registry.register(ExternalIOCollector(io, self._labels))
+
+    def watch_kv_transfer(self, transfer: KVTransfer) -> None:
+        """Report P/D disaggregation's pulls and served reads (worker/transfer/transfer_metrics.py), read at each scrape."""
+        self.registry.register(KVTransferCollector(transfer, self._labels))
 
     def reset_totals(self) -> None:
         """Call when a new runner (counting from 0) replaces the old one."""

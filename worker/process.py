@@ -38,6 +38,7 @@ from protocol.worker_messages import (
     ExternalKVDone,
     GrammarsReady,
     Heartbeat,
+    KVTransferDone,
     SampledLogprobs,
     SchedulerToWorker,
     Shutdown,
@@ -61,6 +62,8 @@ from worker.plan_check import PlanError
 from worker.runner import ModelRunner
 from worker.serving_model import ServingModel
 from worker.threads import StepThreads, projection_weights, wide_num_threads, wide_step_tokens
+from worker.transfer import plan_ops as transfer_ops
+from worker.transfer.kv_transfer import KVTransfer
 
 log = logging.getLogger("worker")
 
@@ -85,7 +88,7 @@ class WorkerStopping(Exception):
 class WorkerProcess:
     def __init__(
         self, config: WorkerConfig, serving: ServingModel, kv_caches: list[torch.Tensor], metrics: WorkerMetrics | None,
-        host_caches: list[torch.Tensor] | None = None, external: ExternalIO | None = None,
+        host_caches: list[torch.Tensor] | None = None, external: ExternalIO | None = None, transfer: KVTransfer | None = None,
     ):
         self.config = config
         self.serving = serving
@@ -111,6 +114,10 @@ class WorkerProcess:
         self.external = external
         if external is not None and metrics is not None:
             metrics.watch_external(external)
+        # P/D disaggregation (--kv-transfer-config): lent blocks served, pulls, each on a thread of its own.
+        self.transfer = transfer
+        if transfer is not None and metrics is not None:
+            metrics.watch_kv_transfer(transfer)
 
     def hello(self) -> WorkerHello:
         c, s = self.config, self.serving
@@ -122,7 +129,7 @@ class WorkerProcess:
             architecture=m.architecture, model_hash=s.identity, eos_token_ids=list(m.eos_token_ids),
             max_model_len=s.max_model_len, num_host_blocks=self.hello_num_host_blocks,
             group_windows=hello_group_windows(s.kv_cache_groups) if s.kv_cache_groups else [],
-            **hello_fields(self.external),
+            **hello_fields(self.external), **transfer_ops.hello_fields(self.transfer),
         )
 
     @property
@@ -270,8 +277,10 @@ class WorkerProcess:
         while True:
             now = time.monotonic()
             wait = min(last_heard + timeout, last_sent + interval) - now
-            if self.grammars.has_pending or (self.external is not None and self.external.has_pending_loads):
-                # NOTE: a compile or a load ends on another thread: look for it often meanwhile.
+            if self.grammars.has_pending or (self.external is not None and self.external.has_pending_loads) or (
+                self.transfer is not None and self.transfer.has_pending_pulls
+            ):
+                # NOTE: a compile, a load or a pull ends on another thread: look for it often meanwhile.
                 wait = min(wait, GRAMMAR_POLL_S)
             # NOTE: poll even when the wait is over, so a message that queued up
             # during a long step counts as heard rather than as a timeout.
@@ -303,10 +312,13 @@ class WorkerProcess:
                 last_sent = now
 
     def _send_news(self, sock: zmq.Socket) -> bool:
-        """Grammars compiled and external loads ended since the last news; False if none."""
+        """Grammars compiled, external loads and KV pulls ended, lent KV read since the last news; False if none."""
         sent = self._send_grammars_ready(sock)
         if self.external is not None and (done := self.external.take_done()) is not None:
             self._send(sock, ExternalKVDone(*done))
+            sent = True
+        if self.transfer is not None and (done := self.transfer.take_done()) is not None:
+            self._send(sock, KVTransferDone(*done))
             sent = True
         return sent
 
@@ -374,11 +386,13 @@ class WorkerProcess:
         t0 = time.perf_counter()
         try:
             loads_started = before_step(self.external, plan, runner.limits.num_blocks)
+            pulls_started = transfer_ops.before_step(self.transfer, plan, runner.limits.num_blocks)
             out = runner.execute(plan)
         except PlanError as e:
             log.warning("refused plan %d: %s", plan.step_id, e)
             return WorkerError(str(e), step_id=plan.step_id)
         after_step(self.external, plan, loads_started)
+        transfer_ops.after_step(self.transfer, plan, pulls_started)
         elapsed = time.perf_counter() - t0
         if self.metrics is not None:
             self.metrics.observe_step(elapsed, runner.num_tokens_computed, runner.kv_bytes_written)

@@ -41,6 +41,7 @@ from worker.parallel.rank_group import LocalRanks, rank_device, run_rank, thread
 from worker.process import WorkerProcess, WorkerStopping
 from worker.serving_model import ServingModel, check_shardable, load_serving_model
 from worker.threads import lower_cpu_priority, set_cpu_threads
+from worker.transfer.kv_transfer import KVTransfer, open_kv_transfer
 
 log = logging.getLogger("worker")
 
@@ -108,12 +109,15 @@ def _serve(config: WorkerConfig, serving: ServingModel, group: TPGroup | None) -
             host_caches = _allocate_host_tier(config, group, kv_caches, per_block)
         metrics = _start_metrics(config, group)
         external = open_external_tier(config, serving, kv_caches)
+        transfer = open_kv_transfer(config.kv_transfer, serving, kv_caches, config.block_size)
     except (StartupError, ValueError) as e:
         log.error("%s", e)
         return 2
     try:
-        return _run_process_loop(config, serving, kv_caches, metrics, group, host_caches, external)
+        return _run_process_loop(config, serving, kv_caches, metrics, group, host_caches, external, transfer)
     finally:
+        if transfer is not None:
+            transfer.close()
         if external is not None:
             try:
                 external.close()
@@ -232,14 +236,15 @@ def _on_sigterm(_signum, _frame) -> None:
 
 
 def _run_process_loop(config: WorkerConfig, serving: ServingModel, kv_caches: list[torch.Tensor], metrics: WorkerMetrics | None,
-                      group: TPGroup | None, host_caches: list[torch.Tensor] | None, external: ExternalIO | None = None) -> int:  # fmt: skip
+                      group: TPGroup | None, host_caches: list[torch.Tensor] | None, external: ExternalIO | None = None,
+                      transfer: KVTransfer | None = None) -> int:  # fmt: skip
     ctx = zmq.Context()
     try:
         # NOTE: only now, with a scheduler to tell; before, SIGTERM simply ends the process.
         signal.signal(signal.SIGTERM, _on_sigterm)
         if group is not None:
             return run_rank(config, serving, kv_caches, metrics, group, ctx, host_caches)
-        return WorkerProcess(config, serving, kv_caches, metrics, host_caches, external).run(ctx)
+        return WorkerProcess(config, serving, kv_caches, metrics, host_caches, external, transfer).run(ctx)
     except WorkerStopping:
         return 0
     except KeyboardInterrupt:
