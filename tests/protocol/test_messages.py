@@ -155,7 +155,7 @@ def test_a_hybrid_plan_is_its_own_tag_and_a_one_group_plan_has_no_groups():
 def test_worker_messages_are_arrays_tag_first():
     # NOTE: msgspec ignores omit_defaults on array_like structs (jcrist/msgspec#720):
     # every field is encoded. A sender may still leave trailing defaults out.
-    assert msgspec.msgpack.decode(TO_WORKER.encode(StepPlan(step_id=9))) == [4, 9, {}, [], [], [], [], [], None, None]
+    assert msgspec.msgpack.decode(TO_WORKER.encode(StepPlan(step_id=9))) == [4, 9, {}, [], [], [], [], [], None, None, None]
     # A greedy row's sampling is None: one byte.
     assert msgspec.msgpack.decode(TO_WORKER.encode(ROW)) == [0, 7, [3, 4, 5, 2**31 - 1], [9, 10], 16, None]
     sampled = RequestRow(1, [2], [3], 0, RowSampling(1, SamplingParams(temperature=0.5, seed=3)))
