@@ -1,0 +1,110 @@
+"""A P/D fleet on this host: ``kvpool serve`` prefill and decode engines behind vllm-router's
+PD mode (``--vllm-pd-disaggregation``), each engine a process group of its own, every port
+free and loopback. The e2e tests and the P/D benchmark start it; deploy/run-pd.sh is the
+same fleet for a user.
+
+The router sends each request to a prefill engine (``kv_transfer_params``
+``{"do_remote_decode": true}``, max_tokens 1), then to a decode engine with the params of
+that answer; the decode engine reads the prompt's blocks from the prefill engine's worker
+(docs/pd-disaggregation.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+from bench.router_bench import Replica, _stop, free_port, http_get, router_binary
+
+# Each engine's connector: a prefill engine lends, a decode engine reads; a read that fails
+# is computed again (vLLM's "recompute"; its default, "fail", would end the request).
+PRODUCER = {"kv_connector": "KVPoolConnector", "kv_role": "kv_producer", "kv_load_failure_policy": "recompute"}
+CONSUMER = {"kv_connector": "KVPoolConnector", "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute"}
+
+
+def transfer_flag(config: dict, **extra) -> tuple[str, str]:
+    """``--kv-transfer-config JSON`` of ``config``, with ``extra`` in its kv_connector_extra_config."""
+    return "--kv-transfer-config", json.dumps({**config, "kv_connector_extra_config": extra} if extra else config)
+
+
+class PDRouter:
+    """``vllm-router --vllm-pd-disaggregation`` over prefill and decode engines, on a free loopback port."""
+
+    def __init__(self, prefill_urls: list[str], decode_urls: list[str], log_path: Path, policy: str = "round_robin",
+                 log_level: str = "warning"):  # fmt: skip
+        binary = router_binary()
+        if binary is None:
+            raise FileNotFoundError("vllm-router not found (pip install vllm-router, or `make install`: the test extra has it)")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(log_path)
+        argv = [binary, "--vllm-pd-disaggregation", "--policy", policy, "--host", "127.0.0.1", "--port", str(self.port),
+                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", log_level]  # fmt: skip
+        for url in prefill_urls:
+            argv += ["--prefill", url]
+        for url in decode_urls:
+            argv += ["--decode", url]
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while http_get(self.url + "/readiness", 2)[0] != 200:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm-router exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vllm-router not ready within {timeout:g} s:\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def log_tail(self, n: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self) -> None:
+        _stop(self.proc, 10)
+        self._log.close()
+
+
+class PDFleet:
+    """``num_prefill`` prefill and ``num_decode`` decode engines of ``model`` and their router.
+    ``common``: flags every engine gets; ``producer_extra`` / ``consumer_extra``: their
+    connectors' extra config (a lease, a read timeout). Stop it (also on failure)."""
+
+    def __init__(self, model: Path | str, work: Path, num_prefill: int = 1, num_decode: int = 1, *common: str,
+                 producer_extra: dict | None = None, consumer_extra: dict | None = None, policy: str = "round_robin"):  # fmt: skip
+        self.work = Path(work)
+        self.prefills: list[Replica] = []
+        self.decodes: list[Replica] = []
+        self.router: PDRouter | None = None
+        try:
+            for i in range(num_prefill):
+                flag = transfer_flag(PRODUCER, **(producer_extra or {}))
+                self.prefills.append(Replica(model, self.work / f"prefill{i}", *common, *flag))
+            for i in range(num_decode):
+                flag = transfer_flag(CONSUMER, **(consumer_extra or {}))
+                self.decodes.append(Replica(model, self.work / f"decode{i}", *common, *flag))
+            for r in self.engines:
+                r.wait_ready()
+            self.router = PDRouter([r.url for r in self.prefills], [r.url for r in self.decodes], self.work / "router.log", policy)
+            self.router.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def engines(self) -> list[Replica]:
+        return self.prefills + self.decodes
+
+    @property
+    def url(self) -> str:
+        return self.router.url
+
+    def logs(self) -> str:
+        tail = "" if self.router is None else f"--- router\n{self.router.log_tail()}\n"
+        return tail + "\n".join(r.logs() for r in self.engines)
+
+    def stop(self) -> None:
+        if self.router is not None:
+            self.router.stop()
+        for r in self.engines:
+            r.stop()
