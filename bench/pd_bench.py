@@ -104,7 +104,7 @@ def stream(url: str, prompt, max_tokens: int) -> tuple[float, list[float]]:
         for line in r:
             if line.startswith(b"data: {") and json.loads(line[6:])["choices"][0]["text"]:
                 times.append(time.perf_counter())
-    return times[0] - t0, [b - a for a, b in zip(times, times[1:])]
+    return times[0] - t0, [b - a for a, b in zip(times, times[1:], strict=False)]
 
 
 def pct(xs: list[float], q: float) -> float:
