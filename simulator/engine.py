@@ -47,6 +47,7 @@ from protocol.worker_messages import StepResult
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_usage import get_peak_usage
 from scheduler.core.offload_tier import HostTier
+from scheduler.sched.pd_connector import PDConnector
 from scheduler.sched.policy_options import policy_kwargs
 from scheduler.sched.priority_scheduler import scheduler_class
 from scheduler.sched.request import Request
@@ -160,9 +161,9 @@ class _Run:
                  "next_arrival", "now", "num_rejected", "num_steps", "num_ff_steps", "num_loads", "horizon_ns",
                  "finished_seq_ids", "spec_k", "external", "stage_ns")  # fmt: skip
 
-    def __init__(self, workload: Workload, cfg: SimConfig, replica: int = 0, store: SimulatedStore | None = None, external=None):
-        """``external``: an external tier's worker other than the configured one (a P/D fleet's
-        decode engine reads from prefill engines: simulator/pd_transfer.py), with its ``tier``."""
+    def __init__(self, workload: Workload, cfg: SimConfig, replica: int = 0, store: SimulatedStore | None = None,
+                 kv_transfer: PDConnector | None = None):  # fmt: skip
+        """``kv_transfer``: the scheduler's P/D connector (a P/D fleet's engines: simulator/pd_fleet.py)."""
         bs = cfg.block_size
         self.cfg, self.workload = cfg, workload
         self.specs = workload.specs
@@ -171,8 +172,8 @@ class _Run:
         self.token_base = workload.output_token_base
         self.tier = HostTier(cfg.num_host_blocks, bs) if cfg.num_host_blocks else None
         self.block_bytes = cfg.kv_bytes_per_token * bs
-        self.external = external
-        if external is None and cfg.external_tier != "none":
+        self.external = None
+        if cfg.external_tier != "none":
             store = SimulatedStore(cfg.external_tier_blocks) if store is None else store
             self.external = SimExternalWorker(cfg.external_tier, bs, self.block_bytes, cfg.external_speeds(), cfg.offload_bandwidth_gbps, store)
         self.stage_ns = 0  # the last step's staging of external saves
@@ -184,7 +185,7 @@ class _Run:
         speculative = SpeculativeConfig(k, 1, 1) if k > 0 else None
         self.sched = scheduler_class(cfg.scheduling_policy)(
             self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.reserve_full_sequence,
-            speculative=speculative, **policy_kwargs(cfg),
+            speculative=speculative, kv_transfer=kv_transfer, **policy_kwargs(cfg),
         )
         if speculative is not None:
             # NOTE: a fleet's replicas (``replica``) draw apart, each from its own seeded stream.

@@ -2,17 +2,19 @@
 Scheduler/KVCacheManager/BlockPool of the offline simulator (simulator/engine.py), as
 vllm-router's PD mode runs vLLM engines with the NixlConnector, in one virtual clock.
 
-A request goes first to a prefill engine (the router's policy over the P pool) with
-max_tokens 1: it computes the prompt and samples one token (discarded), and ends. Its
-blocks stay held (vLLM's delayed free) until a decode engine has read them. When it ends,
-the router hands it to a decode engine (the same policy over the D pool, at that time),
-which admits it through its scheduler's own parking (simulator/pd_transfer.py): its own
-prefix-cache hits, then the rest of the prompt read over the link at
-``transfer_gbps`` plus ``transfer_latency_ms`` a read; then it computes what is left of
-the prompt and decodes the whole output. The prefill engine frees the blocks when the
-read ends (or, when the decode engine hit them all and read nothing, when it admits the
-request). TTFT is the decode engine's first token less the send: the client streams
-from the decode engine.
+The engines' schedulers carry the real P/D connector (scheduler/sched/pd_connector.py),
+as ``kvpool serve --kv-transfer-config`` builds them: a producer on a prefill engine, a
+consumer on a decode engine. A request goes first to a prefill engine (the router's
+policy over the P pool) with max_tokens 1 and ``do_remote_decode``: it computes the
+prompt and samples one token (discarded), and ends; its scheduler lends its blocks and
+answers with ``kv_transfer_params``. The router hands it, with those params, to a decode
+engine (the same policy over the D pool, at that time), whose scheduler parks it: its own
+prefix-cache hits, then a pull of the rest of the prompt's blocks, the last partial one
+too, timed by the link (simulator/pd_transfer.py: ``transfer_gbps`` plus
+``transfer_latency_ms`` a pull); once read it computes the prompt's last token and
+decodes the whole output. The prefill engine frees the blocks when the read ends
+(``lends_read``). TTFT is the decode engine's first token less the send: the client
+streams from the decode engine. Leases never pass: every lend is read.
 
 Time: every party acts at its own time and the earliest goes first: the client's sends
 (arrival times, or under ``max_concurrency`` the finish that frees a slot), the router's
@@ -27,10 +29,14 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import heapq
+import json
 import math
 import time
 from dataclasses import dataclass, field
 
+from protocol.kv_transfer_config import parse_kv_transfer_config
+from protocol.kv_transfer_params import parse_kv_transfer_params
+from scheduler.sched.pd_connector import PDConnector
 from simulator.engine import SimConfig, _Run
 from simulator.fleet import routing_units
 from simulator.fleet_result import FleetResult
@@ -41,6 +47,13 @@ from simulator.token_times import TokenTimes
 from simulator.workload import Workload
 
 ARRIVAL, RELEASE = 0, 1  # what an engine's inbox holds
+REMOTE_DECODE = parse_kv_transfer_params({"do_remote_decode": True})  # the router's prefill leg
+
+
+def pd_connector(role: str, engine_id: str, block_size: int) -> PDConnector:
+    """The scheduler's connector of a ``kv_producer`` or ``kv_consumer`` engine, as ``--kv-transfer-config`` gives it."""
+    config = {"kv_connector": "KVPoolConnector", "kv_role": role, "engine_id": engine_id, "kv_load_failure_policy": "recompute"}
+    return PDConnector(parse_kv_transfer_config(json.dumps(config)), block_size)
 
 
 class _PoolWorkload(Workload):
@@ -55,14 +68,6 @@ class _PoolWorkload(Workload):
     def prompt(self, index: int, hasher):
         prompt, hashes = self.prompts[index]
         return list(prompt), list(hashes)  # NOTE: a Request appends to its own lists
-
-
-@dataclass(eq=False)
-class _Held:
-    """A finished prefill request's block table, held for its decode engine (as KVCacheManager.free takes it)."""
-
-    request_id: str
-    alloc_noop_until: int = 0
 
 
 @dataclass(eq=False)
@@ -114,12 +119,13 @@ class PDFleet:
         self.decode_view = _PoolWorkload(workload, self.prompts)
         self.prefill = [self._engine(self.prefill_view, r, "prefill") for r in range(num_prefill)]
         self.decode = [self._engine(self.decode_view, r, "decode") for r in range(num_decode)]
+        self.prefill_at = {e.run.sched.kv_transfer.address: e for e in self.prefill}  # side channel -> prefill engine
         self.prefill_router = make_router(router, num_prefill, seed, cfg.block_size)
         self.decode_router = make_router(router, num_decode, seed, cfg.block_size)
         n = len(workload.specs)
         self.send_ns = [0] * n
         self.routed_to = [(-1, -1)] * n  # (prefill engine, decode engine)
-        self.held: dict[int, tuple[int, _Held]] = {}  # request -> (prefill engine, its held table)
+        self.answers: dict[int, dict] = {}  # request -> its prefill engine's kv_transfer_params, until a decode engine takes it
         self.handoffs: list[tuple[int, int]] = []  # heap of (prefill end, request)
         self.all_finishes: list[int] = []  # when clients saw each request end, sorted (the closed loop)
         self.sent = 0
@@ -127,10 +133,13 @@ class PDFleet:
 
     def _engine(self, view: _PoolWorkload, index: int, pool: str) -> Engine:
         cfg = self.cfg
-        link = None
-        if pool == "decode":
-            link = PDTransferLink(cfg.block_size, cfg.kv_bytes_per_token * cfg.block_size, *self.transfer)
-        run = _Run(view, cfg, index if pool == "prefill" else len(self.prefill) + index, external=link)
+        if pool == "prefill":
+            connector, link = pd_connector("kv_producer", f"sim-prefill-{index}", cfg.block_size), None
+            connector.attach(f"sim-prefill-{index}:1")  # NOTE: a fake side channel, the key of the fleet's reads
+        else:
+            connector = pd_connector("kv_consumer", f"sim-decode-{index}", cfg.block_size)
+            link = PDTransferLink(cfg.kv_bytes_per_token * cfg.block_size, *self.transfer)
+        run = _Run(view, cfg, index if pool == "prefill" else len(self.prefill) + index, kv_transfer=connector)
         run.specs, run.order = view.specs, []
         return Engine(run, pool, index, link)
 
@@ -157,12 +166,11 @@ class PDFleet:
         self.sent += 1
 
     def _hand_over(self, i: int, t: int) -> None:
-        """Request i's prefill ended at t: the router picks a decode engine, which expects its blocks."""
+        """Request i's prefill ended at t: the router picks a decode engine, which gets its answer's params."""
         loads = [e.load(t) for e in self.decode]
         prompt, hashes = self.prompts[i]
         d = self.decode_router.route(loads, routing_units(self.workload, i, prompt), hashes, t)
         engine = self.decode[d]
-        engine.link.expect(i, hashes[: len(prompt) // self.cfg.block_size])
         self._hand(engine, self.decode_view, i, t)
         self.routed_to[i] = (self.routed_to[i][0], d)
 
@@ -172,10 +180,9 @@ class PDFleet:
         engine.routed += 1
         engine.routed_tokens += view.specs[i].prompt_len
 
-    def _release(self, i: int, t: int) -> None:
-        """Request i's prefill engine may free its blocks at t."""
-        p, _ = self.held[i]
-        heapq.heappush(self.prefill[p].inbox, (t, RELEASE, i))
+    def _release(self, address: str, request_id: str, t: int) -> None:
+        """The lent blocks of ``request_id`` at ``address`` (a prefill engine's side channel) were read by t."""
+        heapq.heappush(self.prefill_at[address].inbox, (t, RELEASE, int(request_id)))
 
     def _finished(self, engine: Engine, i: int, t: int, client_sees: bool) -> None:
         bisect.insort(engine.finish_times, t)
@@ -183,38 +190,43 @@ class PDFleet:
             bisect.insort(self.all_finishes, t)
 
     # -- an engine's turn ----------------------------------------------------------------
-    def _take_inbox(self, engine: Engine) -> None:
-        """What reached the engine by its clock: requests to admit, tables to free."""
-        run, inbox = engine.run, engine.inbox
+    def _take_inbox(self, engine: Engine) -> bool:
+        """What reached the engine by its clock: requests to admit (with their params), lends
+        read, pulls done. Whether any pull came back."""
+        run, inbox, sched = engine.run, engine.inbox, engine.run.sched
         while inbox and inbox[0][0] <= run.now:
             _, kind, i = heapq.heappop(inbox)
             if kind == ARRIVAL:
                 run.order.append(i)
-            else:
-                run.kv.free(self.held.pop(i)[1])
+            elif sched.lends_read([str(i)]) != 1:
+                raise RuntimeError(f"prefill engine {engine.index}: request {i} read but not lent")
             engine.blocked = False
         first = run.next_arrival
         run.admit_arrivals()
         for i in run.order[first : run.next_arrival]:
-            rejected = str(i) not in run.sched.requests
-            if rejected:  # answered at once; a decode engine's frees its prefill engine's blocks
+            request = sched.requests.get(str(i))
+            if request is None:  # rejected: answered at once
                 self._finished(engine, i, run.now, True)
-            if engine.pool == "decode":
-                del self.prompts[i]  # NOTE: both pools have read it
-                if rejected:
-                    engine.link.forget(i)
-                    self._release(i, run.now)
-            elif rejected:
-                del self.prompts[i]
-        if engine.link is not None:
-            returned = engine.link.next_event_ns()
-            engine.link.deliver(run.sched, run.now)
-            if returned is not None and returned <= run.now:
-                engine.blocked = False
+            if engine.pool == "prefill":
+                if request is None:
+                    del self.prompts[i]
+                else:
+                    request.kv_transfer_params = REMOTE_DECODE
+                continue
+            del self.prompts[i]  # NOTE: both pools have read it
+            answer = self.answers.pop(i)
+            if request is None:  # its prefill engine's lend is freed, unread
+                self._release(f"{answer['remote_host']}:{answer['remote_port']}", answer["remote_request_id"], run.now)
+            else:
+                request.kv_transfer_params = parse_kv_transfer_params(answer)
+        if engine.link is None or not engine.link.deliver(sched, run.now):
+            return False
+        engine.blocked = False
+        return True
 
     def _turn(self, engine: Engine, horizon: float) -> None:
         run, sched = engine.run, engine.run.sched
-        self._take_inbox(engine)
+        pulls_back = self._take_inbox(engine)
         out = sched.schedule()
         if out is None:
             engine.blocked = True
@@ -222,37 +234,37 @@ class PDFleet:
         engine.peak_running = max(engine.peak_running, len(sched.running))
         start, seen = run.now, len(run.finished_seq_ids)
         if engine.pool == "prefill":
-            self._hold_tables(engine, out)
             run.step(out)
+            for r in out.scheduled:
+                if r.kv_transfer_answer is not None:  # NOTE: every prefill ends in the step that samples (max_tokens 1)
+                    self.answers[r.seq_id] = r.kv_transfer_answer
         else:
-            if engine.inbox:
-                horizon = min(horizon, engine.inbox[0][0])
-            run.horizon_ns = None if horizon == math.inf else int(horizon)
-            step_ns, num_sampled, any_finished = self.tokens.run_step(run, out)
-            for row in out.plan.new_rows:
-                if engine.link.forget(row.seq_id):  # all its prompt hit here: nothing read
-                    self._release(row.seq_id, start)
-            for i, end in engine.link.take_started():
-                self._release(i, end)
-            if run.cfg.fast_forward and run.is_repeatable_decode(out, num_sampled, any_finished, 0):
-                self.tokens.run_fast_forward(run, step_ns)
+            self._decode_step(engine, out, horizon, pulls_back)
         engine.busy_ns += run.now - start
         for i in run.finished_seq_ids[seen:]:
             self._finished(engine, i, run.finish_ns[i], engine.pool == "decode")
             if engine.pool == "prefill":
                 heapq.heappush(self.handoffs, (run.finish_ns[i], i))
 
-    def _hold_tables(self, engine: Engine, out) -> None:
-        """Every prefill row sampling this step ends in it (max_tokens 1): its table moves to
-        a holder first, so the scheduler's free leaves it (vLLM's delayed free), and the
-        manager still counts the holder's blocks as a request's (its invariants hold)."""
-        kv = engine.run.kv
-        for r in out.scheduled:
-            if r.num_computed_tokens >= r.num_tokens:
-                holder = _Held(f"{r.request_id}/held")
-                kv.req_to_blocks[holder.request_id] = kv.req_to_blocks.pop(r.request_id)
-                kv.num_cached_block[holder.request_id] = kv.num_cached_block.pop(r.request_id, 0)
-                self.held[r.seq_id] = (engine.index, holder)
+    def _decode_step(self, engine: Engine, out, horizon: float, pulls_back: bool) -> None:
+        """Run a decode engine's step, queue its plan's pulls on the link (each frees its lend
+        where it ends), and fast-forward what follows if nothing else can happen before
+        ``horizon`` (another party's turn), the engine's next arrival or its next pull's end."""
+        run, link = engine.run, engine.link
+        step_ns, num_sampled, any_finished = self.tokens.run_step(run, out)
+        ops = out.plan.kv_transfer
+        pulls = ops is not None and bool(ops.pull_ids)
+        if pulls:
+            for address, request_id, end in link.queue(ops, run.now):
+                self._release(address, request_id, end)
+        # NOTE: as after an external tier's loads, no stretch after a step that parked a request (the waiting head
+        # changed) or once pulls came back (their requests are admitted next, or wait holding their blocks).
+        if not run.cfg.fast_forward or pulls or pulls_back or not run.is_repeatable_decode(out, num_sampled, any_finished, 0):
+            return
+        pull_end = link.next_event_ns()
+        horizon = min(horizon, engine.inbox[0][0] if engine.inbox else math.inf, math.inf if pull_end is None else pull_end)
+        run.horizon_ns = None if horizon == math.inf else int(horizon)
+        self.tokens.run_fast_forward(run, step_ns)
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> FleetResult:
@@ -279,8 +291,9 @@ class PDFleet:
         for e in engines:
             if e.run.sched.has_unfinished_requests():
                 raise RuntimeError(f"{e.pool} engine {e.index} stuck: requests left but nothing can be scheduled")
-        if self.held:
-            raise RuntimeError(f"{len(self.held)} prefill tables never released")
+        lent = sum(len(e.run.sched.kv_transfer.lent) for e in self.prefill)
+        if lent or self.answers:
+            raise RuntimeError(f"{lent} prefill lends never read, {len(self.answers)} answers never taken")
         return pd_result(self, wall_start, cpu_start)
 
 

@@ -2,13 +2,14 @@
 
 Times by hand, with the default cost model (5 ms a step + 0.02 ms a token) and the default
 KV bytes (131,072 a token: 2,097,152 a 16-token block; 1 GB/s = 1 byte/ns). A prompt of
-161 tokens is 10 full blocks and its last token: the decode engine reads the 10 blocks
-and computes the last token.
+161 tokens is 10 full blocks and its last token, 11 blocks: the decode engine reads all 11
+(the partial one too, as vLLM's) and computes the last token again.
 
-* TTFT = the prefill step (5 + 161 x 0.02 = 8.22 ms) + the read (1 ms + 10 blocks /
+* TTFT = the prefill step (5 + 161 x 0.02 = 8.22 ms) + the read (1 ms + 11 blocks /
   bandwidth) + the decode step that computes the last token and samples (5.02 ms).
-* The prefill engine holds a request's blocks until the read ends, then frees them all.
-* A decode engine's own prefix-cache hits are not read.
+* The prefill engine lends a request's blocks until the read ends, then frees them all.
+* A decode engine's own prefix-cache hits are not read (full blocks: the last, partial
+  one is read even when the rest hit).
 * Two prefill engines prefill two requests at once where one prefills one at a time.
 * Every request gets its output_len tokens, as in a plain fleet; fast-forward changes no time.
 """
@@ -41,40 +42,41 @@ def workload(prompts: list[list[int]], arrivals_s: list[float], output_len: int 
     return SampleWorkload([SampleRequest(p, output_len) for p in prompts], arrivals_s, 512)
 
 
-@pytest.mark.parametrize("gbps, read_ns", [(1.0, 20_971_520), (2.0, 10_485_760), (4.0, 5_242_880)])
+@pytest.mark.parametrize("gbps, read_ns", [(1.0, 23_068_672), (2.0, 11_534_336), (4.0, 5_767_168)])
 def test_ttft_is_the_prefill_the_read_at_the_bandwidth_and_one_decode_step(gbps: float, read_ns: int):
     fleet = PDFleet(workload([prompt(0)], [0.0]), SimConfig(200), 1, 1, transfer_gbps=gbps, transfer_latency_ms=1.0)
     got = fleet.run()
     assert fleet.tokens.first_ns == [PREFILL_NS + 1_000_000 + read_ns + DECODE_FIRST_NS]
     x = got.pd_pools["transfer"]
-    assert (x["transfers"], x["blocks"], x["bytes"]) == (1, 10, 10 * BLOCK_BYTES)
+    assert (x["transfers"], x["blocks"], x["bytes"]) == (1, 11, 11 * BLOCK_BYTES)
     assert x["busy_s"] == pytest.approx((1_000_000 + read_ns) / 1e9)
 
 
 def test_the_prefill_engine_holds_the_blocks_until_the_read_ends_then_frees_them():
     # 11 blocks (and the null one): a 161-token prompt and its sampled token fill them; the
-    # second request waits for the first's read to end (8.22 + 1 + 10.49 ms), not its prefill.
+    # second request waits for the first's read to end (8.22 + 1 + 11.53 ms), not its prefill.
     fleet = PDFleet(workload([prompt(0), prompt(1)], [0.0, 0.001]), SimConfig(12), 1, 1)
     fleet.run()
     prefill = fleet.prefill[0].run
-    assert prefill.admit_ns == [0, PREFILL_NS + 1_000_000 + 10_485_760]
+    assert prefill.admit_ns == [0, PREFILL_NS + 1_000_000 + 11_534_336]
     for e in (*fleet.prefill, *fleet.decode):
         assert e.run.kv.usage == 0.0 and not e.run.kv.req_to_blocks
         e.run.kv.check_invariants()
-    assert not fleet.held
+    assert not fleet.prefill[0].run.sched.kv_transfer.lent and fleet.prefill[0].run.sched.kv_transfer.num_sent == 2
 
 
 def test_a_decode_engines_own_hits_are_not_read():
-    # The second prompt shares the first's first 6 blocks; the third is the first again.
+    # The second prompt shares the first's first 6 blocks: 5 read; the third is the first
+    # again: its 10 full blocks hit, its last (partial) block read.
     second = prompt(0)[:96] + prompt(2)[96:]
     fleet = PDFleet(workload([prompt(0), second, prompt(0)], [0.0, 1.0, 2.0]), SimConfig(200), 1, 1)
     got = fleet.run()
     x = got.pd_pools["transfer"]
-    assert (x["transfers"], x["blocks"], x["bytes"]) == (2, 10 + 4, 14 * BLOCK_BYTES)
+    assert (x["transfers"], x["blocks"], x["bytes"]) == (3, 11 + 5 + 1, 17 * BLOCK_BYTES)
     decode = got.pd_pools["decode"][0]
     assert decode["prefix_cache_hits"] == 96 + 160  # the third hits up to its last token
-    # Reading nothing, the third's first token comes a decode step after its prefill.
-    assert fleet.tokens.first_ns[2] - fleet.send_ns[2] == PREFILL_NS - 160 * 20_000 + DECODE_FIRST_NS
+    # The third's first token: its prefill (one token, the rest hit there), one block's read, a decode step.
+    assert fleet.tokens.first_ns[2] - fleet.send_ns[2] == PREFILL_NS - 160 * 20_000 + 1_000_000 + 1_048_576 + DECODE_FIRST_NS
 
 
 def test_two_prefill_engines_prefill_two_requests_at_once():
@@ -142,3 +144,17 @@ def test_cli_pd_flag_errors(argv: list[str], message: str, capsys):
         main(["--num-blocks", "100", *argv])
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_engines_drive_the_real_connector_and_a_request_refused_for_decode_frees_its_lend():
+    # max_model_len 164: the prefill leg (161 + 1 token) fits, the second's decode leg (161 + 4) is refused.
+    w = SampleWorkload([SampleRequest(prompt(0), 3), SampleRequest(prompt(1), 4)], [0.0, 1.0], 512)
+    fleet = PDFleet(w, SimConfig(200, max_model_len=164), 1, 1)
+    got = fleet.run()
+    producer, consumer = fleet.prefill[0].run.sched.kv_transfer, fleet.decode[0].run.sched.kv_transfer
+    assert (producer.num_lent, producer.num_sent, producer.lent) == (2, 2, {})
+    # The decode engine pulled the first's whole prompt (11 blocks) and counts it as vLLM's connector does.
+    assert (consumer.num_pulls, consumer.num_pull_blocks, consumer.num_pull_tokens) == (1, 11, 161)
+    assert fleet.decode[0].run.kv.external_prefix_cache_stats.hits == 161
+    assert got.num_rejected == 1 and fleet.tokens.num_tokens == [3, 0]
+    assert fleet.prefill[0].run.kv.usage == 0.0
