@@ -278,9 +278,9 @@ class WorkerProcess:
             now = time.monotonic()
             wait = min(last_heard + timeout, last_sent + interval) - now
             if self.grammars.has_pending or (self.external is not None and self.external.has_pending_loads) or (
-                self.transfer is not None and self.transfer.has_pending_pulls
+                self.transfer is not None and self.transfer.awaits_news
             ):
-                # NOTE: a compile, a load or a pull ends on another thread: look for it often meanwhile.
+                # NOTE: a compile, a load, a pull or a read of a lend ends on another thread: look for it often meanwhile.
                 wait = min(wait, GRAMMAR_POLL_S)
             # NOTE: poll even when the wait is over, so a message that queued up
             # during a long step counts as heard rather than as a timeout.

@@ -22,6 +22,8 @@ it moves no byte (the workers do: worker/transfer/).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,9 +48,11 @@ class _Ops:
 class PDConnector:
     """The connector of ``config`` for blocks of ``block_size`` tokens."""
 
-    def __init__(self, config: KVTransferConfig, block_size: int):
+    def __init__(self, config: KVTransferConfig, block_size: int, clock: Callable[[], float] = time.monotonic):
         self.config = config
         self.block_size = block_size
+        # What a lease is timed by (a simulator passes its virtual clock; `expired` takes a time of that clock).
+        self.clock = clock
         # The worker's side channel ("host:port"), where decode engines read what this one lends.
         self.address = ""
         # request id -> (the finished request whose blocks are lent, when its lease ends).
@@ -114,11 +118,11 @@ class PDConnector:
         params = request.kv_transfer_params
         return params is not None and params.do_remote_decode and self.config.is_producer
 
-    def lend(self, request: Request, block_ids: list[int], now: float) -> dict[str, Any]:
+    def lend(self, request: Request, block_ids: list[int]) -> dict[str, Any]:
         """Keep ``request``'s blocks (``block_ids``, its table) for a decode engine until
         it reads them or the lease passes; the answer's ``kv_transfer_params``."""
         host, _, port = self.address.rpartition(":")
-        self.lent[request.request_id] = (request, now + self.config.kv_lease_duration)
+        self.lent[request.request_id] = (request, self.clock() + self.config.kv_lease_duration)
         self._ops.lend_ids.append(request.request_id)
         self._ops.lend_block_ids.append(list(block_ids))
         self.num_lent += 1

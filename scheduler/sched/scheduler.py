@@ -143,7 +143,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
         if status in _LENDS and self.kv_transfer is not None and self.kv_transfer.wants_lend(request):
             # A prefill engine's request: its blocks wait for a decode engine (pd_connector.py).
             block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
-            request.kv_transfer_answer = self.kv_transfer.lend(request, block_ids, time.monotonic())
+            request.kv_transfer_answer = self.kv_transfer.lend(request, block_ids)
         else:
             self.kv_cache_manager.free(request)
         del self.requests[request.request_id]

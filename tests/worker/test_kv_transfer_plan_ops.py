@@ -64,7 +64,7 @@ def test_pulls_of_a_plan_with_host_tier_copies_start_after_it(transfer):
     transfer.server.lend("r", [3])
     plan = StepPlan(0, tier_copies=TierCopies(), kv_transfer=KVTransferOps(**pulls(transfer.server.address)))
     assert plan_ops.before_step(transfer, plan, NUM_BLOCKS) is False
-    assert not transfer.has_pending_pulls
+    assert not transfer.puller.has_pending
     plan_ops.after_step(transfer, plan, False)
     assert transfer.puller.drain(BOUND_S)
     assert transfer.take_done() == ({1: 1}, ["r"])
@@ -110,7 +110,7 @@ def test_a_bad_plan_is_refused_and_changes_nothing(transfer, ops, words):
     with pytest.raises(PlanError, match=words.replace("(", r"\(").replace(".", r"\.")):
         plan_ops.before_step(transfer, StepPlan(0, kv_transfer=bad), NUM_BLOCKS)
     assert transfer.server._lends == {"kept": [2]}
-    assert not transfer.has_pending_pulls and transfer.take_done() is None
+    assert not transfer.puller.has_pending and transfer.take_done() is None
 
 
 @pytest.mark.parametrize(
@@ -149,3 +149,12 @@ def test_the_hello_names_the_side_channel_and_takes_earlier_lends_back(transfer)
         assert plan_ops.hello_fields(consumer) == {"kv_transfer_address": "", "kv_transfer_identity": IDENTITY}
     finally:
         consumer.close()
+
+
+def test_the_process_loop_watches_for_news_while_anything_is_lent(transfer):
+    # A read of a lend frees the prefill engine's blocks: its news must not wait for the next heartbeat.
+    assert not transfer.awaits_news
+    transfer.server.lend("r", [3])
+    assert transfer.awaits_news
+    transfer.server.unlend(["r"])
+    assert not transfer.awaits_news

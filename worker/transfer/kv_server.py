@@ -110,6 +110,11 @@ class KVServer:
             self._lends.clear()
             self._sent.clear()
 
+    @property
+    def has_lends(self) -> bool:
+        """Whether any lend waits for its read (a read of the dict's size, no lock needed)."""
+        return bool(self._lends)
+
     def take_sent(self) -> list[str]:
         """The request ids read since the last call (their blocks may be freed)."""
         with self._lock:

@@ -44,8 +44,10 @@ class KVTransfer:
             self.puller.submit(pulls)
 
     @property
-    def has_pending_pulls(self) -> bool:
-        return self.puller is not None and self.puller.has_pending
+    def awaits_news(self) -> bool:
+        """Whether news may come from another thread soon: a pull under way, or a lend a
+        decode engine may read (its read frees the prefill engine's blocks: reported at once)."""
+        return (self.puller is not None and self.puller.has_pending) or (self.server is not None and self.server.has_lends)
 
     def take_done(self) -> tuple[dict[int, int], list[str]] | None:
         """Pulls ended (pull id -> blocks written) and lent requests read since the last call;
