@@ -2,7 +2,7 @@
 (bench/pd_fleet.py): the decode engine reads the prompt's blocks from the prefill engine's
 worker over its side channel, and the greedy text is one engine's. Then the faults: a
 decode engine that never reads (the prefill engine frees the blocks when the lease passes),
-a prefill engine killed before the read (the decode engine computes the prompt itself and
+a prefill engine killed mid-transfer (the decode engine computes the prompt itself and
 loses nothing), params a client got wrong (a 400 naming the field).
 
 The prefill engine is also the one-engine reference: a request without params is served
@@ -12,10 +12,13 @@ as by any engine. float32, tiny checkpoint, 64 blocks of 16 on each engine.
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from kvtest.router import require_router
@@ -140,7 +143,10 @@ def test_a_decode_engine_that_never_reads_and_the_lease(fleet):
     assert metric(decode.url, "vllm:prompt_tokens_by_source_total", 'source="local_compute"') - computed == len(prompt)
 
 
-def test_a_prefill_engine_killed_before_the_read_loses_nothing(fleet, tiny_checkpoint, tmp_path):
+def test_a_prefill_engine_killed_mid_transfer_loses_nothing(fleet, tiny_checkpoint, tmp_path):
+    """The prefill engine is frozen (SIGSTOP) once it answered, so the decode worker's read
+    is under way to a peer that never replies; then it is killed. The decode engine gives
+    up on the read after its timeout and computes the prompt itself: the same answer."""
     (decode,) = fleet.decodes
     doomed = Replica(tiny_checkpoint, tmp_path / "doomed", *COMMON, *transfer_flag(PRODUCER))
     try:
@@ -148,14 +154,21 @@ def test_a_prefill_engine_killed_before_the_read_loses_nothing(fleet, tiny_check
         prompt = prompts(1, seed=13)[0]
         want = completion(doomed.url, prompt)["choices"][0]["token_ids"]
         params = completion(doomed.url, prompt, 1, kv_transfer_params={"do_remote_decode": True})["kv_transfer_params"]
-        doomed.kill()
+        os.killpg(doomed.proc.pid, signal.SIGSTOP)
+        computed = metric(decode.url, "vllm:prompt_tokens_by_source_total", 'source="local_compute"')
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(completion, decode.url, prompt, kv_transfer_params=params)
+            time.sleep(0.5)  # the read is in flight
+            assert not answer.done()
+            doomed.kill()
+            token_ids = answer.result(timeout=READ_TIMEOUT_S + 30)["choices"][0]["token_ids"]
     finally:
         doomed.stop()
-    t0 = time.monotonic()
-    answer = completion(decode.url, prompt, kv_transfer_params=params)
-    assert answer["choices"][0]["token_ids"] == want
-    # Bounded by the read timeout, not hung on a dead peer.
-    assert time.monotonic() - t0 < READ_TIMEOUT_S + 20
+    assert token_ids == want
+    # It waited for the read's timeout (bounded), then computed the whole prompt.
+    assert READ_TIMEOUT_S - 0.5 <= time.monotonic() - t0 < READ_TIMEOUT_S + 30
+    assert metric(decode.url, "vllm:prompt_tokens_by_source_total", 'source="local_compute"') - computed == len(prompt)
 
 
 @pytest.mark.parametrize("bad, field", [
