@@ -94,42 +94,54 @@ def agreement(a) -> dict:
     return out
 
 
-def stream(url: str, prompt, max_tokens: int) -> tuple[float, list[float]]:
-    """(TTFT, the gaps between tokens) of one streamed completion, in seconds."""
-    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+def stream(url: str, prompt, max_tokens: int) -> tuple[float, list[float], int]:
+    """(TTFT, the gaps between tokens, the prompt's tokens) of one streamed completion, in seconds."""
+    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
     req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
     t0 = time.perf_counter()
-    times = []
+    times, num_prompt = [], 0
     with urllib.request.urlopen(req, timeout=600) as r:
         for line in r:
-            if line.startswith(b"data: {") and json.loads(line[6:])["choices"][0]["text"]:
+            if not line.startswith(b"data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                num_prompt = chunk["usage"]["prompt_tokens"]
+            if chunk["choices"] and chunk["choices"][0]["text"]:
                 times.append(time.perf_counter())
-    return times[0] - t0, [b - a for a, b in zip(times, times[1:], strict=False)]
+    return times[0] - t0, [b - a for a, b in zip(times, times[1:], strict=False)], num_prompt
 
 
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
-    return 1000 * xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+    return round(1000 * xs[min(len(xs) - 1, int(q * len(xs)))], 2) if xs else float("nan")
 
 
-def run_load(url: str, a, rng: random.Random) -> dict:
+def run_load(url: str, a, rng: random.Random) -> tuple[dict, list[dict]]:
+    """The figures of one run, and its requests (kind, sent at, prompt and output tokens)."""
     stop = threading.Event()
-    decode, long = [], []  # (ttft, gaps)
+    done: list[dict] = []
     lock = threading.Lock()
+    start = time.perf_counter()
+
+    def record(kind: str, sent: float, max_tokens: int, r) -> None:
+        ttft, gaps, num_prompt = r
+        with lock:
+            done.append({"kind": kind, "sent_s": sent - start, "prompt_tokens": num_prompt, "output_tokens": max_tokens,
+                         "ttft": ttft, "gaps": gaps})  # fmt: skip
 
     def decoder():
         while not stop.is_set():
-            r = stream(url, [rng.randrange(2, 400) for _ in range(32)] if a.model == "tiny" else "Tell me a long story about a cat.",
-                       a.decode_tokens)  # fmt: skip
-            with lock:
-                decode.append(r)
+            prompt = [rng.randrange(2, 400) for _ in range(32)] if a.model == "tiny" else "Tell me a long story about a cat."
+            sent = time.perf_counter()
+            record("decode", sent, a.decode_tokens, stream(url, prompt, a.decode_tokens))
 
     def prefiller():
         while not stop.wait(a.long_every):
             words = " ".join(rng.choice(["alpha", "beta", "gamma", "delta", "omega"]) for _ in range(a.long_words))
-            r = stream(url, words, 8)
-            with lock:
-                long.append(r)
+            sent = time.perf_counter()
+            record("long", sent, 8, stream(url, words, 8))
 
     threads = [threading.Thread(target=decoder, daemon=True) for _ in range(a.decoders)] + [threading.Thread(target=prefiller, daemon=True)]
     for t in threads:
@@ -138,14 +150,46 @@ def run_load(url: str, a, rng: random.Random) -> dict:
     stop.set()
     for t in threads:
         t.join(600)
-    gaps = [g for _, gs in decode for g in gs]
-    tpot = [statistics.mean(gs) for _, gs in decode if gs]
+    return figures(done, time.perf_counter() - start), done
+
+
+def figures(done: list[dict], seconds: float) -> dict:
+    """TTFT and TPOT p50/p99 of each kind, the decode streams' inter-token latency (p50, p99,
+    p99.9, max, and how many gaps were stalls over 100 ms), output tok/s."""
+    decode = [d for d in done if d["kind"] == "decode"]
+    long = [d for d in done if d["kind"] == "long"]
+    gaps = [g for d in decode for g in d["gaps"]]
+    tpot = [statistics.mean(d["gaps"]) for d in decode if d["gaps"]]
     return {"decode_requests": len(decode), "long_requests": len(long),
-            "decode_itl_p50_ms": pct(gaps, 0.5), "decode_itl_p99_ms": pct(gaps, 0.99),
+            "decode_itl_p50_ms": pct(gaps, 0.5), "decode_itl_p99_ms": pct(gaps, 0.99), "decode_itl_p999_ms": pct(gaps, 0.999),
+            "decode_itl_max_ms": pct(gaps, 1.0), "decode_stalls_over_100ms": sum(g > 0.1 for g in gaps),
             "decode_tpot_p50_ms": pct(tpot, 0.5), "decode_tpot_p99_ms": pct(tpot, 0.99),
-            "decode_ttft_p50_ms": pct([t for t, _ in decode], 0.5), "decode_ttft_p99_ms": pct([t for t, _ in decode], 0.99),
-            "long_ttft_p50_ms": pct([t for t, _ in long], 0.5), "long_ttft_p99_ms": pct([t for t, _ in long], 0.99),
-            "output_tok_s": (sum(len(gs) + 1 for _, gs in decode) + 8 * len(long)) / a.duration}  # fmt: skip
+            "decode_ttft_p50_ms": pct([d["ttft"] for d in decode], 0.5), "decode_ttft_p99_ms": pct([d["ttft"] for d in decode], 0.99),
+            "long_ttft_p50_ms": pct([d["ttft"] for d in long], 0.5), "long_ttft_p99_ms": pct([d["ttft"] for d in long], 0.99),
+            "long_prompt_tokens": statistics.mean([d["prompt_tokens"] for d in long]) if long else 0,
+            **{f"all_{k}": v for k, v in aggregate(done).items()},
+            "output_tok_s": sum(len(d["gaps"]) + 1 for d in done) / seconds}  # fmt: skip
+
+
+def aggregate(done: list[dict]) -> dict:
+    """Over every request, as the simulator reports a run: TTFT, TPOT (a request's mean gap), ITL (every gap)."""
+    gaps = [g for d in done for g in d["gaps"]]
+    tpot = [statistics.mean(d["gaps"]) for d in done if d["gaps"]]
+    ttft = [d["ttft"] for d in done]
+    return {"ttft_p50_ms": pct(ttft, 0.5), "ttft_p99_ms": pct(ttft, 0.99), "tpot_p50_ms": pct(tpot, 0.5),
+            "tpot_p99_ms": pct(tpot, 0.99), "itl_p50_ms": pct(gaps, 0.5), "itl_p99_ms": pct(gaps, 0.99)}  # fmt: skip
+
+
+def write_trace(done: list[dict], path: Path) -> None:
+    """The run's requests as a Mooncake trace (the simulator's input): when each was sent,
+    its prompt and output tokens, a hash id per 512 tokens (none shared)."""
+    next_id = 0
+    with open(path, "w") as f:
+        for d in sorted(done, key=lambda d: d["sent_s"]):
+            n = max(1, -(-d["prompt_tokens"] // 512))
+            f.write(json.dumps({"timestamp": round(d["sent_s"] * 1000), "input_length": d["prompt_tokens"],
+                                "output_length": d["output_tokens"], "hash_ids": list(range(next_id, next_id + n))}) + "\n")  # fmt: skip
+            next_id += n
 
 
 def latency(a) -> dict:
@@ -160,7 +204,7 @@ def latency(a) -> dict:
                 try:
                     engine.wait_ready(300)
                     complete(engine.url, "warm up", 4)
-                    result = run_load(engine.url, a, rng)
+                    result, done = run_load(engine.url, a, rng)
                 finally:
                     engine.stop()
             else:
@@ -169,9 +213,10 @@ def latency(a) -> dict:
                     for core, r in enumerate(fleet.engines):
                         pin_group(r.proc.pid, core % os.cpu_count())
                     complete(fleet.url, "warm up", 4)
-                    result = run_load(fleet.url, a, rng)
+                    result, done = run_load(fleet.url, a, rng)
                 finally:
                     fleet.stop()
+            write_trace(done, work / f"{layout}{repeat}.jsonl")
             out.setdefault(layout, []).append(result)
             print(layout, json.dumps(result), flush=True)
     return out
