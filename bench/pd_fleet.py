@@ -11,11 +11,9 @@ that answer; the decode engine reads the prompt's blocks from the prefill engine
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 from pathlib import Path
 
-from bench.router_bench import Replica, _stop, free_port, http_get, router_binary
+from bench.router_bench import Replica, Router
 
 # Each engine's connector: a prefill engine lends, a decode engine reads; a read that fails
 # is computed again (vLLM's "recompute"; its default, "fail", would end the request).
@@ -28,41 +26,17 @@ def transfer_flag(config: dict, **extra) -> tuple[str, str]:
     return "--kv-transfer-config", json.dumps({**config, "kv_connector_extra_config": extra} if extra else config)
 
 
-class PDRouter:
+class PDRouter(Router):
     """``vllm-router --vllm-pd-disaggregation`` over prefill and decode engines, on a free loopback port."""
 
     def __init__(self, prefill_urls: list[str], decode_urls: list[str], log_path: Path, policy: str = "round_robin",
                  log_level: str = "warning"):  # fmt: skip
-        binary = router_binary()
-        if binary is None:
-            raise FileNotFoundError("vllm-router not found (pip install vllm-router, or `make install`: the test extra has it)")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(log_path)
-        argv = [binary, "--vllm-pd-disaggregation", "--policy", policy, "--host", "127.0.0.1", "--port", str(self.port),
-                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", log_level]  # fmt: skip
+        pd = ["--vllm-pd-disaggregation"]
         for url in prefill_urls:
-            argv += ["--prefill", url]
+            pd += ["--prefill", url]
         for url in decode_urls:
-            argv += ["--decode", url]
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while http_get(self.url + "/readiness", 2)[0] != 200:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm-router exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"vllm-router not ready within {timeout:g} s:\n{self.log_tail()}")
-            time.sleep(0.2)
-
-    def log_tail(self, n: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-
-    def stop(self) -> None:
-        _stop(self.proc, 10)
-        self._log.close()
+            pd += ["--decode", url]
+        super().__init__([], policy, log_path, *pd, log_level=log_level)
 
 
 class PDFleet:

@@ -181,7 +181,9 @@ class Router:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path)
-        argv = [binary, "--worker-urls", *worker_urls, "--policy", policy, "--host", "127.0.0.1", "--port", str(self.port),
+        # NOTE: no worker URLs: a PD-mode router (bench/pd_fleet.py) names its engines in ``extra``.
+        urls = ["--worker-urls", *worker_urls] if worker_urls else []
+        argv = [binary, *urls, "--policy", policy, "--host", "127.0.0.1", "--port", str(self.port),
                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", log_level, *extra]  # fmt: skip
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)

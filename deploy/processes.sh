@@ -1,6 +1,7 @@
-# Sourced by deploy/run.sh and deploy/run-router.sh: stopping what they started.
-# Expects: pids and names (parallel arrays of the background processes, in the order
-# to stop them), STOP_TIMEOUT (seconds each may take after SIGTERM), and log().
+# Sourced by deploy/run.sh, deploy/run-router.sh and deploy/run-pd.sh: waiting for what they
+# started, and stopping it. Expects: pids and names (parallel arrays of the background
+# processes, in the order to stop them), STOP_TIMEOUT (seconds each may take after SIGTERM),
+# READY_TIMEOUT and PYTHON (wait_http), and log().
 
 stop_all() {  # SIGTERM every process, then SIGKILL whatever outlives STOP_TIMEOUT
     local i pid deadline
@@ -20,4 +21,33 @@ stop_all() {  # SIGTERM every process, then SIGKILL whatever outlives STOP_TIMEO
         wait "$pid" 2>/dev/null || true
     done
     pids=()
+}
+
+alive_or_die() {
+    local i
+    for i in "${!pids[@]}"; do
+        if ! kill -0 "${pids[$i]}" 2>/dev/null; then
+            log "${names[$i]} exited during start-up"
+            exit 1
+        fi
+    done
+}
+
+wait_http() {  # wait_http URL WHAT
+    local deadline=$((SECONDS + READY_TIMEOUT))
+    until "$PYTHON" - "$1" <<'EOF' 2>/dev/null
+import sys, urllib.request
+try:
+    sys.exit(0 if urllib.request.urlopen(sys.argv[1], timeout=2).status == 200 else 1)
+except Exception:
+    sys.exit(1)
+EOF
+    do
+        alive_or_die
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            log "$2 did not answer $1 within ${READY_TIMEOUT}s"
+            exit 1
+        fi
+        sleep 0.5
+    done
 }

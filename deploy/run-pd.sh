@@ -117,7 +117,7 @@ show_logs() {
 
 # NOTE: start() puts the router first in pids, so stop_all stops it first: no request
 # reaches an engine being stopped.
-. deploy/processes.sh  # stop_all
+. deploy/processes.sh  # stop_all, alive_or_die, wait_http
 
 cleanup() {
     local rc=$?
@@ -152,35 +152,6 @@ start() {  # start NAME LOGFILE CMD...: in the background (with --dry-run: print
     pids=("$!" "${pids[@]}")
     names=("$name" "${names[@]}")
     log "started $name (pid $!): $*"
-}
-
-alive_or_die() {
-    local i
-    for i in "${!pids[@]}"; do
-        if ! kill -0 "${pids[$i]}" 2>/dev/null; then
-            log "${names[$i]} exited during start-up"
-            exit 1
-        fi
-    done
-}
-
-wait_http() {  # wait_http URL WHAT
-    local deadline=$((SECONDS + READY_TIMEOUT))
-    until "$PYTHON" - "$1" <<'EOF' 2>/dev/null
-import sys, urllib.request
-try:
-    sys.exit(0 if urllib.request.urlopen(sys.argv[1], timeout=2).status == 200 else 1)
-except Exception:
-    sys.exit(1)
-EOF
-    do
-        alive_or_die
-        if [ "$SECONDS" -ge "$deadline" ]; then
-            log "$2 did not answer $1 within ${READY_TIMEOUT}s"
-            exit 1
-        fi
-        sleep 0.5
-    done
 }
 
 if [ -z "$MODEL" ]; then

@@ -10,28 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client.core import GaugeMetricFamily
 
+from worker.counter_families import LabelledCounters
 from worker.external.external_io import ExternalIO
 
 
-class ExternalIOCollector(Collector):
+class ExternalIOCollector(LabelledCounters):
     def __init__(self, io: ExternalIO, labels: dict[str, str]):
+        super().__init__([*labels, "tier"], [*labels.values(), f"1:{io.store.name}"])
         self.io = io
-        self.names = [*labels, "tier"]
-        self.values = [*labels.values(), f"1:{io.store.name}"]
-
-    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
-        family = CounterMetricFamily(name, doc, labels=self.names)
-        family.add_metric(self.values, value)
-        return family
-
-    def _by_reason(self, name: str, doc: str, counts: dict[str, int]) -> CounterMetricFamily:
-        family = CounterMetricFamily(name, doc, labels=[*self.names, "reason"])
-        for reason, n in sorted(counts.items()):
-            family.add_metric([*self.values, reason], n)
-        return family
 
     def collect(self) -> Iterator:
         c = self.io.counters

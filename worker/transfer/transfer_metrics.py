@@ -5,28 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily
-from prometheus_client.registry import Collector
-
+from worker.counter_families import LabelledCounters
 from worker.transfer.kv_transfer import KVTransfer
 
 
-class KVTransferCollector(Collector):
+class KVTransferCollector(LabelledCounters):
     def __init__(self, transfer: KVTransfer, labels: dict[str, str]):
+        super().__init__(list(labels), list(labels.values()))
         self.transfer = transfer
-        self.names = list(labels)
-        self.values = list(labels.values())
-
-    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
-        family = CounterMetricFamily(name, doc, labels=self.names)
-        family.add_metric(self.values, value)
-        return family
-
-    def _by_reason(self, name: str, doc: str, counts: dict[str, int]) -> CounterMetricFamily:
-        family = CounterMetricFamily(name, doc, labels=[*self.names, "reason"])
-        for reason, n in sorted(counts.items()):
-            family.add_metric([*self.values, reason], n)
-        return family
 
     def collect(self) -> Iterator:
         if (puller := self.transfer.puller) is not None:

@@ -283,3 +283,23 @@ def test_a_lent_request_id_cannot_be_reused_until_freed():
     prefill(p)
     with pytest.raises(ValueError, match="lent"):
         p.add("r", 999, max_tokens=1)
+
+
+def test_kv_both_lends_and_pulls_by_each_request_s_params():
+    # vLLM's kv_both: one engine is a prefill engine for one request and a decode engine for another.
+    p, both = Engine("kv_producer"), Engine("kv_both")
+    params = parse_kv_transfer_params(prefill(p))
+    p.step()
+    both.add("pulled", 1, params=params)
+    both.add("lent", 2, PROMPT[:6], max_tokens=1, params=parse_kv_transfer_params({"do_remote_decode": True}))
+    both.drain(p)
+    assert both.outputs["pulled"] == expected_output(PROMPT, 3) and both.pd.num_pulls == 1
+    assert both.pd.lent.keys() == {"lent"} and both.answers["lent"]["remote_block_ids"] == both.kv.get_block_ids("lent")
+
+
+def test_a_decode_only_engine_ignores_a_prefill_request_s_params():
+    # A kv_consumer lends nothing: a do_remote_decode request is served and freed as any other.
+    d = Engine("kv_consumer")
+    d.add("r", 1, max_tokens=1, params=parse_kv_transfer_params({"do_remote_decode": True}))
+    d.drain()
+    assert d.pd.lent == {} and d.answers == {} and free(d) == NUM_BLOCKS - 1
