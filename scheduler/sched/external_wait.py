@@ -128,6 +128,7 @@ class ExternalKVWait:
                 # As vLLM: a whole prompt loaded computes its last token again, to sample the next. NOTE: cached
                 # after, so the block that token is written into again is not shared until it is.
                 computed -= 1
+                request.num_replay_tokens = 1
             kv.cache_loaded(request, computed)
             request.num_computed_tokens = computed
             # As vLLM: its cached tokens, counted at its first scheduling, are those it got (the failed ones not).

@@ -30,7 +30,8 @@ class PromptTokenStats:
         external = request.num_external_cached_tokens
         self.total += request.num_prompt_tokens
         self.local_cache_hit += request.num_cached_tokens - external
-        self.external_kv_transfer += external
+        # NOTE: as vLLM's PrefillStats, set when the load was planned: a token loaded and computed again counts as loaded.
+        self.external_kv_transfer += external + request.num_replay_tokens
 
     @property
     def computed(self) -> int:

@@ -48,7 +48,7 @@ class Request:
         "last_token_time", "num_preemptions", "alloc_noop_until", "max_num_tokens", "stop_token_ids", "append_only_below",
         "min_tokens", "sampling", "priority", "grammar", "skip_reading_prefix_cache",
         "prompt_logprobs", "spec_token_ids", "draft_index", "external_load",
-        "kv_transfer_params", "kv_transfer_answer",
+        "kv_transfer_params", "kv_transfer_answer", "num_replay_tokens",
     )  # fmt: skip
 
     def __init__(
@@ -98,6 +98,9 @@ class Request:
         # once its blocks were pulled), and a prefill engine's answer, for its last output.
         self.kv_transfer_params: KVTransferParams | None = None
         self.kv_transfer_answer: dict[str, Any] | None = None
+        # Prompt tokens loaded whole but computed again (vLLM's replay: the last one of a prompt a
+        # prefill engine computed, to sample from); its prefill stats count them as loaded.
+        self.num_replay_tokens = 0
         # NOTE: ``block_hashes`` lets a caller that already hashed the prompt (the
         # offline what-if replay memoises shared trace prefixes) pass them in: they must
         # be what ``block_hasher`` would give; it hashes on from where they end.

@@ -93,11 +93,14 @@ def test_1p1d_behind_the_router_answers_as_one_engine(fleet):
     reference = [completion(prefill.url, p)["choices"][0]["token_ids"] for p in batch]
     p2p_before = metric(decode.url, "vllm:prompt_tokens_cached_by_source_total", 'source="p2p"')
     computed_before = metric(decode.url, "vllm:prompt_tokens_by_source_total", 'source="local_compute"')
+    external_before = metric(decode.url, "vllm:prompt_tokens_by_source_total", 'source="external_kv_transfer"')
     through = [completion(fleet.url, p) for p in batch]
     assert [a["choices"][0]["token_ids"] for a in through] == reference
-    # The decode engine read every prompt from the prefill engine: it computed one token of each (the last,
-    # to sample from), and counts the rest as the connector's (vLLM's "p2p" source).
-    assert metric(decode.url, "vllm:prompt_tokens_by_source_total", 'source="local_compute"') - computed_before == len(batch)
+    # The decode engine read every prompt from the prefill engine, and counts it as vLLM does: the connector's
+    # (its "p2p" source, and external_kv_transfer), none computed here (the last token, computed again to
+    # sample from, counts as loaded, as vLLM's prefill stats count it).
+    assert metric(decode.url, "vllm:prompt_tokens_by_source_total", 'source="local_compute"') - computed_before == 0
+    assert metric(decode.url, "vllm:prompt_tokens_by_source_total", 'source="external_kv_transfer"') - external_before == sum(map(len, batch))
     assert metric(decode.url, "vllm:prompt_tokens_cached_by_source_total", 'source="p2p"') - p2p_before == sum(map(len, batch))
     # The prefill engine's blocks were read, so freed: nothing waits for the lease.
     wait_for(lambda: metric(prefill.url, "vllm:kv_cache_usage_perc") == 0.0, LEASE_S / 2, "the prefill engine's blocks freed")

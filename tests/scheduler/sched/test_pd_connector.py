@@ -180,6 +180,9 @@ def test_decode_engine_pulls_the_prompt_and_computes_only_its_last_token():
     # vLLM's counts: a query of 14 tokens, 14 from outside (the connector's), none on the device.
     assert d.kv.prefix_cache_stats.hits == 0 and d.kv.external_prefix_cache_stats.hits == len(PROMPT)
     assert d.pd.num_pull_tokens == len(PROMPT)
+    # vLLM's prompt tokens by source: all loaded (the last, computed again, counts as loaded), none computed.
+    stats = d.s.prompt_token_stats
+    assert (stats.external_kv_transfer, stats.local_cache_hit, stats.computed) == (len(PROMPT), 0, 0)
 
 
 def test_pulled_blocks_are_cached_hits_for_later_requests():
@@ -209,6 +212,9 @@ def test_local_hits_shrink_the_pull():
     d.deliver()
     d.drain(p)
     assert d.outputs["r"] == expected_output(PROMPT, 3)
+    # Its prompt by source: 8 tokens the device's own, 6 read (the warm-up request computed its 12).
+    stats = d.s.prompt_token_stats
+    assert (stats.local_cache_hit, stats.external_kv_transfer, stats.computed) == (8, 6, 12)
 
 
 def test_a_refused_pull_is_computed_again_under_recompute():
