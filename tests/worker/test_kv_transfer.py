@@ -91,8 +91,8 @@ def test_pulled_blocks_equal_the_lent_ones_bit_for_bit(make, dtype):
     server, puller = make.server(src), make.puller(dst)
     before = [t.clone() for t in dst]
     server.lend("req-1", [3, 5, 7])
-    assert pull(puller, server.address, "req-1", [7, 3, 5], [8, 2, 10], pull_id=41) == {41: 3}
-    assert same_blocks(src, [7, 3, 5], dst, [8, 2, 10])
+    assert pull(puller, server.address, "req-1", [3, 5, 7], [8, 2, 10], pull_id=41) == {41: 3}
+    assert same_blocks(src, [3, 5, 7], dst, [8, 2, 10])
     others = [b for b in range(NUM_BLOCKS) if b not in (8, 2, 10)]
     assert same_blocks(before, others, dst, others)  # nothing else written
     assert server.take_sent() == ["req-1"] and server.take_sent() == []  # reported once
@@ -160,6 +160,16 @@ def test_blocks_not_lent_are_refused_and_the_lend_kept(make):
     assert pull(puller, server.address, "req-1", [3, 6], [1, 2]) == {1: 0}
     assert server.counters.refusals == {"blocks": 1} and server.take_sent() == []
     assert pull(puller, server.address, "req-1", [3, 5], [1, 2], pull_id=2) == {2: 2}
+
+
+@pytest.mark.parametrize("asked", [[5, 3], [3, 7], [5, 5], [3, 3, 5]])
+def test_lent_blocks_out_of_order_or_twice_are_refused(make, asked):
+    # Each block lands at its position in the reader's table: any list but a run of the lent
+    # ones, in order, would put one block's KV where another's belongs.
+    server, puller = make.server(), make.puller()
+    server.lend("req-1", [3, 5, 7])
+    assert pull(puller, server.address, "req-1", asked, list(range(1, len(asked) + 1))) == {1: 0}
+    assert server.counters.refusals == {"blocks": 1}
 
 
 def test_a_reader_of_another_block_size_writes_nothing(make):

@@ -49,7 +49,7 @@ def run_step(transfer: KVTransfer, plan: StepPlan) -> tuple[dict[int, int], list
 
 
 def test_a_plan_lends_then_its_pulls_read_the_lend(transfer):
-    ops = KVTransferOps(lend_ids=["r"], lend_block_ids=[[3, 4]], **pulls(transfer.server.address, remote=[4, 3], local=[5, 6]))
+    ops = KVTransferOps(lend_ids=["r"], lend_block_ids=[[4, 3]], **pulls(transfer.server.address, remote=[4, 3], local=[5, 6]))
     plan = StepPlan(0, kv_transfer=ops)
     assert plan_ops.before_step(transfer, plan, NUM_BLOCKS) is True  # started beside the forward
     plan_ops.after_step(transfer, plan, True)

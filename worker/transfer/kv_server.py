@@ -181,7 +181,7 @@ class KVServer:
         t0 = time.perf_counter()
         with self._lock:
             lent = self._lends.get(request.request_id)
-            if lent is not None and request.block_ids and set(request.block_ids) <= set(lent):
+            if lent is not None and _is_run_of(request.block_ids, lent):
                 payload = gather_blocks(self.kv_caches, request.block_ids).numpy()  # (n, block_bytes), host memory
                 del self._lends[request.request_id]
                 self._sent.append(request.request_id)
@@ -189,7 +189,7 @@ class KVServer:
                 payload = None
         if payload is None:
             if lent is not None:
-                self._refuse(peer, "blocks", f"{request.request_id}: blocks {request.block_ids} are not among those lent")
+                self._refuse(peer, "blocks", f"{request.request_id}: blocks {request.block_ids} are not a run of those lent, in order")
             elif time.monotonic() < until:
                 self._parked.append(_ParkedRead(peer, request, until))
             else:
@@ -208,3 +208,13 @@ class KVServer:
         log.warning("KV transfer: refused a read (%s): %s", error, detail)
         self.counters.refusals[error] = self.counters.refusals.get(error, 0) + 1
         self._sock.send_multipart([peer, ENCODER.encode(PullReply(ok=False, error=error, detail=detail))])
+
+
+def _is_run_of(block_ids: list[int], lent: list[int]) -> bool:
+    """Whether ``block_ids`` are lent blocks, consecutive and in the table's order (a decode
+    engine reads the blocks after its own hits): any other list would put one block's KV at
+    another's positions."""
+    if not block_ids or block_ids[0] not in lent:
+        return False
+    start = lent.index(block_ids[0])
+    return lent[start : start + len(block_ids)] == block_ids
