@@ -228,6 +228,31 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
     })  # fmt: skip
 
 
+def _choice(i, delta, lp=None, finish_reason=None, stop_reason=None, token_ids=None) -> dict:
+    """One choice of a stream chunk. NOTE: as vLLM's (exclude_unset), stop_reason only on the chunk that finishes it."""
+    if finish_reason is None:
+        return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": None, "token_ids": token_ids}
+    return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish_reason, "stop_reason": stop_reason,
+            "token_ids": token_ids}  # fmt: skip
+
+
+async def _send_heads(resp, chunk, role: str, n: int, ids: list[int], with_ids: bool, continuous: bool, echo) -> None:
+    """The chunks before any output: as vLLM, the first of every choice carries only the role
+    (and names the prompt's ids, null unless return_token_ids); then, echoing, one chunk per choice."""
+    def use() -> dict | None:
+        return stream_usage(len(ids), 0, chat=True) if continuous else None
+
+    for i in range(n):
+        first = {"index": i, "delta": {"role": role, "content": ""}, "logprobs": None, "finish_reason": None}
+        head = chunk([first], use())
+        head["prompt_token_ids"], head["prompt_text"] = ids if with_ids else None, None
+        await send_event(resp, head)
+    if echo:
+        for i in range(n):
+            echoed = {"index": i, "delta": {"content": echo}, "logprobs": None, "finish_reason": None}
+            await send_event(resp, chunk([echoed], use()))
+
+
 async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids, echo) -> web.StreamResponse:
     created = now()
     include_usage, continuous = ctx.include_usage(req.stream_options)
@@ -249,14 +274,7 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
 
     with_ids = bool(req.return_token_ids)
 
-    def choice(i, delta, lp=None, finish_reason=None, stop_reason=None, token_ids=None) -> dict:
-        # NOTE: as vLLM's (exclude_unset), stop_reason only on the chunk that finishes the choice
-        if finish_reason is None:
-            return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": None, "token_ids": token_ids}
-        return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish_reason, "stop_reason": stop_reason,
-                "token_ids": token_ids}  # fmt: skip
-
-    text_chunk = TextChunk(lambda c: chunk([c]), lambda i, text: choice(i, {"content": text}))
+    text_chunk = TextChunk(lambda c: chunk([c]), lambda i, text: _choice(i, {"content": text}))
     # NOTE: with a tool parser (as vLLM's), every choice's text goes through its own parser.
     tools = [StreamedToolCalls(ctx.tool_parser, ctx.tokenizer, req, not ctx.strict_tool_calling) for _ in range(params.n)] if ctx.tool_parser else None
 
@@ -270,7 +288,7 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
         finish_reason = tools[d.index].finish_reason(d.finish_reason) if finished else None
         if texts is not None:
             ctx.output_log.delta(request_id, logged_delta(delta), d.token_ids, d.finish_reason)
-        return _encode(chunk([choice(d.index, delta, lp, finish_reason, d.stop_reason, d.token_ids if with_ids else None)], use))
+        return _encode(chunk([_choice(d.index, delta, lp, finish_reason, d.stop_reason, d.token_ids if with_ids else None)], use))
 
     def render(d) -> bytes | None:
         i = d.index
@@ -295,20 +313,10 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
         delta = {"content": d.text} if d.text or d.finish_reason is None else {}
         use = stream_usage(len(ids), sum(generated), chat=True) if continuous else None
         token_ids = d.token_ids if with_ids else None
-        return _encode(chunk([choice(i, delta, lp, d.finish_reason, d.stop_reason, token_ids)], use))
+        return _encode(chunk([_choice(i, delta, lp, d.finish_reason, d.stop_reason, token_ids)], use))
 
     try:
-        # NOTE: as vLLM, the first chunk of every choice carries only the role.
-        for i in range(params.n):
-            first = {"index": i, "delta": {"role": chat_role(ctx, req), "content": ""}, "logprobs": None, "finish_reason": None}
-            head = chunk([first], stream_usage(len(ids), 0, chat=True) if continuous else None)
-            # NOTE: as vLLM, every role chunk names the prompt's ids (null unless return_token_ids)
-            head["prompt_token_ids"], head["prompt_text"] = ids if with_ids else None, None
-            await send_event(resp, head)
-        if echo:  # NOTE: as vLLM, one chunk per choice after the role chunks
-            for i in range(params.n):
-                echoed = {"index": i, "delta": {"content": echo}, "logprobs": None, "finish_reason": None}
-                await send_event(resp, chunk([echoed], stream_usage(len(ids), 0, chat=True) if continuous else None))
+        await _send_heads(resp, chunk, chat_role(ctx, req), params.n, ids, with_ids, continuous, echo)
         await StreamedChoices(ctx, request, resp, render).run(choice_requests(request_id, [ids], params))
         if include_usage:
             await send_event(resp, chunk([], final_stream_usage(len(ids), sum(generated), ctx.cached(cached[0]))))

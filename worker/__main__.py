@@ -134,6 +134,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on CUDA: rows of the profiled step's logits and sampler pass, the scheduler's --max-num-seqs "
                         "(default %(default)s)")
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block (default %(default)s)")
+    _add_tier_flags(p, d)
+    p.add_argument("--seed", type=_seed, default=d.seed,
+                   help="global sampling seed: requests without a seed of their own draw from it, so they repeat "
+                        "across runs given the same requests in the same order (default %(default)s, as vLLM)")
+    p.add_argument("--http-port", type=int, default=d.http_port, help="/metrics and /health on 127.0.0.1 (default %(default)s; 0 disables)")
+    p.add_argument("--served-model-name", default=d.served_model_name,
+                   help="the model_name label of every metric, as the scheduler's (default %(default)s)")
+    p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
+                   help="log verbosity (default %(default)s)")
+    p.add_argument("--scheduler-timeout", type=float, default=d.scheduler_timeout_s, metavar="SECONDS",
+                   help="exit 3 (or reconnect) after this long without a message from the scheduler, or without "
+                        "WorkerReady after hello; the scheduler's --worker-timeout is the same (default %(default)s)")
+    p.add_argument("--reconnect", action="store_true",
+                   help="on scheduler timeout, drop every row and handshake again instead of exiting (default: off)")
+    p.add_argument("--curve-client-key", metavar="FILE", help="CURVE: this worker's secret certificate (NAME.key_secret) (default: no CURVE)")
+    p.add_argument("--curve-server-key", metavar="FILE", help="CURVE: the scheduler's public certificate (NAME.key) (default: no CURVE)")
+    _add_parallel_and_cpu_flags(p, d)
+    return p
+
+
+def _add_tier_flags(p: argparse.ArgumentParser, d: WorkerConfig) -> None:
+    """The host tier, the external tier below it, and P/D disaggregation's side channel."""
     p.add_argument("--kv-offloading-size", type=_gib, default=d.kv_offloading_size, metavar="GIB",
                    help="GiB of host memory for the offload tier of KV blocks, as vLLM's flag; allocated (pinned on CUDA) "
                         "before hello; 0: no host tier (default %(default)s)")
@@ -150,21 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-transfer-config", type=_kv_transfer_config, default=None, metavar="JSON",
                    help="P/D disaggregation, vLLM's flag: kv_role kv_producer serves lent blocks on a side channel, "
                         "kv_consumer pulls them, kv_both does either (worker/transfer/) (default: none)")
-    p.add_argument("--seed", type=_seed, default=d.seed,
-                   help="global sampling seed: requests without a seed of their own draw from it, so they repeat "
-                        "across runs given the same requests in the same order (default %(default)s, as vLLM)")
-    p.add_argument("--http-port", type=int, default=d.http_port, help="/metrics and /health on 127.0.0.1 (default %(default)s; 0 disables)")
-    p.add_argument("--served-model-name", default=d.served_model_name,
-                   help="the model_name label of every metric, as the scheduler's (default %(default)s)")
-    p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
-                   help="log verbosity (default %(default)s)")
-    p.add_argument("--scheduler-timeout", type=float, default=d.scheduler_timeout_s, metavar="SECONDS",
-                   help="exit 3 (or reconnect) after this long without a message from the scheduler, or without "
-                        "WorkerReady after hello; the scheduler's --worker-timeout is the same (default %(default)s)")
-    p.add_argument("--reconnect", action="store_true",
-                   help="on scheduler timeout, drop every row and handshake again instead of exiting (default: off)")
-    p.add_argument("--curve-client-key", metavar="FILE", help="CURVE: this worker's secret certificate (NAME.key_secret) (default: no CURVE)")
-    p.add_argument("--curve-server-key", metavar="FILE", help="CURVE: the scheduler's public certificate (NAME.key) (default: no CURVE)")
+
+
+def _add_parallel_and_cpu_flags(p: argparse.ArgumentParser, d: WorkerConfig) -> None:
+    """Tensor parallelism's group, and how the worker shares a CPU host."""
     p.add_argument("--tensor-parallel-size", type=int, default=d.tensor_parallel_size, metavar="N",
                    help="ranks of one torch.distributed group (gloo on CPU, NCCL on CUDA), each holding 1/N of the heads and "
                         "MLP; without --rank this process is rank 0 and starts the others on this host (default %(default)s)")
@@ -186,7 +197,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--serve-pid", type=int, default=None, metavar="PID",
                    help="the kvpool serve that started this worker (it passes its pid): its CPU use and its other "
                         "children's are the serve's own, not a neighbour's (default: none)")
-    return p
 
 
 def _check_external_tier(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:

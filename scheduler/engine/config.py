@@ -216,6 +216,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-metrics-sample", type=float, default=d.kv_cache_metrics_sample, metavar="FRACTION",
                    help="fraction of block allocations watched, in (0, 1] (default %(default)s: every block; vLLM's is 0.01)")  # fmt: skip
     _add_mfu_flags(p, d)
+    _add_tier_flags(p, d)
+    _add_retention_and_event_flags(p, d)
+    return p
+
+
+def _add_tier_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> None:
+    """The tiers below the device pool, and P/D disaggregation's connector."""
     g = p.add_argument_group("offload tier (vLLM's native CPU offloading)")
     g.add_argument("--kv-offloading-size", type=float, default=d.kv_offloading_size, metavar="GIB",
                    help="keep evicted KV blocks in host memory and load them back on a hit; the worker allocates the "
@@ -234,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help='{"kv_connector": "KVPoolConnector" (or "NixlConnector"), "kv_role": "kv_producer" | "kv_consumer" | '
                         '"kv_both", ...}: prefill engines lend a request\'s blocks, decode engines read them from the '
                         "prefill engine's worker (give the worker the same flag; docs/pd-disaggregation.md)")  # fmt: skip
+
+
+def _add_retention_and_event_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> None:
+    """What is evicted first, and the KV events routers read."""
     g = p.add_argument_group("retention (kvpool extensions)")
     g.add_argument("--kv-eviction-policy", choices=KV_EVICTION_POLICIES, default=d.kv_eviction_policy,
                    help="which free cached block is evicted first: lru (vLLM's), arc, lfu, s3fifo or cost; with "
@@ -256,7 +267,6 @@ def build_parser() -> argparse.ArgumentParser:
                         f"hash bytes; default from {INT_BLOCK_HASHES_ENV} (1 = ints, 0 = bytes) as in vLLM")  # fmt: skip
     g.add_argument("--data-parallel-rank", type=int, default=d.data_parallel_rank, metavar="RANK",
                    help="this replica's rank, sent in every batch so an indexer tells replicas apart (default %(default)s)")  # fmt: skip
-    return p
 
 
 def _add_mfu_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> None:
@@ -309,6 +319,44 @@ def _check_kv_transfer(p: argparse.ArgumentParser, a: argparse.Namespace) -> Non
         p.error(f"--kv-transfer-config with --kv-offloading-backend {a.kv_offloading_backend} is not supported together yet")
 
 
+def _check_security(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """CURVE's two files go together; without them only a loopback --host is bound."""
+    if (a.curve_secret_key is None) != (a.curve_authorized_keys is None):
+        p.error("--curve-secret-key and --curve-authorized-keys go together")
+    if a.curve_secret_key is not None:
+        try:
+            load_keypair(a.curve_secret_key)
+        except CurveKeyError as e:
+            p.error(str(e))
+        if not os.path.isdir(a.curve_authorized_keys):
+            p.error(f"--curve-authorized-keys {a.curve_authorized_keys} is not a folder")
+    elif not is_loopback(a.host):
+        p.error(f"--host {a.host} is not a loopback address: binding it without CURVE authentication is refused "
+                "(give --curve-secret-key and --curve-authorized-keys)")  # fmt: skip
+
+
+def _check_kv_events(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """The KV events' endpoints and bounds; the block-hash form from the environment when not given."""
+    if a.kv_events_replay_endpoint is not None and a.kv_events_endpoint is None:
+        p.error("--kv-events-replay-endpoint needs --kv-events-endpoint")
+    if a.kv_events_buffer_steps < 1 or a.kv_events_hwm < 1 or a.kv_events_max_queue_size < 1:
+        p.error("--kv-events-buffer-steps, --kv-events-hwm and --kv-events-max-queue-size must be positive")
+    if a.kv_events_int_block_hashes is None:
+        try:
+            a.kv_events_int_block_hashes = int_block_hashes_from_env(os.environ)
+        except ValueError as e:
+            p.error(str(e))
+    for flag, ep in (("--kv-events-endpoint", a.kv_events_endpoint), ("--kv-events-replay-endpoint", a.kv_events_replay_endpoint)):
+        if ep is not None:
+            try:
+                if flag == "--kv-events-endpoint" and not is_bind_endpoint(ep, a.kv_events_endpoint_mode):
+                    check_connect_endpoint(ep, flag)
+                else:
+                    check_local_endpoint(ep, flag, allow_remote=a.curve_secret_key is not None)
+            except ValueError as e:
+                p.error(str(e))
+
+
 def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
     p = build_parser()
     a = p.parse_args(argv)
@@ -338,22 +386,8 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
         p.error(f"--num-gpu-blocks-override must be at least 2 (block 0 is the null block), got {a.num_gpu_blocks_override}")
     if a.worker_timeout_s <= 0 or a.worker_reconnect_timeout_s <= 0:
         p.error("--worker-timeout and --worker-reconnect-timeout must be positive")
-    if (a.curve_secret_key is None) != (a.curve_authorized_keys is None):
-        p.error("--curve-secret-key and --curve-authorized-keys go together")
-    if a.curve_secret_key is not None:
-        try:
-            load_keypair(a.curve_secret_key)
-        except CurveKeyError as e:
-            p.error(str(e))
-        if not os.path.isdir(a.curve_authorized_keys):
-            p.error(f"--curve-authorized-keys {a.curve_authorized_keys} is not a folder")
-    elif not is_loopback(a.host):
-        p.error(f"--host {a.host} is not a loopback address: binding it without CURVE authentication is refused "
-                "(give --curve-secret-key and --curve-authorized-keys)")  # fmt: skip
-    if a.kv_events_replay_endpoint is not None and a.kv_events_endpoint is None:
-        p.error("--kv-events-replay-endpoint needs --kv-events-endpoint")
-    if a.kv_events_buffer_steps < 1 or a.kv_events_hwm < 1 or a.kv_events_max_queue_size < 1:
-        p.error("--kv-events-buffer-steps, --kv-events-hwm and --kv-events-max-queue-size must be positive")
+    _check_security(p, a)
+    _check_kv_events(p, a)
     if a.data_parallel_rank < 0:
         p.error(f"--data-parallel-rank must be non-negative, got {a.data_parallel_rank}")
     if not 0.0 <= a.kv_offloading_size < float("inf"):
@@ -372,20 +406,6 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
         p.error(f"--max-pinned-fraction must be in [0, 1), got {a.max_pinned_fraction}")
     if not 0.0 < a.kv_cache_metrics_sample <= 1.0:
         p.error(f"--kv-cache-metrics-sample must be in (0, 1], got {a.kv_cache_metrics_sample}")
-    if a.kv_events_int_block_hashes is None:
-        try:
-            a.kv_events_int_block_hashes = int_block_hashes_from_env(os.environ)
-        except ValueError as e:
-            p.error(str(e))
-    for flag, ep in (("--kv-events-endpoint", a.kv_events_endpoint), ("--kv-events-replay-endpoint", a.kv_events_replay_endpoint)):
-        if ep is not None:
-            try:
-                if flag == "--kv-events-endpoint" and not is_bind_endpoint(ep, a.kv_events_endpoint_mode):
-                    check_connect_endpoint(ep, flag)
-                else:
-                    check_local_endpoint(ep, flag, allow_remote=a.curve_secret_key is not None)
-            except ValueError as e:
-                p.error(str(e))
     try:
         a.log_stats_interval_s = float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10"))
     except ValueError:

@@ -90,17 +90,7 @@ class Request:
         # Of them, those loaded from the host tier (vLLM's external KV transfer).
         self.num_cached_tokens = -1
         self.num_external_cached_tokens = 0
-        # While its blocks load from the external tier or a prefill engine: (its tokens computed
-        # before the load, the blocks loading, its device hits' tokens, the tokens loading,
-        # whether it is a pull from a prefill engine); None otherwise.
-        self.external_load: tuple[int, int, int, int, bool] | None = None
-        # P/D disaggregation (scheduler/sched/pd_connector.py): the request's params (None
-        # once its blocks were pulled), and a prefill engine's answer, for its last output.
-        self.kv_transfer_params: KVTransferParams | None = None
-        self.kv_transfer_answer: dict[str, Any] | None = None
-        # Prompt tokens loaded whole but computed again (vLLM's replay: the last one of a prompt a
-        # prefill engine computed, to sample from); its prefill stats count them as loaded.
-        self.num_replay_tokens = 0
+        self._init_loads()
         # NOTE: ``block_hashes`` lets a caller that already hashed the prompt (the
         # offline what-if replay memoises shared trace prefixes) pass them in: they must
         # be what ``block_hasher`` would give; it hashes on from where they end.
@@ -121,6 +111,37 @@ class Request:
         # The KV cache manager's, written by its allocations and free only (see
         # KVCacheRequest); the scheduler reads it for its decode fast path.
         self.alloc_noop_until = 0
+        self._init_stops_and_sampling(max_tokens, ignore_eos, eos_token_id, stop_token_ids, min_tokens, sampling, grammar)
+        # The prompt logprobs the worker sent so far, until the first token takes them
+        # (scheduler.sched.prompt_logprobs); None when not asked, or not yet.
+        self.prompt_logprobs = None
+        # The scheduler's (the core never sees it): while the request holds fewer
+        # tokens than this, a sampled token fills no block, reaches no limit and is
+        # not its first: it is only appended (update_from_output's fast path). 0: not yet.
+        self.append_only_below = 0
+        # Speculative decoding (scheduler/spec/): the draft tokens to verify in its next
+        # step (never in all_token_ids, never hashed), and the proposer's index of its tokens.
+        self.spec_token_ids: list[int] = []
+        self.draft_index = None
+
+    def _init_loads(self) -> None:
+        """Nothing loading, nothing to pull or lend yet."""
+        # While its blocks load from the external tier or a prefill engine: (its tokens computed
+        # before the load, the blocks loading, its device hits' tokens, the tokens loading,
+        # whether it is a pull from a prefill engine); None otherwise.
+        self.external_load: tuple[int, int, int, int, bool] | None = None
+        # P/D disaggregation (scheduler/sched/pd_connector.py): the request's params (None
+        # once its blocks were pulled), and a prefill engine's answer, for its last output.
+        self.kv_transfer_params: KVTransferParams | None = None
+        self.kv_transfer_answer: dict[str, Any] | None = None
+        # Prompt tokens loaded whole but computed again (vLLM's replay: the last one of a prompt a
+        # prefill engine computed, to sample from); its prefill stats count them as loaded.
+        self.num_replay_tokens = 0
+
+    def _init_stops_and_sampling(self, max_tokens: int, ignore_eos: bool, eos_token_id: int | Sequence[int] | None,
+                                 stop_token_ids: Iterable[int], min_tokens: int, sampling: SamplingParams | None,
+                                 grammar: GrammarSpec | None) -> None:  # fmt: skip
+        """Where it stops, and what the worker samples it with."""
         # Where it stops: at this many tokens (the scheduler caps it at max_model_len),
         # or after sampling one of stop_token_ids (the model's EOS ids unless
         # ignore_eos, and the request's own), once it has min_tokens outputs.
@@ -141,17 +162,6 @@ class Request:
         # vLLM's: a request for prompt logprobs never reads the prefix cache (every prompt
         # position must be computed to be scored); it still caches its own full blocks.
         self.skip_reading_prefix_cache = sampling is not None and sampling.prompt_logprobs is not None
-        # The prompt logprobs the worker sent so far, until the first token takes them
-        # (scheduler.sched.prompt_logprobs); None when not asked, or not yet.
-        self.prompt_logprobs = None
-        # The scheduler's (the core never sees it): while the request holds fewer
-        # tokens than this, a sampled token fills no block, reaches no limit and is
-        # not its first: it is only appended (update_from_output's fast path). 0: not yet.
-        self.append_only_below = 0
-        # Speculative decoding (scheduler/spec/): the draft tokens to verify in its next
-        # step (never in all_token_ids, never hashed), and the proposer's index of its tokens.
-        self.spec_token_ids: list[int] = []
-        self.draft_index = None
 
     @property
     def num_tokens(self) -> int:
