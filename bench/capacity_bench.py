@@ -88,7 +88,7 @@ def run(
         "groups": len(groups), "kv_tensors": num_kv_tensors(groups), "num_blocks": num_blocks, "peak_running": peak_running,
         "peak_decoding": peak_decoding, "preemptions": sched.num_preemptions, "peak_usage": 1 - kv.min_num_free_blocks / (num_blocks - 1),
         "steps": steps,
-    }  # fmt: skip
+    }
 
 
 def rows() -> list[Row]:

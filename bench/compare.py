@@ -77,14 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="checkpoint folder (default: the generated one --checkpoint names)")
     p.add_argument("--checkpoint", default=None, choices=CHECKPOINTS,
                    help="a generated checkpoint: tiny (a Llama, the default), llama50m (a 51M Llama in bfloat16) or gemma3 (Gemma 3's 5 sliding : 1 full "
-                        "layers, a 128-token window: the hybrid KV-cache groups' row, make compare-hybrid)")  # fmt: skip
+                        "layers, a 128-token window: the hybrid KV-cache groups' row, make compare-hybrid)")
     p.add_argument("--engines", default="vllm,kvpool", help="comma-separated, in run order (default %(default)s)")
     p.add_argument("--workloads", default="", help="comma-separated subset of prefix-c8,prefix-c64,small-pool,prefix-long,mooncake (default all; prefix-long "
-                        "by default only with several KV-cache groups, small-pool never with them)")  # fmt: skip
+                        "by default only with several KV-cache groups, small-pool never with them)")
     p.add_argument("--block-size", type=int, default=32, help="a multiple of 32: vLLM's CPU attention needs it")
     p.add_argument("--num-blocks", type=int, default=None,
                    help=f"the pool of the main workloads (null block included; default {NUM_BLOCKS}, "
-                        f"{HYBRID_NUM_BLOCKS} with several KV-cache groups, whose requests hold blocks in each)")  # fmt: skip
+                        f"{HYBRID_NUM_BLOCKS} with several KV-cache groups, whose requests hold blocks in each)")
     p.add_argument("--small-num-blocks", type=int, default=64, help="the pool of small-pool, which must preempt")
     p.add_argument("--small-concurrency", type=int, default=64, help="the small-pool workload's concurrency (default %(default)s: the whole load at once, so the schedule depends least on arrival times)")
     p.add_argument("--max-num-seqs", type=int, default=64)
@@ -97,19 +97,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="both servers' --kv-cache-dtype (fp8: one-byte KV; the agreement row then compares fp8 runs)")
     p.add_argument("--kv-space-gib", type=int, default=0, metavar="GIB",
                    help="size the main pool from this KV space on both (vLLM's VLLM_CPU_KVCACHE_SPACE, kvpool's "
-                        "--kv-cache-memory), each engine counting its own blocks: the KV blocks row; 0: --num-blocks on both")  # fmt: skip
+                        "--kv-cache-memory), each engine counting its own blocks: the KV blocks row; 0: --num-blocks on both")
     p.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1),
                    help="compute threads of both servers, on the same cores: OMP_NUM_THREADS for kvpool's worker, "
-                        "VLLM_CPU_OMP_THREADS_BIND for vLLM's (default: each engine's own rule, the cores less one: %(default)s)")  # fmt: skip
+                        "VLLM_CPU_OMP_THREADS_BIND for vLLM's (default: each engine's own rule, the cores less one: %(default)s)")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--repeat", type=int, default=3,
                    help="runs of each speed workload (prefix-c8, prefix-c64) on each server, new prompts each time; "
-                        "the table shows each figure's median, counters summed (default %(default)s)")  # fmt: skip
+                        "the table shows each figure's median, counters summed (default %(default)s)")
     p.add_argument("--trace", default=None, help=f"a Mooncake trace, '' for none (default {DEFAULT_TRACE} where it exists)")
     p.add_argument("--trace-requests", type=int, default=64)
     p.add_argument("--trace-time-scale", type=float, default=0.25, help="multiplies the trace's arrival times")
     p.add_argument("--usage-period", type=float, default=0.25, metavar="SECONDS",
-                   help="how often the KV usage gauge is sampled (a /metrics page costs each server a few ms)")  # fmt: skip
+                   help="how often the KV usage gauge is sampled (a /metrics page costs each server a few ms)")
     p.add_argument("--agreement-prompts", type=int, default=64, help="0: no agreement row")
     p.add_argument("--agreement-tokens", type=int, default=32)
     p.add_argument("--no-lm-eval", action="store_true", help="no lm-eval row (bench/lm_eval_tasks.py, on the agreement run's server)")
@@ -183,7 +183,7 @@ def run_pool(engine: str, model: Path, cfg: ServerConfig, workloads, a, tag: str
         s.wait_ready(a.ready_timeout)
         blocks = num_gpu_blocks(scrape_page(s.url))
         print(f"compare: {engine} ready in {time.monotonic() - t0:.0f} s ({blocks} blocks of {cfg.block_size}, {cfg.dtype}, "
-              f"{cfg.kv_cache_dtype} KV cache)", flush=True)  # fmt: skip
+              f"{cfg.kv_cache_dtype} KV cache)", flush=True)
         # NOTE: the same warm-up on both servers before any figure is taken: vLLM's first
         # requests after start-up pay for its compiled graph's first runs.
         vocab = json.loads((model / "config.json").read_text())["vocab_size"]
@@ -211,7 +211,7 @@ def run_pool(engine: str, model: Path, cfg: ServerConfig, workloads, a, tag: str
             each = f" (runs: {rates})" if len(runs) > 1 else ""
             print(f"compare: {engine} {w.name}: {fig['output_throughput']:.0f} output tok/s{each}, "
                   f"queries {fig['vllm:prefix_cache_queries']:.0f}, hits {fig['vllm:prefix_cache_hits']:.0f}, "
-                  f"preemptions {fig['vllm:num_preemptions']:.0f}", flush=True)  # fmt: skip
+                  f"preemptions {fig['vllm:num_preemptions']:.0f}", flush=True)
         if workloads:  # the metrics row compares the pages after the same workloads
             results.setdefault(METRICS, {}).setdefault(tag, {})[engine] = scrape_page(s.url)
         if prompts and not a.no_lm_eval:  # NOTE: on the float32 server of the agreement run
@@ -266,7 +266,7 @@ def settle_args(a) -> None:
 def pool_configs(a) -> dict[str, ServerConfig]:
     """Both engines' settings for the main pool and the small one."""
     main_cfg = ServerConfig(a.block_size, a.num_blocks, a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
-                            a.dtype, not a.no_prefix_caching, kv_cache_dtype=a.kv_cache_dtype, kv_space_gib=a.kv_space_gib)  # fmt: skip
+                            a.dtype, not a.no_prefix_caching, kv_cache_dtype=a.kv_cache_dtype, kv_space_gib=a.kv_space_gib)
     # NOTE: vLLM refuses to start unless the pool holds one max_model_len request (the
     # null block excluded), so the small pool's max_model_len is cut to fit it.
     small_len = min(a.max_model_len, (a.small_num_blocks - 1) * a.block_size)
@@ -299,14 +299,14 @@ def run_all(model: Path, pools: dict[str, ServerConfig], workloads, vocab: int, 
         ids = {e: run_pool(e, model, f32, [], a, "float32", results, prompts) for e in a.engines}
     if len(ids) == 2:
         agree = agreement(ids) | {"kv_cache_dtype": pools["main"].kv_cache_dtype, "window": a.window,
-                                  "prompt_len": len(prompts[0]), "goal_fraction": 1.0 if a.num_kv_groups > 1 else 0.95}  # fmt: skip
+                                  "prompt_len": len(prompts[0]), "goal_fraction": 1.0 if a.num_kv_groups > 1 else 0.95}
     if any(w.name == "small-pool" for w in workloads):
         results[QUEUED] = run_queued(model, pools["small"], vocab, a, errors)
     return results, agree, errors
 
 
 def write_report(a, model: Path, main_cfg: ServerConfig, workloads, results: dict, agree: dict, errors: dict[str, str],
-                 load_before: tuple[float, float, float], t0: float) -> None:  # fmt: skip
+                 load_before: tuple[float, float, float], t0: float) -> None:
     """The table on stdout, every figure in the result JSON, the ratios' PNG."""
     shared = {w.name: w.shared_prefix for w in workloads} | {QUEUED: True}
     metrics_rows, metrics = metrics_report(results.pop(METRICS, {}))
@@ -319,7 +319,7 @@ def write_report(a, model: Path, main_cfg: ServerConfig, workloads, results: dic
            "workloads": {w.name: {"what": w.what, "pool": w.pool, "client_args": list(w.args)} for w in workloads},
            "results": results, "agreement": agree, LM_EVAL: lm_eval, "metrics": metrics, "table": table, "errors": errors,
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before": load_before,
-                       "loadavg_after": os.getloadavg(), "wall_s": round(time.monotonic() - t0, 1)}}  # fmt: skip
+                       "loadavg_after": os.getloadavg(), "wall_s": round(time.monotonic() - t0, 1)}}
     result_json = a.result_json or a.out / "compare.json"
     result_json.write_text(json.dumps(doc, indent=2) + "\n")
     plot = a.plot or a.out / "compare.png"

@@ -53,7 +53,7 @@ def shared_generated_blocks(prompts: list[list[int]], outputs: list[list[int]], 
 
 
 def run_vllm(root: Path, model: Path, cfg: ServerConfig, prompts: list[list[int]], max_tokens: int,
-             env: dict[str, str], out: Path, timeout_s: float) -> dict:  # fmt: skip
+             env: dict[str, str], out: Path, timeout_s: float) -> dict:
     """vLLM's counters for the queued run, and its outputs (key "outputs")."""
     out.mkdir(parents=True, exist_ok=True)
     spec, result, log_path = out / "queued_spec.json", out / "queued_result.json", out / "queued.log"
@@ -80,9 +80,9 @@ def run_kvpool(cfg: ServerConfig, prompts: list[list[int]], max_tokens: int, voc
         raise ValueError("the queued comparison needs prefix caching on (the simulator always caches)")
     samples = [SampleRequest(p, max_tokens) for p in prompts]
     sim = SimConfig(num_blocks=cfg.num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
-                    max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len)  # fmt: skip
+                    max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len)
     r = simulate(SampleWorkload(samples, [0.0] * len(samples), vocab), sim)
     if r.num_finished != len(prompts):
         raise RuntimeError(f"kvpool's queued run finished {r.num_finished} of {len(prompts)} requests")
     return {"vllm:num_preemptions": r.num_preemptions, "vllm:prefix_cache_queries": r.prefix_cache_queries,
-            "vllm:prefix_cache_hits": r.prefix_cache_hits}  # fmt: skip
+            "vllm:prefix_cache_hits": r.prefix_cache_hits}

@@ -70,7 +70,7 @@ def rows(results: dict, shared: dict[str, bool], hybrid: bool = False) -> list[d
             met = None if g is None or a is None or b is None else bool(g[1](a, b))
             ratio = (b / a) if isinstance(a, int | float) and isinstance(b, int | float) and a else None
             out.append({"workload": w, "figure": label, "key": key, "vllm": a, "kvpool": b, "ratio": ratio,
-                        "goal": g[0] if g else "", "met": met})  # fmt: skip
+                        "goal": g[0] if g else "", "met": met})
     return out
 
 
@@ -85,7 +85,7 @@ def agreement_row(agree: dict) -> dict:
     need = agree.get("goal_fraction", 0.95)
     return {"workload": "agreement", "figure": f"greedy identical ({what})", "key": "fraction_identical",
             "vllm": 1.0, "kvpool": a, "ratio": a, "goal": "= 100%" if need == 1.0 else f">= {need:.0%}",
-            "met": None if a is None else a >= need}  # fmt: skip
+            "met": None if a is None else a >= need}
 
 
 def fmt_number(x) -> str:
@@ -101,7 +101,7 @@ def format_table(table: list[dict]) -> str:
     frac = ("peak_kv_cache_usage_perc", "peak_kv_cache_usage_since_start", "fraction_identical")
     f = lambda r, x: "-" if x is None else f"{x:.3f}" if r["key"] in frac else f"{x:.1e}" if r["key"] in SCIENTIFIC else fmt_number(x)  # noqa: E731
     body = [(r["workload"], r["figure"], f(r, r["vllm"]), f(r, r["kvpool"]), "-" if r["ratio"] is None else f"{r['ratio']:.3f}", r["goal"],
-             {True: "yes", False: "NO", None: ""}[r["met"]]) for r in table]  # fmt: skip
+             {True: "yes", False: "NO", None: ""}[r["met"]]) for r in table]
     return align(head, body)
 
 

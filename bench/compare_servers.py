@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from frontend.launcher import kv_bytes_per_block
 
 COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
-            "vllm:prompt_tokens", "vllm:generation_tokens")  # fmt: skip
+            "vllm:prompt_tokens", "vllm:generation_tokens")
 USAGE = "vllm:kv_cache_usage_perc"
 # kvpool's exact peak of USAGE since start, taken at every allocation (vLLM has none: its
 # side's peak is the sampled one).
@@ -69,7 +69,7 @@ class ServerConfig:
                 "--max-model-len", str(self.max_model_len), "--dtype", self.dtype,
                 "--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching",
                 *(["--kv-cache-metrics", "--kv-cache-metrics-sample", str(self.kv_cache_metrics_sample)]
-                  if self.kv_cache_metrics else ["--no-kv-cache-metrics"])]  # fmt: skip
+                  if self.kv_cache_metrics else ["--no-kv-cache-metrics"])]
 
 
 def free_port() -> int:
@@ -99,7 +99,7 @@ def vllm_env(cache: Path, cfg: ServerConfig, model: Path, threads: int | None) -
     gib = cfg.kv_space_gib or max(1, -(-cfg.num_blocks * cfg.bytes_per_block(model) // 2**30))
     env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": str(gib),
            "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}  # fmt: skip
+           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
     if threads is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:threads])
     return env
@@ -118,7 +118,7 @@ class Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True)  # fmt: skip
+                                     start_new_session=True)
         return self
 
     def __exit__(self, *exc) -> None:

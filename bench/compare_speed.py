@@ -65,13 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", default="prefix", choices=WORKLOADS,
                    help="prefix: prefix_repetition; sharegpt: vllm bench serve's ShareGPT; multiturn: multi-turn chats, greedy (default %(default)s)")
     p.add_argument("--sampling", default="greedy,default",
-                   help="comma-separated: greedy (temperature 0), default (no temperature sent) (default %(default)s)")  # fmt: skip
+                   help="comma-separated: greedy (temperature 0), default (no temperature sent) (default %(default)s)")
     p.add_argument("--concurrency", default="8,64", help="comma-separated client concurrencies (default %(default)s)")
     p.add_argument("--repeat", type=int, default=2, help="runs of each cell on each engine, alternating (default %(default)s)")
     p.add_argument("--engines", default="vllm,kvpool", help="comma-separated, the first to run on even repeats (default %(default)s)")
     p.add_argument("--threads", type=int, default=None,
                    help="both engines' compute threads on the same cores (OMP_NUM_THREADS, VLLM_CPU_OMP_THREADS_BIND); "
-                        "default: none set, each engine's own default")  # fmt: skip
+                        "default: none set, each engine's own default")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds a server may take to start (vLLM compiles)")
     p.add_argument("--bench-timeout", type=float, default=1800.0, help="seconds one vllm bench serve may take")
     p.add_argument("--out", type=Path, default=ROOT / "out/compare-speed", help="logs, bench results, caches (default %(default)s)")
@@ -172,20 +172,20 @@ def run_pair(checkpoint: str, dtype: str, a) -> dict[tuple[str, int], dict[str, 
         for e, s in servers.items():
             s.wait_ready(a.ready_timeout)
             print(f"compare_speed: {tag}: {e} ready after {time.monotonic() - t0:.0f} s, "
-                  f"{num_gpu_blocks(scrape_page(s.url))} blocks", flush=True)  # fmt: skip
+                  f"{num_gpu_blocks(scrape_page(s.url))} blocks", flush=True)
         s0, _, w0 = todo[0]
         warm = replace(w0, name="warmup", args=prefix_args(max(64, 2 * a.concurrency[0]), a.concurrency[0], 64, seed=WARMUP_SEED),
-                       client="vllm")  # fmt: skip
+                       client="vllm")
         for e, s in servers.items():  # NOTE: untimed: vLLM's first requests pay for its compiled graph's first runs
             run_bench(ROOT, s.url, model, NAME, warm, a.out / tag / e, a.bench_timeout, SAMPLING[s0])
         for rep, i, e in schedule(len(todo), a.engines, a.repeat):
             sampling, conc, w = todo[i]
             run = measured_run(servers[e], model, repeated(replace(w, name=f"{w.name}-r{rep}"), rep), SAMPLING[sampling],
-                               a.out / tag / e, a.bench_timeout)  # fmt: skip
+                               a.out / tag / e, a.bench_timeout)
             got[(sampling, conc)][e].append(run)
             print(f"compare_speed: {tag} rep {rep + 1}/{a.repeat} {sampling} c{conc} {e}: {run['output_throughput']:.0f} tok/s, "
                   f"TPOT p50 {run['median_tpot_ms']:.1f} ms, TTFT p50 {run['median_ttft_ms']:.0f} ms, "
-                  f"load {run['load_before']:.1f}->{run['load_after']:.1f}", flush=True)  # fmt: skip
+                  f"load {run['load_before']:.1f}->{run['load_after']:.1f}", flush=True)
     return got
 
 
@@ -233,13 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     print(format_matrix(table))
     cpu = cpu_capability()
     print(f"compare_speed: CPU {platform.processor() or platform.machine()}, torch capability {cpu['capability']}, "
-          f"native bf16 GEMM: {'yes' if cpu['native_bf16_gemm'] else 'no (kvpool runs bf16 projections in float32)'}")  # fmt: skip
+          f"native bf16 GEMM: {'yes' if cpu['native_bf16_gemm'] else 'no (kvpool runs bf16 projections in float32)'}")
     settings = asdict(ServerConfig()) | {k: getattr(a, k) for k in ("checkpoints", "workload", "dtypes", "sampling", "concurrency",
-                                                                    "repeat", "engines", "threads")}  # fmt: skip
+                                                                    "repeat", "engines", "threads")}
     settings.pop("dtype")
     doc = {"settings": settings, "table": table, "runs": runs, "errors": errors,
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), **cpu, "loadavg_before": load_before,
-                       "loadavg_after": os.getloadavg(), "wall_s": round(time.monotonic() - t0, 1)}}  # fmt: skip
+                       "loadavg_after": os.getloadavg(), "wall_s": round(time.monotonic() - t0, 1)}}
     result_json = a.result_json or a.out / "compare-speed.json"
     result_json.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"compare_speed: {result_json}")

@@ -39,7 +39,7 @@ def judge(v: dict, k: dict) -> dict:
              "TPOT": tpot is not None and tpot <= MAX_TPOT_RATIO,
              "TTFT": k["median_ttft_ms"] <= v["median_ttft_ms"],
              "queries": k[QUERIES] == v[QUERIES], "hits": k[HITS] == v[HITS],
-             "failed": k["failed"] == 0 and v["failed"] == 0}  # fmt: skip
+             "failed": k["failed"] == 0 and v["failed"] == 0}
     return {"toks_ratio": toks, "tpot_ratio": tpot, "parts": parts, "met": all(parts.values())}
 
 
@@ -51,7 +51,7 @@ def cell_row(cell: dict, runs: dict[str, list[dict]]) -> dict:
     g = judge(v, k) if v and k else dict.fromkeys(("toks_ratio", "tpot_ratio", "parts", "met"))
     return cell | {"vllm": v, "kvpool": k, **g,
                    "load_min": min((x["load_min"] for x in s.values()), default=None),
-                   "load_max": max((x["load_max"] for x in s.values()), default=None)}  # fmt: skip
+                   "load_max": max((x["load_max"] for x in s.values()), default=None)}
 
 
 def _pair(row: dict, key: str) -> tuple[str, str]:
@@ -64,7 +64,7 @@ def _ratio(x: float | None) -> str:
 
 def format_matrix(table: list[dict]) -> str:
     head = ("checkpoint", "dtype", "sampling", "conc", "vLLM tok/s", "kvpool tok/s", "ratio", "vLLM TPOT", "kvpool TPOT",
-            "ratio", "vLLM TTFT", "kvpool TTFT", "queries v/k", "hits v/k", "load", "met")  # fmt: skip
+            "ratio", "vLLM TTFT", "kvpool TTFT", "queries v/k", "hits v/k", "load", "met")
     body = []
     for r in table:
         q, h = _pair(r, QUERIES), _pair(r, HITS)
@@ -72,7 +72,7 @@ def format_matrix(table: list[dict]) -> str:
         met = "" if r["met"] is None else "yes" if r["met"] else "NO: " + ",".join(p for p, ok in r["parts"].items() if not ok)
         body.append((r["checkpoint"], r["dtype"], r["sampling"], str(r["concurrency"]), *_pair(r, "output_throughput"),
                      _ratio(r["toks_ratio"]), *_pair(r, "median_tpot_ms"), _ratio(r["tpot_ratio"]),
-                     *_pair(r, "median_ttft_ms"), "/".join(q), "/".join(h), load, met))  # fmt: skip
+                     *_pair(r, "median_ttft_ms"), "/".join(q), "/".join(h), load, met))
     goal = (f"goal: tok/s ratio >= {MIN_TOKS_RATIO}, TPOT p50 ratio <= {MAX_TPOT_RATIO}, TTFT p50 kvpool <= vLLM, queries and hits "
             "equal, no request failed (NO: failed)")
     return align(head, body, num_left=3) + "\n" + goal

@@ -26,7 +26,7 @@ from pathlib import Path
 
 BENCH_KEYS = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
               "output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
-              "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms")  # fmt: skip
+              "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms")
 SMALL_OUTPUT_LEN = 256  # small-pool's output tokens: long enough that the pool must preempt
 
 
@@ -43,18 +43,18 @@ class Workload:
 
 
 def prefix_args(num_prompts: int, concurrency: int, output_len: int, seed: int, prefix_len: int = 256,
-                suffix_len: int = 32) -> tuple[str, ...]:  # fmt: skip
+                suffix_len: int = 32) -> tuple[str, ...]:
     return ("--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", str(prefix_len),
             "--prefix-repetition-suffix-len", str(suffix_len), "--prefix-repetition-num-prefixes", "4",
             "--prefix-repetition-output-len", str(output_len), "--num-prompts", str(num_prompts),
-            "--max-concurrency", str(concurrency), "--ignore-eos", "--seed", str(seed))  # fmt: skip
+            "--max-concurrency", str(concurrency), "--ignore-eos", "--seed", str(seed))
 
 
 def sharegpt_args(path: Path, num_prompts: int, concurrency: int, seed: int) -> tuple[str, ...]:
     """``vllm bench serve --dataset-name sharegpt``: its own sampling and length filters,
     each conversation's first answer's length out (ignore_eos)."""
     return ("--dataset-name", "sharegpt", "--dataset-path", str(path), "--num-prompts", str(num_prompts),
-            "--max-concurrency", str(concurrency), "--ignore-eos", "--seed", str(seed))  # fmt: skip
+            "--max-concurrency", str(concurrency), "--ignore-eos", "--seed", str(seed))
 
 
 def multiturn_args(path: Path, users: int, rounds: int, output_len: int, seed: int) -> tuple[str, ...]:
@@ -62,7 +62,7 @@ def multiturn_args(path: Path, users: int, rounds: int, output_len: int, seed: i
     conversations at once, each ``rounds`` questions from ShareGPT after a shared system
     prompt, every round resending the history with the streamed answers, greedy."""
     return ("--dataset", "multiturn", "--dataset-path", str(path), "--num-users", str(users), "--num-rounds", str(rounds),
-            "--output-len", str(output_len), "--seed", str(seed))  # fmt: skip
+            "--output-len", str(output_len), "--seed", str(seed))
 
 
 def mooncake_slice(trace: Path, out: Path, num_requests: int, scale: int, max_model_len: int, max_output: int) -> Path:
@@ -77,7 +77,7 @@ def mooncake_slice(trace: Path, out: Path, num_requests: int, scale: int, max_mo
             if inp + outp > max_model_len:
                 continue
             rows.append({"timestamp": r["timestamp"], "input_length": inp, "output_length": outp,
-                         "hash_ids": r["hash_ids"]})  # fmt: skip
+                         "hash_ids": r["hash_ids"]})
             if len(rows) == num_requests:
                 break
     if not rows:
@@ -89,7 +89,7 @@ def mooncake_slice(trace: Path, out: Path, num_requests: int, scale: int, max_mo
 
 def mooncake_args(path: Path, chunk: int, concurrency: int, time_scale: float) -> tuple[str, ...]:
     return ("--dataset-name", "timed_trace", "--dataset-path", str(path), "--timed-trace-chunk-hash-size", str(chunk),
-            "--timed-trace-sec-multiplier", str(0.001 * time_scale), "--num-prompts", "1000000", "--max-concurrency", str(concurrency))  # fmt: skip
+            "--timed-trace-sec-multiplier", str(0.001 * time_scale), "--num-prompts", "1000000", "--max-concurrency", str(concurrency))
 
 
 def default_workloads(a) -> list[Workload]:
@@ -98,12 +98,12 @@ def default_workloads(a) -> list[Workload]:
         Workload("prefix-c64", "main", prefix_args(max(a.num_prompts, 128), 64, 64, seed=2), "shared prefix, concurrency 64", True),
         Workload("small-pool", "small", prefix_args(a.num_prompts, a.small_concurrency, SMALL_OUTPUT_LEN, seed=3),
                  f"{a.small_num_blocks} blocks, 256 out, concurrency {a.small_concurrency}"),
-    ]  # fmt: skip
+    ]
     if a.num_kv_groups > 1 or "prefix-long" in a.workloads:
         # NOTE: prompts 8 windows of Gemma 3's tiny checkpoint long: most of each prompt's
         # sliding-window blocks are freed while it decodes, and hits need every group.
         ws.append(Workload("prefix-long", "main", prefix_args(a.num_prompts // 2, 8, 128, seed=4, prefix_len=1024, suffix_len=64),
-                           "1,024-token prefixes, 64-token suffixes, 128 out, concurrency 8", True))  # fmt: skip
+                           "1,024-token prefixes, 64-token suffixes, 128 out, concurrency 8", True))
     if a.num_kv_groups > 1:
         # NOTE: vLLM refuses a pool that cannot hold one max_model_len request in every
         # group; 64 blocks over several groups leave max_model_len too short for it.
@@ -114,7 +114,7 @@ def default_workloads(a) -> list[Workload]:
         scale = 512 // a.block_size
         path = mooncake_slice(Path(a.trace), a.out / "mooncake_slice.jsonl", a.trace_requests, scale, a.max_model_len, 64)
         ws.append(Workload("mooncake", "main", mooncake_args(path, a.block_size, 8, a.trace_time_scale),
-                           f"{Path(a.trace).name}, first {a.trace_requests} fitting, lengths / {scale}"))  # fmt: skip
+                           f"{Path(a.trace).name}, first {a.trace_requests} fitting, lengths / {scale}"))
     return [w for w in ws if not a.workloads or w.name in a.workloads]
 
 
@@ -145,7 +145,7 @@ def combine_runs(runs: list[dict], counters: tuple[str, ...]) -> dict:
 
 
 def bench_command(root: Path, url: str, model: Path, name: str, w: Workload, result: Path,
-                  temperature: float | None = 0.0) -> list[str]:  # fmt: skip
+                  temperature: float | None = 0.0) -> list[str]:
     """``vllm bench serve``'s command line for one run of w, saving its JSON to result.
     ``temperature`` None sends none: the server's default sampling (temperature 1), as
     ``vllm bench serve`` does by default."""
@@ -153,11 +153,11 @@ def bench_command(root: Path, url: str, model: Path, name: str, w: Workload, res
     return [str(root / ".venv-vllm/bin/vllm"), "bench", "serve", "--backend", "vllm", "--base-url", url,
             "--endpoint", "/v1/completions", "--model", name, "--tokenizer", str(model), *temp,
             *w.args, "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-            "--save-result", "--result-dir", str(result.parent), "--result-filename", result.name, "--disable-tqdm"]  # fmt: skip
+            "--save-result", "--result-dir", str(result.parent), "--result-filename", result.name, "--disable-tqdm"]
 
 
 def run_bench(root: Path, url: str, model: Path, name: str, w: Workload, out: Path, timeout_s: float,
-              temperature: float | None = 0.0) -> dict:  # fmt: skip
+              temperature: float | None = 0.0) -> dict:
     """One ``vllm bench serve`` run; its result JSON's figures (``temperature``: see
     bench_command)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -182,7 +182,7 @@ def run_loadgen(root: Path, url: str, model: Path, name: str, w: Workload, out: 
     result = out / f"{w.name}.json"
     result.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "loadgen", "--backend", "openai-chat", "--base-url", url, "--model", name,
-           "--tokenizer", str(model), "--metrics-url", "", *w.args, "--result-json", str(result)]  # fmt: skip
+           "--tokenizer", str(model), "--metrics-url", "", *w.args, "--result-json", str(result)]
     with open(out / f"{w.name}.log", "wb") as log:
         p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, cwd=root)
     if p.returncode not in (0, 1) or not result.exists():  # NOTE: 1: some request failed; the summary counts it
@@ -191,7 +191,7 @@ def run_loadgen(root: Path, url: str, model: Path, name: str, w: Workload, out: 
     return {"completed": s["completed"], "failed": s["failed"], "duration": s["duration_s"],
             "total_input_tokens": s["total_input_tokens"], "total_output_tokens": s["total_output_tokens"],
             "request_throughput": s["request_throughput"], "output_throughput": s["output_throughput"],
-            **{f"{stat}_{k}": (s[k] or {}).get(stat) for k in ("ttft_ms", "tpot_ms") for stat in ("mean", "median", "p99")}}  # fmt: skip
+            **{f"{stat}_{k}": (s[k] or {}).get(stat) for k in ("ttft_ms", "tpot_ms") for stat in ("mean", "median", "p99")}}
 
 
 def shared_prefix_prompts(n: int, vocab: int, prefix_len: int, suffix_len: int, seed: int) -> list[list[int]]:
@@ -213,7 +213,7 @@ def greedy_token_ids(url: str, name: str, prompts: list[list[int]], max_tokens: 
 
     def one(prompt: list[int]) -> list[int] | None:
         body = {"model": name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-                "logprobs": 1, "return_tokens_as_token_ids": True}  # fmt: skip
+                "logprobs": 1, "return_tokens_as_token_ids": True}
         req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as r:
@@ -232,4 +232,4 @@ def agreement(ids: dict[str, list]) -> dict:
     same = sum(1 for x, y in zip(v, k, strict=True) if x is not None and x == y)
     return {"dtype": "float32", "num_requests": len(v), "num_identical": same,
             "num_failed": sum(1 for x, y in zip(v, k, strict=True) if x is None or y is None),
-            "fraction_identical": same / len(v) if v else None}  # fmt: skip
+            "fraction_identical": same / len(v) if v else None}

@@ -93,7 +93,7 @@ def _setup(num_running: int, num_steps: int, idents: list[bytes]) -> Scheduler:
     hasher = BlockHasher(BS)
     for i in range(num_running):
         sched.add_request(Request(f"r{i}", _prompt(i, CONTEXT), MAX_MODEL_LEN // 2, seq_id=i, ignore_eos=True,
-                                  block_hasher=hasher, client_id=idents[i % len(idents)]))  # fmt: skip
+                                  block_hasher=hasher, client_id=idents[i % len(idents)]))
     out = sched.schedule()
     ids = [r.seq_id for r in out.scheduled]
     sched.update_from_output(StepResult(out.plan.step_id, ids, [SAMPLED] * len(ids)))
@@ -126,7 +126,7 @@ async def _engine_steps(num_running: int, batched: bool, cycles: int) -> tuple[f
                 if not batched:  # the old way: a frame per request, each an awaited asyncio send
                     encode = client_codec.encode
                     failed = [c for c, b in batches.items() for o in b.outputs
-                              if not await port.send(c, encode(EngineCoreOutputs([o])))]  # fmt: skip
+                              if not await port.send(c, encode(EngineCoreOutputs([o])))]
                 else:
                     failed = send_outputs(port, client_codec, batches)
                 assert not failed, failed

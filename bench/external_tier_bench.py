@@ -72,7 +72,7 @@ def scrape(url: str) -> dict[str, float]:
 
 def serve_flags(backend: str, args: argparse.Namespace, work: Path, store) -> list[str]:
     flags = ["--num-gpu-blocks-override", str(args.device_blocks), "--max-model-len", str(args.max_model_len),
-             "--enable-prompt-tokens-details"]  # fmt: skip
+             "--enable-prompt-tokens-details"]
     if backend == "memory":
         flags += ["--kv-offloading-size", f"{2 * args.device_blocks * BLOCK_BYTES / 2**30:.6f}"]
     elif backend == "disk":
@@ -85,7 +85,7 @@ def serve_flags(backend: str, args: argparse.Namespace, work: Path, store) -> li
 def start(model: Path, backend: str, args: argparse.Namespace, work: Path, store, name: str) -> Server:
     port = free_port()
     cmd = [str(ROOT / ".venv/bin/kvpool"), "serve", str(model), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "smollm2",
-           "--log-dir", str(work / f"logs-{name}"), *serve_flags(backend, args, work, store)]  # fmt: skip
+           "--log-dir", str(work / f"logs-{name}"), *serve_flags(backend, args, work, store)]
     server = Server(f"kvpool-{backend}", cmd, {}, work / f"{name}.log", port)
     server.__enter__()
     server.wait_ready(300)
@@ -97,7 +97,7 @@ def run_chats(server: Server, model: Path, chats: Path, args: argparse.Namespace
     cmd = [sys.executable, "-m", "loadgen", "--backend", "openai-chat", "--base-url", server.url, "--model", "smollm2",
            "--tokenizer", str(model), "--dataset", "multiturn", "--dataset-path", str(chats), "--num-users", str(args.users),
            "--num-rounds", str(args.rounds), "--output-len", str(args.output_len), "--system-prompt-words", str(args.system_prompt_words),
-           "--seed", "1", "--result-json", str(out)]  # fmt: skip
+           "--seed", "1", "--result-json", str(out)]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, timeout=1800)
     after = scrape(server.url)
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
@@ -107,7 +107,7 @@ def run_chats(server: Server, model: Path, chats: Path, args: argparse.Namespace
     ttft = result["ttft_ms"]
     cached = round((result.get("client_cached_token_frac") or 0.0) * result["total_input_tokens"])
     return RunFigures(hits / queries if queries else 0.0, cached, int(queries),
-                      ttft["median"], ttft["p99"], int(result["failed"]))  # fmt: skip
+                      ttft["median"], ttft["p99"], int(result["failed"]))
 
 
 def kill_service(server: Server) -> None:
@@ -144,15 +144,15 @@ def rows(results: dict[str, dict[str, RunFigures]]) -> list[Row]:
         cold, warm, again = figs["cold"], figs["warm"], figs["restarted"]
         tier = backend != "none" and base is not None
         out.append(Row(f"{backend}: cold hit rate", cold.hit_rate, "",
-                       ">= 2x none" if tier else "", cold.hit_rate >= 2 * base["cold"].hit_rate if tier else None))  # fmt: skip
+                       ">= 2x none" if tier else "", cold.hit_rate >= 2 * base["cold"].hit_rate if tier else None))
         out.append(Row(f"{backend}: cold TTFT p50 (ms)", cold.ttft_p50_ms, "",
-                       "< none" if tier else "", cold.ttft_p50_ms < base["cold"].ttft_p50_ms if tier else None))  # fmt: skip
+                       "< none" if tier else "", cold.ttft_p50_ms < base["cold"].ttft_p50_ms if tier else None))
         out.append(Row(f"{backend}: cold TTFT p99 (ms)", cold.ttft_p99_ms, "", "", None))
         out.append(Row(f"{backend}: warm hit rate", warm.hit_rate, "", "", None))
         ratio = again.cached_tokens / warm.cached_tokens if warm.cached_tokens else 0.0
         persistent = backend in ("disk", "mooncake")
         out.append(Row(f"{backend}: cached tokens after kill -9 / warm run's", ratio, "",
-                       ">= 0.9" if persistent else "", ratio >= 0.9 if persistent else None))  # fmt: skip
+                       ">= 0.9" if persistent else "", ratio >= 0.9 if persistent else None))
         out.append(Row(f"{backend}: restarted TTFT p50 (ms)", again.ttft_p50_ms, "", "", None))
         failed = cold.failed + warm.failed + again.failed
         if failed:

@@ -67,7 +67,7 @@ SIM_SEEDS, PATH_JITTER = 8, 0.5
 METRICS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
            "vllm:e2e_request_latency_seconds_sum", "vllm:e2e_request_latency_seconds_count",
            "vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count",
-           "vllm:request_prefill_time_seconds_sum", "vllm:request_prefill_time_seconds_count")  # fmt: skip
+           "vllm:request_prefill_time_seconds_sum", "vllm:request_prefill_time_seconds_count")
 
 
 @dataclass
@@ -80,7 +80,7 @@ class Timing:
 
     def add(self, other: Timing) -> Timing:
         return Timing(self.requests + other.requests, self.client_s + other.client_s,
-                      tuple(a + b for a, b in zip(self.metrics, other.metrics, strict=True)))  # fmt: skip
+                      tuple(a + b for a, b in zip(self.metrics, other.metrics, strict=True)))
 
     def value(self, name: str) -> float:
         return self.metrics[METRICS.index(name)]
@@ -116,7 +116,7 @@ def _post(url: str, body: dict) -> dict:
 
 
 def run_live(model: str, work: Path, prompts: list[str], policies=POLICIES, stream: bool = False,
-             runs: int = LIVE_RUNS) -> tuple[dict[str, list[float]], dict[str, Timing], list[list[int]]]:  # fmt: skip
+             runs: int = LIVE_RUNS) -> tuple[dict[str, list[float]], dict[str, Timing], list[list[int]]]:
     """Each policy's live aggregate hit rates, one a run (a fresh router and flushed
     caches each), its runs' `Timing`, and the prompts as the replicas tokenize them;
     ``stream``: the client streams every request."""
@@ -130,7 +130,7 @@ def run_live(model: str, work: Path, prompts: list[str], policies=POLICIES, stre
         for i in range(2):
             endpoints.append(f"tcp://127.0.0.1:{free_port()}")
             replicas.append(Replica(model, work / f"r{i}", "--dev-mode", "--num-gpu-blocks-override", str(NUM_BLOCKS),
-                                    "--max-model-len", "512", "--kv-events-endpoint", endpoints[i]))  # fmt: skip
+                                    "--max-model-len", "512", "--kv-events-endpoint", endpoints[i]))
             replicas[-1].wait_ready()
         token_prompts = [_post(replicas[0].url + "/tokenize", {"model": model, "prompt": p})["tokens"] for p in prompts]
         for policy in policies:
@@ -150,7 +150,7 @@ def run_live(model: str, work: Path, prompts: list[str], policies=POLICIES, stre
 
 
 def _live_run(replicas: list[Replica], policy: str, extra: list[str], log: Path, model: str, prompts: list[str],
-              stream: bool) -> tuple[float, Timing]:  # fmt: skip
+              stream: bool) -> tuple[float, Timing]:
     router = Router([r.url for r in replicas], policy, log, *extra)
     body = {"model": model, "max_tokens": MAX_TOKENS, "stream": stream}
 
@@ -210,12 +210,12 @@ def run_simulated(token_prompts: list[list[int]], cal: Calibration, policies=POL
     wl = SampleWorkload(samples, [0.0] * len(samples), vocab)
     # NOTE: the replicas' engine settings (kvpool serve's defaults, the pools above).
     cfg = SimConfig(NUM_BLOCKS, BLOCK_SIZE, max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=512,
-                    step_overhead_ms=cal.step_overhead_ms, ms_per_token=cal.ms_per_token)  # fmt: skip
+                    step_overhead_ms=cal.step_overhead_ms, ms_per_token=cal.ms_per_token)
     out = {}
     for p in policies:
         rates = [simulate_fleet(wl, cfg, 2, p, max_concurrency=CONCURRENCY, seed=seed, stream=stream,
                                 paths=RequestPaths.from_ms(cal.decide_ms[p], cal.way_ms, cal.way_ms, PATH_JITTER, seed)).aggregate_hit_rate
-                 for seed in range(SIM_SEEDS)]  # fmt: skip
+                 for seed in range(SIM_SEEDS)]
         out[p] = sum(rates) / len(rates)
     return out
 
@@ -235,7 +235,7 @@ def agreement(model: str | None = None, policies=POLICIES, stream: bool = True) 
     for p in policies:
         mean = sum(live[p]) / len(live[p])
         out.append({"policy": p, "stream": stream, "live_runs": live[p], "live": mean, "simulated": sim[p], "calibration": cal,
-                    "relative_gap": abs(sim[p] - mean) / mean if mean else float("inf")})  # fmt: skip
+                    "relative_gap": abs(sim[p] - mean) / mean if mean else float("inf")})
     return out
 
 
@@ -249,10 +249,10 @@ def rows() -> list[Row]:
         c = a["calibration"]
         print(f"fleet agreement, {a['policy']} ({client}): live {runs}, simulated {a['simulated']:.2%} (steps "
               f"{c.step_overhead_ms:.2f} ms + {c.ms_per_token:.3f} ms a token, {c.way_ms:.2f} ms each way, "
-              f"{c.decide_ms[a['policy']]:.2f} ms to decide)", file=sys.stderr)  # fmt: skip
+              f"{c.decide_ms[a['policy']]:.2f} ms to decide)", file=sys.stderr)
         out.append(Row(f"fleet agreement, {a['policy']} ({client}): |simulated - live| / live aggregate hit rate "
                        f"(live mean of {len(a['live_runs'])} runs {a['live']:.1%}, simulated {a['simulated']:.1%})",
-                       a["relative_gap"] * 100, "%", f"<= {TOLERANCE:.0%}", a["relative_gap"] <= TOLERANCE))  # fmt: skip
+                       a["relative_gap"] * 100, "%", f"<= {TOLERANCE:.0%}", a["relative_gap"] <= TOLERANCE))
     return out
 
 

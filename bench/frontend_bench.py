@@ -72,7 +72,7 @@ class Stack:
             subprocess.Popen([py, "-m", "frontend", "--model", str(model), "--port", str(self.api_port), "--max-model-len", "1024",
                               "--scheduler", f"tcp://127.0.0.1:{self.client_port}",
                               "--scheduler-http", f"http://127.0.0.1:{self.http_port}"], **quiet),
-        ]  # fmt: skip
+        ]
         self.base_url = f"http://127.0.0.1:{self.api_port}"
 
     def wait_ready(self, timeout: float = 120.0) -> None:
@@ -98,7 +98,7 @@ def _median_tpot_ms(stack: Stack, http: bool) -> float:
     outcome = asyncio.run(run_benchmark(
         requests, np.zeros(STREAMS), scheduler=f"tcp://127.0.0.1:{stack.client_port}", metrics_url=None, ignore_eos=True,
         max_concurrency=STREAMS, request_timeout=300, client=client,
-    ))  # fmt: skip
+    ))
     s = summarize(outcome.results, outcome.duration_s)
     if s["failed"]:
         raise RuntimeError(f"{s['failed']} requests failed: {s['errors']}")

@@ -54,7 +54,7 @@ def rows() -> list[Row]:
                 out += [
                     Row(f"{name}, oneDNN", them / 1e3, "ms"),
                     Row(f"{name}, packed ({gb / (us / 1e6):.1f} GB/s, {2 * m * params / us / 1e3:.0f} GFLOP/s)", us / 1e3,
-                        "ms", "< oneDNN", us < them),  # fmt: skip
+                        "ms", "< oneDNN", us < them),
                 ]
     finally:
         torch.set_num_threads(threads)

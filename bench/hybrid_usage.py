@@ -153,7 +153,7 @@ def run_engine(engine: str, model: Path, cfg: ServerConfig, w: Workload, a) -> l
             row = {"engine": engine, "run": rep, "peak_usage": sampler.peak_usage, "step_peak_usage": step_peak, "max_waiting": sampler.max_waiting,
                    "min_running_while_waiting": sampler.min_running, "samples": sampler.num_samples,
                    "completed": fig["completed"], "exact_peak_since_start": after.get(PEAK),
-                   **{c: after[c] - before[c] for c in COUNTERS}}  # fmt: skip
+                   **{c: after[c] - before[c] for c in COUNTERS}}
             rows.append(row)
             print(f"hybrid_usage: {json.dumps(row)}", flush=True)
     return rows
@@ -167,13 +167,13 @@ def main(argv: list[str] | None = None) -> int:
         model = with_layer_types(model, a.layer_types.split(","), a.out / "checkpoint")
     cfg = ServerConfig(block_size=a.block_size, num_blocks=a.num_blocks, max_model_len=a.max_model_len, dtype=a.dtype)
     w = Workload("prefix", "main", prefix_args(a.num_prompts, a.concurrency, a.output_len, seed=5, prefix_len=a.prefix_len,
-                                               suffix_len=a.suffix_len), shared_prefix=True)  # fmt: skip
+                                               suffix_len=a.suffix_len), shared_prefix=True)
     rows = [r for engine in a.engines.split(",") for r in run_engine(engine, model, cfg, w, a)]
     print(f"\n{'engine':8} {'run':>3} {'peak usage':>10} {'step peak':>9} {'max waiting':>11} {'queries':>8} {'hits':>8}")
     for r in rows:
         step = "-" if r["step_peak_usage"] is None else f"{r['step_peak_usage']:.3f}"
         print(f"{r['engine']:8} {r['run']:>3} {r['peak_usage']:>10.3f} {step:>9} {r['max_waiting']:>11} "
-              f"{r['vllm:prefix_cache_queries']:>8.0f} {r['vllm:prefix_cache_hits']:>8.0f}")  # fmt: skip
+              f"{r['vllm:prefix_cache_queries']:>8.0f} {r['vllm:prefix_cache_hits']:>8.0f}")
     (a.out / "result.json").write_text(json.dumps({"settings": vars(a) | {"out": str(a.out)}, "rows": rows}, indent=2, default=str) + "\n")
     return 0
 

@@ -45,7 +45,7 @@ def greedy_logprobs(url: str, prompts: list[list[int]], max_tokens: int) -> list
 
     def one(prompt: list[int]) -> tuple[list[int], list[float]]:
         body = {"model": NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-                "logprobs": 1, "return_tokens_as_token_ids": True}  # fmt: skip
+                "logprobs": 1, "return_tokens_as_token_ids": True}
         req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=600) as r:
             lp = json.loads(r.read())["choices"][0]["logprobs"]
@@ -67,7 +67,7 @@ def drift(base: list[tuple[list[int], list[float]]], other: list[tuple[list[int]
                 break
             diffs.append(abs(l0[i] - l1[i]))
     return {"tokens_compared": len(diffs), "mean_abs_logprob_drift": statistics.fmean(diffs) if diffs else None,
-            "max_abs_logprob_drift": max(diffs) if diffs else None, "identical_sequences": identical / len(base)}  # fmt: skip
+            "max_abs_logprob_drift": max(diffs) if diffs else None, "identical_sequences": identical / len(base)}
 
 
 def run(engine: str, model: Path, cfg: ServerConfig, prompts, a) -> list:
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     for engine in a.engines.split(","):
         auto = run(engine, model, base, prompts, a)
         fp8 = run(engine, model, ServerConfig(dtype=a.dtype, num_blocks=256, kv_cache_metrics=False, kv_cache_dtype=a.kv_cache_dtype),
-                  prompts, a)  # fmt: skip
+                  prompts, a)
         results[engine] = drift(auto, fp8)
     head = f"{'engine':8} {'tokens':>7} {'mean |dlogprob|':>16} {'max |dlogprob|':>15} {'identical':>10}"
     print(f"\n{a.kv_cache_dtype} KV cache vs the {a.dtype} cache, {a.dtype} compute, {a.prompts} prompts x {a.tokens} greedy tokens\n{head}")

@@ -116,7 +116,7 @@ def _start_scheduler(port: int, worker_port: int, http_port: int) -> subprocess.
         [sys.executable, "-m", "scheduler", "--port", str(port), "--worker-port", str(worker_port),
          "--http-port", str(http_port), "--log-level", "WARNING"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
 
 
 def _wait_ready(http_port: int, bound_s: float) -> None:
@@ -148,7 +148,7 @@ def _run_burst(ctx: zmq.Context, port: int, socks: list[zmq.Socket]) -> float:
         codec.encode(Generate(f"b{i}", [2 + i % 500, 2 + i // 500] + [2 + (i * 7 + j) % 510 for j in range(BURST_LEN - 2)],
                               max_tokens=2, ignore_eos=True))
         for i in range(NUM_BURST)
-    ]  # fmt: skip
+    ]
     time.sleep(0.5)  # the decodes are running
     t0 = time.perf_counter()
     for f in frames:
@@ -193,7 +193,7 @@ def rows() -> list[Row]:
         Row(f"{name}: scheduler's longest silence to its worker", worker.max_gap_s * 1e3, "ms",
             f"< {GAP_TARGET_S * 1e3:.0f} ms", worker.max_gap_s < GAP_TARGET_S and worker.readies == 1),
         Row(f"{name}: burst admitted and served", NUM_BURST / burst_s, "r/s"),
-    ]  # fmt: skip
+    ]
 
 
 if __name__ == "__main__":

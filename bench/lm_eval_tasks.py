@@ -39,13 +39,13 @@ _MC_CONFIG = {
     "task": MC_TASK, "dataset_path": "json", "test_split": "test", "output_type": "multiple_choice",
     "doc_to_text": "Q: {{question}}\nA:", "doc_to_choice": "{{choices}}", "doc_to_target": "{{answer}}",
     "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
-}  # fmt: skip
+}
 _GEN_CONFIG = {
     "task": GEN_TASK, "dataset_path": "json", "test_split": "test", "output_type": "generate_until",
     "doc_to_text": "{{prompt}}", "doc_to_target": "{{target}}",
     "generation_kwargs": {"until": ["\n"], "max_gen_toks": 8, "do_sample": False, "temperature": 0},
     "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
-}  # fmt: skip
+}
 
 
 def write_tasks(directory: Path) -> Path:
@@ -64,10 +64,10 @@ def run(url: str, model: str, tokenizer: str, out: Path, timeout: float = 600.0)
     """Run both tasks against ``url`` (a server's root), samples logged under ``out``."""
     tasks = write_tasks(out / "tasks")
     model_args = ",".join([f"base_url={url}/v1/completions", f"model={model}", "tokenizer_backend=huggingface",
-                           f"tokenizer={tokenizer}", "num_concurrent=1", "max_retries=1", "tokenized_requests=True"])  # fmt: skip
+                           f"tokenizer={tokenizer}", "num_concurrent=1", "max_retries=1", "tokenized_requests=True"])
     argv = [sys.executable, "-m", "lm_eval", "run", "--model", "local-completions", "--model_args", model_args,
             "--tasks", f"{MC_TASK},{GEN_TASK}", "--include_path", str(tasks), "--output_path", str(out / "results"),
-            "--log_samples", "--batch_size", "1", "--seed", "0"]  # fmt: skip
+            "--log_samples", "--batch_size", "1", "--seed", "0"]
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
     if done.returncode != 0:
@@ -118,7 +118,7 @@ def lm_eval_rows(got: dict) -> list[dict]:
          "vllm": 0.0, "kvpool": diff, "ratio": None, "goal": f"<= {GOAL:g}", "met": None if diff is None else diff <= GOAL},
         {"workload": LM_EVAL, "figure": "generations identical", "key": "fraction_identical", "vllm": 1.0, "kvpool": same,
          "ratio": same, "goal": "", "met": None},
-    ]  # fmt: skip
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

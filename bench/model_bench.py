@@ -49,7 +49,7 @@ NUM_REQUESTS, PROMPT_LEN, DECODE_STEPS, BLOCK_SIZE = 64, 128, 32, 16
 OLD_TOY_DECODE_TOKENS_PER_S = 8359.0  # best of 3 runs of 5 rounds; runs gave 6,258-8,359
 OLD_TOY_GFLOPS = 8.90
 TOY_SHAPE = {**CONFIG, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 384}  # fmt: skip
+             "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 384}
 
 
 def write_toy_shaped_checkpoint(d: str) -> None:
@@ -149,7 +149,7 @@ def shared_prefix_rows(model) -> list[Row]:
             Row(f"model: shared-prefix decode, {n} rows, gather + SDPA, cascade where it pays (1 thread)", best["gather"], "tok/s"),
             Row(f"model: shared-prefix decode, {n} rows, default (in-place kernel)", best["default"], "tok/s"),
             Row(f"model: shared-prefix decode, {n} rows, default / gather", ratio, "x", "≥ 1.0", ratio >= 1.0),
-        ]  # fmt: skip
+        ]
     return out
 
 

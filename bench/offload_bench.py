@@ -54,7 +54,7 @@ from worker.tiny.generate import CONFIG, random_weights, write_tiny_checkpoint
 
 BLOCK_SIZE = 16
 LARGE_SHAPE = {**CONFIG, "hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
-               "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2816}  # fmt: skip
+               "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2816}
 PROMPT_LEN, HOST_PREFIX_BLOCKS = 1024, 63
 # End to end, A's second request: 63 blocks may hit (the last token is computed); 4
 # are still on the device, 59 (944 tokens) come from the host tier.
@@ -137,7 +137,7 @@ def ttft_ms(model, rounds: int = 5) -> tuple[float, float]:
         blocks_i = second if i % 2 else first  # the other request's blocks were just freed
         tc = TierCopies(load_host_ids=prefix, load_device_ids=blocks_i[:HOST_PREFIX_BLOCKS])
         t, sampled = run(dict(num_scheduled_tokens={1: PROMPT_LEN - computed}, tier_copies=tc,
-                              new_rows=[RequestRow(1, prompt, blocks_i, num_computed_tokens=computed)]))  # fmt: skip
+                              new_rows=[RequestRow(1, prompt, blocks_i, num_computed_tokens=computed)]))
         assert sampled == recomputed, "a prefix loaded from the host tier must sample what a recompute samples"
         best_host = min(best_host, t)
         run(dict(num_scheduled_tokens={}, finished_seq_ids=[1]))
@@ -167,7 +167,7 @@ class _Service:
             subprocess.Popen([py, "-m", "worker", "--scheduler", f"tcp://127.0.0.1:{worker_port}", "--model", model_dir,
                               "--device", "cpu", "--dtype", "float32", "--block-size", str(BLOCK_SIZE), "--kv-cache-memory", "64MiB",
                               "--kv-offloading-size", host_gib, "--http-port", "0"], **quiet),
-        ]  # fmt: skip
+        ]
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)

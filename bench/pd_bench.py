@@ -97,7 +97,7 @@ def agreement(a) -> dict:
 def stream(url: str, prompt, max_tokens: int) -> tuple[float, list[float], int]:
     """(TTFT, the gaps between tokens, the prompt's tokens) of one streamed completion, in seconds."""
     body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+            "stream_options": {"include_usage": True}}
     req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
     t0 = time.perf_counter()
     times, num_prompt = [], 0
@@ -129,7 +129,7 @@ def run_load(url: str, a, rng: random.Random) -> tuple[dict, list[dict]]:
         ttft, gaps, num_prompt = r
         with lock:
             done.append({"kind": kind, "sent_s": sent - start, "prompt_tokens": num_prompt, "output_tokens": max_tokens,
-                         "ttft": ttft, "gaps": gaps})  # fmt: skip
+                         "ttft": ttft, "gaps": gaps})
 
     def decoder():
         while not stop.is_set():
@@ -168,7 +168,7 @@ def figures(done: list[dict], seconds: float) -> dict:
             "long_ttft_p50_ms": pct([d["ttft"] for d in long], 0.5), "long_ttft_p99_ms": pct([d["ttft"] for d in long], 0.99),
             "long_prompt_tokens": statistics.mean([d["prompt_tokens"] for d in long]) if long else 0,
             **{f"all_{k}": v for k, v in aggregate(done).items()},
-            "output_tok_s": sum(len(d["gaps"]) + 1 for d in done) / seconds}  # fmt: skip
+            "output_tok_s": sum(len(d["gaps"]) + 1 for d in done) / seconds}
 
 
 def aggregate(done: list[dict]) -> dict:
@@ -177,7 +177,7 @@ def aggregate(done: list[dict]) -> dict:
     tpot = [statistics.mean(d["gaps"]) for d in done if d["gaps"]]
     ttft = [d["ttft"] for d in done]
     return {"ttft_p50_ms": pct(ttft, 0.5), "ttft_p99_ms": pct(ttft, 0.99), "tpot_p50_ms": pct(tpot, 0.5),
-            "tpot_p99_ms": pct(tpot, 0.99), "itl_p50_ms": pct(gaps, 0.5), "itl_p99_ms": pct(gaps, 0.99)}  # fmt: skip
+            "tpot_p99_ms": pct(tpot, 0.99), "itl_p50_ms": pct(gaps, 0.5), "itl_p99_ms": pct(gaps, 0.99)}
 
 
 def write_trace(done: list[dict], path: Path) -> None:
@@ -188,7 +188,7 @@ def write_trace(done: list[dict], path: Path) -> None:
         for d in sorted(done, key=lambda d: d["sent_s"]):
             n = max(1, -(-d["prompt_tokens"] // 512))
             f.write(json.dumps({"timestamp": round(d["sent_s"] * 1000), "input_length": d["prompt_tokens"],
-                                "output_length": d["output_tokens"], "hash_ids": list(range(next_id, next_id + n))}) + "\n")  # fmt: skip
+                                "output_length": d["output_tokens"], "hash_ids": list(range(next_id, next_id + n))}) + "\n")
             next_id += n
 
 

@@ -30,7 +30,7 @@ class PDRouter(Router):
     """``vllm-router --vllm-pd-disaggregation`` over prefill and decode engines, on a free loopback port."""
 
     def __init__(self, prefill_urls: list[str], decode_urls: list[str], log_path: Path, policy: str = "round_robin",
-                 log_level: str = "warning"):  # fmt: skip
+                 log_level: str = "warning"):
         pd = ["--vllm-pd-disaggregation"]
         for url in prefill_urls:
             pd += ["--prefill", url]
@@ -45,7 +45,7 @@ class PDFleet:
     connectors' extra config (a lease, a read timeout). Stop it (also on failure)."""
 
     def __init__(self, model: Path | str, work: Path, num_prefill: int = 1, num_decode: int = 1, *common: str,
-                 producer_extra: dict | None = None, consumer_extra: dict | None = None, policy: str = "round_robin"):  # fmt: skip
+                 producer_extra: dict | None = None, consumer_extra: dict | None = None, policy: str = "round_robin"):
         self.work = Path(work)
         self.prefills: list[Replica] = []
         self.decodes: list[Replica] = []

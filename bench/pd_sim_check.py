@@ -39,7 +39,7 @@ def simulate(trace: Path, layout: str, overhead_ms: float, ms_per_token: float, 
         out = Path(tmp) / "sim.json"
         argv = [sys.executable, "-m", "simulator", "--trace", str(trace), *flags, "--router", "round_robin", "--block-size", "16",
                 "--num-blocks", str(a.num_blocks), "--step-overhead-ms", f"{overhead_ms:.3f}", "--ms-per-token", f"{ms_per_token:.4f}",
-                "--kv-bytes-per-token", str(a.kv_bytes_per_token), "--max-num-batched-tokens", "2048", "--result-json", str(out)]  # fmt: skip
+                "--kv-bytes-per-token", str(a.kv_bytes_per_token), "--max-num-batched-tokens", "2048", "--result-json", str(out)]
         subprocess.run(argv, check=True, capture_output=True, timeout=600)
         results = json.loads(out.read_text())["results"]
     row = results[-1]  # with --pd, the P/D row comes after the one-engine row
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
             got = {k: live[f"all_{k}"] for k in KEYS} | {"output_tok_s": round(live["output_tok_s"], 1)}
             for source, f in (("live", got), ("simulator", sim)):
                 print(f"| {i} | {layout} | {source} | {overhead:.1f} + {per_token:.3f} | {f['ttft_p50_ms']:.0f} / {f['ttft_p99_ms']:.0f} | "
-                      f"{f['tpot_p50_ms']:.1f} / {f['tpot_p99_ms']:.1f} | {f['itl_p50_ms']:.1f} / {f['itl_p99_ms']:.1f} | {f['output_tok_s']} |")  # fmt: skip
+                      f"{f['tpot_p50_ms']:.1f} / {f['tpot_p99_ms']:.1f} | {f['itl_p50_ms']:.1f} / {f['itl_p99_ms']:.1f} | {f['output_tok_s']} |")
 
 
 if __name__ == "__main__":

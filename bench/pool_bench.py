@@ -196,7 +196,7 @@ def rows() -> list[Row]:
         _row("pool: allocate 4 + cache + free, evicting, --kv-cache-metrics", best["evict_res"], "µs", 6.5),
         *[_row(f"pool: touch 4 cached + free, --kv-eviction-policy {name}", best[f"touch_{name}"], "µs", 3) for name in OTHER_POLICIES],
         *[_row(f"pool: allocate 4 + cache + free, evicting, --kv-eviction-policy {name}", best[f"evict_{name}"], "µs", 12)
-          for name in OTHER_POLICIES],  # fmt: skip
+          for name in OTHER_POLICIES],
         _row("hash: one 16-token block, sha256", best["sha256"], "µs", 1.2),
         _row("hash: one 16-token block, xxhash", best["xxhash"], "µs"),
         _row("pool: build 1,000,000 blocks", best["build"], "s", 0.5),

@@ -46,9 +46,9 @@ def simulated(pinned: bool) -> float:
     # NOTE: the pinned run pins the first request's prefix: put the system prompt first for it.
     system = reqs[FLOOD_BETWEEN][:SYSTEM_LEN]
     w = SampleWorkload([SampleRequest(system + [5] * BS, 1)] + [SampleRequest(p, 1) for p in reqs],
-                       [0.0] + [0.05 * (i + 1) for i in range(len(reqs))], VOCAB)  # fmt: skip
+                       [0.0] + [0.05 * (i + 1) for i in range(len(reqs))], VOCAB)
     cfg = SimConfig(NUM_BLOCKS, BS, max_num_seqs=1, max_num_batched_tokens=2048, pin_prefix_tokens=SYSTEM_LEN if pinned else 0,
-                    max_pinned_fraction=0.5)  # fmt: skip
+                    max_pinned_fraction=0.5)
     r = simulate(w, cfg)
     # The leading system request is counted apart: it is the pin's own computation when unpinned.
     return (r.prefix_cache_hits - (SYSTEM_LEN if pinned else 0)) / (NUM_SYSTEM * SYSTEM_LEN)
@@ -67,7 +67,7 @@ def live() -> tuple[float, float]:
     rates = []
     with tempfile.TemporaryDirectory() as tmp:
         server = Replica(default_checkpoint(), Path(tmp), "--num-gpu-blocks-override", str(NUM_BLOCKS), "--enable-prompt-tokens-details",
-                         "--max-num-seqs", "1", "--dtype", "float32")  # fmt: skip
+                         "--max-num-seqs", "1", "--dtype", "float32")
         try:
             server.wait_ready()
             for seed, pin in ((1, False), (2, True)):
@@ -91,7 +91,7 @@ def rows() -> list[Row]:
     live_unpinned, live_pinned = live()
     return [
         Row("retention: pinned 1,024-token system prompt through an 11x-pool flood, hit rate, simulated", 100 * sim_pinned, "%",
-            "= 100 %", sim_pinned == 1.0),  # fmt: skip
+            "= 100 %", sim_pinned == 1.0),
         Row("retention: the same, live kvpool serve", 100 * live_pinned, "%", "= 100 %", live_pinned == 1.0),
         Row("retention: unpinned (LRU), simulated", 100 * sim_unpinned, "%"),
         Row("retention: unpinned (LRU), live kvpool serve", 100 * live_unpinned, "%"),

@@ -33,7 +33,7 @@ from simulator.workload import TraceWorkload
 
 # NOTE: the traces sit beside the checkout (/work/shared beside /work/main); a worktree one level deeper finds them at /work/shared.
 TRACES = next((d for d in (Path(__file__).resolve().parents[2] / "shared" / "traces", Path("/work/shared/traces")) if d.is_dir()),
-              Path("/work/shared/traces"))  # fmt: skip
+              Path("/work/shared/traces"))
 POLICIES = ("lru", "arc", "lfu", "s3fifo", "cost")
 BS, VOCAB = 16, 512  # the tiny checkpoint's vocabulary
 MAX_NUM_BATCHED_TOKENS, MAX_MODEL_LEN = 2048, 4096  # the scheduler's defaults, passed to both sides
@@ -64,7 +64,7 @@ def prompts(recs: list[MooncakeRecord], max_input_len: int) -> list[list[int]]:
 
 def simulated(recs: list[MooncakeRecord], max_input_len: int, num_blocks: int, policy: str) -> Counters:
     cfg = SimConfig(num_blocks, BS, max_num_seqs=1, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN,
-                    eviction_policy=policy)  # fmt: skip
+                    eviction_policy=policy)
     r = simulate(TraceWorkload(recs, vocab_size=VOCAB, max_input_len=max_input_len), cfg)
     assert r.num_finished == len(recs)
     return Counters(r.prefix_cache_queries, r.prefix_cache_hits, r.num_evictions)
@@ -92,7 +92,7 @@ class _Service:
             subprocess.Popen([py, "-m", "worker", "--scheduler", f"tcp://127.0.0.1:{worker_port}", "--device", "cpu",
                               "--dtype", "float32", "--block-size", str(BS), "--kv-cache-memory", f"{kv_mib}MiB",
                               "--http-port", "0", "--log-level", "WARNING"], **quiet),
-        ]  # fmt: skip
+        ]
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -132,7 +132,7 @@ class _Service:
             # NOTE: one engine, so one sample per counter: its labels are dropped.
             values = {line.split("{")[0].split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line and line[0] != "#"}
             got = Counters(*(int(values.get(name, -1)) for name in
-                             ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "kvpool_evictions_total")))  # fmt: skip
+                             ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "kvpool_evictions_total")))
             if got.queries == queries or time.monotonic() > deadline:
                 return got
             time.sleep(0.2)

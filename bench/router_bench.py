@@ -123,7 +123,7 @@ class Replica:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         kvpool = str(Path(sys.executable).with_name("kvpool"))
         argv = [kvpool, "serve", str(model), "--port", str(self.port), "--log-dir", str(self.log_dir), "--device", "cpu",
-                "--kv-cache-memory", "8MiB", "--stop-timeout", "5", *extra]  # fmt: skip
+                "--kv-cache-memory", "8MiB", "--stop-timeout", "5", *extra]
         self._log = open(self.log_dir / "serve.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -184,7 +184,7 @@ class Router:
         # NOTE: no worker URLs: a PD-mode router (bench/pd_fleet.py) names its engines in ``extra``.
         urls = ["--worker-urls", *worker_urls] if worker_urls else []
         argv = [binary, *urls, "--policy", policy, "--host", "127.0.0.1", "--port", str(self.port),
-                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", log_level, *extra]  # fmt: skip
+                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", log_level, *extra]
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
 
@@ -307,7 +307,7 @@ def kill_one_under_load(model, work: Path, stream: bool) -> dict:
         "before_failed": sum(not o.ok for o in outcomes if o.end <= t_kill),
         "survivor_served_after": survivor_after - survivor_before,
         "why": sorted({o.why for o in outcomes if not o.ok})[:5],
-    }  # fmt: skip
+    }
 
 
 def rows() -> list[Row]:
@@ -332,7 +332,7 @@ def rows() -> list[Row]:
                 Row(f"router, {kind}: failed of {f['in_flight']} in flight at the SIGKILL of 1 of 2", f["in_flight_failed"], "req"),
                 Row(f"router, {kind}: failed of {f['after']} sent after the kill", f["after_failed"], "req", "0", f["after_failed"] == 0),
                 Row(f"router, {kind}: served by the survivor after the kill", f["survivor_served_after"], "req"),
-            ]  # fmt: skip
+            ]
     return out
 
 

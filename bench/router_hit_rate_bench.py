@@ -68,7 +68,7 @@ def hit_rate(routers: list[Router], replicas: list[Replica], model: str, stream:
 
 def measure(model: str, work: Path, stream: bool = True, num_routers: int = 1) -> dict[str, tuple[float, int]]:
     replicas = [Replica(model, work / f"r{i}", "--dev-mode", "--num-gpu-blocks-override", str(NUM_BLOCKS),
-                        "--max-model-len", "512", kv_events=True) for i in range(2)]  # fmt: skip
+                        "--max-model-len", "512", kv_events=True) for i in range(2)]
     out = {}
     try:
         for r in replicas:
@@ -103,7 +103,7 @@ def rows() -> list[Row]:
         failed += sum(f for _, f in got.values())
         rate = {p: r for p, (r, _) in got.items()}
         name = (f"{'one router' if num_routers == 1 else 'two routers, requests alternating'}, 2 replicas, "
-                f"shared prefixes (c{CONCURRENCY}): aggregate prefix-cache hit rate")  # fmt: skip
+                f"shared prefixes (c{CONCURRENCY}): aggregate prefix-cache hit rate")
         out += [
             Row(f"{name}, round_robin", rate["round_robin"], "", "", None),
             Row(f"{name}, cache_aware", rate["cache_aware"], "", "> round_robin", rate["cache_aware"] > rate["round_robin"]),

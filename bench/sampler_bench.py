@@ -41,7 +41,7 @@ def rows() -> list[Row]:
             out += [
                 Row(f"sampler: {ROWS} rows x {vocab:,} vocab, exponential race (1 thread)", theirs / 1e3, "ms"),
                 Row(f"sampler: {ROWS} rows x {vocab:,} vocab, softmax + inverse-CDF draw", ours / 1e3, "ms",
-                    "< the race", ours < theirs),  # fmt: skip
+                    "< the race", ours < theirs),
             ]
     finally:
         torch.set_num_threads(threads)

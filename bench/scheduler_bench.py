@@ -136,12 +136,12 @@ def rows() -> list[Row]:
             out.append(Row(f"{label} (avg)", d["avg_us"], "us"))
         out.append(Row(f"{label} (unchanged step)", d["unchanged_us"], "us"))
         out.append(Row(f"plan bytes, {n} running, unchanged batch", d["unchanged_bytes"], "B",
-                       f"≤ {PLAN_TARGET_B} B", d["unchanged_bytes"] <= PLAN_TARGET_B))  # fmt: skip
+                       f"≤ {PLAN_TARGET_B} B", d["unchanged_bytes"] <= PLAN_TARGET_B))
         out.append(Row(f"plan bytes, {n} running, avg incl. new blocks", d["avg_bytes"], "B"))
     # --kv-cache-metrics, every block watched: the step's cost with the residency hooks.
     d = decode_steps(256, pool_factory=residency_pool_factory())
     out.append(Row(f"sched decode step, 256 running x {CONTEXT} ctx, --kv-cache-metrics (avg)", d["avg_us"], "us",
-                   f"≤ {DECODE_TARGET_US:g} us", d["avg_us"] <= DECODE_TARGET_US))  # fmt: skip
+                   f"≤ {DECODE_TARGET_US:g} us", d["avg_us"] <= DECODE_TARGET_US))
     ms, nbytes = admission_ms()
     out.append(Row("sched admit 64 x 1000 tok, 512 cached (step)", ms, "ms", f"≤ {ADMIT_TARGET_MS:g} ms", ms <= ADMIT_TARGET_MS))
     out.append(Row("plan bytes, admit 64 x 1000 tok", nbytes / 1024, "KiB"))

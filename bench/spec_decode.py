@@ -59,7 +59,7 @@ def spec_counters(url: str) -> dict[str, float]:
     page = scrape_page(url)
     out = {}
     for name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
-                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):  # fmt: skip
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
         out[name] = sum(float(line.rsplit(" ", 1)[1]) for line in page.splitlines() if line.startswith(name + "{"))
     return out
 
@@ -88,14 +88,14 @@ def main(argv: list[str] | None = None) -> int:
         with Server(base, cmd, env, a.out / f"{engine}.log", port) as s:
             s.wait_ready(900)
             warm = Workload("warmup", "main", ("--dataset-name", "custom", "--dataset-path", str(data), "--custom-output-len", "-1",
-                                               "--num-prompts", "4", "--max-concurrency", "4", "--ignore-eos", "--seed", "99"))  # fmt: skip
+                                               "--num-prompts", "4", "--max-concurrency", "4", "--ignore-eos", "--seed", "99"))
             run_bench(ROOT, s.url, model, NAME, warm, a.out / engine, 1800, None)
             for c in (int(x) for x in a.concurrency.split(",")):
                 runs = []
                 for rep in range(a.repeat):
                     w = replace(warm, name=f"c{c}-r{rep}", args=("--dataset-name", "custom", "--dataset-path", str(data),
                                 "--custom-output-len", "-1", "--num-prompts", str(a.num_prompts if c > 1 else a.num_prompts // 2),
-                                "--max-concurrency", str(c), "--ignore-eos", "--seed", str(1 + rep)))  # fmt: skip
+                                "--max-concurrency", str(c), "--ignore-eos", "--seed", str(1 + rep)))
                     before = spec_counters(s.url)
                     fig = run_bench(ROOT, s.url, model, NAME, w, a.out / engine, 1800, None)
                     after = spec_counters(s.url)
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                     runs.append(fig)
                     print(f"spec_decode: {engine} c{c} rep {rep}: {fig['output_throughput']:.1f} tok/s, TPOT p50 {fig['median_tpot_ms']:.1f} ms, "
                           f"drafts {fig['spec_decode_num_drafts_total']:.0f}, accepted {fig['spec_decode_num_accepted_tokens_total']:.0f} "
-                          f"of {fig['spec_decode_num_draft_tokens_total']:.0f}", flush=True)  # fmt: skip
+                          f"of {fig['spec_decode_num_draft_tokens_total']:.0f}", flush=True)
                 results.setdefault(engine, {})[c] = runs
     (a.out / "result.json").write_text(json.dumps(results, indent=1))
     print("\n| engine | conc | tok/s (median) | TPOT p50 ms | acceptance rate | mean acceptance length | prefix queries / hits |")

@@ -39,9 +39,9 @@ NAMES = ("vllm:prefix_cache_hits_total", "vllm:external_prefix_cache_hits_total"
 def hit_rate(policy: str, model: Path, work: Path, store: MooncakeMaster | None, concurrency: int) -> tuple[float, int]:
     """(aggregate hit rate, failed requests) of the workload through one router over two new replicas."""
     tier = () if store is None else ("--kv-offloading-backend", "mooncake", "--mooncake-master", store.master_address,
-                                     "--mooncake-metadata", store.metadata_server)  # fmt: skip
+                                     "--mooncake-metadata", store.metadata_server)
     replicas = [Replica(model, work / f"{policy}-c{concurrency}-r{i}", "--num-gpu-blocks-override", str(NUM_BLOCKS), "--max-model-len", "512",
-                        "--served-model-name", "tiny", *tier) for i in range(2)]  # fmt: skip
+                        "--served-model-name", "tiny", *tier) for i in range(2)]
     router = None
     try:
         for r in replicas:
@@ -51,7 +51,7 @@ def hit_rate(policy: str, model: Path, work: Path, store: MooncakeMaster | None,
         before = [metric_totals(r.url, *NAMES) for r in replicas]
         with ThreadPoolExecutor(concurrency) as pool:
             results = list(pool.map(lambda p: complete(router.url, {"model": "tiny", "prompt": p, "max_tokens": 2}),
-                                    shared_prefix_prompts(NUM_PREFIXES, REPEATS)))  # fmt: skip
+                                    shared_prefix_prompts(NUM_PREFIXES, REPEATS)))
         after = [metric_totals(r.url, *NAMES) for r in replicas]
     finally:
         if router is not None:

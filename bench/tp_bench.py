@@ -37,7 +37,7 @@ def _plans(batch: int, vocab: int):
 
     per_row = -(-(PROMPT + STEPS * ROUNDS + 8) // BLOCK_SIZE)
     rows = [RequestRow(i, [(7 * i + j) % (vocab - 2) + 2 for j in range(PROMPT)], list(range(1 + i * per_row, 1 + (i + 1) * per_row)))
-            for i in range(batch)]  # fmt: skip
+            for i in range(batch)]
     prefill = StepPlan(0, {i: PROMPT for i in range(batch)}, rows)
     return prefill, [StepPlan(1 + k) for k in range(STEPS * ROUNDS)], 1 + batch * per_row
 

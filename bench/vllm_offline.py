@@ -17,7 +17,7 @@ import os
 import sys
 
 COUNTERS = ("vllm:num_preemptions", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
-            "vllm:prompt_tokens", "vllm:generation_tokens")  # fmt: skip
+            "vllm:prompt_tokens", "vllm:generation_tokens")
 
 
 def main(argv: list[str]) -> int:
@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     llm = LLM(model=spec["model"], block_size=c["block_size"], num_gpu_blocks_override=c["num_blocks"],
               max_num_seqs=c["max_num_seqs"], max_num_batched_tokens=c["max_num_batched_tokens"],
               max_model_len=c["max_model_len"], dtype=c["dtype"], enable_prefix_caching=c["prefix_caching"],
-              disable_log_stats=False, seed=0)  # fmt: skip
+              disable_log_stats=False, seed=0)
     params = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True)
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]], params, use_tqdm=False)
     metrics = {m.name: m.value for m in llm.get_metrics() if m.name in COUNTERS}

@@ -47,7 +47,7 @@ class UvicornAccessLogger(AbstractAccessLogger):
         client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "-"
         v = request.version
         self.logger.info('%s - "%s %s HTTP/%d.%d" %d %s', client, request.method, request.path_qs, v.major, v.minor,
-                         response.status, _phrase(response.status))  # fmt: skip
+                         response.status, _phrase(response.status))
 
     @property
     def enabled(self) -> bool:

@@ -95,9 +95,9 @@ class AdmissionControl:
 def add_admission_args(p: argparse.ArgumentParser) -> None:
     """vLLM's flags, read as vLLM reads them (1k, 2K); unset: no limit."""
     for flag, what in (("--max-num-queued-reqs", "engine requests in flight (n > 1 counts n)"),
-                       ("--max-num-queued-tokens", "prompt tokens of requests still in prefill")):  # fmt: skip
+                       ("--max-num-queued-tokens", "prompt tokens of requests still in prefill")):
         p.add_argument(flag, type=human_readable_int, default=None, metavar="N",
-                       help=f"at most N {what}; more are refused with 503, as vLLM (default: no limit)")  # fmt: skip
+                       help=f"at most N {what}; more are refused with 503, as vLLM (default: no limit)")
 
 
 def check_admission_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -116,7 +116,7 @@ class RejectionsCollector:
 
     def collect(self):
         family = CounterMetricFamily(REJECTIONS, "Number of admission attempts rejected by a queue limit, by reason.",
-                                     labels=["model_name", "reason"])  # fmt: skip
+                                     labels=["model_name", "reason"])
         for reason, count in self.admission.rejections.items():
             family.add_metric([self.model_name, reason], count)
         yield family

@@ -71,7 +71,7 @@ class APIServer:
             self.tokenizer.chat_template_from_flag = True
         keys = (config.curve_client_key, config.curve_server_key) if config.curve_client_key else None
         self.engine = EngineClient(config.scheduler, keys, AdmissionControl(config.max_num_queued_reqs, config.max_num_queued_tokens),
-                                   config.scheduler_restart_timeout_s, self._scheduler_ready)  # fmt: skip
+                                   config.scheduler_restart_timeout_s, self._scheduler_ready)
         self.metrics = FrontendMetrics(config.served_model_name, in_flight=lambda: self.engine.num_in_flight, max_model_len=config.max_model_len)
         defaults = default_sampling(config.generation_config, config.model, config.override_generation_config)
         self.metrics.registry.register(RejectionsCollector(self.engine.admission, config.served_model_name))
@@ -92,7 +92,7 @@ class APIServer:
             exclude_tools_when_tool_choice_none=config.exclude_tools_when_tool_choice_none,
             system_fingerprint=system_fingerprint(config.model, config.served_model_name, config.max_model_len),
             kv_connector=config.kv_transfer_config is not None,
-        )  # fmt: skip
+        )
         self.ready, self.why_not_ready = False, "the scheduler has not answered yet"
         self.was_ready = False
         # vLLM's server_load_metrics: completion and chat requests being served (with
@@ -116,7 +116,7 @@ class APIServer:
         self._poller = asyncio.create_task(self._poll_health(), name="frontend-health")
         access = configure_server_logging(self.config)
         self._runner = web.AppRunner(self.build_app(), access_log=access, access_log_class=access_logger_class(self.config),
-                                     handler_cancellation=True)  # fmt: skip
+                                     handler_cancellation=True)
         await self._runner.setup()
         await site(self._runner, self.config, tls).start()
         # NOTE: an inherited socket's file is its owner's (kvpool serve's) to remove.
@@ -227,7 +227,7 @@ class APIServer:
 
     async def _models(self, _request: web.Request) -> web.Response:
         card = {"id": self.ctx.model_name, "object": "model", "created": now(), "owned_by": "vllm", "root": self.ctx.model_path,
-                "parent": None, "max_model_len": self.ctx.max_model_len, "permission": []}  # fmt: skip
+                "parent": None, "max_model_len": self.ctx.max_model_len, "permission": []}
         return json_response({"object": "list", "data": [card]})
 
     async def health(self, _request: web.Request) -> web.Response:
@@ -247,7 +247,7 @@ class APIServer:
             ids, _ = await chat_prompt(self.ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens),
                                        template_tools(req.tools),
                                        chat_template_kwargs=req.chat_template_kwargs, continue_final_message=req.continue_final_message,
-                                       chat_template=req.chat_template)  # fmt: skip
+                                       chat_template=req.chat_template)
         strs = self.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
         return json_response({"count": len(ids), "max_model_len": self.ctx.max_model_len, "tokens": ids, "token_strs": strs})
 

@@ -52,7 +52,7 @@ async def _token_ids(server: ServerView, req: PinRequest) -> list[int]:
         ctx.check_token_ids(ids, param)
     if len(ids) >= ctx.max_model_len:
         raise bad_request(f"the prompt has {len(ids)} tokens; a pinned prompt must leave room for one more token "
-                          f"within max_model_len {ctx.max_model_len}", "prompt")  # fmt: skip
+                          f"within max_model_len {ctx.max_model_len}", "prompt")
     return ids
 
 

@@ -27,7 +27,7 @@ _SKIP_WITHOUT_CONTENT = ("text", "refusal")
 # vLLM's _KNOWN_CONTENT_PART_FIELDS: in the "openai" format, a text part keeps its other keys.
 _KNOWN_PART_FIELDS = frozenset(("audio_embeds", "audio_url", "closed", "data", "file", "image_embeds", "image_pil", "image_url",
                                 "input_audio", "name", "prompt_cache_breakpoint", "refusal", "text", "thinking", "type", "uuid",
-                                "video_embeds", "video_url"))  # fmt: skip
+                                "video_embeds", "video_url"))
 
 
 def _text_part(i: int, part) -> str | None:
@@ -53,7 +53,7 @@ def _content(i: int, content, parts: bool) -> str | list[dict]:
     if not parts:
         return "\n".join(t for _, t in texts)
     return [{"type": "text", "text": t, **({k: v for k, v in p.items() if k not in _KNOWN_PART_FIELDS} if isinstance(p, dict) else {})}
-            for p, t in texts]  # fmt: skip
+            for p, t in texts]
 
 
 def _arguments(function: dict) -> None:
@@ -79,7 +79,7 @@ def _tool_calls(calls: list) -> list:
         function = call.get("function")
         if call.get("type", "function") != "function" or not isinstance(function, dict):
             raise bad_request("chat completions only support assistant tool_calls of type 'function'. (parameter=tool_calls)",
-                              "tool_calls")  # fmt: skip
+                              "tool_calls")
         call = {**call, "function": dict(function)}
         _arguments(call["function"])
         out.append(call)

@@ -30,9 +30,9 @@ class ChatTemplateError(ValueError):
 
 
 NO_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you must provide "
-               "a chat template if the tokenizer does not define one.")  # fmt: skip
+               "a chat template if the tokenizer does not define one.")
 UNTRUSTED = ("Chat template is passed with request, but --trust-request-chat-template is not set. "
-             "Refused request with untrusted chat template.")  # fmt: skip
+             "Refused request with untrusted chat template.")
 _UNSET = (None, "auto")
 _UNEXPECTED = frozenset(("chat_template", "tokenize"))
 
@@ -43,12 +43,12 @@ def merge_kwargs(defaults: dict | None, overrides: dict | None) -> dict:
 
 
 def chat_template_kwargs(server_defaults: dict, tools, requested: dict | None, add_generation_prompt: bool,
-                         continue_final_message: bool, documents, reasoning_effort: str | None = None) -> dict:  # fmt: skip
+                         continue_final_message: bool, documents, reasoning_effort: str | None = None) -> dict:
     """Every kwarg of one request's ``apply_chat_template`` call, merged as vLLM merges them
     (a reasoning_effort also sets enable_thinking, unless chat_template_kwargs does)."""
     defaults = merge_kwargs(server_defaults, {"tools": tools, "tokenize": False})
     extra = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message,
-             "documents": documents, "reasoning_effort": reasoning_effort}  # fmt: skip
+             "documents": documents, "reasoning_effort": reasoning_effort}
     if reasoning_effort is not None and "enable_thinking" not in (requested or {}):
         extra["enable_thinking"] = reasoning_effort != "none"
     return merge_kwargs(defaults, merge_kwargs(requested, extra))
@@ -107,7 +107,7 @@ def template_error_reason(e: BaseException) -> str:
 
 
 async def safe_apply_chat_template(tokenizer, conversation: list[dict], *, tools=None, chat_template: str | None = None,
-                                   tokenize: bool = True, **kwargs) -> str | list[int]:  # fmt: skip
+                                   tokenize: bool = True, **kwargs) -> str | list[int]:
     """vLLM's ``safe_apply_chat_template``, in the tokenizer thread: the template
     resolved, "developer" messages made "system" ones where the template knows no such
     role, the kwargs filtered, then transformers renders; whatever it or the template
@@ -134,7 +134,7 @@ def developer_to_system(conversation: list[dict]) -> list[dict]:
     become "system" ones (their tools dropped), all system messages merged into one
     first message when they are several or not first."""
     conversation = [({k: v for k, v in m.items() if k != "tools"} | {"role": "system"}) if m["role"] == "developer" else m
-                    for m in conversation]  # fmt: skip
+                    for m in conversation]
     systems, others, merge = [], [], False
     for i, m in enumerate(conversation):
         if m["role"] != "system":

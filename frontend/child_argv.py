@@ -58,7 +58,7 @@ def scheduler_argv(a, client_port: int, worker_port: int, sched_http: int) -> li
     sched = [sys.executable, "-m", "scheduler", "--host", "127.0.0.1", "--port", str(client_port), "--worker-port", str(worker_port),
              "--http-port", str(sched_http), "--block-size", str(a.block_size), "--served-model-name", a.served_model_name,
              "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
-             "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--worker-reconnect-timeout", str(a.worker_restart_timeout)]  # fmt: skip
+             "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--worker-reconnect-timeout", str(a.worker_restart_timeout)]
     if a.num_gpu_blocks_override is not None:
         sched += ["--num-gpu-blocks-override", str(a.num_gpu_blocks_override)]
     if getattr(a, "kv_eviction_policy", "lru") != "lru":
@@ -70,14 +70,14 @@ def scheduler_argv(a, client_port: int, worker_port: int, sched_http: int) -> li
         sched += ["--prefix-caching-hash-algo", a.prefix_caching_hash_algo]
     flags = {"--no-enable-prefix-caching": not a.enable_prefix_caching,
              "--no-scheduler-reserve-full-isl": not getattr(a, "scheduler_reserve_full_isl", True),
-             "--dev-mode": a.dev_mode, "--disable-log-stats": a.disable_log_stats, "--kv-cache-metrics": a.kv_cache_metrics}  # fmt: skip
+             "--dev-mode": a.dev_mode, "--disable-log-stats": a.disable_log_stats, "--kv-cache-metrics": a.kv_cache_metrics}
     sched += [flag for flag, on in flags.items() if on]
     if getattr(a, "enable_mfu_metrics", False):
         # NOTE: the scheduler estimates from the checkpoint's shape in the worker's dtype.
         sched += ["--enable-mfu-metrics", "--model", str(a.model_dir), "--dtype", a.dtype]
     sched += _offload(a) + _external(a, "scheduler") + _kv_transfer(a) + _log_level(a)
     for flag, value in (("--kv-events-endpoint", a.kv_events_endpoint), ("--kv-events-replay-endpoint", a.kv_events_replay_endpoint),
-                        ("--kv-events-topic", a.kv_events_topic)):  # fmt: skip
+                        ("--kv-events-topic", a.kv_events_topic)):
         if value:
             sched += [flag, value]
     sched += getattr(a, "kv_events_flags", [])
@@ -91,7 +91,7 @@ def worker_argv(a, worker_port: int, worker_http: int) -> list[str]:
               "--block-size", str(a.block_size), "--max-model-len", str(a.max_model_len), "--dtype", a.dtype,
               "--http-port", str(worker_http), "--gpu-memory-utilization", str(a.gpu_memory_utilization),
               "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--max-num-seqs", str(a.max_num_seqs), "--seed", str(a.seed),
-              "--served-model-name", a.served_model_name]  # fmt: skip
+              "--served-model-name", a.served_model_name]
     if a.device:
         worker += ["--device", a.device]
     worker += _kv_cache_dtype(a)
@@ -123,7 +123,7 @@ def frontend_argv(a, client_port: int, scheduler_http: str) -> list[str]:
              "--host", a.host, "--port", str(a.port), "--scheduler", f"tcp://127.0.0.1:{client_port}",
              "--scheduler-http", scheduler_http, "--max-model-len", str(a.max_model_len),
              "--generation-config", a.generation_config, "--max-request-body-bytes", str(a.max_request_body_bytes),
-             "--scheduler-restart-timeout", f"{a.worker_restart_timeout:g}"]  # fmt: skip
+             "--scheduler-restart-timeout", f"{a.worker_restart_timeout:g}"]
     flags = {"--dev-mode": a.dev_mode, "--enable-log-requests": a.enable_log_requests,
-             "--return-tokens-as-token-ids": a.return_tokens_as_token_ids}  # fmt: skip
+             "--return-tokens-as-token-ids": a.return_tokens_as_token_ids}
     return front + [flag for flag, on in flags.items() if on] + _kv_transfer(a) + _log_level(a) + passed_flags(a, "frontend")

@@ -29,9 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", usage="kvpool serve [MODEL] [options]", help="serve a checkpoint with vLLM's OpenAI-compatible API",
                        description="Serve MODEL (a Hugging Face checkpoint folder) on vLLM's OpenAI-compatible API, "
-                                   "with vllm serve's flags, grouped as vLLM groups them.")  # fmt: skip
+                                   "with vllm serve's flags, grouped as vLLM groups them.")
     s.add_argument("model", metavar="MODEL", nargs="?", default=None,
-                   help="checkpoint folder (config.json, safetensors, tokenizer files); or --model, or model: in --config")  # fmt: skip
+                   help="checkpoint folder (config.json, safetensors, tokenizer files); or --model, or model: in --config")
     for group in GROUPS:
         target = s if group.title == "options" else s.add_argument_group(group.title, group.description)
         for rule in group.rules:
@@ -45,13 +45,13 @@ def _add_kvpool_flags(g) -> None:
     g.add_argument("--kv-cache-memory", default=None, metavar="SIZE", help="the worker's KV budget, e.g. 8MiB (default: the worker's)")
     g.add_argument("--device", choices=["cpu", "cuda"], default=None)
     g.add_argument("--worker-http-port", type=int, default=None, metavar="PORT",
-                   help="the worker's /metrics on 127.0.0.1 (default: a free port; 0 disables)")  # fmt: skip
+                   help="the worker's /metrics on 127.0.0.1 (default: a free port; 0 disables)")
     g.add_argument("--dev-mode", action="store_true", help="POST /reset_prefix_cache")
     # NOTE: the choices are the scheduler's (scheduler/core/eviction_policies.py), which checks them again.
     g.add_argument("--kv-eviction-policy", choices=("lru", "arc", "lfu", "s3fifo", "cost"), default="lru",
-                   help="the device pool's eviction order: lru (vLLM's), arc, lfu, s3fifo, cost (default %(default)s)")  # fmt: skip
+                   help="the device pool's eviction order: lru (vLLM's), arc, lfu, s3fifo, cost (default %(default)s)")
     g.add_argument("--max-pinned-fraction", type=float, default=0.5, metavar="FRACTION",
-                   help="share of the KV blocks POST /v1/cache/pin may hold, in [0, 1) (default %(default)s)")  # fmt: skip
+                   help="share of the KV blocks POST /v1/cache/pin may hold, in [0, 1) (default %(default)s)")
     g.add_argument("--max-request-body-bytes", type=int, default=MAX_REQUEST_BODY_BYTES, metavar="BYTES",
                    help="the API refuses a larger request body with 413, before reading it (default %(default)s)")
     g.add_argument("--kv-events-endpoint", default=None, metavar="ENDPOINT", help="bind a PUB socket here for KV events (loopback)")
@@ -80,7 +80,7 @@ def _add_kvpool_flags(g) -> None:
     g.add_argument("--worker-restart-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="while the worker or the scheduler restarts, requests wait; one that waits longer than this "
                         "fails with 503 (the scheduler's --worker-reconnect-timeout, the frontend's "
-                        "--scheduler-restart-timeout; default %(default)s)")  # fmt: skip
+                        "--scheduler-restart-timeout; default %(default)s)")
     g.add_argument("--ready-timeout", type=float, default=120.0, metavar="SECONDS")
     g.add_argument("--stop-timeout", type=float, default=10.0, metavar="SECONDS")
     g.add_argument("--log-dir", default=None, help="write each process's log to DIR/NAME.log (default: this terminal)")
@@ -134,7 +134,7 @@ def refused_flag(a: argparse.Namespace) -> str | None:
         return f"kvpool serve: --served-model-name {names}: kvpool serves one model name (several are not supported yet)"
     if a.tokenizer is not None and Path(a.tokenizer).expanduser().resolve() != a.model_dir:
         return (f"kvpool serve: --tokenizer {shlex.quote(a.tokenizer)}: a tokenizer from another folder than MODEL "
-                "is not supported yet (kvpool reads MODEL's tokenizer.json)")  # fmt: skip
+                "is not supported yet (kvpool reads MODEL's tokenizer.json)")
     return None
 
 
@@ -151,10 +151,10 @@ def _settle_kv_transfer(a: argparse.Namespace) -> None:
     backend = a.kv_offloading_backend or "native"
     if backend != "native":
         raise Refused(f"kvpool serve: --kv-transfer-config with --kv-offloading-backend {backend}: not supported together yet "
-                      "(the host tier, --kv-offloading-size, is)")  # fmt: skip
+                      "(the host tier, --kv-offloading-size, is)")
     if a.tensor_parallel_size > 1:
         raise Refused(f"kvpool serve: --kv-transfer-config with --tensor-parallel-size {a.tensor_parallel_size}: not supported "
-                      "yet (a P/D engine's blocks are moved by one worker)")  # fmt: skip
+                      "yet (a P/D engine's blocks are moved by one worker)")
     a.kv_transfer_config = config.to_json()
 
 

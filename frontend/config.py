@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="give up reaching the scheduler after this long, in s (default %(default)s)")
     p.add_argument("--scheduler-restart-timeout", dest="scheduler_restart_timeout_s", type=float, default=d.scheduler_restart_timeout_s,
                    metavar="SECONDS", help="when the scheduler's connection drops, requests wait this long for it to come back "
-                                           "and then resume there; 0 fails them at once (default %(default)s)")  # fmt: skip
+                                           "and then resume there; 0 fails them at once (default %(default)s)")
     p.add_argument("--curve-client-key", metavar="FILE", help="this client's secret certificate, NAME.key_secret (default: none, no CURVE)")
     p.add_argument("--curve-server-key", metavar="FILE", help="the scheduler's public certificate, NAME.key (default: none, no CURVE)")
     p.add_argument("--enable-log-requests", action="store_true",
@@ -205,7 +205,7 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
                    help="tool_choice none: the chat template is not shown the tools (default %(default)s)")
     p.add_argument("--kv-transfer-config", default=None, metavar="JSON",
                    help="vLLM's KVTransferConfig as JSON (kvpool serve's): requests' kv_transfer_params are checked "
-                        "and sent to the engine (default: none, they are ignored)")  # fmt: skip
+                        "and sent to the engine (default: none, they are ignored)")
 
 
 # --uvicorn-log-level's names, as logging levels (uvicorn's "trace" is 5).

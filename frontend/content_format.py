@@ -62,7 +62,7 @@ def _names_bound_to(root, name: str) -> list[str]:
 def _message_loop_targets(root) -> list[str]:
     messages = _names_bound_to(root, "messages")
     return [loop.target.name for loop in root.find_all(jinja2.nodes.For)
-            if isinstance(loop.target, jinja2.nodes.Name) and any(_is_var_or_elems(loop.iter, m) for m in messages)]  # fmt: skip
+            if isinstance(loop.target, jinja2.nodes.Name) and any(_is_var_or_elems(loop.iter, m) for m in messages)]
 
 
 def _macro_content_params(root, messages: list[str]) -> tuple[dict[int, set[str]], set[int]]:

@@ -142,7 +142,7 @@ class EngineClient:
     def _start_tasks(self) -> None:
         """The reader and the connection's watcher, on the socket just connected."""
         self._tasks = [asyncio.create_task(self._read(), name="engine-client-read"),
-                       asyncio.create_task(self._watch(), name="engine-client-watch")]  # fmt: skip
+                       asyncio.create_task(self._watch(), name="engine-client-watch")]
 
     async def _connect(self, timeout: float) -> None:
         """A new socket connected to the scheduler; EngineUnreachable if not within ``timeout``."""
@@ -211,7 +211,7 @@ class EngineClient:
                 self._fail(list(self._sinks), EngineError(f"lost the connection to the scheduler at {self.address}"))
                 continue
             log.warning("lost the connection to the scheduler at %s; holding %d requests for up to %g s while it comes back",
-                        self.address, len(self._sinks), self.restart_timeout_s)  # fmt: skip
+                        self.address, len(self._sinks), self.restart_timeout_s)
             self._recovery = asyncio.create_task(self._recover(), name="engine-client-recover")
             return  # NOTE: the recovery starts a new reader and watcher on the new socket
 
@@ -277,7 +277,7 @@ class EngineClient:
         expired = [rid for rid, k in self._book.kept.items() if k.waiting_since is not None and now - k.waiting_since > limit]
         if expired:
             self._fail(expired, EngineError(f"lost the connection to the scheduler at {self.address}, "
-                                            f"and it did not come back within {limit:g} s"))  # fmt: skip
+                                            f"and it did not come back within {limit:g} s"))
 
     async def _read(self) -> None:
         assert self._sock is not None
@@ -336,7 +336,7 @@ class EngineClient:
         request of any frame that is a map with a request id."""
         sinks = {rid: self._sinks.pop(rid) for rid in self._unheard if rid in self._sinks}
         log.error("the scheduler refused a frame it could not read (%s); failing the %d requests it had not answered",
-                  message, len(sinks))  # fmt: skip
+                  message, len(sinks))
         self._unheard.clear()
         self.abort(sinks)  # NOTE: any of them it did read would otherwise run on, holding blocks
         error = EngineError(f"the scheduler could not read a request: {message}")

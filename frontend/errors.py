@@ -37,14 +37,14 @@ class APIError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type,
-                          "param": self.param, "code": self.status.value}}  # fmt: skip
+                          "param": self.param, "code": self.status.value}}
 
     def response(self) -> web.Response:
         # NOTE: a 503 is a pause (no worker yet, or one restarting): Retry-After tells
         # clients (the openai SDK honours it) when to try again rather than give up.
         headers = {"Retry-After": str(RETRY_AFTER_S)} if self.status == HTTPStatus.SERVICE_UNAVAILABLE else None
         return web.Response(status=self.status.value, body=msgspec.json.encode(self.body()), content_type="application/json",
-                            headers=headers)  # fmt: skip
+                            headers=headers)
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:

@@ -71,7 +71,7 @@ class ChoiceState:
     def __init__(self, tokenizer: Tokenizer, index: int, params: EngineParams, prompt_token_ids: list[int]):
         self.index = index
         self.detok = IncrementalDetokenizer(tokenizer, params.skip_special_tokens, params.stop, params.include_stop_str_in_output,
-                                            params.generate["min_tokens"], prompt_token_ids, params.spaces_between_special_tokens)  # fmt: skip
+                                            params.generate["min_tokens"], prompt_token_ids, params.spaces_between_special_tokens)
         self.stop_ids = params.generate["stop_token_ids"]
         self.finished = False
 
@@ -88,7 +88,7 @@ class ChoiceState:
         finished = self.finished = stop_str is not None or out.finished
         return ChoiceDelta(self.index, detok.get_next_output_text(finished, delta=True), out.new_token_ids, out.logprobs,
                            finish_reason if finished else None, stop_reason, out.num_cached_tokens, out.prompt_logprobs,
-                           out.kv_transfer_params)  # fmt: skip
+                           out.kv_transfer_params)
 
 
 async def run_choice(

@@ -23,7 +23,7 @@ from gguf import GGML_QUANT_SIZES, GGUFReader, dequantize
 
 # GGUF's general.architecture -> the Hugging Face class kvpool's worker builds.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "gemma3": "Gemma3ForCausalLM"}  # fmt: skip
+                 "gemma3": "Gemma3ForCausalLM"}
 
 
 class GGUFModelError(ValueError):

@@ -77,7 +77,7 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 def kv_bytes_per_block(model_dir: Path, block_size: int, dtype: str, tensor_parallel_size: int = 1, kv_cache_dtype: str = "auto",
-                       disable_hybrid: bool = False, disable_sliding_window: bool = False) -> int | None:  # fmt: skip
+                       disable_hybrid: bool = False, disable_sliding_window: bool = False) -> int | None:
     """K and V of one block across the model's KV tensors, from config.json (None if
     unknown): every layer, or for a hybrid model ``num_kv_tensors`` of its KV-cache
     groups (the worker's sizing; ``disable_hybrid`` and ``disable_sliding_window`` are
@@ -149,7 +149,7 @@ class Child:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's life
             out = self._log
         self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT if out else None, preexec_fn=_die_with_parent,
-                                     pass_fds=self.pass_fds)  # fmt: skip
+                                     pass_fds=self.pass_fds)
         self.started_at = time.monotonic()
 
     def alive(self) -> bool:
@@ -251,7 +251,7 @@ class Launcher:
         if blocks is not None:
             tp = getattr(a, "tensor_parallel_size", 1)
             per_block = kv_bytes_per_block(a.model_dir, a.block_size, a.dtype, tp, getattr(a, "kv_cache_dtype", None) or "auto",
-                                           getattr(a, "disable_hybrid_kv_cache_manager", False), a.disable_sliding_window)  # fmt: skip
+                                           getattr(a, "disable_hybrid_kv_cache_manager", False), a.disable_sliding_window)
             size = f", {human_bytes(blocks * per_block)}" if per_block else ""
             size += f" on each of {tp} ranks" if size and tp > 1 else ""
             pool = f"KV cache: {int(blocks)} blocks × {a.block_size} tokens{size}"

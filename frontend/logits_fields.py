@@ -33,7 +33,7 @@ def logit_bias_of(logit_bias: dict[str, float] | None) -> dict[int, float] | Non
         out[token_id] = min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, float(bias)))
     if invalid:
         raise bad_request(f"logit_bias contains key(s) that cannot be converted to integer token IDs: {invalid!r} "
-                          f"(parameter=logit_bias, value={invalid!r})", "logit_bias")  # fmt: skip
+                          f"(parameter=logit_bias, value={invalid!r})", "logit_bias")
     return out
 
 
@@ -49,13 +49,13 @@ def bad_words_token_ids(tokenizer, bad_words: list[str]) -> list[list[int]]:
             if not ids:
                 if not prefix:
                     raise bad_request(f"bad_words entries must tokenize to at least one token. (parameter=bad_words, value={words})",
-                                      "bad_words")  # fmt: skip
+                                      "bad_words")
                 continue
             if not prefix or (ids[0] != out[-1][0] and len(ids) == len(out[-1])):
                 out.append(ids)
                 if len(out) > MAX_NUM_BAD_WORDS:
                     raise bad_request(f"Too many bad words after tokenization: {len(out)}. The max number is {MAX_NUM_BAD_WORDS}. "
-                                      f"(parameter=bad_words, value={words})", "bad_words")  # fmt: skip
+                                      f"(parameter=bad_words, value={words})", "bad_words")
     return out
 
 

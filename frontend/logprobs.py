@@ -19,7 +19,7 @@ def _texts(tokenizer: Tokenizer, ids: list[int], as_ids: bool, context: list[int
 
 
 def completion_logprobs(tokenizer: Tokenizer, token_ids: list[int], logprobs: list[TokenLogprobs], num: int,
-                        as_ids: bool, text_offset: int = 0, context: list[int] = ()) -> dict:  # fmt: skip
+                        as_ids: bool, text_offset: int = 0, context: list[int] = ()) -> dict:
     """``context``: the choice's output tokens before ``token_ids`` (a stream's earlier chunks)."""
     tokens, token_logprobs, top, offsets = [], [], [], []
     seen = list(context)
@@ -39,7 +39,7 @@ def completion_logprobs(tokenizer: Tokenizer, token_ids: list[int], logprobs: li
 
 
 def chat_logprobs(tokenizer: Tokenizer, token_ids: list[int], logprobs: list[TokenLogprobs], num: int, as_ids: bool,
-                  context: list[int] = ()) -> dict:  # fmt: skip
+                  context: list[int] = ()) -> dict:
     """``context``: the choice's output tokens before ``token_ids`` (a stream's earlier chunks)."""
     content = []
     seen = list(context)

@@ -43,7 +43,7 @@ class FrontendMetrics:
         labels, values = ["model_name", "engine"], (model_name, engine)
         tokens = request_tokens_buckets(max_model_len)
         self._success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                                labels + ["finished_reason"], registry=r)  # fmt: skip
+                                labels + ["finished_reason"], registry=r)
         self._values = values
         for reason in FINISH_REASONS:
             self._success.labels(*values, reason)
@@ -59,11 +59,11 @@ class FrontendMetrics:
         self.params_n = histogram("vllm:request_params_n", "Histogram of the n request parameter.", N_BUCKETS)
         self.params_max_tokens = histogram("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens)
         self.http_requests = Counter("http_requests", "Total number of requests by method, status and handler.",
-                                     ["method", "status", "handler"], registry=r)  # fmt: skip
+                                     ["method", "status", "handler"], registry=r)
         Gauge("kvpool_frontend_engine_requests_in_flight", "Engine requests open on the scheduler.",
-              registry=r).set_function(in_flight)  # fmt: skip
+              registry=r).set_function(in_flight)
         self.http_duration = Histogram("http_request_duration_seconds", "Latency with only few buckets by handler.",
-                                       ["method", "handler"], buckets=HTTP_BUCKETS, registry=r)  # fmt: skip
+                                       ["method", "handler"], buckets=HTTP_BUCKETS, registry=r)
 
     def request_finished(self, finish_reason: str | None, num_prompt_tokens: int, num_generation_tokens: int, max_tokens: int) -> None:
         """One engine request finished (vLLM's FinishedRequestStats)."""

@@ -65,7 +65,7 @@ def ops_routes(server: ServerView) -> list[tuple[str, str, object]]:
         for name in ("reset_running_requests", "reset_external"):
             if query_bool(request, name):
                 raise APIError(f"{name}=true is not supported: kvpool's scheduler resets the prefix cache only when "
-                               "no running request holds blocks (and has no external cache to reset)", 501)  # fmt: skip
+                               "no running request holds blocks (and has no external cache to reset)", 501)
         status, _text = await server.scheduler_reset_prefix_cache()
         if status not in (200, 409):  # 409: blocks are held, vLLM's success=false
             raise APIError(f"the scheduler refused to reset its prefix cache ({status}): {_text.strip()}", 503)
@@ -79,7 +79,7 @@ def ops_routes(server: ServerView) -> list[tuple[str, str, object]]:
         if req.lora_name == config.served_model_name:
             raise APIError(f"The lora adapter '{req.lora_name}' conflicts with a served base model.", 400, type_=INVALID_USER_INPUT)
         raise APIError(f"cannot load LoRA adapter {req.lora_name!r}: kvpool serves its base model only and has no LoRA "
-                       "support (VLLM_ALLOW_RUNTIME_LORA_UPDATING only makes this route exist)", 501)  # fmt: skip
+                       "support (VLLM_ALLOW_RUNTIME_LORA_UPDATING only makes this route exist)", 501)
 
     async def unload_lora_adapter(request: web.Request) -> web.Response:
         req = await read_body(request, UnloadLoRAAdapterRequest)

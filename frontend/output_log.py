@@ -20,7 +20,7 @@ class OutputLog:
         self.deltas = deltas  # --enable-log-deltas
 
     def output(self, request_id: str, text: str, token_ids: Sequence[int] | None, finish_reason: str | None,
-               streaming: bool = False, delta: bool = False) -> None:  # fmt: skip
+               streaming: bool = False, delta: bool = False) -> None:
         n = self.max_log_len
         if n is not None:
             text = text[:n]

@@ -75,7 +75,7 @@ def prompt_logprobs_json(tokenizer: Tokenizer, prompt_ids: list[int], plp: Promp
 
 
 def echo_logprobs(tokenizer: Tokenizer, prompt_ids: list[int], plp: PromptLogprobs, num: int, as_ids: bool,
-                  text_offset: int = 0) -> dict:  # fmt: skip
+                  text_offset: int = 0) -> dict:
     """The prompt tokens' part of a completion's ``logprobs`` under echo (vLLM's
     ``_create_completion_logprobs`` over prompt_logprobs): the first token has None
     for its logprob and top_logprobs; each other shows the prompt token, then the

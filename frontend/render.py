@@ -23,7 +23,7 @@ def _generate_request(ctx: ServingContext, request_id: str, token_ids: list[int]
     """One vLLM ``GenerateRequest``, field for field (``kv_transfer_params`` as the request
     gave them, as vLLM's render passes them on unread)."""
     sampling = {**params.generate, "n": params.n, "stop": params.stop, "include_stop_str_in_output": params.include_stop_str_in_output,
-                "skip_special_tokens": params.skip_special_tokens, "spaces_between_special_tokens": params.spaces_between_special_tokens}  # fmt: skip
+                "skip_special_tokens": params.skip_special_tokens, "spaces_between_special_tokens": params.spaces_between_special_tokens}
     sampling.pop("cache_salt", None)
     sampling.pop("kv_transfer_params", None)
     # NOTE: vLLM's SamplingParams holds the words and the allowed ids as the request gave them
@@ -34,7 +34,7 @@ def _generate_request(ctx: ServingContext, request_id: str, token_ids: list[int]
     priority = sampling.pop("priority")
     return {"request_id": request_id, "token_ids": token_ids, "features": None, "sampling_params": sampling, "model": ctx.model_name,
             "stream": req.stream, "stream_options": None, "cache_salt": req.cache_salt, "priority": priority,
-            "kv_transfer_params": req.kv_transfer_params}  # fmt: skip
+            "kv_transfer_params": req.kv_transfer_params}
 
 
 async def render_completion(ctx: ServingContext, req: CompletionRequest) -> list[dict]:

@@ -61,15 +61,15 @@ FIELDS: dict[str, RequestField] = {
     "top_p": RequestField(_H, "the worker's sampler"),
     "user": RequestField(_N, "vLLM ignores it (its protocol says so)"),
     "response_format": RequestField(_H, "text, json_object, json_schema through xgrammar (type structural_tag refused by "
-                                        "name)"),  # fmt: skip
+                                        "name)"),
     "tools": RequestField(_H, "passed to the chat template; calls parsed with --tool-call-parser", CHAT),
     "tool_choice": RequestField(_H, "none, auto (--enable-auto-tool-choice), required and named (forced through "
-                                    "structured outputs)", CHAT),  # fmt: skip
+                                    "structured outputs)", CHAT),
     "parallel_tool_calls": RequestField(_H, "as vLLM's tool parsers read it", CHAT),
     "reasoning_effort": RequestField(_H, "passed to the chat template (and enable_thinking), as vLLM", CHAT),
     "include_reasoning": RequestField(_N, "acts only with a reasoning parser, which kvpool does not have", CHAT),
     "thinking_token_budget": RequestField(_R, "thinking_token_budget is set but reasoning_config is not configured "
-                                              "(vLLM's 400 without --reasoning-parser)"),  # fmt: skip
+                                              "(vLLM's 400 without --reasoning-parser)"),
     # vLLM's sampling extras.
     "use_beam_search": RequestField(_R, "beam search is not supported by kvpool (accepted: false)"),
     "top_k": RequestField(_H, "the worker's sampler"),
@@ -84,16 +84,16 @@ FIELDS: dict[str, RequestField] = {
     "skip_special_tokens": RequestField(_H, "the frontend's detokenizer"),
     "spaces_between_special_tokens": RequestField(_H, "the frontend's detokenizer"),
     "truncate_prompt_tokens": RequestField(_H, "the prompt's last k tokens kept (-1: the context less one) before the length "
-                                               "check"),  # fmt: skip
+                                               "check"),
     "truncation_side": RequestField(_H, "which end truncate_prompt_tokens keeps"),
     "allowed_token_ids": RequestField(_H, "every other token masked in the worker"),
     "prompt_logprobs": RequestField(_H, "computed by the worker during prefill; such a request skips reading the "
-                                        "prefix cache, as vLLM's"),  # fmt: skip
+                                        "prefix cache, as vLLM's"),
     "logprob_token_ids": RequestField(_R, "logprob_token_ids is not supported by kvpool"),
     "bad_words": RequestField(_H, "tokenized with and without a leading space; the worker bans each word's last "
-                                  "token after its prefix"),  # fmt: skip
+                                  "token after its prefix"),
     "prompt_embeds": RequestField(_R, "prompt_embeds are not supported by kvpool (vLLM needs "
-                                      "--enable-prompt-embeds)", COMPLETION),  # fmt: skip
+                                      "--enable-prompt-embeds)", COMPLETION),
     "add_special_tokens": RequestField(_H, "the tokenizer's special tokens around the prompt"),
     "add_generation_prompt": RequestField(_H, "the chat template's variable", CHAT),
     "continue_final_message": RequestField(_H, "the chat template continues the last message", CHAT),
@@ -101,18 +101,18 @@ FIELDS: dict[str, RequestField] = {
     "chat_template": RequestField(_H, "only with --trust-request-chat-template, as vLLM", CHAT),
     "chat_template_kwargs": RequestField(_H, "the chat template's variables, over --default-chat-template-kwargs", CHAT),
     "media_io_kwargs": RequestField(_R, "vLLM's 400 without --trust-request-mm-kwargs, which kvpool refuses (text only)",
-                                    CHAT),  # fmt: skip
+                                    CHAT),
     "mm_processor_kwargs": RequestField(_R, "vLLM's 400 without --trust-request-mm-kwargs, which kvpool refuses (text only)",
-                                        CHAT),  # fmt: skip
+                                        CHAT),
     "structured_outputs": RequestField(_H, "json, regex, choice, grammar, json_object, structural_tag through xgrammar, "
-                                           "compiled on the worker"),  # fmt: skip
+                                           "compiled on the worker"),
     "priority": RequestField(_H, "--scheduling-policy priority (the X-Vllm-Priority header wins)"),
     "request_id": RequestField(_H, "the response id; the engine's id adds a random suffix"),
     "session_id": RequestField(_N, "vLLM hands it to KV connectors; NixlConnector's contract, kvpool's, does not read it"),
     "return_tokens_as_token_ids": RequestField(_H, "logprob tokens as token_id:N"),
     "return_token_ids": RequestField(_H, "prompt_token_ids and each choice's token_ids in the answer"),
     "routed_experts_prompt_start": RequestField(_N, "checked (0..prompt length) as vLLM checks it; acts only for "
-                                                    "MoE routed-expert capture"),  # fmt: skip
+                                                    "MoE routed-expert capture"),
     "return_token_offsets": RequestField(_N, "vLLM honours it on the render endpoints only, not on generation"),
     "return_prompt_text": RequestField(_R, "return_prompt_text is not supported by kvpool", CHAT),
     "mm_payload": RequestField(_N, f"{_MM}; vLLM reads it for multimodal items of a render answer only"),
@@ -120,7 +120,7 @@ FIELDS: dict[str, RequestField] = {
     "cache_salt": RequestField(_H, "in the first block's hash: salted requests share no block"),
     "kv_transfer_params": RequestField(_H, "with --kv-transfer-config: P/D disaggregation, checked and passed to the "
                                            "engine, a prefill's answer carries them (docs/pd-disaggregation.md); "
-                                           "ignored without it, as vLLM"),  # fmt: skip
+                                           "ignored without it, as vLLM"),
     "ec_transfer_params": RequestField(_N, "vLLM passes them to an encoder-cache connector, which kvpool does not have"),
     "vllm_xargs": RequestField(_N, "vLLM passes them to custom logits processors, which kvpool does not load"),
     "repetition_detection": RequestField(_R, "repetition_detection is not supported by kvpool"),
@@ -162,13 +162,13 @@ def check_unhonoured(req: UnhonouredFields, endpoint: str) -> None:
     if req.thinking_token_budget is not None and req.thinking_token_budget != -1:
         raise bad_request("thinking_token_budget is set but reasoning_config is not configured. Please set "
                           "--reasoning-parser and/or --reasoning-config to use thinking_token_budget.",
-                          "thinking_token_budget")  # fmt: skip
+                          "thinking_token_budget")
     for name in ("logprob_token_ids", "prompt_embeds", "repetition_detection"):
         if getattr(req, name) is not None and endpoint in FIELDS[name].endpoints:
             raise bad_request(f"{name} is not supported by kvpool", name)
     if req.stream_interval is not None and req.stream_interval > 1:
         raise bad_request(f"stream_interval above 1 is not supported by kvpool, got {req.stream_interval}",
-                          "stream_interval")  # fmt: skip
+                          "stream_interval")
     if req.return_prompt_text and endpoint == "chat":
         raise bad_request("return_prompt_text is not supported by kvpool", "return_prompt_text")
     if req.mm_payload not in ("tensors", "none"):
@@ -179,7 +179,7 @@ def check_routed_experts_start(req: UnhonouredFields, num_prompt_tokens: int) ->
     """vLLM's range check of a no-effect field, once a prompt's length is known."""
     if not 0 <= req.routed_experts_prompt_start <= num_prompt_tokens:
         raise bad_request(f"routed_experts_prompt_start must be between 0 and the prompt length ({num_prompt_tokens}), "
-                          "inclusive.", "routed_experts_prompt_start")  # fmt: skip
+                          "inclusive.", "routed_experts_prompt_start")
 
 
 def fields_doc() -> str:
@@ -188,7 +188,7 @@ def fields_doc() -> str:
              "Generated from `frontend/request_fields.py` (a test fails when they differ). Every field of vLLM "
              "0.32's `CompletionRequest` and `ChatCompletionRequest`: honoured as vLLM honours it, accepted with no "
              "effect because it has none in vLLM either in the configuration kvpool serves, or refused with a 400 "
-             "naming it.", "", "| field | endpoints | kvpool | how, or why |", "| --- | --- | --- | --- |"]  # fmt: skip
+             "naming it.", "", "| field | endpoints | kvpool | how, or why |", "| --- | --- | --- | --- |"]
     for name, f in FIELDS.items():
         lines.append(f"| `{name}` | {', '.join(f.endpoints)} | {f.status} | {f.note} |")
     return "\n".join(lines) + "\n"

@@ -34,7 +34,7 @@ def vllm_config(model: str, served_model_name: str, max_model_len: int, info: di
     """The part of vLLM's VllmConfig (as ``/server_info?config_format=json`` dumps it) a router reads."""
     return {"model_config": {"model": model, "served_model_name": served_model_name, "max_model_len": max_model_len},
             "cache_config": dict(info.get("cache_config", {})),
-            "parallel_config": {"data_parallel_size": 1, "data_parallel_rank": info.get("data_parallel_rank", 0)}}  # fmt: skip
+            "parallel_config": {"data_parallel_size": 1, "data_parallel_rank": info.get("data_parallel_rank", 0)}}
 
 
 def kv_event_sources(info: dict) -> dict:
@@ -62,7 +62,7 @@ def router_probe_routes(server: ServerView) -> list[tuple[str, str, object]]:
 
     async def model_info(_request: web.Request) -> web.Response:
         return json_response({"model_path": ctx.model_path, "tokenizer_path": ctx.model_path, "is_generation": True,
-                              "served_model_name": ctx.model_name, "max_model_len": ctx.max_model_len})  # fmt: skip
+                              "served_model_name": ctx.model_name, "max_model_len": ctx.max_model_len})
 
     async def server_info(_request: web.Request) -> web.Response:
         c = config
@@ -71,7 +71,7 @@ def router_probe_routes(server: ServerView) -> list[tuple[str, str, object]]:
                               "max_model_len": c.max_model_len, "dev_mode": c.dev_mode, "ready": server.ready,
                               "status": "ready" if server.ready else server.why_not_ready, "load": server.engine.num_in_flight,
                               "kv_block_size": info["cache_config"]["block_size"],
-                              "vllm_config": vllm_config(c.model, c.served_model_name, c.max_model_len, info)})  # fmt: skip
+                              "vllm_config": vllm_config(c.model, c.served_model_name, c.max_model_len, info)})
 
     async def kv_event_sources_(_request: web.Request) -> web.Response:
         return json_response(kv_event_sources(await engine_info()))
@@ -96,7 +96,7 @@ def router_probe_routes(server: ServerView) -> list[tuple[str, str, object]]:
     async def flush_cache(_request: web.Request) -> web.Response:
         if not config.dev_mode:
             raise APIError("POST /flush_cache resets the prefix cache, a development endpoint: start the server with "
-                           "--dev-mode (as for /reset_prefix_cache)", 403)  # fmt: skip
+                           "--dev-mode (as for /reset_prefix_cache)", 403)
         status, text = await server.scheduler_reset_prefix_cache()
         return web.Response(status=status, text=text)
 

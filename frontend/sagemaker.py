@@ -33,7 +33,7 @@ def invocations_route(server: ServerView) -> tuple[str, str, object]:
         media_type = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
         if media_type != "application/json":
             raise APIError("1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed", 400,
-                           type_="Bad Request")  # fmt: skip
+                           type_="Bad Request")
         body = await read_bytes(request)
         try:
             value = json.loads(body)

@@ -18,10 +18,10 @@ from protocol.sampling_params import GREEDY_TEMPERATURE, MAX_LOGPROBS, SamplingE
 
 # vLLM's defaults where neither the request nor generation_config.json says.
 VLLM_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
-                 "presence_penalty": 0.0, "frequency_penalty": 0.0}  # fmt: skip
+                 "presence_penalty": 0.0, "frequency_penalty": 0.0}
 # generation_config.json keys vLLM reads as default sampling parameters (ModelConfig.get_diff_sampling_param).
 _GENERATION_CONFIG_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty", "temperature", "top_k", "top_p",
-                           "min_p", "max_new_tokens")  # fmt: skip
+                           "min_p", "max_new_tokens")
 # vLLM's bound on n (its VLLM_MAX_N_SEQUENCES default).
 DEFAULT_MAX_N_SEQUENCES = 16384
 # vLLM's header that overrides a request body's priority (``OpenAIServing._get_priority``).
@@ -76,7 +76,7 @@ class EngineParams:
 
 
 def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict, max_n: int = DEFAULT_MAX_N_SEQUENCES,
-                  max_logprobs: int = MAX_LOGPROBS) -> EngineParams:  # fmt: skip
+                  max_logprobs: int = MAX_LOGPROBS) -> EngineParams:
     """Check a request's sampling fields (the first bad one is named) and build them.
     The ranges are protocol's (``check_sampling``), the scheduler's own; ``n`` is the
     frontend's alone (it fans a request out into n), bounded by ``max_n`` as vLLM's
@@ -91,13 +91,13 @@ def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict
         raise bad_request(f"n must be at least 1, got {req.n}.", "n")
     if req.n > max_n:
         raise bad_request(f"n must be at most {max_n}, got {req.n}. To increase this limit, set the VLLM_MAX_N_SEQUENCES "
-                          "environment variable.", "n")  # fmt: skip
+                          "environment variable.", "n")
     if max_tokens < 1:
         raise bad_request(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
     fields = SimpleNamespace(
         **{name: pick(name) for name in VLLM_DEFAULTS}, min_tokens=req.min_tokens, max_tokens=max_tokens,
         logprobs=num_logprobs, seed=req.seed, stop_token_ids=list(req.stop_token_ids or []),
-    )  # fmt: skip
+    )
     if num_logprobs is not None and num_logprobs > max_logprobs:
         raise bad_request(f"Requested sample logprobs of {num_logprobs}, which is greater than max allowed: {max_logprobs}", "logprobs")
     try:
@@ -114,7 +114,7 @@ def engine_params(req, max_tokens: int, num_logprobs: int | None, defaults: dict
         "presence_penalty": float(fields.presence_penalty), "frequency_penalty": float(fields.frequency_penalty),
         "repetition_penalty": float(fields.repetition_penalty), "min_tokens": req.min_tokens,
         "stop_token_ids": fields.stop_token_ids, "logprobs": num_logprobs, "priority": req.priority,
-    }  # fmt: skip
+    }
     if req.cache_salt is not None:
         generate["cache_salt"] = req.cache_salt
     return EngineParams(generate, stop, req.include_stop_str_in_output, req.skip_special_tokens, req.n,
@@ -154,7 +154,7 @@ def check_output_tokens(max_tokens: int | None, max_model_len: int, param: str =
     whole context (one that only overflows with the prompt gets less: ``output_budget``)."""
     if max_tokens is not None and max_tokens > max_model_len:
         raise bad_request(f"{param}={max_tokens} cannot be greater than max_model_len={max_model_len}. Please request "
-                          f"fewer output tokens. (parameter={param}, value={max_tokens})", param)  # fmt: skip
+                          f"fewer output tokens. (parameter={param}, value={max_tokens})", param)
 
 
 def check_prompt_length(num_prompt_tokens: int, max_model_len: int, from_text: bool = False) -> None:
@@ -169,7 +169,7 @@ def check_prompt_length(num_prompt_tokens: int, max_model_len: int, from_text: b
         f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains {at_least}{count} "
         "input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input "
         f"prompt. (parameter=input_tokens, value={count})", "input_tokens",
-    )  # fmt: skip
+    )
 
 
 def check_prompt_chars(text: str, max_model_len: int, max_chars_per_token: int) -> None:
@@ -181,4 +181,4 @@ def check_prompt_chars(text: str, max_model_len: int, max_chars_per_token: int) 
             f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains {len(text)} "
             f"characters (more than {limit} characters, which is the upper bound for {max_model_len} input tokens). "
             f"Please reduce the length of the input prompt. (parameter=input_text, value={len(text)})", "input_text",
-        )  # fmt: skip
+        )

@@ -123,7 +123,7 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
     ``ServingContext.cached``; vLLM's continuous-usage chunks have none either)."""
     details = None if cached_tokens is None else {"cached_tokens": cached_tokens, "created_cache_tokens": None, "multimodal_tokens": None}
     return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens, "prompt_tokens_details": details, "completion_tokens_details": None}  # fmt: skip
+            "completion_tokens": completion_tokens, "prompt_tokens_details": details, "completion_tokens_details": None}
 
 
 def stream_usage(prompt_tokens: int, completion_tokens: int, chat: bool) -> dict:
@@ -167,13 +167,13 @@ def choice_streams(ctx: ServingContext, request_id: str, prompts: list[list[int]
     """Each choice as an async iterator of its deltas."""
     if ctx.log_requests:
         log.info("Received request %s: params: %s, n: %d, num_prompt_tokens: %s.", request_id, params.generate, params.n,
-                 [len(p) for p in prompts])  # fmt: skip
+                 [len(p) for p in prompts])
     if params.refusal is not None:
         raise params.refusal
     # vLLM's add_request check, prompt by prompt, before any starts (frontend/admission.py)
     ctx.engine.check_admission_prompts([len(p) for p in prompts], params.n)
     return [run_choice(ctx.engine, ctx.tokenizer, rid, index, prompt, p)
-            for rid, index, prompt, p in choice_requests(request_id, prompts, params)]  # fmt: skip
+            for rid, index, prompt, p in choice_requests(request_id, prompts, params)]
 
 
 async def collect(ctx: ServingContext, request_id: str, prompts: list[list[int]], params: EngineParams) -> list[Choice]:

@@ -58,7 +58,7 @@ from frontend.serving import (
     start_sse,
     stream_usage,
     usage,
-)  # fmt: skip
+)
 from frontend.streaming import ClientGone, StreamedChoices, TextChunk
 from frontend.structured_outputs import with_structured_outputs
 from frontend.tool_calls import StreamedToolCalls, chat_message, logged_delta, logged_output
@@ -79,13 +79,13 @@ def check_request_templates(ctx: ServingContext, chat_template: str | None, chat
 
 async def chat_prompt(ctx: ServingContext, messages: list[dict], add_generation_prompt: bool, add_special_tokens: bool,
                       tools=None, documents=None, chat_template_kwargs=None, continue_final_message: bool = False,
-                      chat_template: str | None = None, reasoning_effort: str | None = None) -> tuple[list[int], list[dict]]:  # fmt: skip
+                      chat_template: str | None = None, reasoning_effort: str | None = None) -> tuple[list[int], list[dict]]:
     """The prompt's token ids and the conversation rendered (vLLM's ``preprocess_chat``),
     in the tokenizer thread."""
     check_request_templates(ctx, chat_template, chat_template_kwargs)
     tok = ctx.tokenizer
     kwargs = chat_template_kwargs_for(ctx.default_chat_template_kwargs, tools, chat_template_kwargs, add_generation_prompt,
-                                      continue_final_message, documents, reasoning_effort)  # fmt: skip
+                                      continue_final_message, documents, reasoning_effort)
     # NOTE: vLLM's order: the request's template, --chat-template, chat_template_kwargs' one, the checkpoint's.
     template = chat_template or (tok.chat_template if tok.chat_template_from_flag else None)
     kwargs = merge_kwargs(kwargs, {"chat_template": template})
@@ -122,11 +122,11 @@ def check_chat_fields(req: ChatCompletionRequest) -> None:
         if getattr(req, name):
             raise bad_request(f"Per-request {name} are disabled by default because they can change multimodal "
                               f"{'preprocessing' if name == 'mm_processor_kwargs' else 'media loading'} resource usage. "
-                              f"Start the server with --trust-request-mm-kwargs only when clients are trusted. (parameter={name})", name)  # fmt: skip
+                              f"Start the server with --trust-request-mm-kwargs only when clients are trusted. (parameter={name})", name)
 
 
 async def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest,
-                            rendered=None) -> tuple[list[int], int, int | None, EngineParams, list[dict]]:  # fmt: skip
+                            rendered=None) -> tuple[list[int], int, int | None, EngineParams, list[dict]]:
     """A checked chat request as the engine runs it: (prompt token ids, max_tokens,
     logprobs asked for or None, engine params, the rendered conversation). Shared by
     the endpoint and its render. ``rendered()``, if given, is called between the
@@ -148,14 +148,14 @@ async def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest,
     check_tool_parsing(req, ctx.tool_parser)
     shown = None if req.tool_choice == "none" and ctx.exclude_tools_when_tool_choice_none else template_tools(req.tools)
     ids, chat = await chat_prompt(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens, shown, req.documents,
-                                  req.chat_template_kwargs, req.continue_final_message, req.chat_template, req.reasoning_effort)  # fmt: skip
+                                  req.chat_template_kwargs, req.continue_final_message, req.chat_template, req.reasoning_effort)
     adjust_request(req, ctx.tool_parser, ctx.strict_tool_calling, ctx.tool_strict_level)
     requested = req.max_completion_tokens or req.max_tokens
     # NOTE: the rendered prompt's ids, sliced: vLLM's tokenizer-level truncation gives the
     # same unless add_special_tokens puts specials around a chat prompt. Truncated to
     # nothing, the prompt goes on for the engine to refuse (vLLM's words, in the stream).
     keep = tokens_kept(req.truncate_prompt_tokens, ctx.max_model_len,
-                       req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens)  # fmt: skip
+                       req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens)
     ids = truncate_ids(ids, keep, req.truncation_side)
     check_prompt_length(len(ids), ctx.max_model_len, from_text=True)
     check_routed_experts_start(req, len(ids))
@@ -207,13 +207,13 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
 
     choices = await collect(ctx, request_id, [ids], params)
     messages = [chat_message(ctx.tool_parser, ctx.tokenizer, req, chat_role(ctx, req), echo + c.text, c.finish_reason, not ctx.strict_tool_calling)
-                for c in choices]  # fmt: skip
+                for c in choices]
     out = [{
         "index": c.index, "message": {**_MESSAGE_NULLS, **message},
         "logprobs": chat_logprobs(ctx.tokenizer, c.token_ids, c.logprobs, num_logprobs, as_ids) if num_logprobs is not None else None,
         "finish_reason": finish_reason, "stop_reason": c.stop_reason, "token_ids": c.token_ids if req.return_token_ids else None,
         "routed_experts": None,  # NOTE: vLLM's MoE routing capture (--enable-return-routed-experts): never here
-    } for c, (message, finish_reason) in zip(choices, messages, strict=True)]  # fmt: skip
+    } for c, (message, finish_reason) in zip(choices, messages, strict=True)]
     if ctx.output_log is not None:
         for c, (message, finish_reason) in zip(choices, messages, strict=True):
             if text := logged_output(message):
@@ -225,7 +225,7 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
         "prompt_token_ids": ids if req.return_token_ids else None, "prompt_text": None,
         "kv_transfer_params": choices[0].kv_transfer_params,  # a prefill engine's answer to vllm-router's PD mode
         "service_tier": None, "ec_transfer_params": None, "metrics": None,  # NOTE: vLLM 0.32's keys, null here as there
-    })  # fmt: skip
+    })
 
 
 def _choice(i, delta, lp=None, finish_reason=None, stop_reason=None, token_ids=None) -> dict:
@@ -233,7 +233,7 @@ def _choice(i, delta, lp=None, finish_reason=None, stop_reason=None, token_ids=N
     if finish_reason is None:
         return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": None, "token_ids": token_ids}
     return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish_reason, "stop_reason": stop_reason,
-            "token_ids": token_ids}  # fmt: skip
+            "token_ids": token_ids}
 
 
 async def _send_heads(resp, chunk, role: str, n: int, ids: list[int], with_ids: bool, continuous: bool, echo) -> None:

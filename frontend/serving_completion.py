@@ -50,7 +50,7 @@ from frontend.serving import (
     start_sse,
     stream_usage,
     usage,
-)  # fmt: skip
+)
 from frontend.streaming import ClientGone, StreamedChoices, TextChunk
 from frontend.structured_outputs import with_structured_outputs
 from frontend.truncation import check_truncation, encode_truncated, tokens_kept, truncate_ids
@@ -92,7 +92,7 @@ async def prompt_token_ids(ctx: ServingContext, req: CompletionRequest) -> tuple
 
 
 async def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
-                            rendered=None) -> tuple[list[list[int]], list[str | None], int, EngineParams]:  # fmt: skip
+                            rendered=None) -> tuple[list[list[int]], list[str | None], int, EngineParams]:
     """A checked completion request as the engine runs it: (each prompt's token ids,
     its text where one was given, max_tokens, engine params). Shared by the endpoint
     and its render. ``rendered()``, if given, is called between the prompts' checks and
@@ -135,7 +135,7 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
     # NOTE: as vLLM, an echo with return_token_ids echoes the prompt's ids, not its text; a token
     # prompt echoes as vLLM decodes it: special tokens kept (transformers' default).
     echo = [(t if t is not None else ctx.tokenizer.decode(ids, skip_special_tokens=False)) if req.echo and not req.return_token_ids else ""
-            for ids, t in zip(prompts, texts, strict=True)]  # fmt: skip
+            for ids, t in zip(prompts, texts, strict=True)]
     n = params.n
     if req.stream:
         return await _stream(ctx, request, req, request_id, prompts, params, echo, as_ids)
@@ -151,7 +151,7 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
         out.append({"index": c.index, "text": echo[c.index // n] + ("" if echo_only else c.text), "logprobs": lp,
                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, "token_ids": c.token_ids if req.return_token_ids else None,
                     "prompt_logprobs": prompt_logprobs_json(ctx.tokenizer, prompt, c.prompt_logprobs),
-                    "prompt_token_ids": prompt if req.return_token_ids else None, "routed_experts": None})  # fmt: skip
+                    "prompt_token_ids": prompt if req.return_token_ids else None, "routed_experts": None})
     num_prompt = sum(len(p) for p in prompts)
     return json_response({
         "id": request_id, "object": "text_completion", "created": now(), "model": ctx.model_name, "choices": out,
@@ -159,11 +159,11 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
         # NOTE: as vLLM, the first prompt's first choice's: a prefill engine's answer to vllm-router's PD mode
         "system_fingerprint": ctx.system_fingerprint, "kv_transfer_params": choices[0].kv_transfer_params,
         "service_tier": None, "ec_transfer_params": None, "metrics": None,  # NOTE: vLLM 0.32's keys, null here as there
-    })  # fmt: skip
+    })
 
 
 def _choice_logprobs(ctx, req, prompt, plp: PromptLogprobs | None, token_ids, logprobs, as_ids: bool, echo_only: bool,
-                     text_offset: int = 0) -> dict:  # fmt: skip
+                     text_offset: int = 0) -> dict:
     """A choice's (or a stream's first chunk's) completion logprobs: with echo the prompt's
     tokens first (vLLM's prompt logprobs), then the generated ones (none when echo_only)."""
     if not req.echo or plp is None:
@@ -203,7 +203,7 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
 
     def choice(i, text, lp=None, finish_reason=None, stop_reason=None, prompt_ids=None, token_ids=None) -> dict:
         return {"index": i, "text": text, "logprobs": lp, "finish_reason": finish_reason, "stop_reason": stop_reason,
-                "prompt_token_ids": prompt_ids, "token_ids": token_ids}  # fmt: skip
+                "prompt_token_ids": prompt_ids, "token_ids": token_ids}
 
     text_chunk = TextChunk(lambda c: chunk([c]), choice)
 

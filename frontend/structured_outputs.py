@@ -38,7 +38,7 @@ MAX_JSON_NESTING = 64
 _CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 # xgrammar's supported string formats (vLLM's STRING_SUPPORTED_FORMATS).
 _STRING_FORMATS = {"email", "date", "time", "date-time", "duration", "ipv4", "ipv6", "hostname", "uuid", "uri",
-                   "uri-reference", "uri-template", "json-pointer", "relative-json-pointer"}  # fmt: skip
+                   "uri-reference", "uri-template", "json-pointer", "relative-json-pointer"}
 
 
 def _xgrammar():
@@ -60,7 +60,7 @@ def merged_structured_outputs(req) -> StructuredOutputsParams | None:
         return so
     if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema", "structural_tag"):
         raise bad_request("response_format.type must be one of 'text', 'json_object', 'json_schema', 'structural_tag'",
-                          "response_format")  # fmt: skip
+                          "response_format")
     kind = rf["type"]
     if kind == "text":
         return so
@@ -72,7 +72,7 @@ def merged_structured_outputs(req) -> StructuredOutputsParams | None:
         schema = rf.get("json_schema")
         if schema is None:
             raise bad_request("When response_format type is 'json_schema', the 'json_schema' field must be provided. "
-                              "(parameter=response_format)", "response_format")  # fmt: skip
+                              "(parameter=response_format)", "response_format")
         if not isinstance(schema, dict):
             raise bad_request("response_format.json_schema must be an object", "response_format")
         overrides = {"json": schema.get("schema")}
@@ -111,15 +111,15 @@ def _check_request_content(kind: str, value: Any) -> None:
         raise bad_request("structured_outputs.json cannot be an empty string")
     if kind == "json" and value and _exceeds_json_nesting(value, MAX_JSON_NESTING):
         raise bad_request("The JSON schema is nested too deeply: objects and arrays may nest at most "
-                          f"{MAX_JSON_NESTING} levels")  # fmt: skip
+                          f"{MAX_JSON_NESTING} levels")
     if kind == "json_object" and value is False:
         raise bad_request("structured_outputs.json_object must be True if set; omit structured_outputs to disable "
-                          "structured outputs")  # fmt: skip
+                          "structured outputs")
     if kind == "regex" and "\x00" in value:
         raise bad_request("structured_outputs.regex must not contain a NUL character ('\\x00')")
     if kind == "structural_tag" and _exceeds_json_nesting(value, MAX_JSON_NESTING):
         raise bad_request("The JSON schema is nested too deeply: objects and arrays may nest at most "
-                          f"{MAX_JSON_NESTING} levels")  # fmt: skip
+                          f"{MAX_JSON_NESTING} levels")
 
 
 def _validate_xgrammar(kind: str, value: Any) -> GrammarSpec:
@@ -241,7 +241,7 @@ def _exceeds_json_nesting(spec: str | dict, limit: int) -> bool:
     level: list[Any] = [spec]
     for _ in range(limit):
         level = [child for node in level if isinstance(node, (dict, list))
-                 for child in (node.values() if isinstance(node, dict) else node) if isinstance(child, (dict, list))]  # fmt: skip
+                 for child in (node.values() if isinstance(node, dict) else node) if isinstance(child, (dict, list))]
         if not level:
             return False
     return True

@@ -148,14 +148,14 @@ class Tokenizer:
         return _apply_chat_template(self.hf, conversation, template, tools, tokenize, kwargs)
 
     async def apply_chat_template_async(self, conversation: list[dict], template: str, tools=None, tokenize: bool = False,
-                                        **kwargs) -> str | list[int]:  # fmt: skip
+                                        **kwargs) -> str | list[int]:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, _apply_chat_template, self._pool_copy, conversation, template, tools, tokenize, kwargs)
 
 
 def _apply_chat_template(hf, conversation: list[dict], template: str, tools, tokenize: bool, kwargs: dict) -> str | list[int]:
     return hf.apply_chat_template(conversation=conversation, tools=tools, chat_template=template, tokenize=tokenize, return_dict=False,
-                                  **kwargs)  # fmt: skip
+                                  **kwargs)
 
 
 def _leading_space_marker(backend) -> str | None:

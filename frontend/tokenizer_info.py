@@ -51,7 +51,7 @@ def tokenizer_info(model_dir: str, chat_template: str | None, tokenizer_class: s
         info["chat_template"] = chat_template
     # NOTE: what vLLM's loader adds: left truncation, the local folder, the tokenizers backend.
     info.update(truncation_side="left", name_or_path=model_dir, is_local=True, local_files_only=True,
-                added_tokens_decoder={k: _text(v) for k, v in added.items()}, backend="tokenizers")  # fmt: skip
+                added_tokens_decoder={k: _text(v) for k, v in added.items()}, backend="tokenizers")
     return info
 
 

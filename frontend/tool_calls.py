@@ -43,7 +43,7 @@ def _parse(parser: ToolParser, req, text: str, forced_json: bool) -> tuple[list[
 
 
 def chat_message(parser_cls: type[ToolParser] | None, tokenizer, req, role: str, text: str,
-                 finish_reason: str | None, forced_json: bool = False) -> tuple[dict, str | None]:  # fmt: skip
+                 finish_reason: str | None, forced_json: bool = False) -> tuple[dict, str | None]:
     """(message, finish_reason) of one whole choice."""
     if parser_cls is None:
         return {"role": role, "content": text}, finish_reason

@@ -56,7 +56,7 @@ def check_tool_usage(req: ChatCompletionRequest) -> None:
               for v in ("none", "auto", "required")),
             {"type": "literal_error", "loc": "body.tool_choice.type", "msg": "Input should be 'function'", "input": _shown(choice["type"]),
              "ctx": {"expected": "'function'"}},
-        ])  # fmt: skip
+        ])
 
 
 def _check_tool_usage(req: ChatCompletionRequest) -> None:
@@ -71,7 +71,7 @@ def _check_tool_usage(req: ChatCompletionRequest) -> None:
         raise vllm_validation_error("When using `tool_choice`, `tools` must be set.", "tool_choice")
     if choice not in ("auto", "required") and not isinstance(choice, dict):
         raise vllm_validation_error(f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or "required" are supported.',
-                                    "tool_choice")  # fmt: skip
+                                    "tool_choice")
     if isinstance(choice, dict):
         _check_named(choice, req.tools)
 
@@ -101,16 +101,16 @@ def _check_tool(i: int, tool: Any) -> None:
     where = f"body.tools.{i}"
     if not isinstance(tool, dict):
         raise _validation_error([{"type": "model_attributes_type", "loc": where,
-                                  "msg": "Input should be a valid dictionary or object to extract fields from", "input": _shown(tool)}])  # fmt: skip
+                                  "msg": "Input should be a valid dictionary or object to extract fields from", "input": _shown(tool)}])
     if tool.get("type", "function") != "function":
         raise _validation_error([{"type": "literal_error", "loc": f"{where}.type", "msg": "Input should be 'function'",
-                                  "input": _shown(tool["type"]), "ctx": {"expected": "'function'"}}])  # fmt: skip
+                                  "input": _shown(tool["type"]), "ctx": {"expected": "'function'"}}])
     function = tool.get("function")
     if function is None:
         raise _validation_error([{"type": "missing", "loc": f"{where}.function", "msg": "Field required", "input": _shown(tool)}])
     if not isinstance(function, dict):
         raise _validation_error([{"type": "model_attributes_type", "loc": f"{where}.function",
-                                  "msg": "Input should be a valid dictionary or object to extract fields from", "input": _shown(function)}])  # fmt: skip
+                                  "msg": "Input should be a valid dictionary or object to extract fields from", "input": _shown(function)}])
     if "name" not in function:
         raise _validation_error([{"type": "missing", "loc": f"{where}.function.name", "msg": "Field required", "input": _shown(function)}])
     for key, (kind, type_, msg) in _FUNCTION_FIELDS.items():

@@ -21,7 +21,7 @@ def _force(req, constraint: StructuredOutputsParams) -> None:
 
 
 def adjust_request(req: ChatCompletionRequest, parser_cls: type[ToolParser] | None, strict: bool = True,
-                   strict_level: str = "auto") -> None:  # fmt: skip
+                   strict_level: str = "auto") -> None:
     """vLLM's ``DelegatingParser.adjust_request`` for a tool parser: the structural tag
     that constrains the calls (``strict``: VLLM_ENFORCE_STRICT_TOOL_CALLING, vLLM's
     default), else a JSON schema for "required" and named calls; and the parser's own

@@ -98,7 +98,7 @@ def _hermes(tools, tool_choice: str):
 
     envelopes = [('<tool_call>\n{"name": "', "}\n</tool_call>"), ('<tool_call>{"name": "', "}</tool_call>")]
     tags = [TagFormat(begin=begin + t.function.name + '", "arguments": ', content=JSONSchemaFormat(json_schema=parameters(t.function)), end=end)
-            for t in tools for begin, end in envelopes]  # fmt: skip
+            for t in tools for begin, end in envelopes]
     if tool_choice == "auto":
         return StructuralTag(format=TriggeredTagsFormat(triggers=["<tool_call>"], tags=tags) if tags else AnyTextFormat())
     return StructuralTag(format=TagsWithSeparatorFormat(tags=tags, separator="", at_least_one=True, stop_after_first=tool_choice == "forced"))

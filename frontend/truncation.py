@@ -20,7 +20,7 @@ def check_truncation(truncate_prompt_tokens: int | None, max_model_len: int) -> 
     if t is not None and t > max_model_len:
         raise bad_request(f"truncate_prompt_tokens={t} cannot be greater than max_model_len = {max_model_len}. "
                           f"Please request a smaller truncation size. (parameter=truncate_prompt_tokens, value={t})",
-                          "truncate_prompt_tokens")  # fmt: skip
+                          "truncate_prompt_tokens")
 
 
 def tokens_kept(truncate_prompt_tokens: int | None, max_model_len: int, max_output_tokens: int | None) -> int | None:

@@ -37,7 +37,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 def build_dataset(cfg: LoadgenConfig) -> list[SampleRequest] | Chats:
     if cfg.dataset == "multiturn":
         return sharegpt_chats(read_sharegpt(cfg.dataset_path), cfg.num_users, cfg.num_rounds, cfg.system_prompt_words,
-                              cfg.question_words, cfg.seed)  # fmt: skip
+                              cfg.question_words, cfg.seed)
     if cfg.dataset == "shared-prefix":
         return shared_prefix_requests(
             cfg.num_requests,
@@ -83,7 +83,7 @@ def http_client(cfg: LoadgenConfig):
 
         tokenizer = Tokenizer(cfg.tokenizer)
     return OpenAIClient(cfg.base_url, cfg.endpoint, cfg.model, cfg.backend == "openai-chat", tokenizer,
-                        decode_prompts=cfg.dataset != "multiturn")  # fmt: skip
+                        decode_prompts=cfg.dataset != "multiturn")
 
 
 async def _amain(cfg: LoadgenConfig, requests: list[SampleRequest] | Chats) -> int:

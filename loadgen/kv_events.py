@@ -195,7 +195,7 @@ def _print_batch(seq: int, batch: KVEventBatch) -> None:
             case BlockStored():
                 parent = "-" if e.parent_block_hash is None else _hex(e.parent_block_hash)
                 print(f"  BlockStored {len(e.block_hashes)} blocks [{', '.join(map(_hex, e.block_hashes))}] "
-                      f"parent {parent} {len(e.token_ids)} tokens block_size {e.block_size} medium {e.medium}")  # fmt: skip
+                      f"parent {parent} {len(e.token_ids)} tokens block_size {e.block_size} medium {e.medium}")
             case BlockRemoved():
                 print(f"  BlockRemoved [{', '.join(map(_hex, e.block_hashes))}] medium {e.medium}")
             case AllBlocksCleared():
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     if (a.curve_secret_key is None) != (a.curve_server_key is None):
         p.error("--curve-secret-key and --curve-server-key go together")
     sub = KVEventSubscriber(a.endpoint, a.replay_endpoint, a.topic, curve_secret_key=a.curve_secret_key,
-                            curve_server_key=a.curve_server_key)  # fmt: skip
+                            curve_server_key=a.curve_server_key)
     on_batch = _print_batch if a.events else None
     end = None if a.duration is None else time.monotonic() + a.duration
     last_count = None

@@ -50,7 +50,7 @@ def sharegpt_chats(conversations: list[dict], users: int, rounds: int, system_wo
 
 
 async def send_chats(client: OpenAIClient, chats: Chats, max_tokens: int, ignore_eos: bool, request_timeout: float, timeout: float | None,
-                     prefix: str, progress: Progress | None = None) -> RunOutcome:  # fmt: skip
+                     prefix: str, progress: Progress | None = None) -> RunOutcome:
     """Every user's rounds, users side by side; results in (user, round) order."""
     rounds = len(chats.questions[0]) if chats.questions else 0
     results: list[HTTPRequestResult | None] = [None] * chats.num_requests
@@ -83,5 +83,5 @@ async def send_chats(client: OpenAIClient, chats: Chats, max_tokens: int, ignore
             raise t.exception()
     final = [r if r is not None else HTTPRequestResult(i, f"{prefix}-{i // max(rounds, 1)}-{i % max(rounds, 1)}", 0,
                                                        error="not sent: an earlier round failed or the run timed out")
-             for i, r in enumerate(results)]  # fmt: skip
+             for i, r in enumerate(results)]
     return RunOutcome(final, time.perf_counter() - t0, timed_out=timed_out)

@@ -109,7 +109,7 @@ class OpenAIClient:
 
     def _settings(self, max_tokens: int, ignore_eos: bool) -> dict:
         return {"model": self.model, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": ignore_eos, "stream": True,
-                "stream_options": {"include_usage": True}}  # fmt: skip
+                "stream_options": {"include_usage": True}}
 
     async def generate(self, index, request_id, prompt_token_ids, max_tokens, ignore_eos, request_timeout) -> HTTPRequestResult:
         res = HTTPRequestResult(index, request_id, len(prompt_token_ids))
@@ -119,7 +119,7 @@ class OpenAIClient:
         """One ``/v1/chat/completions`` request of these messages (a multi-turn history);
         the answer's text in ``text``. Its prompt length is the server's count."""
         return await self._request(HTTPRequestResult(index, request_id, 0), self._chat_body(messages, max_tokens, ignore_eos),
-                                   request_timeout)  # fmt: skip
+                                   request_timeout)
 
     async def _request(self, res: HTTPRequestResult, body: dict, request_timeout: float) -> HTTPRequestResult:
         request_id = res.request_id

@@ -40,7 +40,7 @@ FAILURE_POLICIES = ("recompute", "fail")
 DEFAULT_LEASE_S = 30.0
 DEFAULT_READ_TIMEOUT_S = 10.0
 _UNUSED = {"kv_port", "kv_buffer_device", "kv_buffer_size", "kv_rank", "kv_parallel_size", "enable_permute_local_kv",
-           "kv_connector_module_path"}  # fmt: skip
+           "kv_connector_module_path"}
 _EXTRA = {"kv_lease_duration", "side_channel_host", "side_channel_port", "read_timeout"}
 
 
@@ -67,9 +67,9 @@ class KVTransferConfig(msgspec.Struct, frozen=True):
     def to_json(self) -> str:
         """The JSON that `parse_kv_transfer_config` reads back to this config (a child's flag)."""
         extra = {"kv_lease_duration": self.kv_lease_duration, "side_channel_host": self.side_channel_host,
-                 "side_channel_port": self.side_channel_port, "read_timeout": self.read_timeout}  # fmt: skip
+                 "side_channel_port": self.side_channel_port, "read_timeout": self.read_timeout}
         return json.dumps({"kv_connector": self.kv_connector, "kv_role": self.kv_role, "engine_id": self.engine_id,
-                           "kv_load_failure_policy": self.kv_load_failure_policy, "kv_connector_extra_config": extra})  # fmt: skip
+                           "kv_load_failure_policy": self.kv_load_failure_policy, "kv_connector_extra_config": extra})
 
 
 def _number(extra: dict[str, Any], key: str, default: float, low: float) -> float:
@@ -88,13 +88,13 @@ def parse_kv_transfer_config(text: str) -> KVTransferConfig:
     if not isinstance(raw, dict):
         raise ValueError("--kv-transfer-config must be a JSON object")
     unknown = sorted(set(raw) - {"kv_connector", "kv_role", "engine_id", "kv_load_failure_policy",
-                                 "kv_connector_extra_config"} - _UNUSED)  # fmt: skip
+                                 "kv_connector_extra_config"} - _UNUSED)
     if unknown:
         raise ValueError(f"--kv-transfer-config: unknown key {unknown[0]!r}")
     connector = raw.get("kv_connector")
     if connector not in CONNECTORS:
         raise ValueError(f"--kv-transfer-config: kv_connector {connector!r} is not supported by kvpool (supported: "
-                         f"{', '.join(CONNECTORS)}; NixlConnector is kvpool's own over ZMQ)")  # fmt: skip
+                         f"{', '.join(CONNECTORS)}; NixlConnector is kvpool's own over ZMQ)")
     role = raw.get("kv_role")
     if role not in ROLES:
         raise ValueError(f"--kv-transfer-config: kv_role {role!r} is not one of {', '.join(ROLES)}")
@@ -117,4 +117,4 @@ def parse_kv_transfer_config(text: str) -> KVTransferConfig:
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
         raise ValueError(f"--kv-transfer-config: kv_connector_extra_config.side_channel_port must be a port (0: any free one), got {port!r}")
     return KVTransferConfig(connector, role, engine_id, policy, _number(extra, "kv_lease_duration", DEFAULT_LEASE_S, 0.0),
-                            host, port, _number(extra, "read_timeout", DEFAULT_READ_TIMEOUT_S, 0.001))  # fmt: skip
+                            host, port, _number(extra, "read_timeout", DEFAULT_READ_TIMEOUT_S, 0.001))

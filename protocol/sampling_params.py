@@ -106,7 +106,7 @@ def check_sampling(msg, vocab_size: int | None = None) -> None:
         raise out_of_range("prompt_logprobs", "must be non-negative")
     if prompt_logprobs is not None and prompt_logprobs > MAX_LOGPROBS:
         raise SamplingError(f"Requested prompt logprobs of {prompt_logprobs}, which is greater than max allowed: {MAX_LOGPROBS}",
-                            "prompt_logprobs")  # fmt: skip
+                            "prompt_logprobs")
     if msg.seed is not None and not -(2**63) <= msg.seed < 2**63:
         raise out_of_range("seed", "must fit in 64 bits")
     if vocab_size is not None:
@@ -125,7 +125,7 @@ def check_token_ids_in_vocab(msg, vocab_size: int) -> None:
     for field in ("logit_bias", "stop_token_ids"):
         if bad := invalid(getattr(msg, field, None) or ()):
             raise SamplingError(f"token_id(s) {bad} in {field} contain out-of-vocab token ids. Vocabulary size: {vocab_size}",
-                                field, bad)  # fmt: skip
+                                field, bad)
     allowed = getattr(msg, "allowed_token_ids", None)
     if allowed is not None and len(allowed) == 0:
         raise SamplingError("allowed_token_ids is not None and empty!", "allowed_token_ids", [])
@@ -134,13 +134,13 @@ def check_token_ids_in_vocab(msg, vocab_size: int) -> None:
     if bad := [t for word in getattr(msg, "bad_words_token_ids", ()) for t in invalid(word)]:
         raise SamplingError(f"The model vocabulary size is {vocab_size}, but the following tokens were specified as bad: {bad}. "
                             f"All token id values should be integers satisfying: 0 <= token_id <= {vocab_size - 1}.",
-                            "bad_words", bad)  # fmt: skip
+                            "bad_words", bad)
     bad_words = getattr(msg, "bad_words_token_ids", ())
     if any(not word for word in bad_words):
         raise SamplingError("bad_words entries must tokenize to at least one token.", "bad_words")
     if len(bad_words) > MAX_NUM_BAD_WORDS:
         raise SamplingError(f"Too many bad words after tokenization: {len(bad_words)}. The max number is {MAX_NUM_BAD_WORDS}.",
-                            "bad_words")  # fmt: skip
+                            "bad_words")
 
 
 def sampling_params_of(msg, eos_token_ids: tuple[int, ...] = ()) -> SamplingParams | None:

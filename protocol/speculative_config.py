@@ -36,7 +36,7 @@ class SpeculativeConfig(msgspec.Struct, frozen=True):
 
     def to_json(self) -> str:
         return json.dumps({"method": self.method, "num_speculative_tokens": self.num_speculative_tokens,
-                           "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max})  # fmt: skip
+                           "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max})
 
 
 def _positive_int(fields: dict, name: str) -> int | None:
@@ -76,17 +76,17 @@ def parse_speculative_config(text: str | dict | None) -> SpeculativeConfig | Non
         method = NGRAM
     if method is None:
         raise ValueError("num_speculative_tokens was provided but without speculative model"
-                         if "num_speculative_tokens" in fields else "no method given")  # fmt: skip
+                         if "num_speculative_tokens" in fields else "no method given")
     if method != NGRAM:
         raise ValueError(f"method {method!r} is not supported: kvpool drafts by n-gram prompt lookup, "
-                         f"with no draft model (\"method\": \"ngram\")")  # fmt: skip
+                         f"with no draft model (\"method\": \"ngram\")")
     other = sorted(k for k in fields if k not in _NGRAM_FIELDS)
     if other:
         raise ValueError(f"field {other[0]!r} is not supported with n-gram drafting")
     k = _positive_int(fields, "num_speculative_tokens")
     if k is None:
         raise ValueError("num_speculative_tokens must be provided with speculative model unless the "
-                         "draft model config contains an n_predict parameter")  # fmt: skip
+                         "draft model config contains an n_predict parameter")
     lo, hi = _positive_int(fields, "prompt_lookup_min"), _positive_int(fields, "prompt_lookup_max")
     if lo is None and hi is None:
         lo = hi = _DEFAULT_LOOKUP

@@ -108,37 +108,37 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--input-len", type=int, default=256, help="random: prompt length")
     g.add_argument("--range-ratio", type=float, default=0.0, help="random: lengths within ±ratio")
     g.add_argument("--priority-levels", type=int, default=1, metavar="N",
-                   help="give each request a priority drawn from 0..N-1 (--seed), for --scheduling-policy priority (default 1: all 0)")  # fmt: skip
+                   help="give each request a priority drawn from 0..N-1 (--seed), for --scheduling-policy priority (default 1: all 0)")
     g = p.add_argument_group("engine")
     g.add_argument("--num-blocks", type=int_list, required=True, help="KV blocks (null block included); a comma list runs each")
     g.add_argument("--policy", type=_policy_list, default=[d.policy], help=f"free policy, or a comma list: {', '.join(FREE_POLICIES)} (default vllm)")
     g.add_argument("--kv-eviction-policy", type=eviction_policy_list, default=[d.eviction_policy],
-                   help=f"the pool's eviction policy (the server's flag), or a comma list: {', '.join(KV_EVICTION_POLICIES)} (default lru)")  # fmt: skip
+                   help=f"the pool's eviction policy (the server's flag), or a comma list: {', '.join(KV_EVICTION_POLICIES)} (default lru)")
     g.add_argument("--pin-prefix-tokens", type=int, default=d.pin_prefix_tokens, metavar="N",
                    help="pin the first N tokens (whole blocks) of the first request before the replay, as POST /v1/cache/pin "
-                        "(e.g. the workload's shared system prompt; default 0: none)")  # fmt: skip
+                        "(e.g. the workload's shared system prompt; default 0: none)")
     g.add_argument("--max-pinned-fraction", type=float, default=d.max_pinned_fraction, metavar="FRACTION",
-                   help="the server's cap on pinned blocks, a share of the pool (default %(default)s)")  # fmt: skip
+                   help="the server's cap on pinned blocks, a share of the pool (default %(default)s)")
     g.add_argument("--block-size", type=int, default=d.block_size)
     g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
     g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
     g.add_argument("--max-model-len", type=int, default=d.max_model_len, help="longer requests are rejected (default %(default)s)")
     g.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=d.reserve_full_sequence,
-                   help="admit a request only if its whole sequence fits the free blocks (vLLM's default: on)")  # fmt: skip
+                   help="admit a request only if its whole sequence fits the free blocks (vLLM's default: on)")
     g.add_argument("--step-overhead-ms", type=float, default=d.step_overhead_ms, help="fixed cost of a step (default %(default)s)")
     g.add_argument("--ms-per-token", type=float, default=d.ms_per_token, help="cost of a scheduled token (default %(default)s)")
     g.add_argument("--prefix-caching-hash-algo", choices=HASH_ALGOS, default=d.hash_algo,
-                   help="block hash (default %(default)s: offline, so no adversary; results do not depend on it)")  # fmt: skip
+                   help="block hash (default %(default)s: offline, so no adversary; results do not depend on it)")
     add_policy_args(g)  # the scheduler's own flags
     g.add_argument("--no-fast-forward", dest="fast_forward", action="store_false", help="step every decode step (slow; for checks)")
     g = p.add_argument_group("speculative decoding")
     g.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens, metavar="K",
                    help="draft K tokens for every decoding request each step, verified by the scheduler as with the "
                         "server's --speculative-config; the drafts are scheduled tokens, charged --ms-per-token each "
-                        "(default 0: off; with K > 0 decode steps are not fast-forwarded)")  # fmt: skip
+                        "(default 0: off; with K > 0 decode steps are not fast-forwarded)")
     g.add_argument("--spec-acceptance-rate", type=float, default=None, metavar="A",
                    help="with --num-speculative-tokens: the probability that a draft token is accepted, in [0, 1]; "
-                        f"a step accepts its drafts in order until the first rejection (seeded by --seed; default {d.spec_acceptance_rate})")  # fmt: skip
+                        f"a step accepts its drafts in order until the first rejection (seeded by --seed; default {d.spec_acceptance_rate})")
     g = p.add_argument_group("host tier (offloading)")
     g.add_argument("--kv-offloading-blocks", type=int_list, default=[0], metavar="N",
                    help="host-tier KV blocks (the scheduler's HostTier); a comma list runs each; 0: none (default 0)")
@@ -182,7 +182,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     try:
         check_scheduler_options(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len, enable_chunked_prefill=a.enable_chunked_prefill,
                                 long_prefill_token_threshold=a.long_prefill_token_threshold, watermark=a.watermark,
-                                max_num_scheduled_tokens=a.max_num_scheduled_tokens, max_num_active_seqs=a.max_num_active_seqs)  # fmt: skip
+                                max_num_scheduled_tokens=a.max_num_scheduled_tokens, max_num_active_seqs=a.max_num_active_seqs)
     except ValueError as e:
         p.error(str(e))
     if any(n < 0 for n in a.kv_offloading_blocks):
@@ -236,7 +236,7 @@ def _check_groups(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if is_hybrid(a.group_windows):
         if any(a.kv_offloading_blocks) or a.kv_eviction_policy != ["lru"] or a.policy != ["vllm"] or a.replicas or a.pd or a.external_tier != "none":
             p.error("hybrid KV-cache groups run with --kv-eviction-policy lru, --policy vllm, no --kv-offloading-blocks, "
-                    "no --external-tier and no --replicas or --pd")  # fmt: skip
+                    "no --external-tier and no --replicas or --pd")
 
 
 def _check_output_path(p: argparse.ArgumentParser, flag: str, path: Path) -> None:
@@ -257,7 +257,7 @@ COLUMNS = (
     ("prefix_cache_preempted_hit_rate", "preempted hit rate", ".2%"),
     ("num_evictions", "evictions", "d"), ("num_preemptions", "preemptions", "d"), ("num_rejected", "rejected", "d"),
     ("num_pinned_blocks", "pinned", "d"), ("peak_usage", "peak usage", ".1%"), ("mean_queueing_delay_ms", "mean queue ms", ".1f"), ("wall_s", "wall s", ".1f"),
-)  # fmt: skip
+)
 
 
 # Shown when a run has speculative decoding: its counts, as vLLM's SpecDecodingLogging.
@@ -265,7 +265,7 @@ SPEC_COLUMNS = (
     ("num_speculative_tokens", "spec K", "d"), ("spec_num_drafts", "drafts", "d"), ("spec_num_draft_tokens", "draft tokens", "d"),
     ("spec_num_accepted_tokens", "accepted", "d"), ("spec_draft_acceptance_rate", "draft accept", ".2%"),
     ("spec_mean_acceptance_length", "mean accept len", ".2f"), ("simulated_s", "simulated s", ".1f"),
-)  # fmt: skip
+)
 
 
 # Shown when a run has a host tier: hit rate by tier (device + host = combined) and bytes moved.
@@ -273,7 +273,7 @@ HOST_COLUMNS = (
     ("num_host_blocks", "host blocks", "d"), ("host_hit_rate", "host hit rate", ".2%"),
     ("combined_hit_rate", "both tiers", ".2%"), ("num_host_loads", "loads", "d"),
     ("bytes_stored", "GB stored", "gb"), ("bytes_loaded", "GB loaded", "gb"), ("load_time_s", "load s", ".2f"),
-)  # fmt: skip
+)
 
 
 # Shown when a run has an external tier: its hit rate, all tiers' (device + host + external),
@@ -284,7 +284,7 @@ EXTERNAL_COLUMNS = (
     ("external_tier_blocks_saved", "ext saved", "d"), ("external_tier_bytes_read", "GB read", "gb"),
     ("external_tier_bytes_written", "GB written", "gb"), ("external_tier_mean_load_ms", "mean load ms", ".1f"),
     ("external_tier_peak_backlog_s", "peak backlog s", ".2f"), ("mean_ttft_ms", "mean TTFT ms", ".1f"),
-)  # fmt: skip
+)
 
 
 # The share of the run the I/O thread spends saving past which the progress line says the writes cannot keep up.
@@ -323,7 +323,7 @@ def _external_line(r: SimResult) -> str:
     behind = ": its writes cannot keep up" if saving >= WRITES_BEHIND else ""
     return (f", {r.external_tier} tier {size}{warm}: {r.external_tier_hit_rate:.2%}, {r.external_tier_bytes_read / 1e9:.2f} GB read, "
             f"{r.external_tier_bytes_written / 1e9:.2f} GB written (saving {saving:.0%} of the time{behind}; "
-            f"peak backlog {r.external_tier_peak_backlog_s:.2f} s)")  # fmt: skip
+            f"peak backlog {r.external_tier_peak_backlog_s:.2f} s)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,17 +339,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvpool-simulate: error: {why}: nothing to simulate", file=sys.stderr)
         return 2
     print(f"{source}: {len(workload)} requests, block size {a.block_size}, max_num_seqs {a.max_num_seqs}, "
-          f"max_num_batched_tokens {a.max_num_batched_tokens}", file=sys.stderr)  # fmt: skip
+          f"max_num_batched_tokens {a.max_num_batched_tokens}", file=sys.stderr)
     if a.groups is not None:
         from protocol.kv_cache_spec import num_kv_tensors
 
         print(f"KV-cache groups: windows {list(a.group_windows)} over {sum(len(g.layer_ids) for g in a.groups)} layers; "
-              f"a block spans {num_kv_tensors(a.groups)} layers' KV", file=sys.stderr)  # fmt: skip
+              f"a block spans {num_kv_tensors(a.groups)} layers' KV", file=sys.stderr)
     if a.replicas or a.pd:
         return fleet_main(a, workload, str(source))
     results = []
     runs = [(n, h, x, p, e) for n in a.num_blocks for h in a.kv_offloading_blocks for x in a.external_tier_blocks
-            for p in a.policy for e in a.kv_eviction_policy]  # fmt: skip
+            for p in a.policy for e in a.kv_eviction_policy]
     for num_blocks, num_host_blocks, num_external_blocks, policy, eviction in runs:
         try:
             results.append(simulate(workload, sim_config(a, num_blocks, num_host_blocks, policy, eviction, num_external_blocks)))
@@ -362,14 +362,14 @@ def main(argv: list[str] | None = None) -> int:
         r = results[-1]
         host = f", host tier {num_host_blocks}: {r.host_hit_rate:.2%}" if num_host_blocks else ""
         spec = (f", spec acceptance {r.spec_draft_acceptance_rate:.2%}, mean length {r.spec_mean_acceptance_length:.2f}"
-                if r.num_speculative_tokens else "")  # fmt: skip
+                if r.num_speculative_tokens else "")
         print(f"  {num_blocks} blocks, {policy}/{eviction}: hit rate {r.prefix_cache_hit_rate:.2%}{host}{_external_line(r)}, preempted "
-              f"{r.prefix_cache_preempted_hit_rate:.2%}{spec} ({r.wall_s:.1f} s)", file=sys.stderr)  # fmt: skip
+              f"{r.prefix_cache_preempted_hit_rate:.2%}{spec} ({r.wall_s:.1f} s)", file=sys.stderr)
     print(format_table(results))
     if a.result_json:
         config = {k: (str(v) if isinstance(v, float) and math.isinf(v) else v) for k, v in vars(a).items()}
         doc = {"source": str(source), "config": {k: v for k, v in config.items() if k not in ("result_json", "plot")},
-               "results": [r.summary() for r in results]}  # fmt: skip
+               "results": [r.summary() for r in results]}
         Path(a.result_json).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
     if a.plot:
         plot_hit_rates(results, a.plot, f"kvpool-simulate: {Path(str(source)).name}, block size {a.block_size}")

@@ -126,7 +126,7 @@ class SimConfig:
         d = EXTERNAL_TIER_SPEEDS[self.external_tier]
         pick = lambda given, default: default if given is None else given  # noqa: E731
         return TierSpeeds(pick(self.external_read_gbps, d.read_gbps), pick(self.external_write_gbps, d.write_gbps),
-                          pick(self.external_latency_ms, d.latency_ms))  # fmt: skip
+                          pick(self.external_latency_ms, d.latency_ms))
 
 
 def _percentile(values: list[int], q: float) -> float:
@@ -159,10 +159,10 @@ class _Run:
     __slots__ = ("cfg", "workload", "specs", "n", "order", "token_base", "tier", "kv", "sched", "hasher", "limits",
                  "block_bytes", "overhead_ns", "per_token_ns", "admit_ns", "first_token_ns", "finish_ns",
                  "next_arrival", "now", "num_rejected", "num_steps", "num_ff_steps", "num_loads", "horizon_ns",
-                 "finished_seq_ids", "spec_k", "external", "stage_ns")  # fmt: skip
+                 "finished_seq_ids", "spec_k", "external", "stage_ns")
 
     def __init__(self, workload: Workload, cfg: SimConfig, replica: int = 0, store: SimulatedStore | None = None,
-                 kv_transfer: PDConnector | None = None):  # fmt: skip
+                 kv_transfer: PDConnector | None = None):
         """``kv_transfer``: the scheduler's P/D connector (a P/D fleet's engines: simulator/pd_fleet.py)."""
         bs = cfg.block_size
         self.cfg, self.workload = cfg, workload
@@ -180,7 +180,7 @@ class _Run:
         kwargs = {} if self.external is None else {"external_tier": self.external.tier}
         self.kv = retention_manager(cfg.num_blocks, bs, cfg.max_model_len, cfg.policy, cfg.eviction_policy, cfg.scheduling_policy,
                                     cfg.max_pinned_fraction, cfg.group_windows, cfg.max_num_batched_tokens, host_tier=self.tier,
-                                    offload_store=cfg.offload_store, **kwargs)  # fmt: skip
+                                    offload_store=cfg.offload_store, **kwargs)
         self.spec_k = k = cfg.num_speculative_tokens
         speculative = SpeculativeConfig(k, 1, 1) if k > 0 else None
         self.sched = scheduler_class(cfg.scheduling_policy)(
@@ -239,7 +239,7 @@ class _Run:
         # NOTE: a request back from an external load keeps its blocks while it waits; a request preempted
         # after it went back ahead of it, and cannot fit without those blocks (a scheduler deadlock).
         return (f": request {held[0][0]!r}, back from an external load, holds {held[0][1]} blocks behind the waiting head "
-                f"{sched.waiting.head.request_id!r} (preempted after it), which cannot fit without them")  # fmt: skip
+                f"{sched.waiting.head.request_id!r} (preempted after it), which cannot fit without them")
 
     def next_event_ns(self) -> int | None:
         """When something next comes when nothing runs: an arrival, or an external load's end."""
@@ -267,7 +267,7 @@ class _Run:
             req = Request(
                 str(i), prompt, s.output_len, seq_id=i, ignore_eos=True, block_hasher=self.hasher,
                 arrival_time=s.arrival_ns / 1e9, block_hashes=hashes, priority=s.priority,
-            )  # fmt: skip
+            )
             self.sched.add_request(req)
 
     def step(self, out) -> tuple[int, int, bool]:

@@ -183,7 +183,7 @@ def decode_horizon(scheduler: Scheduler, limit: int) -> int:
 
 
 def fast_forward_decode(scheduler: Scheduler, num_steps: int, output_token_base: Sequence[int],
-                        on_external_ops: ExternalOpsSink | None = None) -> None:  # fmt: skip
+                        on_external_ops: ExternalOpsSink | None = None) -> None:
     """Advance every running request ``num_steps`` decode steps (``num_steps`` from
     `decode_horizon`). Request r's k-th output token is output_token_base[r.seq_id] + k.
     ``on_external_ops(j, ops)``: step j's external ops (None: no external tier)."""

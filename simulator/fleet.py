@@ -120,7 +120,7 @@ class Fleet:
 
     def __init__(self, workload: Workload, cfg: SimConfig, replicas: int, router: str,
                  max_concurrency: int | None = None, seed: int = 0, stream: bool = True,
-                 paths: RequestPaths | None = None):  # fmt: skip
+                 paths: RequestPaths | None = None):
         from scheduler.core.kv_events import KVEventRecorder
 
         if cfg.external_tier != "none":
@@ -230,7 +230,7 @@ class Fleet:
             # NOTE: seen once back: what the engine had sent by t less its way back.
             held[:] = [(i, n) for i, n in held
                        if not (ends[i] != NOT_YET and ends[i] + paths[i][2] <= t
-                               or self.rejected_ns.get(i, t + 1) + paths[i][2] <= t)]  # fmt: skip
+                               or self.rejected_ns.get(i, t + 1) + paths[i][2] <= t)]
             out.append(sum(n for _, n in held))
         return out
 
@@ -262,7 +262,7 @@ class Fleet:
             if need <= 0:
                 return t
             clocks = {r: self._clock(run) for r, run in enumerate(self.runs)
-                      if run.sched.has_unfinished_requests() or run.next_arrival < len(run.order)}  # fmt: skip
+                      if run.sched.has_unfinished_requests() or run.next_arrival < len(run.order)}
             known_until = min(clocks.values(), default=math.inf)
             if len(self.all_finishes) >= need and self.all_finishes[need - 1] <= known_until:
                 return max(t, self.all_finishes[need - 1])
@@ -331,7 +331,7 @@ class Fleet:
             per.append({"replica": r, "requests": self.routed[r], "prompt_tokens": self.routed_tokens[r],
                         "hit_rate": stats.hit_rate, "prefix_cache_hits": stats.hits, "prefix_cache_queries": stats.queries,
                         "evictions": run.kv.block_pool.num_evictions, "preemptions": run.sched.num_preemptions,
-                        "rejected": run.num_rejected, "mean_queueing_delay_ms": sum(d) / len(d) / 1e6 if d else 0.0})  # fmt: skip
+                        "rejected": run.num_rejected, "mean_queueing_delay_ms": sum(d) / len(d) / 1e6 if d else 0.0})
 
         def imbalance(values: list[int]) -> float:
             mean = sum(values) / len(values)
@@ -359,12 +359,12 @@ class Fleet:
             per_replica=per, router_decisions=decisions,
             spec_decode=spec_figures(self.cfg.num_speculative_tokens, *(run.sched.spec_stats for run in self.runs)),
             **self.tokens.figures([s.arrival_ns for s in specs]),
-        )  # fmt: skip
+        )
 
 
 def simulate_fleet(workload: Workload, cfg: SimConfig, replicas: int, router: str,
                    max_concurrency: int | None = None, seed: int = 0, stream: bool = True,
-                   paths: RequestPaths | None = None) -> FleetResult:  # fmt: skip
+                   paths: RequestPaths | None = None) -> FleetResult:
     """Replay ``workload`` through ``replicas`` fresh engines behind ``router``;
     ``stream``: the clients stream (kv_aware's view of prefilling, see `Fleet`);
     ``paths``: a request's times outside the engines (none by default)."""

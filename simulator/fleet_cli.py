@@ -33,7 +33,7 @@ FLEET_COLUMNS = (
     ("p99_tpot_ms", "p99 TPOT ms", ".2f"), ("p50_itl_ms", "p50 ITL ms", ".2f"), ("p99_itl_ms", "p99 ITL ms", ".2f"),
     ("output_tokens_per_s", "out tok/s", ".0f"),
     ("num_evictions", "evictions", "d"), ("num_preemptions", "preemptions", "d"), ("wall_s", "wall s", ".1f"), ("cpu_s", "cpu s", ".1f"),
-)  # fmt: skip
+)
 
 
 def _router_list(text: str) -> list[str]:
@@ -72,7 +72,7 @@ def add_fleet_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--request-path-jitter", type=float, default=None, metavar="J",
                    help="with --request-path-ms: each request's three times drawn apart, uniform within (1 - J, 1 + J) "
                         "x the given ones, from --seed (default 0: every request the same)")
-    g.add_argument("--jobs", type=int, default=None, help="runs at once, in processes (default: the CPU count)")  # fmt: skip
+    g.add_argument("--jobs", type=int, default=None, help="runs at once, in processes (default: the CPU count)")
 
 
 def check_fleet_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -80,7 +80,7 @@ def check_fleet_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if a.replicas is None and a.pd is None:
         for flag, value in (("--router", a.router), ("--max-concurrency", a.max_concurrency), ("--jobs", a.jobs),
                             ("--non-streaming", a.non_streaming or None), ("--request-path-ms", a.request_path_ms),
-                            ("--request-path-jitter", a.request_path_jitter)):  # fmt: skip
+                            ("--request-path-jitter", a.request_path_jitter)):
             if value is not None:
                 p.error(f"{flag} applies to fleet runs: give --replicas N")
         return
@@ -144,17 +144,17 @@ def _pd_line(row: dict) -> str:
     for pool in ("prefill", "decode"):
         engines = pools[pool]
         parts.append(f"{pool} peak usage {max(e['peak_usage'] for e in engines):.1%}, busy "
-                     f"{sum(e['busy_share'] for e in engines) / len(engines):.0%}, peak running {max(e['peak_running'] for e in engines)};")  # fmt: skip
+                     f"{sum(e['busy_share'] for e in engines) / len(engines):.0%}, peak running {max(e['peak_running'] for e in engines)};")
     x = pools["transfer"]
     parts.append(f"transfers {x['transfers']} ({x['blocks']} blocks, {x['bytes'] / 1e9:.2f} GB at {x['gbps']:g} GB/s: "
-                 f"{x['busy_s']:.2f} s busy, mean {x['mean_wait_ms']:.1f} ms queued to read)")  # fmt: skip
+                 f"{x['busy_s']:.2f} s busy, mean {x['mean_wait_ms']:.1f} ms queued to read)")
     return " ".join(parts)
 
 
 def fleet_main(a: argparse.Namespace, workload, source: str) -> int:
     layouts = [*(a.replicas or ()), *(a.pd or ())]
     runs = [(n, h, pol, lay, rt) for n in a.num_blocks for h in a.kv_offloading_blocks for pol in a.policy
-            for lay in layouts for rt in a.router]  # fmt: skip
+            for lay in layouts for rt in a.router]
     jobs = min(len(runs), a.jobs or os.cpu_count() or 1)
     print(f"  {len(runs)} fleet runs, {jobs} at once", file=sys.stderr)
     if jobs == 1:
@@ -167,7 +167,7 @@ def fleet_main(a: argparse.Namespace, workload, source: str) -> int:
     for r in rows:
         per = " ".join(f"{p['hit_rate']:.0%}" for p in r["per_replica"])
         print(f"  {_pd_layout(r) if r['pd'] else r['replicas']} x {r['num_blocks']} blocks, {r['router']}: hit rate {r['aggregate_hit_rate']:.2%} "
-              f"(replicas: {per}) ({r['wall_s']:.1f} s)", file=sys.stderr)  # fmt: skip
+              f"(replicas: {per}) ({r['wall_s']:.1f} s)", file=sys.stderr)
     print(format_fleet_table(rows))
     for r in rows:
         if r["pd"]:

@@ -42,7 +42,7 @@ def parse_layer_windows(text: str) -> list[int]:
 def add_layer_window_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("hybrid KV-cache groups (sliding-window layers)")
     g.add_argument("--layer-windows", type=parse_layer_windows, default=None, metavar="SPEC",
-                   help="each layer's attention window (W or WxN, comma separated; 0: full), repeated to --num-layers")  # fmt: skip
+                   help="each layer's attention window (W or WxN, comma separated; 0: full), repeated to --num-layers")
     g.add_argument(
         "--sliding-window",
         type=int,
@@ -51,7 +51,7 @@ def add_layer_window_args(p: argparse.ArgumentParser) -> None:
         help="with --sliding-window-pattern: the sliding layers' window",
     )
     g.add_argument("--sliding-window-pattern", type=int, default=0, metavar="N",
-                   help="every N-th layer is full attention, the others slide (Gemma 3: 6); 1: every layer full")  # fmt: skip
+                   help="every N-th layer is full attention, the others slide (Gemma 3: 6); 1: every layer full")
     g.add_argument(
         "--num-layers",
         type=int,
@@ -60,9 +60,9 @@ def add_layer_window_args(p: argparse.ArgumentParser) -> None:
         help="the model's layers (with a window pattern)",
     )
     g.add_argument("--model-config", default=None, metavar="PATH",
-                   help="a checkpoint's config.json, or its folder: every layer's window as the server reads it")  # fmt: skip
+                   help="a checkpoint's config.json, or its folder: every layer's window as the server reads it")
     g.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
-                   help="keep every layer's KV as full attention's (vLLM's flag): one group")  # fmt: skip
+                   help="keep every layer's KV as full attention's (vLLM's flag): one group")
 
 
 def layer_windows_from_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> list[int] | None:

@@ -30,11 +30,11 @@ def add_pd_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pd", type=pd_list, default=None, metavar="P:D",
                    help="simulate P prefill and D decode engines behind --router (its policy over each pool); a comma "
                         "list runs each, and with --replicas N the plain fleets too, in one table (--replicas 1: one "
-                        "engine, to compare)")  # fmt: skip
+                        "engine, to compare)")
     g.add_argument("--transfer-gbps", type=float, default=None, metavar="GBPS",
                    help="KV bytes a decode engine reads from a prefill engine per second, GB/s; a decode engine's reads "
                         f"go one after another (default {DEFAULT_TRANSFER_GBPS:g}: a TCP link's order; RDMA or NVLink is "
-                        "ten to a hundred times faster)")  # fmt: skip
+                        "ten to a hundred times faster)")
     g.add_argument("--transfer-latency-ms", type=float, default=None, metavar="MS",
                    help=f"added to every read (default {DEFAULT_TRANSFER_LATENCY_MS:g})")
 
@@ -54,6 +54,6 @@ def check_pd_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(f"--transfer-latency-ms must be >= 0, got {a.transfer_latency_ms}")
     refused = [f for f, v in (("--external-tier", a.external_tier != "none"), ("--num-speculative-tokens", a.num_speculative_tokens),
                               ("--request-path-ms", a.request_path_ms), ("--non-streaming", a.non_streaming),
-                              ("--router kv_aware", "kv_aware" in a.router)) if v]  # fmt: skip
+                              ("--router kv_aware", "kv_aware" in a.router)) if v]
     if refused:
         p.error(f"a P/D fleet runs without {', '.join(refused)}")

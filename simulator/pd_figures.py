@@ -25,7 +25,7 @@ def _engine_figures(e, specs, simulated_ns: int) -> dict:
             "evictions": run.kv.block_pool.num_evictions, "preemptions": run.sched.num_preemptions,
             "rejected": run.num_rejected, "peak_usage": get_peak_usage(run.kv), "end_usage": run.kv.usage,
             "peak_running": e.peak_running, "busy_s": e.busy_ns / 1e9,
-            "busy_share": e.busy_ns / simulated_ns if simulated_ns else 0.0}  # fmt: skip
+            "busy_share": e.busy_ns / simulated_ns if simulated_ns else 0.0}
 
 
 def _transfer_figures(fleet) -> dict:
@@ -33,7 +33,7 @@ def _transfer_figures(fleet) -> dict:
     num, blocks = sum(x.num_transfers for x in links), sum(x.num_blocks for x in links)
     return {"gbps": fleet.transfer[0], "latency_ms": fleet.transfer[1], "transfers": num, "blocks": blocks,
             "bytes": blocks * links[0].block_bytes, "busy_s": sum(x.busy_ns for x in links) / 1e9,
-            "mean_wait_ms": sum(x.wait_ns for x in links) / num / 1e6 if num else 0.0}  # fmt: skip
+            "mean_wait_ms": sum(x.wait_ns for x in links) / num / 1e6 if num else 0.0}
 
 
 def _imbalance(values: list[int]) -> float:
@@ -70,4 +70,4 @@ def pd_result(fleet, wall_start: float, cpu_start: float) -> FleetResult:
         per_replica=per, **latency, pd=f"{len(fleet.prefill)}:{len(fleet.decode)}",
         pd_pools={"prefill": [p for p in per if p["pool"] == "prefill"], "decode": [p for p in per if p["pool"] == "decode"],
                   "transfer": _transfer_figures(fleet)},
-    )  # fmt: skip
+    )

@@ -106,7 +106,7 @@ class PDFleet:
     """P prefill and D decode engines behind ``router``; see the module doc."""
 
     def __init__(self, workload: Workload, cfg: SimConfig, num_prefill: int, num_decode: int, router: str = "round_robin",
-                 transfer_gbps: float = 2.0, transfer_latency_ms: float = 1.0, max_concurrency: int | None = None, seed: int = 0):  # fmt: skip
+                 transfer_gbps: float = 2.0, transfer_latency_ms: float = 1.0, max_concurrency: int | None = None, seed: int = 0):
         if cfg.external_tier != "none" or cfg.group_windows or cfg.num_speculative_tokens or router == "kv_aware":
             raise ValueError("a P/D fleet runs without an external tier, hybrid groups, speculative decoding or kv_aware")
         if num_prefill < 1 or num_decode < 1 or not 0 < transfer_gbps < math.inf or transfer_latency_ms < 0:
@@ -299,6 +299,6 @@ class PDFleet:
 
 def simulate_pd_fleet(workload: Workload, cfg: SimConfig, num_prefill: int, num_decode: int, router: str = "round_robin",
                       transfer_gbps: float = 2.0, transfer_latency_ms: float = 1.0, max_concurrency: int | None = None,
-                      seed: int = 0) -> FleetResult:  # fmt: skip
+                      seed: int = 0) -> FleetResult:
     """Replay ``workload`` through ``num_prefill`` prefill and ``num_decode`` decode engines."""
     return PDFleet(workload, cfg, num_prefill, num_decode, router, transfer_gbps, transfer_latency_ms, max_concurrency, seed).run()

@@ -73,7 +73,7 @@ def plot_hit_rates(results: list[SimResult], path: str | Path, title: str) -> No
             [x for x, _ in pts], [y for _, y in pts], label=labels[policy],
             marker=MARKERS[i % len(MARKERS)], linestyle=LINESTYLES[i % len(LINESTYLES)],
             markersize=max(3.0, 10.0 - 2.5 * i), linewidth=max(0.8, 3.0 - 0.7 * i), zorder=2 + i,
-        )  # fmt: skip
+        )
     ax.set_xlabel("KV cache capacity (blocks)")
     ax.set_ylabel("prefix-cache hit rate, first admissions (tokens; device + host tier)")
     ax.set_ylim(*y_limits([y for pts in lines.values() for _, y in pts]))

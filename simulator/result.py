@@ -114,4 +114,4 @@ class SimResult:
         external = self.external_tier != "none"
         return {k: getattr(self, k) for k in self.__slots__
                 if not k.endswith("_ns") and (spec or not (k.startswith("spec_") or k == "num_speculative_tokens"))
-                and (external or not k.startswith("external_tier"))}  # fmt: skip
+                and (external or not k.startswith("external_tier"))}

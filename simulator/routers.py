@@ -142,7 +142,7 @@ class CacheAware:
     name = "cache_aware"
 
     def __init__(self, num_replicas: int, cache_threshold: float = CACHE_THRESHOLD,
-                 balance_abs_threshold: int = BALANCE_ABS_THRESHOLD, balance_rel_threshold: float = BALANCE_REL_THRESHOLD):  # fmt: skip
+                 balance_abs_threshold: int = BALANCE_ABS_THRESHOLD, balance_rel_threshold: float = BALANCE_REL_THRESHOLD):
         self.num_replicas = num_replicas
         self.cache_threshold = cache_threshold
         self.balance_abs_threshold = balance_abs_threshold
@@ -236,7 +236,7 @@ class KvAware:
         self.index = KVBlockIndex()
 
     def costs(self, prompt_len: int, block_hashes: Sequence[bytes], loads: Sequence[int],
-              prefilling: Sequence[int]) -> list[tuple[int, int]]:  # fmt: skip
+              prefilling: Sequence[int]) -> list[tuple[int, int]]:
         """Each replica's (cost, tokens it would prefill)."""
         scores = self.index.prefix_scores(block_hashes)
         out = []
@@ -246,7 +246,7 @@ class KvAware:
         return out
 
     def choose(self, prompt_len: int, block_hashes: Sequence[bytes], loads: Sequence[int],
-               prefilling: Sequence[int]) -> tuple[int, int]:  # fmt: skip
+               prefilling: Sequence[int]) -> tuple[int, int]:
         costs = self.costs(prompt_len, block_hashes, loads, prefilling)
         best = min(range(self.num_replicas), key=lambda r: costs[r][0])  # the first of the cheapest
         return best, costs[best][1]

@@ -55,7 +55,7 @@ def _spec_rate(a: argparse.Namespace) -> float:
 
 
 def sim_config(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, policy: str, eviction: str = "lru",
-               num_external_blocks: int = 0) -> SimConfig:  # fmt: skip
+               num_external_blocks: int = 0) -> SimConfig:
     """One engine's configuration from the flags (the fleet's replicas share it)."""
     cfg = SimConfig(
         num_blocks, a.block_size, policy, a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len,
@@ -65,10 +65,10 @@ def sim_config(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, pol
         a.long_prefill_token_threshold_adaptive, a.enable_chunked_prefill, a.watermark, a.max_num_scheduled_tokens,
         a.max_num_active_seqs, eviction, a.pin_prefix_tokens, a.max_pinned_fraction, getattr(a, "group_windows", ()),
         getattr(a, "num_speculative_tokens", 0), _spec_rate(a), a.seed,
-    )  # fmt: skip
+    )
     tier = getattr(a, "external_tier", "none")
     if tier == "none":
         return cfg
     return dataclasses.replace(cfg, external_tier=tier, external_tier_blocks=num_external_blocks, external_read_gbps=a.external_read_gbps,
                                external_write_gbps=a.external_write_gbps, external_latency_ms=a.external_latency_ms,
-                               external_warm=a.external_tier_warm)  # fmt: skip
+                               external_warm=a.external_tier_warm)

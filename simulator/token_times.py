@@ -103,4 +103,4 @@ class TokenTimes:
             p50_itl_ms=ms(_histogram_percentile(self.gaps, 0.5)), p99_itl_ms=ms(_histogram_percentile(self.gaps, 0.99)),
             num_output_tokens=sum(self.num_tokens),
             output_tokens_per_s=sum(self.num_tokens) / (span / 1e9) if span > 0 else 0.0,
-        )  # fmt: skip
+        )

@@ -111,7 +111,7 @@ def _under(module: str, prefix: str) -> bool:
 
 
 def violations(source: str, filename: str, package: str, forbidden: tuple[str, ...],
-               allowed: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
+               allowed: tuple[str, ...] = ()) -> list[str]:
     """One line per import statement that reaches a forbidden module. A module under an
     ``allowed`` one is not forbidden, nor a package on the way to one (``from frontend
     import tokenizer`` imports ``frontend`` too)."""
@@ -131,7 +131,7 @@ def tree_violations(root: Path = REPO) -> list[str]:
         for path in sorted((root / folder).rglob("*.py")):
             rel = path.relative_to(root)
             bad += violations(path.read_text(encoding="utf-8"), str(rel), ".".join(rel.parent.parts), forbidden,
-                              ALLOWED.get(folder, ()))  # fmt: skip
+                              ALLOWED.get(folder, ()))
     return bad
 
 
@@ -283,7 +283,7 @@ def test_no_module_hides_an_import_under_type_checking():
     # none, not even there); a module that needs another's shape takes a Protocol instead
     # (frontend/server_view.py).
     hidden = [str(p.relative_to(REPO)) for top in PROJECT for p in sorted((REPO / top).rglob("*.py"))
-              if re.search(r"^if (typing\.)?TYPE_CHECKING\b", p.read_text(encoding="utf-8"), re.MULTILINE)]  # fmt: skip
+              if re.search(r"^if (typing\.)?TYPE_CHECKING\b", p.read_text(encoding="utf-8"), re.MULTILINE)]
     assert hidden == [], f"imports under TYPE_CHECKING: {hidden}"
 
 
@@ -365,3 +365,11 @@ def test_an_import_circle_planted_in_a_copy_of_the_tree_is_found(tmp_path):
     (tmp_path / "frontend" / "c.py").write_text("import frontend.a\n")
     (tmp_path / "frontend" / "d.py").write_text("from frontend.a import y\n")
     assert import_circles(tmp_path) == [["frontend.a", "frontend.b", "frontend.c"]]
+
+
+def test_no_hand_kept_formatter_markers():
+    # STYLE.md, rule 13: one formatter or none; no formatter runs here, so a marker would keep nothing.
+    files = [p for room in (*PROJECT, "deploy", "tests") for p in sorted((REPO / room).rglob("*.py"))]
+    assert len(files) > 100
+    marked = [str(p.relative_to(REPO)) for p in files if "fmt: " + "skip" in p.read_text(encoding="utf-8")]
+    assert marked == [], f"formatter markers in {marked}"

@@ -154,7 +154,7 @@ class Checkpoint:
         return out
 
     def _load_gguf(self, names: list[str], dtype: torch.dtype, device: torch.device | str,
-                   narrow: dict[str, tuple[int, int, int]]) -> dict[str, torch.Tensor]:  # fmt: skip
+                   narrow: dict[str, tuple[int, int, int]]) -> dict[str, torch.Tensor]:
         """``load`` from the GGUF file: each tensor dequantized whole, then narrowed."""
         out: dict[str, torch.Tensor] = {}
         for n in names:

@@ -22,7 +22,7 @@ ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 # A layer's tensors by the names kvpool's loader asks for (``worker.models.loader``).
 LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
                "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "self_attn.q_norm",
-               "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # fmt: skip
+               "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
 class GGUFError(ValueError):

@@ -69,7 +69,7 @@ def tokenizer_info(model_dir: str | Path, vocab_size: int):
         add_prefix_space = bool(first) and first.startswith("▁" if from_vocab == xgr.VocabType.BYTE_FALLBACK else "Ġ")
     eos = _eos_token_id(model_dir, vocab)
     return xgr.TokenizerInfo(encoded_vocab, vocab_type, vocab_size=vocab_size,
-                             stop_token_ids=None if eos is None else [eos], add_prefix_space=add_prefix_space)  # fmt: skip
+                             stop_token_ids=None if eos is None else [eos], add_prefix_space=add_prefix_space)
 
 
 def _eos_token_id(model_dir: Path, vocab: dict[str, int]) -> int | None:
@@ -94,7 +94,7 @@ def _with_timeout(fn, pattern: str):
     except TimeoutError:
         raise ValueError(f"Regex compilation timed out after {timeout}s. The pattern may be too complex or contain "
                          f"constructs that cause exponential state-space explosion (e.g. nested quantifiers). "
-                         f"Pattern: {pattern[:200]}") from None  # fmt: skip
+                         f"Pattern: {pattern[:200]}") from None
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
 

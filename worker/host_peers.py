@@ -58,7 +58,7 @@ class HostPeers:
             alone = not self._others()
             if alone != self._alone:
                 log.info("%s kvpool worker on this host: big steps %s", "no other" if alone else "another",
-                         "take every core again" if alone else "stay on the usual threads")  # fmt: skip
+                         "take every core again" if alone else "stay on the usual threads")
             self._alone = alone
         return self._alone
 

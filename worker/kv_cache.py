@@ -66,7 +66,7 @@ def num_blocks_for_budget(budget_bytes: int, bytes_per_block: int) -> int:
 
 
 def cuda_kv_budget(device: torch.device, gpu_memory_utilization: float, activation_peak_bytes: int,
-                   before_load: tuple[int, int]) -> int:  # fmt: skip
+                   before_load: tuple[int, int]) -> int:
     """Bytes left for the KV cache when this process may use ``gpu_memory_utilization``
     of the device's total memory, as vLLM's worker counts it: what this process took since
     ``before_load`` (the device's (free, total) before the weights loaded) and the profiled
@@ -78,7 +78,7 @@ def cuda_kv_budget(device: torch.device, gpu_memory_utilization: float, activati
     if free_before < requested:
         raise ValueError(f"free memory on {device} before loading ({free_before / 2**30:.2f}/{total / 2**30:.2f} GiB) is less than "
                          f"--gpu-memory-utilization {gpu_memory_utilization} asks for ({requested / 2**30:.2f} GiB); lower it, "
-                         "or free memory other processes use")  # fmt: skip
+                         "or free memory other processes use")
     free_now, _ = torch.cuda.mem_get_info(device)
     taken = free_before - free_now  # weights, this process's CUDA buffers
     return max(0, requested - taken - activation_peak_bytes)
@@ -130,7 +130,7 @@ def allocate_host_kv_caches(device_caches: list[torch.Tensor], num_host_blocks: 
         raise ValueError(f"a host KV tier needs at least 1 block, got {num_host_blocks}")
     lock = device_caches[0].device.type == "cuda"
     return [page_locked_zeros((kv.shape[0], num_host_blocks, *kv.shape[2:]), kv.dtype) if lock else
-            torch.zeros((kv.shape[0], num_host_blocks, *kv.shape[2:]), dtype=kv.dtype) for kv in device_caches]  # fmt: skip
+            torch.zeros((kv.shape[0], num_host_blocks, *kv.shape[2:]), dtype=kv.dtype) for kv in device_caches]
 
 
 def page_locked_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

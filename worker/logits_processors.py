@@ -62,7 +62,7 @@ def banned_by_bad_words(bad_words: list[list[int]], output_token_ids: list[int])
 
 
 def apply_allowed_and_bad_words(logits: torch.Tensor, batch: list[RowLogitsParams | None],
-                                output_token_ids) -> torch.Tensor:  # fmt: skip
+                                output_token_ids) -> torch.Tensor:
     """logits (N, V) float32, ``batch[i]`` row i's processors or None, and
     ``output_token_ids(i)`` row i's output tokens so far: the allowed-token mask and
     the bad words applied, in place."""

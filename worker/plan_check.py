@@ -225,7 +225,7 @@ def _check_scheduled(
         n_tokens, computed, _ = view(sid)
         if not drafts or computed != n_tokens - 1 or scheduled.get(sid, 1) != 1 + len(drafts):
             raise PlanError(f"{where}: seq_id {sid} has {len(drafts)} drafts: it must have one token not yet computed "
-                            f"(has {n_tokens - computed}) and be scheduled it and every draft ({scheduled.get(sid, 1)} scheduled)")  # fmt: skip
+                            f"(has {n_tokens - computed}) and be scheduled it and every draft ({scheduled.get(sid, 1)} scheduled)")
         if min(drafts) < 0 or max(drafts) >= limits.vocab_size:
             bad = next(t for t in drafts if not 0 <= t < limits.vocab_size)
             raise PlanError(f"{where}: seq_id {sid} has draft token id {bad} outside the vocabulary of {limits.vocab_size}")

@@ -134,8 +134,8 @@ def _check_scheduled(
         for g, num_blocks in enumerate(group_num_blocks(sid) if tables is None else [t[0] for t in tables]):
             if computed + n > num_blocks * bs:
                 raise PlanError(f"{where}: seq_id {sid} is scheduled up to position {computed + n - 1} but its group {g} table holds "
-                                f"{num_blocks * bs} tokens")  # fmt: skip
+                                f"{num_blocks * bs} tokens")
         for g, (_, nulls) in enumerate(tables or ()):
             if nulls * bs > max(0, computed - windows[g] + 1):
                 raise PlanError(f"{where}: seq_id {sid} group {g} has {nulls} null entries, reaching into the window of "
-                                f"{windows[g]} tokens of position {computed}")  # fmt: skip
+                                f"{windows[g]} tokens of position {computed}")

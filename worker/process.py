@@ -244,7 +244,7 @@ class WorkerProcess:
         s = self.serving
         runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id, seed=c.seed, host_caches=hosts,
                              grammar_compiler=self.grammars, kv_scales=list(s.kv_scales), groups=list(s.kv_cache_groups) or None,
-                             layer_windows=s.layer_windows or None, step_threads=self._step_threads())  # fmt: skip
+                             layer_windows=s.layer_windows or None, step_threads=self._step_threads())
         self._set_ready(runner)
         if self.metrics is not None:
             self.metrics.num_blocks.set(ready.num_blocks)
@@ -369,7 +369,7 @@ class WorkerProcess:
         if tokens is None:
             mc = m.config
             tokens = wide_step_tokens(projection_weights(mc.hidden_size, mc.intermediate_size, mc.num_layers,
-                                                         m.num_heads * mc.head_dim, m.num_kv_heads * mc.head_dim))  # fmt: skip
+                                                         m.num_heads * mc.head_dim, m.num_kv_heads * mc.head_dim))
         if self.host_peers is None:  # NOTE: every CPU worker says it is here, wide or not
             try:
                 self.host_peers = HostPeers()
@@ -405,7 +405,7 @@ class WorkerProcess:
         if out.extra_logprobs and logprobs:
             logprobs = _with_extra_logprobs(logprobs, out.extra_logprobs)
         return StepResult(plan.step_id, out.seq_ids, out.sampled_token_ids, elapsed, logprobs, out.prompt_logprobs or {},
-                          out.extra_token_ids or {})  # fmt: skip
+                          out.extra_token_ids or {})
 
 
 def _with_extra_logprobs(logprobs: list[SampledLogprobs], extra: dict) -> list[SampledLogprobs]:

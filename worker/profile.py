@@ -70,7 +70,7 @@ def dummy_sampling_state(max_num_seqs: int, vocab_size: int, device: torch.devic
     """Every row with vLLM's dummy sampler parameters (temperature < 1, top-k, top-p, the
     three penalties) and logprobs, so the penalty tables exist and the sort over (N, V) runs."""
     params = SamplingParams(temperature=0.5, top_p=0.9, top_k=vocab_size - 1, presence_penalty=0.1, frequency_penalty=0.1,
-                            repetition_penalty=1.1, logprobs=MAX_LOGPROBS)  # fmt: skip
+                            repetition_penalty=1.1, logprobs=MAX_LOGPROBS)
     state = SamplingState(max_num_seqs, vocab_size, device)
     for row in range(max_num_seqs):
         state.add(row, params, [0], 1)
@@ -90,7 +90,7 @@ def run_serving_step(
     max_blocks = -(-step.max_model_len // bs)
     tables = [BlockTable(n, max_blocks, bs, dev) for _ in range(num_block_tables)]
     attention = PagedAttention(kv_caches, model.num_heads, max_blocks, DEFAULT_WORKSPACE_BYTES, compute_dtype=model.dtype,
-                               kv_scales=kv_scales, scale=model.config.attention_scale)  # fmt: skip
+                               kv_scales=kv_scales, scale=model.config.attention_scale)
     sampling = dummy_sampling_state(n, V, dev)
     bitmask = torch.zeros((n, -(-V // 32)), dtype=torch.int32, device=dev)  # the grammar bitmask's device copy
     table = tables[0]
@@ -113,7 +113,7 @@ def run_serving_step(
 
 
 def profile_step_peak(model: DecoderModel, step: DummyStep, kv_dtype: torch.dtype, kv_scales: list[KVScales] | None = None,
-                      num_block_tables: int = 1) -> int:  # fmt: skip
+                      num_block_tables: int = 1) -> int:
     """CUDA: bytes above the current allocation that serving ``step`` needs, the buffers
     the runner keeps included (see the module's NOTE)."""
     device, c = model.device, model.config

@@ -128,7 +128,7 @@ class ModelRunner:
             if self.limits.group_windows:
                 self._group_check = partial(check_groups, self.groups.view, self.groups.num_blocks, self.limits)
         self.attention = PagedAttention(kv_caches, model.num_heads, max_blocks_per_seq, workspace_bytes,
-                                        compute_dtype=model.dtype, kv_scales=kv_scales, scale=model.config.attention_scale)  # fmt: skip
+                                        compute_dtype=model.dtype, kv_scales=kv_scales, scale=model.config.attention_scale)
         self.sampling = SamplingState(max_num_seqs, model.config.vocab_size, self.device, seed)
         # Structured outputs, where tokens are sampled (None on other TP ranks: they ignore grammars).
         self.grammars = None if grammar_compiler is None else GrammarRows(grammar_compiler, max_num_seqs, model.config.vocab_size)
@@ -266,7 +266,7 @@ class ModelRunner:
         (before ``_advance``: computed counts are the step's start), by seq_id."""
         pending, rows = self.prompt_logprobs.pending, self.rows
         chunks = [PromptChunk(sid, i, rows[sid].num_computed_tokens, 1)
-                  for i, sid in enumerate(inputs.decode_seq_ids) if sid in pending]  # fmt: skip
+                  for i, sid in enumerate(inputs.decode_seq_ids) if sid in pending]
         offset = len(inputs.decode_seq_ids)
         for sid, (_, c, n) in zip(inputs.prefill_seq_ids, inputs.prefills, strict=True):
             if sid in pending:
@@ -336,7 +336,7 @@ class ModelRunner:
         return sample_seq, sample_idx, spec_rows
 
     def _sample(self, hidden: torch.Tensor, sample_seq: list[int], sample_idx: list[int], num_tokens: int,
-                spec: list[tuple[int, int, list[int]]] | None = None) -> ModelRunnerOutput:  # fmt: skip
+                spec: list[tuple[int, int, list[int]]] | None = None) -> ModelRunnerOutput:
         """hidden (T, H): one token for each row of ``sample_seq`` from its hidden state
         at ``sample_idx``, appended to the row; rows with drafts (``spec``) then verify them."""
         n = len(sample_seq)
@@ -370,7 +370,7 @@ class ModelRunner:
         return sampled, logprobs
 
     def _verify(self, all_logits: torch.Tensor, sample_seq: list[int], sampled: list[int],
-                spec: list[tuple[int, int, list[int]]], out: ModelRunnerOutput) -> None:  # fmt: skip
+                spec: list[tuple[int, int, list[int]]], out: ModelRunnerOutput) -> None:
         """The drafts of ``spec``'s rows, position after position: a row goes on while the
         token it sampled equals its draft there (accepted: that position's K/V stand), and
         samples again from the logits after it (``all_logits`` rows from len(sample_seq) on,

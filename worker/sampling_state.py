@@ -123,7 +123,7 @@ class SamplingState:
         return torch.from_numpy(column[idx]).to(self.device)
 
     def sample(self, logits: torch.Tensor, rows: list[int], num_outputs: list[int],
-               token_ids_of: Callable[[int], list[int]] | None = None) -> tuple[list[int], list[RowLogprobs | None]]:  # fmt: skip
+               token_ids_of: Callable[[int], list[int]] | None = None) -> tuple[list[int], list[RowLogprobs | None]]:
         """logits (N, V) of the rows sampled this step; num_outputs[i]: tokens row i has
         sampled before this one; ``token_ids_of(i)``: row i's tokens (prompt and output),
         read only for rows with bad words. Returns the tokens and, per row, its logprobs

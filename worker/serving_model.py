@@ -119,4 +119,4 @@ def load_serving_model(
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
     return ServingModel(model, config, directory, resolved, n, identity, time.perf_counter() - t0, shard, kv_scales, windows, groups,
-                        memory_before_load)  # fmt: skip
+                        memory_before_load)

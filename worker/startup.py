@@ -141,7 +141,7 @@ def _kv_budget(config: WorkerConfig, serving: ServingModel, kv_dtype: torch.dtyp
         except ValueError as e:
             raise StartupError(str(e)) from None
         log.info("peak of a profiled step (%d tokens in %d requests, %d rows sampled): %d bytes", step.num_tokens,
-                 len(step.lengths), step.max_num_seqs, peak)  # fmt: skip
+                 len(step.lengths), step.max_num_seqs, peak)
         return budget
     return CPU_DEFAULT_KV_CACHE_MEMORY
 
@@ -169,7 +169,7 @@ def _allocate_kv_caches(config: WorkerConfig, serving: ServingModel, group: TPGr
     num_blocks, budget, flag = _num_kv_blocks(config, serving, dtype, per_block)
     if groups and hello_group_windows(groups):
         log.info("hybrid KV-cache groups (window: layers) %s: %d KV tensors for %d layers",
-                 ", ".join(f"{g.sliding_window}: {g.layer_ids}" for g in groups), num_tensors, m.num_layers)  # fmt: skip
+                 ", ".join(f"{g.sliding_window}: {g.layer_ids}" for g in groups), num_tensors, m.num_layers)
     if group is not None:
         num_blocks = group.min_over_ranks("num_blocks", num_blocks)
     if num_blocks < 2:
@@ -237,7 +237,7 @@ def _on_sigterm(_signum, _frame) -> None:
 
 def _run_process_loop(config: WorkerConfig, serving: ServingModel, kv_caches: list[torch.Tensor], metrics: WorkerMetrics | None,
                       group: TPGroup | None, host_caches: list[torch.Tensor] | None, external: ExternalIO | None = None,
-                      transfer: KVTransfer | None = None) -> int:  # fmt: skip
+                      transfer: KVTransfer | None = None) -> int:
     ctx = zmq.Context()
     try:
         # NOTE: only now, with a scheduler to tell; before, SIGTERM simply ends the process.

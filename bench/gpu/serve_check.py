@@ -103,12 +103,12 @@ class Reference:
 
 
 def serve_greedy(model_dir: Path, device: str, flags: list[str], prompts: list[list[int]], max_tokens: int, log: Path,
-                 ready_timeout_s: float = 300.0) -> tuple[list[list[int]], str]:  # fmt: skip
+                 ready_timeout_s: float = 300.0) -> tuple[list[list[int]], str]:
     """The answers of a ``kvpool serve`` started with ``flags``, one request after another
     (later prompts hit the earlier ones' cached prefix), and its /metrics page after them."""
     port = free_port()
     cmd = [sys.executable, "-m", "frontend.cli", "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-           "--served-model-name", NAME, "--device", device, "--log-dir", str(log.parent / (log.stem + "-logs")), *flags]  # fmt: skip
+           "--served-model-name", NAME, "--device", device, "--log-dir", str(log.parent / (log.stem + "-logs")), *flags]
     answers = []
     with Server("kvpool", cmd, {}, log, port) as server:
         server.wait_ready(ready_timeout_s)
@@ -123,11 +123,11 @@ def serve_greedy(model_dir: Path, device: str, flags: list[str], prompts: list[l
 
 def compare(label: str, got: list[list[int]], want: list[list[int]]) -> ServeResult:
     diffs = [next((i for i, (a, b) in enumerate(zip(g, w, strict=False)) if a != b), -1 if len(g) == len(w) else min(len(g), len(w)))
-             for g, w in zip(got, want, strict=True)]  # fmt: skip
+             for g, w in zip(got, want, strict=True)]
     return ServeResult(label, len(want), sum(d == -1 for d in diffs), diffs)
 
 
 def counter(page: str, name: str) -> float:
     """A counter of a /metrics page, summed over its label sets (0 when absent)."""
     return sum(s.value for fam in text_string_to_metric_families(page) if fam.name == name
-               for s in fam.samples if s.name in (name, name + "_total"))  # fmt: skip
+               for s in fam.samples if s.name in (name, name + "_total"))

@@ -20,7 +20,7 @@ SMOLLM2_SHAPE = {
     "hidden_act": "silu", "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 100000.0, "rope_scaling": None,
     "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
     "torch_dtype": "bfloat16",
-}  # fmt: skip
+}
 
 
 def smollm2_shaped_checkpoint(directory: Path) -> Path:

@@ -18,6 +18,6 @@ class Sizes:
 
 
 CUDA_FULL = Sizes(prompts=16, max_tokens=16, floor_rows=(1, 64, 256), floor_context=512, floor_steps=20, copy_bytes=1 << 30,
-                  floor_model="llama50m")  # fmt: skip
+                  floor_model="llama50m")
 CPU_DRY_RUN = Sizes(prompts=4, max_tokens=6, floor_rows=(1, 4, 16), floor_context=64, floor_steps=3, copy_bytes=256 << 20,
-                    floor_model="tiny")  # fmt: skip
+                    floor_model="tiny")

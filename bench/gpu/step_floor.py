@@ -73,7 +73,7 @@ def kv_bytes_attended(model, rows: int, context: int, kv_dtype: torch.dtype) -> 
 
 
 def time_decode(checkpoint_dir, dtype: torch.dtype, device: torch.device, rows: int, context: int, steps: int,
-                bandwidth: float, kv_dtype: torch.dtype | None = None) -> StepTiming:  # fmt: skip
+                bandwidth: float, kv_dtype: torch.dtype | None = None) -> StepTiming:
     """Prefill ``rows`` random prompts of ``context - 1`` tokens, then time ``steps``
     decode steps; the median step beside its floor at ``bandwidth`` bytes/s."""
     model = load_model(Checkpoint(checkpoint_dir), dtype, device)
@@ -84,7 +84,7 @@ def time_decode(checkpoint_dir, dtype: torch.dtype, device: torch.device, rows: 
     runner = ModelRunner(model, caches, rows, per_row * BLOCK_SIZE)
     gen = torch.Generator().manual_seed(rows)
     new = [RequestRow(i, torch.randint(2, c.vocab_size, (context - 1,), generator=gen).tolist(),
-                      list(range(1 + i * per_row, 1 + (i + 1) * per_row))) for i in range(rows)]  # fmt: skip
+                      list(range(1 + i * per_row, 1 + (i + 1) * per_row))) for i in range(rows)]
     step = 0
     # NOTE: the prefill in waves of 32 rows keeps its activations small on any device;
     # the rows prefilled before a wave sit it out (0 tokens scheduled).

@@ -24,7 +24,7 @@ GROUPS: list[Group] = [
     *options.GROUPS, *frontend_args.GROUPS, *model.GROUPS, *parallel.GROUPS, *cache.GROUPS,
     *features.GROUPS,
     *scheduling.GROUPS, *engine.GROUPS,
-]  # fmt: skip
+]
 
 
 

@@ -61,7 +61,7 @@ _RULES = [
     refused("--h11-max-header-count", ONE, why.UVICORN),
     refused("--h11-max-incomplete-event-size", ONE, why.UVICORN),
     handled("--host", ONE, "frontend (default 127.0.0.1, where vLLM listens on every interface)", default="127.0.0.1",
-            help="the API's address (default %(default)s: loopback, where vLLM listens on every interface)"),  # fmt: skip
+            help="the API's address (default %(default)s: loopback, where vLLM listens on every interface)"),
     passed("--log-error-stack", BOOL, FRONT, default_on=True),
     refused("--lora-modules", MANY, why.LORA),
     passed("--max-log-len", ONE, FRONT),
@@ -69,7 +69,7 @@ _RULES = [
     handled("--port", ONE, "frontend", type=int, default=8000, help="the API's port (default %(default)s)"),
     passed("--response-role", ONE, FRONT),
     handled("--return-tokens-as-token-ids", BOOL, "frontend", action=argparse.BooleanOptionalAction, default=False,
-            help="logprobs name tokens as token_id:N (default off)"),  # fmt: skip
+            help="logprobs name tokens as token_id:N (default off)"),
     passed("--root-path", ONE, FRONT),
     passed("--sse-keep-alive-interval", ONE, FRONT),
     passed("--ssl-ca-certs", ONE, FRONT),

@@ -20,7 +20,7 @@ import ipaddress
 import json
 
 DEFAULTS = {"enable_kv_cache_events": False, "publisher": None, "endpoint": "tcp://*:5557", "replay_endpoint": None,
-            "buffer_steps": 10_000, "hwm": 100_000, "max_queue_size": 100_000, "topic": ""}  # fmt: skip
+            "buffer_steps": 10_000, "hwm": 100_000, "max_queue_size": 100_000, "topic": ""}
 _INTS = ("buffer_steps", "hwm", "max_queue_size")
 
 
@@ -94,5 +94,5 @@ def kv_events_scheduler_flags(text: str, data_parallel_rank: int, scheduler_args
             )
     flags = ["--kv-events-endpoint", endpoint, "--kv-events-endpoint-mode", "vllm", "--kv-events-topic", c["topic"],
              "--kv-events-buffer-steps", str(c["buffer_steps"]), "--kv-events-hwm", str(c["hwm"]),
-             "--kv-events-max-queue-size", str(c["max_queue_size"])]  # fmt: skip
+             "--kv-events-max-queue-size", str(c["max_queue_size"])]
     return flags + (["--kv-events-replay-endpoint", replay] if replay is not None else [])

@@ -31,9 +31,9 @@ _MODEL = [
             "and --max-model-len is capped at the model's window",
             action=argparse.BooleanOptionalAction, default=False,
             help="every layer full attention, --max-model-len capped at the model's sliding window, as vLLM (default: off; "
-                 "a sliding-window model is served past its window, its layers attending within it)"),  # fmt: skip
+                 "a sliding-window model is served past its window, its layers attending within it)"),
     handled("--dtype", ONE, "worker (half as float16, float as float32)", default="auto", choices=list(DTYPES),
-            help="weights' and KV cache's dtype; auto: the checkpoint's torch_dtype (default %(default)s)"),  # fmt: skip
+            help="weights' and KV cache's dtype; auto: the checkpoint's torch_dtype (default %(default)s)"),
     refused("--enable-cumem-allocator", BOOL, why.SLEEP, accepts=(False,)),
     refused("--enable-nccl-comm-suspend", BOOL, why.SLEEP, accepts=(False,)),
     refused("--enable-prompt-embeds", BOOL, why.NOT_YET, accepts=(False,)),
@@ -42,7 +42,7 @@ _MODEL = [
     refused("--enable-trace-replay", BOOL, why.NOT_YET, accepts=(False,)),
     refused("--enforce-eager", BOOL, why.GRAPHS, accepts=(True,)),
     handled("--generation-config", ONE, "frontend", default="auto",
-            help='"auto" (the model\'s generation_config.json), "vllm" (none) or a folder (default %(default)s)'),  # fmt: skip
+            help='"auto" (the model\'s generation_config.json), "vllm" (none) or a folder (default %(default)s)'),
     refused("--hf-config-path", ONE, why.LOCAL),
     refused("--hf-overrides", ONE, "overriding the checkpoint's config.json is not supported", accepts=("{}",)),
     same("--hf-token", OPTIONAL, "kvpool serves a local folder, which vLLM reads without the token too"),
@@ -52,9 +52,9 @@ _MODEL = [
     passed("--max-logprobs", ONE, "frontend"),
     handled("--max-model-len", ONE, "scheduler, worker and frontend (not given, or -1/auto: the model's, at most 4096, where vLLM takes it whole)",
             type=human_readable_int_or_auto, default=None,
-            help="longest prompt + output, in tokens: 4096, 4k, 4K; -1 or auto: the model's (here at most 4096)"),  # fmt: skip
+            help="longest prompt + output, in tokens: 4096, 4k, 4K; -1 or auto: the model's (here at most 4096)"),
     handled("--model", ONE, "launcher (as the positional MODEL)", default=None, dest="model_flag", metavar="MODEL",
-            help="the checkpoint folder, as the positional MODEL (which wins if both are given)"),  # fmt: skip
+            help="the checkpoint folder, as the positional MODEL (which wins if both are given)"),
     refused("--model-class-overrides", ONE, "kvpool's worker has its own model classes", accepts=("{}",)),
     refused("--model-impl", ONE, "kvpool's worker has its own model implementation", accepts=("auto",)),
     passed("--override-generation-config", ONE, "frontend"),
@@ -66,16 +66,16 @@ _MODEL = [
     refused("--revision", ONE, why.LOCAL),
     refused("--runner", ONE, why.POOLING, accepts=("auto", "generate")),
     handled("--seed", ONE, "worker", type=seed, default=0,
-            help="global sampling seed of requests without their own (default %(default)s, as vLLM v1)"),  # fmt: skip
+            help="global sampling seed of requests without their own (default %(default)s, as vLLM v1)"),
     handled("--served-model-name", MANY, "scheduler and frontend", default=None, nargs="+",
-            why_not="kvpool serves one model name", help="the model's name in the API (default: MODEL as given); one name"),  # fmt: skip
+            why_not="kvpool serves one model name", help="the model's name in the API (default: MODEL as given); one name"),
     refused("--skip-tokenizer-init", BOOL, why.NOT_YET, accepts=(False,)),
     refused("--sleep-mode-offload-cudagraph", BOOL, why.SLEEP, accepts=(False,)),
     refused("--sleep-preserve-parameter-names", MANY, why.SLEEP),
     handled("--tokenizer", ONE, "launcher: MODEL's own folder, or any tokenizer folder for a GGUF MODEL", default=None,
             why_not="a tokenizer from another folder is not supported yet (kvpool reads MODEL's tokenizer.json)",
             help="accepted when it names MODEL's folder (kvpool reads MODEL's tokenizer); for a GGUF MODEL, the tokenizer "
-                 "folder to use instead of the file's own"),  # fmt: skip
+                 "folder to use instead of the file's own"),
     refused("--tokenizer-mode", ONE, "kvpool's frontend loads transformers' AutoTokenizer, as vLLM's hf mode", accepts=("auto", "hf")),
     refused("--tokenizer-revision", ONE, why.LOCAL),
     same("--trust-remote-code", BOOL, "kvpool never runs code from a checkpoint; a model that needs its own code fails at load either way"),
@@ -103,9 +103,9 @@ GROUPS = [
         refused("--mamba-backend", ONE, why.MAMBA),
         refused("--mamba-cache-philox-rounds", ONE, why.MAMBA, accepts=("0",)),
         refused("--mamba-ssu-algorithm", ONE, why.MAMBA),
-    ]),  # fmt: skip
+    ]),
     Group("StructuredOutputsConfig", "Dataclass which contains structured outputs config for the engine.", [
         refused("--reasoning-parser", ONE, why.REASONING),
         refused("--reasoning-parser-plugin", ONE, why.REASONING),
-    ]),  # fmt: skip
+    ]),
 ]

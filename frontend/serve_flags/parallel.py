@@ -28,12 +28,12 @@ _RULES = [
     refused("--decode-context-parallel-size -dcp", ONE, why.CONTEXT_PARALLEL, accepts=("1",)),
     refused("--device-ids", ONE, "choose the devices with CUDA_VISIBLE_DEVICES"),
     refused("--disable-custom-all-reduce", BOOL, "kvpool's ranks all-reduce with torch.distributed, never vLLM's custom kernel",
-            accepts=(True,)),  # fmt: skip
+            accepts=(True,)),
     refused("--disable-nccl-for-dp-synchronization", BOOL, why.ONE_ENGINE),
     refused("--distributed-executor-backend", ONE, "kvpool's ranks are local processes (vLLM's mp, or uni for one rank)",
-            accepts=("mp", "uni")),  # fmt: skip
+            accepts=("mp", "uni")),
     handled("--distributed-timeout-seconds", ONE, "worker (its --distributed-timeout)", type=float, default=None, metavar="SECONDS",
-            help="how long a collective or the start-up rendezvous waits for another rank (default: the worker's)"),  # fmt: skip
+            help="how long a collective or the start-up rendezvous waits for another rank (default: the worker's)"),
     refused("--dp-sync-interval", ONE, why.ONE_ENGINE),
     refused("--elastic-ep-max-dp-size", ONE, why.EXPERTS),
     refused("--enable-batch-sharded-sampling", BOOL, why.NOT_YET),
@@ -60,7 +60,7 @@ _RULES = [
     refused("--prefill-context-parallel-size -pcp", ONE, why.CONTEXT_PARALLEL, accepts=("1",)),
     refused("--ray-workers-use-nsight", BOOL, "Ray is not supported", accepts=(False,)),
     handled("--tensor-parallel-size -tp", ONE, "worker (rank 0 starts the other ranks)", type=int, default=1,
-            help="worker ranks in one torch.distributed group, each with 1/N of the heads (default %(default)s)"),  # fmt: skip
+            help="worker ranks in one torch.distributed group, each with 1/N of the heads (default %(default)s)"),
     refused("--ubatch-size", ONE, "micro-batching is not supported", accepts=("0",)),
     refused("--worker-cls", ONE, "kvpool's worker is its own process, not a vLLM worker class", accepts=("auto",)),
     refused("--worker-extension-cls", ONE, "kvpool's worker is its own process, not a vLLM worker class"),

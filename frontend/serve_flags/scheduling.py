@@ -19,7 +19,7 @@ _SCHEDULER = [
     passed("--max-num-active-seqs", ONE, "scheduler"),
     handled("--max-num-batched-tokens", ONE, "scheduler and worker", type=human_readable_int, default=None,
             help="token budget of one step: 2048, 2k, 2K (default 2048; with --no-enable-chunked-prefill "
-                 "at least --max-model-len, as vLLM)"),  # fmt: skip
+                 "at least --max-model-len, as vLLM)"),
     passed("--max-num-queued-reqs", ONE, "frontend"),  # NOTE: vLLM enforces both in its API server process
     passed("--max-num-queued-tokens", ONE, "frontend"),
     passed("--max-num-scheduled-tokens", ONE, "scheduler"),
@@ -27,7 +27,7 @@ _SCHEDULER = [
     passed("--prefill-schedule-interval", ONE, "scheduler"),
     refused("--scheduler-cls", ONE, "kvpool's scheduler is its own process, not a vLLM scheduler class"),
     handled("--scheduler-reserve-full-isl", BOOL, "scheduler", action=argparse.BooleanOptionalAction, default=True,
-            help="admit a request only if its whole prompt fits the free blocks, not only its first chunk (default: on, as vLLM)"),  # fmt: skip
+            help="admit a request only if its whole prompt fits the free blocks, not only its first chunk (default: on, as vLLM)"),
     passed("--scheduling-policy", ONE, "scheduler"),
     refused("--stream-interval", ONE, "kvpool streams each token as it is sampled (vLLM's 1)", accepts=("1",)),
     passed("--watermark", ONE, "scheduler"),
@@ -38,12 +38,12 @@ GROUPS = [
     Group("CompilationConfig", "Configuration for compilation.", [
         refused("--cudagraph-capture-sizes", MANY, why.GRAPHS),
         refused("--max-cudagraph-capture-size", ONE, why.GRAPHS),
-    ]),  # fmt: skip
+    ]),
     Group("KernelConfig", "Configuration for kernel selection and warmup behavior.", [
         refused("--enable-flashinfer-autotune", BOOL, why.KERNELS),
         refused("--ir-op-priority", ONE, why.KERNELS),
         refused("--linear-backend", ONE, why.KERNELS, accepts=("auto",)),
         refused("--moe-backend", ONE, why.EXPERTS, accepts=("auto",)),
         refused("--sparse-indexer-topk-backend", ONE, why.KERNELS),
-    ]),  # fmt: skip
+    ]),
 ]

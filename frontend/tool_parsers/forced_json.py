@@ -36,7 +36,7 @@ def required_calls(text: str) -> tuple[list[ToolCall], str | None]:
 def _function_definition(item) -> bool:
     return (isinstance(item, dict) and isinstance(item.get("name"), str)
             and isinstance(item.get("parameters"), dict | None) and isinstance(item.get("description"), str | None)
-            and all(isinstance(item.get(k), bool | None) for k in ("strict", "defer_loading")))  # fmt: skip
+            and all(isinstance(item.get(k), bool | None) for k in ("strict", "defer_loading")))
 
 
 def named_delta(name: str, delta_text: str, name_sent: bool, new_id) -> DeltaMessage:

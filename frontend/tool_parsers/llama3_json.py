@@ -102,7 +102,7 @@ class Llama3JsonToolParser(ToolParser):
             if not self.current_tool_name_sent:
                 if name := current.get("name"):
                     delta = DeltaMessage(None, [DeltaToolCall(self.current_tool_id, id=make_tool_call_id(), name=name)],
-                                         content_set=False)  # fmt: skip
+                                         content_set=False)
                     self.current_tool_name_sent = True
             elif args := current.get("arguments"):
                 sent = len(self.streamed_args_for_tool[self.current_tool_id])

@@ -36,7 +36,7 @@ from scheduler.core.kv_events import KVEventSink
 # vLLM's (vllm/v1/metrics/loggers.py, "KV Cache residency metrics"), in seconds.
 RESIDENCY_BUCKETS = (
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800,
-)  # fmt: skip
+)
 # Accesses remembered per block (vLLM's deque(maxlen=4)).
 MAX_ACCESS_HISTORY = 4
 

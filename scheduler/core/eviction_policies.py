@@ -31,7 +31,7 @@ KV_EVICTION_POLICIES = ("lru", "arc", "lfu", "s3fifo", "cost")
 
 _POLICIES: dict[str, Callable[[int], BlockPolicy]] = {
     "lru": LRUBlockPolicy, "arc": ARCBlockPolicy, "lfu": LFUBlockPolicy, "s3fifo": S3FIFOBlockPolicy, "cost": CostBlockPolicy,
-}  # fmt: skip
+}
 
 
 def check_eviction_policy(name: str) -> None:

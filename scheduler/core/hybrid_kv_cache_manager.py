@@ -59,7 +59,7 @@ class HybridKVCacheManager:
         return 0
 
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, group_windows: Sequence[int], enable_caching: bool = True,
-                 event_sink: KVEventSink | None = None, pool_factory: PoolFactory = BlockPool, *, max_num_batched_tokens: int | None = None):  # fmt: skip
+                 event_sink: KVEventSink | None = None, pool_factory: PoolFactory = BlockPool, *, max_num_batched_tokens: int | None = None):
         if not group_windows or any(not isinstance(w, int) or w < 0 for w in group_windows):
             raise ValueError(
                 f"group_windows: one window >= 0 per KV-cache group (0: full attention), got {list(group_windows)}"
@@ -75,7 +75,7 @@ class HybridKVCacheManager:
             FullAttentionManager(self.block_pool, block_size, g, enable_caching) if w == 0
             else SlidingWindowManager(self.block_pool, block_size, g, enable_caching, w)
             for g, w in enumerate(group_windows)
-        )  # fmt: skip
+        )
         self.cache_hit = HybridCacheHit(self.single_type_managers, self.block_pool, block_size)
         # vLLM's admission cap of a sliding group (SlidingWindowSpec.max_admission_blocks_per_request,
         # one step in flight): its blocks plateau there, since the window's are freed before each chunk.
@@ -170,7 +170,7 @@ class HybridKVCacheManager:
 
     def allocate_slots(self, request: KVCacheRequest, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: GroupedBlocks | None = None, num_lookahead_tokens: int = 0,
-                       full_sequence_must_fit: bool = False, watermark_blocks: int = 0) -> GroupedBlocks | None:  # fmt: skip
+                       full_sequence_must_fit: bool = False, watermark_blocks: int = 0) -> GroupedBlocks | None:
         """`KVCacheManager.allocate_slots`, group by group, as vLLM's: the blocks the
         window left behind are freed first (even when None is returned: they are
         freed for good), then every group's new blocks, or None when they do not fit."""
@@ -197,7 +197,7 @@ class HybridKVCacheManager:
         if full_sequence_must_fit:
             num_full = min(request.num_tokens, self.max_model_len)
             needed = sum(m.get_num_blocks_to_allocate(request_id, num_full, group_hits[g], num_computed_tokens, self.max_admission_blocks[g])
-                         for g, m in enumerate(managers))  # fmt: skip
+                         for g, m in enumerate(managers))
             if needed + watermark_blocks > num_free:
                 return None
         num_tokens_need_slot = min(
@@ -205,7 +205,7 @@ class HybridKVCacheManager:
         )
         self._remove_skipped_blocks(request_id, num_computed_tokens)
         needed = sum(m.get_num_blocks_to_allocate(request_id, num_tokens_need_slot, group_hits[g], num_computed_tokens)
-                     for g, m in enumerate(managers))  # fmt: skip
+                     for g, m in enumerate(managers))
         if needed + watermark_blocks > self.block_pool.free_block_queue.num_free_blocks:
             return None
         if hits is not None:

@@ -39,7 +39,7 @@ class KVCacheManager:
 
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True, event_sink: KVEventSink | None = None,
                  pool_factory: PoolFactory = BlockPool, host_tier: HostTier | None = None, offload_store: str = "eviction",
-                 max_pinned_fraction: float = 0.5, external_tier: ExternalTier | None = None):  # fmt: skip
+                 max_pinned_fraction: float = 0.5, external_tier: ExternalTier | None = None):
         if offload_store not in OFFLOAD_STORE_MODES:
             raise ValueError(f"offload_store must be one of {OFFLOAD_STORE_MODES}, got {offload_store!r}")
         if host_tier is not None and host_tier.block_size != block_size:
@@ -132,7 +132,7 @@ class KVCacheManager:
 
     def allocate_slots(self, request: KVCacheRequest, num_new_tokens: int, num_new_computed_tokens: int = 0, new_computed_blocks: list[KVCacheBlock] | None = None,
                        num_lookahead_tokens: int = 0, full_sequence_must_fit: bool = False, watermark_blocks: int = 0,
-                       delay_cache: bool = False) -> list[KVCacheBlock] | None:  # fmt: skip
+                       delay_cache: bool = False) -> list[KVCacheBlock] | None:
         """Make room for ``num_new_tokens`` more tokens of ``request`` (after its
         computed tokens and the ``new_computed_blocks`` prefix hits).
 
@@ -164,7 +164,7 @@ class KVCacheManager:
             num_host_hits = self.offloading_connector.get_num_hits(request, num_held, num_new_computed_tokens, len(new_computed_blocks))
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_tokens_need_slot = min(num_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        num_new_blocks = self._get_num_blocks_to_allocate(request, num_tokens_need_slot, num_held, new_computed_blocks, full_sequence_must_fit, watermark_blocks)  # fmt: skip
+        num_new_blocks = self._get_num_blocks_to_allocate(request, num_tokens_need_slot, num_held, new_computed_blocks, full_sequence_must_fit, watermark_blocks)
         if num_new_blocks is None:
             return None
         if req_blocks is None:
@@ -175,7 +175,7 @@ class KVCacheManager:
         self._cache_and_bound(request, req_blocks, min(num_final, len(request.all_token_ids)))
         return new_blocks
 
-    def _get_num_blocks_to_allocate(self, request: KVCacheRequest, num_tokens_need_slot: int, num_held: int, new_computed_blocks: Sequence[KVCacheBlock], full_sequence_must_fit: bool, watermark_blocks: int) -> int | None:  # fmt: skip
+    def _get_num_blocks_to_allocate(self, request: KVCacheRequest, num_tokens_need_slot: int, num_held: int, new_computed_blocks: Sequence[KVCacheBlock], full_sequence_must_fit: bool, watermark_blocks: int) -> int | None:
         """The new blocks a table of ``num_held`` blocks plus the prefix hits needs for ``num_tokens_need_slot``
         tokens (0 or less: none), or None unless they fit with ``watermark_blocks`` left free."""
         num_new_blocks = -(-num_tokens_need_slot // self.block_size) - num_held - len(new_computed_blocks)

@@ -71,7 +71,7 @@ class KVEventRecorder:
     events: list[KVCacheEvent] = field(default_factory=list)
 
     def block_stored(self, block_hashes, parent_block_hash, token_ids, block_size, medium: str = MEDIUM_GPU, *, group_idx: int = 0,
-                     sliding_window: int = 0) -> None:  # fmt: skip
+                     sliding_window: int = 0) -> None:
         self.events.append(BlockStored(list(block_hashes), parent_block_hash, token_ids, block_size, medium, group_idx, sliding_window))
 
     def block_removed(self, block_hash: BlockHash, medium: str = MEDIUM_GPU, *, group_idx: int = 0) -> None:

@@ -68,7 +68,7 @@ class PinnedBlocks:
             self.num_refusals += 1
             raise PinRefused(f"pinning {len(new)} more blocks would pin {len(self._pins) + len(new)} of the pool's "
                              f"{self.pool.num_gpu_blocks - 1}, over the cap of {self.max_pinned_blocks} (--max-pinned-fraction); "
-                             f"{len(self._pins)} are pinned now")  # fmt: skip
+                             f"{len(self._pins)} are pinned now")
         self._add_owner([b for _, b in new])
         expiry = math.inf if ttl_s is None else now + ttl_s
         pins = self._pins

@@ -116,7 +116,7 @@ class PolicyPoolMixin:
         self.policy = policy
 
     def cache_full_blocks(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash], num_cached_blocks: int, num_full_blocks: int,
-                          token_ids: Sequence[int] | None = None, block_size: int = 0) -> None:  # fmt: skip
+                          token_ids: Sequence[int] | None = None, block_size: int = 0) -> None:
         super().cache_full_blocks(blocks, block_hashes, num_cached_blocks, num_full_blocks, token_ids, block_size)
         if num_cached_blocks >= num_full_blocks or not self.enable_caching:
             return

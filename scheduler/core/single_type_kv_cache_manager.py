@@ -73,7 +73,7 @@ class SingleTypeKVCacheManager:
         return 0
 
     def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock],
-                                   total_computed_tokens: int, max_admission_blocks: int | None = None) -> int:  # fmt: skip
+                                   total_computed_tokens: int, max_admission_blocks: int | None = None) -> int:
         """Blocks the pool must give for ``num_tokens`` slots: new ones, and the hits
         that are free now (a hit takes its block out of the free queue).
         ``max_admission_blocks``: vLLM's recycling-aware cap (admission check only)."""
@@ -122,7 +122,7 @@ class SingleTypeKVCacheManager:
         req_blocks.extend(new_blocks)
         return new_blocks
 
-    def cache_blocks(self, request: KVCacheRequest, num_tokens: int, reachable_boundaries: Sequence[int] = ()) -> None:  # fmt: skip
+    def cache_blocks(self, request: KVCacheRequest, num_tokens: int, reachable_boundaries: Sequence[int] = ()) -> None:
         """Cache the table's full blocks within the first ``num_tokens`` tokens (null
         entries skipped). ``reachable_boundaries``: read by sliding windows only."""
         request_id = request.request_id
@@ -133,7 +133,7 @@ class SingleTypeKVCacheManager:
         self.block_pool.cache_full_blocks(
             self.req_to_blocks[request_id], KeyedHashes(request.block_hashes, self.suffix), num_cached_blocks,
             num_full_blocks, request.all_token_ids, self.block_size,
-        )  # fmt: skip
+        )
         self.num_cached_block[request_id] = num_full_blocks
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> int:
@@ -155,7 +155,7 @@ class SingleTypeKVCacheManager:
 
     @classmethod
     def find_longest_cache_hit(cls, block_hashes: Sequence[BlockHash], max_length: int, group_ids: list[int], block_pool: BlockPool,
-                               block_size: int, sliding_window: int) -> tuple[list[list[KVCacheBlock]], int]:  # fmt: skip
+                               block_size: int, sliding_window: int) -> tuple[list[list[KVCacheBlock]], int]:
         """Full attention: the longest run of cached blocks from the start, in every
         group of ``group_ids`` (groups of one spec are looked up together)."""
         get_one_block = block_pool.cached_block_hash_to_block.get_one_block
@@ -208,7 +208,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self.num_null.pop(request_id, None)
         super().free(request_id)
 
-    def cache_blocks(self, request: KVCacheRequest, num_tokens: int, reachable_boundaries: Sequence[int] = ()) -> None:  # fmt: skip
+    def cache_blocks(self, request: KVCacheRequest, num_tokens: int, reachable_boundaries: Sequence[int] = ()) -> None:
         """Cache only the full blocks within the first ``num_tokens`` tokens that end a
         hit at a reachable boundary (sliding_window_retention.py); the others stay
         unhashed for good (the table's cached count passes them)."""
@@ -220,7 +220,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         # NOTE: a window of one token needs no block for a hit: none is cached (none
         # could serve a hit; vLLM's mask is empty too).
         runs = retained_block_runs(num_cached_blocks, num_full_blocks, self.num_tail_blocks,
-                                   reachable_boundaries, self.block_size)  # fmt: skip
+                                   reachable_boundaries, self.block_size)
         if runs:
             blocks = self.req_to_blocks[request_id]
             hashes = KeyedHashes(request.block_hashes, self.suffix)
@@ -259,7 +259,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
 
     @classmethod
     def find_longest_cache_hit(cls, block_hashes: Sequence[BlockHash], max_length: int, group_ids: list[int], block_pool: BlockPool,
-                               block_size: int, sliding_window: int) -> tuple[list[list[KVCacheBlock]], int]:  # fmt: skip
+                               block_size: int, sliding_window: int) -> tuple[list[list[KVCacheBlock]], int]:
         """Sliding window: searched right to left for cdiv(W - 1, block_size) contiguous
         cached blocks (all the next token needs); the blocks before them are the null
         block. A run that reaches the first block is a hit however short."""

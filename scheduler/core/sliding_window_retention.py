@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 
 def retained_block_runs(start_block: int, end_block: int, num_tail_blocks: int,
-                        boundaries: Iterable[int], block_size: int) -> list[tuple[int, int]]:  # fmt: skip
+                        boundaries: Iterable[int], block_size: int) -> list[tuple[int, int]]:
     """The blocks ``i`` of ``start_block <= i < end_block`` to cache, as ascending,
     disjoint runs ``[lo, hi)``: those among the ``num_tail_blocks`` blocks that end at
     each boundary (in tokens, floored to a block)."""

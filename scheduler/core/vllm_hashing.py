@@ -85,7 +85,7 @@ class VllmBlockHasher:
         self.none_hash: BlockHash = self._hash(self.none_hash_seed)
 
     def hash_block_tokens(self, parent_block_hash: BlockHash | None, block_token_ids: Sequence[int],
-                          extra_keys: tuple | None = None) -> BlockHash:  # fmt: skip
+                          extra_keys: tuple | None = None) -> BlockHash:
         """vLLM's hash_block_tokens: the hash of one full block given its parent's (None: the first)."""
         parent = parent_block_hash or self.none_hash
         return self._hash((parent, tuple(block_token_ids), extra_keys))
@@ -105,7 +105,7 @@ class VllmBlockHasher:
         if len(packed_token_ids) % step:
             raise ValueError(f"{len(packed_token_ids)} bytes is not a whole number of {self.block_size}-token blocks")
         tokens = memoryview(packed_token_ids).cast("I").tolist() if sys.byteorder == "little" else [
-            int.from_bytes(packed_token_ids[i : i + 4], "little") for i in range(0, len(packed_token_ids), 4)]  # fmt: skip
+            int.from_bytes(packed_token_ids[i : i + 4], "little") for i in range(0, len(packed_token_ids), 4)]
         parent = parent_block_hash or self.none_hash
         out: list[BlockHash] = []
         for i in range(0, len(tokens), self.block_size):

@@ -27,7 +27,7 @@ VLLM_CACHE_CONFIG_DEFAULTS: dict[str, str] = {
     "hash_block_size": "None", "cache_hit_alignment_tokens": "None", "kv_sharing_fast_prefill": "False",
     "swa_bounded_replay": "True", "kv_cache_memory_bytes": "None", "kv_offloading_size": "None",
     "kv_offloading_backend": "native", "_block_size_resolved": "True",
-}  # fmt: skip
+}
 
 
 def cache_config_info(config: SchedulerConfig, num_gpu_blocks: int) -> dict[str, str]:

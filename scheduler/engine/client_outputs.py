@@ -22,7 +22,7 @@ from scheduler.sched.request import Request
 
 
 def outputs_by_client(step: StepTokens, logprobs: Iterable[SampledLogprobs] = (),
-                      prompt_logprobs: dict[int, PromptLogprobs] | None = None) -> dict[bytes, EngineCoreOutputs]:  # fmt: skip
+                      prompt_logprobs: dict[int, PromptLogprobs] | None = None) -> dict[bytes, EngineCoreOutputs]:
     """client id -> that client's TokenOutputs of this step, in batch order.
     ``prompt_logprobs`` (seq_id -> them): with the first token of the rows that asked."""
     batches: dict[bytes, list[TokenOutput]] = {}

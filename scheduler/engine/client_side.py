@@ -36,7 +36,7 @@ class ClientSide:
         self, state: EngineState, port: RouterPort, hasher: BlockHasher, max_frame_bytes: int, max_num_waiting: int,
         on_admission_rejection: Callable[[str], None] = lambda reason: None,
         on_stopped: Callable[[Request, float], None] = lambda request, now: None,
-    ):  # fmt: skip
+    ):
         """``on_admission_rejection(reason)``: a request refused by a queue limit
         (vllm:admission_rejections' reason). ``on_stopped(request, now)``: a request its
         client ended on a stop string, before it is finished (its finished-request stats)."""
@@ -93,14 +93,14 @@ class ClientSide:
             return await self.send_error(
                 ident, msg.request_id,
                 f"the waiting queue is full ({scheduler.num_waiting} requests, --max-num-waiting): try again later",
-            )  # fmt: skip
+            )
         eos = state.eos_token_ids
         request = Request(
             msg.request_id, msg.prompt_token_ids, msg.max_tokens, seq_id=self._next_seq_id, client_id=ident,
             ignore_eos=msg.ignore_eos, eos_token_id=eos, cache_salt=msg.cache_salt, block_hasher=self.hasher,
             stop_token_ids=msg.stop_token_ids, min_tokens=msg.min_tokens, sampling=sampling_params_of(msg, eos),
             priority=msg.priority, grammar=msg.structured_outputs,
-        )  # fmt: skip
+        )
         request.kv_transfer_params = msg.kv_transfer_params
         if msg.resumed_token_ids:
             request.append_output_token_ids(msg.resumed_token_ids)  # NOTE: recomputed at admission, as after a preemption

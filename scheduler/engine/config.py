@@ -175,46 +175,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once (default %(default)s)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help=f"token budget of one step (default {d.max_num_batched_tokens}; with --no-enable-chunked-prefill, "
-                        "at least --max-model-len, as vLLM)")  # fmt: skip
+                        "at least --max-model-len, as vLLM)")
     p.add_argument("--max-model-len", type=int, default=d.max_model_len, help="most tokens of one request, prompt + output (default %(default)s)")
     p.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=d.scheduler_reserve_full_isl,
                    help="admit a waiting request only if its whole sequence fits the free blocks, not only its first "
-                        "chunk (vLLM's flag and default: on)")  # fmt: skip
+                        "chunk (vLLM's flag and default: on)")
     add_one_group_args(p)
     g = p.add_argument_group("scheduling policy (vLLM's SchedulerConfig)")
     add_policy_args(g)
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                   help="not supported: kvpool plans a step once the previous one's result is in (--no-async-scheduling is accepted)")  # fmt: skip
+                   help="not supported: kvpool plans a step once the previous one's result is in (--no-async-scheduling is accepted)")
     p.add_argument("--max-num-waiting", type=int, default=d.max_num_waiting,
-                   help="most requests waiting to run; more are refused (default %(default)s, ~36 bytes a prompt token each)")  # fmt: skip
+                   help="most requests waiting to run; more are refused (default %(default)s, ~36 bytes a prompt token each)")
     p.add_argument("--prefix-caching-hash-algo", choices=PREFIX_CACHING_HASH_ALGOS, default=d.prefix_caching_hash_algo,
                    help="kvpool_sha256 / kvpool_xxhash: kvpool's own over packed tokens (default %(default)s); sha256, "
-                        "sha256_cbor, xxhash, xxhash_cbor: vLLM's, exactly, seeded from PYTHONHASHSEED as vLLM")  # fmt: skip
+                        "sha256_cbor, xxhash, xxhash_cbor: vLLM's, exactly, seeded from PYTHONHASHSEED as vLLM")
     # NOTE: VLLM_SERVER_DEV_MODE as well (vLLM's switch; the frontend reads it too, so
     # one variable given to `kvpool serve` opens /reset_prefix_cache end to end).
     dev_env = os.environ.get("KVPOOL_DEV_MODE") == "1" or os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip() not in ("", "0")
     p.add_argument("--dev-mode", action="store_true", default=dev_env,
-                   help="enable development endpoints (POST /reset_prefix_cache); also KVPOOL_DEV_MODE=1 or VLLM_SERVER_DEV_MODE=1")  # fmt: skip
+                   help="enable development endpoints (POST /reset_prefix_cache); also KVPOOL_DEV_MODE=1 or VLLM_SERVER_DEV_MODE=1")
     p.add_argument("--log-level", default=d.log_level, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--disable-log-stats", dest="log_stats", action="store_false",
                    help="no periodic stats line (throughput, running/waiting, KV usage, hit rate) every "
-                        "VLLM_LOG_STATS_INTERVAL seconds (default: logged, every 10 s)")  # fmt: skip
+                        "VLLM_LOG_STATS_INTERVAL seconds (default: logged, every 10 s)")
     p.add_argument("--enable-logging-iteration-details", action=argparse.BooleanOptionalAction, default=False, help="with the stats on, log each step's requests and tokens, as vLLM")
     p.add_argument("--custom-histogram-buckets", type=custom_histogram_buckets, metavar="JSON", help="vLLM's histogram bounds by family, as JSON")
     p.add_argument("--served-model-name", dest="model_name", default=d.model_name, help="the model_name label of every metric")
     p.add_argument("--worker-timeout", dest="worker_timeout_s", type=float, default=d.worker_timeout_s, metavar="SECONDS",
-                   help="a worker silent this long is taken for dead (default %(default)s)")  # fmt: skip
+                   help="a worker silent this long is taken for dead (default %(default)s)")
     p.add_argument("--worker-reconnect-timeout", dest="worker_reconnect_timeout_s", type=float, default=d.worker_reconnect_timeout_s,
-                   metavar="SECONDS", help="with no worker this long, waiting requests fail (default %(default)s)")  # fmt: skip
+                   metavar="SECONDS", help="with no worker this long, waiting requests fail (default %(default)s)")
     p.add_argument("--max-frame-bytes", type=int, default=d.max_frame_bytes,
-                   help="largest client frame answered (default %(default)s); a peer sending 4x this is disconnected")  # fmt: skip
+                   help="largest client frame answered (default %(default)s); a peer sending 4x this is disconnected")
     g = p.add_argument_group("security (ZeroMQ CURVE; required to bind a non-loopback --host)")
     g.add_argument("--curve-secret-key", metavar="FILE", help="the scheduler's secret certificate (NAME.key_secret, see `python -m protocol.curve`)")
     g.add_argument("--curve-authorized-keys", metavar="DIR", help="folder of the public certificates of allowed workers and clients")
     p.add_argument("--kv-cache-metrics", action="store_true",
-                   help="KV residency histograms (vllm:kv_block_lifetime_seconds, _idle_before_evict_, _reuse_gap_)")  # fmt: skip
+                   help="KV residency histograms (vllm:kv_block_lifetime_seconds, _idle_before_evict_, _reuse_gap_)")
     p.add_argument("--kv-cache-metrics-sample", type=float, default=d.kv_cache_metrics_sample, metavar="FRACTION",
-                   help="fraction of block allocations watched, in (0, 1] (default %(default)s: every block; vLLM's is 0.01)")  # fmt: skip
+                   help="fraction of block allocations watched, in (0, 1] (default %(default)s: every block; vLLM's is 0.01)")
     _add_mfu_flags(p, d)
     _add_tier_flags(p, d)
     _add_retention_and_event_flags(p, d)
@@ -226,21 +226,21 @@ def _add_tier_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> None:
     g = p.add_argument_group("offload tier (vLLM's native CPU offloading)")
     g.add_argument("--kv-offloading-size", type=float, default=d.kv_offloading_size, metavar="GIB",
                    help="keep evicted KV blocks in host memory and load them back on a hit; the worker allocates the "
-                        "GiB (give it the same flag) and the tier takes the slots it offers (default %(default)s: off)")  # fmt: skip
+                        "GiB (give it the same flag) and the tier takes the slots it offers (default %(default)s: off)")
     g.add_argument("--kv-offloading-store", choices=OFFLOAD_STORE_MODES, default=d.kv_offloading_store,
                    help="copy a block to host memory when it is evicted from the device, or as soon as it is computed "
-                        "(write-through) (default %(default)s)")  # fmt: skip
+                        "(write-through) (default %(default)s)")
     g.add_argument("--kv-offloading-backend", choices=("native", "disk", "mooncake"), default=d.kv_offloading_backend,
                    help="native: the host tier alone; disk or mooncake: also an external tier the worker saves every "
                         "computed block to and loads hits from, off the step path (give the worker the same flag) "
-                        "(default %(default)s)")  # fmt: skip
+                        "(default %(default)s)")
     g.add_argument("--mooncake-master", metavar="HOST:PORT", help="mooncake: the master the scheduler asks which blocks the store holds")
     g.add_argument("--mooncake-metadata", metavar="URL", help="mooncake: the store's metadata server (http://HOST:PORT/metadata)")
     g = p.add_argument_group("P/D disaggregation (vLLM's KV connector)")
     g.add_argument("--kv-transfer-config", metavar="JSON",
                    help='{"kv_connector": "KVPoolConnector" (or "NixlConnector"), "kv_role": "kv_producer" | "kv_consumer" | '
                         '"kv_both", ...}: prefill engines lend a request\'s blocks, decode engines read them from the '
-                        "prefill engine's worker (give the worker the same flag; docs/pd-disaggregation.md)")  # fmt: skip
+                        "prefill engine's worker (give the worker the same flag; docs/pd-disaggregation.md)")
 
 
 def _add_retention_and_event_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> None:
@@ -248,9 +248,9 @@ def _add_retention_and_event_flags(p: argparse.ArgumentParser, d: SchedulerConfi
     g = p.add_argument_group("retention (kvpool extensions)")
     g.add_argument("--kv-eviction-policy", choices=KV_EVICTION_POLICIES, default=d.kv_eviction_policy,
                    help="which free cached block is evicted first: lru (vLLM's), arc, lfu, s3fifo or cost; with "
-                        "--scheduling-policy priority, lower-priority requests' blocks go first (default %(default)s)")  # fmt: skip
+                        "--scheduling-policy priority, lower-priority requests' blocks go first (default %(default)s)")
     g.add_argument("--max-pinned-fraction", type=float, default=d.max_pinned_fraction, metavar="FRACTION",
-                   help="share of the pool's blocks that pins (POST /v1/cache/pin) may hold, in [0, 1) (default %(default)s)")  # fmt: skip
+                   help="share of the pool's blocks that pins (POST /v1/cache/pin) may hold, in [0, 1) (default %(default)s)")
     g = p.add_argument_group("KV events (vLLM's ZMQ format, for KV-aware routers)")
     g.add_argument("--kv-events-endpoint", metavar="ENDPOINT", help="bind a ZMQ PUB socket here and publish KV cache events, e.g. tcp://127.0.0.1:5557")
     g.add_argument("--kv-events-replay-endpoint", metavar="ENDPOINT", help="ROUTER socket serving missed batches, e.g. tcp://127.0.0.1:5558")
@@ -258,26 +258,26 @@ def _add_retention_and_event_flags(p: argparse.ArgumentParser, d: SchedulerConfi
     g.add_argument("--kv-events-buffer-steps", type=int, default=d.kv_events_buffer_steps, help="batches kept for replay (default %(default)s)")
     g.add_argument("--kv-events-endpoint-mode", choices=ENDPOINT_MODES, default=d.kv_events_endpoint_mode,
                    help="bind: the PUB socket binds the endpoint; vllm: as vLLM's --kv-events-config, it binds a wildcard "
-                        "(*), ipc:// or inproc:// endpoint and connects to any other (default %(default)s)")  # fmt: skip
+                        "(*), ipc:// or inproc:// endpoint and connects to any other (default %(default)s)")
     g.add_argument("--kv-events-hwm", type=int, default=d.kv_events_hwm, help="the PUB socket's send high-water mark (default %(default)s)")
     g.add_argument("--kv-events-max-queue-size", type=int, default=d.kv_events_max_queue_size,
-                   help="vLLM's max_queue_size, reported to routers in /kv_event_sources; kvpool queues no events (default %(default)s)")  # fmt: skip
+                   help="vLLM's max_queue_size, reported to routers in /kv_event_sources; kvpool queues no events (default %(default)s)")
     g.add_argument("--kv-events-int-block-hashes", action=argparse.BooleanOptionalAction, default=None,
                    help="block hashes as 64-bit ints, as vLLM 0.33 sends them (the default), or with --no-... the full "
-                        f"hash bytes; default from {INT_BLOCK_HASHES_ENV} (1 = ints, 0 = bytes) as in vLLM")  # fmt: skip
+                        f"hash bytes; default from {INT_BLOCK_HASHES_ENV} (1 = ints, 0 = bytes) as in vLLM")
     g.add_argument("--data-parallel-rank", type=int, default=d.data_parallel_rank, metavar="RANK",
-                   help="this replica's rank, sent in every batch so an indexer tells replicas apart (default %(default)s)")  # fmt: skip
+                   help="this replica's rank, sent in every batch so an indexer tells replicas apart (default %(default)s)")
 
 
 def _add_mfu_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> None:
     p.add_argument("--speculative-config", "-sc", metavar="JSON",
                    help="vLLM's speculative decoding config, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}' "
-                        "(n-gram drafts: prompt_lookup_min/max, default 5)")  # fmt: skip
+                        "(n-gram drafts: prompt_lookup_min/max, default 5)")
     g = p.add_argument_group("MFU metrics (vllm:estimated_flops_per_gpu_total, _read_bytes_, _write_bytes_)")
     g.add_argument("--enable-mfu-metrics", action="store_true", help="estimate each step's flops and memory traffic per GPU, as vLLM")
     g.add_argument("--model", metavar="DIR", help="the checkpoint the worker serves (its config.json); needed by --enable-mfu-metrics")
     g.add_argument("--dtype", default=d.dtype, choices=["auto", *DTYPE_BYTES],
-                   help="the worker's --dtype (auto: the checkpoint's torch_dtype)")  # fmt: skip
+                   help="the worker's --dtype (auto: the checkpoint's torch_dtype)")
 
 
 def _check_mfu_flags(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -301,7 +301,7 @@ def _check_external_tier(p: argparse.ArgumentParser, a: argparse.Namespace) -> N
     if a.prefix_caching_hash_algo in RANDOMLY_SEEDED_ALGOS and not os.environ.get("PYTHONHASHSEED"):
         p.error(f"--kv-offloading-backend {backend} with --prefix-caching-hash-algo {a.prefix_caching_hash_algo}: vLLM seeds its "
                 "xxhash chains at random when PYTHONHASHSEED is unset, so no other process (nor this one restarted) would find "
-                "a saved block; set PYTHONHASHSEED, or use kvpool_sha256 or sha256")  # fmt: skip
+                "a saved block; set PYTHONHASHSEED, or use kvpool_sha256 or sha256")
     if backend == "mooncake" and not (a.mooncake_master and a.mooncake_metadata):
         p.error("--kv-offloading-backend mooncake needs --mooncake-master HOST:PORT and --mooncake-metadata URL")
     if backend == "disk" and (a.mooncake_master or a.mooncake_metadata):
@@ -332,7 +332,7 @@ def _check_security(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
             p.error(f"--curve-authorized-keys {a.curve_authorized_keys} is not a folder")
     elif not is_loopback(a.host):
         p.error(f"--host {a.host} is not a loopback address: binding it without CURVE authentication is refused "
-                "(give --curve-secret-key and --curve-authorized-keys)")  # fmt: skip
+                "(give --curve-secret-key and --curve-authorized-keys)")
 
 
 def _check_kv_events(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -379,7 +379,7 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
         check_one_group_args(a)
         check_scheduler_options(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len, enable_chunked_prefill=a.enable_chunked_prefill,
                                 long_prefill_token_threshold=a.long_prefill_token_threshold, watermark=a.watermark,
-                                max_num_scheduled_tokens=a.max_num_scheduled_tokens, max_num_active_seqs=a.max_num_active_seqs)  # fmt: skip
+                                max_num_scheduled_tokens=a.max_num_scheduled_tokens, max_num_active_seqs=a.max_num_active_seqs)
     except ValueError as e:
         p.error(str(e))
     if a.num_gpu_blocks_override is not None and a.num_gpu_blocks_override < 2:

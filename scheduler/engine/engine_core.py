@@ -82,12 +82,12 @@ class EngineCore:
             config.kv_events_topic, config.kv_events_buffer_steps, curve_secret_key=key,
             int_block_hashes=config.kv_events_int_block_hashes, data_parallel_rank=config.data_parallel_rank,
             endpoint_mode=config.kv_events_endpoint_mode, hwm=config.kv_events_hwm,
-        )  # fmt: skip
+        )
         self.metrics = SchedulerMetrics(
             config.model_name, kv_cache_metrics=config.kv_cache_metrics, kv_offloading=config.kv_offloading_size > 0,
             max_model_len=config.max_model_len, custom_buckets=config.custom_histogram_buckets,
             speculative=parse_speculative_config(config.speculative_config),
-        )  # fmt: skip
+        )
         self.model_shape = ModelShape.from_checkpoint(config.model, config.dtype, config.kv_cache_dtype) if config.enable_mfu_metrics else None
         self.state = EngineState()
         self.worker_side = WorkerSide(self.state, config, workers, self.metrics, self.kv_event_sink, self._publish_kv_events)
@@ -96,14 +96,14 @@ class EngineCore:
         if config.prefix_caching_hash_algo in ("xxhash", "xxhash_cbor") and config.python_hash_seed is None:
             log.warning("Using a random per-process NONE_HASH seed because %s is not collision resistant. Block hashes are "
                         "therefore not reproducible across processes; set PYTHONHASHSEED to a shared value to reuse the "
-                        "prefix cache across instances, or use sha256.", config.prefix_caching_hash_algo)  # fmt: skip
+                        "prefix cache across instances, or use sha256.", config.prefix_caching_hash_algo)
         self.client_side = ClientSide(
             self.state, clients, hasher, config.max_frame_bytes, config.max_num_waiting, self.metrics.record_admission_rejection,
             self.metrics.request_metrics.observe_finished,
         )
         self.worker_side.end_requests = self.client_side.end
         self.http_side = HttpSide(self.state, self.worker, self.metrics, self._publish_kv_events, config.host, config.http_port,
-                                  config.dev_mode, engine_info(config), hasher)  # fmt: skip
+                                  config.dev_mode, engine_info(config), hasher)
         self.iteration_log = IterationDetailsLogger(config.log_stats and config.enable_logging_iteration_details, config.data_parallel_rank)
         self._step_kv_events: list = []  # see _step_loop
         self._stop = asyncio.Event()
@@ -123,7 +123,7 @@ class EngineCore:
         log.info(
             "scheduler listening: clients %s, workers %s, http http://%s:%d",
             self.config.client_address, self.config.worker_address, self.config.host, self.config.http_port,
-        )  # fmt: skip
+        )
         step, client_tasks, worker_tasks = self._start_tasks()
         await self._stop.wait()
         # Steps stop at a step boundary; then everything still live ends with "abort".

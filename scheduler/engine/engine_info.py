@@ -23,7 +23,7 @@ def kv_events_config(config: SchedulerConfig) -> dict | None:
         return None
     return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": config.kv_events_endpoint,
             "replay_endpoint": config.kv_events_replay_endpoint, "buffer_steps": config.kv_events_buffer_steps,
-            "hwm": config.kv_events_hwm, "max_queue_size": config.kv_events_max_queue_size, "topic": config.kv_events_topic}  # fmt: skip
+            "hwm": config.kv_events_hwm, "max_queue_size": config.kv_events_max_queue_size, "topic": config.kv_events_topic}
 
 
 def engine_info(config: SchedulerConfig) -> dict:
@@ -32,4 +32,4 @@ def engine_info(config: SchedulerConfig) -> dict:
                          "prefix_caching_hash_algo": config.prefix_caching_hash_algo},
         "data_parallel_rank": config.data_parallel_rank,
         "kv_events_config": kv_events_config(config),
-    }  # fmt: skip
+    }

@@ -27,6 +27,6 @@ def check_external_tier(hello: WorkerHello, backend: str) -> None:
     if hello.external_tier != want:
         has = hello.external_tier or "none"
         raise WorkerRefused(f"the worker's external KV tier is {has}, this scheduler's --kv-offloading-backend is {backend}: "
-                            "give both the same --kv-offloading-backend")  # fmt: skip
+                            "give both the same --kv-offloading-backend")
     if want and len(hello.external_identity) != 32:
         raise WorkerRefused(f"the worker's external tier identity {hello.external_identity!r} is not 32 hex digits")

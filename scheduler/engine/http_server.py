@@ -33,7 +33,7 @@ class HttpSide:
     def __init__(
         self, state: EngineState, link: WorkerLink, metrics: SchedulerMetrics, publish_kv_events: Callable[[], None],
         host: str, port: int, dev_mode: bool, engine_info: dict | None = None, hasher: BlockHasher | VllmBlockHasher | None = None,
-    ):  # fmt: skip
+    ):
         """``publish_kv_events``: the engine's, called after a reset emptied the cache;
         ``engine_info``: GET /engine_info's answer (fixed at start-up)."""
         self.engine_info = engine_info or {}

@@ -58,7 +58,7 @@ def to_wire_event(event: kv_events.KVCacheEvent, int_block_hashes: bool = True) 
             return wire.BlockStored(
                 block_hashes=[h(x) for x in event.block_hashes], parent_block_hash=None, token_ids=[],
                 block_size=event.block_size, lora_id=None, medium=event.medium, lora_name=None,
-            )  # fmt: skip
+            )
         case kv_events.BlockRemoved() if event.medium != kv_events.MEDIUM_GPU:
             return wire.BlockRemoved(block_hashes=[h(x) for x in event.block_hashes], medium=event.medium)
         case kv_events.BlockStored():

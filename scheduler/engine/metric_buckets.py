@@ -20,21 +20,21 @@ from scheduler.core.block_residency import RESIDENCY_BUCKETS
 
 # vLLM 0.32's BucketFamilyKey.
 FAMILIES = ("request_latency", "time_to_first_token", "inter_token_latency", "iteration_tokens", "request_params_n",
-            "request_num_preemptions", "request_tokens", "kv_cache_residency")  # fmt: skip
+            "request_num_preemptions", "request_tokens", "kv_cache_residency")
 FRONTEND_FAMILIES = ("request_params_n", "request_tokens")
 
 # e2e, queue, inference, prefill and decode times of a request.
 REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
-)  # fmt: skip
+)
 TIME_TO_FIRST_TOKEN_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0,
     2560.0,
-)  # fmt: skip
+)
 # Inter-token latency, and a request's mean time per output token.
 INTER_TOKEN_LATENCY_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-)  # fmt: skip
+)
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 
@@ -96,4 +96,4 @@ _DEFAULTS = {
     "request_latency": REQUEST_LATENCY_BUCKETS, "time_to_first_token": TIME_TO_FIRST_TOKEN_BUCKETS,
     "inter_token_latency": INTER_TOKEN_LATENCY_BUCKETS, "iteration_tokens": ITERATION_TOKENS_BUCKETS,
     "request_num_preemptions": REQUEST_NUM_PREEMPTIONS_BUCKETS, "kv_cache_residency": RESIDENCY_BUCKETS,
-}  # fmt: skip
+}

@@ -36,7 +36,7 @@ STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 class SchedulerMetrics:
     def __init__(self, model_name: str, engine: str = "0", kv_cache_metrics: bool = False, kv_offloading: bool = False,
                  max_model_len: int = 4096, custom_buckets: dict | None = None,
-                 speculative: SpeculativeConfig | None = None):  # fmt: skip
+                 speculative: SpeculativeConfig | None = None):
         """``kv_cache_metrics``: also the KV residency histograms (vLLM's
         --kv-cache-metrics; the pool must be a `ResidencyBlockPool`).
         ``kv_offloading``: also the host tier's (--kv-offloading-size).
@@ -110,7 +110,7 @@ class SchedulerMetrics:
         )
         # Counted at each request's first token, as vllm:prompt_tokens (scheduler/sched/prompt_token_stats.py).
         self.prompt_tokens_by_source = self._by_label(Counter, "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
-                                                      "source", PROMPT_TOKEN_SOURCES)  # fmt: skip
+                                                      "source", PROMPT_TOKEN_SOURCES)
         self.prompt_tokens_cached = counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
         # NOTE: no multi-modal inputs here: 0, as vLLM's for a text-only model.
         counter("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items.")
@@ -121,7 +121,7 @@ class SchedulerMetrics:
             "device (local HBM), host (offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or "
             "external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.",
             "source", CACHE_HIT_SOURCES,
-        )  # fmt: skip
+        )
 
     def _by_label(self, kind, name: str, doc: str, label: str, values: tuple[str, ...]) -> dict:
         """A family with one more label, a child per value (all exported from the start)."""
@@ -138,22 +138,22 @@ class SchedulerMetrics:
             Gauge, "vllm:num_requests_waiting_by_reason", "Number of waiting requests by reason. Reason labels: 'capacity' = "
             "waiting for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, "
             "blocked status). Sum of all reasons equals vllm:num_requests_waiting.", "reason", WAITING_REASONS,
-        )  # fmt: skip
+        )
         # NOTE: kvpool has no sleep mode: always awake, as vLLM's before any /sleep.
         sleep = self._by_label(Gauge, "vllm:engine_sleep_state", "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 "
                                "means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep "
-                               "level 2.", "sleep_state", ("awake", "weights_offloaded", "discard_all"))  # fmt: skip
+                               "level 2.", "sleep_state", ("awake", "weights_offloaded", "discard_all"))
         sleep["awake"].set(1)
         self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         self.worker_loss_recomputes = counter(
             "kvpool_worker_loss_recomputes", "Running requests sent back to waiting, to be recomputed, because the worker was lost "
             "(not preemptions: not in vllm:num_preemptions nor vllm:request_num_preemptions).",
-        )  # fmt: skip
+        )
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         # vLLM's frontend counts these; here the scheduler refuses (--max-num-waiting). No engine label, as vLLM.
         rejections = Counter("vllm:admission_rejections", "Number of admission attempts rejected by a queue limit, by reason.",
-                             ["model_name", "reason"], registry=self.registry)  # fmt: skip
+                             ["model_name", "reason"], registry=self.registry)
         self.admission_rejections = {r: rejections.labels(self._label_values[0], r) for r in ADMISSION_REASONS}
         self.cache_config_info: Gauge | None = None
 
@@ -166,7 +166,7 @@ class SchedulerMetrics:
         if self.cache_config_info is None:
             labels = {**info, "engine": self._label_values[1]}
             self.cache_config_info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                                           list(labels), registry=self.registry)  # fmt: skip
+                                           list(labels), registry=self.registry)
             self.cache_config_info.labels(**labels).set(1)
 
     def _add_pool(self) -> None:
@@ -198,7 +198,7 @@ class SchedulerMetrics:
             accepted=counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
             per_pos=list(self._by_label(Counter, "vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
                                         "position", tuple(str(i) for i in range(num_spec_tokens))).values()),
-        )  # fmt: skip
+        )
 
     def _sync_spec_decode(self, stats: SpecDecodingStats) -> None:
         # NOTE: a metrics object built without the --speculative-config (its families then
@@ -218,11 +218,11 @@ class SchedulerMetrics:
         # --enable-mfu-metrics (`observe_perf`), and stay 0 without it, as vLLM's.
         counter = self._counter
         self.estimated_flops = counter("vllm:estimated_flops_per_gpu_total", "Estimated number of floating point operations "
-                                       "per GPU (for Model Flops Utilization calculations).")  # fmt: skip
+                                       "per GPU (for Model Flops Utilization calculations).")
         self.estimated_read_bytes = counter("vllm:estimated_read_bytes_per_gpu_total", "Estimated number of bytes read from "
-                                            "memory per GPU (for Model Flops Utilization calculations).")  # fmt: skip
+                                            "memory per GPU (for Model Flops Utilization calculations).")
         self.estimated_write_bytes = counter("vllm:estimated_write_bytes_per_gpu_total", "Estimated number of bytes written to "
-                                             "memory per GPU (for Model Flops Utilization calculations).")  # fmt: skip
+                                             "memory per GPU (for Model Flops Utilization calculations).")
 
     def observe_perf(self, flops: int, read_bytes: int, write_bytes: int) -> None:
         """One executed step's estimates (scheduler/engine/perf_metrics.py)."""
@@ -235,16 +235,16 @@ class SchedulerMetrics:
         self.kv_block_lifetime = histogram(
             "vllm:kv_block_lifetime_seconds", "Histogram of KV cache block lifetime from allocation to eviction. "
             "Sampled metrics (controlled by --kv-cache-metrics-sample).", residency,
-        )  # fmt: skip
+        )
         self.kv_block_idle_before_evict = histogram(
             "vllm:kv_block_idle_before_evict_seconds", "Histogram of idle time before KV cache block eviction. "
             "Sampled metrics (controlled by --kv-cache-metrics-sample).", residency,
-        )  # fmt: skip
+        )
         self.kv_block_reuse_gap = histogram(
             "vllm:kv_block_reuse_gap_seconds", "Histogram of time gaps between consecutive KV cache block accesses. "
             "Only the most recent accesses are recorded (ring buffer). "
             "Sampled metrics (controlled by --kv-cache-metrics-sample).", residency,
-        )  # fmt: skip
+        )
 
     def _offload_metrics(self) -> dict:
         gauge, counter = self._gauge, self._counter
@@ -260,7 +260,7 @@ class SchedulerMetrics:
             skipped=counter("kvpool_kv_offload_stores_skipped", "Stores not made: the host tier held the block's hash already."),
             dropped=counter("kvpool_kv_offload_stores_dropped", "Stores not made: every host slot was pinned by a transfer in flight."),
             evictions=counter("kvpool_kv_offload_evictions", "Host-tier blocks evicted (LRU) to make room for a store."),
-        )  # fmt: skip
+        )
 
     def _sync(self, key: str, counter, value: int) -> None:
         delta = value - self._last.get(key, 0)
@@ -365,7 +365,7 @@ class SchedulerMetrics:
                 removed=self._counter("kvpool_kv_offload_external_removed_blocks", "Blocks the worker reported gone from the external tier."),
                 unreachable=self._counter("kvpool_kv_offload_external_unreachable",
                                           "Lookups of a shared store whose master did not answer (the tier counted as empty, nothing saved)."),
-            )  # fmt: skip
+            )
         self._sync("ext_saves", m["saves"], tier.num_saves)
         self._sync("ext_skipped", m["skipped"], tier.num_saves_skipped)
         self._sync("ext_loads", m["loads"], tier.num_loads)

@@ -17,7 +17,7 @@ import argparse
 
 def add_one_group_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-match-unit", type=int, default=None, metavar="N",
-                   help="vLLM's prefix-cache hit boundary: with one KV cache group, the block size (default: unset)")  # fmt: skip
+                   help="vLLM's prefix-cache hit boundary: with one KV cache group, the block size (default: unset)")
     p.add_argument("--prefill-schedule-interval", type=int, default=1, metavar="N",
                    help="vLLM's data-parallel prefill cadence: one engine never throttles (default %(default)s)")
 

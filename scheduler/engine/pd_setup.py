@@ -29,6 +29,6 @@ def check_kv_transfer(hello: WorkerHello, kv_transfer_config: str | None) -> Non
         raise WorkerRefused("this scheduler has a --kv-transfer-config, the worker has none: give both the same one")
     if config.is_producer and not hello.kv_transfer_address:
         raise WorkerRefused(f"this scheduler's kv_role is {config.kv_role}, but the worker lends no KV (no side channel): "
-                            "give both the same --kv-transfer-config")  # fmt: skip
+                            "give both the same --kv-transfer-config")
     if is_hybrid(hello.group_windows):
         raise WorkerRefused("--kv-transfer-config is not supported with hybrid KV-cache groups (sliding-window layers)")

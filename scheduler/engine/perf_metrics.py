@@ -70,7 +70,7 @@ class ModelShape:
             num_key_value_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=int(cfg.get("head_dim") or hidden // heads),
             intermediate_size=int(cfg.get("intermediate_size") or 4 * hidden), vocab_size=vocab, dtype_bytes=DTYPE_BYTES[name],
             cache_bytes=kv_cache_element_size(kv_cache_dtype, DTYPE_BYTES[name]),
-        )  # fmt: skip
+        )
 
 
 @dataclass(slots=True)
@@ -121,7 +121,7 @@ def estimate_step(m: ModelShape, tp_size: int, ctx: StepContext) -> tuple[int, i
         int(2 * T * D * (q + 2 * kv) * d * Lf) + int(2 * T * D * q * d * Lf) + 2 * int(2 * q * TC * d * Lf)  # attention
         + 2 * D * 3 * DI * T * L  # ffn (up, gate, down)
         + 2 * logits * D * V  # unembed
-    )  # fmt: skip
+    )
     attn_input = 0.0
     if P:
         attn_input += (P * q + 2 * Pc * kv) * d * b * Lf
@@ -132,10 +132,10 @@ def estimate_step(m: ModelShape, tp_size: int, ctx: StepContext) -> tuple[int, i
         + int(q * d * D * b * Lf)
         + T * D * b * L + 2 * D * DI * b * L + 2 * T * DI * b * L + T * DI * b * L + D * DI * b * L  # ffn
         + logits * D * b + D * V * b  # unembed
-    )  # fmt: skip
+    )
     write = (
         int(T * (q + 2 * kv) * d * b * Lf) + int(2 * T * kv * d * cb * Lf) + int(T * D * b * Lf)  # attention: qkv, KV cache, out
         + 2 * T * DI * b * L + T * DI * b * L + T * D * b * L  # ffn
         + logits * V * b  # unembed
-    )  # fmt: skip
+    )
     return flops, read, write

@@ -41,24 +41,24 @@ class RequestMetrics:
         b = partial(histogram_buckets, overrides=custom_buckets)
         latency, itl, tokens = b("request_latency"), b("inter_token_latency"), b("request_tokens", max_model_len=max_model_len)
         self.iteration_tokens = histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
-                                          b("iteration_tokens"))  # fmt: skip
+                                          b("iteration_tokens"))
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              b("time_to_first_token"))  # fmt: skip
+                              b("time_to_first_token"))
         self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             itl)  # fmt: skip
+                             itl)
         self.tpot = histogram("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
-                              itl)  # fmt: skip
+                              itl)
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", latency)
         self.queue = histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
-                               latency)  # fmt: skip
+                               latency)
         self.inference = histogram("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
-                                   latency)  # fmt: skip
+                                   latency)
         self.prefill = histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
-                                 latency)  # fmt: skip
+                                 latency)
         self.decode = histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
-                                latency)  # fmt: skip
+                                latency)
         self.num_preemptions = histogram("vllm:request_num_preemptions", "Histogram of the number of times a request was preempted.",
-                                         b("request_num_preemptions"))  # fmt: skip
+                                         b("request_num_preemptions"))
         self.prefill_kv_computed = histogram(
             "vllm:request_prefill_kv_computed_tokens", "Histogram of new KV tokens computed during prefill (excluding cached tokens).", tokens
         )

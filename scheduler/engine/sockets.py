@@ -192,6 +192,6 @@ def open_ports(ctx: zmq.asyncio.Context, config: SchedulerConfig) -> tuple[Route
     clients = RouterPort(
         ctx, config.client_address, rcvhwm=1000, max_msg_size=4 * config.max_frame_bytes,
         curve_secret_key=key, heartbeat_timeout_ms=30_000,
-    )  # fmt: skip
+    )
     workers = RouterPort(ctx, config.worker_address, curve_secret_key=key)
     return clients, workers, authenticator

@@ -88,7 +88,7 @@ def stats_snapshot(state: EngineState) -> StatsSnapshot | None:
     return StatsSnapshot(
         scheduler.prompt_token_stats.computed, scheduler.num_generation_tokens, scheduler.num_preemptions, p.requests, p.queries,
         p.hits, scheduler.num_running, scheduler.num_waiting, kv.block_pool.get_usage(), spec,
-    )  # fmt: skip
+    )
 
 
 class StatsLogger:
@@ -109,7 +109,7 @@ class StatsLogger:
         gen_tps = (snap.generation_tokens - prev.generation_tokens) / elapsed
         preemptions = snap.preemptions - prev.preemptions
         self._observe_prefix(snap.prefix_requests - prev.prefix_requests, snap.prefix_queries - prev.prefix_queries,
-                             snap.prefix_hits - prev.prefix_hits)  # fmt: skip
+                             snap.prefix_hits - prev.prefix_hits)
         self._last, self._last_time = snap, now
         idle = prompt_tps == 0 and gen_tps == 0
         level = logging.DEBUG if idle and self._was_idle else logging.INFO

@@ -114,7 +114,7 @@ class WorkerLink:
         if not self.is_ours(ident) or step is None or step.result.done() or result.step_id != step.step_id:
             expected = None if step is None else step.step_id
             log.warning("dropped a result for step %d from worker %s (in flight: step %s of worker %s)",
-                        result.step_id, peer_name(ident), expected, self.name)  # fmt: skip
+                        result.step_id, peer_name(ident), expected, self.name)
             return False
         step.result.set_result(result)
         return True

@@ -69,7 +69,7 @@ class WorkerSide:
     def __init__(
         self, state: EngineState, config: SchedulerConfig, port: RouterPort, metrics: SchedulerMetrics,
         kv_event_sink: KVEventRecorder | None, publish_kv_events: Callable[[], None],
-    ):  # fmt: skip
+    ):
         """``kv_event_sink``: the pool's, built here for the first worker;
         ``publish_kv_events``: the engine's, called after a loss resets the cache."""
         self.state = state
@@ -157,7 +157,7 @@ class WorkerSide:
             self.state.wakeup.set()
         if failed:
             await self.end_requests(failed, RequestStatus.FINISHED_ERROR,
-                                    "the KV of the prompt could not be read from the prefill engine (kv_load_failure_policy fail)")  # fmt: skip
+                                    "the KV of the prompt could not be read from the prefill engine (kv_load_failure_policy fail)")
 
     async def _refuse_worker(self, ident: bytes, reason: str) -> None:
         log.error("refusing worker %s: %s", peer_name(ident), reason)
@@ -230,25 +230,25 @@ class WorkerSide:
             state.kv = kv_cache_manager_class(c.scheduling_policy, hybrid=True)(
                 num_blocks, c.block_size, c.max_model_len, hello.group_windows, c.enable_prefix_caching, event_sink=self.kv_event_sink,
                 pool_factory=pool_factory, max_num_batched_tokens=c.max_num_batched_tokens,
-            )  # fmt: skip
+            )
         else:
             state.kv = kv_cache_manager_class(c.scheduling_policy)(
                 num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory,
                 host_tier=host_tier, offload_store=c.kv_offloading_store, max_pinned_fraction=c.max_pinned_fraction,
                 external_tier=make_external_tier(c.kv_offloading_backend, c.block_size, c.mooncake_master, c.mooncake_metadata),
-            )  # fmt: skip
+            )
         state.scheduler = scheduler_class(c.scheduling_policy)(
             state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl, **policy_kwargs(c),
             speculative=parse_speculative_config(c.speculative_config), kv_transfer=make_pd_connector(c.kv_transfer_config, c.block_size),
         )
         self.metrics.set_cache_config_info(cache_config_info(c, num_blocks))
         state.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1,
-                                     getattr(state.kv, "num_blocks_needed", None))  # fmt: skip
+                                     getattr(state.kv, "num_blocks_needed", None))
         state.eos_token_ids = tuple(hello.eos_token_ids) or (hello.eos_token_id,)
         state.model_identity = (hello.architecture, hello.model_hash)
         log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d), --kv-eviction-policy %s%s", num_blocks, c.block_size,
                  hello.device, hello.num_blocks, c.kv_eviction_policy,
-                 f", KV-cache groups of windows {hello.group_windows}" if is_hybrid(hello.group_windows) else "")  # fmt: skip
+                 f", KV-cache groups of windows {hello.group_windows}" if is_hybrid(hello.group_windows) else "")
         if host_tier is not None:
             log.info("host tier of %d blocks (--kv-offloading-store %s)", num_host_blocks, c.kv_offloading_store)
 
@@ -270,7 +270,7 @@ class WorkerSide:
             log.warning("worker %s lost during its handshake: %s", name, why)
             return
         log.log(logging.INFO if clean else logging.ERROR, "worker %s %s: %s; %d running requests go back to waiting",
-                name, "left" if clean else "lost", why, scheduler.num_running)  # fmt: skip
+                name, "left" if clean else "lost", why, scheduler.num_running)
         state.worker_lost_at = time.monotonic()
         scheduler.abandon_in_flight()
         scheduler.abandon_loads()

@@ -63,7 +63,7 @@ class ExternalKVWait:
         changed, when they do not fit."""
         kv, block_size = self.kv_cache_manager, self.block_size
         new_blocks = kv.allocate_slots(request, num_external_tokens, num_hit_tokens, hits, full_sequence_must_fit=self.reserve_full_sequence,
-                                       watermark_blocks=self.watermark_blocks if self.running else 0, delay_cache=True)  # fmt: skip
+                                       watermark_blocks=self.watermark_blocks if self.running else 0, delay_cache=True)
         if new_blocks is None:
             return False
         num_host_blocks = num_hit_tokens // block_size - len(hits)

@@ -129,7 +129,7 @@ class PDConnector:
         return {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": list(block_ids),
                 "remote_engine_id": self.config.engine_id, "remote_request_id": request.request_id,
                 "remote_host": host, "remote_port": int(port), "remote_num_tokens": request.num_computed_tokens,
-                "tp_size": 1}  # fmt: skip
+                "tp_size": 1}
 
     def sent(self, request_ids: list[str]) -> list[Request]:
         """The worker reports these lent requests read: theirs to free (unknown ids skipped)."""
@@ -153,7 +153,7 @@ class PDConnector:
         if not (ops.lend_ids or ops.unlend_ids or ops.pull_ids):
             return None
         return KVTransferOps(ops.lend_ids, ops.lend_block_ids, ops.unlend_ids, ops.pull_ids, ops.pull_addresses,
-                             ops.pull_request_ids, ops.pull_remote_block_ids, ops.pull_block_ids)  # fmt: skip
+                             ops.pull_request_ids, ops.pull_remote_block_ids, ops.pull_block_ids)
 
     def clear(self) -> list[Request]:
         """The worker is gone, with its memory: nothing lent any more (the lent requests,

@@ -89,7 +89,7 @@ class StepPlanBuilder:
 
     def build(self, step_id: int, finished_seq_ids: list[int], preempted: list[Request], copies: HostTierCopies | None,
               nulled: list[tuple[int, int, int]] | None = None, external: ExternalOps | None = None,
-              kv_transfer: KVTransferOps | None = None) -> StepPlan:  # fmt: skip
+              kv_transfer: KVTransferOps | None = None) -> StepPlan:
         """The step's plan: its deltas, the rows to drop, and the host tier's stores
         and loads (``copies``; None without a tier or without copies). ``nulled``:
         (seq_id, group, leading null entries) of rows live at the end of the step. ``external``:

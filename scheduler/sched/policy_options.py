@@ -29,7 +29,7 @@ from protocol.human_readable import human_readable_int
 SCHEDULING_POLICIES = ("fcfs", "priority")
 # The Scheduler's keyword options these flags set, by their argparse dest.
 POLICY_KWARGS = ("long_prefill_token_threshold", "long_prefill_token_threshold_adaptive", "enable_chunked_prefill",
-                 "watermark", "max_num_scheduled_tokens", "max_num_active_seqs")  # fmt: skip
+                 "watermark", "max_num_scheduled_tokens", "max_num_active_seqs")
 
 
 def policy_kwargs(config) -> dict:
@@ -44,17 +44,17 @@ def add_policy_args(g: argparse._ActionsContainer) -> None:
     flag = argparse.BooleanOptionalAction
     g.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
                    help="fcfs: first come, first served; priority: by each request's priority (lower first), then arrival; "
-                        "out of blocks, the lowest-priority, latest-arriving running request is preempted (default %(default)s)")  # fmt: skip
+                        "out of blocks, the lowest-priority, latest-arriving running request is preempted (default %(default)s)")
     g.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N",
-                   help="schedule at most N tokens of one request in a step, unless it is the only request (default 0: off)")  # fmt: skip
+                   help="schedule at most N tokens of one request in a step, unless it is the only request (default 0: off)")
     g.add_argument("--long-prefill-token-threshold-adaptive", action=flag, default=False,
-                   help="floor that cap at --max-num-batched-tokens / (running + waiting requests) (default: off)")  # fmt: skip
+                   help="floor that cap at --max-num-batched-tokens / (running + waiting requests) (default: off)")
     g.add_argument("--enable-chunked-prefill", action=flag, default=True,
                    help="split a prompt that does not fit the step's token budget across steps (default: on); "
-                        "off, --max-num-batched-tokens must be at least --max-model-len")  # fmt: skip
+                        "off, --max-num-batched-tokens must be at least --max-model-len")
     g.add_argument("--watermark", type=float, default=0.0, metavar="F",
                    help="admit a waiting or preempted request while others run only if int(F * blocks) blocks stay free; "
-                        "F in [0.0, 1.0) (default 0.0: off)")  # fmt: skip
+                        "F in [0.0, 1.0) (default 0.0: off)")
     g.add_argument("--max-num-scheduled-tokens", type=human_readable_int, default=None, metavar="N",
                    help="most tokens one step schedules, as 2048, 2k or 2K (default: --max-num-batched-tokens)")
     g.add_argument("--max-num-active-seqs", type=int, default=None, metavar="N",
@@ -65,7 +65,7 @@ def check_scheduler_options(
     max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, *, enable_chunked_prefill: bool = True,
     long_prefill_token_threshold: int = 0, watermark: float = 0.0, max_num_scheduled_tokens: int | None = None,
     max_num_active_seqs: int | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """vLLM's ``SchedulerConfig`` checks, its wording with the flags' names: raise
     ValueError naming the first problem."""
     if max_num_seqs < 1 or max_num_batched_tokens < 1:

@@ -20,7 +20,7 @@ def join(head: PromptLogprobs | None, tail: PromptLogprobs) -> PromptLogprobs:
     if head is None:
         return tail
     return PromptLogprobs(head.token_logprobs + tail.token_logprobs, head.ranks + tail.ranks,
-                          head.top_token_ids + tail.top_token_ids, head.top_logprobs + tail.top_logprobs)  # fmt: skip
+                          head.top_token_ids + tail.top_token_ids, head.top_logprobs + tail.top_logprobs)
 
 
 def gather_prompt_logprobs(seq_id_to_request: dict[int, Request], result: StepResult) -> dict[int, PromptLogprobs]:

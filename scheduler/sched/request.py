@@ -49,7 +49,7 @@ class Request:
         "min_tokens", "sampling", "priority", "grammar", "skip_reading_prefix_cache",
         "prompt_logprobs", "spec_token_ids", "draft_index", "external_load",
         "kv_transfer_params", "kv_transfer_answer", "num_replay_tokens",
-    )  # fmt: skip
+    )
 
     def __init__(
         self,
@@ -140,7 +140,7 @@ class Request:
 
     def _init_stops_and_sampling(self, max_tokens: int, ignore_eos: bool, eos_token_id: int | Sequence[int] | None,
                                  stop_token_ids: Iterable[int], min_tokens: int, sampling: SamplingParams | None,
-                                 grammar: GrammarSpec | None) -> None:  # fmt: skip
+                                 grammar: GrammarSpec | None) -> None:
         """Where it stops, and what the worker samples it with."""
         # Where it stops: at this many tokens (the scheduler caps it at max_model_len),
         # or after sampling one of stop_token_ids (the model's EOS ids unless

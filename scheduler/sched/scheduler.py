@@ -51,10 +51,10 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
                  reserve_full_sequence: bool = True, *, long_prefill_token_threshold: int = 0,
                  long_prefill_token_threshold_adaptive: bool = False, enable_chunked_prefill: bool = True, watermark: float = 0.0,
                  max_num_scheduled_tokens: int | None = None, max_num_active_seqs: int | None = None,
-                 speculative: SpeculativeConfig | None = None, kv_transfer: PDConnector | None = None):  # fmt: skip
+                 speculative: SpeculativeConfig | None = None, kv_transfer: PDConnector | None = None):
         check_scheduler_options(max_num_seqs, max_num_batched_tokens, max_model_len, enable_chunked_prefill=enable_chunked_prefill,
                                 long_prefill_token_threshold=long_prefill_token_threshold, watermark=watermark,
-                                max_num_scheduled_tokens=max_num_scheduled_tokens, max_num_active_seqs=max_num_active_seqs)  # fmt: skip
+                                max_num_scheduled_tokens=max_num_scheduled_tokens, max_num_active_seqs=max_num_active_seqs)
         self.kv_cache_manager = kv_cache_manager
         self.block_size = kv_cache_manager.block_size
         # Hybrid KV-cache groups (scheduler/core/hybrid_kv_cache_manager.py): the plan carries the groups'
@@ -69,7 +69,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
         # the pool could hold its whole sequence, not just its first chunk (none admitted to be preempted).
         self.reserve_full_sequence = reserve_full_sequence
         # The step's cap on one request's tokens, from the number running and waiting (None: off).
-        self._long_prefill_cap = partial(long_prefill_cap, long_prefill_token_threshold, long_prefill_token_threshold_adaptive, max_num_batched_tokens) if long_prefill_token_threshold else None  # fmt: skip
+        self._long_prefill_cap = partial(long_prefill_cap, long_prefill_token_threshold, long_prefill_token_threshold_adaptive, max_num_batched_tokens) if long_prefill_token_threshold else None
         self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting = create_request_queue(self.policy)
         self.running: list[Request] = []
@@ -195,7 +195,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
         finished_seq_ids, self._pending_finished_seq_ids = self._pending_finished_seq_ids, []
         nulled = None if self._take_nulled is None else self._nulled_rows()
         step_plan = plan.build(self.next_step_id, finished_seq_ids, preempted, self.kv_cache_manager.take_tier_copies(), nulled, external,
-                               kv_transfer)  # fmt: skip
+                               kv_transfer)
         self.next_step_id += 1
         total = self.step_token_budget - token_budget
         self._in_flight = SchedulerOutput(step_plan, scheduled, total, preempted, sampling)
@@ -319,7 +319,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
                 num_new_tokens = token_budget
             # NOTE: a loaded request's computed tokens are its own already, not new hits.
             new_blocks = kv.allocate_slots(request, num_new_tokens, 0 if loaded else num_hit_tokens, hits, full_sequence_must_fit=self.reserve_full_sequence,
-                                           watermark_blocks=self.watermark_blocks if running else 0)  # fmt: skip
+                                           watermark_blocks=self.watermark_blocks if running else 0)
             if new_blocks is None:
                 if not running and self._release_loaded_behind(request):
                     continue  # NOTE: nothing runs to free blocks; loaded ones behind the head were holding them
@@ -377,7 +377,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
         if spec:
             self._roll_back_rejected(requests, result, spec)
         outputs, done = append_sampled_tokens(requests, result.sampled_token_ids, self.block_size, self.prompt_token_stats,
-                                              result.extra_token_ids)  # fmt: skip
+                                              result.extra_token_ids)
         for request, status in done:
             self.running.remove(request)
             self._finish(request, status)

@@ -76,7 +76,7 @@ def _check_resumed(msg: Generate, vocab_size: int) -> None:
     resumed = msg.resumed_token_ids
     if len(resumed) >= msg.max_tokens:
         raise RequestRejected(f"resumed_token_ids ({len(resumed)} tokens) must be fewer than max_tokens ({msg.max_tokens})",
-                              "resumed_token_ids")  # fmt: skip
+                              "resumed_token_ids")
     bad = next((t for t in resumed if t >= vocab_size), None)
     if bad is not None:
         raise RequestRejected(f"resumed token id {bad} is outside the vocabulary (0..{vocab_size - 1})", "resumed_token_ids")

@@ -42,7 +42,7 @@ def test_goals_are_judged_on_the_workloads_the_issue_names():
         "prefix-c8": {"vllm": fig(output_throughput=100.0, median_ttft_ms=50.0, **{"vllm:prefix_cache_hits": 96.0}),
                       "kvpool": fig(output_throughput=120.0, median_ttft_ms=60.0, **{"vllm:prefix_cache_hits": 95.0})},
         "small-pool": {"vllm": fig(**{"vllm:num_preemptions": 20.0}), "kvpool": fig(**{"vllm:num_preemptions": 23.0})},
-    }  # fmt: skip
+    }
     t = rows(results, {"prefix-c8": True, "small-pool": False})
     assert by(t, "prefix-c8", "output tok/s")["met"] is True
     assert by(t, "prefix-c8", "output tok/s")["ratio"] == pytest.approx(1.2)
@@ -56,7 +56,7 @@ def test_goals_are_judged_on_the_workloads_the_issue_names():
 
 def test_preemptions_within_ten_percent_and_a_missing_engine_judges_nothing():
     t = rows({"small-pool": {"vllm": fig(**{"vllm:num_preemptions": 20.0}), "kvpool": fig(**{"vllm:num_preemptions": 22.0})},
-              "prefix-c64": {"vllm": fig()}}, {"prefix-c64": True})  # fmt: skip
+              "prefix-c64": {"vllm": fig()}}, {"prefix-c64": True})
     assert by(t, "small-pool", "preemptions")["met"] is True
     assert all(r["met"] is None and r["kvpool"] is None for r in t if r["workload"] == "prefix-c64")
 
@@ -84,7 +84,7 @@ def test_repeated_runs_move_only_the_seed():
 def test_combined_runs_take_medians_sum_counters_and_the_highest_peak():
     def run(rate, ttft, hits, peak):
         return {k: 1.0 for k in BENCH_KEYS} | {"output_throughput": rate, "median_ttft_ms": ttft,
-                                               "vllm:prefix_cache_hits": hits, "peak_kv_cache_usage_perc": peak}  # fmt: skip
+                                               "vllm:prefix_cache_hits": hits, "peak_kv_cache_usage_perc": peak}
     runs = [run(500.0, 90.0, 10, 0.2), run(700.0, 40.0, 12, 0.5), run(600.0, 70.0, 11, 0.3)]
     got = combine_runs(runs, ("vllm:prefix_cache_hits",))
     assert got["output_throughput"] == 600.0 and got["median_ttft_ms"] == 70.0
@@ -99,7 +99,7 @@ def test_mooncake_slice_scales_lengths_and_drops_what_does_not_fit(tmp_path):
         {"timestamp": 0, "input_length": 1024, "output_length": 100, "hash_ids": [0, 1]},
         {"timestamp": 5, "input_length": 99999, "output_length": 10, "hash_ids": list(range(196))},
         {"timestamp": 9, "input_length": 600, "output_length": 2000, "hash_ids": [0, 2]},
-    ]))  # fmt: skip
+    ]))
     out = mooncake_slice(trace, tmp_path / "s.jsonl", 10, scale=16, max_model_len=2048, max_output=64)
     got = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["timestamp"] for r in got] == [0, 9]
@@ -114,7 +114,7 @@ def tiny_config_dir(tmp_path: Path) -> Path:
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2,
-                                                    "num_hidden_layers": 4, "head_dim": 32}))  # fmt: skip
+                                                    "num_hidden_layers": 4, "head_dim": 32}))
     return model
 
 
@@ -184,7 +184,7 @@ def test_a_small_real_compare_writes_every_key(real_vllm, tmp_path):
     out = tmp_path / "cmp"
     r = subprocess.run([sys.executable, "-m", "bench.compare", "--workloads", "prefix-c8", "--num-prompts", "8", "--repeat", "2",
                         "--agreement-prompts", "4", "--agreement-tokens", "8", "--trace", "", "--out", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=1700)  # fmt: skip
+                       cwd=ROOT, capture_output=True, text=True, timeout=1700)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     doc = json.loads((out / "compare.json").read_text())
     assert {"settings", "workloads", "results", "agreement", "metrics", "table", "machine", "errors"} <= doc.keys()
@@ -223,5 +223,5 @@ def test_with_the_bfloat16_default_agreement_runs_on_a_float32_server(monkeypatc
     ws = [Workload("prefix-c8", "main", prefix_args(8, 8, 64, seed=1), shared_prefix=True)]
     _, agree, errors = compare.run_all(tmp_path, pools, ws, 512, [[5, 6]] * 4, a)
     assert started == [("vllm", "main", "bfloat16", ["prefix-c8"], False), ("kvpool", "main", "bfloat16", ["prefix-c8"], False),
-                       ("vllm", "float32", "float32", [], True), ("kvpool", "float32", "float32", [], True)]  # fmt: skip
+                       ("vllm", "float32", "float32", [], True), ("kvpool", "float32", "float32", [], True)]
     assert errors == {} and agree["dtype"] == "float32" and agree["fraction_identical"] == 1.0

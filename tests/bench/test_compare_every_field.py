@@ -48,7 +48,7 @@ def engines(real_vllm, tmp_path_factory):
 
 def post(url: str, path: str, body: dict) -> tuple[int, dict]:
     req = urllib.request.Request(url + path, data=json.dumps({"model": NAME, **body}).encode(),
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+                                 headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             return r.status, json.loads(r.read())
@@ -59,7 +59,7 @@ def post(url: str, path: str, body: dict) -> tuple[int, dict]:
 def stream(url: str, path: str, body: dict) -> tuple[int, list[dict]]:
     """A streamed answer's chunks, less what differs by nature (id, created)."""
     req = urllib.request.Request(url + path, data=json.dumps({"model": NAME, **body, "stream": True}).encode(),
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+                                 headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             lines = r.read().decode().splitlines()
@@ -146,7 +146,7 @@ STREAMS = {
                                                    "return_token_ids": True}),
     "chat_continuous_usage": ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 3,
                                                        "stream_options": {"include_usage": True, "continuous_usage_stats": True}}),
-}  # fmt: skip
+}
 REFUSED = {
     "logit_bias_out_of_vocab": {"logit_bias": {"10000000": 1}},
     "allowed_token_ids_out_of_vocab": {"allowed_token_ids": [10000000]},

@@ -122,7 +122,7 @@ def fig(**kw) -> dict:
 def test_peak_usage_within_two_points_judged_on_the_hybrid_prefix_workloads():
     results = {"prefix-long": {"vllm": fig(peak_kv_cache_usage_perc=0.40), "kvpool": fig(peak_kv_cache_usage_perc=0.415)},
                "prefix-c64": {"vllm": fig(peak_kv_cache_usage_perc=0.40), "kvpool": fig(peak_kv_cache_usage_perc=0.43)},
-               "mooncake": {"vllm": fig(peak_kv_cache_usage_perc=0.40), "kvpool": fig(peak_kv_cache_usage_perc=0.43)}}  # fmt: skip
+               "mooncake": {"vllm": fig(peak_kv_cache_usage_perc=0.40), "kvpool": fig(peak_kv_cache_usage_perc=0.43)}}
     shared = {"prefix-long": True, "prefix-c64": True, "mooncake": False}
     t = {(r["workload"], r["figure"]): r for r in rows(results, shared, hybrid=True)}
     assert (

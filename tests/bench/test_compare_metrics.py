@@ -70,10 +70,10 @@ def test_the_parser_reads_type_labels_kind_values_buckets_and_samples():
     fams = families(PAGE)
     # Only vllm:* families, and no _created family of its own.
     assert sorted(fams) == ["vllm:cache_config_info", "vllm:e2e_request_latency_seconds",
-                            "vllm:num_requests_waiting_by_reason", "vllm:request_success"]  # fmt: skip
+                            "vllm:num_requests_waiting_by_reason", "vllm:request_success"]
     h = fams["vllm:e2e_request_latency_seconds"]
     assert h == Family("histogram", ("engine", "model_name"), {}, (0.3, 2.5, float("inf")),
-                       ("_bucket", "_count", "_created", "_sum"))  # fmt: skip
+                       ("_bucket", "_count", "_created", "_sum"))
     c = fams["vllm:request_success"]
     assert c.type == "counter" and c.labels == ("engine", "finished_reason", "model_name")
     assert c.values == {"finished_reason": ("abort", "length", "stop")}  # model_name, engine: identity
@@ -109,7 +109,7 @@ def test_every_kind_of_difference_is_listed_with_vllms_and_kvpools_side():
     k = (PAGE.replace('le="2.5"', 'le="5.0"')  # another bucket bound
          .replace('finished_reason="abort"', 'finished_reason="cancelled"')  # another kind
          .replace("# TYPE vllm:num_requests_waiting_by_reason gauge", "# TYPE vllm:num_requests_waiting_by_reason counter")
-         .replace('block_size="32",', ""))  # an info label gone  # fmt: skip
+         .replace('block_size="32",', ""))  # an info label gone
     k += "# TYPE vllm:kvpool_extra gauge\nvllm:kvpool_extra 1.0\n"
     v = PAGE + "# TYPE vllm:mm_cache_hits_total counter\nvllm:mm_cache_hits_total 0.0\n"
     got = {(d.family, d.what): (d.vllm, d.kvpool, d.reason) for d in diff(families(v), families(k), REASONS)}
@@ -146,7 +146,7 @@ def test_the_row_prints_in_make_compares_table():
     (row,) = metrics_report({"main": {"vllm": PAGE + "# TYPE vllm:x gauge\nvllm:x 1.0\n", "kvpool": PAGE}})[0]
     line = format_table([row]).splitlines()[2]
     assert line.split() == ["metrics", "vllm:*", "families", "equal", "except", "0", "listed,", "1", "NOT", "listed",
-                            "5", "4", "-", "0", "unlisted", "NO"]  # fmt: skip
+                            "5", "4", "-", "0", "unlisted", "NO"]
 
 
 def test_no_row_until_both_engines_left_a_page():
@@ -168,15 +168,15 @@ def test_the_cli_diffs_two_saved_pages(tmp_path):
     v.write_text(PAGE + "# TYPE vllm:request_queue_time_seconds histogram\nvllm:request_queue_time_seconds_count 0.0\n")
     k.write_text(PAGE)
     r = subprocess.run([sys.executable, "-m", "bench.compare_metrics", "--vllm-file", str(v), "--kvpool-file", str(k), "--json", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "vllm:request_queue_time_seconds  vLLM only  NOT LISTED" in r.stdout, r.stdout + r.stderr
     assert json.loads(out.read_text())["num_unlisted"] == 1
     k.write_text(v.read_text())
     r = subprocess.run([sys.executable, "-m", "bench.compare_metrics", "--vllm-file", str(v), "--kvpool-file", str(k)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "equal except 0 listed" in r.stdout
     r = subprocess.run([sys.executable, "-m", "bench.compare_metrics", "--vllm-file", str(tmp_path / "none"), "--kvpool-file", str(k)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "none" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -198,7 +198,7 @@ def test_a_live_kvpool_serve_started_as_the_reference_has_its_families(tiny_chec
             status, body = post(served, "/v1/completions", {"model": "tiny", "prompt": f"{PROMPT} {i}", "max_tokens": 8})
             assert status == 200, body
         status, body = post(served, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-                                                              "max_tokens": 4})  # fmt: skip
+                                                              "max_tokens": 4})
         assert status == 200, body
         doc = report(REFERENCE.read_text(), get_metrics(served))
     unlisted = [d for d in doc["differences"] if d["reason"] is None]

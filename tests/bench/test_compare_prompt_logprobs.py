@@ -96,7 +96,7 @@ def test_prompt_logprobs_as_vllm(real_vllm, tiny_checkpoint, tmp_path):
         port = free_port()
         env = {"OMP_NUM_THREADS": "1"} | (vllm_env(tmp_path / "cache", cfg, tiny_checkpoint, 1) if engine == "vllm" else {})
         with Server(engine, server_command(engine, tiny_checkpoint, port, cfg, real_vllm, "tiny"), env,
-                    tmp_path / f"{engine}.log", port) as s:  # fmt: skip
+                    tmp_path / f"{engine}.log", port) as s:
             s.wait_ready(600)
             answers[engine] = [_post(s.url, "/v1/completions", b) for b in REQUESTS] + [_post(s.url, "/v1/chat/completions", CHAT)]
     for body, v, k in zip([*REQUESTS, CHAT], answers["vllm"], answers["kvpool"], strict=True):

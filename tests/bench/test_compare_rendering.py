@@ -41,7 +41,7 @@ CASES = [
         {"role": "tool", "content": [{"type": "text", "text": "42"}], "tool_call_id": "a"}]}),
     ("/tokenize", {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}),
     ("/tokenize", {"prompt": "in 2024 there were 12345 cats"}),
-]  # fmt: skip
+]
 
 
 def answer(base_url: str, path: str, body: dict) -> tuple:
@@ -84,7 +84,7 @@ def test_vllm_and_kvpool_render_and_detokenize_alike(real_vllm: Path, tiny_check
     ports = {"vllm": free_port(), "kvpool": free_port()}
     env = {"vllm": vllm_env(tmp_path / "cache", cfg, model, 1) | {"OMP_NUM_THREADS": "1"}, "kvpool": {}}
     servers = {e: Server(e, server_command(e, model, ports[e], cfg, real_vllm, str(model)), env[e], tmp_path / f"{e}.log", ports[e])
-               for e in ("vllm", "kvpool")}  # fmt: skip
+               for e in ("vllm", "kvpool")}
     with servers["vllm"] as v, servers["kvpool"] as k:
         v.wait_ready(600)
         k.wait_ready(120)

@@ -53,7 +53,7 @@ REQUESTS = [
         ("/v1/completions", {"prompt": "hello world", "max_tokens": 4, "truncate_prompt_tokens": 0}),
         ("/v1/completions", {"prompt": "hello world", "max_tokens": 4, "truncate_prompt_tokens": M_LEN + 1}),
     ]],
-]  # fmt: skip
+]
 
 
 def answer(base_url: str, path: str, body: dict, model: str) -> tuple[int, object]:
@@ -75,9 +75,9 @@ def answer(base_url: str, path: str, body: dict, model: str) -> tuple[int, objec
         return status, d["error"]
     choices = [{"index": c["index"], "token_ids": c["token_ids"], "finish_reason": c["finish_reason"],
                 "prompt_token_ids": c.get("prompt_token_ids"),
-                "logprobs": c["logprobs"] and c["logprobs"].get("token_logprobs")} for c in d["choices"]]  # fmt: skip
+                "logprobs": c["logprobs"] and c["logprobs"].get("token_logprobs")} for c in d["choices"]]
     return status, {"id": d["id"] if "request_id" in body else None, "choices": choices, "usage": d["usage"]["prompt_tokens"],
-                    "prompt_token_ids": d.get("prompt_token_ids")}  # fmt: skip
+                    "prompt_token_ids": d.get("prompt_token_ids")}
 
 
 def same(a, b) -> bool:
@@ -98,9 +98,9 @@ def test_vllm_and_kvpool_answer_the_request_contract_alike(real_vllm, tiny_check
     model = str(tiny_checkpoint)
     port = free_port()
     env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "DO_NOT_TRACK": "1", "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # fmt: skip
+           "DO_NOT_TRACK": "1", "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     cmd = [str(real_vllm / ".venv-vllm/bin/vllm"), "serve", model, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--max-model-len", str(M_LEN), "--seed", "0"]  # fmt: skip
+           "--max-model-len", str(M_LEN), "--seed", "0"]
     with Server("vllm", cmd, env, tmp_path / "vllm.log", port) as vllm:
         vllm.wait_ready(600)
         expected = [answer(vllm.url, path, body, model) for path, body in REQUESTS]

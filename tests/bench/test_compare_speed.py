@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run(toks, tpot, ttft, queries=100.0, hits=60.0, load=(1.0, 1.5), failed=0) -> dict:
     return {"output_throughput": toks, "median_tpot_ms": tpot, "median_ttft_ms": ttft, QUERIES: queries, HITS: hits,
-            "load_before": load[0], "load_after": load[1], "failed": failed}  # fmt: skip
+            "load_before": load[0], "load_after": load[1], "failed": failed}
 
 
 def test_engines_alternate_and_swap_who_goes_first_on_odd_repeats():
@@ -35,7 +35,7 @@ def test_engines_alternate_and_swap_who_goes_first_on_odd_repeats():
         (0, 0, "vllm"), (0, 0, "kvpool"), (0, 1, "vllm"), (0, 1, "kvpool"),
         (1, 0, "kvpool"), (1, 0, "vllm"), (1, 1, "kvpool"), (1, 1, "vllm"),
         (2, 0, "vllm"), (2, 0, "kvpool"), (2, 1, "vllm"), (2, 1, "kvpool"),
-    ]  # fmt: skip
+    ]
     assert schedule(2, ["kvpool"], 2) == [(0, 0, "kvpool"), (0, 1, "kvpool"), (1, 0, "kvpool"), (1, 1, "kvpool")]
 
 
@@ -68,7 +68,7 @@ def test_multiturn_cells_run_kvpools_load_generator_one_user_per_concurrent_requ
 
 def test_summaries_take_medians_sum_counters_and_keep_the_load_range():
     s = summarize([run(100.0, 10.0, 50.0, load=(0.5, 1.0)), run(300.0, 30.0, 70.0, load=(2.0, 1.2)),
-                   run(200.0, 20.0, 90.0, load=(0.9, 0.8))])  # fmt: skip
+                   run(200.0, 20.0, 90.0, load=(0.9, 0.8))])
     assert (s["output_throughput"], s["median_tpot_ms"], s["median_ttft_ms"]) == (200.0, 20.0, 70.0)
     assert (s[QUERIES], s[HITS], s["load_min"], s["load_max"], s["num_runs"]) == (300.0, 180.0, 0.5, 2.0, 3)
     assert summarize([run(1.0, 1.0, 1.0, failed=45), run(1.0, 1.0, 1.0), run(1.0, 1.0, 1.0, failed=2)])["failed"] == 47
@@ -89,7 +89,7 @@ def test_a_request_the_reference_failed_fails_the_cell_too():
     (run(120.0, 9.0, 40.0, queries=101.0), ["queries"]),
     (run(120.0, 9.0, 40.0, hits=59.0), ["hits"]),
     (run(120.0, 9.0, 40.0, failed=3), ["failed"]),
-])  # fmt: skip
+])
 def test_a_cell_meets_the_goal_only_with_every_part(kvpool, failing):
     g = judge(summarize([run(100.0, 10.0, 50.0)]), summarize([kvpool]))
     assert [p for p, ok in g["parts"].items() if not ok] == failing
@@ -101,7 +101,7 @@ def test_a_cell_meets_the_goal_only_with_every_part(kvpool, failing):
 def test_table_rows_from_canned_runs():
     cell = {"checkpoint": "llama50m", "dtype": "bfloat16", "sampling": "default", "concurrency": 8}
     row = cell_row(cell, {"vllm": [run(100.0, 10.0, 50.0, load=(1.0, 2.0)), run(120.0, 12.0, 70.0, load=(1.5, 1.5))],
-                          "kvpool": [run(150.0, 8.0, 40.0, load=(0.7, 1.1)), run(130.0, 9.0, 45.0, load=(1.2, 1.3))]})  # fmt: skip
+                          "kvpool": [run(150.0, 8.0, 40.0, load=(0.7, 1.1)), run(130.0, 9.0, 45.0, load=(1.2, 1.3))]})
     assert row["toks_ratio"] == pytest.approx(140.0 / 110.0) and row["tpot_ratio"] == pytest.approx(8.5 / 11.0)
     assert (row["load_min"], row["load_max"], row["met"]) == (0.7, 2.0, True)
     alone = cell_row(cell | {"concurrency": 64}, {"vllm": [], "kvpool": [run(150.0, 8.0, 40.0)]})
@@ -138,8 +138,8 @@ def test_bench_sends_the_temperature_asked_or_none(tmp_path, temperature, sent):
     (["--concurrency", "0"], "--concurrency [0]: each at least 1"),
     (["--repeat", "0"], "--repeat 0: at least one run"),
     (["--threads", "0"], "--threads 0: this process may use"),
-])  # fmt: skip
+])
 def test_bad_flags_are_refused_naming_the_flag(flags, message, tmp_path):
     r = subprocess.run([sys.executable, "-m", "bench.compare_speed", *flags, "--out", str(tmp_path)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and message in r.stderr, r.stderr

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CFG = ServerConfig(block_size=32, num_blocks=128, max_num_seqs=8, max_model_len=2048, kv_cache_metrics=False)
 NAME = "tiny"
 SCHEMA = {"type": "object", "properties": {"c": {"enum": ["x", "y"]}, "n": {"type": "integer", "minimum": 0, "maximum": 9},
-          "s": {"type": "string", "maxLength": 6}}, "required": ["c", "n", "s"], "additionalProperties": False}  # fmt: skip
+          "s": {"type": "string", "maxLength": 6}}, "required": ["c", "n", "s"], "additionalProperties": False}
 GREEDY = [
     {"prompt": "hello", "max_tokens": 20, "structured_outputs": {"choice": ["yes", "no", "maybe"]}},
     {"prompt": "hello", "max_tokens": 30, "structured_outputs": {"regex": "[a-z]+@[a-z]+\\.com"}},
@@ -34,7 +34,7 @@ GREEDY = [
     {"prompt": "a b c", "max_tokens": 30, "structured_outputs": {"grammar": 'start: "x" ("y" | "z")*'}},
     # ignore_eos: the grammar completes, then its matcher is terminated and masks nothing
     {"prompt": "hello", "max_tokens": 12, "ignore_eos": True, "structured_outputs": {"choice": ["yes", "no"]}},
-]  # fmt: skip
+]
 CHAT = [
     {"max_tokens": 60, "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}}},
     {"max_tokens": 20, "structured_outputs": {"choice": ["yes", "no", "maybe"]}},
@@ -67,7 +67,7 @@ def greedy_answer(url: str, body: dict) -> tuple:
 def chat_answer(url: str, body: dict) -> tuple:
     messages = [{"role": "user", "content": "hello"}]
     status, r = post(url, "/v1/chat/completions", {"model": NAME, "messages": messages, "temperature": 0, "logprobs": True,
-                                                   "return_tokens_as_token_ids": True, **body})  # fmt: skip
+                                                   "return_tokens_as_token_ids": True, **body})
     assert status == 200, r
     c = r["choices"][0]
     return [t["token"] for t in c["logprobs"]["content"]], c["finish_reason"], c["message"]["content"]

@@ -21,7 +21,7 @@ def engines(**extra: float) -> dict[str, float]:
     return {"vllm__prefix_cache_hits_total": 4000, "vllm__prefix_cache_queries_total": 20000,
             "vllm__e2e_request_latency_seconds_sum": 4.0, "vllm__e2e_request_latency_seconds_count": 100,
             "vllm__inter_token_latency_seconds_sum": 1.2, "vllm__inter_token_latency_seconds_count": 100,
-            "vllm__request_prefill_time_seconds_sum": 2.0, "vllm__request_prefill_time_seconds_count": 100} | extra  # fmt: skip
+            "vllm__request_prefill_time_seconds_sum": 2.0, "vllm__request_prefill_time_seconds_count": 100} | extra
 
 
 def test_the_step_model_and_the_paths_come_from_the_live_timing():

@@ -31,7 +31,7 @@ def test_without_cuda_the_call_says_so_and_dry_runs_every_step(tmp_path):
     # NOTE: the real model's step left out: CI has no real model installed (where one is, it
     # adds a minute and changes nothing here).
     proc = subprocess.run([sys.executable, "-m", "bench", "gpu", "--out", str(out), "--skip", "real"], cwd=REPO, capture_output=True,
-                          text=True, timeout=280)  # fmt: skip
+                          text=True, timeout=280)
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert lines[0].startswith("NO CUDA DEVICE") and lines[-1].startswith("NO CUDA DEVICE")
@@ -83,7 +83,7 @@ def test_the_kernel_compiles_for_hopper_without_spills_tensor_cores_for_16_bit()
     show (a kernel the compiler refuses, registers spilled) shows here."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-m", "bench.gpu.kernel_compile", "--arch", "90"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith(("decode", "prefill"))]
     assert len(rows) == 10 and all(r.endswith(" ok") and " 0 bytes spilled" in r for r in rows)

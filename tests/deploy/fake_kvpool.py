@@ -65,7 +65,7 @@ class PDCounters:
         with self.lock:
             return (f"vllm:request_success_total{{finished_reason=\"length\"}} {self.num_requests}.0\n"
                     f"vllm:prefix_cache_queries_total 0.0\nvllm:prefix_cache_hits_total 0.0\n"
-                    f"vllm:prompt_tokens_cached_by_source_total{{source=\"p2p\"}} {self.num_p2p_tokens}.0\n").encode()  # fmt: skip
+                    f"vllm:prompt_tokens_cached_by_source_total{{source=\"p2p\"}} {self.num_p2p_tokens}.0\n").encode()
 
     def served(self, body: dict) -> None:
         kv = body.get("kv_transfer_params") or {}
@@ -80,10 +80,10 @@ class PDCounters:
         n = body.get("max_tokens", 16)
         answer = {"id": "cmpl-fake", "object": "text_completion", "model": body.get("model", "fake"),
                   "choices": [{"index": 0, "text": "x" * n, "finish_reason": "length"}],
-                  "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": n, "total_tokens": len(body["prompt"]) + n}}  # fmt: skip
+                  "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": n, "total_tokens": len(body["prompt"]) + n}}
         if kv.get("do_remote_decode"):
             answer["kv_transfer_params"] = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "fake",
-                                            "remote_block_ids": [0], "remote_host": "127.0.0.1", "remote_port": 0}  # fmt: skip
+                                            "remote_block_ids": [0], "remote_host": "127.0.0.1", "remote_port": 0}
         return answer
 
 
@@ -116,9 +116,9 @@ def serve_api(port: int, pd: PDCounters | None = None) -> http.server.ThreadingH
             n = body.get("max_tokens", 16)
             events = [{"choices": [{"index": 0, "text": "x", "finish_reason": "length" if i == n - 1 else None}]} for i in range(n)]
             events.append({"choices": [], "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": n,
-                                                    "prompt_tokens_details": {"cached_tokens": 0}}})  # fmt: skip
+                                                    "prompt_tokens_details": {"cached_tokens": 0}}})
             self._send(b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n",
-                       "text/event-stream")  # fmt: skip
+                       "text/event-stream")
 
         def log_message(self, *args):
             pass

@@ -42,15 +42,15 @@ def test_metric_names_parser():
 def test_uses_are_judged_by_the_type_on_the_page():
     page = ("# TYPE c_total counter\nc_total 1.0\n# TYPE g gauge\ng 1.0\n"
             "# TYPE h histogram\nh_bucket{le=\"+Inf\"} 1.0\nh_count 1.0\nh_sum 1.0\n"
-            "# TYPE n_total histogram\nn_total_bucket{le=\"+Inf\"} 1.0\nn_total_count 1.0\nn_total_sum 1.0\n")  # fmt: skip
+            "# TYPE n_total histogram\nn_total_bucket{le=\"+Inf\"} 1.0\nn_total_count 1.0\nn_total_sum 1.0\n")
     types = sample_types(page)
     ok = ["rate(c_total[1m])", "g", "deriv(g[5m])", "histogram_quantile(0.5, sum by (le) (rate(h_bucket[1m])))",
-          "rate(h_sum[1m]) / rate(h_count[1m])", "histogram_quantile(0.5, rate(n_total_bucket[1m]))"]  # fmt: skip
+          "rate(h_sum[1m]) / rate(h_count[1m])", "histogram_quantile(0.5, rate(n_total_bucket[1m]))"]
     for e in ok:
         assert [use_problem(n, f, types) for n, f in metric_uses(e)] == [None] * len(metric_uses(e)), e
     bad = {"rate(g[1m])": "rate() of a gauge", "c_total": "used as a gauge", "histogram_quantile(0.5, rate(c_total[1m]))": "histogram_quantile()",
            "histogram_quantile(0.5, rate(h_count[1m]))": "not a histogram's _bucket", "sum(missing)": "not on the page",
-           "rate(n_total[1m])": "not on the page"}  # fmt: skip
+           "rate(n_total[1m])": "not on the page"}
     for e, why in bad.items():
         ((name, functions),) = metric_uses(e)
         assert why in (use_problem(name, functions, types) or ""), e
@@ -97,7 +97,7 @@ def test_the_shared_dashboard_uses_only_what_vllm_exposes_with_the_right_types()
                    "vllm:iteration_tokens_total_bucket", "rate(vllm:prompt_tokens_cached_total",
                    "sum by (source) (rate(vllm:prompt_tokens_cached_by_source_total",
                    "sum by (reason) (vllm:num_requests_waiting_by_reason", "vllm:request_num_preemptions_bucket",
-                   "sum by (reason) (rate(vllm:admission_rejections_total"):  # fmt: skip
+                   "sum by (reason) (rate(vllm:admission_rejections_total"):
         assert needed in text
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
@@ -114,7 +114,7 @@ def test_the_internals_dashboard_holds_kvpools_own_families():
     for needed in ("kvpool_free_cached_blocks", "kvpool_step_duration_seconds_bucket", "kvpool_kv_cache_token_usage_perc",
                    "kvpool_peak_kv_cache_usage_perc", "rate(kvpool_prefix_cache_preempted_hits_total",
                    "kvpool_worker_step_duration_seconds_bucket", "kvpool_plan_bytes_total", "kvpool_evictions_total",
-                   "rate(kvpool_worker_loss_recomputes_total"):  # fmt: skip
+                   "rate(kvpool_worker_loss_recomputes_total"):
         assert needed in text
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
@@ -151,7 +151,7 @@ def test_alert_rules_use_only_what_vllm_exposes():
     assert check_exprs(exprs, VLLM_PAGE.read_text()) == []
     used = set().union(*(metric_names(e) for e in exprs))
     assert {"vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "vllm:num_preemptions_total",
-            "vllm:request_queue_time_seconds_bucket"} <= used  # fmt: skip
+            "vllm:request_queue_time_seconds_bucket"} <= used
 
 
 def _promtool(promtool: str, *args: str) -> None:

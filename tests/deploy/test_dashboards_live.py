@@ -63,7 +63,7 @@ def workload(served: Served, tag: str) -> None:
     status, body = post(served, "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": tag}], "max_tokens": 4})
     assert status == 200, body
     req = urllib.request.Request(served.base_url + "/v1/completions", headers={"Content-Type": "application/json"},
-                                 data=f'{{"model": "{model}", "prompt": "{tag}", "max_tokens": 4, "stream": true}}'.encode())  # fmt: skip
+                                 data=f'{{"model": "{model}", "prompt": "{tag}", "max_tokens": 4, "stream": true}}'.encode())
     with urllib.request.urlopen(req, timeout=60) as r:
         assert r.status == 200 and b"[DONE]" in r.read()
 

@@ -75,7 +75,7 @@ def test_only_decode_pods_reach_the_prefill_side_channel():
     policy = docs[("NetworkPolicy", "kvpool-prefill-side-channel")]["spec"]
     assert policy["podSelector"]["matchLabels"] == {"app": "kvpool-prefill"}
     side_channel = parse_kv_transfer_config(build_parser().parse_args(only_container(docs[("Deployment", "kvpool-prefill")])["args"])
-                                            .kv_transfer_config).side_channel_port  # fmt: skip
+                                            .kv_transfer_config).side_channel_port
     decode_labels = docs[("Deployment", "kvpool-decode")]["spec"]["template"]["metadata"]["labels"]
     rules = {r["ports"][0]["port"]: r.get("from") for r in policy["ingress"]}
     assert rules == {8000: None, side_channel: [{"podSelector": {"matchLabels": decode_labels}}]}
@@ -181,13 +181,13 @@ def run_pd_with_stand_ins(tmp_path: Path, base: int, *loadgen_args: str, **extra
                        'if [ "$1" = "-m" ] && [ "$2" = frontend.cli ]; then\n'
                        f'    shift 2; exec "{sys.executable}" "{FAKE}" "$@"\n'
                        "fi\n"
-                       f'exec "{sys.executable}" "$@"\n')  # fmt: skip
+                       f'exec "{sys.executable}" "$@"\n')
     wrapper.chmod(0o755)
     env = dict({k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}, PYTHON=str(wrapper), ROUTER=router_binary(),
                PYTHONPATH=str(ROOT), KVPOOL_MODEL="tiny", KVPOOL_ROUTER_PORT=str(base), KVPOOL_LOG_DIR=str(tmp_path / "logs"),
-               KVPOOL_READY_TIMEOUT="30", KVPOOL_STOP_TIMEOUT="2", **extra_env)  # fmt: skip
+               KVPOOL_READY_TIMEOUT="30", KVPOOL_STOP_TIMEOUT="2", **extra_env)
     proc = subprocess.Popen(["bash", str(RUN_PD), *loadgen_args], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+                            stderr=subprocess.PIPE, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=60)
     finally:

@@ -145,9 +145,9 @@ def test_run_router_sh_serves_a_workload_through_the_router(tmp_path):
         pytest.skip(msg)
     base = _free_base_port()
     env = dict(os.environ, PYTHON=sys.executable, KVPOOL_ROUTER_PORT=str(base), KVPOOL_KV_EVENTS_PORT=str(base + 100),
-               KVPOOL_LOG_DIR=str(tmp_path / "logs"), KVPOOL_STOP_TIMEOUT="4", KVPOOL_READY_TIMEOUT="120")  # fmt: skip
+               KVPOOL_LOG_DIR=str(tmp_path / "logs"), KVPOOL_STOP_TIMEOUT="4", KVPOOL_READY_TIMEOUT="120")
     proc = subprocess.Popen(["bash", str(DEPLOY / "run-router.sh"), "--num-requests", "24"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)  # fmt: skip
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=240)
     finally:

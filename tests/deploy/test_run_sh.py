@@ -47,7 +47,7 @@ def _run_sh(run_sh: Path, env: dict[str, str], bound: float, *loadgen_args: str)
     """``run_sh`` in its own process group, killed whole if it outlives ``bound`` seconds:
     (exit status, stdout, stderr)."""
     proc = subprocess.Popen(["bash", str(run_sh), *loadgen_args], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+                            stderr=subprocess.PIPE, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=bound)
     finally:
@@ -120,7 +120,7 @@ def test_the_readme_demo_runs_on_a_fresh_clone_without_python_or_out(tmp_path):
     out/run.json` (fewer requests): no PYTHON, no out/ folder beforehand."""
     clone = tmp_path / "clone"
     rc, out, err, pids, left = _launch(tmp_path, {}, "--num-requests", "5", "--output-len", "2", "--plot", "out/run.png",
-                                       "--result-json", "out/run.json", clone=clone)  # fmt: skip
+                                       "--result-json", "out/run.json", clone=clone)
     assert rc == 0, err
     assert (clone / "out" / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((clone / "out" / "run.json").read_text())["completed"] == 5
@@ -154,7 +154,7 @@ def test_run_sh_for_real_through_kvpool_serve(tmp_path, tiny_checkpoint):
     checkpoint, the HTTP load generator, the report, everything stopped."""
     (http,) = _free_ports(1)
     env = dict(os.environ, PYTHON=sys.executable, KVPOOL_HTTP_PORT=str(http), KVPOOL_MODEL="tiny",
-               KVPOOL_LOG_DIR=str(tmp_path / "logs"), KVPOOL_STOP_TIMEOUT="10")  # fmt: skip
+               KVPOOL_LOG_DIR=str(tmp_path / "logs"), KVPOOL_STOP_TIMEOUT="10")
     rc, out, err = _run_sh(RUN_SH, env, 240, "--num-requests", "8", "--prefix-len", "32", "--suffix-len", "8", "--output-len", "4")
     assert rc == 0, err[-3000:]
     assert "Successful requests:" in out and f"via http://127.0.0.1:{http}/v1/completions" in out
@@ -167,7 +167,7 @@ def test_run_sh_for_real_through_kvpool_serve(tmp_path, tiny_checkpoint):
         s.bind(("127.0.0.1", http))
         s.listen()
     assert not any(f"--port {http} " in p.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                   for p in Path("/proc").glob("[0-9]*/cmdline") if p.exists())  # fmt: skip
+                   for p in Path("/proc").glob("[0-9]*/cmdline") if p.exists())
 
 
 @pytest.mark.e2e
@@ -178,7 +178,7 @@ def test_make_run_serves_the_real_model_answers_in_words_then_runs_sharegpt_chat
     real_model(), sharegpt()  # installed (skip without them, fail under CI)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "KVPOOL_MODEL")}
     env.update(PYTHON=sys.executable, KVPOOL_HTTP_PORT=str(free_port()), KVPOOL_LOG_DIR=str(tmp_path / "logs"), KVPOOL_STOP_TIMEOUT="4",
-               KVPOOL_READY_TIMEOUT="180")  # fmt: skip
+               KVPOOL_READY_TIMEOUT="180")
     rc, out, err = _run_sh(RUN_SH, env, 280, "--num-requests", "4", "--sharegpt-output-len", "8")
     assert rc == 0, err[-3000:]
     assert "Q: Name the capital of France." in out and "Paris" in out.split("Q: Name the capital of France.")[1].split("\n\n")[0]

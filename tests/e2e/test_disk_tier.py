@@ -45,7 +45,7 @@ def workload(rounds: int = ROUNDS) -> list[Generate]:
     return [
         Generate(f"r{r}-p{p}", prefixes[p] + tails[r * NUM_PREFIXES + p], max_tokens=6, ignore_eos=True)
         for r in range(rounds) for p in range(NUM_PREFIXES)
-    ]  # fmt: skip
+    ]
 
 
 def run(log_dir, disk_dir, requests: list[Generate], disk_gib: str = "0.01", host_gib: str | None = None):
@@ -57,7 +57,7 @@ def run(log_dir, disk_dir, requests: list[Generate], disk_gib: str = "0.01", hos
     tier = [*DISK, "--kv-offloading-path", str(disk_dir), "--kv-offloading-disk-size", disk_gib] if disk_dir else []
     host = ["--kv-offloading-size", host_gib] if host_gib else []
     with Cluster([*DEVICE, *(DISK if disk_dir else []), *host], ["--dtype", "float32", *tier, *host, "--http-port", str(worker_http)],
-                 log_dir=log_dir) as c:  # fmt: skip
+                 log_dir=log_dir) as c:
         results = {}
         for g in requests:
             r = c.generate([g], timeout=60)[g.request_id]
@@ -71,7 +71,7 @@ def run(log_dir, disk_dir, requests: list[Generate], disk_gib: str = "0.01", hos
         worker = {
             (s.name, tuple(sorted(s.labels.items()))): s.value
             for f in text_string_to_metric_families(c.metrics_text(worker_http)) for s in f.samples
-        }  # fmt: skip
+        }
     return results, m, worker, (log_dir / "worker.log").read_text()
 
 

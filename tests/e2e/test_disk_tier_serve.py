@@ -50,7 +50,7 @@ def wait_for_files(disk, n: int, timeout: float = 30.0) -> int:
 def test_a_killed_serve_restarted_on_its_directory_serves_its_prefixes(tiny_checkpoint, tmp_path):
     disk = tmp_path / "kv"
     args = ("--served-model-name", "tiny", "--enable-prompt-tokens-details", "--num-gpu-blocks-override", "16",
-            "--kv-offloading-backend", "disk", "--kv-offloading-path", str(disk), "--kv-offloading-disk-size", "0.05")  # fmt: skip
+            "--kv-offloading-backend", "disk", "--kv-offloading-path", str(disk), "--kv-offloading-disk-size", "0.05")
     # Full blocks of a prompt a hit may cover (the last prompt token is always computed).
     per_prompt = (PROMPT_TOKENS - 1) // BLOCK * BLOCK
     with kvpool_serve(tiny_checkpoint, tmp_path / "first", *args, new_session=True) as served:

@@ -110,7 +110,7 @@ def test_load_generator_reports_a_lost_scheduler_instead_of_hanging(tmp_path):
              "--dataset", "random", "--num-requests", "400", "--request-rate", "10", "--input-len", "32",
              "--output-len", "6000"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+        )
         try:
             time.sleep(3)
             c.procs["scheduler"].send_signal(signal.SIGKILL)

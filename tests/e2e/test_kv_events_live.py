@@ -24,7 +24,7 @@ def test_subscriber_rebuilds_the_cached_hashes_of_a_real_scheduler(hash_form, tm
     rng = random.Random(5)
     prefix = [rng.randrange(2, 512) for _ in range(40)]
     workload = [Generate(f"e{i}", prefix + [rng.randrange(2, 512) for _ in range(rng.randrange(1, 30))], rng.randrange(2, 30),
-                         ignore_eos=True) for i in range(12)]  # fmt: skip
+                         ignore_eos=True) for i in range(12)]
     form_flags = [] if hash_form == "int" else ["--no-kv-events-int-block-hashes"]
     with Cluster(["--kv-events-endpoint", pub, "--kv-events-replay-endpoint", replay, "--dev-mode", *form_flags], log_dir=tmp_path) as c:
         sub = KVEventSubscriber(pub, replay)

@@ -33,7 +33,7 @@ def test_an_override_above_the_kv_budget_gives_a_pool_of_exactly_that_many_block
 def test_an_override_the_host_cannot_hold_is_refused_naming_the_flag(tiny_checkpoint, tmp_path):
     n = 2 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // BYTES_PER_BLOCK  # twice the host's memory
     argv = [KVPOOL, "serve", str(tiny_checkpoint), "--port", str(free_port()), "--log-dir", str(tmp_path), "--device", "cpu",
-            "--dtype", "float32", "--num-gpu-blocks-override", str(n)]  # fmt: skip
+            "--dtype", "float32", "--num-gpu-blocks-override", str(n)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=180)
     said = proc.stdout + proc.stderr
     assert proc.returncode == 1, said

@@ -39,7 +39,7 @@ def workload() -> list[Generate]:
     return [
         Generate(f"r{r}-p{p}", prefixes[p] + [rng.randrange(2, 512) for _ in range(3)], max_tokens=6, ignore_eos=True)
         for r in range(ROUNDS) for p in range(NUM_PREFIXES)
-    ]  # fmt: skip
+    ]
 
 
 def run(tmp_path, name: str, scheduler_args: list[str], worker_args: list[str]):
@@ -58,7 +58,7 @@ def run(tmp_path, name: str, scheduler_args: list[str], worker_args: list[str]):
         worker = {
             (s.name, s.labels.get("transfer_type")): s.value
             for f in text_string_to_metric_families(c.metrics_text(worker_http)) for s in f.samples
-        }  # fmt: skip
+        }
     return outputs, m, worker
 
 

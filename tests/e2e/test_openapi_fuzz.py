@@ -38,7 +38,7 @@ CONFIG = schemathesis.Config.from_dict({
     # NOTE: the render routes decode and render as /v1/completions and /v1/chat/completions do
     # (frontend/render.py): their coverage cases would repeat those; they keep the fuzzing phase.
     "operations": [{"include-path-regex": "/render$", "phases": {"coverage": {"enabled": False}}}],
-})  # fmt: skip
+})
 MODEL = "fuzz"
 CASES: Counter[str] = Counter()  # operation -> cases sent
 
@@ -47,7 +47,7 @@ CASES: Counter[str] = Counter()  # operation -> cases sent
 def served(tiny_checkpoint, tmp_path_factory):
     flags = ("--served-model-name", MODEL, "--max-model-len", "512", "--dev-mode", "--enable-tokenizer-info-endpoint")
     with kvpool_serve(tiny_checkpoint, tmp_path_factory.mktemp("fuzz-logs"), *flags,
-                      env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}) as s:  # fmt: skip
+                      env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}) as s:
         yield s
 
 
@@ -98,7 +98,7 @@ def test_the_server_still_serves_after_the_fuzzing(served):
     paths = schema.raw_schema["paths"]
     assert set(CASES) == {f"{method.upper()} {path}" for path, item in paths.items() for method in item}  # every operation fuzzed
     status, body = post(served, "/v1/completions", {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 3,
-                                                    "ignore_eos": True})  # fmt: skip
+                                                    "ignore_eos": True})
     assert status == 200 and body["usage"]["completion_tokens"] == 3
     print(f"\nschemathesis sent {sum(CASES.values())} cases to {len(CASES)} operations: {dict(CASES)}")
 

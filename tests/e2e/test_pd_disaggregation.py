@@ -29,7 +29,7 @@ from bench.router_bench import Replica, http_get
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 COMMON = ("--served-model-name", "tiny", "--dtype", "float32", "--num-gpu-blocks-override", "64", "--max-model-len", "512",
-          "--enable-prompt-tokens-details")  # fmt: skip
+          "--enable-prompt-tokens-details")
 LEASE_S, READ_TIMEOUT_S = 3.0, 2.0
 NUM_BLOCKS = 64
 
@@ -45,7 +45,7 @@ def post(url: str, path: str, body: dict, timeout: float = 60.0) -> tuple[int, d
 
 def completion(url: str, prompt: list[int], max_tokens: int = 6, **extra) -> dict:
     status, answer = post(url, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                                                   "ignore_eos": True, "return_token_ids": True, **extra})  # fmt: skip
+                                                   "ignore_eos": True, "return_token_ids": True, **extra})
     assert status == 200, answer
     return answer
 
@@ -80,7 +80,7 @@ def prompts(n: int, seed: int = 5) -> list[list[int]]:
 def fleet(tiny_checkpoint, tmp_path_factory):
     require_router()
     f = PDFleet(tiny_checkpoint, tmp_path_factory.mktemp("pd"), 1, 1, *COMMON,
-                producer_extra={"kv_lease_duration": LEASE_S}, consumer_extra={"read_timeout": READ_TIMEOUT_S})  # fmt: skip
+                producer_extra={"kv_lease_duration": LEASE_S}, consumer_extra={"read_timeout": READ_TIMEOUT_S})
     try:
         yield f
     finally:
@@ -180,7 +180,7 @@ def test_a_prefill_engine_killed_mid_transfer_loses_nothing(fleet, tiny_checkpoi
     ({"do_remote_prefill": True, "remote_engine_id": "p", "remote_request_id": "r", "remote_host": "127.0.0.1",
       "remote_port": 9}, "kv_transfer_params.remote_block_ids"),
     ({"do_remote_decode": "yes"}, "kv_transfer_params.do_remote_decode"),
-])  # fmt: skip
+])
 def test_malformed_params_are_a_400_naming_the_field(fleet, bad, field):
     (decode,) = fleet.decodes
     status, answer = post(decode.url, "/v1/completions", {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 2, "kv_transfer_params": bad})

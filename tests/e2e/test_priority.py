@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 def complete(served, body: dict, headers: dict | None = None) -> dict:
     req = urllib.request.Request(served.base_url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json", **(headers or {})})  # fmt: skip
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     with urllib.request.urlopen(req, timeout=120) as r:
         assert r.status == 200
         return json.loads(r.read())

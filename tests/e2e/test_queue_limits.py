@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 # What `vllm serve` 0.32 answered (tiny checkpoint, --max-num-queued-reqs 2, n=3), byte for byte.
 VLLM_BODY = (b'{"error":{"message":"The engine is currently busy and cannot accept new requests. Please try again later '
-             b'or on a different instance.","type":"Service Unavailable","param":null,"code":503}}')  # fmt: skip
+             b'or on a different instance.","type":"Service Unavailable","param":null,"code":503}}')
 
 
 def post(base_url: str, body: dict):
@@ -32,7 +32,7 @@ def post(base_url: str, body: dict):
 
 def test_the_frontend_refuses_as_vllm_and_the_page_counts_it_once(tiny_checkpoint, tmp_path):
     flags = ("--served-model-name", "m", "--max-model-len", "256", "--max-num-queued-reqs", "2", "--watermark", "0.1",
-             "--max-num-scheduled-tokens", "8")  # fmt: skip
+             "--max-num-scheduled-tokens", "8")
     with kvpool_serve(tiny_checkpoint, tmp_path, *flags) as served:
         status, headers, body = post(served.base_url, {"model": "m", "prompt": [5, 6, 7], "max_tokens": 2, "n": 3})
         assert (status, body) == (503, VLLM_BODY) and "Retry-After" not in headers

@@ -32,14 +32,14 @@ WORDS = [f"w{i}" for i in range(70)]  # each tokenizes alone and after a space: 
 @pytest.fixture(scope="module")
 def served(tiny_checkpoint, tmp_path_factory):
     with kvpool_serve(tiny_checkpoint, tmp_path_factory.mktemp("serve"), "--dtype", "float32", "--max-model-len", "2048",
-                      "--enable-request-id-headers") as s:  # fmt: skip
+                      "--enable-request-id-headers") as s:
         yield s
 
 
 def call(served, path: str, body: dict, headers: dict | None = None):
     """(status, the JSON answer or the list of SSE events, the response headers)."""
     req = urllib.request.Request(served.base_url + path, json.dumps(body).encode(),
-                                 {"Content-Type": "application/json", **(headers or {})})  # fmt: skip
+                                 {"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=TIMEOUT_S) as r:
             status, data, h = r.status, r.read().decode(), r.headers
@@ -72,7 +72,7 @@ def token_ids(answer) -> list[int]:
     ({"bad_words": ["56", "Q", " hello"], "min_tokens": 5}, [256, 181, 96, 194, 432, 52, 509, 236], "length"),
     # "prefix" is 3 tokens, " prefix" one (436): a different length, so vLLM does not ban it
     ({"bad_words": ["prefix"]}, GREEDY_8, "length"),
-])  # fmt: skip
+])
 def test_logits_fields_give_vllms_tokens(served, fields, expected, finish):
     status, answer, _ = completion(served, max_tokens=8, **fields)
     assert status == 200, answer
@@ -117,7 +117,7 @@ REFUSALS = [
      f"(parameter=stop_token_ids, value=[{2**70}])"),
     ({"bad_words": WORDS}, "bad_words",
      f"Too many bad words after tokenization: 129. The max number is 128. (parameter=bad_words, value={WORDS})"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("fields", "param", "message"), REFUSALS)
@@ -137,11 +137,11 @@ def test_out_of_vocabulary_ids_are_refused_as_vllm_refuses_them(served, fields, 
     ({"truncate_prompt_tokens": 2049}, "truncate_prompt_tokens",
      "truncate_prompt_tokens=2049 cannot be greater than max_model_len = 2048. Please request a smaller truncation size. "
      "(parameter=truncate_prompt_tokens, value=2049)"),
-])  # fmt: skip
+])
 def test_request_shape_refusals_are_400_before_any_stream(served, fields, param, message):
     for stream in (False, True):
         req = urllib.request.Request(served.base_url + "/v1/completions", json.dumps({"prompt": HELLO, "max_tokens": 4, "stream": stream,
-                                     **fields}).encode(), {"Content-Type": "application/json"})  # fmt: skip
+                                     **fields}).encode(), {"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(req, timeout=TIMEOUT_S)
         assert info.value.code == 400
@@ -154,7 +154,7 @@ def test_a_request_id_longer_than_the_wire_carries_is_served(served):
     status, answer, _ = completion(served, max_tokens=2, request_id=long_id)
     assert status == 200 and answer["id"] == "cmpl-" + long_id and token_ids(answer) == GREEDY_8[:2]
     status, events, _ = call(served, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, "stream": True},
-                             {"X-Request-Id": long_id})  # fmt: skip
+                             {"X-Request-Id": long_id})
     assert status == 200 and {e["id"] for e in events} == {"chatcmpl-" + long_id}
 
 
@@ -193,7 +193,7 @@ def test_chat_return_token_ids(served):
      [262, 380, 361, 80, 72, 16, 225, 375, 91, 334, 409], [106, 53]),
     ("/v1/completions", {"prompt": [5, 6, 7, 8, 9], "truncate_prompt_tokens": 3}, [7, 8, 9], [36, 109]),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi there"}], "truncate_prompt_tokens": 3}, [263, 1, 4], [214, 54]),
-])  # fmt: skip
+])
 def test_truncate_prompt_tokens_keeps_what_vllm_keeps(served, path, fields, prompt_ids, output_ids):
     status, answer, _ = call(served, path, {"max_tokens": 2, "temperature": 0, "return_token_ids": True, **fields})
     assert status == 200, answer
@@ -213,7 +213,7 @@ def test_request_ids_as_vllm_answers_them(served):
 
     def run(i):
         results[i] = call(served, "/v1/completions", {"prompt": HELLO, "max_tokens": 40, "ignore_eos": True, "temperature": 0},
-                          {"X-Request-Id": "same"})  # fmt: skip
+                          {"X-Request-Id": "same"})
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
     for t in threads:
@@ -227,7 +227,7 @@ def test_request_ids_as_vllm_answers_them(served):
 
 def test_render_shows_the_logits_fields_as_vllms_sampling_params(served):
     body = {"prompt": "hi", "max_tokens": 2, "logit_bias": {"5": 1.5, "7": 300}, "allowed_token_ids": [3, 4, 3], "bad_words": ["ab"],
-            "stop_token_ids": [9, 9], "truncate_prompt_tokens": 1}  # fmt: skip
+            "stop_token_ids": [9, 9], "truncate_prompt_tokens": 1}
     status, answer, _ = call(served, "/v1/completions/render", body)
     assert status == 200
     sp = answer[0]["sampling_params"]

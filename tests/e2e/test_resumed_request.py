@@ -34,7 +34,7 @@ def test_a_resumed_request_continues_where_it_stopped(tmp_path, tiny_reference):
             Generate("too-many", PROMPT, 8, resumed_token_ids=greedy[:8]),
             Generate("vocab", PROMPT, 8, resumed_token_ids=[1, 10**6]),
             Generate("plp", PROMPT, 8, prompt_logprobs=2, resumed_token_ids=greedy[:2]),
-        ])  # fmt: skip
+        ])
     assert out["r"].error is None and out["r"].token_ids == greedy[10:] and out["r"].finish_reason == "length"
     assert whole.token_ids != greedy  # the penalty changed the text
     assert out["pen"].token_ids == whole.token_ids[10:]

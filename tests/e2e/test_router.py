@@ -51,7 +51,7 @@ def replicas(tiny_checkpoint, tmp_path_factory):
     require_router()
     logs = tmp_path_factory.mktemp("router-replicas")
     started = [Replica(tiny_checkpoint, logs / f"r{i}", "--dev-mode", "--num-gpu-blocks-override", str(NUM_BLOCKS),
-                       "--max-model-len", "512", kv_events=True) for i in range(2)]  # fmt: skip
+                       "--max-model-len", "512", kv_events=True) for i in range(2)]
     try:
         for r in started:
             r.wait_ready()
@@ -197,7 +197,7 @@ def test_the_replicas_answer_vllms_kv_event_sources(replicas):
         # vLLM's KVEventsConfig per data-parallel rank, its publisher's resolved fields
         assert status == 200 and json.loads(body) == {"0": {
             "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": r.kv_events_endpoint, "replay_endpoint": None,
-            "buffer_steps": 10000, "hwm": 100000, "max_queue_size": 100000, "topic": ""}}  # fmt: skip
+            "buffer_steps": 10000, "hwm": 100000, "max_queue_size": 100000, "topic": ""}}
         info = json.loads(http_get(r.url + "/get_server_info")[1])
         assert info["kv_block_size"] == BLOCK_SIZE and info["vllm_config"]["cache_config"]["block_size"] == BLOCK_SIZE
 

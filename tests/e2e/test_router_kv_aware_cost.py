@@ -102,7 +102,7 @@ class FakeWorker:
                 tag, *ids = body.get("prompt", "").split()
                 if self.path == "/v1/completions/render":
                     req = {"request_id": tag, "token_ids": [int(t) for t in ids], "model": MODEL, "stream": False,
-                           "sampling_params": {"max_tokens": body.get("max_tokens", 1)}}  # fmt: skip
+                           "sampling_params": {"max_tokens": body.get("max_tokens", 1)}}
                     return self._json([req])
                 if self.path != "/v1/completions":
                     return self._json({"error": "not here"}, 404)
@@ -124,7 +124,7 @@ class FakeWorker:
                 if release is not None:
                     release.wait(RELEASE_TIMEOUT_S)
                 self._json({"id": tag, "object": "text_completion", "model": MODEL, "choices": [choice],
-                            "usage": {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}})  # fmt: skip
+                            "usage": {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}})
 
         return Handler
 
@@ -149,7 +149,7 @@ class Fleet:
                 w.holds[tag] = release
         body = {"model": MODEL, "prompt": " ".join([tag, *map(str, tokens)]), "max_tokens": 1, "stream": stream}
         req = urllib.request.Request(self.router_url + "/v1/completions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})  # fmt: skip
+                                     {"Content-Type": "application/json"})
 
         def post():
             with urllib.request.urlopen(req, timeout=RELEASE_TIMEOUT_S + 30) as r:
@@ -179,7 +179,7 @@ def fleet(tmp_path_factory):
     router = None
     try:
         router = Router([w.url for w in workers], "kv_aware", tmp_path_factory.mktemp("router") / "router.log",
-                        *kv_aware_args(workers, BLOCK, MODEL), "--worker-startup-check-interval", "1")  # fmt: skip
+                        *kv_aware_args(workers, BLOCK, MODEL), "--worker-startup-check-interval", "1")
         router.wait_ready()
         time.sleep(1.0)  # the event subscribers connect (a PUB drops what no one reads)
         yield Fleet(router.url, workers, itertools.count(1), itertools.count())

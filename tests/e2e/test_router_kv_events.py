@@ -29,7 +29,7 @@ def test_each_replica_publishes_its_own_topic_and_rank_0(tiny_checkpoint, tmp_pa
             stack.enter_context(kvpool_serve(tiny_checkpoint, tmp_path / f"r{i}", "--kv-events-endpoint", ep,
                                              "--kv-events-topic", topic))
             for i, ((_rank, topic), ep) in enumerate(zip(replicas, endpoints, strict=True))
-        ]  # fmt: skip
+        ]
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"kv@")  # one subscriber over both, as an indexer does

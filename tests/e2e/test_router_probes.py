@@ -44,7 +44,7 @@ def test_completion_render_gives_the_token_ids_tokenize_gives(served, model):
     status, tok = post(served, "/tokenize", {"model": model, "prompt": TEXT})
     assert status == 200
     status, body = post(served, "/v1/completions/render", {"model": model, "prompt": [TEXT, [5, 6, 7]], "max_tokens": 3,
-                                                             "temperature": 0.5, "cache_salt": "t1", "priority": -3})  # fmt: skip
+                                                             "temperature": 0.5, "cache_salt": "t1", "priority": -3})
     assert status == 200, body
     assert [r["token_ids"] for r in body] == [tok["tokens"], [5, 6, 7]]
     assert len({r["request_id"] for r in body}) == 2

@@ -27,7 +27,7 @@ def test_sampling_parameters_end_to_end(tmp_path, tiny_reference):
     rng = random.Random(2)
     seeded = Generate("s-alone", PROMPT, 24, ignore_eos=True, temperature=1.0, top_p=0.9, seed=7, presence_penalty=0.4)
     others = [Generate(f"o{i}", [rng.randrange(5, 512) for _ in range(8 + 5 * i)], 24, ignore_eos=True, temperature=0.8)
-              for i in range(4)]  # fmt: skip
+              for i in range(4)]
     stop = greedy[5]
     k = greedy.index(stop)
     with Cluster([], log_dir=tmp_path) as c:
@@ -54,4 +54,4 @@ def test_sampling_parameters_end_to_end(tmp_path, tiny_reference):
 
 BAD = [("temperature", -1.0), ("top_p", 0.0), ("top_k", -2), ("min_p", 1.5), ("presence_penalty", 3.0),
        ("frequency_penalty", -2.5), ("repetition_penalty", 0.0), ("logprobs", 21), ("min_tokens", 9),
-       ("stop_token_ids", [600])]  # fmt: skip
+       ("stop_token_ids", [600])]

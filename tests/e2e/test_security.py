@@ -33,7 +33,7 @@ def keys(tmp_path):
         "server_secret": server / "scheduler.key_secret", "server_public": server / "scheduler.key",
         "allowed": allowed, "worker": allowed / "worker.key_secret", "client": allowed / "client.key_secret",
         "intruder": other / "intruder.key_secret",
-    }  # fmt: skip
+    }
 
 
 def _ask(c: Cluster, sock: zmq.Socket, timeout_ms: int) -> object | None:
@@ -68,7 +68,7 @@ def test_curve_admits_known_keys_and_refuses_others(keys, tmp_path):
                 s.close(linger=0)
         # A worker without the right key does not get in either.
         intruder = c.spawn_worker("intruder", ["--curve-client-key", str(keys["intruder"]), "--curve-server-key",
-                                               str(keys["server_public"]), "--scheduler-timeout", "1"])  # fmt: skip
+                                               str(keys["server_public"]), "--scheduler-timeout", "1"])
         try:
             # CURVE drops its handshake silently, so it never hears a WorkerReady: after
             # its --scheduler-timeout it gives up as "scheduler unreachable" (exit 3).

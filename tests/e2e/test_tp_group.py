@@ -81,7 +81,7 @@ def test_a_killed_rank_takes_its_group_down_and_costs_no_request(tmp_path, tiny_
 
 def _worker(*args: str, log: Path) -> subprocess.Popen:
     argv = [sys.executable, "-m", "worker", "--scheduler", f"tcp://127.0.0.1:{free_port()}", "--device", "cpu",
-            "--http-port", "0", "--distributed-timeout", "20", *args]  # fmt: skip
+            "--http-port", "0", "--distributed-timeout", "20", *args]
     return subprocess.Popen(argv, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
@@ -120,7 +120,7 @@ def test_two_ranks_with_the_host_tier_load_revisited_prefixes_and_keep_their_tok
     rng = random.Random(2)
     prefixes = [[rng.randrange(2, 512) for _ in range(64)] for _ in range(4)]
     reqs = [Generate(f"r{r}-p{p}", prefixes[p] + [rng.randrange(2, 512) for _ in range(3)], 6, ignore_eos=True)
-            for r in range(2) for p in range(4)]  # fmt: skip
+            for r in range(2) for p in range(4)]
     sched = ["--num-gpu-blocks-override", "12", "--max-num-seqs", "1", "--kv-offloading-size", "0.002"]
     with Cluster(sched, [*TP2, "--kv-offloading-size", "0.002"], log_dir=tmp_path) as c:
         for g in reqs:

@@ -56,7 +56,7 @@ def test_a_killed_rank_restarts_the_group_and_the_stream_completes(tiny_checkpoi
         ranks = rank_pids(leader)
         assert list(ranks) == [1]
         req = urllib.request.Request(s.base_url + "/v1/completions", data=json.dumps({**body, "stream": True}).encode(),
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+                                     headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=120) as r:
             lines = [r.readline(), r.readline()]
             os.kill(ranks[1], signal.SIGKILL)

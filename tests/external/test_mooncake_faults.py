@@ -43,7 +43,7 @@ def test_an_unreachable_store_stops_saving_and_serving_goes_on(needs_mooncake, t
         worker_http = free_port()
         (tmp_path / "logs").mkdir()
         with Cluster(["--num-gpu-blocks-override", "12", "--max-num-seqs", "1", *store],
-                     ["--dtype", "float32", *store, "--http-port", str(worker_http)], log_dir=tmp_path / "logs") as c:  # fmt: skip
+                     ["--dtype", "float32", *store, "--http-port", str(worker_http)], log_dir=tmp_path / "logs") as c:
             first = {rid: r.token_ids for rid, r in c.generate(requests("a", prompts), timeout=60).items()}
             master.stop()
             # The same prompts and new ones, with the store gone: every one served, the same tokens.

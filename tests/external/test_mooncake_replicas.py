@@ -61,7 +61,7 @@ def test_a_prefix_computed_by_one_replica_is_a_hit_on_the_other(tiny_checkpoint,
 
     worker_ports = [free_port(), free_port()]
     store = ("--kv-offloading-backend", "mooncake", "--mooncake-master", mooncake_master.master_address,
-             "--mooncake-metadata", mooncake_master.metadata_server)  # fmt: skip
+             "--mooncake-metadata", mooncake_master.metadata_server)
     common = ("--served-model-name", "tiny", "--enable-prompt-tokens-details", "--num-gpu-blocks-override", "64", "--max-model-len", "512")
 
     def replica(i: int, name: str) -> Replica:
@@ -79,7 +79,7 @@ def test_a_prefix_computed_by_one_replica_is_a_hit_on_the_other(tiny_checkpoint,
         before = [samples(r.url) for r in replicas]
         first = completion(router.url, prompt)
         served_first = [samples(r.url)[("vllm:request_success_total", "")] - b[("vllm:request_success_total", "")]
-                        for r, b in zip(replicas, before, strict=True)]  # fmt: skip
+                        for r, b in zip(replicas, before, strict=True)]
         assert sorted(served_first) == [0, 1]
         a = served_first.index(1)
         assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

@@ -31,7 +31,7 @@ BACKLOG_FULL_BODY = {"error": {"message": BACKLOG_FULL, "type": "Service Unavail
 
 def test_the_messages_are_vllms_word_for_word():
     assert QUEUE_FULL == ("The engine is currently busy and cannot accept new requests. "
-                          "Please try again later or on a different instance.")  # fmt: skip
+                          "Please try again later or on a different instance.")
     assert BACKLOG_FULL == "The engine has reached its prefill token backlog limit. Please try again later or on a different instance."
 
 
@@ -183,7 +183,7 @@ TOKENS = 'vllm:admission_rejections_total{model_name="m",reason="max_num_queued_
 
 def test_queued_reqs_refuses_with_503_and_counts_on_the_merged_page(tiny_checkpoint, tmp_path):
     with fake_engine() as engine, frontend_process(tiny_checkpoint, engine, tmp_path / "f.log", "--served-model-name", "m",
-                                                   "--max-num-queued-reqs", "2") as front:  # fmt: skip
+                                                   "--max-num-queued-reqs", "2") as front:
         engine.metrics_page = SCHEDULER_PAGE.decode()  # the scheduler refused 2 itself
         one = {"model": "m", "prompt": [5, 6, 7], "max_tokens": 2}
         assert post(front, "/v1/completions", {**one, "n": 3})[0] == 503  # idle: 0 + 3 > 2
@@ -230,7 +230,7 @@ def stream_first_chunk(front, body: dict, first: threading.Event, results: list)
 
     def run():
         req = urllib.request.Request(front.base_url + "/v1/completions", data=json.dumps({**body, "stream": True}).encode(),
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+                                     headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as r:
             for line in r:
                 if line.startswith(b"data: "):
@@ -244,7 +244,7 @@ def stream_first_chunk(front, body: dict, first: threading.Event, results: list)
 
 def test_queued_tokens_refuses_until_the_backlogs_first_token(tiny_checkpoint, tmp_path):
     with fake_engine() as engine, frontend_process(tiny_checkpoint, engine, tmp_path / "f.log", "--served-model-name", "m",
-                                                   "--max-num-queued-tokens", "0.02k") as front:  # fmt: skip
+                                                   "--max-num-queued-tokens", "0.02k") as front:
         prompt20 = {"model": "m", "prompt": list(range(5, 25)), "max_tokens": 2}
         engine.holding.set()
         bg = Background(front)

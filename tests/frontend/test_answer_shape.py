@@ -11,11 +11,11 @@ from kvtest.http_api import post, post_stream
 
 # vLLM 0.32's keys, as its answers to the same requests had them.
 COMPLETION = {"id", "object", "created", "model", "choices", "service_tier", "system_fingerprint", "usage",
-              "kv_transfer_params", "ec_transfer_params", "metrics"}  # fmt: skip
+              "kv_transfer_params", "ec_transfer_params", "metrics"}
 COMPLETION_CHOICE = {"index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids", "prompt_logprobs",
-                     "prompt_token_ids", "routed_experts"}  # fmt: skip
+                     "prompt_token_ids", "routed_experts"}
 CHAT = {"id", "object", "created", "model", "choices", "service_tier", "system_fingerprint", "usage", "prompt_logprobs",
-        "prompt_token_ids", "prompt_text", "kv_transfer_params", "ec_transfer_params", "metrics"}  # fmt: skip
+        "prompt_token_ids", "prompt_text", "kv_transfer_params", "ec_transfer_params", "metrics"}
 CHAT_CHOICE = {"index", "message", "logprobs", "finish_reason", "stop_reason", "token_ids", "routed_experts"}
 CHAT_MESSAGE = {"role", "content", "refusal", "annotations", "audio", "function_call", "reasoning"}
 USAGE = {"prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details"}
@@ -54,7 +54,7 @@ def test_a_chat_stream_leaves_out_what_vllm_leaves_unset(front, include_usage):
     options = {"include_usage": True, "continuous_usage_stats": True} if include_usage else {}
     # 8 tokens: a sampled token that ends inside a UTF-8 character sends no chunk of its own
     got = chunks(front, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
-                                                 "stream_options": options})  # fmt: skip
+                                                 "stream_options": options})
     role, *content, last = [c for c in got if c["choices"]]
     assert set(role["choices"][0]) == {"index", "delta", "logprobs", "finish_reason"}
     assert content and all(set(c["choices"][0]) == {"index", "delta", "logprobs", "finish_reason", "token_ids"} for c in content)
@@ -63,16 +63,16 @@ def test_a_chat_stream_leaves_out_what_vllm_leaves_unset(front, include_usage):
     if include_usage:
         final = got[-1]
         assert final["choices"] == [] and set(final["usage"]) == {"prompt_tokens", "total_tokens", "completion_tokens",
-                                                                  "prompt_tokens_details"}  # fmt: skip
+                                                                  "prompt_tokens_details"}
         assert with_fingerprint == [len(got) - 1]  # the usage chunk is the last message
         assert all(set(c["usage"]) == {"prompt_tokens", "total_tokens", "completion_tokens", "completion_tokens_details"}
-                   for c in got[:-1])  # fmt: skip
+                   for c in got[:-1])
     else:
         assert with_fingerprint == [len(got) - 1] and got[-1]["choices"][0]["finish_reason"] == "length"
 
 
 def test_a_completion_stream_puts_the_fingerprint_on_its_finishing_chunk(front):
     got = chunks(front, "/v1/completions", {"prompt": "hello", "max_tokens": 3, "n": 2, "temperature": 1.0,
-                                            "stream_options": {"continuous_usage_stats": True, "include_usage": False}})  # fmt: skip
+                                            "stream_options": {"continuous_usage_stats": True, "include_usage": False}})
     finishing = [i for i, c in enumerate(got) if c["choices"][0]["finish_reason"]]
     assert len(finishing) == 2 and [i for i, c in enumerate(got) if "system_fingerprint" in c] == finishing

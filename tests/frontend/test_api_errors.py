@@ -29,7 +29,7 @@ def assert_idle(served, timeout: float = 30.0):
     while True:
         text = get_metrics(served)
         state = (metric(text, "kvpool_frontend_engine_requests_in_flight"), metric(text, "vllm:num_requests_running"),
-                 metric(text, "vllm:kv_cache_usage_perc"))  # fmt: skip
+                 metric(text, "vllm:kv_cache_usage_perc"))
         if state == (0, 0, 0):
             return
         assert time.monotonic() < deadline, f"not idle after {timeout} s: in flight, running, usage = {state}"
@@ -47,7 +47,7 @@ def test_prompt_over_the_context_length_uses_vllms_wording(served, model):
     e = error_of(post(served, "/v1/completions", {"model": model, "prompt": [7] * 1100, "max_tokens": 1}), 400)
     assert e["message"] == ("This model's maximum context length is 1024 tokens. However, your prompt contains 1100 input "
                             "tokens, which exceeds this limit even without any output tokens. Please reduce the length of "
-                            "the input prompt. (parameter=input_tokens, value=1100)") and e["param"] == "input_tokens"  # fmt: skip
+                            "the input prompt. (parameter=input_tokens, value=1100)") and e["param"] == "input_tokens"
     e = error_of(post(served, "/v1/completions", {"model": model, "prompt": [7] * 1025, "max_tokens": 1}), 400)
     assert "your prompt contains at least 1025 input tokens" in e["message"]
     # A prompt that fills the context leaves no output: vLLM's get_max_tokens gives 0.
@@ -56,16 +56,16 @@ def test_prompt_over_the_context_length_uses_vllms_wording(served, model):
     # An output budget over the whole context is refused before tokenizing.
     e = error_of(post(served, "/v1/completions", {"model": model, "prompt": "x", "max_tokens": 2000}), 400)
     assert e["message"] == ("max_tokens=2000 cannot be greater than max_model_len=1024. Please request fewer output "
-                            "tokens. (parameter=max_tokens, value=2000)") and e["param"] == "max_tokens"  # fmt: skip
+                            "tokens. (parameter=max_tokens, value=2000)") and e["param"] == "max_tokens"
     e = error_of(post(served, "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "x"}],
-                                                        "max_completion_tokens": 2000}), 400)  # fmt: skip
+                                                        "max_completion_tokens": 2000}), 400)
     assert e["param"] == "max_completion_tokens" and e["message"].startswith("max_completion_tokens=2000 cannot be greater")
 
 
 def test_an_output_budget_over_what_the_prompt_leaves_gets_what_is_left(served, model):
     # vLLM 0.32 answers 200 and generates at most the context's rest (get_max_tokens).
     status, body = post(served, "/v1/completions", {"model": model, "prompt": [5] * 1000, "max_tokens": 100,
-                                                    "ignore_eos": True, "temperature": 0})  # fmt: skip
+                                                    "ignore_eos": True, "temperature": 0})
     assert status == 200, body
     assert body["usage"]["completion_tokens"] == 24 and body["choices"][0]["finish_reason"] == "length"
 
@@ -145,11 +145,11 @@ def test_after_every_bad_request_nothing_is_left_open(served):
 
 def test_a_client_that_disconnects_mid_stream_frees_its_blocks(served, model):
     body = json.dumps({"model": model, "prompt": PROMPT * 4, "max_tokens": 800, "temperature": 0, "ignore_eos": True,
-                       "stream": True}).encode()  # fmt: skip
+                       "stream": True}).encode()
     s = socket.create_connection(("127.0.0.1", served.port), timeout=30)
     try:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         got = b""
         while got.count(b"data: ") < 3:
             chunk = s.recv(65536)
@@ -170,7 +170,7 @@ def test_metrics_page_has_the_scheduler_and_the_frontend_under_vllm_names(served
     text = get_metrics(served)
     for name in ("vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:num_requests_running",
                  "vllm:time_to_first_token_seconds_bucket", "vllm:request_success_total",
-                 "vllm:request_prompt_tokens_bucket", "http_requests_total"):  # fmt: skip
+                 "vllm:request_prompt_tokens_bucket", "http_requests_total"):
         assert metric(text, name) >= 0 and name in text, name
     assert metric(text, "vllm:request_success_total") > 0
     names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]

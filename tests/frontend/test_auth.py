@@ -74,14 +74,14 @@ def test_under_the_root_path_v1_is_guarded_too(front):
     [("GET", "/health", None), ("GET", "/metrics", None), ("GET", "/version", None), ("GET", "/ping", None),
      ("POST", "/tokenize", {"prompt": "hello"}), ("GET", "/load", None),
      ("POST", "/invocations", {"prompt": "hello", "max_tokens": 2})],
-)  # fmt: skip
+)
 def test_routes_outside_v1_need_no_key(front, method, path, body):
     assert call(front, method, path, body=body)[0] == 200
 
 
 def test_a_cors_preflight_is_never_checked(front):
     status, h, body = call(front, "OPTIONS", "/v1/chat/completions", {"Origin": "http://a.example", "Access-Control-Request-Method": "POST",
-                                                                       "Access-Control-Request-Headers": "authorization"})  # fmt: skip
+                                                                       "Access-Control-Request-Headers": "authorization"})
     assert (status, body) == (200, b"OK") and h["Access-Control-Allow-Origin"] == "http://a.example"
 
 

@@ -25,7 +25,7 @@ SYSTEM = [5 + (i * 7) % 200 for i in range(4 * BLOCK)]  # 4 full blocks
 @pytest.fixture(scope="module")
 def served(tiny_checkpoint, tmp_path_factory):
     with kvpool_serve(tiny_checkpoint, tmp_path_factory.mktemp("pins"), "--num-gpu-blocks-override", str(NUM_BLOCKS), "--api-key", KEY,
-                      "--dev-mode", "--enable-prompt-tokens-details") as s:  # fmt: skip
+                      "--dev-mode", "--enable-prompt-tokens-details") as s:
         yield s
 
 
@@ -91,7 +91,7 @@ def test_bad_requests_are_refused_by_name(served):
     status, out = call(served, "/v1/cache/pin", {"model": "other", "prompt_token_ids": SYSTEM})
     assert status == 404 and "other" in out["error"]["message"]
     for body, word in [({"prompt_token_ids": SYSTEM, "ttl_s": -1}, "ttl_s"), ({}, "prompt"), ({"prompt_token_ids": [1, 2]}, "no full KV block"),
-                       ({"prompt_token_ids": SYSTEM, "pin_everything": True}, "pin_everything")]:  # fmt: skip
+                       ({"prompt_token_ids": SYSTEM, "pin_everything": True}, "pin_everything")]:
         status, out = call(served, "/v1/cache/pin", body)
         assert status == 400 and word in json.dumps(out), (body, out)
     assert pinned_metric(served) == 0

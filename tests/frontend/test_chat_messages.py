@@ -15,9 +15,9 @@ def test_text_parts_are_joined_and_a_missing_content_is_empty():
         {"role": "user", "content": ["a", {"type": "text", "text": "b"}, {"type": "input_text", "text": "c"}, {"type": "text", "text": None}]},
         {"role": "assistant", "content": None},
         {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}, {"type": "thinking", "thinking": "hm"}]},
-    ])  # fmt: skip
+    ])
     assert got == [{"role": "user", "content": "a\nb\nc"}, {"role": "assistant", "content": ""},
-                   {"role": "assistant", "content": "no\nhm"}]  # fmt: skip
+                   {"role": "assistant", "content": "no\nhm"}]
 
 
 def test_only_the_fields_vllm_keeps_reach_the_template():
@@ -26,7 +26,7 @@ def test_only_the_fields_vllm_keeps_reach_the_template():
         {"role": "tool", "content": "42", "tool_call_id": "call-1", "name": None},
         {"role": "developer", "content": "d"},
         {"role": "assistant", "content": "y", "reasoning": "because", "tool_calls": []},
-    ])  # fmt: skip
+    ])
     assert got == [
         {"role": "user", "content": "x", "name": "ann"},
         {"role": "tool", "content": "42", "tool_call_id": "call-1"},
@@ -39,7 +39,7 @@ def test_tool_call_arguments_become_a_dict():
     calls = [{"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
              {"id": "2", "function": {"name": "g", "arguments": "not json"}},
              {"id": "3", "function": {"name": "h", "arguments": "[1]"}},
-             {"id": "4", "function": {"name": "k", "arguments": ""}}]  # fmt: skip
+             {"id": "4", "function": {"name": "k", "arguments": ""}}]
     sent = [{"role": "assistant", "content": None, "tool_calls": calls}]
     got = conversation(sent)[0]["tool_calls"]
     assert [c["function"]["arguments"] for c in got] == [{"a": 1}, {}, {}, {}]
@@ -52,7 +52,7 @@ def test_tool_call_arguments_become_a_dict():
     ({"role": "assistant", "content": "", "tool_calls": ["x"]}, "assistant tool_calls entries must be objects."),
     ({"role": "assistant", "content": "", "tool_calls": [{"type": "custom", "function": {}}]},
      "chat completions only support assistant tool_calls of type 'function'."),
-])  # fmt: skip
+])
 def test_what_cannot_be_rendered_is_refused(message, error):
     with pytest.raises(APIError, match=error):
         conversation([message])

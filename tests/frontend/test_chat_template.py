@@ -63,10 +63,10 @@ def test_request_fields_win_over_chat_template_kwargs_which_win_over_the_servers
     requested = {"enable_thinking": True, "add_generation_prompt": False, "messages": [], "tools": ["kwargs"], "x": None}
     got = chat_template_kwargs(server, None, requested, True, False, None)
     assert got == {"enable_thinking": True, "x": 1, "tools": ["kwargs"], "documents": ["server"], "tokenize": False,
-                   "add_generation_prompt": True, "continue_final_message": False, "messages": []}  # fmt: skip
+                   "add_generation_prompt": True, "continue_final_message": False, "messages": []}
     got = chat_template_kwargs({}, [{"t": 1}], None, False, True, [{"d": 1}])
     assert got == {"tools": [{"t": 1}], "tokenize": False, "add_generation_prompt": False, "continue_final_message": True,
-                   "documents": [{"d": 1}]}  # fmt: skip
+                   "documents": [{"d": 1}]}
 
 
 def test_only_kwargs_apply_chat_template_takes_or_the_template_reads_pass():
@@ -108,7 +108,7 @@ def test_continue_final_message_leaves_the_last_message_open(tiny_checkpoint):
 
 def test_developer_messages_become_one_first_system_message_as_vllm():
     chat = [{"role": "user", "content": "a"}, {"role": "developer", "content": "be nice", "tools": [1]},
-            {"role": "system", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}]}]  # fmt: skip
+            {"role": "system", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}]}]
     assert developer_to_system(chat) == [{"role": "system", "content": "be nice\n\nx\ny"}, {"role": "user", "content": "a"}]
     lone = [{"role": "developer", "content": "d"}, {"role": "user", "content": "u"}]
     assert developer_to_system(lone) == [{"role": "system", "content": "d"}, {"role": "user", "content": "u"}]
@@ -187,7 +187,7 @@ def test_reasoning_effort_is_a_template_variable_and_sets_enable_thinking_as_vll
     enable_thinking on (off for "none") unless chat_template_kwargs names it."""
     assert chat_template_kwargs({}, None, None, True, False, None, "low") == {
         "tokenize": False, "add_generation_prompt": True, "continue_final_message": False, "reasoning_effort": "low",
-        "enable_thinking": True}  # fmt: skip
+        "enable_thinking": True}
     assert chat_template_kwargs({}, None, None, True, False, None, "none")["enable_thinking"] is False
     # named by the request (even as null: then the server's default, here none, stands)
     assert "enable_thinking" not in chat_template_kwargs({}, None, {"enable_thinking": None}, True, False, None, "high")

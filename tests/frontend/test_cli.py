@@ -29,7 +29,7 @@ def test_vllm_serve_flags_reach_the_right_process(tiny_checkpoint):
                   "--block-size", "32", "--num-gpu-blocks-override", "100", "--max-num-seqs", "8",
                   "--max-num-batched-tokens", "512", "--max-model-len", "1000", "--no-enable-prefix-caching",
                   "--gpu-memory-utilization", "0.5", "--generation-config", "vllm", "--kv-cache-memory", "8MiB",
-                  "--kv-events-endpoint", "tcp://127.0.0.1:5999", "--seed", "1234"], tiny_checkpoint)  # fmt: skip
+                  "--kv-events-endpoint", "tcp://127.0.0.1:5999", "--seed", "1234"], tiny_checkpoint)
     s, w, f = argv["scheduler"], argv["worker"], argv["frontend"]
     assert value(s, "--block-size") == value(w, "--block-size") == "32"
     # the worker allocates exactly the override's blocks (as vLLM), the scheduler pools them

@@ -30,7 +30,7 @@ CONFIG = textwrap.dedent("""\
 # with .venv-vllm), underscores then turned into dashes as its parse_args does.
 VLLM_FLAGS = ["--model", "/models/tiny", "--port", "8123", "--tensor-parallel-size", "2", "--no-enable-prefix-caching",
               "--enforce-eager", "--api-key", "k1", "k2", "--max-model-len", "2k",
-              "--kv-events-config", '{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557"}']  # fmt: skip
+              "--kv-events-config", '{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557"}']
 
 
 @pytest.fixture

@@ -54,7 +54,7 @@ HANDLED_SAMPLES = {
     "--spec-method": None, "--spec-model": None, "--spec-tokens": None,
     # accepted, with nothing to pass on: read by the cli itself, or only kvpool's own behaviour accepted
     "--config": None, "--model": None, "--tokenizer": None, "--kv-cache-dtype": ["auto"], "--kv-offloading-backend": ["native"],
-}  # fmt: skip
+}
 PASSED_SAMPLES = {ONE: ["7"], MANY: ["a", "b"], SWITCH: [], BOOL: []}
 # Flags vLLM accepts only with another (given to both runs, so the flag alone is compared).
 NEEDS = {"--enable-log-outputs": ["--enable-log-requests"], "--enable-auto-tool-choice": ["--tool-call-parser", "hermes"]}
@@ -82,7 +82,7 @@ def test_the_table_has_every_flag_with_vllms_group_arity_and_spellings():
 
 def test_help_groups_the_flags_as_vllm_does_then_kvpools_own():
     out = subprocess.run([sys.executable, "-m", "frontend.cli", "serve", "--help"], capture_output=True, text=True, timeout=60,
-                         cwd=REPO).stdout  # fmt: skip
+                         cwd=REPO).stdout
     headings = [m for m in re.findall(r"^(\S[^:\n]*):$", out, re.MULTILINE) if m != "positional arguments"]
     vllm_order = list(dict.fromkeys(group for group, *_ in VLLM))
     assert headings == [*vllm_order, "kvpool's own"]

@@ -33,7 +33,7 @@ def publisher_of(argv: list[str]):
         None, c.kv_events_endpoint, c.kv_events_replay_endpoint, c.kv_events_topic, c.kv_events_buffer_steps,
         int_block_hashes=c.kv_events_int_block_hashes, data_parallel_rank=c.data_parallel_rank,
         endpoint_mode=c.kv_events_endpoint_mode, hwm=c.kv_events_hwm,
-    )  # fmt: skip
+    )
     return c, pub
 
 
@@ -48,7 +48,7 @@ def first_batch(pub, sub: zmq.Socket) -> list[bytes]:
 def test_vllms_fields_become_the_schedulers_flags():
     argv = scheduler_argv({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://router:5557",
                            "replay_endpoint": "tcp://127.0.0.1:5558", "topic": "kv", "buffer_steps": 50, "hwm": 7,
-                           "max_queue_size": 9})  # fmt: skip
+                           "max_queue_size": 9})
     c = config_from_args(argv)
     assert c.kv_events_max_queue_size == 9  # reported back in /kv_event_sources, as vLLM
     assert (c.kv_events_endpoint, c.kv_events_endpoint_mode, c.kv_events_replay_endpoint) == ("tcp://router:5557", "vllm", "tcp://127.0.0.1:5558")
@@ -78,7 +78,7 @@ def test_the_scheduler_connects_to_a_subscriber_that_binds():
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.bind(f"tcp://127.0.0.1:{port}")
         c, pub = publisher_of(scheduler_argv({"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{port}", "topic": "t"},
-                                             "--data-parallel-rank", "0"))  # fmt: skip
+                                             "--data-parallel-rank", "0"))
         topic, _seq, payload = first_batch(pub, sub)
         assert topic == b"t" and msgspec.msgpack.decode(payload)[1] == [{"type": "AllBlocksCleared"}]
     finally:
@@ -127,7 +127,7 @@ def test_not_json_is_named(tmp_path, capsys):
 
 def test_it_and_kvpools_own_endpoint_flag_do_not_mix(tmp_path, capsys):
     assert_refused(tmp_path, capsys, '{"enable_kv_cache_events": true, "endpoint": "tcp://r:1"}',
-                   "--kv-events-config and --kv-events-endpoint both configure", "--kv-events-endpoint", "tcp://127.0.0.1:5557")  # fmt: skip
+                   "--kv-events-config and --kv-events-endpoint both configure", "--kv-events-endpoint", "tcp://127.0.0.1:5557")
 
 
 def test_with_curve_the_wildcard_is_left_to_the_schedulers_authentication():

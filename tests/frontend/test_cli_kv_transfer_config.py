@@ -43,7 +43,7 @@ def test_every_child_gets_the_checked_config_with_one_engine_id():
 
 def test_a_given_engine_id_and_extra_config_reach_every_child():
     text = json.dumps({"kv_connector": "KVPoolConnector", "kv_role": "kv_producer", "engine_id": "prefill-0",
-                       "kv_connector_extra_config": {"kv_lease_duration": 5, "side_channel_port": 5600}})  # fmt: skip
+                       "kv_connector_extra_config": {"kv_lease_duration": 5, "side_channel_port": 5600}})
     c = argvs("--kv-transfer-config", text)
     for name in CHILDREN:
         config = parse_kv_transfer_config(given_config(c[name]))
@@ -89,7 +89,7 @@ def test_the_api_server_alone_refuses_a_bad_config_by_name(capsys):
          "kvpool serve: --kv-transfer-config with --tensor-parallel-size 2: not supported yet"),
     ],
     ids=["not-json", "other-connector", "disk", "mooncake", "tp"],
-)  # fmt: skip
+)
 def test_what_kvpool_cannot_serve_is_refused_in_one_line_before_anything_starts(monkeypatch, capsys, argv, line):
     monkeypatch.setattr(launcher, "main_serve", lambda a: pytest.fail("a refused --kv-transfer-config reached main_serve"))
     assert main(["serve", "m", *argv]) == 2

@@ -20,11 +20,11 @@ FRONTEND_FLAGS = [
     "--allowed-headers", '["X-A"]', "--allow-credentials", "--ssl-keyfile", "/k.pem", "--ssl-certfile", "/c.pem",
     "--ssl-ca-certs", "/ca.pem", "--ssl-cert-reqs", "2", "--disable-uvicorn-access-log", "--disable-fastapi-docs",
     "--root-path", "/llm", "--response-role", "bot", "--enable-server-load-tracking",
-]  # fmt: skip
+]
 SCHEDULER_FLAGS = [
     "--scheduling-policy", "priority", "--long-prefill-token-threshold", "64", "--no-enable-chunked-prefill",
     "--disable-chunked-mm-input", "--kv-cache-metrics-sample", "0.5", "--long-prefill-token-threshold-adaptive",
-]  # fmt: skip
+]
 
 
 def built(argv: list[str], model: str = "m") -> dict[str, list[str]]:
@@ -78,7 +78,7 @@ def test_nothing_is_passed_that_was_not_given():
 def test_mapped_flags_reach_their_childs_own_flag():
     c = built(["--dtype", "half", "--kv-cache-memory-bytes", "2K", "--distributed-timeout-seconds", "45",
                "--prefix-caching-hash-algo", "xxhash", "--log-level", "WARNING", "--max-model-len", "1k",
-               "--max-num-batched-tokens", "1K", "--device-memory-utilization", "0.7", "-dpn", "0"])  # fmt: skip
+               "--max-num-batched-tokens", "1K", "--device-memory-utilization", "0.7", "-dpn", "0"])
     s, w, f = c["scheduler"], c["worker"], c["frontend"]
     assert value(w, "--dtype") == "float16" and value(w, "--kv-cache-memory") == "2048"
     assert value(w, "--distributed-timeout") == "45" and value(w, "--gpu-memory-utilization") == "0.7"

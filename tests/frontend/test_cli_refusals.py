@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_a_refused_flag_exits_2_with_one_line_and_starts_nothing(tiny_checkpoint, tmp_path):
     p = subprocess.run([sys.executable, "-m", "frontend.cli", "serve", str(tiny_checkpoint), "--port", "8123", "--enable-lora",
-                        "--log-dir", str(tmp_path / "logs")], capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
+                        "--log-dir", str(tmp_path / "logs")], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr == "kvpool serve: --enable-lora: LoRA adapters are not supported: kvpool serves the base model only\n"
     assert not (tmp_path / "logs").exists()  # each child would log there

@@ -39,7 +39,7 @@ def scheduler_spec(argv: list[str]) -> dict | None:
          {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 2}),
         (["--speculative-config", "{}"], None),
     ],
-)  # fmt: skip
+)
 def test_the_scheduler_gets_the_settled_config(fixed_ports, argv, expected):
     assert scheduler_spec(argv) == expected
 
@@ -58,7 +58,7 @@ def test_the_scheduler_gets_the_settled_config(fixed_ports, argv, expected):
         (["-sc", '{"method": "ngram", "num_speculative_tokens": 2, "model": "draft"}'], "field 'model' is not supported"),
         (["-sc", "{nope"], "not valid JSON"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_config_is_refused_naming_the_problem(tiny_checkpoint, monkeypatch, capsys, argv, words):
     monkeypatch.setattr(launcher, "main_serve", lambda a: pytest.fail("a bad speculative config reached main_serve"))
     with pytest.raises(SystemExit) as e:

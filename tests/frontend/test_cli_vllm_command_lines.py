@@ -69,7 +69,7 @@ def test_data_parallel_is_refused_with_the_replicas_advice():
 def test_a_headless_node_is_refused():
     # https://www.mintlify.com/vllm-project/vllm/serving/cli-usage ("Multi-node with internal load balancing", node 1)
     line = refusal("vllm serve meta-llama/Llama-3.2-1B-Instruct --headless --data-parallel-size 4 --data-parallel-size-local 2 "
-                   "--data-parallel-start-rank 2 --data-parallel-address 10.99.48.128 --data-parallel-rpc-port 13345")  # fmt: skip
+                   "--data-parallel-start-rank 2 --data-parallel-address 10.99.48.128 --data-parallel-rpc-port 13345")
     assert line.startswith("kvpool serve: --headless: ")
 
 

@@ -49,7 +49,7 @@ def test_operator_flags_parse_as_vllm_parses_them(monkeypatch):
     assert not (d.dev_mode or d.allow_runtime_lora_updating or d.enable_prompt_tokens_details or d.enable_server_load_tracking)
     c = config_from_args(["--model", "m", "--allowed-origins", '["http://a", "http://b"]', "--allowed-methods", '["GET"]',
                           "--allow-credentials", "--ssl-cert-reqs", "2", "--max-logprobs", "0", "--root-path", "/p/",
-                          "--enable-prompt-tokens-details", "--no-enable-server-load-tracking", "--uvicorn-log-level", "trace"])  # fmt: skip
+                          "--enable-prompt-tokens-details", "--no-enable-server-load-tracking", "--uvicorn-log-level", "trace"])
     assert (c.allowed_origins, c.allowed_methods, c.allow_credentials) == (("http://a", "http://b"), ("GET",), True)
     assert (c.ssl_cert_reqs, c.max_logprobs, c.root_path, c.uvicorn_log_level) == (2, 0, "/p", "trace")
     assert c.enable_prompt_tokens_details and not c.enable_server_load_tracking

@@ -20,7 +20,7 @@ from frontend.content_format import detect_content_format
     ("{% for m in messages %}{% set content = m.content %}{% for x in content %}{{ x }}{% endfor %}{% endfor %}", "openai"),  # content_var
     ("{% for m in messages %}{% for t in tools %}{{ t }}{% endfor %}{{ m.content }}{% endfor %}", "string"),  # other_loop
     ("{% for m in messages %}", "string"),  # broken
-])  # fmt: skip
+])
 def test_detected_as_vllm_detects_it(template, expected):
     assert detect_content_format(template) == expected
 
@@ -33,7 +33,7 @@ def test_the_openai_format_gives_the_template_parts():
         {"role": "user", "content": ["a", {"type": "text", "text": "b", "cache_control": 1, "name": "n"}]},
         {"role": "assistant", "content": None},
         {"role": "tool", "content": [{"type": "text", "text": "4"}, {"type": "text", "text": "2"}], "tool_call_id": "c"},
-    ], "openai")  # fmt: skip
+    ], "openai")
     assert got == [
         {"role": "user", "content": [{"type": "text", "text": "hi"}]},
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b", "cache_control": 1}]},

@@ -104,7 +104,7 @@ def test_wildcard_origins_with_a_method_and_header_list(tiny_checkpoint):
         ("OPTIONS", "/v1/models", preflight(z, "GET", "X-Foo, content-type")),
         ("OPTIONS", "/v1/models", {**preflight(z, "GET"), "Access-Control-Request-Private-Network": "true"}),
         ("GET", "/v1/models", {"Origin": z}),
-    ], **flags)  # fmt: skip
+    ], **flags)
     assert (ok[0], ok[2]) == (200, "OK") and ok[1]["Access-Control-Allow-Origin"] == "*"
     assert ok[1]["Access-Control-Allow-Methods"] == "GET, POST"
     assert ok[1]["Access-Control-Allow-Headers"] == "Accept, Accept-Language, Content-Language, Content-Type, x-foo"
@@ -118,14 +118,14 @@ def test_wildcard_origins_with_a_method_and_header_list(tiny_checkpoint):
 
 def test_wildcard_with_credentials_names_the_origin(tiny_checkpoint):
     (pre, simple) = _answers(str(tiny_checkpoint), [("OPTIONS", "/x", preflight("http://q.example")), ("GET", "/v1/models", {"Origin": "http://q.example"})],
-                             allowed_origins=("*",), allow_credentials=True)  # fmt: skip
+                             allowed_origins=("*",), allow_credentials=True)
     assert pre[0] == 200 and pre[1]["Access-Control-Allow-Origin"] == "http://q.example"
     assert simple[1]["Access-Control-Allow-Origin"] == "http://q.example" and simple[1]["Access-Control-Allow-Credentials"] == "true"
 
 
 def test_by_default_no_origin_is_allowed(tiny_checkpoint):
     pre, simple, plain = _answers(str(tiny_checkpoint), [("OPTIONS", "/v1/models", preflight("http://a.example", "GET")),
-                                                        ("GET", "/v1/models", {"Origin": "http://a.example"}), ("GET", "/v1/models", {})])  # fmt: skip
+                                                        ("GET", "/v1/models", {"Origin": "http://a.example"}), ("GET", "/v1/models", {})])
     assert (pre[0], pre[2]) == (400, "Disallowed CORS origin")
     assert pre[1]["Access-Control-Allow-Methods"] == ALL and "Access-Control-Allow-Headers" not in pre[1]
     assert "Access-Control-Allow-Origin" not in simple[1] and simple[1]["Vary"] == "Origin"

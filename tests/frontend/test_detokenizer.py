@@ -72,7 +72,7 @@ def test_a_metaspace_answer_keeps_its_leading_space(tiny_checkpoint, tmp_path):
     (True, False, " hello worlds"),  # skipped: nothing to join
     (False, True, " hello [A] [B] worlds [A]"),
     (False, False, " hello [A][B] worlds [A]"),  # only a special token after a special token loses its space
-])  # fmt: skip
+])
 def test_spaces_between_special_tokens_as_vllm(tmp_path, skip, spaces, expected):
     """vLLM's FastIncrementalDetokenizer: with skip_special_tokens off and
     spaces_between_special_tokens off, an added token right after another is its bare

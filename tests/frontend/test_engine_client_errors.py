@@ -89,7 +89,7 @@ def test_a_refusal_naming_a_request_fails_it_with_the_field():
     ("r", {"stop_token_ids": [2**70]}, None),  # not even msgpack: no field in the message
     ("r", {"allowed_token_ids": [-(2**64)]}, None),
     ("r", {"logit_bias": {3: 101.0}}, "logit_bias"),
-])  # fmt: skip
+])
 def test_a_generate_the_wire_cannot_carry_is_refused_before_it_is_sent(request_id, params, field):
     async def test(client, router, codec_in, codec_out):
         with pytest.raises(EngineError) as info:

@@ -82,7 +82,7 @@ def test_a_restarted_scheduler_gets_every_request_in_flight_with_its_outputs():
             assert got["meanwhile"].prompt_token_ids == [4]
             # The stream goes on from the new scheduler.
             await router.send_multipart([ident, codec_out.encode(EngineCoreOutputs([
-                TokenOutput("streamed", [9, 10, 11, 12], finished=True, finish_reason="length")]))])  # fmt: skip
+                TokenOutput("streamed", [9, 10, 11, 12], finished=True, finish_reason="length")]))])
             await until(lambda: sinks["streamed"].outputs[-1].finished)
             assert sinks["streamed"].token_ids == [7, 8, 9, 10, 11, 12]
             assert not any(s.errors for s in sinks.values())

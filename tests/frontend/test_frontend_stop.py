@@ -18,7 +18,7 @@ def test_sigterm_while_waiting_for_the_scheduler_exits_at_once(tiny_checkpoint, 
     nobody = free_port()  # no scheduler listens here
     argv = [sys.executable, "-m", "frontend", "--model", str(tiny_checkpoint), "--port", str(free_port()),
             "--scheduler", f"tcp://127.0.0.1:{nobody}", "--scheduler-http", f"http://127.0.0.1:{nobody}",
-            "--connect-timeout", "120"]  # fmt: skip
+            "--connect-timeout", "120"]
     log = tmp_path / "frontend.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

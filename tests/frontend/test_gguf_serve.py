@@ -30,7 +30,7 @@ def real() -> Path:
 @pytest.fixture(scope="module")
 def served(real, tmp_path_factory, _kvpool_cache_dir):
     with kvpool_serve(real, tmp_path_factory.mktemp("logs"), "--dtype", "float32", "--kv-cache-memory", "64MiB",
-                      ready_timeout=180) as s:  # fmt: skip
+                      ready_timeout=180) as s:
         yield s
 
 
@@ -53,7 +53,7 @@ def test_greedy_continuations_equal_transformers_reading_the_same_file(served, r
     api = client(served)
     for p in prompts:
         got = api.completions.create(model=str(real), prompt=p, max_tokens=8, temperature=0, extra_body={"ignore_eos": True,
-                                     "return_token_ids": True}).choices[0].token_ids  # fmt: skip
+                                     "return_token_ids": True}).choices[0].token_ids
         ids, want = torch.tensor([p]), []
         with torch.inference_mode():
             for _ in range(8):
@@ -70,7 +70,7 @@ def test_a_gguf_it_cannot_serve_exits_2_naming_why_and_starts_nothing(tmp_path):
     w.write_tensors_to_file()
     w.close()
     p = subprocess.run([sys.executable, "-m", "frontend.cli", "serve", str(tmp_path / "m.gguf"), "--log-dir", str(tmp_path / "logs")],
-                       capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+                       capture_output=True, text=True, timeout=120, cwd=REPO)
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.strip().endswith("GGUF architecture 'phi2' is not served (kvpool serves llama, qwen2, qwen3, gemma3)")
     assert not (tmp_path / "logs").exists()

@@ -23,7 +23,7 @@ def completion(served, **fields) -> str:
 def test_the_same_seed_repeats_unseeded_sampling_across_servers(tiny_checkpoint, tmp_path):
     with contextlib.ExitStack() as stack:
         servers = [stack.enter_context(kvpool_serve(tiny_checkpoint, tmp_path / f"s{i}", "--seed", str(seed)))
-                   for i, seed in enumerate((7, 7, 8))]  # fmt: skip
+                   for i, seed in enumerate((7, 7, 8))]
         # each server's first sampled request: nothing drew from its generator before
         a, b, c = (completion(s, temperature=1.0) for s in servers)
         assert a == b

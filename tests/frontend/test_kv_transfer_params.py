@@ -19,15 +19,15 @@ from protocol.kv_transfer_params import KVTransferParams
 
 NIXL = '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}'
 BODIES = {"completion": ("/v1/completions", {"prompt": "hello there", "max_tokens": 2}),
-          "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})}  # fmt: skip
+          "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})}
 # vllm-router's PD mode, to the prefill engine: one token, not streamed, SGLang's extras.
 PREFILL = {"kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                                   "remote_block_ids": None, "remote_host": None, "remote_port": None},
            "max_tokens": 1, "min_tokens": 1, "stream": False, "no_stop_trim": True, "separate_reasoning": True,
-           "stream_reasoning": False, "return_hidden_states": False, "include_reasoning": True}  # fmt: skip
+           "stream_reasoning": False, "return_hidden_states": False, "include_reasoning": True}
 # What a prefill engine answers, which the router sends on to the decode engine.
 ANSWER = {"do_remote_decode": False, "do_remote_prefill": True, "remote_engine_id": "prefill-0", "remote_request_id": "cmpl-1-0-ab",
-          "remote_host": "10.0.0.7", "remote_port": 5600, "remote_block_ids": [4, 7, 8], "remote_num_tokens": 40, "tp_size": 1}  # fmt: skip
+          "remote_host": "10.0.0.7", "remote_port": 5600, "remote_block_ids": [4, 7, 8], "remote_num_tokens": 40, "tp_size": 1}
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def post(front, path: str, body: dict) -> tuple[int, dict]:
 
 def stream_events(front, path: str, body: dict) -> list[dict]:
     req = urllib.request.Request(front.base_url + path, data=json.dumps({**body, "stream": True}).encode(),
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+                                 headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as r:
         lines = r.read().decode().splitlines()
     return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
@@ -77,7 +77,7 @@ def stream_events(front, path: str, body: dict) -> list[dict]:
     ({"do_remote_decode": "yes"}, "kv_transfer_params.do_remote_decode"),
     ({"remote_block_ids": [1, -2]}, "kv_transfer_params.remote_block_ids"),
     ({**ANSWER, "tp_size": 2}, "kv_transfer_params.tp_size"),
-], ids=["port", "missing-key", "bool", "block-ids", "tp"])  # fmt: skip
+], ids=["port", "missing-key", "bool", "block-ids", "tp"])
 def test_with_a_connector_bad_params_are_a_400_naming_the_key_and_reach_nothing(connected, endpoint, params, key):
     path, body = BODIES[endpoint]
     before = len(connected.engine.generated)

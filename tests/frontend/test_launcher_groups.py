@@ -13,7 +13,7 @@ from frontend.launcher import Launcher, kv_bytes_per_block
 # 2 (K, V) x 16 x 2 x 32 x 4 bytes = 8192.
 LAYER_BLOCK = 2 * 16 * 2 * 32 * 4
 BASE = {"hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32, "torch_dtype": "float32",
-        "max_position_embeddings": 8192}  # fmt: skip
+        "max_position_embeddings": 8192}
 
 
 def write(tmp_path, **cfg):
@@ -32,7 +32,7 @@ def test_one_window_on_every_layer_is_one_group_of_every_layer(tmp_path):
 def test_gemma3_pattern_is_sized_by_its_kv_tensors(tmp_path):
     types = ["sliding_attention"] * 5 + ["full_attention"]
     d = write(tmp_path, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", num_hidden_layers=6, sliding_window=512,
-              layer_types=types)  # fmt: skip
+              layer_types=types)
     # Windows [512 x5, 0]: 5 sliding groups and 1 full group of one layer each, so ONE
     # tensor: a block costs one layer. Without hybrid groups every layer is kept: six.
     assert kv_bytes_per_block(d, 16, "auto") == 1 * LAYER_BLOCK

@@ -45,7 +45,7 @@ def test_logit_bias_keys_become_ids_and_values_are_clamped():
     assert logit_bias_of({}) is None and logit_bias_of(None) is None
     e = refused(logit_bias_of, {"5": 1.0, "a": 2.0, "b c": 3.0})
     assert (e.param, e.message) == ("logit_bias", "logit_bias contains key(s) that cannot be converted to integer token IDs: "
-                                                  "['a', 'b c'] (parameter=logit_bias, value=['a', 'b c'])")  # fmt: skip
+                                                  "['a', 'b c'] (parameter=logit_bias, value=['a', 'b c'])")
 
 
 def test_bad_words_are_tokenized_as_vllm_does():
@@ -63,7 +63,7 @@ def test_too_many_bad_words_are_refused():
     words = [chr(0x4E00 + i) for i in range(64)] + ["x"]  # 65 words, two sequences each
     e = refused(bad_words_token_ids, TOY, words)
     assert (e.param, e.message) == ("bad_words", f"Too many bad words after tokenization: 129. The max number is 128. "
-                                                 f"(parameter=bad_words, value={words})")  # fmt: skip
+                                                 f"(parameter=bad_words, value={words})")
 
 
 def params_of(**fields):
@@ -85,7 +85,7 @@ def test_refusals_of_vllms_engine_wait_for_the_engine_requests():
     req, p = params_of(stop_token_ids=[3, 2**70])
     e = with_logits_fields(p, req, TOY, 512).refusal
     assert (e.status, e.param, e.message) == (400, "stop_token_ids", f"token_id(s) [{2**70}] in stop_token_ids contain out-of-vocab "
-                                              f"token ids. Vocabulary size: 512 (parameter=stop_token_ids, value=[{2**70}])")  # fmt: skip
+                                              f"token ids. Vocabulary size: 512 (parameter=stop_token_ids, value=[{2**70}])")
     req, p = params_of(allowed_token_ids=[-(2**64)])
     assert with_logits_fields(p, req, TOY, None).refusal.param == "allowed_token_ids"
     # the bad words' tokenization (vLLM's update_from_tokenizer, in its engine)
@@ -103,7 +103,7 @@ def test_ids_in_int64_go_on_for_the_scheduler_to_refuse():
 @pytest.mark.parametrize(("truncate", "max_output", "kept"), [
     (None, 16, None), (5, 16, 5), (0, 16, 0),
     (-1, 16, 99), (-1, None, 100), (-1, 0, 100),  # -1: the context less one output token, unless none is asked
-])  # fmt: skip
+])
 def test_how_many_tokens_truncation_keeps(truncate, max_output, kept):
     assert tokens_kept(truncate, 100, max_output) == kept
 

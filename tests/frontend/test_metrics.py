@@ -24,7 +24,7 @@ FAMILIES = {
                                                "Histogram of maximum number of requested generation tokens."),
     "vllm:request_params_n": ("histogram", ENGINE, (1, 2, 5, 10, 20), "Histogram of the n request parameter."),
     "vllm:request_params_max_tokens": ("histogram", ENGINE, TOKENS_100, "Histogram of the max_tokens request parameter."),
-}  # fmt: skip
+}
 LABELS = {"model_name": "m", "engine": "0"}
 
 
@@ -82,10 +82,10 @@ def test_a_served_chat_request_with_n_2(served, model):
 
     names = ("vllm:request_params_n_sum", "vllm:request_params_n_count", "vllm:request_params_max_tokens_sum",
              "vllm:request_params_max_tokens_count", "vllm:request_max_num_generation_tokens_sum",
-             "vllm:request_generation_tokens_sum")  # fmt: skip
+             "vllm:request_generation_tokens_sum")
     before = page()
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "n": 2,
-                       "ignore_eos": True, "temperature": 1.0, "seed": 3}).encode()  # n > 1 samples, as vLLM requires  # fmt: skip
+                       "ignore_eos": True, "temperature": 1.0, "seed": 3}).encode()  # n > 1 samples, as vLLM requires
     req = urllib.request.Request(served.base_url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
         assert len(json.loads(r.read())["choices"]) == 2
@@ -95,7 +95,7 @@ def test_a_served_chat_request_with_n_2(served, model):
         "vllm:request_params_n_sum": 2, "vllm:request_params_n_count": 1, "vllm:request_params_max_tokens_sum": 10,
         "vllm:request_params_max_tokens_count": 2, "vllm:request_max_num_generation_tokens_sum": 5,
         "vllm:request_generation_tokens_sum": 10,
-    }  # fmt: skip
+    }
 
 
 def http_counts(m: FrontendMetrics) -> dict[str, float]:
@@ -108,7 +108,7 @@ def test_http_requests_leave_out_the_handlers_vllm_leaves_out():
     # "/server_info"]), each a regex searched in the route: /health_generate is left out too.
     m = FrontendMetrics("m", max_model_len=100)
     for handler in ("/v1/completions", "/metrics", "/health", "/health_generate", "/load", "/ping", "/version",
-                    "/server_info", "/get_server_info", "/tokenize", "/v1/completions"):  # fmt: skip
+                    "/server_info", "/get_server_info", "/tokenize", "/v1/completions"):
         m.http_request("POST", handler, 200, 0.01)
     # "/server_info" is not in "/get_server_info" (the router probe): that one counts
     assert http_counts(m) == {"/v1/completions": 2.0, "/get_server_info": 1.0, "/tokenize": 1.0}

@@ -22,7 +22,7 @@ def _post(base_url: str, path: str, body: dict) -> tuple[int, dict]:
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0},
      ("stream", "logprobs")),
     ("/tokenize", {"prompt": "hello there"}, ("return_token_strs",)),
-])  # fmt: skip
+])
 def test_null_switches_are_read_as_off(served, model, path, body, null):
     body = {"model": model, **body}
     status, plain = _post(served.base_url, path, body)

@@ -24,7 +24,7 @@ def hf_greedy(hf, ids: list[int], max_new_tokens: int) -> list[int]:
     tok, m = hf
     with torch.no_grad():
         out = m.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.eos_token_id, attention_mask=torch.ones(1, len(ids), dtype=torch.long))  # fmt: skip
+                         pad_token_id=tok.eos_token_id, attention_mask=torch.ones(1, len(ids), dtype=torch.long))
     return out[0, len(ids):].tolist()
 
 
@@ -56,7 +56,7 @@ def test_greedy_completion_equals_transformers(client, model, hf):
     tok, _ = hf
     expected = hf_greedy(hf, tok(PROMPT).input_ids, 24)
     r = client.completions.create(model=model, prompt=PROMPT, max_tokens=24, temperature=0, logprobs=0,
-                                  extra_body={"return_tokens_as_token_ids": True})  # fmt: skip
+                                  extra_body={"return_tokens_as_token_ids": True})
     ids = [int(t.removeprefix("token_id:")) for t in r.choices[0].logprobs.tokens]
     assert ids == expected
     assert r.choices[0].text == tok.decode(expected, skip_special_tokens=True)
@@ -91,7 +91,7 @@ def test_token_id_prompts_and_prompt_lists(client, model, hf):
 def test_streamed_text_equals_the_whole_response_and_usage_comes_last(client, model):
     whole = client.completions.create(model=model, prompt=PROMPT, max_tokens=20, temperature=0, extra_body={"ignore_eos": True})
     chunks = list(client.completions.create(model=model, prompt=PROMPT, max_tokens=20, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))  # fmt: skip
+                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -99,7 +99,7 @@ def test_streamed_text_equals_the_whole_response_and_usage_comes_last(client, mo
 
 def test_streamed_chat_starts_with_the_role(client, model):
     chunks = list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8,
-                                                 temperature=0, stream=True))  # fmt: skip
+                                                 temperature=0, stream=True))
     assert chunks[0].choices[0].delta.role == "assistant"
     whole = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
@@ -147,7 +147,7 @@ def test_logprobs_shapes(client, model):
     assert all(x <= 0 for x in lp.token_logprobs)
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
     c = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}], max_tokens=4, temperature=0,
-                                       logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})  # fmt: skip
+                                       logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
     content = c.choices[0].logprobs.content
     assert len(content) == 4 and all(len(t.top_logprobs) == 2 for t in content)
     # greedy: the sampled token is the most likely one
@@ -158,7 +158,7 @@ def test_streamed_logprobs_and_continuous_usage_equal_the_whole_response(client,
     kw = dict(model=model, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2, extra_body={"ignore_eos": True})
     whole = client.completions.create(**kw).choices[0].logprobs
     chunks = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True,
-                                                                              "continuous_usage_stats": True}))  # fmt: skip
+                                                                              "continuous_usage_stats": True}))
     streamed = [c for c in chunks if c.choices]
     assert sum(len(c.choices[0].logprobs.tokens) for c in streamed) == 6
     assert [t for c in streamed for t in c.choices[0].logprobs.tokens] == whole.tokens
@@ -169,7 +169,7 @@ def test_streamed_logprobs_and_continuous_usage_equal_the_whole_response(client,
     assert counts == sorted(counts) and counts[-1] == 6 and all(c.usage.prompt_tokens == chunks[0].usage.prompt_tokens for c in chunks)
     messages = [{"role": "user", "content": "x"}]
     chat = client.chat.completions.create(model=model, messages=messages, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2,
-                                          stream=True, extra_body={"ignore_eos": True})  # fmt: skip
+                                          stream=True, extra_body={"ignore_eos": True})
     content = [t for c in chat if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
     assert len(content) == 4 and all(len(t.top_logprobs) == 2 for t in content)
 
@@ -201,7 +201,7 @@ def test_echo_and_streamed_n(client, model, hf):
     with pytest.raises(openai.BadRequestError, match=r"n must be 1 when using greedy sampling, got 2\."):
         client.completions.create(model=model, prompt=PROMPT, max_tokens=5, temperature=0, n=2, stream=True)
     chunks = list(client.completions.create(model=model, prompt=PROMPT, max_tokens=5, temperature=1.0, seed=5, n=2, stream=True,
-                                            extra_body={"ignore_eos": True}))  # fmt: skip
+                                            extra_body={"ignore_eos": True}))
     for i in (0, 1):
         assert "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i)
     assert sorted(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason) == ["length", "length"]
@@ -214,7 +214,7 @@ def test_two_requests_with_one_x_request_id_both_complete(client, model):
 
     def complete(_):
         return client.completions.create(model=model, prompt="same id", max_tokens=24, temperature=0,
-                                         extra_body={"ignore_eos": True}, extra_headers={"X-Request-Id": "shared"})  # fmt: skip
+                                         extra_body={"ignore_eos": True}, extra_headers={"X-Request-Id": "shared"})
 
     with ThreadPoolExecutor(2) as pool:
         a, b = pool.map(complete, range(2))

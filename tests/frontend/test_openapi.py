@@ -48,7 +48,7 @@ def test_the_schema_is_vllms_for_the_routes_the_app_has(tiny_checkpoint):
     assert served["info"] == {"title": "FastAPI", "version": "0.1.0"} and served["openapi"] == "3.1.0"
     assert _operations(served) <= routes  # nothing the app does not serve
     assert {("/v1/completions", "post"), ("/v1/chat/completions", "post"), ("/reset_prefix_cache", "post"),
-            ("/v1/load_lora_adapter", "post"), ("/tokenizer_info", "get")} <= _operations(served)  # fmt: skip
+            ("/v1/load_lora_adapter", "post"), ("/tokenizer_info", "get")} <= _operations(served)
     assert ("/v1/cache/pin", "post") in routes and "/v1/cache/pin" not in served["paths"]  # kvpool's own: not vLLM's
     assert references(served) == set(served["components"]["schemas"])  # no reference dangles, no schema unused
 
@@ -84,7 +84,7 @@ def test_disable_fastapi_docs_removes_them(tiny_checkpoint):
 def test_cut_keeps_the_components_reached_through_others():
     ref = {"$ref": "#/components/schemas/A"}
     schema = {"paths": {"/a": {"post": {"requestBody": ref}, "get": {}}, "/b": {"get": {"x": {"$ref": "#/components/schemas/C"}}}},
-              "components": {"schemas": {"A": {"items": {"$ref": "#/components/schemas/B"}}, "B": {}, "C": {}}}}  # fmt: skip
+              "components": {"schemas": {"A": {"items": {"$ref": "#/components/schemas/B"}}, "B": {}, "C": {}}}}
     out = cut(schema, {("/a", "post")})
     assert out["paths"] == {"/a": {"post": {"requestBody": ref}}} and set(out["components"]["schemas"]) == {"A", "B"}
     assert "components" not in cut(schema, {("/a", "get")})

@@ -136,7 +136,7 @@ def test_lora_requests_vllm_refuses_unread_are_400s_first(tracking, tiny_checkpo
         ("/v1/load_lora_adapter", {"lora_name": str(tiny_checkpoint), "lora_path": "/a"},
          f"The lora adapter '{tiny_checkpoint}' conflicts with a served base model."),
         ("/v1/unload_lora_adapter", {"lora_name": ""}, "'lora_name' needs to be provided to unload a LoRA adapter."),
-    ]  # fmt: skip
+    ]
     for path, body, message in refusals:
         status, answer = call(tracking, "POST", path, body)
         error = json.loads(answer)["error"]

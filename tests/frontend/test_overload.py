@@ -36,7 +36,7 @@ def test_refusals_of_the_servers_state_are_503(message, status):
 
 def _complete(base_url: str, body: dict) -> tuple[int, dict, dict]:
     req = urllib.request.Request(base_url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+                                 headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             return r.status, dict(r.headers), json.loads(r.read())

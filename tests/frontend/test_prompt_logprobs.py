@@ -79,7 +79,7 @@ def test_prompt_logprobs_field_ranks_and_top_k(served, model, hf):
 
 def stream_chunks(served, body: dict) -> list[dict]:
     req = urllib.request.Request(served.base_url + "/v1/completions", json.dumps({**body, "stream": True}).encode(),
-                                 {"Content-Type": "application/json"})  # fmt: skip
+                                 {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
         lines = r.read().decode().split("\n")
     return [json.loads(line[6:]) for line in lines if line.startswith("data: ") and line != "data: [DONE]"]
@@ -109,7 +109,7 @@ def test_echo_with_generation_streamed_equals_whole(served, model):
     ({"logprobs": -1}, "logprobs", "Requested sample logprobs of 512, which is greater than max allowed: 20"),
     ({"logprobs": -3}, "logprobs", "`logprobs` must be a positive value or -1."),
     ({"max_tokens": 0}, "max_tokens", "max_tokens must be at least 1, got 0."),
-])  # fmt: skip
+])
 def test_refusals_name_the_field(served, model, body, param, message):
     status, err = post(served, "/v1/completions", {"model": model, "prompt": "abc def", "max_tokens": 2, **body})
     assert status == 400
@@ -139,7 +139,7 @@ def test_never_reads_the_prefix_cache(served, model, hf):
 
 def test_chat_prompt_logprobs(served, model):
     status, body = post(served, "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "hi there"}],
-                                                         "max_tokens": 2, "prompt_logprobs": 1})  # fmt: skip
+                                                         "max_tokens": 2, "prompt_logprobs": 1})
     assert status == 200
     plp = body["prompt_logprobs"]
     assert plp[0] is None and len(plp) == body["usage"]["prompt_tokens"]

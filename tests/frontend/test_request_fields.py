@@ -62,7 +62,7 @@ def test_the_unhonoured_fields_default_to_vllms_defaults():
     # vLLM 0.32's defaults, read from its protocol classes (the data file's generator prints them too).
     d = UnhonouredFields()
     assert (d.use_beam_search, d.length_penalty, d.include_reasoning, d.mm_payload, d.routed_experts_prompt_start) == (
-        False, 1.0, True, "tensors", 0)  # fmt: skip
+        False, 1.0, True, "tensors", 0)
     assert d.return_token_offsets is False and d.stream_interval is None and d.watermarking is None
 
 
@@ -89,7 +89,7 @@ def post(front, path: str, body: dict) -> tuple[int, dict]:
 
 
 BODIES = {"completion": ("/v1/completions", {"prompt": "hello there", "max_tokens": 2}),
-          "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})}  # fmt: skip
+          "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})}
 
 REFUSALS = [
     ("use_beam_search", True, "use_beam_search is not supported by kvpool"),
@@ -114,7 +114,7 @@ def test_a_refused_field_is_a_400_naming_it_and_nothing_reaches_the_engine(front
 @pytest.mark.parametrize(("endpoint", "field", "value", "message"), [
     ("completion", "prompt_embeds", "AAAA", "prompt_embeds is not supported by kvpool"),
     ("chat", "return_prompt_text", True, "return_prompt_text is not supported by kvpool"),
-])  # fmt: skip
+])
 def test_an_endpoint_only_refusal(front, endpoint, field, value, message):
     path, body = BODIES[endpoint]
     status, answer = post(front, path, {**body, field: value})
@@ -130,7 +130,7 @@ ACCEPTED = [
     ("length_penalty", 0.5), ("include_reasoning", False), ("session_id", "s-1"), ("return_token_offsets", True),
     ("mm_payload", "none"), ("kv_transfer_params", {"do_remote_prefill": False}), ("vllm_xargs", {"k": 1}),
     ("user", "u"), ("routed_experts_prompt_start", 1),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("endpoint", ["completion", "chat"])

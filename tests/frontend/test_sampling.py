@@ -54,7 +54,7 @@ def test_a_good_request_becomes_the_generate_fields():
         "max_tokens": 8, "ignore_eos": False, "temperature": 0.5, "top_p": 0.9, "top_k": 5, "min_p": 0.0, "seed": 7,
         "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_tokens": 0,
         "stop_token_ids": [2], "logprobs": 3, "priority": 0,
-    }  # fmt: skip
+    }
     assert p.stop == ["\n"] and p.n == 1
 
 
@@ -79,7 +79,7 @@ def test_a_priority_outside_int64_is_refused_naming_the_field(body):
     ("headers", "expected"),
     [({}, 3), ({"X-Vllm-Priority": "-4"}, -4), ({"X-Vllm-Priority": " 12 "}, 12), ({"X-Vllm-Priority": "high"}, 3),
      ({"X-Vllm-Priority": "1.5"}, 3), ({"X-Vllm-Priority": str(2**63)}, 3)],
-)  # fmt: skip
+)
 def test_vllms_priority_header_wins_over_the_body_when_it_reads_as_an_int(headers, expected):
     params = engine_params(CompletionRequest(prompt="x", priority=3), 4, None, {})
     assert with_header_priority(params, headers).generate["priority"] == expected

@@ -48,10 +48,10 @@ def test_without_a_worker_health_and_generation_answer_503(tiny_checkpoint, tmp_
     procs = []
     try:
         procs.append(subprocess.Popen([sys.executable, "-m", "scheduler", "--port", str(client_port), "--worker-port", str(worker_port),
-                                       "--http-port", str(http_port)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))  # fmt: skip
+                                       "--http-port", str(http_port)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
         procs.append(subprocess.Popen([sys.executable, "-m", "frontend", "--model", str(tiny_checkpoint), "--port", str(api_port),
                                        "--scheduler", f"tcp://127.0.0.1:{client_port}", "--scheduler-http",
-                                       f"http://127.0.0.1:{http_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))  # fmt: skip
+                                       f"http://127.0.0.1:{http_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
         base = f"http://127.0.0.1:{api_port}"
 
         def health_status():
@@ -72,7 +72,7 @@ def test_without_a_worker_health_and_generation_answer_503(tiny_checkpoint, tmp_
         assert status == 503 and body["error"]["code"] == 503 and "not ready" in body["error"]["message"]
         # A 503 says when to try again (the openai SDK honours Retry-After).
         req = urllib.request.Request(base + "/v1/completions", data=b'{"prompt": "x", "max_tokens": 2}',
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+                                     headers={"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=10)
         assert e.value.code == 503 and int(e.value.headers["Retry-After"]) > 0
@@ -133,8 +133,8 @@ def test_a_child_refusing_a_passed_flag_at_start_is_quoted(tiny_checkpoint, tmp_
     from kvtest.serve import KVPOOL
 
     argv = [KVPOOL, "serve", str(tiny_checkpoint), "--port", str(free_port()), "--log-dir", str(tmp_path), "--kv-cache-memory", "8MiB",
-            "--device", "cpu", "--watermark", "1.5"]  # fmt: skip
+            "--device", "cpu", "--watermark", "1.5"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert ("kvpool serve: the scheduler exited during start-up (status 2): kvpool-scheduler: error: --watermark must be in "
-            "the range [0.0, 1.0) (0.0: off), got 1.5") in proc.stdout + proc.stderr  # fmt: skip
+            "the range [0.0, 1.0) (0.0: off), got 1.5") in proc.stdout + proc.stderr

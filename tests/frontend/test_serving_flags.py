@@ -22,7 +22,7 @@ ON = ("--enable-request-id-headers", "--enable-force-include-usage",
       "--override-generation-config", '{"temperature": 0.5, "top_k": 50, "presence_penalty": 0.25, "top_p": null, "max_new_tokens": 5}',
       "--chat-template", TEMPLATE, "--default-chat-template-kwargs", '{"greeting": "HELLO", "other": 1}',
       "--disable-access-log-for-endpoints", "/v1/models, /version,", "--enable-log-requests", "--enable-log-outputs",
-      "--max-log-len", "2", "--enable-tokenizer-info-endpoint", "--log-error-stack", "--sse-keep-alive-interval", "1")  # fmt: skip
+      "--max-log-len", "2", "--enable-tokenizer-info-endpoint", "--log-error-stack", "--sse-keep-alive-interval", "1")
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_a_response_id_is_vllms_prefix_and_the_x_request_id_else_the_bodys_reque
 
 
 @pytest.mark.parametrize(("path", "body"), [("/v1/completions", {"prompt": "hello", "max_tokens": 3}), ("/v1/chat/completions", CHAT)],
-                         ids=["completion", "chat"])  # fmt: skip
+                         ids=["completion", "chat"])
 def test_a_stream_gives_usage_in_every_chunk_and_at_its_end_unasked(on, off, path, body):
     chunks = events(call(on, path, {**body, "stream": True})[2])
     final = chunks[-1]
@@ -160,7 +160,7 @@ def test_vllms_merge_of_generation_config_and_override(tmp_path, tiny_checkpoint
 
 
 @pytest.mark.parametrize(("kwargs", "greeting"), [(None, "HELLO"), ({"greeting": "BYE"}, "BYE"), ({"greeting": None}, "HELLO"),
-                                                  ({"greeting": "auto"}, "HELLO")], ids=["default", "request", "null", "auto"])  # fmt: skip
+                                                  ({"greeting": "auto"}, "HELLO")], ids=["default", "request", "null", "auto"])
 def test_the_defaults_go_under_a_requests_chat_template_kwargs(on, hf_tokenizer, kwargs, greeting):
     body = {**CHAT, "chat_template_kwargs": kwargs} if kwargs is not None else CHAT
     assert call(on, "/v1/chat/completions", body)[0] == 200
@@ -224,7 +224,7 @@ def test_tokenizer_info_as_vllm_answers_it(on, off, tiny_checkpoint):
                 "eos_token": "<|eos|>", "model_max_length": 131072, "truncation_side": "left", "name_or_path": str(tiny_checkpoint),
                 "is_local": True, "local_files_only": True,
                 "added_tokens_decoder": {"0": "<|bos|>", "1": "<|eos|>", "2": "<|system|>", "3": "<|user|>", "4": "<|assistant|>"},
-                "backend": "tokenizers"}  # fmt: skip
+                "backend": "tokenizers"}
     assert status == 200 and list(json.loads(raw).items()) == list(expected.items())
     assert call(off, "/tokenizer_info")[0] == 404
 
@@ -257,7 +257,7 @@ def test_a_waiting_stream_gets_keep_alive_comments(on):
     conn = http.client.HTTPConnection("127.0.0.1", on.port, timeout=30)
     try:
         conn.request("POST", "/v1/completions", json.dumps({"prompt": "hello", "max_tokens": 2, "stream": True}),
-                     {"Content-Type": "application/json"})  # fmt: skip
+                     {"Content-Type": "application/json"})
         resp = conn.getresponse()
         assert resp.status == 200
         assert resp.readline() == b": keep-alive\n" and resp.readline() == b"\n"  # within ~1 s of silence

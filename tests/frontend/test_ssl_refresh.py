@@ -58,7 +58,7 @@ def test_rotated_files_are_served_to_new_connections(tiny_checkpoint, made, tmp_
         ca = made / "ca.pem"
         assert served_cn(f.port, ca) == "kvpool old"
         held = ssl.create_default_context(cafile=str(ca)).wrap_socket(socket.create_connection(("127.0.0.1", f.port), timeout=10),
-                                                                       server_hostname="127.0.0.1")  # fmt: skip
+                                                                       server_hostname="127.0.0.1")
         try:
             shutil.copy(made / "new.key", live / "server.key")  # the key first: the pair loads once both are written
             shutil.copy(made / "new.pem", live / "server.pem")

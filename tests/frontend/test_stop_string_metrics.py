@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 PER_REQUEST = ("vllm:e2e_request_latency_seconds_count", "vllm:request_queue_time_seconds_count",
                "vllm:request_prefill_time_seconds_count", "vllm:request_decode_time_seconds_count",
                "vllm:request_inference_time_seconds_count", "vllm:request_time_per_output_token_seconds_count",
-               "vllm:request_num_preemptions_count", "vllm:request_prefill_kv_computed_tokens_count")  # fmt: skip
+               "vllm:request_num_preemptions_count", "vllm:request_prefill_kv_computed_tokens_count")
 
 
 STOPPED = "stop successes"
@@ -27,14 +27,14 @@ def counts(served) -> dict[str, float]:
     text = get_metrics(served)
     got = {name: metric(text, name) for name in PER_REQUEST}
     got[STOPPED] = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                       if line.startswith("vllm:request_success_total{") and 'finished_reason="stop"' in line)  # fmt: skip
+                       if line.startswith("vllm:request_success_total{") and 'finished_reason="stop"' in line)
     return got
 
 
 def complete(served, body: dict) -> str:
     """The completion's text, streamed or not."""
     req = urllib.request.Request(served.base_url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+                                 headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
         raw = r.read().decode()
     if not body.get("stream"):

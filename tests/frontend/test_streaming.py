@@ -193,7 +193,7 @@ def test_a_render_that_raises_fails_the_stream_and_aborts_the_rest(tokenizer):
     make, engine, _ = streamed(tokenizer, render)
     with pytest.raises(ValueError, match="boom"):
         run_with(make, [("r-0", 0, [1], params()), ("r-1", 1, [1], params())],
-                 lambda e: e.sinks["r-0"].on_output(TokenOutput("r-0", [5])))  # fmt: skip
+                 lambda e: e.sinks["r-0"].on_output(TokenOutput("r-0", [5])))
     assert sorted(engine.aborted) == ["r-0", "r-1"] and engine.stopped == []
 
 
@@ -209,7 +209,7 @@ def test_an_engine_error_ends_the_stream_with_it(tokenizer):
     make, engine, _ = streamed(tokenizer)
     with pytest.raises(EngineError, match="refused"):
         run_with(make, [("r-0", 0, [1], params()), ("r-1", 1, [1], params())],
-                 lambda e: e.sinks["r-1"].on_error(EngineError("refused")))  # fmt: skip
+                 lambda e: e.sinks["r-1"].on_error(EngineError("refused")))
     assert engine.aborted == ["r-0"]  # r-1 ended at the engine already
 
 

@@ -97,7 +97,7 @@ REFUSALS = [
     ({"regex": "a", "choice": ["b"]},
      "You can only use one kind of constraints for structured outputs ('json', 'regex' or 'choice'). (parameter=structured_outputs)",
      "structured_outputs"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("so", "message", "param"), REFUSALS)
@@ -132,7 +132,7 @@ def test_specs_xgrammar_cannot_parse_are_400():
     # parsing error at position 3: The parenthesis is not closed." -- its xgrammar (0.2.8) has the line at 83.
     message = refusal(completion(structured_outputs={"regex": "(a"})).message
     assert re.fullmatch(r"Failed to transform regex into a grammar: \[\d\d:\d\d:\d\d\] <path>:\d+: Regex parsing error at "
-                        r"position 3: The parenthesis is not closed\.", message)  # fmt: skip
+                        r"position 3: The parenthesis is not closed\.", message)
     assert refusal(completion(structured_outputs={"grammar": 'root ::= ("a"'})).message == "Invalid grammar specification."
     schema = {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}
     assert refusal(completion(structured_outputs={"json": schema})).message.startswith("Failed to transform json schema into a grammar: ")

@@ -33,7 +33,7 @@ def complete(client, model, prompt="hello", max_tokens=200, **extra):
 
 def chat(client, model, max_tokens=200, **kwargs):
     r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=max_tokens,
-                                       temperature=0, **kwargs)  # fmt: skip
+                                       temperature=0, **kwargs)
     return r.choices[0]
 
 
@@ -75,10 +75,10 @@ def test_grammar_output_follows_it(client, model):
 
 def test_streamed_and_several_choices_follow_the_grammar(client, model):
     stream = client.completions.create(model=model, prompt="hello", max_tokens=200, temperature=0, stream=True,
-                                       extra_body={"structured_outputs": {"json": SCHEMA}})  # fmt: skip
+                                       extra_body={"structured_outputs": {"json": SCHEMA}})
     check_schema(json.loads("".join(chunk.choices[0].text for chunk in stream if chunk.choices)))
     r = client.completions.create(model=model, prompt="the cat", max_tokens=40, temperature=1.0, n=3, seed=5,
-                                  extra_body={"structured_outputs": {"regex": "[a-z]{2,6}-[0-9]{2}"}})  # fmt: skip
+                                  extra_body={"structured_outputs": {"regex": "[a-z]{2,6}-[0-9]{2}"}})
     for c in r.choices:  # sampled, not greedy: still inside the grammar
         assert c.finish_reason == "stop" and re.fullmatch("[a-z]{2,6}-[0-9]{2}", c.text)
 

@@ -34,7 +34,7 @@ def certs(tmp_path_factory) -> Path:
         _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
         ext = ["-extfile", "server.ext"] if name == "server" else []
         _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", f"{name}.pem",
-                 "-days", "2", *ext, cwd=d)  # fmt: skip
+                 "-days", "2", *ext, cwd=d)
     return d
 
 
@@ -92,7 +92,7 @@ def _handshake(port: int, ctx: ssl.SSLContext) -> tuple[str, str]:
 def test_ssl_ciphers_limits_tls12_to_the_given_suites(tiny_checkpoint, certs, tmp_path):
     chosen, other = "ECDHE-RSA-AES128-GCM-SHA256", "ECDHE-RSA-AES256-GCM-SHA384"
     with fake_engine() as engine, frontend_process(tiny_checkpoint, engine, tmp_path / "f.log", *tls_flags(certs, "--ssl-ciphers", chosen),
-                                                   scheme="https") as f:  # fmt: skip
+                                                   scheme="https") as f:
         tls12 = client_context(certs)
         tls12.maximum_version = ssl.TLSVersion.TLSv1_2
         assert _handshake(f.port, tls12) == ("TLSv1.2", chosen)  # the client offers every default suite

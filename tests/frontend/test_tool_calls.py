@@ -19,10 +19,10 @@ from frontend.tool_constraint import adjust_request
 from frontend.tool_parsers.hermes import HermesToolParser
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
-         {"type": "function", "function": {"name": "get_time"}}]  # fmt: skip
+         {"type": "function", "function": {"name": "get_time"}}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 TWO_CALLS = ('ok<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
-             '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')  # fmt: skip
+             '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')
 
 
 def request(**fields) -> ChatCompletionRequest:
@@ -39,7 +39,7 @@ def test_auto_with_calls_answers_tool_calls():
     message, finish = answer(request(tools=TOOLS), TWO_CALLS)  # no tool_choice with tools: auto
     assert finish == "tool_calls" and message["content"] == "ok"
     assert [(c["type"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
-        ("function", "get_weather", {"city": "Paris"}), ("function", "get_time", {})]  # fmt: skip
+        ("function", "get_weather", {"city": "Paris"}), ("function", "get_time", {})]
     assert all(c["id"].startswith("chatcmpl-tool-") for c in message["tool_calls"])
 
 
@@ -118,7 +118,7 @@ def test_request_checks_in_vllms_words():
     e = refused(tools=[{"type": "x", "function": {"name": "f"}}])
     assert (e.type, e.param) == ("Bad Request", "body.tools.0.type")
     assert e.message == ("1 validation error:\n  {'type': 'literal_error', 'loc': 'body.tools.0.type', 'msg': \"Input should be 'function'\", "
-                         "'input': 'x', 'ctx': {'expected': \"'function'\"}}")  # fmt: skip
+                         "'input': 'x', 'ctx': {'expected': \"'function'\"}}")
     e = refused(tools=[{"type": "function", "function": {"name": 3}}])
     assert e.message == "1 validation error:\n  {'type': 'string_type', 'loc': 'body.tools.0.function.name', 'msg': 'Input should be a valid string', 'input': '3'}"
     e = refused(tools=[{"type": "function"}])
@@ -131,7 +131,7 @@ def test_without_a_parser_only_none_passes():
     check_tool_parsing(request(), None)
     for choice, message in [("auto", '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'),
                             ("required", 'tool_choice="required" requires --tool-call-parser to be set'),
-                            (NAMED, 'tool_choice=function "get_weather" requires --tool-call-parser to be set')]:  # fmt: skip
+                            (NAMED, 'tool_choice=function "get_weather" requires --tool-call-parser to be set')]:
         with pytest.raises(APIError) as e:
             check_tool_parsing(request(tools=TOOLS, tool_choice=choice), None)
         assert e.value.message == message and e.value.status == 400
@@ -140,7 +140,7 @@ def test_without_a_parser_only_none_passes():
 def test_tools_reach_the_template_as_vllm_dumps_them():
     tools = [{"type": "function", "function": {"name": "f", "strict": True, "extra": 1}, "defer_loading": False}]
     assert template_tools(tools) == [{"type": "function", "function": {"name": "f", "description": None, "parameters": None, "strict": True,
-                                                                       "defer_loading": False}, "defer_loading": False}]  # fmt: skip
+                                                                       "defer_loading": False}, "defer_loading": False}]
 
 
 def test_forced_calls_get_the_hermes_structural_tag_and_keep_special_tokens():
@@ -188,7 +188,7 @@ def test_the_forcing_json_schema_as_vllms_get_json_schema_from_tools():
              "required": ["name", "parameters"]},
             {"properties": {"name": {"type": "string", "enum": ["get_time"]}, "parameters": {"type": "object", "properties": {}}},
              "required": ["name", "parameters"]}]},
-    }  # fmt: skip
+    }
     req = request(tools=TOOLS, tool_choice="auto")
     adjust_request(req, HermesToolParser, strict=False)
     assert req.structured_outputs is None
@@ -291,7 +291,7 @@ def test_the_order_of_vllms_checks():
                          "  {'type': 'literal_error', 'loc': 'body.tool_choice', 'msg': \"Input should be 'none'\", 'input': '<dict of 2 items>', 'ctx': {'expected': \"'none'\"}}\n"
                          "  {'type': 'literal_error', 'loc': 'body.tool_choice', 'msg': \"Input should be 'auto'\", 'input': '<dict of 2 items>', 'ctx': {'expected': \"'auto'\"}}\n"
                          "  {'type': 'literal_error', 'loc': 'body.tool_choice', 'msg': \"Input should be 'required'\", 'input': '<dict of 2 items>', 'ctx': {'expected': \"'required'\"}}\n"
-                         "  {'type': 'literal_error', 'loc': 'body.tool_choice.type', 'msg': \"Input should be 'function'\", 'input': 'other', 'ctx': {'expected': \"'function'\"}}")  # fmt: skip
+                         "  {'type': 'literal_error', 'loc': 'body.tool_choice.type', 'msg': \"Input should be 'function'\", 'input': 'other', 'ctx': {'expected': \"'function'\"}}")
 
 
 def test_auto_with_a_tag_and_structured_outputs_is_a_call_or_the_constrained_answer():
@@ -324,7 +324,7 @@ def test_the_joined_constraint_is_read_as_vllms_extract_structured_outputs():
 
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     req = SimpleNamespace(structured_outputs=StructuredOutputsParams(regex="x"),
-                          response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})  # fmt: skip
+                          response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
     assert output_format(req).model_dump()["json_schema"] == schema  # json wins over regex, as structured_outputs_to_format
     req = SimpleNamespace(structured_outputs=None, response_format={"type": "json_object"})
     assert output_format(req).model_dump()["json_schema"] == {"type": "object"}

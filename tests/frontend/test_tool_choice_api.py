@@ -12,11 +12,11 @@ import pytest
 from kvtest.http_api import post
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "w",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]  # fmt: skip
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 # The tiny checkpoint's template with the tools written first, as transformers' tojson writes them.
 TEMPLATE = ("{{ bos_token }}{% if tools %}TOOLS{{ tools | tojson }}{% endif %}{% for message in messages %}<|{{ message['role'] }}|>"
-            "{{ message['content'] }}{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")  # fmt: skip
+            "{{ message['content'] }}{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def hermes(tiny_checkpoint, tmp_path_factory):
 
     with kvpool_serve(tiny_checkpoint, tmp_path_factory.mktemp("serve-logs"), "--max-model-len", "1024",
                       "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--chat-template", TEMPLATE,
-                      "--exclude-tools-when-tool-choice-none") as s:  # fmt: skip
+                      "--exclude-tools-when-tool-choice-none") as s:
         yield s
 
 
@@ -38,7 +38,7 @@ def chat(served, model, **fields):
     ({"tools": TOOLS, "tool_choice": "auto"}, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'),
     ({"tools": TOOLS, "tool_choice": "required"}, 'tool_choice="required" requires --tool-call-parser to be set'),
     ({"tools": TOOLS, "tool_choice": NAMED}, 'tool_choice=function "get_weather" requires --tool-call-parser to be set'),
-])  # fmt: skip
+])
 def test_without_the_flags_a_tool_choice_is_refused_naming_them(served, model, fields, message):
     status, body = chat(served, model, **fields)
     assert status == 400 and body["error"]["message"] == message and body["error"]["type"] == "BadRequestError"
@@ -73,7 +73,7 @@ def test_with_hermes_a_stream_through_the_openai_sdk(hermes, model):
 
     client = openai.OpenAI(base_url=hermes.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
     chunks = list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
-                                                 tool_choice="auto", max_tokens=4, stream=True))  # fmt: skip
+                                                 tool_choice="auto", max_tokens=4, stream=True))
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-1].choices[0].finish_reason == "length"
     assert all(not c.choices[0].delta.tool_calls for c in chunks)
@@ -111,7 +111,7 @@ def test_tokenize_shows_the_tools_to_the_template(hermes, model):
 
 
 BOOL_TOOL = [{"type": "function", "function": {"name": "set_flag", "description": "f", "strict": True, "parameters": {
-    "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"], "additionalProperties": False}}}]  # fmt: skip
+    "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"], "additionalProperties": False}}}]
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "set_flag"}}], ids=["required", "named"])

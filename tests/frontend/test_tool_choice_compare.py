@@ -21,10 +21,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "w",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]  # fmt: skip
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 SAME_ANSWER = {"none": {"tool_choice": "none"}, "auto": {"tool_choice": "auto"}, "default": {}, "null": {"tool_choice": None},
-               "parallel_false": {"tool_choice": "auto", "parallel_tool_calls": False}}  # fmt: skip
+               "parallel_false": {"tool_choice": "auto", "parallel_tool_calls": False}}
 REFUSED = {
     "named_missing": {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
     "named_no_function": {"tools": TOOLS, "tool_choice": {"type": "function"}},
@@ -83,7 +83,7 @@ def answer(body: dict) -> list[tuple]:
 
 
 STRICT = [{"type": "function", "function": {"name": "set_flag", "strict": True, "parameters": {
-    "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"], "additionalProperties": False}}}]  # fmt: skip
+    "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"], "additionalProperties": False}}}]
 
 
 @pytest.mark.compare

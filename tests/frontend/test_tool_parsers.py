@@ -56,7 +56,7 @@ def joined(deltas: list[dict]) -> tuple[str, dict[int, str], dict[int, str]]:
 
 
 HERMES_TWO = ('Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>\n'
-              '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')  # fmt: skip
+              '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
 
 
 def test_hermes_reads_every_call_and_the_text_before_them():
@@ -144,7 +144,7 @@ def test_registry_and_the_tokenizer_check_at_start_up():
     with pytest.raises(TypeError) as e:
         configured_tool_parser("llama3_json", True, Vocab("<|eos|>"), "/m")
     assert str(e.value) == ("--tool-call-parser llama3_json cannot be used with the tokenizer of '/m': "
-                            "Llama3JsonToolParser could not locate the bot token '<|python_tag|>' in the tokenizer.")  # fmt: skip
+                            "Llama3JsonToolParser could not locate the bot token '<|python_tag|>' in the tokenizer.")
 
 
 def test_the_tiny_checkpoint_serves_hermes_but_not_llama3_json(tiny_checkpoint):

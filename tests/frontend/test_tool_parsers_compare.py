@@ -64,7 +64,7 @@ REQUIRED = [
 ]
 CASES = [{"parser": p, "text": t, "deltas": steps(t, sizes)}
          for p, texts in (("hermes", HERMES), ("llama3_json", LLAMA), ("required", REQUIRED))
-         for t in texts for sizes in ((1,), (3, 1, 7), (1000,))]  # fmt: skip
+         for t in texts for sizes in ((1,), (3, 1, 7), (1000,))]
 
 
 def ours_forced(case) -> dict:
@@ -101,7 +101,7 @@ def ours(case) -> dict:
 def test_same_calls_and_deltas_as_vllms_parsers(real_vllm):
     run = subprocess.run([str(VLLM_PYTHON), str(Path(__file__).with_name("vllm_tool_parser_run.py"))], input=json.dumps(CASES),
                          capture_output=True, text=True, timeout=300, env={"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
-                                                                           "VLLM_NO_USAGE_STATS": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
+                                                                           "VLLM_NO_USAGE_STATS": "1", "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stderr[-3000:]
     theirs = json.loads(run.stdout.strip().splitlines()[-1])
     for case, want in zip(CASES, theirs, strict=True):

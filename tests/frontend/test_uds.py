@@ -62,7 +62,7 @@ def test_kvpool_serve_uds_gets_ready_over_the_socket_and_serves_there(tiny_check
     with kvpool_serve(tiny_checkpoint, tmp_path / "logs", "--uds", str(sock)) as s:
         assert f"ready at unix:{sock} /v1" in s.ready_line
         status, body = unix_http.request(str(sock), "POST", "/v1/completions",
-                                         {"model": str(tiny_checkpoint), "prompt": "hello", "max_tokens": 2}, timeout=60)  # fmt: skip
+                                         {"model": str(tiny_checkpoint), "prompt": "hello", "max_tokens": 2}, timeout=60)
         assert status == 200, body
         assert json.loads(body)["usage"]["completion_tokens"] == 2
         with pytest.raises((urllib.error.URLError, ConnectionError)):

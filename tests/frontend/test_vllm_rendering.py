@@ -52,7 +52,7 @@ def post(served, path: str, body: dict, timeout: float = 60) -> tuple[int, dict]
 
 def stream_chunks(served, body: dict) -> list[dict]:
     req = urllib.request.Request(served.base_url + "/v1/chat/completions", data=json.dumps({**body, "stream": True}).encode(),
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+                                 headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
         lines = r.read().decode().splitlines()
     return [json.loads(x[6:]) for x in lines if x.startswith("data: ") and x != "data: [DONE]"]
@@ -126,7 +126,7 @@ def test_request_fields_win_over_chat_template_kwargs(served, hf):
     ({"media_io_kwargs": {"image": {}}}, "Per-request media_io_kwargs are disabled by default because they can change multimodal "
      "media loading resource usage. Start the server with --trust-request-mm-kwargs only when clients are trusted. "
      "(parameter=media_io_kwargs)", "media_io_kwargs"),
-])  # fmt: skip
+])
 def test_refusals_are_vllms(served, body, message, param):
     """Messages as a live vLLM 0.32 answered them for the same requests."""
     status, got = post(served, "/v1/chat/completions", {"messages": CHAT, **GREEDY, **body})
@@ -220,7 +220,7 @@ def test_detokenize_and_a_token_prompts_echo_keep_special_tokens(served, hf):
     """vLLM decodes a token prompt with transformers' default (special tokens kept): a
     live vLLM 0.32 answered "<s> the cat</s><|user|>" to both for these ids."""
     ids = [hf.convert_tokens_to_ids("<s>"), *hf("the cat", add_special_tokens=False).input_ids,
-           hf.convert_tokens_to_ids("</s>"), hf.convert_tokens_to_ids("<|user|>")]  # fmt: skip
+           hf.convert_tokens_to_ids("</s>"), hf.convert_tokens_to_ids("<|user|>")]
     expected = hf.decode(ids)
     assert expected == "<s> the cat</s><|user|>"
     assert post(served, "/detokenize", {"tokens": ids}) == (200, {"prompt": expected})

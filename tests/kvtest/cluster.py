@@ -59,11 +59,11 @@ class Cluster:
 
     def start_scheduler(self) -> None:
         self._spawn("scheduler", ["-m", "scheduler", "--port", str(self.port), "--worker-port", str(self.worker_port),
-                                  "--http-port", str(self.http_port), "--log-level", "WARNING", *self.scheduler_args])  # fmt: skip
+                                  "--http-port", str(self.http_port), "--log-level", "WARNING", *self.scheduler_args])
 
     def spawn_worker(self, name: str = "worker", extra=()) -> subprocess.Popen:
         return self._spawn(name, ["-m", "worker", "--scheduler", f"tcp://127.0.0.1:{self.worker_port}", "--device", "cpu",
-                                  "--http-port", "0", "--log-level", "WARNING", *self.worker_args, *extra])  # fmt: skip
+                                  "--http-port", "0", "--log-level", "WARNING", *self.worker_args, *extra])
 
     def __enter__(self) -> Cluster:
         try:

@@ -34,7 +34,7 @@ VLLM_PAGE = ROOT / "tests/deploy/data/vllm-0.32-metrics.txt"
 # What `kvpool serve`'s API adds on its /metrics (the frontend), beside the scheduler's.
 # NOTE: tests/frontend/test_api_errors.py checks these against a live kvpool serve.
 FRONTEND = {"vllm:request_success_total", "http_requests_total", "vllm:request_prompt_tokens_bucket",
-            "vllm:request_generation_tokens_bucket"}  # fmt: skip
+            "vllm:request_generation_tokens_bucket"}
 
 
 def grafana_dashboard(name: str = SHARED_DASHBOARD) -> dict:

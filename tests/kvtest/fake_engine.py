@@ -93,7 +93,7 @@ class FakeEngine:
     def _answer(self, codec: Codec, ident: bytes, msg: Generate) -> None:
         tokens = [2 + (sum(msg.prompt_token_ids) + 7 * k) % 200 for k in range(msg.max_tokens)]
         out = TokenOutput(request_id=msg.request_id, new_token_ids=tokens, finished=True, finish_reason="length",
-                          num_cached_tokens=self.num_cached_tokens, kv_transfer_params=self.kv_transfer_params)  # fmt: skip
+                          num_cached_tokens=self.num_cached_tokens, kv_transfer_params=self.kv_transfer_params)
         self.sock.send_multipart([ident, codec.encode(EngineCoreOutputs([out]))])
 
     def _handler(self):
@@ -155,7 +155,7 @@ def _answers(url: str, ctx: ssl.SSLContext | None) -> bool:
 
 @contextlib.contextmanager
 def frontend_process(model_dir, engine: FakeEngine, log: Path, *flags: str, env: dict | None = None, scheme: str = "http",
-                     probe_context: ssl.SSLContext | None = None, uds: Path | None = None):  # fmt: skip
+                     probe_context: ssl.SSLContext | None = None, uds: Path | None = None):
     """``python -m frontend`` of ``model_dir`` against ``engine`` on a free port, with
     ``flags``; yields once /health answers 200 (over HTTPS with ``probe_context``,
     else one that trusts any certificate: it only asks "is it up"; over the socket
@@ -164,7 +164,7 @@ def frontend_process(model_dir, engine: FakeEngine, log: Path, *flags: str, env:
         probe_context = ssl._create_unverified_context()
     port = free_port()
     argv = [sys.executable, "-m", "frontend", "--model", str(model_dir), "--port", str(port), "--scheduler", engine.address,
-            "--scheduler-http", engine.http_url, "--connect-timeout", "20", *flags]  # fmt: skip
+            "--scheduler-http", engine.http_url, "--connect-timeout", "20", *flags]
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True)
     f = Frontend(proc, port, Path(log), scheme)

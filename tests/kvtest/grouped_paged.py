@@ -38,7 +38,7 @@ class Seq:
 
 class GroupedPagedModel:
     def __init__(self, model: DecoderModel, num_blocks: int, block_size: int, max_seqs: int = 4, max_blocks: int = 32,
-                 disable_hybrid: bool = False):  # fmt: skip
+                 disable_hybrid: bool = False):
         c = model.config
         self.model, self.bs = model, block_size
         self.groups = kv_cache_groups(c.layer_windows, disable_hybrid)
@@ -54,7 +54,7 @@ class GroupedPagedModel:
         index = layer_tensor_index(self.groups)
         self.caches = tensors
         self.attention = PagedAttention([tensors[index[i]] for i in range(c.num_layers)], model.num_heads, max_blocks,
-                                        compute_dtype=model.dtype, scale=c.attention_scale)  # fmt: skip
+                                        compute_dtype=model.dtype, scale=c.attention_scale)
         group_of = {layer: g for g, spec in enumerate(self.groups) for layer in spec.layer_ids}
         self.layer_keys = [(group_of[i], c.layer_windows[i]) for i in range(c.num_layers)]
         self.tables = [torch.zeros((max_seqs, max_blocks), dtype=torch.int32) for _ in self.groups]
@@ -140,7 +140,7 @@ class GroupedPagedModel:
             else:
                 prefills.append((seq.row, seq.computed, n))
         mds = {key: self.attention.build_metadata(self.tables[key[0]], torch.tensor(slots[key[0]]), decode_rows, decode_ctx, prefills, key[1])
-               for key in set(self.layer_keys)}  # fmt: skip
+               for key in set(self.layer_keys)}
         hidden = self.model.forward(
             torch.tensor(tokens),
             torch.tensor(positions),

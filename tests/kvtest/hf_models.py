@@ -25,7 +25,7 @@ def _configs():
     import transformers as tf
 
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=4096, bos_token_id=0, eos_token_id=EOS, rms_norm_eps=1e-6)  # fmt: skip
+                  num_key_value_heads=2, max_position_embeddings=4096, bos_token_id=0, eos_token_id=EOS, rms_norm_eps=1e-6)
     return {
         "llama": lambda: tf.LlamaConfig(**common),
         # explicit head_dim (not hidden / heads) and Llama 3's RoPE scaling
@@ -45,7 +45,7 @@ def _configs():
         "gemma3-tied": lambda: _gemma3(tf, common, tie_word_embeddings=True),
         "qwen2-sliding": lambda: tf.Qwen2Config(**common, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
         "mistral-sliding": lambda: tf.MistralConfig(**{**common, "head_dim": 32}, sliding_window=WINDOW),  # vLLM's CPU attention: head_dim 32
-    }  # fmt: skip
+    }
 
 
 KINDS = ["llama", "llama3-rope", "llama-linear-rope", "llama-bias", "qwen2", "qwen3", "mistral"]
@@ -57,7 +57,7 @@ def _gemma3(tf, common: dict, tie_word_embeddings: bool):
         **{**common, "num_hidden_layers": 6, "head_dim": 32}, query_pre_attn_scalar=24, sliding_window=WINDOW,
         layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2, tie_word_embeddings=tie_word_embeddings,
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})  # fmt: skip
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})
 
 
 def _randomise(model: torch.nn.Module, seed: int) -> None:
@@ -115,5 +115,5 @@ def reference_generate(model, prompt: list[int], max_tokens: int, ignore_eos: bo
     """Greedy ``model.generate(do_sample=False)``: the output tokens only."""
     eos = None if ignore_eos else model.generation_config.eos_token_id
     out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos,
-                         pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))  # fmt: skip
+                         pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
     return out[0, len(prompt):].tolist()

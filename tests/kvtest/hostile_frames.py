@@ -88,10 +88,10 @@ def truncations() -> list[Case]:
 def wrong_shapes(rng: random.Random) -> list[Case]:
     cases = [one(pack(v), id_in(v)) for v in ([], [1, 2], 5, -1, 2**63, 1.5, "generate", None, True, b"bytes", {}, {"type": "nope"},
                                      {"type": 7}, {"type": None}, {"type": "generate"}, {"type": "abort"}, {"type": "output", "request_id": "x", "new_token_ids": []},
-                                     ["generate", "x", [1, 2]], {"type": "generate", "type2": "x"})]  # fmt: skip
+                                     ["generate", "x", [1, 2]], {"type": "generate", "type2": "x"})]
     # Raw msgpack: lengths far past the frame, a byte msgpack never uses, deep nesting, trailing data.
     for raw in (b"\xdd\xff\xff\xff\xff", b"\xdf\xff\xff\xff\xff", b"\xdb\xff\xff\xff\xffa", b"\xc6\xff\xff\xff\xff", b"\xc9\xff\xff\xff\xff\x01",
-                b"\xc1", b"\x91" * 60000 + b"\x00", b"\x81\xa1a" * 20000 + b"\x00", b"\x80\x00", pack({"type": "abort", "request_id": "x"}) + b"\x00"):  # fmt: skip
+                b"\xc1", b"\x91" * 60000 + b"\x00", b"\x81\xa1a" * 20000 + b"\x00", b"\x80\x00", pack({"type": "abort", "request_id": "x"}) + b"\x00"):
         cases.append(one(raw))
     # A map with "type" twice: however it reads, one error.
     cases.append(one(b"\x83\xa4type\xa8generate\xaarequest_id\xa4dupk\xa4type\xa5abort", {None, "dupk"}))
@@ -144,7 +144,7 @@ def _check_expectation(c: Case) -> None:
         return
     assert msg.request_id in c.ids, c
     assert not isinstance(msg, Generate) or msg.max_tokens < 1 or not msg.prompt_token_ids or any(
-        t >= VOCAB for t in msg.prompt_token_ids) or len(msg.prompt_token_ids) + msg.max_tokens > MAX_MODEL_LEN, c  # fmt: skip
+        t >= VOCAB for t in msg.prompt_token_ids) or len(msg.prompt_token_ids) + msg.max_tokens > MAX_MODEL_LEN, c
 
 
 def worker_messages(rng: random.Random) -> list[Case]:
@@ -157,7 +157,7 @@ def worker_messages(rng: random.Random) -> list[Case]:
             StepPlan(r, {r: 3}, [row], [], [AppendedBlocks(r, [3])], [r], []), StepResult(r, [r], [5]),
             WorkerError("no", r), Heartbeat(time.time()), Shutdown("bye"),
             EngineCoreOutputs([TokenOutput("x", [1], True, "length")]),
-        ]  # fmt: skip
+        ]
         out += [one(pack(m)) for m in msgs]
         out.append(one(pack(RequestError("echo", "x")), {"x"}))  # a map naming a request_id
     return out

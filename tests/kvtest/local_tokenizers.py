@@ -53,7 +53,7 @@ def metaspace_checkpoint(tiny: str | Path, directory: str | Path) -> Path:
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
               "model_max_length": 131072,
               "chat_template": "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
-                               "{% if add_generation_prompt %}<|assistant|>{% endif %}"}  # fmt: skip
+                               "{% if add_generation_prompt %}<|assistant|>{% endif %}"}
     (d / "tokenizer_config.json").write_text(json.dumps(config))
     _copy_weights(tiny, d)
     return d

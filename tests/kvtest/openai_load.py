@@ -13,4 +13,4 @@ def openai_load(base_url: str, result, num_requests: int = 200) -> subprocess.Po
         [sys.executable, "-m", "loadgen", "--backend", "openai", "--base-url", base_url, "--request-rate", "40",
          "--num-requests", str(num_requests), "--result-json", str(result)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    )

@@ -70,7 +70,7 @@ def matcher_labels(expr: str) -> list[tuple[str, set[str]]]:
     """(metric, the label names its {...} matchers test) for each selector with matchers."""
     e = re.sub(r'"[^"]*"', '""', expr)
     return [(m.group(1), set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", m.group(2))))
-            for m in re.finditer(r"(?<![\w:$.])([A-Za-z_:][\w:]*)\s*\{([^}]*)\}", e)]  # fmt: skip
+            for m in re.finditer(r"(?<![\w:$.])([A-Za-z_:][\w:]*)\s*\{([^}]*)\}", e)]
 
 
 def use_problem(name: str, functions: tuple[str, ...], types: dict[str, tuple[str, str]]) -> str | None:

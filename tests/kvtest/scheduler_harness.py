@@ -72,7 +72,7 @@ class SchedulerProcess:
         cmd = [
             sys.executable, "-m", "scheduler", "--port", str(self.port), "--worker-port", str(self.worker_port),
             "--http-port", str(self.http_port), "--served-model-name", MODEL, "--log-level", "WARNING", *args,
-        ]  # fmt: skip
+        ]
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.client_address = f"tcp://127.0.0.1:{self.port}"
         self.worker_address = f"tcp://127.0.0.1:{self.worker_port}"
@@ -195,7 +195,7 @@ class WorkerThread:
 
     def _hello(self) -> WorkerHello:
         return WorkerHello(rank=0, world_size=1, num_blocks=self.num_blocks, block_size=BS, vocab_size=VOCAB, eos_token_id=EOS,
-                           num_host_blocks=self.num_host_blocks)  # fmt: skip
+                           num_host_blocks=self.num_host_blocks)
 
     def _run(self) -> None:
         sock = self.ctx.socket(zmq.DEALER)

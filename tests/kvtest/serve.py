@@ -41,9 +41,9 @@ def kvpool_serve(model_dir, log_dir, *extra: str, ready_timeout: float = 120.0, 
     port = free_port()
     log_dir = Path(log_dir)
     argv = [KVPOOL, "serve", str(model_dir), "--port", str(port), "--log-dir", str(log_dir), "--kv-cache-memory", "8MiB",
-            "--device", "cpu", *extra]  # fmt: skip
+            "--device", "cpu", *extra]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
-                            start_new_session=new_session)  # fmt: skip
+                            start_new_session=new_session)
     lines: list[str] = []
     ready = threading.Event()
 

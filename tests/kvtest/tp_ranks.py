@@ -110,13 +110,13 @@ def _rank_main(rank: int, world_size: int, port: int, jobs: list[Job], results: 
             if rank == 0:
                 codec: Codec = Codec(SchedulerToWorker)
                 ready = WorkerReady(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_num_seqs=MAX_NUM_SEQS,
-                                    max_model_len=MAX_MODEL_LEN, next_step_id=0)  # fmt: skip
+                                    max_model_len=MAX_MODEL_LEN, next_step_id=0)
                 fanout.send(Kind.READY, (), codec.encode(ready))
                 runner = ModelRunner(m, caches, MAX_NUM_SEQS, MAX_MODEL_LEN)
                 sched = drive(FanningRunner(runner, fanout, codec), job.seed, c.vocab_size)
                 fanout.send(Kind.STOP)
                 covered = {"bytes_sent": fanout.bytes_sent, "chunked": sched.num_chunked, "shared": sched.num_shared,
-                           "preempted": sched.num_preempted}  # fmt: skip
+                           "preempted": sched.num_preempted}
                 results.put((i, rank, *_pack(outputs(sched), caches), covered))
             else:
                 follower = RankFollower(m, caches, fanout)

@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
     from vllm.inputs import TokensPrompt
 
     llm = LLM(model=spec["model"], dtype="float32", skip_tokenizer_init=True, max_model_len=512,
-              block_size=spec["block_size"], enforce_eager=True, max_num_seqs=8, seed=0)  # fmt: skip
+              block_size=spec["block_size"], enforce_eager=True, max_num_seqs=8, seed=0)
     params = SamplingParams(
         temperature=0.0,
         max_tokens=spec["max_tokens"],

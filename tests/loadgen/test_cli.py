@@ -163,7 +163,7 @@ def test_outputs_into_missing_folders_are_written_and_the_report_names_the_workl
     sched = fake_scheduler_factory()
     result, plot = tmp_path / "new" / "r.json", tmp_path / "other" / "deep" / "p.png"
     p = _loadgen("--scheduler", sched.address, "--metrics-url", "", "--num-requests", "3", "--prefix-len", "8",
-                 "--suffix-len", "4", "--output-len", "2", "--result-json", str(result), "--plot", str(plot))  # fmt: skip
+                 "--suffix-len", "4", "--output-len", "2", "--result-json", str(result), "--plot", str(plot))
     assert p.returncode == 0, p.stderr
     assert json.loads(result.read_text())["completed"] == 3
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

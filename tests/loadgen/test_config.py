@@ -25,7 +25,7 @@ def test_help_shows_the_default_values(capsys):
         parse_config(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     for words in ("(default tcp://127.0.0.1:5555)", "for kvpool, the scheduler's HTTP port 8000 on --scheduler's host)", "(default 256)",
-                  "(default shared-prefix, or mooncake when --trace is given)", "(default inf)", "Exit status:"):  # fmt: skip
+                  "(default shared-prefix, or mooncake when --trace is given)", "(default inf)", "Exit status:"):
         assert words in out, words
 
 
@@ -48,7 +48,7 @@ def test_a_trace_means_mooncake_and_refuses_another_dataset(tmp_path, capsys):
     (["--num-requests", "0"], "--num-requests must be >= 1"),
     (["--max-input-len", "0"], "--max-input-len must be >= 1"),
     (["--dataset", "mooncake"], "--trace FILE"),
-])  # fmt: skip
+])
 def test_bad_values_are_named(capsys, argv, words):
     assert words in _refused(capsys, argv)
 

@@ -58,7 +58,7 @@ async def stand_in_server(port: int, seen: list[list[dict]], fail_on: str | None
         await resp.prepare(request)
         for chunk in ({"choices": [{"delta": {"content": "answer "}}]}, {"choices": [{"delta": {"content": str(len(seen))}}]},
                       {"choices": [{"delta": {}, "finish_reason": "length"}]},
-                      {"choices": [], "usage": {"prompt_tokens": len(json.dumps(body["messages"])), "completion_tokens": 2}}):  # fmt: skip
+                      {"choices": [], "usage": {"prompt_tokens": len(json.dumps(body["messages"])), "completion_tokens": 2}}):
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         return resp
@@ -129,7 +129,7 @@ def test_through_kvpool_serve_the_resent_history_is_a_prefix_cache_hit(tmp_path,
         proc = subprocess.run([sys.executable, "-m", "loadgen", "--base-url", served.base_url, "--dataset", "multiturn",
                                "--dataset-path", str(data), "--num-users", "3", "--num-rounds", "3", "--system-prompt-words", "60",
                                "--output-len", "8", "--result-json", str(tmp_path / "r.json")],
-                              cwd=REPO, capture_output=True, text=True, timeout=180)  # fmt: skip
+                              cwd=REPO, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["completed"] == 9 and result["failed"] == 0

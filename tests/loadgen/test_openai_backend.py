@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 def served(tiny_checkpoint, tmp_path_factory):
     # --enable-prompt-tokens-details: usage carries cached_tokens only then, as in vLLM.
     with kvpool_serve(tiny_checkpoint, tmp_path_factory.mktemp("serve-logs"), "--max-model-len", "1024",
-                      "--enable-prompt-tokens-details") as s:  # fmt: skip
+                      "--enable-prompt-tokens-details") as s:
         yield s
 
 
@@ -41,7 +41,7 @@ def test_http_backends_complete_every_request(served, tmp_path, backend, tiny_ch
     before = prompt_tokens_counted(served.base_url)
     p = loadgen("--backend", backend, "--base-url", served.base_url,
                 "--num-requests", "12", "--num-prefixes", "2", "--prefix-len", "48", "--suffix-len", "8",
-                "--output-len", "5", "--max-concurrency", "4", "--result-json", str(result))  # fmt: skip
+                "--output-len", "5", "--max-concurrency", "4", "--result-json", str(result))
     assert p.returncode == 0, p.stdout + p.stderr
     r = json.loads(result.read_text())
     assert r["completed"] == 12 and r["failed"] == 0
@@ -64,5 +64,5 @@ def test_an_unreachable_server_exits_3(tmp_path):
     from kvtest.serve import free_port
 
     p = loadgen("--base-url", f"http://127.0.0.1:{free_port()}", "--metrics-url", "", "--num-requests", "1",
-                "--connect-timeout", "1")  # fmt: skip
+                "--connect-timeout", "1")
     assert p.returncode == 3 and "cannot reach the server" in p.stderr

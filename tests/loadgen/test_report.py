@@ -113,7 +113,7 @@ def _failed(i: int, error: str) -> RequestResult:
 def test_every_failure_is_accounted_for_beyond_the_listed_five():
     # 17 distinct rejections (the scheduler names each request's length): 5 listed, 12 counted.
     results = [_failed(i, f"rejected by the scheduler: prompt ({1000 + i} tokens) + max_tokens (8) = {1008 + i} "
-                          f"is over max_model_len (1000)") for i in range(17)]  # fmt: skip
+                          f"is over max_model_len (1000)") for i in range(17)]
     results += [_failed(17, "no response from the scheduler for 5 s")]
     text = format_report(summarize(results, 1.0))
     lines = text.splitlines()
@@ -126,7 +126,7 @@ def test_every_failure_is_accounted_for_beyond_the_listed_five():
 def test_the_openai_servers_refusal_gets_the_hint_too():
     # vLLM's wording (kvpool serve's too), through --backend openai.
     err = ("HTTP 400: This model's maximum context length is 2048 tokens. However, your request has "
-           "6909 input tokens. Please reduce the length of the input messages.")  # fmt: skip
+           "6909 input tokens. Please reduce the length of the input messages.")
     assert "hint: 1 requests were refused" in format_report(summarize([_failed(0, err)], 1.0))
 
 

@@ -107,7 +107,7 @@ def test_the_command_line(tmp_path, tiny_checkpoint, capsys):
     path = tmp_path / "sg.json"
     path.write_text(json.dumps(data()))
     cfg = parse_config(["--dataset-name", "sharegpt", "--dataset-path", str(path), "--tokenizer", str(tiny_checkpoint),
-                        "--sharegpt-output-len", "16", "--num-requests", "5"])  # fmt: skip
+                        "--sharegpt-output-len", "16", "--num-requests", "5"])
     assert (cfg.dataset, cfg.dataset_path, cfg.sharegpt_output_len, cfg.num_requests) == ("sharegpt", str(path), 16, 5)
     for argv, message in [
         (["--dataset", "sharegpt", "--dataset-path", str(path)], "give --tokenizer"),

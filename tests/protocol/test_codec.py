@@ -97,7 +97,7 @@ def test_oversized_frame_is_rejected_before_decoding():
 @pytest.mark.parametrize(
     "frame",
     [b"\xc1", b"\xff\xff\xff", b"\x93\x01", b"\xdb\xff\xff\xff\xff", b"not msgpack at all", b"\x91" * 100_000,
-     b"\xdd\xff\xff\xff\xff" + b"\x00" * 10],  # fmt: skip
+     b"\xdd\xff\xff\xff\xff" + b"\x00" * 10],
     ids=["reserved-opcode", "fixints", "short-array", "huge-str-header", "text", "deep-nesting", "huge-array-header"],
 )
 @pytest.mark.parametrize("name", list(CODECS))
@@ -220,7 +220,7 @@ def test_mutated_valid_frames_decode_or_raise_protocol_error(index, data):
     st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=10) | st.binary(max_size=10),
     lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=5) | st.integers(-(2**63), 2**64 - 1), children, max_size=5),
     max_leaves=30,
-))  # fmt: skip
+))
 def test_random_msgpack_values_decode_or_raise_protocol_error(value):
     frame = raw(value)
     for codec in ALL_CODECS:

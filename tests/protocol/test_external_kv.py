@@ -106,7 +106,7 @@ def test_a_flipped_crc_in_the_header_is_a_checksum_fault():
 @pytest.mark.parametrize(
     "change",
     [{"kv_dtype": "float8_e4m3fn"}, {"block_size": 32}, {"model_hash": "cd" * 16}, {"num_layers": 5}, {"architecture": "Qwen3ForCausalLM"},
-     {"num_kv_heads": 4}, {"head_dim": 16}],  # fmt: skip
+     {"num_kv_heads": 4}, {"head_dim": 16}],
     ids=lambda c: next(iter(c)),
 )
 def test_the_identity_changes_with_each_field(change):

@@ -35,7 +35,7 @@ def vllm_groups(real_vllm):
     out = subprocess.run(
         [str(real_vllm / ".venv-vllm/bin/python"), str(script), json.dumps(PATTERNS)],
         capture_output=True, text=True, timeout=240, check=True,
-    )  # fmt: skip
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -77,11 +77,11 @@ def kvpool_batch() -> wire.KVEventBatch:
             wire.BlockStored(
                 block_hashes=[H0, H1], parent_block_hash=None, token_ids=list(range(8)), block_size=4,
                 lora_id=None, medium="GPU", lora_name=None, group_idx=0, kv_cache_spec_kind="full_attention",
-            ),  # fmt: skip
+            ),
             wire.BlockStored(
                 block_hashes=[H2], parent_block_hash=H1, token_ids=[8, 9, 10, 11], block_size=4,
                 lora_id=None, medium="GPU", lora_name=None, group_idx=0, kv_cache_spec_kind="full_attention",
-            ),  # fmt: skip
+            ),
             wire.BlockRemoved(block_hashes=[H0], medium="GPU", group_idx=0),
             wire.AllBlocksCleared(),
         ],
@@ -100,7 +100,7 @@ def every_field_batch(ns) -> Any:
                 lora_id=7, medium="CPU", lora_name="adapter", extra_keys=[("salt",), None], group_idx=1,
                 kv_cache_spec_kind="sliding_window", kv_cache_spec_sliding_window=128, locality="LOCAL",
                 ownership="tier-1", session_id="s-1", lookahead_token_ids=[[5], [6]],
-            ),  # fmt: skip
+            ),
             ns["BlockRemoved"](block_hashes=[123], medium="CPU", group_idx=1, locality="REMOTE", ownership="tier-1"),
             ns["AllBlocksCleared"](),
         ],
@@ -110,13 +110,13 @@ def every_field_batch(ns) -> Any:
 
 OURS = {name: getattr(wire, name) for name in ("KVEventBatch", "BlockStored", "BlockRemoved", "AllBlocksCleared")}
 REF = {"KVEventBatch": RefKVEventBatch, "BlockStored": RefBlockStored, "BlockRemoved": RefBlockRemoved,
-       "AllBlocksCleared": RefAllBlocksCleared}  # fmt: skip
+       "AllBlocksCleared": RefAllBlocksCleared}
 
 
 def as_plain(batch) -> list:
     """(tag, field dict) per event: comparable across the two sets of classes."""
     return [batch.ts, [(type(e).__struct_config__.tag, msgspec.structs.asdict(e)) for e in batch.events],
-            batch.data_parallel_rank]  # fmt: skip
+            batch.data_parallel_rank]
 
 
 @pytest.mark.parametrize("name", ["BlockStored", "BlockRemoved", "AllBlocksCleared", "KVEventBatch"])
@@ -163,7 +163,7 @@ def test_raw_shape_is_an_array_batch_of_tagged_maps():
         "type": "BlockStored", "block_hashes": [H0, H1], "parent_block_hash": None, "token_ids": list(range(8)),
         "block_size": 4, "lora_id": None, "medium": "GPU", "lora_name": None, "group_idx": 0,
         "kv_cache_spec_kind": "full_attention",
-    }  # fmt: skip
+    }
     # Field order on the wire is the declaration order (what a positional reader of
     # the map would see); defaults that hold None are left out.
     assert list(events[0]) == ["type", *[f for f in wire.BlockStored.__struct_fields__ if f in events[0]]]
@@ -198,7 +198,7 @@ def test_sequence_numbers_are_8_bytes_big_endian():
 
 
 @pytest.mark.parametrize("payload", [b"", b"\xc1", msgspec.msgpack.encode([1.0, [{"type": "Nope"}]]),
-                                     msgspec.msgpack.encode({"ts": 1.0, "events": []})])  # fmt: skip
+                                     msgspec.msgpack.encode({"ts": 1.0, "events": []})])
 def test_bad_payloads_are_protocol_errors(payload):
     with pytest.raises(ProtocolError):
         wire.batch_codec().decode(payload)

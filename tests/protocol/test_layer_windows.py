@@ -57,7 +57,7 @@ LEGACY = [
     ("llama", {"num_hidden_layers": 3}),
 ]
 CLASSES = {"gemma3_text": tf.Gemma3TextConfig, "qwen2": tf.Qwen2Config, "qwen3": tf.Qwen3Config, "mistral": tf.MistralConfig,
-           "llama": tf.LlamaConfig}  # fmt: skip
+           "llama": tf.LlamaConfig}
 
 
 @pytest.mark.parametrize(("model_type", "cfg"), LEGACY)

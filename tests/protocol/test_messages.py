@@ -78,7 +78,7 @@ CLIENT_RESPONSES = [
         TokenOutput("req-1", [7, 8], finished=True, finish_reason="length", num_cached_tokens=32),
         TokenOutput("req-2", []),
         TokenOutput("req-3", [9], logprobs=[TokenLogprobs(-0.25, [9, 4], [-0.25, -2.0])]),
-    ]),  # fmt: skip
+    ]),
     EngineCoreOutputs(),
     RequestError("token id 999 is outside the vocabulary", request_id="req-1"),
     RequestError("malformed frame"),
@@ -101,7 +101,7 @@ TO_WORKER_MSGS = [
 ]
 TO_SCHEDULER_MSGS = [
     WorkerHello(rank=1, world_size=2, num_blocks=64, block_size=16, vocab_size=512, eos_token_id=1,
-                num_layers=2, num_kv_heads=4, head_dim=32, device="cuda:1"),  # fmt: skip
+                num_layers=2, num_kv_heads=4, head_dim=32, device="cuda:1"),
     StepResult(step_id=5, seq_ids=[7, 8], sampled_token_ids=[100, 3], execute_time_s=0.0125),
     WorkerError(message="step 5, expected 4", step_id=5),
     Heartbeat(sent_at=2.5),
@@ -138,7 +138,7 @@ def test_client_messages_are_maps_tagged_by_type():
     assert msgspec.msgpack.decode(CLIENT_OUT.encode(batch)) == {"type": "outputs", "outputs": [
         {"request_id": "a", "new_token_ids": [5]},
         {"request_id": "b", "new_token_ids": [6], "finished": True, "finish_reason": "stop", "num_cached_tokens": 16},
-    ]}  # fmt: skip
+    ]}
     assert msgspec.msgpack.decode(CLIENT_OUT.encode(EngineCoreOutputs())) == {"type": "outputs"}
 
 
@@ -175,11 +175,11 @@ rows = st.builds(RequestRow, small_ints, token_ids, st.lists(small_ints, max_siz
 
 client_requests = st.one_of(
     st.builds(Generate, request_ids, st.lists(st.integers(0, 2**31 - 1), max_size=40), any_ints, st.booleans(),
-              st.none() | st.text(max_size=40)),  # fmt: skip
+              st.none() | st.text(max_size=40)),
     st.builds(Abort, request_ids),
 )
 token_outputs = st.builds(TokenOutput, st.text(max_size=300), st.lists(any_ints, max_size=10), st.booleans(),
-                          st.none() | st.sampled_from(["length", "stop", "abort", "error"]), small_ints)  # fmt: skip
+                          st.none() | st.sampled_from(["length", "stop", "abort", "error"]), small_ints)
 client_responses = st.one_of(
     st.builds(EngineCoreOutputs, st.lists(token_outputs, max_size=8)),
     st.builds(RequestError, st.text(max_size=200), st.none() | st.text(max_size=300)),
@@ -190,13 +190,13 @@ to_worker = st.one_of(
         StepPlan, small_ints, st.dictionaries(small_ints, small_ints, max_size=8), st.lists(rows, max_size=3),
         st.lists(rows, max_size=3), st.lists(st.builds(AppendedBlocks, small_ints, st.lists(small_ints, max_size=4)), max_size=4),
         st.lists(small_ints, max_size=8), st.lists(small_ints, max_size=8),
-    ),  # fmt: skip
+    ),
     st.builds(Heartbeat, finite),
     st.builds(Shutdown, st.text(max_size=100)),
 )
 to_scheduler = st.one_of(
     st.builds(WorkerHello, small_ints, small_ints, small_ints, small_ints, small_ints, small_ints, small_ints,
-              small_ints, small_ints, st.text(max_size=20)),  # fmt: skip
+              small_ints, small_ints, st.text(max_size=20)),
     st.builds(StepResult, small_ints, st.lists(small_ints, max_size=8), st.lists(st.integers(0, 2**31 - 1), max_size=8), finite),
     st.builds(WorkerError, st.text(max_size=200), any_ints),
     st.builds(Heartbeat, finite),

@@ -31,7 +31,7 @@ def test_generate_carries_prompt_logprobs_to_the_worker():
 @pytest.mark.parametrize(("value", "message"), [
     (21, "Requested prompt logprobs of 21, which is greater than max allowed: 20"),
     (-1, "prompt_logprobs must be non-negative, got -1."),
-])  # fmt: skip
+])
 def test_out_of_range_prompt_logprobs_are_named(value, message):
     with pytest.raises(SamplingError) as e:
         check_sampling(Generate("r", [1], prompt_logprobs=value), 512)

@@ -21,7 +21,7 @@ def error_of(vocab_size: int | None = 512, **fields) -> SamplingError:
     ("field", "value"),
     [("temperature", INF), ("temperature", NAN), ("temperature", -INF), ("repetition_penalty", INF),
      ("repetition_penalty", NAN)],
-)  # fmt: skip
+)
 def test_non_finite_values_are_refused_as_vllm_does(field, value):
     e = error_of(**{field: value})
     assert e.param == field and str(e) == f"{field} must be a finite number, got {value}."
@@ -37,7 +37,7 @@ def test_stop_ids_are_bounded_by_the_vocabulary_only_when_it_is_given():
     e = error_of(stop_token_ids=[3, 512, 600])
     # vLLM's SamplingParams._validate_stop_token_ids, as a live vllm serve words it
     assert (e.param, str(e)) == ("stop_token_ids", "token_id(s) [512, 600] in stop_token_ids contain out-of-vocab token ids. "
-                                                   "Vocabulary size: 512 (parameter=stop_token_ids, value=[512, 600])")  # fmt: skip
+                                                   "Vocabulary size: 512 (parameter=stop_token_ids, value=[512, 600])")
     check_sampling(Generate("r", [1], max_tokens=10, stop_token_ids=[3, 512]), None)
 
 
@@ -54,7 +54,7 @@ def test_stop_ids_are_bounded_by_the_vocabulary_only_when_it_is_given():
      "All token id values should be integers satisfying: 0 <= token_id <= 511. (parameter=bad_words, value=[600])"),
     ({"bad_words_token_ids": [[1], []]}, "bad_words", "bad_words entries must tokenize to at least one token."),
     ({"bad_words_token_ids": [[1]] * 129}, "bad_words", "Too many bad words after tokenization: 129. The max number is 128."),
-])  # fmt: skip
+])
 def test_logits_processor_token_ids_are_checked_as_vllm_does(fields, param, message):
     e = error_of(**fields)
     assert (e.param, str(e)) == (param, message)
@@ -63,4 +63,4 @@ def test_logits_processor_token_ids_are_checked_as_vllm_does(fields, param, mess
 def test_values_at_their_limits_pass():
     check_sampling(Generate("ok", [1], max_tokens=10, temperature=0.0, top_p=1.0, top_k=-1, min_p=1.0,
                             presence_penalty=-2.0, frequency_penalty=2.0, repetition_penalty=1e-3, min_tokens=10,
-                            logprobs=20, stop_token_ids=[0, 511], seed=-5), 512)  # fmt: skip
+                            logprobs=20, stop_token_ids=[0, 511], seed=-5), 512)

@@ -23,7 +23,7 @@ PREFIX_A, PREFIX_B = list(range(10, 26)), list(range(40, 56))  # 16 tokens: 4 bl
 # 1,000 KV bytes a token: 4,000 a block; 4 blocks at 0.002 GB/s read in 8 ms. Staging a save
 # (device to host, --offload-bandwidth-gbps) is made free here, and tested on its own.
 HAND = dict(num_blocks=7, block_size=BS, max_num_seqs=1, step_overhead_ms=5.0, ms_per_token=1.0, kv_bytes_per_token=1000,
-            offload_bandwidth_gbps=1e6)  # fmt: skip
+            offload_bandwidth_gbps=1e6)
 DISK = dict(external_tier="disk", external_read_gbps=0.002, external_write_gbps=1.0, external_latency_ms=0.0)
 
 
@@ -128,7 +128,7 @@ def test_fast_forward_with_an_external_tier_changes_nothing(blocks: int):
     assert fast.external_tier_blocks_loaded > 0 and (fast.external_tier_evictions > 0) == bool(blocks)
     for name in ("prefix_cache_hits", "external_tier_hit_tokens", "external_tier_blocks_loaded", "external_tier_blocks_saved",
                  "external_tier_evictions", "external_tier_stage_s", "external_tier_peak_backlog_s", "num_evictions",
-                 "num_preemptions", "num_steps", "simulated_s", "admit_ns", "first_token_ns", "finish_ns"):  # fmt: skip
+                 "num_preemptions", "num_steps", "simulated_s", "admit_ns", "first_token_ns", "finish_ns"):
         assert getattr(fast, name) == getattr(slow, name), name
 
 
@@ -145,7 +145,7 @@ def test_a_request_back_from_a_load_does_not_block_a_preempted_one_forever():
 def test_cli_replays_a_mooncake_trace_with_the_store_tier(tmp_path: Path, capsys):
     out = tmp_path / "r.json"
     rc = main(["--trace", str(TRACE), "--num-requests", "150", "--time-scale", "0.5", "--num-blocks", "6000",
-               "--external-tier", "store", "--external-tier-blocks", "0,2000", "--result-json", str(out)])  # fmt: skip
+               "--external-tier", "store", "--external-tier-blocks", "0,2000", "--result-json", str(out)])
     assert rc == 0
     captured = capsys.readouterr()
     assert "ext hit rate" in captured.out and "GB read" in captured.out and "store tier unbounded" in captured.err
@@ -165,7 +165,7 @@ def test_cli_replays_a_mooncake_trace_with_the_store_tier(tmp_path: Path, capsys
     (["--external-tier", "store", "--external-latency-ms", "-1"], "--external-latency-ms must be >= 0"),
     (["--external-tier", "disk", "--replicas", "2"], "--external-tier runs with one engine"),
     (["--external-tier", "disk", "--layer-windows", "8,0", "--num-layers", "2"], "no --external-tier"),
-])  # fmt: skip
+])
 def test_cli_refuses_what_the_external_tier_cannot_take(argv: list[str], message: str, capsys):
     with pytest.raises(SystemExit):
         main(["--dataset", "random", "--num-blocks", "100", *argv])

@@ -138,7 +138,7 @@ def test_closed_loop_with_room_for_everyone_is_the_open_loop():
 def test_cli_fleet_table_and_result_json(tmp_path: Path, capsys):
     out = tmp_path / "fleet.json"
     argv = ["--dataset", "shared-prefix", "--num-requests", "40", "--num-blocks", "120", "--request-rate", "50",
-            "--replicas", "1,2", "--router", "round_robin,kv_aware", "--jobs", "1", "--result-json", str(out)]  # fmt: skip
+            "--replicas", "1,2", "--router", "round_robin,kv_aware", "--jobs", "1", "--result-json", str(out)]
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "hit rate" in table and "req max/mean" in table and "kv_aware" in table
@@ -154,7 +154,7 @@ def test_cli_request_path_adds_its_times_to_each_request_of_a_closed_loop(tmp_pa
     """One request at a time: each spends 2 + 3 ms before its engine and (but the last,
     whose way back no engine waits for) 4.5 ms after it; the engines' work is the same."""
     argv = ["--dataset", "shared-prefix", "--num-requests", "40", "--num-blocks", "120", "--replicas", "2",
-            "--router", "round_robin", "--max-concurrency", "1", "--jobs", "1"]  # fmt: skip
+            "--router", "round_robin", "--max-concurrency", "1", "--jobs", "1"]
     spans = []
     for extra in ([], ["--request-path-ms", "2,3,4.5"], ["--request-path-ms", "2,3,4.5", "--request-path-jitter", "0.5"]):
         out = tmp_path / f"fleet{len(spans)}.json"
@@ -208,7 +208,7 @@ def test_a_request_reaches_its_engine_after_the_path_and_the_client_sends_after_
     reaches its engine ``there`` after that."""
     paths = RequestPaths.from_ms(2.0, 3.0, 4.5)
     fleet = Fleet(shared_prefix(12, rate_gap_s=0.0), SimConfig(200, block_size=16), 2, "round_robin",
-                  max_concurrency=1, paths=paths)  # fmt: skip
+                  max_concurrency=1, paths=paths)
     result = fleet.run()
     arrivals = sorted(s.arrival_ns for s in fleet.prepared.specs)
     finishes = sorted(f for run in fleet.runs for f in run.finish_ns if f >= 0)
@@ -239,7 +239,7 @@ def test_jittered_paths_are_drawn_per_request_within_the_bounds_and_followed():
     for mean, column in zip((2e6, 3e6, 4e6), zip(*draws, strict=True), strict=True):
         assert all(0.5 * mean <= v <= 1.5 * mean for v in column) and len(set(column)) == 12
     fleet = Fleet(shared_prefix(12, rate_gap_s=0.0), SimConfig(200, block_size=16), 2, "round_robin",
-                  max_concurrency=1, paths=paths)  # fmt: skip
+                  max_concurrency=1, paths=paths)
     fleet.run()
     arrival = [s.arrival_ns for s in fleet.prepared.specs]
     finish = [max(run.finish_ns[i] for run in fleet.runs) for i in range(12)]

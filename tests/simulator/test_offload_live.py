@@ -32,7 +32,7 @@ def predicted(store: str):
 
     workload = SampleWorkload([SampleRequest(p, OUTPUT_LEN) for p in PROMPTS], [100.0 * i for i in range(len(PROMPTS))], 512)
     cfg = SimConfig(num_blocks=NUM_BLOCKS, block_size=BS, max_num_seqs=1, max_model_len=4096,
-                    num_host_blocks=HOST_BLOCKS, kv_bytes_per_token=KV_BYTES_PER_TOKEN, offload_store=store)  # fmt: skip
+                    num_host_blocks=HOST_BLOCKS, kv_bytes_per_token=KV_BYTES_PER_TOKEN, offload_store=store)
     return simulate(workload, cfg)
 
 
@@ -59,9 +59,9 @@ def test_predicted_hit_rates_by_tier_equal_the_live_metrics(tiny_reference, stor
     sim = predicted(store)
     worker_port = free_port()
     scheduler_args = ["--block-size", str(BS), "--num-gpu-blocks-override", str(NUM_BLOCKS), "--max-num-seqs", "1",
-                      "--kv-offloading-size", str(HOST_GIB), "--kv-offloading-store", store]  # fmt: skip
+                      "--kv-offloading-size", str(HOST_GIB), "--kv-offloading-store", store]
     worker_args = ["--block-size", str(BS), "--dtype", "float64", "--kv-cache-memory", "1MiB",
-                   "--kv-offloading-size", str(HOST_GIB), "--http-port", str(worker_port)]  # fmt: skip
+                   "--kv-offloading-size", str(HOST_GIB), "--http-port", str(worker_port)]
     with Cluster(scheduler_args, worker_args) as cluster:
         outputs = []
         for i, prompt in enumerate(PROMPTS):  # one at a time: each ends before the next starts

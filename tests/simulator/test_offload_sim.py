@@ -64,7 +64,7 @@ def test_cli_sweeps_host_tier_sizes_and_writes_them(tmp_path: Path, capsys):
     out = tmp_path / "r.json"
     rc = main(["--dataset", "shared-prefix", "--num-requests", "40", "--num-prefixes", "8", "--prefix-len", "64",
                "--suffix-len", "16", "--output-len", "4", "--num-blocks", "30", "--kv-offloading-blocks", "0,100",
-               "--offload-bandwidth-gbps", "10", "--result-json", str(out)])  # fmt: skip
+               "--offload-bandwidth-gbps", "10", "--result-json", str(out)])
     assert rc == 0
     table = capsys.readouterr().out
     assert "host hit rate" in table and "GB loaded" in table
@@ -79,7 +79,7 @@ def test_cli_sweeps_host_tier_sizes_and_writes_them(tmp_path: Path, capsys):
     (["--offload-bandwidth-gbps", "0"], "--offload-bandwidth-gbps must be a positive number"),
     (["--kv-bytes-per-token", "0"], "--kv-bytes-per-token must be positive"),
     (["--kv-offloading-store", "never"], "invalid choice: 'never'"),
-])  # fmt: skip
+])
 def test_cli_bad_host_tier_flags_exit_2_naming_the_problem(argv: list[str], message: str, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--dataset", "random", "--num-blocks", "100", *argv])
@@ -105,7 +105,7 @@ def test_write_through_stores_every_full_block_once_as_worked_out_by_hand():
 
 
 @pytest.mark.parametrize(("num_host_blocks", "store", "hits"), [(100, "eviction", True), (200, "full", True), (24, "eviction", False),
-                                                            (100, "full", False)])  # fmt: skip
+                                                            (100, "full", False)])
 def test_fast_forward_with_a_host_tier_changes_nothing(num_host_blocks: int, store: str, hits: bool):
     # 12 prefixes over a 40-block device with decode stretches of 40 tokens: stores in
     # the stretches, host hits, host evictions and preemptions, stepped and fast-forwarded.
@@ -117,7 +117,7 @@ def test_fast_forward_with_a_host_tier_changes_nothing(num_host_blocks: int, sto
     assert fast.num_host_stores > 0 and fast.num_host_loads > 0 and fast.num_host_evictions > 0 and fast.num_preemptions > 0
     for name in ("prefix_cache_hits", "external_prefix_cache_queries", "external_prefix_cache_hits", "num_host_stores",
                  "num_host_loads", "num_host_stores_skipped", "num_host_evictions", "num_evictions", "num_preemptions",
-                 "num_steps", "simulated_s", "admit_ns", "first_token_ns", "finish_ns"):  # fmt: skip
+                 "num_steps", "simulated_s", "admit_ns", "first_token_ns", "finish_ns"):
         assert getattr(fast, name) == getattr(slow, name), name
     assert (fast.external_prefix_cache_hits > 0) == hits
 
@@ -131,7 +131,7 @@ def test_fast_forward_waits_when_write_through_evicts_the_heads_host_hits():
     samples = shared_prefix_requests(27, 4, 70, 9, 8, vocab_size=100, seed=45)
     workload = SampleWorkload(samples, [i * rnd.choice([0, 0.002, 0.01, 0.05]) for i in range(27)], 100)  # the search's arrivals
     cfg = dict(num_blocks=18, block_size=8, max_num_seqs=2, max_num_batched_tokens=8, step_overhead_ms=1.0, ms_per_token=0.01,
-               num_host_blocks=21, offload_store="full", policy="forward")  # fmt: skip
+               num_host_blocks=21, offload_store="full", policy="forward")
     fast, slow = simulate(workload, SimConfig(**cfg)), simulate(workload, SimConfig(**cfg, fast_forward=False))
     assert fast.num_fast_forwarded_steps > 0 and fast.num_host_evictions > 0
     assert (fast.admit_ns, fast.finish_ns, fast.num_host_stores) == (slow.admit_ns, slow.finish_ns, slow.num_host_stores)

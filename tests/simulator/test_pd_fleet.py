@@ -117,7 +117,7 @@ def test_cli_pd_rows_beside_one_engine(tmp_path: Path, capsys):
     out = tmp_path / "pd.json"
     argv = ["--dataset", "random", "--num-requests", "20", "--input-len", "300", "--output-len", "8", "--num-blocks", "400",
             "--request-rate", "20", "--replicas", "1", "--pd", "1:1,2:1", "--router", "round_robin", "--jobs", "1",
-            "--transfer-gbps", "4", "--result-json", str(out)]  # fmt: skip
+            "--transfer-gbps", "4", "--result-json", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "1P1D" in printed and "2P1D" in printed and "p99 TTFT ms" in printed and "transfers 20" in printed

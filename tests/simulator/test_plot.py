@@ -30,7 +30,7 @@ def test_y_limits_stay_within_zero_and_one_and_widen_equal_values():
 
 def test_coinciding_policies_are_named_in_the_legend():
     results = [result(100, "vllm", 0.1), result(100, "tail", 0.1), result(100, "forward", 0.2),
-               result(200, "vllm", 0.3), result(200, "tail", 0.3), result(200, "forward", 0.3)]  # fmt: skip
+               result(200, "vllm", 0.3), result(200, "tail", 0.3), result(200, "forward", 0.3)]
     lines = series(results)
     assert lines == {"vllm": [(100, 0.1), (200, 0.3)], "tail": [(100, 0.1), (200, 0.3)], "forward": [(100, 0.2), (200, 0.3)]}
     assert legend_labels(lines) == {"vllm": "vllm", "tail": "tail (= vllm)", "forward": "forward"}

@@ -181,7 +181,7 @@ def _equivalence_case(workload, cfg: SimConfig) -> None:
     slow = simulate(workload, SimConfig(**{**{k: getattr(cfg, k) for k in cfg.__slots__}, "fast_forward": False}), on_end=final_queue)
     assert fast.num_fast_forwarded_steps > 0 and slow.num_fast_forwarded_steps == 0
     for name in ("prefix_cache_queries", "prefix_cache_hits", "num_evictions", "num_preemptions", "num_rejected",
-                 "num_finished", "peak_usage", "num_steps", "simulated_s", "admit_ns", "first_token_ns", "finish_ns"):  # fmt: skip
+                 "num_finished", "peak_usage", "num_steps", "simulated_s", "admit_ns", "first_token_ns", "finish_ns"):
         assert getattr(fast, name) == getattr(slow, name), name
     assert states[0] == states[1]
 
@@ -230,14 +230,14 @@ def test_cli_writes_table_json_and_plot(trace_slice: Path, tmp_path: Path):
         [sys.executable, "-m", "simulator", "--trace", str(trace_slice), "--num-blocks", "1000,4000",
          "--policy", "vllm,tail", "--result-json", str(out_json), "--plot", str(out_png)],
         cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr
     assert "hit rate" in proc.stdout and "preempted hit rate" in proc.stdout and "vllm" in proc.stdout and "tail" in proc.stdout
     results = json.loads(out_json.read_text())["results"]
     assert [(r["num_blocks"], r["policy"]) for r in results] == [(1000, "vllm"), (1000, "tail"), (4000, "vllm"), (4000, "tail")]
     for r in results:
         for key in ("prefix_cache_hit_rate", "prefix_cache_preempted_hit_rate", "prefix_cache_preempted_queries",
-                    "num_evictions", "num_preemptions", "num_rejected", "peak_usage", "mean_queueing_delay_ms"):  # fmt: skip
+                    "num_evictions", "num_preemptions", "num_rejected", "peak_usage", "mean_queueing_delay_ms"):
             assert key in r
         assert 0 <= r["prefix_cache_hit_rate"] <= 1 and r["num_finished"] + r["num_rejected"] == 40
     assert results[0]["num_rejected"] > results[2]["num_rejected"]  # 1,000 blocks: 16k tokens
@@ -246,7 +246,7 @@ def test_cli_writes_table_json_and_plot(trace_slice: Path, tmp_path: Path):
 
 def test_cli_runs_a_synthetic_dataset(capsys):
     assert main(["--dataset", "random", "--num-requests", "20", "--input-len", "40", "--output-len", "5",
-                 "--num-blocks", "64", "--block-size", "4", "--request-rate", "50"]) == 0  # fmt: skip
+                 "--num-blocks", "64", "--block-size", "4", "--request-rate", "50"]) == 0
     assert "random" not in capsys.readouterr().out.splitlines()[0]
 
 
@@ -291,7 +291,7 @@ def test_cli_empty_trace_is_an_error_not_zero_requests(tmp_path: Path, capsys):
 def test_cli_outputs_into_a_missing_folder_are_written(tmp_path: Path, capsys):
     out_json, out_png = tmp_path / "new" / "deeper" / "out.json", tmp_path / "other" / "out.png"
     assert main(["--dataset", "random", "--num-requests", "5", "--input-len", "20", "--output-len", "3",
-                 "--num-blocks", "64", "--block-size", "4", "--result-json", str(out_json), "--plot", str(out_png)]) == 0  # fmt: skip
+                 "--num-blocks", "64", "--block-size", "4", "--result-json", str(out_json), "--plot", str(out_png)]) == 0
     assert len(json.loads(out_json.read_text())["results"]) == 1
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

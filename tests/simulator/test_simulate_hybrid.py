@@ -51,7 +51,7 @@ def test_flags_give_the_servers_groups():
 def test_a_checkpoints_config_gives_its_groups(tmp_path):
     # Gemma 3's config.json as transformers writes it: layer_types name each layer.
     cfg = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": 6,
-           "sliding_window": 128, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}  # fmt: skip
+           "sliding_window": 128, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     base = ["--dataset", "shared-prefix", "--num-blocks", "100", "--model-config"]
     assert parse_args([*base, str(tmp_path)]).group_windows == (128,) * 5 + (0,)

@@ -30,7 +30,7 @@ def _equivalence_case(workload, cfg: SimConfig) -> None:
     slow = simulate(workload, dataclasses.replace(cfg, fast_forward=False), on_end=final_queue)
     assert fast.num_fast_forwarded_steps > 0 and slow.num_fast_forwarded_steps == 0
     for name in ("prefix_cache_hits", "num_evictions", "num_preemptions", "num_finished", "peak_usage", "num_steps",
-                 "simulated_s", "admit_ns", "first_token_ns", "finish_ns"):  # fmt: skip
+                 "simulated_s", "admit_ns", "first_token_ns", "finish_ns"):
         assert getattr(fast, name) == getattr(slow, name), name
     assert states[0] == states[1]
 
@@ -60,7 +60,7 @@ def test_fast_forward_changes_nothing_under_priority_preemption_and_the_cap():
     n = 80
     w = workload(n, 70, [i * 0.013 for i in range(n)], levels=3)
     cfg = SimConfig(120, 4, "vllm", max_num_seqs=12, max_num_batched_tokens=64, step_overhead_ms=1.0, ms_per_token=0.01,
-                    scheduling_policy="priority", long_prefill_token_threshold=16)  # fmt: skip
+                    scheduling_policy="priority", long_prefill_token_threshold=16)
     _equivalence_case(w, cfg)
     assert simulate(w, cfg).num_preemptions > 0
 
@@ -69,7 +69,7 @@ def test_fast_forward_changes_nothing_without_chunked_prefill():
     n = 60
     w = workload(n, 40, [i * 0.01 for i in range(n)])
     cfg = SimConfig(150, 4, "vllm", max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256, step_overhead_ms=1.0,
-                    enable_chunked_prefill=False)  # fmt: skip
+                    enable_chunked_prefill=False)
     _equivalence_case(w, cfg)
 
 
@@ -83,7 +83,7 @@ def test_the_cli_draws_priority_levels_from_the_seed():
 def test_the_cli_runs_the_priority_policy(capsys):
     assert main(["--dataset", "random", "--num-requests", "30", "--input-len", "40", "--output-len", "5", "--num-blocks", "64",
                  "--block-size", "4", "--scheduling-policy", "priority", "--priority-levels", "2",
-                 "--long-prefill-token-threshold", "16"]) == 0  # fmt: skip
+                 "--long-prefill-token-threshold", "16"]) == 0
     assert "preemptions" in capsys.readouterr().out
 
 
@@ -117,7 +117,7 @@ def test_fast_forward_changes_nothing_under_the_watermark_and_a_step_cap():
     n = 80
     w = workload(n, 70, [i * 0.013 for i in range(n)])
     cfg = SimConfig(120, 4, "vllm", max_num_seqs=12, max_num_batched_tokens=64, step_overhead_ms=1.0, ms_per_token=0.01,
-                    watermark=0.4, max_num_scheduled_tokens=24)  # fmt: skip
+                    watermark=0.4, max_num_scheduled_tokens=24)
     _equivalence_case(w, cfg)
     # the watermark (48 of 120 blocks) holds admissions back: the same work in more steps
     plain = simulate(w, dataclasses.replace(cfg, watermark=0.0))

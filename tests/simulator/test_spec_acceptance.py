@@ -212,7 +212,7 @@ def test_preemption_and_a_small_pool_keep_outputs_right(monkeypatch):
     workload = _workload([64] * len(outputs), outputs, gap_s=0.001, seed=5)
     for policy in ("fcfs", "priority"):
         result, reqs = _run(workload, monkeypatch, num_blocks=60, scheduling_policy=policy,
-                            num_speculative_tokens=4, spec_acceptance_rate=0.5)  # fmt: skip
+                            num_speculative_tokens=4, spec_acceptance_rate=0.5)
         assert result.num_preemptions > 0
         _assert_complete(workload, result, reqs)
 

@@ -136,7 +136,7 @@ def test_the_worker_exits_nonzero_before_hello_on_a_bad_checkpoint(copy, breakag
     endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
     try:
         proc = subprocess.run([sys.executable, "-m", "worker", "--scheduler", endpoint, "--model", str(copy), "--device", "cpu",
-                               "--http-port", "0"], capture_output=True, text=True, timeout=120)  # fmt: skip
+                               "--http-port", "0"], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2
         assert "cannot serve this checkpoint" in proc.stderr and named in proc.stderr
         assert not sock.poll(200)  # it never said hello

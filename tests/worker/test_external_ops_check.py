@@ -25,7 +25,7 @@ def external(tmp_path):
 
 
 GOOD = ExternalKVOps(save_block_ids=[1, 9], save_keys=[K[0], K[1]], load_ids=[5, 6], load_keys=[[K[2], K[3]], [K[4]]],
-                     load_block_ids=[[2, 3], [4]])  # fmt: skip
+                     load_block_ids=[[2, 3], [4]])
 
 
 def test_good_ops_pass(external):
@@ -58,7 +58,7 @@ def test_a_worker_without_a_tier_refuses_any_ops():
         (ExternalKVOps(load_ids=[1, 2], load_keys=[[K[0]], [K[1]]], load_block_ids=[[4], [4]]), "a device block is loaded twice"),
     ],
     ids=["save-lengths", "load-ids", "load-block-lists", "keys-vs-blocks", "duplicate-id", "no-keys", "null-block", "past-the-pool",
-         "negative", "save-null-block", "save-past-the-pool", "twice-in-a-load", "twice-across-loads"],  # fmt: skip
+         "negative", "save-null-block", "save-past-the-pool", "twice-in-a-load", "twice-across-loads"],
 )
 def test_malformed_ops_are_refused(external, ops, words):
     with pytest.raises(PlanError) as e:

@@ -40,7 +40,7 @@ def test_the_disk_tier_reaches_the_config(tmp_path):
         (["--kv-offloading-backend", "s3"], "argument --kv-offloading-backend: invalid choice: 's3'"),
     ],
     ids=["disk-alone", "disk-no-path", "disk-no-size", "disk-size-0", "path-without-disk", "mooncake-flags-with-disk",
-         "mooncake-flags-without-mooncake", "mooncake-no-metadata", "disk-tp2", "mooncake-tp2", "unknown-backend"],  # fmt: skip
+         "mooncake-flags-without-mooncake", "mooncake-no-metadata", "disk-tp2", "mooncake-tp2", "unknown-backend"],
 )
 def test_bad_external_tier_flags_exit_2_naming_them(argv, words, capsys):
     with pytest.raises(SystemExit) as e:

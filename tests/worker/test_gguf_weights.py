@@ -76,7 +76,7 @@ def test_an_architecture_kvpool_does_not_serve_is_refused_by_name(tmp_path):
 
 def test_a_tensor_the_gguf_package_cannot_dequantize_is_refused_by_name(tmp_path):
     write_gguf(tmp_path / "m.gguf", "llama", {"token_embd.weight": np.ones((4, 8), np.float32),
-                                               "output_norm.weight": np.ones(8, np.float64)})  # fmt: skip
+                                               "output_norm.weight": np.ones(8, np.float64)})
     with pytest.raises(GGUFModelError, match="tensor 'output_norm.weight' is F64, which the gguf package cannot dequantize"):
         check_gguf(tmp_path / "m.gguf")
 

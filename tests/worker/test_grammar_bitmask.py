@@ -61,7 +61,7 @@ def test_tokenizer_info_of_a_byte_fallback_tokenizer(tmp_path):
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
     special = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
     tok.train_from_iterator(["the cat sat on the mat", "hello world", "a b c d"] * 20,
-                            trainers.BpeTrainer(vocab_size=320, special_tokens=special, show_progress=False))  # fmt: skip
+                            trainers.BpeTrainer(vocab_size=320, special_tokens=special, show_progress=False))
     tok.save(str(tmp_path / "tokenizer.json"))
     config = {"eos_token": "</s>", "bos_token": "<s>", "unk_token": "<unk>", "tokenizer_class": "LlamaTokenizerFast"}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
@@ -99,7 +99,7 @@ def test_bitmask_allows_only_what_the_grammar_allows(compiler, texts):
 def test_a_structural_tag_allows_free_text_until_its_trigger_then_its_schema(compiler, texts, tiny_checkpoint):
     # The legacy form vLLM's xgrammar backend still compiles: <n>{"n": integer}</n> after "<n>".
     tag = {"structures": [{"begin": "<n>", "schema": {"type": "object", "properties": {"n": {"type": "integer"}},
-                                                        "required": ["n"]}, "end": "</n>"}], "triggers": ["<n>"]}  # fmt: skip
+                                                        "required": ["n"]}, "end": "</n>"}], "triggers": ["<n>"]}
     spec = RowGrammar(GrammarSpec("structural_tag", json.dumps(tag)), [EOS])
     trigger = Tokenizer.from_file(str(tiny_checkpoint / "tokenizer.json")).encode("<n>", add_special_tokens=False).ids
     rows = GrammarRows(compiler, MAX_SEQS, VOCAB_SIZE)

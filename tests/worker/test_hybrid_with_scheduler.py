@@ -39,7 +39,7 @@ def runner(model, groups) -> ModelRunner:
     return ModelRunner(model, layer_kv_caches(tensors, groups), 4, MAX_LEN, groups=groups, layer_windows=[W, 0, W, 0])
 
 
-def drive(runner: ModelRunner, kv, prompts: list[list[int]], max_tokens: int, preempted: list[int] | None = None) -> tuple[dict[str, list[int]], list[tuple[list, list]]]:  # fmt: skip
+def drive(runner: ModelRunner, kv, prompts: list[list[int]], max_tokens: int, preempted: list[int] | None = None) -> tuple[dict[str, list[int]], list[tuple[list, list]]]:
     """Every prompt through the scheduler (16-token steps: chunked prefill) and the
     runner: the greedy tokens by request, and after every step each running request's
     tables in the worker and in the manager. ``preempted`` gets the scheduler's preemptions."""

@@ -93,7 +93,7 @@ def scaled_checkpoint(src, dst, quantized: bool, tensors: dict[str, torch.Tensor
 
 def test_scales_come_from_a_quantized_checkpoint_as_vllm_reads_them(tiny_checkpoint, tmp_path):
     scales = {"model.layers.0.self_attn.k_proj.k_scale": torch.tensor(0.5), "model.layers.0.self_attn.v_proj.v_scale": torch.tensor(2.0),
-              "model.layers.1.self_attn.kv_scale": torch.tensor([3.0]), "model.layers.2.self_attn.attn.v_scale": torch.tensor(0.25)}  # fmt: skip
+              "model.layers.1.self_attn.kv_scale": torch.tensor([3.0]), "model.layers.2.self_attn.attn.v_scale": torch.tensor(0.25)}
     # vLLM reads them only through a quantization config's scale parameters.
     assert read_kv_scales(scaled_checkpoint(tiny_checkpoint, tmp_path / "plain", False, scales), 4) == [KVScales()] * 4
     got = read_kv_scales(scaled_checkpoint(tiny_checkpoint, tmp_path / "quant", True, scales), 4)

@@ -37,7 +37,7 @@ def one_step(params: SamplingParams | None, logits: torch.Tensor, tokens: list[i
     ([[3, 5]], [3, 7], []),
     ([[1, 2, 5], [9]], [4, 1, 2], [5, 9]),
     ([[1, 2, 5]], [2], []),  # only one output token: a three-token word cannot end here
-])  # fmt: skip
+])
 def test_bad_words_ban_a_last_token_only_after_the_rest(words, output, banned):
     assert banned_by_bad_words(words, output) == banned
 

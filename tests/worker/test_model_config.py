@@ -24,7 +24,7 @@ HUB_GEMMA3 = {
     "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 1024, "sliding_window_pattern": 6,
     "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": None, "attn_logit_softcapping": None,
     "eos_token_id": 1, "bos_token_id": 2, "max_position_embeddings": 131072,
-}  # fmt: skip
+}
 
 
 def test_the_hub_gemma3_format():

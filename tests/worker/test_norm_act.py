@@ -87,7 +87,7 @@ def test_the_mlp_takes_its_activation_fused(rows, monkeypatch):
     g = torch.Generator().manual_seed(rows)
     h, inter = 64, 96
     mlp = GatedMLP(Linear((torch.randn(2 * inter, h, generator=g) / 8).to(torch.bfloat16)),
-                   Linear((torch.randn(h, inter, generator=g) / 10).to(torch.bfloat16)))  # fmt: skip
+                   Linear((torch.randn(h, inter, generator=g) / 10).to(torch.bfloat16)))
     x = torch.randn(rows, h, generator=g).to(torch.bfloat16)
     fused = mlp(x)
     monkeypatch.setattr(norm_act, "load", lambda: None)

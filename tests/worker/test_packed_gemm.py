@@ -154,7 +154,7 @@ def test_a_library_missing_stale_or_built_for_another_cpu_is_left_for_onednn(tmp
 
     def build(abi: int, available: int) -> Path:
         source.write_text(f"int packed_gemm_abi(void) {{ return {abi}; }}\nint packed_gemm_available(void) {{ return {available}; }}\n"
-                          "int packed_gemm(void) { return -2; }\n")  # fmt: skip
+                          "int packed_gemm(void) { return -2; }\n")
         return native.build(source, ["-shared", "-fPIC"]).rename(tmp_path / f"fake_{abi}_{available}.so")
 
     with caplog.at_level(logging.DEBUG, logger=native.__name__):

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.e2e
 @contextlib.contextmanager
 def worker(endpoint: str, *extra: str):
     cmd = [sys.executable, "-m", "worker", "--scheduler", endpoint, "--device", "cpu", "--dtype", "float32",
-           "--block-size", "4", "--kv-cache-memory", "1MiB", *extra]  # fmt: skip
+           "--block-size", "4", "--kv-cache-memory", "1MiB", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         yield proc

@@ -71,7 +71,7 @@ def test_chunked_prefill_sends_each_chunks_positions(model, expected):
     (the last prompt token scores the first output token); joined, the one-shot values."""
     r = new_runner(model)
     outs = [r.execute(StepPlan(0, {1: 3}, new_rows=[row(1, PROMPT, [1, 2, 3], 2)])), r.execute(StepPlan(1, {1: 1})),
-            r.execute(StepPlan(2, {1: 5}))]  # fmt: skip
+            r.execute(StepPlan(2, {1: 5}))]
     assert [len(o.prompt_logprobs[1]) for o in outs] == [3, 1, 4]
     assert [o.seq_ids for o in outs] == [[], [], [1]]
     parts = [o.prompt_logprobs[1] for o in outs]
@@ -94,7 +94,7 @@ def test_only_rows_that_asked(model, expected):
     r = new_runner(model)
     out = r.execute(StepPlan(0, {1: 9, 2: 9}, new_rows=[
         row(1, PROMPT, [1, 2, 3], 0), RequestRow(2, PROMPT, [4, 5, 6]), row(3, [5], [7], 1, num_prompt=1),
-    ]))  # fmt: skip
+    ]))
     assert sorted(out.seq_ids) == [1, 2, 3] and set(out.prompt_logprobs) == {1, 3}
     assert_matches(out.prompt_logprobs[1], expected, 0)
     assert out.prompt_logprobs[3].token_logprobs == [] and out.prompt_logprobs[3].ranks == []

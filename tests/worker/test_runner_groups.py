@@ -54,7 +54,7 @@ def started(model) -> ModelRunner:
     first 2 sliding blocks are null) and seq 2 (6 tokens)."""
     r = new_runner(model)
     r.execute(HybridStepPlan(0, {1: 0, 2: 0}, new_rows=[RequestRow(1, TOKENS_24, [0, 0, 3, 4, 5, 25], 20), RequestRow(2, TOKENS_6, [11, 12])],
-                       groups=GroupDeltas(rows={1: [[6, 7, 8, 9, 10, 26]], 2: [[13, 14]]})))  # fmt: skip
+                       groups=GroupDeltas(rows={1: [[6, 7, 8, 9, 10, 26]], 2: [[13, 14]]})))
     return r
 
 
@@ -67,7 +67,7 @@ def snapshot(r: ModelRunner):
     ts = r.groups.tables
     return (r.next_step_id, [t.block_table_cpu.clone() for t in ts], [t.block_table.clone() for t in ts],
             [list(t.num_blocks_per_row) for t in ts], [dict(t.row_of) for t in ts], [list(t._free_rows) for t in ts],
-            copy.deepcopy(r.rows))  # fmt: skip
+            copy.deepcopy(r.rows))
 
 
 def assert_same(a, b):
@@ -87,7 +87,7 @@ def test_rows_appends_and_nulled_entries_per_group(model):
     # Step 1: seq 2 grows in both groups; seq 1's third sliding block leaves the window
     # (20 computed, window 8: tokens 0..12 are outside it, so 3 blocks may be null).
     r.execute(HybridStepPlan(1, {1: 0, 2: 0}, appended=[AppendedBlocks(2, [15])],
-                       groups=GroupDeltas(appended=[GroupAppendedBlocks(2, 1, [16])], nulled=[NulledBlocks(1, 0, 3)])))  # fmt: skip
+                       groups=GroupDeltas(appended=[GroupAppendedBlocks(2, 1, [16])], nulled=[NulledBlocks(1, 0, 3)])))
     assert tables(r) == [
         [[0, 0, 0, 4, 5, 25, 0, 0], [11, 12, 15, 0, 0, 0, 0, 0], [0] * 8],
         [[6, 7, 8, 9, 10, 26, 0, 0], [13, 14, 16, 0, 0, 0, 0, 0], [0] * 8],
@@ -96,7 +96,7 @@ def test_rows_appends_and_nulled_entries_per_group(model):
     # Step 2: seq 1 finishes, seq 3 arrives, seq 2 is sent whole again (resumed): each
     # table drops and adds rows in the same order, so a request has one row everywhere.
     r.execute(HybridStepPlan(2, {2: 0, 3: 0}, finished_seq_ids=[1], new_rows=[RequestRow(3, [5, 6, 7], [23])],
-                       resumed_rows=[RequestRow(2, TOKENS_6, [17, 18])], groups=GroupDeltas(rows={3: [[24]], 2: [[20, 21]]})))  # fmt: skip
+                       resumed_rows=[RequestRow(2, TOKENS_6, [17, 18])], groups=GroupDeltas(rows={3: [[24]], 2: [[20, 21]]})))
     assert t0.row_of == t1.row_of == {3: 0, 2: 1}
     assert tables(r) == [
         [[23, 0, 0, 0, 0, 0, 0, 0], [17, 18, 0, 0, 0, 0, 0, 0], [0] * 8],
@@ -124,7 +124,7 @@ def _refused_plans() -> list[tuple[StepPlan, str]]:
         (HybridStepPlan(1, groups=GroupDeltas(appended=[GroupAppendedBlocks(2, 1, list(range(15, 22)))])), "makes 9 blocks, past max_blocks_per_seq 8"),
         (HybridStepPlan(1, {1: 0, 2: 0, 3: 6}, new_rows=[row3], groups=GroupDeltas(rows={3: [[29]]})),
          "seq_id 3 is scheduled up to position 5 but its group 1 table holds 4 tokens"),
-    ]  # fmt: skip
+    ]
 
 
 @pytest.mark.parametrize(("plan", "words"), _refused_plans())

@@ -81,7 +81,7 @@ def run(model, prompts, max_tokens, *, spec=None, oracle=None, num_blocks=256, m
         out = sched.schedule()
         res = runner.execute(out.plan)
         step = sched.update_from_output(StepResult(out.plan.step_id, res.seq_ids, res.sampled_token_ids,
-                                                   extra_token_ids=res.extra_token_ids or {}))  # fmt: skip
+                                                   extra_token_ids=res.extra_token_ids or {}))
         for i, r in enumerate(step.requests):
             outputs[r.request_id] += step.new_token_ids(i)
         kv.check_invariants()
@@ -146,7 +146,7 @@ def test_only_verified_tokens_are_cached_and_a_later_hit_reads_right_kv(model):
     want, _, _ = run(model, follow, 8)
     got, sched2, kv2 = run(model, [*prompts, *follow], 8 + 24, spec=SpeculativeConfig(4, 1, 1),
                            oracle=Oracle({**{f"r{j}": plain[f"r{j}"] for j in range(6)},
-                                          **{f"r{6 + j}": want[f"r{j}"] for j in range(6)}}, 4, lambda r, c: c % 6))  # fmt: skip
+                                          **{f"r{6 + j}": want[f"r{j}"] for j in range(6)}}, 4, lambda r, c: c % 6))
     assert [got[f"r{6 + j}"][:8] for j in range(6)] == [want[f"r{j}"] for j in range(6)]
 
 
@@ -215,7 +215,7 @@ def test_sampled_outputs_keep_the_models_distribution(model):
     answers = {f"r{j}": list(best) for j in range(n)}
     oracle = Oracle(answers, 2, lambda request, call: 9)
     outs, sched, _ = run(model, [prompt] * n, 3, spec=SpeculativeConfig(2, 1, 1), oracle=oracle, max_num_seqs=64, budget=512,
-                         num_blocks=64 * 4 + 8, sampling=lambda j: SamplingParams(temperature=1.0, top_k=3))  # fmt: skip
+                         num_blocks=64 * 4 + 8, sampling=lambda j: SamplingParams(temperature=1.0, top_k=3))
     assert sched.spec_stats.num_accepted_tokens > 0 and sched.spec_stats.num_accepted_tokens < sched.spec_stats.num_draft_tokens
     seen = Counter(tuple(o) for o in outs.values())
     assert set(seen) <= set(exact)

@@ -11,7 +11,7 @@ from worker.__main__ import config_from_args
 
 def test_the_flags_reach_the_config():
     c = config_from_args(["--device", "cpu", "--tensor-parallel-size", "2", "--rank", "1",
-                          "--distributed-init-method", "tcp://10.0.0.5:29500", "--distributed-timeout", "12"])  # fmt: skip
+                          "--distributed-init-method", "tcp://10.0.0.5:29500", "--distributed-timeout", "12"])
     assert (c.tensor_parallel_size, c.rank, c.distributed_init_method, c.distributed_timeout_s) == (2, 1, "tcp://10.0.0.5:29500", 12.0)
     d = config_from_args(["--device", "cpu"])
     assert (d.tensor_parallel_size, d.rank, d.distributed_init_method) == (1, None, None)

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize(("env", "cpus", "expected"), [
     ({}, 2, 1), ({}, 16, 15), ({}, 1, 1), ({}, None, 1),
     ({"OMP_NUM_THREADS": "2"}, 2, None), ({"OMP_NUM_THREADS": ""}, 4, 3),
-])  # fmt: skip
+])
 def test_one_core_fewer_than_the_machine_unless_told(env, cpus, expected):
     assert default_num_threads(env, cpus) == expected
 
@@ -66,7 +66,7 @@ def test_a_nice_outside_0_to_19_is_refused(nice):
 @pytest.mark.parametrize(("env", "cpus", "tp", "expected"), [
     ({}, 2, 1, 2), ({}, 16, 1, 16), ({}, None, 1, 1),
     ({"OMP_NUM_THREADS": "1"}, 2, 1, None), ({}, 4, 2, None),
-])  # fmt: skip
+])
 def test_a_big_step_takes_every_core_unless_told_the_count_or_ranks_share_them(env, cpus, tp, expected):
     assert wide_num_threads(env, cpus, tp) == expected
 
@@ -102,7 +102,7 @@ def test_a_token_meets_each_layers_q_k_v_o_and_gated_mlp_weights():
     (30 * (576 * (2 * 576 + 2 * 192) + 3 * 576 * 1536), 1),  # SmolLM2-135M (106M)
     (WIDE_STEP_MEMORY_WEIGHTS - 1, 13), (WIDE_STEP_MEMORY_WEIGHTS, 1),
     (WIDE_STEP_WEIGHT_TOKENS // 16, 16), (WIDE_STEP_WEIGHT_TOKENS // 16 - 1, 17), (0, WIDE_STEP_WEIGHT_TOKENS),
-])  # fmt: skip
+])
 def test_the_default_wide_step_shrinks_as_the_model_grows(weights, tokens):
     assert wide_step_tokens(weights) == tokens
 
@@ -122,5 +122,5 @@ def test_the_worker_takes_its_wide_step_from_the_model_unless_told(tiny_checkpoi
 
 def test_a_negative_wide_step_is_refused():
     r = subprocess.run([sys.executable, "-m", "worker", "--cpu-wide-step-tokens", "-1"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60)  # fmt: skip
+                       timeout=60)
     assert r.returncode == 2 and "--cpu-wide-step-tokens must be >= 0" in r.stderr

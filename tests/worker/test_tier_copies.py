@@ -140,7 +140,7 @@ def assert_unchanged(a, b):
     (TierCopies(load_host_ids=[1], load_device_ids=[5, 6]), "2 load_device_ids but 1 load_host_ids"),
     (TierCopies([5, 9], [2, 2]), "store_host_ids names 2 twice"),
     (TierCopies(load_host_ids=[1, 2], load_device_ids=[7, 7]), "load_device_ids names 7 twice"),
-])  # fmt: skip
+])
 def test_bad_ids_are_refused_with_the_state_unchanged(model, tc, words):
     r = prefilled(model)
     before = snapshot(r)

@@ -129,7 +129,7 @@ def test_worker_ready_sizes_or_drops_the_host_tier(tiny_checkpoint):
 
 
 @pytest.mark.parametrize(("value", "words"), [("-1", "expected a number of GiB >= 0"), ("lots", "expected a number of GiB, e.g. 4 or 0.5"),
-                                             ("inf", "expected a number of GiB >= 0")])  # fmt: skip
+                                             ("inf", "expected a number of GiB >= 0")])
 def test_a_bad_kv_offloading_size_is_refused_naming_it(value, words, capsys):
     from worker.__main__ import config_from_args
 

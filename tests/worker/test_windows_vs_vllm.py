@@ -30,7 +30,7 @@ def test_greedy_tokens_and_logprobs_equal_vllms(real_vllm, tmp_path, kind):
     rng = random.Random(1)
     shared = [rng.randrange(2, VOCAB) for _ in range(48)]
     prompts = [[rng.randrange(2, VOCAB) for _ in range(70)], shared + [rng.randrange(2, VOCAB) for _ in range(20)],
-               shared + [rng.randrange(2, VOCAB) for _ in range(9)]]  # fmt: skip
+               shared + [rng.randrange(2, VOCAB) for _ in range(9)]]
     spec, result = tmp_path / "spec.json", tmp_path / "result.json"
     spec.write_text(
         json.dumps(
@@ -50,7 +50,7 @@ def test_greedy_tokens_and_logprobs_equal_vllms(real_vllm, tmp_path, kind):
     ]
     with open(tmp_path / "vllm.log", "wb") as log:
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
-                             "PATH": "/usr/bin:/bin"}, start_new_session=True)  # fmt: skip
+                             "PATH": "/usr/bin:/bin"}, start_new_session=True)
         try:
             rc = p.wait(600)
         finally:

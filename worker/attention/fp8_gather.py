@@ -45,12 +45,12 @@ class Fp8Gather:
         self._write.restype = ctypes.c_int
         self._write.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                 ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_float,
-                                ctypes.c_float, ctypes.c_int]  # fmt: skip
+                                ctypes.c_float, ctypes.c_int]
         self._fn = lib.fp8_gather_dequant
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                              ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                             ctypes.c_int, ctypes.c_float, ctypes.c_int]  # fmt: skip
+                             ctypes.c_int, ctypes.c_float, ctypes.c_int]
 
     @staticmethod
     def supports(out_dtype: torch.dtype, device: torch.device) -> bool:
@@ -71,14 +71,14 @@ class Fp8Gather:
             slots = slots.to(torch.int64).contiguous()
         fp8_mant, fp8_bias = _FP8[fp8]
         rc = self._write(x.data_ptr(), _IN_KIND[x.dtype], T, row, slots.data_ptr(), cache.data_ptr(), cache.shape[0],
-                         fp8_mant, fp8_bias, scale, torch.finfo(fp8).max, torch.get_num_threads())  # fmt: skip
+                         fp8_mant, fp8_bias, scale, torch.finfo(fp8).max, torch.get_num_threads())
         if rc == -1:
             raise IndexError(f"fp8 write: a slot is outside 0..{cache.shape[0] - 1}")
         if rc != 0:
             raise RuntimeError(f"fp8 write: the kernel returned {rc}")
 
     def __call__(self, cache: torch.Tensor, block_ids: torch.Tensor | None, first: int, m: int, fp8: torch.dtype,
-                 out: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip
+                 out: torch.Tensor, scale: float) -> torch.Tensor:
         """out[:m] = the fp8 values of ``cache`` (num_blocks, block_elems) uint8 at rows
         ``block_ids`` (int64; None: rows first .. first + m - 1), times ``scale``, in
         out's dtype -- what ``index_select`` then ``kv_quant.dequantize`` give."""
@@ -95,7 +95,7 @@ class Fp8Gather:
         # dtype with the same exponent field (float16); elsewhere it reads finite.
         top = fp8 == torch.float8_e5m2 and out.dtype == torch.float16
         rc = self._fn(cache.data_ptr(), num_blocks, block_elems, ids_ptr, first, m, out.data_ptr(),
-                      _OUT_KIND[out.dtype], fp8_mant, fp8_bias, top, scale, torch.get_num_threads())  # fmt: skip
+                      _OUT_KIND[out.dtype], fp8_mant, fp8_bias, top, scale, torch.get_num_threads())
         if rc == -1:
             raise IndexError(f"fp8 gather: a block id is outside 0..{num_blocks - 1}")
         if rc != 0:

@@ -45,6 +45,6 @@ def in_place_kernels(
             problem = None if k is None else triton_paged.self_check(k, cache_dtype, dtype, device, block_size, num_kv_heads, head_dim, group)
             if problem is not None:
                 log.warning("the Triton %s kernel fails its check on %s (%s); that part of attention gathers blocks for SDPA",
-                            k.name, device, problem)  # fmt: skip
+                            k.name, device, problem)
                 chosen[i] = None
     return chosen[0], chosen[1]

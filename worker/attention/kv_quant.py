@@ -73,7 +73,7 @@ def quantize(x: torch.Tensor, fp8: torch.dtype, scale: float, toward_zero: bool)
 
 # (mantissa bits, exponent bias) of each format, and the same-size integer of each compute dtype.
 _FIELDS = {torch.float8_e4m3fn: (3, 7), torch.float8_e5m2: (2, 15), torch.bfloat16: (7, 127), torch.float16: (10, 15),
-           torch.float32: (23, 127), torch.float64: (52, 1023)}  # fmt: skip
+           torch.float32: (23, 127), torch.float64: (52, 1023)}
 _INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 

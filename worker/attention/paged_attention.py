@@ -147,7 +147,7 @@ class PagedAttention:
         self._positions = torch.arange(max_blocks_per_seq * self.block_size, device=device)
         # The in-place kernels (None: the grouped gather and SDPA; a gather and SDPA per chunk).
         self.decode_kernel, self.prefill_kernel = in_place_kernels(kernels, device, cache_dtype, dtype, self.head_dim, self.group,
-                                                                   decode_kernel, prefill_kernel, self.block_size, self.num_kv_heads)  # fmt: skip
+                                                                   decode_kernel, prefill_kernel, self.block_size, self.num_kv_heads)
         if cascade_min_tokens == "auto":
             cascade_min_tokens = None if self.decode_kernel is not None else DEFAULT_CASCADE_MIN_TOKENS
         # None: no shared-prefix groups (off, or not on CPU where the cascade kernel lives).
@@ -183,7 +183,7 @@ class PagedAttention:
             chunks = prefill_chunks(block_table, table_np, prefills, len(decode_rows), self.block_size, self._positions, sliding_window)
         kernel_rows = groups if isinstance(groups, DecodeRows) else None
         return AttentionMetadata(slot_mapping, len(decode_rows), [] if kernel_rows is not None else groups, chunks, shared, order, sliding_window,
-                                 kernel_rows, kernel_prefills)  # fmt: skip
+                                 kernel_rows, kernel_prefills)
 
     def _decode_metadata(
         self, block_table: torch.Tensor, table_np: np.ndarray | None, decode_rows: list[int], decode_context_lens: list[int],
@@ -321,7 +321,7 @@ class PagedAttention:
         """``_gather`` (block_ids) or a consecutive run (None: first ..) of an fp8 cache, one pass each of K and V."""
         cache, fp8, s = self._bytes[layer], self.kv_caches[layer].dtype, self.scales[layer]
         return (self._fused(cache[0], block_ids, first, m, fp8, self._k_work, 1.0),
-                self._fused(cache[1], block_ids, first, m, fp8, self._v_work, s.v))  # fmt: skip
+                self._fused(cache[1], block_ids, first, m, fp8, self._v_work, s.v))
 
     def _blocks(self, layer: int, block_ids: torch.Tensor, first_block: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """As ``_gather``, but blocks whose ids run consecutively are read in place (an fp8
@@ -349,7 +349,7 @@ class PagedAttention:
         if md.prefill_rows is not None:
             r, s = md.prefill_rows, self.scales[layer]
             self.prefill_kernel(q, self.kv_caches[layer], r.table, r.table_row, r.first, r.num_queries, r.offset,
-                                md.sliding_window, self.kernel_scale, out, (s.k, s.v))  # fmt: skip
+                                md.sliding_window, self.kernel_scale, out, (s.k, s.v))
         for c in md.prefills:
             ctx = c.num_ctx_blocks * self.block_size
             kc, vc = self._blocks(layer, c.block_ids, c.first_block)
@@ -392,6 +392,6 @@ class PagedAttention:
             res[g.start : g.end] = o.reshape(n, self.num_heads, hd)
         if md.shared_prefixes:
             merge_shared_prefixes(qr, res, lse, md.shared_prefixes, lambda ids, first: self._blocks(layer, ids, first), self.block_size,
-                                  self.sdpa_scale(layer))  # fmt: skip
+                                  self.sdpa_scale(layer))
         if md.decode_order is not None:
             out.index_copy_(0, md.decode_order, res)

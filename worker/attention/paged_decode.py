@@ -47,7 +47,7 @@ class PagedDecode:
         self._fn = lib.paged_decode
         self._fn.restype = _I
         self._fn.argtypes = [_P, _I64, _P, _P, _I, ctypes.c_float, ctypes.c_float, _I64, _I, _I, _I, _I, _P, _I64, _I64,
-                             _P, _P, _P, _P, _I64, ctypes.c_float, _I, _P, _P, _I]  # fmt: skip
+                             _P, _P, _P, _P, _I64, ctypes.c_float, _I, _P, _P, _I]
         self.max_head_dim = lib.paged_decode_max_head_dim()
         self.max_group = lib.paged_decode_max_group()
 
@@ -61,7 +61,7 @@ class PagedDecode:
 
     def __call__(self, q: torch.Tensor, cache: torch.Tensor, table: torch.Tensor, rows: np.ndarray, first_col: np.ndarray,
                  nkeys: np.ndarray, lead: np.ndarray, scale: float, out: torch.Tensor, lse: torch.Tensor | None = None,
-                 kv_scales: tuple[float, float] = (1.0, 1.0)) -> None:  # fmt: skip
+                 kv_scales: tuple[float, float] = (1.0, 1.0)) -> None:
         """out[i] = attention of q[i] (B, nh, hd) over keys [lead[i], nkeys[i]) counted from
         column first_col[i] of table row rows[i] (int64 arrays of B); cache: one layer's
         (2, num_blocks, block_size, kvh, hd), each half contiguous (a cache cut to its first
@@ -89,7 +89,7 @@ class PagedDecode:
         rc = self._fn(q.data_ptr(), q.stride(0), cache[0].data_ptr(), cache[1].data_ptr(), _KIND[cache.dtype], *kv_scales,
                       num_blocks, bs, kvh, hd, nh, table.data_ptr(), table.shape[0], table.shape[1],
                       *(a.ctypes.data for a in arrays), B, scale, q.dtype == torch.bfloat16, out.data_ptr(), lse_ptr,
-                      torch.get_num_threads())  # fmt: skip
+                      torch.get_num_threads())
         if rc == -1:
             raise IndexError(f"paged decode: a block id in the table is outside 0..{num_blocks - 1}")
         if rc != 0:

@@ -45,7 +45,7 @@ class PagedPrefill:
         self._fn = lib.paged_prefill
         self._fn.restype = _I
         self._fn.argtypes = [_I, _P, _I64, _P, _P, _I64, _I, _I, _I, _I, _P, _I64, _I64, _P, _P, _P, _P, _I64, _I64,
-                             ctypes.c_float, _P, _I64, _I]  # fmt: skip
+                             ctypes.c_float, _P, _I64, _I]
         self.max_head_dim = lib.paged_prefill_max_head_dim()
         self.max_group = lib.paged_prefill_max_group()
 
@@ -53,11 +53,11 @@ class PagedPrefill:
         """Whether a cache of this dtype, read in this compute dtype, on this device, with
         these heads runs here (float32 or bfloat16, the cache's own; heads of 32k elements)."""
         return (device.type == "cpu" and cache_dtype in _DTYPES and dtype == cache_dtype and head_dim % 32 == 0
-                and head_dim <= self.max_head_dim and 1 <= group <= self.max_group)  # fmt: skip
+                and head_dim <= self.max_head_dim and 1 <= group <= self.max_group)
 
     def __call__(self, q: torch.Tensor, cache: torch.Tensor, table: torch.Tensor, rows: np.ndarray, first: np.ndarray,
                  n: np.ndarray, offset: np.ndarray, window: int, scale: float, out: torch.Tensor,
-                 kv_scales: tuple[float, float] = (1.0, 1.0)) -> None:  # fmt: skip
+                 kv_scales: tuple[float, float] = (1.0, 1.0)) -> None:
         """out[offset[c]:offset[c] + n[c]] = causal attention of the same tokens of q (T, nh,
         hd), at positions [first[c], first[c] + n[c]), over the keys of table row rows[c]
         (and only the last ``window`` positions when window > 0); int64 arrays of one entry
@@ -85,7 +85,7 @@ class PagedPrefill:
         rc = self._fn(q.dtype == torch.bfloat16, q.data_ptr(), q.stride(0), cache[0].data_ptr(), cache[1].data_ptr(),
                       num_blocks, bs, kvh, hd, nh, table.data_ptr(), table.shape[0], table.shape[1],
                       *(a.ctypes.data for a in arrays), len(arrays[0]), window, scale, out.data_ptr(), out.stride(0),
-                      torch.get_num_threads())  # fmt: skip
+                      torch.get_num_threads())
         if rc == -1:
             raise IndexError(f"paged prefill: a block id in the table is outside 0..{num_blocks - 1}")
         if rc == -3:

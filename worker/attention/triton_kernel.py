@@ -90,7 +90,7 @@ def paged_attention_kernel(
     BS: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HD_P: tl.constexpr,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr,
     KV_KIND: tl.constexpr, WRITE_LSE: tl.constexpr, UPCAST: tl.constexpr,
-):  # fmt: skip
+):
     tile = tl.program_id(0)
     h = tl.program_id(1)  # the kv head
     meta = tiles_ptr + tile * 6

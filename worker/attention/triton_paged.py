@@ -81,7 +81,7 @@ class _TritonAttention:
         T, nh, _ = q.shape
         if nh % kvh or not self.supports(cache.dtype, q.dtype, cache.device, hd, nh // kvh) or out.dtype != q.dtype:
             raise ValueError(f"{self.name}: q {q.dtype} and out {out.dtype} must share a dtype the {cache.dtype} cache is read in "
-                             f"on {cache.device}, with heads it takes ({nh} over {kvh})")  # fmt: skip
+                             f"on {cache.device}, with heads it takes ({nh} over {kvh})")
         if not cache[0].is_contiguous() or not cache[1].is_contiguous():
             raise ValueError(f"{self.name}: the cache's K and V halves must each be contiguous")
         for name, t in (("q", q), ("out", out)):
@@ -136,7 +136,7 @@ class _TritonAttention:
             BS=bs, KVH=kvh, HD=hd, HD_P=max(16, _pow2(hd)), GROUP=group, GROUP_P=group_p, BLOCK_M=block_m,
             TILE_N=self.tile_n, KV_KIND=kind, WRITE_LSE=lse is not None, UPCAST=q.device.type != "cuda",
             num_warps=num_warps(q.dtype == torch.float32, block_m),
-        )  # fmt: skip
+        )
 
 
 class TritonDecode(_TritonAttention):
@@ -146,7 +146,7 @@ class TritonDecode(_TritonAttention):
 
     def __call__(self, q: torch.Tensor, cache: torch.Tensor, table: torch.Tensor, rows: np.ndarray, first_col: np.ndarray,
                  nkeys: np.ndarray, lead: np.ndarray, scale: float, out: torch.Tensor, lse: torch.Tensor | None = None,
-                 kv_scales: tuple[float, float] = (1.0, 1.0)) -> None:  # fmt: skip
+                 kv_scales: tuple[float, float] = (1.0, 1.0)) -> None:
         """out[i] = attention of q[i] (B, nh, hd) over keys [lead[i], nkeys[i]) counted from
         column first_col[i] of table row rows[i]; lse: (B, kvh, nh // kvh) float32 or None."""
         self._check(q, cache, table, out)
@@ -167,7 +167,7 @@ class TritonDecode(_TritonAttention):
         def build() -> np.ndarray:
             base = first_col_ * bs
             return np.stack([rows_, np.arange(B), base + nkeys_ - 1, np.ones(B, np.int64), base + lead_, np.arange(B)],
-                            axis=1).astype(np.int32)  # fmt: skip
+                            axis=1).astype(np.int32)
 
         tiles = self._tiles((rows, first_col, nkeys, lead, bs), build, q.device)
         self._launch(q, cache, table, tiles, out, lse, scale, kv_scales, 0)
@@ -180,7 +180,7 @@ class TritonPrefill(_TritonAttention):
 
     def __call__(self, q: torch.Tensor, cache: torch.Tensor, table: torch.Tensor, rows: np.ndarray, first: np.ndarray,
                  n: np.ndarray, offset: np.ndarray, window: int, scale: float, out: torch.Tensor,
-                 kv_scales: tuple[float, float] = (1.0, 1.0)) -> None:  # fmt: skip
+                 kv_scales: tuple[float, float] = (1.0, 1.0)) -> None:
         """out[offset[c]:offset[c] + n[c]] = causal attention of the same tokens of q (T, nh,
         hd), at positions [first[c], first[c] + n[c]), over the keys of table row rows[c]
         (only the last ``window`` positions when window > 0)."""
@@ -206,7 +206,7 @@ class TritonPrefill(_TritonAttention):
             start = (np.arange(len(chunk)) - np.repeat(np.cumsum(per_chunk) - per_chunk, per_chunk)) * bq
             count = np.minimum(bq, n_[chunk] - start)
             return np.stack([rows_[chunk], offset_[chunk] + start, first_[chunk] + start, count, np.zeros_like(chunk),
-                             np.zeros_like(chunk)], axis=1).astype(np.int32)  # fmt: skip
+                             np.zeros_like(chunk)], axis=1).astype(np.int32)
 
         tiles = self._tiles((rows, first, n, offset, bq), build, q.device)
         self._launch(q, cache, table, tiles, out, None, scale, kv_scales, window)
@@ -234,7 +234,7 @@ def load_prefill(block_q: int = 16, tile_n: int = 32) -> TritonPrefill | None:
 
 
 def self_check(kernel: _TritonAttention, cache_dtype: torch.dtype, dtype: torch.dtype, device: torch.device, block_size: int,
-               num_kv_heads: int, head_dim: int, group: int) -> str | None:  # fmt: skip
+               num_kv_heads: int, head_dim: int, group: int) -> str | None:
     """None when one small call on ``device`` (this cache's dtypes, block size and heads:
     the kernel a step compiles) equals attention computed by torch; else what went wrong.
     NOTE: a Triton that compiles differently (another version, another GPU) fails here, at

@@ -71,7 +71,7 @@ class DiskStore:
         removed = self._make_room(0)
         if found:
             log.info("disk tier %s: %d blocks (%d bytes) from an earlier run%s", self.dir, len(self._sizes), self.used_bytes,
-                     f", {len(removed)} removed to fit {self.max_bytes} bytes" if removed else "")  # fmt: skip
+                     f", {len(removed)} removed to fit {self.max_bytes} bytes" if removed else "")
 
     def _path(self, key: str) -> Path:
         return self.dir / key[:2] / (key + SUFFIX)

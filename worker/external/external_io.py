@@ -206,7 +206,7 @@ class ExternalIO:
             pause = getattr(self.store, "full_pause_s", self.pause_s) if e.reason == "full" else self.pause_s
             self._paused_until = time.monotonic() + pause
             log.warning("external tier (%s): a save failed (%s): %s; saving pauses for %g s, serving goes on",
-                        self.store.name, e.reason, e, pause)  # fmt: skip
+                        self.store.name, e.reason, e, pause)
             self._report_removed([key])
             return
         c.save_seconds += time.perf_counter() - t0

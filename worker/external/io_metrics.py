@@ -32,10 +32,10 @@ class ExternalIOCollector(LabelledCounters):
         yield self._counter("kvpool_kv_offload_tiering_saves_paused", "Saves not tried: saving was paused after a failed save.", c.saves_paused)
         yield self._counter("kvpool_kv_offload_tiering_saves_dropped",
                             "Saves not queued: the saves waiting to be written held too many bytes already (a store slower than prefill).",
-                            c.saves_dropped)  # fmt: skip
+                            c.saves_dropped)
         yield self._by_reason("kvpool_kv_offload_tiering_bad_blocks",
                               "Blocks a load could not use, computed again instead: missing, truncated, checksum, foreign, key, "
-                              "magic, version, io or unreachable.", c.load_failures)  # fmt: skip
+                              "magic, version, io or unreachable.", c.load_failures)
         yield self._by_reason("kvpool_kv_offload_tiering_save_failures", "Saves that failed: full, io or unreachable.", c.save_failures)
         paused = GaugeMetricFamily("kvpool_kv_offload_tiering_saving_paused", "1 while saving is paused after a failed save.", labels=self.names)
         paused.add_metric(self.values, float(self.io.saving_paused))

@@ -24,7 +24,7 @@ def open_external_tier(config: WorkerConfig, serving: ServingModel, kv_caches: l
         return None
     if serving.kv_cache_groups and hello_group_windows(serving.kv_cache_groups):
         raise ValueError(f"--kv-offloading-backend {backend}: not supported with hybrid KV-cache groups yet; pass "
-                         "--disable-hybrid-kv-cache-manager, or serve without an external tier")  # fmt: skip
+                         "--disable-hybrid-kv-cache-manager, or serve without an external tier")
     identity = kv_block_identity(serving, kv_caches, config.block_size)
     if backend == "disk":
         from worker.external.disk_store import DiskStore

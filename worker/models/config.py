@@ -109,7 +109,7 @@ def _rope(cfg: dict, where: str, default_theta: float = 10000.0) -> Rope:
     # transformers >= 5 writes ``rope_parameters`` (theta inside); older configs
     # ``rope_theta`` and ``rope_scaling`` (with "type" or "rope_type").
     return _parse_rope({**(cfg.get("rope_scaling") or {}), **(cfg.get("rope_parameters") or {})},
-                       cfg.get("rope_theta", default_theta), where)  # fmt: skip
+                       cfg.get("rope_theta", default_theta), where)
 
 
 def _ropes(cfg: dict, variant: Variant, where: str) -> tuple[Rope, Rope | None]:
@@ -159,7 +159,7 @@ def _gemma_fields(cfg: dict, where: str) -> dict:
         raise ModelConfigError(f"{where}: use_bidirectional_attention (an embedding model) is not supported")
     cap = cfg.get("final_logit_softcapping")
     return {"attention_scale": float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5,
-            "final_logit_softcapping": None if cap is None else float(cap)}  # fmt: skip
+            "final_logit_softcapping": None if cap is None else float(cap)}
 
 
 def model_config_from_hf(cfg: dict, generation_config: dict | None = None, where: str = "config.json") -> ModelConfig:

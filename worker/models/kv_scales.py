@@ -35,7 +35,7 @@ def read_kv_scales(checkpoint: Checkpoint, num_layers: int) -> list[KVScales]:
     for name, tensor in checkpoint.load(list(found), torch.float32, "cpu").items():
         if tensor.numel() != 1:
             raise CheckpointError(f"{checkpoint.tensor_files[name]}: {name!r} has shape {tuple(tensor.shape)}: "
-                                  "only a per-tensor scaling factor is supported for an fp8 KV cache")  # fmt: skip
+                                  "only a per-tensor scaling factor is supported for an fp8 KV cache")
         scale = float(tensor.reshape(()))
         if not scale > 0.0:
             raise CheckpointError(f"{checkpoint.tensor_files[name]}: {name!r} is {scale}: a KV cache scale must be positive")

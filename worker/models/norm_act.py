@@ -67,7 +67,7 @@ class NormAct:
         x2 = x if flat else x.reshape(-1, d)
         y = torch.empty_like(x2, memory_format=torch.contiguous_format)
         rc = self._norm(x.dtype == torch.bfloat16, x2.data_ptr(), x2.stride(0), x2.shape[0], d, weight.data_ptr(), eps,
-                        y.data_ptr(), d, torch.get_num_threads())  # fmt: skip
+                        y.data_ptr(), d, torch.get_num_threads())
         if rc != 0:
             raise ValueError(f"rms_norm: the library refused x {tuple(x.shape)} (rc {rc})")
         return y if flat else y.view(x.shape)
@@ -82,7 +82,7 @@ class NormAct:
         elif out.shape != (t, inter) or out.dtype != gate_up.dtype or out.stride(-1) != 1:
             raise ValueError(f"silu_mul: out {tuple(out.shape)} {out.dtype} for gate_up {tuple(gate_up.shape)} {gate_up.dtype}")
         rc = self._silu(gate_up.dtype == torch.bfloat16, gate_up.data_ptr(), gate_up.stride(0), t, inter, out.data_ptr(),
-                        out.stride(0), torch.get_num_threads())  # fmt: skip
+                        out.stride(0), torch.get_num_threads())
         if rc != 0:
             raise ValueError(f"silu_mul: the library refused gate_up {tuple(gate_up.shape)} (rc {rc})")
         return out

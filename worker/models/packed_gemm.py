@@ -87,7 +87,7 @@ class PackedGemm:
         if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous() or bias.numel() != n):
             raise ValueError(f"packed gemm: bias must be ({n},) contiguous {x.dtype}")
         rc = self._fn(x.dtype == torch.bfloat16, x2.data_ptr(), x2.stride(0), x2.shape[0], k, packed.data_ptr(),
-                      None if bias is None else bias.data_ptr(), n, y.data_ptr(), n, torch.get_num_threads())  # fmt: skip
+                      None if bias is None else bias.data_ptr(), n, y.data_ptr(), n, torch.get_num_threads())
         if rc != 0:
             raise ValueError(f"packed gemm: the library refused a ({n}, {k}) weight (rc {rc})")
         return y if flat else y.view(*x.shape[:-1], n)

@@ -71,7 +71,7 @@ class TPGroup:
                 port = self._listener.getsockname()[1]
                 listen_fd = self._listener.fileno()
             self.store = dist.TCPStore(host, port, world_size=None, is_master=rank == 0, timeout=self.startup_timeout,
-                                       wait_for_workers=False, master_listen_fd=listen_fd)  # fmt: skip
+                                       wait_for_workers=False, master_listen_fd=listen_fd)
         except (RuntimeError, OSError) as e:
             who = "host the group's store on" if rank == 0 else "reach rank 0's store at"
             raise GroupError(f"rank {rank} cannot {who} {init_method}: {e}") from None
@@ -143,7 +143,7 @@ class TPGroup:
             extra["device_id"] = self.device
         try:
             dist.init_process_group(self.backend, store=dist.PrefixStore("pg", self.store), rank=self.rank,
-                                    world_size=self.world_size, timeout=self.timeout, **extra)  # fmt: skip
+                                    world_size=self.world_size, timeout=self.timeout, **extra)
         except (RuntimeError, ValueError) as e:
             raise GroupError(f"rank {self.rank}: init_process_group ({self.backend}) failed: {e}") from None
         self.started = True

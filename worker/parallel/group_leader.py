@@ -44,7 +44,7 @@ EXIT_GROUP_LOST = 5
 
 class GroupLeader(WorkerProcess):
     def __init__(self, config: WorkerConfig, serving: ServingModel, kv_caches: list[torch.Tensor], metrics: WorkerMetrics | None,
-                 fanout: PlanFanout, host_caches: list[torch.Tensor] | None = None):  # fmt: skip
+                 fanout: PlanFanout, host_caches: list[torch.Tensor] | None = None):
         super().__init__(config, serving, kv_caches, metrics, host_caches)
         self.fanout = fanout
         self._frame = b""

@@ -33,7 +33,7 @@ log = logging.getLogger("worker")
 class RankFollower:
     def __init__(self, model: DecoderModel, kv_caches: list[torch.Tensor], fanout: PlanFanout,
                  host_caches: list[torch.Tensor] | None = None, kv_scales: list[KVScales] | None = None,
-                 groups: list[KVCacheGroupSpec] | None = None, layer_windows: tuple[int, ...] | None = None):  # fmt: skip
+                 groups: list[KVCacheGroupSpec] | None = None, layer_windows: tuple[int, ...] | None = None):
         self.model = model
         # The KV-cache groups and each layer's window (None: one full-attention group), as rank 0's.
         self.groups, self.layer_windows = groups, layer_windows
@@ -70,7 +70,7 @@ class RankFollower:
         if self.host_caches is not None and ready.num_host_blocks > 0:
             hosts = [h[:, : ready.num_host_blocks] for h in self.host_caches]
         self.runner = ModelRunner(self.model, caches, ready.max_num_seqs, ready.max_model_len, ready.next_step_id,
-                                  host_caches=hosts, kv_scales=self.kv_scales, groups=self.groups, layer_windows=self.layer_windows)  # fmt: skip
+                                  host_caches=hosts, kv_scales=self.kv_scales, groups=self.groups, layer_windows=self.layer_windows)
         self.runner.samples = False
         self._waiting = []
         log.info("rank %d ready: %d blocks, next step %d", self.fanout.group.rank, ready.num_blocks, ready.next_step_id)

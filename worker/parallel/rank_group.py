@@ -67,7 +67,7 @@ class LocalRanks:
         env = dict(os.environ, OMP_NUM_THREADS=str(num_threads))
         for rank in range(1, world_size):
             cmd = [sys.executable, "-m", "worker", *argv, "--rank", str(rank), "--distributed-init-method", init_method,
-                   "--http-port", "0"]  # fmt: skip
+                   "--http-port", "0"]
             self.procs.append(subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent))
 
     @property
@@ -90,7 +90,7 @@ class LocalRanks:
 
 
 def run_rank(config: WorkerConfig, serving: ServingModel, kv_caches: list[torch.Tensor], metrics: WorkerMetrics | None,
-             group: TPGroup, ctx: zmq.Context, host_caches: list[torch.Tensor] | None = None) -> int:  # fmt: skip
+             group: TPGroup, ctx: zmq.Context, host_caches: list[torch.Tensor] | None = None) -> int:
     """Serve as this rank until the group stops; EXIT_GROUP_LOST if another rank died."""
     fanout = PlanFanout(group)
     try:

@@ -59,7 +59,7 @@ def kvpool_routes() -> set[tuple[str, str]]:
     from worker.tiny.generate import default_checkpoint
 
     config = FrontendConfig(str(default_checkpoint()), "tiny", dev_mode=True, allow_runtime_lora_updating=True,
-                            enable_tokenizer_info_endpoint=True, disable_fastapi_docs=True)  # fmt: skip
+                            enable_tokenizer_info_endpoint=True, disable_fastapi_docs=True)
     app = APIServer(config).build_app()
     return {(r.resource.canonical, r.method.lower()) for r in app.router.routes()}
 
@@ -79,7 +79,7 @@ def main() -> None:
     kept = {(p, m) for p, item in schema["paths"].items() for m in item if m in METHODS}
     DATA.write_text(json.dumps({"schema": schema, "pages": vllm["pages"]}, indent=1) + "\n")
     print(f"wrote {DATA.relative_to(REPO)}: {len(kept)} operations on {len(schema['paths'])} paths, "
-          f"{len(schema.get('components', {}).get('schemas', {}))} component schemas")  # fmt: skip
+          f"{len(schema.get('components', {}).get('schemas', {}))} component schemas")
     for path, method in sorted(routes - kept):
         print(f"  kvpool's {method.upper()} {path}: not in vLLM 0.32's schema")
 

@@ -25,10 +25,10 @@ from tests.scheduler.core.test_kv_cache_manager_stateful import (
 
 class PolicyManagerMachine(ManagerMachine):
     @initialize(num_blocks=st.integers(2, 16), enable_caching=st.booleans(), policy=st.sampled_from(KV_EVICTION_POLICIES),
-                scheduling=st.sampled_from(["fcfs", "priority"]))  # fmt: skip
+                scheduling=st.sampled_from(["fcfs", "priority"]))
     def make_manager(self, num_blocks, enable_caching, policy, scheduling):
         self.manager = kv_cache_manager_class(scheduling)(num_blocks, BLOCK_SIZE, MAX_MODEL_LEN, enable_caching=enable_caching,
-                                                          pool_factory=eviction_pool_factory(policy, scheduling))  # fmt: skip
+                                                          pool_factory=eviction_pool_factory(policy, scheduling))
 
     @rule(prompt=st.lists(st.integers(0, 2), min_size=1, max_size=20), ttl=st.sampled_from([None, 1.0]), now=st.floats(0, 3))
     def pin(self, prompt, ttl, now):

@@ -63,7 +63,7 @@ def test_the_window_frees_its_blocks_deepest_first_and_nulls_them(m):
     assert n == 0 and new.get_block_ids() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]
     assert [m.block_pool.blocks[i].block_hash is not None for i in range(1, 11)] == [
         *[True] * 5, False, False, True, True, False,
-    ]  # fmt: skip
+    ]
     assert queue(m) == "11 12 13 14 15"
     assert m.take_nulled() == []
     # Token 10 attends to positions 7..10: blocks 0..2 (positions 0..5) are wholly

@@ -166,7 +166,7 @@ def run_ours(case: dict) -> list[dict]:
             "keys": sorted(k.hex() for k in kv.block_pool.cached_block_hash_to_block.keys()),
             "stored": stored,
             "removed": removed,
-        })  # fmt: skip
+        })
     return out
 
 
@@ -176,7 +176,7 @@ def cases() -> list[dict]:
         for seed in SEEDS:
             ops = random_ops(random.Random(f"{windows}/{seed}"), bs)
             out.append({"windows": windows, "block_size": bs, "num_blocks": num_blocks, "max_model_len": MAX_MODEL_LEN,
-                        "max_num_batched_tokens": MAX_BATCHED, "enable_caching": caching, "ops": ops})  # fmt: skip
+                        "max_num_batched_tokens": MAX_BATCHED, "enable_caching": caching, "ops": ops})
     return out
 
 
@@ -188,7 +188,7 @@ def both(real_vllm):
         "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "0"
     }
     proc = subprocess.run([str(real_vllm / ".venv-vllm/bin/python"), str(script)], input=json.dumps(all_cases),
-                          capture_output=True, text=True, timeout=500, env=env)  # fmt: skip
+                          capture_output=True, text=True, timeout=500, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     theirs = json.loads(proc.stdout.strip().splitlines()[-1])
     return all_cases, theirs

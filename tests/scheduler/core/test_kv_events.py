@@ -76,7 +76,7 @@ def make_workload(rng: random.Random, n: int, first_id: int) -> list[dict]:
     for i in range(n):
         prompt = (rng.choice(prefixes) if rng.random() < 0.7 else []) + [rng.randrange(2, VOCAB) for _ in range(rng.randrange(1, 20))]
         reqs.append(dict(request_id=f"r{first_id + i}", prompt=prompt, max_tokens=rng.randrange(1, 24),
-                         arrive_step=rng.randrange(0, n // 2 + 1)))  # fmt: skip
+                         arrive_step=rng.randrange(0, n // 2 + 1)))
     return reqs
 
 
@@ -99,7 +99,7 @@ class Engine:
             while pending and pending[0]["arrive_step"] <= step:
                 w = pending.pop(0)
                 self.sched.add_request(Request(w["request_id"], w["prompt"], w["max_tokens"], seq_id=self.num_seqs,
-                                               eos_token_id=EOS, block_hasher=self.hasher))  # fmt: skip
+                                               eos_token_id=EOS, block_hasher=self.hasher))
                 self.num_seqs += 1
             out = self.sched.schedule()
             if out is not None:
@@ -240,9 +240,9 @@ def test_curve_admits_only_authorized_subscribers(tmp_path):
     try:
         pub.publish([BlockStored([b"\x01" * 32], None, [1] * 4, 4)])
         good = KVEventSubscriber(pub.endpoint, pub.replay_endpoint, curve_secret_key=str(allowed / "router.key_secret"),
-                                 curve_server_key=server_public)  # fmt: skip
+                                 curve_server_key=server_public)
         bad = KVEventSubscriber(pub.endpoint, pub.replay_endpoint, replay_timeout_s=0.5,
-                                curve_secret_key=str(other / "stranger.key_secret"), curve_server_key=server_public)  # fmt: skip
+                                curve_secret_key=str(other / "stranger.key_secret"), curve_server_key=server_public)
         subs += [good, bad]
         assert good.sync() == 1 and good.cached_hashes == {0x0101010101010101}
         assert bad.sync() == 0 and bad.cached_hashes == set()

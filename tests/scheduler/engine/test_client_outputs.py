@@ -35,7 +35,7 @@ def test_one_batch_per_client_in_batch_order_with_finishes_and_logprobs():
     assert batches[A] == EngineCoreOutputs([
         TokenOutput("a0", [7], num_cached_tokens=16),
         TokenOutput("a1", [9], True, "length", 4, [TokenLogprobs(-0.5, [9, 3], [-0.5, -1.5])]),
-    ])  # fmt: skip
+    ])
     assert batches[B] == EngineCoreOutputs([TokenOutput("b0", [8], True, "stop"), TokenOutput("b1", [6], num_cached_tokens=8)])
 
 

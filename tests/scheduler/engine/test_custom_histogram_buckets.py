@@ -16,7 +16,7 @@ from scheduler.engine.metrics import SchedulerMetrics
 
 INF = float("inf")
 LATENCY_FAMILY = ("vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds", "vllm:request_inference_time_seconds",
-                  "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds")  # fmt: skip
+                  "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds")
 RESIDENCY_FAMILY = ("vllm:kv_block_lifetime_seconds", "vllm:kv_block_idle_before_evict_seconds", "vllm:kv_block_reuse_gap_seconds")
 
 
@@ -62,7 +62,7 @@ def test_the_residency_family_reaches_the_kv_cache_metrics():
         ("[1, 2]", "custom_histogram_buckets: must be a JSON object"),
         ("{request_latency: [1]}", "not JSON: "),
     ],
-)  # fmt: skip
+)
 def test_bad_values_are_refused_naming_the_problem(text, message, capsys):
     with pytest.raises(argparse.ArgumentTypeError) as e:
         custom_histogram_buckets(text)

@@ -30,7 +30,7 @@ def build(group_windows: list[int], **config):
     side = SimpleNamespace(
         config=dataclasses.replace(SchedulerConfig(), **config), state=SimpleNamespace(kv=None, scheduler=None),
         kv_event_sink=None, metrics=SimpleNamespace(set_cache_config_info=lambda info: None), pool_group_windows=None,
-    )  # fmt: skip
+    )
     WorkerSide._build_pool(side, hello, 64)
     return side
 

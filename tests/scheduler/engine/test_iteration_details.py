@@ -47,11 +47,11 @@ def test_counts_and_wording_step_by_step(caplog):
         details.begin(s.schedule())
         line2 = details.end(kv)
     assert re.fullmatch(r"Engine 002: Iteration\(0\): 2 context requests, 10 context tokens, 0 generation requests, "
-                        rf"0 generation tokens, {ELAPSED}, GPU KV cache usage: 3\.0%", line0), line0  # fmt: skip
+                        rf"0 generation tokens, {ELAPSED}, GPU KV cache usage: 3\.0%", line0), line0
     assert re.fullmatch(r"Engine 002: Iteration\(1\): 1 context requests, 6 context tokens, 1 generation requests, "
-                        rf"1 generation tokens, {ELAPSED}, GPU KV cache usage: 5\.0%", line1), line1  # fmt: skip
+                        rf"1 generation tokens, {ELAPSED}, GPU KV cache usage: 5\.0%", line1), line1
     assert re.fullmatch(r"Engine 002: Iteration\(2\): 0 context requests, 0 context tokens, 1 generation requests, "
-                        rf"10 generation tokens, {ELAPSED}, GPU KV cache usage: 3\.0%", line2), line2  # fmt: skip
+                        rf"10 generation tokens, {ELAPSED}, GPU KV cache usage: 3\.0%", line2), line2
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(logging.INFO, x) for x in (line0, line1, line2)]
 
 
@@ -86,7 +86,7 @@ def test_the_scheduler_process_logs_each_step():
     # 40 prompt tokens in one step (budget 2048), then 2 decode steps; max_tokens 3
     assert len(lines) == 3, log
     assert " INFO scheduler: Engine 000: Iteration(0): 1 context requests, 40 context tokens, 0 generation requests, " \
-           "0 generation tokens, iteration elapsed time: " in lines[0]  # fmt: skip
+           "0 generation tokens, iteration elapsed time: " in lines[0]
     for i in (1, 2):
         assert f"Iteration({i}): 0 context requests, 0 context tokens, 1 generation requests, 1 generation tokens" in lines[i]
 

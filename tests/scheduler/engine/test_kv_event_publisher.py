@@ -37,7 +37,7 @@ def pool_hashes(kv: KVCacheManager) -> set[bytes]:
     "endpoint",
     ["tcp://0.0.0.0:5557", "tcp://*:5557", "tcp://10.1.2.3:5557", "tcp://example.com:5557", "tcp://eth0:5557",
      "tcp://127.0.0.1", "127.0.0.1:5557", "udp://127.0.0.1:5557", "ipc://", "epgm://127.0.0.1:5557"],
-)  # fmt: skip
+)
 def test_non_loopback_endpoints_are_refused(endpoint):
     with pytest.raises(ValueError, match="kv-events"):
         KVEventPublisher(None, endpoint)
@@ -46,7 +46,7 @@ def test_non_loopback_endpoints_are_refused(endpoint):
 
 
 @pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:5557", "tcp://localhost:5557", "tcp://[::1]:5557",
-                                      "tcp://127.0.0.1:*", "ipc:///tmp/kv.sock", "inproc://kv"])  # fmt: skip
+                                      "tcp://127.0.0.1:*", "ipc:///tmp/kv.sock", "inproc://kv"])
 def test_loopback_ipc_and_inproc_are_allowed(endpoint):
     check_local_endpoint(endpoint)
 
@@ -57,7 +57,7 @@ def test_to_wire_event_fills_what_vllm_fills():
     assert stored == wire.BlockStored(
         block_hashes=h[1:], parent_block_hash=h[0], token_ids=list(range(8)), block_size=4, lora_id=None,
         medium="GPU", lora_name=None, group_idx=0, kv_cache_spec_kind="full_attention",
-    )  # fmt: skip
+    )
     assert to_wire_event(BlockStored(h[:1], None, None, 4)).token_ids == []
     assert to_wire_event(BlockRemoved([h[2]]), int_block_hashes=False) == wire.BlockRemoved(block_hashes=[h[2]], medium="GPU", group_idx=0)
     assert to_wire_event(AllBlocksCleared()) == wire.AllBlocksCleared()
@@ -73,7 +73,7 @@ def test_a_hybrid_groups_events_carry_its_index_kind_and_window_as_vllms():
     assert stored == wire.BlockStored(
         block_hashes=h[1:], parent_block_hash=h[0], token_ids=list(range(8)), block_size=4, lora_id=None,
         medium="GPU", lora_name=None, group_idx=2, kv_cache_spec_kind="sliding_window", kv_cache_spec_sliding_window=512,
-    )  # fmt: skip
+    )
     full = to_wire_event(BlockStored(h[1:], None, [], 4, group_idx=5), int_block_hashes=False)
     assert (full.group_idx, full.kv_cache_spec_kind, full.kv_cache_spec_sliding_window) == (5, "full_attention", None)
     removed = to_wire_event(BlockRemoved([h[2]], group_idx=3), int_block_hashes=False)

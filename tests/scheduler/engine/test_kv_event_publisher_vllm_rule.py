@@ -21,7 +21,7 @@ from scheduler.engine.kv_event_publisher import KVEventPublisher
     ("endpoint", "binds"),
     [("tcp://*:5557", True), ("tcp://[::]:5557", True), ("tcp://[::1]:5557", True), ("ipc:///tmp/kv.sock", True),
      ("inproc://kv", True), ("tcp://127.0.0.1:5557", False), ("tcp://router.example:5557", False), ("tcp://10.0.0.5:5557", False)],
-)  # fmt: skip
+)
 def test_vllms_rule(endpoint, binds):
     # the same answers as vllm/distributed/kv_events.py ZmqEventPublisher._is_bind_endpoint
     assert is_bind_endpoint(endpoint, "vllm") is binds

@@ -13,7 +13,7 @@ from scheduler.sched.request import Request
 
 # vLLM 0.32's TIME_TO_FIRST_TOKEN_BUCKETS (vllm/v1/metrics/buckets.py).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-                80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+                80.0, 160.0, 640.0, 2560.0)
 
 
 def samples(registry: CollectorRegistry, name: str) -> dict[tuple[str, str], float]:

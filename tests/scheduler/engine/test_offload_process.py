@@ -47,7 +47,7 @@ def cycle(setup: Setup, rounds: int, num_prefixes: int = 4) -> None:
 
 def test_a_working_set_over_the_device_hits_in_the_host_tier_and_metrics_say_so():
     s = Setup("--kv-offloading-size", "1", "--num-gpu-blocks-override", str(NUM_BLOCKS), "--max-num-seqs", "1", "--dev-mode",
-              start_worker=False)  # fmt: skip
+              start_worker=False)
     try:
         w = s.start_worker(num_host_blocks=NUM_HOST_BLOCKS)
         assert [r.num_host_blocks for r in w.readies] == [NUM_HOST_BLOCKS]
@@ -110,7 +110,7 @@ def test_a_worker_offering_no_host_blocks_is_refused_naming_the_flag():
         sock.connect(sched.worker_address)
         sock.send(Codec(WorkerToScheduler).encode(
             WorkerHello(rank=0, world_size=1, num_blocks=64, block_size=BS, vocab_size=VOCAB, eos_token_id=EOS)
-        ))  # fmt: skip
+        ))
         deadline = time.monotonic() + 10
         reply = None
         while time.monotonic() < deadline and not isinstance(reply, Shutdown | WorkerReady):
@@ -154,7 +154,7 @@ def test_offloading_flags_reach_the_config():
 
 def test_a_lost_worker_voids_the_host_tier_too():
     s = Setup("--kv-offloading-size", "1", "--num-gpu-blocks-override", str(NUM_BLOCKS), "--max-num-seqs", "1",
-              "--worker-timeout", "2", start_worker=False)  # fmt: skip
+              "--worker-timeout", "2", start_worker=False)
     try:
         w = s.start_worker(num_host_blocks=NUM_HOST_BLOCKS)
         cycle(s, 1)
@@ -185,7 +185,7 @@ def test_kv_events_tell_a_subscriber_what_each_tier_holds():
 
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     s = Setup("--kv-offloading-size", "1", "--num-gpu-blocks-override", str(NUM_BLOCKS), "--max-num-seqs", "1", "--dev-mode",
-              "--kv-events-endpoint", endpoint, start_worker=False)  # fmt: skip
+              "--kv-events-endpoint", endpoint, start_worker=False)
     sub = s.ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.SUBSCRIBE, b"")

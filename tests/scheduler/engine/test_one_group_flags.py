@@ -24,7 +24,7 @@ def refused(argv: list[str], capsys) -> str:
     [(["--prefix-match-unit", "16"], []), (["--block-size", "32", "--prefix-match-unit", "32"], ["--block-size", "32"]),
      (["--no-enable-prefix-caching", "--prefix-match-unit", "8"], ["--no-enable-prefix-caching"]),
      (["--prefill-schedule-interval", "4"], [])],
-)  # fmt: skip
+)
 def test_accepted_values_change_nothing(argv, without):
     plain = dataclasses.asdict(config_from_args(without))
     assert dataclasses.asdict(config_from_args(argv)) == plain
@@ -42,6 +42,6 @@ def test_accepted_values_change_nothing(argv, without):
         (["--no-enable-prefix-caching", "--prefix-match-unit", "-4"], "--prefix-match-unit must be > 0, got -4"),
         (["--prefill-schedule-interval", "0"], "--prefill-schedule-interval must be >= 1, got 0"),
     ],
-)  # fmt: skip
+)
 def test_bad_values_exit_2_in_vllms_words(argv, message, capsys):
     assert message in refused(argv, capsys)

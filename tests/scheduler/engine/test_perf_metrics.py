@@ -20,7 +20,7 @@ from scheduler.sched.scheduler import Scheduler
 
 # L=2 layers, D=8, 2 heads, 1 KV head, head_dim 4, intermediate 16, vocab 32, bf16 (2 bytes).
 TINY = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 8, "num_attention_heads": 2,
-        "num_key_value_heads": 1, "head_dim": 4, "intermediate_size": 16, "vocab_size": 32, "torch_dtype": "bfloat16"}  # fmt: skip
+        "num_key_value_heads": 1, "head_dim": 4, "intermediate_size": 16, "vocab_size": 32, "torch_dtype": "bfloat16"}
 # By hand from perf.py's breakdowns for TINY at tp 1, with T tokens, TC = sum(tokens x context),
 # P/Pc prefill tokens/context, N/Nc decode tokens/context, logits = prefill requests + N:
 #   flops = qkv 512T + out 256T + qk, av 2 x 32TC + ffn 1536T + unembed 512 logits
@@ -67,7 +67,7 @@ def test_tensor_parallel_splits_heads_ffn_and_vocab(tiny_dir):
     #       ffn 32 + 2*8*8*2*2 = 512 + 2*8*2*2 = 64 + 32 + 256; unembed 16 + 8*16*2 = 256.
     # write: qkv 3*4*2*2 = 48, kv 2*4*2*2 = 32, out 32; ffn 64 + 32 + 32; unembed 16*2 = 32.
     assert estimate_step(shape, 2, ctx) == (384 + 128 + 160 + 768 + 256, 32 + 384 + 176 + 16 + 128 + 32 + 512 + 64 + 32 + 256 + 16 + 256,
-                                            48 + 32 + 32 + 64 + 32 + 32 + 32)  # fmt: skip
+                                            48 + 32 + 32 + 64 + 32 + 32 + 32)
 
 
 def test_the_step_context_is_vllms_execution_context():
@@ -112,7 +112,7 @@ def test_the_flags(tiny_dir, tmp_path):
     (["--enable-mfu-metrics"], "--enable-mfu-metrics needs --model"),
     (["--enable-mfu-metrics", "--model", "/nonexistent"], "cannot read /nonexistent/config.json"),
     (["--enable-mfu-metrics", "--model", "MOE"], "has 'num_local_experts'"),
-])  # fmt: skip
+])
 def test_bad_flags_are_named(argv, message, tmp_path, capsys):
     moe = tmp_path / "moe"
     moe.mkdir()
@@ -135,7 +135,7 @@ def test_the_scheduler_process_counts_each_step(tiny_dir, enabled):
              read(20, 20, 20, 0, 0, 1) + read(1, 0, 0, 1, 21, 1) + read(1, 0, 0, 1, 22, 1),
              write(20, 1) + 2 * write(1, 1))
             if enabled else (0, 0, 0)
-        )  # fmt: skip
+        )
         got = tuple(metric(m, f"vllm:estimated_{what}_per_gpu_total") for what in ("flops", "read_bytes", "write_bytes"))
         assert got == want
     finally:

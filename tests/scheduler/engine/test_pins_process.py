@@ -23,7 +23,7 @@ PROMPT = list(range(10, 43))  # 33 tokens: 2 full blocks of 16
 def pin(cluster: Cluster, ttl_s: float | None = None) -> dict:
     body = {"prompt_token_ids": PROMPT} | ({"ttl_s": ttl_s} if ttl_s is not None else {})
     req = urllib.request.Request(f"http://127.0.0.1:{cluster.http_port}/v1/cache/pin", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+                                 headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as r:
         return json.loads(r.read())
 

@@ -25,7 +25,7 @@ def test_defaults_are_vllms():
 
 def test_the_flags_reach_the_config():
     c = config_from_args(["--scheduling-policy", "priority", "--long-prefill-token-threshold", "512",
-                          "--long-prefill-token-threshold-adaptive", "--no-async-scheduling"])  # fmt: skip
+                          "--long-prefill-token-threshold-adaptive", "--no-async-scheduling"])
     assert (c.scheduling_policy, c.long_prefill_token_threshold, c.long_prefill_token_threshold_adaptive) == ("priority", 512, True)
     assert not hasattr(c, "async_scheduling")
 

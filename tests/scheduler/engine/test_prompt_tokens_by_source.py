@@ -51,7 +51,7 @@ def test_a_shared_prefix_by_hand(caching):
     # hits both (8 tokens). Off, nothing hits: all 18 are computed.
     hits = 8 if caching else 0
     assert got == {"local_compute": 18 - hits, "local_cache_hit": hits, "external_kv_transfer": 0, "total": 18,
-                   "cached": hits, "device": hits}  # fmt: skip
+                   "cached": hits, "device": hits}
     get = m.registry.get_sample_value
     assert get("vllm:request_prefill_kv_computed_tokens_sum", LABELS) == 18 - hits
     assert get("vllm:iteration_tokens_total_sum", LABELS) == 18 - hits + 4  # 4 tokens out in all

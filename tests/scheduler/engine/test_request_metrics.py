@@ -20,9 +20,9 @@ from scheduler.sched.scheduler import Scheduler
 
 INF = float("inf")
 REQUEST_LATENCY = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
-                   960.0, 1920.0, 7680.0)  # fmt: skip
+                   960.0, 1920.0, 7680.0)
 TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
-        640.0, 2560.0)  # fmt: skip
+        640.0, 2560.0)
 ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 ITERATION_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 PREEMPTIONS = (1, 2, 3, 4, 5, 10, 20)
@@ -71,7 +71,7 @@ FAMILIES = {
                                           "Estimated number of bytes read from memory per GPU (for Model Flops Utilization calculations)."),
     "vllm:estimated_write_bytes_per_gpu": ("counter", ENGINE, None,
                                            "Estimated number of bytes written to memory per GPU (for Model Flops Utilization calculations)."),
-}  # fmt: skip
+}
 # Label values every child is exported with from the start, as vLLM's.
 LABEL_VALUES = {
     "vllm:prompt_tokens_by_source": ("source", {"local_compute", "local_cache_hit", "external_kv_transfer"}),
@@ -90,7 +90,7 @@ CACHE_CONFIG_LABELS = [
     "effective_attention_block_size", "kv_cache_size_tokens", "kv_cache_max_concurrency", "hash_block_size",
     "cache_hit_alignment_tokens", "kv_sharing_fast_prefill", "swa_bounded_replay", "kv_cache_memory_bytes", "kv_offloading_size",
     "kv_offloading_backend", "_block_size_resolved", "engine",
-]  # fmt: skip
+]
 LABELS = {"model_name": "m", "engine": "0"}
 
 
@@ -198,7 +198,7 @@ def test_a_requests_phases_as_vllm_times_them(monkeypatch):
         ("vllm:request_decode_time_seconds", 2.0, "1.5", "2.0"), ("vllm:request_inference_time_seconds", 3.5, "2.5", "5.0"),
         ("vllm:e2e_request_latency_seconds", 6.5, "5.0", "10.0"), ("vllm:request_time_per_output_token_seconds", 1.0, "0.75", "1.0"),
         ("vllm:time_to_first_token_seconds", 4.5, "2.5", "5.0"),
-    ]:  # fmt: skip
+    ]:
         assert value(m, name + "_count") == 1, name
         assert value(m, name + "_sum") == pytest.approx(seconds), name
         assert value(m, name + "_bucket", le=le_below) == 0 and value(m, name + "_bucket", le=le_at) == 1, name

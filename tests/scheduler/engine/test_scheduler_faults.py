@@ -47,7 +47,7 @@ def test_an_http_port_in_use_is_a_clear_error_not_a_traceback():
             [sys.executable, "-m", "scheduler", "--port", str(free_port()), "--worker-port", str(free_port()),
              "--http-port", str(port)],
             cwd=REPO, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        )
     assert r.returncode == 1
     assert "Traceback" not in r.stderr, r.stderr
     assert "cannot start" in r.stderr and f"127.0.0.1:{port}" in r.stderr and "--http-port" in r.stderr

@@ -225,11 +225,11 @@ def test_metrics_have_vllm_names_and_move(served):
         "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total",
         "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "kvpool_free_cached_blocks",
         "kvpool_evictions_total", "kvpool_steps_total", "kvpool_plan_bytes_total", "kvpool_num_gpu_blocks",
-    ]  # fmt: skip
+    ]
     histograms = [
         "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
         "vllm:inter_token_latency_seconds", "kvpool_step_duration_seconds",
-    ]  # fmt: skip
+    ]
     before = served.wait_idle()
     for name in names:
         metric(before, name)

@@ -16,7 +16,7 @@ from scheduler.engine.worker_checks import (
 
 def hello(**kw) -> WorkerHello:
     base = dict(rank=0, world_size=1, num_blocks=100, block_size=16, vocab_size=512, eos_token_id=1,
-                architecture="LlamaForCausalLM", model_hash="aa" * 16, eos_token_ids=[1], max_model_len=8192)  # fmt: skip
+                architecture="LlamaForCausalLM", model_hash="aa" * 16, eos_token_ids=[1], max_model_len=8192)
     return WorkerHello(**{**base, **kw})
 
 

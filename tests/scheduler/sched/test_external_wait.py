@@ -95,7 +95,7 @@ class Engine:
     """A scheduler over a manager with a disk tier whose index holds ``keys`` (None: what ``store`` holds)."""
 
     def __init__(self, store: dict, keys: list[str] | None = None, cls: type[Scheduler] = Scheduler, num_blocks: int = NUM_BLOCKS,
-                 max_num_seqs: int = 4):  # fmt: skip
+                 max_num_seqs: int = 4):
         self.tier = ExternalTier("disk", BS, KnownKeys())
         self.tier.attach(IDENTITY, list(store) if keys is None else keys)
         self.kv = KVCacheManager(num_blocks, BS, MAX_LEN, external_tier=self.tier)

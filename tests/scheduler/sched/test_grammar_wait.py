@@ -25,7 +25,7 @@ def make(cls=Scheduler):
 
 def add(sched, rid: str, grammar=None) -> Request:
     r = Request(rid, [2 + i for i in range(8)], 5, seq_id=len(sched.requests) + 10 * ord(rid[0]), ignore_eos=True,
-                eos_token_id=EOS, stop_token_ids=[7], grammar=grammar)  # fmt: skip
+                eos_token_id=EOS, stop_token_ids=[7], grammar=grammar)
     sched.add_request(r)
     return r
 

@@ -39,7 +39,7 @@ def run(
             rng.randrange(2, 60) for _ in range(rng.randrange(1, 30))
         ]
         sched.add_request(Request(f"r{i}", prompt, rng.randrange(1, 30), seq_id=i, ignore_eos=True, eos_token_id=1,
-                                  block_hasher=hasher, priority=rng.randrange(3)))  # fmt: skip
+                                  block_hasher=hasher, priority=rng.randrange(3)))
     for step in range(400):
         if step == 30 and "r3" in sched.requests:
             sched.finish_requests(["r3"], RequestStatus.FINISHED_ABORTED)

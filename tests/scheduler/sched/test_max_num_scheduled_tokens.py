@@ -85,7 +85,7 @@ def test_values_below_1_are_refused_and_1k_is_read_as_vllm():
 def test_the_scheduler_process_refuses_bad_values_naming_the_flag(capsys):
     for argv, message in ((["--max-num-scheduled-tokens", "0"], "--max-num-scheduled-tokens must be >= 1, got 0"),
                           (["--watermark", "1.0"], "--watermark must be in the range [0.0, 1.0) (0.0: off), got 1.0"),
-                          (["--watermark", "-0.5"], "--watermark must be in the range [0.0, 1.0) (0.0: off), got -0.5")):  # fmt: skip
+                          (["--watermark", "-0.5"], "--watermark must be in the range [0.0, 1.0) (0.0: off), got -0.5")):
         with pytest.raises(SystemExit) as e:
             config_from_args(argv)
         assert e.value.code == 2 and message in capsys.readouterr().err

@@ -37,7 +37,7 @@ def config(role: str, **extra) -> str:
     import json
 
     return json.dumps({"kv_connector": "KVPoolConnector", "kv_role": role, "engine_id": f"e-{role}",
-                       "kv_load_failure_policy": extra.pop("policy", "recompute"), "kv_connector_extra_config": extra})  # fmt: skip
+                       "kv_load_failure_policy": extra.pop("policy", "recompute"), "kv_connector_extra_config": extra})
 
 
 class Engine:
@@ -220,7 +220,7 @@ def test_local_hits_shrink_the_pull():
 def test_a_refused_pull_is_computed_again_under_recompute():
     d = Engine("kv_consumer")
     params = parse_kv_transfer_params({"do_remote_prefill": True, "remote_engine_id": "x", "remote_request_id": "gone",
-                                       "remote_host": "127.0.0.1", "remote_port": 7001, "remote_block_ids": [5, 6, 7, 8]})  # fmt: skip
+                                       "remote_host": "127.0.0.1", "remote_port": 7001, "remote_block_ids": [5, 6, 7, 8]})
     r = d.add("r", 1, params=params)
     d.step(None)  # no prefill engine answers: 0 blocks
     assert d.deliver() == (1, [])
@@ -233,7 +233,7 @@ def test_a_refused_pull_is_computed_again_under_recompute():
 def test_a_refused_pull_fails_the_request_under_fail():
     d = Engine("kv_consumer", policy="fail")
     params = parse_kv_transfer_params({"do_remote_prefill": True, "remote_engine_id": "x", "remote_request_id": "gone",
-                                       "remote_host": "127.0.0.1", "remote_port": 7001, "remote_block_ids": [5, 6, 7, 8]})  # fmt: skip
+                                       "remote_host": "127.0.0.1", "remote_port": 7001, "remote_block_ids": [5, 6, 7, 8]})
     d.add("r", 1, params=params)
     d.step(None)
     assert d.deliver() == (0, ["r"])

@@ -26,7 +26,7 @@ def make(policy: str, num_blocks: int, caching: bool = False, budget: int = 64):
 
 def add(sched, rid: str, prompt_len: int, priority: int, arrival: float, seq_id: int, max_tokens: int = 5) -> Request:
     r = Request(rid, [2 + (seq_id * 5 + i) % 40 for i in range(prompt_len)], max_tokens, seq_id=seq_id, priority=priority,
-                arrival_time=arrival, ignore_eos=True, block_hasher=BlockHasher(BS))  # fmt: skip
+                arrival_time=arrival, ignore_eos=True, block_hasher=BlockHasher(BS))
     sched.add_request(r)
     return r
 

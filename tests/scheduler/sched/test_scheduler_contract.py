@@ -35,13 +35,13 @@ def make_workload(seed: int, n: int, block_size: int) -> list[dict]:
             dict(
                 request_id=f"r{i}", prompt=prompt, max_tokens=rng.randrange(1, 24), ignore_eos=rng.random() < 0.5,
                 arrive_step=rng.randrange(0, n // 2 + 1), abort_step=(rng.randrange(1, 30) if rng.random() < 0.1 else None),
-            )  # fmt: skip
+            )
         )
     return reqs
 
 
 def run(workload, *, num_blocks, block_size=4, max_num_seqs=8, budget=64, caching=True, max_model_len=256, check=True,
-        num_host_blocks=0, offload_store="eviction", policy="fcfs", **options):  # fmt: skip
+        num_host_blocks=0, offload_store="eviction", policy="fcfs", **options):
     """``options``: the Scheduler's policy options (long_prefill_token_threshold, ...)."""
     hasher = BlockHasher(block_size)
     tier = HostTier(num_host_blocks, block_size) if num_host_blocks else None
@@ -58,7 +58,7 @@ def run(workload, *, num_blocks, block_size=4, max_num_seqs=8, budget=64, cachin
         while pending and pending[0]["arrive_step"] <= step:
             w = pending.pop(0)
             req = Request(w["request_id"], w["prompt"], w["max_tokens"], seq_id=len(live_since), ignore_eos=w["ignore_eos"],
-                          eos_token_id=EOS, block_hasher=hasher, priority=w.get("priority", 0))  # fmt: skip
+                          eos_token_id=EOS, block_hasher=hasher, priority=w.get("priority", 0))
             sched.add_request(req)
             live_since[w["request_id"]] = step
         for w in workload:
@@ -250,7 +250,7 @@ def cycling_workload(num_prefixes: int, rounds: int, prefix_blocks: int, block_s
     return [
         dict(request_id=f"r{r}-{p}", prompt=prefixes[p] + [3, 4 + r], max_tokens=2, ignore_eos=True, arrive_step=0, abort_step=None)
         for r in range(rounds) for p in range(num_prefixes)
-    ]  # fmt: skip
+    ]
 
 
 @pytest.mark.parametrize("offload_store", ["eviction", "full"])

@@ -61,7 +61,7 @@ def make_specs(rng: random.Random, n: int, num_blocks: int) -> list[Spec]:
             Spec(
                 f"r{i}", prompt, max_tokens, ignore_eos=rng.random() < 0.7, arrive_step=rng.randrange(0, n),
                 abort_after=rng.randrange(0, 40) if rng.random() < 0.15 else None, mid_step=rng.random() < 0.5,
-            )  # fmt: skip
+            )
         )
     return specs
 
@@ -89,7 +89,7 @@ def test_soak_no_leak_every_request_accounted_for(seed, num_blocks, caching):
 
     def abort_due(step: int, mid_step: bool) -> None:
         due = [rid for rid, r in sched.requests.items()
-               if (s := by_id[rid]).abort_after is not None and s.mid_step == mid_step and step - born[rid] >= s.abort_after]  # fmt: skip
+               if (s := by_id[rid]).abort_after is not None and s.mid_step == mid_step and step - born[rid] >= s.abort_after]
         for r in sched.finish_requests(due, RequestStatus.FINISHED_ABORTED):
             assert r.status == RequestStatus.FINISHED_ABORTED
             aborted_by_test.add(r.request_id)
@@ -106,7 +106,7 @@ def test_soak_no_leak_every_request_accounted_for(seed, num_blocks, caching):
         while pending and pending[0].arrive_step <= step:
             s = pending.pop(0)
             sched.add_request(Request(s.request_id, s.prompt, s.max_tokens, seq_id=len(born), ignore_eos=s.ignore_eos,
-                                      eos_token_id=EOS, block_hasher=hasher))  # fmt: skip
+                                      eos_token_id=EOS, block_hasher=hasher))
             born[s.request_id] = step
         abort_due(step, mid_step=False)
         max_waiting = max(max_waiting, sched.num_waiting)

@@ -18,7 +18,7 @@ def make(num_requests: int, max_tokens: list[int]) -> Scheduler:
     for i in range(num_requests):
         prompt = [2 + i, 3, 4, 5, 6]
         sched.add_request(Request(f"r{i}", prompt, max_tokens[i], seq_id=10 + i, eos_token_id=1,
-                                  block_hasher=hasher, arrival_time=100.0 + i))  # fmt: skip
+                                  block_hasher=hasher, arrival_time=100.0 + i))
     return sched
 
 

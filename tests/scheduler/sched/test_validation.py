@@ -72,7 +72,7 @@ def test_first_problem_is_named():
     ("min_p", -0.1), ("min_p", 1.01), ("presence_penalty", 2.5), ("frequency_penalty", -3.0),
     ("repetition_penalty", 0.0), ("min_tokens", -1), ("min_tokens", 11), ("logprobs", 21), ("logprobs", -1),
     ("stop_token_ids", [3, 512]),
-])  # fmt: skip
+])
 def test_out_of_range_sampling_parameters_name_the_field(field, value):
     m = rejected(Generate("r", [1, 2], max_tokens=10, **{field: value}))
     assert field in m
@@ -81,4 +81,4 @@ def test_out_of_range_sampling_parameters_name_the_field(field, value):
 def test_sampling_parameters_at_their_limits_pass():
     validate_generate(Generate("ok", [1], max_tokens=10, temperature=0.0, top_p=1.0, top_k=-1, min_p=1.0,
                                presence_penalty=-2.0, frequency_penalty=2.0, repetition_penalty=1e-3,
-                               min_tokens=10, logprobs=20, stop_token_ids=[0, 511], seed=-5), LIMITS, set())  # fmt: skip
+                               min_tokens=10, logprobs=20, stop_token_ids=[0, 511], seed=-5), LIMITS, set())

@@ -117,7 +117,7 @@ def test_paged_attention_reads_the_same_through_either_path(fp8, monkeypatch):
 
 SPECIALS = [0.0, -0.0, float("nan"), -float("nan"), float("inf"), -float("inf"), 1e-30, -1e-30, 1e-45, 447.9, 448.0,
             -449.0, 480.0, 1e6, -1e6, 57344.0, 60000.0, 2**-9, 2**-10, -1.5 * 2**-9, 2**-6, 2**-6 * 0.999, 2**-16,
-            2**-17, 2**-14 * 0.99, 1.0, -1.9999]  # fmt: skip
+            2**-17, 2**-14 * 0.99, 1.0, -1.9999]
 
 
 @needs_kernel

@@ -109,7 +109,7 @@ def test_the_cpu_cast_equals_vllms_cpu_kernel_bytes():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(32 * 32, generator=gen) * torch.logspace(-4, 5, 32 * 32)  # subnormals to saturation
     r = subprocess.run([str(vllm_python), "-c", _VLLM_PROBE, json.dumps(x.tolist())], capture_output=True, text=True, timeout=300,
-                       env={"VLLM_TARGET_DEVICE": "cpu", "PATH": "/usr/bin:/bin"})  # fmt: skip
+                       env={"VLLM_TARGET_DEVICE": "cpu", "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     for key, vllm_bytes in got.items():

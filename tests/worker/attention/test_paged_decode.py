@@ -41,13 +41,13 @@ def dense(cache: torch.Tensor, q: torch.Tensor, blocks: list[int], first: int, e
 # larger than the kernel's 64-key tile; a row's kv heads over more than one task (its
 # buffers hold 4,096 query elements: 2 of 4 heads of 8 x 256, then 2 and 1 of 3 of 16 x 128).
 SHAPES = [(8, 2, 32, 32), (12, 4, 64, 16), (4, 4, 128, 128), (6, 2, 64, 8), (16, 1, 32, 4), (10, 2, 40, 16), (3, 1, 24, 8),
-          (32, 4, 256, 16), (48, 3, 128, 16)]  # fmt: skip
+          (32, 4, 256, 16), (48, 3, 128, 16)]
 
 
 # (cache dtype, compute dtype, K and V scales): 16/32-bit caches in their own dtype, fp8
 # ones (their values times the scales) in either.
 DTYPES = [(torch.float32, torch.float32, (1.0, 1.0)), (torch.bfloat16, torch.bfloat16, (1.0, 1.0)),
-          (torch.float8_e4m3fn, torch.bfloat16, (0.37, 2.5)), (torch.float8_e5m2, torch.float32, (1.7, 0.2))]  # fmt: skip
+          (torch.float8_e4m3fn, torch.bfloat16, (0.37, 2.5)), (torch.float8_e5m2, torch.float32, (1.7, 0.2))]
 
 
 @needs_kernel
@@ -131,7 +131,7 @@ def test_bad_input_is_refused_and_writes_nothing():
         KERNEL(q.to(torch.bfloat16), cache, torch.tensor([[0]], dtype=torch.int32), one * 0, one * 0, one, one * 0, 1.0, out)
     with pytest.raises(ValueError, match="must share a dtype"):  # an fp8 cache is read in float32 or bfloat16
         KERNEL(q.half(), cache.to(torch.float8_e4m3fn), torch.tensor([[0]], dtype=torch.int32), one * 0, one * 0, one, one * 0,
-               1.0, out.half())  # fmt: skip
+               1.0, out.half())
     with pytest.raises(ValueError, match="int32"):
         KERNEL(q, cache, torch.tensor([[0]]), one * 0, one * 0, one, one * 0, 1.0, out)
     assert (out == 7.0).all()

@@ -42,7 +42,7 @@ def kvpool(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q0: int, kernels: 
     """kvpool's attention of queries [q0, N) over an e4m3 cache holding all N tokens."""
     cache = torch.zeros(2, NUM_BLOCKS, BS, KVH, HD, dtype=torch.float8_e4m3fn)
     pa = PagedAttention([cache], NH, 8, compute_dtype=torch.bfloat16, kv_scales=[KVScales()],
-                        decode_kernel=kernels, prefill_kernel=kernels)  # fmt: skip
+                        decode_kernel=kernels, prefill_kernel=kernels)
     pa.writers[0].write(k, v, slots())
     table = torch.zeros(4, 8, dtype=torch.int32)
     table[0, : len(TABLE)] = torch.tensor(TABLE)
@@ -109,9 +109,9 @@ def test_fp8_read_equals_vllms_cpu_kernel():
         pytest.skip("no .venv-vllm")
     q, k, v = inputs()
     arg = {"q": q.float().tolist(), "k": k.float().tolist(), "v": v.float().tolist(), "shape": [NH, KVH, HD, BS, NUM_BLOCKS],
-           "table": TABLE, "slots": slots().tolist(), "cases": CASES}  # fmt: skip
+           "table": TABLE, "slots": slots().tolist(), "cases": CASES}
     r = subprocess.run([str(vllm_python), "-c", _VLLM_PROBE], input=json.dumps(arg), capture_output=True, text=True, timeout=300,
-                       env={"VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
+                       env={"VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     for case, q0 in CASES.items():

@@ -26,7 +26,7 @@ interpreted = pytest.mark.skipif(not triton_paged.interpreting(), reason="Triton
 
 # (cache dtype, compute dtype, K and V scales)
 DTYPES = [(torch.float32, torch.float32, (1.0, 1.0)), (torch.bfloat16, torch.bfloat16, (1.0, 1.0)),
-          (torch.float8_e4m3fn, torch.bfloat16, (0.37, 2.5)), (torch.float8_e5m2, torch.float32, (1.7, 0.2))]  # fmt: skip
+          (torch.float8_e4m3fn, torch.bfloat16, (0.37, 2.5)), (torch.float8_e5m2, torch.float32, (1.7, 0.2))]
 DTYPE_IDS = [f"{c}-{d}".replace("torch.", "") for c, d, _ in DTYPES]
 
 

@@ -23,7 +23,7 @@ def dense_attention(windows: tuple[int, ...], scale: float | None):
         if windows[layer]:
             mask &= pos[None, :] > pos[:, None] - windows[layer]
         o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale,
-                                           enable_gqa=True)  # fmt: skip
+                                           enable_gqa=True)
         return o.transpose(0, 1)  # (T, nh, hd)
 
     return attention

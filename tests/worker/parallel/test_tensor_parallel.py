@@ -35,7 +35,7 @@ def make_kv1_checkpoint(directory) -> str:
 
     config = tf.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                             num_key_value_heads=1, max_position_embeddings=4096, bos_token_id=0, eos_token_id=1,
-                            rms_norm_eps=1e-6)  # fmt: skip
+                            rms_norm_eps=1e-6)
     torch.manual_seed(3)
     model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _randomise(model, 3)
@@ -112,7 +112,7 @@ def test_each_rank_holds_its_slice_of_the_kv_heads(runs, kind, dtype):
             assert expected.abs().sum() > 0
             tol = 1e-10 if dtype == "float64" else 1e-4
             torch.testing.assert_close(kv, expected, rtol=tol, atol=tol * float(expected.abs().max()),
-                                       msg=f"{kind} rank {rank} layer {layer}")  # fmt: skip
+                                       msg=f"{kind} rank {rank} layer {layer}")
 
 
 def test_the_plans_covered_chunks_shared_prefixes_and_preemption(runs):

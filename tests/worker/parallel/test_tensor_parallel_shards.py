@@ -60,7 +60,7 @@ def test_fewer_kv_heads_than_ranks_are_replicated_and_uneven_splits_refused():
     with pytest.raises(ShardError, match="num_key_value_heads 6 is not divisible by --tensor-parallel-size 4"):
         plan_shard(c6, 0, 4)
     c3 = model_config_from_hf({**CONFIG, "num_attention_heads": 12, "num_key_value_heads": 3, "head_dim": 32,
-                               "intermediate_size": 768})  # fmt: skip
+                               "intermediate_size": 768})
     with pytest.raises(ShardError, match="num_key_value_heads 3 is fewer than --tensor-parallel-size 4 and does not divide it"):
         plan_shard(c3, 0, 4)
     with pytest.raises(ShardError, match="intermediate_size 769 is not divisible by --tensor-parallel-size 2"):

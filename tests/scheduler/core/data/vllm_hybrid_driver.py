@@ -127,7 +127,7 @@ def run(case: dict) -> list[dict]:
             "keys": sorted(k.hex() for k in kv.block_pool.cached_block_hash_to_block._cache),
             "stored": stored,
             "removed": removed,
-        })  # fmt: skip
+        })
     return out
 
 
