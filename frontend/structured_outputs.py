@@ -41,7 +41,7 @@ _STRING_FORMATS = {"email", "date", "time", "date-time", "duration", "ipv4", "ip
                    "uri-reference", "uri-template", "json-pointer", "relative-json-pointer"}
 
 
-def _xgrammar():
+def load_xgrammar():
     import xgrammar  # NOTE: heavy (it loads torch and transformers): only at the first such request
 
     return xgrammar
@@ -124,7 +124,7 @@ def _check_request_content(kind: str, value: Any) -> None:
 
 def _validate_xgrammar(kind: str, value: Any) -> GrammarSpec:
     """vLLM's ``validate_xgrammar_grammar``: parse with xgrammar; the spec to compile."""
-    xgr = _xgrammar()
+    xgr = load_xgrammar()
     if kind == "regex":
         try:
             compile_regex_with_timeout(xgr.Grammar.from_regex, value)

@@ -44,7 +44,7 @@ from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
 
 
-def _num_new_blocks(num_tokens: int, num_steps: int, block_size: int) -> int:
+def num_new_blocks(num_tokens: int, num_steps: int, block_size: int) -> int:
     """Blocks a decoding request with ``num_tokens`` tokens takes in ``num_steps`` steps."""
     first = -(num_tokens - 1) % block_size
     return 0 if first >= num_steps else (num_steps - 1 - first) // block_size + 1
@@ -143,7 +143,7 @@ def decode_horizon(scheduler: Scheduler, limit: int) -> int:
     lengths = [r.num_tokens for r in running]
 
     def pops(steps: int) -> int:
-        return sum(_num_new_blocks(n, steps, bs) for n in lengths)
+        return sum(num_new_blocks(n, steps, bs) for n in lengths)
 
     max_pops = min(pops(k), scheduler.kv_cache_manager.block_pool.get_num_free_blocks())
     max_pops = _head_watch_pops(scheduler, max_pops)

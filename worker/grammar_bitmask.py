@@ -21,7 +21,7 @@ import logging
 import torch
 
 from protocol.structured_output import RowGrammar
-from worker.grammar_compiler import GrammarCompiler, _xgrammar
+from worker.grammar_compiler import GrammarCompiler, load_xgrammar
 
 log = logging.getLogger("worker")
 
@@ -46,7 +46,7 @@ class GrammarRows:
         self._bitmask: torch.Tensor | None = None  # (max_num_seqs, ceil(V / 32)) int32, CPU
 
     def add(self, row: int, grammar: RowGrammar, output_token_ids: list[int]) -> None:
-        xgr = _xgrammar()
+        xgr = load_xgrammar()
         compiled = self.compiler.compiled(grammar.spec)
         matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=list(grammar.stop_token_ids) or None)
         for tok in output_token_ids:
@@ -63,7 +63,7 @@ class GrammarRows:
     def apply(self, logits: torch.Tensor, rows: list[int]) -> None:
         """logits (N, V), row i of table row ``rows[i]``: mask, in place, every token
         the grammar of a row that has one does not allow next."""
-        xgr = _xgrammar()
+        xgr = load_xgrammar()
         if self._bitmask is None:
             self._bitmask = xgr.allocate_token_bitmask(self.max_num_seqs, self.vocab_size)
         bitmask = self._bitmask

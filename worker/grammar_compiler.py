@@ -39,7 +39,7 @@ ANY_WHITESPACE = True
 _JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
 
-def _xgrammar():
+def load_xgrammar():
     import xgrammar
 
     return xgrammar
@@ -50,7 +50,7 @@ def tokenizer_info(model_dir: str | Path, vocab_size: int):
     (the model's) wide, without transformers (see the module's docstring)."""
     from tokenizers import Tokenizer
 
-    xgr = _xgrammar()
+    xgr = load_xgrammar()
     model_dir = Path(model_dir)
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     vocab = tok.get_vocab(with_added_tokens=True)
@@ -118,7 +118,7 @@ class GrammarCompiler:
     def _xgr_compiler(self):
         with self._lock:
             if self._compiler is None:
-                xgr = _xgrammar()
+                xgr = load_xgrammar()
                 info = tokenizer_info(self.model_dir, self.vocab_size)
                 self._compiler = xgr.GrammarCompiler(info, max_threads=COMPILE_THREADS, cache_enabled=False)
             return self._compiler
@@ -137,7 +137,7 @@ class GrammarCompiler:
             case "lark":
                 return c.compile_lark(spec.spec)
             case "structural_tag":
-                return c.compile_structural_tag(*structural_tag_args(_xgrammar(), spec.spec))
+                return c.compile_structural_tag(*structural_tag_args(load_xgrammar(), spec.spec))
         raise ValueError(f"unknown grammar kind {spec.kind!r}")
 
     def submit(self, seq_ids: list[int], specs: list[GrammarSpec]) -> list[int]:

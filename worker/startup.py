@@ -102,7 +102,7 @@ def _serve(config: WorkerConfig, serving: ServingModel, group: TPGroup | None) -
     log.info("%s from %s: %s, %s on %s, loaded in %.2f s", m.architecture, serving.directory, serving.identity,
              serving.dtype, model.device, serving.load_seconds)
     try:
-        kv_caches, per_block = _allocate_kv_caches(config, serving, group)
+        kv_caches, per_block = allocate_worker_kv_caches(config, serving, group)
         host_caches = None
         if config.kv_offloading_size > 0:
             check_host_tier_groups(serving)
@@ -157,7 +157,7 @@ def _num_kv_blocks(config: WorkerConfig, serving: ServingModel, kv_dtype: torch.
     return num_blocks, num_blocks * per_block, "--num-gpu-blocks-override"
 
 
-def _allocate_kv_caches(config: WorkerConfig, serving: ServingModel, group: TPGroup | None) -> tuple[list[torch.Tensor], int]:
+def allocate_worker_kv_caches(config: WorkerConfig, serving: ServingModel, group: TPGroup | None) -> tuple[list[torch.Tensor], int]:
     """The device KV caches, one entry per layer (layers of different KV-cache groups
     share a tensor), as many blocks as the budget holds; and the bytes of one block."""
     m, model = serving.config, serving.model

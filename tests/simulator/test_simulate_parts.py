@@ -10,7 +10,7 @@ from scheduler.core.hashing import NONE_HASH, BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
-from simulator.fastforward import _num_new_blocks, decode_horizon
+from simulator.fastforward import decode_horizon, num_new_blocks
 from simulator.workload import OUTPUT_TOKEN_BASE, SampleWorkload, TraceWorkload
 
 
@@ -82,7 +82,7 @@ def test_num_new_blocks_counts_block_boundaries():
         for n in range(1, 40):
             for k in range(0, 40):
                 expected = sum(1 for j in range(k) if (n + j - 1) % bs == 0)
-                assert _num_new_blocks(n, k, bs) == expected
+                assert num_new_blocks(n, k, bs) == expected
 
 
 def _decoding(num_free_blocks: int, max_model_len: int = 1000) -> Scheduler:
@@ -100,7 +100,7 @@ def test_decode_horizon_stops_before_a_finish_and_before_running_out_of_blocks()
     assert decode_horizon(_decoding(100), 3) == 3
     assert decode_horizon(_decoding(100, max_model_len=34), 1000) == 34 - 30 - 1  # b reaches max_model_len
     # a (9 tokens) takes a block at steps 0 and 4; b (30 tokens) at step 3.
-    need = [sum(_num_new_blocks(n, k, 4) for n in (9, 30)) for k in range(6)]
+    need = [sum(num_new_blocks(n, k, 4) for n in (9, 30)) for k in range(6)]
     assert need == [0, 1, 1, 1, 2, 3]  # blocks taken within the first k steps
     for free in range(1, 4):
         k = decode_horizon(_decoding(free), 1000)

@@ -13,7 +13,7 @@ from protocol.worker_messages import WorkerReady
 from worker.config import WorkerConfig
 from worker.process import WorkerProcess
 from worker.serving_model import load_serving_model
-from worker.startup import StartupError, _allocate_kv_caches, check_host_tier_groups
+from worker.startup import StartupError, allocate_worker_kv_caches, check_host_tier_groups
 
 # Gemma-style windows on the tiny checkpoint's 4 layers: two groups of two layers.
 GROUPS = (KVCacheGroupSpec([0, 2], 8), KVCacheGroupSpec([1, 3], 0))
@@ -33,11 +33,11 @@ def test_the_cache_is_sized_by_the_kv_tensors_not_the_layers(serving, hybrid):
     config = WorkerConfig(block_size=4, kv_cache_memory=64 * 1024)
     # The tiny checkpoint: 2 KV heads of 32 dims, float32. One block of one layer:
     # K and V, 4 tokens: 2 * 4 * 2 * 32 * 4 bytes = 2048.
-    caches, per_block = _allocate_kv_caches(config, serving, None)
+    caches, per_block = allocate_worker_kv_caches(config, serving, None)
     assert per_block == 4 * 2048 and len(caches) == 4 and len({id(kv) for kv in caches}) == 4
     assert caches[0].shape == (2, 65536 // 8192, 4, 2, 32)
     # Two groups of two layers: 2 tensors, so a block costs 2 layers and twice as many fit.
-    caches, per_block = _allocate_kv_caches(config, hybrid, None)
+    caches, per_block = allocate_worker_kv_caches(config, hybrid, None)
     assert per_block == 2 * 2048 and caches[0].shape == (2, 65536 // 4096, 4, 2, 32)
     # Tensor j holds the j-th layer of every group: layers 0 and 1, then layers 2 and 3.
     assert caches[0] is caches[1] and caches[2] is caches[3] and caches[0] is not caches[2]
@@ -45,8 +45,8 @@ def test_the_cache_is_sized_by_the_kv_tensors_not_the_layers(serving, hybrid):
 
 def test_the_hello_says_the_group_windows_and_the_runner_gets_the_groups(serving, hybrid):
     config = WorkerConfig(block_size=4, kv_cache_memory=64 * 1024)
-    assert WorkerProcess(config, serving, _allocate_kv_caches(config, serving, None)[0], None).hello().group_windows == []
-    proc = WorkerProcess(config, hybrid, _allocate_kv_caches(config, hybrid, None)[0], None)
+    assert WorkerProcess(config, serving, allocate_worker_kv_caches(config, serving, None)[0], None).hello().group_windows == []
+    proc = WorkerProcess(config, hybrid, allocate_worker_kv_caches(config, hybrid, None)[0], None)
     assert proc.hello().group_windows == [8, 0] and proc.hello().num_blocks == 16
     assert proc._install(WorkerReady(10, 4, 2, 32)) is None
     r = proc.runner

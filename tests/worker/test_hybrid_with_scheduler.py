@@ -86,11 +86,11 @@ def gemma3_worker(d, num_blocks: int):
     from worker.config import WorkerConfig
     from worker.process import WorkerProcess
     from worker.serving_model import load_serving_model
-    from worker.startup import _allocate_kv_caches
+    from worker.startup import allocate_worker_kv_caches
 
     serving = load_serving_model(str(d), "float32", "cpu", MAX_LEN, block_size=BS)
     config = WorkerConfig(block_size=BS, kv_cache_memory=256 * 1024)
-    proc = WorkerProcess(config, serving, _allocate_kv_caches(config, serving, None)[0], None)
+    proc = WorkerProcess(config, serving, allocate_worker_kv_caches(config, serving, None)[0], None)
     windows = proc.hello().group_windows
     assert proc._install(WorkerReady(num_blocks, BS, 4, MAX_LEN)) is None
     return proc, windows

@@ -20,7 +20,7 @@ from worker.kv_cache import allocate_host_kv_caches
 from worker.models.kv_scales import read_kv_scales
 from worker.runner import ModelRunner
 from worker.serving_model import load_serving_model
-from worker.startup import _allocate_kv_caches
+from worker.startup import allocate_worker_kv_caches
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def serving(tiny_checkpoint):
 
 
 def blocks(serving, *flags: str) -> tuple[list[torch.Tensor], int]:
-    return _allocate_kv_caches(config_from_args(["--device", "cpu", "--http-port", "0", *flags]), serving, None)
+    return allocate_worker_kv_caches(config_from_args(["--device", "cpu", "--http-port", "0", *flags]), serving, None)
 
 
 def test_the_same_memory_holds_twice_the_blocks_of_bf16(serving):

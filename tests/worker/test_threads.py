@@ -111,12 +111,12 @@ def test_the_worker_takes_its_wide_step_from_the_model_unless_told(tiny_checkpoi
     from worker.config import WorkerConfig
     from worker.process import WorkerProcess
     from worker.serving_model import load_serving_model
-    from worker.startup import _allocate_kv_caches
+    from worker.startup import allocate_worker_kv_caches
 
     serving = load_serving_model(tiny_checkpoint, "float32", "cpu", 64)
     for told, expected in ((None, 128), (5, 5), (0, 0)):
         config = WorkerConfig(block_size=4, kv_cache_memory=64 * 1024, cpu_wide_step_tokens=told)
-        proc = WorkerProcess(config, serving, _allocate_kv_caches(config, serving, None)[0], None)
+        proc = WorkerProcess(config, serving, allocate_worker_kv_caches(config, serving, None)[0], None)
         assert proc._step_threads().min_tokens == expected
 
 
