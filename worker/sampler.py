@@ -13,10 +13,11 @@ The draw inverts each row's distribution at one uniform u: the first token whose
 cumulative probability (summed in float64) passes u times the row's total, which is
 token i with probability probs[i] exactly (a masked token, of probability 0, never).
 NOTE: vLLM's torch path races exponentials instead, ``argmax(probs / q)`` with q ~ Exp(1)
-drawn for every entry of (N, V); torch draws those one element at a time: 5.4-6.9 ms with
-the softmax for 8 rows of a 32,000-token vocabulary on this machine, against 0.45-0.51 ms
-for the softmax, the cumulative sum and the search (docs/benchmarks.md, 2026-12-03). vLLM's CPU backend runs a fused C++ Gumbel-max
-kernel instead; its draws differ from these in value, not in distribution.
+drawn for every entry of (N, V); torch draws those one element at a time, so that draw
+costs many times the softmax, the cumulative sum and the search together
+(docs/benchmarks.md, "Figures moved from docstrings (2026-12-07)"). vLLM's CPU backend
+runs a fused C++ Gumbel-max kernel instead; its draws differ from these in value, not in
+distribution.
 
 A seeded row's generator is seeded afresh for each output token from (seed, index of
 the token), so its tokens depend on nothing else in the batch, and a request resumed
@@ -101,9 +102,9 @@ class _Workspace:
 
     NOTE: a fresh (N, V) float64 tensor a step is 2 MB at 8 rows of a 32,000-token
     vocabulary; glibc hands such blocks back to the kernel when freed (mmap, or a trim of
-    the heap's top) and faults every page in again on the next step: 2 ms of a 2.4 ms draw
-    on this machine, 0.3 ms with the buffer kept. (A cumsum with ``dtype=float64`` over
-    float32 input takes a slower path still.) It keeps the largest batch's size: at most
+    the heap's top) and faults every page in again on the next step, which was most of the
+    draw's time (docs/benchmarks.md, "Figures moved from docstrings (2026-12-07)"). (A
+    cumsum with ``dtype=float64`` over float32 input takes a slower path still.) It keeps the largest batch's size: at most
     max_num_seqs x V x 8 bytes. CUDA's caching allocator keeps blocks already, so there
     each step allocates its own."""
 
@@ -155,8 +156,8 @@ def sample(logits: torch.Tensor, bp: BatchParams) -> torch.Tensor:
     """(N, V) processed logits -> (N,) int64 token ids."""
     if bp.all_greedy:
         return logits.argmax(dim=-1)
-    # NOTE: only for greedy rows: at 8 rows of a 32,000-token vocabulary the argmax took
-    # 297 us, longer than the softmax's 161 (docs/benchmarks.md, 2026-12-03).
+    # NOTE: only for greedy rows: over a large vocabulary the argmax takes longer than the
+    # softmax (docs/benchmarks.md, "Figures moved from docstrings (2026-12-07)").
     greedy_tokens = logits.argmax(dim=-1) if bp.any_greedy else None  # (N,)
     logits = logits / bp.temperature[:, None].to(logits.dtype)
     if bp.use_min_p:

@@ -13,10 +13,11 @@ op, and sharing its core with the scheduler, frontend and client) is about the s
 every step, what it saves grows with the step's multiply-adds, and with the bytes it reads
 from memory: a model of ``WIDE_STEP_MEMORY_WEIGHTS`` projection weights or more goes wide
 at every step, one row's decode included, since each step reads all its weights from
-memory and two cores read it about twice as fast as one. During a wave of prefills the
+memory and two cores stream memory faster than one. During a wave of prefills the
 scheduler and frontend wait on the step, so the core would sit idle; at a decode step of a
 model of tens of millions of parameters it is idle most of the step too.
-docs/benchmarks.md ("2026-12-03, 15:45" and "2026-12-03, 19:00") has the measurements.
+docs/benchmarks.md ("2026-12-03, 15:45", "2026-12-03, 19:00" and "Figures moved from
+docstrings (2026-12-07)") has the measurements.
 Only a worker alone on its host goes wide (worker/host_peers.py): replicas sharing a host
 share its cores, and two going wide spin on each other's. And only while no other process
 keeps a core busy (worker/host_load.py, looked at every half second at most): the wide
@@ -32,9 +33,10 @@ steps off; the worker's /metrics has ``kvpool_worker_wide_steps_total``,
 Priority: on CPU the worker runs at nice 5 (``--cpu-nice``). It shares the cores with the
 scheduler and the frontend, which do little but must answer at once: a burst of requests
 is tokenized and admitted while the worker computes. At equal priority the worker's
-compute threads (OpenMP spins between ops) held them back: in alternated runs of
-`prefix-c64` at nice 0 and at nice 5, TTFT was lower and output throughput higher at
-nice 5 in most pairs. When nothing else wants the cores, nice costs the worker nothing.
+compute threads (OpenMP spins between ops) held them back, and at nice 5 requests are
+answered sooner and the output throughput is higher (docs/benchmarks.md, "Figures moved
+from code comments", worker/threads.py). When nothing else wants the cores, nice costs the
+worker nothing.
 """
 
 from __future__ import annotations

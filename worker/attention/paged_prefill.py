@@ -4,9 +4,9 @@ meeting its keys block by block through the block table, causal (and within a sl
 window), where the torch path gathers each chunk's blocks and runs SDPA once per chunk.
 
 At the tens of queries each request of a shared-prefix batch prefills, SDPA's CPU
-kernel spent most of its time outside its products (llama50m, 63 chunks of 32 queries
-over 288 keys: 400 us a chunk and layer). Float32 and bfloat16 caches read in their own
-dtype on AVX-512 (F, BF16); bfloat16 rounded where torch's CPU flash attention rounds
+kernel spent most of its time outside its products (docs/benchmarks.md, "Figures moved
+from docstrings (2026-12-07)"). Float32 and bfloat16 caches read in their own dtype on
+AVX-512 (F, BF16); bfloat16 rounded where torch's CPU flash attention rounds
 (the probabilities before the values' product, the output once), float32 sums.
 
 The library is built by ``make install`` (``python -m worker.attention.paged_prefill``

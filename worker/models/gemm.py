@@ -1,41 +1,26 @@
 """How a model's projections (its matrix products) run: their dtype and their kernel.
 
-**Dtype.**
-A bfloat16 (or float16) model's products run in its own dtype where the CPU has a native
-GEMM for it: oneDNN's, on AVX-512 BF16 or AMX, which torch then calls. Elsewhere (an AVX2
-CPU, such as the development machine's AMD EPYC) torch's bfloat16 matmul is a slow
-fallback: 10 GFLOP/s against float32's ~90 on the same cores, and decode steps of the tiny
-checkpoint 4.5x float32's. vLLM's CPU backend fares no better there: oneDNN cannot create a
-bfloat16 matmul primitive on such a CPU, and vLLM falls back to the same ``F.linear``.
+**Dtype.** A bfloat16 (float16) model's products run in its dtype where the CPU has a
+native GEMM for it (oneDNN's, on AVX-512 BF16 or AMX). Elsewhere torch's bfloat16 matmul is
+a slow fallback, far behind float32 on the same cores (oneDNN cannot create a bfloat16
+matmul primitive there, and vLLM's CPU backend falls back to the same ``F.linear``), so
+the weights are held in float32 (the bfloat16 values, exactly) and each product runs in
+float32, rounded to the model's dtype: a bfloat16 GEMM's result up to the order of the
+sums, at twice the projection weights' memory.
 
-On such a CPU the weights are held in float32 (the bfloat16 values, exactly) and each
-product runs in float32, its output rounded to the model's dtype. That is what a bfloat16
-GEMM computes (bfloat16 operands, float32 accumulation, a bfloat16 result) up to the order
-of the sums, so the model's numbers stay a bfloat16 model's. The cost: the projection
-weights take twice the memory.
+**Kernel.** Where ``worker.models.packed_gemm`` runs, a projection whose outputs fill its
+panels runs there: at decode sizes a projection is a read of its weight, which that kernel
+streams faster than oneDNN. Elsewhere a float32 projection runs oneDNN's matmul over a
+weight reordered once, at load (as vLLM's CPU backend's ``create_onednn_mm``), since
+``F.linear`` repacks the weight on every call; only from ``ONEDNN_MIN_WEIGHT`` elements, as
+small weights were slower reordered. A half-precision projection with a native GEMM runs on
+its reordered weight at every size (the same bits, faster). The reordered weight replaces
+the plain one; where oneDNN is not built in, or refuses the weight, ``F.linear`` stays.
 
-**Kernel.** Where it runs (AVX-512 F and BF16, the library built), a float32 or bfloat16
-projection whose outputs fill panels of 32 runs on ``worker.models.packed_gemm``: 1.4-1.7x
-faster than oneDNN at decode sizes, within a few percent of it from 64 rows on. Elsewhere, a float32 projection on the CPU
-runs oneDNN's matmul over a weight reordered
-once, at load, into oneDNN's blocked layout, as vLLM's CPU backend runs its linears
-(``dispatch_cpu_unquantized_gemm``: ``create_onednn_mm`` over the weight). torch's
-``F.linear`` repacks the weight on every call. Measured on the development machine (AVX2),
-one thread, decode steps of the generated 51M-parameter Llama: 49 ms against 57 at 8 rows,
-149 against 168 at 64. Small weights gain nothing (the tiny checkpoint's decode steps were
-6% slower with every weight reordered), so only float32 weights of ``ONEDNN_MIN_WEIGHT``
-elements or more are. A bfloat16 (float16) projection with a native GEMM runs on its
-reordered weight at every size: on an AMD EPYC with AVX-512 BF16, one thread, llama50m's
-four projection shapes took 0.56 ms against ``F.linear``'s 0.91 at 8 rows and 4.0 against
-5.0 at 64, the tiny checkpoint's 0.08 against 0.12 at one row (the same bits either way).
-The reordered weight replaces the plain one (no second copy); where oneDNN is not built
-in, or refuses the weight, the plain weight and ``F.linear`` stay.
+A float32 weight left to ``F.linear`` is held column-major (its storage (in, out)), so the
+product runs over contiguous rows of W rather than a transposed operand, which was faster.
 
-A float32 weight left to ``F.linear`` on the CPU is held column-major: the same (out, in)
-tensor, its storage (in, out), so the product is ``x @ W`` over contiguous rows of W
-rather than over a transposed operand. Measured, one thread, the tiny checkpoint's
-projections in turn: 2.30 ms against 2.52 at 8 rows, 7.33 against 7.81 at 64, 0.73
-against 1.11 at one.
+Figures: docs/benchmarks.md, "Figures moved from docstrings (2026-12-07)".
 """
 
 from __future__ import annotations

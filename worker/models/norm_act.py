@@ -62,7 +62,8 @@ class NormAct:
         """``layers.rms_norm``: x (..., D) normalised in float32, rounded to x's dtype, times weight (D,)."""
         d = x.shape[-1]
         # NOTE: a 2-D x (every call of the decoder's) skips the reshape and the view back,
-        # a few microseconds a call that a decode step's 60 calls add up.
+        # whose cost per call a decode step's many calls add up (docs/benchmarks.md,
+        # "Figures moved from docstrings (2026-12-07)").
         flat = x.dim() == 2
         x2 = x if flat else x.reshape(-1, d)
         y = torch.empty_like(x2, memory_format=torch.contiguous_format)

@@ -2,10 +2,12 @@
 bfloat16 weight packed once at load into panels of 32 outputs, each read from memory in
 order, and multiplied with AVX-512 (``vdpbf16ps`` for bfloat16).
 
-A decode step's few rows make a projection a read of its weight, and oneDNN's matmul
-(torch 2.13's, on Zen 4) read the weight at about half the pace one core streams memory;
-this kernel reaches that pace; from 64 rows on the two are within a few percent (docs/benchmarks.md,
-2026-12-03, issue 25). vLLM's CPU backend runs its linears on its own oneDNN build.
+A decode step's few rows make a projection a read of its weight, so its time is the
+weight's bytes over the pace at which they stream from memory. oneDNN's matmul reads the
+weight well below the pace one core streams memory; this kernel, reading each panel in
+order, reaches it. At many rows the product is bound by its multiply-adds and the two are
+alike (docs/benchmarks.md, "Figures moved from docstrings (2026-12-07)", and "2026-12-03,
+12:45"). vLLM's CPU backend runs its linears on its own oneDNN build.
 
 The library is built by ``make install`` (``python -m worker.models.packed_gemm`` rebuilds
 it) into an ignored ``csrc/packed_gemm.so``; without it, or on a CPU without AVX-512 (F,
