@@ -143,16 +143,16 @@ def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], N
     workload.reset()
     store = None if cfg.external_tier == "none" else SimulatedStore(cfg.external_tier_blocks)
     if store is not None and cfg.external_warm:
-        _Run(workload, cfg, store=store).run()  # NOTE: its queued saves are in the store already (a drained shutdown)
+        EngineRun(workload, cfg, store=store).run()  # NOTE: its queued saves are in the store already (a drained shutdown)
         workload.reset()
-    run = _Run(workload, cfg, store=store)
+    run = EngineRun(workload, cfg, store=store)
     run.run()
     if on_end is not None:
         on_end(run.sched)
     return run.result(wall_start)
 
 
-class _Run:
+class EngineRun:
     """One simulation: the scheduler and its pool, the virtual clock (ns), the next
     arrival in arrival order, each request's times and the run's counts."""
 

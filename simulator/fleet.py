@@ -36,7 +36,7 @@ import random
 import time
 
 from loadgen.datasets import MOONCAKE_BLOCK_TOKENS
-from simulator.engine import SimConfig, _Run
+from simulator.engine import EngineRun, SimConfig
 from simulator.fleet_result import FleetResult
 from simulator.result import NOT_YET
 from simulator.routers import make_router
@@ -133,10 +133,10 @@ class Fleet:
         self.max_concurrency = max_concurrency
         self.stream = stream
         self.path_ns = (paths or RequestPaths()).draw(len(workload.specs))  # per request: (decide, there, back)
-        self.runs: list[_Run] = []
+        self.runs: list[EngineRun] = []
         self.recorders: list[KVEventRecorder] = []
         for r in range(replicas):
-            run = _Run(self.prepared, cfg, r)
+            run = EngineRun(self.prepared, cfg, r)
             run.specs = self.prepared.specs
             run.order = []
             if router == "kv_aware":
@@ -160,7 +160,7 @@ class Fleet:
         self.tokens = TokenTimes(n)  # for the latency figures
 
     # -- one replica -------------------------------------------------------------
-    def _record(self, r: int, run: _Run, seen_finished: int) -> None:
+    def _record(self, r: int, run: EngineRun, seen_finished: int) -> None:
         for seq_id in run.finished_seq_ids[seen_finished:]:
             self._finish(r, seq_id, run.finish_ns[seq_id])
         if self.recorders:
@@ -175,7 +175,7 @@ class Fleet:
         self.finish_times[r].append(t)
         bisect.insort(self.all_finishes, t)
 
-    def _admit(self, r: int, run: _Run) -> None:
+    def _admit(self, r: int, run: EngineRun) -> None:
         first = run.next_arrival
         run.admit_arrivals()
         for i in run.order[first : run.next_arrival]:
@@ -183,7 +183,7 @@ class Fleet:
                 self._finish(r, i, run.now)
                 self.rejected_ns[i] = run.now
 
-    def _step(self, r: int, run: _Run) -> bool:
+    def _step(self, r: int, run: EngineRun) -> bool:
         """Admit what has arrived, run one step (and any fast-forward after it).
         False when the replica has nothing to run."""
         self._admit(r, run)
@@ -244,7 +244,7 @@ class Fleet:
             if k:
                 del pending[:k]
 
-    def _clock(self, run: _Run) -> int:
+    def _clock(self, run: EngineRun) -> int:
         """When the replica next does anything: now, or when idle, the arrival of the
         next request on its way to it."""
         if run.sched.has_unfinished_requests() or run.next_arrival == len(run.order):

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from protocol.kv_transfer_config import parse_kv_transfer_config
 from protocol.kv_transfer_params import parse_kv_transfer_params
 from scheduler.sched.pd_connector import PDConnector
-from simulator.engine import SimConfig, _Run
+from simulator.engine import EngineRun, SimConfig
 from simulator.fleet import routing_units
 from simulator.fleet_result import FleetResult
 from simulator.pd_figures import pd_result
@@ -75,7 +75,7 @@ class Engine:
     """One engine of a pool: its run, what reaches it (a heap of (time, kind, request)),
     its link (a decode engine's), and its counts."""
 
-    run: _Run
+    run: EngineRun
     pool: str
     index: int  # in its pool
     link: PDTransferLink | None = None
@@ -139,7 +139,7 @@ class PDFleet:
         else:
             connector = pd_connector("kv_consumer", f"sim-decode-{index}", cfg.block_size)
             link = PDTransferLink(cfg.kv_bytes_per_token * cfg.block_size, *self.transfer)
-        run = _Run(view, cfg, index if pool == "prefill" else len(self.prefill) + index, kv_transfer=connector)
+        run = EngineRun(view, cfg, index if pool == "prefill" else len(self.prefill) + index, kv_transfer=connector)
         run.specs, run.order = view.specs, []
         return Engine(run, pool, index, link)
 

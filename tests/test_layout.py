@@ -373,3 +373,14 @@ def test_no_hand_kept_formatter_markers():
     assert len(files) > 100
     marked = [str(p.relative_to(REPO)) for p in files if "fmt: " + "skip" in p.read_text(encoding="utf-8")]
     assert marked == [], f"formatter markers in {marked}"
+
+
+def test_no_private_name_is_imported_from_another_module():
+    # A name with a leading underscore is its module's own; another module needing it means it is public.
+    rooms = (*PROJECT, "tests")
+    found = []
+    for path in (p for room in rooms for p in sorted((REPO / room).rglob("*.py"))):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PROJECT:
+                found += [f"{path.relative_to(REPO)}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert found == [], f"private names imported across modules: {found}"
