@@ -29,17 +29,14 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import heapq
-import json
 import math
 import time
-from dataclasses import dataclass, field
 
-from protocol.kv_transfer_config import parse_kv_transfer_config
 from protocol.kv_transfer_params import parse_kv_transfer_params
-from scheduler.sched.pd_connector import PDConnector
 from simulator.engine import EngineRun, SimConfig
 from simulator.fleet import routing_units
 from simulator.fleet_result import FleetResult
+from simulator.pd_engines import Engine, PoolWorkload, pd_connector
 from simulator.pd_figures import pd_result
 from simulator.pd_transfer import PDTransferLink
 from simulator.routers import make_router
@@ -48,58 +45,6 @@ from simulator.workload import Workload
 
 ARRIVAL, RELEASE = 0, 1  # what an engine's inbox holds
 REMOTE_DECODE = parse_kv_transfer_params({"do_remote_decode": True})  # the router's prefill leg
-
-
-def pd_connector(role: str, engine_id: str, block_size: int) -> PDConnector:
-    """The scheduler's connector of a ``kv_producer`` or ``kv_consumer`` engine, as ``--kv-transfer-config`` gives it."""
-    config = {"kv_connector": "KVPoolConnector", "kv_role": role, "engine_id": engine_id, "kv_load_failure_policy": "recompute"}
-    return PDConnector(parse_kv_transfer_config(json.dumps(config)), block_size)
-
-
-class _PoolWorkload(Workload):
-    """One pool's view of the workload: its own specs (arrivals rewritten when handed to
-    it; a prefill engine's output is 1 token) and each prompt, built once when sent."""
-
-    def __init__(self, inner: Workload, prompts: dict, output_len: int | None = None):
-        self.specs = [s if output_len is None else dataclasses.replace(s, output_len=output_len) for s in inner.specs]
-        self.output_token_base = inner.output_token_base
-        self.prompts = prompts  # shared by the pools: index -> (prompt, block hashes)
-
-    def prompt(self, index: int, hasher):
-        prompt, hashes = self.prompts[index]
-        return list(prompt), list(hashes)  # NOTE: a Request appends to its own lists
-
-
-@dataclass(eq=False)
-class Engine:
-    """One engine of a pool: its run, what reaches it (a heap of (time, kind, request)),
-    its link (a decode engine's), and its counts."""
-
-    run: EngineRun
-    pool: str
-    index: int  # in its pool
-    link: PDTransferLink | None = None
-    inbox: list = field(default_factory=list)
-    blocked: bool = False  # nothing to schedule until something reaches it
-    finish_times: list = field(default_factory=list)
-    routed: int = 0
-    routed_tokens: int = 0
-    busy_ns: int = 0
-    peak_running: int = 0
-
-    def wake(self) -> float:
-        """When it next acts (inf: not until something reaches it)."""
-        run, times = self.run, []
-        if self.inbox:
-            times.append(self.inbox[0][0])
-        if self.link is not None and (t := self.link.next_event_ns()) is not None:
-            times.append(t)
-        if run.sched.has_unfinished_requests() and not self.blocked:
-            times.append(run.now)
-        return max(run.now, min(times)) if times else math.inf
-
-    def load(self, t: int) -> int:
-        return self.routed - bisect.bisect_right(self.finish_times, t)
 
 
 class PDFleet:
@@ -115,8 +60,8 @@ class PDFleet:
         self.workload, self.cfg, self.max_concurrency = workload, cfg, max_concurrency
         self.transfer = (transfer_gbps, transfer_latency_ms)
         self.prompts: dict[int, tuple[list[int], list]] = {}
-        self.prefill_view = _PoolWorkload(workload, self.prompts, output_len=1)
-        self.decode_view = _PoolWorkload(workload, self.prompts)
+        self.prefill_view = PoolWorkload(workload, self.prompts, output_len=1)
+        self.decode_view = PoolWorkload(workload, self.prompts)
         self.prefill = [self._engine(self.prefill_view, r, "prefill") for r in range(num_prefill)]
         self.decode = [self._engine(self.decode_view, r, "decode") for r in range(num_decode)]
         self.prefill_at = {e.run.sched.kv_transfer.address: e for e in self.prefill}  # side channel -> prefill engine
@@ -131,7 +76,7 @@ class PDFleet:
         self.sent = 0
         self.tokens = TokenTimes(n)  # the decode engines' tokens: what the clients see
 
-    def _engine(self, view: _PoolWorkload, index: int, pool: str) -> Engine:
+    def _engine(self, view: PoolWorkload, index: int, pool: str) -> Engine:
         cfg = self.cfg
         if pool == "prefill":
             connector, link = pd_connector("kv_producer", f"sim-prefill-{index}", cfg.block_size), None
@@ -174,7 +119,7 @@ class PDFleet:
         self._hand(engine, self.decode_view, i, t)
         self.routed_to[i] = (self.routed_to[i][0], d)
 
-    def _hand(self, engine: Engine, view: _PoolWorkload, i: int, t: int) -> None:
+    def _hand(self, engine: Engine, view: PoolWorkload, i: int, t: int) -> None:
         view.specs[i] = dataclasses.replace(view.specs[i], arrival_ns=t)
         heapq.heappush(engine.inbox, (t, ARRIVAL, i))
         engine.routed += 1

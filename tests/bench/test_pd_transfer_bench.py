@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.pd_transfer_bench import KVLayout, ZmqBlockReader, make_kv_cache
+from bench.pd_transfer_parts import KVLayout, make_kv_cache
+from bench.pd_transfer_zmq import ZmqBlockReader
 
 pytestmark = pytest.mark.timeout(60)
 
