@@ -15,6 +15,9 @@ import msgspec
 # --kv-cache-dtype: vLLM 0.32's names its CPU attention backend supports. auto: the
 # model's dtype; fp8 means fp8_e4m3 (as vLLM); every fp8 format takes one byte.
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# Tokens per KV block unless --block-size says otherwise (vLLM's default on CUDA and CPU):
+# the one place every process, `kvpool serve` and the simulator take it from.
+DEFAULT_BLOCK_SIZE = 16
 
 
 def kv_cache_element_size(kv_cache_dtype: str, model_element_size: int) -> int:

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocol.client_messages import Generate
+from protocol.kv_cache_spec import DEFAULT_BLOCK_SIZE
 from protocol.speculative_config import SpeculativeConfig
 from protocol.worker_messages import StepResult
 from scheduler.core.hashing import BlockHasher
@@ -71,7 +72,7 @@ from simulator.workload import OUTPUT_TOKEN_BASE, Workload
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     num_blocks: int
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     policy: str = "vllm"
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192

@@ -33,6 +33,7 @@ from __future__ import annotations
 import random
 from collections.abc import Hashable, Sequence
 
+from protocol.kv_cache_spec import DEFAULT_BLOCK_SIZE
 from protocol.kv_events import MEDIUM_GPU
 from scheduler.core import kv_events
 
@@ -252,7 +253,7 @@ class KvAware:
         return best, costs[best][1]
 
 
-def make_router(name: str, num_replicas: int, seed: int = 0, block_size: int = 16):
+def make_router(name: str, num_replicas: int, seed: int = 0, block_size: int = DEFAULT_BLOCK_SIZE):
     """A fresh policy by name (one of ROUTERS); ``block_size`` is kv_aware's
     (``--kv-event-block-size``: the replicas' block size)."""
     if name not in ROUTERS:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.kv_cache_spec import DEFAULT_BLOCK_SIZE
 from protocol.kv_transfer_config import KVTransferConfig
 from worker.threads import DEFAULT_CPU_NICE
 
@@ -38,7 +39,7 @@ class WorkerConfig:
     # its logits and sampler pass take (the scheduler's --max-num-seqs).
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     # GiB of host memory for the offload tier (vLLM's --kv-offloading-size); 0: none.
     kv_offloading_size: float = 0.0
     # The external KV tier (worker/external/): "" none, "disk" (a directory bounded in bytes)

@@ -8,7 +8,7 @@ import argparse
 from frontend.serve_flags import reasons as why
 from frontend.serve_flags.rules import BOOL, MANY, ONE, Group, handled, passed, refused
 from frontend.serve_flags.values import human_readable_int
-from protocol.kv_cache_spec import KV_CACHE_DTYPES
+from protocol.kv_cache_spec import DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPES
 
 # --prefix-caching-hash-algo: kvpool's own hashes over packed tokens (the default), then
 # vLLM's four, each exactly as vLLM 0.32 (scheduler/core/vllm_hashing.py).
@@ -19,7 +19,7 @@ VLLM_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2
                      "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6")
 
 _CACHE = [
-    handled("--block-size", ONE, "scheduler and worker", type=int, default=16, help="tokens per KV block (default %(default)s)"),
+    handled("--block-size", ONE, "scheduler and worker", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV block (default %(default)s)"),
     refused("--enable-mamba-shared-prefix-checkpoint", BOOL, why.MAMBA, accepts=(False,)),
     handled("--enable-prefix-caching", BOOL, "scheduler", action=argparse.BooleanOptionalAction, default=True,
             help="reuse the KV blocks of a cached prefix (default: on, as vLLM)"),

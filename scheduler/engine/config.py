@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 from protocol.curve import CurveKeyError, load_keypair
-from protocol.kv_cache_spec import KV_CACHE_DTYPES
+from protocol.kv_cache_spec import DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPES
 from protocol.kv_events import INT_BLOCK_HASHES_ENV, int_block_hashes_from_env
 from protocol.kv_transfer_config import parse_kv_transfer_config
 from protocol.speculative_config import parse_speculative_config
@@ -49,7 +49,7 @@ class SchedulerConfig:
     port: int = 5555
     worker_port: int = 5556
     http_port: int = 8000
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     # The worker's --kv-cache-dtype: the scheduler counts blocks, not bytes; it reports
     # the name (vllm:cache_config_info) and estimates KV traffic with it (--enable-mfu-metrics).
     kv_cache_dtype: str = "auto"
