@@ -1,7 +1,7 @@
 # Sourced by deploy/run.sh, deploy/run-router.sh and deploy/run-pd.sh: waiting for what they
 # started, and stopping it. Expects: pids and names (parallel arrays of the background
 # processes, in the order to stop them), STOP_TIMEOUT (seconds each may take after SIGTERM),
-# READY_TIMEOUT and PYTHON (wait_http), and log().
+# READY_TIMEOUT and PYTHON (wait_http), and log(); the fleet scripts' exit below.
 
 stop_all() {  # SIGTERM every process, then SIGKILL whatever outlives STOP_TIMEOUT
     local i pid deadline
@@ -50,4 +50,30 @@ EOF
         fi
         sleep 0.5
     done
+}
+
+# The fleet scripts' exit (run-router.sh, run-pd.sh): everything stopped once, the logs shown
+# after a failure, and under --hold a Ctrl-C (or SIGTERM) is a clean exit. Expects stopping,
+# HOLD, LOG_DIR and show_logs(); DRY_RUN (unset: 0) when nothing was started.
+fleet_cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    if [ "$stopping" -eq 0 ] && [ "${DRY_RUN:-0}" -eq 0 ]; then
+        stopping=1
+        stop_all
+        if [ "$rc" -ne 0 ] && [ "$rc" -ne 130 ] && [ "$rc" -ne 143 ]; then
+            show_logs
+        fi
+        log "logs in $LOG_DIR"
+    fi
+    if [ "$HOLD" -eq 1 ] && { [ "$rc" -eq 130 ] || [ "$rc" -eq 143 ]; }; then
+        rc=0
+    fi
+    exit "$rc"
+}
+
+trap_fleet_cleanup() {
+    trap fleet_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
 }

@@ -78,27 +78,9 @@ show_logs() {
 
 # NOTE: start() puts the router first in pids, so stop_all stops it first: no request
 # reaches a replica being stopped.
-. deploy/processes.sh  # stop_all, alive_or_die, wait_http
+. deploy/processes.sh  # stop_all, alive_or_die, wait_http, trap_fleet_cleanup
 
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    if [ "$stopping" -eq 0 ]; then
-        stopping=1
-        stop_all
-        if [ "$rc" -ne 0 ] && [ "$rc" -ne 130 ] && [ "$rc" -ne 143 ]; then
-            show_logs
-        fi
-        log "logs in $LOG_DIR"
-    fi
-    if [ "$HOLD" -eq 1 ] && { [ "$rc" -eq 130 ] || [ "$rc" -eq 143 ]; }; then
-        rc=0
-    fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap_fleet_cleanup
 
 start() {  # start NAME LOGFILE CMD...: in the background
     local name=$1 logfile=$2
