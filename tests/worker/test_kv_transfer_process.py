@@ -6,16 +6,14 @@ last prompt token."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-import subprocess
-import sys
 import urllib.request
 
 import pytest
 from kvtest.fake_scheduler import STARTUP_S, FakeScheduler, free_port
 from kvtest.hf_models import reference_generate
+from kvtest.worker_proc import worker_process
 
 from protocol.worker_messages import (
     KVTransferDone,
@@ -31,19 +29,6 @@ from protocol.worker_messages import (
 pytestmark = pytest.mark.e2e
 
 PROMPT = [3, 14, 15, 92, 65, 35, 8, 9, 10]  # 2 full blocks and 1 token
-
-
-@contextlib.contextmanager
-def worker_process(endpoint: str, *extra: str):
-    cmd = [sys.executable, "-m", "worker", "--scheduler", endpoint, "--device", "cpu", "--dtype", "float64",
-           "--block-size", "4", "--kv-cache-memory", "1MiB", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=10)
 
 
 def kv_transfer_flag(role: str) -> list[str]:

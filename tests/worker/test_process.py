@@ -5,9 +5,6 @@ Every wait is bounded by a poll timeout and the process is always killed in a fi
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -15,6 +12,7 @@ import pytest
 import torch
 from kvtest.fake_scheduler import STARTUP_S, FakeScheduler, free_port
 from kvtest.hf_models import reference_generate
+from kvtest.worker_proc import worker_process
 
 from protocol.worker_messages import (
     Heartbeat,
@@ -28,19 +26,6 @@ from protocol.worker_messages import (
 )
 
 pytestmark = pytest.mark.e2e
-
-@contextlib.contextmanager
-def worker_process(endpoint: str, *extra: str):
-    cmd = [sys.executable, "-m", "worker", "--scheduler", endpoint, "--device", "cpu", "--dtype", "float64",
-           "--block-size", "4", "--kv-cache-memory", "1MiB", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=10)
-
 
 def handshake(sched: FakeScheduler, **ready) -> WorkerHello:
     hello = sched.recv(STARTUP_S)

@@ -6,16 +6,15 @@ every process is killed in a finally.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 
 import pytest
 from kvtest.fake_scheduler import STARTUP_S, FakeScheduler, free_port
+from kvtest.worker_proc import worker_process
 
 from protocol.worker_messages import (
     Heartbeat,
@@ -28,17 +27,8 @@ from worker.process import EXIT_REFUSED, EXIT_SCHEDULER_LOST
 
 pytestmark = pytest.mark.e2e
 
-@contextlib.contextmanager
 def worker(endpoint: str, *extra: str):
-    cmd = [sys.executable, "-m", "worker", "--scheduler", endpoint, "--device", "cpu", "--dtype", "float32",
-           "--block-size", "4", "--kv-cache-memory", "1MiB", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=10)
+    return worker_process(endpoint, *extra, dtype="float32")
 
 
 def _stderr(proc: subprocess.Popen) -> str:

@@ -5,16 +5,14 @@ Every wait is bounded and the process is always killed in a finally."""
 
 from __future__ import annotations
 
-import contextlib
 import re
-import subprocess
-import sys
 import urllib.request
 
 import pytest
 import torch
 from kvtest.fake_scheduler import STARTUP_S, FakeScheduler, free_port
 from kvtest.hf_models import reference_generate
+from kvtest.worker_proc import worker_process
 
 from protocol.worker_messages import (
     RequestRow,
@@ -37,19 +35,6 @@ pytestmark = pytest.mark.e2e
 # * 32 dims * 8 bytes = 16 KiB a block, so 1/1024 GiB (1 MiB) holds 64 host blocks.
 BLOCK_BYTES, TIER_GIB, TIER_BLOCKS = 16384, 1 / 1024, 64
 PROMPT = [3, 14, 15, 92, 65, 35, 8, 9, 10]  # 2 full blocks and 1 token
-
-
-@contextlib.contextmanager
-def worker_process(endpoint: str, *extra: str):
-    cmd = [sys.executable, "-m", "worker", "--scheduler", endpoint, "--device", "cpu", "--dtype", "float64",
-           "--block-size", "4", "--kv-cache-memory", "1MiB", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=10)
 
 
 def metric(body: str, name: str) -> float:
