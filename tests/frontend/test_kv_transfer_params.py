@@ -8,12 +8,9 @@ field)."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-
 import pytest
 from kvtest.fake_engine import fake_engine, frontend_process
+from kvtest.http_api import post, post_stream
 
 from protocol.kv_transfer_params import KVTransferParams
 
@@ -51,23 +48,6 @@ def answering(connected):
     connected.engine.kv_transfer_params = ANSWER
     yield connected
     connected.engine.kv_transfer_params = None
-
-
-def post(front, path: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(front.base_url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
-def stream_events(front, path: str, body: dict) -> list[dict]:
-    req = urllib.request.Request(front.base_url + path, data=json.dumps({**body, "stream": True}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        lines = r.read().decode().splitlines()
-    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
 
 
 @pytest.mark.parametrize("endpoint", ["completion", "chat"])
@@ -134,7 +114,7 @@ def test_the_finished_requests_params_are_the_answers(answering, endpoint):
 @pytest.mark.parametrize("endpoint", ["completion", "chat"])
 def test_a_stream_carries_none_as_vllms(answering, endpoint):
     path, body = BODIES[endpoint]
-    events = stream_events(answering, path, {**body, "kv_transfer_params": ANSWER})
+    events = post_stream(answering, path, {**body, "stream": True, "kv_transfer_params": ANSWER})
     assert events and not any("kv_transfer_params" in e for e in events)
 
 

@@ -7,14 +7,12 @@ behaves as kvpool does, and forwards nothing for a refused request."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import msgspec
 import pytest
 from kvtest.fake_engine import fake_engine, frontend_process
+from kvtest.http_api import post
 
 from frontend.protocol import ChatCompletionRequest, CompletionRequest
 from frontend.request_fields import (
@@ -77,15 +75,6 @@ def front(tiny_checkpoint, tmp_path_factory):
     with fake_engine() as engine, frontend_process(tiny_checkpoint, engine, log) as f:
         f.engine = engine
         yield f
-
-
-def post(front, path: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(front.base_url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 BODIES = {"completion": ("/v1/completions", {"prompt": "hello there", "max_tokens": 2}),
