@@ -72,6 +72,14 @@ fleet_cleanup() {
     exit "$rc"
 }
 
+serve_until_interrupted() {  # --hold: serve until Ctrl-C, exiting if anything started dies
+    log "serving until Ctrl-C"
+    while true; do
+        alive_or_die
+        sleep 1
+    done
+}
+
 trap_fleet_cleanup() {
     trap fleet_cleanup EXIT
     trap 'exit 130' INT

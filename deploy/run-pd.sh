@@ -117,7 +117,7 @@ show_logs() {
 
 # NOTE: start() puts the router first in pids, so stop_all stops it first: no request
 # reaches an engine being stopped.
-. deploy/processes.sh  # stop_all, alive_or_die, wait_http, trap_fleet_cleanup
+. deploy/processes.sh  # stop_all, alive_or_die, wait_http, trap_fleet_cleanup, serve_until_interrupted
 
 trap_fleet_cleanup
 
@@ -204,11 +204,7 @@ wait_http "http://127.0.0.1:$ROUTER_PORT/readiness" "vllm-router"
 log "ready: vllm-router (PD, $POLICY) at http://127.0.0.1:$ROUTER_PORT/v1: prefill ${prefill_urls[*]}, decode ${decode_urls[*]}"
 
 if [ "$HOLD" -eq 1 ]; then
-    log "serving until Ctrl-C"
-    while true; do
-        alive_or_die
-        sleep 1
-    done
+    serve_until_interrupted
 fi
 
 set +e
