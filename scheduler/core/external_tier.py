@@ -188,8 +188,10 @@ class ExternalTier:
     def take_ops(self) -> ExternalOps | None:
         """The saves and loads for the plan being built (None: none). Call once per
         plan, after every allocation of the step."""
-        written, self._written = self._written, []
-        ops, self._ops = self._ops, ExternalOps()
+        written, ops = self._written, self._ops
+        if not written and not ops.load_ids:
+            return None  # NOTE: most decode steps: nothing allocated
+        self._written, self._ops = [], ExternalOps()
         if written:
             keys = self.keys([h for _, h in written])
             missing = self.index.missing(keys)

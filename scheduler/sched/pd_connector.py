@@ -149,9 +149,10 @@ class PDConnector:
 
     def take_ops(self) -> KVTransferOps | None:
         """The lends, take-backs and pulls for the plan being built (None: none)."""
-        ops, self._ops = self._ops, _Ops()
+        ops = self._ops
         if not (ops.lend_ids or ops.unlend_ids or ops.pull_ids):
-            return None
+            return None  # NOTE: most steps: nothing allocated
+        self._ops = _Ops()
         return KVTransferOps(ops.lend_ids, ops.lend_block_ids, ops.unlend_ids, ops.pull_ids, ops.pull_addresses,
                              ops.pull_request_ids, ops.pull_remote_block_ids, ops.pull_block_ids)
 
