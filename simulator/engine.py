@@ -66,6 +66,7 @@ from simulator.spec_decode import (
     num_accepted,
     spec_figures,
 )
+from simulator.token_times import percentile
 from simulator.workload import OUTPUT_TOKEN_BASE, Workload
 
 
@@ -128,13 +129,6 @@ class SimConfig:
         pick = lambda given, default: default if given is None else given  # noqa: E731
         return TierSpeeds(pick(self.external_read_gbps, d.read_gbps), pick(self.external_write_gbps, d.write_gbps),
                           pick(self.external_latency_ms, d.latency_ms))
-
-
-def _percentile(values: list[int], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
 
 def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], None] | None = None) -> SimResult:
@@ -413,7 +407,7 @@ class EngineRun:
             num_finished=sum(1 for t in self.finish_ns if t != NOT_YET),
             peak_usage=get_peak_usage(kv),
             mean_queueing_delay_ms=sum(delays) / len(delays) / 1e6 if delays else 0.0,
-            p99_queueing_delay_ms=_percentile(delays, 0.99) / 1e6,
+            p99_queueing_delay_ms=percentile(delays, 0.99) / 1e6,
             mean_ttft_ms=sum(ttfts) / len(ttfts) / 1e6 if ttfts else 0.0,
             simulated_s=self.now / 1e9,
             num_steps=self.num_steps,

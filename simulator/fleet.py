@@ -41,7 +41,7 @@ from simulator.fleet_result import FleetResult
 from simulator.result import NOT_YET
 from simulator.routers import make_router
 from simulator.spec_decode import spec_figures
-from simulator.token_times import TokenTimes
+from simulator.token_times import TokenTimes, percentile
 from simulator.workload import TraceWorkload, Workload
 
 
@@ -106,13 +106,6 @@ class _Prepared(Workload):
 
     def prompt(self, index: int, hasher):
         return self.ready.pop(index)
-
-
-def _percentile(values: list[int], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
 
 class Fleet:
@@ -347,8 +340,8 @@ class Fleet:
             prefix_cache_queries=queries, prefix_cache_hits=hits,
             requests_imbalance=imbalance(self.routed), tokens_imbalance=imbalance(self.routed_tokens),
             mean_queueing_delay_ms=sum(delays) / len(delays) / 1e6 if delays else 0.0,
-            p50_queueing_delay_ms=_percentile(delays, 0.5) / 1e6, p90_queueing_delay_ms=_percentile(delays, 0.9) / 1e6,
-            p99_queueing_delay_ms=_percentile(delays, 0.99) / 1e6,
+            p50_queueing_delay_ms=percentile(delays, 0.5) / 1e6, p90_queueing_delay_ms=percentile(delays, 0.9) / 1e6,
+            p99_queueing_delay_ms=percentile(delays, 0.99) / 1e6,
             mean_ttft_ms=sum(ttfts) / len(ttfts) / 1e6 if ttfts else 0.0,
             num_requests=n, num_finished=sum(len(run.finished_seq_ids) for run in self.runs),
             num_rejected=sum(run.num_rejected for run in self.runs),
