@@ -79,8 +79,3 @@ def parse_kv_transfer_params(raw: Any) -> KVTransferParams:
     if out.get("tp_size", 1) != 1:
         raise ValueError(f"kv_transfer_params.tp_size {out['tp_size']} is not supported by kvpool: its prefill engines have one worker")
     return KVTransferParams(**out)
-
-
-def answer_params(params: KVTransferParams) -> dict[str, Any]:
-    """``params`` as an answer's ``kv_transfer_params`` (every key, nulls included, as vLLM's)."""
-    return {f: getattr(params, f) for f in params.__struct_fields__}
