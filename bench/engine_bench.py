@@ -1,6 +1,6 @@
 """The whole engine-core step in one process: schedule, encode the plan, apply a
 fake result, then encode and send the outputs to 8 clients over real loopback
-ZMQ sockets (a `RouterPort` and 8 DEALERs), the way `EngineCore._step_loop` does.
+ZMQ sockets (a `RouterPort` and 8 DEALERs), the way `StepLoop.run` does.
 
 N running decodes of 1,000-token context, spread round-robin over the 8 clients.
 The result is built directly (every row samples a fixed token) instead of by a

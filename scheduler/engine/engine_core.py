@@ -1,4 +1,4 @@
-"""The scheduler process: its tasks and their lifecycle, and the step loop.
+"""The scheduler process: its parts, its tasks and their lifecycle.
 
 One asyncio loop (uvloop) runs these tasks over two ZMQ ROUTER ports and HTTP
 (/metrics, /health: scheduler/engine/http_server.py):
@@ -8,12 +8,11 @@ One asyncio loop (uvloop) runs these tasks over two ZMQ ROUTER ports and HTTP
 * worker: WorkerHello -> WorkerReady -> its acknowledging Heartbeat (the BlockPool
   is built only then), then StepResults (scheduler/engine/worker_side.py, the link's
   state machine in scheduler/engine/worker_link.py);
-* steps: schedule -> send the plan -> await its result -> stream tokens out;
+* steps: schedule -> send the plan -> await its result -> stream tokens out
+  (scheduler/engine/step_loop.py);
 * watchers: a peer disconnecting on either port is probed at once.
 
 What these parts share (the pool, the policy, the wake-up) is one `EngineState`.
-Steps are strictly sequential: a plan is sent only after the previous result is
-applied, which is what makes caching blocks at scheduling time safe (rule 3).
 
 Faults (docs/operations.md): a worker that is gone or silent sends its running
 requests back to waiting, as if preempted, and voids the prefix cache; a returning
@@ -26,16 +25,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import time
-from dataclasses import dataclass
 from functools import partial
 
 import zmq.asyncio
 
 from protocol.speculative_config import parse_speculative_config
-from protocol.worker_messages import CompileGrammars, Shutdown, StepResult
+from protocol.worker_messages import Shutdown
 from scheduler.core.vllm_hashing import make_block_hasher
-from scheduler.engine.client_outputs import outputs_by_client
 from scheduler.engine.client_side import ClientSide
 from scheduler.engine.config import SchedulerConfig
 from scheduler.engine.engine_info import engine_info
@@ -43,32 +39,17 @@ from scheduler.engine.engine_state import EngineState
 from scheduler.engine.http_server import HttpSide
 from scheduler.engine.kv_event_publisher import make_kv_event_sink
 from scheduler.engine.metrics import SchedulerMetrics
-from scheduler.engine.perf_metrics import ModelShape, StepContext, estimate_step
+from scheduler.engine.perf_metrics import ModelShape
 from scheduler.engine.sockets import open_ports
 from scheduler.engine.stats_logger import IterationDetailsLogger, log_stats_every, stats_snapshot
-from scheduler.engine.worker_checks import check_result
-from scheduler.engine.worker_link import HEARTBEAT_INTERVAL_S, WorkerLost
+from scheduler.engine.step_loop import StepLoop
+from scheduler.engine.worker_link import WorkerLost
 from scheduler.engine.worker_side import WorkerSide
-from scheduler.sched.outputs import SchedulerOutput, StepTokens
-from scheduler.sched.prompt_logprobs import gather_prompt_logprobs
 from scheduler.sched.request import RequestStatus
 
 log = logging.getLogger("scheduler")
 # SIGTERM and SIGINT stop the process.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-@dataclass(slots=True)
-class _Done:
-    """A step whose results the scheduler has applied, its outputs not yet sent."""
-
-    outputs: StepTokens
-    logprobs: list  # StepResult.logprobs
-    prompt_logprobs: dict  # seq_id -> the whole prompt's, with the first token (scheduler.sched.prompt_logprobs)
-    nbytes: int
-    seconds: float
-    # (flops, bytes read, bytes written) per GPU, with --enable-mfu-metrics.
-    perf: tuple[int, int, int] | None
 
 
 class EngineCore:
@@ -88,7 +69,7 @@ class EngineCore:
             max_model_len=config.max_model_len, custom_buckets=config.custom_histogram_buckets,
             speculative=parse_speculative_config(config.speculative_config),
         )
-        self.model_shape = ModelShape.from_checkpoint(config.model, config.dtype, config.kv_cache_dtype) if config.enable_mfu_metrics else None
+        model_shape = ModelShape.from_checkpoint(config.model, config.dtype, config.kv_cache_dtype) if config.enable_mfu_metrics else None
         self.state = EngineState()
         self.worker_side = WorkerSide(self.state, config, workers, self.metrics, self.kv_event_sink, self._publish_kv_events)
         self.worker = self.worker_side.link
@@ -104,8 +85,11 @@ class EngineCore:
         self.worker_side.end_requests = self.client_side.end
         self.http_side = HttpSide(self.state, self.worker, self.metrics, self._publish_kv_events, config.host, config.http_port,
                                   config.dev_mode, engine_info(config), hasher)
-        self.iteration_log = IterationDetailsLogger(config.log_stats and config.enable_logging_iteration_details, config.data_parallel_rank)
-        self._step_kv_events: list = []  # see _step_loop
+        iteration_log = IterationDetailsLogger(config.log_stats and config.enable_logging_iteration_details, config.data_parallel_rank)
+        self.steps = StepLoop(
+            self.state, self.worker, self.client_side, self.metrics, self.kv_event_sink, self.kv_event_publisher,
+            model_shape, iteration_log, config.worker_reconnect_timeout_s,
+        )
         self._stop = asyncio.Event()
         # An internal error that stopped the process (exit status 1).
         self._fatal: BaseException | None = None
@@ -137,7 +121,7 @@ class EngineCore:
     def _start_tasks(self) -> tuple[asyncio.Task, tuple[asyncio.Task, ...], tuple[asyncio.Task, ...]]:
         """The step loop, then each port's receive loop and disconnect watcher."""
         clients, workers = self.client_side, self.worker_side
-        step = asyncio.create_task(self._step_loop())
+        step = asyncio.create_task(self.steps.run())
         client_loop = asyncio.create_task(clients.receive_loop())
         worker_loop = asyncio.create_task(workers.receive_loop())
         client_watch = asyncio.create_task(clients.port.watch_disconnects(clients.sweep))
@@ -215,133 +199,6 @@ class EngineCore:
         self.state.wakeup.set()
 
     def _publish_kv_events(self) -> None:
-        """One batch per step (and per reset): what the pool's cache gained and lost;
-        a finished step's events set apart by the step loop go first."""
-        if self.kv_event_publisher is not None:
-            if self._step_kv_events:
-                self.kv_event_publisher.publish(self._step_kv_events)
-            self._step_kv_events = []
-            self.kv_event_publisher.publish(self.kv_event_sink.take())
-
-    # --- steps ------------------------------------------------------------------------
-
-    async def _step_loop(self) -> None:
-        # NOTE: a step's outputs reach the clients after the next plan has gone to the
-        # worker (``_Done``): the worker computes while the scheduler fans out outputs,
-        # metrics and KV events, instead of waiting for them every step. The next
-        # schedule() needs only update_from_output, which runs at once.
-        state, done = self.state, None
-        try:
-            while not state.stopping:
-                state.wakeup.clear()
-                now = time.monotonic()
-                self.worker.check_silence()
-                # NOTE: bounded: an idle loop still wakes every heartbeat interval.
-                if state.kv is not None and state.kv.pinned.expire(now):
-                    log.info("pins expired: %d blocks pinned now", state.kv.pinned.num_pinned_blocks)
-                if state.scheduler is not None and (n := state.scheduler.expire_lends(now)):
-                    log.warning("%d requests' blocks freed unread: no decode engine read them within their lease", n)
-                if state.worker_lost_at is not None and not self.worker.ready:
-                    await self._fail_requests_waiting_too_long(now)
-                if self.worker.ready:
-                    await self._send_grammar_compiles()
-                out = state.scheduler.schedule() if self.worker.ready else None
-                if state.scheduler is not None:
-                    # vLLM's step gauges (metrics.py): waiting as this schedule left it; usage
-                    # and running after the step's result, or now when there is no step.
-                    self.metrics.update_waiting_gauges(state.scheduler)
-                    if out is None:
-                        self.metrics.update_step_gauges(state.scheduler, state.kv)
-                if out is None:
-                    if done is not None:
-                        # Delivering may drop clients (aborts): schedule again first.
-                        finished, done = done, None
-                        await self._deliver(finished)
-                    else:
-                        await self._idle()
-                    continue
-                t0 = time.perf_counter()
-                perf = self._step_perf(out)
-                self.iteration_log.begin(out)
-                self.worker.begin_step(out.plan.step_id)
-                try:
-                    nbytes = await self.worker.send(out.plan)
-                except WorkerLost:
-                    nbytes = None  # the link lost the worker; the step was abandoned with it
-                if done is not None:
-                    finished, done = done, None
-                    await self._deliver(finished)
-                if nbytes is None:
-                    continue
-                try:
-                    result = await self.worker.await_result()
-                except WorkerLost:
-                    continue
-                done = self._apply_result(result, nbytes, t0, perf)
-        finally:
-            if done is not None:
-                await self._deliver(done)
-
-    async def _send_grammar_compiles(self) -> None:
-        """Grammars of requests that arrived since the last step go to the worker to be
-        compiled off the step path; its GrammarsReady releases them (grammar_wait.py)."""
-        seq_ids, grammars = self.state.scheduler.take_grammar_compiles()
-        if seq_ids:
-            try:
-                await self.worker.send(CompileGrammars(seq_ids, grammars))
-            except WorkerLost:
-                pass  # the next worker is asked again (recompile_grammars)
-
-    async def _fail_requests_waiting_too_long(self, now: float) -> None:
-        """With no worker, fail each request that has waited for one longer than
-        --worker-reconnect-timeout (since it arrived, or since the worker was lost):
-        a request that came during the outage gets its own full wait."""
-        timeout_s, lost_at = self.config.worker_reconnect_timeout_s, self.state.worker_lost_at
-        expired = [rid for rid, r in self.state.scheduler.requests.items() if now - max(r.arrival_time, lost_at) > timeout_s]
-        if expired:
-            log.error("no worker for %.0f s: failing %d requests that waited %g s for one", now - lost_at, len(expired), timeout_s)
-            await self.client_side.end(expired, RequestStatus.FINISHED_ERROR, f"no worker returned within {timeout_s:g} s")
-
-    async def _idle(self) -> None:
-        """Nothing to schedule: keep the worker's link alive, then sleep until woken."""
-        if self.worker.ready:
-            try:
-                await self.worker.heartbeat_if_idle()
-            except WorkerLost:
-                pass  # lost (and handled) by the link
-        try:
-            await asyncio.wait_for(self.state.wakeup.wait(), HEARTBEAT_INTERVAL_S)
-        except TimeoutError:
-            pass
-
-    def _step_perf(self, out: SchedulerOutput) -> tuple[int, int, int] | None:
-        """vLLM's MFU estimates of the step just scheduled (None without --enable-mfu-metrics)."""
-        if self.model_shape is None:
-            return None
-        return estimate_step(self.model_shape, self.worker.hello.world_size, StepContext.of_step(out))
-
-    def _apply_result(self, result: StepResult, nbytes: int, t0: float, perf: tuple[int, int, int] | None) -> _Done | None:
-        """The step's result into the scheduler; None (the worker lost) if it is not believable."""
-        try:
-            check_result(result, self.state.limits.vocab_size)
-            prompt_logprobs = gather_prompt_logprobs(self.state.scheduler.seq_id_to_request, result)
-            outputs = self.state.scheduler.update_from_output(result)
-        except ValueError as e:
-            self.worker.lose(str(e))
-            return None
-        self.metrics.update_step_gauges(self.state.scheduler, self.state.kv)
-        self.iteration_log.end(self.state.kv)
-        # NOTE: this step's KV events are set apart now, before the next schedule()
-        # adds its own; whatever publishes next sends them first.
-        if self.kv_event_publisher is not None:
-            self._step_kv_events = self.kv_event_sink.take()
-        return _Done(outputs, result.logprobs, prompt_logprobs, nbytes, time.perf_counter() - t0, perf)
-
-    async def _deliver(self, done: _Done) -> None:
-        """A finished step's outputs to its clients, then its metrics and KV events."""
-        await self.client_side.send_outputs(outputs_by_client(done.outputs, done.logprobs, done.prompt_logprobs))
-        self.metrics.observe_step(done.outputs, done.nbytes, done.seconds)
-        if done.perf is not None:
-            self.metrics.observe_perf(*done.perf)
-        self.metrics.update(self.state.scheduler, self.state.kv)
-        self._publish_kv_events()
+        """One batch per step (and per reset): the step loop's. WorkerSide and HttpSide
+        are handed this before the step loop exists; they call it on a reset."""
+        self.steps.publish_kv_events()

@@ -25,6 +25,7 @@ ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 WAITING_REASONS = ("capacity", "deferred")
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
+
 class SchedulerMetricFamilies:
     def __init__(self, model_name: str, engine: str = "0", kv_cache_metrics: bool = False, kv_offloading: bool = False,
                  max_model_len: int = 4096, custom_buckets: dict | None = None,

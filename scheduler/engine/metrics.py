@@ -23,6 +23,7 @@ from scheduler.spec.spec_stats import SpecDecodingStats
 # The source an external tier's hits count under (metric_families.CACHE_HIT_SOURCES).
 EXTERNAL_SOURCES = {"disk": "disk", "mooncake": "external_unspecified"}
 
+
 class SchedulerMetrics(SchedulerMetricFamilies):
     """The families, fed: once a step (`update`, the step gauges) and per event."""
 
