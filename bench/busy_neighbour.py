@@ -30,7 +30,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from bench.compare_servers import (
+from bench.compare.servers import (
     Server,
     ServerConfig,
     free_port,
@@ -39,7 +39,7 @@ from bench.compare_servers import (
     stop_process_group,
     vllm_env,
 )
-from bench.compare_workloads import Workload, run_loadgen
+from bench.compare.workloads import Workload, run_loadgen
 from bench.real_model import smollm2_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -36,7 +36,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.compare_servers import Server, free_port
+from bench.compare.servers import Server, free_port
 from bench.real_model import sharegpt_json, smollm2_checkpoint
 from bench.table import Row, print_table
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.compare_checkpoints import checkpoint_dir
-from bench.compare_servers import (
+from bench.compare.checkpoints import checkpoint_dir
+from bench.compare.servers import (
     COUNTERS,
     PEAK,
     Server,
@@ -35,7 +35,7 @@ from bench.compare_servers import (
     server_command,
     vllm_env,
 )
-from bench.compare_workloads import Workload, prefix_args, repeated, run_bench
+from bench.compare.workloads import Workload, prefix_args, repeated, run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "tiny"
@@ -48,7 +48,7 @@ GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "vllm:num_req
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.hybrid_usage", description=__doc__.split("\n\n")[0])
     p.add_argument("--engines", default="vllm,kvpool")
-    p.add_argument("--checkpoint", default="gemma3", help="a generated checkpoint (bench.compare_checkpoints)")
+    p.add_argument("--checkpoint", default="gemma3", help="a generated checkpoint (bench.compare.checkpoints)")
     p.add_argument("--layer-types", default=None,
                    help="comma-separated sliding/full per layer: a copy of the checkpoint with these layer_types "
                         "(e.g. s,s,f,s,s,f: a window on 4 of 6 layers, 3 KV-cache groups)")

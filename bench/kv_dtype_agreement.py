@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.compare_servers import Server, ServerConfig, free_port, server_command, vllm_env
-from bench.compare_workloads import agreement_prompts, greedy_token_ids
+from bench.compare.servers import Server, ServerConfig, free_port, server_command, vllm_env
+from bench.compare.workloads import agreement_prompts, greedy_token_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "tiny"
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="the compute dtype of every run")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--tokens", type=int, default=24)
-    p.add_argument("--seed", type=int, default=7, help="the prompts' seed (bench.compare_workloads.agreement_prompts)")
+    p.add_argument("--seed", type=int, default=7, help="the prompts' seed (bench.compare.workloads.agreement_prompts)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--ready-timeout", type=float, default=600.0)
     p.add_argument("--request-timeout", type=float, default=300.0)

@@ -19,8 +19,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.compare_servers import Server, ServerConfig, free_port, server_command, vllm_env
-from bench.compare_workloads import agreement_prompts
+from bench.compare.servers import Server, ServerConfig, free_port, server_command, vllm_env
+from bench.compare.workloads import agreement_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "tiny"

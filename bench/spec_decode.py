@@ -21,7 +21,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from bench.compare_servers import (
+from bench.compare.servers import (
     Server,
     ServerConfig,
     free_port,
@@ -29,7 +29,7 @@ from bench.compare_servers import (
     server_command,
     vllm_env,
 )
-from bench.compare_workloads import Workload, run_bench
+from bench.compare.workloads import Workload, run_bench
 from bench.real_model import sharegpt_json, smollm2_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]

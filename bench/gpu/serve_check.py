@@ -16,7 +16,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoModelForCausalLM
 
-from bench.compare_servers import Server, free_port, scrape_page
+from bench.compare.servers import Server, free_port, scrape_page
 
 NAME = "checked"
 

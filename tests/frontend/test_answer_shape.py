@@ -1,5 +1,5 @@
 """The shape of every answer, key for key, as vLLM 0.32 serializes it (recorded from a
-live ``vllm serve`` of the tiny checkpoint; ``tests/bench/test_compare_every_field.py``
+live ``vllm serve`` of the tiny checkpoint; ``tests/bench/compare/test_every_field.py``
 holds kvpool to it live with ``-m compare``): whole answers carry vLLM's null fields;
 a stream's chunks leave out what vLLM leaves unset (a chat chunk's stop_reason until it
 finishes, usage's null details); the system_fingerprint rides on the last message only."""

@@ -1,7 +1,7 @@
 """prompt_logprobs, and echo with logprobs, against a live `kvpool serve` of the tiny
 checkpoint. Expected logprobs come from transformers (float32, the same checkpoint);
 shapes, messages and counts from vLLM 0.32 (its serving code, and its answers to the
-same requests: ``tests/bench/test_compare_prompt_logprobs.py`` checks them live)."""
+same requests: ``tests/bench/compare/test_prompt_logprobs.py`` checks them live)."""
 
 from __future__ import annotations
 

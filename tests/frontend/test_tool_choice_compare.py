@@ -56,11 +56,11 @@ def post(url: str, body: dict, stream: bool = False):
 
 @pytest.fixture(scope="module")
 def servers(real_vllm, tmp_path_factory):
-    from bench.compare import default_model
-    from bench.compare_servers import Server, ServerConfig, free_port, server_command, vllm_env
+    from bench.compare.checkpoints import checkpoint_dir
+    from bench.compare.servers import Server, ServerConfig, free_port, server_command, vllm_env
 
     tmp = tmp_path_factory.mktemp("tools-compare")
-    model, cfg = default_model(), ServerConfig(num_blocks=64, max_model_len=63 * 32)  # NOTE: vLLM keeps one block back
+    model, cfg = checkpoint_dir("tiny"), ServerConfig(num_blocks=64, max_model_len=63 * 32)  # NOTE: vLLM keeps one block back
     vp, kp = free_port(), free_port()
     vllm = Server("vllm", [*server_command("vllm", model, vp, cfg, ROOT, "m"), *FLAGS], vllm_env(tmp / "cache", cfg, model, 1), tmp / "vllm.log", vp)
     kvpool = Server("kvpool", [*server_command("kvpool", model, kp, cfg, ROOT, "m"), *FLAGS], {}, tmp / "kvpool.log", kp)

@@ -16,7 +16,7 @@ import torch
 from kvtest.grouped_paged import GroupedPagedModel
 from kvtest.hf_models import VOCAB, make_checkpoint
 
-from bench.compare_servers import stop_process_group
+from bench.compare.servers import stop_process_group
 from worker.checkpoint import Checkpoint
 from worker.models.loader import load_model
 

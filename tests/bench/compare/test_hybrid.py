@@ -10,14 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from bench.compare import HYBRID_NUM_BLOCKS, NUM_BLOCKS, build_parser, served_model, settle_model
-from bench.compare_checkpoints import describe, kv_groups, kv_layers_per_block
-from bench.compare_report import FIGURES, agreement_row, rows
-from bench.compare_servers import ServerConfig, server_command, vllm_env
-from bench.compare_workloads import agreement_prompts, combine_runs, default_workloads
+from bench.compare.checkpoints import describe, kv_groups, kv_layers_per_block
+from bench.compare.cli import (
+    HYBRID_NUM_BLOCKS,
+    NUM_BLOCKS,
+    build_parser,
+    served_model,
+    settle_model,
+)
+from bench.compare.report import FIGURES, agreement_row, rows
+from bench.compare.servers import ServerConfig, server_command, vllm_env
+from bench.compare.workloads import agreement_prompts, combine_runs, default_workloads
 from worker.tiny.gemma3 import CONFIG as GEMMA3
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def config_dir(tmp_path: Path, config: dict) -> Path:
@@ -175,8 +181,8 @@ def test_vllm_serves_the_gemma3_checkpoint_with_six_groups_as_transformers_does(
     import zmq
     from transformers import AutoModelForCausalLM
 
-    from bench.compare_servers import Server, free_port, num_gpu_blocks, scrape_page
-    from bench.compare_workloads import greedy_token_ids
+    from bench.compare.servers import Server, free_port, num_gpu_blocks, scrape_page
+    from bench.compare.workloads import greedy_token_ids
     from worker.tiny.gemma3 import gemma3_checkpoint
 
     model = gemma3_checkpoint()

@@ -1,4 +1,4 @@
-"""`make compare` (bench/compare*.py): the goal logic, the table, the Mooncake slice and the
+"""`make compare` (bench/compare/): the goal logic, the table, the Mooncake slice and the
 servers' command lines, always; and, marked ``compare`` (skipped without ``.venv-vllm``
 and unless selected with ``-m compare``, so never in CI), one small real run of both
 engines whose result JSON must carry every key the table is built from."""
@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.compare_report import FIGURES, agreement_row, format_table, rows
-from bench.compare_servers import ServerConfig, num_gpu_blocks, server_command, vllm_env
-from bench.compare_workloads import (
+from bench.compare import runs
+from bench.compare.cli import build_parser, pool_configs
+from bench.compare.report import FIGURES, agreement_row, format_table, rows
+from bench.compare.servers import ServerConfig, num_gpu_blocks, server_command, vllm_env
+from bench.compare.workloads import (
     BENCH_KEYS,
     Workload,
     agreement_prompts,
@@ -25,7 +27,7 @@ from bench.compare_workloads import (
     repeated,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def fig(**kw) -> dict:
@@ -207,21 +209,19 @@ def test_a_small_real_compare_writes_every_key(real_vllm, tmp_path):
 
 
 def test_with_the_bfloat16_default_agreement_runs_on_a_float32_server(monkeypatch, tmp_path):
-    import bench.compare as compare
-
-    a = compare.build_parser().parse_args(["--out", str(tmp_path)])
+    a = build_parser().parse_args(["--out", str(tmp_path)])
     assert a.dtype == "bfloat16"
     a.engines, a.window, a.num_kv_groups, a.num_blocks = ["vllm", "kvpool"], 0, 1, 256
-    pools = compare.pool_configs(a)
+    pools = pool_configs(a)
     started = []
 
     def run_pool(engine, model, cfg, workloads, a, tag, results, prompts=None):
         started.append((engine, tag, cfg.dtype, [w.name for w in workloads], prompts is not None))
         return [[7]] * len(prompts) if prompts else None
 
-    monkeypatch.setattr(compare, "run_pool", run_pool)
+    monkeypatch.setattr(runs, "run_pool", run_pool)
     ws = [Workload("prefix-c8", "main", prefix_args(8, 8, 64, seed=1), shared_prefix=True)]
-    _, agree, errors = compare.run_all(tmp_path, pools, ws, 512, [[5, 6]] * 4, a)
+    _, agree, errors = runs.run_all(tmp_path, pools, ws, 512, [[5, 6]] * 4, a)
     assert started == [("vllm", "main", "bfloat16", ["prefix-c8"], False), ("kvpool", "main", "bfloat16", ["prefix-c8"], False),
                        ("vllm", "float32", "float32", [], True), ("kvpool", "float32", "float32", [], True)]
     assert errors == {} and agree["dtype"] == "float32" and agree["fraction_identical"] == 1.0

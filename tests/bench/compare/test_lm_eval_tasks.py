@@ -11,7 +11,14 @@ import math
 
 import pytest
 
-from bench.lm_eval_tasks import GEN_DOCS, MC_DOCS, MC_TASK, max_difference, samples, write_tasks
+from bench.compare.lm_eval_tasks import (
+    GEN_DOCS,
+    MC_DOCS,
+    MC_TASK,
+    max_difference,
+    samples,
+    write_tasks,
+)
 
 pytest.importorskip("lm_eval")
 pytest.importorskip("tenacity")  # lm_eval's API models need it (lm-eval[api])
@@ -74,7 +81,7 @@ def test_lm_eval_scores_choices_as_transformers(tiny_checkpoint, tmp_path):
 @pytest.mark.e2e
 @pytest.mark.timeout(1200)
 def test_lm_eval_loglikelihoods_equal_vllms(real_vllm, tiny_checkpoint, tmp_path):
-    from bench.compare_servers import Server, ServerConfig, free_port, server_command, vllm_env
+    from bench.compare.servers import Server, ServerConfig, free_port, server_command, vllm_env
 
     cfg = ServerConfig(num_blocks=128)
     got = {}
@@ -89,8 +96,8 @@ def test_lm_eval_loglikelihoods_equal_vllms(real_vllm, tiny_checkpoint, tmp_path
 
 
 def test_compare_rows_judge_the_largest_difference():
-    from bench.compare_report import format_table
-    from bench.lm_eval_tasks import lm_eval_rows
+    from bench.compare.lm_eval_tasks import lm_eval_rows
+    from bench.compare.report import format_table
 
     v = {"mc": [[-1.0, -2.0]], "gen": ["a", "b"]}
     diff, same = lm_eval_rows({"vllm": v, "kvpool": {"mc": [[-1.0, -2.002]], "gen": ["a", "c"]}})

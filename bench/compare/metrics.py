@@ -8,8 +8,8 @@ values are not compared: the rest of the table does that.
 Every difference is listed with its reason. The accepted ones have theirs in ACCEPTED,
 the one place for them; any other difference fails the row.
 
-    python -m bench.compare_metrics --vllm-url http://127.0.0.1:8000 --kvpool-url http://127.0.0.1:8001
-    python -m bench.compare_metrics --vllm-file tests/deploy/data/vllm-0.32-metrics.txt --kvpool-url URL
+    python -m bench.compare.metrics --vllm-url http://127.0.0.1:8000 --kvpool-url http://127.0.0.1:8001
+    python -m bench.compare.metrics --vllm-file tests/deploy/data/vllm-0.32-metrics.txt --kvpool-url URL
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ METRICS = "metrics"  # the key of the scraped pages in make compare's results
 IDENTITY_LABELS = frozenset({"model_name", "engine"})
 # The vLLM families kvpool does not have, or has otherwise, on purpose: family -> reason.
 # NOTE: none today: kvpool exports every family vLLM 0.32 does, alike (the live test in
-# tests/bench/test_compare_metrics.py checks it, and that no reason here outlives its
+# tests/bench/compare/test_metrics.py checks it, and that no reason here outlives its
 # difference).
 ACCEPTED: dict[str, str] = {}
 
@@ -165,7 +165,7 @@ def read_page(url: str | None, file: Path | None, timeout_s: float = 10.0) -> st
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.compare_metrics", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.compare.metrics", description=__doc__.split("\n\n")[0])
     for engine in ("vllm", "kvpool"):
         g = p.add_mutually_exclusive_group(required=True)
         g.add_argument(f"--{engine}-url", help=f"a live {engine} server (its /metrics is read)")
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         doc = report(read_page(a.vllm_url, a.vllm_file), read_page(a.kvpool_url, a.kvpool_file))
     except (OSError, ValueError) as e:
-        raise SystemExit(f"compare_metrics: {e}") from None
+        raise SystemExit(f"compare.metrics: {e}") from None
     row = metrics_row(doc)
     print(f"{row['figure']}: vLLM {row['vllm']} families, kvpool {row['kvpool']}" + format_differences(doc))
     if a.json:

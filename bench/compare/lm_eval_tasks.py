@@ -7,9 +7,9 @@ scores each choice through ``/v1/completions`` with echo, logprobs 1 and max_tok
 ``samples(...)`` returns what the harness logged per document: each multiple-choice
 document's per-choice loglikelihoods, each generation document's text. The same run
 against vLLM and kvpool on one checkpoint must give the same loglikelihoods
-(``bench.compare``'s lm-eval row; ``tests/bench/test_compare_lm_eval.py``).
+(``bench.compare``'s lm-eval row; ``tests/bench/compare/test_lm_eval_tasks.py``).
 
-    python -m bench.lm_eval_tasks --url http://127.0.0.1:8000 --model NAME --tokenizer CHECKPOINT
+    python -m bench.compare.lm_eval_tasks --url http://127.0.0.1:8000 --model NAME --tokenizer CHECKPOINT
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def lm_eval_rows(got: dict) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.lm_eval_tasks", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.compare.lm_eval_tasks", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", required=True, help="the server's root, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", required=True, help="the served model name")
     p.add_argument("--tokenizer", required=True, help="the checkpoint folder (the harness tokenizes with it)")

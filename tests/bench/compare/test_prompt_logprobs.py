@@ -87,7 +87,7 @@ def _compare(vs: tuple[int, object], ks: tuple[int, object], body: dict) -> None
 @pytest.mark.e2e
 @pytest.mark.timeout(1200)
 def test_prompt_logprobs_as_vllm(real_vllm, tiny_checkpoint, tmp_path):
-    from bench.compare_servers import Server, ServerConfig, free_port, server_command, vllm_env
+    from bench.compare.servers import Server, ServerConfig, free_port, server_command, vllm_env
 
     # NOTE: kvpool's budget of 64 tokens scores the long prompt over several chunks.
     cfg = ServerConfig(num_blocks=128, max_num_batched_tokens=64)

@@ -1,4 +1,4 @@
-"""`make compare`'s queued comparison (bench/compare_offline.py): the small pool's shape
+"""`make compare`'s queued comparison (bench/compare/offline.py): the small pool's shape
 with every request queued at once. Always: the prompts, the shared-block check, kvpool's
 side against counts derived by hand, the table's rows, a failing vLLM run; marked
 ``compare`` (needs ``.venv-vllm``, selected with ``-m compare``): both engines for real,
@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from bench.compare_offline import (
+from bench.compare.offline import (
     QUEUED,
     queued_prompts,
     run_kvpool,
     run_vllm,
     shared_generated_blocks,
 )
-from bench.compare_report import rows
-from bench.compare_servers import ServerConfig
+from bench.compare.report import rows
+from bench.compare.servers import ServerConfig
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SMALL = ServerConfig(block_size=32, num_blocks=64, max_model_len=63 * 32)
 
 
@@ -89,10 +89,10 @@ def test_a_failing_vllm_run_names_its_log(tmp_path):
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_both_engines_queued_count_the_same(real_vllm, tmp_path):
-    from bench.compare import default_model
-    from bench.compare_servers import vllm_env
+    from bench.compare.checkpoints import checkpoint_dir
+    from bench.compare.servers import vllm_env
 
-    model = default_model()
+    model = checkpoint_dir("tiny")
     prompts = queued_prompts(64, 512)
     env = vllm_env(tmp_path / "cache", SMALL, model, 1) | {"OMP_NUM_THREADS": "1"}
     v = run_vllm(ROOT, model, SMALL, prompts, 256, env, tmp_path / "vllm", 800)

@@ -6,7 +6,7 @@ different speeds, so each admits a different set before the pool fills (vLLM aga
 itself differs by that much from run to run). Queued at once, the schedule depends on
 nothing but the policy, so the counters must be equal to the request:
 
-* vLLM: ``bench/vllm_offline.py`` in ``.venv-vllm`` — ``LLM.generate`` with the engine
+* vLLM: ``bench/compare/vllm_offline.py`` in ``.venv-vllm`` — ``LLM.generate`` with the engine
   core in the same process, which adds every request before the scheduler's first step.
 * kvpool: its Scheduler, KVCacheManager and BlockPool through the offline simulator
   (``simulator/engine.py``), every arrival at t = 0: the classes ``kvpool serve``'s
@@ -25,8 +25,8 @@ import subprocess
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.compare_servers import ServerConfig, stop_process_group
-from bench.compare_workloads import shared_prefix_prompts
+from bench.compare.servers import ServerConfig, stop_process_group
+from bench.compare.workloads import shared_prefix_prompts
 from loadgen.datasets import SampleRequest
 from simulator.engine import SimConfig, simulate
 from simulator.workload import SampleWorkload
@@ -59,7 +59,7 @@ def run_vllm(root: Path, model: Path, cfg: ServerConfig, prompts: list[list[int]
     spec, result, log_path = out / "queued_spec.json", out / "queued_result.json", out / "queued.log"
     spec.write_text(json.dumps({"model": str(model), "config": asdict(cfg), "prompts": prompts, "max_tokens": max_tokens}))
     result.unlink(missing_ok=True)
-    cmd = [str(root / ".venv-vllm/bin/python"), str(root / "bench/vllm_offline.py"), str(spec), str(result)]
+    cmd = [str(root / ".venv-vllm/bin/python"), str(root / "bench/compare/vllm_offline.py"), str(spec), str(result)]
     with open(log_path, "wb") as log:
         # NOTE: a session of its own, so the whole group (compile workers included) is
         # killed on a timeout or Ctrl-C.

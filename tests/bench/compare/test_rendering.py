@@ -77,7 +77,7 @@ def differences(vllm_url: str, kvpool_url: str) -> list[str]:
 def test_vllm_and_kvpool_render_and_detokenize_alike(real_vllm: Path, tiny_checkpoint, tmp_path):
     from kvtest.local_tokenizers import metaspace_checkpoint
 
-    from bench.compare_servers import Server, ServerConfig, free_port, server_command, vllm_env
+    from bench.compare.servers import Server, ServerConfig, free_port, server_command, vllm_env
 
     model = metaspace_checkpoint(tiny_checkpoint, tmp_path / "metaspace")
     cfg = ServerConfig(num_blocks=64, max_model_len=1024)

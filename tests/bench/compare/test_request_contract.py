@@ -15,7 +15,7 @@ import pytest
 from kvtest.ports import free_port
 from kvtest.serve import kvpool_serve
 
-from bench.compare_servers import Server
+from bench.compare.servers import Server
 
 M_LEN = 2048
 REQUESTS = [

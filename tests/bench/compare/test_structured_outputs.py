@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.compare_servers import Server, ServerConfig, free_port, server_command, vllm_env
+from bench.compare.servers import Server, ServerConfig, free_port, server_command, vllm_env
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CFG = ServerConfig(block_size=32, num_blocks=128, max_num_seqs=8, max_model_len=2048, kv_cache_metrics=False)
 NAME = "tiny"
 SCHEMA = {"type": "object", "properties": {"c": {"enum": ["x", "y"]}, "n": {"type": "integer", "minimum": 0, "maximum": 9},
@@ -86,9 +86,9 @@ def answers(url: str) -> dict:
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_greedy_structured_outputs_equal_vllms_token_for_token(real_vllm, tmp_path):
-    from bench.compare import default_model
+    from bench.compare.checkpoints import checkpoint_dir
 
-    model = default_model()
+    model = checkpoint_dir("tiny")
     got = {}
     for engine in ("vllm", "kvpool"):
         port = free_port()

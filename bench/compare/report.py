@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.compare_offline import QUEUED
+from bench.compare.offline import QUEUED
 
 # (key, label, goal on which workloads: ("speed", "fidelity", "preempt" or None))
 FIGURES = [

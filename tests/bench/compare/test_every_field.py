@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from bench.compare_servers import Server, ServerConfig, free_port, server_command, vllm_env
+from bench.compare.servers import Server, ServerConfig, free_port, server_command, vllm_env
 
 # Every test here runs both engines (minutes): selected with -m compare only.
 pytestmark = [pytest.mark.compare, pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -25,9 +25,9 @@ CHAT = [{"role": "user", "content": "Which block goes first when the pool is ful
 
 @pytest.fixture(scope="module")
 def engines(real_vllm, tmp_path_factory):
-    from bench.compare import default_model
+    from bench.compare.checkpoints import checkpoint_dir
 
-    model = default_model()
+    model = checkpoint_dir("tiny")
     tmp = tmp_path_factory.mktemp("contract")
     servers = {}
     for engine in ("vllm", "kvpool"):

@@ -1,7 +1,7 @@
 """vLLM's engine offline, every request queued before its first step; run by
-``.venv-vllm``'s python (``bench.compare_offline`` starts it), never the project's.
+``.venv-vllm``'s python (``bench.compare.offline`` starts it), never the project's.
 
-    .venv-vllm/bin/python bench/vllm_offline.py SPEC.json OUT.json
+    .venv-vllm/bin/python bench/compare/vllm_offline.py SPEC.json OUT.json
 
 SPEC: {"model", "config": ServerConfig's fields, "prompts": [[token id, ...], ...],
 "max_tokens"}. OUT: {"outputs": each request's generated token ids, "metrics": the

@@ -1,4 +1,4 @@
-"""`make compare-speed` (bench/compare_speed*.py): the alternating run order, each cell's
+"""`make compare-speed` (bench/compare/speed.py, speed_report.py): the alternating run order, each cell's
 own prompts, a cell's goal, the table from canned runs, the flag errors, and the
 temperature flag of vllm bench serve's command line. No real run here: both servers'
 start-up is too slow for the suite (``make compare-speed`` runs it)."""
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.compare_speed import cells, schedule
-from bench.compare_speed_report import HITS, QUERIES, cell_row, format_matrix, judge, summarize
-from bench.compare_workloads import (
+from bench.compare.speed import cells, schedule
+from bench.compare.speed_report import HITS, QUERIES, cell_row, format_matrix, judge, summarize
+from bench.compare.workloads import (
     Workload,
     bench_command,
     multiturn_args,
@@ -21,7 +21,7 @@ from bench.compare_workloads import (
     sharegpt_args,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def run(toks, tpot, ttft, queries=100.0, hits=60.0, load=(1.0, 1.5), failed=0) -> dict:
@@ -42,7 +42,7 @@ def test_engines_alternate_and_swap_who_goes_first_on_odd_repeats():
 def test_cells_take_the_prefix_workloads_shape_with_prompts_of_their_own():
     got = cells(["greedy", "default"], [8, 64])
     assert [(s, c) for s, c, _ in got] == [("greedy", 8), ("greedy", 64), ("default", 8), ("default", 64)]
-    # prefix-c8: 64 prompts; prefix-c64: 128 (compare_workloads.default_workloads)
+    # prefix-c8: 64 prompts; prefix-c64: 128 (bench.compare.workloads.default_workloads)
     assert got[0][2].args == prefix_args(64, 8, 64, seed=1)
     assert got[1][2].args == prefix_args(128, 64, 64, seed=2)
     seeds = [w.args[list(w.args).index("--seed") + 1] for _, _, w in got]
@@ -140,6 +140,6 @@ def test_bench_sends_the_temperature_asked_or_none(tmp_path, temperature, sent):
     (["--threads", "0"], "--threads 0: this process may use"),
 ])
 def test_bad_flags_are_refused_naming_the_flag(flags, message, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "bench.compare_speed", *flags, "--out", str(tmp_path)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "bench.compare.speed", *flags, "--out", str(tmp_path)], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and message in r.stderr, r.stderr

@@ -1,4 +1,4 @@
-"""The speed matrix's table (``python -m bench.compare_speed``): one row per cell
+"""The speed matrix's table (``python -m bench.compare.speed``): one row per cell
 (checkpoint, dtype, sampling, concurrency), each engine's median output tok/s, TPOT p50
 and TTFT p50 over its runs, the ratios kvpool / vLLM, the prefix-cache counters summed
 over the runs, the load average's range over every run of the cell, and the goal.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 
-from bench.compare_report import align, fmt_number
+from bench.compare.report import align, fmt_number
 
 QUERIES, HITS = "vllm:prefix_cache_queries", "vllm:prefix_cache_hits"
 MEDIANS = ("output_throughput", "median_tpot_ms", "median_ttft_ms")

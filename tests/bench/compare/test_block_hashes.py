@@ -17,7 +17,7 @@ import msgspec
 import pytest
 import zmq
 
-from bench.compare_servers import Server, ServerConfig, free_port, server_command, vllm_env
+from bench.compare.servers import Server, ServerConfig, free_port, server_command, vllm_env
 
 pytestmark = [pytest.mark.compare, pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(1800)]
 CFG = ServerConfig(block_size=32, num_blocks=128, max_model_len=512, kv_cache_metrics=False)
@@ -46,9 +46,9 @@ def complete(url: str, prompt: list[int], salt: str | None) -> None:
 
 @pytest.mark.parametrize("algo", ["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"])
 def test_blockstored_hashes_equal_vllms(real_vllm, tmp_path, algo):
-    from bench.compare import default_model
+    from bench.compare.checkpoints import checkpoint_dir
 
-    model = default_model()
+    model = checkpoint_dir("tiny")
     seed = {"PYTHONHASHSEED": "12345"} if algo.startswith("xxhash") else {}
     ctx = zmq.Context()
     servers, subs = [], []

@@ -1,4 +1,4 @@
-"""The speed rows' multi-turn workload (``compare_speed --workload multiturn``): one run of
+"""The speed rows' multi-turn workload (``bench.compare.speed --workload multiturn``): one run of
 kvpool's load generator through a real ``kvpool serve``'s chat API, its summary read back
 under ``vllm bench serve``'s names, which the speed table takes."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from kvtest.serve import kvpool_serve
 
-from bench.compare_workloads import Workload, multiturn_args, run_loadgen
+from bench.compare.workloads import Workload, multiturn_args, run_loadgen
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def conversation(cid: str, turns: int) -> dict:

@@ -8,9 +8,9 @@ cores), and both are warmed up with one untimed run; then the runs ALTERNATE: fo
 repeat, for each (sampling, concurrency) cell, one engine's run, then the other's, the
 first one swapped on odd repeats, new prompts each repeat. Both servers are stopped
 before the next (checkpoint, dtype); on Ctrl-C, SIGTERM or any failure too. The workload
-is ``prefix-c8``/``prefix-c64``'s (``bench/compare_workloads.py``); ``greedy`` sends
+is ``prefix-c8``/``prefix-c64``'s (``bench/compare/workloads.py``); ``greedy`` sends
 temperature 0, ``default`` no temperature (the server's default sampling, as ``vllm
-bench serve`` does by default). The table: ``bench/compare_speed_report.py``.
+bench serve`` does by default). The table: ``bench/compare/speed_report.py``.
 
 ``--workload sharegpt``: ``vllm bench serve --dataset-name sharegpt`` over the installed
 ShareGPT (``bench/real_model.py``), 48 prompts at concurrency 8 and three times the
@@ -19,7 +19,7 @@ chats (as many users as the concurrency, 4 rounds, 64 tokens an answer, greedy),
 workload whose prefix reuse is real. With ``--checkpoints smollm2`` (the real model) these
 are issue #48's speed rows.
 
-    python -m bench.compare_speed --help
+    python -m bench.compare.speed --help
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ from contextlib import ExitStack
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from bench.compare import NAME, ROOT, serve
-from bench.compare_checkpoints import checkpoint_dir
-from bench.compare_servers import COUNTERS, ServerConfig, num_gpu_blocks, scrape, scrape_page
-from bench.compare_speed_report import cell_row, format_matrix
-from bench.compare_workloads import (
+from bench.compare.checkpoints import checkpoint_dir
+from bench.compare.cli import NAME, ROOT
+from bench.compare.runs import serve
+from bench.compare.servers import COUNTERS, ServerConfig, num_gpu_blocks, scrape, scrape_page
+from bench.compare.speed_report import cell_row, format_matrix
+from bench.compare.workloads import (
     Workload,
     multiturn_args,
     prefix_args,
@@ -59,7 +60,7 @@ WARMUP_SEED = 999  # NOTE: below 1000, so no cell's prompts (seed 1 + cell + 100
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.compare_speed", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.compare.speed", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoints", default="tiny,llama50m", help=f"comma-separated of {', '.join(CHECKPOINTS)} (default %(default)s)")
     p.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated of bfloat16, float32 (default %(default)s)")
     p.add_argument("--workload", default="prefix", choices=WORKLOADS,
@@ -85,7 +86,7 @@ def split(flag: str, value: str, allowed) -> list[str]:
     bad = [x for x in got if x not in allowed]
     if bad or not got or len(set(got)) != len(got):
         why = f"{', '.join(map(repr, bad))} not one of {', '.join(allowed)}" if bad else "empty or repeated values"
-        raise SystemExit(f"compare_speed: --{flag} {value!r}: {why}")
+        raise SystemExit(f"compare.speed: --{flag} {value!r}: {why}")
     return got
 
 
@@ -97,22 +98,22 @@ def settle_args(a) -> None:
     a.sampling = split("sampling", a.sampling, tuple(SAMPLING))
     a.engines = split("engines", a.engines, ENGINES)
     if a.workload == "multiturn" and a.sampling != ["greedy"]:
-        raise SystemExit("compare_speed: --workload multiturn: its chat client sends temperature 0; give --sampling greedy")
+        raise SystemExit("compare.speed: --workload multiturn: its chat client sends temperature 0; give --sampling greedy")
     try:
         a.concurrency = [int(c) for c in a.concurrency.split(",")]
     except ValueError:
-        raise SystemExit(f"compare_speed: --concurrency {a.concurrency!r}: comma-separated whole numbers") from None
+        raise SystemExit(f"compare.speed: --concurrency {a.concurrency!r}: comma-separated whole numbers") from None
     if min(a.concurrency) < 1 or len(set(a.concurrency)) != len(a.concurrency):
-        raise SystemExit(f"compare_speed: --concurrency {a.concurrency}: each at least 1, each once")
+        raise SystemExit(f"compare.speed: --concurrency {a.concurrency}: each at least 1, each once")
     if a.repeat < 1:
-        raise SystemExit(f"compare_speed: --repeat {a.repeat}: at least one run")
+        raise SystemExit(f"compare.speed: --repeat {a.repeat}: at least one run")
     cores = len(os.sched_getaffinity(0))
     if a.threads is not None and not 1 <= a.threads <= cores:
-        raise SystemExit(f"compare_speed: --threads {a.threads}: this process may use 1..{cores} cores")
+        raise SystemExit(f"compare.speed: --threads {a.threads}: this process may use 1..{cores} cores")
     # NOTE: the client is vLLM's own bench, so the vLLM venv is needed either way.
     for need in {".venv-vllm/bin/vllm", *(".venv/bin/kvpool" for e in a.engines if e == "kvpool")}:
         if not (ROOT / need).exists():
-            raise SystemExit(f"compare_speed: {need} is missing; run `make compare-speed` (it installs .venv-vllm) or `make install`")
+            raise SystemExit(f"compare.speed: {need} is missing; run `make compare-speed` (it installs .venv-vllm) or `make install`")
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
     a.dataset = None
@@ -122,7 +123,7 @@ def settle_args(a) -> None:
         try:
             a.dataset = sharegpt_json(a.out / "sharegpt.json")
         except (FileNotFoundError, ValueError) as e:
-            raise SystemExit(f"compare_speed: --workload {a.workload}: {e}") from None
+            raise SystemExit(f"compare.speed: --workload {a.workload}: {e}") from None
 
 
 def cells(sampling: list[str], concurrency: list[int], workload: str = "prefix", dataset: Path | None = None) -> list[tuple[str, int, Workload]]:
@@ -171,7 +172,7 @@ def run_pair(checkpoint: str, dtype: str, a) -> dict[tuple[str, int], dict[str, 
         t0 = time.monotonic()
         for e, s in servers.items():
             s.wait_ready(a.ready_timeout)
-            print(f"compare_speed: {tag}: {e} ready after {time.monotonic() - t0:.0f} s, "
+            print(f"compare.speed: {tag}: {e} ready after {time.monotonic() - t0:.0f} s, "
                   f"{num_gpu_blocks(scrape_page(s.url))} blocks", flush=True)
         s0, _, w0 = todo[0]
         warm = replace(w0, name="warmup", args=prefix_args(max(64, 2 * a.concurrency[0]), a.concurrency[0], 64, seed=WARMUP_SEED),
@@ -183,7 +184,7 @@ def run_pair(checkpoint: str, dtype: str, a) -> dict[tuple[str, int], dict[str, 
             run = measured_run(servers[e], model, repeated(replace(w, name=f"{w.name}-r{rep}"), rep), SAMPLING[sampling],
                                a.out / tag / e, a.bench_timeout)
             got[(sampling, conc)][e].append(run)
-            print(f"compare_speed: {tag} rep {rep + 1}/{a.repeat} {sampling} c{conc} {e}: {run['output_throughput']:.0f} tok/s, "
+            print(f"compare.speed: {tag} rep {rep + 1}/{a.repeat} {sampling} c{conc} {e}: {run['output_throughput']:.0f} tok/s, "
                   f"TPOT p50 {run['median_tpot_ms']:.1f} ms, TTFT p50 {run['median_ttft_ms']:.0f} ms, "
                   f"load {run['load_before']:.1f}->{run['load_after']:.1f}", flush=True)
     return got
@@ -199,7 +200,7 @@ def run_all(a) -> tuple[list[dict], dict, dict[str, str]]:
                 got = run_pair(checkpoint, dtype, a)
             except (RuntimeError, TimeoutError, subprocess.TimeoutExpired, OSError) as e:
                 # NOTE: one pair failing leaves the rest of the matrix.
-                print(f"compare_speed: {tag} failed: {e}", file=sys.stderr, flush=True)
+                print(f"compare.speed: {tag} failed: {e}", file=sys.stderr, flush=True)
                 errors[tag] = str(e)
                 continue
             for (sampling, conc), by_engine in got.items():
@@ -228,11 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         table, runs, errors = run_all(a)
     except KeyboardInterrupt:
-        print("compare_speed: interrupted; every server was stopped", file=sys.stderr)
+        print("compare.speed: interrupted; every server was stopped", file=sys.stderr)
         return 130
     print(format_matrix(table))
     cpu = cpu_capability()
-    print(f"compare_speed: CPU {platform.processor() or platform.machine()}, torch capability {cpu['capability']}, "
+    print(f"compare.speed: CPU {platform.processor() or platform.machine()}, torch capability {cpu['capability']}, "
           f"native bf16 GEMM: {'yes' if cpu['native_bf16_gemm'] else 'no (kvpool runs bf16 projections in float32)'}")
     settings = asdict(ServerConfig()) | {k: getattr(a, k) for k in ("checkpoints", "workload", "dtypes", "sampling", "concurrency",
                                                                     "repeat", "engines", "threads")}
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                        "loadavg_after": os.getloadavg(), "wall_s": round(time.monotonic() - t0, 1)}}
     result_json = a.result_json or a.out / "compare-speed.json"
     result_json.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"compare_speed: {result_json}")
+    print(f"compare.speed: {result_json}")
     return 1 if errors else 0
 
 

@@ -1,4 +1,4 @@
-"""make compare's metrics row (bench/compare_metrics.py) on hand-written exposition pages:
+"""make compare's metrics row (bench/compare/metrics.py) on hand-written exposition pages:
 what is read of each family, every way two families can differ, the accepted reasons,
 the row and the lines under the table; the CLI on two saved pages; and a live `kvpool
 serve`, started as vLLM was for the saved reference page, against that page."""
@@ -14,7 +14,7 @@ import pytest
 from kvtest.http_api import PROMPT, get_metrics, post
 from kvtest.serve import kvpool_serve
 
-from bench.compare_metrics import (
+from bench.compare.metrics import (
     ACCEPTED,
     Family,
     diff,
@@ -25,7 +25,7 @@ from bench.compare_metrics import (
     report,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 REFERENCE = ROOT / "tests/deploy/data/vllm-0.32-metrics.txt"
 # A reason of the tests' own: ACCEPTED itself may be empty.
 REASONS = {"vllm:mm_cache_hits": "multimodal cache: not served here"}
@@ -141,7 +141,7 @@ def test_the_row_fails_on_a_difference_not_listed_and_passes_on_listed_ones():
 
 
 def test_the_row_prints_in_make_compares_table():
-    from bench.compare_report import format_table
+    from bench.compare.report import format_table
 
     (row,) = metrics_report({"main": {"vllm": PAGE + "# TYPE vllm:x gauge\nvllm:x 1.0\n", "kvpool": PAGE}})[0]
     line = format_table([row]).splitlines()[2]
@@ -167,15 +167,15 @@ def test_the_cli_diffs_two_saved_pages(tmp_path):
     v, k, out = tmp_path / "v.txt", tmp_path / "k.txt", tmp_path / "d.json"
     v.write_text(PAGE + "# TYPE vllm:request_queue_time_seconds histogram\nvllm:request_queue_time_seconds_count 0.0\n")
     k.write_text(PAGE)
-    r = subprocess.run([sys.executable, "-m", "bench.compare_metrics", "--vllm-file", str(v), "--kvpool-file", str(k), "--json", str(out)],
+    r = subprocess.run([sys.executable, "-m", "bench.compare.metrics", "--vllm-file", str(v), "--kvpool-file", str(k), "--json", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "vllm:request_queue_time_seconds  vLLM only  NOT LISTED" in r.stdout, r.stdout + r.stderr
     assert json.loads(out.read_text())["num_unlisted"] == 1
     k.write_text(v.read_text())
-    r = subprocess.run([sys.executable, "-m", "bench.compare_metrics", "--vllm-file", str(v), "--kvpool-file", str(k)],
+    r = subprocess.run([sys.executable, "-m", "bench.compare.metrics", "--vllm-file", str(v), "--kvpool-file", str(k)],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "equal except 0 listed" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "bench.compare_metrics", "--vllm-file", str(tmp_path / "none"), "--kvpool-file", str(k)],
+    r = subprocess.run([sys.executable, "-m", "bench.compare.metrics", "--vllm-file", str(tmp_path / "none"), "--kvpool-file", str(k)],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "none" in r.stderr and "Traceback" not in r.stderr
 
