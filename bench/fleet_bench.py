@@ -201,7 +201,7 @@ def run_simulated(token_prompts: list[list[int]], cal: Calibration, policies=POL
     """Each policy's simulated aggregate hit rate on the same token prompts, the mean
     over SIM_SEEDS draws of the requests' paths (and of power_of_two's picks)."""
     from loadgen.datasets import SampleRequest
-    from simulator.engine import SimConfig
+    from simulator.config import SimConfig
     from simulator.fleet import RequestPaths, simulate_fleet
     from simulator.workload import SampleWorkload
 

@@ -20,7 +20,8 @@ from pathlib import Path
 from bench.router_bench import Replica
 from bench.table import Row
 from loadgen.datasets import SampleRequest
-from simulator.engine import SimConfig, simulate
+from simulator.config import SimConfig
+from simulator.replay import simulate
 from simulator.workload import SampleWorkload
 
 BS, NUM_BLOCKS = 16, 201  # 200 usable: 3,200 tokens

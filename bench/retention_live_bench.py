@@ -28,7 +28,8 @@ from bench.table import Row
 from loadgen.datasets import MooncakeRecord, expand_hash_ids, load_mooncake_trace
 from protocol.client_messages import ClientResponse, EngineCoreOutputs, Generate, RequestError
 from protocol.codec import Codec
-from simulator.engine import SimConfig, simulate
+from simulator.config import SimConfig
+from simulator.replay import simulate
 from simulator.workload import TraceWorkload
 
 # NOTE: the traces sit beside the checkout (/work/shared beside /work/main); a worktree one level deeper finds them at /work/shared.

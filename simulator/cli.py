@@ -65,13 +65,14 @@ from scheduler.core.hashing import HASH_ALGOS
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
 from scheduler.core.pinned_blocks import PinRefused
 from scheduler.sched.policy_options import add_policy_args, check_scheduler_options
-from simulator.engine import SimConfig, simulate
+from simulator.config import SimConfig
 from simulator.external_args import add_external_tier_args, check_external_tier_args
 from simulator.fleet_cli import add_fleet_args, check_fleet_args, fleet_main
 from simulator.free_policies import FREE_POLICIES
 from simulator.layer_windows import add_layer_window_args, group_windows_from_args
 from simulator.pd_args import add_pd_args, check_pd_args
 from simulator.plot import plot_hit_rates
+from simulator.replay import simulate
 from simulator.result import SimResult
 from simulator.retention import eviction_policy_list
 from simulator.run_setup import build_workload, int_list, sim_config

@@ -29,122 +29,34 @@ ExternalTier and parking, simulator/external_worker.py) a plan carries its saves
 loads: staging the saves adds ``bytes / offload_bandwidth_gbps`` to the step, and a
 plan of saves or loads alone runs too, costing only that; the loads end later, off the
 step path, and their requests come back to the waiting queue then. With nothing to run
-the clock jumps to the next arrival or the next load's end. ``external_warm``: the
-workload is replayed once to fill the store, and the run measured is a second replay
-with everything else fresh (a restart).
+the clock jumps to the next arrival or the next load's end.
+
+One run is an `EngineRun`; `simulate` (simulator/replay.py) replays a workload through
+a fresh one and reads its figures; a fleet (simulator/fleet.py) steps several.
 """
 
 from __future__ import annotations
 
 import random
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from protocol.client_messages import Generate
-from protocol.kv_cache_spec import DEFAULT_BLOCK_SIZE
 from protocol.speculative_config import SpeculativeConfig
 from protocol.worker_messages import StepResult
 from scheduler.core.hashing import BlockHasher
-from scheduler.core.kv_cache_usage import get_peak_usage
 from scheduler.core.offload_tier import HostTier
 from scheduler.sched.pd_connector import PDConnector
 from scheduler.sched.policy_options import policy_kwargs
 from scheduler.sched.priority_scheduler import scheduler_class
 from scheduler.sched.request import Request
-from scheduler.sched.scheduler import Scheduler
 from scheduler.sched.validation import RequestLimits, RequestRejected, validate_generate
-from simulator.external_io import EXTERNAL_TIER_SPEEDS, TierSpeeds
+from simulator.config import SimConfig
 from simulator.external_store import SimulatedStore
 from simulator.external_worker import SimExternalWorker
 from simulator.fastforward import decode_horizon, fast_forward_decode
-from simulator.result import NOT_YET, SimResult
+from simulator.result import NOT_YET
 from simulator.retention import pin_first_prefix, retention_manager
-from simulator.spec_decode import (
-    DEFAULT_ACCEPTANCE_RATE,
-    AcceptanceDrafter,
-    num_accepted,
-    spec_figures,
-)
-from simulator.token_times import percentile
+from simulator.spec_decode import AcceptanceDrafter, num_accepted
 from simulator.workload import OUTPUT_TOKEN_BASE, Workload
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    num_blocks: int
-    block_size: int = DEFAULT_BLOCK_SIZE
-    policy: str = "vllm"
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int = 131072
-    step_overhead_ms: float = 5.0
-    ms_per_token: float = 0.02
-    hash_algo: str = "xxhash"
-    fast_forward: bool = True
-    # The host tier (scheduler/core/offload_tier.py): slots, when blocks go there
-    # ("eviction" or write-through "full"), the bandwidth a load is charged at, and
-    # the KV bytes of one token over all layers (bytes moved; the default is a
-    # Llama-3-8B in bfloat16: 2 x 32 layers x 8 KV heads x 128 dims x 2 bytes).
-    num_host_blocks: int = 0
-    offload_store: str = "eviction"
-    offload_bandwidth_gbps: float = 25.0
-    kv_bytes_per_token: int = 131072
-    # vLLM 0.32's scheduler_reserve_full_isl (scheduler/sched/scheduler.py).
-    reserve_full_sequence: bool = True
-    # vLLM 0.32's scheduling-policy options (scheduler/sched/policy_options.py).
-    scheduling_policy: str = "fcfs"
-    long_prefill_token_threshold: int = 0
-    long_prefill_token_threshold_adaptive: bool = False
-    enable_chunked_prefill: bool = True
-    watermark: float = 0.0
-    max_num_scheduled_tokens: int | None = None  # None: max_num_batched_tokens
-    max_num_active_seqs: int | None = None  # None: max_num_seqs
-    # The device pool's eviction policy (scheduler/core/eviction_policies.py), as --kv-eviction-policy.
-    eviction_policy: str = "lru"
-    # Pin the first this many tokens (whole blocks) of the first request to arrive
-    # before the replay, as POST /v1/cache/pin would (the server's --max-pinned-fraction cap).
-    pin_prefix_tokens: int = 0
-    max_pinned_fraction: float = 0.5
-    # Hybrid KV-cache groups' windows (simulator/layer_windows.py); (): one full-attention group.
-    group_windows: tuple[int, ...] = ()
-    # Speculative decoding (simulator/spec_decode.py): drafts a decoding step (0: off),
-    # each accepted with this probability until the first rejection, drawn from this seed.
-    num_speculative_tokens: int = 0
-    spec_acceptance_rate: float = DEFAULT_ACCEPTANCE_RATE
-    spec_seed: int = 0
-    # The external tier (simulator/external_io.py): "none", "disk" or "store"; its capacity in
-    # blocks (0: unbounded); read and write GB/s and per-load latency (None: the tier's
-    # defaults, EXTERNAL_TIER_SPEEDS); replay once to fill it before the measured replay.
-    external_tier: str = "none"
-    external_tier_blocks: int = 0
-    external_read_gbps: float | None = None
-    external_write_gbps: float | None = None
-    external_latency_ms: float | None = None
-    external_warm: bool = False
-
-    def external_speeds(self) -> TierSpeeds:
-        """The external tier's speeds: those given, the tier's defaults for the others."""
-        d = EXTERNAL_TIER_SPEEDS[self.external_tier]
-        pick = lambda given, default: default if given is None else given  # noqa: E731
-        return TierSpeeds(pick(self.external_read_gbps, d.read_gbps), pick(self.external_write_gbps, d.write_gbps),
-                          pick(self.external_latency_ms, d.latency_ms))
-
-
-def simulate(workload: Workload, cfg: SimConfig, on_end: Callable[[Scheduler], None] | None = None) -> SimResult:
-    """Replay ``workload`` through a fresh scheduler and pool; see the module doc.
-    ``on_end`` (tests) sees the scheduler once the run is over."""
-    wall_start = time.perf_counter()
-    workload.reset()
-    store = None if cfg.external_tier == "none" else SimulatedStore(cfg.external_tier_blocks)
-    if store is not None and cfg.external_warm:
-        EngineRun(workload, cfg, store=store).run()  # NOTE: its queued saves are in the store already (a drained shutdown)
-        workload.reset()
-    run = EngineRun(workload, cfg, store=store)
-    run.run()
-    if on_end is not None:
-        on_end(run.sched)
-    return run.result(wall_start)
 
 
 class EngineRun:
@@ -375,61 +287,3 @@ class EngineRun:
         self.num_steps += k
         self.num_ff_steps += k
         self.now += k * step_ns + staged
-
-    def result(self, wall_start: float) -> SimResult:
-        """The run's figures, ``wall_s`` counted from ``wall_start``."""
-        kv, tier, specs, n, external = self.kv, self.tier, self.specs, self.n, self.external
-        stats, ext = kv.prefix_cache_stats, kv.external_prefix_cache_stats
-        # NOTE: the manager counts the host tier's hits and the external tier's together (as vLLM's connector stats).
-        external_hits = external.num_hit_tokens if external is not None else 0
-        if tier is not None:
-            host_hits, stores, loads, skipped = ext.hits - external_hits, tier.num_stores, tier.num_loads, tier.num_stores_skipped
-        else:
-            host_hits = stores = loads = skipped = 0
-        delays = [self.admit_ns[i] - specs[i].arrival_ns for i in range(n) if self.admit_ns[i] != NOT_YET]
-        ttfts = [self.first_token_ns[i] - specs[i].arrival_ns for i in range(n) if self.first_token_ns[i] != NOT_YET]
-        block_bytes, gbps = self.block_bytes, self.cfg.offload_bandwidth_gbps
-        return SimResult(
-            num_blocks=self.cfg.num_blocks,
-            policy=self.cfg.policy,
-            eviction_policy=self.cfg.eviction_policy,
-            num_pinned_blocks=kv.pinned.num_pinned_blocks,
-            prefix_cache_hit_rate=stats.hit_rate,
-            prefix_cache_queries=stats.queries,
-            prefix_cache_hits=stats.hits,
-            prefix_cache_preempted_hit_rate=stats.preempted_hit_rate,
-            prefix_cache_preempted_queries=stats.preempted_queries,
-            prefix_cache_preempted_hits=stats.preempted_hits,
-            num_evictions=kv.block_pool.num_evictions,
-            num_preemptions=self.sched.num_preemptions,
-            num_rejected=self.num_rejected,
-            num_requests=n,
-            num_finished=sum(1 for t in self.finish_ns if t != NOT_YET),
-            peak_usage=get_peak_usage(kv),
-            mean_queueing_delay_ms=sum(delays) / len(delays) / 1e6 if delays else 0.0,
-            p99_queueing_delay_ms=percentile(delays, 0.99) / 1e6,
-            mean_ttft_ms=sum(ttfts) / len(ttfts) / 1e6 if ttfts else 0.0,
-            simulated_s=self.now / 1e9,
-            num_steps=self.num_steps,
-            num_fast_forwarded_steps=self.num_ff_steps,
-            wall_s=time.perf_counter() - wall_start,
-            num_host_blocks=self.cfg.num_host_blocks,
-            host_hit_rate=host_hits / stats.queries if stats.queries else 0.0,
-            combined_hit_rate=(stats.hits + host_hits + external_hits) / stats.queries if stats.queries else 0.0,
-            external_prefix_cache_hit_rate=ext.hit_rate if tier is not None or external is not None else 0.0,
-            external_prefix_cache_queries=ext.queries if tier is not None or external is not None else 0,
-            external_prefix_cache_hits=host_hits + external_hits,
-            num_host_stores=stores,
-            num_host_loads=loads,
-            num_host_stores_skipped=skipped,
-            num_host_evictions=tier.num_evictions if tier is not None else 0,
-            bytes_stored=stores * block_bytes,
-            bytes_loaded=loads * block_bytes,
-            load_time_s=self.num_loads * block_bytes / gbps / 1e9,
-            **spec_figures(self.spec_k, self.sched.spec_stats),
-            **({} if external is None else external.figures(self.now, stats.queries)),
-            external_tier_warm=external is not None and self.cfg.external_warm,
-            admit_ns=self.admit_ns,
-            first_token_ns=self.first_token_ns,
-            finish_ns=self.finish_ns,
-        )

@@ -36,7 +36,8 @@ import random
 import time
 
 from loadgen.datasets import MOONCAKE_BLOCK_TOKENS
-from simulator.engine import EngineRun, SimConfig
+from simulator.config import SimConfig
+from simulator.engine import EngineRun
 from simulator.fleet_result import FleetResult
 from simulator.result import NOT_YET
 from simulator.routers import make_router

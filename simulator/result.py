@@ -1,7 +1,7 @@
 """What one simulation yields: its figures (the table's row, ``--result-json``'s) and,
 for tests, each request's times in virtual ns.
 
-Made by the loop (simulator/engine.py); read by the table (simulator/cli.py) and the
+Made from a finished run (simulator/replay.py's run_result); read by the table (simulator/cli.py) and the
 plot (simulator/plot.py).
 """
 

@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 import random
 
-from simulator.engine import SimConfig
+from simulator.config import SimConfig
 from simulator.spec_decode import DEFAULT_ACCEPTANCE_RATE
 from simulator.workload import SampleWorkload, TraceWorkload, Workload
 

@@ -28,7 +28,8 @@ from pathlib import Path
 from bench.compare.servers import ServerConfig, stop_process_group
 from bench.compare.workloads import shared_prefix_prompts
 from loadgen.datasets import SampleRequest
-from simulator.engine import SimConfig, simulate
+from simulator.config import SimConfig
+from simulator.replay import simulate
 from simulator.workload import SampleWorkload
 
 QUEUED = "small-pool queued"  # the table's name for this comparison

@@ -21,7 +21,8 @@ from kvtest.cluster import Cluster
 
 from loadgen.datasets import SampleRequest
 from protocol.client_messages import Generate
-from simulator.engine import SimConfig, simulate
+from simulator.config import SimConfig
+from simulator.replay import simulate
 from simulator.workload import SampleWorkload
 
 pytestmark = pytest.mark.e2e

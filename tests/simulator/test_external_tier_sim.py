@@ -13,8 +13,9 @@ import pytest
 
 from loadgen.datasets import SampleRequest, shared_prefix_requests
 from simulator.cli import main
-from simulator.engine import SimConfig, simulate
+from simulator.config import SimConfig
 from simulator.external_store import SimulatedStore
+from simulator.replay import simulate
 from simulator.workload import SampleWorkload
 
 TRACE = Path("/work/shared/traces/conversation_trace.jsonl")

@@ -22,8 +22,9 @@ import pytest
 
 from loadgen.datasets import MooncakeRecord, SampleRequest, shared_prefix_requests
 from simulator.cli import main
-from simulator.engine import SimConfig, simulate
+from simulator.config import SimConfig
 from simulator.fleet import Fleet, RequestPaths, simulate_fleet
+from simulator.replay import simulate
 from simulator.routers import ROUTERS
 from simulator.workload import SampleWorkload, TraceWorkload
 

@@ -14,7 +14,8 @@ from kvtest.cluster import Cluster, free_port
 from kvtest.hf_models import reference_generate
 
 from protocol.client_messages import Generate
-from simulator.engine import SimConfig, simulate
+from simulator.config import SimConfig
+from simulator.replay import simulate
 from simulator.workload import SampleWorkload
 
 pytestmark = pytest.mark.e2e

@@ -12,7 +12,8 @@ import pytest
 
 from loadgen.datasets import SampleRequest, shared_prefix_requests
 from simulator.cli import main
-from simulator.engine import SimConfig, simulate
+from simulator.config import SimConfig
+from simulator.replay import simulate
 from simulator.workload import SampleWorkload
 
 BS = 4

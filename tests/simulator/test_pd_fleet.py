@@ -24,7 +24,7 @@ import pytest
 
 from loadgen.datasets import SampleRequest, shared_prefix_requests
 from simulator.cli import main
-from simulator.engine import SimConfig
+from simulator.config import SimConfig
 from simulator.fleet import Fleet
 from simulator.pd_fleet import PDFleet
 from simulator.workload import SampleWorkload

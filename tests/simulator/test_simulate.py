@@ -24,7 +24,8 @@ from loadgen.datasets import MooncakeRecord, expand_hash_ids, shared_prefix_requ
 from scheduler.core.hashing import BlockHasher
 from scheduler.sched.scheduler import Scheduler
 from simulator.cli import main
-from simulator.engine import SimConfig, simulate
+from simulator.config import SimConfig
+from simulator.replay import simulate
 from simulator.workload import SampleWorkload, TraceWorkload
 
 REPO = Path(__file__).resolve().parents[2]

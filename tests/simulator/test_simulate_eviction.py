@@ -11,7 +11,8 @@ import pytest
 
 from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
 from simulator.cli import main, parse_args
-from simulator.engine import SimConfig, simulate
+from simulator.config import SimConfig
+from simulator.replay import simulate
 from tests.simulator.test_simulate_policy import _equivalence_case, workload
 
 

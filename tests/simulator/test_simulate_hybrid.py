@@ -14,8 +14,9 @@ import pytest
 
 from loadgen.datasets import shared_prefix_requests
 from simulator.cli import main, parse_args
-from simulator.engine import SimConfig, simulate
+from simulator.config import SimConfig
 from simulator.layer_windows import parse_layer_windows
+from simulator.replay import simulate
 from simulator.workload import SampleWorkload
 
 BS = 16

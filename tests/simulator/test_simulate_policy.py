@@ -12,7 +12,8 @@ import pytest
 from loadgen.datasets import shared_prefix_requests
 from scheduler.sched.scheduler import Scheduler
 from simulator.cli import main, parse_args
-from simulator.engine import SimConfig, simulate
+from simulator.config import SimConfig
+from simulator.replay import simulate
 from simulator.run_setup import build_workload
 from simulator.workload import SampleWorkload
 

@@ -23,8 +23,9 @@ from loadgen.datasets import SampleRequest
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
 from simulator.cli import main
-from simulator.engine import SimConfig, simulate
+from simulator.config import SimConfig
 from simulator.fleet import simulate_fleet
+from simulator.replay import simulate
 from simulator.spec_decode import REJECTED_DRAFT, AcceptanceDrafter, num_accepted
 from simulator.workload import SampleWorkload
 
