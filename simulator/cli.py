@@ -59,7 +59,7 @@ import math
 import sys
 from pathlib import Path
 
-from protocol.kv_cache_spec import is_hybrid
+from protocol.kv_cache_spec import is_hybrid, num_kv_tensors
 from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.hashing import HASH_ALGOS
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
@@ -73,12 +73,11 @@ from simulator.layer_windows import add_layer_window_args, group_windows_from_ar
 from simulator.pd_args import add_pd_args, check_pd_args
 from simulator.plot import plot_hit_rates
 from simulator.replay import simulate
-from simulator.result import SimResult
 from simulator.retention import eviction_policy_list
 from simulator.run_setup import build_workload, int_list, sim_config
 from simulator.spec_decode import DEFAULT_ACCEPTANCE_RATE
-
-DATASETS = ("mooncake", "shared-prefix", "random")
+from simulator.table import external_line, format_table
+from simulator.workload_args import add_workload_args, check_workload_args
 
 
 def _policy_list(text: str) -> list[str]:
@@ -92,24 +91,7 @@ def _policy_list(text: str) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     d = SimConfig(num_blocks=0)
     p = argparse.ArgumentParser(prog="kvpool-simulate", description=__doc__.splitlines()[0])
-    g = p.add_argument_group("workload")
-    g.add_argument("--trace", default=None, help="Mooncake JSONL trace (implies --dataset mooncake)")
-    g.add_argument("--dataset", choices=DATASETS, default=None, help="default: mooncake with --trace, else shared-prefix")
-    g.add_argument("--num-requests", type=int, default=None, help="requests (default 200; trace: all)")
-    g.add_argument("--time-scale", type=float, default=1.0, help="multiplies trace timestamps (0 = all at once)")
-    g.add_argument("--max-input-len", type=int, default=None, help="cut longer trace prompts to this many tokens")
-    g.add_argument("--request-rate", type=float, default=math.inf, help="datasets: req/s (Poisson/gamma); inf = all at t=0")
-    g.add_argument("--burstiness", type=float, default=1.0, help="datasets: gamma shape of inter-arrival gaps")
-    g.add_argument("--seed", type=int, default=0, help="seeds the datasets, --priority-levels and --spec-acceptance-rate's draws")
-    g.add_argument("--vocab-size", type=int, default=512, help="prompt token ids are drawn from [2, vocab)")
-    g.add_argument("--output-len", type=int, default=32, help="datasets: tokens to generate")
-    g.add_argument("--num-prefixes", type=int, default=8, help="shared-prefix: system prompts")
-    g.add_argument("--prefix-len", type=int, default=256)
-    g.add_argument("--suffix-len", type=int, default=64)
-    g.add_argument("--input-len", type=int, default=256, help="random: prompt length")
-    g.add_argument("--range-ratio", type=float, default=0.0, help="random: lengths within ±ratio")
-    g.add_argument("--priority-levels", type=int, default=1, metavar="N",
-                   help="give each request a priority drawn from 0..N-1 (--seed), for --scheduling-policy priority (default 1: all 0)")
+    add_workload_args(p)
     g = p.add_argument_group("engine")
     g.add_argument("--num-blocks", type=int_list, required=True, help="KV blocks (null block included); a comma list runs each")
     g.add_argument("--policy", type=_policy_list, default=[d.policy], help=f"free policy, or a comma list: {', '.join(FREE_POLICIES)} (default vllm)")
@@ -163,14 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = build_parser()
     a = p.parse_args(argv)
-    if a.dataset is None:
-        a.dataset = "mooncake" if a.trace else "shared-prefix"
-    if a.dataset == "mooncake" and not a.trace:
-        p.error("--dataset mooncake needs --trace FILE")
-    if a.trace and a.dataset != "mooncake":
-        p.error(f"--trace replays a Mooncake trace; it cannot be combined with --dataset {a.dataset}")
-    if a.trace and not Path(a.trace).is_file():
-        p.error(f"--trace {a.trace}: no such file")
+    check_workload_args(p, a)
     for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
@@ -178,8 +153,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--policy tail/forward reorder the LRU queue: combine them only with --kv-eviction-policy lru and --scheduling-policy fcfs")
     if a.pin_prefix_tokens < 0 or not 0.0 <= a.max_pinned_fraction < 1.0:
         p.error("--pin-prefix-tokens must be >= 0 and --max-pinned-fraction in [0, 1)")
-    if a.priority_levels < 1:
-        p.error(f"--priority-levels must be positive, got {a.priority_levels}")
     try:
         check_scheduler_options(a.max_num_seqs, a.max_num_batched_tokens, a.max_model_len, enable_chunked_prefill=a.enable_chunked_prefill,
                                 long_prefill_token_threshold=a.long_prefill_token_threshold, watermark=a.watermark,
@@ -197,12 +170,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--num-blocks must be at least 2 (block 0 is the null block), got {bad[0]}")
     if a.step_overhead_ms < 0 or a.ms_per_token < 0 or a.step_overhead_ms + a.ms_per_token <= 0:
         p.error("--step-overhead-ms and --ms-per-token must be >= 0, not both 0")
-    if a.num_requests is not None and a.num_requests < 0:
-        p.error("--num-requests must be >= 0")
-    if a.time_scale < 0 or a.request_rate <= 0 or a.burstiness <= 0:
-        p.error("--time-scale must be >= 0, --request-rate and --burstiness > 0")
-    if a.vocab_size <= 2:
-        p.error("--vocab-size must be > 2")
     _check_speculative(p, a)
     check_fleet_args(p, a)
     check_pd_args(p, a)
@@ -253,80 +220,6 @@ def _check_output_path(p: argparse.ArgumentParser, flag: str, path: Path) -> Non
         p.error(f"{flag} {path}: {path.parent} is not a folder")
 
 
-COLUMNS = (
-    ("num_blocks", "blocks", "d"), ("policy", "policy", "s"), ("eviction_policy", "eviction", "s"), ("prefix_cache_hit_rate", "hit rate", ".2%"),
-    ("prefix_cache_preempted_hit_rate", "preempted hit rate", ".2%"),
-    ("num_evictions", "evictions", "d"), ("num_preemptions", "preemptions", "d"), ("num_rejected", "rejected", "d"),
-    ("num_pinned_blocks", "pinned", "d"), ("peak_usage", "peak usage", ".1%"), ("mean_queueing_delay_ms", "mean queue ms", ".1f"), ("wall_s", "wall s", ".1f"),
-)
-
-
-# Shown when a run has speculative decoding: its counts, as vLLM's SpecDecodingLogging.
-SPEC_COLUMNS = (
-    ("num_speculative_tokens", "spec K", "d"), ("spec_num_drafts", "drafts", "d"), ("spec_num_draft_tokens", "draft tokens", "d"),
-    ("spec_num_accepted_tokens", "accepted", "d"), ("spec_draft_acceptance_rate", "draft accept", ".2%"),
-    ("spec_mean_acceptance_length", "mean accept len", ".2f"), ("simulated_s", "simulated s", ".1f"),
-)
-
-
-# Shown when a run has a host tier: hit rate by tier (device + host = combined) and bytes moved.
-HOST_COLUMNS = (
-    ("num_host_blocks", "host blocks", "d"), ("host_hit_rate", "host hit rate", ".2%"),
-    ("combined_hit_rate", "both tiers", ".2%"), ("num_host_loads", "loads", "d"),
-    ("bytes_stored", "GB stored", "gb"), ("bytes_loaded", "GB loaded", "gb"), ("load_time_s", "load s", ".2f"),
-)
-
-
-# Shown when a run has an external tier: its hit rate, all tiers' (device + host + external),
-# blocks and bytes moved, the mean load (queued to done), the I/O queue's peak backlog, and TTFT.
-EXTERNAL_COLUMNS = (
-    ("external_tier", "ext tier", "s"), ("external_tier_blocks", "ext blocks", "d"), ("external_tier_hit_rate", "ext hit rate", ".2%"),
-    ("combined_hit_rate", "all tiers", ".2%"), ("external_tier_blocks_loaded", "ext loaded", "d"),
-    ("external_tier_blocks_saved", "ext saved", "d"), ("external_tier_bytes_read", "GB read", "gb"),
-    ("external_tier_bytes_written", "GB written", "gb"), ("external_tier_mean_load_ms", "mean load ms", ".1f"),
-    ("external_tier_peak_backlog_s", "peak backlog s", ".2f"), ("mean_ttft_ms", "mean TTFT ms", ".1f"),
-)
-
-
-# The share of the run the I/O thread spends saving past which the progress line says the writes cannot keep up.
-WRITES_BEHIND = 0.9
-
-
-def _cell(value, spec: str) -> str:
-    return f"{value / 1e9:.2f}" if spec == "gb" else format(value, spec)
-
-
-def format_table(results: list[SimResult]) -> str:
-    external = any(r.external_tier != "none" for r in results)
-    tiers = ()
-    if any(r.num_host_blocks for r in results):
-        tiers = tuple(c for c in HOST_COLUMNS if not (external and c[0] == "combined_hit_rate"))
-    if external:
-        tiers += EXTERNAL_COLUMNS
-    cols = (*COLUMNS[:4], *tiers, *COLUMNS[4:]) if tiers else COLUMNS
-    if any(r.num_speculative_tokens for r in results):
-        cols = (*cols[:-1], *SPEC_COLUMNS, cols[-1])
-    rows = [[h for _, h, _ in cols]]
-    rows += [[_cell(getattr(r, k), spec) for k, _, spec in cols] for r in results]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
-    lines = ["  ".join(c.rjust(w) if i not in (1, 2) else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))) for row in rows]
-    lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines)
-
-
-def _external_line(r: SimResult) -> str:
-    """The progress line's external-tier part ("" without one); it says when the tier's writes cannot keep up."""
-    if r.external_tier == "none":
-        return ""
-    size = r.external_tier_blocks or "unbounded"
-    warm = f", warm ({r.external_tier_warm_blocks} blocks)" if r.external_tier_warm else ""
-    saving = r.external_tier_save_s / r.simulated_s if r.simulated_s else 0.0
-    behind = ": its writes cannot keep up" if saving >= WRITES_BEHIND else ""
-    return (f", {r.external_tier} tier {size}{warm}: {r.external_tier_hit_rate:.2%}, {r.external_tier_bytes_read / 1e9:.2f} GB read, "
-            f"{r.external_tier_bytes_written / 1e9:.2f} GB written (saving {saving:.0%} of the time{behind}; "
-            f"peak backlog {r.external_tier_peak_backlog_s:.2f} s)")
-
-
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     try:
@@ -342,8 +235,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{source}: {len(workload)} requests, block size {a.block_size}, max_num_seqs {a.max_num_seqs}, "
           f"max_num_batched_tokens {a.max_num_batched_tokens}", file=sys.stderr)
     if a.groups is not None:
-        from protocol.kv_cache_spec import num_kv_tensors
-
         print(f"KV-cache groups: windows {list(a.group_windows)} over {sum(len(g.layer_ids) for g in a.groups)} layers; "
               f"a block spans {num_kv_tensors(a.groups)} layers' KV", file=sys.stderr)
     if a.replicas or a.pd:
@@ -364,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         host = f", host tier {num_host_blocks}: {r.host_hit_rate:.2%}" if num_host_blocks else ""
         spec = (f", spec acceptance {r.spec_draft_acceptance_rate:.2%}, mean length {r.spec_mean_acceptance_length:.2f}"
                 if r.num_speculative_tokens else "")
-        print(f"  {num_blocks} blocks, {policy}/{eviction}: hit rate {r.prefix_cache_hit_rate:.2%}{host}{_external_line(r)}, preempted "
+        print(f"  {num_blocks} blocks, {policy}/{eviction}: hit rate {r.prefix_cache_hit_rate:.2%}{host}{external_line(r)}, preempted "
               f"{r.prefix_cache_preempted_hit_rate:.2%}{spec} ({r.wall_s:.1f} s)", file=sys.stderr)
     print(format_table(results))
     if a.result_json:

@@ -1,8 +1,8 @@
 """What one simulation yields: its figures (the table's row, ``--result-json``'s) and,
 for tests, each request's times in virtual ns.
 
-Made from a finished run (simulator/replay.py's run_result); read by the table (simulator/cli.py) and the
-plot (simulator/plot.py).
+Made from a finished run (simulator/replay.py's run_result); read by the table
+(simulator/table.py) and the plot (simulator/plot.py).
 """
 
 from __future__ import annotations
