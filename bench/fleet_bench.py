@@ -24,7 +24,7 @@ kv_aware is 0.1.17's cost as measured against the binary (simulator/routers.py).
 
 The simulator's timing comes from the live runs (`Calibration`; their timing, never their
 hit rates): its step model from the engines' inter-token latency and prefill time, and
-a request's paths outside the engines (simulator/fleet.py `RequestPaths`) from what the
+a request's paths outside the engines (simulator/fleet_requests.py `RequestPaths`) from what the
 clients waited beyond the engines' own latency: round_robin's, half each way, and for
 kv_aware a time to decide, what its clients waited beyond round_robin's (its render
 call). Each request's paths vary by up to PATH_JITTER either way, and each simulated
@@ -202,7 +202,8 @@ def run_simulated(token_prompts: list[list[int]], cal: Calibration, policies=POL
     over SIM_SEEDS draws of the requests' paths (and of power_of_two's picks)."""
     from loadgen.datasets import SampleRequest
     from simulator.config import SimConfig
-    from simulator.fleet import RequestPaths, simulate_fleet
+    from simulator.fleet import simulate_fleet
+    from simulator.fleet_requests import RequestPaths
     from simulator.workload import SampleWorkload
 
     samples = [SampleRequest(list(t), MAX_TOKENS) for t in token_prompts]

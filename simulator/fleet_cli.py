@@ -110,7 +110,8 @@ def _run_one(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, polic
     """One fleet run in a worker process (the workload built once a process); ``layout``:
     N replicas, or (P, D) prefill and decode engines."""
     global _WORKLOAD
-    from simulator.fleet import RequestPaths, simulate_fleet
+    from simulator.fleet import simulate_fleet
+    from simulator.fleet_requests import RequestPaths
     from simulator.pd_fleet import simulate_pd_fleet
 
     if _WORKLOAD is None:

@@ -35,7 +35,7 @@ import time
 from protocol.kv_transfer_params import parse_kv_transfer_params
 from simulator.config import SimConfig
 from simulator.engine import EngineRun
-from simulator.fleet import routing_units
+from simulator.fleet_requests import routing_units
 from simulator.fleet_result import FleetResult
 from simulator.pd_engines import Engine, PoolWorkload, pd_connector
 from simulator.pd_figures import pd_result

@@ -25,7 +25,7 @@ its defaults (``vllm-router --help``, 0.1.17):
 
 Routing keys: the router matches characters of the prompt; the simulator matches
 units of the prompt that stand for its characters (tokens, or whole trace blocks)
-with their weight (simulator/fleet.py `routing_units`).
+with their weight (simulator/fleet_requests.py `routing_units`).
 """
 
 from __future__ import annotations

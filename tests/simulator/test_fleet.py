@@ -23,7 +23,8 @@ import pytest
 from loadgen.datasets import MooncakeRecord, SampleRequest, shared_prefix_requests
 from simulator.cli import main
 from simulator.config import SimConfig
-from simulator.fleet import Fleet, RequestPaths, simulate_fleet
+from simulator.fleet import Fleet, simulate_fleet
+from simulator.fleet_requests import RequestPaths
 from simulator.replay import simulate
 from simulator.routers import ROUTERS
 from simulator.workload import SampleWorkload, TraceWorkload
@@ -194,7 +195,7 @@ def test_cli_fleet_flag_errors(argv: list[str], message: str, capsys):
 
 
 def test_trace_routing_units_are_its_blocks_weighted_by_their_tokens():
-    from simulator.fleet import routing_units
+    from simulator.fleet_requests import routing_units
 
     records = [MooncakeRecord(0.0, 1100, 3, (5, 6, 7)), MooncakeRecord(1.0, 1024, 3, (5, 6)), MooncakeRecord(2.0, 600, 3, (9, 6))]
     w = TraceWorkload(records)
