@@ -45,16 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.router_bench import (
-    Replica,
-    Router,
-    aggregate_hit_rate,
-    complete,
-    free_port,
-    metric_totals,
-    router_binary,
-    shared_prefix_prompts,
-)
+from bench.replica_load import aggregate_hit_rate, complete, metric_totals, shared_prefix_prompts
+from bench.replicas import Replica, Router, free_port, router_binary
 from bench.table import Row
 
 POLICIES = ("round_robin", "power_of_two", "cache_aware", "kv_aware")

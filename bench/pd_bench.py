@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.pd_fleet import PDFleet
-from bench.router_bench import Replica
+from bench.replicas import Replica
 
 
 def model_path(name: str) -> Path:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.router_bench import Replica, Router
+from bench.replicas import Replica, Router
 
 # Each engine's connector: a prefill engine lends, a decode engine reads; a read that fails
 # is computed again (vLLM's "recompute"; its default, "fail", would end the request).

@@ -17,7 +17,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from bench.router_bench import Replica
+from bench.replicas import Replica
 from bench.table import Row
 from loadgen.datasets import SampleRequest
 from simulator.config import SimConfig

@@ -1,7 +1,7 @@
 """Aggregate prefix-cache hit rate behind vllm-router, per policy (``python -m bench
 router_hit_rate``): two ``kvpool serve`` of the tiny checkpoint (CPU), each publishing its
 KV events, behind ``vllm-router --policy round_robin | cache_aware | kv_aware`` (kv_aware
-subscribed to both replicas' events: bench.router_bench.kv_aware_args).
+subscribed to both replicas' events: bench.replicas.kv_aware_args).
 
 The workload: NUM_PREFIXES shared prefixes of about 13 blocks, each asked REPEATS times
 with its own short suffix, shuffled, CONCURRENCY clients; both replicas' prefix caches
@@ -28,16 +28,13 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.router_bench import (
-    Replica,
-    Router,
+from bench.replica_load import (
     aggregate_hit_rate,
     complete,
-    kv_aware_args,
     prefix_cache_totals,
-    router_binary,
     shared_prefix_prompts,
 )
+from bench.replicas import Replica, Router, kv_aware_args, router_binary
 from bench.table import Row
 
 NUM_BLOCKS, BLOCK_SIZE, NUM_PREFIXES, REPEATS, CONCURRENCY = 128, 16, 12, 6, 2

@@ -21,14 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.external_store_io import MooncakeMaster
-from bench.router_bench import (
-    Replica,
-    Router,
-    complete,
-    metric_totals,
-    router_binary,
-    shared_prefix_prompts,
-)
+from bench.replica_load import complete, metric_totals, shared_prefix_prompts
+from bench.replicas import Replica, Router, router_binary
 from bench.table import Row, print_table
 
 NUM_BLOCKS, NUM_PREFIXES, REPEATS = 128, 12, 6

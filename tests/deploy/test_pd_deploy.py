@@ -173,7 +173,7 @@ def run_pd_with_stand_ins(tmp_path: Path, base: int, *loadgen_args: str, **extra
     """run-pd.sh with fake_kvpool.py as `kvpool serve` behind the real router, in its own
     process group (killed whole past 60 s): (exit status, stdout, stderr, the pids it started,
     each waited for a few seconds)."""
-    from bench.router_bench import router_binary
+    from bench.replicas import router_binary
 
     require_router()
     wrapper = tmp_path / "python"

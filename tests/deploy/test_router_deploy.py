@@ -136,7 +136,7 @@ def _free_base_port() -> int:
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_run_router_sh_serves_a_workload_through_the_router(tmp_path):
-    from bench.router_bench import router_binary
+    from bench.replicas import router_binary
 
     if router_binary() is None:
         msg = "vllm-router not found (the test extra installs it)"

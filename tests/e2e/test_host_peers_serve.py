@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from kvtest.waiting import wait_for
 
-from bench.router_bench import Replica
+from bench.replicas import Replica
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

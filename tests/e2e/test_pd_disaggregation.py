@@ -24,7 +24,7 @@ import pytest
 from kvtest.router import require_router
 
 from bench.pd_fleet import PRODUCER, PDFleet, transfer_flag
-from bench.router_bench import Replica, http_get
+from bench.replicas import Replica, http_get
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -29,16 +29,8 @@ import pytest
 import zmq
 from kvtest.router import require_router
 
-from bench.router_bench import (
-    ROUTER_HEALTH_ARGS,
-    Replica,
-    Router,
-    complete,
-    http_get,
-    kv_aware_args,
-    requests_served,
-    shared_prefix_prompts,
-)
+from bench.replica_load import complete, requests_served, shared_prefix_prompts
+from bench.replicas import ROUTER_HEALTH_ARGS, Replica, Router, http_get, kv_aware_args
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -26,7 +26,7 @@ import pytest
 import zmq
 from kvtest.router import require_router
 
-from bench.router_bench import Router, kv_aware_args
+from bench.replicas import Router, kv_aware_args
 from protocol import kv_events as wire
 from protocol.kv_events import KVEventBatch, batch_codec, encode_seq
 from scheduler.core.kv_events import BlockStored
@@ -54,7 +54,7 @@ class FakeWorker:
         self.pub = ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         port = self.pub.bind_to_random_port("tcp://127.0.0.1")
-        self.kv_events_endpoint = f"tcp://127.0.0.1:{port}"  # bench.router_bench.kv_aware_args reads it
+        self.kv_events_endpoint = f"tcp://127.0.0.1:{port}"  # bench.replicas.kv_aware_args reads it
         self.seq = 0
         self.codec = batch_codec()
 

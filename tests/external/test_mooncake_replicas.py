@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from kvtest.router import require_router
 
-from bench.router_bench import Replica, Router, http_get
+from bench.replicas import Replica, Router, http_get
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

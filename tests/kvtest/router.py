@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bench.router_bench import router_binary
+from bench.replicas import router_binary
 
 
 def require_router() -> None:
