@@ -221,7 +221,7 @@ class EngineCore:
             if self._step_kv_events:
                 self.kv_event_publisher.publish(self._step_kv_events)
             self._step_kv_events = []
-            self.kv_event_publisher.publish(self.kv_event_sink.take())
+            self.kv_event_publisher.publish(self.kv_event_sink.take_events())
 
     # --- steps ------------------------------------------------------------------------
 
@@ -334,7 +334,7 @@ class EngineCore:
         # NOTE: this step's KV events are set apart now, before the next schedule()
         # adds its own; whatever publishes next sends them first.
         if self.kv_event_publisher is not None:
-            self._step_kv_events = self.kv_event_sink.take()
+            self._step_kv_events = self.kv_event_sink.take_events()
         return _Done(outputs, result.logprobs, prompt_logprobs, nbytes, time.perf_counter() - t0, perf)
 
     async def _deliver(self, done: _Done) -> None:
