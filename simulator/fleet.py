@@ -91,7 +91,7 @@ class Fleet:
         for seq_id in run.finished_seq_ids[seen_finished:]:
             self._finish(r, seq_id, run.finish_ns[seq_id])
         if self.recorders:
-            events = self.recorders[r].take()
+            events = self.recorders[r].take_events()
             if events:
                 self.pending_events[r].append((run.now, events))
 

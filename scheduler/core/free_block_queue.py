@@ -74,6 +74,7 @@ class FreeKVCacheBlockQueue:
             return
         tail = self.fake_free_list_tail
         last = tail.prev_free_block
+        assert last is not None, "prev_free_block of fake_free_list_tail should always exist"
         for block in blocks:
             block.prev_free_block = last
             last.next_free_block = block
@@ -81,6 +82,26 @@ class FreeKVCacheBlockQueue:
         last.next_free_block = tail
         tail.prev_free_block = last
         self.num_free_blocks += len(blocks)
+
+    def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Put blocks at the front, in the given order (the first given is reused first)."""
+        if not blocks:
+            return
+        head = self.fake_free_list_head
+        first = head.next_free_block
+        assert first is not None, "next_free_block of fake_free_list_head should always exist"
+        last = head
+        for block in blocks:
+            block.prev_free_block = last
+            last.next_free_block = block
+            last = block
+        last.next_free_block = first
+        first.prev_free_block = last
+        self.num_free_blocks += len(blocks)
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        """The free blocks, front first (tests; O(n))."""
+        return list(self)
 
     # --- owners come and go -------------------------------------------------------
     # The queue holds exactly the blocks nobody holds (ref_cnt 0; never the null

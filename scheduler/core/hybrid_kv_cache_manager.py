@@ -38,6 +38,7 @@ from scheduler.core.kv_cache_request import KVCacheRequest
 from scheduler.core.kv_events import KVEventSink
 from scheduler.core.prefix_cache_stats import PrefixCacheStats
 from scheduler.core.single_type_kv_cache_manager import (
+    AttentionSpec,
     FullAttentionManager,
     SingleTypeKVCacheManager,
     SlidingWindowManager,
@@ -72,8 +73,7 @@ class HybridKVCacheManager:
         sink = None if event_sink is None else GroupKeyedEventSink(event_sink, self.group_windows)
         self.block_pool = pool_factory(num_gpu_blocks, enable_caching, sink)
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
-            FullAttentionManager(self.block_pool, block_size, g, enable_caching) if w == 0
-            else SlidingWindowManager(self.block_pool, block_size, g, enable_caching, w)
+            (FullAttentionManager if w == 0 else SlidingWindowManager)(AttentionSpec(block_size, w), self.block_pool, enable_caching, g)
             for g, w in enumerate(group_windows)
         )
         self.cache_hit = HybridCacheHit(self.single_type_managers, self.block_pool, block_size)

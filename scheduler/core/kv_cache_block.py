@@ -29,6 +29,16 @@ class KVCacheBlock:
         # The null block (block 0) is a placeholder: never handed out, never freed.
         self.is_null = False
 
+    # vLLM's names for the two writes of the hash. NOTE: the pool's own hot paths
+    # write ``block_hash`` directly: the slot stays a plain attribute, read at no cost.
+    def set_block_hash(self, block_hash: BlockHash) -> None:
+        assert self.block_hash is None, "The block already has a hash. This should not happen."
+        self.block_hash = block_hash
+
+    def reset_hash(self) -> None:
+        """Drop the hash (the block is evicted)."""
+        self.block_hash = None
+
     def __repr__(self) -> str:
         h = self.block_hash.hex()[:8] if self.block_hash is not None else None
         return f"KVCacheBlock(id={self.block_id}, ref_cnt={self.ref_cnt}, hash={h})"

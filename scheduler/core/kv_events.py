@@ -66,7 +66,7 @@ KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 @dataclass(slots=True)
 class KVEventRecorder:
-    """A KVEventSink that keeps events in order until `take()`."""
+    """A KVEventSink that keeps events in order until `take_events()` (vLLM's name)."""
 
     events: list[KVCacheEvent] = field(default_factory=list)
 
@@ -80,6 +80,6 @@ class KVEventRecorder:
     def all_blocks_cleared(self) -> None:
         self.events.append(AllBlocksCleared())
 
-    def take(self) -> list[KVCacheEvent]:
+    def take_events(self) -> list[KVCacheEvent]:
         events, self.events = self.events, []
         return events

@@ -17,6 +17,7 @@ blocks vLLM serve's default retention (0) keeps: sliding_window_retention.py.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
@@ -51,16 +52,26 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@dataclass(frozen=True, slots=True)
+class AttentionSpec:
+    """What a group's manager reads of vLLM's KVCacheSpec (FullAttentionSpec,
+    SlidingWindowSpec): tokens per block, and the window (0: full attention)."""
+
+    block_size: int
+    sliding_window: int = 0
+
+
 class SingleTypeKVCacheManager:
     """Full attention: every block kept until the request is freed."""
 
     sliding_window = 0
 
-    def __init__(self, block_pool: BlockPool, block_size: int, group_id: int, enable_caching: bool):
+    def __init__(self, kv_cache_spec: AttentionSpec, block_pool: BlockPool, enable_caching: bool, kv_cache_group_id: int):
+        self.kv_cache_spec = kv_cache_spec
         self.block_pool = block_pool
-        self.block_size = block_size
-        self.group_id = group_id
-        self.suffix = group_key(group_id)
+        self.block_size = kv_cache_spec.block_size
+        self.group_id = kv_cache_group_id
+        self.suffix = group_key(kv_cache_group_id)
         self.enable_caching = enable_caching
         self.null_block = block_pool.null_block
         # request_id -> its table in this group (append-only but for leading nulls).
@@ -176,15 +187,10 @@ FullAttentionManager = SingleTypeKVCacheManager
 class SlidingWindowManager(SingleTypeKVCacheManager):
     """A sliding window of ``sliding_window`` tokens (the token itself included)."""
 
-    def __init__(
-        self,
-        block_pool: BlockPool,
-        block_size: int,
-        group_id: int,
-        enable_caching: bool,
-        sliding_window: int,
-    ):
-        super().__init__(block_pool, block_size, group_id, enable_caching)
+    def __init__(self, kv_cache_spec: AttentionSpec, block_pool: BlockPool, enable_caching: bool, kv_cache_group_id: int):
+        super().__init__(kv_cache_spec, block_pool, enable_caching, kv_cache_group_id)
+        sliding_window = kv_cache_spec.sliding_window
+        block_size = self.block_size
         if sliding_window < 1:
             raise ValueError(f"a sliding window is at least 1 token, got {sliding_window}")
         self.sliding_window = sliding_window

@@ -257,7 +257,7 @@ def make_kv_event_sink(
     ``data_parallel_rank`` goes into every batch and ``topic`` into every frame, so
     an indexer subscribed to several replicas tells them apart.
 
-    The step loop calls ``publisher.publish(recorder.take())`` after each step and
+    The step loop calls ``publisher.publish(recorder.take_events())`` after each step and
     after anything else that changes the cache (a reset, a lost worker)."""
     if endpoint is None:
         if replay_endpoint is not None:

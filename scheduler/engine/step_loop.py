@@ -68,7 +68,7 @@ class StepLoop:
             if self._step_kv_events:
                 self.kv_event_publisher.publish(self._step_kv_events)
             self._step_kv_events = []
-            self.kv_event_publisher.publish(self.kv_event_sink.take())
+            self.kv_event_publisher.publish(self.kv_event_sink.take_events())
 
     async def run(self) -> None:
         # NOTE: a step's outputs reach the clients after the next plan has gone to the
@@ -179,7 +179,7 @@ class StepLoop:
         # NOTE: this step's KV events are set apart now, before the next schedule()
         # adds its own; whatever publishes next sends them first.
         if self.kv_event_publisher is not None:
-            self._step_kv_events = self.kv_event_sink.take()
+            self._step_kv_events = self.kv_event_sink.take_events()
         return _Done(outputs, result.logprobs, prompt_logprobs, nbytes, time.perf_counter() - t0, perf)
 
     async def _deliver(self, done: _Done) -> None:

@@ -261,7 +261,7 @@ class PoolMachine(RuleBasedStateMachine):
         assert pool.num_evictions == model.num_evictions
         assert pool.num_free_cached_blocks == model.num_free_cached
         assert pool.null_block.ref_cnt == 0
-        assert self.events.take() == model.events
+        assert self.events.take_events() == model.events
         model.events.clear()
         # Every held block is held by as many owners as its ref_cnt says.
         owned: dict[int, int] = {}

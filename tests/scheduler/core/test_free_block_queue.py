@@ -219,6 +219,46 @@ def test_append_n_keeps_the_given_order_at_the_back():
     check_links(q, blocks)
 
 
+def test_append_n_onto_a_broken_tail_asserts_and_changes_nothing():
+    blocks, q = make(0)
+    spare = KVCacheBlock(9)
+    q.fake_free_list_tail.prev_free_block = None
+    with pytest.raises(AssertionError):
+        q.append_n([spare])
+    assert q.num_free_blocks == 0
+    assert q.fake_free_list_head.next_free_block is q.fake_free_list_tail
+    assert spare.prev_free_block is None and spare.next_free_block is None
+
+
+def test_prepend_n_keeps_the_given_order_at_the_front():
+    blocks, q = make(8)
+    taken = q.popleft_n(5)
+    # head -> 5 -> 6 -> 7 -> tail
+    q.prepend_n([taken[4], taken[2], taken[0]])
+    # head -> 4 -> 2 -> 0 -> 5 -> 6 -> 7 -> tail
+    assert ids(q) == [4, 2, 0, 5, 6, 7]
+    check_links(q, blocks)
+    q.prepend_n([])
+    assert ids(q) == [4, 2, 0, 5, 6, 7]
+    q.popleft_n(6)
+    # head -> tail
+    q.prepend_n([taken[3], taken[1]])
+    # head -> 3 -> 1 -> tail
+    assert ids(q) == [3, 1]
+    assert q.get_all_free_blocks() == [taken[3], taken[1]]
+    check_links(q, blocks)
+
+
+def test_a_block_hash_is_set_once_and_reset():
+    block = KVCacheBlock(1)
+    block.set_block_hash(b"h")
+    assert block.block_hash == b"h"
+    with pytest.raises(AssertionError):
+        block.set_block_hash(b"g")
+    block.reset_hash()
+    assert block.block_hash is None
+
+
 def _owned(*blocks):
     for b in blocks:
         b.ref_cnt = 1

@@ -183,8 +183,8 @@ def test_events_carry_the_raw_hash_and_the_group_as_vllm():
     a, a1 = req("a", range(5)), req("a", range(5))
     admit(m, a)
     one.allocate_slots(a1, 5)
-    (single,) = ref.take()
-    full, sliding = rec.take()
+    (single,) = ref.take_events()
+    full, sliding = rec.take_events()
     assert (full.block_hashes, full.token_ids, full.group_idx, full.sliding_window) == (
         single.block_hashes,
         [0, 1, 2, 3],
@@ -201,7 +201,7 @@ def test_events_carry_the_raw_hash_and_the_group_as_vllm():
     m.free(a)
     admit(m, req("z", range(100, 114)))
     h0, h1 = single.block_hashes
-    removed = [(e.block_hashes, e.group_idx) for e in rec.take() if isinstance(e, BlockRemoved)]
+    removed = [(e.block_hashes, e.group_idx) for e in rec.take_events() if isinstance(e, BlockRemoved)]
     assert removed == [([h1], 0), ([h0], 0), ([h1], 1)]
     assert queue(m) == "4*"
 

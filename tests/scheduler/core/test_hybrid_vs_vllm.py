@@ -147,7 +147,7 @@ def run_ours(case: dict) -> list[dict]:
         kv.check_invariants()
         stats = kv.prefix_cache_stats
         stored, removed = [], []
-        for event in events.take():
+        for event in events.take_events():
             wire = to_wire_event(event, int_block_hashes=False)
             if isinstance(event, BlockStored):
                 kind, window = wire.kv_cache_spec_kind, wire.kv_cache_spec_sliding_window

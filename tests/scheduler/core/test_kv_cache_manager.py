@@ -280,17 +280,17 @@ def test_kv_events():
     m.get_computed_blocks(r0)
     m.get_computed_blocks(r1)
     m.allocate_slots(r0, 10)
-    assert rec.take() == [BlockStored([h0, h1], None, A8, BS)]
+    assert rec.take_events() == [BlockStored([h0, h1], None, A8, BS)]
     # r1's blocks carry the same hashes: nothing new for a router, no event.
     m.allocate_slots(r1, 10)
-    assert rec.take() == []
+    assert rec.take_events() == []
     r0.num_computed_tokens = r1.num_computed_tokens = 10
     # r0 grows to fill its third block: stored, chained to h1.
     r0.append_output_token_id(11)
     r0.append_output_token_id(12)
     assert m.allocate_slots(r0, 2) == []
     h2 = r0.block_hashes[2]
-    assert rec.take() == [BlockStored([h2], h1, [9, 10, 11, 12], BS)]
+    assert rec.take_events() == [BlockStored([h2], h1, [9, 10, 11, 12], BS)]
     m.check_invariants()
 
     # Free r0: head -> 3* -> 2* -> 1* -> tail. Evicting its copies of h0, h1 (r1
@@ -299,7 +299,7 @@ def test_kv_events():
     assert queue(m) == "3* 2* 1*"
     r2 = req("r2", [40] * 9)
     admit(m, r2)
-    assert rec.take() == [BlockRemoved([h2])] + [BlockStored(r2.block_hashes, None, [40] * 8, BS)]
+    assert rec.take_events() == [BlockRemoved([h2])] + [BlockStored(r2.block_hashes, None, [40] * 8, BS)]
     # Evicting the last block holding h0/h1 (r1's) sends BlockRemoved for each.
     m.free(r2)
     m.free(r1)
@@ -310,10 +310,10 @@ def test_kv_events():
     admit(m, r3)
     removed = [e for e in rec.events if isinstance(e, BlockRemoved)]
     assert removed == [BlockRemoved([h]) for h in (r2.block_hashes[1], r2.block_hashes[0], h1, h0)]
-    rec.take()
+    rec.take_events()
     m.free(r3)
     assert m.reset_prefix_cache() is True
-    assert rec.take() == [AllBlocksCleared()]
+    assert rec.take_events() == [AllBlocksCleared()]
 
 
 def test_kv_event_tokens_line_up_with_stored_hashes():
@@ -327,34 +327,34 @@ def test_kv_event_tokens_line_up_with_stored_hashes():
     m.get_computed_blocks(a)
     m.get_computed_blocks(b)
     m.allocate_slots(a, a.num_tokens)
-    assert rec.take() == [BlockStored(a.block_hashes, None, A8, BS)]
+    assert rec.take_events() == [BlockStored(a.block_hashes, None, A8, BS)]
     m.allocate_slots(b, b.num_tokens)
     # b's first two hashes are duplicates; only the last two are new.
-    assert rec.take() == [BlockStored(b.block_hashes[2:], b.block_hashes[1], [9] * 8, BS)]
+    assert rec.take_events() == [BlockStored(b.block_hashes[2:], b.block_hashes[1], [9] * 8, BS)]
     m.check_invariants()
     # New, duplicate, new: one event per run of new hashes, each with its own parent.
     m.free(a)
     m.free(b)
     assert m.reset_prefix_cache() is True
-    rec.take()
+    rec.take_events()
     c = req("c", [5] * 8 + [0])
     m.allocate_slots(c, c.num_tokens)
     hc = c.block_hashes
-    rec.take()
+    rec.take_events()
     d = req("d", [6] * 4 + [5] * 8 + [0])  # differs from c in its first block only
     e = req("e", [6] * 4 + [5] * 4 + [7] * 4 + [0])
     m.allocate_slots(d, d.num_tokens)
-    rec.take()
+    rec.take_events()
     # e: block 0 duplicates d's, block 1 duplicates d's, block 2 is new.
     m.allocate_slots(e, e.num_tokens)
-    assert rec.take() == [BlockStored([e.block_hashes[2]], e.block_hashes[1], [7] * 4, BS)]
+    assert rec.take_events() == [BlockStored([e.block_hashes[2]], e.block_hashes[1], [7] * 4, BS)]
     # f shares c's chain only through a block-level duplicate in the middle: build
     # it by hand on the pool so that hash 0 is new, hash 1 is a duplicate, hash 2 new.
     pool = m.block_pool
     blocks = pool.get_new_blocks(3)
     tokens = list(range(100, 112))
     pool.cache_full_blocks(blocks, [b"x0", hc[1], b"x2"], 0, 3, tokens, BS)
-    assert rec.take() == [
+    assert rec.take_events() == [
         BlockStored([b"x0"], None, tokens[0:4], BS),
         BlockStored([b"x2"], hc[1], tokens[8:12], BS),
     ]

@@ -104,7 +104,7 @@ class Engine:
             out = self.sched.schedule()
             if out is not None:
                 self.sched.update_from_output(self.worker.execute(out.plan))
-            self.publisher.publish(self.recorder.take())
+            self.publisher.publish(self.recorder.take_events())
             if every and at_step is not None and step % every == every - 1:
                 at_step(step)
             if not pending and not self.sched.has_unfinished_requests():
@@ -137,7 +137,7 @@ def test_subscriber_rebuilds_the_pools_hashes_across_reset_and_restart():
         assert sub1.num_batches > sub1.num_replayed_batches  # the live path was used
 
         assert engine.kv.reset_prefix_cache()
-        pub.publish(engine.recorder.take())
+        pub.publish(engine.recorder.take_events())
         check("after reset")
         assert sub1.cached_hashes == set() and seen1.counts["AllBlocksCleared"] == 1
 

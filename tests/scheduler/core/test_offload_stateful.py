@@ -123,7 +123,7 @@ class TwoTierMachine(RuleBasedStateMachine):
         self.kv.check_invariants()
         # Between steps nothing is in flight: no slot pinned.
         assert self.tier.get_usage() == 0.0
-        for e in self.events.take():
+        for e in self.events.take_events():
             if getattr(e, "medium", None) != MEDIUM_CPU:
                 continue
             if isinstance(e, BlockStored):

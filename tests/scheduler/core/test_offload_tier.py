@@ -137,16 +137,16 @@ def test_events_have_medium_cpu_like_vllms_offloading_connector():
     rec = KVEventRecorder()
     tier = HostTier(1, 4, event_sink=rec)
     store(tier, 1, 3)
-    assert rec.take() == []  # announced when the store completed, not before
+    assert rec.take_events() == []  # announced when the store completed, not before
     tier.take_copies()
     tier.complete_copies()
-    assert rec.take() == [BlockStored([h(1)], None, [], 4, MEDIUM_CPU)]
+    assert rec.take_events() == [BlockStored([h(1)], None, [], 4, MEDIUM_CPU)]
     stored(tier, 2)
-    assert rec.take() == [BlockRemoved([h(1)], MEDIUM_CPU), BlockStored([h(2)], None, [], 4, MEDIUM_CPU)]
+    assert rec.take_events() == [BlockRemoved([h(1)], MEDIUM_CPU), BlockStored([h(2)], None, [], 4, MEDIUM_CPU)]
     store(tier, 3, 3)  # evicts h2 (removed now)
     tier.clear()
     # h3's store never completed, so it was never announced: clear() removes nothing more.
-    assert rec.take() == [BlockRemoved([h(2)], MEDIUM_CPU)]
+    assert rec.take_events() == [BlockRemoved([h(2)], MEDIUM_CPU)]
 
 
 def test_clear_forgets_entries_and_copies_in_flight():

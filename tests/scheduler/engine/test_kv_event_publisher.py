@@ -187,7 +187,7 @@ def test_block_removed_only_when_the_last_duplicate_goes():
     kv.allocate_slots(a, 9)
     kv.allocate_slots(b, 9)
     assert [type(e) for e in recorder.events] == [BlockStored]  # b's duplicates: no new hash
-    assert recorder.take()[0].block_hashes == [h0, h1]
+    assert recorder.take_events()[0].block_hashes == [h0, h1]
     assert kv.block_pool.cached_block_hash_to_block.num_blocks(h0) == 2
     kv.free(a)
     kv.free(b)
@@ -195,13 +195,13 @@ def test_block_removed_only_when_the_last_duplicate_goes():
     c = Request("c", [60] * 16, 4, seq_id=2, block_hasher=hasher)
     kv.allocate_slots(c, 16)  # takes b2, a2, a1, a0: a's hashes go, b still holds them
     assert [type(e) for e in recorder.events] == [BlockStored]
-    recorder.take()
+    recorder.take_events()
     assert {h0, h1} <= pool_hashes(kv)
     kv.free(c)
     # head -> b1(h1) -> b0(h0) -> c3 -> c2 -> c1 -> c0 -> tail
     d = Request("d", [61] * 5, 4, seq_id=3, block_hasher=hasher)
     kv.allocate_slots(d, 5)  # takes b1, b0: the last blocks holding h1, h0
-    events = recorder.take()
+    events = recorder.take_events()
     assert [e.block_hashes for e in events if isinstance(e, BlockRemoved)] == [[h1], [h0]]
     assert not {h0, h1} & pool_hashes(kv)
     kv.check_invariants()
