@@ -50,18 +50,18 @@ from protocol.worker_messages import (
     WorkerReady,
 )
 from worker.config import WorkerConfig
+from worker.cpu.host_load import HostLoad
+from worker.cpu.host_peers import HostPeers, default_directory
+from worker.cpu.threads import StepThreads, projection_weights, wide_num_threads, wide_step_tokens
 from worker.external.external_io import ExternalIO
 from worker.external.plan_ops import after_step, before_step, hello_fields
-from worker.grammar_compiler import GrammarCompiler
 from worker.group_tables import hello_group_windows
-from worker.host_load import HostLoad
-from worker.host_peers import HostPeers, default_directory
-from worker.kv_cache import first_blocks
+from worker.kv.kv_cache import first_blocks
+from worker.load.serving_model import ServingModel
 from worker.metrics import WorkerMetrics
 from worker.plan_check import PlanError
 from worker.runner import ModelRunner
-from worker.serving_model import ServingModel
-from worker.threads import StepThreads, projection_weights, wide_num_threads, wide_step_tokens
+from worker.sample.grammar_compiler import GrammarCompiler
 from worker.transfer import plan_ops as transfer_ops
 from worker.transfer.kv_transfer import KVTransfer
 
@@ -357,8 +357,8 @@ class WorkerProcess:
 
     def _step_threads(self) -> StepThreads | None:
         """On CPU, a big step on every core (``--cpu-wide-step-tokens``, by default from the
-        model's size) while no other worker runs on this host (worker/host_peers.py, where
-        this worker registers) and no other process keeps a core busy (worker/host_load.py);
+        model's size) while no other worker runs on this host (worker/cpu/host_peers.py, where
+        this worker registers) and no other process keeps a core busy (worker/cpu/host_load.py);
         None elsewhere. Built once, kept across handshakes."""
         c, m = self.config, self.model
         if m.device.type != "cpu":

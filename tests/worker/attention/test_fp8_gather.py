@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from worker import native
+from worker.cpu import native
 from worker.attention import fp8_gather
 from worker.attention.kv_quant import dequantize, quantize
 
@@ -93,7 +93,7 @@ def test_paged_attention_reads_the_same_through_either_path(fp8, monkeypatch):
     """PagedAttention's decode and prefill outputs, fused read against torch passes: equal."""
     from worker.attention import cache_ops, paged_attention
     from worker.attention.paged_attention import PagedAttention
-    from worker.kv_cache import allocate_kv_caches
+    from worker.kv.kv_cache import allocate_kv_caches
 
     bs, kvh, nh, hd, nb = 4, 2, 4, 16, 32
     cache = allocate_kv_caches(1, nb, bs, kvh, hd, fp8, "cpu")[0]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from worker.threads import (
+from worker.cpu.threads import (
     WIDE_STEP_MEMORY_WEIGHTS,
     WIDE_STEP_WEIGHT_TOKENS,
     StepThreads,
@@ -22,7 +22,7 @@ from worker.threads import (
     wide_step_tokens,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(("env", "cpus", "expected"), [
@@ -39,7 +39,7 @@ def test_the_worker_and_the_threads_torch_starts_after_run_at_the_nice_asked():
     code = textwrap.dedent("""
         import os
         import torch
-        from worker.threads import lower_cpu_priority
+        from worker.cpu.threads import lower_cpu_priority
         before = os.getpriority(os.PRIO_PROCESS, 0)
         print(lower_cpu_priority(before + 5), lower_cpu_priority(before + 2))
         torch.set_num_threads(2)
@@ -109,8 +109,8 @@ def test_the_default_wide_step_shrinks_as_the_model_grows(weights, tokens):
 
 def test_the_worker_takes_its_wide_step_from_the_model_unless_told(tiny_checkpoint):
     from worker.config import WorkerConfig
+    from worker.load.serving_model import load_serving_model
     from worker.process import WorkerProcess
-    from worker.serving_model import load_serving_model
     from worker.startup import allocate_worker_kv_caches
 
     serving = load_serving_model(tiny_checkpoint, "float32", "cpu", 64)

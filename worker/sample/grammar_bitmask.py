@@ -21,7 +21,7 @@ import logging
 import torch
 
 from protocol.structured_output import RowGrammar
-from worker.grammar_compiler import GrammarCompiler, load_xgrammar
+from worker.sample.grammar_compiler import GrammarCompiler, load_xgrammar
 
 log = logging.getLogger("worker")
 

@@ -7,7 +7,7 @@ penalties and the prompt masks for the repetition penalty live on the device,
 (max_num_seqs, V), allocated the first time a row needs them and updated in place each
 step (the worker knows every request's tokens: contract rule 5). A row's logits
 processors (allowed tokens, bad words, logit bias) are built once, when it is added
-(``worker.logits_processors``). A step in which no sampled row has parameters (greedy,
+(``worker.sample.logits_processors``). A step in which no sampled row has parameters (greedy,
 no logprobs: most benchmark traffic) is one argmax.
 
 ``seed`` is the engine's global seed (vLLM's ``--seed``): the generator of every row
@@ -25,13 +25,13 @@ import numpy as np
 import torch
 
 from protocol.sampling_params import SamplingParams
-from worker.logits_processors import (
+from worker.sample.logits_processors import (
     RowLogitsParams,
     apply_allowed_and_bad_words,
     apply_logit_bias,
     row_logits_params,
 )
-from worker.sampler import (
+from worker.sample.sampler import (
     BatchParams,
     Penalties,
     apply_penalties,
@@ -81,7 +81,7 @@ class SamplingState:
         self.min_tokens = np.zeros(n, dtype=np.int64)
         self.logprobs = np.full(n, -1, dtype=np.int64)  # -1: none asked
         self.seeded = np.zeros(n, dtype=bool)
-        # allowed_token_ids, bad words, logit_bias (worker.logits_processors)
+        # allowed_token_ids, bad words, logit_bias (worker.sample.logits_processors)
         self.processors: list[RowLogitsParams | None] = [None] * n
         self.has_processors = np.zeros(n, dtype=bool)
         self.output_counts: torch.Tensor | None = None  # (max_num_seqs, V) int32

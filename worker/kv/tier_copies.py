@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from protocol.worker_messages import TierCopies
-from worker.kv_cache import SAME_SIZE_INT
+from worker.kv.kv_cache import SAME_SIZE_INT
 
 Run = tuple[int, int, int]  # (first source id, first target id, number of blocks)
 

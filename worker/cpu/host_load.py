@@ -1,5 +1,5 @@
 """Whether processes other than this serve's keep the host's cores busy, so that a worker
-takes the spare core for its big steps (worker/threads.py `StepThreads`) only while that
+takes the spare core for its big steps (worker/cpu/threads.py `StepThreads`) only while that
 core is free.
 
 Why: a big step runs one OpenMP thread per core, and each op of its forward waits for the

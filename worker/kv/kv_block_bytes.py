@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from protocol.external_kv import kv_identity
-from worker.serving_model import ServingModel
+from worker.load.serving_model import ServingModel
 
 
 def kv_block_identity(serving: ServingModel, kv_caches: list[torch.Tensor], block_size: int) -> str:

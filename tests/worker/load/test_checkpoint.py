@@ -15,10 +15,10 @@ import zmq
 from kvtest.hf_models import make_checkpoint
 from safetensors.torch import load_file, save_file
 
-from worker.checkpoint import Checkpoint, CheckpointError
+from worker.load.checkpoint import Checkpoint, CheckpointError
+from worker.load.serving_model import load_serving_model
 from worker.models.config import ModelConfigError
 from worker.models.loader import load_model
-from worker.serving_model import load_serving_model
 
 
 @pytest.fixture(scope="module")

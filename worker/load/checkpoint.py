@@ -4,7 +4,7 @@
 one ``model.safetensors`` or shards listed by ``model.safetensors.index.json``. Tensors
 are read with ``safetensors`` (memory-mapped; never pickle) straight to the target
 device, then cast. Or one ``*.gguf`` file (the folder ``kvpool serve FILE.gguf`` writes
-beside a GGUF), dequantized at load (``worker.gguf_weights``). Nothing is downloaded: a
+beside a GGUF), dequantized at load (``worker.load.gguf_weights``). Nothing is downloaded: a
 checkpoint is a directory.
 
 Every problem is a ``CheckpointError`` naming the file (and tensor) at fault.
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from worker.gguf_weights import GGUFError, GGUFWeights
+from worker.load.gguf_weights import GGUFError, GGUFWeights
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"

@@ -1,4 +1,4 @@
-"""GGUF weights (worker/gguf_weights.py) dequantized as transformers dequantizes them: the
+"""GGUF weights (worker/load/gguf_weights.py) dequantized as transformers dequantizes them: the
 real SmolLM2-135M-Instruct GGUF that ``make install`` brings (Q4_1 and Q8_0 tensors, a
 Llama's permuted Q and K rows), every tensor equal to transformers' own, bit for bit; and
 for each architecture kvpool serves, a model written as llama.cpp's converter writes it
@@ -17,7 +17,7 @@ from kvtest.hf_models import make_checkpoint
 from kvtest.real_data import real_model
 
 from frontend.gguf_model import GGUFModelError, check_gguf, gguf_model_dir
-from worker.checkpoint import Checkpoint, CheckpointError
+from worker.load.checkpoint import Checkpoint, CheckpointError
 from worker.models.config import model_config_from_hf
 from worker.models.loader import expected_shapes, load_model
 

@@ -13,8 +13,8 @@ from kvtest.hf_models import reference_logits
 from protocol.prompt_logprobs import PromptLogprobs
 from protocol.sampling_params import SamplingParams
 from protocol.worker_messages import RequestRow, RowSampling, StepPlan
-from worker.checkpoint import Checkpoint
-from worker.kv_cache import allocate_kv_caches
+from worker.kv.kv_cache import allocate_kv_caches
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
 from worker.runner import ModelRunner
 

@@ -10,10 +10,10 @@ import torch
 
 import worker.runner
 from worker.attention.paged_attention import PagedAttention
-from worker.checkpoint import Checkpoint
-from worker.kv_cache import allocate_kv_caches
+from worker.kv.kv_cache import allocate_kv_caches
+from worker.kv.profile import dummy_sampling_state, dummy_step, run_serving_step
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
-from worker.profile import dummy_sampling_state, dummy_step, run_serving_step
 
 VOCAB_SIZE = 512  # the tiny default checkpoint's
 

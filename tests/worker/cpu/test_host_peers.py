@@ -1,5 +1,5 @@
 """A worker takes the spare core for a big step only while no other kvpool worker runs
-on its host (worker/host_peers.py): another worker's presence is its held lock, and a
+on its host (worker/cpu/host_peers.py): another worker's presence is its held lock, and a
 worker that died leaves a file that the next look removes."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from worker.host_peers import HostPeers
-from worker.threads import StepThreads
+from worker.cpu.host_peers import HostPeers
+from worker.cpu.threads import StepThreads
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_a_worker_alone_on_its_host_sees_no_peer(tmp_path):
@@ -30,7 +30,7 @@ def test_a_worker_alone_on_its_host_sees_no_peer(tmp_path):
 def test_a_live_worker_is_seen_and_a_killed_one_is_forgotten_and_its_file_removed(tmp_path):
     code = textwrap.dedent(f"""
         import sys, time
-        from worker.host_peers import HostPeers
+        from worker.cpu.host_peers import HostPeers
         peers = HostPeers({str(tmp_path)!r})
         print(peers.path, flush=True)
         time.sleep(60)

@@ -18,7 +18,7 @@ import torch
 
 from protocol.kv_cache_spec import KVCacheGroupSpec, kv_cache_groups
 from worker.attention.kv_quant import KVScales
-from worker.checkpoint import Checkpoint
+from worker.load.checkpoint import Checkpoint
 from worker.models.config import DTYPES, ModelConfig, ModelConfigError, model_config_from_hf
 from worker.models.decoder import DecoderModel
 from worker.models.kv_scales import read_kv_scales

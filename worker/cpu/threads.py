@@ -18,9 +18,9 @@ scheduler and frontend wait on the step, so the core would sit idle; at a decode
 model of tens of millions of parameters it is idle most of the step too.
 docs/benchmarks.md ("2026-12-03, 15:45", "2026-12-03, 19:00" and "Figures moved from
 docstrings (2026-12-07)") has the measurements.
-Only a worker alone on its host goes wide (worker/host_peers.py): replicas sharing a host
+Only a worker alone on its host goes wide (worker/cpu/host_peers.py): replicas sharing a host
 share its cores, and two going wide spin on each other's. And only while no other process
-keeps a core busy (worker/host_load.py, looked at every half second at most): the wide
+keeps a core busy (worker/cpu/host_load.py, looked at every half second at most): the wide
 step's extra thread lands on some core, each op of the forward waits for it, and beside
 a neighbour that holds one (a benchmark client's timing loop, a busy loop at nice 0)
 that thread gets a fraction of its core, so every step ran several times slower than
@@ -35,7 +35,7 @@ scheduler and the frontend, which do little but must answer at once: a burst of 
 is tokenized and admitted while the worker computes. At equal priority the worker's
 compute threads (OpenMP spins between ops) held them back, and at nice 5 requests are
 answered sooner and the output throughput is higher (docs/benchmarks.md, "Figures moved
-from code comments", worker/threads.py). When nothing else wants the cores, nice costs the
+from code comments", worker/cpu/threads.py). When nothing else wants the cores, nice costs the
 worker nothing.
 """
 
@@ -46,8 +46,8 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from worker.host_load import HostLoad
-from worker.host_peers import HostPeers
+from worker.cpu.host_load import HostLoad
+from worker.cpu.host_peers import HostPeers
 
 
 def default_num_threads(env: Mapping[str, str], cpu_count: int | None) -> int | None:
@@ -92,8 +92,8 @@ def projection_weights(hidden: int, intermediate: int, num_layers: int, q_size: 
 
 class StepThreads:
     """torch's thread count per step: as set for most steps, ``wide`` for a step of at
-    least ``min_tokens`` tokens (None or 0: never), while ``peers`` (worker/host_peers.py)
-    says no other worker runs on this host and ``load`` (worker/host_load.py) says no
+    least ``min_tokens`` tokens (None or 0: never), while ``peers`` (worker/cpu/host_peers.py)
+    says no other worker runs on this host and ``load`` (worker/cpu/host_load.py) says no
     other process keeps a core busy."""
 
     def __init__(self, wide: int | None, min_tokens: int, peers: HostPeers | None = None, load: HostLoad | None = None):

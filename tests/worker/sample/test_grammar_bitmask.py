@@ -17,12 +17,12 @@ from tokenizers import Tokenizer
 from protocol.sampling_params import GREEDY
 from protocol.structured_output import GrammarSpec, RowGrammar
 from protocol.worker_messages import RequestRow, RowSampling, StepPlan
-from worker.checkpoint import Checkpoint
-from worker.grammar_bitmask import GrammarRows
-from worker.grammar_compiler import GrammarCompiler, tokenizer_info
-from worker.kv_cache import allocate_kv_caches
+from worker.kv.kv_cache import allocate_kv_caches
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
 from worker.runner import ModelRunner
+from worker.sample.grammar_bitmask import GrammarRows
+from worker.sample.grammar_compiler import GrammarCompiler, tokenizer_info
 
 xgr = pytest.importorskip("xgrammar")
 

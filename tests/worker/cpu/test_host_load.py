@@ -1,4 +1,4 @@
-"""The host-load check (worker/host_load.py) on /proc samples fed by hand: what counts as
+"""The host-load check (worker/cpu/host_load.py) on /proc samples fed by hand: what counts as
 busy, what counts as this serve's own, and the hysteresis that keeps big steps narrow at
 once beside a neighbour and lets them go wide again only after it has stayed away; then
 the real check beside a real busy process."""
@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 
-from worker.host_load import HostLoad, NeighbourLoad, cpu_ticks, process_ticks
-from worker.threads import StepThreads
+from worker.cpu.host_load import HostLoad, NeighbourLoad, cpu_ticks, process_ticks
+from worker.cpu.threads import StepThreads
 
 # user nice system idle iowait irq softirq steal guest guest_nice
 STAT = """cpu  300 10 60 500 20 0 5 7 40 0

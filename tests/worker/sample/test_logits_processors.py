@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from protocol.sampling_params import SamplingParams
-from worker.logits_processors import banned_by_bad_words
-from worker.sampling_state import SamplingState
+from worker.sample.logits_processors import banned_by_bad_words
+from worker.sample.sampling_state import SamplingState
 
 V = 16
 CPU = torch.device("cpu")

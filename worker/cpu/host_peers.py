@@ -1,5 +1,5 @@
 """Whether other kvpool workers run on this host, so that a worker takes the spare core
-for its big steps (worker/threads.py `StepThreads`) only when it is the only one.
+for its big steps (worker/cpu/threads.py `StepThreads`) only when it is the only one.
 
 Each worker holds an exclusive ``flock`` on a file of its own in a per-user directory
 of the temp dir, for as long as it lives (the kernel drops the lock when the process

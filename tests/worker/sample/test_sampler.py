@@ -16,13 +16,13 @@ import torch
 from kvtest.mini_scheduler import MiniScheduler
 
 from protocol.sampling_params import SamplingParams
-from worker import sampler
-from worker.checkpoint import Checkpoint
-from worker.kv_cache import allocate_kv_caches
+from worker.kv.kv_cache import allocate_kv_caches
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
 from worker.runner import ModelRunner
-from worker.sampler import Penalties, apply_penalties
-from worker.sampling_state import SamplingState
+from worker.sample import sampler
+from worker.sample.sampler import Penalties, apply_penalties
+from worker.sample.sampling_state import SamplingState
 from worker.tiny.generate import write_tiny_checkpoint
 
 V = 64

@@ -1,5 +1,5 @@
 """Batched sampling, vLLM v1's order: the allowed-token mask and bad words, the
-min_tokens mask, logit bias (``worker.logits_processors``), the penalties, then
+min_tokens mask, logit bias (``worker.sample.logits_processors``), the penalties, then
 temperature, min-p, top-k and top-p, then one draw per row.
 
 Every step runs as tensor ops over the whole batch (N, V); the only Python loops are

@@ -15,11 +15,11 @@ from safetensors.torch import load_file, save_file
 from protocol.worker_messages import RequestRow, StepPlan, TierCopies
 from worker.__main__ import config_from_args
 from worker.attention.kv_quant import KVScales
-from worker.checkpoint import Checkpoint, CheckpointError
-from worker.kv_cache import allocate_host_kv_caches
+from worker.kv.kv_cache import allocate_host_kv_caches
+from worker.load.checkpoint import Checkpoint, CheckpointError
+from worker.load.serving_model import load_serving_model
 from worker.models.kv_scales import read_kv_scales
 from worker.runner import ModelRunner
-from worker.serving_model import load_serving_model
 from worker.startup import allocate_worker_kv_caches
 
 

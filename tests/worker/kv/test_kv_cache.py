@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from worker.__main__ import config_from_args
-from worker.kv_cache import (
+from worker.kv.kv_cache import (
     allocate_host_kv_caches,
     allocate_kv_caches,
     cuda_kv_budget,
