@@ -40,7 +40,8 @@ from worker.metrics import WorkerMetrics
 from worker.models.config import DTYPES, ModelConfigError
 from worker.parallel.distributed import GroupError, TPGroup
 from worker.parallel.rank_group import LocalRanks, rank_device, run_rank, threads_per_rank
-from worker.process import WorkerProcess, WorkerStopping
+from worker.process import WorkerProcess
+from worker.scheduler_link import WorkerStopping
 from worker.transfer.kv_transfer import KVTransfer, open_kv_transfer
 
 log = logging.getLogger("worker")
