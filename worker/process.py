@@ -42,7 +42,7 @@ from worker.cpu.threads import StepThreads, projection_weights, wide_num_threads
 from worker.external.external_io import ExternalIO
 from worker.external.plan_ops import after_step, before_step, hello_fields
 from worker.group_tables import hello_group_windows
-from worker.kv.kv_cache import first_blocks
+from worker.kv.kv_cache import block_bytes, dtype_name, first_blocks
 from worker.load.serving_model import ServingModel
 from worker.metrics import WorkerMetrics
 from worker.plan_check import PlanError
@@ -89,7 +89,7 @@ class WorkerProcess(SchedulerLink):
             metrics.watch_kv_transfer(transfer)
 
     def hello(self) -> WorkerHello:
-        c, s = self.config, self.serving
+        c, s, kv = self.config, self.serving, self.kv_caches[0]
         m = s.config
         return WorkerHello(
             rank=0, world_size=1, num_blocks=self.hello_num_blocks, block_size=c.block_size,
@@ -99,6 +99,8 @@ class WorkerProcess(SchedulerLink):
             max_model_len=s.max_model_len, num_host_blocks=self.hello_num_host_blocks,
             group_windows=hello_group_windows(s.kv_cache_groups) if s.kv_cache_groups else [],
             **hello_fields(self.external), **transfer_ops.hello_fields(self.transfer),
+            kv_cache_dtype=dtype_name(kv.dtype), kv_cache_dtype_size=kv.element_size(), kv_block_bytes=block_bytes(self.kv_caches),
+            dtype=dtype_name(self.model.dtype), dtype_size=self.model.dtype.itemsize,
         )
 
     @property

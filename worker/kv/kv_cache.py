@@ -56,6 +56,18 @@ def dtype_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch's name of ``dtype`` without the module: ``bfloat16``, ``float8_e4m3fn``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def block_bytes(caches: list[torch.Tensor]) -> int:
+    """Bytes of one block, K and V, across the KV tensors of ``caches`` (one entry per
+    layer; a tensor that layers of different groups share is counted once)."""
+    distinct = {id(kv): kv for kv in caches}.values()
+    return sum(kv[:, 0].numel() * kv.element_size() for kv in distinct)  # kv[:, 0]: (2, block_size, kvh, hd)
+
+
 def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     """Bytes one block takes across all layers, K and V (protocol.kv_cache_spec's formula)."""
     return kv_cache_spec.kv_bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype_bytes(dtype))
