@@ -88,7 +88,7 @@ class EngineCore:
             max_model_len=config.max_model_len, custom_buckets=config.custom_histogram_buckets,
             speculative=parse_speculative_config(config.speculative_config),
         )
-        self.model_shape = ModelShape.from_checkpoint(config.model, config.dtype, config.kv_cache_dtype) if config.enable_mfu_metrics else None
+        self.model_shape = ModelShape.from_checkpoint(config.model) if config.enable_mfu_metrics else None
         self.state = EngineState()
         self.worker_side = WorkerSide(self.state, config, workers, self.metrics, self.kv_event_sink, self._publish_kv_events)
         self.worker = self.worker_side.link
@@ -318,7 +318,7 @@ class EngineCore:
         """vLLM's MFU estimates of the step just scheduled (None without --enable-mfu-metrics)."""
         if self.model_shape is None:
             return None
-        return estimate_step(self.model_shape, self.worker.hello.world_size, StepContext.of_step(out))
+        return estimate_step(self.model_shape, self.worker.hello, StepContext.of_step(out))
 
     def _apply_result(self, result: StepResult, nbytes: int, t0: float, perf: tuple[int, int, int] | None) -> _Done | None:
         """The step's result into the scheduler; None (the worker lost) if it is not believable."""
