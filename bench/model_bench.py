@@ -35,8 +35,8 @@ from safetensors.torch import save_file
 from bench.table import Row
 from protocol.worker_messages import RequestRow, StepPlan
 from worker.attention.cascade import DEFAULT_CASCADE_MIN_TOKENS
-from worker.checkpoint import Checkpoint
-from worker.kv_cache import allocate_kv_caches
+from worker.kv.kv_cache import allocate_kv_caches
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
 from worker.runner import ModelRunner
 from worker.tiny.generate import CONFIG, random_weights, write_tiny_checkpoint

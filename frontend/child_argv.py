@@ -113,7 +113,7 @@ def worker_argv(a, worker_port: int, worker_http: int) -> list[str]:
         if value is not None:
             worker += [flag, str(value)]
     # NOTE: the launcher builds the argv: the worker's parent, whose CPU use and other
-    # children's (scheduler, frontend) are not a neighbour's (worker/host_load.py).
+    # children's (scheduler, frontend) are not a neighbour's (worker/cpu/host_load.py).
     worker += ["--serve-pid", str(os.getpid())]
     return worker + passed_flags(a, "worker") + a.worker_args
 

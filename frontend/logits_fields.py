@@ -2,7 +2,7 @@
 takes them: token-level, checked with vLLM 0.32's words (``SamplingParams.from_optional``,
 ``_verify_args``, ``update_from_tokenizer`` and ``verify``'s vocabulary checks).
 
-The worker applies them (``worker.logits_processors``); the scheduler checks them again
+The worker applies them (``worker.sample.logits_processors``); the scheduler checks them again
 for every client (``protocol.sampling_params.check_token_ids_in_vocab``).
 """
 

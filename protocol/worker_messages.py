@@ -135,6 +135,17 @@ class WorkerHello(msgspec.Struct, **_OPTS, tag=2):
     # external tier's digest: a reader of another model or layout is refused).
     kv_transfer_address: str = ""
     kv_transfer_identity: str = ""
+    # The KV cache as the worker allocated it: the torch dtype its tensors hold ("bfloat16";
+    # "float8_e4m3fn" for --kv-cache-dtype fp8) and that element's bytes, and the bytes of one
+    # block: K and V across every KV tensor of this rank (a tensor that layers of different
+    # KV-cache groups share counted once). Read from the tensors, so the scheduler and the
+    # launcher take them from here rather than derive them again ("" / 0: not reported).
+    kv_cache_dtype: str = ""
+    kv_cache_dtype_size: int = 0
+    kv_block_bytes: int = 0
+    # The weights' and activations' torch dtype ("bfloat16") and its element's bytes.
+    dtype: str = ""
+    dtype_size: int = 0
 
 
 class WorkerReady(msgspec.Struct, **_OPTS, tag=3):

@@ -58,6 +58,11 @@ REQUIRED = [
     "scheduler/sched",
     "scheduler/engine",
     "worker",
+    # The worker's rooms beside models/, attention/, parallel/: the KV memory, sampling, the CPU host, the served checkpoint.
+    "worker/kv",
+    "worker/sample",
+    "worker/cpu",
+    "worker/load",
     "deploy",
     "tests",
     "loadgen",

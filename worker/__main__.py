@@ -19,10 +19,10 @@ from protocol.curve import CurveKeyError, load_keypair
 from protocol.kv_cache_spec import KV_CACHE_DTYPES
 from protocol.kv_transfer_config import KVTransferConfig, parse_kv_transfer_config
 from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
-from worker.kv_cache import parse_size
+from worker.kv.kv_cache import parse_size
 from worker.models.config import DTYPES
 from worker.parallel.distributed import parse_init_method
-from worker.sampling_state import check_global_seed
+from worker.sample.sampling_state import check_global_seed
 from worker.startup import run
 
 
@@ -193,7 +193,7 @@ def _add_parallel_and_cpu_flags(p: argparse.ArgumentParser, d: WorkerConfig) -> 
                    help="on CPU, run a step of at least N tokens on every core, the one left to the scheduler and frontend "
                         "included; not with OMP_NUM_THREADS or tensor parallelism (default: from the model's size, "
                         "128 for a 3M-parameter model, 1 from 32M; 0: never); only while no other process keeps a core "
-                        "busy (worker/host_load.py) and no other kvpool worker runs on the host")
+                        "busy (worker/cpu/host_load.py) and no other kvpool worker runs on the host")
     p.add_argument("--serve-pid", type=int, default=None, metavar="PID",
                    help="the kvpool serve that started this worker (it passes its pid): its CPU use and its other "
                         "children's are the serve's own, not a neighbour's (default: none)")

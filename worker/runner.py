@@ -5,7 +5,7 @@ For each live request the runner keeps its tokens (from its RequestRow plus what
 sampled) and how many of them have K/V in the cache. Scheduled tokens of a row are
 ``token_ids[computed : computed + n]`` at those positions; after the step
 ``computed += n``, and a row whose computed tokens reach its token count samples one
-token with its SamplingParams (``worker.sampling_state``; a row still mid-prefill
+token with its SamplingParams (``worker.sample.sampling_state``; a row still mid-prefill
 samples nothing).
 
 Speculative decoding: a row the plan gives drafts (``spec_token_ids``) runs its last token
@@ -37,17 +37,17 @@ from protocol.worker_messages import RequestRow, StepPlan
 from worker.attention.kv_quant import KVScales
 from worker.attention.paged_attention import DEFAULT_WORKSPACE_BYTES, PagedAttention
 from worker.block_table import BlockTable
-from worker.grammar_bitmask import GrammarRows
-from worker.grammar_compiler import GrammarCompiler
+from worker.cpu.threads import StepThreads
 from worker.group_tables import GroupTables, hello_group_windows, needs_group_tables
+from worker.kv.tier_copies import TierCopier
 from worker.models.decoder import DecoderModel
 from worker.plan_check import Limits, RowView, check_plan
 from worker.plan_check_groups import check_groups
-from worker.prompt_logprobs import PromptChunk, PromptLogprobsState
-from worker.sampling_state import RowLogprobs, SamplingState
+from worker.sample.grammar_bitmask import GrammarRows
+from worker.sample.grammar_compiler import GrammarCompiler
+from worker.sample.prompt_logprobs import PromptChunk, PromptLogprobsState
+from worker.sample.sampling_state import RowLogprobs, SamplingState
 from worker.step_inputs import StepInputs
-from worker.threads import StepThreads
-from worker.tier_copies import TierCopier
 
 
 @dataclass(slots=True)

@@ -285,7 +285,7 @@ def _check_mfu_flags(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--enable-mfu-metrics needs --model DIR (the checkpoint the worker serves)")
     if a.enable_mfu_metrics:
         try:
-            ModelShape.from_checkpoint(a.model, a.dtype, a.kv_cache_dtype)
+            ModelShape.from_checkpoint(a.model)
         except ValueError as e:
             p.error(str(e))
 

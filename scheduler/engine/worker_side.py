@@ -203,6 +203,7 @@ class WorkerSide:
         state = self.state
         if state.kv is None:
             self._build_pool(self.link.hello, self.link.num_blocks)
+        self.metrics.kv_block_bytes.set(self.link.hello.kv_block_bytes)
         if state.kv.external is not None:
             hello = self.link.hello
             state.kv.external.attach(hello.external_identity, hello.external_keys)

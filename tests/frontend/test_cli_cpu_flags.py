@@ -1,7 +1,7 @@
 """kvpool serve's CPU knobs for the worker (kvpool's own flags, not vLLM's): given, each
 reaches the worker under its own name; not given, the worker keeps its defaults; out of
 range, serve refuses before starting anything. The worker always learns the launcher's
-pid, whose children are the serve's own processes (worker/host_load.py)."""
+pid, whose children are the serve's own processes (worker/cpu/host_load.py)."""
 
 from __future__ import annotations
 

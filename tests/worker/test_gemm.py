@@ -11,8 +11,8 @@ import torch
 
 import worker.models.gemm as gemm
 from protocol.worker_messages import RequestRow, StepPlan
-from worker.checkpoint import Checkpoint
-from worker.kv_cache import allocate_kv_caches
+from worker.kv.kv_cache import allocate_kv_caches
+from worker.load.checkpoint import Checkpoint
 from worker.models import packed_gemm
 from worker.models.layers import Linear, make_linear
 from worker.models.loader import load_model

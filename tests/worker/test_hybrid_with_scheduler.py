@@ -16,8 +16,8 @@ from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
-from worker.checkpoint import Checkpoint
-from worker.kv_cache import allocate_kv_caches, layer_kv_caches
+from worker.kv.kv_cache import allocate_kv_caches, layer_kv_caches
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
 from worker.runner import ModelRunner
 
@@ -84,8 +84,8 @@ def gemma3_worker(d, num_blocks: int):
     config.json, shared tensors, hello), ready with ``num_blocks``; and its hello's windows."""
     from protocol.worker_messages import WorkerReady
     from worker.config import WorkerConfig
+    from worker.load.serving_model import load_serving_model
     from worker.process import WorkerProcess
-    from worker.serving_model import load_serving_model
     from worker.startup import allocate_worker_kv_caches
 
     serving = load_serving_model(str(d), "float32", "cpu", MAX_LEN, block_size=BS)

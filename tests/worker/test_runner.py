@@ -10,12 +10,12 @@ import torch
 from kvtest.hf_models import reference_generate
 
 from protocol.worker_messages import AppendedBlocks, RequestRow, StepPlan
-from worker.checkpoint import Checkpoint
-from worker.kv_cache import allocate_kv_caches
+from worker.cpu.threads import StepThreads
+from worker.kv.kv_cache import allocate_kv_caches
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
 from worker.plan_check import PlanError
 from worker.runner import ModelRunner
-from worker.threads import StepThreads
 
 VOCAB_SIZE = 512  # the tiny default checkpoint's
 BS, NUM_BLOCKS, MAX_SEQS, MAX_LEN = 4, 32, 3, 32  # max_blocks_per_seq = 8

@@ -24,8 +24,8 @@ from protocol.worker_messages import (
     RequestRow,
     StepPlan,
 )
-from worker.checkpoint import Checkpoint
-from worker.kv_cache import allocate_kv_caches, layer_kv_caches
+from worker.kv.kv_cache import allocate_kv_caches, layer_kv_caches
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
 from worker.plan_check import PlanError
 from worker.runner import ModelRunner

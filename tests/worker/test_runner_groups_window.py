@@ -18,8 +18,8 @@ from protocol.worker_messages import (
     NulledBlocks,
     RequestRow,
 )
-from worker.checkpoint import Checkpoint
-from worker.kv_cache import allocate_kv_caches, layer_kv_caches
+from worker.kv.kv_cache import allocate_kv_caches, layer_kv_caches
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
 from worker.runner import ModelRunner
 

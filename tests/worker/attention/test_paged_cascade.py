@@ -17,8 +17,8 @@ from kvtest.mini_scheduler import MiniScheduler
 
 from worker.attention.paged_attention import PagedAttention
 from worker.block_table import BlockTable
-from worker.checkpoint import Checkpoint
-from worker.kv_cache import allocate_kv_caches
+from worker.kv.kv_cache import allocate_kv_caches
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
 from worker.runner import ModelRunner
 
