@@ -40,7 +40,7 @@ BEFORE_S, AFTER_S = 4.0, 8.0
 
 
 def free_port() -> int:
-    from frontend.launcher import free_ports
+    from frontend.serve.launcher import free_ports
 
     return free_ports(1)[0]
 

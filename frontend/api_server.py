@@ -32,7 +32,7 @@ from frontend.error_middleware import error_middleware
 from frontend.errors import bad_request, unavailable
 from frontend.listen import listen_address, remove_socket, site, socket_inode
 from frontend.metrics import FrontendMetrics, family_names
-from frontend.model_dir import model_vocab_size
+from frontend.serve.model_dir import model_vocab_size
 from frontend.openapi import docs_routes
 from frontend.ops_routes import ops_routes
 from frontend.output_log import OutputLog

@@ -63,6 +63,7 @@ REQUIRED = [
     "loadgen",
     "simulator",
     "frontend",
+    "frontend/serve",
     "bench",
     ".ci/run",
     "docs/architecture.md",

@@ -1,0 +1,111 @@
+"""``vllm serve``'s ModelConfig, LoadConfig, AttentionConfig, MambaConfig and
+StructuredOutputsConfig groups: the model, its weights and how it runs."""
+
+from __future__ import annotations
+
+import argparse
+
+from frontend.serve.flags import reasons as why
+from frontend.serve.flags.rules import (
+    BOOL,
+    MANY,
+    ONE,
+    OPTIONAL,
+    Group,
+    handled,
+    passed,
+    refused,
+    same,
+)
+from frontend.serve.flags.values import DTYPES, human_readable_int_or_auto, seed
+
+_MODEL = [
+    refused("--allow-deprecated-quantization", BOOL, why.QUANTIZATION, accepts=(False,)),
+    refused("--allowed-local-media-path", ONE, why.MULTIMODAL),
+    refused("--allowed-media-domains", MANY, why.MULTIMODAL),
+    refused("--code-revision", ONE, why.LOCAL),
+    refused("--config-format", ONE, "kvpool reads a Hugging Face config.json", accepts=("auto", "hf")),
+    refused("--convert", ONE, why.POOLING, accepts=("auto", "none")),
+    refused("--disable-cascade-attn", BOOL, "kvpool never uses cascade attention", accepts=(True,)),
+    handled("--disable-sliding-window", BOOL, "launcher and worker: as vLLM, every layer attends to the whole context "
+            "and --max-model-len is capped at the model's window",
+            action=argparse.BooleanOptionalAction, default=False,
+            help="every layer full attention, --max-model-len capped at the model's sliding window, as vLLM (default: off; "
+                 "a sliding-window model is served past its window, its layers attending within it)"),
+    handled("--dtype", ONE, "worker (half as float16, float as float32)", default="auto", choices=list(DTYPES),
+            help="weights' and KV cache's dtype; auto: the checkpoint's torch_dtype (default %(default)s)"),
+    refused("--enable-cumem-allocator", BOOL, why.SLEEP, accepts=(False,)),
+    refused("--enable-nccl-comm-suspend", BOOL, why.SLEEP, accepts=(False,)),
+    refused("--enable-prompt-embeds", BOOL, why.NOT_YET, accepts=(False,)),
+    refused("--enable-return-routed-experts", BOOL, why.EXPERTS, accepts=(False,)),
+    refused("--enable-sleep-mode", BOOL, why.SLEEP, accepts=(False,)),
+    refused("--enable-trace-replay", BOOL, why.NOT_YET, accepts=(False,)),
+    refused("--enforce-eager", BOOL, why.GRAPHS, accepts=(True,)),
+    handled("--generation-config", ONE, "frontend", default="auto",
+            help='"auto" (the model\'s generation_config.json), "vllm" (none) or a folder (default %(default)s)'),
+    refused("--hf-config-path", ONE, why.LOCAL),
+    refused("--hf-overrides", ONE, "overriding the checkpoint's config.json is not supported", accepts=("{}",)),
+    same("--hf-token", OPTIONAL, "kvpool serves a local folder, which vLLM reads without the token too"),
+    refused("--io-processor-plugin", ONE, why.POOLING),
+    refused("--logits-processors", MANY, "custom logits processors are not supported"),
+    refused("--logprobs-mode", ONE, "kvpool's logprobs are the raw model's (vLLM's default raw_logprobs)", accepts=("raw_logprobs",)),
+    passed("--max-logprobs", ONE, "frontend"),
+    handled("--max-model-len", ONE, "scheduler, worker and frontend (not given, or -1/auto: the model's, at most 4096, where vLLM takes it whole)",
+            type=human_readable_int_or_auto, default=None,
+            help="longest prompt + output, in tokens: 4096, 4k, 4K; -1 or auto: the model's (here at most 4096)"),
+    handled("--model", ONE, "launcher (as the positional MODEL)", default=None, dest="model_flag", metavar="MODEL",
+            help="the checkpoint folder, as the positional MODEL (which wins if both are given)"),
+    refused("--model-class-overrides", ONE, "kvpool's worker has its own model classes", accepts=("{}",)),
+    refused("--model-impl", ONE, "kvpool's worker has its own model implementation", accepts=("auto",)),
+    passed("--override-generation-config", ONE, "frontend"),
+    refused("--pooler-config", ONE, why.POOLING),
+    refused("--quantization -q", ONE, why.QUANTIZATION, accepts=("None",)),
+    refused("--quantization-config", ONE, why.QUANTIZATION),
+    refused("--renderer-num-workers", ONE, "kvpool's frontend renders prompts in its one process", accepts=("1",)),
+    refused("--return-sampling-mask", BOOL, why.NOT_YET, accepts=(False,)),
+    refused("--revision", ONE, why.LOCAL),
+    refused("--runner", ONE, why.POOLING, accepts=("auto", "generate")),
+    handled("--seed", ONE, "worker", type=seed, default=0,
+            help="global sampling seed of requests without their own (default %(default)s, as vLLM v1)"),
+    handled("--served-model-name", MANY, "scheduler and frontend", default=None, nargs="+",
+            why_not="kvpool serves one model name", help="the model's name in the API (default: MODEL as given); one name"),
+    refused("--skip-tokenizer-init", BOOL, why.NOT_YET, accepts=(False,)),
+    refused("--sleep-mode-offload-cudagraph", BOOL, why.SLEEP, accepts=(False,)),
+    refused("--sleep-preserve-parameter-names", MANY, why.SLEEP),
+    handled("--tokenizer", ONE, "launcher: MODEL's own folder, or any tokenizer folder for a GGUF MODEL", default=None,
+            why_not="a tokenizer from another folder is not supported yet (kvpool reads MODEL's tokenizer.json)",
+            help="accepted when it names MODEL's folder (kvpool reads MODEL's tokenizer); for a GGUF MODEL, the tokenizer "
+                 "folder to use instead of the file's own"),
+    refused("--tokenizer-mode", ONE, "kvpool's frontend loads transformers' AutoTokenizer, as vLLM's hf mode", accepts=("auto", "hf")),
+    refused("--tokenizer-revision", ONE, why.LOCAL),
+    same("--trust-remote-code", BOOL, "kvpool never runs code from a checkpoint; a model that needs its own code fails at load either way"),
+    refused("--use-fp64-gumbel", BOOL, why.NOT_YET, accepts=(False,)),
+]
+
+_LOAD = [
+    same("--download-dir", ONE, "kvpool serves a local folder, for which vLLM downloads nothing either"),
+    refused("--ignore-patterns", MANY, why.LOADER),
+    refused("--load-format", ONE, why.LOADER, accepts=("auto", "safetensors")),
+    refused("--model-loader-extra-config", ONE, why.LOADER, accepts=("{}",)),
+    same("--pt-load-map-location", ONE, "kvpool loads safetensors only, never a pickled .pt, so there is nothing to map"),
+    refused("--safetensors-load-strategy", ONE, why.LOADER),
+    refused("--safetensors-prefetch-block-size", ONE, why.LOADER),
+    refused("--safetensors-prefetch-num-threads", ONE, why.LOADER),
+    refused("--use-tqdm-on-load", BOOL, "kvpool shows no progress bar while loading", accepts=(False,)),
+]
+
+GROUPS = [
+    Group("ModelConfig", "Configuration for the model.", _MODEL),
+    Group("LoadConfig", "Configuration for loading the model weights.", _LOAD),
+    Group("AttentionConfig", "Configuration for attention mechanisms in vLLM.", [refused("--attention-backend", ONE, why.KERNELS)]),
+    Group("MambaConfig", "Configuration for Mamba SSM backends.", [
+        refused("--enable-mamba-cache-stochastic-rounding", BOOL, why.MAMBA, accepts=(False,)),
+        refused("--mamba-backend", ONE, why.MAMBA),
+        refused("--mamba-cache-philox-rounds", ONE, why.MAMBA, accepts=("0",)),
+        refused("--mamba-ssu-algorithm", ONE, why.MAMBA),
+    ]),
+    Group("StructuredOutputsConfig", "Dataclass which contains structured outputs config for the engine.", [
+        refused("--reasoning-parser", ONE, why.REASONING),
+        refused("--reasoning-parser-plugin", ONE, why.REASONING),
+    ]),
+]
