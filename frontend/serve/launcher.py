@@ -28,7 +28,6 @@ Each child's argv comes from ``frontend/serve/child_argv.py``; the flags, from
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import signal
 import socket
@@ -39,13 +38,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from frontend.serve import child_argv
 from frontend.listen import bind_listener, remove_unix_socket
+from frontend.serve import child_argv
+from frontend.serve.config import ServeConfig
 from frontend.serve.model_dir import checkpoint_problem
 from frontend.serve.ready_probe import FrontendProbe, requires_client_certificates
 from frontend.serve.restart_policy import RestartPolicy
-from protocol import kv_cache_spec
-from protocol.layer_windows import layer_windows
 
 PR_SET_PDEATHSIG = 1
 # NOTE: what the kernel queues while no frontend accepts (a restart: 40 requests/s for a
@@ -74,34 +72,6 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass
-
-
-def kv_bytes_per_block(model_dir: Path, block_size: int, dtype: str, tensor_parallel_size: int = 1, kv_cache_dtype: str = "auto",
-                       disable_hybrid: bool = False, disable_sliding_window: bool = False) -> int | None:
-    """K and V of one block across the model's KV tensors, from config.json (None if
-    unknown): every layer, or for a hybrid model ``num_kv_tensors`` of its KV-cache
-    groups (the worker's sizing; ``disable_hybrid`` and ``disable_sliding_window`` are
-    vLLM's flags). Under tensor parallelism what each rank holds (its KV heads, one when
-    they are replicated). An fp8 ``kv_cache_dtype`` stores one byte an element whatever
-    ``dtype`` is."""
-    try:
-        c = json.loads((model_dir / "config.json").read_text())
-        head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-        kv_heads = c.get("num_key_value_heads") or c["num_attention_heads"]
-        name = c.get("torch_dtype") or c.get("dtype") or "float32" if dtype == "auto" else dtype
-        size = kv_cache_spec.kv_cache_element_size(kv_cache_dtype, {"float32": 4, "float16": 2, "bfloat16": 2, "half": 2, "float": 4}.get(str(name), 2))
-        kv_heads = max(1, kv_heads // tensor_parallel_size)
-        num_tensors = num_kv_tensors(c, disable_hybrid, disable_sliding_window)
-        return kv_cache_spec.kv_bytes_per_block(num_tensors, block_size, kv_heads, head_dim, size)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def num_kv_tensors(c: dict, disable_hybrid: bool = False, disable_sliding_window: bool = False) -> int:
-    """The KV tensors a worker allocates for the model of config.json ``c``: its layers'
-    windows grouped as the worker groups them (protocol.kv_cache_spec)."""
-    windows = [0] * c["num_hidden_layers"] if disable_sliding_window else layer_windows(c)
-    return kv_cache_spec.num_kv_tensors(kv_cache_spec.kv_cache_groups(windows, disable_hybrid))
 
 
 def scrape_gauge(url: str, name: str) -> float | None:
@@ -157,36 +127,36 @@ class Child:
 
 
 class Launcher:
-    def __init__(self, args, log=print):
-        self.args = args
+    def __init__(self, config: ServeConfig, log=print):
+        self.config = config
         self.log = log
         self.children: dict[str, Child] = {}
         self.stopping = False
-        self.restarts = {name: RestartPolicy(getattr(args, f"{name}_restarts", 5), name=name) for name in CHILDREN}
+        self.restarts = {name: RestartPolicy(getattr(config, f"{name}_restarts"), name=name) for name in CHILDREN}
         # The children waiting out their back-off: when each starts again.
         self.restart_at: dict[str, float] = {}
         self.listener: socket.socket | None = None
         self.uds_inode: int | None = None
 
     def build(self) -> None:
-        a = self.args
+        c = self.config
         client_port, worker_port, sched_http, worker_http = free_ports(4)
-        if a.worker_http_port is not None:
-            worker_http = a.worker_http_port
+        if c.worker_http_port is not None:
+            worker_http = c.worker_http_port
         self.scheduler_http = f"http://127.0.0.1:{sched_http}"
-        tls = bool(getattr(a, "ssl_certfile", None))
-        self.url = f"{'https' if tls else 'http'}://{a.host}:{a.port}"
+        tls = bool(c.given.get("ssl_certfile"))
+        self.url = f"{'https' if tls else 'http'}://{c.host}:{c.port}"
         # NOTE: with --uds the frontend listens on that socket, not on --host/--port (both ignored, as vLLM).
-        self.uds = getattr(a, "uds", None) or None
-        cert_required = requires_client_certificates(getattr(a, "ssl_cert_reqs", None))
-        self.probe = FrontendProbe(a.host, a.port, self.uds, tls, cert_required, self.scheduler_http)
-        logs = Path(a.log_dir) if a.log_dir else None
+        self.uds = c.given.get("uds") or None
+        cert_required = requires_client_certificates(c.given.get("ssl_cert_reqs"))
+        self.probe = FrontendProbe(c.host, c.port, self.uds, tls, cert_required, self.scheduler_http)
+        logs = Path(c.log_dir) if c.log_dir else None
         if logs is not None:
             logs.mkdir(parents=True, exist_ok=True)
         argvs = {
-            "scheduler": child_argv.scheduler_argv(a, client_port, worker_port, sched_http),
-            "worker": child_argv.worker_argv(a, worker_port, worker_http),
-            "frontend": child_argv.frontend_argv(a, client_port, self.scheduler_http),
+            "scheduler": child_argv.scheduler_argv(c, client_port, worker_port, sched_http),
+            "worker": child_argv.worker_argv(c, worker_port, worker_http),
+            "frontend": child_argv.frontend_argv(c, client_port, self.scheduler_http),
         }
         for name, argv in argvs.items():
             self.children[name] = Child(name, argv, logs / f"{name}.log" if logs else None)
@@ -195,8 +165,8 @@ class Launcher:
         """Bind the API's socket here and hand it to the frontend (``--listen-fd``), so that
         connections made while a frontend restarts wait in the backlog for the next one
         instead of being refused."""
-        a, frontend = self.args, self.children["frontend"]
-        self.listener = bind_listener(a.host, a.port, self.uds, LISTEN_BACKLOG)
+        c, frontend = self.config, self.children["frontend"]
+        self.listener = bind_listener(c.host, c.port, self.uds, LISTEN_BACKLOG)
         self.uds_inode = os.stat(self.uds).st_ino if self.uds is not None else None
         frontend.argv = [*frontend.argv, "--listen-fd", str(self.listener.fileno())]
         frontend.pass_fds = (self.listener.fileno(),)
@@ -227,7 +197,7 @@ class Launcher:
         return next((n for n in CHILDREN if not self.children[n].alive()), None)
 
     def _wait_ready(self) -> int | None:
-        deadline = time.monotonic() + self.args.ready_timeout
+        deadline = time.monotonic() + self.config.ready_timeout
         while not self.stopping:
             dead = self._dead()
             if dead is not None:
@@ -239,24 +209,26 @@ class Launcher:
                 self._print_ready()
                 return None
             if time.monotonic() > deadline:
-                self.log(f"kvpool serve: not ready within {self.args.ready_timeout:g} s")
+                self.log(f"kvpool serve: not ready within {self.config.ready_timeout:g} s")
                 return 1
             time.sleep(POLL_S)
         return 0
 
     def _print_ready(self) -> None:
-        blocks = scrape_gauge(self.scheduler_http + "/metrics", "kvpool_num_gpu_blocks")
-        a = self.args
+        # NOTE: the sizes are the scheduler's, as its worker reported them (WorkerHello);
+        # a scheduler that does not export the block's bytes gets no size printed.
+        metrics = self.scheduler_http + "/metrics"
+        blocks = scrape_gauge(metrics, "kvpool_num_gpu_blocks")
+        c = self.config
         pool = "KV cache: unknown"
         if blocks is not None:
-            tp = getattr(a, "tensor_parallel_size", 1)
-            per_block = kv_bytes_per_block(a.model_dir, a.block_size, a.dtype, tp, getattr(a, "kv_cache_dtype", None) or "auto",
-                                           getattr(a, "disable_hybrid_kv_cache_manager", False), a.disable_sliding_window)
+            per_block = scrape_gauge(metrics, "kvpool_kv_block_bytes")
+            tp = c.tensor_parallel_size
             size = f", {human_bytes(blocks * per_block)}" if per_block else ""
             size += f" on each of {tp} ranks" if size and tp > 1 else ""
-            pool = f"KV cache: {int(blocks)} blocks × {a.block_size} tokens{size}"
+            pool = f"KV cache: {int(blocks)} blocks × {c.block_size} tokens{size}"
         where = f"unix:{self.uds} /v1" if self.uds is not None else f"{self.url}/v1"
-        print(f"kvpool serve: {a.served_model_name} ready at {where} ({pool})", flush=True)
+        print(f"kvpool serve: {c.served_model_name} ready at {where} ({pool})", flush=True)
 
     def _supervise(self) -> int:
         """Restart whichever child exits, after its back-off, until one gives up (1) or a
@@ -291,14 +263,14 @@ class Launcher:
         signalled = [c for c in order if c.alive()]
         for c in signalled:
             c.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.args.stop_timeout
+        deadline = time.monotonic() + self.config.stop_timeout
         for c in order:
             if c.proc is None:
                 continue
             try:
                 c.proc.wait(max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
-                self.log(f"kvpool serve: the {c.name} ignored SIGTERM for {self.args.stop_timeout:g} s; killing it")
+                self.log(f"kvpool serve: the {c.name} ignored SIGTERM for {self.config.stop_timeout:g} s; killing it")
                 c.proc.kill()
                 c.proc.wait()
             else:
@@ -311,8 +283,8 @@ class Launcher:
             remove_unix_socket(self.uds, self.uds_inode)
 
 
-def main_serve(args) -> int:
-    if (problem := checkpoint_problem(args.model, Path(args.model_dir))) is not None:
+def main_serve(config: ServeConfig) -> int:
+    if (problem := checkpoint_problem(config.model, config.model_dir)) is not None:
         print(f"kvpool serve: {problem}", file=sys.stderr)
         return 2
-    return Launcher(args, log=lambda *a, **k: print(*a, file=sys.stderr, **k)).run()
+    return Launcher(config, log=lambda *a, **k: print(*a, file=sys.stderr, **k)).run()

@@ -13,12 +13,18 @@ from pathlib import Path
 _NEEDS = "a checkpoint folder needs config.json, *.safetensors and tokenizer.json"
 
 
+def config_json(model_dir: Path) -> object:
+    """The checkpoint's config.json, parsed: the one place kvpool serve reads it. Raises
+    OSError (no file, unreadable) or ValueError (not JSON)."""
+    return json.loads((Path(model_dir) / "config.json").read_text())
+
+
 def checkpoint_problem(model: str, model_dir: Path) -> str | None:
     """What makes ``model_dir`` unservable, in one line naming ``model`` as given, or None."""
     if not model_dir.is_dir():
         return f"{model} is not a checkpoint folder"
     try:
-        config = json.loads((model_dir / "config.json").read_text())
+        config = config_json(model_dir)
     except FileNotFoundError:
         return f"{model}: no config.json ({_NEEDS})"
     except (OSError, ValueError) as e:
@@ -37,7 +43,7 @@ def model_vocab_size(model_dir: str | Path) -> int | None:
     """The model's vocabulary size from config.json (vLLM's ``get_vocab_size``: the text
     config's), the width of its logits; None when the file does not say."""
     try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
+        config = config_json(Path(model_dir))
     except (OSError, ValueError):
         return None
     if not isinstance(config, dict):

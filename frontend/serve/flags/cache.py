@@ -3,52 +3,39 @@ and the host-memory tier."""
 
 from __future__ import annotations
 
-import argparse
-
 from frontend.serve.flags import reasons as why
-from frontend.serve.flags.rules import BOOL, MANY, ONE, Group, handled, passed, refused
+from frontend.serve.flags.rules import BOOL, MANY, ONE, Group, declared, handled, passed, refused
 from frontend.serve.flags.values import human_readable_int
-from protocol.kv_cache_spec import DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPES
+from protocol.serve_flags.cache import (
+    BLOCK_SIZE,
+    ENABLE_PREFIX_CACHING,
+    GPU_MEMORY_UTILIZATION,
+    KV_CACHE_DTYPE,
+    KV_OFFLOADING_BACKEND,
+    KV_OFFLOADING_SIZE,
+    NUM_GPU_BLOCKS_OVERRIDE,
+)
 
 # --prefix-caching-hash-algo: kvpool's own hashes over packed tokens (the default), then
 # vLLM's four, each exactly as vLLM 0.32 (scheduler/core/vllm_hashing.py).
 HASH_ALGOS = ("kvpool_sha256", "kvpool_xxhash", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
-# vLLM 0.32's CacheDType: argparse's choices, as vLLM's; kvpool accepts KV_CACHE_DTYPES of them.
-VLLM_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
-                     "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit",
-                     "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6")
-
 _CACHE = [
-    handled("--block-size", ONE, "scheduler and worker", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV block (default %(default)s)"),
+    declared(BLOCK_SIZE, ONE, "scheduler and worker"),
     refused("--enable-mamba-shared-prefix-checkpoint", BOOL, why.MAMBA, accepts=(False,)),
-    handled("--enable-prefix-caching", BOOL, "scheduler", action=argparse.BooleanOptionalAction, default=True,
-            help="reuse the KV blocks of a cached prefix (default: on, as vLLM)"),
-    handled("--gpu-memory-utilization --device-memory-utilization", ONE, "worker, on CUDA (default 0.9, the worker's; vLLM 0.32's is 0.92)",
-            type=float, default=0.9,
-            help="on CUDA without a KV size: the share of device memory the worker may use (default %(default)s; vLLM's 0.92)"),
-    handled("--kv-cache-dtype", ONE, "worker and scheduler: the KV tensors' dtype", default="auto", choices=VLLM_CACHE_DTYPES,
-            accepts=KV_CACHE_DTYPES, why_not=why.KV_DTYPE,
-            help="auto: the model's dtype (--dtype); fp8 (= fp8_e4m3) or fp8_e5m2: one byte per element, twice the blocks, "
-                 "per-tensor scales as vLLM's (default %(default)s)"),
+    declared(ENABLE_PREFIX_CACHING, BOOL, "scheduler"),
+    declared(GPU_MEMORY_UTILIZATION, ONE, "worker, on CUDA (default 0.9, the worker's; vLLM 0.32's is 0.92)"),
+    declared(KV_CACHE_DTYPE, ONE, "worker and scheduler: the KV tensors' dtype"),
     refused("--kv-cache-dtype-skip-layers", MANY, "one KV cache dtype for every layer: keeping some layers out of the fp8 cache is not supported yet"),
     handled("--kv-cache-memory-bytes", ONE, "worker (its --kv-cache-memory)", type=human_readable_int, default=None, metavar="BYTES",
             help="the KV cache's size in bytes (4G, 8000M...), instead of --gpu-memory-utilization's share"),
-    handled("--kv-offloading-backend", ONE, "scheduler and worker: native (the host tier), disk or mooncake (an external tier below it)",
-            default=None, accepts=(None, "native", "disk", "mooncake"),
-            why_not="LMCache is not supported; kvpool's tiers are its host tier (native) and its disk or mooncake tiers",
-            help="native: the host tier (with --kv-offloading-size); disk (--kv-offloading-path, --kv-offloading-disk-size) or "
-                 "mooncake (--mooncake-master, --mooncake-metadata): also a tier every computed block is saved to and "
-                 "loaded back from, kept across restarts and (mooncake) shared by replicas"),
-    handled("--kv-offloading-size", ONE, "scheduler and worker", type=float, default=0.0, metavar="GIB",
-            help="GiB of host memory for evicted KV blocks, loaded back on a prefix hit (default: off)"),
+    declared(KV_OFFLOADING_BACKEND, ONE, "scheduler and worker: native (the host tier), disk or mooncake (an external tier below it)"),
+    declared(KV_OFFLOADING_SIZE, ONE, "scheduler and worker"),
     refused("--kv-sharing-fast-prefill", BOOL, why.NOT_YET, accepts=(False,)),
     refused("--mamba-block-size", ONE, why.MAMBA),
     refused("--mamba-cache-dtype", ONE, why.MAMBA, accepts=("auto",)),
     refused("--mamba-cache-mode", ONE, why.MAMBA, accepts=("none",)),
     refused("--mamba-ssm-cache-dtype", ONE, why.MAMBA, accepts=("auto",)),
-    handled("--num-gpu-blocks-override", ONE, "scheduler and worker: the worker allocates exactly N blocks", type=int, default=None,
-            metavar="N", help="a KV cache of exactly N blocks, whatever --kv-cache-memory holds, as vLLM; refused when the "
-                              "device cannot hold them"),
+    declared(NUM_GPU_BLOCKS_OVERRIDE, ONE, "scheduler and worker: the worker allocates exactly N blocks"),
     refused("--prefix-cache-retention-interval", ONE, why.NOT_YET, accepts=("0",)),
     handled("--prefix-caching-hash-algo", ONE, "scheduler", default=None, choices=HASH_ALGOS,
             help="the prefix cache's block hash: kvpool_sha256 (default) or kvpool_xxhash, kvpool's own over packed "

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from frontend.serve.flags import reasons as why
-from frontend.serve.flags.rules import ONE, Group, handled, refused
+from frontend.serve.flags.rules import ONE, Group, declared, handled, refused
+from protocol.serve_flags.engine import KV_TRANSFER_CONFIG, SPECULATIVE_CONFIG
 
 _RULES = [
     refused("--additional-config", ONE, "platform-specific configs are not supported", accepts=("{}",)),
@@ -18,11 +19,8 @@ _RULES = [
     handled("--kv-events-config", ONE, "scheduler: its KV events publisher, by vLLM's bind/connect rule", default=None, metavar="JSON",
             help="vLLM's KVEventsConfig as JSON: enable_kv_cache_events, publisher, endpoint (a wildcard, ipc:// or "
                  "inproc:// endpoint is bound, any other connected to), replay_endpoint, topic, buffer_steps, hwm"),
-    handled("--kv-transfer-config", ONE, "scheduler, worker and API server: P/D disaggregation (docs/pd-disaggregation.md), "
-            "checked once and given to each with the same engine_id", default=None, metavar="JSON",
-            help="vLLM's KVTransferConfig as JSON: kv_connector KVPoolConnector (or NixlConnector, its contract), kv_role "
-                 "kv_producer, kv_consumer or kv_both, engine_id, kv_load_failure_policy, kv_connector_extra_config "
-                 "(kv_lease_duration, side_channel_host, side_channel_port, read_timeout)"),
+    declared(KV_TRANSFER_CONFIG, ONE, "scheduler, worker and API server: P/D disaggregation (docs/pd-disaggregation.md), "
+             "checked once and given to each with the same engine_id"),
     refused("--optimization-level", ONE, why.GRAPHS, accepts=("0",)),
     refused("--performance-mode", ONE, why.NOT_YET, accepts=("balanced",)),
     refused("--profiler-config", ONE, why.TRACING),
@@ -32,8 +30,7 @@ _RULES = [
     handled("--spec-method", ONE, "scheduler: --speculative-config's method", default=None, metavar="METHOD"),
     handled("--spec-model", ONE, "scheduler: --speculative-config's model (refused: no draft model)", default=None, metavar="MODEL"),
     handled("--spec-tokens", ONE, "scheduler: --speculative-config's num_speculative_tokens", type=int, default=None, metavar="N"),
-    handled("--speculative-config -sc", ONE, "scheduler: n-gram drafting, its proposer and vLLM's spec-decode metrics", default=None,
-            metavar="JSON", help="vLLM's SpeculativeConfig as JSON: method ngram, num_speculative_tokens, prompt_lookup_min/max"),
+    declared(SPECULATIVE_CONFIG, ONE, "scheduler: n-gram drafting, its proposer and vLLM's spec-decode metrics"),
     refused("--structured-outputs-config", ONE, "structured outputs are xgrammar with vLLM's default settings (no other backend, no disable_any_whitespace): not configurable"),
     refused("--watermark-config", ONE, why.NOT_YET),
     refused("--weight-transfer-config", ONE, why.NOT_YET),

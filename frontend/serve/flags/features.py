@@ -3,11 +3,19 @@ groups. kvpool serves text and the base model only; its logs and metrics are its
 
 from __future__ import annotations
 
-import argparse
-
 from frontend.serve.flags import reasons as why
 from frontend.serve.flags import values
-from frontend.serve.flags.rules import BOOL, MANY, ONE, Group, handled, passed, refused, same
+from frontend.serve.flags.rules import (
+    BOOL,
+    MANY,
+    ONE,
+    Group,
+    declared,
+    passed,
+    refused,
+    same,
+)
+from protocol.serve_flags.engine import ENABLE_MFU_METRICS, KV_CACHE_METRICS, LOG_LEVEL
 
 _MULTIMODAL_BOOLS = ("--enable-mm-embeds", "--interleave-mm-strings", "--mm-encoder-only", "--skip-mm-profiling")
 _MULTIMODAL_VALUES = (
@@ -35,16 +43,11 @@ _LORA = sorted(
     key=lambda r: r.name,
 )
 
-# kvpool's processes log at these levels; vLLM's CRITICAL and NOTSET have no match.
-LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
-
 _LOGGING = [
     refused("--log-config-file", ONE,
             "kvpool's processes log as frontend, scheduler and worker and its access log as frontend.access, "
             "not vLLM's vllm.* and uvicorn.* loggers that a vLLM dictConfig file configures"),
-    handled("--log-level", ONE, "scheduler, worker and frontend", default=None, choices=LOG_LEVELS,
-            accepts=(None, "ERROR", "WARNING", "INFO", "DEBUG"), why_not="kvpool's processes log at DEBUG, INFO, WARNING or ERROR",
-            help="every process's log level (default: INFO)"),
+    declared(LOG_LEVEL, ONE, "scheduler, worker and frontend"),
     refused("--logging-config", ONE, why.NOT_YET),
 ]
 
@@ -54,12 +57,10 @@ _OBSERVABILITY = [
     passed("--custom-histogram-buckets", ONE, "scheduler"),
     refused("--enable-layerwise-nvtx-tracing", BOOL, why.TRACING, accepts=(False,)),
     passed("--enable-logging-iteration-details", BOOL, "scheduler"),
-    handled("--enable-mfu-metrics", BOOL, "scheduler", action=argparse.BooleanOptionalAction, default=False,
-            help="vllm:estimated_{flops,read_bytes,write_bytes}_per_gpu, estimated from the checkpoint's config.json"),
+    declared(ENABLE_MFU_METRICS, BOOL, "scheduler"),
     refused("--jit-monitor-mode", ONE, why.GRAPHS),
     refused("--jit-monitor-verbose", BOOL, why.GRAPHS, accepts=(False,)),
-    handled("--kv-cache-metrics", BOOL, "scheduler", action=argparse.BooleanOptionalAction, default=False,
-            help="KV residency histograms (vllm:kv_block_lifetime_seconds...)"),
+    declared(KV_CACHE_METRICS, BOOL, "scheduler"),
     passed("--kv-cache-metrics-sample", ONE, "scheduler"),
     refused("--otlp-traces-endpoint", ONE, why.TRACING),
     refused("--per-request-spec-decode-metrics", ONE, why.SPECULATIVE, accepts=("none",)),

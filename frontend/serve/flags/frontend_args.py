@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 from frontend.serve.flags import reasons as why
 from frontend.serve.flags.rules import (
     BOOL,
@@ -12,11 +10,13 @@ from frontend.serve.flags.rules import (
     PASSED,
     Group,
     Rule,
+    declared,
     handled,
     passed,
     refused,
 )
 from frontend.tool_parsers import TOOL_PARSERS
+from protocol.serve_flags.engine import RETURN_TOKENS_AS_TOKEN_IDS
 
 _TITLE = "Frontend"
 _DESCRIPTION = "Arguments for the OpenAI-compatible frontend server."
@@ -68,8 +68,7 @@ _RULES = [
     refused("--middleware", ONE, "kvpool's frontend is aiohttp: ASGI middleware cannot be loaded"),
     handled("--port", ONE, "frontend", type=int, default=8000, help="the API's port (default %(default)s)"),
     passed("--response-role", ONE, FRONT),
-    handled("--return-tokens-as-token-ids", BOOL, "frontend", action=argparse.BooleanOptionalAction, default=False,
-            help="logprobs name tokens as token_id:N (default off)"),
+    declared(RETURN_TOKENS_AS_TOKEN_IDS, BOOL, "frontend"),
     passed("--root-path", ONE, FRONT),
     passed("--sse-keep-alive-interval", ONE, FRONT),
     passed("--ssl-ca-certs", ONE, FRONT),

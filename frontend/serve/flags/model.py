@@ -3,8 +3,6 @@ StructuredOutputsConfig groups: the model, its weights and how it runs."""
 
 from __future__ import annotations
 
-import argparse
-
 from frontend.serve.flags import reasons as why
 from frontend.serve.flags.rules import (
     BOOL,
@@ -12,12 +10,21 @@ from frontend.serve.flags.rules import (
     ONE,
     OPTIONAL,
     Group,
+    declared,
     handled,
     passed,
     refused,
     same,
 )
-from frontend.serve.flags.values import DTYPES, human_readable_int_or_auto, seed
+from protocol.serve_flags.model import (
+    DISABLE_SLIDING_WINDOW,
+    DTYPE,
+    GENERATION_CONFIG,
+    MAX_MODEL_LEN,
+    MODEL,
+    SEED,
+    SERVED_MODEL_NAME,
+)
 
 _MODEL = [
     refused("--allow-deprecated-quantization", BOOL, why.QUANTIZATION, accepts=(False,)),
@@ -27,13 +34,9 @@ _MODEL = [
     refused("--config-format", ONE, "kvpool reads a Hugging Face config.json", accepts=("auto", "hf")),
     refused("--convert", ONE, why.POOLING, accepts=("auto", "none")),
     refused("--disable-cascade-attn", BOOL, "kvpool never uses cascade attention", accepts=(True,)),
-    handled("--disable-sliding-window", BOOL, "launcher and worker: as vLLM, every layer attends to the whole context "
-            "and --max-model-len is capped at the model's window",
-            action=argparse.BooleanOptionalAction, default=False,
-            help="every layer full attention, --max-model-len capped at the model's sliding window, as vLLM (default: off; "
-                 "a sliding-window model is served past its window, its layers attending within it)"),
-    handled("--dtype", ONE, "worker (half as float16, float as float32)", default="auto", choices=list(DTYPES),
-            help="weights' and KV cache's dtype; auto: the checkpoint's torch_dtype (default %(default)s)"),
+    declared(DISABLE_SLIDING_WINDOW, BOOL, "launcher and worker: as vLLM, every layer attends to the whole context "
+             "and --max-model-len is capped at the model's window"),
+    declared(DTYPE, ONE, "worker, and the scheduler's MFU estimates (half as float16, float as float32)"),
     refused("--enable-cumem-allocator", BOOL, why.SLEEP, accepts=(False,)),
     refused("--enable-nccl-comm-suspend", BOOL, why.SLEEP, accepts=(False,)),
     refused("--enable-prompt-embeds", BOOL, why.NOT_YET, accepts=(False,)),
@@ -41,8 +44,7 @@ _MODEL = [
     refused("--enable-sleep-mode", BOOL, why.SLEEP, accepts=(False,)),
     refused("--enable-trace-replay", BOOL, why.NOT_YET, accepts=(False,)),
     refused("--enforce-eager", BOOL, why.GRAPHS, accepts=(True,)),
-    handled("--generation-config", ONE, "frontend", default="auto",
-            help='"auto" (the model\'s generation_config.json), "vllm" (none) or a folder (default %(default)s)'),
+    declared(GENERATION_CONFIG, ONE, "frontend"),
     refused("--hf-config-path", ONE, why.LOCAL),
     refused("--hf-overrides", ONE, "overriding the checkpoint's config.json is not supported", accepts=("{}",)),
     same("--hf-token", OPTIONAL, "kvpool serves a local folder, which vLLM reads without the token too"),
@@ -50,11 +52,8 @@ _MODEL = [
     refused("--logits-processors", MANY, "custom logits processors are not supported"),
     refused("--logprobs-mode", ONE, "kvpool's logprobs are the raw model's (vLLM's default raw_logprobs)", accepts=("raw_logprobs",)),
     passed("--max-logprobs", ONE, "frontend"),
-    handled("--max-model-len", ONE, "scheduler, worker and frontend (not given, or -1/auto: the model's, at most 4096, where vLLM takes it whole)",
-            type=human_readable_int_or_auto, default=None,
-            help="longest prompt + output, in tokens: 4096, 4k, 4K; -1 or auto: the model's (here at most 4096)"),
-    handled("--model", ONE, "launcher (as the positional MODEL)", default=None, dest="model_flag", metavar="MODEL",
-            help="the checkpoint folder, as the positional MODEL (which wins if both are given)"),
+    declared(MAX_MODEL_LEN, ONE, "scheduler, worker and frontend (not given, or -1/auto: the model's, at most 4096, where vLLM takes it whole)"),
+    declared(MODEL, ONE, "launcher (as the positional MODEL)", dest="model_flag"),
     refused("--model-class-overrides", ONE, "kvpool's worker has its own model classes", accepts=("{}",)),
     refused("--model-impl", ONE, "kvpool's worker has its own model implementation", accepts=("auto",)),
     passed("--override-generation-config", ONE, "frontend"),
@@ -65,10 +64,8 @@ _MODEL = [
     refused("--return-sampling-mask", BOOL, why.NOT_YET, accepts=(False,)),
     refused("--revision", ONE, why.LOCAL),
     refused("--runner", ONE, why.POOLING, accepts=("auto", "generate")),
-    handled("--seed", ONE, "worker", type=seed, default=0,
-            help="global sampling seed of requests without their own (default %(default)s, as vLLM v1)"),
-    handled("--served-model-name", MANY, "scheduler and frontend", default=None, nargs="+",
-            why_not="kvpool serves one model name", help="the model's name in the API (default: MODEL as given); one name"),
+    declared(SEED, ONE, "worker"),
+    declared(SERVED_MODEL_NAME, MANY, "scheduler, worker and frontend"),
     refused("--skip-tokenizer-init", BOOL, why.NOT_YET, accepts=(False,)),
     refused("--sleep-mode-offload-cudagraph", BOOL, why.SLEEP, accepts=(False,)),
     refused("--sleep-preserve-parameter-names", MANY, why.SLEEP),

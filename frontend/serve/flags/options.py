@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
-
 from frontend.serve.flags import reasons as why
-from frontend.serve.flags.rules import BOOL, ONE, SWITCH, Group, handled, refused, same
+from frontend.serve.flags.rules import BOOL, ONE, SWITCH, Group, declared, handled, refused, same
+from protocol.serve_flags.engine import DISABLE_LOG_STATS, ENABLE_LOG_REQUESTS
 
 _TITLE = "options"
 _DESCRIPTION = ""
@@ -15,10 +14,8 @@ _RULES = [
     refused("--api-server-count -asc", ONE, "kvpool serve runs one API server process", accepts=("1",)),
     handled("--config", ONE, "launcher: the YAML's flags are read before the command line's, which override them",
             default=None, metavar="FILE.yaml", help="read flags from a YAML file (vLLM's format); the command line overrides it"),
-    handled("--disable-log-stats", SWITCH, "scheduler", action="store_true",
-            help="no periodic stats line in the scheduler's log (default: every 10 s)"),
-    handled("--enable-log-requests", BOOL, "frontend", action=argparse.BooleanOptionalAction, default=False,
-            help="the API logs each request received (default off)"),
+    declared(DISABLE_LOG_STATS, SWITCH, "scheduler"),
+    declared(ENABLE_LOG_REQUESTS, BOOL, "frontend"),
     refused("--fail-on-environ-validation", BOOL,
             "kvpool always fails on a bad value of an environment variable it reads", accepts=(True,)),
     refused("--gdn-prefill-backend", ONE, why.KERNELS),

@@ -4,7 +4,8 @@ kvpool splits one model by tensor parallelism on one host; the rest is refused."
 from __future__ import annotations
 
 from frontend.serve.flags import reasons as why
-from frontend.serve.flags.rules import BOOL, MANY, ONE, SWITCH, Group, handled, refused
+from frontend.serve.flags.rules import BOOL, MANY, ONE, SWITCH, Group, declared, handled, refused
+from protocol.serve_flags.engine import TENSOR_PARALLEL_SIZE
 
 _RULES = [
     refused("--all2all-backend", ONE, why.EXPERTS),
@@ -59,8 +60,7 @@ _RULES = [
     refused("--pipeline-parallel-size -pp", ONE, why.PIPELINE, accepts=("1",)),
     refused("--prefill-context-parallel-size -pcp", ONE, why.CONTEXT_PARALLEL, accepts=("1",)),
     refused("--ray-workers-use-nsight", BOOL, "Ray is not supported", accepts=(False,)),
-    handled("--tensor-parallel-size -tp", ONE, "worker (rank 0 starts the other ranks)", type=int, default=1,
-            help="worker ranks in one torch.distributed group, each with 1/N of the heads (default %(default)s)"),
+    declared(TENSOR_PARALLEL_SIZE, ONE, "worker (rank 0 starts the other ranks)"),
     refused("--ubatch-size", ONE, "micro-batching is not supported", accepts=("0",)),
     refused("--worker-cls", ONE, "kvpool's worker is its own process, not a vLLM worker class", accepts=("auto",)),
     refused("--worker-extension-cls", ONE, "kvpool's worker is its own process, not a vLLM worker class"),

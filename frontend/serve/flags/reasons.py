@@ -33,9 +33,5 @@ LOADER = "kvpool's worker loads safetensors weights its own way; vLLM's loader o
 WEIGHT_OFFLOAD = (
     "offloading model weights to host memory is not supported (kvpool's --kv-offloading-size offloads KV blocks)"
 )
-KV_DTYPE = (
-    "kvpool's KV cache is the model's dtype (auto; choose it with --dtype) or fp8 (fp8, fp8_e4m3, fp8_e5m2), "
-    "the ones vLLM's CPU attention supports; other cache dtypes are not supported yet"
-)
 ASYNC = "kvpool's scheduler plans a step once the previous step's tokens are back (no async scheduling)"
 UVICORN = "kvpool's HTTP server is aiohttp, not uvicorn/h11 (its request size limit is --max-request-body-bytes)"

@@ -2,8 +2,10 @@
 
 Four answers, each a constructor:
 
-* ``handled``: kvpool acts on it; ``frontend.serve.cli`` declares it (its own type and
-  default, in ``kwargs``) and ``frontend.serve.child_argv`` maps it onto the children.
+* ``handled``: kvpool acts on it. A flag that reaches a child is a row of the settings
+  table (``protocol.serve_flags``, ``declared``): its type, default and help are the
+  row's, and ``frontend.serve.child_argv`` writes it into the argv of the processes the
+  row names. A flag only ``kvpool serve`` reads declares its own (``handled``).
 * ``passed``: given to a child process under the same name, verbatim, when given
   (the child's own parser checks the value).
 * ``same``: accepted, nothing to do: kvpool already behaves as vLLM does with the flag.
@@ -23,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.serve_flags.flag import Flag
+
 SWITCH, BOOL, ONE, OPTIONAL, MANY = "switch", "bool", "one", "optional", "many"
 HANDLED, PASSED, SAME, REFUSED = "handled", "passed", "same", "refused"
 ARITIES = (SWITCH, BOOL, ONE, OPTIONAL, MANY)
@@ -37,7 +41,7 @@ class Rule:
     accepts: tuple[Any, ...] | None = None  # None: every value; else only these (the rest refused, for `why_not`)
     why_not: str = ""
     kwargs: dict[str, Any] = field(default_factory=dict)  # handled: kvpool's add_argument keywords
-    to: tuple[str, ...] = ()  # passed: the children given the flag
+    to: tuple[str, ...] = ()  # passed, or handled from the settings table: the children given the flag
 
     @property
     def name(self) -> str:
@@ -81,6 +85,13 @@ def _flags(text: str) -> tuple[str, ...]:
 
 def handled(flags: str, arity: str, to: str, accepts: tuple | None = None, why_not: str = "", **kwargs) -> Rule:
     return Rule(_flags(flags), arity, HANDLED, to, accepts, why_not, kwargs)
+
+
+def declared(row: Flag, arity: str, note: str, dest: str | None = None) -> Rule:
+    """A handled flag from the settings table: the row's declaration, for kvpool serve's
+    parser too (under ``dest`` where kvpool serve reads it otherwise)."""
+    kwargs = row.kwargs | ({"dest": dest} if dest else {})
+    return Rule(row.flags, arity, HANDLED, note, row.accepts, row.why_not, kwargs, row.to)
 
 
 def passed(flags: str, arity: str, *to: str, default_on: bool = False) -> Rule:
@@ -152,9 +163,9 @@ def refusal(rule: Rule, args: argparse.Namespace) -> str | None:
     return f"kvpool serve: {spell(rule, given[rule.dest])}: {rule.why_not}"
 
 
-def forwarded(rule: Rule, args: argparse.Namespace) -> list[str]:
-    """The flag as given, for a child (``--no-X`` only where vLLM's default is on)."""
-    given = vars(args)
+def forwarded(rule: Rule, given: dict[str, Any]) -> list[str]:
+    """The flag as given (``given``: dest -> value), for a child (``--no-X`` only where
+    vLLM's default is on)."""
     if rule.dest not in given:
         return []
     value = given[rule.dest]

@@ -3,11 +3,13 @@ runs in each step, and how vLLM's GPU code would be compiled (which kvpool never
 
 from __future__ import annotations
 
-import argparse
-
 from frontend.serve.flags import reasons as why
-from frontend.serve.flags.rules import BOOL, MANY, ONE, Group, handled, passed, refused
-from frontend.serve.flags.values import human_readable_int
+from frontend.serve.flags.rules import BOOL, MANY, ONE, Group, declared, passed, refused
+from protocol.serve_flags.engine import (
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    SCHEDULER_RESERVE_FULL_ISL,
+)
 
 _SCHEDULER = [
     refused("--async-scheduling", BOOL, why.ASYNC, accepts=(False,)),
@@ -17,17 +19,14 @@ _SCHEDULER = [
     passed("--long-prefill-token-threshold", ONE, "scheduler"),
     passed("--long-prefill-token-threshold-adaptive", BOOL, "scheduler"),
     passed("--max-num-active-seqs", ONE, "scheduler"),
-    handled("--max-num-batched-tokens", ONE, "scheduler and worker", type=human_readable_int, default=None,
-            help="token budget of one step: 2048, 2k, 2K (default 2048; with --no-enable-chunked-prefill "
-                 "at least --max-model-len, as vLLM)"),
+    declared(MAX_NUM_BATCHED_TOKENS, ONE, "scheduler and worker"),
     passed("--max-num-queued-reqs", ONE, "frontend"),  # NOTE: vLLM enforces both in its API server process
     passed("--max-num-queued-tokens", ONE, "frontend"),
     passed("--max-num-scheduled-tokens", ONE, "scheduler"),
-    handled("--max-num-seqs", ONE, "scheduler and worker", type=int, default=256, help="most requests running at once (default %(default)s)"),
+    declared(MAX_NUM_SEQS, ONE, "scheduler and worker"),
     passed("--prefill-schedule-interval", ONE, "scheduler"),
     refused("--scheduler-cls", ONE, "kvpool's scheduler is its own process, not a vLLM scheduler class"),
-    handled("--scheduler-reserve-full-isl", BOOL, "scheduler", action=argparse.BooleanOptionalAction, default=True,
-            help="admit a request only if its whole prompt fits the free blocks, not only its first chunk (default: on, as vLLM)"),
+    declared(SCHEDULER_RESERVE_FULL_ISL, BOOL, "scheduler"),
     passed("--scheduling-policy", ONE, "scheduler"),
     refused("--stream-interval", ONE, "kvpool streams each token as it is sampled (vLLM's 1)", accepts=("1",)),
     passed("--watermark", ONE, "scheduler"),

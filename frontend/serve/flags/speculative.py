@@ -1,4 +1,4 @@
-"""``--speculative-config`` and vLLM's shortcuts for it, settled into the scheduler's flag.
+"""``--speculative-config`` and vLLM's shortcuts for it, settled into the scheduler's JSON.
 
 As vLLM's ``EngineArgs.create_speculative_config``: ``--spec-method``, ``--spec-model`` and
 ``--spec-tokens`` set the JSON's method, model and num_speculative_tokens, and each is refused
@@ -11,8 +11,8 @@ from __future__ import annotations
 from protocol.speculative_config import load_speculative_fields, parse_speculative_config
 
 
-def speculative_scheduler_flags(config: str | None, method: str | None, model: str | None, tokens: int | None) -> list[str]:
-    """The scheduler's ``--speculative-config`` flag ([] for no speculation). Raises ValueError."""
+def settled_speculative_config(config: str | None, method: str | None, model: str | None, tokens: int | None) -> str | None:
+    """The scheduler's ``--speculative-config`` JSON (None: no speculation). Raises ValueError."""
     try:
         fields = load_speculative_fields(config)
     except ValueError as e:
@@ -31,4 +31,4 @@ def speculative_scheduler_flags(config: str | None, method: str | None, model: s
         spec = parse_speculative_config(fields)
     except ValueError as e:
         raise ValueError(f"--speculative-config: {e}") from None
-    return [] if spec is None else ["--speculative-config", spec.to_json()]
+    return None if spec is None else spec.to_json()

@@ -9,8 +9,8 @@ import textwrap
 import pytest
 
 from frontend.serve.cli import build_parser, main, parse_serve
-from frontend.serve.launcher import Launcher
 from frontend.serve.flags.config_file import config_flags
+from frontend.serve.launcher import Launcher
 
 CONFIG = textwrap.dedent("""\
     model: /models/tiny
@@ -51,7 +51,7 @@ def test_the_files_flags_are_vllms(config):
 def test_the_file_gives_the_model_and_the_command_line_overrides_it(config):
     a = parse_serve(["serve", "--config", str(config), "-tp", "4", "--port", "9000"])
     assert a.model == "/models/tiny" and a.tensor_parallel_size == 4 and a.port == 9000
-    assert a.enable_prefix_caching is False and a.max_model_len == 2000 and a.api_key == ["k1", "k2"]
+    assert a.enable_prefix_caching is False and a.max_model_len == 2000 and a.given["api_key"] == ["k1", "k2"]
     assert a.disable_log_stats is False  # false for a flag without a --no- form: left out, as vLLM does
 
 

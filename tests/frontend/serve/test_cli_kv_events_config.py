@@ -16,7 +16,7 @@ from kvtest.ports import free_port
 from frontend.serve.cli import main, parse_serve
 from frontend.serve.launcher import Launcher
 from scheduler.core.kv_events import AllBlocksCleared
-from scheduler.engine.config import config_from_args
+from scheduler.engine.args import config_from_args
 from scheduler.engine.kv_event_publisher import make_kv_event_sink
 
 

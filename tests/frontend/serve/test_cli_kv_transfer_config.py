@@ -10,9 +10,9 @@ import json
 
 import pytest
 
+from frontend.config import config_from_args
 from frontend.serve import launcher
 from frontend.serve.cli import main, parse_serve
-from frontend.config import config_from_args
 from protocol.kv_transfer_config import parse_kv_transfer_config
 
 NIXL = '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}'

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from frontend.serve.cli import Refused, parse_serve
-from frontend.serve.launcher import Launcher
 from frontend.serve.flags.spelling import normalize_flag_names
+from frontend.serve.launcher import Launcher
 
 
 def test_underscores_in_names_only():

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 
+from bench.kv_block_bytes import kv_bytes_per_block
 from frontend.serve.cli import parse_serve
-from frontend.serve.launcher import Launcher, kv_bytes_per_block
+from frontend.serve.launcher import Launcher
 
 # 2 KV heads of 32 dims, float32, blocks of 16 tokens: one layer's block is
 # 2 (K, V) x 16 x 2 x 32 x 4 bytes = 8192.

@@ -12,7 +12,7 @@ from scheduler.core.block_pool import BlockPool
 from scheduler.core.eviction_policies import eviction_pool_factory, kv_cache_manager_class
 from scheduler.core.lfu_policy import LFUBlockPolicy
 from scheduler.core.priority_retention import PriorityBlockPolicy, PriorityKVCacheManager
-from scheduler.engine.config import config_from_args
+from scheduler.engine.args import config_from_args
 
 
 def scheduler_argv(*serve: str) -> list[str]:
