@@ -64,6 +64,7 @@ REQUIRED = [
     "simulator",
     "frontend",
     "frontend/serve",
+    "protocol/serve_flags",
     "bench",
     ".ci/run",
     "docs/architecture.md",
