@@ -109,7 +109,7 @@ class FrontendConfig:
 def build_parser() -> argparse.ArgumentParser:
     d = FrontendConfig("", "")
     p = argparse.ArgumentParser(prog="kvpool-frontend", description="kvpool's OpenAI-compatible API server (a client of the scheduler).")
-    g = p.add_argument_group("kvpool serve's settings (vllm serve's flags)")
+    g = p.add_argument_group("kvpool serve's settings (protocol/serve_flags/)")
     for row in rows_for(FRONTEND):
         add_flag(g, row)
     p.add_argument("--host", default=d.host, help="the API's address (default %(default)s)")
@@ -119,7 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve on this inherited listening socket, bound to --host/--port (kvpool serve's; default: bind)")
     p.add_argument("--scheduler", default=d.scheduler, help="the scheduler's client port (default %(default)s)")
     p.add_argument("--scheduler-http", default=d.scheduler_http, help="the scheduler's /health and /metrics (default %(default)s)")
-    p.add_argument("--dev-mode", action="store_true", help="enable POST /reset_prefix_cache (default off)")
     p.add_argument("--max-request-body-bytes", type=int, default=d.max_request_body_bytes, help="larger request bodies get 413 (default %(default)s)")
     p.add_argument("--connect-timeout", dest="connect_timeout_s", type=float, default=d.connect_timeout_s,
                    help="give up reaching the scheduler after this long, in s (default %(default)s)")

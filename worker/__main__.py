@@ -39,6 +39,7 @@ def config_from_args(argv: list[str] | None = None) -> WorkerConfig:
     served_model_name = one_name(a.served_model_name) or d.served_model_name
     if a.max_num_batched_tokens is None:
         a.max_num_batched_tokens = d.max_num_batched_tokens
+    a.cpu_nice = d.cpu_nice if a.cpu_nice is None else a.cpu_nice
     check_block_size_and_port(p, a)
     check_scheduler_link(p, a)
     check_lengths(p, a)

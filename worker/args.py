@@ -11,7 +11,6 @@ import re
 
 from protocol.serve_flags import WORKER, rows_for
 from protocol.serve_flags.flag import add_flag
-from protocol.serve_flags.values import gib
 from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
 from worker.kv_cache import parse_size
 
@@ -46,8 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvpool-worker", description="kvpool worker: owns the KV memory, executes the scheduler's step plans.")
     p.add_argument("--scheduler", default=d.scheduler, metavar="ENDPOINT",
                    help="the scheduler's worker port, a ZeroMQ endpoint (default %(default)s)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="where the model and KV cache live (default: cuda if available, else cpu)")
-    g = p.add_argument_group("kvpool serve's settings (vllm serve's flags)")
+    g = p.add_argument_group("kvpool serve's settings (protocol/serve_flags/)")
     for row in rows_for(WORKER):
         add_flag(g, row)
     p.add_argument("--disable-hybrid-kv-cache-manager", action=argparse.BooleanOptionalAction, default=d.disable_hybrid_kv_cache_manager,
@@ -56,7 +54,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-memory", type=memory_size, default=None, metavar="SIZE",
                    help=f"KV cache budget, e.g. 512MiB, 2GiB, 64M; at most what the device has available "
                         f"(default: on CPU {CPU_DEFAULT_KV_CACHE_MEMORY // 2**20}MiB, on CUDA see --gpu-memory-utilization)")
-    _add_tier_flags(p)
     p.add_argument("--http-port", type=int, default=d.http_port, help="/metrics and /health on 127.0.0.1 (default %(default)s; 0 disables)")
     p.add_argument("--scheduler-timeout", type=float, default=d.scheduler_timeout_s, metavar="SECONDS",
                    help="exit 3 (or reconnect) after this long without a message from the scheduler, or without "
@@ -69,18 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _add_tier_flags(p: argparse.ArgumentParser) -> None:
-    """The external tier's places (its backend and the host tier's size: the table's rows)."""
-    g = p.add_argument_group("external KV tier (worker/external/)")
-    g.add_argument("--kv-offloading-path", metavar="DIR", help="disk: the directory of the saved blocks (default: none)")
-    g.add_argument("--kv-offloading-disk-size", type=gib, default=None, metavar="GIB",
-                   help="disk: at most this many GiB in the directory; the least recently used blocks are removed past it (default: none)")
-    g.add_argument("--mooncake-master", metavar="HOST:PORT", help="mooncake: the master's RPC address (default: none)")
-    g.add_argument("--mooncake-metadata", metavar="URL", help="mooncake: the metadata server (http://HOST:PORT/metadata) (default: none)")
-
-
 def _add_parallel_and_cpu_flags(p: argparse.ArgumentParser, d: WorkerConfig) -> None:
-    """Tensor parallelism's ranks (their number: the table's row), and how the worker shares a CPU host."""
+    """Tensor parallelism's ranks (their number: the table's row), and the kvpool serve that started the worker."""
     p.add_argument("--rank", type=int, default=None,
                    help="this process's rank, when each rank is started by hand (several hosts; needs --distributed-init-method) "
                         "(default: rank 0, starting the others on this host)")
@@ -88,14 +75,6 @@ def _add_parallel_and_cpu_flags(p: argparse.ArgumentParser, d: WorkerConfig) -> 
                    help="rank 0's address for the group's TCP store (default: a free loopback port)")
     p.add_argument("--distributed-timeout", type=float, default=d.distributed_timeout_s, metavar="SECONDS",
                    help="how long a collective or the start-up rendezvous waits for another rank (default %(default)s)")
-    p.add_argument("--cpu-nice", type=int, default=d.cpu_nice, metavar="N",
-                   help="on CPU, run the worker at nice N at least, so that the scheduler and frontend sharing its cores "
-                        "are not kept waiting by its compute threads (default %(default)s; 0: the priority it was started with)")
-    p.add_argument("--cpu-wide-step-tokens", type=int, default=d.cpu_wide_step_tokens, metavar="N",
-                   help="on CPU, run a step of at least N tokens on every core, the one left to the scheduler and frontend "
-                        "included; not with OMP_NUM_THREADS or tensor parallelism (default: from the model's size, "
-                        "128 for a 3M-parameter model, 1 from 32M; 0: never); only while no other process keeps a core "
-                        "busy (worker/host_load.py) and no other kvpool worker runs on the host")
     p.add_argument("--serve-pid", type=int, default=None, metavar="PID",
                    help="the kvpool serve that started this worker (it passes its pid): its CPU use and its other "
                         "children's are the serve's own, not a neighbour's (default: none)")

@@ -19,6 +19,8 @@ from frontend.serve.flags.rules import HANDLED, add_rule, refusal
 from frontend.serve.flags.spelling import normalize_flag_names
 from frontend.serve.settle import check_config, settled_values
 from protocol.kv_transfer_config import parse_kv_transfer_config
+from protocol.serve_flags import kvpool
+from protocol.serve_flags.flag import add_flag
 
 MAX_REQUEST_BODY_BYTES = FrontendConfig.__dataclass_fields__["max_request_body_bytes"].default
 
@@ -41,33 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_kvpool_flags(g) -> None:
+    for row in kvpool.ROWS:
+        add_flag(g, row)
     g.add_argument("--kv-cache-memory", default=None, metavar="SIZE", help="the worker's KV budget, e.g. 8MiB (default: the worker's)")
-    g.add_argument("--device", choices=["cpu", "cuda"], default=None)
     g.add_argument("--worker-http-port", type=int, default=None, metavar="PORT",
                    help="the worker's /metrics on 127.0.0.1 (default: a free port; 0 disables)")
-    g.add_argument("--dev-mode", action="store_true", help="POST /reset_prefix_cache")
     # NOTE: the choices are the scheduler's (scheduler/core/eviction_policies.py), which checks them again.
     g.add_argument("--kv-eviction-policy", choices=("lru", "arc", "lfu", "s3fifo", "cost"), default="lru",
                    help="the device pool's eviction order: lru (vLLM's), arc, lfu, s3fifo, cost (default %(default)s)")
-    g.add_argument("--max-pinned-fraction", type=float, default=0.5, metavar="FRACTION",
-                   help="share of the KV blocks POST /v1/cache/pin may hold, in [0, 1) (default %(default)s)")
     g.add_argument("--max-request-body-bytes", type=int, default=MAX_REQUEST_BODY_BYTES, metavar="BYTES",
                    help="the API refuses a larger request body with 413, before reading it (default %(default)s)")
-    g.add_argument("--kv-events-endpoint", default=None, metavar="ENDPOINT", help="bind a PUB socket here for KV events (loopback)")
-    g.add_argument("--kv-events-replay-endpoint", default=None, metavar="ENDPOINT")
-    g.add_argument("--kv-events-topic", default="", metavar="TOPIC", help="topic frame of every KV event batch (default: empty)")
-    g.add_argument("--cpu-wide-step-tokens", type=int, default=None, metavar="N",
-                   help="on CPU, the worker runs a step of at least N tokens on every core while no other process keeps "
-                        "one busy (default: the worker's, from the model's size; 0: never)")
-    g.add_argument("--cpu-nice", type=int, default=None, metavar="N",
-                   help="on CPU, the worker runs at nice N at least, 0..19 (default: the worker's)")
-    g.add_argument("--kv-offloading-path", default=None, metavar="DIR",
-                   help="--kv-offloading-backend disk: the directory of the saved KV blocks, kept across restarts")
-    g.add_argument("--kv-offloading-disk-size", type=float, default=None, metavar="GIB",
-                   help="--kv-offloading-backend disk: at most this many GiB in the directory (least recently used removed past it)")
-    g.add_argument("--mooncake-master", default=None, metavar="HOST:PORT", help="--kv-offloading-backend mooncake: the store's master")
-    g.add_argument("--mooncake-metadata", default=None, metavar="URL",
-                   help="--kv-offloading-backend mooncake: the store's metadata server (http://HOST:PORT/metadata)")
     g.add_argument("--scheduler-args", type=shlex.split, default=[], metavar="'ARGS'", help="more flags for the scheduler")
     g.add_argument("--worker-args", type=shlex.split, default=[], metavar="'ARGS'", help="more flags for the worker (CURVE keys...)")
     g.add_argument("--worker-restarts", type=int, default=5,

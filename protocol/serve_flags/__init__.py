@@ -5,16 +5,19 @@ choices, help) and the processes it goes to. ``kvpool serve``'s parser
 (frontend/serve/flags/) and each child's (scheduler/engine/config.py,
 worker/__main__.py, frontend/config.py) declare their process's rows from here, and
 ``kvpool serve`` writes each child's argv from the same rows
-(frontend/serve/child_argv.py). Flags only one process has stay in its own parser."""
+(frontend/serve/child_argv.py). kvpool's own settings that kvpool serve gives a child are
+rows too (``kvpool``); flags only one process has stay in its own parser."""
 
 from __future__ import annotations
 
-from protocol.serve_flags import cache, engine, model
+from protocol.serve_flags import cache, engine, kvpool, model
 from protocol.serve_flags.flag import FRONTEND, SCHEDULER, WORKER, Flag
 
-__all__ = ["FRONTEND", "ROWS", "SCHEDULER", "WORKER", "Flag", "rows_for"]
+__all__ = ["FRONTEND", "ROWS", "VLLM_ROWS", "SCHEDULER", "WORKER", "Flag", "rows_for"]
 
-ROWS: tuple[Flag, ...] = (*model.ROWS, *cache.ROWS, *engine.ROWS)
+# vllm serve's flags first, then kvpool's own.
+VLLM_ROWS: tuple[Flag, ...] = (*model.ROWS, *cache.ROWS, *engine.ROWS)
+ROWS: tuple[Flag, ...] = (*VLLM_ROWS, *kvpool.ROWS)
 
 
 def rows_for(process: str) -> tuple[Flag, ...]:

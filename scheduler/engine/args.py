@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=d.port, help="client ROUTER port (default %(default)s)")
     p.add_argument("--worker-port", type=int, default=d.worker_port, help="worker ROUTER port (default %(default)s)")
     p.add_argument("--http-port", type=int, default=d.http_port, help="/metrics, /health (default %(default)s)")
-    g = p.add_argument_group("kvpool serve's settings (vllm serve's flags)")
+    g = p.add_argument_group("kvpool serve's settings (protocol/serve_flags/)")
     for row in rows_for(SCHEDULER):
         add_flag(g, row, DESTS.get(row.dest))
     add_one_group_args(p)
@@ -64,11 +64,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-caching-hash-algo", choices=PREFIX_CACHING_HASH_ALGOS, default=d.prefix_caching_hash_algo,
                    help="kvpool_sha256 / kvpool_xxhash: kvpool's own over packed tokens (default %(default)s); sha256, "
                         "sha256_cbor, xxhash, xxhash_cbor: vLLM's, exactly, seeded from PYTHONHASHSEED as vLLM")
-    # NOTE: VLLM_SERVER_DEV_MODE as well (vLLM's switch; the frontend reads it too, so
-    # one variable given to `kvpool serve` opens /reset_prefix_cache end to end).
-    dev_env = os.environ.get("KVPOOL_DEV_MODE") == "1" or os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip() not in ("", "0")
-    p.add_argument("--dev-mode", action="store_true", default=dev_env,
-                   help="enable development endpoints (POST /reset_prefix_cache); also KVPOOL_DEV_MODE=1 or VLLM_SERVER_DEV_MODE=1")
     p.add_argument("--enable-logging-iteration-details", action=argparse.BooleanOptionalAction, default=False, help="with the stats on, log each step's requests and tokens, as vLLM")
     p.add_argument("--custom-histogram-buckets", type=custom_histogram_buckets, metavar="JSON", help="vLLM's histogram bounds by family, as JSON")
     _add_link_flags(p, d)
@@ -93,13 +88,11 @@ def _add_link_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> None:
 
 
 def _add_tier_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> None:
-    """The tiers below the device pool (their size and backend: the table's rows)."""
+    """The tiers below the device pool (their size, backend and store: the table's rows)."""
     g = p.add_argument_group("offload tier (vLLM's native CPU offloading)")
     g.add_argument("--kv-offloading-store", choices=OFFLOAD_STORE_MODES, default=d.kv_offloading_store,
                    help="copy a block to host memory when it is evicted from the device, or as soon as it is computed "
                         "(write-through) (default %(default)s)")
-    g.add_argument("--mooncake-master", metavar="HOST:PORT", help="mooncake: the master the scheduler asks which blocks the store holds")
-    g.add_argument("--mooncake-metadata", metavar="URL", help="mooncake: the store's metadata server (http://HOST:PORT/metadata)")
 
 
 def _add_retention_and_event_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> None:
@@ -108,12 +101,7 @@ def _add_retention_and_event_flags(p: argparse.ArgumentParser, d: SchedulerConfi
     g.add_argument("--kv-eviction-policy", choices=KV_EVICTION_POLICIES, default=d.kv_eviction_policy,
                    help="which free cached block is evicted first: lru (vLLM's), arc, lfu, s3fifo or cost; with "
                         "--scheduling-policy priority, lower-priority requests' blocks go first (default %(default)s)")
-    g.add_argument("--max-pinned-fraction", type=float, default=d.max_pinned_fraction, metavar="FRACTION",
-                   help="share of the pool's blocks that pins (POST /v1/cache/pin) may hold, in [0, 1) (default %(default)s)")
     g = p.add_argument_group("KV events (vLLM's ZMQ format, for KV-aware routers)")
-    g.add_argument("--kv-events-endpoint", metavar="ENDPOINT", help="bind a ZMQ PUB socket here and publish KV cache events, e.g. tcp://127.0.0.1:5557")
-    g.add_argument("--kv-events-replay-endpoint", metavar="ENDPOINT", help="ROUTER socket serving missed batches, e.g. tcp://127.0.0.1:5558")
-    g.add_argument("--kv-events-topic", default=d.kv_events_topic, help="topic frame of every batch (default: empty)")
     g.add_argument("--kv-events-buffer-steps", type=int, default=d.kv_events_buffer_steps, help="batches kept for replay (default %(default)s)")
     g.add_argument("--kv-events-endpoint-mode", choices=ENDPOINT_MODES, default=d.kv_events_endpoint_mode,
                    help="bind: the PUB socket binds the endpoint; vllm: as vLLM's --kv-events-config, it binds a wildcard "
@@ -139,6 +127,10 @@ def _settle(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(ASYNC_SCHEDULING_REFUSED)
     del a.async_scheduling
     a.model_name = one_name(a.model_name) or d.model_name
+    # NOTE: VLLM_SERVER_DEV_MODE as well (vLLM's switch; the frontend reads it too, so
+    # one variable given to `kvpool serve` opens /reset_prefix_cache end to end).
+    a.dev_mode = a.dev_mode or os.environ.get("KVPOOL_DEV_MODE") == "1" or \
+        os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip() not in ("", "0")
     a.log_stats = not a.disable_log_stats
     del a.disable_log_stats
     if a.max_model_len is None:

@@ -24,6 +24,7 @@ from protocol.serve_flags.engine import (
     MAX_NUM_SEQS,
     SCHEDULER_RESERVE_FULL_ISL,
 )
+from protocol.serve_flags.kvpool import KV_EVENTS_TOPIC, MAX_PINNED_FRACTION
 from protocol.serve_flags.model import DEFAULT_MAX_MODEL_LEN, DTYPE
 from scheduler.core.vllm_hashing import DEFAULT_PREFIX_CACHING_HASH_ALGO
 
@@ -83,7 +84,7 @@ class SchedulerConfig:
     # KV events in vLLM's wire format (for KV-aware routers); off without an endpoint.
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
-    kv_events_topic: str = ""
+    kv_events_topic: str = KV_EVENTS_TOPIC.default
     kv_events_buffer_steps: int = 10_000
     # "bind" always (kvpool's flag), or "vllm": bind a wildcard/ipc/inproc endpoint, else connect.
     kv_events_endpoint_mode: str = "bind"
@@ -114,7 +115,7 @@ class SchedulerConfig:
     # The device pool's eviction policy (scheduler/core/eviction_policies.py); lru: the free queue's own order.
     kv_eviction_policy: str = "lru"
     # Pinned blocks (POST /v1/cache/pin) may hold at most this share of the pool's blocks.
-    max_pinned_fraction: float = 0.5
+    max_pinned_fraction: float = MAX_PINNED_FRACTION.default
     # vLLM's --enable-mfu-metrics (vllm:estimated_*_per_gpu): estimated from the
     # checkpoint's config.json (--model) in the worker's --dtype (scheduler/engine/perf_metrics.py).
     enable_mfu_metrics: bool = ENABLE_MFU_METRICS.default
