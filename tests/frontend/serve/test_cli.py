@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.kv_block_bytes import kv_bytes_per_block
 from frontend.serve.cli import build_parser, parse_serve
 from frontend.serve.launcher import Launcher
 
@@ -145,15 +144,6 @@ def test_a_config_that_is_not_json_is_named(tiny_checkpoint, tmp_path):
 def test_unknown_flag_is_refused():
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "m", "--no-such-flag"])
-
-
-def test_kv_bytes_per_block_of_the_tiny_checkpoint(tiny_checkpoint):
-    # 2 (K, V) x 4 layers x 16 tokens x 2 KV heads x 32 dims x 4 bytes (float32)
-    assert kv_bytes_per_block(tiny_checkpoint, 16, "auto") == 2 * 4 * 16 * 2 * 32 * 4
-    assert kv_bytes_per_block(tiny_checkpoint, 16, "bfloat16") == 2 * 4 * 16 * 2 * 32 * 2
-    # fp8: one byte an element, whatever the model's dtype.
-    assert kv_bytes_per_block(tiny_checkpoint, 16, "auto", 1, "fp8") == 2 * 4 * 16 * 2 * 32 * 1
-    assert kv_bytes_per_block(tiny_checkpoint, 16, "bfloat16", 1, "fp8_e5m2") == 2 * 4 * 16 * 2 * 32 * 1
 
 
 def test_kv_offloading_size_goes_to_the_scheduler_and_the_worker(tiny_checkpoint):
