@@ -29,18 +29,10 @@ def passed_flags(c: ServeConfig, child: str) -> list[str]:
     return [arg for rule in all_rules() if rule.verdict == PASSED and child in rule.to for arg in forwarded(rule, c.given)]
 
 
-def _given(*pairs: tuple[str, object]) -> list[str]:
-    """``flag value`` for each pair whose value is not None."""
-    return [arg for flag, value in pairs if value is not None for arg in (flag, str(value))]
-
-
 def scheduler_argv(c: ServeConfig, client_port: int, worker_port: int, sched_http: int) -> list[str]:
     sched = [sys.executable, "-m", "scheduler", "--host", "127.0.0.1", "--port", str(client_port), "--worker-port", str(worker_port),
              "--http-port", str(sched_http), "--worker-reconnect-timeout", str(c.worker_restart_timeout)]
     sched += table_flags(c, "scheduler")
-    if c.kv_eviction_policy != "lru":
-        sched += ["--kv-eviction-policy", c.kv_eviction_policy]
-    sched += _given(("--prefix-caching-hash-algo", c.prefix_caching_hash_algo))
     return sched + list(c.kv_events_flags) + passed_flags(c, "scheduler") + list(c.scheduler_args)
 
 

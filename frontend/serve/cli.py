@@ -48,9 +48,6 @@ def _add_kvpool_flags(g) -> None:
     g.add_argument("--kv-cache-memory", default=None, metavar="SIZE", help="the worker's KV budget, e.g. 8MiB (default: the worker's)")
     g.add_argument("--worker-http-port", type=int, default=None, metavar="PORT",
                    help="the worker's /metrics on 127.0.0.1 (default: a free port; 0 disables)")
-    # NOTE: the choices are the scheduler's (scheduler/core/eviction_policies.py), which checks them again.
-    g.add_argument("--kv-eviction-policy", choices=("lru", "arc", "lfu", "s3fifo", "cost"), default="lru",
-                   help="the device pool's eviction order: lru (vLLM's), arc, lfu, s3fifo, cost (default %(default)s)")
     g.add_argument("--max-request-body-bytes", type=int, default=MAX_REQUEST_BODY_BYTES, metavar="BYTES",
                    help="the API refuses a larger request body with 413, before reading it (default %(default)s)")
     g.add_argument("--scheduler-args", type=shlex.split, default=[], metavar="'ARGS'", help="more flags for the scheduler")

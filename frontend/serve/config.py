@@ -33,7 +33,7 @@ class ServeConfig:
     kv_cache_memory: str | None
     kv_cache_memory_bytes: int | None
     enable_prefix_caching: bool
-    prefix_caching_hash_algo: str | None
+    prefix_caching_hash_algo: str
     kv_offloading_size: float
     kv_offloading_backend: str
     kv_offloading_path: str | None

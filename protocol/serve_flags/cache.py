@@ -36,5 +36,13 @@ KV_OFFLOADING_BACKEND = flag("--kv-offloading-backend", SCHEDULER, WORKER, defau
                                   "a tier every computed block is saved to and loaded back from, kept across restarts "
                                   "and (mooncake) shared by replicas (default %(default)s)")
 
+# NOTE: the scheduler's hashes (scheduler/core/vllm_hashing.py PREFIX_CACHING_HASH_ALGOS, checked
+# equal by tests/scheduler/engine/test_settings_rows.py): kvpool's own over packed tokens, then vLLM's four.
+PREFIX_CACHING_HASH_ALGO = flag("--prefix-caching-hash-algo", SCHEDULER, default="kvpool_sha256",
+                                choices=("kvpool_sha256", "kvpool_xxhash", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor"),
+                                help="the prefix cache's block hash: kvpool_sha256 (default) or kvpool_xxhash, kvpool's own "
+                                     "over packed tokens; or vLLM's sha256, sha256_cbor, xxhash, xxhash_cbor, exactly "
+                                     "(seeded from PYTHONHASHSEED as vLLM), for an indexer that hashes tokens itself")
+
 ROWS = (BLOCK_SIZE, KV_CACHE_DTYPE, NUM_GPU_BLOCKS_OVERRIDE, GPU_MEMORY_UTILIZATION, ENABLE_PREFIX_CACHING,
-        KV_OFFLOADING_SIZE, KV_OFFLOADING_BACKEND)
+        PREFIX_CACHING_HASH_ALGO, KV_OFFLOADING_SIZE, KV_OFFLOADING_BACKEND)

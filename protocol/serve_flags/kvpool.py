@@ -11,6 +11,11 @@ DEVICE = flag("--device", WORKER, choices=("cpu", "cuda"), default=None,
               help="where the model and KV cache live (default: cuda if available, else cpu)")
 DEV_MODE = flag("--dev-mode", SCHEDULER, FRONTEND, action="store_true",
                 help="development endpoints: POST /reset_prefix_cache (default off; also VLLM_SERVER_DEV_MODE=1)")
+# NOTE: the scheduler's policies (scheduler/core/eviction_policies.py KV_EVICTION_POLICIES, checked
+# equal by tests/scheduler/engine/test_settings_rows.py).
+KV_EVICTION_POLICY = flag("--kv-eviction-policy", SCHEDULER, default="lru", choices=("lru", "arc", "lfu", "s3fifo", "cost"),
+                          help="which free cached block is evicted first: lru (vLLM's), arc, lfu, s3fifo or cost; with "
+                               "--scheduling-policy priority, lower-priority requests' blocks go first (default %(default)s)")
 MAX_PINNED_FRACTION = flag("--max-pinned-fraction", SCHEDULER, type=float, default=0.5, metavar="FRACTION",
                            help="share of the pool's blocks that pins (POST /v1/cache/pin) may hold, in [0, 1) "
                                 "(default %(default)s)")
@@ -42,5 +47,5 @@ CPU_WIDE_STEP_TOKENS = flag("--cpu-wide-step-tokens", WORKER, type=int, default=
                                  "(worker/host_load.py); not with OMP_NUM_THREADS or tensor parallelism (default: the "
                                  "worker's, from the model's size; 0: never)")
 
-ROWS = (DEVICE, DEV_MODE, MAX_PINNED_FRACTION, KV_EVENTS_ENDPOINT, KV_EVENTS_REPLAY_ENDPOINT, KV_EVENTS_TOPIC, KV_OFFLOADING_PATH,
+ROWS = (DEVICE, DEV_MODE, KV_EVICTION_POLICY, MAX_PINNED_FRACTION, KV_EVENTS_ENDPOINT, KV_EVENTS_REPLAY_ENDPOINT, KV_EVENTS_TOPIC, KV_OFFLOADING_PATH,
         KV_OFFLOADING_DISK_SIZE, MOONCAKE_MASTER, MOONCAKE_METADATA, CPU_NICE, CPU_WIDE_STEP_TOKENS)

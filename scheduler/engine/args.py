@@ -16,9 +16,7 @@ from protocol.serve_flags import SCHEDULER, rows_for
 from protocol.serve_flags.flag import add_flag, unaccepted
 from protocol.serve_flags.model import one_name
 from protocol.speculative_config import parse_speculative_config
-from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
-from scheduler.core.vllm_hashing import PREFIX_CACHING_HASH_ALGOS
 from scheduler.engine.arg_checks import (
     check_external_tier,
     check_kv_events,
@@ -61,9 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="not supported: kvpool plans a step once the previous one's result is in (--no-async-scheduling is accepted)")
     p.add_argument("--max-num-waiting", type=int, default=d.max_num_waiting,
                    help="most requests waiting to run; more are refused (default %(default)s, ~36 bytes a prompt token each)")
-    p.add_argument("--prefix-caching-hash-algo", choices=PREFIX_CACHING_HASH_ALGOS, default=d.prefix_caching_hash_algo,
-                   help="kvpool_sha256 / kvpool_xxhash: kvpool's own over packed tokens (default %(default)s); sha256, "
-                        "sha256_cbor, xxhash, xxhash_cbor: vLLM's, exactly, seeded from PYTHONHASHSEED as vLLM")
     p.add_argument("--enable-logging-iteration-details", action=argparse.BooleanOptionalAction, default=False, help="with the stats on, log each step's requests and tokens, as vLLM")
     p.add_argument("--custom-histogram-buckets", type=custom_histogram_buckets, metavar="JSON", help="vLLM's histogram bounds by family, as JSON")
     _add_link_flags(p, d)
@@ -98,9 +93,6 @@ def _add_tier_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> None:
 def _add_retention_and_event_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> None:
     """What is evicted first, and the KV events routers read."""
     g = p.add_argument_group("retention (kvpool extensions)")
-    g.add_argument("--kv-eviction-policy", choices=KV_EVICTION_POLICIES, default=d.kv_eviction_policy,
-                   help="which free cached block is evicted first: lru (vLLM's), arc, lfu, s3fifo or cost; with "
-                        "--scheduling-policy priority, lower-priority requests' blocks go first (default %(default)s)")
     g = p.add_argument_group("KV events (vLLM's ZMQ format, for KV-aware routers)")
     g.add_argument("--kv-events-buffer-steps", type=int, default=d.kv_events_buffer_steps, help="batches kept for replay (default %(default)s)")
     g.add_argument("--kv-events-endpoint-mode", choices=ENDPOINT_MODES, default=d.kv_events_endpoint_mode,

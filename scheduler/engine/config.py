@@ -15,6 +15,7 @@ from protocol.serve_flags.cache import (
     KV_CACHE_DTYPE,
     KV_OFFLOADING_BACKEND,
     KV_OFFLOADING_SIZE,
+    PREFIX_CACHING_HASH_ALGO,
 )
 from protocol.serve_flags.engine import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -24,9 +25,8 @@ from protocol.serve_flags.engine import (
     MAX_NUM_SEQS,
     SCHEDULER_RESERVE_FULL_ISL,
 )
-from protocol.serve_flags.kvpool import KV_EVENTS_TOPIC, MAX_PINNED_FRACTION
+from protocol.serve_flags.kvpool import KV_EVENTS_TOPIC, KV_EVICTION_POLICY, MAX_PINNED_FRACTION
 from protocol.serve_flags.model import DEFAULT_MAX_MODEL_LEN, DTYPE
-from scheduler.core.vllm_hashing import DEFAULT_PREFIX_CACHING_HASH_ALGO
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +60,7 @@ class SchedulerConfig:
     # what keeps the scheduler's memory finite under a flood of requests.
     max_num_waiting: int = 100_000
     # kvpool's own packed-token hash (the default) or one of vLLM's, exactly (scheduler/core/vllm_hashing.py).
-    prefix_caching_hash_algo: str = DEFAULT_PREFIX_CACHING_HASH_ALGO
+    prefix_caching_hash_algo: str = PREFIX_CACHING_HASH_ALGO.default
     # PYTHONHASHSEED as the scheduler started, the seed of vLLM's NONE_HASH (None: unset).
     python_hash_seed: str | None = None
     dev_mode: bool = False
@@ -113,7 +113,7 @@ class SchedulerConfig:
     # P/D disaggregation (vLLM's --kv-transfer-config JSON, protocol/kv_transfer_config.py); None: off.
     kv_transfer_config: str | None = None
     # The device pool's eviction policy (scheduler/core/eviction_policies.py); lru: the free queue's own order.
-    kv_eviction_policy: str = "lru"
+    kv_eviction_policy: str = KV_EVICTION_POLICY.default
     # Pinned blocks (POST /v1/cache/pin) may hold at most this share of the pool's blocks.
     max_pinned_fraction: float = MAX_PINNED_FRACTION.default
     # vLLM's --enable-mfu-metrics (vllm:estimated_*_per_gpu): estimated from the

@@ -14,11 +14,9 @@ from protocol.serve_flags.cache import (
     KV_OFFLOADING_BACKEND,
     KV_OFFLOADING_SIZE,
     NUM_GPU_BLOCKS_OVERRIDE,
+    PREFIX_CACHING_HASH_ALGO,
 )
 
-# --prefix-caching-hash-algo: kvpool's own hashes over packed tokens (the default), then
-# vLLM's four, each exactly as vLLM 0.32 (scheduler/core/vllm_hashing.py).
-HASH_ALGOS = ("kvpool_sha256", "kvpool_xxhash", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 _CACHE = [
     declared(BLOCK_SIZE, ONE, "scheduler and worker"),
     refused("--enable-mamba-shared-prefix-checkpoint", BOOL, why.MAMBA, accepts=(False,)),
@@ -37,10 +35,7 @@ _CACHE = [
     refused("--mamba-ssm-cache-dtype", ONE, why.MAMBA, accepts=("auto",)),
     declared(NUM_GPU_BLOCKS_OVERRIDE, ONE, "scheduler and worker: the worker allocates exactly N blocks"),
     refused("--prefix-cache-retention-interval", ONE, why.NOT_YET, accepts=("0",)),
-    handled("--prefix-caching-hash-algo", ONE, "scheduler", default=None, choices=HASH_ALGOS,
-            help="the prefix cache's block hash: kvpool_sha256 (default) or kvpool_xxhash, kvpool's own over packed "
-                 "tokens; or vLLM's sha256, sha256_cbor, xxhash, xxhash_cbor, exactly (seeded from PYTHONHASHSEED as "
-                 "vLLM), for an indexer that hashes tokens itself"),
+    declared(PREFIX_CACHING_HASH_ALGO, ONE, "scheduler"),
     passed("--prefix-match-unit", ONE, "scheduler"),
     refused("--replayssm-buffer-len", ONE, why.MAMBA),
     refused("--swa-bounded-replay", BOOL, why.MAMBA, accepts=(True,)),
