@@ -3,7 +3,8 @@ processes, supervised (vLLM's ``vllm serve``, with the engine core split out).
 
 * Internal sockets bind loopback ports chosen free at start, so two ``kvpool serve``
   on one host never collide; only ``--host``/``--port`` is the operator's.
-* One line when ready: the model, the URL, the KV pool (blocks × block size, bytes).
+* One line when ready: the model, the URL, the KV pool (blocks × block size, and the
+  bytes the scheduler exports from its worker's report).
 * SIGINT/SIGTERM stop every child (SIGTERM, then SIGKILL after ``--stop-timeout``);
   children get SIGTERM should the launcher itself die (``PR_SET_PDEATHSIG``).
 * A child that exits is restarted alone, on the same ports (``frontend/serve/restart_policy.py``;
@@ -21,8 +22,10 @@ processes, supervised (vLLM's ``vllm serve``, with the engine core split out).
     requests' blocks); new connections wait in the listening socket's backlog, which the
     launcher holds and hands to each frontend (``--listen-fd``), until the next one accepts.
 
-Each child's argv comes from ``frontend/serve/child_argv.py``; the flags, from
-``frontend/serve/cli.py`` and its table of ``vllm serve``'s (``frontend/serve/flags``).
+The launcher runs on one frozen ``ServeConfig`` (``frontend/serve/config.py``), made by
+``frontend/serve/cli.py`` from the table of ``vllm serve``'s flags (``frontend/serve/flags``)
+and the settings table (``protocol/serve_flags``); each child's argv is written from the
+same rows (``frontend/serve/child_argv.py``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ the same behaviour already, or refused with the reason.
 
 ``GROUPS`` is the table, in vLLM's order; ``frontend.serve.cli`` builds ``kvpool serve``'s
 parser from it and docs/vllm-serve-flags.md is written from it
-(``python -m frontend.serve.flags.doc``)."""
+(``python -m frontend.serve.flags.doc``). A handled flag that reaches a child is a row of
+the settings table (``protocol.serve_flags``), declared there once; a passed flag's type,
+default and help are its child's."""
 
 from __future__ import annotations
 
