@@ -148,7 +148,7 @@ def ttft_ms(model, rounds: int = 5) -> tuple[float, float]:
 
 
 def _free_ports(n: int) -> list[int]:
-    from frontend.launcher import free_ports
+    from frontend.serve.launcher import free_ports
 
     return free_ports(n)
 

@@ -32,7 +32,6 @@ from frontend.error_middleware import error_middleware
 from frontend.errors import bad_request, unavailable
 from frontend.listen import listen_address, remove_socket, site, socket_inode
 from frontend.metrics import FrontendMetrics, family_names
-from frontend.model_dir import model_vocab_size
 from frontend.openapi import docs_routes
 from frontend.ops_routes import ops_routes
 from frontend.output_log import OutputLog
@@ -47,6 +46,7 @@ from frontend.request_id import install_request_id_headers
 from frontend.router_probes import router_probe_routes
 from frontend.sagemaker import invocations_route
 from frontend.sampling import default_sampling, max_tokens_cap
+from frontend.serve.model_dir import model_vocab_size
 from frontend.serving import ServingContext, json_response, now
 from frontend.serving_chat import chat_prompt, check_generation_prompt, create_chat_completion
 from frontend.serving_completion import create_completion

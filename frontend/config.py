@@ -16,6 +16,9 @@ from frontend.sampling import DEFAULT_MAX_N_SEQUENCES
 from frontend.tool_parsers import TOOL_PARSERS
 from protocol.kv_transfer_config import KVTransferConfig, parse_kv_transfer_config
 from protocol.sampling_params import MAX_LOGPROBS
+from protocol.serve_flags import FRONTEND, rows_for
+from protocol.serve_flags.flag import add_flag, unaccepted
+from protocol.serve_flags.model import one_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +109,9 @@ class FrontendConfig:
 def build_parser() -> argparse.ArgumentParser:
     d = FrontendConfig("", "")
     p = argparse.ArgumentParser(prog="kvpool-frontend", description="kvpool's OpenAI-compatible API server (a client of the scheduler).")
-    p.add_argument("--model", required=True, help="checkpoint folder (its tokenizer files are read)")
-    p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model as given)")
+    g = p.add_argument_group("kvpool serve's settings (protocol/serve_flags/)")
+    for row in rows_for(FRONTEND):
+        add_flag(g, row)
     p.add_argument("--host", default=d.host, help="the API's address (default %(default)s)")
     p.add_argument("--port", type=int, default=d.port, help="the API's port (default %(default)s: the scheduler's HTTP port is 8000, the worker's 8001)")
     p.add_argument("--uds", default=None, help="listen on this Unix domain socket instead of --host and --port (default: none)")
@@ -115,10 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve on this inherited listening socket, bound to --host/--port (kvpool serve's; default: bind)")
     p.add_argument("--scheduler", default=d.scheduler, help="the scheduler's client port (default %(default)s)")
     p.add_argument("--scheduler-http", default=d.scheduler_http, help="the scheduler's /health and /metrics (default %(default)s)")
-    p.add_argument("--max-model-len", type=int, default=d.max_model_len, help="longest prompt + output, in tokens (default %(default)s)")
-    p.add_argument("--generation-config", default=d.generation_config, help='"auto" (the model\'s), "vllm" (none) or a folder (default %(default)s)')
-    p.add_argument("--return-tokens-as-token-ids", action="store_true", help="logprobs name tokens as token_id:N (default off)")
-    p.add_argument("--dev-mode", action="store_true", help="enable POST /reset_prefix_cache (default off)")
     p.add_argument("--max-request-body-bytes", type=int, default=d.max_request_body_bytes, help="larger request bodies get 413 (default %(default)s)")
     p.add_argument("--connect-timeout", dest="connect_timeout_s", type=float, default=d.connect_timeout_s,
                    help="give up reaching the scheduler after this long, in s (default %(default)s)")
@@ -127,9 +127,6 @@ def build_parser() -> argparse.ArgumentParser:
                                            "and then resume there; 0 fails them at once (default %(default)s)")
     p.add_argument("--curve-client-key", metavar="FILE", help="this client's secret certificate, NAME.key_secret (default: none, no CURVE)")
     p.add_argument("--curve-server-key", metavar="FILE", help="the scheduler's public certificate, NAME.key (default: none, no CURVE)")
-    p.add_argument("--enable-log-requests", action="store_true",
-                   help="log each request received: its id, sampling parameters and prompt lengths (default off, as vLLM)")
-    p.add_argument("--log-level", default=d.log_level, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default %(default)s)")
     add_operator_args(p, d)
     add_serving_args(p)
     add_admission_args(p)
@@ -203,9 +200,6 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
                    help="constrain every call's envelope (function), its arguments too (parameter), or as the request asks (default %(default)s)")
     p.add_argument("--exclude-tools-when-tool-choice-none", action=flag, default=False,
                    help="tool_choice none: the chat template is not shown the tools (default %(default)s)")
-    p.add_argument("--kv-transfer-config", default=None, metavar="JSON",
-                   help="vLLM's KVTransferConfig as JSON (kvpool serve's): requests' kv_transfer_params are checked "
-                        "and sent to the engine (default: none, they are ignored)")
 
 
 # --uvicorn-log-level's names, as logging levels (uvicorn's "trace" is 5).
@@ -219,6 +213,7 @@ def server_log_level(name: str) -> int:
 def config_from_args(argv: list[str] | None = None) -> FrontendConfig:
     p = build_parser()
     a = p.parse_args(argv)
+    _settle_table_values(p, a)
     if not 0 <= a.port <= 65535:
         p.error(f"--port must be a port number, got {a.port}")
     if a.max_model_len < 2:
@@ -227,8 +222,6 @@ def config_from_args(argv: list[str] | None = None) -> FrontendConfig:
         p.error(f"--scheduler-restart-timeout must be a number of seconds >= 0, got {a.scheduler_restart_timeout_s}")
     if (a.curve_client_key is None) != (a.curve_server_key is None):
         p.error("--curve-client-key and --curve-server-key go together")
-    if a.served_model_name is None:
-        a.served_model_name = a.model
     raw = os.environ.get("VLLM_MAX_N_SEQUENCES", str(DEFAULT_MAX_N_SEQUENCES))
     if not raw.strip().isdigit() or int(raw) < 1:
         p.error(f"VLLM_MAX_N_SEQUENCES must be a positive integer, got {raw!r}")
@@ -240,6 +233,17 @@ def config_from_args(argv: list[str] | None = None) -> FrontendConfig:
     for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
         setattr(a, name, tuple(getattr(a, name)))
     return FrontendConfig(**vars(a))
+
+
+def _settle_table_values(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """The settings table's values: --model required, one model name (default: --model)."""
+    for row in rows_for(FRONTEND):
+        if (line := unaccepted(row, getattr(a, row.dest))) is not None:
+            p.error(line)
+    if a.model is None:
+        p.error("the following arguments are required: --model")
+    a.served_model_name = one_name(a.served_model_name) or a.model
+    a.max_model_len = FrontendConfig("", "").max_model_len if a.max_model_len is None else a.max_model_len
 
 
 def _env_flag(p: argparse.ArgumentParser, name: str) -> bool:

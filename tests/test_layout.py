@@ -68,6 +68,8 @@ REQUIRED = [
     "loadgen",
     "simulator",
     "frontend",
+    "frontend/serve",
+    "protocol/serve_flags",
     "bench",
     ".ci/run",
     "docs/architecture.md",

@@ -14,7 +14,7 @@ from kvtest.scheduler_harness import Setup, metric, prompt_of
 from protocol.worker_messages import WorkerHello
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
-from scheduler.engine.config import config_from_args
+from scheduler.engine.args import config_from_args
 from scheduler.engine.perf_metrics import ModelShape, StepContext, estimate_step
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
