@@ -2,13 +2,13 @@
 
 Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``
 (503 until the scheduler has a worker), ``/tokenize``, ``/detokenize``, ``/metrics``
-(the scheduler's and the frontend's); vLLM's operator routes (``frontend.ops_routes``:
+(the scheduler's and the frontend's); vLLM's operator routes (``frontend.routes.ops``:
 ``/version``, ``/load``, ``/ping``, dev mode's ``/reset_prefix_cache``, the LoRA
-routes) and SageMaker's ``/invocations`` (``frontend.sagemaker``); for vllm-router,
-``frontend.router_probes``; vLLM's ``/openapi.json`` and docs pages
-(``frontend.openapi``). Every route answers under ``--root-path`` as well. In front
-of them, as vLLM stacks its middlewares: the API-key check (``frontend.auth``), then
-CORS (``frontend.cors``). Every failure is OpenAI's error object (``frontend.errors``).
+routes) and SageMaker's ``/invocations`` (``frontend.routes.sagemaker``); for vllm-router,
+``frontend.routes.router_probes``; vLLM's ``/openapi.json`` and docs pages
+(``frontend.routes.openapi``). Every route answers under ``--root-path`` as well. In front
+of them, as vLLM stacks its middlewares: the API-key check (``frontend.http.auth``), then
+CORS (``frontend.http.cors``). Every failure is OpenAI's error object (``frontend.schema.errors``).
 A client that disconnects cancels its handler, which aborts its engine requests.
 """
 
@@ -21,41 +21,41 @@ import logging
 import aiohttp
 from aiohttp import web
 
-from frontend.access_log import access_logger_class, configure_server_logging
-from frontend.admission import AdmissionControl, RejectionsCollector, merge_rejections
-from frontend.auth import auth_middleware
-from frontend.chat_template import load_chat_template
+from frontend.http.access_log import access_logger_class, configure_server_logging
+from frontend.engine.admission import AdmissionControl, RejectionsCollector, merge_rejections
+from frontend.http.auth import auth_middleware
+from frontend.text.chat_template import load_chat_template
 from frontend.config import FrontendConfig
-from frontend.cors import Cors, install_cors
-from frontend.engine_client import EngineClient
-from frontend.error_middleware import error_middleware
-from frontend.errors import bad_request, unavailable
-from frontend.listen import listen_address, remove_socket, site, socket_inode
-from frontend.metrics import FrontendMetrics, family_names
+from frontend.http.cors import Cors, install_cors
+from frontend.engine.client import EngineClient
+from frontend.http.error_middleware import error_middleware
+from frontend.schema.errors import bad_request, unavailable
+from frontend.http.listen import listen_address, remove_socket, site, socket_inode
+from frontend.http.metrics import FrontendMetrics, family_names
 from frontend.model_dir import model_vocab_size
-from frontend.openapi import docs_routes
-from frontend.ops_routes import ops_routes
-from frontend.output_log import OutputLog
-from frontend.protocol import (
+from frontend.routes.openapi import docs_routes
+from frontend.routes.ops import ops_routes
+from frontend.openai.output_log import OutputLog
+from frontend.schema.requests import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from frontend.request_body import MAX_BODY_KEY, read_body
-from frontend.request_id import install_request_id_headers
-from frontend.router_probes import router_probe_routes
-from frontend.sagemaker import invocations_route
-from frontend.sampling import default_sampling, max_tokens_cap
-from frontend.serving import ServingContext, json_response, now
-from frontend.serving_chat import chat_prompt, check_generation_prompt, create_chat_completion
-from frontend.serving_completion import create_completion
-from frontend.ssl_refresh import SSLCertRefresher
-from frontend.tls import ssl_context
-from frontend.tokenizer import Tokenizer
-from frontend.tokenizer_info import tokenizer_info_routes
-from frontend.tool_choice import check_tools, template_tools
-from frontend.tool_parsers import configured_tool_parser
+from frontend.http.request_body import MAX_BODY_KEY, read_body
+from frontend.http.request_id import install_request_id_headers
+from frontend.routes.router_probes import router_probe_routes
+from frontend.routes.sagemaker import invocations_route
+from frontend.sampling.params import default_sampling, max_tokens_cap
+from frontend.openai.serving import ServingContext, json_response, now
+from frontend.openai.serving_chat import chat_prompt, check_generation_prompt, create_chat_completion
+from frontend.openai.serving_completion import create_completion
+from frontend.http.ssl_refresh import SSLCertRefresher
+from frontend.http.tls import ssl_context
+from frontend.text.tokenizer import Tokenizer
+from frontend.routes.tokenizer_info import tokenizer_info_routes
+from frontend.tools.choice import check_tools, template_tools
+from frontend.tools.parsers import configured_tool_parser
 from frontend.version import system_fingerprint
 
 log = logging.getLogger("frontend")
@@ -266,7 +266,7 @@ class APIServer:
                     scheduler = await r.read()
         except (aiohttp.ClientError, TimeoutError) as e:
             log.warning("scheduler /metrics unreachable: %s", e)
-        # NOTE: vllm:admission_rejections once: the frontend's counts go into the scheduler's lines (frontend/admission.py).
+        # NOTE: vllm:admission_rejections once: the frontend's counts go into the scheduler's lines (frontend/engine/admission.py).
         scheduler = merge_rejections(scheduler, self.engine.admission.rejections)
         return web.Response(body=scheduler + self.metrics.render(family_names(scheduler)), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 

@@ -10,9 +10,9 @@ from typing import Protocol
 from aiohttp import web
 
 from frontend.config import FrontendConfig
-from frontend.engine_client import EngineClient
-from frontend.protocol import ChatCompletionRequest, CompletionRequest
-from frontend.serving import ServingContext
+from frontend.engine.client import EngineClient
+from frontend.schema.requests import ChatCompletionRequest, CompletionRequest
+from frontend.openai.serving import ServingContext
 
 
 class ServerView(Protocol):

@@ -16,7 +16,7 @@ from frontend.serve_flags.rules import (
     passed,
     refused,
 )
-from frontend.tool_parsers import TOOL_PARSERS
+from frontend.tools.parsers import TOOL_PARSERS
 
 _TITLE = "Frontend"
 _DESCRIPTION = "Arguments for the OpenAI-compatible frontend server."

@@ -1,4 +1,4 @@
-"""vLLM 0.32's queue limits in the frontend (frontend/admission.py), as vLLM's API
+"""vLLM 0.32's queue limits in the frontend (frontend/engine/admission.py), as vLLM's API
 server enforces them (AsyncLLM.check_admission): --max-num-queued-reqs over the
 engine requests in flight (n > 1 counts n), --max-num-queued-tokens over the prompt
 tokens of requests without a first output yet; vLLM's 503 body, no Retry-After;
@@ -16,7 +16,7 @@ import pytest
 from kvtest.fake_engine import fake_engine, frontend_process
 from kvtest.waiting import wait_for
 
-from frontend.admission import (
+from frontend.engine.admission import (
     BACKLOG_FULL,
     QUEUE_FULL,
     AdmissionControl,

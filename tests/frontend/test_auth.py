@@ -14,7 +14,7 @@ import openai
 import pytest
 from kvtest.fake_engine import fake_engine, frontend_process
 
-from frontend.auth import ApiKeys, guarded
+from frontend.http.auth import ApiKeys, guarded
 from frontend.config import config_from_args
 
 

@@ -1,4 +1,4 @@
-"""frontend.chat_messages: the messages a chat template sees, field for field as vLLM
+"""frontend.text.chat_messages: the messages a chat template sees, field for field as vLLM
 0.32's ``parse_chat_messages`` ("string" content format) builds them -- worked out by
 hand from ``vllm/renderers/chat_utils.py``."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from frontend.chat_messages import conversation
-from frontend.errors import APIError
+from frontend.text.chat_messages import conversation
+from frontend.schema.errors import APIError
 
 
 def test_text_parts_are_joined_and_a_missing_content_is_empty():

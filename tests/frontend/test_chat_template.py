@@ -1,4 +1,4 @@
-"""frontend.chat_template against transformers' apply_chat_template and vLLM 0.32's
+"""frontend.text.chat_template against transformers' apply_chat_template and vLLM 0.32's
 rules for the kwargs (``vllm/renderers/hf.py``, ``params.py``, the chat protocol's
 ``build_chat_params``), worked out by hand from its source."""
 
@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from kvtest.unicode_texts import TEXTS
 
-from frontend.chat_template import (
+from frontend.text.chat_template import (
     ChatTemplateError,
     chat_template_kwargs,
     developer_to_system,
@@ -17,7 +17,7 @@ from frontend.chat_template import (
     resolve_kwargs,
     safe_apply_chat_template,
 )
-from frontend.tokenizer import Tokenizer
+from frontend.text.tokenizer import Tokenizer
 
 CHATS = [
     [{"role": "user", "content": t}] for t in TEXTS
@@ -124,7 +124,7 @@ def test_a_template_without_the_developer_role_sees_system(tiny_checkpoint):
 
 
 def test_chat_template_flag_is_a_file_or_the_template_itself(tmp_path):
-    from frontend.chat_template import chat_template_problem, load_chat_template
+    from frontend.text.chat_template import chat_template_problem, load_chat_template
 
     f = tmp_path / "t.jinja"
     f.write_text("{{ messages[0]['content'] }}")
@@ -151,8 +151,8 @@ def test_a_request_template_only_with_the_trust_flag_and_in_vllms_order(tiny_che
     """vLLM: the request's chat_template, else --chat-template, else
     chat_template_kwargs' chat_template, else the checkpoint's; a template from the
     request is refused without --trust-request-chat-template."""
-    from frontend.errors import APIError
-    from frontend.serving_chat import chat_prompt
+    from frontend.schema.errors import APIError
+    from frontend.openai.serving_chat import chat_prompt
 
     tok = Tokenizer(tiny_checkpoint)
 

@@ -1,4 +1,4 @@
-"""frontend.content_format: the content format vLLM 0.32 detects for a chat template
+"""frontend.text.content_format: the content format vLLM 0.32 detects for a chat template
 (expected values: vLLM's own ``_detect_content_format`` run on each template)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from frontend.chat_messages import conversation
-from frontend.content_format import detect_content_format
+from frontend.text.chat_messages import conversation
+from frontend.text.content_format import detect_content_format
 
 
 @pytest.mark.parametrize(("template", "expected"), [
@@ -45,8 +45,8 @@ def test_the_openai_format_gives_the_template_parts():
 def test_a_parts_template_renders_parts_and_the_flag_overrides_it(tiny_checkpoint):
     from types import SimpleNamespace
 
-    from frontend.serving_chat import chat_prompt
-    from frontend.tokenizer import Tokenizer
+    from frontend.openai.serving_chat import chat_prompt
+    from frontend.text.tokenizer import Tokenizer
 
     tok = Tokenizer(tiny_checkpoint)
     tok.chat_template = "{% for m in messages %}{% for p in m['content'] %}[{{ p.text if p is mapping else p }}]{% endfor %}{% endfor %}"

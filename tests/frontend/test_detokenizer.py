@@ -1,4 +1,4 @@
-"""frontend.detokenizer: incremental text equals the one-shot decode (transformers'),
+"""frontend.text.detokenizer: incremental text equals the one-shot decode (transformers'),
 never half a UTF-8 character, and stop strings cut as vLLM cuts them."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 import pytest
 from kvtest.unicode_texts import TEXTS
 
-from frontend.detokenizer import IncrementalDetokenizer, check_stop_strings
-from frontend.tokenizer import Tokenizer
+from frontend.text.detokenizer import IncrementalDetokenizer, check_stop_strings
+from frontend.text.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import zmq
 import zmq.asyncio
 from kvtest.engine_sinks import WAIT_S, RecordingSink, until
 
-from frontend.engine_client import EngineClient
-from frontend.serving import engine_error
+from frontend.engine.client import EngineClient
+from frontend.openai.serving import engine_error
 from protocol.client_messages import (
     ClientRequest,
     ClientResponse,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kvtest.ports import free_port
 
-from frontend.listen import bind_listener, inherited
+from frontend.http.listen import bind_listener, inherited
 
 
 def test_an_address_in_use_is_named():

@@ -1,4 +1,4 @@
-"""frontend/logits_fields.py and frontend/truncation.py against vLLM 0.32's rules,
+"""frontend/sampling/logits_fields.py and frontend/text/truncation.py against vLLM 0.32's rules,
 worked by hand on a toy tokenizer: logit_bias keys and clamping, bad words tokenized
 with and without a leading space (``SamplingParams.update_from_tokenizer``), ids that
 no engine message can carry, and the prompt truncation of ``TokenizeParams``."""
@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from frontend.errors import APIError
-from frontend.logits_fields import bad_words_token_ids, logit_bias_of, with_logits_fields
-from frontend.protocol import CompletionRequest
-from frontend.sampling import engine_params
-from frontend.truncation import encode_truncated, tokens_kept, truncate_ids
+from frontend.schema.errors import APIError
+from frontend.sampling.logits_fields import bad_words_token_ids, logit_bias_of, with_logits_fields
+from frontend.schema.requests import CompletionRequest
+from frontend.sampling.params import engine_params
+from frontend.text.truncation import encode_truncated, tokens_kept, truncate_ids
 
 
 class ToyTokenizer:

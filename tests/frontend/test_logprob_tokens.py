@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from frontend.logprob_tokens import decoded_tokens
-from frontend.tokenizer import Tokenizer
+from frontend.text.logprob_tokens import decoded_tokens
+from frontend.text.tokenizer import Tokenizer
 
 LEAD, CONT, WORD = 131, 99, 262
 

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from frontend.metrics import ChoiceGroups, FrontendMetrics
+from frontend.http.metrics import ChoiceGroups, FrontendMetrics
 
 INF = float("inf")
 TOKENS_100 = (1, 2, 5, 10, 20, 50, 100)  # build_1_2_5_buckets(100)

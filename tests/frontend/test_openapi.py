@@ -1,4 +1,4 @@
-"""vLLM's docs routes (frontend/openapi.py): ``/openapi.json`` is vLLM 0.32's schema cut to
+"""vLLM's docs routes (frontend/routes/openapi.py): ``/openapi.json`` is vLLM 0.32's schema cut to
 the operations the app registers, which follow the same flags as in vLLM; ``/docs``,
 ``/docs/oauth2-redirect`` and ``/redoc`` are FastAPI's pages; ``--root-path`` goes into
 ``servers`` and the pages' links as FastAPI puts it; ``--disable-fastapi-docs`` removes all
@@ -14,7 +14,7 @@ from kvtest.ports import free_port
 
 from frontend.api_server import APIServer
 from frontend.config import FrontendConfig
-from frontend.openapi import DATA, METHODS, cut, references
+from frontend.routes.openapi import DATA, METHODS, cut, references
 
 DOCS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
 ALL_ROUTES_ON = {"dev_mode": True, "allow_runtime_lora_updating": True, "enable_tokenizer_info_endpoint": True}

@@ -1,5 +1,5 @@
 """Every field of vLLM 0.32's request classes has an answer in kvpool
-(``frontend.request_fields``): the table covers exactly vLLM's fields per endpoint (the
+(``frontend.schema.request_fields``): the table covers exactly vLLM's fields per endpoint (the
 list is vLLM's own, ``data/vllm_request_fields_0.32.txt``), an honoured field is one the
 request classes declare, and a live frontend refuses each refused field by name with a
 400 (vLLM's words where vLLM refuses it too), accepts the values under which vLLM
@@ -14,8 +14,8 @@ import pytest
 from kvtest.fake_engine import fake_engine, frontend_process
 from kvtest.http_api import post
 
-from frontend.protocol import ChatCompletionRequest, CompletionRequest
-from frontend.request_fields import (
+from frontend.schema.requests import ChatCompletionRequest, CompletionRequest
+from frontend.schema.request_fields import (
     FIELDS,
     HONOURED,
     NO_EFFECT,
@@ -66,7 +66,7 @@ def test_the_unhonoured_fields_default_to_vllms_defaults():
 
 def test_the_doc_is_the_table():
     assert (REPO / "docs" / "vllm-request-fields.md").read_text() == fields_doc(), (
-        "run: python -c 'from frontend.request_fields import fields_doc; print(fields_doc(), end=\"\")' > docs/vllm-request-fields.md")
+        "run: python -c 'from frontend.schema.request_fields import fields_doc; print(fields_doc(), end=\"\")' > docs/vllm-request-fields.md")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""frontend/sampling.py: a request's sampling fields checked with protocol's ranges
+"""frontend/sampling/params.py: a request's sampling fields checked with protocol's ranges
 (the scheduler's own) and vLLM's wording, the first bad field named in a 400."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import msgspec
 import pytest
 
-from frontend.errors import APIError
-from frontend.protocol import ChatCompletionRequest, CompletionRequest
-from frontend.sampling import engine_params, with_header_priority
+from frontend.schema.errors import APIError
+from frontend.schema.requests import ChatCompletionRequest, CompletionRequest
+from frontend.sampling.params import engine_params, with_header_priority
 from protocol.client_messages import Generate
 
 

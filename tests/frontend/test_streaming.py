@@ -1,4 +1,4 @@
-"""Streamed responses fed in the engine client's reader pass (``frontend.streaming``),
+"""Streamed responses fed in the engine client's reader pass (``frontend.engine.streaming``),
 without a server: the pre-encoded chunk equals the chunk encoded whole; events reach
 the connection framed as HTTP chunks, in order, each connection's frames of a step in
 one write once the step's pass is over; a stop string, a failing render, a
@@ -17,10 +17,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from frontend.engine_client import EngineClient, EngineError
-from frontend.sampling import EngineParams
-from frontend.streaming import ClientGone, StreamedChoices, TextChunk, WriteBatch
-from frontend.tokenizer import Tokenizer
+from frontend.engine.client import EngineClient, EngineError
+from frontend.sampling.params import EngineParams
+from frontend.engine.streaming import ClientGone, StreamedChoices, TextChunk, WriteBatch
+from frontend.text.tokenizer import Tokenizer
 from protocol.client_messages import Abort, ClientRequest, EngineCoreOutputs, Generate, TokenOutput
 from protocol.codec import Codec
 

@@ -12,9 +12,9 @@ import re
 import msgspec
 import pytest
 
-from frontend.errors import APIError
-from frontend.protocol import ChatCompletionRequest, CompletionRequest
-from frontend.structured_outputs import choice_as_grammar, grammar_is_likely_lark, grammar_spec_of
+from frontend.schema.errors import APIError
+from frontend.schema.requests import ChatCompletionRequest, CompletionRequest
+from frontend.sampling.structured_outputs import choice_as_grammar, grammar_is_likely_lark, grammar_spec_of
 from protocol.structured_output import GrammarSpec
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -174,7 +174,7 @@ def test_a_bad_structural_tag_is_vllms_400_and_its_response_format_is_refused_by
 def test_regex_compilation_has_vllms_timeout(monkeypatch):
     import time
 
-    from frontend.structured_outputs import compile_regex_with_timeout
+    from frontend.sampling.structured_outputs import compile_regex_with_timeout
 
     monkeypatch.setenv("VLLM_REGEX_COMPILATION_TIMEOUT_S", "1")
     start = time.monotonic()

@@ -1,4 +1,4 @@
-"""frontend.tokenizer against transformers' AutoTokenizer on the same files (vLLM's tokenizer)."""
+"""frontend.text.tokenizer against transformers' AutoTokenizer on the same files (vLLM's tokenizer)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 from kvtest.unicode_texts import TEXTS
 
-from frontend.tokenizer import Tokenizer, TokenizerError
+from frontend.text.tokenizer import Tokenizer, TokenizerError
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,12 @@ import json
 import msgspec
 import pytest
 
-from frontend.errors import APIError
-from frontend.protocol import ChatCompletionRequest
-from frontend.tool_calls import StreamedToolCalls, chat_message
-from frontend.tool_choice import check_tool_parsing, check_tool_usage, template_tools
-from frontend.tool_constraint import adjust_request
-from frontend.tool_parsers.hermes import HermesToolParser
+from frontend.schema.errors import APIError
+from frontend.schema.requests import ChatCompletionRequest
+from frontend.tools.calls import StreamedToolCalls, chat_message
+from frontend.tools.choice import check_tool_parsing, check_tool_usage, template_tools
+from frontend.tools.constraint import adjust_request
+from frontend.tools.parsers.hermes import HermesToolParser
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
          {"type": "function", "function": {"name": "get_time"}}]
@@ -252,7 +252,7 @@ def test_tool_strict_level_and_structured_outputs_beside_tools():
 
 def test_what_enable_log_outputs_logs_of_calls():
     # vllm/entrypoints/openai/chat_completion/serving.py: "[tool_calls: name(arguments)]" when there is no content
-    from frontend.tool_calls import logged_delta, logged_output
+    from frontend.tools.calls import logged_delta, logged_output
 
     message, _ = answer(request(tools=TOOLS), '<tool_call>{"name": "get_time", "arguments": {"tz": "UTC"}}</tool_call>')
     assert logged_output(message) == '[tool_calls: get_time({"tz": "UTC"})]'
@@ -319,8 +319,8 @@ def test_the_joined_constraint_is_read_as_vllms_extract_structured_outputs():
     # response_format over structured_outputs (vllm/entrypoints/generate/base/protocol.py structured_outputs_from_response_format)
     from types import SimpleNamespace
 
-    from frontend.protocol import StructuredOutputsParams
-    from frontend.tool_output_format import output_format
+    from frontend.schema.requests import StructuredOutputsParams
+    from frontend.tools.output_format import output_format
 
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     req = SimpleNamespace(structured_outputs=StructuredOutputsParams(regex="x"),

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from frontend.tool_parsers import configured_tool_parser, get_tool_parser
-from frontend.tool_parsers.hermes import HermesToolParser
-from frontend.tool_parsers.llama3_json import Llama3JsonToolParser
+from frontend.tools.parsers import configured_tool_parser, get_tool_parser
+from frontend.tools.parsers.hermes import HermesToolParser
+from frontend.tools.parsers.llama3_json import Llama3JsonToolParser
 
 
 class Vocab:
@@ -149,7 +149,7 @@ def test_registry_and_the_tokenizer_check_at_start_up():
 
 def test_the_tiny_checkpoint_serves_hermes_but_not_llama3_json(tiny_checkpoint):
     # Its tokenizer has no <|python_tag|>: vLLM refuses llama3_json at start-up with it too.
-    from frontend.tokenizer import Tokenizer
+    from frontend.text.tokenizer import Tokenizer
 
     tok = Tokenizer(tiny_checkpoint)
     assert configured_tool_parser("hermes", True, tok, "m") is HermesToolParser

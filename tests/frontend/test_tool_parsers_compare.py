@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from frontend.tool_parsers import get_tool_parser
-from frontend.tool_parsers.forced_json import required_calls, required_delta
+from frontend.tools.parsers import get_tool_parser
+from frontend.tools.parsers.forced_json import required_calls, required_delta
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm/bin/python"

@@ -69,7 +69,7 @@ def main() -> None:
         json.dump(vllm_answers(sys.argv[2]), sys.stdout)
         return
     sys.path.insert(0, str(REPO))
-    from frontend.openapi import DATA, METHODS, ROOT_PATH, cut
+    from frontend.routes.openapi import DATA, METHODS, ROOT_PATH, cut
 
     env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
     got = subprocess.run([str(VLLM_PYTHON), __file__, "--vllm", ROOT_PATH], capture_output=True, text=True, check=True, env=env)
