@@ -76,22 +76,12 @@ class APIServer:
         defaults = default_sampling(config.generation_config, config.model, config.override_generation_config)
         self.metrics.registry.register(RejectionsCollector(self.engine.admission, config.served_model_name))
         self.ctx = ServingContext(
-            config.served_model_name, config.model, config.max_model_len, self.tokenizer, self.engine, self.metrics,
-            defaults, config.return_tokens_as_token_ids,
-            log_requests=config.enable_log_requests, max_n=config.max_n_sequences, max_logprobs=config.max_logprobs,
-            response_role=config.response_role, prompt_tokens_details=config.enable_prompt_tokens_details,
-            force_include_usage=config.enable_force_include_usage, default_chat_template_kwargs=config.default_chat_template_kwargs or {},
-            trust_request_chat_template=config.trust_request_chat_template,
-            chat_template_content_format=config.chat_template_content_format,
-            output_log=OutputLog(config.max_log_len, config.enable_log_deltas) if config.enable_log_outputs else None,
-            sse_keep_alive_s=float(config.sse_keep_alive_interval),
+            config, self.tokenizer, self.engine, self.metrics, defaults,
             max_tokens_cap=max_tokens_cap(config.generation_config, defaults, config.override_generation_config),
             vocab_size=model_vocab_size(config.model),
             tool_parser=configured_tool_parser(config.tool_call_parser, config.enable_auto_tool_choice, self.tokenizer, config.model),
-            strict_tool_calling=config.enforce_strict_tool_calling, tool_strict_level=config.tool_strict_level,
-            exclude_tools_when_tool_choice_none=config.exclude_tools_when_tool_choice_none,
             system_fingerprint=system_fingerprint(config.model, config.served_model_name, config.max_model_len),
-            kv_connector=config.kv_transfer_config is not None,
+            output_log=OutputLog(config.max_log_len, config.enable_log_deltas) if config.enable_log_outputs else None,
         )
         self.ready, self.why_not_ready = False, "the scheduler has not answered yet"
         self.was_ready = False
@@ -226,8 +216,8 @@ class APIServer:
         return await self.chat(request, await read_body(request, ChatCompletionRequest))
 
     async def _models(self, _request: web.Request) -> web.Response:
-        card = {"id": self.ctx.model_name, "object": "model", "created": now(), "owned_by": "vllm", "root": self.ctx.model_path,
-                "parent": None, "max_model_len": self.ctx.max_model_len, "permission": []}
+        card = {"id": self.ctx.config.served_model_name, "object": "model", "created": now(), "owned_by": "vllm", "root": self.ctx.config.model,
+                "parent": None, "max_model_len": self.ctx.config.max_model_len, "permission": []}
         return json_response({"object": "list", "data": [card]})
 
     async def health(self, _request: web.Request) -> web.Response:
@@ -249,7 +239,7 @@ class APIServer:
                                        chat_template_kwargs=req.chat_template_kwargs, continue_final_message=req.continue_final_message,
                                        chat_template=req.chat_template)
         strs = self.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
-        return json_response({"count": len(ids), "max_model_len": self.ctx.max_model_len, "tokens": ids, "token_strs": strs})
+        return json_response({"count": len(ids), "max_model_len": self.ctx.config.max_model_len, "tokens": ids, "token_strs": strs})
 
     async def _detokenize(self, request: web.Request) -> web.Response:
         req = await read_body(request, DetokenizeRequest)

@@ -118,7 +118,7 @@ class StreamedChoices:
         self.chunked = resp.headers.get("Transfer-Encoding", "").lower() == "chunked"
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
         self.open: dict[str, _Sink] = {}  # engine request id -> its unfinished choice
-        self.keep_alive_s: float = ctx.sse_keep_alive_s
+        self.keep_alive_s = float(ctx.config.sse_keep_alive_interval)
         self.last_write = 0.0  # loop time of the last event, for the keep-alive comments
         self._keep_alive: asyncio.TimerHandle | None = None
 

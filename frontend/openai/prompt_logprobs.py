@@ -44,8 +44,8 @@ def num_prompt_logprobs(req, ctx, asked: int | None) -> int | None:
     if not asked:
         return asked
     n = asked if asked != -1 else whole_vocabulary(ctx)
-    if n > ctx.max_logprobs:
-        raise bad_request(f"Requested prompt logprobs of {n}, which is greater than max allowed: {ctx.max_logprobs}", "prompt_logprobs")
+    if n > ctx.config.max_logprobs:
+        raise bad_request(f"Requested prompt logprobs of {n}, which is greater than max allowed: {ctx.config.max_logprobs}", "prompt_logprobs")
     return n
 
 

@@ -32,7 +32,7 @@ def _generate_request(ctx: ServingContext, request_id: str, token_ids: list[int]
     if "allowed_token_ids" in sampling:
         sampling["allowed_token_ids"] = req.allowed_token_ids
     priority = sampling.pop("priority")
-    return {"request_id": request_id, "token_ids": token_ids, "features": None, "sampling_params": sampling, "model": ctx.model_name,
+    return {"request_id": request_id, "token_ids": token_ids, "features": None, "sampling_params": sampling, "model": ctx.config.served_model_name,
             "stream": req.stream, "stream_options": None, "cache_salt": req.cache_salt, "priority": priority,
             "kv_transfer_params": req.kv_transfer_params}
 

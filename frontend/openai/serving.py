@@ -13,17 +13,17 @@ from dataclasses import dataclass, field
 import msgspec
 from aiohttp import web
 
+from frontend.config import FrontendConfig
 from frontend.engine.client import EngineClient, EngineError
 from frontend.schema.errors import APIError, bad_request, model_not_found
 from frontend.engine.generation import Choice, ChoiceDelta, merge, run_choice
 from frontend.http.metrics import ChoiceGroups, FrontendMetrics
 from frontend.openai.output_log import OutputLog
-from frontend.sampling.params import DEFAULT_MAX_N_SEQUENCES, EngineParams
+from frontend.sampling.params import EngineParams
 from frontend.engine.streaming import WriteBatch
 from frontend.text.tokenizer import Tokenizer
 from frontend.tools.parsers import ToolParser
 from protocol.client_messages import MAX_REQUEST_ID_LENGTH
-from protocol.sampling_params import MAX_LOGPROBS
 
 log = logging.getLogger("frontend")
 
@@ -32,42 +32,26 @@ _encode = msgspec.json.encode
 
 @dataclass(slots=True)
 class ServingContext:
-    model_name: str
-    model_path: str
-    max_model_len: int
+    """What every handler reads: the process's flags by their own names (``config``) and
+    what start-up built from them once."""
+
+    config: FrontendConfig
     tokenizer: Tokenizer
     engine: EngineClient
     metrics: FrontendMetrics
+    # The checkpoint's generation_config.json defaults (frontend.sampling.params.default_sampling).
     default_sampling: dict
-    return_tokens_as_token_ids: bool = False
-    # --enable-log-requests: one INFO line per request received, as vLLM's RequestLogger.
-    log_requests: bool = False
-    max_n: int = DEFAULT_MAX_N_SEQUENCES
-    max_logprobs: int = MAX_LOGPROBS  # --max-logprobs
-    response_role: str = "assistant"  # --response-role
-    prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
-    force_include_usage: bool = False  # --enable-force-include-usage
-    default_chat_template_kwargs: dict = field(default_factory=dict)  # --default-chat-template-kwargs
-    trust_request_chat_template: bool = False  # --trust-request-chat-template
-    chat_template_content_format: str = "auto"  # --chat-template-content-format
-    output_log: OutputLog | None = None  # --enable-log-outputs (chat only, as vLLM)
-    sse_keep_alive_s: float = 0.0  # --sse-keep-alive-interval
     max_tokens_cap: int | None = None  # vLLM's override_max_tokens (frontend.sampling.params.max_tokens_cap)
-    writes: WriteBatch = field(default_factory=WriteBatch)  # every stream's frames of a step
     vocab_size: int | None = None  # the model's (config.json): vLLM's token-id checks
     # --enable-auto-tool-choice --tool-call-parser: the parser class (frontend.tools.parsers), else None.
     tool_parser: type[ToolParser] | None = None
-    # VLLM_ENFORCE_STRICT_TOOL_CALLING (default on): forced calls through a structural tag, else a JSON schema.
-    strict_tool_calling: bool = True
-    tool_strict_level: str = "auto"  # --tool-strict-level
-    exclude_tools_when_tool_choice_none: bool = False  # --exclude-tools-when-tool-choice-none
     # Every answer's system_fingerprint (frontend.version); on a stream's last chunk only, as vLLM's.
     system_fingerprint: str | None = None
-    # --kv-transfer-config given: requests' kv_transfer_params are checked and sent on (frontend.sampling.params).
-    kv_connector: bool = False
+    output_log: OutputLog | None = None  # --enable-log-outputs (chat only, as vLLM)
+    writes: WriteBatch = field(default_factory=WriteBatch)  # every stream's frames of a step
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        if model is not None and model != self.config.served_model_name:
             raise model_not_found(model)
 
     def preflight(self, model: str | None, n: int | None) -> None:
@@ -79,12 +63,12 @@ class ServingContext:
     def cached(self, num_cached_tokens: int) -> int | None:
         """What a final usage reports as cached: the count with
         --enable-prompt-tokens-details, else None (no prompt_tokens_details, as vLLM)."""
-        return num_cached_tokens if self.prompt_tokens_details else None
+        return num_cached_tokens if self.config.enable_prompt_tokens_details else None
 
     def include_usage(self, stream_options) -> tuple[bool, bool]:
         """vLLM's ``should_include_usage``: (a final usage chunk, usage in every chunk);
         --enable-force-include-usage turns both on, whatever the request asked."""
-        if self.force_include_usage:
+        if self.config.enable_force_include_usage:
             return True, True
         include = stream_options is not None and stream_options.include_usage
         return include, include and stream_options.continuous_usage_stats
@@ -165,7 +149,7 @@ def choice_requests(request_id: str, prompts: list[list[int]], params: EnginePar
 
 def choice_streams(ctx: ServingContext, request_id: str, prompts: list[list[int]], params: EngineParams) -> list[AsyncIterator[ChoiceDelta]]:
     """Each choice as an async iterator of its deltas."""
-    if ctx.log_requests:
+    if ctx.config.enable_log_requests:
         log.info("Received request %s: params: %s, n: %d, num_prompt_tokens: %s.", request_id, params.generate, params.n,
                  [len(p) for p in prompts])
     if params.refusal is not None:

@@ -73,7 +73,7 @@ _MESSAGE_NULLS = {"refusal": None, "annotations": None, "audio": None, "function
 
 def check_request_templates(ctx: ServingContext, chat_template: str | None, chat_template_kwargs: dict | None) -> None:
     """vLLM's ``validate_chat_template``: a template from the request only with --trust-request-chat-template."""
-    if not ctx.trust_request_chat_template and (chat_template is not None or (chat_template_kwargs or {}).get("chat_template") is not None):
+    if not ctx.config.trust_request_chat_template and (chat_template is not None or (chat_template_kwargs or {}).get("chat_template") is not None):
         raise bad_request(UNTRUSTED)
 
 
@@ -84,12 +84,12 @@ async def chat_prompt(ctx: ServingContext, messages: list[dict], add_generation_
     in the tokenizer thread."""
     check_request_templates(ctx, chat_template, chat_template_kwargs)
     tok = ctx.tokenizer
-    kwargs = chat_template_kwargs_for(ctx.default_chat_template_kwargs, tools, chat_template_kwargs, add_generation_prompt,
+    kwargs = chat_template_kwargs_for(ctx.config.default_chat_template_kwargs or {}, tools, chat_template_kwargs, add_generation_prompt,
                                       continue_final_message, documents, reasoning_effort)
     # NOTE: vLLM's order: the request's template, --chat-template, chat_template_kwargs' one, the checkpoint's.
     template = chat_template or (tok.chat_template if tok.chat_template_from_flag else None)
     kwargs = merge_kwargs(kwargs, {"chat_template": template})
-    content_format = ctx.chat_template_content_format
+    content_format = ctx.config.chat_template_content_format
     if content_format == "auto":  # NOTE: as vLLM, read from the template chat_template_kwargs' one would not replace
         resolved = tok.resolve_chat_template(template, kwargs.get("tools"))
         content_format = "string" if resolved is None else detect_content_format(resolved)
@@ -140,39 +140,39 @@ async def chat_engine_input(ctx: ServingContext, req: ChatCompletionRequest,
     if req.top_logprobs and not req.logprobs:
         raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
     if req.max_completion_tokens is not None:
-        check_output_tokens(req.max_completion_tokens, ctx.max_model_len, "max_completion_tokens")
+        check_output_tokens(req.max_completion_tokens, ctx.config.max_model_len, "max_completion_tokens")
     else:
-        check_output_tokens(req.max_tokens, ctx.max_model_len)
-    check_truncation(req.truncate_prompt_tokens, ctx.max_model_len)
+        check_output_tokens(req.max_tokens, ctx.config.max_model_len)
+    check_truncation(req.truncate_prompt_tokens, ctx.config.max_model_len)
     check_chat_fields(req)
     check_tool_parsing(req, ctx.tool_parser)
-    shown = None if req.tool_choice == "none" and ctx.exclude_tools_when_tool_choice_none else template_tools(req.tools)
+    shown = None if req.tool_choice == "none" and ctx.config.exclude_tools_when_tool_choice_none else template_tools(req.tools)
     ids, chat = await chat_prompt(ctx, req.messages, req.add_generation_prompt, req.add_special_tokens, shown, req.documents,
                                   req.chat_template_kwargs, req.continue_final_message, req.chat_template, req.reasoning_effort)
-    adjust_request(req, ctx.tool_parser, ctx.strict_tool_calling, ctx.tool_strict_level)
+    adjust_request(req, ctx.tool_parser, ctx.config.enforce_strict_tool_calling, ctx.config.tool_strict_level)
     requested = req.max_completion_tokens or req.max_tokens
     # NOTE: the rendered prompt's ids, sliced: vLLM's tokenizer-level truncation gives the
     # same unless add_special_tokens puts specials around a chat prompt. Truncated to
     # nothing, the prompt goes on for the engine to refuse (vLLM's words, in the stream).
-    keep = tokens_kept(req.truncate_prompt_tokens, ctx.max_model_len,
+    keep = tokens_kept(req.truncate_prompt_tokens, ctx.config.max_model_len,
                        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens)
     ids = truncate_ids(ids, keep, req.truncation_side)
-    check_prompt_length(len(ids), ctx.max_model_len, from_text=True)
+    check_prompt_length(len(ids), ctx.config.max_model_len, from_text=True)
     check_routed_experts_start(req, len(ids))
     if rendered is not None:
         rendered()
-    max_tokens = output_budget(requested, len(ids), ctx.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)
+    max_tokens = output_budget(requested, len(ids), ctx.config.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)
     num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
     if num_logprobs == -1:  # vLLM's -1: the whole vocabulary (over any --max-logprobs this server allows)
         num_logprobs = whole_vocabulary(ctx)
-    params = engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
+    params = engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.config.max_n_sequences, ctx.config.max_logprobs)
     asked = req.prompt_logprobs
     if asked is None and getattr(req, "echo", False):  # NOTE: vLLM's chat echo asks for top_logprobs' worth
         asked = req.top_logprobs
     plp = num_prompt_logprobs(req, ctx, asked)
     if plp is not None:
         params = replace(params, generate={**params.generate, "prompt_logprobs": plp})
-    params = with_kv_transfer_params(params, req.kv_transfer_params, ctx.kv_connector)
+    params = with_kv_transfer_params(params, req.kv_transfer_params, ctx.config.kv_transfer_config is not None)
     return ids, max_tokens, num_logprobs, with_logits_fields(params, req, ctx.tokenizer, ctx.vocab_size), chat
 
 
@@ -188,8 +188,8 @@ def chat_role(ctx: ServingContext, req: ChatCompletionRequest) -> str:
     """vLLM's ``get_chat_request_role``: --response-role for a reply to the generation
     prompt, else (a continued message) the last message's role."""
     if req.add_generation_prompt:
-        return ctx.response_role
-    return str(req.messages[-1].get("role", ctx.response_role))
+        return ctx.config.response_role
+    return str(req.messages[-1].get("role", ctx.config.response_role))
 
 
 async def create_chat_completion(ctx: ServingContext, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
@@ -200,13 +200,13 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
     ids, max_tokens, num_logprobs, params, chat = await chat_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
     params = with_header_priority(params, request.headers)
     params = await with_structured_outputs(params, req)
-    as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
+    as_ids = bool(req.return_tokens_as_token_ids or ctx.config.return_tokens_as_token_ids)
     echo = echo_text(ctx, req, chat)
     if req.stream:
         return await _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_ids, echo)
 
     choices = await collect(ctx, request_id, [ids], params)
-    messages = [chat_message(ctx.tool_parser, ctx.tokenizer, req, chat_role(ctx, req), echo + c.text, c.finish_reason, not ctx.strict_tool_calling)
+    messages = [chat_message(ctx.tool_parser, ctx.tokenizer, req, chat_role(ctx, req), echo + c.text, c.finish_reason, not ctx.config.enforce_strict_tool_calling)
                 for c in choices]
     out = [{
         "index": c.index, "message": {**_MESSAGE_NULLS, **message},
@@ -219,7 +219,7 @@ async def create_chat_completion(ctx: ServingContext, request: web.Request, req:
             if text := logged_output(message):
                 ctx.output_log.output(request_id, text, c.token_ids, finish_reason)
     return json_response({
-        "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.model_name, "choices": out,
+        "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.config.served_model_name, "choices": out,
         "usage": usage(len(ids), sum(len(c.token_ids) for c in choices), ctx.cached(cached_tokens(choices, params.n))),
         "system_fingerprint": ctx.system_fingerprint, "prompt_logprobs": prompt_logprobs_json(ctx.tokenizer, ids, choices[0].prompt_logprobs),
         "prompt_token_ids": ids if req.return_token_ids else None, "prompt_text": None,
@@ -264,7 +264,7 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
     recent: list[list[int]] = [[] for _ in range(params.n)]  # each choice's last output tokens: its logprobs' decoding context
 
     def chunk(choices: list[dict], use: dict | None = None) -> dict:
-        c = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": ctx.model_name, "choices": choices}
+        c = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": ctx.config.served_model_name, "choices": choices}
         if use is not None:
             c["usage"] = use
         # NOTE: as vLLM, the fingerprint rides on the last message: the usage chunk, else each finishing chunk
@@ -276,7 +276,7 @@ async def _stream(ctx, request, req, request_id, ids, params, num_logprobs, as_i
 
     text_chunk = TextChunk(lambda c: chunk([c]), lambda i, text: _choice(i, {"content": text}))
     # NOTE: with a tool parser (as vLLM's), every choice's text goes through its own parser.
-    tools = [StreamedToolCalls(ctx.tool_parser, ctx.tokenizer, req, not ctx.strict_tool_calling) for _ in range(params.n)] if ctx.tool_parser else None
+    tools = [StreamedToolCalls(ctx.tool_parser, ctx.tokenizer, req, not ctx.config.enforce_strict_tool_calling) for _ in range(params.n)] if ctx.tool_parser else None
 
     def tool_chunk(d, lp, use) -> bytes | None:
         finished = d.finish_reason is not None

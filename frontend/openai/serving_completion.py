@@ -73,11 +73,11 @@ async def prompt_token_ids(ctx: ServingContext, req: CompletionRequest) -> tuple
     if not all(isinstance(one, str) or (isinstance(one, list) and all(_is_token_id(t) for t in one)) for one in p):
         raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of token-id lists", "prompt")
     ids, texts = [], []
-    keep, side = tokens_kept(req.truncate_prompt_tokens, ctx.max_model_len, req.max_tokens), req.truncation_side
+    keep, side = tokens_kept(req.truncate_prompt_tokens, ctx.config.max_model_len, req.max_tokens), req.truncation_side
     for one in p:
         if isinstance(one, str):
             if req.truncate_prompt_tokens is None:
-                check_prompt_chars(one, ctx.max_model_len, ctx.tokenizer.max_chars_per_token)
+                check_prompt_chars(one, ctx.config.max_model_len, ctx.tokenizer.max_chars_per_token)
             ids.append(await ctx.tokenizer.in_pool(lambda tok, one=one: encode_truncated(tok, one, req.add_special_tokens, keep, side)))
             texts.append(one)
         else:
@@ -102,25 +102,25 @@ async def completion_engine_input(ctx: ServingContext, req: CompletionRequest,
     check_unhonoured(req, "completion")
     if req.suffix is not None:
         raise bad_request("suffix is not currently supported", "suffix")
-    check_output_tokens(req.max_tokens, ctx.max_model_len)
-    check_truncation(req.truncate_prompt_tokens, ctx.max_model_len)
+    check_output_tokens(req.max_tokens, ctx.config.max_model_len)
+    check_truncation(req.truncate_prompt_tokens, ctx.config.max_model_len)
     prompts, texts = await prompt_token_ids(ctx, req)
     for ids, text in zip(prompts, texts, strict=True):
-        check_prompt_length(len(ids), ctx.max_model_len, from_text=text is not None)
+        check_prompt_length(len(ids), ctx.config.max_model_len, from_text=text is not None)
         check_routed_experts_start(req, len(ids))
     if rendered is not None:
         rendered()
     # NOTE: one budget for every prompt (they share EngineParams): the longest prompt's.
-    max_tokens = output_budget(req.max_tokens, max(len(p) for p in prompts), ctx.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)
+    max_tokens = output_budget(req.max_tokens, max(len(p) for p in prompts), ctx.config.max_model_len, ctx.default_sampling, ctx.max_tokens_cap)
     if req.echo and req.max_tokens == 0:
         max_tokens = 1  # NOTE: vLLM's echo without generation: one token is sampled, and only the prompt shown
     # vLLM's -1: the whole vocabulary (over any --max-logprobs this server allows)
     num_logprobs = req.logprobs if req.logprobs != -1 else whole_vocabulary(ctx)
-    params = engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.max_n, ctx.max_logprobs)
+    params = engine_params(req, max_tokens, num_logprobs, ctx.default_sampling, ctx.config.max_n_sequences, ctx.config.max_logprobs)
     plp = num_prompt_logprobs(req, ctx, req.prompt_logprobs if req.prompt_logprobs is not None or not req.echo else req.logprobs)
     if plp is not None:
         params = replace(params, generate={**params.generate, "prompt_logprobs": plp})
-    params = with_kv_transfer_params(params, req.kv_transfer_params, ctx.kv_connector)
+    params = with_kv_transfer_params(params, req.kv_transfer_params, ctx.config.kv_transfer_config is not None)
     return prompts, texts, max_tokens, with_logits_fields(params, req, ctx.tokenizer, ctx.vocab_size)
 
 
@@ -131,7 +131,7 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
     prompts, texts, max_tokens, params = await completion_engine_input(ctx, req, lambda: request.__setitem__(REQUEST_ID_KEY, request_id))
     params = with_header_priority(params, request.headers)
     params = await with_structured_outputs(params, req)
-    as_ids = bool(req.return_tokens_as_token_ids or ctx.return_tokens_as_token_ids)
+    as_ids = bool(req.return_tokens_as_token_ids or ctx.config.return_tokens_as_token_ids)
     # NOTE: as vLLM, an echo with return_token_ids echoes the prompt's ids, not its text; a token
     # prompt echoes as vLLM decodes it: special tokens kept (transformers' default).
     echo = [(t if t is not None else ctx.tokenizer.decode(ids, skip_special_tokens=False)) if req.echo and not req.return_token_ids else ""
@@ -154,7 +154,7 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
                     "prompt_token_ids": prompt if req.return_token_ids else None, "routed_experts": None})
     num_prompt = sum(len(p) for p in prompts)
     return json_response({
-        "id": request_id, "object": "text_completion", "created": now(), "model": ctx.model_name, "choices": out,
+        "id": request_id, "object": "text_completion", "created": now(), "model": ctx.config.served_model_name, "choices": out,
         "usage": usage(num_prompt, sum(len(c.token_ids) for c in choices), ctx.cached(cached_tokens(choices, n))),
         # NOTE: as vLLM, the first prompt's first choice's: a prefill engine's answer to vllm-router's PD mode
         "system_fingerprint": ctx.system_fingerprint, "kv_transfer_params": choices[0].kv_transfer_params,
@@ -193,7 +193,7 @@ async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) 
     echo_only = req.echo and req.max_tokens == 0
 
     def chunk(choices: list[dict], use: dict | None = None) -> dict:
-        c = {"id": request_id, "object": "text_completion", "created": created, "model": ctx.model_name, "choices": choices}
+        c = {"id": request_id, "object": "text_completion", "created": created, "model": ctx.config.served_model_name, "choices": choices}
         if use is not None:
             c["usage"] = use
         # NOTE: as vLLM, the fingerprint rides on the last message: the usage chunk, else each finishing chunk

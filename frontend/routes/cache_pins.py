@@ -50,9 +50,9 @@ async def _token_ids(server: ServerView, req: PinRequest) -> list[int]:
         if not ids:
             raise bad_request("Prompt cannot be empty", param)
         ctx.check_token_ids(ids, param)
-    if len(ids) >= ctx.max_model_len:
+    if len(ids) >= ctx.config.max_model_len:
         raise bad_request(f"the prompt has {len(ids)} tokens; a pinned prompt must leave room for one more token "
-                          f"within max_model_len {ctx.max_model_len}", "prompt")
+                          f"within max_model_len {ctx.config.max_model_len}", "prompt")
     return ids
 
 

@@ -61,8 +61,8 @@ def router_probe_routes(server: ServerView) -> list[tuple[str, str, object]]:
         return json_response(await render_chat(ctx, await read_body(request, ChatCompletionRequest)))
 
     async def model_info(_request: web.Request) -> web.Response:
-        return json_response({"model_path": ctx.model_path, "tokenizer_path": ctx.model_path, "is_generation": True,
-                              "served_model_name": ctx.model_name, "max_model_len": ctx.max_model_len})
+        return json_response({"model_path": ctx.config.model, "tokenizer_path": ctx.config.model, "is_generation": True,
+                              "served_model_name": ctx.config.served_model_name, "max_model_len": ctx.config.max_model_len})
 
     async def server_info(_request: web.Request) -> web.Response:
         c = config
