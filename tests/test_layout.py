@@ -280,8 +280,8 @@ def test_the_architecture_overview_stays_short():
 
 def test_no_module_hides_an_import_under_type_checking():
     # An import that only type checkers run is how an import circle hides (the house rule:
-    # none, not even there); a module that needs another's shape takes a Protocol instead
-    # (frontend/server_view.py).
+    # none, not even there); a module that needs another's shape is given the pieces it uses
+    # (frontend/routes/: a serving context and a scheduler client, not the API server).
     hidden = [str(p.relative_to(REPO)) for top in PROJECT for p in sorted((REPO / top).rglob("*.py"))
               if re.search(r"^if (typing\.)?TYPE_CHECKING\b", p.read_text(encoding="utf-8"), re.MULTILINE)]
     assert hidden == [], f"imports under TYPE_CHECKING: {hidden}"

@@ -19,8 +19,8 @@ from aiohttp import web
 
 from frontend.schema.errors import APIError, bad_request
 from frontend.http.request_body import read_body
-from frontend.server_view import ServerView
-from frontend.openai.serving import json_response, random_id
+from frontend.engine.scheduler_http import SchedulerHTTP
+from frontend.openai.serving import ServingContext, json_response, random_id
 from protocol.client_messages import PinPrefix, PinResult
 
 
@@ -36,8 +36,7 @@ class PinRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 _result = msgspec.json.Decoder(PinResult)
 
 
-async def _token_ids(server: ServerView, req: PinRequest) -> list[int]:
-    ctx = server.ctx
+async def _token_ids(ctx: ServingContext, req: PinRequest) -> list[int]:
     if (req.prompt is None) == (req.prompt_token_ids is None):
         raise bad_request("give exactly one of prompt and prompt_token_ids", "prompt")
     if isinstance(req.prompt, str):
@@ -56,8 +55,8 @@ async def _token_ids(server: ServerView, req: PinRequest) -> list[int]:
     return ids
 
 
-async def _ask(server: ServerView, path: str, body: PinPrefix) -> PinResult:
-    status, text = await server.scheduler_post(path, msgspec.json.encode(body))
+async def _ask(scheduler: SchedulerHTTP, path: str, body: PinPrefix) -> PinResult:
+    status, text = await scheduler.post(path, msgspec.json.encode(body))
     if status == 400:
         raise bad_request(msgspec.json.decode(text).get("error", text.decode()), "prompt")
     if status != 200:
@@ -65,24 +64,24 @@ async def _ask(server: ServerView, path: str, body: PinPrefix) -> PinResult:
     return _result.decode(text)
 
 
-def cache_pin_routes(server: ServerView) -> list[tuple[str, str, object]]:
+def cache_pin_routes(ctx: ServingContext, scheduler: SchedulerHTTP) -> list[tuple[str, str, object]]:
     async def read(request: web.Request) -> tuple[PinRequest, list[int]]:
         req = await read_body(request, PinRequest)
-        server.ctx.check_model(req.model)
+        ctx.check_model(req.model)
         if req.ttl_s is not None and not 0 < req.ttl_s < float("inf"):
             raise bad_request(f"ttl_s must be a positive number of seconds, got {req.ttl_s}", "ttl_s")
-        return req, await _token_ids(server, req)
+        return req, await _token_ids(ctx, req)
 
     async def pin(request: web.Request) -> web.Response:
         req, ids = await read(request)
         body = PinPrefix(ids, req.cache_salt, req.ttl_s)
-        out = await _ask(server, "/v1/cache/pin", body)
+        out = await _ask(scheduler, "/v1/cache/pin", body)
         if out.missing_blocks:
             # NOTE: compute the prompt's blocks as any request would, then pin them.
             params = {"max_tokens": 1, "cache_salt": req.cache_salt} if req.cache_salt is not None else {"max_tokens": 1}
-            async for _ in server.engine.generate(random_id("pin"), ids, params):
+            async for _ in ctx.engine.generate(random_id("pin"), ids, params):
                 pass
-            out = await _ask(server, "/v1/cache/pin", body)
+            out = await _ask(scheduler, "/v1/cache/pin", body)
             if out.missing_blocks:
                 raise APIError("the prompt's blocks were evicted before they could be pinned (the pool is busy): retry", 503)
         if out.pinned_blocks == 0:
@@ -91,7 +90,7 @@ def cache_pin_routes(server: ServerView) -> list[tuple[str, str, object]]:
 
     async def unpin(request: web.Request) -> web.Response:
         req, ids = await read(request)
-        out = await _ask(server, "/v1/cache/unpin", PinPrefix(ids, req.cache_salt))
+        out = await _ask(scheduler, "/v1/cache/unpin", PinPrefix(ids, req.cache_salt))
         return json_response({"unpinned_blocks": out.pinned_blocks, "unpinned_tokens": out.pinned_tokens})
 
     return [("POST", "/v1/cache/pin", pin), ("POST", "/v1/cache/unpin", unpin)]

@@ -18,13 +18,16 @@ answers them (``vllm/entrypoints/serve/``):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 from aiohttp import web
 
-from frontend.routes.cache_pins import cache_pin_routes
 from frontend.schema.errors import APIError, bad_request
 from frontend.http.request_body import read_body
-from frontend.server_view import ServerView
+from frontend.config import FrontendConfig
+from frontend.engine.scheduler_health import SchedulerHealth
+from frontend.engine.scheduler_http import SchedulerHTTP
 from frontend.openai.serving import json_response
 from frontend.version import VLLM_API_VERSION, kvpool_version
 
@@ -52,21 +55,21 @@ def query_bool(request: web.Request, name: str) -> bool:
     raise bad_request(f"query parameter {name} must be a boolean (true or false), got {raw!r}", f"query.{name}")
 
 
-def ops_routes(server: ServerView) -> list[tuple[str, str, object]]:
-    config = server.config
+def ops_routes(config: FrontendConfig, server_load: Callable[[], int], health: SchedulerHealth,
+               scheduler: SchedulerHTTP) -> list[tuple[str, str, object]]:
 
     async def version(_request: web.Request) -> web.Response:
         return json_response({"version": VLLM_API_VERSION, "kvpool_version": kvpool_version()})
 
     async def load(_request: web.Request) -> web.Response:
-        return json_response({"server_load": server.server_load})
+        return json_response({"server_load": server_load()})
 
     async def reset_prefix_cache(request: web.Request) -> web.Response:
         for name in ("reset_running_requests", "reset_external"):
             if query_bool(request, name):
                 raise APIError(f"{name}=true is not supported: kvpool's scheduler resets the prefix cache only when "
                                "no running request holds blocks (and has no external cache to reset)", 501)
-        status, _text = await server.scheduler_reset_prefix_cache()
+        status, _text = await scheduler.reset_prefix_cache()
         if status not in (200, 409):  # 409: blocks are held, vLLM's success=false
             raise APIError(f"the scheduler refused to reset its prefix cache ({status}): {_text.strip()}", 503)
         return json_response({"success": status == 200})
@@ -90,9 +93,8 @@ def ops_routes(server: ServerView) -> list[tuple[str, str, object]]:
     routes = [
         ("GET", "/version", version),
         ("GET", "/load", load),
-        ("GET", "/ping", server.health),
-        ("POST", "/ping", server.health),
-        *cache_pin_routes(server),
+        ("GET", "/ping", health.health),
+        ("POST", "/ping", health.health),
     ]
     if config.dev_mode:
         routes.append(("POST", "/reset_prefix_cache", reset_prefix_cache))

@@ -22,8 +22,9 @@ from frontend.schema.errors import APIError, unavailable
 from frontend.schema.requests import ChatCompletionRequest, CompletionRequest
 from frontend.openai.render import render_chat, render_completion
 from frontend.http.request_body import read_body
-from frontend.server_view import ServerView
-from frontend.openai.serving import json_response, random_id
+from frontend.engine.scheduler_health import SchedulerHealth
+from frontend.engine.scheduler_http import SchedulerHTTP
+from frontend.openai.serving import ServingContext, json_response, random_id
 from frontend.version import kvpool_version
 
 # GET /health_generate: the most a one-token generation may take before it is a failure.
@@ -43,14 +44,14 @@ def kv_event_sources(info: dict) -> dict:
     return {} if config is None else {str(info.get("data_parallel_rank", 0)): config}
 
 
-def router_probe_routes(server: ServerView) -> list[tuple[str, str, object]]:
-    ctx, config = server.ctx, server.config
+def router_probe_routes(ctx: ServingContext, health: SchedulerHealth, scheduler: SchedulerHTTP) -> list[tuple[str, str, object]]:
+    config, engine = ctx.config, ctx.engine
     cached_info: list[dict] = []
 
     async def engine_info() -> dict:
         # NOTE: fixed for the scheduler's life, so read once; a failure is not cached.
         if not cached_info:
-            cached_info.append(await server.scheduler_engine_info())
+            cached_info.append(await scheduler.engine_info())
         return cached_info[0]
 
     async def render_completion_(request: web.Request) -> web.Response:
@@ -68,8 +69,8 @@ def router_probe_routes(server: ServerView) -> list[tuple[str, str, object]]:
         c = config
         info = await engine_info()
         return json_response({"version": kvpool_version(), "model_path": c.model, "served_model_name": c.served_model_name,
-                              "max_model_len": c.max_model_len, "dev_mode": c.dev_mode, "ready": server.ready,
-                              "status": "ready" if server.ready else server.why_not_ready, "load": server.engine.num_in_flight,
+                              "max_model_len": c.max_model_len, "dev_mode": c.dev_mode, "ready": health.ready,
+                              "status": "ready" if health.ready else health.why_not_ready, "load": engine.num_in_flight,
                               "kv_block_size": info["cache_config"]["block_size"],
                               "vllm_config": vllm_config(c.model, c.served_model_name, c.max_model_len, info)})
 
@@ -78,14 +79,14 @@ def router_probe_routes(server: ServerView) -> list[tuple[str, str, object]]:
 
     async def get_load(_request: web.Request) -> web.Response:
         # The engine requests this server has running or waiting (vllm-router reads "load").
-        return json_response({"load": server.engine.num_in_flight})
+        return json_response({"load": engine.num_in_flight})
 
     async def health_generate(_request: web.Request) -> web.Response:
         """200 once a one-token generation has come back: the worker really computes."""
-        server.require_ready()
+        health.require_ready()
         try:
             async with asyncio.timeout(HEALTH_GENERATE_TIMEOUT_S):
-                async for _ in server.engine.generate(random_id("health"), [0], {"max_tokens": 1, "ignore_eos": True}):
+                async for _ in engine.generate(random_id("health"), [0], {"max_tokens": 1, "ignore_eos": True}):
                     pass
         except EngineError as e:
             raise unavailable(f"a one-token generation failed: {e}") from None
@@ -97,7 +98,7 @@ def router_probe_routes(server: ServerView) -> list[tuple[str, str, object]]:
         if not config.dev_mode:
             raise APIError("POST /flush_cache resets the prefix cache, a development endpoint: start the server with "
                            "--dev-mode (as for /reset_prefix_cache)", 403)
-        status, text = await server.scheduler_reset_prefix_cache()
+        status, text = await scheduler.reset_prefix_cache()
         return web.Response(status=status, text=text)
 
     return [

@@ -9,6 +9,7 @@ handler". The body must be ``application/json``, as vLLM's ``validate_json_reque
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 
 import msgspec
 from aiohttp import web
@@ -16,7 +17,6 @@ from aiohttp import web
 from frontend.schema.errors import APIError
 from frontend.schema.requests import ChatCompletionRequest, CompletionRequest
 from frontend.http.request_body import decode, read_bytes
-from frontend.server_view import ServerView
 
 _HANDLER_NAMES = "['ChatCompletionRequest', 'CompletionRequest']"
 
@@ -28,7 +28,9 @@ def _decode(body: bytes, type_):
         return None
 
 
-def invocations_route(server: ServerView) -> tuple[str, str, object]:
+def invocations_route(completion: Callable[[web.Request, CompletionRequest], Awaitable[web.StreamResponse]],
+                      chat: Callable[[web.Request, ChatCompletionRequest], Awaitable[web.StreamResponse]]) -> tuple[str, str, object]:
+    """``completion`` and ``chat``: the generating endpoints' handlers of a decoded request."""
     async def invocations(request: web.Request) -> web.StreamResponse:
         media_type = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
         if media_type != "application/json":
@@ -39,14 +41,14 @@ def invocations_route(server: ServerView) -> tuple[str, str, object]:
             value = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise APIError(f"JSON decode error: {e}", 400, type_="Bad Request") from None
-        if (chat := _decode(body, ChatCompletionRequest)) is not None:
-            return await server.chat(request, chat)
+        if (chat_req := _decode(body, ChatCompletionRequest)) is not None:
+            return await chat(request, chat_req)
         if not isinstance(value, dict):
             raise APIError(f"Cannot find suitable handler for request. Expected one of: {_HANDLER_NAMES}", 400)
-        completion = _decode(body, CompletionRequest)
-        if completion is None:
+        completion_req = _decode(body, CompletionRequest)
+        if completion_req is None:
             # NOTE: the completion endpoint's own refusal (which field is wrong).
-            completion = decode(body, CompletionRequest)
-        return await server.completion(request, completion)
+            completion_req = decode(body, CompletionRequest)
+        return await completion(request, completion_req)
 
     return ("POST", "/invocations", invocations)

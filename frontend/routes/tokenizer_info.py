@@ -16,6 +16,7 @@ from pathlib import Path
 from aiohttp import web
 
 from frontend.openai.serving import json_response
+from frontend.text.tokenizer import Tokenizer
 
 # NOTE: vLLM's name for its tokenizer: its tokenizer pool's wrapper of its cached
 # wrapper of transformers' class ("TokenizersBackend" for a generic tokenizer.json).
@@ -55,10 +56,11 @@ def tokenizer_info(model_dir: str, chat_template: str | None, tokenizer_class: s
     return info
 
 
-def tokenizer_info_routes(server) -> list[tuple]:
-    if not server.config.enable_tokenizer_info_endpoint:
+def tokenizer_info_routes(enabled: bool, model_dir: str, tokenizer: Tokenizer) -> list[tuple]:
+    """The route with --enable-tokenizer-info-endpoint (``enabled``), else none."""
+    if not enabled:
         return []
-    info = tokenizer_info(server.config.model, server.tokenizer.chat_template, type(server.tokenizer.hf).__name__)
+    info = tokenizer_info(model_dir, tokenizer.chat_template, type(tokenizer.hf).__name__)
 
     async def get_tokenizer_info(_request: web.Request) -> web.Response:
         return json_response(info)
