@@ -143,16 +143,17 @@ def test_chat_template_flag_is_a_file_or_the_template_itself(tmp_path):
 def _ctx(tok, trust: bool, defaults: dict | None = None):
     from types import SimpleNamespace
 
-    return SimpleNamespace(tokenizer=tok, trust_request_chat_template=trust, default_chat_template_kwargs=defaults or {},
-                           chat_template_content_format="auto")
+    config = SimpleNamespace(trust_request_chat_template=trust, default_chat_template_kwargs=defaults or {},
+                             chat_template_content_format="auto")
+    return SimpleNamespace(tokenizer=tok, config=config)
 
 
 def test_a_request_template_only_with_the_trust_flag_and_in_vllms_order(tiny_checkpoint):
     """vLLM: the request's chat_template, else --chat-template, else
     chat_template_kwargs' chat_template, else the checkpoint's; a template from the
     request is refused without --trust-request-chat-template."""
-    from frontend.schema.errors import APIError
     from frontend.openai.serving_chat import chat_prompt
+    from frontend.schema.errors import APIError
 
     tok = Tokenizer(tiny_checkpoint)
 

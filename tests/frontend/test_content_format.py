@@ -52,8 +52,9 @@ def test_a_parts_template_renders_parts_and_the_flag_overrides_it(tiny_checkpoin
     tok.chat_template = "{% for m in messages %}{% for p in m['content'] %}[{{ p.text if p is mapping else p }}]{% endfor %}{% endfor %}"
 
     def text(content_format):
-        ctx = SimpleNamespace(tokenizer=tok, trust_request_chat_template=False, default_chat_template_kwargs={},
-                              chat_template_content_format=content_format)
+        config = SimpleNamespace(trust_request_chat_template=False, default_chat_template_kwargs={},
+                                 chat_template_content_format=content_format)
+        ctx = SimpleNamespace(tokenizer=tok, config=config)
         ids, _ = asyncio.run(chat_prompt(ctx, [{"role": "user", "content": "hi"}], True, False))
         return tok.decode(ids, skip_special_tokens=False)
 
