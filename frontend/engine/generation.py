@@ -12,9 +12,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from frontend.text.detokenizer import IncrementalDetokenizer
 from frontend.engine.client import EngineClient
 from frontend.sampling.params import EngineParams
+from frontend.text.detokenizer import IncrementalDetokenizer
 from frontend.text.tokenizer import Tokenizer
 from protocol.client_messages import TokenLogprobs, TokenOutput
 from protocol.prompt_logprobs import PromptLogprobs

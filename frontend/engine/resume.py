@@ -46,6 +46,15 @@ class ResumeBook:
     def forget(self, request_id: str) -> None:
         self.kept.pop(request_id, None)
 
+    def hold_all(self, since: float) -> None:
+        """The scheduler was lost at ``since``: every request waits from then."""
+        for kept in self.kept.values():
+            kept.waiting_since = since
+
+    def expired(self, now: float, limit: float) -> list[str]:
+        """The requests that have waited longer than ``limit`` seconds for a scheduler."""
+        return [rid for rid, k in self.kept.items() if k.waiting_since is not None and now - k.waiting_since > limit]
+
     def generate(self, request_id: str) -> Generate:
         """The Generate that resumes the request (the first one, while it has no output)."""
         k = self.kept[request_id]

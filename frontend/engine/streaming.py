@@ -34,8 +34,8 @@ from collections.abc import Callable
 import msgspec
 from aiohttp import web
 
-from frontend.engine.client import EngineError
 from frontend.engine.generation import ChoiceDelta, ChoiceState
+from frontend.engine.outputs import EngineError
 from frontend.sampling.params import EngineParams
 
 _encode = msgspec.json.encode

@@ -12,11 +12,11 @@ with the same error.
 
 from __future__ import annotations
 
-from frontend.schema.requests import ChatCompletionRequest, CompletionRequest
-from frontend.sampling.params import EngineParams
 from frontend.openai.serving import ServingContext, random_id
 from frontend.openai.serving_chat import chat_engine_input
 from frontend.openai.serving_completion import completion_engine_input
+from frontend.sampling.params import EngineParams
+from frontend.schema.requests import ChatCompletionRequest, CompletionRequest
 
 
 def _generate_request(ctx: ServingContext, request_id: str, token_ids: list[int], params: EngineParams, req) -> dict:

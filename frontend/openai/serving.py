@@ -14,13 +14,14 @@ import msgspec
 from aiohttp import web
 
 from frontend.config import FrontendConfig
-from frontend.engine.client import EngineClient, EngineError
-from frontend.schema.errors import APIError, bad_request, model_not_found
+from frontend.engine.client import EngineClient
 from frontend.engine.generation import Choice, ChoiceDelta, merge, run_choice
+from frontend.engine.outputs import EngineError
+from frontend.engine.streaming import WriteBatch
 from frontend.http.metrics import ChoiceGroups, FrontendMetrics
 from frontend.openai.output_log import OutputLog
 from frontend.sampling.params import EngineParams
-from frontend.engine.streaming import WriteBatch
+from frontend.schema.errors import APIError, bad_request, model_not_found
 from frontend.text.tokenizer import Tokenizer
 from frontend.tools.parsers import ToolParser
 from protocol.client_messages import MAX_REQUEST_ID_LENGTH

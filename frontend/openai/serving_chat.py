@@ -9,38 +9,16 @@ from dataclasses import replace
 import msgspec
 from aiohttp import web
 
-from frontend.text.chat_messages import conversation
-from frontend.text.chat_template import (
-    NO_TEMPLATE,
-    UNTRUSTED,
-    ChatTemplateError,
-    merge_kwargs,
-    safe_apply_chat_template,
-)
-from frontend.text.chat_template import chat_template_kwargs as chat_template_kwargs_for
-from frontend.text.content_format import detect_content_format
-from frontend.engine.client import EngineError
+from frontend.engine.outputs import EngineError
+from frontend.engine.streaming import ClientGone, StreamedChoices, TextChunk
 from frontend.http.error_middleware import REQUEST_ID_KEY
-from frontend.schema.errors import APIError, bad_request
-from frontend.sampling.logits_fields import with_logits_fields
-from frontend.openai.logprobs import chat_logprobs
 from frontend.http.metrics import ChoiceGroups
+from frontend.openai.logprobs import chat_logprobs
 from frontend.openai.prompt_logprobs import (
     check_logprob_fields,
     num_prompt_logprobs,
     prompt_logprobs_json,
     whole_vocabulary,
-)
-from frontend.schema.requests import ChatCompletionRequest
-from frontend.schema.request_fields import check_routed_experts_start, check_unhonoured
-from frontend.sampling.params import (
-    EngineParams,
-    check_output_tokens,
-    check_prompt_length,
-    engine_params,
-    output_budget,
-    with_header_priority,
-    with_kv_transfer_params,
 )
 from frontend.openai.serving import (
     ServingContext,
@@ -59,12 +37,34 @@ from frontend.openai.serving import (
     stream_usage,
     usage,
 )
-from frontend.engine.streaming import ClientGone, StreamedChoices, TextChunk
+from frontend.sampling.logits_fields import with_logits_fields
+from frontend.sampling.params import (
+    EngineParams,
+    check_output_tokens,
+    check_prompt_length,
+    engine_params,
+    output_budget,
+    with_header_priority,
+    with_kv_transfer_params,
+)
 from frontend.sampling.structured_outputs import with_structured_outputs
+from frontend.schema.errors import APIError, bad_request
+from frontend.schema.request_fields import check_routed_experts_start, check_unhonoured
+from frontend.schema.requests import ChatCompletionRequest
+from frontend.text.chat_messages import conversation
+from frontend.text.chat_template import (
+    NO_TEMPLATE,
+    UNTRUSTED,
+    ChatTemplateError,
+    merge_kwargs,
+    safe_apply_chat_template,
+)
+from frontend.text.chat_template import chat_template_kwargs as chat_template_kwargs_for
+from frontend.text.content_format import detect_content_format
+from frontend.text.truncation import check_truncation, tokens_kept, truncate_ids
 from frontend.tools.calls import StreamedToolCalls, chat_message, logged_delta, logged_output
 from frontend.tools.choice import check_tool_parsing, check_tool_usage, template_tools
 from frontend.tools.constraint import adjust_request
-from frontend.text.truncation import check_truncation, tokens_kept, truncate_ids
 
 _encode = msgspec.json.encode
 # NOTE: vLLM 0.32's ChatMessage fields kvpool never fills, null in its answers as in vLLM's.

@@ -8,12 +8,11 @@ from dataclasses import replace
 import msgspec
 from aiohttp import web
 
-from frontend.engine.client import EngineError
+from frontend.engine.outputs import EngineError
+from frontend.engine.streaming import ClientGone, StreamedChoices, TextChunk
 from frontend.http.error_middleware import REQUEST_ID_KEY
-from frontend.schema.errors import APIError, bad_request
-from frontend.sampling.logits_fields import with_logits_fields
-from frontend.openai.logprobs import completion_logprobs
 from frontend.http.metrics import ChoiceGroups
+from frontend.openai.logprobs import completion_logprobs
 from frontend.openai.prompt_logprobs import (
     check_logprob_fields,
     echo_logprobs,
@@ -21,18 +20,6 @@ from frontend.openai.prompt_logprobs import (
     num_prompt_logprobs,
     prompt_logprobs_json,
     whole_vocabulary,
-)
-from frontend.schema.requests import CompletionRequest
-from frontend.schema.request_fields import check_routed_experts_start, check_unhonoured
-from frontend.sampling.params import (
-    EngineParams,
-    check_output_tokens,
-    check_prompt_chars,
-    check_prompt_length,
-    engine_params,
-    output_budget,
-    with_header_priority,
-    with_kv_transfer_params,
 )
 from frontend.openai.serving import (
     ServingContext,
@@ -51,8 +38,21 @@ from frontend.openai.serving import (
     stream_usage,
     usage,
 )
-from frontend.engine.streaming import ClientGone, StreamedChoices, TextChunk
+from frontend.sampling.logits_fields import with_logits_fields
+from frontend.sampling.params import (
+    EngineParams,
+    check_output_tokens,
+    check_prompt_chars,
+    check_prompt_length,
+    engine_params,
+    output_budget,
+    with_header_priority,
+    with_kv_transfer_params,
+)
 from frontend.sampling.structured_outputs import with_structured_outputs
+from frontend.schema.errors import APIError, bad_request
+from frontend.schema.request_fields import check_routed_experts_start, check_unhonoured
+from frontend.schema.requests import CompletionRequest
 from frontend.text.truncation import check_truncation, encode_truncated, tokens_kept, truncate_ids
 from protocol.prompt_logprobs import PromptLogprobs
 

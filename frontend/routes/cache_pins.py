@@ -17,10 +17,10 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
-from frontend.schema.errors import APIError, bad_request
-from frontend.http.request_body import read_body
 from frontend.engine.scheduler_http import SchedulerHTTP
+from frontend.http.request_body import read_body
 from frontend.openai.serving import ServingContext, json_response, random_id
+from frontend.schema.errors import APIError, bad_request
 from protocol.client_messages import PinPrefix, PinResult
 
 

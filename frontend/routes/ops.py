@@ -23,12 +23,12 @@ from collections.abc import Callable
 import msgspec
 from aiohttp import web
 
-from frontend.schema.errors import APIError, bad_request
-from frontend.http.request_body import read_body
 from frontend.config import FrontendConfig
 from frontend.engine.scheduler_health import SchedulerHealth
 from frontend.engine.scheduler_http import SchedulerHTTP
+from frontend.http.request_body import read_body
 from frontend.openai.serving import json_response
+from frontend.schema.errors import APIError, bad_request
 from frontend.version import VLLM_API_VERSION, kvpool_version
 
 # pydantic's spellings of a bool query parameter (vLLM's Query(bool)).

@@ -17,14 +17,14 @@ import asyncio
 import msgspec
 from aiohttp import web
 
-from frontend.engine.client import EngineError
-from frontend.schema.errors import APIError, unavailable
-from frontend.schema.requests import ChatCompletionRequest, CompletionRequest
-from frontend.openai.render import render_chat, render_completion
-from frontend.http.request_body import read_body
+from frontend.engine.outputs import EngineError
 from frontend.engine.scheduler_health import SchedulerHealth
 from frontend.engine.scheduler_http import SchedulerHTTP
+from frontend.http.request_body import read_body
+from frontend.openai.render import render_chat, render_completion
 from frontend.openai.serving import ServingContext, json_response, random_id
+from frontend.schema.errors import APIError, unavailable
+from frontend.schema.requests import ChatCompletionRequest, CompletionRequest
 from frontend.version import kvpool_version
 
 # GET /health_generate: the most a one-token generation may take before it is a failure.

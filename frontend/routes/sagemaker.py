@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import web
 
+from frontend.http.request_body import decode, read_bytes
 from frontend.schema.errors import APIError
 from frontend.schema.requests import ChatCompletionRequest, CompletionRequest
-from frontend.http.request_body import decode, read_bytes
 
 _HANDLER_NAMES = "['ChatCompletionRequest', 'CompletionRequest']"
 

@@ -13,7 +13,8 @@ import zmq
 import zmq.asyncio
 from kvtest.engine_sinks import WAIT_S, RecordingSink, until
 
-from frontend.engine.client import EngineClient, EngineError
+from frontend.engine.client import EngineClient
+from frontend.engine.outputs import EngineError
 from protocol.client_messages import (
     Abort,
     ClientRequest,

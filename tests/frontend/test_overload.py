@@ -14,7 +14,7 @@ import pytest
 from kvtest.http_api import PROMPT, get_metrics, metric
 from kvtest.serve import kvpool_serve
 
-from frontend.engine.client import EngineError
+from frontend.engine.outputs import EngineError
 from frontend.openai.serving import engine_error
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -17,9 +17,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from frontend.engine.client import EngineClient, EngineError
-from frontend.sampling.params import EngineParams
+from frontend.engine.client import EngineClient
+from frontend.engine.outputs import EngineError
 from frontend.engine.streaming import ClientGone, StreamedChoices, TextChunk, WriteBatch
+from frontend.sampling.params import EngineParams
 from frontend.text.tokenizer import Tokenizer
 from protocol.client_messages import Abort, ClientRequest, EngineCoreOutputs, Generate, TokenOutput
 from protocol.codec import Codec
@@ -109,7 +110,7 @@ def params(stop=()):
 
 def streamed(tokenizer, render=None, chunked=True):
     engine, transport = FakeEngine(), FakeTransport()
-    ctx = SimpleNamespace(engine=engine, tokenizer=tokenizer, writes=WriteBatch(), sse_keep_alive_s=0.0)
+    ctx = SimpleNamespace(engine=engine, tokenizer=tokenizer, writes=WriteBatch(), config=SimpleNamespace(sse_keep_alive_interval=0))
     resp = SimpleNamespace(headers={"Transfer-Encoding": "chunked"} if chunked else {})
     render = render or (lambda d: msgspec.json.encode({"index": d.index, "text": d.text, "finish": d.finish_reason}))
     return (lambda: StreamedChoices(ctx, SimpleNamespace(transport=transport), resp, render)), engine, transport
