@@ -11,8 +11,8 @@ import ssl
 from dataclasses import dataclass
 
 from frontend.engine.admission import add_admission_args, check_admission_args
-from frontend.text.chat_template import chat_template_problem
 from frontend.sampling.params import DEFAULT_MAX_N_SEQUENCES
+from frontend.text.chat_template import chat_template_problem
 from frontend.tools.parsers import TOOL_PARSERS
 from protocol.kv_transfer_config import KVTransferConfig, parse_kv_transfer_config
 from protocol.sampling_params import MAX_LOGPROBS

@@ -15,8 +15,8 @@ import time
 
 from aiohttp import web
 
-from frontend.schema.errors import APIError
 from frontend.http.request_body import RequestValidationError
+from frontend.schema.errors import APIError
 
 log = logging.getLogger("frontend")
 REQUEST_ID_KEY = "kvpool_request_id"  # the endpoint's id of the request, once it has one

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from frontend.schema.errors import APIError, bad_request
 from frontend.sampling.params import EngineParams
+from frontend.schema.errors import APIError, bad_request
 from protocol.sampling_params import MAX_NUM_BAD_WORDS, SamplingError, check_token_ids_in_vocab
 
 # vLLM clamps every bias into this range.

@@ -28,9 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from frontend.sampling.params import EngineParams
 from frontend.schema.errors import bad_request
 from frontend.schema.requests import StructuredOutputsParams
-from frontend.sampling.params import EngineParams
 from protocol.structured_output import GrammarSpec, structural_tag_args
 
 # vLLM's MAX_STRUCTURED_OUTPUT_JSON_NESTING.

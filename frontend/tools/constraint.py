@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 
 from frontend.schema.requests import ChatCompletionRequest, StructuredOutputsParams
-from frontend.tools.parsers.base import ToolParser
 from frontend.tools.json_schema import json_schema_from_tools
+from frontend.tools.parsers.base import ToolParser
 
 
 def _force(req, constraint: StructuredOutputsParams) -> None:

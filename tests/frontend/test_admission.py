@@ -16,6 +16,7 @@ import pytest
 from kvtest.fake_engine import fake_engine, frontend_process
 from kvtest.waiting import wait_for
 
+from frontend.config import config_from_args
 from frontend.engine.admission import (
     BACKLOG_FULL,
     QUEUE_FULL,
@@ -23,7 +24,6 @@ from frontend.engine.admission import (
     AdmissionRejected,
     merge_rejections,
 )
-from frontend.config import config_from_args
 
 QUEUE_FULL_BODY = {"error": {"message": QUEUE_FULL, "type": "Service Unavailable", "param": None, "code": 503}}
 BACKLOG_FULL_BODY = {"error": {"message": BACKLOG_FULL, "type": "Service Unavailable", "param": None, "code": 503}}

@@ -14,8 +14,8 @@ import openai
 import pytest
 from kvtest.fake_engine import fake_engine, frontend_process
 
-from frontend.http.auth import ApiKeys, guarded
 from frontend.config import config_from_args
+from frontend.http.auth import ApiKeys, guarded
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from frontend.text.chat_messages import conversation
 from frontend.schema.errors import APIError
+from frontend.text.chat_messages import conversation
 
 
 def test_text_parts_are_joined_and_a_missing_content_is_empty():

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from frontend.schema.errors import APIError
 from frontend.sampling.logits_fields import bad_words_token_ids, logit_bias_of, with_logits_fields
-from frontend.schema.requests import CompletionRequest
 from frontend.sampling.params import engine_params
+from frontend.schema.errors import APIError
+from frontend.schema.requests import CompletionRequest
 from frontend.text.truncation import encode_truncated, tokens_kept, truncate_ids
 
 

@@ -14,7 +14,6 @@ import pytest
 from kvtest.fake_engine import fake_engine, frontend_process
 from kvtest.http_api import post
 
-from frontend.schema.requests import ChatCompletionRequest, CompletionRequest
 from frontend.schema.request_fields import (
     FIELDS,
     HONOURED,
@@ -23,6 +22,7 @@ from frontend.schema.request_fields import (
     UnhonouredFields,
     fields_doc,
 )
+from frontend.schema.requests import ChatCompletionRequest, CompletionRequest
 
 DATA = Path(__file__).parent / "data" / "vllm_request_fields_0.32.txt"
 REPO = Path(__file__).resolve().parents[2]

@@ -8,9 +8,9 @@ import json
 import msgspec
 import pytest
 
+from frontend.sampling.params import engine_params, with_header_priority
 from frontend.schema.errors import APIError
 from frontend.schema.requests import ChatCompletionRequest, CompletionRequest
-from frontend.sampling.params import engine_params, with_header_priority
 from protocol.client_messages import Generate
 
 

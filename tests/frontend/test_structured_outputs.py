@@ -12,9 +12,13 @@ import re
 import msgspec
 import pytest
 
+from frontend.sampling.structured_outputs import (
+    choice_as_grammar,
+    grammar_is_likely_lark,
+    grammar_spec_of,
+)
 from frontend.schema.errors import APIError
 from frontend.schema.requests import ChatCompletionRequest, CompletionRequest
-from frontend.sampling.structured_outputs import choice_as_grammar, grammar_is_likely_lark, grammar_spec_of
 from protocol.structured_output import GrammarSpec
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
