@@ -11,6 +11,7 @@ import json
 from frontend.schema.requests import ChatCompletionRequest, StructuredOutputsParams
 from frontend.tools.json_schema import json_schema_from_tools
 from frontend.tools.parsers.base import ToolParser
+from frontend.tools.structural_tag import structural_tag
 
 
 def _force(req, constraint: StructuredOutputsParams) -> None:
@@ -29,9 +30,6 @@ def adjust_request(req: ChatCompletionRequest, parser_cls: type[ToolParser] | No
     if parser_cls is None or not req.tools:
         return
     if strict:
-        # NOTE: imported here: xgrammar is loaded only by a server that parses tools.
-        from frontend.tools.structural_tag import structural_tag
-
         if (tag := structural_tag(parser_cls.structural_tag_model, req, strict_level)) is not None:
             _force(req, StructuredOutputsParams(structural_tag=json.dumps(tag)))
     elif req.structured_outputs is None or req.structured_outputs.structural_tag is None:
