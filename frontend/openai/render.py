@@ -12,8 +12,8 @@ with the same error.
 
 from __future__ import annotations
 
+from frontend.openai.chat_prompt import chat_engine_input
 from frontend.openai.serving import ServingContext, random_id
-from frontend.openai.serving_chat import chat_engine_input
 from frontend.openai.serving_completion import completion_engine_input
 from frontend.sampling.params import EngineParams
 from frontend.schema.requests import ChatCompletionRequest, CompletionRequest

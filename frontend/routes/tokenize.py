@@ -6,8 +6,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from frontend.http.request_body import read_body
+from frontend.openai.chat_prompt import chat_prompt, check_generation_prompt
 from frontend.openai.serving import ServingContext, json_response
-from frontend.openai.serving_chat import chat_prompt, check_generation_prompt
 from frontend.schema.errors import bad_request
 from frontend.schema.requests import DetokenizeRequest, TokenizeRequest
 from frontend.tools.choice import check_tools, template_tools

@@ -121,7 +121,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     chat_template: str | None = None
     # A chat template variable (and enable_thinking's default), as vLLM's build_chat_params.
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
-    # Refused by name, as vLLM refuses them without --trust-request-mm-kwargs (frontend.openai.serving_chat).
+    # Refused by name, as vLLM refuses them without --trust-request-mm-kwargs (frontend.openai.chat_prompt).
     mm_processor_kwargs: dict[str, Any] | None = None
     media_io_kwargs: dict[str, Any] | None = None
 

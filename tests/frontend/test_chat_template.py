@@ -152,7 +152,7 @@ def test_a_request_template_only_with_the_trust_flag_and_in_vllms_order(tiny_che
     """vLLM: the request's chat_template, else --chat-template, else
     chat_template_kwargs' chat_template, else the checkpoint's; a template from the
     request is refused without --trust-request-chat-template."""
-    from frontend.openai.serving_chat import chat_prompt
+    from frontend.openai.chat_prompt import chat_prompt
     from frontend.schema.errors import APIError
 
     tok = Tokenizer(tiny_checkpoint)

@@ -45,7 +45,7 @@ def test_the_openai_format_gives_the_template_parts():
 def test_a_parts_template_renders_parts_and_the_flag_overrides_it(tiny_checkpoint):
     from types import SimpleNamespace
 
-    from frontend.openai.serving_chat import chat_prompt
+    from frontend.openai.chat_prompt import chat_prompt
     from frontend.text.tokenizer import Tokenizer
 
     tok = Tokenizer(tiny_checkpoint)
