@@ -63,6 +63,8 @@ REQUIRED = [
     "loadgen",
     "simulator",
     "frontend",
+    # The API server's rooms, along a request's way (docs/frontend.md).
+    *(f"frontend/{room}" for room in ("http", "schema", "text", "tools", "sampling", "engine", "openai", "routes")),
     "bench",
     ".ci/run",
     "docs/architecture.md",

@@ -6,7 +6,7 @@ changes nothing there either) or ``refused`` (a 400 naming the field, unless the
 is one under which vLLM behaves as kvpool does).
 
 A field of neither request class is ignored, as vLLM ignores unknown fields; a field of
-one of them is never accepted and then ignored. ``tests/frontend/test_request_fields.py``
+one of them is never accepted and then ignored. ``tests/frontend/schema/test_request_fields.py``
 holds this table to vLLM 0.32's field lists (``tests/frontend/data/``), and
 ``docs/vllm-request-fields.md`` is generated from it.
 """

@@ -24,8 +24,8 @@ from frontend.schema.request_fields import (
 )
 from frontend.schema.requests import ChatCompletionRequest, CompletionRequest
 
-DATA = Path(__file__).parent / "data" / "vllm_request_fields_0.32.txt"
-REPO = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).parents[1] / "data" / "vllm_request_fields_0.32.txt"
+REPO = Path(__file__).resolve().parents[3]
 
 
 def vllm_fields() -> dict[str, list[str]]:

@@ -1,4 +1,4 @@
-"""Run by .venv-vllm's python (tests/frontend/test_tool_parsers_compare.py): vLLM 0.32's
+"""Run by .venv-vllm's python (tests/frontend/tools/test_tool_parsers_compare.py): vLLM 0.32's
 own parser classes on the texts and steps read from stdin; their answers on stdout,
 as JSON, ids left out."""
 

@@ -1,5 +1,5 @@
 """kvpool's tool-call parsers against vLLM 0.32's own classes (run by .venv-vllm's
-python in a subprocess, tests/frontend/vllm_tool_parser_run.py): the same texts, cut
+python in a subprocess, tests/frontend/tools/vllm_tool_parser_run.py): the same texts, cut
 into the same deltas, must give the same calls, content and streamed deltas (ids
 aside: random in both)."""
 
@@ -14,7 +14,7 @@ import pytest
 from frontend.tools.parsers import get_tool_parser
 from frontend.tools.parsers.forced_json import required_calls, required_delta
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VLLM_PYTHON = ROOT / ".venv-vllm/bin/python"
 
 

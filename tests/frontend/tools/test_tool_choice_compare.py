@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "w",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]

@@ -81,7 +81,7 @@ class FakeEngine:
         self.stopped += list(ids) if stopped else []
 
     def check_admission_prompts(self, prompt_lens, n):
-        pass  # no queue limits here (tests/frontend/test_admission.py)
+        pass  # no queue limits here (tests/frontend/engine/test_admission.py)
 
 
 def unchunk(data: bytes) -> list[dict]:

@@ -2,7 +2,7 @@
 --enable-auto-tool-choice --tool-call-parser hermes: the status and words per
 tool_choice, and the answer's shape (as a live vLLM 0.32 served the same requests).
 The random tiny model writes no calls, so every answer here is text; the calls'
-answer building is tests/frontend/test_tool_calls.py."""
+answer building is tests/frontend/tools/test_tool_calls.py."""
 
 from __future__ import annotations
 

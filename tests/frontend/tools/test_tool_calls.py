@@ -1,7 +1,7 @@
 """The chat answer built from a parser's reading of the model's text (vLLM 0.32's
 chat_completion/serving.py: chat_completion_full_generator and the stream generator;
 parser/abstract_parser.py: DelegatingParser). The tiny model writes no calls by
-itself, so its text is given here; tests/frontend/test_tool_choice_api.py runs a
+itself, so its text is given here; tests/frontend/tools/test_tool_choice_api.py runs a
 live server."""
 
 from __future__ import annotations
