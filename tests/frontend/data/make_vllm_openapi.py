@@ -1,4 +1,4 @@
-"""Writes frontend/vllm_openapi_0.32.json: vLLM 0.32's own OpenAPI schema and docs pages,
+"""Writes frontend/routes/vllm_openapi_0.32.json: vLLM 0.32's own OpenAPI schema and docs pages,
 cut to the routes kvpool's API server has. Run once by hand with the project's
 interpreter, vLLM 0.32 installed in .venv-vllm (``bash bench/install_vllm.sh``):
 
