@@ -7,6 +7,7 @@ and the prompt's part of a completion's ``logprobs`` under ``echo``.
 
 from __future__ import annotations
 
+from frontend.openai.logprobs import completion_logprobs
 from frontend.schema.errors import bad_request
 from frontend.text.logprob_tokens import decoded_tokens
 from frontend.text.tokenizer import Tokenizer
@@ -104,3 +105,16 @@ def join_logprobs(head: dict, tail: dict | None) -> dict:
     if tail is None:
         return head
     return {k: head[k] + tail[k] for k in ("text_offset", "token_logprobs", "tokens", "top_logprobs")}
+
+
+def echoed_completion_logprobs(tokenizer: Tokenizer, req, prompt: list[int], plp: PromptLogprobs | None, token_ids: list[int],
+                               logprobs, as_ids: bool, echo_only: bool, text_offset: int = 0) -> dict:
+    """A completion choice's (or its stream's first chunk's) logprobs: with echo the prompt's
+    tokens first (vLLM's prompt logprobs), then the generated ones (none when echo_only)."""
+    if not req.echo or plp is None:
+        return completion_logprobs(tokenizer, token_ids, logprobs, req.logprobs, as_ids, text_offset)
+    head = echo_logprobs(tokenizer, prompt, plp, req.logprobs, as_ids, text_offset)
+    if echo_only:
+        return head
+    end = head["text_offset"][-1] + len(head["tokens"][-1])
+    return join_logprobs(head, completion_logprobs(tokenizer, token_ids, logprobs, req.logprobs, as_ids, end))

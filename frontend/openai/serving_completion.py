@@ -1,22 +1,18 @@
 """``POST /v1/completions`` (vLLM's ``OpenAIServingCompletion``): the prompt as a
-string, a list of strings, a token-id list or a list of them; streamed or not."""
+string, a list of strings, a token-id list or a list of them; streamed
+(frontend/openai/completion_stream.py) or answered whole."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-import msgspec
 from aiohttp import web
 
-from frontend.engine.outputs import EngineError
-from frontend.engine.streaming import ClientGone, StreamedChoices, TextChunk
 from frontend.http.error_middleware import REQUEST_ID_KEY
-from frontend.http.metrics import ChoiceGroups
-from frontend.openai.logprobs import completion_logprobs
+from frontend.openai.completion_stream import CompletionStream
 from frontend.openai.prompt_logprobs import (
     check_logprob_fields,
-    echo_logprobs,
-    join_logprobs,
+    echoed_completion_logprobs,
     num_prompt_logprobs,
     prompt_logprobs_json,
     whole_vocabulary,
@@ -24,18 +20,10 @@ from frontend.openai.prompt_logprobs import (
 from frontend.openai.serving import (
     ServingContext,
     cached_tokens,
-    choice_requests,
     collect,
-    end_sse,
-    engine_error,
-    final_stream_usage,
     json_response,
     now,
     response_id,
-    send_error_event,
-    send_event,
-    start_sse,
-    stream_usage,
     usage,
 )
 from frontend.sampling.logits_fields import with_logits_fields
@@ -50,13 +38,10 @@ from frontend.sampling.params import (
     with_kv_transfer_params,
 )
 from frontend.sampling.structured_outputs import with_structured_outputs
-from frontend.schema.errors import APIError, bad_request
+from frontend.schema.errors import bad_request
 from frontend.schema.request_fields import check_routed_experts_start, check_unhonoured
 from frontend.schema.requests import CompletionRequest
 from frontend.text.truncation import check_truncation, encode_truncated, tokens_kept, truncate_ids
-from protocol.prompt_logprobs import PromptLogprobs
-
-_encode = msgspec.json.encode
 
 
 def _is_token_id(t) -> bool:
@@ -138,7 +123,7 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
             for ids, t in zip(prompts, texts, strict=True)]
     n = params.n
     if req.stream:
-        return await _stream(ctx, request, req, request_id, prompts, params, echo, as_ids)
+        return await CompletionStream(ctx, req, request_id, prompts, params, echo, as_ids).run(request)
 
     choices = await collect(ctx, request_id, prompts, params)
     echo_only = req.echo and req.max_tokens == 0
@@ -147,7 +132,7 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
         prompt = prompts[c.index // n]
         lp = None
         if req.logprobs is not None:
-            lp = _choice_logprobs(ctx, req, prompt, c.prompt_logprobs, c.token_ids, c.logprobs, as_ids, echo_only)
+            lp = echoed_completion_logprobs(ctx.tokenizer, req, prompt, c.prompt_logprobs, c.token_ids, c.logprobs, as_ids, echo_only)
         out.append({"index": c.index, "text": echo[c.index // n] + ("" if echo_only else c.text), "logprobs": lp,
                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, "token_ids": c.token_ids if req.return_token_ids else None,
                     "prompt_logprobs": prompt_logprobs_json(ctx.tokenizer, prompt, c.prompt_logprobs),
@@ -161,91 +146,3 @@ async def create_completion(ctx: ServingContext, request: web.Request, req: Comp
         "service_tier": None, "ec_transfer_params": None, "metrics": None,  # NOTE: vLLM 0.32's keys, null here as there
     })
 
-
-def _choice_logprobs(ctx, req, prompt, plp: PromptLogprobs | None, token_ids, logprobs, as_ids: bool, echo_only: bool,
-                     text_offset: int = 0) -> dict:
-    """A choice's (or a stream's first chunk's) completion logprobs: with echo the prompt's
-    tokens first (vLLM's prompt logprobs), then the generated ones (none when echo_only)."""
-    if not req.echo or plp is None:
-        return completion_logprobs(ctx.tokenizer, token_ids, logprobs, req.logprobs, as_ids, text_offset)
-    head = echo_logprobs(ctx.tokenizer, prompt, plp, req.logprobs, as_ids, text_offset)
-    if echo_only:
-        return head
-    end = head["text_offset"][-1] + len(head["tokens"][-1])
-    return join_logprobs(head, completion_logprobs(ctx.tokenizer, token_ids, logprobs, req.logprobs, as_ids, end))
-
-
-async def _stream(ctx, request, req, request_id, prompts, params, echo, as_ids) -> web.StreamResponse:
-    n = params.n
-    created = now()
-    include_usage, continuous = ctx.include_usage(req.stream_options)
-    num_prompt = sum(len(p) for p in prompts)
-    resp = await start_sse(request)
-    generated = [0] * (len(prompts) * n)
-    cached = [0] * len(generated)
-    groups = ChoiceGroups(ctx.metrics, n, len(prompts), params.generate["max_tokens"])
-    offsets = [0] * len(generated)
-    recent: list[list[int]] = [[] for _ in generated]  # each choice's last output tokens: its logprobs' decoding context
-    first = [bool(req.echo)] * len(generated)
-    # return_token_ids: each choice's first chunk carries its prompt's ids, every chunk its new ones
-    with_ids = bool(req.return_token_ids)
-    ids_sent = [False] * len(generated)
-    echo_only = req.echo and req.max_tokens == 0
-
-    def chunk(choices: list[dict], use: dict | None = None) -> dict:
-        c = {"id": request_id, "object": "text_completion", "created": created, "model": ctx.config.served_model_name, "choices": choices}
-        if use is not None:
-            c["usage"] = use
-        # NOTE: as vLLM, the fingerprint rides on the last message: the usage chunk, else each finishing chunk
-        if ctx.system_fingerprint and (not choices or (not include_usage and any(x.get("finish_reason") for x in choices))):
-            c["system_fingerprint"] = ctx.system_fingerprint
-        return c
-
-    def choice(i, text, lp=None, finish_reason=None, stop_reason=None, prompt_ids=None, token_ids=None) -> dict:
-        return {"index": i, "text": text, "logprobs": lp, "finish_reason": finish_reason, "stop_reason": stop_reason,
-                "prompt_token_ids": prompt_ids, "token_ids": token_ids}
-
-    text_chunk = TextChunk(lambda c: chunk([c]), choice)
-
-    def render(d) -> bytes | None:
-        i = d.index
-        generated[i] += len(d.token_ids)
-        cached[i] = max(cached[i], d.num_cached_tokens)
-        text = d.text
-        lp = None
-        if first[i]:
-            # vLLM's first chunk under echo: the prompt (and its logprobs), then the first token's unless echo_only
-            text, first[i] = echo[i // n] + ("" if echo_only else text), False
-            if req.logprobs is not None:
-                lp = _choice_logprobs(ctx, req, prompts[i // n], d.prompt_logprobs, d.token_ids, d.logprobs or [], as_ids, echo_only)
-        elif req.logprobs is not None and d.logprobs:
-            lp = completion_logprobs(ctx.tokenizer, d.token_ids, d.logprobs, req.logprobs, as_ids, offsets[i], recent[i])
-        if lp is not None and lp["tokens"]:
-            offsets[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
-            recent[i] = (recent[i] + d.token_ids)[-4:]
-        elif not text and d.finish_reason is None and not with_ids:
-            return None  # NOTE: as vLLM, a token with no text yet is still sent when it has logprobs (or its ids)
-        if d.finish_reason is not None:
-            groups.finished(i, d.finish_reason, len(prompts[i // n]), generated[i])
-        elif lp is None and not continuous and not with_ids:
-            return text_chunk(i, text)  # the common chunk: only new text
-        use = stream_usage(num_prompt, sum(generated), chat=False) if continuous else None
-        prompt_ids = token_ids = None
-        if with_ids:
-            token_ids = d.token_ids
-            if not ids_sent[i]:
-                prompt_ids, ids_sent[i] = prompts[i // n], True
-        return _encode(chunk([choice(i, text, lp, d.finish_reason, d.stop_reason, prompt_ids, token_ids)], use))
-
-    try:
-        await StreamedChoices(ctx, request, resp, render).run(choice_requests(request_id, prompts, params))
-        if include_usage:
-            await send_event(resp, chunk([], final_stream_usage(num_prompt, sum(generated), ctx.cached(sum(cached[::n])))))
-    except ClientGone:
-        return resp
-    except EngineError as e:
-        await send_error_event(resp, engine_error(e))
-    except APIError as e:
-        await send_error_event(resp, e)
-    await end_sse(resp)
-    return resp
