@@ -10,10 +10,10 @@ import os
 import ssl
 from dataclasses import dataclass
 
-from frontend.admission import add_admission_args, check_admission_args
-from frontend.chat_template import chat_template_problem
-from frontend.sampling import DEFAULT_MAX_N_SEQUENCES
-from frontend.tool_parsers import TOOL_PARSERS
+from frontend.engine.admission import add_admission_args, check_admission_args
+from frontend.sampling.params import DEFAULT_MAX_N_SEQUENCES
+from frontend.text.chat_template import chat_template_problem
+from frontend.tools.parsers import TOOL_PARSERS
 from protocol.kv_transfer_config import KVTransferConfig, parse_kv_transfer_config
 from protocol.sampling_params import MAX_LOGPROBS
 from protocol.serve_flags import FRONTEND, rows_for
@@ -29,7 +29,7 @@ class FrontendConfig:
     # NOTE: not vLLM's 8000: on their own, the scheduler's HTTP port is 8000 and the
     # worker's 8001 (`kvpool serve` puts the API on 8000 and picks the others free).
     port: int = 8002
-    uds: str | None = None  # a Unix domain socket to listen on instead of host:port (frontend.listen)
+    uds: str | None = None  # a Unix domain socket to listen on instead of host:port (frontend.http.listen)
     # A listening socket already bound to host:port, inherited (kvpool serve's, so that
     # connections made while the frontend restarts wait in its backlog, not refused).
     listen_fd: int | None = None
@@ -44,7 +44,7 @@ class FrontendConfig:
     max_request_body_bytes: int = 4 << 20
     connect_timeout_s: float = 60.0
     # A lost scheduler (restarting): requests in flight and new ones wait this long for it
-    # to be ready again, then resume there (frontend/engine_client.py); 0: fail them at once.
+    # to be ready again, then resume there (frontend/engine/client.py); 0: fail them at once.
     scheduler_restart_timeout_s: float = 30.0
     curve_client_key: str | None = None
     curve_server_key: str | None = None
@@ -52,23 +52,23 @@ class FrontendConfig:
     enable_log_requests: bool = False
     # vLLM's VLLM_MAX_N_SEQUENCES, read as vLLM reads it: the most choices one request may ask for.
     max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
-    # vLLM's queue limits, enforced here as in vLLM's API server (frontend/admission.py); None: none.
+    # vLLM's queue limits, enforced here as in vLLM's API server (frontend/engine/admission.py); None: none.
     max_num_queued_reqs: int | None = None
     max_num_queued_tokens: int | None = None
     # --- vLLM's operator flags (vllm/entrypoints/launchers/cli_args.py), its names ---
-    # --api-key KEY [KEY ...], else VLLM_API_KEY: the keys /v1/* requires (frontend.auth).
+    # --api-key KEY [KEY ...], else VLLM_API_KEY: the keys /v1/* requires (frontend.http.auth).
     api_key: tuple[str, ...] = ()
-    # CORS (frontend.cors): no origin is allowed unless given, as vLLM 0.32.
+    # CORS (frontend.http.cors): no origin is allowed unless given, as vLLM 0.32.
     allowed_origins: tuple[str, ...] = ()
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
-    # TLS (frontend.tls), as uvicorn builds its context.
+    # TLS (frontend.http.tls), as uvicorn builds its context.
     ssl_keyfile: str | None = None
     ssl_certfile: str | None = None
     ssl_ca_certs: str | None = None
     ssl_cert_reqs: int = int(ssl.CERT_NONE)
-    enable_ssl_refresh: bool = False  # reload the files into the context when they change (frontend.ssl_refresh)
+    enable_ssl_refresh: bool = False  # reload the files into the context when they change (frontend.http.ssl_refresh)
     ssl_ciphers: str | None = None  # OpenSSL cipher list (TLS 1.2 and below), as uvicorn's ctx.set_ciphers
     enable_prompt_tokens_details: bool = False
     max_logprobs: int = 20
@@ -77,25 +77,25 @@ class FrontendConfig:
     disable_fastapi_docs: bool = False
     root_path: str | None = None
     chat_template: str | None = None
-    chat_template_content_format: str = "auto"  # "string", "openai", or auto: frontend.content_format
+    chat_template_content_format: str = "auto"  # "string", "openai", or auto: frontend.text.content_format
     response_role: str = "assistant"
     enable_server_load_tracking: bool = False
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING: the LoRA routes exist (and refuse: no LoRA here).
     allow_runtime_lora_updating: bool = False
     # --- vLLM's Frontend flags of its serving classes (vllm/entrypoints/launchers/cli_args.py) ---
-    enable_request_id_headers: bool = False  # X-Request-Id on every response (frontend.request_id)
+    enable_request_id_headers: bool = False  # X-Request-Id on every response (frontend.http.request_id)
     enable_force_include_usage: bool = False  # usage in every stream, continuous too
     override_generation_config: dict | None = None  # merged over --generation-config's defaults
     default_chat_template_kwargs: dict | None = None  # under each request's chat_template_kwargs
     trust_request_chat_template: bool = False  # a request may bring its own chat_template
     disable_access_log_for_endpoints: str | None = None  # comma-separated paths the access log leaves out
-    enable_log_outputs: bool = False  # with --enable-log-requests: each chat output (frontend.output_log)
+    enable_log_outputs: bool = False  # with --enable-log-requests: each chat output (frontend.openai.output_log)
     enable_log_deltas: bool = True  # with --enable-log-outputs: each streamed delta too
     max_log_len: int | None = None  # output text logged cut to this many characters
-    enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (frontend.tokenizer_info)
+    enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (frontend.routes.tokenizer_info)
     log_error_stack: bool = False  # an error response logs its stack; default VLLM_SERVER_DEV_MODE
     sse_keep_alive_interval: int = 0  # s of stream silence before a ": keep-alive" comment (0: never)
-    # Tool calls (frontend.tool_choice): parsed from the model's text only with both, as vLLM.
+    # Tool calls (frontend.tools.choice): parsed from the model's text only with both, as vLLM.
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     enforce_strict_tool_calling: bool = True  # VLLM_ENFORCE_STRICT_TOOL_CALLING, read as vLLM reads it

@@ -41,7 +41,7 @@ def gguf_model_dir(path: Path, tokenizer: str | None = None) -> Path:
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    # NOTE: imported here as frontend/tokenizer.py does: importing transformers loads torch,
+    # NOTE: imported here as frontend/text/tokenizer.py does: importing transformers loads torch,
     # which the API server's process never needs at import.
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 

@@ -43,7 +43,7 @@ RULES: dict[str, tuple[str, ...]] = {
 ALLOWED: dict[str, tuple[str, ...]] = {
     # The load generator counts tokens with the server's own tokenizer.
     # ... and reads a GGUF model's tokenizer from the folder kvpool serve makes of the file.
-    "loadgen": ("frontend.tokenizer", "frontend.gguf_model"),
+    "loadgen": ("frontend.text.tokenizer", "frontend.gguf_model"),
     # A workload is its requests and when they arrive: the simulator replays the load
     # generator's datasets on the load generator's arrival schedule.
     "simulator": ("loadgen.datasets", "loadgen.arrivals"),
@@ -70,6 +70,8 @@ REQUIRED = [
     "frontend",
     "frontend/serve",
     "protocol/serve_flags",
+    # The API server's rooms, along a request's way (docs/frontend.md).
+    *(f"frontend/{room}" for room in ("http", "schema", "text", "tools", "sampling", "engine", "openai", "routes")),
     "bench",
     ".ci/run",
     "docs/architecture.md",
@@ -186,11 +188,11 @@ def test_every_allowed_module_exists_and_is_otherwise_forbidden():
         ("worker", "worker", "from scheduler.core.block_pool import BlockPool\n", [1]),
         ("worker", "worker.models", "from ...scheduler import core\n", [1]),
         # Of frontend/, the load generator may import the tokenizer only.
-        ("loadgen", "loadgen", "def f():\n    from frontend.tokenizer import Tokenizer, TokenizerError\n", []),
-        ("loadgen", "loadgen", "from frontend import tokenizer\nimport frontend.tokenizer\n", []),
-        ("loadgen", "loadgen", "from frontend.serving import ServingContext\n", [1]),
-        ("loadgen", "loadgen", "from frontend import tokenizer, detokenizer\n", [1]),
-        ("loadgen", "loadgen", "import frontend.tokenizer_cache\n", [1]),
+        ("loadgen", "loadgen", "def f():\n    from frontend.text.tokenizer import Tokenizer, TokenizerError\n", []),
+        ("loadgen", "loadgen", "from frontend.text import tokenizer\nimport frontend.text.tokenizer\n", []),
+        ("loadgen", "loadgen", "from frontend.openai.serving import ServingContext\n", [1]),
+        ("loadgen", "loadgen", "from frontend.text import tokenizer, detokenizer\n", [1]),
+        ("loadgen", "loadgen", "import frontend.text.tokenizer_cache\n", [1]),
         ("loadgen", "loadgen", "x = __import__('frontend.api_server')\n", [1]),
         # Of loadgen/, the simulator may import the datasets and the arrival schedule only.
         ("simulator", "simulator", "from loadgen.datasets import expand_hash_ids\nfrom loadgen import arrivals\n", []),
@@ -218,7 +220,7 @@ def test_a_violation_planted_in_a_copy_of_the_tree_fails_the_check(tmp_path):
     assert len(bad) == 1 and bad[0].startswith("scheduler/core/block_pool.py:")
     # And one past an allowed door: the load generator reaching beyond the tokenizer.
     planted = tmp_path / "loadgen" / "report.py"
-    planted.write_text(planted.read_text() + "\nfrom frontend.serving import usage\n")
+    planted.write_text(planted.read_text() + "\nfrom frontend.openai.serving import usage\n")
     bad = tree_violations(tmp_path)
     assert len(bad) == 2 and bad[1].startswith("loadgen/report.py:")
 
@@ -262,7 +264,7 @@ def test_importing_every_scheduler_and_protocol_module_loads_no_torch_or_other_r
 
 def test_importing_every_frontend_module_loads_no_torch_transformers_or_other_room():
     imported, leaked = import_every_module(("frontend",), ("torch", "transformers", "scheduler", "worker", "loadgen", "simulator"))
-    assert "frontend.tokenizer" in imported and "frontend.detokenizer" in imported
+    assert "frontend.text.tokenizer" in imported and "frontend.text.detokenizer" in imported
     assert leaked == [], f"imported by frontend/: {leaked}"
 
 
@@ -287,8 +289,8 @@ def test_the_architecture_overview_stays_short():
 
 def test_no_module_hides_an_import_under_type_checking():
     # An import that only type checkers run is how an import circle hides (the house rule:
-    # none, not even there); a module that needs another's shape takes a Protocol instead
-    # (frontend/server_view.py).
+    # none, not even there); a module that needs another's shape is given the pieces it uses
+    # (frontend/routes/: a serving context and a scheduler client, not the API server).
     hidden = [str(p.relative_to(REPO)) for top in PROJECT for p in sorted((REPO / top).rglob("*.py"))
               if re.search(r"^if (typing\.)?TYPE_CHECKING\b", p.read_text(encoding="utf-8"), re.MULTILINE)]
     assert hidden == [], f"imports under TYPE_CHECKING: {hidden}"

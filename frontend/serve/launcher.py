@@ -17,7 +17,7 @@ processes, supervised (vLLM's ``vllm serve``, with the engine core split out).
   - the scheduler: the worker sees its connection drop and handshakes with the next one
     (``--reconnect``); the frontend holds every request it accepted and gives them to the
     next one with the tokens already streamed, to resume as preempted requests do
-    (``frontend/engine_client.py``), new requests waiting meanwhile; no client sees it.
+    (``frontend/engine/client.py``), new requests waiting meanwhile; no client sees it.
   - the frontend: its clients' open connections are cut (the scheduler frees their
     requests' blocks); new connections wait in the listening socket's backlog, which the
     launcher holds and hands to each frontend (``--listen-fd``), until the next one accepts.
@@ -41,7 +41,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from frontend.listen import bind_listener, remove_unix_socket
+from frontend.http.listen import bind_listener, remove_unix_socket
 from frontend.serve import child_argv
 from frontend.serve.config import ServeConfig
 from frontend.serve.model_dir import checkpoint_problem

@@ -17,7 +17,7 @@ import time
 import urllib.request
 
 TIMEOUT_S = 2.0
-# NOTE: twice the frontend's HEALTH_POLL_S (frontend/api_server.py), the period at which
+# NOTE: twice the frontend's HEALTH_POLL_S (frontend/engine/scheduler_health.py), the period at which
 # it asks the scheduler's /health and turns its own to 200.
 HEALTH_LAG_S = 1.0
 

@@ -15,7 +15,7 @@ from frontend.serve.flags.rules import (
     passed,
     refused,
 )
-from frontend.tool_parsers import TOOL_PARSERS
+from frontend.tools.parsers import TOOL_PARSERS
 from protocol.serve_flags.engine import RETURN_TOKENS_AS_TOKEN_IDS
 
 _TITLE = "Frontend"

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from frontend import api_server
+from frontend.engine import scheduler_health
 from frontend.serve import ready_probe
 
 
 def test_the_lag_covers_the_frontends_health_poll_twice():
     # The frontend turns its /health to 200 at its next poll of the scheduler's.
-    assert ready_probe.HEALTH_LAG_S >= 2 * api_server.HEALTH_POLL_S
+    assert ready_probe.HEALTH_LAG_S >= 2 * scheduler_health.HEALTH_POLL_S
 
 
 def test_only_ssl_cert_reqs_2_requires_client_certificates():
