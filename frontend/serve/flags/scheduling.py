@@ -4,7 +4,7 @@ runs in each step, and how vLLM's GPU code would be compiled (which kvpool never
 from __future__ import annotations
 
 from frontend.serve.flags import reasons as why
-from frontend.serve.flags.rules import BOOL, MANY, ONE, Group, declared, passed, refused
+from frontend.serve.flags.rules import BOOL, MANY, ONE, Group, declared, passed, refused, same
 from protocol.serve_flags.engine import (
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
@@ -13,7 +13,7 @@ from protocol.serve_flags.engine import (
 
 _SCHEDULER = [
     refused("--async-scheduling", BOOL, why.ASYNC, accepts=(False,)),
-    passed("--disable-chunked-mm-input", BOOL, "scheduler"),
+    same("--disable-chunked-mm-input", BOOL, "kvpool serves text only: there is no multimodal item to keep unsplit"),
     passed("--disable-hybrid-kv-cache-manager", BOOL, "worker"),
     passed("--enable-chunked-prefill", BOOL, "scheduler", default_on=True),
     passed("--long-prefill-token-threshold", ONE, "scheduler"),

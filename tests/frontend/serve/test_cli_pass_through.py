@@ -23,7 +23,7 @@ FRONTEND_FLAGS = [
 ]
 SCHEDULER_FLAGS = [
     "--scheduling-policy", "priority", "--long-prefill-token-threshold", "64", "--no-enable-chunked-prefill",
-    "--disable-chunked-mm-input", "--kv-cache-metrics-sample", "0.5", "--long-prefill-token-threshold-adaptive",
+    "--kv-cache-metrics-sample", "0.5", "--long-prefill-token-threshold-adaptive",
 ]
 
 
