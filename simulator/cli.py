@@ -60,11 +60,13 @@ import sys
 from pathlib import Path
 
 from protocol.kv_cache_spec import is_hybrid, num_kv_tensors
+from protocol.serve_flags.flag import add_flag
+from protocol.serve_flags.scheduling import POLICY_ROWS
 from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.hashing import HASH_ALGOS
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
 from scheduler.core.pinned_blocks import PinRefused
-from scheduler.sched.policy_options import add_policy_args, check_scheduler_options
+from scheduler.sched.policy_options import check_scheduler_options
 from simulator.config import SimConfig
 from simulator.external_args import add_external_tier_args, check_external_tier_args
 from simulator.fleet_cli import add_fleet_args, check_fleet_args, fleet_main
@@ -112,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ms-per-token", type=float, default=d.ms_per_token, help="cost of a scheduled token (default %(default)s)")
     g.add_argument("--prefix-caching-hash-algo", choices=HASH_ALGOS, default=d.hash_algo,
                    help="block hash (default %(default)s: offline, so no adversary; results do not depend on it)")
-    add_policy_args(g)  # the scheduler's own flags
+    for row in POLICY_ROWS:  # the scheduler's own flags
+        add_flag(g, row)
     g.add_argument("--no-fast-forward", dest="fast_forward", action="store_false", help="step every decode step (slow; for checks)")
     g = p.add_argument_group("speculative decoding")
     g.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens, metavar="K",

@@ -48,9 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("kvpool serve's settings (protocol/serve_flags/)")
     for row in rows_for(WORKER):
         add_flag(g, row)
-    p.add_argument("--disable-hybrid-kv-cache-manager", action=argparse.BooleanOptionalAction, default=d.disable_hybrid_kv_cache_manager,
-                   help="one full-attention KV-cache group for a model mixing sliding-window and full layers, as vLLM: no "
-                        "block is freed outside a window, but the layers still attend within theirs (default: off)")
     p.add_argument("--kv-cache-memory", type=memory_size, default=None, metavar="SIZE",
                    help=f"KV cache budget, e.g. 512MiB, 2GiB, 64M; at most what the device has available "
                         f"(default: on CPU {CPU_DEFAULT_KV_CACHE_MEMORY // 2**20}MiB, on CUDA see --gpu-memory-utilization)")

@@ -30,7 +30,6 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily
 
 from frontend.schema.errors import APIError
-from protocol.human_readable import human_readable_int
 
 # vLLM's ADMISSION_REASONS (vllm/v1/metrics/loggers.py), its messages (vllm/exceptions.py).
 ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
@@ -90,14 +89,6 @@ class AdmissionControl:
         """Its first output came, or it ended (finished, aborted, failed) without one."""
         if self.prefilling:
             self.num_prefill_tokens -= self.prefilling.pop(request_id, 0)
-
-
-def add_admission_args(p: argparse.ArgumentParser) -> None:
-    """vLLM's flags, read as vLLM reads them (1k, 2K); unset: no limit."""
-    for flag, what in (("--max-num-queued-reqs", "engine requests in flight (n > 1 counts n)"),
-                       ("--max-num-queued-tokens", "prompt tokens of requests still in prefill")):
-        p.add_argument(flag, type=human_readable_int, default=None, metavar="N",
-                       help=f"at most N {what}; more are refused with 503, as vLLM (default: no limit)")
 
 
 def check_admission_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:

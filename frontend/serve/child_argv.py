@@ -2,8 +2,8 @@
 (``frontend.serve.cli.parse_serve``) and the internal ports chosen free.
 
 A setting of the settings table (protocol/serve_flags/) goes to the processes its row
-names, spelled by the row (``table_flags``); flags the ``vllm serve`` table marks
-``passed`` go to their child as given (``passed_flags``); the rest are kvpool serve's
+names: settled, spelled by the row (``table_flags``), or, where the ``vllm serve``
+table marks it ``passed``, as given (``passed_flags``); the rest are kvpool serve's
 own (ports, sockets, restarts) or one child's, written here."""
 
 from __future__ import annotations
@@ -18,10 +18,15 @@ from protocol.serve_flags import rows_for
 from protocol.serve_flags.flag import flag_argv
 
 
+# The rows kvpool serve only passes on (not settled into ServeConfig).
+PASSED_FLAGS = frozenset(rule.name for rule in all_rules() if rule.verdict == PASSED)
+
+
 def table_flags(c: ServeConfig, child: str) -> list[str]:
-    """The settings table's rows for ``child``, with their settled values."""
+    """The settings table's rows for ``child`` that kvpool serve settles, with their settled values."""
     values = {"model": str(c.model_dir)}  # NOTE: every child reads the folder (a GGUF file's, made by kvpool serve)
-    return [arg for row in rows_for(child) for arg in flag_argv(row, values.get(row.dest, getattr(c, row.dest)))]
+    rows = [row for row in rows_for(child) if row.name not in PASSED_FLAGS]
+    return [arg for row in rows for arg in flag_argv(row, values.get(row.dest, getattr(c, row.dest)))]
 
 
 def passed_flags(c: ServeConfig, child: str) -> list[str]:

@@ -33,6 +33,14 @@ KV_CACHE_METRICS = flag("--kv-cache-metrics", SCHEDULER, action=argparse.Boolean
 ENABLE_MFU_METRICS = flag("--enable-mfu-metrics", SCHEDULER, action=argparse.BooleanOptionalAction, default=False,
                           help="vllm:estimated_{flops,read_bytes,write_bytes}_per_gpu, estimated from the checkpoint's "
                                "config.json (--model) in the worker's --dtype")
+ENABLE_LOGGING_ITERATION_DETAILS = flag("--enable-logging-iteration-details", SCHEDULER, action=argparse.BooleanOptionalAction,
+                                        default=False, help="with the stats on, log each step's requests and tokens, as vLLM")
+# NOTE: no type here: the scheduler checks the JSON against its own histogram families
+# (scheduler/engine/metric_buckets.py), as add_flag's ``type``.
+CUSTOM_HISTOGRAM_BUCKETS = flag("--custom-histogram-buckets", SCHEDULER, default=None, metavar="JSON",
+                                help="vLLM's histogram bounds by family, as JSON")
+KV_CACHE_METRICS_SAMPLE = flag("--kv-cache-metrics-sample", SCHEDULER, type=float, default=1.0, metavar="FRACTION",
+                               help="fraction of block allocations watched, in (0, 1] (default %(default)s: every block; vLLM's is 0.01)")
 SPECULATIVE_CONFIG = flag("--speculative-config -sc", SCHEDULER, default=None, metavar="JSON",
                           help="vLLM's SpeculativeConfig as JSON: method ngram, num_speculative_tokens, "
                                "prompt_lookup_min/max (default 5)")
@@ -48,5 +56,6 @@ RETURN_TOKENS_AS_TOKEN_IDS = flag("--return-tokens-as-token-ids", FRONTEND, acti
                                   help="logprobs name tokens as token_id:N (default off)")
 
 ROWS = (MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, SCHEDULER_RESERVE_FULL_ISL, TENSOR_PARALLEL_SIZE, LOG_LEVEL, DISABLE_LOG_STATS,
-        KV_CACHE_METRICS, ENABLE_MFU_METRICS, SPECULATIVE_CONFIG, KV_TRANSFER_CONFIG, ENABLE_LOG_REQUESTS,
+        KV_CACHE_METRICS, ENABLE_MFU_METRICS, ENABLE_LOGGING_ITERATION_DETAILS, CUSTOM_HISTOGRAM_BUCKETS, KV_CACHE_METRICS_SAMPLE,
+        SPECULATIVE_CONFIG, KV_TRANSFER_CONFIG, ENABLE_LOG_REQUESTS,
         RETURN_TOKENS_AS_TOKEN_IDS)

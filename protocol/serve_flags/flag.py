@@ -39,15 +39,19 @@ def flag(flags: str, *to: str, accepts: tuple | None = None, why_not: str = "", 
     return Flag(tuple(flags.split()), to, kwargs, accepts, why_not)
 
 
-def add_flag(parser, row: Flag, dest: str | None = None) -> None:
+def add_flag(parser, row: Flag, dest: str | None = None, type: Any = None) -> None:
     """Declare ``row`` on a process's parser (or argument group), under the process's own
-    ``dest`` where its config names the setting otherwise."""
-    parser.add_argument(*row.flags, **(row.kwargs | ({"dest": dest} if dest else {})))
+    ``dest`` where its config names the setting otherwise, and with the process's own
+    ``type`` where only it can check the value (a row that declares none)."""
+    assert type is None or "type" not in row.kwargs, row.name
+    own = ({"dest": dest} if dest else {}) | ({"type": type} if type else {})
+    parser.add_argument(*row.flags, **(row.kwargs | own))
 
 
 def unaccepted(row: Flag, value: Any) -> str | None:
-    """The line refusing ``value`` of ``row`` (one of vLLM's choices kvpool does not serve), or None."""
-    if row.accepts is None or value in row.accepts:
+    """The line refusing ``value`` of ``row`` (one of vLLM's choices kvpool does not serve), or None
+    (None too for no value, a flag not given)."""
+    if row.accepts is None or value is None or value in row.accepts:
         return None
     return f"{row.name} {value}: {row.why_not}"
 

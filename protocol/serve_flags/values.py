@@ -4,11 +4,12 @@ parses them."""
 from __future__ import annotations
 
 import argparse
+import json
 
 from protocol.human_readable import human_readable_int
 
 __all__ = ["DTYPES", "LOG_LEVELS", "VLLM_CACHE_DTYPES", "dtype", "fraction", "gib", "human_readable_int",
-           "human_readable_int_or_auto", "seed"]
+           "human_readable_int_or_auto", "json_object", "seed"]
 
 # vLLM's --dtype: the model's weights' and (with --kv-cache-dtype auto) its KV cache's;
 # and float64, kvpool's own, in which the reference tests' greedy tokens have no near-ties.
@@ -64,4 +65,14 @@ def gib(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid size {text!r}: expected a number of GiB, e.g. 4 or 0.5") from None
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"invalid size {text!r}: expected a number of GiB >= 0")
+    return value
+
+
+def json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r} ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
     return value

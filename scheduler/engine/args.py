@@ -27,8 +27,8 @@ from scheduler.engine.arg_checks import (
 from scheduler.engine.config import SchedulerConfig
 from scheduler.engine.kv_event_endpoints import ENDPOINT_MODES
 from scheduler.engine.metric_buckets import custom_histogram_buckets
-from scheduler.engine.one_group_flags import add_one_group_args, check_one_group_args
-from scheduler.sched.policy_options import add_policy_args, check_scheduler_options
+from scheduler.engine.one_group_flags import check_one_group_args
+from scheduler.sched.policy_options import check_scheduler_options
 
 # vLLM's async scheduling plans step N+1 before step N's result is in; kvpool plans a
 # step only once the previous result is applied (DESIGN.md rule 3: blocks are cached
@@ -40,6 +40,8 @@ ASYNC_SCHEDULING_REFUSED = (
 )
 # The table's rows the scheduler's config names otherwise.
 DESTS = {"served_model_name": "model_name"}
+# The table's rows whose value only the scheduler can check (its own histogram families).
+OWN_TYPES = {"custom_histogram_buckets": custom_histogram_buckets}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,19 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-port", type=int, default=d.http_port, help="/metrics, /health (default %(default)s)")
     g = p.add_argument_group("kvpool serve's settings (protocol/serve_flags/)")
     for row in rows_for(SCHEDULER):
-        add_flag(g, row, DESTS.get(row.dest))
-    add_one_group_args(p)
-    g = p.add_argument_group("scheduling policy (vLLM's SchedulerConfig)")
-    add_policy_args(g)
+        add_flag(g, row, DESTS.get(row.dest), OWN_TYPES.get(row.dest))
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="not supported: kvpool plans a step once the previous one's result is in (--no-async-scheduling is accepted)")
     p.add_argument("--max-num-waiting", type=int, default=d.max_num_waiting,
                    help="most requests waiting to run; more are refused (default %(default)s, ~36 bytes a prompt token each)")
-    p.add_argument("--enable-logging-iteration-details", action=argparse.BooleanOptionalAction, default=False, help="with the stats on, log each step's requests and tokens, as vLLM")
-    p.add_argument("--custom-histogram-buckets", type=custom_histogram_buckets, metavar="JSON", help="vLLM's histogram bounds by family, as JSON")
     _add_link_flags(p, d)
-    p.add_argument("--kv-cache-metrics-sample", type=float, default=d.kv_cache_metrics_sample, metavar="FRACTION",
-                   help="fraction of block allocations watched, in (0, 1] (default %(default)s: every block; vLLM's is 0.01)")
     _add_tier_flags(p, d)
     _add_retention_and_event_flags(p, d)
     return p

@@ -8,18 +8,13 @@ but are checked as vLLM checks them (``python -m scheduler`` takes them from kvp
 * ``--prefill-schedule-interval N`` (SchedulerConfig, N >= 1): admit new prefills every
   N steps, aligned across data-parallel ranks. Only vLLM's DPEngineCoreProc (data
   parallel size > 1, a MoE model) throttles; one engine never does, whatever N.
+
+Both are the settings table's rows (protocol/serve_flags/scheduling.py).
 """
 
 from __future__ import annotations
 
 import argparse
-
-
-def add_one_group_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prefix-match-unit", type=int, default=None, metavar="N",
-                   help="vLLM's prefix-cache hit boundary: with one KV cache group, the block size (default: unset)")
-    p.add_argument("--prefill-schedule-interval", type=int, default=1, metavar="N",
-                   help="vLLM's data-parallel prefill cadence: one engine never throttles (default %(default)s)")
 
 
 def check_one_group_args(a: argparse.Namespace) -> None:

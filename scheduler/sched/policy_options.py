@@ -18,13 +18,11 @@ their checks, and the long-prefill cap they make of a step.
 * ``--max-num-active-seqs N``: the most requests RUNNING at once: admission stops
   there (vLLM's max_num_active_reqs); --max-num-seqs still sizes the worker's rows.
   At most --max-num-seqs; default: --max-num-seqs.
+
+The flags are the settings table's rows (protocol/serve_flags/scheduling.py POLICY_ROWS).
 """
 
 from __future__ import annotations
-
-import argparse
-
-from protocol.human_readable import human_readable_int
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
 # The Scheduler's keyword options these flags set, by their argparse dest.
@@ -36,29 +34,6 @@ def policy_kwargs(config) -> dict:
     """The Scheduler's keyword options from a config with these flags' fields (the
     scheduler process's and the simulator's): one list, so neither misses a new one."""
     return {name: getattr(config, name) for name in POLICY_KWARGS}
-
-
-def add_policy_args(g: argparse._ActionsContainer) -> None:
-    """These options' flags, as vLLM names them (``python -m scheduler``, the simulator);
-    their defaults are vLLM's."""
-    flag = argparse.BooleanOptionalAction
-    g.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
-                   help="fcfs: first come, first served; priority: by each request's priority (lower first), then arrival; "
-                        "out of blocks, the lowest-priority, latest-arriving running request is preempted (default %(default)s)")
-    g.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N",
-                   help="schedule at most N tokens of one request in a step, unless it is the only request (default 0: off)")
-    g.add_argument("--long-prefill-token-threshold-adaptive", action=flag, default=False,
-                   help="floor that cap at --max-num-batched-tokens / (running + waiting requests) (default: off)")
-    g.add_argument("--enable-chunked-prefill", action=flag, default=True,
-                   help="split a prompt that does not fit the step's token budget across steps (default: on); "
-                        "off, --max-num-batched-tokens must be at least --max-model-len")
-    g.add_argument("--watermark", type=float, default=0.0, metavar="F",
-                   help="admit a waiting or preempted request while others run only if int(F * blocks) blocks stay free; "
-                        "F in [0.0, 1.0) (default 0.0: off)")
-    g.add_argument("--max-num-scheduled-tokens", type=human_readable_int, default=None, metavar="N",
-                   help="most tokens one step schedules, as 2048, 2k or 2K (default: --max-num-batched-tokens)")
-    g.add_argument("--max-num-active-seqs", type=int, default=None, metavar="N",
-                   help="admit waiting requests only while fewer than N run; at most --max-num-seqs (default: --max-num-seqs)")
 
 
 def check_scheduler_options(

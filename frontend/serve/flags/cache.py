@@ -16,6 +16,9 @@ from protocol.serve_flags.cache import (
     NUM_GPU_BLOCKS_OVERRIDE,
     PREFIX_CACHING_HASH_ALGO,
 )
+from protocol.serve_flags.scheduling import (
+    PREFIX_MATCH_UNIT,
+)
 
 _CACHE = [
     declared(BLOCK_SIZE, ONE, "scheduler and worker"),
@@ -36,7 +39,7 @@ _CACHE = [
     declared(NUM_GPU_BLOCKS_OVERRIDE, ONE, "scheduler and worker: the worker allocates exactly N blocks"),
     refused("--prefix-cache-retention-interval", ONE, why.NOT_YET, accepts=("0",)),
     declared(PREFIX_CACHING_HASH_ALGO, ONE, "scheduler"),
-    passed("--prefix-match-unit", ONE, "scheduler"),
+    passed(PREFIX_MATCH_UNIT),
     refused("--replayssm-buffer-len", ONE, why.MAMBA),
     refused("--swa-bounded-replay", BOOL, why.MAMBA, accepts=(True,)),
     refused("--use-replayssm", BOOL, why.MAMBA, accepts=(False,)),

@@ -42,6 +42,11 @@ _LORA = sorted(
     + [refused("--lora-target-modules", MANY, why.LORA)],
     key=lambda r: r.name,
 )
+from protocol.serve_flags.engine import (
+    CUSTOM_HISTOGRAM_BUCKETS,
+    ENABLE_LOGGING_ITERATION_DETAILS,
+    KV_CACHE_METRICS_SAMPLE,
+)
 
 _LOGGING = [
     refused("--log-config-file", ONE,
@@ -54,14 +59,14 @@ _LOGGING = [
 _OBSERVABILITY = [
     refused("--collect-detailed-traces", MANY, why.TRACING),
     refused("--cudagraph-metrics", BOOL, why.GRAPHS, accepts=(False,)),
-    passed("--custom-histogram-buckets", ONE, "scheduler"),
+    passed(CUSTOM_HISTOGRAM_BUCKETS),
     refused("--enable-layerwise-nvtx-tracing", BOOL, why.TRACING, accepts=(False,)),
-    passed("--enable-logging-iteration-details", BOOL, "scheduler"),
+    passed(ENABLE_LOGGING_ITERATION_DETAILS),
     declared(ENABLE_MFU_METRICS, BOOL, "scheduler"),
     refused("--jit-monitor-mode", ONE, why.GRAPHS),
     refused("--jit-monitor-verbose", BOOL, why.GRAPHS, accepts=(False,)),
     declared(KV_CACHE_METRICS, BOOL, "scheduler"),
-    passed("--kv-cache-metrics-sample", ONE, "scheduler"),
+    passed(KV_CACHE_METRICS_SAMPLE),
     refused("--otlp-traces-endpoint", ONE, why.TRACING),
     refused("--per-request-spec-decode-metrics", ONE, why.SPECULATIVE, accepts=("none",)),
     same("--show-hidden-metrics-for-version", ONE,

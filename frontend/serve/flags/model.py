@@ -25,6 +25,10 @@ from protocol.serve_flags.model import (
     SEED,
     SERVED_MODEL_NAME,
 )
+from protocol.serve_flags.serving import (
+    MAX_LOGPROBS,
+    OVERRIDE_GENERATION_CONFIG,
+)
 
 _MODEL = [
     refused("--allow-deprecated-quantization", BOOL, why.QUANTIZATION, accepts=(False,)),
@@ -51,12 +55,12 @@ _MODEL = [
     refused("--io-processor-plugin", ONE, why.POOLING),
     refused("--logits-processors", MANY, "custom logits processors are not supported"),
     refused("--logprobs-mode", ONE, "kvpool's logprobs are the raw model's (vLLM's default raw_logprobs)", accepts=("raw_logprobs",)),
-    passed("--max-logprobs", ONE, "frontend"),
+    passed(MAX_LOGPROBS),
     declared(MAX_MODEL_LEN, ONE, "scheduler, worker and frontend (not given, or -1/auto: the model's, at most 4096, where vLLM takes it whole)"),
     declared(MODEL, ONE, "launcher (as the positional MODEL)", dest="model_flag"),
     refused("--model-class-overrides", ONE, "kvpool's worker has its own model classes", accepts=("{}",)),
     refused("--model-impl", ONE, "kvpool's worker has its own model implementation", accepts=("auto",)),
-    passed("--override-generation-config", ONE, "frontend"),
+    passed(OVERRIDE_GENERATION_CONFIG),
     refused("--pooler-config", ONE, why.POOLING),
     refused("--quantization -q", ONE, why.QUANTIZATION, accepts=("None",)),
     refused("--quantization-config", ONE, why.QUANTIZATION),

@@ -6,8 +6,8 @@ Four answers, each a constructor:
   table (``protocol.serve_flags``, ``declared``): its type, default and help are the
   row's, and ``frontend.serve.child_argv`` writes it into the argv of the processes the
   row names. A flag only ``kvpool serve`` reads declares its own (``handled``).
-* ``passed``: given to a child process under the same name, verbatim, when given
-  (the child's own parser checks the value).
+* ``passed``: a row of the settings table too, given to the processes it names under
+  the same name, verbatim, when given (the child's parser, the row's, checks the value).
 * ``same``: accepted, nothing to do: kvpool already behaves as vLLM does with the flag.
 * ``refused``: kvpool cannot do it; given, ``kvpool serve`` exits 2 with one line
   naming the flag and why, before starting anything. ``accepts`` lists the values
@@ -94,10 +94,23 @@ def declared(row: Flag, arity: str, note: str, dest: str | None = None) -> Rule:
     return Rule(row.flags, arity, HANDLED, note, row.accepts, row.why_not, kwargs, row.to)
 
 
-def passed(flags: str, arity: str, *to: str, default_on: bool = False) -> Rule:
-    """``default_on``: a BOOL flag on by default, so that its ``--no-`` form is passed too."""
-    kwargs = {"default_on": True} if default_on else {}
-    return Rule(_flags(flags), arity, PASSED, f"passed to the {' and '.join(to)}", kwargs=kwargs, to=to)
+def arity(row: Flag) -> str:
+    """How many values ``row``'s flag takes, as its child's parser declares it."""
+    action, nargs = row.kwargs.get("action"), row.kwargs.get("nargs")
+    if action is argparse.BooleanOptionalAction:
+        return BOOL
+    if action == "store_true":
+        return SWITCH
+    return {"+": MANY, "*": MANY, "?": OPTIONAL}.get(nargs, ONE)
+
+
+def passed(row: Flag, note: str = "") -> Rule:
+    """A flag of the settings table kvpool serve only passes on: given to the processes
+    the row names, as given (their parsers, the row's, check it). A BOOL flag whose
+    child default is not off is passed in its ``--no-`` form too (``default_on``)."""
+    kwargs = {"default_on": True} if arity(row) == BOOL and row.default is not False else {}
+    note = note or f"passed to the {' and '.join(row.to)}"
+    return Rule(row.flags, arity(row), PASSED, note, row.accepts, row.why_not, kwargs, row.to)
 
 
 def same(flags: str, arity: str, why: str, type: Callable[[str], Any] | None = None) -> Rule:

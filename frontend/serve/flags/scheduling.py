@@ -10,26 +10,39 @@ from protocol.serve_flags.engine import (
     MAX_NUM_SEQS,
     SCHEDULER_RESERVE_FULL_ISL,
 )
+from protocol.serve_flags.scheduling import (
+    DISABLE_HYBRID_KV_CACHE_MANAGER,
+    ENABLE_CHUNKED_PREFILL,
+    LONG_PREFILL_TOKEN_THRESHOLD,
+    LONG_PREFILL_TOKEN_THRESHOLD_ADAPTIVE,
+    MAX_NUM_ACTIVE_SEQS,
+    MAX_NUM_QUEUED_REQS,
+    MAX_NUM_QUEUED_TOKENS,
+    MAX_NUM_SCHEDULED_TOKENS,
+    PREFILL_SCHEDULE_INTERVAL,
+    SCHEDULING_POLICY,
+    WATERMARK,
+)
 
 _SCHEDULER = [
     refused("--async-scheduling", BOOL, why.ASYNC, accepts=(False,)),
     same("--disable-chunked-mm-input", BOOL, "kvpool serves text only: there is no multimodal item to keep unsplit"),
-    passed("--disable-hybrid-kv-cache-manager", BOOL, "worker"),
-    passed("--enable-chunked-prefill", BOOL, "scheduler", default_on=True),
-    passed("--long-prefill-token-threshold", ONE, "scheduler"),
-    passed("--long-prefill-token-threshold-adaptive", BOOL, "scheduler"),
-    passed("--max-num-active-seqs", ONE, "scheduler"),
+    passed(DISABLE_HYBRID_KV_CACHE_MANAGER),
+    passed(ENABLE_CHUNKED_PREFILL),
+    passed(LONG_PREFILL_TOKEN_THRESHOLD),
+    passed(LONG_PREFILL_TOKEN_THRESHOLD_ADAPTIVE),
+    passed(MAX_NUM_ACTIVE_SEQS),
     declared(MAX_NUM_BATCHED_TOKENS, ONE, "scheduler and worker"),
-    passed("--max-num-queued-reqs", ONE, "frontend"),  # NOTE: vLLM enforces both in its API server process
-    passed("--max-num-queued-tokens", ONE, "frontend"),
-    passed("--max-num-scheduled-tokens", ONE, "scheduler"),
+    passed(MAX_NUM_QUEUED_REQS),  # NOTE: vLLM enforces both in its API server process
+    passed(MAX_NUM_QUEUED_TOKENS),
+    passed(MAX_NUM_SCHEDULED_TOKENS),
     declared(MAX_NUM_SEQS, ONE, "scheduler and worker"),
-    passed("--prefill-schedule-interval", ONE, "scheduler"),
+    passed(PREFILL_SCHEDULE_INTERVAL),
     refused("--scheduler-cls", ONE, "kvpool's scheduler is its own process, not a vLLM scheduler class"),
     declared(SCHEDULER_RESERVE_FULL_ISL, BOOL, "scheduler"),
-    passed("--scheduling-policy", ONE, "scheduler"),
+    passed(SCHEDULING_POLICY),
     refused("--stream-interval", ONE, "kvpool streams each token as it is sampled (vLLM's 1)", accepts=("1",)),
-    passed("--watermark", ONE, "scheduler"),
+    passed(WATERMARK),
 ]
 
 GROUPS = [

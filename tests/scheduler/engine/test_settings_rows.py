@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from protocol.serve_flags.cache import PREFIX_CACHING_HASH_ALGO
 from protocol.serve_flags.kvpool import KV_EVICTION_POLICY
+from protocol.serve_flags.scheduling import SCHEDULING_POLICIES as SCHEDULING_POLICY_CHOICES
+from protocol.serve_flags.scheduling import SCHEDULING_POLICY
 from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.vllm_hashing import DEFAULT_PREFIX_CACHING_HASH_ALGO, PREFIX_CACHING_HASH_ALGOS
+from scheduler.sched.policy_options import SCHEDULING_POLICIES
 
 
 def test_the_hash_choices_are_the_schedulers_hashes():
@@ -16,3 +19,7 @@ def test_the_hash_choices_are_the_schedulers_hashes():
 
 def test_the_eviction_choices_are_the_schedulers_policies():
     assert KV_EVICTION_POLICY.kwargs["choices"] == KV_EVICTION_POLICIES
+
+
+def test_the_scheduling_policy_choices_are_the_schedulers_policies():
+    assert SCHEDULING_POLICY.kwargs["choices"] == SCHEDULING_POLICY_CHOICES == SCHEDULING_POLICIES
