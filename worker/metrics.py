@@ -23,6 +23,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from protocol.serve_flags.model import DEFAULT_SERVED_MODEL_NAME
 from worker.cpu.threads import StepThreads
 from worker.external.external_io import ExternalIO
 from worker.external.io_metrics import ExternalIOCollector
@@ -37,7 +38,7 @@ LOAD_TRANSFER_TYPE, STORE_TRANSFER_TYPE = "CPU_to_GPU", "GPU_to_CPU"
 
 
 class WorkerMetrics:
-    def __init__(self, model_name: str = "kvpool-tiny", engine: str = "0"):
+    def __init__(self, model_name: str = DEFAULT_SERVED_MODEL_NAME, engine: str = "0"):
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name, "engine": engine}
         names = list(labels)

@@ -11,6 +11,9 @@ from protocol.serve_flags.values import DTYPES, dtype, human_readable_int_or_aut
 # --max-model-len when neither given nor known from the checkpoint: the scheduler's and the
 # API server's default, and kvpool serve's cap on the model's own length.
 DEFAULT_MAX_MODEL_LEN = 4096
+# The model's name where neither --served-model-name nor --model names it: a scheduler and
+# a worker started alone (the tiny generated Llama), in the API and the metrics' model_name.
+DEFAULT_SERVED_MODEL_NAME = "kvpool-tiny"
 
 MODEL = flag("--model", SCHEDULER, WORKER, FRONTEND, default=None, metavar="DIR",
              help="the checkpoint folder: config.json, *.safetensors, the tokenizer's files (default: none; a worker "

@@ -19,14 +19,28 @@ from protocol.serve_flags.cache import (
 )
 from protocol.serve_flags.engine import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    ENABLE_LOGGING_ITERATION_DETAILS,
     ENABLE_MFU_METRICS,
     KV_CACHE_METRICS,
+    KV_CACHE_METRICS_SAMPLE,
     LOG_LEVEL,
     MAX_NUM_SEQS,
     SCHEDULER_RESERVE_FULL_ISL,
 )
-from protocol.serve_flags.kvpool import KV_EVENTS_TOPIC, KV_EVICTION_POLICY, MAX_PINNED_FRACTION
-from protocol.serve_flags.model import DEFAULT_MAX_MODEL_LEN, DTYPE
+from protocol.serve_flags.kvpool import (
+    DEV_MODE,
+    KV_EVENTS_TOPIC,
+    KV_EVICTION_POLICY,
+    MAX_PINNED_FRACTION,
+)
+from protocol.serve_flags.model import DEFAULT_MAX_MODEL_LEN, DEFAULT_SERVED_MODEL_NAME, DTYPE
+from protocol.serve_flags.scheduling import (
+    ENABLE_CHUNKED_PREFILL,
+    LONG_PREFILL_TOKEN_THRESHOLD,
+    LONG_PREFILL_TOKEN_THRESHOLD_ADAPTIVE,
+    SCHEDULING_POLICY,
+    WATERMARK,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +59,11 @@ class SchedulerConfig:
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     # vLLM 0.32's scheduling-policy options (scheduler/sched/policy_options.py).
-    scheduling_policy: str = "fcfs"
-    long_prefill_token_threshold: int = 0
-    long_prefill_token_threshold_adaptive: bool = False
-    enable_chunked_prefill: bool = True
-    watermark: float = 0.0
+    scheduling_policy: str = SCHEDULING_POLICY.default
+    long_prefill_token_threshold: int = LONG_PREFILL_TOKEN_THRESHOLD.default
+    long_prefill_token_threshold_adaptive: bool = LONG_PREFILL_TOKEN_THRESHOLD_ADAPTIVE.default
+    enable_chunked_prefill: bool = ENABLE_CHUNKED_PREFILL.default
+    watermark: float = WATERMARK.default
     max_num_scheduled_tokens: int | None = None  # None: --max-num-batched-tokens
     max_num_active_seqs: int | None = None  # None: --max-num-seqs
     # vLLM 0.32's scheduler_reserve_full_isl: admit a waiting request only if its whole
@@ -63,14 +77,14 @@ class SchedulerConfig:
     prefix_caching_hash_algo: str = PREFIX_CACHING_HASH_ALGO.default
     # PYTHONHASHSEED as the scheduler started, the seed of vLLM's NONE_HASH (None: unset).
     python_hash_seed: str | None = None
-    dev_mode: bool = False
+    dev_mode: bool = DEV_MODE.default
     log_level: str = LOG_LEVEL.default
     # The periodic stats line (scheduler/engine/stats_logger.py): off with --disable-log-stats; its period is VLLM_LOG_STATS_INTERVAL.
     log_stats: bool = True
     log_stats_interval_s: float = 10.0
-    enable_logging_iteration_details: bool = False  # one more line per step (stats_logger.py)
+    enable_logging_iteration_details: bool = ENABLE_LOGGING_ITERATION_DETAILS.default  # one more line per step (stats_logger.py)
     custom_histogram_buckets: dict | None = None  # family -> bounds (scheduler/engine/metric_buckets.py)
-    model_name: str = "kvpool-tiny"
+    model_name: str = DEFAULT_SERVED_MODEL_NAME
     # A worker silent for this long (no heartbeat, no result) is taken for dead. NOTE: the same as the
     # worker's --scheduler-timeout; both sides heartbeat every 0.5 s when idle (docs/operations.md, "Liveness").
     worker_timeout_s: float = 10.0
@@ -98,7 +112,7 @@ class SchedulerConfig:
     data_parallel_rank: int = 0
     # vLLM's KV residency histograms; kvpool watches every block by default (vLLM: 0.01).
     kv_cache_metrics: bool = KV_CACHE_METRICS.default
-    kv_cache_metrics_sample: float = 1.0
+    kv_cache_metrics_sample: float = KV_CACHE_METRICS_SAMPLE.default
     # The host-memory offload tier (vLLM's --kv-offloading-size, GiB): on when > 0.
     # The worker allocates it; the tier gets the slots its WorkerHello offers.
     kv_offloading_size: float = KV_OFFLOADING_SIZE.default
