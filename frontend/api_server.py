@@ -20,6 +20,7 @@ import logging
 
 from aiohttp import web
 
+from frontend.checkpoint_config import CheckpointConfig, checkpoint_config
 from frontend.config import FrontendConfig
 from frontend.engine.admission import AdmissionControl, RejectionsCollector
 from frontend.engine.client import EngineClient
@@ -35,7 +36,6 @@ from frontend.http.request_body import MAX_BODY_KEY
 from frontend.http.request_id import install_request_id_headers
 from frontend.http.ssl_refresh import SSLCertRefresher
 from frontend.http.tls import ssl_context
-from frontend.serve.model_dir import model_vocab_size
 from frontend.openai.output_log import OutputLog
 from frontend.openai.serving import ServingContext
 from frontend.routes.cache_pins import cache_pin_routes
@@ -56,15 +56,16 @@ from frontend.version import system_fingerprint
 log = logging.getLogger("frontend")
 
 
-def serving_context(config: FrontendConfig, tokenizer: Tokenizer, engine: EngineClient, metrics: FrontendMetrics) -> ServingContext:
-    """What the handlers share, built once from the flags."""
+def serving_context(config: FrontendConfig, checkpoint: CheckpointConfig, tokenizer: Tokenizer, engine: EngineClient,
+                    metrics: FrontendMetrics) -> ServingContext:
+    """What the handlers share, built once from the flags and the checkpoint's config.json."""
     defaults = default_sampling(config.generation_config, config.model, config.override_generation_config)
     return ServingContext(
         config, tokenizer, engine, metrics, defaults,
         max_tokens_cap=max_tokens_cap(config.generation_config, defaults, config.override_generation_config),
-        vocab_size=model_vocab_size(config.model),
+        vocab_size=checkpoint.vocab_size,
         tool_parser=configured_tool_parser(config.tool_call_parser, config.enable_auto_tool_choice, tokenizer, config.model),
-        system_fingerprint=system_fingerprint(config.model, config.served_model_name, config.max_model_len),
+        system_fingerprint=system_fingerprint(checkpoint.text, config.served_model_name, config.max_model_len),
         output_log=OutputLog(config.max_log_len, config.enable_log_deltas) if config.enable_log_outputs else None,
     )
 
@@ -72,7 +73,8 @@ def serving_context(config: FrontendConfig, tokenizer: Tokenizer, engine: Engine
 class APIServer:
     def __init__(self, config: FrontendConfig, tokenizer: Tokenizer | None = None):
         self.config = config
-        self.tokenizer = tokenizer or Tokenizer(config.model)
+        checkpoint = checkpoint_config(config.model)  # NOTE: the process's one read of config.json
+        self.tokenizer = tokenizer or Tokenizer(config.model, checkpoint.model_type)
         if config.chat_template is not None:
             self.tokenizer.chat_template = load_chat_template(config.chat_template)
             self.tokenizer.chat_template_from_flag = True
@@ -83,7 +85,7 @@ class APIServer:
                                    config.scheduler_restart_timeout_s, self.health.check)
         self.metrics = FrontendMetrics(config.served_model_name, in_flight=lambda: self.engine.num_in_flight, max_model_len=config.max_model_len)
         self.metrics.registry.register(RejectionsCollector(self.engine.admission, config.served_model_name))
-        self.ctx = serving_context(config, self.tokenizer, self.engine, self.metrics)
+        self.ctx = serving_context(config, checkpoint, self.tokenizer, self.engine, self.metrics)
         self.generate = GenerateEndpoints(self.ctx, self.health)
         self._poller: asyncio.Task | None = None
         self._runner: web.AppRunner | None = None

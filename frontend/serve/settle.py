@@ -8,10 +8,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from frontend.checkpoint_config import read_config_json
 from frontend.serve.config import ServeConfig
 from frontend.serve.flags.kv_events_config import kv_events_scheduler_flags
 from frontend.serve.flags.speculative import settled_speculative_config
-from frontend.serve.model_dir import config_json
 from protocol.serve_flags.model import one_name
 
 # NOTE: vLLM takes max_position_embeddings whole; kvpool serve caps --max-model-len at
@@ -23,7 +23,7 @@ MAX_NUM_BATCHED_TOKENS = 2048
 
 def _model_config(model_dir: Path) -> dict:
     try:
-        config = config_json(model_dir)
+        config = read_config_json(model_dir)
     except (OSError, ValueError):
         return {}
     return config if isinstance(config, dict) else {}

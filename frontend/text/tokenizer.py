@@ -38,7 +38,9 @@ class TokenizerError(ValueError):
 class Tokenizer:
     """Encode, decode, chat templates and the special tokens of one checkpoint folder."""
 
-    def __init__(self, model_dir: str | Path):
+    def __init__(self, model_dir: str | Path, model_type: str | None = None):
+        """``model_type``: config.json's (frontend.checkpoint_config, read once by the API
+        server); a few model types load as the generic backend, as vLLM's."""
         d = Path(model_dir)
         if not (d / "tokenizer.json").is_file():
             raise TokenizerError(f"{d} has no tokenizer.json (only fast tokenizers are supported)")
@@ -46,7 +48,7 @@ class Tokenizer:
         # `kvpool serve`'s launcher imports this package without ever tokenizing.
         from transformers import AutoTokenizer, TokenizersBackend
 
-        loader = TokenizersBackend if _model_type(d) in MODEL_TYPES_WITH_INCORRECT_TOKENIZER_CLASS else AutoTokenizer
+        loader = TokenizersBackend if model_type in MODEL_TYPES_WITH_INCORRECT_TOKENIZER_CLASS else AutoTokenizer
         try:
             # NOTE: vLLM's get_tokenizer kwargs for a generate model (runner "generate").
             hf = loader.from_pretrained(str(d), trust_remote_code=False, truncation_side="left")
@@ -166,14 +168,6 @@ def _leading_space_marker(backend) -> str | None:
         if p.get("type") == "Metaspace":
             return p.get("replacement", "\u2581")
     return None
-
-
-def _model_type(d: Path) -> str | None:
-    try:
-        config = json.loads((d / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return config.get("model_type") if isinstance(config, dict) else None
 
 
 def _default_template(template) -> str | None:

@@ -7,6 +7,7 @@ import json
 import pytest
 from kvtest.unicode_texts import TEXTS
 
+from frontend.checkpoint_config import checkpoint_config
 from frontend.text.tokenizer import Tokenizer, TokenizerError
 
 
@@ -111,10 +112,10 @@ def test_model_types_vllm_loads_as_the_generic_backend(tiny_checkpoint, tmp_path
     from kvtest.local_tokenizers import qwen2_checkpoint
 
     d = qwen2_checkpoint(tiny_checkpoint, tmp_path / "internlm2")
-    assert type(Tokenizer(d).hf).__name__ == "Qwen2Tokenizer"
+    assert type(Tokenizer(d, checkpoint_config(d).model_type).hf).__name__ == "Qwen2Tokenizer"
     config = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**config, "model_type": "internlm2"}))
-    assert type(Tokenizer(d).hf).__name__ == "TokenizersBackend"
+    assert type(Tokenizer(d, checkpoint_config(d).model_type).hf).__name__ == "TokenizersBackend"
 
 
 def test_a_metaspace_tokens_logprob_text_keeps_its_leading_space(tiny_checkpoint, tmp_path):
