@@ -30,13 +30,25 @@ class CheckpointError(ValueError):
 
 
 def read_json(path: Path, required: bool = True) -> dict | None:
+    text = read_bytes(path, required)
+    return None if text is None else parse_json(path, text)
+
+
+def read_bytes(path: Path, required: bool = True) -> bytes | None:
     if not path.is_file():
         if required:
             raise CheckpointError(f"{path}: not found (a checkpoint directory needs config.json and *.safetensors)")
         return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return path.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"{path}: not readable JSON ({e})") from None
+
+
+def parse_json(path: Path, text: bytes) -> dict:
+    try:
+        data = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: not readable JSON ({e})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
@@ -53,7 +65,9 @@ class Checkpoint:
             raise CheckpointError(f"{self.dir}: not a checkpoint directory")
         self.config_path = self.dir / "config.json"
         self.gguf: GGUFWeights | None = None
-        self.config = read_json(self.config_path)
+        # NOTE: read once: parsed here, its bytes hashed into identity()
+        self._config_bytes = read_bytes(self.config_path)
+        self.config = parse_json(self.config_path, self._config_bytes)
         self.generation_config = read_json(self.dir / "generation_config.json", required=False)
         index_path = self.dir / INDEX_FILE
         if index_path.is_file():
@@ -101,7 +115,7 @@ class Checkpoint:
         """A hash of config.json and the weights' index (names, shapes, dtypes, files):
         two workers serve the same model only if their identities are equal."""
         h = hashlib.sha256()
-        h.update(self.config_path.read_bytes())
+        h.update(self._config_bytes)
         h.update(b"\0")
         h.update(self._index_bytes)
         return h.hexdigest()[:32]
