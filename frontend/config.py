@@ -17,7 +17,7 @@ from protocol.sampling_params import MAX_LOGPROBS
 from protocol.serve_flags import FRONTEND, http_server, rows_for, serving
 from protocol.serve_flags.engine import ENABLE_LOG_REQUESTS, LOG_LEVEL, RETURN_TOKENS_AS_TOKEN_IDS
 from protocol.serve_flags.flag import add_flag, unaccepted
-from protocol.serve_flags.kvpool import DEV_MODE
+from protocol.serve_flags.kvpool import DEV_MODE, MAX_REQUEST_BODY_BYTES
 from protocol.serve_flags.model import DEFAULT_MAX_MODEL_LEN, GENERATION_CONFIG, one_name
 
 
@@ -39,9 +39,7 @@ class FrontendConfig:
     generation_config: str = GENERATION_CONFIG.default
     return_tokens_as_token_ids: bool = RETURN_TOKENS_AS_TOKEN_IDS.default
     dev_mode: bool = DEV_MODE.default
-    # NOTE: aiohttp refuses a larger body with 413 before reading it; 4 MiB is far
-    # more text than --max-model-len tokens of any tokenizer.
-    max_request_body_bytes: int = 4 << 20
+    max_request_body_bytes: int = MAX_REQUEST_BODY_BYTES.default
     connect_timeout_s: float = 60.0
     # A lost scheduler (restarting): requests in flight and new ones wait this long for it
     # to be ready again, then resume there (frontend/engine/client.py); 0: fail them at once.
@@ -118,7 +116,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve on this inherited listening socket, bound to --host/--port (kvpool serve's; default: bind)")
     p.add_argument("--scheduler", default=d.scheduler, help="the scheduler's client port (default %(default)s)")
     p.add_argument("--scheduler-http", default=d.scheduler_http, help="the scheduler's /health and /metrics (default %(default)s)")
-    p.add_argument("--max-request-body-bytes", type=int, default=d.max_request_body_bytes, help="larger request bodies get 413 (default %(default)s)")
     p.add_argument("--connect-timeout", dest="connect_timeout_s", type=float, default=d.connect_timeout_s,
                    help="give up reaching the scheduler after this long, in s (default %(default)s)")
     p.add_argument("--scheduler-restart-timeout", dest="scheduler_restart_timeout_s", type=float, default=d.scheduler_restart_timeout_s,

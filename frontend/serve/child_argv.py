@@ -17,7 +17,6 @@ from frontend.serve.flags.rules import PASSED, forwarded
 from protocol.serve_flags import rows_for
 from protocol.serve_flags.flag import flag_argv
 
-
 # The rows kvpool serve only passes on (not settled into ServeConfig).
 PASSED_FLAGS = frozenset(rule.name for rule in all_rules() if rule.verdict == PASSED)
 
@@ -60,7 +59,6 @@ def worker_argv(c: ServeConfig, worker_port: int, worker_http: int) -> list[str]
 
 def frontend_argv(c: ServeConfig, client_port: int, scheduler_http: str) -> list[str]:
     front = [sys.executable, "-m", "frontend", "--host", c.host, "--port", str(c.port), "--scheduler", f"tcp://127.0.0.1:{client_port}",
-             "--scheduler-http", scheduler_http, "--max-request-body-bytes", str(c.max_request_body_bytes),
-             "--scheduler-restart-timeout", f"{c.worker_restart_timeout:g}"]
+             "--scheduler-http", scheduler_http, "--scheduler-restart-timeout", f"{c.worker_restart_timeout:g}"]
     front += table_flags(c, "frontend")
     return front + passed_flags(c, "frontend")

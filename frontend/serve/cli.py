@@ -10,7 +10,6 @@ import shlex
 import sys
 from pathlib import Path
 
-from frontend.config import FrontendConfig
 from frontend.gguf_model import GGUFModelError, gguf_model_dir
 from frontend.serve.config import ServeConfig
 from frontend.serve.flags import GROUPS, all_rules
@@ -21,8 +20,6 @@ from frontend.serve.settle import check_config, settled_values
 from protocol.kv_transfer_config import parse_kv_transfer_config
 from protocol.serve_flags import kvpool
 from protocol.serve_flags.flag import add_flag
-
-MAX_REQUEST_BODY_BYTES = FrontendConfig.__dataclass_fields__["max_request_body_bytes"].default
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,8 +45,6 @@ def _add_kvpool_flags(g) -> None:
     g.add_argument("--kv-cache-memory", default=None, metavar="SIZE", help="the worker's KV budget, e.g. 8MiB (default: the worker's)")
     g.add_argument("--worker-http-port", type=int, default=None, metavar="PORT",
                    help="the worker's /metrics on 127.0.0.1 (default: a free port; 0 disables)")
-    g.add_argument("--max-request-body-bytes", type=int, default=MAX_REQUEST_BODY_BYTES, metavar="BYTES",
-                   help="the API refuses a larger request body with 413, before reading it (default %(default)s)")
     g.add_argument("--scheduler-args", type=shlex.split, default=[], metavar="'ARGS'", help="more flags for the scheduler")
     g.add_argument("--worker-args", type=shlex.split, default=[], metavar="'ARGS'", help="more flags for the worker (CURVE keys...)")
     g.add_argument("--worker-restarts", type=int, default=5,

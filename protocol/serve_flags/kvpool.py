@@ -37,6 +37,10 @@ MOONCAKE_MASTER = flag("--mooncake-master", SCHEDULER, WORKER, default=None, met
 MOONCAKE_METADATA = flag("--mooncake-metadata", SCHEDULER, WORKER, default=None, metavar="URL",
                          help="--kv-offloading-backend mooncake: the store's metadata server (http://HOST:PORT/metadata) "
                               "(default: none)")
+# NOTE: aiohttp refuses a larger body with 413 before reading it; 4 MiB is far more text
+# than --max-model-len tokens of any tokenizer.
+MAX_REQUEST_BODY_BYTES = flag("--max-request-body-bytes", FRONTEND, type=int, default=4 << 20, metavar="BYTES",
+                              help="the API refuses a larger request body with 413, before reading it (default %(default)s)")
 CPU_NICE = flag("--cpu-nice", WORKER, type=int, default=None, metavar="N",
                 help="on CPU, the worker runs at nice N at least, 0..19, so that the scheduler and frontend sharing its "
                      "cores are not kept waiting by its compute threads (default: the worker's; 0: the priority it was "
@@ -48,4 +52,4 @@ CPU_WIDE_STEP_TOKENS = flag("--cpu-wide-step-tokens", WORKER, type=int, default=
                                  "worker's, from the model's size; 0: never)")
 
 ROWS = (DEVICE, DEV_MODE, KV_EVICTION_POLICY, MAX_PINNED_FRACTION, KV_EVENTS_ENDPOINT, KV_EVENTS_REPLAY_ENDPOINT, KV_EVENTS_TOPIC, KV_OFFLOADING_PATH,
-        KV_OFFLOADING_DISK_SIZE, MOONCAKE_MASTER, MOONCAKE_METADATA, CPU_NICE, CPU_WIDE_STEP_TOKENS)
+        KV_OFFLOADING_DISK_SIZE, MOONCAKE_MASTER, MOONCAKE_METADATA, MAX_REQUEST_BODY_BYTES, CPU_NICE, CPU_WIDE_STEP_TOKENS)
