@@ -35,7 +35,7 @@ read and written, the mean load time, the I/O backlog and the mean time to first
 
 Hybrid KV-cache groups (sliding-window layers, simulator/layer_windows.py):
 ``--layer-windows 512x5,0 --num-layers 26`` (or ``--sliding-window 512
---sliding-window-pattern 6``) runs the server's HybridKVCacheManager over the groups
+--sliding-window-pattern 6``) runs the server's KVCacheManager over the groups
 the server would make; --num-blocks counts blocks of that model (a block spans
 fewer layers' KV than an all-full model's: same bytes, more blocks).
 

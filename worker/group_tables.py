@@ -1,19 +1,18 @@
 """A worker's KV-cache groups in the step (vLLM's per-group block tables and attention
 metadata; protocol.kv_cache_spec): one ``BlockTable`` per group, each layer writing and
-attending through its group's table, with its own window.
+attending through its group's table, with its own window. One group (most models) is
+the case of one table and one attention metadata.
 
-The runner keeps group 0's table (``ModelRunner.block_table``) and applies group 0's
-deltas itself; ``GroupTables`` holds every group's table (group 0's is the same
-object) and applies the rest of a plan (``HybridStepPlan.groups``), after group 0's: rows
-dropped and added in the same order in every table, so a request has the same row in
-every group; then appends to groups >= 1, then nulled entries (any group).
+The runner keeps group 0's table (``ModelRunner.block_table``) and its rows' state, and
+adds and drops group 0's rows itself; ``GroupTables`` holds every group's table (group
+0's is the same object) and applies the rest of a plan: rows dropped and added in the
+same order in every other table, so a request has the same row in every group; then the
+plan's table deltas in order (appends to any group, nulled entries).
 
 Attention metadata is built once per distinct (group, layer window) pair: normally one
 per group; with --disable-hybrid-kv-cache-manager the one full group has a window-0
 metadata and one per window of its sliding layers (they still attend within it).
 
-A model with one full-attention group and no windowed layer (every model before hybrid
-groups) has no GroupTables: the runner's path is exactly as it was.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from protocol.kv_cache_spec import KVCacheGroupSpec
-from protocol.worker_messages import StepPlan
+from protocol.worker_messages import NulledBlocks, StepPlan
 from worker.attention.paged_attention import PagedAttention
 from worker.block_table import BlockTable
 from worker.step_inputs import StepInputs
@@ -34,11 +33,6 @@ def hello_group_windows(groups: Sequence[KVCacheGroupSpec]) -> list[int]:
     if len(groups) == 1 and not groups[0].sliding_window:
         return []
     return [g.sliding_window for g in groups]
-
-
-def needs_group_tables(groups: Sequence[KVCacheGroupSpec], layer_windows: Sequence[int]) -> bool:
-    """False for one full-attention group of full-attention layers (today's path)."""
-    return len(groups) > 1 or bool(groups[0].sliding_window) or any(layer_windows)
 
 
 def layer_pairs(groups: Sequence[KVCacheGroupSpec], layer_windows: Sequence[int]) -> tuple[list[tuple[int, int]], list[int]]:
@@ -63,6 +57,8 @@ def layer_pairs(groups: Sequence[KVCacheGroupSpec], layer_windows: Sequence[int]
 
 class GroupTables:
     def __init__(self, groups: Sequence[KVCacheGroupSpec], layer_windows: Sequence[int], table0: BlockTable):
+        """``groups``: the KV-cache groups (one: every layer in one full-attention group);
+        ``layer_windows``: each layer's window; ``table0``: the runner's table, group 0's."""
         self.windows = tuple(g.sliding_window for g in groups)
         self.pairs, self.layer_pair = layer_pairs(groups, layer_windows)
         t = table0
@@ -78,29 +74,28 @@ class GroupTables:
         return [t.num_blocks(seq_id) for t in self.tables]
 
     def apply(self, plan: StepPlan) -> None:
-        """The plan's deltas of every group but group 0's own (applied by the runner
-        first): rows in groups >= 1, their appends, then nulled entries of any group.
-        Only after the plan passed ``check_plan``."""
-        others = self.tables[1:]
-        gd = plan.groups
-        rows = {} if gd is None else gd.rows  # seq_id -> tables of groups 1..N-1
-        for g, t in enumerate(others):
+        """The plan's deltas but group 0's rows (added and dropped by the runner first):
+        rows in groups >= 1, then the table deltas of every group in order. Only after
+        the plan passed ``check_plan``."""
+        tables = self.tables
+        for g in range(1, len(tables)):
+            t = tables[g]
             for sid in plan.finished_seq_ids:
                 t.remove_row(sid)
             for sid in plan.preempted_seq_ids:
                 t.remove_row(sid)
             for row in plan.new_rows:
-                t.add_row(row.seq_id, rows[row.seq_id][g])
+                t.add_row(row.seq_id, row.group_block_ids[g - 1])
             for row in plan.resumed_rows:
                 if row.seq_id in t.row_of:
                     t.remove_row(row.seq_id)
-                t.add_row(row.seq_id, rows[row.seq_id][g])
-        if gd is not None:
-            for ap in gd.appended:
-                self.tables[ap.group].append(ap.seq_id, ap.block_ids)
-            for nb in gd.nulled:
-                self.tables[nb.group].null_leading(nb.seq_id, nb.num_blocks)
-        for t in others:
+                t.add_row(row.seq_id, row.group_block_ids[g - 1])
+        for d in plan.appended:
+            if type(d) is NulledBlocks:
+                tables[d.group].null_leading(d.seq_id, d.num_blocks)
+            else:
+                tables[d.group].append(d.seq_id, d.block_ids)
+        for t in tables:
             t.commit()
 
     def attention_fn(self, attention: PagedAttention, rows: torch.Tensor, positions: torch.Tensor, inputs: StepInputs):

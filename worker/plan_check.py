@@ -7,51 +7,19 @@ makes that true: there is nothing to roll back.
 
 The check simulates the plan's order (DESIGN.md rule 3) on an overlay of the rows it
 touches: drop finished and preempted rows, add new rows, replace resumed rows, append
-block ids, then every live row's scheduled tokens must exist and fit its blocks. A
-hybrid worker (KV-cache groups) checks its groups' deltas too (``worker.plan_check_groups``).
+block ids, then every live row's scheduled tokens must exist and fit its blocks. With
+several KV-cache groups every group's tables are checked too (``worker.plan_check_groups``);
+a one-group worker refuses group data.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 
-from protocol.worker_messages import RequestRow, StepPlan, TierCopies
-
-
-class PlanError(ValueError):
-    """A plan the worker refuses; the message names what broke the contract."""
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    num_blocks: int
-    block_size: int
-    max_num_seqs: int
-    max_blocks_per_seq: int
-    max_model_len: int
-    vocab_size: int
-    # Host slots of the offload tier (WorkerReady.num_host_blocks); 0: no tier.
-    num_host_blocks: int = 0
-    # The KV-cache groups' windows (WorkerHello.group_windows); (): one full-attention group.
-    group_windows: tuple[int, ...] = ()
-
-
-# (num_tokens, num_computed_tokens, num_blocks) of one row.
-RowView = tuple[int, int, int]
-# A hybrid worker's check of the plan's groups (worker.plan_check_groups): the plan, the
-# rows live after its rows and appends, their group-0 view, the place to name in errors.
-GroupCheck = Callable[[StepPlan, Collection[int], Callable[[int], RowView], str], None]
-
-
-def leading_nulls(block_ids: list[int]) -> int:
-    """How many of ``block_ids``' first entries are the null block 0."""
-    n = 0
-    for b in block_ids:
-        if b != 0:
-            break
-        n += 1
-    return n
+from protocol.worker_messages import AppendedBlocks, GroupRequestRow, RequestRow, StepPlan, TierCopies
+from worker.group_tables import GroupTables
+from worker.plan_check_groups import check_groups
+from worker.plan_limits import Limits, PlanError, RowView, check_block_ids, leading_nulls
 
 
 def check_row(row: RequestRow, limits: Limits, where: str) -> RowView:
@@ -76,13 +44,6 @@ def check_row(row: RequestRow, limits: Limits, where: str) -> RowView:
     if computed > n_blocks * limits.block_size:
         raise PlanError(f"{where}: seq_id {sid} has {computed} computed tokens but {n_blocks} blocks hold {n_blocks * limits.block_size}")
     return (n_tokens, computed, n_blocks)
-
-
-def check_block_ids(block_ids: list[int], limits: Limits, where: str) -> None:
-    # NOTE: block 0 is the null block (rule 1): never handed out, so never in a row.
-    if block_ids and (min(block_ids) < 1 or max(block_ids) >= limits.num_blocks):
-        bad = next(b for b in block_ids if not 1 <= b < limits.num_blocks)
-        raise PlanError(f"{where}: block id {bad} is outside the cache (valid ids 1..{limits.num_blocks - 1})")
 
 
 def check_tier_copies(tc: TierCopies, limits: Limits, where: str) -> None:
@@ -114,10 +75,10 @@ def check_plan(
     live_seq_ids: Collection[int],
     row_view: Callable[[int], RowView],
     limits: Limits,
-    group_check: GroupCheck | None = None,
+    tables: GroupTables,
 ) -> None:
     """Raise PlanError if ``plan`` cannot be applied to the live rows; change nothing.
-    ``group_check``: a hybrid worker's check of its KV-cache groups; None: one group."""
+    ``tables``: the worker's block tables, one per KV-cache group."""
     where = _check_step_id(plan.step_id, expected_step_id)
     if plan.tier_copies is not None:
         check_tier_copies(plan.tier_copies, limits, where)
@@ -138,10 +99,10 @@ def check_plan(
         raise PlanError(f"{where}: {num_rows} live rows, more than max_num_seqs {limits.max_num_seqs}")
     live_rows = (*untouched, *overlay)
     _check_scheduled(plan, live_rows, exists, view, limits, where)
-    if group_check is not None:
-        group_check(plan, live_rows, view, where)
-    elif plan.groups is not None:
-        raise PlanError(f"{where}: groups (hybrid KV-cache group deltas) sent to a worker with one full-attention KV-cache group")
+    if limits.group_windows:
+        check_groups(tables, limits, plan, live_rows, view, where)
+    elif any(type(a) is not AppendedBlocks for a in plan.appended) or any(type(r) is GroupRequestRow for r in (*plan.new_rows, *plan.resumed_rows)):
+        raise PlanError(f"{where}: hybrid KV-cache group deltas sent to a worker with one full-attention KV-cache group")
 
 
 def _check_step_id(step: int, expected_step_id: int) -> str:
@@ -189,8 +150,11 @@ def _overlay_appended(
     limits: Limits,
     where: str,
 ) -> None:
-    """Appended block ids onto their rows in the overlay, within max_blocks_per_seq."""
+    """Group 0's appended block ids onto their rows in the overlay, within max_blocks_per_seq
+    (the other groups' deltas are ``plan_check_groups``')."""
     for ap in plan.appended:
+        if type(ap) is not AppendedBlocks:
+            continue
         if not exists(ap.seq_id):
             raise PlanError(f"{where}: unknown seq_id {ap.seq_id} in appended")
         n_tokens, computed, n_blocks = view(ap.seq_id)

@@ -1,12 +1,13 @@
 """Checking a plan's KV-cache groups beyond the first (hybrid models), before anything
-is changed: the part of ``worker.plan_check`` that only a hybrid worker runs.
+is changed: the part of ``worker.plan_check`` that runs when the worker has several
+groups (or one sliding-window group).
 
-A hybrid worker keeps one block table per group (protocol.kv_cache_spec). Group 0's
-deltas are checked with the plan's own fields; here every group's: the tables of a row
-sent whole (``groups.rows``), appends to groups >= 1, and entries nulled in a
-sliding-window group (``groups.nulled``, group 0 included), which only grow, stay
-within the row, and never reach into the window of the row's next token. Then every
-live row's scheduled tokens must fit every group's table.
+A worker keeps one block table per group (protocol.kv_cache_spec). Group 0's deltas are
+checked by ``plan_check``; here every group's: the tables of a row sent whole
+(``GroupRequestRow.group_block_ids``), appends to groups >= 1 (``GroupAppendedBlocks``),
+and entries nulled in a sliding-window group (``NulledBlocks``, group 0 included), which
+only grow, stay within the row, and never reach into the window of the row's next token,
+all in the plan's order. Then every live row's scheduled tokens must fit every group's table.
 
 A sliding group's table may start with null entries (block 0): its blocks wholly
 before the window, freed, or never allocated for a prefix-cache hit (vLLM pads a hit
@@ -17,8 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from protocol.worker_messages import GroupDeltas, StepPlan
-from worker.plan_check import Limits, PlanError, RowView, check_block_ids, leading_nulls
+from protocol.worker_messages import AppendedBlocks, GroupAppendedBlocks, GroupRequestRow, NulledBlocks, RequestRow, StepPlan
+from worker.group_tables import GroupTables
+from worker.plan_limits import Limits, PlanError, RowView, check_block_ids, leading_nulls
 
 # One group's table of one row: [num_blocks, num_null_leading].
 GroupView = list[int]
@@ -35,77 +37,78 @@ def check_table(block_ids: list[int], window: int, limits: Limits, where: str) -
 
 
 def check_groups(
-    group_view: Callable[[int], list[GroupView]],
-    group_num_blocks: Callable[[int], list[int]],
+    tables: GroupTables,
     limits: Limits,
     plan: StepPlan,
     live_rows: Collection[int],
     view: Callable[[int], RowView],
     where: str,
 ) -> None:
-    """Raise PlanError if the plan's group deltas cannot be applied (``check_plan``'s
-    GroupCheck, with the first three bound). ``group_view(sid)``: a live row's tables
-    before the plan, one GroupView per group; ``group_num_blocks(sid)``: only their
-    lengths (cheaper); ``live_rows``: the rows live after the plan's rows and appends
-    (group 0's already checked); ``view``: their group-0 view."""
+    """Raise PlanError if the plan's group deltas cannot be applied. ``tables``: the live
+    rows' tables before the plan; ``live_rows``: the rows live after the plan's rows and
+    appends (group 0's already checked); ``view``: their group-0 view."""
     windows = limits.group_windows
     live_rows = set(live_rows)
-    if not windows:
-        raise PlanError(f"{where}: groups (hybrid KV-cache group deltas) sent to a worker with one full-attention KV-cache group")
-    gd = plan.groups or GroupDeltas()
     overlay: dict[int, list[GroupView]] = {}
     for row in (*plan.new_rows, *plan.resumed_rows):
-        overlay[row.seq_id] = _row_tables(row.seq_id, row.block_ids, gd, windows, limits, where)
-    for sid in gd.rows:
-        if sid not in overlay:
-            raise PlanError(f"{where}: groups.rows names seq_id {sid}, which is not a row sent whole (new or resumed) in this plan")
+        overlay[row.seq_id] = _row_tables(row, windows, limits, where)
 
-    def tables(sid: int) -> list[GroupView]:
+    def tables_of(sid: int) -> list[GroupView]:
         if sid not in overlay:
-            overlay[sid] = [list(t) for t in group_view(sid)]
+            overlay[sid] = [list(t) for t in tables.view(sid)]
         return overlay[sid]
 
-    for ap in plan.appended:  # group 0's, already checked against its limits
-        if ap.seq_id in live_rows:
-            tables(ap.seq_id)[0][0] += len(ap.block_ids)
-    for ap in gd.appended:
-        w = f"{where} groups.appended: seq_id {ap.seq_id} group {ap.group}"
-        if not 1 <= ap.group < len(windows):
-            raise PlanError(f"{w}: unknown group (this worker's groups 1..{len(windows) - 1} take appends here)")
-        if ap.seq_id not in live_rows:
-            raise PlanError(f"{where} groups.appended: unknown seq_id {ap.seq_id}")
-        check_block_ids(ap.block_ids, limits, w)
-        t = tables(ap.seq_id)[ap.group]
-        t[0] += len(ap.block_ids)
-        if t[0] > limits.max_blocks_per_seq:
-            raise PlanError(f"{w}: makes {t[0]} blocks, past max_blocks_per_seq {limits.max_blocks_per_seq}")
-    for nb in gd.nulled:
-        w = f"{where} groups.nulled: seq_id {nb.seq_id} group {nb.group}"
-        if not 0 <= nb.group < len(windows):
-            raise PlanError(f"{w}: unknown group (this worker has {len(windows)})")
-        if not windows[nb.group]:
-            raise PlanError(f"{w}: a full-attention group's entries are never nulled")
-        if nb.seq_id not in live_rows:
-            raise PlanError(f"{where} groups.nulled: unknown seq_id {nb.seq_id}")
-        t = tables(nb.seq_id)[nb.group]
-        if nb.num_blocks > t[0]:
-            raise PlanError(f"{w}: {nb.num_blocks} null entries, beyond the row's {t[0]} blocks")
-        if nb.num_blocks < t[1]:
-            raise PlanError(f"{w}: {nb.num_blocks} null entries, fewer than the {t[1]} it has (nulled entries only grow)")
-        t[1] = nb.num_blocks
-    _check_scheduled(plan, live_rows, view, overlay, group_num_blocks, limits, where)
+    for d in plan.appended:
+        if type(d) is AppendedBlocks:  # group 0's, already checked against its limits
+            if d.seq_id in live_rows:
+                tables_of(d.seq_id)[0][0] += len(d.block_ids)
+        elif type(d) is GroupAppendedBlocks:
+            _appended(d, live_rows, tables_of, windows, limits, where)
+        else:
+            _nulled(d, live_rows, tables_of, windows, where)
+    _check_scheduled(plan, live_rows, view, overlay, tables.num_blocks, limits, where)
 
 
-def _row_tables(sid: int, block_ids: list[int], gd: GroupDeltas, windows: tuple[int, ...], limits: Limits, where: str) -> list[GroupView]:
+def _appended(ap: GroupAppendedBlocks, live_rows: set[int], tables_of: Callable[[int], list[GroupView]], windows: tuple[int, ...],
+              limits: Limits, where: str) -> None:
+    w = f"{where} appended: seq_id {ap.seq_id} group {ap.group}"
+    if not 1 <= ap.group < len(windows):
+        raise PlanError(f"{w}: unknown group (this worker's groups 1..{len(windows) - 1} take GroupAppendedBlocks)")
+    if ap.seq_id not in live_rows:
+        raise PlanError(f"{where} appended: unknown seq_id {ap.seq_id}")
+    check_block_ids(ap.block_ids, limits, w)
+    t = tables_of(ap.seq_id)[ap.group]
+    t[0] += len(ap.block_ids)
+    if t[0] > limits.max_blocks_per_seq:
+        raise PlanError(f"{w}: makes {t[0]} blocks, past max_blocks_per_seq {limits.max_blocks_per_seq}")
+
+
+def _nulled(nb: NulledBlocks, live_rows: set[int], tables_of: Callable[[int], list[GroupView]], windows: tuple[int, ...],
+            where: str) -> None:
+    w = f"{where} nulled: seq_id {nb.seq_id} group {nb.group}"
+    if not 0 <= nb.group < len(windows):
+        raise PlanError(f"{w}: unknown group (this worker has {len(windows)})")
+    if not windows[nb.group]:
+        raise PlanError(f"{w}: a full-attention group's entries are never nulled")
+    if nb.seq_id not in live_rows:
+        raise PlanError(f"{where} nulled: unknown seq_id {nb.seq_id}")
+    t = tables_of(nb.seq_id)[nb.group]
+    if nb.num_blocks > t[0]:
+        raise PlanError(f"{w}: {nb.num_blocks} null entries, beyond the row's {t[0]} blocks")
+    if nb.num_blocks < t[1]:
+        raise PlanError(f"{w}: {nb.num_blocks} null entries, fewer than the {t[1]} it has (nulled entries only grow)")
+    t[1] = nb.num_blocks
+
+
+def _row_tables(row: RequestRow, windows: tuple[int, ...], limits: Limits, where: str) -> list[GroupView]:
     """A row sent whole: group 0's table (its block_ids, checked but for leading nulls
-    by ``check_row``) and the others' from ``groups.rows``."""
-    where = f"{where}: seq_id {sid}"
-    others = gd.rows.get(sid)
-    if others is None and len(windows) > 1:
-        raise PlanError(f"{where} is sent whole without the tables of its groups 1..{len(windows) - 1} (groups.rows)")
-    others = others or []
+    by ``check_row``) and the others' (a GroupRequestRow's group_block_ids)."""
+    where = f"{where}: seq_id {row.seq_id}"
+    block_ids, others = row.block_ids, row.group_block_ids
+    if type(row) is not GroupRequestRow and len(windows) > 1:
+        raise PlanError(f"{where} is sent whole without the tables of its groups 1..{len(windows) - 1} (a RequestRow, not a GroupRequestRow)")
     if len(others) != len(windows) - 1:
-        raise PlanError(f"{where} has {len(others)} tables in groups.rows; this worker has {len(windows) - 1} groups beyond group 0")
+        raise PlanError(f"{where} has {len(others)} tables in group_block_ids; this worker has {len(windows) - 1} groups beyond group 0")
     if not windows[0] and 0 in block_ids:
         raise PlanError(f"{where} group 0: block id 0 is the null block, never in a full-attention group's table")
     first = [len(block_ids), leading_nulls(block_ids) if windows[0] else 0]

@@ -18,16 +18,15 @@ carry no probabilities): the draft is kept with probability p(draft), else a tok
 drawn from p without it -- together a draw from p, so the output keeps the target
 distribution, and a seeded row draws exactly the tokens it would without drafts.
 
-Hybrid models (KV-cache groups): ``kv_caches`` has one entry per layer, shared tensors
-included, and ``worker.group_tables`` keeps a table per group; one full-attention group
-of full-attention layers runs exactly the path it always ran.
+KV-cache groups: ``kv_caches`` has one entry per layer (a hybrid model's layers of
+different groups may share a tensor), and ``worker.group_tables`` keeps a table per
+group: one for most models, the runner's own ``block_table``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 
@@ -39,10 +38,10 @@ from worker.attention.paged_attention import DEFAULT_WORKSPACE_BYTES, PagedAtten
 from worker.block_table import BlockTable
 from worker.grammar_bitmask import GrammarRows
 from worker.grammar_compiler import GrammarCompiler
-from worker.group_tables import GroupTables, hello_group_windows, needs_group_tables
+from worker.group_tables import GroupTables, hello_group_windows
 from worker.models.decoder import DecoderModel
-from worker.plan_check import Limits, RowView, check_plan
-from worker.plan_check_groups import check_groups
+from worker.plan_check import check_plan
+from worker.plan_limits import Limits, RowView
 from worker.prompt_logprobs import PromptChunk, PromptLogprobsState
 from worker.sampling_state import RowLogprobs, SamplingState
 from worker.step_inputs import StepInputs
@@ -113,20 +112,16 @@ class ModelRunner:
         # The offload tier's copies (plan.tier_copies), when this worker has a host tier.
         self.tier = TierCopier(kv_caches, host_caches) if host_caches else None
         self.block_table = BlockTable(max_num_seqs, max_blocks_per_seq, block_size, self.device)
-        # Hybrid models: every group's table and each layer's metadata; None: one group, today's path.
-        self.groups: GroupTables | None = None
-        self._group_check = None
-        if groups is not None:
-            windows = layer_windows
-            if windows is None:
-                windows = [0] * len(kv_caches)
-                for g in groups:
-                    for layer in g.layer_ids:
-                        windows[layer] = g.sliding_window
-            if needs_group_tables(groups, windows):
-                self.groups = GroupTables(groups, windows, self.block_table)
-            if self.limits.group_windows:
-                self._group_check = partial(check_groups, self.groups.view, self.groups.num_blocks, self.limits)
+        if groups is None:
+            groups = [KVCacheGroupSpec(list(range(len(kv_caches))))]
+        windows = layer_windows
+        if windows is None:
+            windows = [0] * len(kv_caches)
+            for g in groups:
+                for layer in g.layer_ids:
+                    windows[layer] = g.sliding_window
+        # Every group's table (group 0's: block_table) and each layer's attention metadata.
+        self.groups = GroupTables(groups, windows, self.block_table)
         self.attention = PagedAttention(kv_caches, model.num_heads, max_blocks_per_seq, workspace_bytes,
                                         compute_dtype=model.dtype, kv_scales=kv_scales, scale=model.config.attention_scale)
         self.sampling = SamplingState(max_num_seqs, model.config.vocab_size, self.device, seed)
@@ -180,11 +175,7 @@ class ModelRunner:
             if row.seq_id in self.rows:
                 self._remove(row.seq_id)
             self._add(row)
-        for ap in plan.appended:
-            self.block_table.append(ap.seq_id, ap.block_ids)
-        if self.groups is not None:
-            self.groups.apply(plan)
-        self.block_table.commit()
+        self.groups.apply(plan)
 
     def append_sampled(self, seq_ids: list[int], token_ids: list[int], spec: dict[int, list[int]] | None = None) -> None:
         """The tokens rank 0 sampled for ``seq_ids`` (what an execute with ``samples`` False returned),
@@ -215,7 +206,7 @@ class ModelRunner:
     def execute(self, plan: StepPlan) -> ModelRunnerOutput:
         """Check, apply and run one plan. Raises PlanError (state unchanged) if the
         plan breaks the contract."""
-        check_plan(plan, self.next_step_id, self.rows.keys(), self._row_view, self.limits, self._group_check)
+        check_plan(plan, self.next_step_id, self.rows.keys(), self._row_view, self.limits, self.groups)
         self.apply(plan)
         self.next_step_id += 1
         self.num_steps += 1
@@ -237,14 +228,7 @@ class ModelRunner:
         token_ids = torch.tensor(inputs.token_ids, dtype=torch.long, device=dev)  # (T,)
         positions = torch.tensor(inputs.positions, dtype=torch.long, device=dev)  # (T,)
         rows = torch.tensor(inputs.rows, dtype=torch.long, device=dev)  # (T,)
-        if self.groups is None:
-            slot_mapping = self.block_table.compute_slot_mapping(rows, positions)  # (T,)
-            md = self.attention.build_metadata(
-                self.block_table.block_table, slot_mapping, inputs.decode_rows, inputs.decode_context_lens, inputs.prefills
-            )
-            attention = self.attention.for_step(md)
-        else:
-            attention = self.groups.attention_fn(self.attention, rows, positions, inputs)
+        attention = self.groups.attention_fn(self.attention, rows, positions, inputs)
         with self.step_threads.step(num_tokens):
             hidden = self.model.forward(token_ids, positions, attention)  # (T, H)
         # NOTE: only rank 0 samples, so only it scores prompts (tensor parallelism).

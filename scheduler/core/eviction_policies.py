@@ -16,15 +16,10 @@ from scheduler.core.arc_policy import ARCBlockPolicy
 from scheduler.core.block_policy import BlockPolicy, LRUBlockPolicy
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.cost_policy import CostBlockPolicy
-from scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.lfu_policy import LFUBlockPolicy
 from scheduler.core.policy_free_queue import policy_pool_factory
-from scheduler.core.priority_retention import (
-    PriorityBlockPolicy,
-    PriorityHybridKVCacheManager,
-    PriorityKVCacheManager,
-)
+from scheduler.core.priority_retention import PriorityBlockPolicy, PriorityKVCacheManager
 from scheduler.core.s3fifo_policy import S3FIFOBlockPolicy
 
 KV_EVICTION_POLICIES = ("lru", "arc", "lfu", "s3fifo", "cost")
@@ -56,8 +51,6 @@ def eviction_pool_factory(name: str, scheduling_policy: str = "fcfs", base: Call
     return policy_pool_factory(make, base)
 
 
-def kv_cache_manager_class(scheduling_policy: str = "fcfs", hybrid: bool = False) -> type[KVCacheManager] | type[HybridKVCacheManager]:
-    """The manager for ``scheduling_policy``; ``hybrid``: for several KV-cache groups."""
-    if hybrid:
-        return PriorityHybridKVCacheManager if by_priority(scheduling_policy) else HybridKVCacheManager
+def kv_cache_manager_class(scheduling_policy: str = "fcfs") -> type[KVCacheManager]:
+    """The manager for ``scheduling_policy`` (one KV-cache group or several)."""
     return PriorityKVCacheManager if by_priority(scheduling_policy) else KVCacheManager

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from scheduler.core.block_pool import BlockPool
-from scheduler.core.grouped_blocks import GroupedBlocks
+from scheduler.core.kv_cache_blocks import KVCacheBlocks
 from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
 from scheduler.core.single_type_kv_cache_manager import SingleTypeKVCacheManager, cdiv
 
@@ -39,7 +39,7 @@ class HybridCacheHit:
 
     def find(
         self, block_hashes: Sequence[BlockHash], max_length: int
-    ) -> tuple[GroupedBlocks, int, int]:
+    ) -> tuple[KVCacheBlocks, int, int]:
         """(hit blocks per group, hit length, uncached common prefix length)."""
         bs, pool, managers = self.block_size, self.block_pool, self.managers
         hit_blocks: list[list[KVCacheBlock] | None] = [None] * len(managers)
@@ -69,5 +69,5 @@ class HybridCacheHit:
             if window == 0:
                 for g in group_ids:
                     del hit_blocks[g][num_blocks:]
-        blocks = GroupedBlocks(tuple(b if b is not None else [] for b in hit_blocks))
+        blocks = KVCacheBlocks(tuple(b if b is not None else [] for b in hit_blocks))
         return blocks, hit_length, longest_hit_length - hit_length

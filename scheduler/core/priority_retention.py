@@ -18,7 +18,6 @@ import bisect
 from collections.abc import Callable, Iterator
 
 from scheduler.core.block_policy import BlockPolicy
-from scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.kv_cache_request import KVCacheRequest
@@ -101,27 +100,22 @@ class PriorityBlockPolicy(BlockPolicy):
 
 class PriorityKVCacheManager(KVCacheManager):
     """Tells the pool's `PriorityBlockPolicy` the priority of each request it admits
-    (its class is made) and frees (its blocks join that class)."""
+    (its class is made) and frees (its blocks join that class); with sliding-window
+    groups also those its window leaves behind, freed while it allocates."""
 
-    def allocate_slots(self, request: KVCacheRequest, *args, **kwargs):
-        self.block_pool.policy.add_class(getattr(request, "priority", 0))
-        return super().allocate_slots(request, *args, **kwargs)
-
-    def free(self, request: KVCacheRequest, num_computed_tokens: int | None = None) -> None:
-        self.block_pool.policy.release_priority = getattr(request, "priority", 0)
-        super().free(request, num_computed_tokens)
-
-
-class PriorityHybridKVCacheManager(HybridKVCacheManager):
-    """`PriorityKVCacheManager`'s hooks for hybrid KV-cache groups: the blocks a request
-    frees join its priority's class, those its window leaves behind (freed while it
-    allocates) too."""
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.allocate_next_slot = self._allocate_next_slot
 
     def allocate_slots(self, request: KVCacheRequest, *args, **kwargs):
         priority = getattr(request, "priority", 0)
         self.block_pool.policy.add_class(priority)
         self.block_pool.policy.release_priority = priority
         return super().allocate_slots(request, *args, **kwargs)
+
+    def _allocate_next_slot(self, request: KVCacheRequest):
+        self.block_pool.policy.release_priority = getattr(request, "priority", 0)
+        return self.coordinator.allocate_next_slot(request)
 
     def free(self, request: KVCacheRequest, num_computed_tokens: int | None = None) -> None:
         self.block_pool.policy.release_priority = getattr(request, "priority", 0)

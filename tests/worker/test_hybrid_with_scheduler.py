@@ -11,9 +11,8 @@ import torch
 
 from protocol.kv_cache_spec import KVCacheGroupSpec
 from protocol.worker_messages import StepResult
-from scheduler.core import hybrid_kv_cache_manager as hybrid_manager
-from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.core.hashing import BlockHasher
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
 from worker.checkpoint import Checkpoint
@@ -59,8 +58,8 @@ def drive(runner: ModelRunner, kv, prompts: list[list[int]], max_tokens: int, pr
             outputs[r.request_id].append(tok)
         kv.check_invariants()
         for req in sched.running:
-            ours = [t.block_ids(req.seq_id) for t in runner.groups.tables] if runner.groups else [runner.block_table.block_ids(req.seq_id)]
-            theirs = kv.get_block_ids(req.request_id)
+            ours = [t.block_ids(req.seq_id) for t in runner.groups.tables]
+            theirs = list(kv.get_block_ids(req.request_id))
             tables.append((ours, theirs if theirs and isinstance(theirs[0], list) else [theirs]))
         if not sched.has_unfinished_requests():
             if preempted is not None:
@@ -70,7 +69,7 @@ def drive(runner: ModelRunner, kv, prompts: list[list[int]], max_tokens: int, pr
 
 
 def test_hybrid_manager_and_worker_agree_and_equal_one_full_group(model):
-    kv = hybrid_manager.HybridKVCacheManager(NUM_BLOCKS, BS, MAX_LEN, [W, 0])
+    kv = KVCacheManager(NUM_BLOCKS, BS, MAX_LEN, group_windows=[W, 0])
     hybrid, tables = drive(runner(model, HYBRID), kv, PROMPTS, 6)
     assert tables and all(ours == theirs for ours, theirs in tables)
     assert any(0 in ours[0] for ours, _ in tables)  # the sliding group's entries were nulled
@@ -107,7 +106,7 @@ def test_gemma3_preempted_by_a_small_hybrid_pool_equals_transformers(tmp_path):
     ref = hf_models.load_reference(d)
     want = {f"r{j}": hf_models.reference_generate(ref, p, 20) for j, p in enumerate(prompts)}
     proc, windows = gemma3_worker(d, 44)
-    kv = hybrid_manager.HybridKVCacheManager(44, BS, MAX_LEN, windows)
+    kv = KVCacheManager(44, BS, MAX_LEN, group_windows=windows)
     preempted: list[int] = []
     got, tables = drive(proc.runner, kv, prompts, 20, preempted)
     assert preempted[0] >= 1, "the pool was meant to preempt"
@@ -126,6 +125,6 @@ def test_gemma3_through_worker_startup_and_the_hybrid_manager_equals_transformer
     want = {f"r{j}": hf_models.reference_generate(ref, p, 4) for j, p in enumerate(prompts)}
     proc, windows = gemma3_worker(d, NUM_BLOCKS)
     assert windows == [16, 16, 0]  # layers [s, s, f] x 2: two sliding groups of 2 layers, one full
-    kv = hybrid_manager.HybridKVCacheManager(NUM_BLOCKS, BS, MAX_LEN, windows)
+    kv = KVCacheManager(NUM_BLOCKS, BS, MAX_LEN, group_windows=windows)
     got, tables = drive(proc.runner, kv, prompts, 4)
     assert got == want and all(ours == theirs for ours, theirs in tables)

@@ -18,8 +18,7 @@ from protocol.kv_cache_spec import KVCacheGroupSpec
 from protocol.worker_messages import (
     AppendedBlocks,
     GroupAppendedBlocks,
-    GroupDeltas,
-    HybridStepPlan,
+    GroupRequestRow,
     NulledBlocks,
     RequestRow,
     StepPlan,
@@ -53,8 +52,8 @@ def started(model) -> ModelRunner:
     """Step 0 applied, no token computed: seq 1 (24 tokens, a 20-token prefix hit whose
     first 2 sliding blocks are null) and seq 2 (6 tokens)."""
     r = new_runner(model)
-    r.execute(HybridStepPlan(0, {1: 0, 2: 0}, new_rows=[RequestRow(1, TOKENS_24, [0, 0, 3, 4, 5, 25], 20), RequestRow(2, TOKENS_6, [11, 12])],
-                       groups=GroupDeltas(rows={1: [[6, 7, 8, 9, 10, 26]], 2: [[13, 14]]})))
+    r.execute(StepPlan(0, {1: 0, 2: 0}, new_rows=[GroupRequestRow(1, TOKENS_24, [0, 0, 3, 4, 5, 25], 20, group_block_ids=[[6, 7, 8, 9, 10, 26]]),
+                                                 GroupRequestRow(2, TOKENS_6, [11, 12], group_block_ids=[[13, 14]])]))
     return r
 
 
@@ -86,8 +85,7 @@ def test_rows_appends_and_nulled_entries_per_group(model):
     assert r.groups.view(1) == [[6, 2], [6, 0]] and r.groups.view(2) == [[2, 0], [2, 0]]
     # Step 1: seq 2 grows in both groups; seq 1's third sliding block leaves the window
     # (20 computed, window 8: tokens 0..12 are outside it, so 3 blocks may be null).
-    r.execute(HybridStepPlan(1, {1: 0, 2: 0}, appended=[AppendedBlocks(2, [15])],
-                       groups=GroupDeltas(appended=[GroupAppendedBlocks(2, 1, [16])], nulled=[NulledBlocks(1, 0, 3)])))
+    r.execute(StepPlan(1, {1: 0, 2: 0}, appended=[AppendedBlocks(2, [15]), GroupAppendedBlocks(2, 1, [16]), NulledBlocks(1, 0, 3)]))
     assert tables(r) == [
         [[0, 0, 0, 4, 5, 25, 0, 0], [11, 12, 15, 0, 0, 0, 0, 0], [0] * 8],
         [[6, 7, 8, 9, 10, 26, 0, 0], [13, 14, 16, 0, 0, 0, 0, 0], [0] * 8],
@@ -95,8 +93,8 @@ def test_rows_appends_and_nulled_entries_per_group(model):
     assert all(torch.equal(t.block_table, t.block_table_cpu) for t in (t0, t1))  # committed to the device copy
     # Step 2: seq 1 finishes, seq 3 arrives, seq 2 is sent whole again (resumed): each
     # table drops and adds rows in the same order, so a request has one row everywhere.
-    r.execute(HybridStepPlan(2, {2: 0, 3: 0}, finished_seq_ids=[1], new_rows=[RequestRow(3, [5, 6, 7], [23])],
-                       resumed_rows=[RequestRow(2, TOKENS_6, [17, 18])], groups=GroupDeltas(rows={3: [[24]], 2: [[20, 21]]})))
+    r.execute(StepPlan(2, {2: 0, 3: 0}, finished_seq_ids=[1], new_rows=[GroupRequestRow(3, [5, 6, 7], [23], group_block_ids=[[24]])],
+                       resumed_rows=[GroupRequestRow(2, TOKENS_6, [17, 18], group_block_ids=[[20, 21]])]))
     assert t0.row_of == t1.row_of == {3: 0, 2: 1}
     assert tables(r) == [
         [[23, 0, 0, 0, 0, 0, 0, 0], [17, 18, 0, 0, 0, 0, 0, 0], [0] * 8],
@@ -106,24 +104,27 @@ def test_rows_appends_and_nulled_entries_per_group(model):
 
 def _refused_plans() -> list[tuple[StepPlan, str]]:
     row3 = RequestRow(3, TOKENS_6, [27, 28])
+
+    def grow3(tables: list[list[int]]) -> GroupRequestRow:
+        return GroupRequestRow(3, TOKENS_6, [27, 28], group_block_ids=tables)
+
     return [
-        (HybridStepPlan(1, groups=GroupDeltas(appended=[GroupAppendedBlocks(2, 0, [15])])), "seq_id 2 group 0: unknown group"),
-        (HybridStepPlan(1, groups=GroupDeltas(appended=[GroupAppendedBlocks(2, 2, [15])])), "seq_id 2 group 2: unknown group"),
-        (HybridStepPlan(1, groups=GroupDeltas(appended=[GroupAppendedBlocks(9, 1, [15])])), "groups.appended: unknown seq_id 9"),
-        (HybridStepPlan(1, groups=GroupDeltas(nulled=[NulledBlocks(1, 2, 3)])), "seq_id 1 group 2: unknown group"),
-        (HybridStepPlan(1, groups=GroupDeltas(nulled=[NulledBlocks(1, 1, 1)])), "a full-attention group's entries are never nulled"),
-        (HybridStepPlan(1, groups=GroupDeltas(nulled=[NulledBlocks(1, 0, 7)])), "7 null entries, beyond the row's 6 blocks"),
-        (HybridStepPlan(1, groups=GroupDeltas(nulled=[NulledBlocks(1, 0, 1)])), "1 null entries, fewer than the 2 it has"),
-        (HybridStepPlan(1, groups=GroupDeltas(nulled=[NulledBlocks(1, 0, 4)])), "seq_id 1 group 0 has 4 null entries, reaching into the window"),
-        (StepPlan(1, new_rows=[row3]), "seq_id 3 is sent whole without the tables of its groups 1..1 (groups.rows)"),
-        (HybridStepPlan(1, new_rows=[row3], groups=GroupDeltas(rows={3: [[29], [30]]})), "has 2 tables in groups.rows; this worker has 1"),
-        (HybridStepPlan(1, groups=GroupDeltas(rows={2: [[29]]})), "groups.rows names seq_id 2, which is not a row sent whole"),
-        (HybridStepPlan(1, new_rows=[row3], groups=GroupDeltas(rows={3: [[0, 29]]})), "seq_id 3 group 1: block id 0 is outside the cache"),
-        (HybridStepPlan(1, new_rows=[RequestRow(3, TOKENS_6, [27, 0])], groups=GroupDeltas(rows={3: [[29, 30]]})), "block id 0 is outside the cache"),
-        (HybridStepPlan(1, new_rows=[row3], groups=GroupDeltas(rows={3: [[29, 99]]})), "block id 99 is outside the cache"),
-        (HybridStepPlan(1, groups=GroupDeltas(appended=[GroupAppendedBlocks(2, 1, list(range(15, 22)))])), "makes 9 blocks, past max_blocks_per_seq 8"),
-        (HybridStepPlan(1, {1: 0, 2: 0, 3: 6}, new_rows=[row3], groups=GroupDeltas(rows={3: [[29]]})),
-         "seq_id 3 is scheduled up to position 5 but its group 1 table holds 4 tokens"),
+        (StepPlan(1, appended=[GroupAppendedBlocks(2, 0, [15])]), "seq_id 2 group 0: unknown group"),
+        (StepPlan(1, appended=[GroupAppendedBlocks(2, 2, [15])]), "seq_id 2 group 2: unknown group"),
+        (StepPlan(1, appended=[GroupAppendedBlocks(9, 1, [15])]), "appended: unknown seq_id 9"),
+        (StepPlan(1, appended=[NulledBlocks(1, 2, 3)]), "seq_id 1 group 2: unknown group"),
+        (StepPlan(1, appended=[NulledBlocks(1, 1, 1)]), "a full-attention group's entries are never nulled"),
+        (StepPlan(1, appended=[NulledBlocks(1, 0, 7)]), "7 null entries, beyond the row's 6 blocks"),
+        (StepPlan(1, appended=[NulledBlocks(1, 0, 1)]), "1 null entries, fewer than the 2 it has"),
+        (StepPlan(1, appended=[NulledBlocks(1, 0, 4)]), "seq_id 1 group 0 has 4 null entries, reaching into the window"),
+        (StepPlan(1, new_rows=[row3]), "seq_id 3 is sent whole without the tables of its groups 1..1 (a RequestRow, not a GroupRequestRow)"),
+        (StepPlan(1, new_rows=[grow3([[29], [30]])]), "has 2 tables in group_block_ids; this worker has 1"),
+        (StepPlan(1, new_rows=[grow3([])]), "has 0 tables in group_block_ids; this worker has 1"),
+        (StepPlan(1, new_rows=[grow3([[0, 29]])]), "seq_id 3 group 1: block id 0 is outside the cache"),
+        (StepPlan(1, new_rows=[GroupRequestRow(3, TOKENS_6, [27, 0], group_block_ids=[[29, 30]])]), "block id 0 is outside the cache"),
+        (StepPlan(1, new_rows=[grow3([[29, 99]])]), "block id 99 is outside the cache"),
+        (StepPlan(1, appended=[GroupAppendedBlocks(2, 1, list(range(15, 22)))]), "makes 9 blocks, past max_blocks_per_seq 8"),
+        (StepPlan(1, {1: 0, 2: 0, 3: 6}, new_rows=[grow3([[29]])]), "seq_id 3 is scheduled up to position 5 but its group 1 table holds 4 tokens"),
     ]
 
 
@@ -139,9 +140,11 @@ def test_a_refused_plan_changes_no_group_table(model, plan, words):
 
 def test_groups_sent_to_a_one_group_worker_are_refused(model):
     r = new_runner(model, [KVCacheGroupSpec([0, 1, 2, 3])])
-    assert r.groups is None and r.limits.group_windows == ()  # today's path: no group tables
-    with pytest.raises(PlanError, match="groups \\(hybrid KV-cache group deltas\\) sent to a worker with one full-attention KV-cache group"):
-        r.execute(HybridStepPlan(0, groups=GroupDeltas()))
+    assert len(r.groups.tables) == 1 and r.limits.group_windows == ()  # one table: the runner's own
+    group_row = GroupRequestRow(1, TOKENS_6, [11, 12], group_block_ids=[[13, 14]])
+    for plan in (StepPlan(0, new_rows=[group_row]), StepPlan(0, new_rows=[RequestRow(1, TOKENS_6, [11, 12])], appended=[NulledBlocks(1, 0, 1)])):
+        with pytest.raises(PlanError, match="hybrid KV-cache group deltas sent to a worker with one full-attention KV-cache group"):
+            r.execute(plan)
     assert r.next_step_id == 0
 
 
@@ -161,16 +164,17 @@ class RecordingAttention:
         return self.real.for_step(metadata[0] if isinstance(metadata, list) else metadata)
 
 
-def _prefill_seq_5(r: ModelRunner, groups: GroupDeltas | None) -> RecordingAttention:
+def _prefill_seq_5(r: ModelRunner, group_block_ids: list[list[int]] | None) -> RecordingAttention:
     rec = r.attention = RecordingAttention(r.attention)
-    out = r.execute(HybridStepPlan(0, {5: 6}, new_rows=[RequestRow(5, TOKENS_6, [11, 12])], groups=groups))
+    row = RequestRow(5, TOKENS_6, [11, 12]) if group_block_ids is None else GroupRequestRow(5, TOKENS_6, [11, 12], group_block_ids=group_block_ids)
+    out = r.execute(StepPlan(0, {5: 6}, new_rows=[row]))
     assert out.seq_ids == [5]
     return rec
 
 
 def test_each_layer_writes_and_attends_through_its_groups_table_and_window(model):
     r = new_runner(model)
-    rec = _prefill_seq_5(r, GroupDeltas(rows={5: [[13, 14]]}))
+    rec = _prefill_seq_5(r, [[13, 14]])
     t0, t1 = r.groups.tables
     # Positions 0..5: blocks (11, 11, 11, 11, 12, 12) in group 0, (13, ..., 14, 14) in group 1; slot = block * 4 + position % 4.
     assert [(table, slots, kw) for table, slots, kw in rec.built] == [
@@ -203,10 +207,10 @@ def test_one_sliding_group_takes_null_entries_without_group_rows(model):
     r = new_runner(model, [KVCacheGroupSpec([0, 1, 2, 3], 8)])
     assert r.limits.group_windows == (8,)
     r.execute(StepPlan(0, {1: 0}, new_rows=[RequestRow(1, TOKENS_24, [0, 3, 4, 5, 6, 7], 20)]))
-    r.execute(HybridStepPlan(1, {1: 0}, groups=GroupDeltas(nulled=[NulledBlocks(1, 0, 3)])))
+    r.execute(StepPlan(1, {1: 0}, appended=[NulledBlocks(1, 0, 3)]))
     assert r.block_table.block_ids(1) == [0, 0, 0, 5, 6, 7]
-    with pytest.raises(PlanError, match="groups.nulled: seq_id 1 group 1: unknown group"):
-        r.execute(HybridStepPlan(2, groups=GroupDeltas(nulled=[NulledBlocks(1, 1, 3)])))
+    with pytest.raises(PlanError, match="nulled: seq_id 1 group 1: unknown group"):
+        r.execute(StepPlan(2, appended=[NulledBlocks(1, 1, 3)]))
 
 
 def test_layer_windows_must_match_a_sliding_groups_window(model):

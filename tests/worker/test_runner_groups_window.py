@@ -13,10 +13,10 @@ from protocol.kv_cache_spec import KVCacheGroupSpec
 from protocol.worker_messages import (
     AppendedBlocks,
     GroupAppendedBlocks,
-    GroupDeltas,
-    HybridStepPlan,
+    GroupRequestRow,
     NulledBlocks,
     RequestRow,
+    StepPlan,
 )
 from worker.checkpoint import Checkpoint
 from worker.kv_cache import allocate_kv_caches, layer_kv_caches
@@ -39,17 +39,23 @@ def runner(model, groups) -> ModelRunner:
 def plans(hybrid: bool):
     """Step 0 and 1: the prompt in chunks of 12 and 8; then 8 decodes. Before each step
     the sliding group nulls what vLLM frees: (computed - W + 1) // BS blocks."""
-    g = (lambda d: GroupDeltas(**d)) if hybrid else (lambda d: None)
-    yield HybridStepPlan(0, {1: 12}, new_rows=[RequestRow(1, PROMPT, [1, 2, 3, 4, 5])], groups=g({"rows": {1: [[21, 22, 23, 24, 25]]}}))
+    if hybrid:
+        row = GroupRequestRow(1, PROMPT, [1, 2, 3, 4, 5], group_block_ids=[[21, 22, 23, 24, 25]])
+    else:
+        row = RequestRow(1, PROMPT, [1, 2, 3, 4, 5])
+    yield StepPlan(0, {1: 12}, new_rows=[row])
     blocks, computed, step = 5, 12, 1
     for n in (8, *[1] * 8):
         nulls = max(0, computed - W + 1) // BS
-        deltas, appended = {"nulled": [NulledBlocks(1, 0, nulls)]}, []
+        appended = []
         if computed + n > blocks * BS:
             blocks += 1
-            appended = [AppendedBlocks(1, [blocks])]
-            deltas["appended"] = [GroupAppendedBlocks(1, 1, [blocks + GROUP1])]
-        yield HybridStepPlan(step, {1: n} if n > 1 else {}, appended=appended, groups=g(deltas))
+            appended.append(AppendedBlocks(1, [blocks]))
+            if hybrid:
+                appended.append(GroupAppendedBlocks(1, 1, [blocks + GROUP1]))
+        if hybrid:
+            appended.append(NulledBlocks(1, 0, nulls))
+        yield StepPlan(step, {1: n} if n > 1 else {}, appended=appended)
         computed, step = computed + n, step + 1
 
 

@@ -1,4 +1,4 @@
-"""HybridKVCacheManager by hand: block size 2, one full-attention group (0) and one
+"""KVCacheManager of two groups by hand: block size 2, one full-attention group (0) and one
 sliding group (1) of window 4, so a sliding hit needs cdiv(4 - 1, 2) = 2 contiguous
 blocks and the token at position p keeps blocks from position p - 3 on. The full
 group caches every full block; the sliding group only the 2 blocks ending at the
@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 
 from scheduler.core.hashing import BlockHasher
-from scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.kv_events import BlockRemoved, KVEventRecorder
 from scheduler.sched.request import Request
@@ -52,7 +51,7 @@ def decode(m, r: Request, token: int):
 
 @pytest.fixture
 def m():
-    return HybridKVCacheManager(16, BS, 64, [0, 4])
+    return KVCacheManager(16, BS, 64, group_windows=[0, 4])
 
 
 def test_the_window_frees_its_blocks_deepest_first_and_nulls_them(m):
@@ -60,7 +59,7 @@ def test_the_window_frees_its_blocks_deepest_first_and_nulls_them(m):
     _, n, new = admit(m, a)
     # Five blocks per group: full 1..5, sliding 6..10; all five full. Full caches all
     # five; sliding only blocks 2, 3 (8, 9), which end at the replay boundary 9.
-    assert n == 0 and new.get_block_ids() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]
+    assert n == 0 and list(new.get_block_ids()) == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]
     assert [m.block_pool.blocks[i].block_hash is not None for i in range(1, 11)] == [
         *[True] * 5, False, False, True, True, False,
     ]
@@ -70,8 +69,8 @@ def test_the_window_frees_its_blocks_deepest_first_and_nulls_them(m):
     # behind; freed from the deepest (8, 7, 6): the cached 8 to the back of the queue,
     # the unhashed 7, 6 to its front, where the next two blocks come from.
     new = decode(m, a, 10)
-    assert new.get_block_ids() == [[7], [6]]
-    assert m.get_block_ids("a") == [[1, 2, 3, 4, 5, 7], [0, 0, 0, 9, 10, 6]]
+    assert list(new.get_block_ids()) == [[7], [6]]
+    assert list(m.get_block_ids("a")) == [[1, 2, 3, 4, 5, 7], [0, 0, 0, 9, 10, 6]]
     assert queue(m) == "11 12 13 14 15 8*"
     assert m.take_nulled() == [("a", 1, 3)]
     assert m.take_nulled() == []  # reported once
@@ -87,14 +86,14 @@ def test_a_sliding_hit_needs_only_the_window_and_pads_with_the_null_block(m):
     # Full attention hits a's five full blocks (the sixth differs). Within those 10
     # tokens the sliding group's block 4 (10) holds no hash; right to left, blocks 3
     # (9) and 2 (8, free but cached) are the 2 a hit needs: 8 tokens, full cut to 4.
-    assert n == 8 and hits.get_block_ids() == [[1, 2, 3, 4], [0, 0, 8, 9]]
+    assert n == 8 and list(hits.get_block_ids()) == [[1, 2, 3, 4], [0, 0, 8, 9]]
     # Full attention ran 2 tokens further: b's junction is at 10.
-    assert m.shared_prefix_boundary == {"b": 10}
+    assert m.coordinator.shared_prefix_boundary == {"b": 10}
     new = m.allocate_slots(b, 4, n, hits)
     b.num_computed_tokens = 12
     # Two new blocks per group: 11, 12 (full) and 13, 14 (sliding); 8 taken back.
-    assert new.get_block_ids() == [[11, 12], [13, 14]]
-    assert m.get_block_ids("b") == [[1, 2, 3, 4, 11, 12], [0, 0, 8, 9, 13, 14]]
+    assert list(new.get_block_ids()) == [[11, 12], [13, 14]]
+    assert list(m.get_block_ids("b")) == [[1, 2, 3, 4, 11, 12], [0, 0, 8, 9, 13, 14]]
     assert [b.ref_cnt for b in m.block_pool.blocks[1:6]] == [2, 2, 2, 2, 1]
     assert queue(m) == "15"
     # b's sliding tails: blocks 3, 4 (junction 10) and 4, 5 (replay boundary 13):
@@ -106,7 +105,7 @@ def test_a_sliding_hit_needs_only_the_window_and_pads_with_the_null_block(m):
     # Thanks to b's junction tail, a third request on a's 10 tokens now hits them all:
     # full a's 1..5 (5 found before b's 11), sliding a's 9 and b's 13.
     hits, n = m.get_computed_blocks(req("c", [*range(10), 200, 201]), record_stats=False)
-    assert n == 10 and hits.get_block_ids() == [[1, 2, 3, 4, 5], [0, 0, 0, 9, 13]]
+    assert n == 10 and list(hits.get_block_ids()) == [[1, 2, 3, 4, 5], [0, 0, 0, 9, 13]]
     m.check_invariants()
     # Free: group by group, each table last block first; nulls skipped; unhashed
     # blocks to the front (full 7, then sliding 6, 10), hashed to the back.
@@ -114,22 +113,22 @@ def test_a_sliding_hit_needs_only_the_window_and_pads_with_the_null_block(m):
     assert queue(m) == "6 10 7 15 5*"
     m.free(b)
     m.check_invariants()
-    assert m.usage == 0.0 and m.shared_prefix_boundary == {}
+    assert m.usage == 0.0 and m.coordinator.shared_prefix_boundary == {}
 
 
 def test_a_sliding_hit_without_enough_contiguous_blocks_stops_at_the_gap():
-    m = HybridKVCacheManager(16, BS, 64, [0, 4])
+    m = KVCacheManager(16, BS, 64, group_windows=[0, 4])
     a = req("a", range(10))
     admit(m, a)
     decode(m, a, 10)
     # A resend of a's prompt hits its replay tail: 9 tokens at most, so 4 blocks; the
     # sliding group's blocks 3, 2 (9, and 8 free but cached).
     hits, n = m.get_computed_blocks(req("a2", range(10)))
-    assert n == 8 and hits.get_block_ids() == [[1, 2, 3, 4], [0, 0, 8, 9]]
+    assert n == 8 and list(hits.get_block_ids()) == [[1, 2, 3, 4], [0, 0, 8, 9]]
     # head -> 11 12 13 14 15 8* -> tail: c's six blocks take them, evicting a's 8.
     c = req("c", range(50, 56))
     _, _, new = admit(m, c)
-    assert new.get_block_ids() == [[11, 12, 13], [14, 15, 8]] and queue(m) == ""
+    assert list(new.get_block_ids()) == [[11, 12, 13], [14, 15, 8]] and queue(m) == ""
     m.free(c)
     m.free(a)
     # Left cached of a: full 1..5, sliding 9 (block 3) alone.
@@ -138,13 +137,13 @@ def test_a_sliding_hit_without_enough_contiguous_blocks_stops_at_the_gap():
     # Full hits blocks 0..4 (10 tokens); sliding within them: 10 (block 4) holds no
     # hash, 9 (block 3) does, 8 (block 2) lost it: one block, then the gap, and
     # blocks 1, 0 were never hashed: no hit at all, so full attention's is cut to it.
-    assert (n, hits.get_block_ids()) == (0, [[], []])
-    assert m.shared_prefix_boundary == {"b": 10}
+    assert (n, list(hits.get_block_ids())) == (0, [[], []])
+    assert m.coordinator.shared_prefix_boundary == {"b": 10}
 
 
 @pytest.mark.parametrize("enable_caching", [True, False])
 def test_alloc_noop_until_is_the_first_call_that_would_free(enable_caching):
-    m = HybridKVCacheManager(32, BS, 64, [0, 4], enable_caching)
+    m = KVCacheManager(32, BS, 64, enable_caching, group_windows=[0, 4])
     a = req("a", range(3))
     admit(m, a)
     # 2 blocks each, room for 4 tokens; with caching 1 block cached, the next fills at
@@ -152,25 +151,25 @@ def test_alloc_noop_until_is_the_first_call_that_would_free(enable_caching):
     # tokens once c - 3 >= 2, i.e. at c = 5: a call ending at <= 5 frees nothing.
     assert a.alloc_noop_until == (3 if enable_caching else 4)
     for token in range(3, 20):
-        before = (m.get_block_ids("a"), queue(m), m.block_pool.num_evictions)
+        before = (list(m.get_block_ids("a")), queue(m), m.block_pool.num_evictions)
         end = a.num_computed_tokens + 1
         noop = end <= a.alloc_noop_until
         decode(m, a, token)
         if noop:
-            assert (m.get_block_ids("a"), queue(m), m.block_pool.num_evictions) == before, token
+            assert (list(m.get_block_ids("a")), queue(m), m.block_pool.num_evictions) == before, token
             assert m.take_nulled() == []
     # 20 tokens computed, the 21st... blocks 0..7 of the sliding table nulled (positions < 17).
-    assert m.get_block_ids("a")[1][:8] == [0] * 8 and 0 not in m.get_block_ids("a")[1][8:]
+    assert list(m.get_block_ids("a"))[1][:8] == [0] * 8 and 0 not in list(m.get_block_ids("a"))[1][8:]
 
 
 def test_the_admission_cap_counts_a_sliding_group_as_vllm():
     # Window 4, 4 tokens in flight: a sliding table never holds more than
     # cdiv(4 - 1 + 4, 2) + 1 = 5 blocks. A 20-token request needs 10 full blocks + 5.
     r = req("r", range(20))
-    small = HybridKVCacheManager(15, BS, 64, [0, 4], max_num_batched_tokens=4)  # 14 usable
+    small = KVCacheManager(15, BS, 64, group_windows=[0, 4], max_num_batched_tokens=4)  # 14 usable
     assert small.allocate_slots(r, 4, full_sequence_must_fit=True) is None
-    fits = HybridKVCacheManager(16, BS, 64, [0, 4], max_num_batched_tokens=4)  # 15 usable
-    assert fits.allocate_slots(r, 4, full_sequence_must_fit=True).get_block_ids() == [
+    fits = KVCacheManager(16, BS, 64, group_windows=[0, 4], max_num_batched_tokens=4)  # 15 usable
+    assert list(fits.allocate_slots(r, 4, full_sequence_must_fit=True).get_block_ids()) == [
         [1, 2],
         [3, 4],
     ]
@@ -178,7 +177,7 @@ def test_the_admission_cap_counts_a_sliding_group_as_vllm():
 
 def test_events_carry_the_raw_hash_and_the_group_as_vllm():
     rec, ref = KVEventRecorder(), KVEventRecorder()
-    m = HybridKVCacheManager(16, BS, 64, [0, 4], event_sink=rec)
+    m = KVCacheManager(16, BS, 64, group_windows=[0, 4], event_sink=rec)
     one = KVCacheManager(16, BS, 64, event_sink=ref)
     a, a1 = req("a", range(5)), req("a", range(5))
     admit(m, a)
@@ -207,25 +206,24 @@ def test_events_carry_the_raw_hash_and_the_group_as_vllm():
 
 
 def test_one_sliding_group_alone():
-    m = HybridKVCacheManager(16, BS, 64, [4])
+    m = KVCacheManager(16, BS, 64, group_windows=[4])
     a = req("a", range(9))
     admit(m, a)
-    assert m.get_block_ids("a") == [[1, 2, 3, 4, 5]]
+    assert list(m.get_block_ids("a")) == [[1, 2, 3, 4, 5]]
     # Replay boundary 8: blocks 2, 3 (3, 4) cached, blocks 0, 1 not.
     decode(m, a, 9)  # token 9 keeps positions 6..9: blocks 0..2 freed, deepest first
-    assert m.get_block_ids("a") == [[0, 0, 0, 4, 5]]
+    assert list(m.get_block_ids("a")) == [[0, 0, 0, 4, 5]]
     assert queue(m) == "2 1 6 7 8 9 10 11 12 13 14 15 3*"
     # One group: no other group's hit to lag behind, so never a junction.
     hits, n = m.get_computed_blocks(req("b", [*range(8), 50, 51]))
-    assert n == 8 and hits.get_block_ids() == [[0, 0, 3, 4]]
-    assert m.shared_prefix_boundary == {}
+    assert n == 8 and list(hits.get_block_ids()) == [[0, 0, 3, 4]]
+    assert m.coordinator.shared_prefix_boundary == {}
 
 
 def test_bad_input_is_refused_by_name(m):
+    assert KVCacheManager(16, BS, 64, group_windows=[]).num_groups == 1  # (): one full-attention group
     with pytest.raises(ValueError, match="group_windows"):
-        HybridKVCacheManager(16, BS, 64, [])
-    with pytest.raises(ValueError, match="group_windows"):
-        HybridKVCacheManager(16, BS, 64, [0, -1])
+        KVCacheManager(16, BS, 64, group_windows=[0, -1])
     a = req("a", range(6))
     with pytest.raises(ValueError, match="beyond its prefix hits"):
         m.allocate_slots(a, 2, 4)
@@ -237,10 +235,10 @@ def test_bad_input_is_refused_by_name(m):
 
 def test_priority_retention_keeps_the_higher_prioritys_blocks_in_every_group():
     from scheduler.core.eviction_policies import eviction_pool_factory
-    from scheduler.core.priority_retention import PriorityHybridKVCacheManager
+    from scheduler.core.priority_retention import PriorityKVCacheManager
 
-    m = PriorityHybridKVCacheManager(
-        16, BS, 64, [0, 4], pool_factory=eviction_pool_factory("lru", "priority")
+    m = PriorityKVCacheManager(
+        16, BS, 64, group_windows=[0, 4], pool_factory=eviction_pool_factory("lru", "priority")
     )
     hi, lo = req("hi", range(4)), req("lo", range(10, 14))
     lo.priority = 5
@@ -253,7 +251,7 @@ def test_priority_retention_keeps_the_higher_prioritys_blocks_in_every_group():
     # blocks take the nine unhashed, then all of priority 5's: priority 0's stay.
     admit(m, req("z", range(100, 112)))
     assert {b.block_id for b in m.block_pool.blocks if b.block_hash is not None} - set(
-        sum(m.get_block_ids("z"), [])
+        sum(list(m.get_block_ids("z")), [])
     ) == {1, 2, 3}
 
 
@@ -272,7 +270,7 @@ def test_token_usage_counts_each_groups_held_slots(m):
 def test_residency_metrics_read_the_one_pool():
     from scheduler.core.block_residency import residency_pool_factory
 
-    m = HybridKVCacheManager(8, BS, 64, [0, 4], pool_factory=residency_pool_factory())
+    m = KVCacheManager(8, BS, 64, group_windows=[0, 4], pool_factory=residency_pool_factory())
     a = req("a", range(6))
     admit(m, a)  # 3 + 3 blocks, all cached but sliding block 2 (past the replay tail)
     m.free(a)
@@ -288,7 +286,7 @@ def test_a_request_the_pool_can_never_hold_is_rejected_counting_every_group():
     from scheduler.sched.validation import RequestLimits, RequestRejected, validate_generate
 
     # Window 4, 4 tokens in flight: a sliding table plateaus at 5 blocks.
-    m = HybridKVCacheManager(16, BS, 64, [0, 4], max_num_batched_tokens=4)
+    m = KVCacheManager(16, BS, 64, group_windows=[0, 4], max_num_batched_tokens=4)
     assert [m.num_blocks_needed(n) for n in (1, 8, 9, 20)] == [2, 8, 10, 15]
     limits = RequestLimits(512, 64, BS, 15, m.num_blocks_needed)
     validate_generate(

@@ -1,4 +1,4 @@
-"""Property-based test: HybridKVCacheManager over a two-group pool (full attention
+"""Property-based test: KVCacheManager over a two-group pool (full attention
 and a sliding window, either order) under random requests -- admitted with their
 prefix hits whole or in chunks, grown by chunks or a token at a time, preempted,
 freed, the cache reset -- with, after every step: the manager's invariants (each
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from scheduler.core.hashing import BlockHasher
-from scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
+from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.single_type_kv_cache_manager import group_key
 from scheduler.sched.request import Request
 
@@ -34,7 +34,7 @@ def cdiv(a: int, b: int) -> int:
 class HybridMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.m: HybridKVCacheManager | None = None
+        self.m: KVCacheManager | None = None
         self.hasher = BlockHasher(BLOCK_SIZE)
         self.running: dict[str, Request] = {}
         # rid -> computed tokens at its last allocation call (what its nulls follow).
@@ -57,8 +57,7 @@ class HybridMachine(RuleBasedStateMachine):
         self.sliding = 0 if sliding_first else 1
         self.window = window
         self.enable_caching = enable_caching
-        self.m = HybridKVCacheManager(
-            num_blocks, BLOCK_SIZE, MAX_MODEL_LEN, windows, enable_caching, max_num_batched_tokens=8
+        self.m = KVCacheManager(num_blocks, BLOCK_SIZE, MAX_MODEL_LEN, enable_caching, group_windows=windows, max_num_batched_tokens=8
         )
 
     def snapshot(self):
@@ -66,7 +65,7 @@ class HybridMachine(RuleBasedStateMachine):
         return (
             [b.block_id for b in pool.free_block_queue],
             [(b.block_id, b.ref_cnt, b.block_hash) for b in pool.blocks],
-            {rid: self.m.get_block_ids(rid) for rid in self.running},
+            {rid: list(self.m.get_block_ids(rid)) for rid in self.running},
             pool.num_evictions,
         )
 
@@ -125,7 +124,7 @@ class HybridMachine(RuleBasedStateMachine):
         req = Request(rid, prompt, max_tokens=100, block_hasher=self.hasher)
         hits, n = m.get_computed_blocks(req)
         assert n == len(hits) * BLOCK_SIZE and n <= self.full_only_hit(req) and n < req.num_tokens
-        full, sliding = hits.groups[1 - self.sliding], hits.groups[self.sliding]
+        full, sliding = hits.blocks[1 - self.sliding], hits.blocks[self.sliding]
         assert len(full) == len(sliding) == len(hits)
         for i, b in enumerate(full):
             assert b.block_hash == req.block_hashes[i] + group_key(1 - self.sliding)
@@ -138,12 +137,12 @@ class HybridMachine(RuleBasedStateMachine):
             assert sliding[i].block_hash == req.block_hashes[i] + group_key(self.sliding)
         full_hit = self.full_only_hit(req)
         if self.allocate(req, min(chunk, req.num_tokens - n), n, hits) is None:
-            assert rid not in m.single_type_managers[0].req_to_blocks
+            assert rid not in m.coordinator.single_type_managers[0].req_to_blocks
             return
         self.running[rid] = req
         self.admitted[rid] = (n // BLOCK_SIZE, full_hit if full_hit > n else 0)
         for g in range(2):
-            self.told[rid, g] = m.single_type_managers[g].num_null_blocks(
+            self.told[rid, g] = m.coordinator.single_type_managers[g].num_null_blocks(
                 rid
             )  # the row, sent whole
 
@@ -170,7 +169,7 @@ class HybridMachine(RuleBasedStateMachine):
         del self.admitted[rid]
         for g in range(2):
             self.told.pop((rid, g), None)
-        assert self.m.get_block_ids(rid) == [[], []]
+        assert list(self.m.get_block_ids(rid)) == [[], []]
 
     @rule()
     def reset_prefix_cache(self):
@@ -188,7 +187,7 @@ class HybridMachine(RuleBasedStateMachine):
             assert rid in self.running and n > self.told[rid, g]
             self.told[rid, g] = n
         for rid, req in self.running.items():
-            tables = m.get_block_ids(rid)
+            tables = list(m.get_block_ids(rid))
             assert (
                 len(tables[0])
                 == len(tables[1])
@@ -216,7 +215,7 @@ class HybridMachine(RuleBasedStateMachine):
         for boundary in (req.num_prompt_tokens - 1, junction):
             end = boundary // BLOCK_SIZE
             tails |= set(range(max(0, end - need), end)) if boundary else set()
-        for g, m in enumerate(self.m.single_type_managers):
+        for g, m in enumerate(self.m.coordinator.single_type_managers):
             for i, b in enumerate(m.req_to_blocks[req.request_id]):
                 if i < num_hit or b.is_null:
                     continue

@@ -1,4 +1,4 @@
-"""HybridKVCacheManager held against vLLM 0.32's own KVCacheManager (``-m compare``):
+"""KVCacheManager of several groups held against vLLM 0.32's own KVCacheManager (``-m compare``):
 both, over the same hybrid groups (a full-attention group and sliding-window groups),
 pool size and block size, caching on (and off), go through the same random admissions (prompts
 sharing prefixes, chunked or whole, the admission gate on or off), prefill chunks,
@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
+from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.kv_events import BlockRemoved, BlockStored, KVEventRecorder
 from scheduler.core.vllm_hashing import VllmBlockHasher
 from scheduler.engine.kv_event_publisher import to_wire_event
@@ -97,13 +97,8 @@ def run_ours(case: dict) -> list[dict]:
     # vLLM's own sha256 block hashes (PYTHONHASHSEED unset on both sides): equal keys.
     hasher = VllmBlockHasher(bs, "sha256", None)
     events = KVEventRecorder()
-    kv = HybridKVCacheManager(
-        case["num_blocks"],
-        bs,
-        case["max_model_len"],
-        case["windows"],
-        case["enable_caching"],
-        events,
+    kv = KVCacheManager(case["num_blocks"], bs, case["max_model_len"], case["enable_caching"], events,
+        group_windows=case["windows"],
         max_num_batched_tokens=case["max_num_batched_tokens"],
     )
     requests: dict[str, Request] = {}

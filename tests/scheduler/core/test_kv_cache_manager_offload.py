@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.core.hashing import BlockHasher
+from scheduler.core.kv_cache_blocks import KVCacheBlocks
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.offload_tier import HostTier, HostTierCopies
 from scheduler.sched.request import Request
@@ -29,7 +30,7 @@ def admit(kv: KVCacheManager, r: Request) -> list[int]:
     kv.record_prefix_cache_query(r.num_tokens, num_hit_tokens, False, num_hit_tokens - len(hits) * BS)
     r.num_computed_tokens = r.num_tokens
     kv.check_invariants()
-    return kv.get_block_ids(r.request_id)
+    return kv.get_block_ids(r.request_id)[0]
 
 
 def end_step(kv: KVCacheManager) -> HostTierCopies | None:
@@ -61,7 +62,7 @@ def test_an_evicted_hash_is_stored_in_the_step_that_reuses_its_block_then_loaded
     kv.free(req("b", B))
     # A again: the device holds neither of its blocks, the host tier both.
     hits, num_hit_tokens = kv.get_computed_blocks(a, record_stats=False)
-    assert hits == [] and num_hit_tokens == 2 * BS
+    assert hits.blocks == ([],) and num_hit_tokens == 2 * BS
     a2_blocks = admit(kv, a)
     copies = end_step(kv)
     # Loads: host slot of A0 -> the request's first block, A1 -> its second.
@@ -96,7 +97,7 @@ def test_a_hash_stored_earlier_in_the_same_step_is_loaded_after_its_store():
     # whose store is in this very plan (stores run before loads).
     y = req("y", A)
     hits, num_hit_tokens = kv.get_computed_blocks(y, record_stats=False)
-    assert [b.block_id for b in hits] == a_blocks[:1] and num_hit_tokens == 2 * BS
+    assert [b.block_id for b in hits.blocks[0]] == a_blocks[:1] and num_hit_tokens == 2 * BS
     y_blocks = admit(kv, y)
     copies = kv.take_tier_copies()
     slot = tier.blocks[a.block_hashes[1]].slot
@@ -145,20 +146,21 @@ def test_reset_clears_both_tiers_and_is_refused_while_blocks_are_held():
     assert kv.reset_prefix_cache()
     # vLLM's CPU tier keeps serving after a reset: here nothing is found anywhere.
     assert tier.num_cached_blocks == 0
-    assert kv.get_computed_blocks(req("a3", A), record_stats=False) == ([], 0)
+    hits, n = kv.get_computed_blocks(req("a3", A), record_stats=False)
+    assert (hits.blocks, n) == (([],), 0)
     kv.check_invariants()
 
 
 def test_host_hits_that_are_not_there_are_refused():
     kv = KVCacheManager(8, BS, 64)
     with pytest.raises(ValueError, match="no host tier"):
-        kv.allocate_slots(req("a", A), 1, 2 * BS, [])
+        kv.allocate_slots(req("a", A), 1, 2 * BS, KVCacheBlocks(([],)))
     tier = HostTier(4, BS)
     kv = KVCacheManager(8, BS, 64, host_tier=tier)
     with pytest.raises(ValueError, match="the tier holds fewer"):
-        kv.allocate_slots(req("a", A), 1, 2 * BS, [])
+        kv.allocate_slots(req("a", A), 1, 2 * BS, KVCacheBlocks(([],)))
     with pytest.raises(ValueError, match="multiple of the block size"):
-        kv.allocate_slots(req("a", A), 1, 5, [])
+        kv.allocate_slots(req("a", A), 1, 5, KVCacheBlocks(([],)))
     kv.check_invariants()
     with pytest.raises(ValueError, match="offload_store"):
         KVCacheManager(8, BS, 64, host_tier=tier, offload_store="sometimes")

@@ -1,8 +1,9 @@
 """The scheduler over hybrid KV-cache groups: every plan's deltas (group 0's rows and
-appends, `GroupDeltas` for the others, the sliding windows' nulled entries), applied
+appends, `GroupRequestRow`s and `GroupAppendedBlocks` for the others, the sliding windows'
+`NulledBlocks`), applied
 to a replica of the worker's tables (kvtest.group_tables), give exactly the manager's
 tables after every step -- through chunked prefills, shared prefixes, decode,
-preemptions (FCFS and priority) and aborts -- and a one-group plan has no groups."""
+preemptions (FCFS and priority) and aborts -- and a one-group plan has no group data."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import random
 import pytest
 from kvtest.group_tables import GroupTables
 
-from protocol.worker_messages import StepResult
+from protocol.worker_messages import GroupAppendedBlocks, NulledBlocks, RequestRow, StepPlan, StepResult
 from scheduler.core.eviction_policies import eviction_pool_factory, kv_cache_manager_class
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
@@ -27,8 +28,8 @@ def run(
     rng = random.Random(seed)
     hasher = BlockHasher(BS)
     pool = eviction_pool_factory("lru", policy)
-    kv = kv_cache_manager_class(policy, hybrid=True)(
-        num_blocks, BS, 128, windows, pool_factory=pool, max_num_batched_tokens=budget
+    kv = kv_cache_manager_class(policy)(
+        num_blocks, BS, 128, group_windows=windows, pool_factory=pool, max_num_batched_tokens=budget
     )
     sched = scheduler_class(policy)(kv, 6, budget, 128)
     replica = GroupTables(len(windows))
@@ -50,13 +51,13 @@ def run(
             continue
         plan = out.plan
         replica.apply(plan)
-        seen["nulled"] += len(plan.groups.nulled)
-        seen["group_appends"] += len(plan.groups.appended)
+        seen["nulled"] += sum(type(a) is NulledBlocks for a in plan.appended)
+        seen["group_appends"] += sum(type(a) is GroupAppendedBlocks for a in plan.appended)
         seen["preemptions"] += len(plan.preempted_seq_ids)
         seen["rows"] += len(plan.new_rows) + len(plan.resumed_rows)
         assert set(replica.rows) == {r.seq_id for r in sched.running}
         for r in sched.running:
-            assert replica.rows[r.seq_id] == kv.get_block_ids(r.request_id), (
+            assert replica.rows[r.seq_id] == list(kv.get_block_ids(r.request_id)), (
                 f"step {plan.step_id} row {r.seq_id}"
             )
         kv.check_invariants()
@@ -89,4 +90,5 @@ def test_one_group_plans_carry_no_groups():
     sched = scheduler_class("fcfs")(kv, 4, 16, 64)
     sched.add_request(Request("a", list(range(2, 12)), 3, seq_id=0, block_hasher=BlockHasher(BS)))
     out = sched.schedule()
-    assert out.plan.groups is None and out.plan.new_rows[0].block_ids == [1, 2, 3]
+    assert type(out.plan) is StepPlan and type(out.plan.new_rows[0]) is RequestRow
+    assert out.plan.new_rows[0].block_ids == [1, 2, 3]
