@@ -48,7 +48,7 @@ from protocol.worker_messages import RequestRow, StepPlan, TierCopies
 from worker.checkpoint import Checkpoint
 from worker.kv_cache import allocate_host_kv_caches, allocate_kv_caches
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 from worker.tier_copies import TierCopier
 from worker.tiny.generate import CONFIG, random_weights, write_tiny_checkpoint
 

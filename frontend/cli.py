@@ -47,7 +47,7 @@ def _add_kvpool_flags(g) -> None:
     g.add_argument("--worker-http-port", type=int, default=None, metavar="PORT",
                    help="the worker's /metrics on 127.0.0.1 (default: a free port; 0 disables)")
     g.add_argument("--dev-mode", action="store_true", help="POST /reset_prefix_cache")
-    # NOTE: the choices are the scheduler's (scheduler/core/eviction_policies.py), which checks them again.
+    # NOTE: the choices are the scheduler's (scheduler/core/retention/eviction_policies.py), which checks them again.
     g.add_argument("--kv-eviction-policy", choices=("lru", "arc", "lfu", "s3fifo", "cost"), default="lru",
                    help="the device pool's eviction order: lru (vLLM's), arc, lfu, s3fifo, cost (default %(default)s)")
     g.add_argument("--max-pinned-fraction", type=float, default=0.5, metavar="FRACTION",

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from scheduler.core.external_tier import ExternalOps
+from scheduler.core.offload.external_tier import ExternalOps
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
 

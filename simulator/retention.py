@@ -14,7 +14,7 @@ import argparse
 from collections.abc import Sequence
 
 from protocol.kv_cache_spec import is_hybrid
-from scheduler.core.eviction_policies import (
+from scheduler.core.retention.eviction_policies import (
     KV_EVICTION_POLICIES,
     eviction_pool_factory,
     kv_cache_manager_class,

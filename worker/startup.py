@@ -25,7 +25,7 @@ from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
 from worker.device_memory import check_host_tier_budget, check_kv_budget
 from worker.external.external_io import ExternalIO
 from worker.external.open_tier import open_external_tier
-from worker.group_tables import hello_group_windows
+from worker.step.group_tables import hello_group_windows
 from worker.kv_cache import (
     allocate_host_kv_caches,
     allocate_kv_caches,

@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from scheduler.core.block_pool import BlockPool
-from scheduler.core.external_tier import ExternalTier
+from scheduler.core.offload.external_tier import ExternalTier
 from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.core.kv_cache_blocks import KVCacheBlocks
 from scheduler.core.kv_cache_request import KVCacheRequest
-from scheduler.core.offloading_connector import OffloadingConnector
+from scheduler.core.offload.offloading_connector import OffloadingConnector
 
 
 class UnitaryKVCacheCoordinator:

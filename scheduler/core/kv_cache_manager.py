@@ -10,10 +10,10 @@ groups, and the decode fast path's), `HybridKVCacheCoordinator` for several; the
 manager keeps what does not depend on the groups: the prefix-cache stats, pins, the
 host and external tiers' surface, the reset.
 
-With a host tier (`scheduler/core/offload_tier.py`, vLLM's --kv-offloading-size)
+With a host tier (`scheduler/core/offload/offload_tier.py`, vLLM's --kv-offloading-size)
 the cached prefix continues in host memory after the device's: those blocks get
 fresh device blocks and a load in the step's plan. Which blocks go to the tier,
-and when, is the `OffloadingConnector`'s (`scheduler/core/offloading_connector.py`).
+and when, is the `OffloadingConnector`'s (`scheduler/core/offload/offloading_connector.py`).
 The scheduler takes a step's copies with `take_tier_copies` and completes them
 with `complete_tier_copies` once the step's result is in.
 
@@ -29,17 +29,17 @@ from collections.abc import Callable, Sequence
 
 from protocol.kv_cache_spec import is_hybrid
 from scheduler.core.block_pool import BlockPool
-from scheduler.core.external_tier import ExternalOps, ExternalTier
-from scheduler.core.group_events import GroupKeyedEventSink
-from scheduler.core.hybrid_kv_cache_coordinator import HybridKVCacheCoordinator
-from scheduler.core.hybrid_pins import HybridPins
+from scheduler.core.offload.external_tier import ExternalOps, ExternalTier
+from scheduler.core.hybrid.group_events import GroupKeyedEventSink
+from scheduler.core.hybrid.hybrid_kv_cache_coordinator import HybridKVCacheCoordinator
+from scheduler.core.hybrid.hybrid_pins import HybridPins
 from scheduler.core.kv_cache_blocks import KVCacheBlocks
 from scheduler.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
 from scheduler.core.kv_cache_request import KVCacheRequest
 from scheduler.core.kv_events import KVEventSink
-from scheduler.core.offload_tier import HostTier, HostTierCopies
-from scheduler.core.offloading_connector import OffloadingConnector
-from scheduler.core.pinned_blocks import PinnedBlocks
+from scheduler.core.offload.offload_tier import HostTier, HostTierCopies
+from scheduler.core.offload.offloading_connector import OffloadingConnector
+from scheduler.core.retention.pinned_blocks import PinnedBlocks
 from scheduler.core.prefix_cache_stats import PrefixCacheStats
 
 # (num_gpu_blocks, enable_caching, event_sink) -> the pool. BlockPool itself by
@@ -79,7 +79,7 @@ class KVCacheManager:
         self.offload_store = offload_store
         write_through = self.host_tier is not None and offload_store == "full"
         self.offloading_connector = None if self.host_tier is None else OffloadingConnector(self.host_tier, self.block_pool, write_through)
-        # The external tier (disk, Mooncake Store: scheduler/core/external_tier.py), below the host
+        # The external tier (disk, Mooncake Store: scheduler/core/offload/external_tier.py), below the host
         # tier; None without one (or without caching: nothing would be hashed).
         self.external = external_tier if enable_caching else None
         if hybrid:

@@ -92,7 +92,7 @@ def _rank_main(rank: int, world_size: int, port: int, jobs: list[Job], results: 
     from worker.parallel.distributed import TPGroup
     from worker.parallel.plan_fanout import Kind, PlanFanout
     from worker.parallel.rank_follower import RankFollower
-    from worker.runner import ModelRunner
+    from worker.step.runner import ModelRunner
     from worker.serving_model import load_serving_model
 
     torch.set_num_threads(1)

@@ -22,7 +22,7 @@ from worker.grammar_bitmask import GrammarRows
 from worker.grammar_compiler import GrammarCompiler, tokenizer_info
 from worker.kv_cache import allocate_kv_caches
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 
 xgr = pytest.importorskip("xgrammar")
 

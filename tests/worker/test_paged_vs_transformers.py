@@ -29,7 +29,7 @@ from protocol.worker_messages import RequestRow, StepPlan
 from worker.checkpoint import Checkpoint
 from worker.kv_cache import allocate_kv_caches
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 
 NUM_BLOCKS = 256
 

@@ -25,7 +25,7 @@ from scheduler.sched.scheduler import Scheduler
 from worker.checkpoint import Checkpoint
 from worker.kv_cache import allocate_kv_caches
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 
 BS, MAX_LEN = 4, 256
 

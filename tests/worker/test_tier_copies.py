@@ -15,8 +15,8 @@ from protocol.worker_messages import RequestRow, StepPlan, TierCopies
 from worker.checkpoint import Checkpoint
 from worker.kv_cache import allocate_host_kv_caches, allocate_kv_caches
 from worker.models.loader import load_model
-from worker.plan_check import PlanError
-from worker.runner import ModelRunner
+from worker.step.plan_check import PlanError
+from worker.step.runner import ModelRunner
 from worker.tier_copies import TierCopier, runs
 
 BS, NUM_BLOCKS, NUM_HOST, MAX_SEQS, MAX_LEN = 4, 32, 8, 3, 32

@@ -34,7 +34,7 @@ from worker.metrics import WorkerMetrics
 from worker.parallel.distributed import GroupLost
 from worker.parallel.plan_fanout import Kind, PlanFanout
 from worker.process import WorkerProcess
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 from worker.serving_model import ServingModel
 
 log = logging.getLogger("worker")

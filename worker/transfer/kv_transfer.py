@@ -10,7 +10,7 @@ import torch
 
 from protocol.kv_transfer_config import KVTransferConfig
 from protocol.worker_messages import KVTransferOps
-from worker.group_tables import hello_group_windows
+from worker.step.group_tables import hello_group_windows
 from worker.kv_block_bytes import kv_block_identity
 from worker.serving_model import ServingModel
 from worker.transfer.kv_puller import KVPuller, Pull

@@ -11,7 +11,7 @@ import pytest
 
 from protocol.worker_messages import WorkerHello
 from scheduler.core.kv_cache_manager import KVCacheManager
-from scheduler.core.priority_retention import PriorityKVCacheManager
+from scheduler.core.retention.priority_retention import PriorityKVCacheManager
 from scheduler.engine.config import SchedulerConfig
 from scheduler.engine.worker_side import WorkerSide
 

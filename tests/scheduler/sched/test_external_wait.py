@@ -1,5 +1,5 @@
 """vLLM's WAITING_FOR_REMOTE_KVS over the external tier (scheduler/sched/external_wait.py,
-scheduler/core/external_tier.py), with the real KVCacheManager and Scheduler.
+scheduler/core/offload/external_tier.py), with the real KVCacheManager and Scheduler.
 
 A request whose next blocks the tier holds is parked: its blocks are allocated, not
 cached, and the plan carries their load; when the worker says how many blocks it loaded,
@@ -20,7 +20,7 @@ from kvtest.fake_worker import ContractViolation, FakeWorker, fake_sample
 
 from protocol.external_kv import object_key
 from protocol.worker_messages import StepPlan, StepResult
-from scheduler.core.external_tier import ExternalTier, KnownKeys
+from scheduler.core.offload.external_tier import ExternalTier, KnownKeys
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.priority_scheduler import PriorityScheduler

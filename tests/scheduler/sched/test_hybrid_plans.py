@@ -13,7 +13,7 @@ import pytest
 from kvtest.group_tables import GroupTables
 
 from protocol.worker_messages import GroupAppendedBlocks, NulledBlocks, RequestRow, StepPlan, StepResult
-from scheduler.core.eviction_policies import eviction_pool_factory, kv_cache_manager_class
+from scheduler.core.retention.eviction_policies import eviction_pool_factory, kv_cache_manager_class
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.priority_scheduler import scheduler_class

@@ -16,7 +16,7 @@ from kvtest.fake_worker import ContractViolation, FakeWorker
 from protocol.worker_messages import StepPlan
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
-from scheduler.core.offload_tier import HostTier
+from scheduler.core.offload.offload_tier import HostTier
 from scheduler.sched.priority_scheduler import scheduler_class
 from scheduler.sched.request import Request, RequestStatus
 from scheduler.sched.scheduler import Scheduler
