@@ -234,8 +234,8 @@ def _check_groups(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     a.groups = None if found is None else found[0]
     a.group_windows = () if found is None else tuple(g.sliding_window for g in found[0])
     if is_hybrid(a.group_windows):
-        if any(a.kv_offloading_blocks) or a.kv_eviction_policy != ["lru"] or a.policy != ["vllm"] or a.replicas or a.pd or a.external_tier != "none":
-            p.error("hybrid KV-cache groups run with --kv-eviction-policy lru, --policy vllm, no --kv-offloading-blocks, "
+        if any(a.kv_offloading_blocks) or a.policy != ["vllm"] or a.replicas or a.pd or a.external_tier != "none":
+            p.error("hybrid KV-cache groups run with --policy vllm, no --kv-offloading-blocks, "
                     "no --external-tier and no --replicas or --pd")
 
 

@@ -178,7 +178,7 @@ class WorkerSide:
         try:
             num_blocks = pool_size_for(hello, c.block_size, c.num_gpu_blocks_override, current, c.max_model_len)
             num_host_blocks = host_tier_size_for(hello, c.kv_offloading_size, self._host_tier_size())
-            check_group_windows(hello, c.kv_offloading_size, c.kv_eviction_policy, self.pool_group_windows)
+            check_group_windows(hello, c.kv_offloading_size, self.pool_group_windows)
             check_external_tier(hello, c.kv_offloading_backend)
             check_kv_transfer(hello, c.kv_transfer_config)
         except WorkerRefused as e:

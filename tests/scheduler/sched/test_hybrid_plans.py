@@ -23,11 +23,11 @@ BS = 4
 
 
 def run(
-    windows: list[int], num_blocks: int, seed: int, policy: str = "fcfs", budget: int = 24
+    windows: list[int], num_blocks: int, seed: int, policy: str = "fcfs", budget: int = 24, eviction: str = "lru"
 ) -> dict:
     rng = random.Random(seed)
     hasher = BlockHasher(BS)
-    pool = eviction_pool_factory("lru", policy)
+    pool = eviction_pool_factory(eviction, policy)
     kv = kv_cache_manager_class(policy)(
         num_blocks, BS, 128, group_windows=windows, pool_factory=pool, max_num_batched_tokens=budget
     )
@@ -83,6 +83,17 @@ def test_the_plans_deltas_rebuild_every_groups_tables(windows, num_blocks, polic
     # beyond the first) and preemptions (rows sent again).
     assert seen["nulled"] > 0 and seen["preemptions"] > 0
     assert (seen["group_appends"] > 0) == (len(windows) > 1)
+
+
+@pytest.mark.parametrize("eviction", ["arc", "lfu", "s3fifo", "cost"])
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_every_eviction_policy_keeps_every_groups_tables(eviction, policy):
+    seen = {"nulled": 0, "preemptions": 0}
+    for seed in range(3):
+        out = run([0, 8], 40, seed, policy, eviction=eviction)
+        seen["nulled"] += out["nulled"]
+        seen["preemptions"] += out["preemptions"]
+    assert seen["nulled"] > 0 and seen["preemptions"] > 0
 
 
 def test_one_group_plans_carry_no_groups():

@@ -20,6 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.core.retention.eviction_policies import KV_EVICTION_POLICIES, eviction_pool_factory
 from scheduler.core.single_type_kv_cache_manager import group_key
 from scheduler.sched.request import Request
 
@@ -51,14 +52,16 @@ class HybridMachine(RuleBasedStateMachine):
         window=st.sampled_from([1, 2, 3, 4, 5, 8]),
         sliding_first=st.booleans(),
         enable_caching=st.booleans(),
+        # NOTE: every eviction policy: the pool's free queue is the policy's, whatever the groups.
+        policy=st.sampled_from(KV_EVICTION_POLICIES),
     )
-    def make_manager(self, num_blocks, window, sliding_first, enable_caching):
+    def make_manager(self, num_blocks, window, sliding_first, enable_caching, policy):
         windows = [window, 0] if sliding_first else [0, window]
         self.sliding = 0 if sliding_first else 1
         self.window = window
         self.enable_caching = enable_caching
-        self.m = KVCacheManager(num_blocks, BLOCK_SIZE, MAX_MODEL_LEN, enable_caching, group_windows=windows, max_num_batched_tokens=8
-        )
+        self.m = KVCacheManager(num_blocks, BLOCK_SIZE, MAX_MODEL_LEN, enable_caching, group_windows=windows, max_num_batched_tokens=8,
+                                pool_factory=eviction_pool_factory(policy))
 
     def snapshot(self):
         pool = self.m.block_pool
