@@ -37,3 +37,8 @@ class KVCacheBlocks:
 
     def __repr__(self) -> str:
         return f"KVCacheBlocks({self.get_block_ids()})"
+
+
+# The one-group coordinator's answer when a call allocated no block (most decode calls):
+# ``is`` tells it apart on the decode path, where calling __bool__ would cost.
+NO_NEW_BLOCKS = KVCacheBlocks(([],))

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.offload.external_tier import ExternalTier
 from scheduler.core.kv_cache_block import KVCacheBlock
-from scheduler.core.kv_cache_blocks import KVCacheBlocks
+from scheduler.core.kv_cache_blocks import NO_NEW_BLOCKS, KVCacheBlocks
 from scheduler.core.kv_cache_request import KVCacheRequest
 from scheduler.core.offload.offloading_connector import OffloadingConnector
 
@@ -45,7 +45,6 @@ class UnitaryKVCacheCoordinator:
         self.num_cached_block: dict[str, int] = {}
         # Fewest free blocks seen right after an allocation (KVCacheManager.min_num_free_blocks).
         self.min_num_free_blocks = block_pool.get_num_free_blocks()
-        self.empty = KVCacheBlocks(([],))
 
     def find_longest_cache_hit(self, request: KVCacheRequest) -> tuple[KVCacheBlocks, int, int]:
         """The longest cached prefix of the request's full blocks (capped so its last token
@@ -108,7 +107,7 @@ class UnitaryKVCacheCoordinator:
         new_blocks = self._add_blocks(request, req_blocks, new_computed_blocks, num_host_hits, num_new_blocks)
         num_final = num_computed_tokens if delay_cache else num_computed_tokens + num_new_tokens
         self._cache_and_bound(request, req_blocks, min(num_final, len(request.all_token_ids)))
-        return KVCacheBlocks((new_blocks,)) if new_blocks else self.empty
+        return KVCacheBlocks((new_blocks,)) if new_blocks else NO_NEW_BLOCKS
 
     def _get_num_blocks_to_allocate(self, request: KVCacheRequest, num_tokens_need_slot: int, num_held: int, new_computed_blocks: Sequence[KVCacheBlock], full_sequence_must_fit: bool, watermark_blocks: int) -> int | None:
         """The new blocks a table of ``num_held`` blocks plus the prefix hits needs for ``num_tokens_need_slot``
@@ -178,7 +177,7 @@ class UnitaryKVCacheCoordinator:
             self._cache_and_bound(request, req_blocks, min(end, len(request.all_token_ids)))
             return KVCacheBlocks((new_blocks,))
         self._cache_and_bound(request, req_blocks, min(end, len(request.all_token_ids)))
-        return self.empty
+        return NO_NEW_BLOCKS
 
     def _cache_and_bound(self, request: KVCacheRequest, req_blocks: list[KVCacheBlock], num_final_tokens: int) -> None:
         """Cache (hash and register) the request's full blocks within its first

@@ -20,7 +20,7 @@ that is never written. vLLM frees them with their hashes.
 
 from __future__ import annotations
 
-from scheduler.core.kv_cache_blocks import KVCacheBlocks
+from scheduler.core.kv_cache_blocks import NO_NEW_BLOCKS, KVCacheBlocks
 from scheduler.sched.plan_builder import StepPlanBuilder
 from scheduler.sched.policy_options import SCHEDULING_POLICIES
 from scheduler.sched.request import Request
@@ -68,7 +68,7 @@ class PriorityScheduler(Scheduler):
                 n = len(running)
                 if new_blocks is None:
                     break  # it preempted itself: running[i:] is left out of the step
-                if new_blocks:
+                if new_blocks is not NO_NEW_BLOCKS:
                     plan.append_blocks(request.seq_id, new_blocks)
             if drafts:
                 plan_drafts(plan, request, end - num_tokens)

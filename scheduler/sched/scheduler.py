@@ -24,7 +24,7 @@ from functools import partial
 
 from protocol.speculative_config import SpeculativeConfig
 from protocol.worker_messages import StepResult
-from scheduler.core.kv_cache_blocks import KVCacheBlocks
+from scheduler.core.kv_cache_blocks import NO_NEW_BLOCKS, KVCacheBlocks
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.external_wait import ExternalKVWait
 from scheduler.sched.grammar_wait import GrammarWait
@@ -251,7 +251,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
                 new_blocks = self._allocate_or_preempt(request, num_new_tokens, preempted)
                 if new_blocks is None:
                     break  # it preempted itself: the requests before it are scheduled
-                if new_blocks:
+                if new_blocks is not NO_NEW_BLOCKS:
                     plan.append_blocks(request.seq_id, new_blocks)
             if drafts:
                 plan_drafts(plan, request, end - num_tokens)
