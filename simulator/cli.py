@@ -60,9 +60,9 @@ import sys
 from pathlib import Path
 
 from protocol.kv_cache_spec import is_hybrid
-from scheduler.core.retention.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.hashing import HASH_ALGOS
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
+from scheduler.core.retention.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.retention.pinned_blocks import PinRefused
 from scheduler.sched.policy_options import add_policy_args, check_scheduler_options
 from simulator.engine import SimConfig, simulate

@@ -14,13 +14,13 @@ import argparse
 from collections.abc import Sequence
 
 from protocol.kv_cache_spec import is_hybrid
+from scheduler.core.hashing import BlockHasher
+from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.retention.eviction_policies import (
     KV_EVICTION_POLICIES,
     eviction_pool_factory,
     kv_cache_manager_class,
 )
-from scheduler.core.hashing import BlockHasher
-from scheduler.core.kv_cache_manager import KVCacheManager
 from simulator.free_policies import pool_class
 from simulator.workload import Workload
 

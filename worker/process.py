@@ -53,14 +53,14 @@ from worker.config import WorkerConfig
 from worker.external.external_io import ExternalIO
 from worker.external.plan_ops import after_step, before_step, hello_fields
 from worker.grammar_compiler import GrammarCompiler
-from worker.step.group_tables import hello_group_windows
 from worker.host_load import HostLoad
 from worker.host_peers import HostPeers, default_directory
 from worker.kv_cache import first_blocks
 from worker.metrics import WorkerMetrics
+from worker.serving_model import ServingModel
+from worker.step.group_tables import hello_group_windows
 from worker.step.plan_check import PlanError
 from worker.step.runner import ModelRunner
-from worker.serving_model import ServingModel
 from worker.threads import StepThreads, projection_weights, wide_num_threads, wide_step_tokens
 from worker.transfer import plan_ops as transfer_ops
 from worker.transfer.kv_transfer import KVTransfer

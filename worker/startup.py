@@ -25,7 +25,6 @@ from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
 from worker.device_memory import check_host_tier_budget, check_kv_budget
 from worker.external.external_io import ExternalIO
 from worker.external.open_tier import open_external_tier
-from worker.step.group_tables import hello_group_windows
 from worker.kv_cache import (
     allocate_host_kv_caches,
     allocate_kv_caches,
@@ -40,6 +39,7 @@ from worker.parallel.distributed import GroupError, TPGroup
 from worker.parallel.rank_group import LocalRanks, rank_device, run_rank, threads_per_rank
 from worker.process import WorkerProcess, WorkerStopping
 from worker.serving_model import ServingModel, check_shardable, load_serving_model
+from worker.step.group_tables import hello_group_windows
 from worker.threads import lower_cpu_priority, set_cpu_threads
 from worker.transfer.kv_transfer import KVTransfer, open_kv_transfer
 

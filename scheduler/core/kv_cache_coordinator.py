@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from scheduler.core.block_pool import BlockPool
-from scheduler.core.offload.external_tier import ExternalTier
 from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.core.kv_cache_blocks import NO_NEW_BLOCKS, KVCacheBlocks
 from scheduler.core.kv_cache_request import KVCacheRequest
+from scheduler.core.offload.external_tier import ExternalTier
 from scheduler.core.offload.offloading_connector import OffloadingConnector
 
 

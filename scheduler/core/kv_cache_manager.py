@@ -29,7 +29,6 @@ from collections.abc import Callable, Sequence
 
 from protocol.kv_cache_spec import is_hybrid
 from scheduler.core.block_pool import BlockPool
-from scheduler.core.offload.external_tier import ExternalOps, ExternalTier
 from scheduler.core.hybrid.group_events import GroupKeyedEventSink
 from scheduler.core.hybrid.hybrid_kv_cache_coordinator import HybridKVCacheCoordinator
 from scheduler.core.hybrid.hybrid_pins import HybridPins
@@ -37,10 +36,11 @@ from scheduler.core.kv_cache_blocks import KVCacheBlocks
 from scheduler.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
 from scheduler.core.kv_cache_request import KVCacheRequest
 from scheduler.core.kv_events import KVEventSink
+from scheduler.core.offload.external_tier import ExternalOps, ExternalTier
 from scheduler.core.offload.offload_tier import HostTier, HostTierCopies
 from scheduler.core.offload.offloading_connector import OffloadingConnector
-from scheduler.core.retention.pinned_blocks import PinnedBlocks
 from scheduler.core.prefix_cache_stats import PrefixCacheStats
+from scheduler.core.retention.pinned_blocks import PinnedBlocks
 
 # (num_gpu_blocks, enable_caching, event_sink) -> the pool. BlockPool itself by
 # default; what-if studies pass pools with other free-queue rules.

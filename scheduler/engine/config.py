@@ -15,8 +15,8 @@ from protocol.kv_cache_spec import DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPES
 from protocol.kv_events import INT_BLOCK_HASHES_ENV, int_block_hashes_from_env
 from protocol.kv_transfer_config import parse_kv_transfer_config
 from protocol.speculative_config import parse_speculative_config
-from scheduler.core.retention.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
+from scheduler.core.retention.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.vllm_hashing import (
     DEFAULT_PREFIX_CACHING_HASH_ALGO,
     PREFIX_CACHING_HASH_ALGOS,

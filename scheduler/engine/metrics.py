@@ -11,9 +11,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from protocol.speculative_config import SpeculativeConfig
 from scheduler.core.block_residency import ResidencyBlockPool
-from scheduler.core.offload.external_tier import ExternalTier
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.kv_cache_usage import get_peak_usage, get_token_usage
+from scheduler.core.offload.external_tier import ExternalTier
 from scheduler.engine.metric_buckets import histogram_buckets
 from scheduler.engine.request_metrics import RequestMetrics, observe_many
 from scheduler.sched.outputs import StepTokens

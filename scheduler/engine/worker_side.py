@@ -39,9 +39,9 @@ from protocol.worker_messages import (
 )
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.block_residency import residency_pool_factory
-from scheduler.core.retention.eviction_policies import eviction_pool_factory, kv_cache_manager_class
 from scheduler.core.kv_events import KVEventRecorder
 from scheduler.core.offload.offload_tier import HostTier
+from scheduler.core.retention.eviction_policies import eviction_pool_factory, kv_cache_manager_class
 from scheduler.engine.cache_config_info import cache_config_info
 from scheduler.engine.config import SchedulerConfig
 from scheduler.engine.engine_state import EngineState

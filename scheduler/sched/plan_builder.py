@@ -29,8 +29,8 @@ from protocol.worker_messages import (
     StepPlan,
     TierCopies,
 )
-from scheduler.core.offload.external_tier import ExternalOps
 from scheduler.core.kv_cache_blocks import KVCacheBlocks
+from scheduler.core.offload.external_tier import ExternalOps
 from scheduler.core.offload.offload_tier import HostTierCopies
 from scheduler.sched.request import Request
 

@@ -3,7 +3,13 @@ plans' deltas (the contract's apply order): what a hybrid worker holds."""
 
 from __future__ import annotations
 
-from protocol.worker_messages import AppendedBlocks, GroupAppendedBlocks, GroupRequestRow, NulledBlocks, StepPlan
+from protocol.worker_messages import (
+    AppendedBlocks,
+    GroupAppendedBlocks,
+    GroupRequestRow,
+    NulledBlocks,
+    StepPlan,
+)
 
 
 class GroupTables:

@@ -18,9 +18,9 @@ from worker.attention.kv_quant import KVScales
 from worker.checkpoint import Checkpoint, CheckpointError
 from worker.kv_cache import allocate_host_kv_caches
 from worker.models.kv_scales import read_kv_scales
-from worker.step.runner import ModelRunner
 from worker.serving_model import load_serving_model
 from worker.startup import allocate_worker_kv_caches
+from worker.step.runner import ModelRunner
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,9 @@ from worker import sampler
 from worker.checkpoint import Checkpoint
 from worker.kv_cache import allocate_kv_caches
 from worker.models.loader import load_model
-from worker.step.runner import ModelRunner
 from worker.sampler import Penalties, apply_penalties
 from worker.sampling_state import SamplingState
+from worker.step.runner import ModelRunner
 from worker.tiny.generate import write_tiny_checkpoint
 
 V = 64

@@ -34,8 +34,8 @@ from worker.metrics import WorkerMetrics
 from worker.parallel.distributed import GroupLost
 from worker.parallel.plan_fanout import Kind, PlanFanout
 from worker.process import WorkerProcess
-from worker.step.runner import ModelRunner
 from worker.serving_model import ServingModel
+from worker.step.runner import ModelRunner
 
 log = logging.getLogger("worker")
 

@@ -16,7 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from protocol.worker_messages import AppendedBlocks, GroupRequestRow, RequestRow, StepPlan, TierCopies
+from protocol.worker_messages import (
+    AppendedBlocks,
+    GroupRequestRow,
+    RequestRow,
+    StepPlan,
+    TierCopies,
+)
 from worker.step.group_tables import GroupTables
 from worker.step.plan_check_groups import check_groups
 from worker.step.plan_limits import Limits, PlanError, RowView, check_block_ids, leading_nulls

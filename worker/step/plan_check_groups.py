@@ -18,7 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from protocol.worker_messages import AppendedBlocks, GroupAppendedBlocks, GroupRequestRow, NulledBlocks, RequestRow, StepPlan
+from protocol.worker_messages import (
+    AppendedBlocks,
+    GroupAppendedBlocks,
+    GroupRequestRow,
+    NulledBlocks,
+    RequestRow,
+    StepPlan,
+)
 from worker.step.group_tables import GroupTables
 from worker.step.plan_limits import Limits, PlanError, RowView, check_block_ids, leading_nulls
 

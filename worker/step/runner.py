@@ -35,15 +35,15 @@ from protocol.prompt_logprobs import PromptLogprobs
 from protocol.worker_messages import RequestRow, StepPlan
 from worker.attention.kv_quant import KVScales
 from worker.attention.paged_attention import DEFAULT_WORKSPACE_BYTES, PagedAttention
-from worker.step.block_table import BlockTable
 from worker.grammar_bitmask import GrammarRows
 from worker.grammar_compiler import GrammarCompiler
-from worker.step.group_tables import GroupTables, hello_group_windows
 from worker.models.decoder import DecoderModel
-from worker.step.plan_check import check_plan
-from worker.step.plan_limits import Limits, RowView
 from worker.prompt_logprobs import PromptChunk, PromptLogprobsState
 from worker.sampling_state import RowLogprobs, SamplingState
+from worker.step.block_table import BlockTable
+from worker.step.group_tables import GroupTables, hello_group_windows
+from worker.step.plan_check import check_plan
+from worker.step.plan_limits import Limits, RowView
 from worker.step.step_inputs import StepInputs
 from worker.threads import StepThreads
 from worker.tier_copies import TierCopier

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from scheduler.core.block_pool import BlockPool
-from scheduler.core.kv_cache_blocks import KVCacheBlocks
 from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
+from scheduler.core.kv_cache_blocks import KVCacheBlocks
 from scheduler.core.single_type_kv_cache_manager import SingleTypeKVCacheManager, cdiv
 
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+from scheduler.core.block_pool import BlockPool
+from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.retention.arc_policy import ARCBlockPolicy
 from scheduler.core.retention.block_policy import BlockPolicy, LRUBlockPolicy
-from scheduler.core.block_pool import BlockPool
 from scheduler.core.retention.cost_policy import CostBlockPolicy
-from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.retention.lfu_policy import LFUBlockPolicy
 from scheduler.core.retention.policy_free_queue import policy_pool_factory
 from scheduler.core.retention.priority_retention import PriorityBlockPolicy, PriorityKVCacheManager

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from scheduler.core.retention.block_policy import BlockPolicy
 from scheduler.core.kv_cache_block import KVCacheBlock
+from scheduler.core.retention.block_policy import BlockPolicy
 
 MAX_FREQUENCY = 7
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from scheduler.core.retention.block_policy import BlockPolicy
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.free_block_queue import FreeKVCacheBlockQueue
 from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
+from scheduler.core.retention.block_policy import BlockPolicy
 
 
 class PolicyFreeBlockQueue(FreeKVCacheBlockQueue):

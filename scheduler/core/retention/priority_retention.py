@@ -17,10 +17,10 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterator
 
-from scheduler.core.retention.block_policy import BlockPolicy
 from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.kv_cache_request import KVCacheRequest
+from scheduler.core.retention.block_policy import BlockPolicy
 
 
 class PriorityBlockPolicy(BlockPolicy):

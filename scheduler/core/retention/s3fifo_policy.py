@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from scheduler.core.retention.block_policy import BlockPolicy
 from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
+from scheduler.core.retention.block_policy import BlockPolicy
 
 SMALL_FRACTION = 0.1
 MAX_FREQUENCY = 3

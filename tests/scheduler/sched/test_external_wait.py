@@ -20,9 +20,9 @@ from kvtest.fake_worker import ContractViolation, FakeWorker, fake_sample
 
 from protocol.external_kv import object_key
 from protocol.worker_messages import StepPlan, StepResult
-from scheduler.core.offload.external_tier import ExternalTier, KnownKeys
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.core.offload.external_tier import ExternalTier, KnownKeys
 from scheduler.sched.priority_scheduler import PriorityScheduler
 from scheduler.sched.request import Request, RequestStatus
 from scheduler.sched.scheduler import Scheduler

@@ -12,10 +12,16 @@ import random
 import pytest
 from kvtest.group_tables import GroupTables
 
-from protocol.worker_messages import GroupAppendedBlocks, NulledBlocks, RequestRow, StepPlan, StepResult
-from scheduler.core.retention.eviction_policies import eviction_pool_factory, kv_cache_manager_class
+from protocol.worker_messages import (
+    GroupAppendedBlocks,
+    NulledBlocks,
+    RequestRow,
+    StepPlan,
+    StepResult,
+)
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.core.retention.eviction_policies import eviction_pool_factory, kv_cache_manager_class
 from scheduler.sched.priority_scheduler import scheduler_class
 from scheduler.sched.request import Request, RequestStatus
 

@@ -11,8 +11,8 @@ import torch
 
 from protocol.kv_cache_spec import KVCacheGroupSpec
 from protocol.worker_messages import StepResult
-from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.hashing import BlockHasher
+from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
 from worker.checkpoint import Checkpoint

@@ -7,9 +7,9 @@ its length, and only those 2-block tails are hashed that end at the replay bound
 from __future__ import annotations
 
 from scheduler.core.hashing import BlockHasher
+from scheduler.core.hybrid.sliding_window_retention import retained_block_runs
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.single_type_kv_cache_manager import group_key
-from scheduler.core.hybrid.sliding_window_retention import retained_block_runs
 from scheduler.sched.request import Request
 
 BS = 2

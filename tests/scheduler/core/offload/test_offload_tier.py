@@ -7,8 +7,8 @@ import pytest
 
 from protocol.kv_events import MEDIUM_CPU
 from scheduler.core.kv_events import BlockRemoved, BlockStored, KVEventRecorder
-from scheduler.core.retention.lru_policy import LRUPolicy
 from scheduler.core.offload.offload_tier import HostTier, HostTierCopies
+from scheduler.core.retention.lru_policy import LRUPolicy
 
 
 def h(i: int) -> bytes:

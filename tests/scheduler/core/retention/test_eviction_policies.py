@@ -12,8 +12,8 @@ import random
 
 import pytest
 
-from scheduler.core.retention.block_policy import LRUBlockPolicy
 from scheduler.core.block_pool import BlockPool
+from scheduler.core.retention.block_policy import LRUBlockPolicy
 from scheduler.core.retention.eviction_policies import (
     KV_EVICTION_POLICIES,
     eviction_pool_factory,

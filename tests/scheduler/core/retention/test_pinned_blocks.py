@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.core.retention.eviction_policies import KV_EVICTION_POLICIES, eviction_pool_factory
 from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.core.retention.eviction_policies import KV_EVICTION_POLICIES, eviction_pool_factory
 from scheduler.core.retention.pinned_blocks import PinRefused
 from tests.scheduler.core.retention.test_eviction_policies import Driver, chain
 
