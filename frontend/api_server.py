@@ -35,7 +35,6 @@ from frontend.http.request_body import MAX_BODY_KEY
 from frontend.http.request_id import install_request_id_headers
 from frontend.http.ssl_refresh import SSLCertRefresher
 from frontend.http.tls import ssl_context
-from frontend.serve.model_dir import model_vocab_size
 from frontend.openai.output_log import OutputLog
 from frontend.openai.serving import ServingContext
 from frontend.routes.cache_pins import cache_pin_routes
@@ -48,6 +47,7 @@ from frontend.routes.sagemaker import invocations_route
 from frontend.routes.tokenize import tokenize_routes
 from frontend.routes.tokenizer_info import tokenizer_info_routes
 from frontend.sampling.params import default_sampling, max_tokens_cap
+from frontend.serve.model_dir import model_vocab_size
 from frontend.text.chat_template import load_chat_template
 from frontend.text.tokenizer import Tokenizer
 from frontend.tools.parsers import configured_tool_parser

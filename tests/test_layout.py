@@ -29,6 +29,12 @@ RULES: dict[str, tuple[str, ...]] = {
     "scheduler": ("torch", "worker", "loadgen", "simulator", "frontend", "bench"),
     # The KV-cache core: itself and protocol/ only (no policy, no process).
     "scheduler/core": ("scheduler.sched", "scheduler.engine"),
+    # Its rooms: what only several KV-cache groups need, which free blocks stay, KV beyond
+    # the device. Retention knows no groups and no tiers; the tiers and the groups know
+    # nothing of each other (a feature for both is written once, in the manager).
+    "scheduler/core/retention": ("scheduler.core.offload", "scheduler.core.hybrid"),
+    "scheduler/core/offload": ("scheduler.core.hybrid",),
+    "scheduler/core/hybrid": ("scheduler.core.offload",),
     # The policy: the core and protocol/, never the process around it.
     "scheduler/sched": ("scheduler.engine",),
     "worker": ("scheduler", "loadgen", "simulator", "frontend", "bench"),

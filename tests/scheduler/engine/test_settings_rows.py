@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from protocol.serve_flags.cache import PREFIX_CACHING_HASH_ALGO
 from protocol.serve_flags.kvpool import KV_EVICTION_POLICY
-from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
+from scheduler.core.retention.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.vllm_hashing import DEFAULT_PREFIX_CACHING_HASH_ALGO, PREFIX_CACHING_HASH_ALGOS
 
 
