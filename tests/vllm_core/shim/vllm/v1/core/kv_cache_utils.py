@@ -29,12 +29,17 @@ def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
     return block_hash + group_key(group_id)
 
 
+def is_bare(key: bytes) -> bool:
+    """A key of kvpool's one-group pool: the bare hash (as long as NONE_HASH), group 0's."""
+    return len(key) == len(NONE_HASH)
+
+
 def get_block_hash(key: bytes) -> bytes:
-    return key[:-4]
+    return key if is_bare(key) else key[:-4]
 
 
 def get_group_id(key: bytes) -> int:
-    return int.from_bytes(key[-4:], "big")
+    return 0 if is_bare(key) else int.from_bytes(key[-4:], "big")
 
 
 def algo_of(hash_fn) -> str:
