@@ -8,12 +8,21 @@ the config's tensors likewise.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
+from protocol.kv_events import KV_CACHE_SPEC_KIND_FULL_ATTENTION, KV_CACHE_SPEC_KIND_SLIDING_WINDOW
 from scheduler.core.single_type_kv_cache_manager import AttentionSpec
 from vllm.unmapped import module_getattr, refuse
 
 __getattr__ = module_getattr(__name__)
+
+
+class KVCacheSpecKind(enum.Enum):
+    """vLLM's spec kinds that kvpool's groups have (the kinds its KV events name)."""
+
+    FULL_ATTENTION = KV_CACHE_SPEC_KIND_FULL_ATTENTION
+    SLIDING_WINDOW = KV_CACHE_SPEC_KIND_SLIDING_WINDOW
 
 
 class FullAttentionSpec(AttentionSpec):

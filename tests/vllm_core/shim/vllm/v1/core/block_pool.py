@@ -14,6 +14,7 @@ from scheduler.core import block_hash_map
 from scheduler.core.group_events import GroupKeyedEventSink
 from scheduler.core.kv_events import KVEventRecorder
 from scheduler.core.single_type_kv_cache_manager import KeyedHashes, group_key
+from vllm.distributed.kv_events import vllm_events
 from vllm.unmapped import module_getattr, refuse
 
 __getattr__ = module_getattr(__name__)
@@ -84,8 +85,14 @@ class BlockPool(kvpool_block_pool.BlockPool):
                  else KeyedHashes(request.block_hashes, group_key(kv_cache_group_id)))
         return super().cache_full_blocks(blocks, keyed, num_cached_blocks, num_full_blocks, request.all_token_ids, block_size)
 
-    def take_events(self):
+    @property
+    def recorder(self) -> KVEventRecorder | None:
         sink = self.event_sink
-        if sink is None:
-            return []
-        return sink.sink.take_events() if isinstance(sink, GroupKeyedEventSink) else sink.take_events()
+        return sink.sink if isinstance(sink, GroupKeyedEventSink) else sink
+
+    @property
+    def kv_event_queue(self) -> list:
+        return [] if self.recorder is None else self.recorder.events
+
+    def take_events(self):
+        return [] if self.recorder is None else vllm_events(self.recorder.take_events(), annotate=False)

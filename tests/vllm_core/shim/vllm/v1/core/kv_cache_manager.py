@@ -22,6 +22,7 @@ from scheduler.core.grouped_blocks import GroupedBlocks
 from scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from scheduler.core.kv_cache_manager import KVCacheManager as KvpoolKVCacheManager
 from scheduler.core.kv_events import KVEventRecorder
+from vllm.distributed.kv_events import vllm_events
 from vllm.unmapped import module_getattr, refuse
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
@@ -157,7 +158,7 @@ class KVCacheManager:
         return self.manager.reset_prefix_cache()
 
     def take_events(self) -> list:
-        return [] if self.events is None else self.events.take_events()
+        return [] if self.events is None else vllm_events(self.events.take_events())
 
     def new_step_starts(self) -> None:
         """kvpool's managers keep no state per step: nothing to reset."""
