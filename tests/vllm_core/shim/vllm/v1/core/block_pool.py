@@ -76,7 +76,17 @@ class BlockPool(kvpool_block_pool.BlockPool):
         return blocks
 
     def cache_full_blocks(self, blocks=None, block_hashes=None, num_cached_blocks=0, num_full_blocks=0,
-                          token_ids=None, block_size=0, *, request=None, kv_cache_group_id=0):
+                          token_ids=None, block_size=0, *, request=None, kv_cache_group_id=0, block_mask=None):
+        if block_mask is not None:
+            # vLLM's mask (which of the blocks to cache) as kvpool's calls: one per run of cached blocks.
+            start = num_cached_blocks
+            for i in range(num_cached_blocks, num_full_blocks + 1):
+                if i == num_full_blocks or not block_mask[i - num_cached_blocks]:
+                    if i > start:
+                        self.cache_full_blocks(blocks, block_hashes, start, i, token_ids, block_size, request=request,
+                                               kv_cache_group_id=kv_cache_group_id)
+                    start = i + 1
+            return None
         if request is None:
             return super().cache_full_blocks(blocks, block_hashes, num_cached_blocks, num_full_blocks, token_ids, block_size)
         if block_size != self.hash_block_size:
@@ -84,6 +94,11 @@ class BlockPool(kvpool_block_pool.BlockPool):
         keyed = (request.block_hashes if self.key(b"", kv_cache_group_id) == b""
                  else KeyedHashes(request.block_hashes, group_key(kv_cache_group_id)))
         return super().cache_full_blocks(blocks, keyed, num_cached_blocks, num_full_blocks, request.all_token_ids, block_size)
+
+    def _maybe_evict_cached_block(self, block) -> None:
+        """vLLM's eviction of one block's hash: kvpool's `uncache_blocks` has the same
+        effect on the map and the events (kvpool evicts inline in get_new_blocks)."""
+        self.uncache_blocks([block])
 
     @property
     def recorder(self) -> KVEventRecorder | None:
