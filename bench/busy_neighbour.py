@@ -1,6 +1,6 @@
 """A busy neighbour (issue #45): SmolLM2 served by vLLM, then by kvpool, while another
 process keeps one core busy; and kvpool again with the cores free, to show what its wide
-steps (worker/threads.py) are worth when nothing stands in their way.
+steps (worker/cpu/threads.py) are worth when nothing stands in their way.
 
 The neighbour is NVIDIA's aiperf 0.13 itself (its timing process keeps a core busy):
 chat, streaming, 200-token synthetic prompts, 48 tokens out, 12 requests at concurrency 4,

@@ -52,7 +52,7 @@ def _cpu_s(pid: int) -> float:
 
 
 def _free_ports(n: int) -> list[int]:
-    from frontend.launcher import free_ports
+    from frontend.serve.launcher import free_ports
 
     return free_ports(n)
 

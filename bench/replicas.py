@@ -21,7 +21,7 @@ ROUTER_HEALTH_ARGS = ["--health-check-interval-secs", "2", "--health-failure-thr
 
 
 def free_port() -> int:
-    from frontend.launcher import free_ports
+    from frontend.serve.launcher import free_ports
 
     return free_ports(1)[0]
 

@@ -72,7 +72,7 @@ def simulated(recs: list[MooncakeRecord], max_input_len: int, num_blocks: int, p
 
 
 def _free_ports(n: int) -> list[int]:
-    from frontend.launcher import free_ports
+    from frontend.serve.launcher import free_ports
 
     return free_ports(n)
 

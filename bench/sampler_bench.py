@@ -1,6 +1,6 @@
 """The sampler's draw at temperature > 0 (``python -m bench sampler``): 8 rows (a batch at
 concurrency 8) of a 32,000-token vocabulary (Llama 2's) and of a 128,256-token one (Llama
-3's), the softmax and the draw of ``worker.sampler``, against the exponential race the
+3's), the softmax and the draw of ``worker.sample.sampler``, against the exponential race the
 sampler ran before (vLLM's torch path: ``argmax(probs / q)``, q ~ Exp(1) drawn for every
 entry) over the same logits in the same run, one torch thread, measured in alternating
 rounds. Target: faster than the race at both sizes.
@@ -12,7 +12,7 @@ import torch
 
 from bench.table import Row
 from bench.worker_bench import best_interleaved_us, warm_up
-from worker.sampler import draw
+from worker.sample.sampler import draw
 
 ROWS = 8
 VOCABS = (32_000, 128_256)

@@ -43,9 +43,9 @@ def _plans(batch: int, vocab: int):
 
 
 def _runner(serving, num_blocks: int, batch: int):
-    from worker.kv_cache import allocate_kv_caches
+    from worker.kv.kv_cache import allocate_kv_caches
     from worker.models.config import DTYPES
-    from worker.runner import ModelRunner
+    from worker.step.runner import ModelRunner
 
     m, c = serving.model, serving.config
     caches = allocate_kv_caches(c.num_layers, num_blocks, BLOCK_SIZE, m.num_kv_heads, c.head_dim, DTYPES[serving.dtype], "cpu")
@@ -64,7 +64,7 @@ def _best_step_us(execute, decodes) -> float:
 
 
 def one_rank_step_us(batch: int) -> float:
-    from worker.serving_model import load_serving_model
+    from worker.load.serving_model import load_serving_model
 
     torch.set_num_threads(1)  # as each of the two ranks
     serving = load_serving_model(None, "float32", "cpu", 1024)
@@ -89,10 +89,10 @@ class _FanningStep:
 def _rank_main(rank: int, port: int, out: mp.Queue) -> None:
     from protocol.codec import Codec
     from protocol.worker_messages import SchedulerToWorker, WorkerReady
+    from worker.load.serving_model import load_serving_model
     from worker.parallel.distributed import TPGroup
     from worker.parallel.plan_fanout import Kind, PlanFanout
     from worker.parallel.rank_follower import RankFollower
-    from worker.serving_model import load_serving_model
 
     torch.set_num_threads(1)
     group = TPGroup(rank, 2, f"tcp://127.0.0.1:{port}", torch.device("cpu"), 60, 60)

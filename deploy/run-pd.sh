@@ -166,7 +166,7 @@ start_engine() {  # start_engine ROLE(prefill|decode) I KV_ROLE: engine k, then 
         pin=("${PIN[@]}" "$((k % NUM_CORES))")
     fi
     # shellcheck disable=SC2086  # KVPOOL_SERVE_ARGS is meant to be word-split
-    start "$role-$i" "$dir/serve.log" "${pin[@]}" "$PYTHON" -m frontend.cli serve "$MODEL" --host 127.0.0.1 --port "$port" \
+    start "$role-$i" "$dir/serve.log" "${pin[@]}" "$PYTHON" -m frontend.serve.cli serve "$MODEL" --host 127.0.0.1 --port "$port" \
         --device "$DEVICE" --kv-cache-memory "$KV_CACHE_MEMORY" --block-size "$BLOCK_SIZE" \
         --max-model-len "$MAX_MODEL_LEN" --log-dir "$dir" --stop-timeout "$(( STOP_TIMEOUT > 2 ? STOP_TIMEOUT / 2 : 1 ))" \
         --kv-transfer-config "$(transfer_config "$3")" ${KVPOOL_SERVE_ARGS:-}

@@ -116,7 +116,7 @@ for i in $(seq 1 "$REPLICAS"); do
         fi
     fi
     # shellcheck disable=SC2086  # KVPOOL_SERVE_ARGS is meant to be word-split
-    start "replica-$i" "$dir/serve.log" "$PYTHON" -m frontend.cli serve "$MODEL" --host 127.0.0.1 --port "$port" \
+    start "replica-$i" "$dir/serve.log" "$PYTHON" -m frontend.serve.cli serve "$MODEL" --host 127.0.0.1 --port "$port" \
         --device "$DEVICE" --kv-cache-memory "$KV_CACHE_MEMORY" --block-size "$BLOCK_SIZE" \
         --max-model-len "$MAX_MODEL_LEN" --log-dir "$dir" --stop-timeout "$(( STOP_TIMEOUT > 2 ? STOP_TIMEOUT / 2 : 1 ))" \
         "${events[@]}" ${KVPOOL_SERVE_ARGS:-}

@@ -123,7 +123,7 @@ else
 fi
 
 # shellcheck disable=SC2086  # KVPOOL_SERVE_ARGS is meant to be word-split
-start serve "$PYTHON" -m frontend.cli serve "$MODEL" --host "$HOST" --port "$HTTP_PORT" \
+start serve "$PYTHON" -m frontend.serve.cli serve "$MODEL" --host "$HOST" --port "$HTTP_PORT" \
     --device "$DEVICE" --dtype "$DTYPE" --kv-cache-memory "$KV_CACHE_MEMORY" --block-size "$BLOCK_SIZE" \
     --max-model-len "$MAX_MODEL_LEN" --log-dir "$LOG_DIR" --stop-timeout "$(( STOP_TIMEOUT > 2 ? STOP_TIMEOUT / 2 : 1 ))" \
     --scheduler-args "${KVPOOL_SCHEDULER_ARGS:-}" --worker-args "${KVPOOL_WORKER_ARGS:-}" \

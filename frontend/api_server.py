@@ -2,13 +2,13 @@
 
 Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``
 (503 until the scheduler has a worker), ``/tokenize``, ``/detokenize``, ``/metrics``
-(the scheduler's and the frontend's); vLLM's operator routes (``frontend.ops_routes``:
+(the scheduler's and the frontend's); vLLM's operator routes (``frontend.routes.ops``:
 ``/version``, ``/load``, ``/ping``, dev mode's ``/reset_prefix_cache``, the LoRA
-routes) and SageMaker's ``/invocations`` (``frontend.sagemaker``); for vllm-router,
-``frontend.router_probes``; vLLM's ``/openapi.json`` and docs pages
-(``frontend.openapi``). Every route answers under ``--root-path`` as well. In front
-of them, as vLLM stacks its middlewares: the API-key check (``frontend.auth``), then
-CORS (``frontend.cors``). Every failure is OpenAI's error object (``frontend.errors``).
+routes) and SageMaker's ``/invocations`` (``frontend.routes.sagemaker``); for vllm-router,
+``frontend.routes.router_probes``; vLLM's ``/openapi.json`` and docs pages
+(``frontend.routes.openapi``). Every route answers under ``--root-path`` as well. In front
+of them, as vLLM stacks its middlewares: the API-key check (``frontend.http.auth``), then
+CORS (``frontend.http.cors``). Every failure is OpenAI's error object (``frontend.schema.errors``).
 A client that disconnects cancels its handler, which aborts its engine requests.
 """
 
@@ -18,48 +18,55 @@ import asyncio
 import gc
 import logging
 
-import aiohttp
 from aiohttp import web
 
-from frontend.access_log import access_logger_class, configure_server_logging
-from frontend.admission import AdmissionControl, RejectionsCollector, merge_rejections
-from frontend.auth import auth_middleware
-from frontend.chat_template import load_chat_template
 from frontend.config import FrontendConfig
-from frontend.cors import Cors, install_cors
-from frontend.engine_client import EngineClient
-from frontend.error_middleware import error_middleware
-from frontend.errors import bad_request, unavailable
-from frontend.listen import listen_address, remove_socket, site, socket_inode
-from frontend.metrics import FrontendMetrics, family_names
-from frontend.model_dir import model_vocab_size
-from frontend.openapi import docs_routes
-from frontend.ops_routes import ops_routes
-from frontend.output_log import OutputLog
-from frontend.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    TokenizeRequest,
-)
-from frontend.request_body import MAX_BODY_KEY, read_body
-from frontend.request_id import install_request_id_headers
-from frontend.router_probes import router_probe_routes
-from frontend.sagemaker import invocations_route
-from frontend.sampling import default_sampling, max_tokens_cap
-from frontend.serving import ServingContext, json_response, now
-from frontend.serving_chat import chat_prompt, check_generation_prompt, create_chat_completion
-from frontend.serving_completion import create_completion
-from frontend.ssl_refresh import SSLCertRefresher
-from frontend.tls import ssl_context
-from frontend.tokenizer import Tokenizer
-from frontend.tokenizer_info import tokenizer_info_routes
-from frontend.tool_choice import check_tools, template_tools
-from frontend.tool_parsers import configured_tool_parser
+from frontend.engine.admission import AdmissionControl, RejectionsCollector
+from frontend.engine.client import EngineClient
+from frontend.engine.scheduler_health import SchedulerHealth
+from frontend.engine.scheduler_http import SchedulerHTTP
+from frontend.http.access_log import access_logger_class, configure_server_logging
+from frontend.http.auth import auth_middleware
+from frontend.http.cors import Cors, install_cors
+from frontend.http.error_middleware import error_middleware
+from frontend.http.listen import listen_address, remove_socket, site, socket_inode
+from frontend.http.metrics import FrontendMetrics
+from frontend.http.request_body import MAX_BODY_KEY
+from frontend.http.request_id import install_request_id_headers
+from frontend.http.ssl_refresh import SSLCertRefresher
+from frontend.http.tls import ssl_context
+from frontend.openai.output_log import OutputLog
+from frontend.openai.serving import ServingContext
+from frontend.routes.cache_pins import cache_pin_routes
+from frontend.routes.generate import GenerateEndpoints
+from frontend.routes.metrics import metrics_route
+from frontend.routes.openapi import docs_routes
+from frontend.routes.ops import ops_routes
+from frontend.routes.router_probes import router_probe_routes
+from frontend.routes.sagemaker import invocations_route
+from frontend.routes.tokenize import tokenize_routes
+from frontend.routes.tokenizer_info import tokenizer_info_routes
+from frontend.sampling.params import default_sampling, max_tokens_cap
+from frontend.serve.model_dir import model_vocab_size
+from frontend.text.chat_template import load_chat_template
+from frontend.text.tokenizer import Tokenizer
+from frontend.tools.parsers import configured_tool_parser
 from frontend.version import system_fingerprint
 
 log = logging.getLogger("frontend")
-HEALTH_POLL_S = 0.5
+
+
+def serving_context(config: FrontendConfig, tokenizer: Tokenizer, engine: EngineClient, metrics: FrontendMetrics) -> ServingContext:
+    """What the handlers share, built once from the flags."""
+    defaults = default_sampling(config.generation_config, config.model, config.override_generation_config)
+    return ServingContext(
+        config, tokenizer, engine, metrics, defaults,
+        max_tokens_cap=max_tokens_cap(config.generation_config, defaults, config.override_generation_config),
+        vocab_size=model_vocab_size(config.model),
+        tool_parser=configured_tool_parser(config.tool_call_parser, config.enable_auto_tool_choice, tokenizer, config.model),
+        system_fingerprint=system_fingerprint(config.model, config.served_model_name, config.max_model_len),
+        output_log=OutputLog(config.max_log_len, config.enable_log_deltas) if config.enable_log_outputs else None,
+    )
 
 
 class APIServer:
@@ -69,36 +76,15 @@ class APIServer:
         if config.chat_template is not None:
             self.tokenizer.chat_template = load_chat_template(config.chat_template)
             self.tokenizer.chat_template_from_flag = True
+        self.scheduler = SchedulerHTTP(config.scheduler_http)
+        self.health = SchedulerHealth(self.scheduler)
         keys = (config.curve_client_key, config.curve_server_key) if config.curve_client_key else None
         self.engine = EngineClient(config.scheduler, keys, AdmissionControl(config.max_num_queued_reqs, config.max_num_queued_tokens),
-                                   config.scheduler_restart_timeout_s, self._scheduler_ready)
+                                   config.scheduler_restart_timeout_s, self.health.check)
         self.metrics = FrontendMetrics(config.served_model_name, in_flight=lambda: self.engine.num_in_flight, max_model_len=config.max_model_len)
-        defaults = default_sampling(config.generation_config, config.model, config.override_generation_config)
         self.metrics.registry.register(RejectionsCollector(self.engine.admission, config.served_model_name))
-        self.ctx = ServingContext(
-            config.served_model_name, config.model, config.max_model_len, self.tokenizer, self.engine, self.metrics,
-            defaults, config.return_tokens_as_token_ids,
-            log_requests=config.enable_log_requests, max_n=config.max_n_sequences, max_logprobs=config.max_logprobs,
-            response_role=config.response_role, prompt_tokens_details=config.enable_prompt_tokens_details,
-            force_include_usage=config.enable_force_include_usage, default_chat_template_kwargs=config.default_chat_template_kwargs or {},
-            trust_request_chat_template=config.trust_request_chat_template,
-            chat_template_content_format=config.chat_template_content_format,
-            output_log=OutputLog(config.max_log_len, config.enable_log_deltas) if config.enable_log_outputs else None,
-            sse_keep_alive_s=float(config.sse_keep_alive_interval),
-            max_tokens_cap=max_tokens_cap(config.generation_config, defaults, config.override_generation_config),
-            vocab_size=model_vocab_size(config.model),
-            tool_parser=configured_tool_parser(config.tool_call_parser, config.enable_auto_tool_choice, self.tokenizer, config.model),
-            strict_tool_calling=config.enforce_strict_tool_calling, tool_strict_level=config.tool_strict_level,
-            exclude_tools_when_tool_choice_none=config.exclude_tools_when_tool_choice_none,
-            system_fingerprint=system_fingerprint(config.model, config.served_model_name, config.max_model_len),
-            kv_connector=config.kv_transfer_config is not None,
-        )
-        self.ready, self.why_not_ready = False, "the scheduler has not answered yet"
-        self.was_ready = False
-        # vLLM's server_load_metrics: completion and chat requests being served (with
-        # --enable-server-load-tracking; else it stays 0, as vLLM's).
-        self.server_load = 0
-        self._http: aiohttp.ClientSession | None = None
+        self.ctx = serving_context(config, self.tokenizer, self.engine, self.metrics)
+        self.generate = GenerateEndpoints(self.ctx, self.health)
         self._poller: asyncio.Task | None = None
         self._runner: web.AppRunner | None = None
         self._uds_inode: int | None = None  # the --uds socket file this process bound
@@ -109,11 +95,11 @@ class APIServer:
     async def start(self) -> None:
         tls = ssl_context(self.config)  # NOTE: first: a bad certificate fails before anything starts
         await self.engine.connect(self.config.connect_timeout_s)
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        await self.scheduler.open()
         # NOTE: one look before listening: a frontend restarted beside a ready scheduler
         # then serves its first connections (queued in kvpool serve's socket) at once.
-        await self._check_health()
-        self._poller = asyncio.create_task(self._poll_health(), name="frontend-health")
+        await self.health.check()
+        self._poller = asyncio.create_task(self.health.poll(), name="frontend-health")
         access = configure_server_logging(self.config)
         self._runner = web.AppRunner(self.build_app(), access_log=access, access_log_class=access_logger_class(self.config),
                                      handler_cancellation=True)
@@ -139,29 +125,8 @@ class APIServer:
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
-        if self._http is not None:
-            await self._http.close()
+        await self.scheduler.close()
         await self.engine.close()
-
-    async def _poll_health(self) -> None:
-        while True:
-            await asyncio.sleep(HEALTH_POLL_S)
-            await self._check_health()
-
-    async def _check_health(self) -> None:
-        try:
-            async with self._http.get(self.config.scheduler_http + "/health") as r:
-                self.ready, self.why_not_ready = r.status == 200, (await r.text()).strip()
-                self.was_ready |= self.ready
-        except (aiohttp.ClientError, TimeoutError) as e:
-            self.ready, self.why_not_ready = False, f"the scheduler's /health is unreachable: {e}"
-
-    async def _scheduler_ready(self) -> bool:
-        """One look at the scheduler's /health (the engine client's, after a lost connection)."""
-        if self._http is None:
-            return False
-        await self._check_health()
-        return self.ready
 
     # --- the app ----------------------------------------------------------------
 
@@ -176,17 +141,15 @@ class APIServer:
         cors = install_cors(app, Cors(c.allowed_origins, c.allowed_methods, c.allowed_headers, c.allow_credentials))
         app.middlewares.extend([*auth, cors, error_middleware(self.metrics, c.log_error_stack)])
         routes = [
-            ("POST", "/v1/completions", self._completions),
-            ("POST", "/v1/chat/completions", self._chat),
-            ("GET", "/v1/models", self._models),
-            ("GET", "/health", self.health),
-            ("POST", "/tokenize", self._tokenize),
-            ("POST", "/detokenize", self._detokenize),
-            ("GET", "/metrics", self._metrics),
-            invocations_route(self),
-            *ops_routes(self),
-            *router_probe_routes(self),
-            *tokenizer_info_routes(self),
+            *self.generate.routes(),
+            ("GET", "/health", self.health.health),
+            *tokenize_routes(self.ctx),
+            metrics_route(self.metrics, self.scheduler, self.engine.admission),
+            invocations_route(self.generate.completion, self.generate.chat),
+            *ops_routes(c, lambda: self.generate.server_load, self.health, self.scheduler),
+            *cache_pin_routes(self.ctx, self.scheduler),
+            *router_probe_routes(self.ctx, self.health, self.scheduler),
+            *tokenizer_info_routes(c.enable_tokenizer_info_endpoint, c.model, self.tokenizer),
         ]
         if not c.disable_fastapi_docs:
             routes += docs_routes(routes, c.root_path)
@@ -195,106 +158,6 @@ class APIServer:
             for method, path, handler in routes:
                 app.router.add_route(method, prefix + path, handler)
         return app
-
-    def require_ready(self) -> None:
-        # NOTE: only until the scheduler was first ready. After that a missing worker
-        # is a restart: the scheduler queues new requests until one is back (or its
-        # --worker-reconnect-timeout passes), so they must reach it.
-        if not self.ready and not self.was_ready:
-            raise unavailable(f"The server is not ready: {self.why_not_ready}")
-
-    async def completion(self, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
-        """A decoded completion request served (from /v1/completions or /invocations)."""
-        return await self._counted(create_completion, request, req)
-
-    async def chat(self, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
-        return await self._counted(create_chat_completion, request, req)
-
-    async def _counted(self, create, request, req) -> web.StreamResponse:
-        tracked = self.config.enable_server_load_tracking
-        self.server_load += tracked
-        try:
-            self.require_ready()
-            return await create(self.ctx, request, req)
-        finally:
-            self.server_load -= tracked
-
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.completion(request, await read_body(request, CompletionRequest))
-
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self.chat(request, await read_body(request, ChatCompletionRequest))
-
-    async def _models(self, _request: web.Request) -> web.Response:
-        card = {"id": self.ctx.model_name, "object": "model", "created": now(), "owned_by": "vllm", "root": self.ctx.model_path,
-                "parent": None, "max_model_len": self.ctx.max_model_len, "permission": []}
-        return json_response({"object": "list", "data": [card]})
-
-    async def health(self, _request: web.Request) -> web.Response:
-        return web.Response(status=200 if self.ready else 503, text="" if self.ready else self.why_not_ready + "\n")
-
-    async def _tokenize(self, request: web.Request) -> web.Response:
-        req = await read_body(request, TokenizeRequest)
-        self.ctx.check_model(req.model)
-        if (req.prompt is None) == (req.messages is None):
-            raise bad_request("give exactly one of prompt and messages", "prompt")
-        if req.prompt is not None:
-            add = True if req.add_special_tokens is None else req.add_special_tokens
-            ids = await self.tokenizer.encode_async(req.prompt, add_special_tokens=add)
-        else:
-            check_generation_prompt(req)
-            check_tools(req.tools)
-            ids, _ = await chat_prompt(self.ctx, req.messages, req.add_generation_prompt, bool(req.add_special_tokens),
-                                       template_tools(req.tools),
-                                       chat_template_kwargs=req.chat_template_kwargs, continue_final_message=req.continue_final_message,
-                                       chat_template=req.chat_template)
-        strs = self.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
-        return json_response({"count": len(ids), "max_model_len": self.ctx.max_model_len, "tokens": ids, "token_strs": strs})
-
-    async def _detokenize(self, request: web.Request) -> web.Response:
-        req = await read_body(request, DetokenizeRequest)
-        self.ctx.check_model(req.model)
-        self.ctx.check_token_ids(req.tokens, "tokens")
-        # NOTE: vLLM's transformers decode, whose default keeps the special tokens
-        return json_response({"prompt": await self.tokenizer.decode_async(req.tokens, skip_special_tokens=False)})
-
-    async def _metrics(self, _request: web.Request) -> web.Response:
-        scheduler = b""
-        try:
-            async with self._http.get(self.config.scheduler_http + "/metrics") as r:
-                if r.status == 200:
-                    scheduler = await r.read()
-        except (aiohttp.ClientError, TimeoutError) as e:
-            log.warning("scheduler /metrics unreachable: %s", e)
-        # NOTE: vllm:admission_rejections once: the frontend's counts go into the scheduler's lines (frontend/admission.py).
-        scheduler = merge_rejections(scheduler, self.engine.admission.rejections)
-        return web.Response(body=scheduler + self.metrics.render(family_names(scheduler)), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
-
-    async def scheduler_engine_info(self) -> dict:
-        """The scheduler's GET /engine_info (scheduler/engine/engine_info.py); 503 when unreachable."""
-        try:
-            async with self._http.get(self.config.scheduler_http + "/engine_info") as r:
-                if r.status == 200:
-                    return await r.json()
-                raise unavailable(f"the scheduler's /engine_info answered {r.status}")
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise unavailable(f"the scheduler is unreachable: {e}") from None
-
-    async def scheduler_post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        """POST ``body`` (JSON) to the scheduler's HTTP ``path``: (status, its body)."""
-        try:
-            async with self._http.post(self.config.scheduler_http + path, data=body, headers={"Content-Type": "application/json"}) as r:
-                return r.status, await r.read()
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise unavailable(f"the scheduler is unreachable: {e}") from None
-
-    async def scheduler_reset_prefix_cache(self) -> tuple[int, str]:
-        """The scheduler's answer to POST /reset_prefix_cache: (status, its text)."""
-        try:
-            async with self._http.post(self.config.scheduler_http + "/reset_prefix_cache") as r:
-                return r.status, await r.text()
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise unavailable(f"the scheduler is unreachable: {e}") from None
 
 
 async def serve(config: FrontendConfig, stop: asyncio.Event) -> int:

@@ -10,12 +10,15 @@ import os
 import ssl
 from dataclasses import dataclass
 
-from frontend.admission import add_admission_args, check_admission_args
-from frontend.chat_template import chat_template_problem
-from frontend.sampling import DEFAULT_MAX_N_SEQUENCES
-from frontend.tool_parsers import TOOL_PARSERS
+from frontend.engine.admission import add_admission_args, check_admission_args
+from frontend.sampling.params import DEFAULT_MAX_N_SEQUENCES
+from frontend.text.chat_template import chat_template_problem
+from frontend.tools.parsers import TOOL_PARSERS
 from protocol.kv_transfer_config import KVTransferConfig, parse_kv_transfer_config
 from protocol.sampling_params import MAX_LOGPROBS
+from protocol.serve_flags import FRONTEND, rows_for
+from protocol.serve_flags.flag import add_flag, unaccepted
+from protocol.serve_flags.model import one_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +29,7 @@ class FrontendConfig:
     # NOTE: not vLLM's 8000: on their own, the scheduler's HTTP port is 8000 and the
     # worker's 8001 (`kvpool serve` puts the API on 8000 and picks the others free).
     port: int = 8002
-    uds: str | None = None  # a Unix domain socket to listen on instead of host:port (frontend.listen)
+    uds: str | None = None  # a Unix domain socket to listen on instead of host:port (frontend.http.listen)
     # A listening socket already bound to host:port, inherited (kvpool serve's, so that
     # connections made while the frontend restarts wait in its backlog, not refused).
     listen_fd: int | None = None
@@ -41,7 +44,7 @@ class FrontendConfig:
     max_request_body_bytes: int = 4 << 20
     connect_timeout_s: float = 60.0
     # A lost scheduler (restarting): requests in flight and new ones wait this long for it
-    # to be ready again, then resume there (frontend/engine_client.py); 0: fail them at once.
+    # to be ready again, then resume there (frontend/engine/client.py); 0: fail them at once.
     scheduler_restart_timeout_s: float = 30.0
     curve_client_key: str | None = None
     curve_server_key: str | None = None
@@ -49,23 +52,23 @@ class FrontendConfig:
     enable_log_requests: bool = False
     # vLLM's VLLM_MAX_N_SEQUENCES, read as vLLM reads it: the most choices one request may ask for.
     max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
-    # vLLM's queue limits, enforced here as in vLLM's API server (frontend/admission.py); None: none.
+    # vLLM's queue limits, enforced here as in vLLM's API server (frontend/engine/admission.py); None: none.
     max_num_queued_reqs: int | None = None
     max_num_queued_tokens: int | None = None
     # --- vLLM's operator flags (vllm/entrypoints/launchers/cli_args.py), its names ---
-    # --api-key KEY [KEY ...], else VLLM_API_KEY: the keys /v1/* requires (frontend.auth).
+    # --api-key KEY [KEY ...], else VLLM_API_KEY: the keys /v1/* requires (frontend.http.auth).
     api_key: tuple[str, ...] = ()
-    # CORS (frontend.cors): no origin is allowed unless given, as vLLM 0.32.
+    # CORS (frontend.http.cors): no origin is allowed unless given, as vLLM 0.32.
     allowed_origins: tuple[str, ...] = ()
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
-    # TLS (frontend.tls), as uvicorn builds its context.
+    # TLS (frontend.http.tls), as uvicorn builds its context.
     ssl_keyfile: str | None = None
     ssl_certfile: str | None = None
     ssl_ca_certs: str | None = None
     ssl_cert_reqs: int = int(ssl.CERT_NONE)
-    enable_ssl_refresh: bool = False  # reload the files into the context when they change (frontend.ssl_refresh)
+    enable_ssl_refresh: bool = False  # reload the files into the context when they change (frontend.http.ssl_refresh)
     ssl_ciphers: str | None = None  # OpenSSL cipher list (TLS 1.2 and below), as uvicorn's ctx.set_ciphers
     enable_prompt_tokens_details: bool = False
     max_logprobs: int = 20
@@ -74,25 +77,25 @@ class FrontendConfig:
     disable_fastapi_docs: bool = False
     root_path: str | None = None
     chat_template: str | None = None
-    chat_template_content_format: str = "auto"  # "string", "openai", or auto: frontend.content_format
+    chat_template_content_format: str = "auto"  # "string", "openai", or auto: frontend.text.content_format
     response_role: str = "assistant"
     enable_server_load_tracking: bool = False
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING: the LoRA routes exist (and refuse: no LoRA here).
     allow_runtime_lora_updating: bool = False
     # --- vLLM's Frontend flags of its serving classes (vllm/entrypoints/launchers/cli_args.py) ---
-    enable_request_id_headers: bool = False  # X-Request-Id on every response (frontend.request_id)
+    enable_request_id_headers: bool = False  # X-Request-Id on every response (frontend.http.request_id)
     enable_force_include_usage: bool = False  # usage in every stream, continuous too
     override_generation_config: dict | None = None  # merged over --generation-config's defaults
     default_chat_template_kwargs: dict | None = None  # under each request's chat_template_kwargs
     trust_request_chat_template: bool = False  # a request may bring its own chat_template
     disable_access_log_for_endpoints: str | None = None  # comma-separated paths the access log leaves out
-    enable_log_outputs: bool = False  # with --enable-log-requests: each chat output (frontend.output_log)
+    enable_log_outputs: bool = False  # with --enable-log-requests: each chat output (frontend.openai.output_log)
     enable_log_deltas: bool = True  # with --enable-log-outputs: each streamed delta too
     max_log_len: int | None = None  # output text logged cut to this many characters
-    enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (frontend.tokenizer_info)
+    enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (frontend.routes.tokenizer_info)
     log_error_stack: bool = False  # an error response logs its stack; default VLLM_SERVER_DEV_MODE
     sse_keep_alive_interval: int = 0  # s of stream silence before a ": keep-alive" comment (0: never)
-    # Tool calls (frontend.tool_choice): parsed from the model's text only with both, as vLLM.
+    # Tool calls (frontend.tools.choice): parsed from the model's text only with both, as vLLM.
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     enforce_strict_tool_calling: bool = True  # VLLM_ENFORCE_STRICT_TOOL_CALLING, read as vLLM reads it
@@ -106,8 +109,9 @@ class FrontendConfig:
 def build_parser() -> argparse.ArgumentParser:
     d = FrontendConfig("", "")
     p = argparse.ArgumentParser(prog="kvpool-frontend", description="kvpool's OpenAI-compatible API server (a client of the scheduler).")
-    p.add_argument("--model", required=True, help="checkpoint folder (its tokenizer files are read)")
-    p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model as given)")
+    g = p.add_argument_group("kvpool serve's settings (protocol/serve_flags/)")
+    for row in rows_for(FRONTEND):
+        add_flag(g, row)
     p.add_argument("--host", default=d.host, help="the API's address (default %(default)s)")
     p.add_argument("--port", type=int, default=d.port, help="the API's port (default %(default)s: the scheduler's HTTP port is 8000, the worker's 8001)")
     p.add_argument("--uds", default=None, help="listen on this Unix domain socket instead of --host and --port (default: none)")
@@ -115,10 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve on this inherited listening socket, bound to --host/--port (kvpool serve's; default: bind)")
     p.add_argument("--scheduler", default=d.scheduler, help="the scheduler's client port (default %(default)s)")
     p.add_argument("--scheduler-http", default=d.scheduler_http, help="the scheduler's /health and /metrics (default %(default)s)")
-    p.add_argument("--max-model-len", type=int, default=d.max_model_len, help="longest prompt + output, in tokens (default %(default)s)")
-    p.add_argument("--generation-config", default=d.generation_config, help='"auto" (the model\'s), "vllm" (none) or a folder (default %(default)s)')
-    p.add_argument("--return-tokens-as-token-ids", action="store_true", help="logprobs name tokens as token_id:N (default off)")
-    p.add_argument("--dev-mode", action="store_true", help="enable POST /reset_prefix_cache (default off)")
     p.add_argument("--max-request-body-bytes", type=int, default=d.max_request_body_bytes, help="larger request bodies get 413 (default %(default)s)")
     p.add_argument("--connect-timeout", dest="connect_timeout_s", type=float, default=d.connect_timeout_s,
                    help="give up reaching the scheduler after this long, in s (default %(default)s)")
@@ -127,9 +127,6 @@ def build_parser() -> argparse.ArgumentParser:
                                            "and then resume there; 0 fails them at once (default %(default)s)")
     p.add_argument("--curve-client-key", metavar="FILE", help="this client's secret certificate, NAME.key_secret (default: none, no CURVE)")
     p.add_argument("--curve-server-key", metavar="FILE", help="the scheduler's public certificate, NAME.key (default: none, no CURVE)")
-    p.add_argument("--enable-log-requests", action="store_true",
-                   help="log each request received: its id, sampling parameters and prompt lengths (default off, as vLLM)")
-    p.add_argument("--log-level", default=d.log_level, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default %(default)s)")
     add_operator_args(p, d)
     add_serving_args(p)
     add_admission_args(p)
@@ -203,9 +200,6 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
                    help="constrain every call's envelope (function), its arguments too (parameter), or as the request asks (default %(default)s)")
     p.add_argument("--exclude-tools-when-tool-choice-none", action=flag, default=False,
                    help="tool_choice none: the chat template is not shown the tools (default %(default)s)")
-    p.add_argument("--kv-transfer-config", default=None, metavar="JSON",
-                   help="vLLM's KVTransferConfig as JSON (kvpool serve's): requests' kv_transfer_params are checked "
-                        "and sent to the engine (default: none, they are ignored)")
 
 
 # --uvicorn-log-level's names, as logging levels (uvicorn's "trace" is 5).
@@ -219,6 +213,7 @@ def server_log_level(name: str) -> int:
 def config_from_args(argv: list[str] | None = None) -> FrontendConfig:
     p = build_parser()
     a = p.parse_args(argv)
+    _settle_table_values(p, a)
     if not 0 <= a.port <= 65535:
         p.error(f"--port must be a port number, got {a.port}")
     if a.max_model_len < 2:
@@ -227,8 +222,6 @@ def config_from_args(argv: list[str] | None = None) -> FrontendConfig:
         p.error(f"--scheduler-restart-timeout must be a number of seconds >= 0, got {a.scheduler_restart_timeout_s}")
     if (a.curve_client_key is None) != (a.curve_server_key is None):
         p.error("--curve-client-key and --curve-server-key go together")
-    if a.served_model_name is None:
-        a.served_model_name = a.model
     raw = os.environ.get("VLLM_MAX_N_SEQUENCES", str(DEFAULT_MAX_N_SEQUENCES))
     if not raw.strip().isdigit() or int(raw) < 1:
         p.error(f"VLLM_MAX_N_SEQUENCES must be a positive integer, got {raw!r}")
@@ -240,6 +233,17 @@ def config_from_args(argv: list[str] | None = None) -> FrontendConfig:
     for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
         setattr(a, name, tuple(getattr(a, name)))
     return FrontendConfig(**vars(a))
+
+
+def _settle_table_values(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """The settings table's values: --model required, one model name (default: --model)."""
+    for row in rows_for(FRONTEND):
+        if (line := unaccepted(row, getattr(a, row.dest))) is not None:
+            p.error(line)
+    if a.model is None:
+        p.error("the following arguments are required: --model")
+    a.served_model_name = one_name(a.served_model_name) or a.model
+    a.max_model_len = FrontendConfig("", "").max_model_len if a.max_model_len is None else a.max_model_len
 
 
 def _env_flag(p: argparse.ArgumentParser, name: str) -> bool:

@@ -4,7 +4,7 @@ the ``gguf`` package can dequantize; anything else refused by name) and given a 
 every process reads as a checkpoint: config.json and generation_config.json from the
 file's metadata and the tokenizer from its vocabulary (both read by transformers, as vLLM
 reads them), or from ``--tokenizer``, beside a link to the file. The worker dequantizes
-the weights from the file itself (``worker.gguf_weights``).
+the weights from the file itself (``worker.load.gguf_weights``).
 
 The folder lies in kvpool's cache (``$KVPOOL_CACHE_DIR``, else ``~/.cache/kvpool``) under a
 name made of the file's path, size and time: a changed file gets a new folder.
@@ -41,7 +41,7 @@ def gguf_model_dir(path: Path, tokenizer: str | None = None) -> Path:
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    # NOTE: imported here as frontend/tokenizer.py does: importing transformers loads torch,
+    # NOTE: imported here as frontend/text/tokenizer.py does: importing transformers loads torch,
     # which the API server's process never needs at import.
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 

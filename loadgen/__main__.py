@@ -58,7 +58,7 @@ def build_dataset(cfg: LoadgenConfig) -> list[SampleRequest] | Chats:
             cfg.seed,
         )
     if cfg.dataset == "sharegpt":
-        from frontend.tokenizer import Tokenizer
+        from frontend.text.tokenizer import Tokenizer
 
         encode = Tokenizer(cfg.tokenizer).encode
         return sharegpt_requests(read_sharegpt(cfg.dataset_path), encode, cfg.num_requests, cfg.seed, cfg.sharegpt_output_len)
@@ -79,7 +79,7 @@ def http_client(cfg: LoadgenConfig):
 
     tokenizer = None
     if cfg.tokenizer:
-        from frontend.tokenizer import Tokenizer
+        from frontend.text.tokenizer import Tokenizer
 
         tokenizer = Tokenizer(cfg.tokenizer)
     return OpenAIClient(cfg.base_url, cfg.endpoint, cfg.model, cfg.backend == "openai-chat", tokenizer,

@@ -76,7 +76,7 @@ class OpenAIClient:
         if self.model is None:
             self.model = card["id"]
         if self.chat and self.decode_prompts and self.tokenizer is None:
-            from frontend.tokenizer import Tokenizer, TokenizerError
+            from frontend.text.tokenizer import Tokenizer, TokenizerError
 
             try:
                 self.tokenizer = Tokenizer(card.get("root") or card["id"])

@@ -3,7 +3,7 @@ by it, and the ``kvpool serve`` launcher, which reports the pool's size and may
 import neither torch nor ``worker/``.
 
 A block is ``block_size`` tokens of K and V in every layer: the worker's per-layer
-tensor is ``(2, num_blocks, block_size, num_kv_heads, head_dim)`` (worker/kv_cache.py).
+tensor is ``(2, num_blocks, block_size, num_kv_heads, head_dim)`` (worker/kv/kv_cache.py).
 """
 
 from __future__ import annotations

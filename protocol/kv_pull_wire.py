@@ -4,7 +4,7 @@ The prefill worker binds a ZMQ ROUTER (protocol/kv_transfer_config.py's side cha
 a decode worker's DEALER sends a `PullRequest` (one frame) and gets one `PullReply`
 frame, then, when the reply is ``ok``, one frame of ``num_blocks * block_bytes`` bytes:
 block by block, in the order asked, each block every layer's K then V, as the KV tensors
-hold them (the external tier's object payload, worker/kv_block_bytes.py). The identity
+hold them (the external tier's object payload, worker/kv/kv_block_bytes.py). The identity
 is protocol/external_kv.py's digest of model, KV dtype, layout and block size: a worker
 of another model or layout is refused, never given bytes it would misread.
 """

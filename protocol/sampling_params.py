@@ -33,7 +33,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     min_tokens: int = 0
     stop_token_ids: list[int] = []
     logprobs: int | None = None  # the sampled token's logprob and the top-k, k <= MAX_LOGPROBS
-    # vLLM's logits processors (worker.logits_processors), greedy rows included: only
+    # vLLM's logits processors (worker.sample.logits_processors), greedy rows included: only
     # these tokens may be sampled; token id -> bias added to its logit, in [-100, 100];
     # never the last token of one of these sequences after the rest of it.
     allowed_token_ids: list[int] | None = None

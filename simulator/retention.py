@@ -14,21 +14,20 @@ import argparse
 from collections.abc import Sequence
 
 from protocol.kv_cache_spec import is_hybrid
-from scheduler.core.eviction_policies import (
+from scheduler.core.hashing import BlockHasher
+from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.core.retention.eviction_policies import (
     KV_EVICTION_POLICIES,
     eviction_pool_factory,
     kv_cache_manager_class,
 )
-from scheduler.core.hashing import BlockHasher
-from scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
-from scheduler.core.kv_cache_manager import KVCacheManager
 from simulator.free_policies import pool_class
 from simulator.workload import Workload
 
 
 def retention_manager(num_blocks: int, block_size: int, max_model_len: int, free_policy: str, eviction_policy: str, scheduling_policy: str,
                       max_pinned_fraction: float, group_windows: Sequence[int] = (), max_num_batched_tokens: int | None = None,
-                      **kwargs) -> KVCacheManager | HybridKVCacheManager:
+                      **kwargs) -> KVCacheManager:
     """The manager of one simulated engine; ``group_windows``: hybrid KV-cache groups'
     windows (simulator/layer_windows.py), () for one full-attention group."""
     base = pool_class(free_policy)
@@ -38,12 +37,11 @@ def retention_manager(num_blocks: int, block_size: int, max_model_len: int, free
         raise ValueError(f"free policy {free_policy!r} orders the LRU queue only: use it with eviction policy lru and fcfs scheduling")
     if is_hybrid(group_windows):
         # As the server refuses them (scheduler/engine/worker_checks.py).
-        if eviction_policy != "lru" or free_policy != "vllm" or kwargs.get("host_tier") is not None or kwargs.get("external_tier") is not None:
-            raise ValueError("hybrid KV-cache groups run with --kv-eviction-policy lru, --policy vllm and no host or external tier only")
-        return kv_cache_manager_class(scheduling_policy, hybrid=True)(num_blocks, block_size, max_model_len, group_windows, pool_factory=factory,
-                                                                      max_num_batched_tokens=max_num_batched_tokens)
+        if free_policy != "vllm" or kwargs.get("host_tier") is not None or kwargs.get("external_tier") is not None:
+            raise ValueError("hybrid KV-cache groups run with --policy vllm and no host or external tier only")
     return kv_cache_manager_class(scheduling_policy)(num_blocks, block_size, max_model_len, pool_factory=factory,
-                                                     max_pinned_fraction=max_pinned_fraction, **kwargs)
+                                                     max_pinned_fraction=max_pinned_fraction, group_windows=group_windows,
+                                                     max_num_batched_tokens=max_num_batched_tokens, **kwargs)
 
 
 def pin_first_prefix(kv: KVCacheManager, workload: Workload, first: int, hasher: BlockHasher, num_blocks: int) -> None:

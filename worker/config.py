@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from protocol.kv_cache_spec import DEFAULT_BLOCK_SIZE
 from protocol.kv_transfer_config import KVTransferConfig
-from worker.threads import DEFAULT_CPU_NICE
+from worker.cpu.threads import DEFAULT_CPU_NICE
 
 CPU_DEFAULT_KV_CACHE_MEMORY = 64 * 1024 * 1024
 
@@ -75,8 +75,8 @@ class WorkerConfig:
     # On CPU every thread of the worker runs at this nice value at least (--cpu-nice).
     cpu_nice: int = DEFAULT_CPU_NICE
     # On CPU a step of at least this many tokens runs on every core (0: never; None: from
-    # the model's size, worker.threads.wide_step_tokens).
+    # the model's size, worker.cpu.threads.wide_step_tokens).
     cpu_wide_step_tokens: int | None = None
     # The pid of the `kvpool serve` that started this worker: its CPU time and its other
-    # children's are this serve's, not a neighbour's (worker/host_load.py).
+    # children's are this serve's, not a neighbour's (worker/cpu/host_load.py).
     serve_pid: int | None = None

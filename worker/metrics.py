@@ -23,9 +23,9 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from worker.cpu.threads import StepThreads
 from worker.external.external_io import ExternalIO
 from worker.external.io_metrics import ExternalIOCollector
-from worker.threads import StepThreads
 from worker.transfer.kv_transfer import KVTransfer
 from worker.transfer.transfer_metrics import KVTransferCollector
 
@@ -106,7 +106,7 @@ class WorkerMetrics:
 
     def observe_tier(self, store_bytes: int, store_seconds: float, load_bytes: int, load_seconds: float) -> None:
         """Record one step's host-tier copies; the four figures are the copier's running
-        totals (worker/tier_copies.py)."""
+        totals (worker/kv/tier_copies.py)."""
         now = (store_bytes, store_seconds, load_bytes, load_seconds)
         sb, ss, lb, ls = (a - b for a, b in zip(now, self._last_offload, strict=True))
         self._last_offload = now
@@ -120,7 +120,7 @@ class WorkerMetrics:
                 o[f"{kind}_size"].observe(nbytes)
 
     def watch_step_threads(self, threads: StepThreads) -> None:
-        """Report the CPU worker's big steps from ``threads`` (worker/threads.py), read at
+        """Report the CPU worker's big steps from ``threads`` (worker/cpu/threads.py), read at
         each scrape: how many went wide, whether one would now, and the neighbours' load."""
         self.registry.register(_StepThreadsCollector(threads, self._labels))
 
@@ -181,14 +181,14 @@ class _StepThreadsCollector(Collector):
         wide.add_metric(self.values, t.num_wide_steps)
         allowed = GaugeMetricFamily(
             "kvpool_worker_wide_steps_allowed",
-            "1 while a big step would run on every core: no other process keeps a core busy (worker/host_load.py) "
-            "and no other kvpool worker runs on this host (worker/host_peers.py), as of their last looks.",
+            "1 while a big step would run on every core: no other process keeps a core busy (worker/cpu/host_load.py) "
+            "and no other kvpool worker runs on this host (worker/cpu/host_peers.py), as of their last looks.",
             labels=self.names,
         )
         allowed.add_metric(self.values, float(t.wide_allowed))
         others = GaugeMetricFamily(
             "kvpool_worker_cpu_neighbour_cores",
-            "Cores' worth of CPU time used by processes other than this serve's, at the last look (worker/host_load.py).",
+            "Cores' worth of CPU time used by processes other than this serve's, at the last look (worker/cpu/host_load.py).",
             labels=self.names,
         )
         others.add_metric(self.values, t.load.others_cores if t.load is not None else 0.0)

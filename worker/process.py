@@ -1,38 +1,26 @@
-"""The worker's process loop: handshake with the scheduler, then execute plans.
-
-A plain blocking ZeroMQ DEALER with poll timeouts. Every message is one frame (a
-msgspec msgpack message; the scheduler's ROUTER sees ``[identity, frame]``).
+"""The worker's process loop: what each message from the scheduler does. The link itself
+(the socket, the handshake, silence and heartbeats) is ``worker.scheduler_link``.
 
 * The KV cache is allocated before any of this (``worker.startup``): a hello
-  promises only memory the worker holds.
-* Connect, send WorkerHello, wait for WorkerReady; use the number of blocks the
-  scheduler chose (at most ours) with no rows, and acknowledge with a Heartbeat
-  (the scheduler is ready only once it hears it). A Shutdown instead is a
-  refusal: exit 4 (EXIT_REFUSED), so that a supervisor tries again. No WorkerReady
-  within ``scheduler_timeout_s``: the scheduler is unreachable, as below.
+  promises only memory the worker holds, and reports it (``hello``).
+* WorkerReady: use the number of blocks the scheduler chose (at most ours) with no rows,
+  and build the step runner (``_install``); the link acknowledges it with a Heartbeat
+  (the scheduler is ready only once it hears it).
 * Then answer each StepPlan with a StepResult (or a WorkerError, state unchanged);
-  Shutdown exits 0. Incoming heartbeats only prove the scheduler is alive: they are
-  not answered (two sides that answer each other's heartbeats would ping-pong);
-  instead the worker sends its own whenever it has sent nothing for a heartbeat
-  interval.
-* Silence from the scheduler for ``scheduler_timeout_s``: exit 3, or with
-  ``reconnect`` drop every row and handshake again.
-* SIGTERM (``WorkerStopping``, raised by the handler ``worker.startup`` installs):
-  tell the scheduler with WorkerExit and exit 0.
+  Shutdown exits 0. Between messages, tell the scheduler the news: grammars compiled,
+  external loads and KV pulls ended (``_send_news``).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 
 import torch
 import zmq
 
-from protocol.codec import Codec, ProtocolError
-from protocol.curve import apply_client
+from protocol.codec import ProtocolError
 from protocol.worker_messages import (
     CompileGrammars,
     ExternalKVDone,
@@ -40,57 +28,39 @@ from protocol.worker_messages import (
     Heartbeat,
     KVTransferDone,
     SampledLogprobs,
-    SchedulerToWorker,
     Shutdown,
     StepPlan,
     StepResult,
     WorkerError,
-    WorkerExit,
     WorkerHello,
     WorkerReady,
 )
 from worker.config import WorkerConfig
+from worker.cpu.host_load import HostLoad
+from worker.cpu.host_peers import HostPeers, default_directory
+from worker.cpu.threads import StepThreads, projection_weights, wide_num_threads, wide_step_tokens
 from worker.external.external_io import ExternalIO
 from worker.external.plan_ops import after_step, before_step, hello_fields
-from worker.grammar_compiler import GrammarCompiler
-from worker.group_tables import hello_group_windows
-from worker.host_load import HostLoad
-from worker.host_peers import HostPeers, default_directory
-from worker.kv_cache import first_blocks
+from worker.kv.kv_cache import block_bytes, dtype_name, first_blocks
+from worker.load.serving_model import ServingModel
 from worker.metrics import WorkerMetrics
-from worker.plan_check import PlanError
-from worker.runner import ModelRunner
-from worker.serving_model import ServingModel
-from worker.threads import StepThreads, projection_weights, wide_num_threads, wide_step_tokens
+from worker.sample.grammar_compiler import GrammarCompiler
+from worker.scheduler_link import SchedulerLink
+from worker.step.group_tables import hello_group_windows
+from worker.step.plan_check import PlanError
+from worker.step.runner import ModelRunner
 from worker.transfer import plan_ops as transfer_ops
 from worker.transfer.kv_transfer import KVTransfer
 
 log = logging.getLogger("worker")
 
-EXIT_SCHEDULER_LOST = 3
-EXIT_REFUSED = 4
-# How often the loop looks for finished grammar compiles while any is in flight.
-GRAMMAR_POLL_S = 0.002
 
-
-class SchedulerLost(Exception):
-    """No message from the scheduler within the timeout."""
-
-
-class Refused(Exception):
-    """The scheduler answered the hello with Shutdown: the reason."""
-
-
-class WorkerStopping(Exception):
-    """SIGTERM: stop cleanly."""
-
-
-class WorkerProcess:
+class WorkerProcess(SchedulerLink):
     def __init__(
         self, config: WorkerConfig, serving: ServingModel, kv_caches: list[torch.Tensor], metrics: WorkerMetrics | None,
         host_caches: list[torch.Tensor] | None = None, external: ExternalIO | None = None, transfer: KVTransfer | None = None,
     ):
-        self.config = config
+        super().__init__(config)
         self.serving = serving
         self.model = serving.model
         # NOTE: the only KV allocation of the process, made before hello; a
@@ -102,7 +72,6 @@ class WorkerProcess:
         # hello; freed when a scheduler wants no host tier (then offered no more).
         self.host_caches = host_caches or None
         self.metrics = metrics
-        self.codec: Codec = Codec(SchedulerToWorker)
         self.runner: ModelRunner | None = None
         # Structured outputs: compiled off the step path, kept across re-handshakes.
         self.grammars = GrammarCompiler(serving.directory, serving.config.vocab_size)
@@ -120,7 +89,7 @@ class WorkerProcess:
             metrics.watch_kv_transfer(transfer)
 
     def hello(self) -> WorkerHello:
-        c, s = self.config, self.serving
+        c, s, kv = self.config, self.serving, self.kv_caches[0]
         m = s.config
         return WorkerHello(
             rank=0, world_size=1, num_blocks=self.hello_num_blocks, block_size=c.block_size,
@@ -130,6 +99,8 @@ class WorkerProcess:
             max_model_len=s.max_model_len, num_host_blocks=self.hello_num_host_blocks,
             group_windows=hello_group_windows(s.kv_cache_groups) if s.kv_cache_groups else [],
             **hello_fields(self.external), **transfer_ops.hello_fields(self.transfer),
+            kv_cache_dtype=dtype_name(kv.dtype), kv_cache_dtype_size=kv.element_size(), kv_block_bytes=block_bytes(self.kv_caches),
+            dtype=dtype_name(self.model.dtype), dtype_size=self.model.dtype.itemsize,
         )
 
     @property
@@ -139,89 +110,15 @@ class WorkerProcess:
     def run(self, ctx: zmq.Context) -> int:
         """Serve until Shutdown (0) or a fatal condition (non-zero)."""
         try:
-            return self._run(ctx)
+            return super().run(ctx)
         finally:
             if self.host_peers is not None:
                 self.host_peers.close()
-
-    def _run(self, ctx: zmq.Context) -> int:
-        while True:
-            sock = ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            if self.config.curve_client_key is not None:
-                apply_client(sock, self.config.curve_client_key, self.config.curve_server_key)
-            sock.connect(self.config.scheduler)
-            try:
-                ready = self._handshake(sock)
-                refused = self._install(ready)
-                if refused is not None:
-                    self._send(sock, WorkerError(refused))
-                    log.error("refusing WorkerReady: %s", refused)
-                    return EXIT_REFUSED
-                self._send(sock, Heartbeat(sent_at=time.time()))  # acknowledges WorkerReady
-                return self._serve(sock)
-            except Refused as e:
-                log.error("refused by the scheduler at %s: %s", self.config.scheduler, e)
-                return EXIT_REFUSED
-            except SchedulerLost as e:
-                if not self.config.reconnect:
-                    log.error("%s; exiting (use --reconnect to handshake again instead)", e)
-                    return EXIT_SCHEDULER_LOST
-                log.warning("%s; dropping every row and handshaking again", e)
-                self._set_ready(None)
-            except WorkerStopping:
-                log.info("SIGTERM: telling the scheduler and exiting")
-                # NOTE: linger, so the goodbye leaves before the socket closes.
-                self._send(sock, WorkerExit("SIGTERM"))
-                sock.close(linger=1000)
-                return 0
-            finally:
-                sock.close(linger=0)
 
     def _set_ready(self, runner: ModelRunner | None) -> None:
         self.runner = runner
         if self.metrics is not None:
             self.metrics.ready = runner is not None
-
-    def _send(self, sock: zmq.Socket, msg) -> None:
-        sock.send(self.codec.encode(msg))
-
-    def _recv(self, sock: zmq.Socket):
-        frames = sock.recv_multipart()
-        # NOTE: the message is the last frame, so an empty delimiter frame (REQ-style
-        # envelope) from the scheduler is tolerated.
-        return self.codec.decode(frames[-1])
-
-    def _handshake(self, sock: zmq.Socket) -> WorkerReady:
-        """WorkerReady; Refused on Shutdown, SchedulerLost after scheduler_timeout_s."""
-        self._send(sock, self.hello())
-        log.info("sent WorkerHello (%d blocks of %d tokens) to %s", self.hello_num_blocks, self.config.block_size, self.config.scheduler)
-        timeout = self.config.scheduler_timeout_s
-        start = time.monotonic()
-        while True:
-            waited = time.monotonic() - start
-            if waited >= timeout:
-                raise SchedulerLost(
-                    f"no WorkerReady from the scheduler at {self.config.scheduler} within {timeout} s "
-                    "(--scheduler-timeout): is it running, and is --scheduler its worker port?"
-                )
-            if not sock.poll(math.ceil(min(5.0, timeout - waited) * 1000)):
-                log.info("still waiting for WorkerReady from %s (%.0f s)", self.config.scheduler, time.monotonic() - start)
-                continue
-            try:
-                msg = self._recv(sock)
-            except ProtocolError as e:
-                self._send(sock, WorkerError(str(e)))
-                continue
-            match msg:
-                case WorkerReady():
-                    return msg
-                case Shutdown(reason=reason):
-                    raise Refused(reason or "(no reason given)")
-                case Heartbeat():
-                    pass
-                case StepPlan(step_id=step_id):
-                    self._send(sock, WorkerError("plan before WorkerReady", step_id=step_id))
 
     def _install(self, ready: WorkerReady) -> str | None:
         """Size the cache and the runner from WorkerReady; a reason string if refused."""
@@ -257,59 +154,10 @@ class WorkerProcess:
         )
         return None
 
-    def _serve(self, sock: zmq.Socket) -> int:
-        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        try:
-            return self._serve_until_lost(sock, monitor)
-        finally:
-            sock.disable_monitor()
-            monitor.close(linger=0)
-
-    def _serve_until_lost(self, sock: zmq.Socket, monitor: zmq.Socket) -> int:
-        """Answer the scheduler until Shutdown; SchedulerLost after its silence or as soon as
-        its connection drops (a scheduler that died and is restarting: the next one is a
-        new handshake, with ``reconnect``)."""
-        timeout, interval = self.config.scheduler_timeout_s, self.config.heartbeat_interval_s
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(monitor, zmq.POLLIN)
-        last_heard = last_sent = time.monotonic()
-        while True:
-            now = time.monotonic()
-            wait = min(last_heard + timeout, last_sent + interval) - now
-            if self.grammars.has_pending or (self.external is not None and self.external.has_pending_loads) or (
-                self.transfer is not None and self.transfer.awaits_news
-            ):
-                # NOTE: a compile, a load, a pull or a read of a lend ends on another thread: look for it often meanwhile.
-                wait = min(wait, GRAMMAR_POLL_S)
-            # NOTE: poll even when the wait is over, so a message that queued up
-            # during a long step counts as heard rather than as a timeout.
-            ready = dict(poller.poll(max(0, math.ceil(wait * 1000))))
-            if monitor in ready and not ready.get(sock):
-                monitor.recv_multipart()
-                raise SchedulerLost(f"lost the connection to the scheduler at {self.config.scheduler}")
-            if ready:
-                reply = self._handle(sock)
-                if reply is None:
-                    return 0
-                # NOTE: news first: a load that ended during the step is heard before its result, so the
-                # scheduler's next plan schedules its request.
-                sent = self._send_news(sock)
-                if reply is not False:
-                    self._send(sock, reply)
-                    sent = True
-                last_heard = time.monotonic()
-                if sent:
-                    last_sent = last_heard
-                continue
-            if self._send_news(sock):
-                last_sent = time.monotonic()
-            now = time.monotonic()
-            if now - last_heard >= timeout:
-                raise SchedulerLost(f"no message from the scheduler at {self.config.scheduler} for {now - last_heard:.1f} s (--scheduler-timeout {timeout} s)")
-            if now - last_sent >= interval:
-                self._send(sock, Heartbeat(sent_at=time.time()))
-                last_sent = now
+    def _awaits_news(self) -> bool:
+        """Whether a compile, a load, a pull or a read of a lend is under way on another thread."""
+        return self.grammars.has_pending or (self.external is not None and self.external.has_pending_loads) or (
+            self.transfer is not None and self.transfer.awaits_news)
 
     def _send_news(self, sock: zmq.Socket) -> bool:
         """Grammars compiled, external loads and KV pulls ended, lent KV read since the last news; False if none."""
@@ -357,8 +205,8 @@ class WorkerProcess:
 
     def _step_threads(self) -> StepThreads | None:
         """On CPU, a big step on every core (``--cpu-wide-step-tokens``, by default from the
-        model's size) while no other worker runs on this host (worker/host_peers.py, where
-        this worker registers) and no other process keeps a core busy (worker/host_load.py);
+        model's size) while no other worker runs on this host (worker/cpu/host_peers.py, where
+        this worker registers) and no other process keeps a core busy (worker/cpu/host_load.py);
         None elsewhere. Built once, kept across handshakes."""
         c, m = self.config, self.model
         if m.device.type != "cpu":

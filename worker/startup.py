@@ -20,13 +20,12 @@ import zmq
 
 from protocol.kv_cache_spec import num_kv_tensors
 from worker.attention.kv_quant import kv_cache_torch_dtype
-from worker.checkpoint import CheckpointError
 from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
-from worker.device_memory import check_host_tier_budget, check_kv_budget
+from worker.cpu.threads import lower_cpu_priority, set_cpu_threads
 from worker.external.external_io import ExternalIO
 from worker.external.open_tier import open_external_tier
-from worker.group_tables import hello_group_windows
-from worker.kv_cache import (
+from worker.kv.device_memory import check_host_tier_budget, check_kv_budget
+from worker.kv.kv_cache import (
     allocate_host_kv_caches,
     allocate_kv_caches,
     cuda_kv_budget,
@@ -34,13 +33,15 @@ from worker.kv_cache import (
     layer_kv_caches,
     num_blocks_for_budget,
 )
+from worker.load.checkpoint import CheckpointError
+from worker.load.serving_model import ServingModel, check_shardable, load_serving_model
 from worker.metrics import WorkerMetrics
 from worker.models.config import DTYPES, ModelConfigError
 from worker.parallel.distributed import GroupError, TPGroup
 from worker.parallel.rank_group import LocalRanks, rank_device, run_rank, threads_per_rank
-from worker.process import WorkerProcess, WorkerStopping
-from worker.serving_model import ServingModel, check_shardable, load_serving_model
-from worker.threads import lower_cpu_priority, set_cpu_threads
+from worker.process import WorkerProcess
+from worker.scheduler_link import WorkerStopping
+from worker.step.group_tables import hello_group_windows
 from worker.transfer.kv_transfer import KVTransfer, open_kv_transfer
 
 log = logging.getLogger("worker")
@@ -128,11 +129,11 @@ def _serve(config: WorkerConfig, serving: ServingModel, group: TPGroup | None) -
 def _kv_budget(config: WorkerConfig, serving: ServingModel, kv_dtype: torch.dtype) -> int:
     """Bytes for the KV cache: --kv-cache-memory, else on CUDA what the device has left
     under --gpu-memory-utilization after a profiled serving step (its peak counts the
-    buffers the runner allocates after the cache: ``worker.profile``), else the CPU default."""
+    buffers the runner allocates after the cache: ``worker.kv.profile``), else the CPU default."""
     if config.kv_cache_memory is not None:
         return config.kv_cache_memory
     if config.device == "cuda":
-        from worker.profile import dummy_step, profile_step_peak
+        from worker.kv.profile import dummy_step, profile_step_peak
 
         step = dummy_step(config.max_num_batched_tokens, config.max_num_seqs, serving.max_model_len, config.block_size)
         peak = profile_step_peak(serving.model, step, kv_dtype, list(serving.kv_scales) or None, max(1, len(serving.kv_cache_groups)))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from frontend.launcher import kv_bytes_per_block
+from bench.kv_block_bytes import kv_bytes_per_block
 
 COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
             "vllm:prompt_tokens", "vllm:generation_tokens")

@@ -107,7 +107,7 @@ def serve_greedy(model_dir: Path, device: str, flags: list[str], prompts: list[l
     """The answers of a ``kvpool serve`` started with ``flags``, one request after another
     (later prompts hit the earlier ones' cached prefix), and its /metrics page after them."""
     port = free_port()
-    cmd = [sys.executable, "-m", "frontend.cli", "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-m", "frontend.serve.cli", "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
            "--served-model-name", NAME, "--device", device, "--log-dir", str(log.parent / (log.stem + "-logs")), *flags]
     answers = []
     with Server("kvpool", cmd, {}, log, port) as server:

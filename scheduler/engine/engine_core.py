@@ -69,7 +69,7 @@ class EngineCore:
             max_model_len=config.max_model_len, custom_buckets=config.custom_histogram_buckets,
             speculative=parse_speculative_config(config.speculative_config),
         )
-        model_shape = ModelShape.from_checkpoint(config.model, config.dtype, config.kv_cache_dtype) if config.enable_mfu_metrics else None
+        model_shape = ModelShape.from_checkpoint(config.model) if config.enable_mfu_metrics else None
         self.state = EngineState()
         self.worker_side = WorkerSide(self.state, config, workers, self.metrics, self.kv_event_sink, self._publish_kv_events)
         self.worker = self.worker_side.link

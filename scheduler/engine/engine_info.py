@@ -9,7 +9,7 @@ the facts a KV-aware router needs and only the scheduler knows.
   rank offset), or None when no events are published.
 
 The frontend turns these into vLLM's ``/kv_event_sources`` and the ``vllm_config`` of
-``/get_server_info`` (frontend/router_probes.py).
+``/get_server_info`` (frontend/routes/router_probes.py).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from protocol.client_messages import PinPrefix, PinResult
 from scheduler.core.hashing import BlockHasher
-from scheduler.core.pinned_blocks import PinRefused
+from scheduler.core.retention.pinned_blocks import PinRefused
 from scheduler.core.vllm_hashing import VllmBlockHasher
 from scheduler.engine.engine_state import EngineState
 from scheduler.engine.metrics import SchedulerMetrics

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from scheduler.engine.config import config_from_args
+from scheduler.engine.args import config_from_args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -163,6 +163,7 @@ class SchedulerMetricFamilies:
         self.free_cached_blocks = gauge("kvpool_free_cached_blocks", "Free blocks that still hold a prefix-cache hash.")
         self.free_blocks = gauge("kvpool_free_blocks", "Free blocks (cached or not).")
         self.num_gpu_blocks = gauge("kvpool_num_gpu_blocks", "Blocks in the pool, the null block included.")
+        self.kv_block_bytes = gauge("kvpool_kv_block_bytes", "Bytes of one KV block on a worker rank (K and V of its every KV tensor), as its hello reports.")
         self.cached_hashes = gauge("kvpool_cached_block_hashes", "Distinct block hashes in the prefix cache (held or free).")
         self.evictions = self._counter("kvpool_evictions", "Cached blocks that lost their hash to a new owner (lazy eviction).")
         self.pinned_blocks = gauge("kvpool_pinned_blocks", "Blocks held by pins (POST /v1/cache/pin): never evicted while pinned.")

@@ -9,7 +9,9 @@ step's are counted; a request sent whole for the first time is a prefill, any ot
 one a prefill when it computes more than one token); `estimate_step` sums vLLM's
 AttentionMetrics, FfnMetrics and UnembedMetrics breakdowns, each term truncated to
 an int as there, with tensor parallelism over ``tp_size`` ranks and no pipeline or
-data parallelism.
+data parallelism. The element sizes (weights and activations, the KV cache) are the
+worker's, as its hello reports them (``WorkerHello.dtype_size``, ``kv_cache_dtype_size``):
+the scheduler keeps no dtype table of its own.
 
 NOTE: vLLM bills sliding-window layers with contexts clamped to the window; kvpool's
 worker serves such a model only with max_model_len within its window, where the
@@ -22,15 +24,19 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol.kv_cache_spec import kv_cache_element_size
+from protocol.worker_messages import WorkerHello
 from scheduler.sched.outputs import SchedulerOutput
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# NOTE: names only, no sizes (those come with the worker's hello): the choices of
+# scheduler/engine/config.py's --dtype, which no longer changes the estimate; they go
+# with that flag.
+DTYPE_BYTES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True, slots=True)
 class ModelShape:
-    """What perf.py reads from the model's config (vLLM's ParsedArgs, for a dense model)."""
+    """What perf.py reads from the model's config (vLLM's ParsedArgs, for a dense model),
+    but the element sizes: those are the worker's (``estimate_step``)."""
 
     num_hidden_layers: int
     hidden_size: int
@@ -39,16 +45,10 @@ class ModelShape:
     head_dim: int
     intermediate_size: int
     vocab_size: int
-    # Weights and activations: the model's dtype.
-    dtype_bytes: int
-    # The KV cache's element (vLLM's cache_byte_size): the model's, or 1 for fp8.
-    cache_bytes: int
-
 
     @classmethod
-    def from_checkpoint(cls, model_dir: str, dtype: str = "auto", kv_cache_dtype: str = "auto") -> ModelShape:
-        """From ``model_dir``/config.json; ``dtype`` and ``kv_cache_dtype`` as the worker's
-        flags (auto: the checkpoint's). Raises ValueError naming what is missing or not supported."""
+    def from_checkpoint(cls, model_dir: str) -> ModelShape:
+        """From ``model_dir``/config.json. Raises ValueError naming what is missing or not supported."""
         path = Path(model_dir) / "config.json"
         try:
             cfg = json.loads(path.read_text())
@@ -62,14 +62,10 @@ class ModelShape:
             hidden, heads, layers, vocab = (int(cfg[k]) for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size"))
         except KeyError as e:
             raise ValueError(f"--enable-mfu-metrics: {path} has no {e.args[0]!r}") from None
-        name = (cfg.get("torch_dtype") or cfg.get("dtype") or "float32") if dtype == "auto" else dtype
-        if name not in DTYPE_BYTES:
-            raise ValueError(f"--enable-mfu-metrics: dtype {name!r} is not one of {', '.join(DTYPE_BYTES)}")
         return cls(
             num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
             num_key_value_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=int(cfg.get("head_dim") or hidden // heads),
-            intermediate_size=int(cfg.get("intermediate_size") or 4 * hidden), vocab_size=vocab, dtype_bytes=DTYPE_BYTES[name],
-            cache_bytes=kv_cache_element_size(kv_cache_dtype, DTYPE_BYTES[name]),
+            intermediate_size=int(cfg.get("intermediate_size") or 4 * hidden), vocab_size=vocab,
         )
 
 
@@ -106,12 +102,15 @@ class StepContext:
         return ctx
 
 
-def estimate_step(m: ModelShape, tp_size: int, ctx: StepContext) -> tuple[int, int, int]:
-    """(flops, bytes read, bytes written) per GPU, as vLLM's attn + ffn + unembed.
+def estimate_step(m: ModelShape, worker: WorkerHello, ctx: StepContext) -> tuple[int, int, int]:
+    """(flops, bytes read, bytes written) per GPU, as vLLM's attn + ffn + unembed, with the
+    worker's tensor-parallel size and element sizes: its weights' (b) and its KV cache's
+    (cb, vLLM's cache_byte_size: 1 for fp8).
 
     NOTE: the attention terms take the layer count as a float, as vLLM's (it divides
     it by the pipeline stages), and are truncated to ints term by term as there."""
-    D, L, d, b, cb = m.hidden_size, m.num_hidden_layers, m.head_dim, m.dtype_bytes, m.cache_bytes
+    D, L, d, b, cb = m.hidden_size, m.num_hidden_layers, m.head_dim, worker.dtype_size, worker.kv_cache_dtype_size
+    tp_size = worker.world_size
     Lf = float(L)
     q, kv = max(1, m.num_attention_heads // tp_size), max(1, m.num_key_value_heads // tp_size)
     DI, V = m.intermediate_size // tp_size, m.vocab_size // tp_size

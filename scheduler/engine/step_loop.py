@@ -163,7 +163,7 @@ class StepLoop:
         """vLLM's MFU estimates of the step just scheduled (None without --enable-mfu-metrics)."""
         if self.model_shape is None:
             return None
-        return estimate_step(self.model_shape, self.worker.hello.world_size, StepContext.of_step(out))
+        return estimate_step(self.model_shape, self.worker.hello, StepContext.of_step(out))
 
     def _apply_result(self, result: StepResult, nbytes: int, t0: float, perf: tuple[int, int, int] | None) -> _Done | None:
         """The step's result into the scheduler; None (the worker lost) if it is not believable."""

@@ -16,7 +16,7 @@ import torch
 from bench.gpu.serve_check import compare, prompts_for, tier_prompts
 from bench.gpu.shaped import smollm2_shaped_checkpoint
 from bench.gpu.step_floor import copy_bandwidth, kv_bytes_attended, weight_bytes
-from worker.checkpoint import Checkpoint
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
 from worker.tiny.generate import CONFIG
 

@@ -8,7 +8,7 @@ import torch
 
 from bench.__main__ import SUITES
 from bench.offload_bench import HOST_PREFIX_BLOCKS, PROMPT_LEN, ttft_ms
-from worker.checkpoint import Checkpoint
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
 
 

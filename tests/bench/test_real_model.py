@@ -1,7 +1,7 @@
 """The speed rows' real inputs (bench/real_model.py): ShareGPT's cut-off file written out
 as the whole JSON document ``vllm bench serve`` reads; SmolLM2's bfloat16 folder holds
 the tensors kvpool dequantizes from the GGUF (those equal transformers' own:
-tests/worker/test_gguf_weights.py), under the names a Hugging Face folder gives them."""
+tests/worker/load/test_gguf_weights.py), under the names a Hugging Face folder gives them."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_the_smollm2_folder_holds_the_ggufs_tensors_in_bfloat16():
     gguf = real_model()
     from safetensors.torch import load_file
 
-    from worker.gguf_weights import GGUFWeights
+    from worker.load.gguf_weights import GGUFWeights
 
     folder = smollm2_checkpoint()
     config = json.loads((folder / "config.json").read_text())

@@ -193,7 +193,7 @@ def test_systemd_units(unit):
 def test_the_serve_unit_uses_only_flags_kvpool_serve_has():
     import shlex
 
-    from frontend.cli import build_parser
+    from frontend.serve.cli import build_parser
 
     text = (DEPLOY / "systemd" / "kvpool-serve.service").read_text()
     start = text.split("ExecStart=", 1)[1].split("\n", 1)[0]

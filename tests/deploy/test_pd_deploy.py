@@ -24,7 +24,7 @@ from kvtest.deploy_config import DEPLOY
 from kvtest.ports import free_port
 from kvtest.router import require_router
 
-from frontend.cli import build_parser
+from frontend.serve.cli import build_parser
 from protocol.kv_transfer_config import parse_kv_transfer_config
 
 ROOT = DEPLOY.parent
@@ -111,7 +111,7 @@ def serve_argv(argv: list[str]) -> tuple[str | None, list[str]]:
     if argv[0] == "taskset":
         assert argv[1] == "-c"
         core, argv = argv[2], argv[3:]
-    assert argv[:3] == [sys.executable, "-m", "frontend.cli"], argv
+    assert argv[:3] == [sys.executable, "-m", "frontend.serve.cli"], argv
     return core, argv[3:]
 
 
@@ -178,7 +178,7 @@ def run_pd_with_stand_ins(tmp_path: Path, base: int, *loadgen_args: str, **extra
     require_router()
     wrapper = tmp_path / "python"
     wrapper.write_text("#!/usr/bin/env bash\n"
-                       'if [ "$1" = "-m" ] && [ "$2" = frontend.cli ]; then\n'
+                       'if [ "$1" = "-m" ] && [ "$2" = frontend.serve.cli ]; then\n'
                        f'    shift 2; exec "{sys.executable}" "{FAKE}" "$@"\n'
                        "fi\n"
                        f'exec "{sys.executable}" "$@"\n')

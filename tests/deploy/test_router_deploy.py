@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kvtest.deploy_config import DEPLOY
 
-from frontend.cli import build_parser
+from frontend.serve.cli import build_parser
 
 ROOT = DEPLOY.parent
 SYSTEMD = DEPLOY / "systemd"

@@ -72,7 +72,7 @@ def _launch(tmp_path: Path, extra_env: dict[str, str], *loadgen_args: str, bound
         wrapper = clone / ".venv" / "bin" / "python"
     wrapper.write_text(
         "#!/usr/bin/env bash\n"
-        'if [ "$1" = "-m" ] && [ "$2" = frontend.cli ]; then\n'
+        'if [ "$1" = "-m" ] && [ "$2" = frontend.serve.cli ]; then\n'
         f'    shift 2; exec "{sys.executable}" "{FAKE}" "$@"\n'
         "fi\n"
         f'exec "{sys.executable}" "$@"\n'

@@ -1,4 +1,4 @@
-"""Two `kvpool serve` on one host see each other (worker/host_peers.py): each worker
+"""Two `kvpool serve` on one host see each other (worker/cpu/host_peers.py): each worker
 registers while it lives, a big step stays on the usual threads while the other runs,
 and takes every core again once it has stopped; nothing is left behind."""
 

@@ -20,7 +20,7 @@ from kvtest.cluster import Cluster, free_port
 from kvtest.hf_models import reference_generate
 from prometheus_client.parser import text_string_to_metric_families
 
-from frontend.launcher import kv_bytes_per_block
+from bench.kv_block_bytes import kv_bytes_per_block
 from protocol.client_messages import Generate
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]

@@ -1,5 +1,5 @@
 """Schemathesis against a live `kvpool serve`: inputs generated from the server's own
-``/openapi.json`` (vLLM 0.32's schema, frontend/openapi.py) at every operation in it,
+``/openapi.json`` (vLLM 0.32's schema, frontend/routes/openapi.py) at every operation in it,
 valid and not (its coverage phase: missing fields, wrong types, edge values; then its
 fuzzing phase), a string ``model`` set to the served name so they reach rendering and
 the engine. No answer may be a server error, every refusal is OpenAI's error object with a
@@ -25,7 +25,7 @@ from kvtest.http_api import post
 from kvtest.serve import kvpool_serve
 from schemathesis.checks import not_a_server_error
 
-from frontend.openapi import DATA
+from frontend.routes.openapi import DATA
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -36,7 +36,7 @@ CONFIG = schemathesis.Config.from_dict({
     "generation": {"max-examples": MAX_EXAMPLES, "database": "none"},
     "phases": {"stateful": {"enabled": False}},
     # NOTE: the render routes decode and render as /v1/completions and /v1/chat/completions do
-    # (frontend/render.py): their coverage cases would repeat those; they keep the fuzzing phase.
+    # (frontend/openai/render.py): their coverage cases would repeat those; they keep the fuzzing phase.
     "operations": [{"include-path-regex": "/render$", "phases": {"coverage": {"enabled": False}}}],
 })
 MODEL = "fuzz"

@@ -57,8 +57,8 @@ def test_each_replica_publishes_its_own_topic_and_rank_0(tiny_checkpoint, tmp_pa
 
 
 def test_a_rank_other_than_0_is_refused(tiny_checkpoint, capsys):
-    from frontend.cli import main
-    from scheduler.engine.config import config_from_args
+    from frontend.serve.cli import main
+    from scheduler.engine.args import config_from_args
     from scheduler.engine.kv_event_publisher import KVEventPublisher
 
     for rank in ("-1", "3"):

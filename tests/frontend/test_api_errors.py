@@ -71,7 +71,7 @@ def test_an_output_budget_over_what_the_prompt_leaves_gets_what_is_left(served, 
 
 
 def test_a_text_longer_than_the_context_could_hold_is_refused_before_tokenizing(served, model):
-    from frontend.tokenizer import Tokenizer
+    from frontend.text.tokenizer import Tokenizer
 
     longest = Tokenizer(model).max_chars_per_token  # vLLM's bound: max_model_len tokens of the longest token
     text = "a" * (1024 * longest + 1)

@@ -69,7 +69,7 @@ def test_a_gguf_it_cannot_serve_exits_2_naming_why_and_starts_nothing(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    p = subprocess.run([sys.executable, "-m", "frontend.cli", "serve", str(tmp_path / "m.gguf"), "--log-dir", str(tmp_path / "logs")],
+    p = subprocess.run([sys.executable, "-m", "frontend.serve.cli", "serve", str(tmp_path / "m.gguf"), "--log-dir", str(tmp_path / "logs")],
                        capture_output=True, text=True, timeout=120, cwd=REPO)
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.strip().endswith("GGUF architecture 'phi2' is not served (kvpool serves llama, qwen2, qwen3, gemma3)")

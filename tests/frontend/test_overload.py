@@ -14,8 +14,8 @@ import pytest
 from kvtest.http_api import PROMPT, get_metrics, metric
 from kvtest.serve import kvpool_serve
 
-from frontend.engine_client import EngineError
-from frontend.serving import engine_error
+from frontend.engine.outputs import EngineError
+from frontend.openai.serving import engine_error
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -91,6 +91,6 @@ def test_no_access_log(tiny_checkpoint, tmp_path, flags):
     with fake_engine() as engine, frontend_process(tiny_checkpoint, engine, tmp_path / "f.log", *flags) as f:
         assert call(f, "/version")[0] == 200
         assert _chat_tokens_equal_the_text(f, "(user)hi(assistant)yo")  # the file's template
-        assert call(f, "/docs")[0] == 404  # --disable-fastapi-docs: no docs routes (frontend/openapi.py)
+        assert call(f, "/docs")[0] == 404  # --disable-fastapi-docs: no docs routes (frontend/routes/openapi.py)
         time.sleep(0.5)
         assert "frontend.access" not in f.output() and "serving " in f.output()

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from kvtest.fake_engine import fake_engine, frontend_process
 
-from frontend.sampling import default_sampling, max_tokens_cap, output_budget
+from frontend.sampling.params import default_sampling, max_tokens_cap, output_budget
 
 TEMPLATE = "{{ greeting }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
 ON = ("--enable-request-id-headers", "--enable-force-include-usage",

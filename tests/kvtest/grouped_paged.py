@@ -21,7 +21,7 @@ import torch
 
 from protocol.kv_cache_spec import kv_cache_groups, layer_tensor_index, num_kv_tensors
 from worker.attention.paged_attention import PagedAttention
-from worker.kv_cache import allocate_kv_caches
+from worker.kv.kv_cache import allocate_kv_caches
 from worker.models.decoder import DecoderModel
 
 

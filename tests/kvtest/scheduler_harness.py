@@ -48,6 +48,9 @@ BS = 16
 VOCAB = 512
 EOS = 1
 MODEL = "test-model"
+# What the fake worker's hello reports of its KV cache and weights: bfloat16, 2 layers with
+# 1 KV head of 4 dims (tests/scheduler/engine/test_perf_metrics.py's TINY): K and V of BS tokens.
+KV_BLOCK_BYTES = 2 * 2 * BS * 1 * 4 * 2
 
 
 def expected_tokens(prompt: list[int], n: int) -> list[int]:
@@ -195,7 +198,8 @@ class WorkerThread:
 
     def _hello(self) -> WorkerHello:
         return WorkerHello(rank=0, world_size=1, num_blocks=self.num_blocks, block_size=BS, vocab_size=VOCAB, eos_token_id=EOS,
-                           num_host_blocks=self.num_host_blocks)
+                           num_host_blocks=self.num_host_blocks, kv_cache_dtype="bfloat16", kv_cache_dtype_size=2,
+                           kv_block_bytes=KV_BLOCK_BYTES, dtype="bfloat16", dtype_size=2)
 
     def _run(self) -> None:
         sock = self.ctx.socket(zmq.DEALER)

@@ -87,13 +87,13 @@ class FanningRunner:
 
 
 def _rank_main(rank: int, world_size: int, port: int, jobs: list[Job], results: mp.Queue) -> None:
-    from worker.kv_cache import allocate_kv_caches
+    from worker.kv.kv_cache import allocate_kv_caches
+    from worker.load.serving_model import load_serving_model
     from worker.models.config import DTYPES
     from worker.parallel.distributed import TPGroup
     from worker.parallel.plan_fanout import Kind, PlanFanout
     from worker.parallel.rank_follower import RankFollower
-    from worker.runner import ModelRunner
-    from worker.serving_model import load_serving_model
+    from worker.step.runner import ModelRunner
 
     torch.set_num_threads(1)
     group = TPGroup(rank, world_size, f"tcp://127.0.0.1:{port}", torch.device("cpu"), 60, 60)

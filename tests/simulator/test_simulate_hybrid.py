@@ -65,7 +65,7 @@ def test_a_checkpoints_config_gives_its_groups(tmp_path):
     "flags,message",
     [
         (
-            ["--layer-windows", "8,0", "--kv-eviction-policy", "arc"],
+            ["--layer-windows", "8,0", "--policy", "tail"],
             "hybrid KV-cache groups run with",
         ),
         (

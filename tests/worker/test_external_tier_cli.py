@@ -1,4 +1,4 @@
-"""``python -m worker``'s external-tier flags (worker/__main__.py _check_external_tier): each
+"""``python -m worker``'s external-tier flags (worker/arg_checks.py check_external_tier): each
 backend's flags name what it needs and nothing of another's, exit 2 naming the flag; good
 ones reach WorkerConfig."""
 
@@ -37,7 +37,7 @@ def test_the_disk_tier_reaches_the_config(tmp_path):
         ([*DISK, "--kv-offloading-path", "/tmp/x", "--kv-offloading-disk-size", "1", "--tensor-parallel-size", "2"],
          "--kv-offloading-backend disk: not with tensor parallelism yet"),
         (["--kv-offloading-backend", "mooncake", *MOONCAKE, "--tensor-parallel-size", "2"], "--kv-offloading-backend mooncake: not with tensor parallelism yet"),
-        (["--kv-offloading-backend", "s3"], "argument --kv-offloading-backend: invalid choice: 's3'"),
+        (["--kv-offloading-backend", "s3"], "--kv-offloading-backend s3: LMCache is not supported"),
     ],
     ids=["disk-alone", "disk-no-path", "disk-no-size", "disk-size-0", "path-without-disk", "mooncake-flags-with-disk",
          "mooncake-flags-without-mooncake", "mooncake-no-metadata", "disk-tp2", "mooncake-tp2", "unknown-backend"],

@@ -11,12 +11,12 @@ import torch
 
 import worker.models.gemm as gemm
 from protocol.worker_messages import RequestRow, StepPlan
-from worker.checkpoint import Checkpoint
-from worker.kv_cache import allocate_kv_caches
+from worker.kv.kv_cache import allocate_kv_caches
+from worker.load.checkpoint import Checkpoint
 from worker.models import packed_gemm
 from worker.models.layers import Linear, make_linear
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 
 
 def test_full_precision_and_device_models_keep_their_dtype():

@@ -11,8 +11,8 @@ import pytest
 from protocol.kv_cache_spec import KVCacheGroupSpec
 from protocol.worker_messages import WorkerReady
 from worker.config import WorkerConfig
+from worker.load.serving_model import load_serving_model
 from worker.process import WorkerProcess
-from worker.serving_model import load_serving_model
 from worker.startup import StartupError, allocate_worker_kv_caches, check_host_tier_groups
 
 # Gemma-style windows on the tiny checkpoint's 4 layers: two groups of two layers.
@@ -74,7 +74,7 @@ def test_the_flags_reach_the_config():
 def test_groups_that_cannot_be_made_are_a_checkpoint_error(serving, monkeypatch):
     # As vLLM, --disable-hybrid-kv-cache-manager refuses layers of several window sizes
     # (protocol.kv_cache_spec raises ValueError): the worker exits 2 naming it, not a traceback.
-    import worker.serving_model as sm
+    import worker.load.serving_model as sm
 
     def refuse(windows, disable_hybrid):
         raise ValueError("--disable-hybrid-kv-cache-manager needs at most one sliding window size, got [8, 16]")

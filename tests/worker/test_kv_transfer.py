@@ -18,7 +18,7 @@ import zmq
 from protocol.kv_cache_spec import KVCacheGroupSpec
 from protocol.kv_pull_wire import PullReply, PullRequest
 from protocol.kv_transfer_config import parse_kv_transfer_config
-from worker.kv_block_bytes import block_bytes, gather_blocks, kv_block_identity, write_blocks
+from worker.kv.kv_block_bytes import block_bytes, gather_blocks, kv_block_identity, write_blocks
 from worker.transfer.kv_puller import KVPuller, Pull
 from worker.transfer.kv_server import KVServer
 from worker.transfer.kv_transfer import open_kv_transfer

@@ -12,7 +12,7 @@ import transformers as tf
 from kvtest.grouped_paged import GroupedPagedModel
 from kvtest.hf_models import VOCAB, load_reference, make_checkpoint, reference_logits
 
-from worker.checkpoint import Checkpoint
+from worker.load.checkpoint import Checkpoint
 from worker.models.config import ModelConfigError, Rope, model_config_from_hf
 from worker.models.loader import load_model
 

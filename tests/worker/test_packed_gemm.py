@@ -132,7 +132,7 @@ def test_make_linear_packs_what_the_kernel_takes_and_leaves_the_rest(dtype):
 def test_an_untied_lm_head_is_held_once_packed(tiny_checkpoint):
     from safetensors.torch import load_file
 
-    from worker.checkpoint import Checkpoint
+    from worker.load.checkpoint import Checkpoint
     from worker.models.loader import load_model
 
     head = load_file(str(tiny_checkpoint / "model.safetensors"))["lm_head.weight"]
@@ -146,7 +146,7 @@ def test_a_library_missing_stale_or_built_for_another_cpu_is_left_for_onednn(tmp
     import logging
     import shutil
 
-    from worker import native
+    from worker.cpu import native
 
     if shutil.which("gcc") is None:
         pytest.skip("no C compiler to build the stand-in libraries")

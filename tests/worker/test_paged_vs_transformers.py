@@ -26,10 +26,10 @@ from kvtest.hf_models import (
 from kvtest.mini_scheduler import MiniScheduler
 
 from protocol.worker_messages import RequestRow, StepPlan
-from worker.checkpoint import Checkpoint
-from worker.kv_cache import allocate_kv_caches
+from worker.kv.kv_cache import allocate_kv_caches
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 
 NUM_BLOCKS = 256
 

@@ -32,7 +32,7 @@ from kvtest.hf_models import (
     reference_logits,
 )
 
-from worker.checkpoint import Checkpoint
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
 
 # (kind, its layers' windows, its KV-cache groups' windows)
@@ -136,8 +136,8 @@ def test_the_runner_serves_gemma3_with_its_attention_scale(tmp_path):
     # prefix blocks, preemption from the mini scheduler's random plans).
     from kvtest.mini_scheduler import MiniScheduler
 
-    from worker.kv_cache import allocate_kv_caches
-    from worker.runner import ModelRunner
+    from worker.kv.kv_cache import allocate_kv_caches
+    from worker.step.runner import ModelRunner
 
     path = make_checkpoint("gemma3-tied", tmp_path)
     cfg = json.loads((path / "config.json").read_text())

@@ -23,7 +23,7 @@ from protocol.worker_messages import (
     WorkerHello,
     WorkerReady,
 )
-from worker.process import EXIT_REFUSED, EXIT_SCHEDULER_LOST
+from worker.scheduler_link import EXIT_REFUSED, EXIT_SCHEDULER_LOST
 
 pytestmark = pytest.mark.e2e
 

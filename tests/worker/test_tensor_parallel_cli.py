@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from frontend.cli import build_parser as serve_parser
+from frontend.serve.cli import build_parser as serve_parser
 from worker.__main__ import config_from_args
 
 
@@ -38,7 +38,7 @@ def test_bad_values_are_named(capsys, argv, words):
 
 def test_kvpool_serve_takes_the_flag_and_refuses_zero(capsys):
     assert serve_parser().parse_args(["serve", "m", "-tp", "2"]).tensor_parallel_size == 2
-    from frontend.cli import main
+    from frontend.serve.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["serve", "/nonexistent", "--tensor-parallel-size", "0"])

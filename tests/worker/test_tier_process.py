@@ -25,9 +25,9 @@ from protocol.worker_messages import (
     WorkerReady,
 )
 from worker.config import WorkerConfig
-from worker.kv_cache import allocate_host_kv_caches, allocate_kv_caches
+from worker.kv.kv_cache import allocate_host_kv_caches, allocate_kv_caches
+from worker.load.serving_model import load_serving_model
 from worker.process import WorkerProcess
-from worker.serving_model import load_serving_model
 
 pytestmark = pytest.mark.e2e
 

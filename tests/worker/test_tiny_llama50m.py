@@ -13,10 +13,10 @@ from kvtest.hf_models import load_reference, reference_logits
 from kvtest.mini_scheduler import MiniScheduler
 from safetensors import safe_open
 
-from worker.checkpoint import Checkpoint
-from worker.kv_cache import allocate_kv_caches
+from worker.kv.kv_cache import allocate_kv_caches
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 from worker.tiny import generate, llama50m
 
 FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]

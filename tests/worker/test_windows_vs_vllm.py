@@ -17,7 +17,7 @@ from kvtest.grouped_paged import GroupedPagedModel
 from kvtest.hf_models import VOCAB, make_checkpoint
 
 from bench.compare.servers import stop_process_group
-from worker.checkpoint import Checkpoint
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
 
 BLOCK_SIZE, MAX_TOKENS = 16, 12

@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from worker.__main__ import build_parser, config_from_args
+from worker.__main__ import config_from_args
+from worker.args import build_parser
 
 
 def _options() -> list[argparse.Action]:

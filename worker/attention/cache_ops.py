@@ -14,7 +14,7 @@ import torch
 
 from worker.attention.fp8_gather import load as load_fp8_gather
 from worker.attention.kv_quant import UNSCALED, KVScales, is_fp8, quantize
-from worker.kv_cache import SAME_SIZE_INT
+from worker.kv.kv_cache import SAME_SIZE_INT
 
 
 class KVCacheWriter:

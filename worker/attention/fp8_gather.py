@@ -9,7 +9,7 @@ bytes of both formats into every compute dtype); the write's bytes are ``kv_quan
 with ``toward_zero`` (vLLM's CPU rounding; the CUDA path never comes here).
 
 The library is built by ``make install`` (``python -m worker.attention.fp8_gather``
-rebuilds it) into an ignored ``csrc/fp8_gather.so``; without it (``worker.native``)
+rebuilds it) into an ignored ``csrc/fp8_gather.so``; without it (``worker.cpu.native``)
 the torch path runs unchanged. CUDA caches never use it.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from worker import native
+from worker.cpu import native
 
 SOURCE = Path(__file__).parent / "csrc" / "fp8_gather.c"
 LIBRARY = SOURCE.with_suffix(".so")

@@ -13,9 +13,8 @@ takes the C kernels' calls.
   blocks are gathered with one ``index_select`` per K and V into the workspace, as (n,
   ctx, kvh, hd) padded to the group's longest context, and attended with SDPA under an
   additive padding mask built once per step (None when no row is padded). GQA without
-  copies: the query heads of a kv head become SDPA's query-length axis, (n, kvh, group, hd).
-  NOTE: grouping keeps the gathered K/V hot in the CPU cache for SDPA (one gather of a
-  whole large batch is slower than several groups of a few requests).
+  copies: the query heads of a kv head become SDPA's query-length axis, (n, kvh, group, hd)
+  (``worker.attention.decode_groups``).
 * Shared prefixes (cascade attention, ``worker.attention.cascade``; on CPU, by default
   only on the gather path): decode rows whose leading blocks are the same physical
   blocks attend to those blocks together; each row's own blocks after the prefix go
@@ -42,11 +41,8 @@ An fp8 cache (``worker.attention.kv_quant``) is read with vLLM's CPU arithmetic
 (``cpu_attn_vec.hpp``): every value in float32 (an fp8 value is exact there), the queries
 widened, not scaled, q.k times the scale and the K scale (on the logits), float32
 probabilities and sums, the output rounded to the compute dtype once. The decode kernel
-converts the bytes as it reads them. On the other paths the one-byte blocks are gathered
-first (as bytes: index_select has no fp8 kernels everywhere), then converted to float32
-in the workspace (``dequantize``; K unscaled, V times its scale) for SDPA in float32. On
-CPU the two are one pass of a small C kernel (``worker.attention.fp8_gather``, the same
-bits) where its library is built; the torch passes otherwise. NOTE: SDPA in the compute
+converts the bytes as it reads them. On the other paths the blocks are converted to
+float32 as they are gathered (``worker.attention.block_reader``) for SDPA in float32. NOTE: SDPA in the compute
 dtype (bfloat16) rounded the probabilities where vLLM keeps float32, and greedy
 continuations parted from vLLM's on most prompts (``bench/kv_dtype_agreement.py``).
 """
@@ -59,6 +55,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from worker.attention.block_reader import BlockReader
 from worker.attention.cache_ops import KVCacheWriter
 from worker.attention.cascade import (
     DEFAULT_CASCADE_MIN_TOKENS,
@@ -67,10 +64,9 @@ from worker.attention.cascade import (
     merge_shared_prefixes,
     shared_first_order,
 )
-from worker.attention.fp8_gather import Fp8Gather
-from worker.attention.fp8_gather import load as load_fp8_gather
+from worker.attention.decode_groups import DecodeGrouper
 from worker.attention.kernels import in_place_kernels
-from worker.attention.kv_quant import KVScales, dequantize, is_fp8
+from worker.attention.kv_quant import KVScales, is_fp8
 from worker.attention.metadata import (
     AttentionMetadata,
     DecodeGroup,
@@ -134,17 +130,9 @@ class PagedAttention:
         block_bytes = block_elems * torch.empty((), dtype=self.read_dtype).element_size()
         # NOTE: at least one whole row, so any single request's context fits.
         self.workspace_blocks = max(max_blocks_per_seq, workspace_bytes // block_bytes)
-        self._k_work = torch.empty((self.workspace_blocks, block_elems), dtype=self.read_dtype, device=device)
-        self._v_work = torch.empty((self.workspace_blocks, block_elems), dtype=self.read_dtype, device=device)
-        # The fused fp8 read (None: the torch passes below).
-        self._fused = load_fp8_gather() if self.fp8 and Fp8Gather.supports(self.read_dtype, device) else None
-        if self.fp8:
-            self._bytes = [kv.view(torch.uint8).view(2, self.num_blocks, block_elems) for kv in kv_caches]
-        if self.fp8 and self._fused is None:
-            # The gathered bytes before conversion; caches are read through uint8 views.
-            self._k_raw = torch.empty((self.workspace_blocks, block_elems), dtype=torch.uint8, device=device)
-            self._v_raw = torch.empty((self.workspace_blocks, block_elems), dtype=torch.uint8, device=device)
+        self.reader = BlockReader(kv_caches, self.scales, self.read_dtype, self.workspace_blocks, self.fp8)
         self._positions = torch.arange(max_blocks_per_seq * self.block_size, device=device)
+        self.grouper = DecodeGrouper(self.block_size, self.workspace_blocks, self._positions, self.read_dtype)
         # The in-place kernels (None: the grouped gather and SDPA; a gather and SDPA per chunk).
         self.decode_kernel, self.prefill_kernel = in_place_kernels(kernels, device, cache_dtype, dtype, self.head_dim, self.group,
                                                                    decode_kernel, prefill_kernel, self.block_size, self.num_kv_heads)
@@ -203,7 +191,7 @@ class PagedAttention:
             own = ctx_np - skip * bs
             if self._in_place(self.decode_kernel, block_table):
                 return DecodeRows(block_table, rows_np, skip, own, start - skip * bs), [], None
-            return self._decode_groups(block_table, rows_np, own, skip, (start - skip * bs).tolist()), [], None
+            return self.grouper.groups(block_table, rows_np, own, skip, (start - skip * bs).tolist()), [], None
         skip = np.zeros(len(decode_rows), dtype=np.int64)
         shared: list[SharedPrefix] = []
         order = None
@@ -216,60 +204,13 @@ class PagedAttention:
         own = ctx_np - skip * bs  # keys of each row after its shared prefix, >= 1
         if self._in_place(self.decode_kernel, block_table):
             return DecodeRows(block_table, rows_np, skip, own, np.zeros_like(own)), shared, order
-        return self._decode_groups(block_table, rows_np, own, skip), shared, order
+        return self.grouper.groups(block_table, rows_np, own, skip), shared, order
 
     @staticmethod
     def _in_place(kernel: object | None, block_table: torch.Tensor) -> bool:
         """Whether this step's rows go through ``kernel`` (the decode or prefill one), which
         reads a contiguous int32 block table."""
         return kernel is not None and block_table.dtype == torch.int32 and block_table.is_contiguous()
-
-    def _decode_groups(
-        self, block_table: torch.Tensor, rows_np: np.ndarray, own: np.ndarray, skip: np.ndarray, lead: list[int] | None = None
-    ) -> list[DecodeGroup]:
-        """Consecutive decode rows in groups whose blocks, padded to the group's widest
-        row, fit the workspace together. ``lead``: per row, the keys of its first column
-        before its window (masked), None without a window."""
-        device = block_table.device
-        own_blocks = (-(-own // self.block_size)).tolist()
-        own_list = own.tolist()
-        rows = torch.from_numpy(rows_np).to(device)  # (B,)
-        first_col = torch.from_numpy(skip).to(device)  # (B,)
-        num_rows = len(own_list)
-        groups: list[DecodeGroup] = []
-        start, widest = 0, 0
-        for i in range(num_rows + 1):
-            nb = own_blocks[i] if i < num_rows else 0
-            at_end = i == num_rows
-            if at_end or (i > start and (i - start + 1) * max(widest, nb) > self.workspace_blocks):
-                groups.append(self._decode_group(block_table, rows, first_col, own_list, start, i, widest, lead))
-                start, widest = i, 0
-            widest = max(widest, nb)
-        return groups
-
-    def _decode_group(
-        self, block_table: torch.Tensor, rows: torch.Tensor, first_col: torch.Tensor, own_list: list[int], start: int, end: int, widest: int,
-        lead: list[int] | None = None,
-    ) -> DecodeGroup:
-        """Rows [start, end): ``widest`` block ids each from its first own column, and the
-        bias that masks each row's padding and keys before its window (None when no row
-        has either)."""
-        bs, device = self.block_size, block_table.device
-        max_col = block_table.shape[1] - 1
-        cols = first_col[start:end, None] + torch.arange(widest, device=device)  # (n, widest)
-        # NOTE: columns past a row's blocks read whatever block is there (the
-        # null block or a clamped id); the bias masks them out.
-        ids = block_table[rows[start:end, None], cols.clamp_(max=max_col)].reshape(-1).long()
-        bias = None
-        leading = lead is not None and any(lead[start:end])
-        if leading or any(n_own != widest * bs for n_own in own_list[start:end]):
-            lens = torch.tensor(own_list[start:end], device=device)
-            pad = self._positions[: widest * bs] >= lens[:, None]  # (n, L)
-            if leading:
-                pad |= self._positions[: widest * bs] < torch.tensor(lead[start:end], device=device)[:, None]
-            bias = torch.zeros(pad.shape, dtype=self.read_dtype, device=device).masked_fill_(pad, float("-inf"))
-            bias = bias[:, None, None, :]
-        return DecodeGroup(start, end, ids, widest, bias)
 
     def for_step(self, metadata: AttentionMetadata | Sequence[AttentionMetadata]):
         """The model's AttentionFn for one step: one metadata for every layer, or a
@@ -294,49 +235,6 @@ class PagedAttention:
         logits (the gathered K is unscaled), as vLLM's CPU kernel; None: SDPA's default."""
         return self.kernel_scale * self.scales[layer].k if self.fp8 else self.scale
 
-    def _gather(self, layer: int, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of the given blocks, (m, block_size * kvh * hd) each, in the workspace,
-        in ``read_dtype`` (an fp8 cache's K unscaled: ``sdpa_scale`` carries its scale)."""
-        m = block_ids.shape[0]
-        if self._fused is not None:
-            return self._fused_read(layer, block_ids, 0, m)
-        if self.fp8:
-            cache = self._bytes[layer]  # (2, num_blocks, block_elems) uint8
-            k = torch.index_select(cache[0], 0, block_ids, out=self._k_raw[:m])
-            v = torch.index_select(cache[1], 0, block_ids, out=self._v_raw[:m])
-            return self._dequantize(layer, k, v)
-        cache = self.kv_caches[layer]
-        k = torch.index_select(cache[0].view(self.num_blocks, -1), 0, block_ids, out=self._k_work[:m])
-        v = torch.index_select(cache[1].view(self.num_blocks, -1), 0, block_ids, out=self._v_work[:m])
-        return k, v
-
-    def _dequantize(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp8 blocks (m, block_elems), as bytes, -> float32 in the workspace: K unscaled, V
-        times its scale. NOTE: vLLM scales the output, not V; the same at 1.0, one rounding
-        apart otherwise, and a scaled V keeps the cascade merge's two parts alike."""
-        m, fp8, s = k.shape[0], self.kv_caches[layer].dtype, self.scales[layer]
-        return dequantize(k, fp8, self._k_work[:m], 1.0), dequantize(v, fp8, self._v_work[:m], s.v)
-
-    def _fused_read(self, layer: int, block_ids: torch.Tensor | None, first: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``_gather`` (block_ids) or a consecutive run (None: first ..) of an fp8 cache, one pass each of K and V."""
-        cache, fp8, s = self._bytes[layer], self.kv_caches[layer].dtype, self.scales[layer]
-        return (self._fused(cache[0], block_ids, first, m, fp8, self._k_work, 1.0),
-                self._fused(cache[1], block_ids, first, m, fp8, self._v_work, s.v))
-
-    def _blocks(self, layer: int, block_ids: torch.Tensor, first_block: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """As ``_gather``, but blocks whose ids run consecutively are read in place (an fp8
-        cache's are converted from there, without the gather)."""
-        if first_block is None:
-            return self._gather(layer, block_ids)
-        end = first_block + block_ids.shape[0]
-        if self._fused is not None:
-            return self._fused_read(layer, None, first_block, block_ids.shape[0])
-        if self.fp8:
-            cache = self._bytes[layer]
-            return self._dequantize(layer, cache[0, first_block:end], cache[1, first_block:end])
-        cache = self.kv_caches[layer]
-        return cache[0].view(self.num_blocks, -1)[first_block:end], cache[1].view(self.num_blocks, -1)[first_block:end]
-
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata
     ) -> torch.Tensor:
@@ -352,7 +250,7 @@ class PagedAttention:
                                 md.sliding_window, self.kernel_scale, out, (s.k, s.v))
         for c in md.prefills:
             ctx = c.num_ctx_blocks * self.block_size
-            kc, vc = self._blocks(layer, c.block_ids, c.first_block)
+            kc, vc = self.reader.blocks(layer, c.block_ids, c.first_block)
             kc = kc.view(ctx, kvh, hd).transpose(0, 1).unsqueeze(0)  # (1, kvh, ctx, hd)
             vc = vc.view(ctx, kvh, hd).transpose(0, 1).unsqueeze(0)
             qc = q[c.start : c.end].to(self.read_dtype).transpose(0, 1).unsqueeze(0)  # (1, nh, n, hd)
@@ -381,7 +279,7 @@ class PagedAttention:
             self.decode_kernel(q, self.kv_caches[layer], r.table, r.table_row, r.first_col, r.num_keys, r.lead, self.kernel_scale, res, lse, (s.k, s.v))
         for g in md.decode_groups:
             n, ctx = g.end - g.start, g.num_ctx_blocks * self.block_size
-            kg, vg = self._gather(layer, g.block_ids)
+            kg, vg = self.reader.gather(layer, g.block_ids)
             kg = kg.view(n, ctx, kvh, hd).transpose(1, 2)  # (n, kvh, ctx, hd)
             vg = vg.view(n, ctx, kvh, hd).transpose(1, 2)
             qg = qr[g.start : g.end].view(n, kvh, grp, hd)  # (n, kvh, group, hd)
@@ -391,7 +289,7 @@ class PagedAttention:
                 o, lse[g.start : g.end] = flash_with_lse(qg, kg, vg, attn_mask=g.bias, scale=self.sdpa_scale(layer))
             res[g.start : g.end] = o.reshape(n, self.num_heads, hd)
         if md.shared_prefixes:
-            merge_shared_prefixes(qr, res, lse, md.shared_prefixes, lambda ids, first: self._blocks(layer, ids, first), self.block_size,
+            merge_shared_prefixes(qr, res, lse, md.shared_prefixes, lambda ids, first: self.reader.blocks(layer, ids, first), self.block_size,
                                   self.sdpa_scale(layer))
         if md.decode_order is not None:
             out.index_copy_(0, md.decode_order, res)

@@ -11,7 +11,7 @@ the scale of q.k times the K scale multiplies the scores, and the V scale the ou
 CPU kernel), and the log-sum-exp it returns per query is what cascade attention's merge takes.
 
 The library is built by ``make install`` (``python -m worker.attention.paged_decode``
-rebuilds it) into an ignored ``csrc/paged_decode.so``; without it (``worker.native``)
+rebuilds it) into an ignored ``csrc/paged_decode.so``; without it (``worker.cpu.native``)
 the torch path runs unchanged. CUDA caches never use it.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from worker import native
+from worker.cpu import native
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
 LIBRARY = SOURCE.with_suffix(".so")

@@ -10,7 +10,7 @@ AVX-512 (F, BF16); bfloat16 rounded where torch's CPU flash attention rounds
 (the probabilities before the values' product, the output once), float32 sums.
 
 The library is built by ``make install`` (``python -m worker.attention.paged_prefill``
-rebuilds it) into an ignored ``csrc/paged_prefill.so``; without it (``worker.native``)
+rebuilds it) into an ignored ``csrc/paged_prefill.so``; without it (``worker.cpu.native``)
 the torch path runs unchanged. fp8 caches and CUDA never use it.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from worker import native
+from worker.cpu import native
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_prefill.c"
 LIBRARY = SOURCE.with_suffix(".so")

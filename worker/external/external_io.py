@@ -26,7 +26,7 @@ failure per pause, not one per block. A store whose "full" passes by itself (Moo
 master evicts in the background) names a shorter pause for it: ``full_pause_s``.
 
 Payload of a block: every layer's K then V of that block, in layer order, as the KV
-tensors hold them (worker/kv_block_bytes.py).
+tensors hold them (worker/kv/kv_block_bytes.py).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import torch
 from protocol.external_kv import BadObject, decode, encode_header
 from protocol.worker_messages import ExternalKVOps
 from worker.external.store_errors import StoreError
-from worker.kv_block_bytes import block_bytes, gather_blocks, write_blocks
+from worker.kv.kv_block_bytes import block_bytes, gather_blocks, write_blocks
 
 log = logging.getLogger("kvpool.worker.external")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from worker.attention.kv_quant import KVScales, checkpoint_kv_scales
-from worker.checkpoint import Checkpoint, CheckpointError
+from worker.load.checkpoint import Checkpoint, CheckpointError
 
 # Where a layer's K (or V) scale may be, after "model.layers.{i}.self_attn.".
 _NAMES = {

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from worker.checkpoint import Checkpoint, CheckpointError
+from worker.load.checkpoint import Checkpoint, CheckpointError
 from worker.models.config import ModelConfig, model_config_from_hf
 from worker.models.decoder import DecoderLayer, DecoderModel
 from worker.models.gemm import gemm_dtype

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from worker import native
+from worker.cpu import native
 
 SOURCE = Path(__file__).parent / "csrc" / "norm_act.c"
 LIBRARY = SOURCE.with_suffix(".so")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from worker import native
+from worker.cpu import native
 
 SOURCE = Path(__file__).parent / "csrc" / "packed_gemm.c"
 LIBRARY = SOURCE.with_suffix(".so")

@@ -30,12 +30,12 @@ from protocol.worker_messages import (
     WorkerReady,
 )
 from worker.config import WorkerConfig
+from worker.load.serving_model import ServingModel
 from worker.metrics import WorkerMetrics
 from worker.parallel.distributed import GroupLost
 from worker.parallel.plan_fanout import Kind, PlanFanout
 from worker.process import WorkerProcess
-from worker.runner import ModelRunner
-from worker.serving_model import ServingModel
+from worker.step.runner import ModelRunner
 
 log = logging.getLogger("worker")
 

@@ -20,12 +20,12 @@ from protocol.codec import Codec
 from protocol.kv_cache_spec import KVCacheGroupSpec
 from protocol.worker_messages import SchedulerToWorker, SpecStepPlan, StepPlan, WorkerReady
 from worker.attention.kv_quant import KVScales
-from worker.kv_cache import first_blocks
+from worker.kv.kv_cache import first_blocks
 from worker.models.decoder import DecoderModel
 from worker.parallel.distributed import GroupLost
 from worker.parallel.plan_fanout import Kind, PlanFanout
-from worker.plan_check import PlanError
-from worker.runner import ModelRunner
+from worker.step.plan_check import PlanError
+from worker.step.runner import ModelRunner
 
 log = logging.getLogger("worker")
 

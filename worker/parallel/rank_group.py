@@ -26,12 +26,12 @@ import torch
 import zmq
 
 from worker.config import WorkerConfig
+from worker.load.serving_model import ServingModel
 from worker.metrics import WorkerMetrics
 from worker.parallel.distributed import GroupLost, TPGroup
 from worker.parallel.group_leader import EXIT_GROUP_LOST, GroupLeader
 from worker.parallel.plan_fanout import PlanFanout
 from worker.parallel.rank_follower import RankFollower
-from worker.serving_model import ServingModel
 
 log = logging.getLogger("worker")
 

@@ -30,7 +30,7 @@ import torch
 import zmq
 
 from protocol.kv_pull_wire import PullRequest
-from worker.kv_block_bytes import block_bytes, write_blocks
+from worker.kv.kv_block_bytes import block_bytes, write_blocks
 from worker.transfer.side_channel import ENCODER, REPLY_DECODER, socket_for, tcp_endpoint
 
 log = logging.getLogger("kvpool.worker.transfer")

@@ -4,7 +4,7 @@ engines' workers (P/D disaggregation, protocol/kv_pull_wire.py), on a thread of 
 The process loop's thread lends a finished request's blocks (`lend`) and takes lends back
 (`unlend`, a lease ran out) as a plan's ``KVTransferOps`` arrive, before that plan's
 forward. The server thread answers each ``PullRequest`` on a ZMQ ROUTER: the blocks'
-bytes (worker/kv_block_bytes.py) gathered into host memory and sent as one frame, after
+bytes (worker/kv/kv_block_bytes.py) gathered into host memory and sent as one frame, after
 which the lend is gone and the request id is reported read (`take_sent`), so the
 scheduler frees the blocks.
 
@@ -31,7 +31,7 @@ import torch
 import zmq
 
 from protocol.kv_pull_wire import PullReply, PullRequest
-from worker.kv_block_bytes import block_bytes, gather_blocks
+from worker.kv.kv_block_bytes import block_bytes, gather_blocks
 from worker.transfer.side_channel import ENCODER, REQUEST_DECODER, host_port, socket_for
 
 log = logging.getLogger("kvpool.worker.transfer")

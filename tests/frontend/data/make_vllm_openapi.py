@@ -1,4 +1,4 @@
-"""Writes frontend/vllm_openapi_0.32.json: vLLM 0.32's own OpenAPI schema and docs pages,
+"""Writes frontend/routes/vllm_openapi_0.32.json: vLLM 0.32's own OpenAPI schema and docs pages,
 cut to the routes kvpool's API server has. Run once by hand with the project's
 interpreter, vLLM 0.32 installed in .venv-vllm (``bash bench/install_vllm.sh``):
 
@@ -69,7 +69,7 @@ def main() -> None:
         json.dump(vllm_answers(sys.argv[2]), sys.stdout)
         return
     sys.path.insert(0, str(REPO))
-    from frontend.openapi import DATA, METHODS, ROOT_PATH, cut
+    from frontend.routes.openapi import DATA, METHODS, ROOT_PATH, cut
 
     env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
     got = subprocess.run([str(VLLM_PYTHON), __file__, "--vllm", ROOT_PATH], capture_output=True, text=True, check=True, env=env)

@@ -10,7 +10,7 @@ import argparse
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduler.engine.config import config_from_args
+from scheduler.engine.args import config_from_args
 from scheduler.engine.metric_buckets import custom_histogram_buckets
 from scheduler.engine.metrics import SchedulerMetrics
 

@@ -4,7 +4,7 @@ vLLM's ZmqEventPublisher.get_publisher_config()), the cache config a router read
 
 from __future__ import annotations
 
-from scheduler.engine.config import config_from_args
+from scheduler.engine.args import config_from_args
 from scheduler.engine.engine_info import engine_info
 
 

@@ -1,4 +1,4 @@
-"""The scheduler's external tier: its flags (scheduler/engine/config.py _check_external_tier,
+"""The scheduler's external tier: its flags (scheduler/engine/arg_checks.py check_external_tier,
 exit 2 naming the flag), the tier it builds from them, and the check of each worker's hello
 against them (scheduler/engine/external_setup.py): both processes must name the same tier."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from protocol.worker_messages import WorkerHello
-from scheduler.core.external_tier import ExternalTier, KnownKeys
-from scheduler.engine.config import config_from_args
+from scheduler.core.offload.external_tier import ExternalTier, KnownKeys
+from scheduler.engine.args import config_from_args
 from scheduler.engine.external_setup import check_external_tier, make_external_tier
 from scheduler.engine.worker_checks import WorkerRefused
 

@@ -13,7 +13,7 @@ from kvtest.fake_worker import FakeWorker
 from kvtest.scheduler_harness import Setup, prompt_of
 
 from scheduler.core.kv_cache_manager import KVCacheManager
-from scheduler.engine.config import config_from_args
+from scheduler.engine.args import config_from_args
 from scheduler.engine.stats_logger import IterationDetailsLogger
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler

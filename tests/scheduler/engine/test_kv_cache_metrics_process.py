@@ -50,7 +50,7 @@ def test_without_the_flag_there_are_no_residency_histograms():
 
 @pytest.mark.parametrize("value", ["0", "-0.5", "1.5"])
 def test_a_sample_outside_zero_to_one_is_refused_naming_the_flag(value, capsys):
-    from scheduler.engine.config import config_from_args
+    from scheduler.engine.args import config_from_args
 
     with pytest.raises(SystemExit) as e:
         config_from_args(["--kv-cache-metrics", "--kv-cache-metrics-sample", value])
@@ -58,7 +58,7 @@ def test_a_sample_outside_zero_to_one_is_refused_naming_the_flag(value, capsys):
 
 
 def test_the_flags_reach_the_config():
-    from scheduler.engine.config import config_from_args
+    from scheduler.engine.args import config_from_args
 
     c = config_from_args(["--kv-cache-metrics", "--kv-cache-metrics-sample", "0.25"])
     assert c.kv_cache_metrics is True and c.kv_cache_metrics_sample == 0.25

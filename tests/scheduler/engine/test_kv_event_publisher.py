@@ -221,7 +221,7 @@ def test_block_removed_only_when_the_last_duplicate_goes():
     ],
 )
 def test_hash_form_follows_vllms_variable_and_the_flag(env, argv, expected, monkeypatch):
-    from scheduler.engine.config import config_from_args
+    from scheduler.engine.args import config_from_args
 
     if env is None:
         monkeypatch.delenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", raising=False)
@@ -231,7 +231,7 @@ def test_hash_form_follows_vllms_variable_and_the_flag(env, argv, expected, monk
 
 
 def test_a_bad_hash_form_variable_is_refused_naming_it(monkeypatch, capsys):
-    from scheduler.engine.config import config_from_args
+    from scheduler.engine.args import config_from_args
 
     monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "yes")
     with pytest.raises(SystemExit) as e:

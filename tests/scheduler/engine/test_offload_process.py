@@ -128,15 +128,15 @@ def test_a_worker_offering_no_host_blocks_is_refused_naming_the_flag():
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["--kv-offloading-size", "-1"], "must be a size in GiB"),
-        (["--kv-offloading-size", "nan"], "must be a size in GiB"),
-        (["--kv-offloading-size", "inf"], "must be a size in GiB"),
+        (["--kv-offloading-size", "-1"], "a number of GiB"),
+        (["--kv-offloading-size", "nan"], "a number of GiB"),
+        (["--kv-offloading-size", "inf"], "a number of GiB"),
         (["--kv-offloading-size", "1", "--no-enable-prefix-caching"], "needs the prefix cache"),
         (["--kv-offloading-store", "sometimes"], "invalid choice"),
     ],
 )
 def test_bad_offloading_flags_are_refused(argv, words, capsys):
-    from scheduler.engine.config import config_from_args
+    from scheduler.engine.args import config_from_args
 
     with pytest.raises(SystemExit):
         config_from_args(argv)
@@ -144,7 +144,7 @@ def test_bad_offloading_flags_are_refused(argv, words, capsys):
 
 
 def test_offloading_flags_reach_the_config():
-    from scheduler.engine.config import config_from_args
+    from scheduler.engine.args import config_from_args
 
     c = config_from_args(["--kv-offloading-size", "4", "--kv-offloading-store", "full"])
     assert c.kv_offloading_size == 4.0 and c.kv_offloading_store == "full"

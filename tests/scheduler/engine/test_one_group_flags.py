@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from scheduler.engine.config import config_from_args
+from scheduler.engine.args import config_from_args
 
 
 def refused(argv: list[str], capsys) -> str:

@@ -1,7 +1,7 @@
 """--enable-mfu-metrics: vLLM's estimated_*_per_gpu counters, as vllm/v1/metrics/perf.py
 estimates a dense llama-style model (AttentionMetrics + FfnMetrics + UnembedMetrics),
-on a tiny model worked out by hand; the step's batch as vLLM's ExecutionContext sees
-it; the flags; and the live process."""
+on a tiny model worked out by hand, in the element sizes the worker's hello reports; the
+step's batch as vLLM's ExecutionContext sees it; the flags; and the live process."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pytest
 from kvtest.fake_worker import FakeWorker
 from kvtest.scheduler_harness import Setup, metric, prompt_of
 
+from protocol.worker_messages import WorkerHello
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
-from scheduler.engine.config import config_from_args
+from scheduler.engine.args import config_from_args
 from scheduler.engine.perf_metrics import ModelShape, StepContext, estimate_step
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
@@ -26,6 +27,11 @@ TINY = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_s
 #   flops = qkv 512T + out 256T + qk, av 2 x 32TC + ffn 1536T + unembed 512 logits
 #   read  = attn 64T + 768 + 32(P + Pc + N + Nc) + ffn 224T + 1536 + unembed 16 logits + 512
 #   write = attn 128T + ffn 224T + unembed 64 logits
+
+
+def worker(tp: int = 1, dtype_size: int = 2, kv_cache_dtype_size: int = 2) -> WorkerHello:
+    """The hello of a worker of ``tp`` ranks that serves in these element sizes (bf16 by default)."""
+    return WorkerHello(0, tp, 64, 16, 32, 1, dtype_size=dtype_size, kv_cache_dtype_size=kv_cache_dtype_size)
 
 
 def flops(T, TC, logits):
@@ -48,12 +54,12 @@ def tiny_dir(tmp_path):
 
 def test_a_mixed_step_by_hand(tiny_dir):
     shape = ModelShape.from_checkpoint(str(tiny_dir))
-    assert shape == ModelShape(2, 8, 2, 1, 4, 16, 32, 2, 2)
+    assert shape == ModelShape(2, 8, 2, 1, 4, 16, 32)
     ctx = StepContext()
     ctx.add(3, 3, True)  # a 3-token prompt
     ctx.add(1, 10, False)  # a decode at context 10
     # T = 4, TC = 3*3 + 10 = 19, logits = 1 + 1: attention 2048 + 1024 + 2 * 608, ffn 6144, unembed 1024.
-    assert estimate_step(shape, 1, ctx) == (11456, 4544, 1536)
+    assert estimate_step(shape, worker(), ctx) == (11456, 4544, 1536)
     assert (flops(4, 19, 2), read(4, 3, 3, 1, 10, 2), write(4, 2)) == (11456, 4544, 1536)
 
 
@@ -66,7 +72,7 @@ def test_tensor_parallel_splits_heads_ffn_and_vocab(tiny_dir):
     # read: qkv in 32 + w 8*3*4*2*2 = 384, attn in 1*4*2*2 + 2*5*4*2*2 = 176, out in 16 + w 4*8*2*2 = 128;
     #       ffn 32 + 2*8*8*2*2 = 512 + 2*8*2*2 = 64 + 32 + 256; unembed 16 + 8*16*2 = 256.
     # write: qkv 3*4*2*2 = 48, kv 2*4*2*2 = 32, out 32; ffn 64 + 32 + 32; unembed 16*2 = 32.
-    assert estimate_step(shape, 2, ctx) == (384 + 128 + 160 + 768 + 256, 32 + 384 + 176 + 16 + 128 + 32 + 512 + 64 + 32 + 256 + 16 + 256,
+    assert estimate_step(shape, worker(tp=2), ctx) == (384 + 128 + 160 + 768 + 256, 32 + 384 + 176 + 16 + 128 + 32 + 512 + 64 + 32 + 256 + 16 + 256,
                                             48 + 32 + 32 + 64 + 32 + 32 + 32)
 
 
@@ -102,10 +108,18 @@ def test_a_chunk_of_a_running_prompt_is_a_prefill_and_one_token_a_decode():
 
 
 def test_the_flags(tiny_dir, tmp_path):
-    c = config_from_args(["--enable-mfu-metrics", "--model", str(tiny_dir), "--dtype", "float32"])
-    assert c.enable_mfu_metrics and c.model == str(tiny_dir) and c.dtype == "float32"
-    assert ModelShape.from_checkpoint(c.model, c.dtype).dtype_bytes == 4
+    c = config_from_args(["--enable-mfu-metrics", "--model", str(tiny_dir)])
+    assert c.enable_mfu_metrics and c.model == str(tiny_dir)
     assert not config_from_args([]).enable_mfu_metrics
+
+
+def test_the_element_sizes_are_the_workers(tiny_dir):
+    # A float32 worker of the same checkpoint: every byte term twice the bf16 one's, flops as they were.
+    shape = ModelShape.from_checkpoint(str(tiny_dir))
+    ctx = StepContext()
+    ctx.add(3, 3, True)
+    ctx.add(1, 10, False)
+    assert estimate_step(shape, worker(dtype_size=4, kv_cache_dtype_size=4), ctx) == (11456, 2 * 4544, 2 * 1536)
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -145,12 +159,11 @@ def test_the_scheduler_process_counts_each_step(tiny_dir, enabled):
 def test_an_fp8_cache_halves_the_kv_traffic_of_decodes_and_writes(tiny_dir):
     # As vLLM's cache_byte_size: a decode's context is read, and every token's K/V written,
     # at one byte; a prefill's context is counted at the activation size (b) as vLLM does.
-    shape = ModelShape.from_checkpoint(str(tiny_dir), "auto", "fp8")
-    assert (shape.dtype_bytes, shape.cache_bytes) == (2, 1)
+    shape = ModelShape.from_checkpoint(str(tiny_dir))
     ctx = StepContext()
     ctx.add(3, 3, True)
     ctx.add(1, 10, False)
     # read: 2 * Nc 10 * kv 1 * d 4 * L 2 = 160 bytes at 1 instead of 2; write: 2 * T 4 * kv 1 * d 4 * L 2 = 64.
-    assert estimate_step(shape, 1, ctx) == (11456, 4544 - 160, 1536 - 64)
+    assert estimate_step(shape, worker(kv_cache_dtype_size=1), ctx) == (11456, 4544 - 160, 1536 - 64)
     c = config_from_args(["--enable-mfu-metrics", "--model", str(tiny_dir), "--kv-cache-dtype", "fp8_e5m2"])
     assert c.kv_cache_dtype == "fp8_e5m2"

@@ -1,4 +1,4 @@
-"""The scheduler process's scheduling-policy flags (scheduler/engine/config.py), under
+"""The scheduler process's scheduling-policy flags (scheduler/engine/args.py), under
 vLLM 0.32's names and with its checks: bad values exit 2 naming the flag, nothing
 started. vLLM 0.32 has no --max-num-partial-prefills / --max-long-partial-prefills
 (``vllm serve`` answers "unrecognized arguments", status 2): neither has kvpool."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.engine.config import config_from_args
+from scheduler.engine.args import config_from_args
 
 
 def refused(argv: list[str], capsys) -> str:

@@ -273,8 +273,9 @@ def test_a_lost_workers_recomputes_are_not_preemptions(monkeypatch):
 
 
 def test_cache_config_info_names_the_kv_cache_dtype_as_given():
+    from scheduler.engine.args import config_from_args
     from scheduler.engine.cache_config_info import cache_config_info
-    from scheduler.engine.config import SchedulerConfig, config_from_args
+    from scheduler.engine.config import SchedulerConfig
 
     assert cache_config_info(SchedulerConfig(), 100)["cache_dtype"] == "auto"
     # vLLM's CacheConfig keeps the name it was given (fp8 is not spelled fp8_e4m3 there).

@@ -10,7 +10,7 @@ import time
 import pytest
 from kvtest.scheduler_harness import Setup, prompt_of
 
-from scheduler.engine.config import config_from_args
+from scheduler.engine.args import config_from_args
 from scheduler.engine.stats_logger import MAX_RECENT_REQUESTS, StatsLogger, StatsSnapshot
 
 

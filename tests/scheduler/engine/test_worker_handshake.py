@@ -279,3 +279,20 @@ def test_a_worker_silent_during_its_handshake_is_dropped(setup):
         assert time.monotonic() < deadline, reply.reason
         time.sleep(0.5)
     assert reply.num_blocks == 32
+
+
+def test_the_kv_block_bytes_gauge_is_the_hello_of_the_worker_attached(setup):
+    sched, client, worker = setup
+    # What a worker measured on its KV tensors, reported and exported as it said it: a
+    # bfloat16 cache of 2 layers, 4 KV heads of 64 dims, 16 tokens: K and V, 2 bytes each.
+    a = worker(kv_cache_dtype="bfloat16", kv_cache_dtype_size=2, kv_block_bytes=2 * 2 * BS * 4 * 64 * 2)
+    a.join()
+    sched.wait_health(200)
+    assert metric(sched.metrics(), "kvpool_kv_block_bytes") == 32768
+    a.close()
+    sched.wait_health(503, bound_s=15)
+    # The next worker's fp8 cache: one byte an element, half the block.
+    b = worker(kv_cache_dtype="float8_e4m3fn", kv_cache_dtype_size=1, kv_block_bytes=2 * 2 * BS * 4 * 64 * 1)
+    b.join()
+    sched.wait_health(200)
+    assert metric(sched.metrics(), "kvpool_kv_block_bytes") == 16384

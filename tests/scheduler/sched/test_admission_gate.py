@@ -9,7 +9,7 @@ from kvtest.kv_manager import BS, admit, manager, req, snapshot
 from protocol.worker_messages import StepResult
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
-from scheduler.engine.config import config_from_args
+from scheduler.engine.args import config_from_args
 from scheduler.sched.request import Request, RequestStatus
 from scheduler.sched.scheduler import Scheduler
 

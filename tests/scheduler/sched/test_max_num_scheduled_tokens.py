@@ -12,7 +12,7 @@ import pytest
 from kvtest.fake_worker import FakeWorker
 
 from scheduler.core.kv_cache_manager import KVCacheManager
-from scheduler.engine.config import config_from_args
+from scheduler.engine.args import config_from_args
 from scheduler.sched.policy_options import check_scheduler_options
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler

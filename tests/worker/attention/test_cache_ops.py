@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from worker.attention.cache_ops import KVCacheWriter
-from worker.kv_cache import allocate_kv_caches
+from worker.kv.kv_cache import allocate_kv_caches
 
 
 def test_the_writer_puts_each_token_into_its_slot():

@@ -9,9 +9,9 @@ import logging
 import pytest
 import torch
 
-from worker import native
 from worker.attention import fp8_gather
 from worker.attention.kv_quant import dequantize, quantize
+from worker.cpu import native
 
 KERNEL = fp8_gather.load()
 needs_kernel = pytest.mark.skipif(KERNEL is None, reason="fp8 gather library not built (make install builds it)")
@@ -91,9 +91,9 @@ def test_the_kernel_is_only_for_cpu_and_16_or_32_bit_compute():
 @pytest.mark.parametrize("fp8", FP8)
 def test_paged_attention_reads_the_same_through_either_path(fp8, monkeypatch):
     """PagedAttention's decode and prefill outputs, fused read against torch passes: equal."""
-    from worker.attention import cache_ops, paged_attention
+    from worker.attention import block_reader, cache_ops, paged_attention
     from worker.attention.paged_attention import PagedAttention
-    from worker.kv_cache import allocate_kv_caches
+    from worker.kv.kv_cache import allocate_kv_caches
 
     bs, kvh, nh, hd, nb = 4, 2, 4, 16, 32
     cache = allocate_kv_caches(1, nb, bs, kvh, hd, fp8, "cpu")[0]
@@ -106,10 +106,10 @@ def test_paged_attention_reads_the_same_through_either_path(fp8, monkeypatch):
     outs = []
     for fused in (True, False):
         if not fused:
-            monkeypatch.setattr(paged_attention, "load_fp8_gather", lambda: None)
+            monkeypatch.setattr(block_reader, "load_fp8_gather", lambda: None)
             monkeypatch.setattr(cache_ops, "load_fp8_gather", lambda: None)
         pa = PagedAttention([cache.clone()], nh, 8, compute_dtype=torch.bfloat16, kv_scales=[paged_attention.KVScales(0.37, 2.5)])
-        assert (pa._fused is not None) == fused and (pa.writers[0].fused is not None) == fused
+        assert (pa.reader.fused is not None) == fused and (pa.writers[0].fused is not None) == fused
         md = pa.build_metadata(table, torch.tensor([10, 14, 7] + [24, 25, 26, 27, 28, 29]), [0, 1, 2], [11, 15, 8], [(3, 0, 6)])
         outs.append(pa.for_step(md)(0, q, k, v))
     assert torch.equal(outs[0], outs[1])

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from worker import native
 from worker.attention import kernels, paged_attention, paged_decode
 from worker.attention.paged_attention import PagedAttention
+from worker.cpu import native
 
 KERNEL = paged_decode.load()
 needs_kernel = pytest.mark.skipif(KERNEL is None, reason="paged decode library not built (make install builds it)")

@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.attention import cache_ops, fp8_gather, paged_attention
+from worker.attention import block_reader, cache_ops, fp8_gather
 from worker.attention.kv_quant import KVScales, quantize
 from worker.attention.paged_attention import PagedAttention
-from worker.block_table import BlockTable
-from worker.kv_cache import allocate_kv_caches
+from worker.kv.kv_cache import allocate_kv_caches
+from worker.step.block_table import BlockTable
 
 BS, KVH, NH, HD, NUM_BLOCKS = 4, 2, 8, 16, 64
 
@@ -48,7 +48,7 @@ def fp8_read(request, monkeypatch):
         if fp8_gather.load() is None:
             pytest.skip("fp8 gather library not built (make install builds it)")
     else:
-        monkeypatch.setattr(paged_attention, "load_fp8_gather", lambda: None)
+        monkeypatch.setattr(block_reader, "load_fp8_gather", lambda: None)
         monkeypatch.setattr(cache_ops, "load_fp8_gather", lambda: None)
     return request.param
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from kvtest.hf_models import VOCAB, make_checkpoint
 
-from worker.checkpoint import Checkpoint
+from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
 from worker.parallel.linear import plan_shard
 

@@ -20,11 +20,11 @@ from kvtest.tp_ranks import (
     run_group,
 )
 
-from worker.checkpoint import Checkpoint
-from worker.kv_cache import allocate_kv_caches
+from worker.kv.kv_cache import allocate_kv_caches
+from worker.load.checkpoint import Checkpoint
 from worker.models.config import DTYPES
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 
 pytestmark = pytest.mark.slow
 

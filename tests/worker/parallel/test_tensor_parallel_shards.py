@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from worker.checkpoint import Checkpoint, CheckpointError
+from worker.load.checkpoint import Checkpoint, CheckpointError
 from worker.models.config import model_config_from_hf
 from worker.models.loader import load_model
 from worker.parallel.linear import RowParallelLinear, ShardError, plan_shard
