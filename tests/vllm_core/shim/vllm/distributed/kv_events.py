@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import os
 
-from protocol.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, int_block_hashes_from_env
+from protocol.kv_events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    int_block_hashes_from_env,
+)
 from scheduler.engine.kv_event_publisher import to_wire_event
 from vllm.unmapped import module_getattr
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from scheduler.core import block_pool as kvpool_block_pool
 from scheduler.core import block_hash_map
-from scheduler.core.group_events import GroupKeyedEventSink
+from scheduler.core import block_pool as kvpool_block_pool
+from scheduler.core.hybrid.group_events import GroupKeyedEventSink
 from scheduler.core.kv_events import KVEventRecorder
 from scheduler.core.single_type_kv_cache_manager import KeyedHashes, group_key
 from vllm.distributed.kv_events import vllm_events

@@ -1,13 +1,12 @@
-"""vLLM's KVCacheManager and KVCacheBlocks over kvpool's managers.
+"""vLLM's KVCacheManager and KVCacheBlocks over kvpool's KVCacheManager.
 
-vLLM builds one manager from a KVCacheConfig; kvpool takes plain values: the pool's
-size, the block size, and one window per group. So the config is read here: one
-full-attention group is kvpool's `KVCacheManager`, anything else (a sliding-window
-group, several groups) its `HybridKVCacheManager`, both over the shim's BlockPool
-(vLLM's group-aware lookups). What kvpool's managers lack is refused with NotMapped:
-EAGLE, groups of different block sizes, hashes finer than a block, context
-parallelism, Mamba and MLA specs (unmapped names), external (connector) tokens,
-encoder tokens, and positive prefix-cache retention intervals.
+vLLM builds its manager from a KVCacheConfig; kvpool's takes plain values: the pool's
+size, the block size, and one window per group (``group_windows``). So the config is
+read here, and kvpool's manager built over the shim's BlockPool (vLLM's group-aware
+lookups). What kvpool's manager lacks is refused with NotMapped: EAGLE, groups of
+different block sizes, hashes finer than a block, context parallelism, Mamba and MLA
+specs (unmapped names), external (connector) tokens, encoder tokens, and positive
+prefix-cache retention intervals.
 
 kvpool keys a one-group pool by the bare hash (no group id): `get_block_hash` and
 `get_group_id` (kv_cache_utils.py) read such a key as group 0's.
@@ -18,8 +17,8 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
-from scheduler.core.grouped_blocks import GroupedBlocks
-from scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
+from protocol.kv_cache_spec import is_hybrid
+from scheduler.core import kv_cache_blocks
 from scheduler.core.kv_cache_manager import KVCacheManager as KvpoolKVCacheManager
 from scheduler.core.kv_events import KVEventRecorder
 from vllm.distributed.kv_events import vllm_events
@@ -32,22 +31,18 @@ __all__ = ["KVCacheBlocks", "KVCacheManager", "Request"]
 __getattr__ = module_getattr(__name__)
 
 
-class KVCacheBlocks(GroupedBlocks):
-    """vLLM's KVCacheBlocks: kvpool's GroupedBlocks, block ids as vLLM's tuple."""
+class KVCacheBlocks(kv_cache_blocks.KVCacheBlocks):
+    """kvpool's KVCacheBlocks, with vLLM's choice of groups in get_block_ids."""
 
     __slots__ = ()
 
-    @property
-    def blocks(self):
-        return self.groups
-
     def get_block_ids(self, group_ids=None):
-        groups = self.groups if group_ids is None else [self.groups[g] for g in group_ids]
-        return tuple([b.block_id for b in blocks] for blocks in groups)
+        blocks = self.blocks if group_ids is None else [self.blocks[g] for g in group_ids]
+        return tuple([b.block_id for b in group] for group in blocks)
 
 
 def group_windows(config: KVCacheConfig) -> list[int]:
-    """One window per group (0: full attention), refusing what kvpool's managers lack."""
+    """One window per group (0: full attention), refusing what kvpool's manager lacks."""
     windows = []
     for group in config.kv_cache_groups:
         spec = group.kv_cache_spec
@@ -84,15 +79,10 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.log_stats = log_stats
         self.events = KVEventRecorder() if enable_kv_cache_events else None
-        factory = BlockPool.factory(block_size)
-        if windows == [0]:
-            self.manager = KvpoolKVCacheManager(kv_cache_config.num_blocks, block_size, max_model_len, enable_caching,
-                                                self.events, factory)
-            self.block_pool.group_keyed = False
-        else:
-            self.manager = HybridKVCacheManager(kv_cache_config.num_blocks, block_size, max_model_len, windows,
-                                                enable_caching, self.events, factory,
-                                                max_num_batched_tokens=max_in_flight_tokens)
+        self.manager = KvpoolKVCacheManager(kv_cache_config.num_blocks, block_size, max_model_len, enable_caching, self.events,
+                                            BlockPool.factory(block_size), group_windows=windows,
+                                            max_num_batched_tokens=max_in_flight_tokens)
+        self.block_pool.group_keyed = is_hybrid(windows)
 
     @property
     def block_pool(self) -> BlockPool:
@@ -108,19 +98,15 @@ class KVCacheManager:
 
     @property
     def coordinator(self):
-        """vLLM's coordinator, as far as tests read it: the groups' managers (their tables)."""
-        if isinstance(self.manager, HybridKVCacheManager):
-            return SimpleNamespace(single_type_managers=self.manager.single_type_managers)
-        return SimpleNamespace(single_type_managers=(SimpleNamespace(req_to_blocks=self.manager.req_to_blocks),))
-
-    def blocks(self, blocks) -> KVCacheBlocks:
-        return KVCacheBlocks(blocks.groups if isinstance(blocks, GroupedBlocks) else (blocks,))
+        """vLLM's coordinator, as far as tests read it: each group's tables."""
+        tables = self.manager.coordinator.req_to_blocks_per_group()
+        return SimpleNamespace(single_type_managers=tuple(SimpleNamespace(req_to_blocks=t) for t in tables))
 
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int, int]:
         """vLLM's (hits, hit tokens, shared-prefix junction)."""
         hits, num_hit_tokens = self.manager.get_computed_blocks(request)
-        boundary = getattr(self.manager, "shared_prefix_boundary", {}).get(request.request_id, 0)
-        return self.blocks(hits), num_hit_tokens, boundary
+        boundary = getattr(self.manager.coordinator, "shared_prefix_boundary", {}).get(request.request_id, 0)
+        return KVCacheBlocks(hits.blocks), num_hit_tokens, boundary
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: KVCacheBlocks | None = None, num_lookahead_tokens: int = 0,
@@ -130,26 +116,16 @@ class KVCacheManager:
             refuse("external (connector) computed tokens in allocate_slots")
         if num_encoder_tokens:
             refuse("encoder tokens")
-        hits = None
-        if new_computed_blocks is not None:
-            hits = new_computed_blocks if isinstance(self.manager, HybridKVCacheManager) else list(new_computed_blocks.blocks[0])
-        if delay_cache_blocks:
-            if isinstance(self.manager, HybridKVCacheManager):
-                refuse("delay_cache_blocks with KV-cache groups")
-            new = self.manager.allocate_slots(request, num_new_tokens, num_new_computed_tokens, hits, num_lookahead_tokens,
-                                              full_sequence_must_fit, delay_cache=True)
-        else:
-            new = self.manager.allocate_slots(request, num_new_tokens, num_new_computed_tokens, hits, num_lookahead_tokens,
-                                              full_sequence_must_fit)
-        return None if new is None else self.blocks(new)
+        new = self.manager.allocate_slots(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+                                          num_lookahead_tokens, full_sequence_must_fit, delay_cache=delay_cache_blocks)
+        return None if new is None else KVCacheBlocks(new.blocks)
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        if isinstance(self.manager, HybridKVCacheManager):
-            return KVCacheBlocks(tuple(list(m.req_to_blocks.get(request_id, ())) for m in self.manager.single_type_managers))
-        return KVCacheBlocks((list(self.manager.req_to_blocks.get(request_id, ())),))
+        tables = self.manager.coordinator.req_to_blocks_per_group()
+        return KVCacheBlocks(tuple(list(t.get(request_id, ())) for t in tables))
 
     def get_block_ids(self, request_id: str):
-        return self.get_blocks(request_id).get_block_ids()
+        return self.manager.get_block_ids(request_id)
 
     def free(self, request: Request) -> None:
         self.manager.free(request)
@@ -161,11 +137,9 @@ class KVCacheManager:
         return [] if self.events is None else vllm_events(self.events.take_events())
 
     def new_step_starts(self) -> None:
-        """kvpool's managers keep no state per step: nothing to reset."""
+        """kvpool's manager keeps no state per step: nothing to reset."""
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        if isinstance(self.manager, HybridKVCacheManager):
-            refuse("cache_blocks with KV-cache groups")
         self.manager.cache_loaded(request, num_computed_tokens)
 
     @property
