@@ -10,11 +10,12 @@ prompt releases every block of it that is pinned, deepest first.
 
 Which pool blocks a prompt's hashes name is the coordinator's (`PinTargets`): with
 one group, the block of each hash; with several (a hybrid model), each group's block
-under its group-keyed hash -- every full-attention block of the prefix, and the cached
-blocks of each sliding-window group's (that group caches only the window tails a later
-hit can resume at, so its cached blocks of the prefix are the ones a hit reads). Pins
-are keyed by the pool's hash, so everything here is the same for one group and many,
-and ``max_pinned_blocks`` counts pool blocks across groups.
+under its group-keyed hash -- every full-attention block of the prefix, and each
+sliding-window group's cached blocks of it (such a group caches only the window tails
+a later hit can resume at, so those are the ones a hit reads; lacking the tail the hit
+at the prompt's length needs, it counts as missing). Pins are keyed by the pool's hash,
+so everything here is the same for one group and many, and ``max_pinned_blocks``
+counts pool blocks across groups.
 
 Pins are all or nothing: a prompt is pinned only when every block a hit on it needs
 is cached (the caller computes the missing ones first, then asks again), and refused
