@@ -4,6 +4,6 @@ coordinator, the single-type managers and the event-sink interface. Imports noth
 the project but ``protocol/``.
 
 Rooms beside that root: ``hybrid/`` (what only several KV-cache groups need: the hybrid
-coordinator, its cache hit, group-keyed events, sliding-window retention, pins' refusal),
+coordinator, its cache hit, group-keyed events, sliding-window retention),
 ``retention/`` (the free cached blocks' eviction policies, pins, priority retention),
 ``offload/`` (the host tier, the external tier, the offloading connector)."""

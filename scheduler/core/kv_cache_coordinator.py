@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from scheduler.core.block_pool import BlockPool
-from scheduler.core.kv_cache_block import KVCacheBlock
+from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
 from scheduler.core.kv_cache_blocks import NO_NEW_BLOCKS, KVCacheBlocks
 from scheduler.core.kv_cache_request import KVCacheRequest
 from scheduler.core.offload.external_tier import ExternalTier
@@ -250,3 +250,20 @@ class UnitaryKVCacheCoordinator:
     def held_blocks(self) -> list[list[KVCacheBlock]]:
         """Every request's table (for the invariant check)."""
         return list(self.req_to_blocks.values())
+
+    # --- pins (scheduler/core/retention/pinned_blocks.py's PinTargets) ----------------
+
+    def blocks_to_pin(self, block_hashes: Sequence[BlockHash],
+                      num_tokens: int | None) -> tuple[list[tuple[BlockHash, KVCacheBlock]], int]:
+        """Every block of the prefix, all cached; else ([], how many from the first uncached)."""
+        get = self.block_pool.get_cached_block
+        targets = []
+        for i, block_hash in enumerate(block_hashes):
+            block = get(block_hash)
+            if block is None:
+                return [], len(block_hashes) - i
+            targets.append((block_hash, block))
+        return targets, 0
+
+    def pin_keys(self, block_hashes: Sequence[BlockHash]) -> list[tuple[BlockHash, ...]]:
+        return [(h,) for h in block_hashes]

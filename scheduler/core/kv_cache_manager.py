@@ -17,10 +17,11 @@ and when, is the `OffloadingConnector`'s (`scheduler/core/offload/offloading_con
 The scheduler takes a step's copies with `take_tier_copies` and completes them
 with `complete_tier_copies` once the step's result is in.
 
-Kept for one group only, refused here with several (each needs per-group data on the
-wire and in the tiers, not only this class): the host tier and the external tier
-(their copies name one block per hash), and pins (`HybridPins`: a prompt's cached state
-is one block run per group).
+Pins (`PinnedBlocks`) are one implementation for one group and many: the coordinator
+names the pool blocks a prompt's hashes pin (with several groups, each group's under
+its group-keyed hash). Kept for one group only, refused here with several (each needs
+per-group data on the wire and in the tiers, not only this class): the host tier and
+the external tier (their copies name one block per hash).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from protocol.kv_cache_spec import is_hybrid
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.hybrid.group_events import GroupKeyedEventSink
 from scheduler.core.hybrid.hybrid_kv_cache_coordinator import HybridKVCacheCoordinator
-from scheduler.core.hybrid.hybrid_pins import HybridPins
 from scheduler.core.kv_cache_blocks import KVCacheBlocks
 from scheduler.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
 from scheduler.core.kv_cache_request import KVCacheRequest
@@ -85,12 +85,11 @@ class KVCacheManager:
         if hybrid:
             self.coordinator = HybridKVCacheCoordinator(self.block_pool, block_size, max_model_len, group_windows, enable_caching,
                                                         max_num_batched_tokens)
-            self.pinned = HybridPins()
         else:
             self.coordinator = UnitaryKVCacheCoordinator(self.block_pool, block_size, max_model_len, enable_caching,
                                                          self.offloading_connector, write_through, self.external)
-            # Pinned prefixes (POST /v1/cache/pin): pool-level owners of their blocks.
-            self.pinned = PinnedBlocks(self.block_pool, int(max_pinned_fraction * (num_gpu_blocks - 1)))
+        # Pinned prefixes (POST /v1/cache/pin): pool-level owners of their blocks, in every group.
+        self.pinned = PinnedBlocks(self.block_pool, int(max_pinned_fraction * (num_gpu_blocks - 1)), self.coordinator)
         self.num_groups = self.coordinator.num_groups
         # request_id -> its table of group 0 (every group's tables hold the same requests).
         self.req_to_blocks = self.coordinator.req_to_blocks

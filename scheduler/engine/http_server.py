@@ -93,7 +93,7 @@ class HttpSide:
             out = kv.pinned.unpin(hashes)
         else:
             try:
-                out = kv.pinned.pin(hashes, time.monotonic(), body.ttl_s)
+                out = kv.pinned.pin(hashes, time.monotonic(), body.ttl_s, len(body.prompt_token_ids))
             except PinRefused as e:
                 return 400, msgspec.json.encode({"error": str(e)})
         size = self.hasher.block_size

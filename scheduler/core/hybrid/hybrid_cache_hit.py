@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
 from scheduler.core.kv_cache_blocks import KVCacheBlocks
-from scheduler.core.single_type_kv_cache_manager import SingleTypeKVCacheManager, cdiv
+from scheduler.core.single_type_kv_cache_manager import SingleTypeKVCacheManager, cdiv, group_key
 
 
 class HybridCacheHit:
@@ -71,3 +71,35 @@ class HybridCacheHit:
                     del hit_blocks[g][num_blocks:]
         blocks = KVCacheBlocks(tuple(b if b is not None else [] for b in hit_blocks))
         return blocks, hit_length, longest_hit_length - hit_length
+
+    # --- pins (scheduler/core/retention/pinned_blocks.py's PinTargets) ----------------
+
+    def blocks_to_pin(self, block_hashes: Sequence[BlockHash],
+                      num_tokens: int | None) -> tuple[list[tuple[BlockHash, KVCacheBlock]], int]:
+        """A pin's blocks, group by group under each group's key: in a full-attention group
+        every block of the prefix (else ([], how many from the first uncached)); in a
+        sliding-window group its cached blocks of the prefix. NOTE: a sliding group caches
+        only the window tails a later request can resume at (sliding_window_retention.py),
+        so its cached blocks of the prefix are the ones a hit on it reads; holding them all
+        keeps the hit at any boundary the prompt was served at, not only its own. Missing
+        too when the hit at the prompt's replay length (``num_tokens - 1``, floored to a
+        block; None: the whole prefix) falls short: a sliding group lost the tail it needs."""
+        bs, get, n = self.block_size, self.block_pool.get_cached_block, len(block_hashes)
+        targets = []
+        for m in self.managers:
+            suffix = group_key(m.group_id)
+            for i, block_hash in enumerate(block_hashes):
+                block = get(block_hash + suffix)
+                if block is not None:
+                    targets.append((block_hash + suffix, block))
+                elif not m.sliding_window:
+                    return [], n - i
+        max_length = n * bs if num_tokens is None else max(0, min(num_tokens - 1, n * bs))
+        hit_length = self.find(block_hashes, max_length)[1]
+        if hit_length // bs < max_length // bs:
+            return [], n - hit_length // bs
+        return targets, 0
+
+    def pin_keys(self, block_hashes: Sequence[BlockHash]) -> list[tuple[BlockHash, ...]]:
+        suffixes = [group_key(m.group_id) for m in self.managers]
+        return [tuple(h + s for s in suffixes) for h in block_hashes]

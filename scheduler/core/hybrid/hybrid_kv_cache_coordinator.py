@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.hybrid.hybrid_cache_hit import HybridCacheHit
-from scheduler.core.kv_cache_block import KVCacheBlock
+from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
 from scheduler.core.kv_cache_blocks import KVCacheBlocks
 from scheduler.core.kv_cache_request import KVCacheRequest
 from scheduler.core.single_type_kv_cache_manager import (
@@ -79,6 +79,14 @@ class HybridKVCacheCoordinator:
         # sliding groups' hit plus the prefix they have not cached), 0 if none lags.
         self.set_shared_prefix_boundary(request.request_id, num_hit_tokens + num_uncached if num_uncached else 0)
         return hits, num_hit_tokens, 0
+
+    def blocks_to_pin(self, block_hashes: Sequence[BlockHash],
+                      num_tokens: int | None) -> tuple[list[tuple[BlockHash, KVCacheBlock]], int]:
+        """A pin's blocks in every group (`HybridCacheHit.blocks_to_pin`)."""
+        return self.cache_hit.blocks_to_pin(block_hashes, num_tokens)
+
+    def pin_keys(self, block_hashes: Sequence[BlockHash]) -> list[tuple[BlockHash, ...]]:
+        return self.cache_hit.pin_keys(block_hashes)
 
     def set_shared_prefix_boundary(self, request_id: str, boundary: int) -> None:
         # NOTE: vLLM looks up only a request without computed tokens; a lookup for a

@@ -8,11 +8,20 @@ block hash, whichever prompts asked for it: pinning a prompt again (or another
 prompt sharing its prefix) extends the expiry, never the count; unpinning a
 prompt releases every block of it that is pinned, deepest first.
 
-Pins are all or nothing: a prompt is pinned only when every one of its full
-blocks is cached (the caller computes the missing ones first, then asks again),
-and refused with nothing pinned when the pinned blocks would exceed
-``max_pinned_blocks``. Expiry (``ttl_s``) is checked by ``expire``, which the
-scheduler calls once a step: O(expired) plus a heap pop each.
+Which pool blocks a prompt's hashes name is the coordinator's (`PinTargets`): with
+one group, the block of each hash; with several (a hybrid model), each group's block
+under its group-keyed hash -- every full-attention block of the prefix, and each
+sliding-window group's cached blocks of it (such a group caches only the window tails
+a later hit can resume at, so those are the ones a hit reads; lacking the tail the hit
+at the prompt's length needs, it counts as missing). Pins are keyed by the pool's hash,
+so everything here is the same for one group and many, and ``max_pinned_blocks``
+counts pool blocks across groups.
+
+Pins are all or nothing: a prompt is pinned only when every block a hit on it needs
+is cached (the caller computes the missing ones first, then asks again), and refused
+with nothing pinned when the pinned blocks would exceed ``max_pinned_blocks``. Expiry
+(``ttl_s``) is checked by ``expire``, which the scheduler calls once a step:
+O(expired) plus a heap pop each.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
@@ -32,15 +42,33 @@ class PinRefused(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class PinOutcome:
-    num_blocks: int  # blocks of the prompt pinned (held by a pin now) or, for unpin, released
-    num_missing: int = 0  # pin: full blocks not cached (then nothing was pinned)
+    # Blocks of the prompt (positions, whatever the number of groups) pinned (held by a
+    # pin now) or, for unpin, released.
+    num_blocks: int
+    num_missing: int = 0  # pin: the prompt's blocks to compute first (then nothing was pinned)
+
+
+class PinTargets(Protocol):
+    """The coordinator's side of a pin: which pool blocks a prompt's hashes name."""
+
+    def blocks_to_pin(self, block_hashes: Sequence[BlockHash],
+                      num_tokens: int | None) -> tuple[list[tuple[BlockHash, KVCacheBlock]], int]:
+        """((pool hash, block) for every block a pin of this prompt of ``num_tokens`` tokens
+        (None: one more than its full blocks) holds, shallowest first; and 0), or
+        ([], how many of the prompt's blocks to compute first)."""
+        ...
+
+    def pin_keys(self, block_hashes: Sequence[BlockHash]) -> list[tuple[BlockHash, ...]]:
+        """Each prompt block's pool hashes, one per group."""
+        ...
 
 
 class PinnedBlocks:
-    def __init__(self, pool: BlockPool, max_pinned_blocks: int):
+    def __init__(self, pool: BlockPool, max_pinned_blocks: int, targets: PinTargets):
         self.pool = pool
         self.max_pinned_blocks = max_pinned_blocks
-        # hash -> (the block the pin holds, its expiry on the caller's clock; inf: none).
+        self.targets = targets
+        # pool hash -> (the block the pin holds, its expiry on the caller's clock; inf: none).
         self._pins: dict[BlockHash, tuple[KVCacheBlock, float]] = {}
         # (expiry, hash): may hold stale entries (unpinned, or extended), skipped on pop.
         self._expiries: list[tuple[float, BlockHash]] = []
@@ -53,32 +81,31 @@ class PinnedBlocks:
     def num_pinned_blocks(self) -> int:
         return len(self._pins)
 
-    def pin(self, block_hashes: Sequence[BlockHash], now: float, ttl_s: float | None = None) -> PinOutcome:
-        """Pin the blocks of ``block_hashes`` (a prompt's full blocks, in order)."""
+    def pin(self, block_hashes: Sequence[BlockHash], now: float, ttl_s: float | None = None,
+            num_tokens: int | None = None) -> PinOutcome:
+        """Pin the blocks of ``block_hashes`` (a prompt's full blocks, in order; the prompt
+        has ``num_tokens`` tokens, None: one more than its full blocks hold)."""
         if ttl_s is not None and not ttl_s > 0:
             raise ValueError(f"ttl_s must be a positive number of seconds, got {ttl_s}")
-        blocks = []
-        for i, block_hash in enumerate(block_hashes):
-            block = self.pool.get_cached_block(block_hash)
-            if block is None:
-                return PinOutcome(0, len(block_hashes) - i)
-            blocks.append(block)
-        new = [(h, b) for h, b in zip(block_hashes, blocks, strict=True) if h not in self._pins]
-        if len(self._pins) + len(new) > self.max_pinned_blocks:
-            self.num_refusals += 1
-            raise PinRefused(f"pinning {len(new)} more blocks would pin {len(self._pins) + len(new)} of the pool's "
-                             f"{self.pool.num_gpu_blocks - 1}, over the cap of {self.max_pinned_blocks} (--max-pinned-fraction); "
-                             f"{len(self._pins)} are pinned now")
-        self._add_owner([b for _, b in new])
-        expiry = math.inf if ttl_s is None else now + ttl_s
+        targets, num_missing = self.targets.blocks_to_pin(block_hashes, num_tokens)
+        if num_missing:
+            return PinOutcome(0, num_missing)
         pins = self._pins
-        for block_hash, block in zip(block_hashes, blocks, strict=True):
-            held = pins.get(block_hash)
+        new = [b for h, b in targets if h not in pins]
+        if len(pins) + len(new) > self.max_pinned_blocks:
+            self.num_refusals += 1
+            raise PinRefused(f"pinning {len(new)} more blocks would pin {len(pins) + len(new)} of the pool's "
+                             f"{self.pool.num_gpu_blocks - 1}, over the cap of {self.max_pinned_blocks} (--max-pinned-fraction); "
+                             f"{len(pins)} are pinned now")
+        self._add_owner(new)
+        expiry = math.inf if ttl_s is None else now + ttl_s
+        for key, block in targets:
+            held = pins.get(key)
             if held is None or held[1] < expiry:
-                pins[block_hash] = (held[0] if held is not None else block, expiry)
+                pins[key] = (held[0] if held is not None else block, expiry)
                 if expiry != math.inf:
-                    heapq.heappush(self._expiries, (expiry, block_hash))
-        return PinOutcome(len(blocks))
+                    heapq.heappush(self._expiries, (expiry, key))
+        return PinOutcome(len(block_hashes))
 
     def _add_owner(self, blocks: list[KVCacheBlock]) -> None:
         # NOTE: not pool.touch: a pin is no access, so the policies' hit counts
@@ -92,10 +119,15 @@ class PinnedBlocks:
             block.ref_cnt += 1
 
     def unpin(self, block_hashes: Sequence[BlockHash]) -> PinOutcome:
-        """Release the pins of ``block_hashes`` that are pinned (deepest first)."""
-        released = [self._pins.pop(h)[0] for h in reversed(block_hashes) if h in self._pins]
+        """Release the pins of ``block_hashes`` that are pinned (deepest first), in every
+        group; the outcome counts the prompt's blocks of which any group's was released."""
+        pins, released, num_positions = self._pins, [], 0
+        for keys in reversed(self.targets.pin_keys(block_hashes)):
+            held = [pins.pop(k)[0] for k in reversed(keys) if k in pins]
+            released += held
+            num_positions += bool(held)
         self.pool.free_blocks(released)
-        return PinOutcome(len(released))
+        return PinOutcome(num_positions)
 
     def expire(self, now: float) -> int:
         """Release the pins whose expiry has come; how many."""
