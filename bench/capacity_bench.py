@@ -25,7 +25,6 @@ from bench.table import Row
 from protocol.kv_cache_spec import kv_bytes_per_block, kv_cache_groups, num_kv_tensors
 from protocol.worker_messages import StepResult
 from scheduler.core.hashing import BlockHasher
-from scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
@@ -60,12 +59,7 @@ def run(
     )
     num_blocks = POOL_BYTES // block_bytes
     windows = [g.sliding_window for g in groups]
-    if len(windows) > 1 or any(windows):
-        kv = HybridKVCacheManager(
-            num_blocks, BLOCK_SIZE, MAX_MODEL_LEN, windows, max_num_batched_tokens=MAX_BATCHED
-        )
-    else:
-        kv = KVCacheManager(num_blocks, BLOCK_SIZE, MAX_MODEL_LEN)
+    kv = KVCacheManager(num_blocks, BLOCK_SIZE, MAX_MODEL_LEN, group_windows=windows, max_num_batched_tokens=MAX_BATCHED)
     sched = Scheduler(kv, num_requests, MAX_BATCHED, MAX_MODEL_LEN)
     rng = random.Random(0)
     hasher = BlockHasher(BLOCK_SIZE)

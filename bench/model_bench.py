@@ -38,7 +38,7 @@ from worker.attention.cascade import DEFAULT_CASCADE_MIN_TOKENS
 from worker.kv.kv_cache import allocate_kv_caches
 from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 from worker.tiny.generate import CONFIG, random_weights, write_tiny_checkpoint
 
 NUM_REQUESTS, PROMPT_LEN, DECODE_STEPS, BLOCK_SIZE = 64, 128, 32, 16

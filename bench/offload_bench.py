@@ -49,7 +49,7 @@ from worker.kv.kv_cache import allocate_host_kv_caches, allocate_kv_caches
 from worker.kv.tier_copies import TierCopier
 from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 from worker.tiny.generate import CONFIG, random_weights, write_tiny_checkpoint
 
 BLOCK_SIZE = 16

@@ -34,7 +34,7 @@ from bench.table import Row, best_per_op_us
 from protocol.worker_messages import StepResult
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
-from scheduler.core.offload_tier import HostTier
+from scheduler.core.offload.offload_tier import HostTier
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
 

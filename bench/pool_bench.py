@@ -14,9 +14,9 @@ from functools import partial
 from bench.table import Row, best_per_op_us
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.block_residency import ResidencyBlockPool
-from scheduler.core.eviction_policies import KV_EVICTION_POLICIES, eviction_pool_factory
 from scheduler.core.hashing import NONE_HASH, BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.core.retention.eviction_policies import KV_EVICTION_POLICIES, eviction_pool_factory
 from scheduler.sched.request import Request
 
 LARGE_POOL = 100_000

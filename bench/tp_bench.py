@@ -45,7 +45,7 @@ def _plans(batch: int, vocab: int):
 def _runner(serving, num_blocks: int, batch: int):
     from worker.kv.kv_cache import allocate_kv_caches
     from worker.models.config import DTYPES
-    from worker.runner import ModelRunner
+    from worker.step.runner import ModelRunner
 
     m, c = serving.model, serving.config
     caches = allocate_kv_caches(c.num_layers, num_blocks, BLOCK_SIZE, m.num_kv_heads, c.head_dim, DTYPES[serving.dtype], "cpu")

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from bench.table import Row, best_per_op_us
 from worker.attention.cache_ops import KVCacheWriter
 from worker.attention.paged_attention import PagedAttention
-from worker.block_table import BlockTable
 from worker.kv.kv_cache import allocate_kv_caches
+from worker.step.block_table import BlockTable
 
 BLOCK_SIZE, KV_HEADS, HEAD_DIM = 16, 8, 64
 

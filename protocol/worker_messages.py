@@ -52,13 +52,26 @@ class RequestRow(msgspec.Struct, **_OPTS, tag=0):
     num_computed_tokens: int = 0
     # None: greedy, no logprobs (one byte on the wire).
     sampling: RowSampling | None = None
+    # The tables of groups 1..N-1 (GroupRequestRow); NOTE: not a field here, so a one-group row
+    # stays byte for byte what it was.
+    group_block_ids: ClassVar[list[list[int]]] = []
+
+
+class GroupRequestRow(RequestRow, tag=20):
+    """A RequestRow of a hybrid model (several KV-cache groups): its fields (``block_ids``
+    is group 0's table), then the tables of groups 1..N-1, in group order."""
+
+    group_block_ids: list[list[int]] = []
 
 
 class AppendedBlocks(msgspec.Struct, **_OPTS, tag=1):
-    """Block ids appended to the end of a live row (rule 2: rows only grow)."""
+    """Block ids appended to the end of a live row (rule 2: rows only grow), in its
+    table of KV-cache group 0 (the only one of most models)."""
 
     seq_id: int
     block_ids: list[int]
+    # NOTE: not a field: a one-group plan's appends stay byte for byte what they were.
+    group: ClassVar[int] = 0
 
 
 class GroupAppendedBlocks(msgspec.Struct, **_OPTS, tag=13):
@@ -73,24 +86,16 @@ class NulledBlocks(msgspec.Struct, **_OPTS, tag=14):
     """The one exception to rule 2 (DESIGN.md, hybrid groups): entries [0, num_blocks) of
     the row's table in a sliding-window ``group`` (any group, 0 included) now hold the
     null block 0. Their blocks fell wholly outside the window and the scheduler freed
-    them; num_blocks only grows."""
+    them; num_blocks only grows. Sent after the step's appends (StepPlan.appended)."""
 
     seq_id: int
     group: int
     num_blocks: int
 
 
-class GroupDeltas(msgspec.Struct, array_like=True, gc=False):
-    """A step's deltas of the KV-cache groups beyond the first (hybrid models: layers
-    grouped by attention type, protocol.kv_cache_spec). Group 0's travel in the plan's own
-    fields, so a one-group plan carries none of this (one byte: None)."""
-
-    # seq_id -> the tables of groups 1..N-1, in group order, of a row sent whole this
-    # step (StepPlan.new_rows or resumed_rows; its block_ids is group 0's).
-    rows: dict[int, list[list[int]]] = {}
-    appended: list[GroupAppendedBlocks] = []
-    # Applied after every append.
-    nulled: list[NulledBlocks] = []
+# What a plan changes in live rows' tables, applied in order (StepPlan.appended). A one-group
+# model's plans hold only AppendedBlocks; the other two are hybrid models' (several groups).
+TableDelta = AppendedBlocks | GroupAppendedBlocks | NulledBlocks
 
 
 class WorkerHello(msgspec.Struct, **_OPTS, tag=2):
@@ -218,9 +223,10 @@ class KVTransferOps(msgspec.Struct, array_like=True, gc=False, frozen=True):
 
 
 class StepPlan(msgspec.Struct, **_OPTS, tag=4):
-    """One step. Applied in this order (rule 3): drop finished and preempted rows,
-    add new rows, replace resumed rows, append block ids (group 0's,
-    then ``groups``'), null sliding-window groups' leading entries; then the offload tier's
+    """One step, for a model of one KV-cache group or several. Applied in this order
+    (rule 3): drop finished and preempted rows, add new rows, replace resumed rows (a
+    hybrid model's rows are GroupRequestRows, with every group's table), apply the table
+    deltas in order (appends, then nulled sliding-window entries); then the offload tier's
     copies -- every store (device block -> host slot) first, then every load (host
     slot -> device block), so a device block stored and reused in the same step is
     saved before it is overwritten; then for the scheduled tokens write K/V into
@@ -241,9 +247,9 @@ class StepPlan(msgspec.Struct, **_OPTS, tag=4):
 
     step_id: int
     num_scheduled_tokens: dict[int, int] = {}
-    new_rows: list[RequestRow] = []
-    resumed_rows: list[RequestRow] = []
-    appended: list[AppendedBlocks] = []
+    new_rows: list[RequestRow | GroupRequestRow] = []
+    resumed_rows: list[RequestRow | GroupRequestRow] = []
+    appended: list[TableDelta] = []
     finished_seq_ids: list[int] = []
     preempted_seq_ids: list[int] = []
     # The offload tier's copies of this step; None (one byte) when there are none.
@@ -252,30 +258,14 @@ class StepPlan(msgspec.Struct, **_OPTS, tag=4):
     external: ExternalKVOps | None = None
     # P/D disaggregation's lends and pulls (KVTransferOps); None when none.
     kv_transfer: KVTransferOps | None = None
-    # Hybrid models send a HybridStepPlan, which carries its groups' deltas; a one-group
-    # plan has none and is byte for byte what it was before KV-cache groups.
-    groups: ClassVar[GroupDeltas | None] = None
     # A step with drafts is a SpecStepPlan: seq_id -> the draft tokens scheduled after the
     # row's last token. NOTE: not a field here: an array-like struct encodes every field, and
     # a plan without drafts stays byte for byte what it was. Read only.
     spec_token_ids: ClassVar[dict[int, list[int]]] = {}
 
 
-class HybridStepPlan(StepPlan, tag=15):
-    """A StepPlan of a hybrid model (KV-cache groups): the same fields, then the groups'
-    deltas beyond group 0's, applied as StepPlan's docstring says."""
-
-    groups: GroupDeltas = msgspec.field(default_factory=GroupDeltas)
-
-
 class SpecStepPlan(StepPlan, tag=16):
     """A StepPlan with drafts to verify (speculative decoding): the same fields, then the drafts."""
-
-    spec_token_ids: dict[int, list[int]] = {}
-
-
-class HybridSpecStepPlan(HybridStepPlan, tag=17):
-    """A HybridStepPlan with drafts to verify: its fields, then the drafts."""
 
     spec_token_ids: dict[int, list[int]] = {}
 
@@ -377,4 +367,4 @@ class KVTransferDone(msgspec.Struct, **_OPTS, tag=19):
 
 
 WorkerToScheduler = WorkerHello | StepResult | WorkerError | Heartbeat | WorkerExit | GrammarsReady | ExternalKVDone | KVTransferDone
-SchedulerToWorker = WorkerReady | StepPlan | HybridStepPlan | SpecStepPlan | HybridSpecStepPlan | Heartbeat | Shutdown | CompileGrammars
+SchedulerToWorker = WorkerReady | StepPlan | SpecStepPlan | Heartbeat | Shutdown | CompileGrammars

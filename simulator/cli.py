@@ -35,7 +35,7 @@ read and written, the mean load time, the I/O backlog and the mean time to first
 
 Hybrid KV-cache groups (sliding-window layers, simulator/layer_windows.py):
 ``--layer-windows 512x5,0 --num-layers 26`` (or ``--sliding-window 512
---sliding-window-pattern 6``) runs the server's HybridKVCacheManager over the groups
+--sliding-window-pattern 6``) runs the server's KVCacheManager over the groups
 the server would make; --num-blocks counts blocks of that model (a block spans
 fewer layers' KV than an all-full model's: same bytes, more blocks).
 
@@ -62,10 +62,10 @@ from pathlib import Path
 from protocol.kv_cache_spec import is_hybrid, num_kv_tensors
 from protocol.serve_flags.flag import add_flag
 from protocol.serve_flags.scheduling import POLICY_ROWS
-from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.hashing import HASH_ALGOS
 from scheduler.core.kv_cache_manager import OFFLOAD_STORE_MODES
-from scheduler.core.pinned_blocks import PinRefused
+from scheduler.core.retention.eviction_policies import KV_EVICTION_POLICIES
+from scheduler.core.retention.pinned_blocks import PinRefused
 from scheduler.sched.policy_options import check_scheduler_options
 from simulator.config import SimConfig
 from simulator.external_args import add_external_tier_args, check_external_tier_args
@@ -205,8 +205,8 @@ def _check_groups(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     a.groups = None if found is None else found[0]
     a.group_windows = () if found is None else tuple(g.sliding_window for g in found[0])
     if is_hybrid(a.group_windows):
-        if any(a.kv_offloading_blocks) or a.kv_eviction_policy != ["lru"] or a.policy != ["vllm"] or a.replicas or a.pd or a.external_tier != "none":
-            p.error("hybrid KV-cache groups run with --kv-eviction-policy lru, --policy vllm, no --kv-offloading-blocks, "
+        if any(a.kv_offloading_blocks) or a.policy != ["vllm"] or a.replicas or a.pd or a.external_tier != "none":
+            p.error("hybrid KV-cache groups run with --policy vllm, no --kv-offloading-blocks, "
                     "no --external-tier and no --replicas or --pd")
 
 

@@ -23,7 +23,7 @@ class SimConfig:
     ms_per_token: float = 0.02
     hash_algo: str = "xxhash"
     fast_forward: bool = True
-    # The host tier (scheduler/core/offload_tier.py): slots, when blocks go there
+    # The host tier (scheduler/core/offload/offload_tier.py): slots, when blocks go there
     # ("eviction" or write-through "full"), the bandwidth a load is charged at, and
     # the KV bytes of one token over all layers (bytes moved; the default is a
     # Llama-3-8B in bfloat16: 2 x 32 layers x 8 KV heads x 128 dims x 2 bytes).
@@ -41,7 +41,7 @@ class SimConfig:
     watermark: float = 0.0
     max_num_scheduled_tokens: int | None = None  # None: max_num_batched_tokens
     max_num_active_seqs: int | None = None  # None: max_num_seqs
-    # The device pool's eviction policy (scheduler/core/eviction_policies.py), as --kv-eviction-policy.
+    # The device pool's eviction policy (scheduler/core/retention/eviction_policies.py), as --kv-eviction-policy.
     eviction_policy: str = "lru"
     # Pin the first this many tokens (whole blocks) of the first request to arrive
     # before the replay, as POST /v1/cache/pin would (the server's --max-pinned-fraction cap).

@@ -43,7 +43,7 @@ from protocol.client_messages import Generate
 from protocol.speculative_config import SpeculativeConfig
 from protocol.worker_messages import StepResult
 from scheduler.core.hashing import BlockHasher
-from scheduler.core.offload_tier import HostTier
+from scheduler.core.offload.offload_tier import HostTier
 from scheduler.sched.pd_connector import PDConnector
 from scheduler.sched.policy_options import policy_kwargs
 from scheduler.sched.priority_scheduler import scheduler_class
@@ -102,7 +102,7 @@ class EngineRun:
         if cfg.pin_prefix_tokens >= bs and n:
             pin_first_prefix(self.kv, workload, self.order[0], self.hasher, cfg.pin_prefix_tokens // bs)
         # NOTE: prompt token ids lie below the output ones (simulator/workload.py).
-        self.limits = RequestLimits(OUTPUT_TOKEN_BASE, cfg.max_model_len, bs, cfg.num_blocks - 1, getattr(self.kv, "num_blocks_needed", None))
+        self.limits = RequestLimits(OUTPUT_TOKEN_BASE, cfg.max_model_len, bs, cfg.num_blocks - 1, self.kv.num_blocks_needed)
         self.overhead_ns = round(cfg.step_overhead_ms * 1e6)
         self.per_token_ns = round(cfg.ms_per_token * 1e6)
         self.admit_ns, self.first_token_ns, self.finish_ns = [NOT_YET] * n, [NOT_YET] * n, [NOT_YET] * n
@@ -134,7 +134,7 @@ class EngineRun:
                 continue
             step_ns, num_sampled, any_finished = self.step(out)
             # NOTE: fast-forward replays one group's decode allocations; hybrid groups step every decode.
-            if self.cfg.fast_forward and out.plan.groups is None and self.is_repeatable_decode(out, num_sampled, any_finished, host_evictions):
+            if self.cfg.fast_forward and self.kv.num_groups == 1 and self.is_repeatable_decode(out, num_sampled, any_finished, host_evictions):
                 self.fast_forward(step_ns)
 
     def stuck_reason(self) -> str:

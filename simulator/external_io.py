@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from scheduler.core.external_tier import ExternalOps
+from scheduler.core.offload.external_tier import ExternalOps
 from simulator.external_store import SimulatedStore
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from protocol.external_kv import kv_identity
-from scheduler.core.external_tier import ExternalOps, ExternalTier, KnownKeys
+from scheduler.core.offload.external_tier import ExternalOps, ExternalTier, KnownKeys
 from scheduler.sched.scheduler import Scheduler
 from simulator.external_io import EXTERNAL_TIER_BACKENDS, SimExternalIO, TierSpeeds
 from simulator.external_store import SimulatedStore

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from scheduler.core.external_tier import ExternalOps
+from scheduler.core.offload.external_tier import ExternalOps
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
 
@@ -62,7 +62,7 @@ def _head_watch_pops(scheduler: Scheduler, max_pops: int) -> int:
         return max_pops  # the head is not even tried
     kv = scheduler.kv_cache_manager
     hits, _ = kv.get_computed_blocks(waiting.head, record_stats=False)
-    watched = {b.block_hash for b in hits if b.ref_cnt == 0}
+    watched = {b.block_hash for group in hits.blocks for b in group if b.ref_cnt == 0 and not b.is_null}
     if not watched:
         return max_pops
     queue = kv.block_pool.free_block_queue

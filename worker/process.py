@@ -41,14 +41,14 @@ from worker.cpu.host_peers import HostPeers, default_directory
 from worker.cpu.threads import StepThreads, projection_weights, wide_num_threads, wide_step_tokens
 from worker.external.external_io import ExternalIO
 from worker.external.plan_ops import after_step, before_step, hello_fields
-from worker.group_tables import hello_group_windows
 from worker.kv.kv_cache import block_bytes, dtype_name, first_blocks
 from worker.load.serving_model import ServingModel
 from worker.metrics import WorkerMetrics
-from worker.plan_check import PlanError
-from worker.runner import ModelRunner
 from worker.sample.grammar_compiler import GrammarCompiler
 from worker.scheduler_link import SchedulerLink
+from worker.step.group_tables import hello_group_windows
+from worker.step.plan_check import PlanError
+from worker.step.runner import ModelRunner
 from worker.transfer import plan_ops as transfer_ops
 from worker.transfer.kv_transfer import KVTransfer
 

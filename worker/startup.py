@@ -24,7 +24,6 @@ from worker.config import CPU_DEFAULT_KV_CACHE_MEMORY, WorkerConfig
 from worker.cpu.threads import lower_cpu_priority, set_cpu_threads
 from worker.external.external_io import ExternalIO
 from worker.external.open_tier import open_external_tier
-from worker.group_tables import hello_group_windows
 from worker.kv.device_memory import check_host_tier_budget, check_kv_budget
 from worker.kv.kv_cache import (
     allocate_host_kv_caches,
@@ -42,6 +41,7 @@ from worker.parallel.distributed import GroupError, TPGroup
 from worker.parallel.rank_group import LocalRanks, rank_device, run_rank, threads_per_rank
 from worker.process import WorkerProcess
 from worker.scheduler_link import WorkerStopping
+from worker.step.group_tables import hello_group_windows
 from worker.transfer.kv_transfer import KVTransfer, open_kv_transfer
 
 log = logging.getLogger("worker")

@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how often the KV usage gauge is sampled (a /metrics page costs each server a few ms)")
     p.add_argument("--agreement-prompts", type=int, default=64, help="0: no agreement row")
     p.add_argument("--agreement-tokens", type=int, default=32)
-    p.add_argument("--no-lm-eval", action="store_true", help="no lm-eval row (bench/lm_eval_tasks.py, on the agreement run's server)")
+    p.add_argument("--no-lm-eval", action="store_true", help="no lm-eval row (bench/compare/lm_eval_tasks.py, on the agreement run's server)")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds a server may take to start (vLLM compiles)")
     p.add_argument("--bench-timeout", type=float, default=1800.0, help="seconds one vllm bench serve may take")
     p.add_argument("--out", type=Path, default=ROOT / "out/compare", help="logs, bench results, caches (default %(default)s)")

@@ -17,7 +17,7 @@ from protocol.worker_messages import RequestRow, StepPlan
 from worker.kv.kv_cache import allocate_kv_caches
 from worker.load.checkpoint import Checkpoint
 from worker.models.loader import expected_shapes, load_model
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 
 BLOCK_SIZE = 16
 

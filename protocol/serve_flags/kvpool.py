@@ -11,7 +11,7 @@ DEVICE = flag("--device", WORKER, choices=("cpu", "cuda"), default=None,
               help="where the model and KV cache live (default: cuda if available, else cpu)")
 DEV_MODE = flag("--dev-mode", SCHEDULER, FRONTEND, action="store_true",
                 help="development endpoints: POST /reset_prefix_cache (default off; also VLLM_SERVER_DEV_MODE=1)")
-# NOTE: the scheduler's policies (scheduler/core/eviction_policies.py KV_EVICTION_POLICIES, checked
+# NOTE: the scheduler's policies (scheduler/core/retention/eviction_policies.py KV_EVICTION_POLICIES, checked
 # equal by tests/scheduler/engine/test_settings_rows.py).
 KV_EVICTION_POLICY = flag("--kv-eviction-policy", SCHEDULER, default="lru", choices=("lru", "arc", "lfu", "s3fifo", "cost"),
                           help="which free cached block is evicted first: lru (vLLM's), arc, lfu, s3fifo or cost; with "

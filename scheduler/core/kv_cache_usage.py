@@ -34,8 +34,7 @@ def get_num_held_tokens(kv_cache_manager: KVCacheManager, requests: Iterable[KVC
     num_empty = 0
     # NOTE: hybrid KV-cache groups: each group's table has its own empty tail (a sliding
     # group's null entries are no block, so not in num_used).
-    managers = getattr(kv_cache_manager, "single_type_managers", (kv_cache_manager,))
-    for get in [m.req_to_blocks.get for m in managers]:
+    for get in [tables.get for tables in kv_cache_manager.coordinator.req_to_blocks_per_group()]:
         for request in requests:
             blocks = get(request.request_id)
             if blocks:

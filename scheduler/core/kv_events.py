@@ -5,7 +5,7 @@ a hash newly stored, the last block holding a hash losing it, or a reset.
 `KVEventRecorder` keeps them in order until the step loop takes them.
 
 Each stored/removed event names its medium, as vLLM's do: "GPU" for the device
-pool, "CPU" for the host tier (scheduler/core/offload_tier.py), whose events are
+pool, "CPU" for the host tier (scheduler/core/offload/offload_tier.py), whose events are
 vLLM's offloading connector's: no parent hash, no tokens.
 """
 
@@ -44,7 +44,7 @@ class BlockStored:
     token_ids: list[int] | None
     block_size: int
     medium: str = MEDIUM_GPU
-    # The KV-cache group (hybrid models; scheduler/core/group_events.py) and its window (0: full attention).
+    # The KV-cache group (hybrid models; scheduler/core/hybrid/group_events.py) and its window (0: full attention).
     group_idx: int = 0
     sliding_window: int = 0
 

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduler.core.block_pool import BlockPool
+from scheduler.core.hybrid.sliding_window_retention import retained_block_runs
 from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
 from scheduler.core.kv_cache_request import KVCacheRequest
-from scheduler.core.sliding_window_retention import retained_block_runs
 
 
 def group_key(group_id: int) -> bytes:

@@ -118,7 +118,7 @@ class SchedulerConfig:
     kv_offloading_size: float = KV_OFFLOADING_SIZE.default
     # When blocks are copied to the host tier: "eviction" (their hash leaves the device) or "full" (write-through, once computed).
     kv_offloading_store: str = "eviction"
-    # The external tier below it (scheduler/core/external_tier.py): "native" none; "disk" (the
+    # The external tier below it (scheduler/core/offload/external_tier.py): "native" none; "disk" (the
     # worker's directory; the worker lists it at hello) or "mooncake" (a shared store: its
     # master is asked which blocks it holds; the metadata server is the store's).
     kv_offloading_backend: str = KV_OFFLOADING_BACKEND.default
@@ -126,7 +126,7 @@ class SchedulerConfig:
     mooncake_metadata: str | None = None
     # P/D disaggregation (vLLM's --kv-transfer-config JSON, protocol/kv_transfer_config.py); None: off.
     kv_transfer_config: str | None = None
-    # The device pool's eviction policy (scheduler/core/eviction_policies.py); lru: the free queue's own order.
+    # The device pool's eviction policy (scheduler/core/retention/eviction_policies.py); lru: the free queue's own order.
     kv_eviction_policy: str = KV_EVICTION_POLICY.default
     # Pinned blocks (POST /v1/cache/pin) may hold at most this share of the pool's blocks.
     max_pinned_fraction: float = MAX_PINNED_FRACTION.default

@@ -4,7 +4,7 @@ checked against each worker's hello (the worker holds the tier; both must name t
 from __future__ import annotations
 
 from protocol.worker_messages import WorkerHello
-from scheduler.core.external_tier import ExternalTier, KnownKeys
+from scheduler.core.offload.external_tier import ExternalTier, KnownKeys
 from scheduler.engine.worker_checks import WorkerRefused
 
 
@@ -15,7 +15,7 @@ def make_external_tier(backend: str, block_size: int, mooncake_master: str | Non
     if backend == "disk":
         return ExternalTier(backend, block_size, KnownKeys())
     if backend == "mooncake":
-        from scheduler.core.mooncake_index import MooncakeKeyIndex
+        from scheduler.core.offload.mooncake_index import MooncakeKeyIndex
 
         return ExternalTier(backend, block_size, MooncakeKeyIndex(mooncake_master, mooncake_metadata))
     raise ValueError(f"unknown --kv-offloading-backend {backend!r}")

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from protocol.client_messages import PinPrefix, PinResult
 from scheduler.core.hashing import BlockHasher
-from scheduler.core.pinned_blocks import PinRefused
+from scheduler.core.retention.pinned_blocks import PinRefused
 from scheduler.core.vllm_hashing import VllmBlockHasher
 from scheduler.engine.engine_state import EngineState
 from scheduler.engine.metrics import SchedulerMetrics
@@ -93,7 +93,7 @@ class HttpSide:
             out = kv.pinned.unpin(hashes)
         else:
             try:
-                out = kv.pinned.pin(hashes, time.monotonic(), body.ttl_s)
+                out = kv.pinned.pin(hashes, time.monotonic(), body.ttl_s, len(body.prompt_token_ids))
             except PinRefused as e:
                 return 400, msgspec.json.encode({"error": str(e)})
         size = self.hasher.block_size

@@ -11,9 +11,9 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 
 from scheduler.core.block_residency import ResidencyBlockPool
-from scheduler.core.external_tier import ExternalTier
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.kv_cache_usage import get_peak_usage, get_token_usage
+from scheduler.core.offload.external_tier import ExternalTier
 from scheduler.engine.metric_families import SchedulerMetricFamilies
 from scheduler.engine.request_metrics import observe_many
 from scheduler.sched.outputs import StepTokens

@@ -27,11 +27,6 @@ from pathlib import Path
 from protocol.worker_messages import WorkerHello
 from scheduler.sched.outputs import SchedulerOutput
 
-# NOTE: names only, no sizes (those come with the worker's hello): the choices of
-# scheduler/engine/config.py's --dtype, which no longer changes the estimate; they go
-# with that flag.
-DTYPE_BYTES = ("float32", "bfloat16", "float16")
-
 
 @dataclass(frozen=True, slots=True)
 class ModelShape:

@@ -87,7 +87,7 @@ def pool_size_for(
     return num_gpu_blocks_override
 
 
-def check_group_windows(hello: WorkerHello, kv_offloading_size: float, kv_eviction_policy: str, current: list[int] | None) -> list[int]:
+def check_group_windows(hello: WorkerHello, kv_offloading_size: float, current: list[int] | None) -> list[int]:
     """The worker's KV-cache groups' windows, or WorkerRefused: what hybrid groups do not
     support is named by its flag. ``current``: the pool's, for a returning worker."""
     windows = list(hello.group_windows)
@@ -96,16 +96,13 @@ def check_group_windows(hello: WorkerHello, kv_offloading_size: float, kv_evicti
     # NOTE: [] and [0] are both one full-attention group.
     if current is not None and (windows if is_hybrid(windows) else []) != (current if is_hybrid(current) else []):
         raise WorkerRefused(f"KV-cache groups with windows {windows}, but the pool was built for {current}")
-    if is_hybrid(windows):
-        if kv_offloading_size > 0:
-            raise WorkerRefused(
-                f"--kv-offloading-size {kv_offloading_size:g}: the host tier is not supported with hybrid KV-cache groups "
-                f"(windows {windows}); leave it out, or serve with --disable-hybrid-kv-cache-manager"
-            )
-        if kv_eviction_policy != "lru":
-            raise WorkerRefused(
-                f"--kv-eviction-policy {kv_eviction_policy}: only lru is supported with hybrid KV-cache groups (windows {windows})"
-            )
+    # NOTE: the host tier's copies name one device block per hash; a hybrid model's hash has a
+    # block in each group (and none in a sliding group's nulled entries): it needs per-group copies.
+    if is_hybrid(windows) and kv_offloading_size > 0:
+        raise WorkerRefused(
+            f"--kv-offloading-size {kv_offloading_size:g}: the host tier is not supported with hybrid KV-cache groups "
+            f"(windows {windows}); leave it out, or serve with --disable-hybrid-kv-cache-manager"
+        )
     return windows
 
 

@@ -39,9 +39,9 @@ from protocol.worker_messages import (
 )
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.block_residency import residency_pool_factory
-from scheduler.core.eviction_policies import eviction_pool_factory, kv_cache_manager_class
 from scheduler.core.kv_events import KVEventRecorder
-from scheduler.core.offload_tier import HostTier
+from scheduler.core.offload.offload_tier import HostTier
+from scheduler.core.retention.eviction_policies import eviction_pool_factory, kv_cache_manager_class
 from scheduler.engine.cache_config_info import cache_config_info
 from scheduler.engine.config import SchedulerConfig
 from scheduler.engine.engine_state import EngineState
@@ -178,7 +178,7 @@ class WorkerSide:
         try:
             num_blocks = pool_size_for(hello, c.block_size, c.num_gpu_blocks_override, current, c.max_model_len)
             num_host_blocks = host_tier_size_for(hello, c.kv_offloading_size, self._host_tier_size())
-            check_group_windows(hello, c.kv_offloading_size, c.kv_eviction_policy, self.pool_group_windows)
+            check_group_windows(hello, c.kv_offloading_size, self.pool_group_windows)
             check_external_tier(hello, c.kv_offloading_backend)
             check_kv_transfer(hello, c.kv_transfer_config)
         except WorkerRefused as e:
@@ -226,25 +226,21 @@ class WorkerSide:
         num_host_blocks = host_tier_size_for(hello, c.kv_offloading_size, None)
         host_tier = HostTier(num_host_blocks, c.block_size, event_sink=self.kv_event_sink) if num_host_blocks else None
         self.pool_group_windows = list(hello.group_windows)
-        if is_hybrid(hello.group_windows):
-            # NOTE: the hello was checked (check_group_windows): no host tier, LRU eviction.
-            state.kv = kv_cache_manager_class(c.scheduling_policy, hybrid=True)(
-                num_blocks, c.block_size, c.max_model_len, hello.group_windows, c.enable_prefix_caching, event_sink=self.kv_event_sink,
-                pool_factory=pool_factory, max_num_batched_tokens=c.max_num_batched_tokens,
-            )
-        else:
-            state.kv = kv_cache_manager_class(c.scheduling_policy)(
-                num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory,
-                host_tier=host_tier, offload_store=c.kv_offloading_store, max_pinned_fraction=c.max_pinned_fraction,
-                external_tier=make_external_tier(c.kv_offloading_backend, c.block_size, c.mooncake_master, c.mooncake_metadata),
-            )
+        # NOTE: the hello was checked (check_group_windows): hybrid groups come without a host tier.
+        external_tier = None if is_hybrid(hello.group_windows) else make_external_tier(c.kv_offloading_backend, c.block_size, c.mooncake_master,
+                                                                                        c.mooncake_metadata)
+        state.kv = kv_cache_manager_class(c.scheduling_policy)(
+            num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory,
+            host_tier=host_tier, offload_store=c.kv_offloading_store, max_pinned_fraction=c.max_pinned_fraction, external_tier=external_tier,
+            group_windows=hello.group_windows, max_num_batched_tokens=c.max_num_batched_tokens,
+        )
         state.scheduler = scheduler_class(c.scheduling_policy)(
             state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl, **policy_kwargs(c),
             speculative=parse_speculative_config(c.speculative_config), kv_transfer=make_pd_connector(c.kv_transfer_config, c.block_size),
         )
         self.metrics.set_cache_config_info(cache_config_info(c, num_blocks))
         state.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1,
-                                     getattr(state.kv, "num_blocks_needed", None))
+                                     state.kv.num_blocks_needed)
         state.eos_token_ids = tuple(hello.eos_token_ids) or (hello.eos_token_id,)
         state.model_identity = (hello.architecture, hello.model_hash)
         log.info("BlockPool of %d blocks x %d tokens (worker %s reported %d), --kv-eviction-policy %s%s", num_blocks, c.block_size,

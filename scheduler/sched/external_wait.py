@@ -30,7 +30,7 @@ request maps, the KV-cache manager and the P/D connector.
 
 from __future__ import annotations
 
-from scheduler.core.kv_cache_block import KVCacheBlock
+from scheduler.core.kv_cache_blocks import KVCacheBlocks
 from scheduler.sched.request import Request, RequestStatus
 
 
@@ -57,7 +57,7 @@ class ExternalKVWait:
                 return num_remote, True
         return self.kv_cache_manager.get_num_external_hits(request, num_hit_tokens), False
 
-    def _park_for_load(self, request: Request, hits: list[KVCacheBlock], num_hit_tokens: int, num_external_tokens: int, pull: bool = False) -> bool:
+    def _park_for_load(self, request: Request, hits: KVCacheBlocks, num_hit_tokens: int, num_external_tokens: int, pull: bool = False) -> bool:
         """Admit ``request`` as a load: its hits and room for ``num_external_tokens`` more,
         which the external tier holds (or a prefill engine: ``pull``). False, nothing
         changed, when they do not fit."""
@@ -69,7 +69,7 @@ class ExternalKVWait:
         num_host_blocks = num_hit_tokens // block_size - len(hits)
         num_load = -(-num_external_tokens // block_size)
         first = num_hit_tokens // block_size
-        blocks = new_blocks[num_host_blocks : num_host_blocks + num_load]
+        blocks = new_blocks.blocks[0][num_host_blocks : num_host_blocks + num_load]
         if pull:
             self.kv_transfer.add_pull(request.seq_id, request, first, blocks, num_external_tokens)
         else:

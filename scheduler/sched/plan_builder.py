@@ -7,9 +7,10 @@ named by seq_id; a row decodes one token unless the plan says otherwise. The hos
 tier's copies come from the KV-cache core as plain data (`HostTierCopies`) and go
 out as the wire's `TierCopies`.
 
-With hybrid KV-cache groups (``hybrid=True``) the tables of groups 1.. and the
-leading entries a sliding window nulled go in the plan's `GroupDeltas`; group 0's
-travel as with one group, in a `HybridStepPlan`. With one group the plan is a StepPlan, exactly as before.
+One plan for one KV-cache group and for several: a hybrid model's rows are sent whole as
+`GroupRequestRow`s (every group's table), its appends to groups 1.. as `GroupAppendedBlocks`
+and the leading entries a sliding window nulled as `NulledBlocks`, in the same list as group
+0's appends. A one-group model's plan holds none of them: its bytes are what they always were.
 """
 
 from __future__ import annotations
@@ -20,9 +21,7 @@ from protocol.worker_messages import (
     AppendedBlocks,
     ExternalKVOps,
     GroupAppendedBlocks,
-    GroupDeltas,
-    HybridSpecStepPlan,
-    HybridStepPlan,
+    GroupRequestRow,
     KVTransferOps,
     NulledBlocks,
     RequestRow,
@@ -30,10 +29,9 @@ from protocol.worker_messages import (
     StepPlan,
     TierCopies,
 )
-from scheduler.core.external_tier import ExternalOps
-from scheduler.core.grouped_blocks import GroupedBlocks
-from scheduler.core.kv_cache_block import KVCacheBlock
-from scheduler.core.offload_tier import HostTierCopies
+from scheduler.core.kv_cache_blocks import KVCacheBlocks
+from scheduler.core.offload.external_tier import ExternalOps
+from scheduler.core.offload.offload_tier import HostTierCopies
 from scheduler.sched.request import Request
 
 _BLOCK_ID = attrgetter("block_id")
@@ -42,49 +40,46 @@ _BLOCK_ID = attrgetter("block_id")
 class StepPlanBuilder:
     """The row deltas of the step being scheduled; `build` makes its `StepPlan`."""
 
-    __slots__ = ("num_scheduled_tokens", "new_rows", "resumed_rows", "appended", "groups", "spec_token_ids")
+    __slots__ = ("num_scheduled_tokens", "new_rows", "resumed_rows", "appended", "spec_token_ids")
 
-    def __init__(self, hybrid: bool = False) -> None:
+    def __init__(self) -> None:
         # seq_id -> tokens scheduled, for the rows that do not decode exactly one
         # (a prefill chunk, or 0 for a running row left out of the step).
         self.num_scheduled_tokens: dict[int, int] = {}
         self.new_rows: list[RequestRow] = []
         self.resumed_rows: list[RequestRow] = []
-        self.appended: list[AppendedBlocks] = []
+        # Table deltas in order: appends, then (at build) nulled entries.
+        self.appended: list[AppendedBlocks | GroupAppendedBlocks | NulledBlocks] = []
         # seq_id -> the drafts scheduled after its last token (speculative decoding).
         self.spec_token_ids: dict[int, list[int]] = {}
-        # Hybrid KV-cache groups: the deltas beyond group 0's (None with one group).
-        self.groups: GroupDeltas | None = GroupDeltas(rows={}, appended=[], nulled=[]) if hybrid else None
 
-    def append_blocks(self, seq_id: int, new_blocks: list[KVCacheBlock] | GroupedBlocks) -> None:
-        """A running row's block table grew by ``new_blocks`` (with hybrid groups: per group)."""
-        if type(new_blocks) is not GroupedBlocks:
-            self.appended.append(AppendedBlocks(seq_id, list(map(_BLOCK_ID, new_blocks))))
-            return
-        first, *rest = new_blocks.groups
-        if first:
-            self.appended.append(AppendedBlocks(seq_id, list(map(_BLOCK_ID, first))))
-        for group, blocks in enumerate(rest, 1):
-            if blocks:
-                self.groups.appended.append(GroupAppendedBlocks(seq_id, group, list(map(_BLOCK_ID, blocks))))
+    def append_blocks(self, seq_id: int, new_blocks: KVCacheBlocks) -> None:
+        """A running row's block tables grew by ``new_blocks`` (one list per KV-cache group)."""
+        groups = new_blocks.blocks
+        if groups[0]:
+            self.appended.append(AppendedBlocks(seq_id, list(map(_BLOCK_ID, groups[0]))))
+        # NOTE: one group (most models) stops here: no per-group loop on the decode path.
+        if len(groups) > 1:
+            for group in range(1, len(groups)):
+                if groups[group]:
+                    self.appended.append(GroupAppendedBlocks(seq_id, group, list(map(_BLOCK_ID, groups[group]))))
 
     def unschedule(self, seq_id: int) -> int:
         """A running row scheduled earlier in this step was preempted (the priority
         policy's victim): forget its tokens and appended blocks. Returns its tokens."""
         self.appended = [a for a in self.appended if a.seq_id != seq_id]
-        if self.groups is not None:
-            self.groups.appended = [a for a in self.groups.appended if a.seq_id != seq_id]
         self.spec_token_ids.pop(seq_id, None)
         return self.num_scheduled_tokens.pop(seq_id, 1)
 
-    def add_row(self, request: Request, block_ids: list[int] | list[list[int]], num_computed_tokens: int, resumed: bool) -> None:
+    def add_row(self, request: Request, block_ids: tuple[list[int], ...], num_computed_tokens: int, resumed: bool) -> None:
         """An admitted request's row, sent whole: new, or resumed after a preemption.
-        With hybrid groups ``block_ids`` is one table per group."""
-        if self.groups is not None:
-            block_ids, *rest = block_ids
-            if rest:
-                self.groups.rows[request.seq_id] = rest
-        row = RequestRow(request.seq_id, list(request.all_token_ids), block_ids, num_computed_tokens, request.sampling)
+        ``block_ids``: its table in each KV-cache group."""
+        first, *rest = block_ids
+        token_ids = list(request.all_token_ids)
+        if rest:
+            row = GroupRequestRow(request.seq_id, token_ids, first, num_computed_tokens, request.sampling, rest)
+        else:
+            row = RequestRow(request.seq_id, token_ids, first, num_computed_tokens, request.sampling)
         (self.resumed_rows if resumed else self.new_rows).append(row)
 
     def build(self, step_id: int, finished_seq_ids: list[int], preempted: list[Request], copies: HostTierCopies | None,
@@ -96,7 +91,7 @@ class StepPlanBuilder:
         the external tier's saves and loads (None: none); ``kv_transfer``: P/D disaggregation's
         lends and pulls (None: none)."""
         if nulled:
-            self.groups.nulled.extend(NulledBlocks(seq_id, group, n) for seq_id, group, n in nulled)
+            self.appended.extend(NulledBlocks(seq_id, group, n) for seq_id, group, n in nulled)
         tier_copies = None
         if copies is not None:
             tier_copies = TierCopies(copies.store_device_ids, copies.store_host_ids, copies.load_host_ids, copies.load_device_ids)
@@ -115,9 +110,5 @@ class StepPlanBuilder:
         if kv_transfer is not None:
             fields["kv_transfer"] = kv_transfer
         if self.spec_token_ids:
-            if self.groups is None:
-                return SpecStepPlan(**fields, spec_token_ids=self.spec_token_ids)
-            return HybridSpecStepPlan(**fields, groups=self.groups, spec_token_ids=self.spec_token_ids)
-        if self.groups is None:
-            return StepPlan(**fields)
-        return HybridStepPlan(**fields, groups=self.groups)
+            return SpecStepPlan(**fields, spec_token_ids=self.spec_token_ids)
+        return StepPlan(**fields)

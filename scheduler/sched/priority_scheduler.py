@@ -20,7 +20,7 @@ that is never written. vLLM frees them with their hashes.
 
 from __future__ import annotations
 
-from scheduler.core.kv_cache_block import KVCacheBlock
+from scheduler.core.kv_cache_blocks import NO_NEW_BLOCKS, KVCacheBlocks
 from scheduler.sched.plan_builder import StepPlanBuilder
 from scheduler.sched.policy_options import SCHEDULING_POLICIES
 from scheduler.sched.request import Request
@@ -68,7 +68,7 @@ class PriorityScheduler(Scheduler):
                 n = len(running)
                 if new_blocks is None:
                     break  # it preempted itself: running[i:] is left out of the step
-                if new_blocks:
+                if new_blocks is not NO_NEW_BLOCKS:
                     plan.append_blocks(request.seq_id, new_blocks)
             if drafts:
                 plan_drafts(plan, request, end - num_tokens)
@@ -88,7 +88,7 @@ class PriorityScheduler(Scheduler):
 
     def _allocate_or_preempt_by_priority(
         self, request: Request, num_new_tokens: int, i: int, plan: StepPlanBuilder, preempted: list[Request],
-    ) -> tuple[list[KVCacheBlock] | None, int, int]:
+    ) -> tuple[KVCacheBlocks | None, int, int]:
         """Room for ``num_new_tokens`` more tokens of ``request`` = running[i]: its new
         blocks (None once it preempted itself), its index after the victims, and the
         tokens they gave back to the step. Out of blocks, preempt the lowest priority."""

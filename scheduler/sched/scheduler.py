@@ -24,7 +24,7 @@ from functools import partial
 
 from protocol.speculative_config import SpeculativeConfig
 from protocol.worker_messages import StepResult
-from scheduler.core.kv_cache_block import KVCacheBlock
+from scheduler.core.kv_cache_blocks import NO_NEW_BLOCKS, KVCacheBlocks
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.external_wait import ExternalKVWait
 from scheduler.sched.grammar_wait import GrammarWait
@@ -57,9 +57,6 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
                                 max_num_scheduled_tokens=max_num_scheduled_tokens, max_num_active_seqs=max_num_active_seqs)
         self.kv_cache_manager = kv_cache_manager
         self.block_size = kv_cache_manager.block_size
-        # Hybrid KV-cache groups (scheduler/core/hybrid_kv_cache_manager.py): the plan carries the groups'
-        # deltas and the sliding windows' nulled entries; None with one group.
-        self._take_nulled = getattr(kv_cache_manager, "take_nulled", None)
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens  # NOTE: admission: max_num_active_seqs
         self.max_num_active_seqs = max_num_seqs if max_num_active_seqs is None else max_num_active_seqs  # vLLM's max_num_active_reqs
         self.max_num_scheduled_tokens = max_num_scheduled_tokens  # None: the step's budget is max_num_batched_tokens
@@ -142,7 +139,8 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
         request.append_only_below = 0
         if status in _LENDS and self.kv_transfer is not None and self.kv_transfer.wants_lend(request):
             # A prefill engine's request: its blocks wait for a decode engine (pd_connector.py).
-            block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
+            # NOTE: one KV-cache group (P/D is refused for hybrid models: pd_setup.py).
+            (block_ids,) = self.kv_cache_manager.get_block_ids(request.request_id)
             request.kv_transfer_answer = self.kv_transfer.lend(request, block_ids)
         else:
             self.kv_cache_manager.free(request)
@@ -175,7 +173,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
             raise RuntimeError(f"step {self._in_flight.plan.step_id} is still in flight")
         preempted: list[Request] = []
         while True:
-            plan = StepPlanBuilder(self._take_nulled is not None)
+            plan = StepPlanBuilder()
             cap = self._long_prefill_cap(len(self.running) + len(self.waiting)) if self._long_prefill_cap else 0
             token_budget, scheduled, sampling, victims = self._schedule_running(plan, cap)
             if not victims:
@@ -193,7 +191,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
             return None
         # NOTE: a plan of external saves or loads alone runs too: a parked request's load starts, blocks of the last step are saved.
         finished_seq_ids, self._pending_finished_seq_ids = self._pending_finished_seq_ids, []
-        nulled = None if self._take_nulled is None else self._nulled_rows()
+        nulled = self._nulled_rows()
         step_plan = plan.build(self.next_step_id, finished_seq_ids, preempted, self.kv_cache_manager.take_tier_copies(), nulled, external,
                                kv_transfer)
         self.next_step_id += 1
@@ -203,9 +201,12 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
 
     def _nulled_rows(self) -> list[tuple[int, int, int]]:
         """(seq_id, group, leading null entries) of the running rows whose sliding windows freed blocks."""
+        nulled = self.kv_cache_manager.take_nulled()
+        if not nulled:
+            return []
         requests = self.requests
         out = []
-        for request_id, group, num_blocks in self._take_nulled():
+        for request_id, group, num_blocks in nulled:
             request = requests.get(request_id)
             if request is not None and request.status == RequestStatus.RUNNING:
                 out.append((request.seq_id, group, num_blocks))
@@ -250,7 +251,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
                 new_blocks = self._allocate_or_preempt(request, num_new_tokens, preempted)
                 if new_blocks is None:
                     break  # it preempted itself: the requests before it are scheduled
-                if new_blocks:
+                if new_blocks is not NO_NEW_BLOCKS:
                     plan.append_blocks(request.seq_id, new_blocks)
             if drafts:
                 plan_drafts(plan, request, end - num_tokens)
@@ -272,7 +273,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
         sampling = scheduled.copy() if all_sampling else [r for r in scheduled if r.num_computed_tokens >= len(r.all_token_ids)]
         return token_budget, scheduled, sampling, preempted
 
-    def _allocate_or_preempt(self, request: Request, num_new_tokens: int, preempted: list[Request]) -> list[KVCacheBlock] | None:
+    def _allocate_or_preempt(self, request: Request, num_new_tokens: int, preempted: list[Request]) -> KVCacheBlocks | None:
         """Room for ``num_new_tokens`` more tokens of a running request: its new blocks. Out
         of blocks, preempt the last running request and retry; None once it was this one."""
         kv = self.kv_cache_manager
@@ -302,7 +303,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
             loaded = self.loads_external and self._holds_loaded_blocks(request)
             if loaded:
                 # Its blocks were loaded (the external tier, a prefill engine): held and cached, counted at its park.
-                hits, num_hit_tokens = [], request.num_computed_tokens
+                hits, num_hit_tokens = None, request.num_computed_tokens
             else:
                 hits, num_hit_tokens = kv.get_computed_blocks(request, record_stats=False)
                 num_external_tokens, pull = self._external_tokens(request, num_hit_tokens)

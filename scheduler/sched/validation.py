@@ -31,7 +31,7 @@ class RequestLimits:
     # Usable blocks (the null block excluded).
     num_usable_blocks: int
     # Hybrid KV-cache groups: the blocks a request of n cached tokens needs over every group
-    # (HybridKVCacheManager.num_blocks_needed); None: one group, cdiv(n, block_size).
+    # (KVCacheManager.num_blocks_needed); None: cdiv(n, block_size), as for one group.
     num_blocks_needed: Callable[[int], int] | None = None
 
 

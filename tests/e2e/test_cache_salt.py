@@ -42,7 +42,7 @@ def admit_both(salt_a: str | None, salt_b: str | None) -> tuple[list[int], list[
         sched.update_from_output(worker.execute(sched.schedule().plan))
     assert sched.running == [a, b]
     kv.check_invariants()
-    return kv.get_block_ids("a"), kv.get_block_ids("b"), kv
+    return kv.get_block_ids("a")[0], kv.get_block_ids("b")[0], kv
 
 
 def test_two_salts_never_share_a_block_while_both_run():

@@ -2,7 +2,7 @@
 over ZeroMQ: the worker's hello asks for the hybrid manager, the plans carry the groups'
 deltas, and greedy tokens equal transformers' for prompts past the window of 16, sharing
 a prefix (a second round hits the cache). --disable-hybrid-kv-cache-manager in one
-process: tests/worker/test_hybrid_with_scheduler.py."""
+process: tests/worker/step/test_hybrid_with_scheduler.py."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import pytest
 from kvtest.ports import free_port
 
 from protocol.external_kv import decode, encode_header, kv_identity, object_key
-from scheduler.core.mooncake_index import MooncakeKeyIndex
+from scheduler.core.offload.mooncake_index import MooncakeKeyIndex
 from worker.external.mooncake_store import READ_BUFFER_BYTES, MooncakeStore
 from worker.external.store_errors import StoreError
 

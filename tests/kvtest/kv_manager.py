@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from scheduler.core.hashing import BlockHasher
+from scheduler.core.kv_cache_blocks import KVCacheBlocks
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.request import Request
 
@@ -20,13 +21,20 @@ def manager(num_blocks: int = 16, max_model_len: int = 64, **kw) -> KVCacheManag
 
 def admit(m: KVCacheManager, r: Request):
     """get_computed_blocks + allocate_slots for the whole prompt, as a scheduler
-    admits a request; on success the prompt counts as computed."""
+    admits a request; on success the prompt counts as computed. Returns the hits and
+    the new blocks of the manager's one KV-cache group (new: None if they did not fit)."""
     hits, n = m.get_computed_blocks(r)
     new = m.allocate_slots(r, r.num_tokens - n, n, hits)
     if new is not None:
         r.num_computed_tokens = r.num_tokens
     m.check_invariants()
-    return hits, new
+    return one_group(hits), None if new is None else one_group(new)
+
+
+def one_group(blocks: KVCacheBlocks) -> list:
+    """The blocks of a one-group manager's `KVCacheBlocks`."""
+    (group,) = blocks.blocks
+    return list(group)
 
 
 def queue(m: KVCacheManager) -> str:
@@ -34,6 +42,9 @@ def queue(m: KVCacheManager) -> str:
 
 
 def ids(blocks) -> list[int]:
+    """Block ids of a list of blocks, or of a one-group manager's `KVCacheBlocks`."""
+    if isinstance(blocks, KVCacheBlocks):
+        blocks = one_group(blocks)
     return [b.block_id for b in blocks]
 
 
@@ -44,7 +55,7 @@ def snapshot(m: KVCacheManager):
         [(b.block_id, b.ref_cnt, b.block_hash) for b in pool.blocks],
         sorted((k, b.block_id) for k, b in pool.cached_block_hash_to_block.items()),
         {k: ids(v) for k, v in m.req_to_blocks.items()},
-        dict(m.num_cached_block),
+        dict(m.coordinator.num_cached_block),
         pool.num_evictions,
         pool.num_free_cached_blocks,
     )

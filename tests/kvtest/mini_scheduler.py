@@ -12,7 +12,7 @@ import torch
 
 from protocol.sampling_params import SamplingParams
 from protocol.worker_messages import AppendedBlocks, RequestRow, RowSampling, StepPlan
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 
 
 @dataclass

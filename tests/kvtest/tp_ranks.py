@@ -93,7 +93,7 @@ def _rank_main(rank: int, world_size: int, port: int, jobs: list[Job], results: 
     from worker.parallel.distributed import TPGroup
     from worker.parallel.plan_fanout import Kind, PlanFanout
     from worker.parallel.rank_follower import RankFollower
-    from worker.runner import ModelRunner
+    from worker.step.runner import ModelRunner
 
     torch.set_num_threads(1)
     group = TPGroup(rank, world_size, f"tcp://127.0.0.1:{port}", torch.device("cpu"), 60, 60)

@@ -27,11 +27,11 @@ def admit(manager: KVCacheManager, hasher: BlockHasher, name: str, tokens: str, 
     assert new is not None and len(new) == need
     # The evictions are the pool's own: the new blocks (in the order the pool took
     # them) that held a hash before this allocation, checked against its counter.
-    evicted = [b.block_id for b in new if hashes_before[b.block_id] is not None]
+    evicted = [b.block_id for b in new.blocks[0] if hashes_before[b.block_id] is not None]
     assert pool.num_evictions - evictions_before == len(evicted)
     for block_id in evicted:
         out.append(f"    evict: block {block_id} loses its hash")
-    out.append(f"    block table [{' '.join(map(str, manager.get_block_ids(name)))}]")
+    out.append(f"    block table [{' '.join(map(str, manager.get_block_ids(name)[0]))}]")
     return req
 
 

@@ -26,9 +26,8 @@ from protocol.sampling_params import SamplingParams
 from protocol.worker_messages import (
     AppendedBlocks,
     GroupAppendedBlocks,
-    GroupDeltas,
+    GroupRequestRow,
     Heartbeat,
-    HybridStepPlan,
     NulledBlocks,
     RequestRow,
     RowSampling,
@@ -142,14 +141,18 @@ def test_client_messages_are_maps_tagged_by_type():
     assert msgspec.msgpack.decode(CLIENT_OUT.encode(EngineCoreOutputs())) == {"type": "outputs"}
 
 
-def test_a_hybrid_plan_is_its_own_tag_and_a_one_group_plan_has_no_groups():
-    deltas = GroupDeltas(rows={7: [[3, 4]]}, appended=[GroupAppendedBlocks(7, 1, [5])], nulled=[NulledBlocks(7, 0, 2)])
-    plan = HybridStepPlan(step_id=9, groups=deltas)
+def test_one_plan_type_carries_group_data_only_in_a_hybrid_models_rows_and_deltas():
+    row = GroupRequestRow(7, [1, 2], [3], group_block_ids=[[4]])
+    plan = StepPlan(step_id=9, new_rows=[row], appended=[AppendedBlocks(7, [6]), GroupAppendedBlocks(7, 1, [5]), NulledBlocks(7, 0, 2)])
     wire = msgspec.msgpack.decode(TO_WORKER.encode(plan))
-    assert wire[0] == 15 and wire[-1] == [{7: [[3, 4]]}, [[13, 7, 1, [5]]], [[14, 7, 0, 2]]]
+    assert wire[0] == 4 and wire[3] == [[20, 7, [1, 2], [3], 0, None, [[4]]]]
+    assert wire[5] == [[1, 7, [6]], [13, 7, 1, [5]], [14, 7, 0, 2]]
     back = TO_WORKER.decode(TO_WORKER.encode(plan))
-    assert type(back) is HybridStepPlan and back == plan and isinstance(back, StepPlan)
-    assert StepPlan(step_id=9).groups is None  # what the worker reads of a one-group plan
+    assert type(back) is StepPlan and back == plan and type(back.new_rows[0]) is GroupRequestRow
+    # What the worker reads of a one-group plan's rows and appends: group 0, no other tables.
+    one = TO_WORKER.decode(TO_WORKER.encode(StepPlan(step_id=9, new_rows=[RequestRow(7, [1, 2], [3])], appended=[AppendedBlocks(7, [6])])))
+    assert one.new_rows[0].group_block_ids == [] and one.appended[0].group == 0
+    assert msgspec.msgpack.decode(TO_WORKER.encode(one))[3] == [[0, 7, [1, 2], [3], 0, None]]
 
 
 def test_worker_messages_are_arrays_tag_first():

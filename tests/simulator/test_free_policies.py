@@ -54,8 +54,8 @@ def test_try_it_forward_free_order_evicts_the_system_prompt_first(policy, first_
     manager = KVCacheManager(11, BLOCK_SIZE, max_model_len=64, pool_factory=pool_class(policy))
     system, own = list(range(100, 108)), list(range(200, 208))
     req = admit_tokens(manager, "r", system + own + [1])
-    system_ids = manager.get_block_ids("r")[:2]
-    own_ids = manager.get_block_ids("r")[2:4]
+    system_ids = manager.get_block_ids("r")[0][:2]
+    own_ids = manager.get_block_ids("r")[0][2:4]
     manager.free(req)
     hashed = [b.block_id for b in manager.block_pool.free_block_queue if b.block_hash is not None]
     # The first hashed block in the queue is the first to be evicted.

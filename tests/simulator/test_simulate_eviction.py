@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
+from scheduler.core.retention.eviction_policies import KV_EVICTION_POLICIES
 from simulator.cli import main, parse_args
 from simulator.config import SimConfig
 from simulator.replay import simulate

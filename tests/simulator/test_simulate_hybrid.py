@@ -8,11 +8,12 @@ and what the server refuses with hybrid groups is refused by flag."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import pytest
 
-from loadgen.datasets import shared_prefix_requests
+from loadgen.datasets import SampleRequest, shared_prefix_requests
 from simulator.cli import main, parse_args
 from simulator.config import SimConfig
 from simulator.layer_windows import parse_layer_windows
@@ -65,7 +66,7 @@ def test_a_checkpoints_config_gives_its_groups(tmp_path):
     "flags,message",
     [
         (
-            ["--layer-windows", "8,0", "--kv-eviction-policy", "arc"],
+            ["--layer-windows", "8,0", "--policy", "tail"],
             "hybrid KV-cache groups run with",
         ),
         (
@@ -117,3 +118,19 @@ def test_at_equal_bytes_hybrid_groups_hold_more_requests():
     # tokens (three junction misses, the test above), outweighing its fewer preemptions.
     assert (full.prefix_cache_hits, hybrid.prefix_cache_hits) == (21 * 256, 18 * 256)
     assert hybrid.num_rejected == full.num_rejected == 0
+
+
+def test_a_pinned_system_prompt_hits_in_full_with_hybrid_groups():
+    # Block size 4, window 8 (a sliding hit needs the 2 blocks ending at it): the pin holds
+    # full attention's 8 blocks of the system prompt and the sliding group's 2 ending there.
+    system = list(range(10, 42))
+    prompts = []
+    for i in range(10):
+        prompts.append(system + [100 + i] * 4)
+        prompts += [[200 + 40 * i + j] * 40 for j in range(2)]  # 2 unique prompts of 10 blocks between
+    w = SampleWorkload([SampleRequest(p, 2) for p in prompts], [0.1 * i for i in range(len(prompts))], 600)
+    cfg = SimConfig(41, 4, max_num_seqs=1, max_num_batched_tokens=128, group_windows=(8, 0))
+    pinned = simulate(w, dataclasses.replace(cfg, pin_prefix_tokens=len(system)))
+    unpinned = simulate(w, cfg)
+    assert pinned.num_pinned_blocks == 8 + 2 and pinned.prefix_cache_hits == 10 * 32
+    assert unpinned.num_pinned_blocks == 0 and unpinned.prefix_cache_hits < 10 * 32

@@ -11,7 +11,7 @@ from protocol.worker_messages import ExternalKVOps
 from worker.external.disk_store import DiskStore
 from worker.external.external_io import ExternalIO
 from worker.external.ops_check import check_external_ops
-from worker.plan_check import PlanError
+from worker.step.plan_check import PlanError
 
 NUM_BLOCKS = 10
 K = [f"{i:040x}" for i in range(8)]

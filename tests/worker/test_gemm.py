@@ -16,7 +16,7 @@ from worker.load.checkpoint import Checkpoint
 from worker.models import packed_gemm
 from worker.models.layers import Linear, make_linear
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 
 
 def test_full_precision_and_device_models_keep_their_dtype():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from protocol.worker_messages import KVTransferOps, StepPlan, TierCopies
-from worker.plan_check import PlanError
+from worker.step.plan_check import PlanError
 from worker.transfer import plan_ops
 from worker.transfer.kv_puller import KVPuller
 from worker.transfer.kv_server import KVServer

@@ -29,7 +29,7 @@ from protocol.worker_messages import RequestRow, StepPlan
 from worker.kv.kv_cache import allocate_kv_caches
 from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 
 NUM_BLOCKS = 256
 

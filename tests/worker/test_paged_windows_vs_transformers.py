@@ -137,7 +137,7 @@ def test_the_runner_serves_gemma3_with_its_attention_scale(tmp_path):
     from kvtest.mini_scheduler import MiniScheduler
 
     from worker.kv.kv_cache import allocate_kv_caches
-    from worker.runner import ModelRunner
+    from worker.step.runner import ModelRunner
 
     path = make_checkpoint("gemma3-tied", tmp_path)
     cfg = json.loads((path / "config.json").read_text())

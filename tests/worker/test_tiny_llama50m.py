@@ -16,7 +16,7 @@ from safetensors import safe_open
 from worker.kv.kv_cache import allocate_kv_caches
 from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 from worker.tiny import generate, llama50m
 
 FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]

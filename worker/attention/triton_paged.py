@@ -13,7 +13,7 @@ before this module is first imported): that is how the suite checks it without a
 
 NOTE: block ids are not checked on CUDA (that would read the table back, a wait each
 layer); the worker's plan check refuses a plan with an id outside the pool before it
-reaches the table (``worker.plan_check``). On CPU, where reading it costs nothing,
+reaches the table (``worker.step.plan_check``). On CPU, where reading it costs nothing,
 they are.
 """
 

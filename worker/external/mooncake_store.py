@@ -12,7 +12,7 @@ Mooncake's transfer engine ("tcp" here); the metadata server (the master's own H
 The same interface as DiskStore (worker/external/disk_store.py), with three differences:
 
 * ``put`` never returns removed keys: the master evicts on its own and tells nobody; the
-  scheduler asks the master what it holds (scheduler/core/mooncake_index.py), so
+  scheduler asks the master what it holds (scheduler/core/offload/mooncake_index.py), so
   ``keys()`` is empty.
 * "full" is usually transient: the master evicts in the background, a share of the pool
   at a time, once it passes a high watermark, so a put that finds no room (no segment
@@ -124,7 +124,7 @@ class MooncakeStore:
     # --- reads --------------------------------------------------------------------------
 
     def keys(self) -> list[str]:
-        """Nothing: what a shared store holds is the master's to say (scheduler/core/mooncake_index.py)."""
+        """Nothing: what a shared store holds is the master's to say (scheduler/core/offload/mooncake_index.py)."""
         return []
 
     def __contains__(self, key: str) -> bool:

@@ -9,9 +9,9 @@ import torch
 from worker.config import WorkerConfig
 from worker.external.external_io import ExternalIO
 from worker.external.store_errors import StoreError
-from worker.group_tables import hello_group_windows
 from worker.kv.kv_block_bytes import kv_block_identity
 from worker.load.serving_model import ServingModel
+from worker.step.group_tables import hello_group_windows
 
 log = logging.getLogger("kvpool.worker.external")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from protocol.worker_messages import ExternalKVOps
 from worker.external.external_io import ExternalIO
-from worker.plan_check import PlanError
+from worker.step.plan_check import PlanError
 
 
 def check_external_ops(ops: ExternalKVOps, external: ExternalIO | None, num_blocks: int) -> None:

@@ -21,10 +21,10 @@ import torch
 from protocol.sampling_params import MAX_LOGPROBS, SamplingParams
 from worker.attention.kv_quant import KVScales
 from worker.attention.paged_attention import DEFAULT_WORKSPACE_BYTES, PagedAttention
-from worker.block_table import BlockTable
 from worker.kv.kv_cache import allocate_kv_caches
 from worker.models.decoder import DecoderModel
 from worker.sample.sampling_state import SamplingState
+from worker.step.block_table import BlockTable
 
 
 @dataclass(frozen=True, slots=True)

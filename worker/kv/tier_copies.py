@@ -4,7 +4,7 @@ A step's ``TierCopies`` (protocol/worker_messages.py) are applied after its row 
 and before any of its tokens is written or attended (DESIGN.md rule 3): every store
 first, then every load, so a device block stored and reused in the same step is saved
 before it is overwritten, and a host slot stored and loaded in the same step gives
-the load the new content. The ids are checked before (worker/plan_check.py).
+the load the new content. The ids are checked before (worker/step/plan_check.py).
 
 Both tiers have the same layout per layer, ``(2, blocks, block_size, kvh, hd)``, so a
 block is two contiguous chunks (K and V) of ``block_size * kvh * hd`` elements.

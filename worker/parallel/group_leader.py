@@ -35,7 +35,7 @@ from worker.metrics import WorkerMetrics
 from worker.parallel.distributed import GroupLost
 from worker.parallel.plan_fanout import Kind, PlanFanout
 from worker.process import WorkerProcess
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 
 log = logging.getLogger("worker")
 

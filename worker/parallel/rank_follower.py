@@ -24,8 +24,8 @@ from worker.kv.kv_cache import first_blocks
 from worker.models.decoder import DecoderModel
 from worker.parallel.distributed import GroupLost
 from worker.parallel.plan_fanout import Kind, PlanFanout
-from worker.plan_check import PlanError
-from worker.runner import ModelRunner
+from worker.step.plan_check import PlanError
+from worker.step.runner import ModelRunner
 
 log = logging.getLogger("worker")
 

@@ -10,9 +10,9 @@ import torch
 
 from protocol.kv_transfer_config import KVTransferConfig
 from protocol.worker_messages import KVTransferOps
-from worker.group_tables import hello_group_windows
 from worker.kv.kv_block_bytes import kv_block_identity
 from worker.load.serving_model import ServingModel
+from worker.step.group_tables import hello_group_windows
 from worker.transfer.kv_puller import KVPuller, Pull
 from worker.transfer.kv_server import KVServer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from protocol.tcp_address import split_address
 from protocol.worker_messages import KVTransferOps
-from worker.plan_check import PlanError
+from worker.step.plan_check import PlanError
 from worker.transfer.kv_transfer import KVTransfer
 
 

@@ -2,15 +2,19 @@
 for the module; the fixture stops it, also on failure): a pinned prompt is still
 a full hit after a flood of unique prompts several times the pool; the cap is a
 400 with nothing pinned; unpin, a reset and the metrics; the API key and the
-model are checked as on every /v1 route."""
+model are checked as on every /v1 route. And once with a hybrid checkpoint (Gemma 3:
+sliding-window and full layers), whose pin holds the prompt in every group."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
+from kvtest.hf_models import make_checkpoint
 from kvtest.http_api import metric
 from kvtest.serve import kvpool_serve
 
@@ -107,3 +111,37 @@ def test_a_text_prompt_pins_what_a_completion_of_it_hits_and_a_reset_clears_it(s
     status, _ = call(served, "/reset_prefix_cache", {})
     assert status == 200
     assert pinned_metric(served) == 0 and pinned_metric(served, "kvpool_pins_cleared_total") == out["pinned_blocks"]
+
+
+@pytest.fixture(scope="module")
+def served_hybrid(tiny_checkpoint, tmp_path_factory):
+    """A Gemma 3 checkpoint (kvtest.hf_models: sliding layers of window 16 beside full ones,
+    so three KV-cache groups), with the tiny checkpoint's tokenizer."""
+    d = make_checkpoint("gemma3", tmp_path_factory.mktemp("gemma3"))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(tiny_checkpoint) / name, d / name)
+    with kvpool_serve(d, tmp_path_factory.mktemp("hybrid-pins"), "--num-gpu-blocks-override", "60", "--api-key", KEY,
+                      "--enable-prompt-tokens-details") as s:
+        yield s
+
+
+def flood_hybrid(served, n: int) -> None:
+    # As flood, within Gemma's 256 token ids.
+    for i in range(n):
+        cached_tokens(served, [250 - i] + [7 + (i * 13 + j) % 240 for j in range(6 * BLOCK - 1)])
+
+
+def test_a_hybrid_pin_keeps_its_hit_in_every_group_through_a_flood(served_hybrid):
+    served = served_hybrid
+    prompt = SYSTEM + [9]  # 4 full blocks; the sliding groups keep the block ending at token 64
+    status, out = call(served, "/v1/cache/pin", {"model": model(served), "prompt_token_ids": prompt})
+    assert status == 200 and out == {"pinned_blocks": 4, "pinned_tokens": 64}, out
+    assert pinned_metric(served) == 4 + 1 + 1  # full attention's 4, each sliding group's tail
+    asked = prompt + [10, 11]
+    flood_hybrid(served, 8)  # 8 * 6 blocks in each of 3 groups through the 53 unpinned
+    assert cached_tokens(served, asked) == 64
+    status, out = call(served, "/v1/cache/unpin", {"model": model(served), "prompt_token_ids": prompt})
+    assert status == 200 and out == {"unpinned_blocks": 4, "unpinned_tokens": 64}, out
+    assert pinned_metric(served) == 0
+    flood_hybrid(served, 8)
+    assert cached_tokens(served, asked) == 0

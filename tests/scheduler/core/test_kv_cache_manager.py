@@ -27,7 +27,7 @@ def test_fully_cached_prompt_still_computes_its_last_token():
     assert len(hits) == 1 and n == 4
     new = m.allocate_slots(r1, r1.num_tokens - n, n, hits)
     assert new is not None and len(new) == 1
-    assert m.req_to_blocks["r1"][0] is hits[0]
+    assert m.req_to_blocks["r1"][0] is hits.blocks[0][0]
     m.check_invariants()
 
 
@@ -42,7 +42,7 @@ def test_partial_last_block_is_never_shared():
     hits, new1 = admit(m, r1)
     assert ids(hits) == [1, 2]
     assert ids(new1) == [4]  # its own third block
-    assert m.get_block_ids("r1") == [1, 2, 4]
+    assert m.get_block_ids("r1")[0] == [1, 2, 4]
     assert [b.ref_cnt for b in m.block_pool.blocks[1:5]] == [2, 2, 1, 1]
 
 
@@ -53,7 +53,7 @@ def test_identical_requests_admitted_together_keep_separate_blocks():
     # Both look up before either allocates: neither sees the other's blocks.
     hits0, n0 = m.get_computed_blocks(r0)
     hits1, n1 = m.get_computed_blocks(r1)
-    assert hits0 == hits1 == [] and n0 == n1 == 0
+    assert ids(hits0) == ids(hits1) == [] and n0 == n1 == 0
     assert ids(m.allocate_slots(r0, 10)) == [1, 2, 3]
     assert ids(m.allocate_slots(r1, 10)) == [4, 5, 6]
     r0.num_computed_tokens = r1.num_computed_tokens = 10
@@ -97,17 +97,17 @@ def test_cache_salt_separates_tenants():
     # The same salt shares.
     a2 = req("a2", A10, salt="tenant-a")
     hits, _ = admit(m, a2)
-    assert ids(hits) == m.get_block_ids("a")[:2]
+    assert ids(hits) == m.get_block_ids("a")[0][:2]
     # No salt shares with no salt (and with an empty salt), never with a salted one.
     n1 = req("n1", A10)
     hits, _ = admit(m, n1)
     assert hits == []
     n2 = req("n2", A10)
     hits, _ = admit(m, n2)
-    assert ids(hits) == m.get_block_ids("n1")[:2]
+    assert ids(hits) == m.get_block_ids("n1")[0][:2]
     e = req("e", A10, salt="")
     hits, _ = admit(m, e)
-    assert ids(hits) == m.get_block_ids("n1")[:2]
+    assert ids(hits) == m.get_block_ids("n1")[0][:2]
 
 
 def test_request_larger_than_the_pool_gets_none_and_changes_nothing():
@@ -157,23 +157,23 @@ def test_allocate_slots_caches_only_final_tokens():
     # Chunked prefill of a 12-token prompt: 5 tokens, then 7.
     r = req("r", list(range(1, 13)))
     assert len(m.allocate_slots(r, 5)) == 2
-    assert m.num_cached_block["r"] == 1
+    assert m.coordinator.num_cached_block["r"] == 1
     assert [b.block_hash for b in m.req_to_blocks["r"]] == [r.block_hashes[0], None]
     r.num_computed_tokens = 5
     assert len(m.allocate_slots(r, 7)) == 1
-    assert m.num_cached_block["r"] == 3
+    assert m.coordinator.num_cached_block["r"] == 3
     assert [b.block_hash for b in m.req_to_blocks["r"]] == r.block_hashes
     m.check_invariants()
     # Slots for more tokens than the request has (drafts that may be rejected):
     # room for 10, but only its 6 real tokens count, so 1 full block is cached.
     s = req("s", [7, 7, 7, 7, 7, 7])
     assert len(m.allocate_slots(s, 10)) == 3
-    assert m.num_cached_block["s"] == 1
+    assert m.coordinator.num_cached_block["s"] == 1
     assert [b.block_hash is not None for b in m.req_to_blocks["s"]] == [True, False, False]
     # Lookahead slots are never cached either.
     t = req("t", [8] * 8)
     assert len(m.allocate_slots(t, 8, num_lookahead_tokens=5)) == 4
-    assert m.num_cached_block["t"] == 2
+    assert m.coordinator.num_cached_block["t"] == 2
     assert [b.block_hash is not None for b in m.req_to_blocks["t"]] == [True, True, False, False]
     assert len(pool.cached_block_hash_to_block) == 3 + 1 + 2
     m.check_invariants()
@@ -187,7 +187,7 @@ def test_max_model_len_caps_slots():
     r.num_computed_tokens = 6
     r.append_output_token_id(7)
     r.append_output_token_id(8)
-    assert m.allocate_slots(r, 2) == []
+    assert ids(m.allocate_slots(r, 2)) == []
     assert len(m.req_to_blocks["r"]) == 2
     m.check_invariants()
 
@@ -288,7 +288,7 @@ def test_kv_events():
     # r0 grows to fill its third block: stored, chained to h1.
     r0.append_output_token_id(11)
     r0.append_output_token_id(12)
-    assert m.allocate_slots(r0, 2) == []
+    assert ids(m.allocate_slots(r0, 2)) == []
     h2 = r0.block_hashes[2]
     assert rec.take_events() == [BlockStored([h2], h1, [9, 10, 11, 12], BS)]
     m.check_invariants()

@@ -44,7 +44,7 @@ class ManagerMachine(RuleBasedStateMachine):
             [(b.block_id, b.ref_cnt, b.block_hash) for b in pool.blocks],
             sorted((k, b.block_id) for k, b in pool.cached_block_hash_to_block.items()),
             {k: list(v) for k, v in self.manager.req_to_blocks.items()},
-            dict(self.manager.num_cached_block),
+            dict(self.manager.coordinator.num_cached_block),
         )
 
     def check_table(self, req: Request, num_scheduled: int) -> None:
@@ -55,7 +55,7 @@ class ManagerMachine(RuleBasedStateMachine):
         assert len(blocks) == cdiv(min(num_scheduled, MAX_MODEL_LEN), BLOCK_SIZE)
         if m.enable_caching:
             num_full = min(num_scheduled, req.num_tokens) // BLOCK_SIZE
-            assert m.num_cached_block[req.request_id] == num_full
+            assert m.coordinator.num_cached_block[req.request_id] == num_full
             for i in range(num_full):
                 assert blocks[i].block_hash == req.block_hashes[i]
             for b in blocks[num_full:]:
@@ -74,16 +74,16 @@ class ManagerMachine(RuleBasedStateMachine):
         req = Request(rid, prompt, max_tokens=100, cache_salt=salt, block_hasher=self.hasher)
         hits, num_hit_tokens = m.get_computed_blocks(req)
         assert num_hit_tokens == len(hits) * BLOCK_SIZE < req.num_tokens
-        for i, b in enumerate(hits):
+        for i, b in enumerate(hits.blocks[0]):
             assert b.block_hash == req.block_hashes[i]
         before = self.snapshot()
         new = m.allocate_slots(req, req.num_tokens - num_hit_tokens, num_hit_tokens, hits)
         if new is None:
             assert self.snapshot() == before, "a refused admission changed the pool"
             need = cdiv(req.num_tokens, BLOCK_SIZE) - len(hits)
-            assert need > m.block_pool.get_num_free_blocks() - sum(b.ref_cnt == 0 for b in hits)
+            assert need > m.block_pool.get_num_free_blocks() - sum(b.ref_cnt == 0 for b in hits.blocks[0])
             return
-        assert m.req_to_blocks[rid][: len(hits)] == hits
+        assert m.req_to_blocks[rid][: len(hits)] == hits.blocks[0]
         self.check_table(req, req.num_tokens)
         req.num_computed_tokens = req.num_tokens
         req.append_output_token_id(len(prompt) % 3)
@@ -143,7 +143,7 @@ class ManagerMachine(RuleBasedStateMachine):
         assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
         assert all(b.ref_cnt == 0 for b in pool.blocks)
         assert {b.block_id for b in pool.free_block_queue} == set(range(1, pool.num_gpu_blocks))
-        assert m.req_to_blocks == {} and m.num_cached_block == {}
+        assert m.req_to_blocks == {} and m.coordinator.num_cached_block == {}
 
 
 ManagerMachine.TestCase.settings = settings(

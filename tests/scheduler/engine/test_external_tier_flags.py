@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from protocol.worker_messages import WorkerHello
-from scheduler.core.external_tier import ExternalTier, KnownKeys
+from scheduler.core.offload.external_tier import ExternalTier, KnownKeys
 from scheduler.engine.args import config_from_args
 from scheduler.engine.external_setup import check_external_tier, make_external_tier
 from scheduler.engine.worker_checks import WorkerRefused

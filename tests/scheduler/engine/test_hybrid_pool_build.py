@@ -10,9 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from protocol.worker_messages import WorkerHello
-from scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from scheduler.core.kv_cache_manager import KVCacheManager
-from scheduler.core.priority_retention import PriorityHybridKVCacheManager, PriorityKVCacheManager
+from scheduler.core.retention.priority_retention import PriorityKVCacheManager
 from scheduler.engine.config import SchedulerConfig
 from scheduler.engine.worker_side import WorkerSide
 
@@ -40,9 +39,9 @@ def build(group_windows: list[int], **config):
     [
         ([], "fcfs", KVCacheManager),
         ([0], "fcfs", KVCacheManager),
-        ([512] * 5 + [0], "fcfs", HybridKVCacheManager),
-        ([4096], "fcfs", HybridKVCacheManager),
-        ([512, 0], "priority", PriorityHybridKVCacheManager),
+        ([512] * 5 + [0], "fcfs", KVCacheManager),
+        ([4096], "fcfs", KVCacheManager),
+        ([512, 0], "priority", PriorityKVCacheManager),
         ([], "priority", PriorityKVCacheManager),
     ],
 )
@@ -52,7 +51,7 @@ def test_the_pool_follows_the_hellos_groups(windows, policy, cls):
     assert type(kv) is cls and side.pool_group_windows == windows
     assert side.state.scheduler.kv_cache_manager is kv
     assert kv.block_pool.num_gpu_blocks == 64
-    if cls in (HybridKVCacheManager, PriorityHybridKVCacheManager):
+    if windows not in ([], [0]):
         assert kv.group_windows == windows and kv.num_groups == len(windows)
         assert kv.pinned.num_pinned_blocks == 0
     else:

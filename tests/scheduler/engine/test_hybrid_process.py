@@ -19,6 +19,8 @@ from kvtest.scheduler_harness import (
     tokens_of,
 )
 
+from protocol.worker_messages import NulledBlocks
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 WINDOWS = [0, 32]
 
@@ -40,7 +42,7 @@ class HybridWorkerThread(WorkerThread):
             self.tables.apply(plan)
         except (AssertionError, KeyError) as e:
             self.errors.append(f"step {plan.step_id}: groups: {e!r}")
-        self.num_nulled += len(plan.groups.nulled) if plan.groups is not None else 0
+        self.num_nulled += sum(type(a) is NulledBlocks for a in plan.appended)
         return super()._execute(plan)
 
 

@@ -17,7 +17,7 @@ from kvtest.scheduler_harness import BS, Setup, metric, prompt_of
 
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
-from scheduler.core.offload_tier import HostTier
+from scheduler.core.offload.offload_tier import HostTier
 from scheduler.engine.metrics import SchedulerMetrics
 from scheduler.sched.request import Request, RequestStatus
 from scheduler.sched.scheduler import Scheduler

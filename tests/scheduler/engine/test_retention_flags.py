@@ -9,9 +9,9 @@ import pytest
 from frontend.serve.cli import parse_serve
 from frontend.serve.launcher import Launcher
 from scheduler.core.block_pool import BlockPool
-from scheduler.core.eviction_policies import eviction_pool_factory, kv_cache_manager_class
-from scheduler.core.lfu_policy import LFUBlockPolicy
-from scheduler.core.priority_retention import PriorityBlockPolicy, PriorityKVCacheManager
+from scheduler.core.retention.eviction_policies import eviction_pool_factory, kv_cache_manager_class
+from scheduler.core.retention.lfu_policy import LFUBlockPolicy
+from scheduler.core.retention.priority_retention import PriorityBlockPolicy, PriorityKVCacheManager
 from scheduler.engine.args import config_from_args
 
 

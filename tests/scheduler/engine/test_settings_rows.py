@@ -8,7 +8,7 @@ from protocol.serve_flags.cache import PREFIX_CACHING_HASH_ALGO
 from protocol.serve_flags.kvpool import KV_EVICTION_POLICY
 from protocol.serve_flags.scheduling import SCHEDULING_POLICIES as SCHEDULING_POLICY_CHOICES
 from protocol.serve_flags.scheduling import SCHEDULING_POLICY
-from scheduler.core.eviction_policies import KV_EVICTION_POLICIES
+from scheduler.core.retention.eviction_policies import KV_EVICTION_POLICIES
 from scheduler.core.vllm_hashing import DEFAULT_PREFIX_CACHING_HASH_ALGO, PREFIX_CACHING_HASH_ALGOS
 from scheduler.engine.args import DESTS
 from scheduler.engine.config import SchedulerConfig

@@ -16,7 +16,7 @@ import pytest
 
 from protocol.worker_messages import StepResult
 from scheduler.core.hashing import BlockHasher
-from scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
+from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.engine.metrics import SchedulerMetrics
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
@@ -34,7 +34,7 @@ def request(rid: str, seq_id: int, prompt: list[int], max_tokens: int) -> Reques
 
 
 def test_the_gauges_are_the_steps_not_the_live_pools():
-    kv = HybridKVCacheManager(21, BS, 64, [8, 0], max_num_batched_tokens=64)
+    kv = KVCacheManager(21, BS, 64, group_windows=[8, 0], max_num_batched_tokens=64)
     sched = Scheduler(kv, 8, 64, 64)
     m = SchedulerMetrics("m")
     sched.add_request(request("a", 0, list(range(10, 22)), max_tokens=1))  # 12 tokens: 3 blocks a group
@@ -66,7 +66,7 @@ def test_the_gauges_are_the_steps_not_the_live_pools():
 
 def test_a_request_the_schedule_leaves_waiting_counts():
     # 20 usable blocks; a's 40 tokens take 10 a group: b (12 tokens, 3 a group) does not fit.
-    kv = HybridKVCacheManager(21, BS, 64, [8, 0], max_num_batched_tokens=64)
+    kv = KVCacheManager(21, BS, 64, group_windows=[8, 0], max_num_batched_tokens=64)
     sched = Scheduler(kv, 8, 64, 64)
     m = SchedulerMetrics("m")
     sched.add_request(request("a", 0, list(range(10, 50)), max_tokens=4))

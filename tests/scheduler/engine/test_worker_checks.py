@@ -99,16 +99,14 @@ def test_hybrid_groups_refuse_what_they_do_not_support_by_its_flag():
 
     assert not is_hybrid([]) and not is_hybrid([0]) and is_hybrid([0, 512]) and is_hybrid([4096])
     gemma = hello(group_windows=[512] * 5 + [0])
-    assert check_group_windows(gemma, 0.0, "lru", None) == [512] * 5 + [0]
+    assert check_group_windows(gemma, 0.0, None) == [512] * 5 + [0]
     with pytest.raises(WorkerRefused, match="--kv-offloading-size 2: the host tier is not supported with hybrid"):
-        check_group_windows(gemma, 2.0, "lru", None)
-    with pytest.raises(WorkerRefused, match="--kv-eviction-policy arc: only lru"):
-        check_group_windows(gemma, 0.0, "arc", None)
+        check_group_windows(gemma, 2.0, None)
     # One full-attention group: as before, whatever the flags.
-    assert check_group_windows(hello(), 2.0, "arc", None) == []
+    assert check_group_windows(hello(), 2.0, None) == []
     # A returning worker must bring the pool's groups.
     with pytest.raises(WorkerRefused, match=r"windows \[0, 128\], but the pool was built for \[\]"):
-        check_group_windows(hello(group_windows=[0, 128]), 0.0, "lru", [])
-    assert check_group_windows(hello(group_windows=[0]), 0.0, "lru", []) == [0]  # one full group either way
+        check_group_windows(hello(group_windows=[0, 128]), 0.0, [])
+    assert check_group_windows(hello(group_windows=[0]), 0.0, []) == [0]  # one full group either way
     with pytest.raises(WorkerRefused, match="a window is 0"):
-        check_group_windows(hello(group_windows=[0, -1]), 0.0, "lru", None)
+        check_group_windows(hello(group_windows=[0, -1]), 0.0, None)

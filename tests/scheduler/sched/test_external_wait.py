@@ -1,5 +1,5 @@
 """vLLM's WAITING_FOR_REMOTE_KVS over the external tier (scheduler/sched/external_wait.py,
-scheduler/core/external_tier.py), with the real KVCacheManager and Scheduler.
+scheduler/core/offload/external_tier.py), with the real KVCacheManager and Scheduler.
 
 A request whose next blocks the tier holds is parked: its blocks are allocated, not
 cached, and the plan carries their load; when the worker says how many blocks it loaded,
@@ -20,9 +20,9 @@ from kvtest.fake_worker import ContractViolation, FakeWorker, fake_sample
 
 from protocol.external_kv import object_key
 from protocol.worker_messages import StepPlan, StepResult
-from scheduler.core.external_tier import ExternalTier, KnownKeys
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
+from scheduler.core.offload.external_tier import ExternalTier, KnownKeys
 from scheduler.sched.priority_scheduler import PriorityScheduler
 from scheduler.sched.request import Request, RequestStatus
 from scheduler.sched.scheduler import Scheduler
@@ -223,7 +223,7 @@ def test_a_request_the_tier_holds_is_parked_then_admitted_with_its_loaded_tokens
     # (a) Parked: no row, no token; the plan carries its load into its first 3 blocks.
     assert out.scheduled == [] and out.plan.new_rows == [] and out.plan.num_scheduled_tokens == {}
     ops = out.plan.external
-    block_ids = e.kv.get_block_ids("r")
+    block_ids = e.kv.get_block_ids("r")[0]
     assert len(block_ids) == 3
     assert ops.load_ids == [5] and ops.load_keys == [keys_of(PROMPT)] and ops.load_block_ids == [block_ids]
     assert ops.save_keys == []
@@ -301,8 +301,8 @@ def test_device_hits_come_first_and_only_the_blocks_after_them_load(warm_store):
     r = e.add("r", 2)
     out = e.schedule()
     device = cached(e.kv, PROMPT)[0]
-    assert device is not None and e.kv.get_block_ids("r")[0] == device
-    assert out.plan.external.load_keys == [k[1:]] and out.plan.external.load_block_ids == [e.kv.get_block_ids("r")[1:3]]
+    assert device is not None and e.kv.get_block_ids("r")[0][0] == device
+    assert out.plan.external.load_keys == [k[1:]] and out.plan.external.load_block_ids == [e.kv.get_block_ids("r")[0][1:3]]
     e.run(out)
     assert e.deliver() == 1 and r.num_computed_tokens == 3 * BS
     out = e.schedule()
@@ -322,7 +322,7 @@ def test_a_second_request_does_not_hit_blocks_still_loading(warm_store):
     e.run(out)  # a's load is done on the worker, not reported yet
     b = e.add("b", 2, PROMPT + [99], max_tokens=2)
     hits, n = e.kv.get_computed_blocks(b, record_stats=False)
-    assert (hits, n) == ([], 0)
+    assert (hits.blocks, n) == (([],), 0)
     out = e.schedule()
     # b loads into blocks of its own (the tier holds the prefix), none of a's.
     assert out.scheduled == [] and out.plan.external.load_ids == [2]

@@ -143,7 +143,7 @@ def test_prefill_engine_lends_its_blocks_and_answers_where_they_are():
     assert free(p) == before - 4
     assert p.pd.lent.keys() == {"r"}
     # ... and the answer names them, the worker's side channel and the tokens they hold.
-    table = p.kv.get_block_ids("r")
+    table = p.kv.get_block_ids("r")[0]
     assert answer["remote_block_ids"] == table and len(table) == 4
     assert (answer["remote_host"], answer["remote_port"]) == ("127.0.0.1", 7001)
     assert answer["do_remote_prefill"] is True and answer["remote_num_tokens"] == len(PROMPT)
@@ -166,7 +166,7 @@ def test_decode_engine_pulls_the_prompt_and_computes_only_its_last_token():
     assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and out.scheduled == []
     ops = out.plan.kv_transfer
     assert ops.pull_addresses == [ADDRESS] and ops.pull_request_ids == ["r"]
-    assert ops.pull_remote_block_ids == [params.remote_block_ids] and ops.pull_block_ids == [d.kv.get_block_ids("r")]
+    assert ops.pull_remote_block_ids == [params.remote_block_ids] and ops.pull_block_ids == [d.kv.get_block_ids("r")[0]]
     assert d.deliver() == (1, [])
     assert r.num_computed_tokens == len(PROMPT) - 1
     written = d.w.num_tokens_written
@@ -300,7 +300,7 @@ def test_kv_both_lends_and_pulls_by_each_request_s_params():
     both.add("lent", 2, PROMPT[:6], max_tokens=1, params=parse_kv_transfer_params({"do_remote_decode": True}))
     both.drain(p)
     assert both.outputs["pulled"] == expected_output(PROMPT, 3) and both.pd.num_pulls == 1
-    assert both.pd.lent.keys() == {"lent"} and both.answers["lent"]["remote_block_ids"] == both.kv.get_block_ids("lent")
+    assert both.pd.lent.keys() == {"lent"} and both.answers["lent"]["remote_block_ids"] == both.kv.get_block_ids("lent")[0]
 
 
 def test_a_decode_only_engine_ignores_a_prefill_request_s_params():

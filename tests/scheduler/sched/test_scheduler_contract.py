@@ -16,7 +16,7 @@ from kvtest.fake_worker import ContractViolation, FakeWorker
 from protocol.worker_messages import StepPlan
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
-from scheduler.core.offload_tier import HostTier
+from scheduler.core.offload.offload_tier import HostTier
 from scheduler.sched.priority_scheduler import scheduler_class
 from scheduler.sched.request import Request, RequestStatus
 from scheduler.sched.scheduler import Scheduler
@@ -79,7 +79,7 @@ def run(workload, *, num_blocks, block_size=4, max_num_seqs=8, budget=64, cachin
             # The worker's rows equal the scheduler's block tables and tokens.
             for req in sched.running:
                 row = worker.rows[req.seq_id]
-                assert row.block_ids == kv.get_block_ids(req.request_id)
+                assert row.block_ids == kv.get_block_ids(req.request_id)[0]
                 assert row.token_ids == req.all_token_ids
             if check:
                 kv.check_invariants()
@@ -116,7 +116,7 @@ def check_plan(out, sched: Scheduler, kv: KVCacheManager, num_plans: int, max_nu
     by_seq = {r.seq_id: r for r in out.scheduled}
     for row in plan.new_rows + plan.resumed_rows:
         r = by_seq[row.seq_id]
-        assert row.block_ids == kv.get_block_ids(r.request_id) and row.token_ids == r.all_token_ids
+        assert row.block_ids == kv.get_block_ids(r.request_id)[0] and row.token_ids == r.all_token_ids
     # Every request that samples is scheduled and has computed all its tokens.
     assert all(r.seq_id in scheduled_ids and r.num_computed_tokens == r.num_tokens for r in out.sampling)
 

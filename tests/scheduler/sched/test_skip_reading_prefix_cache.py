@@ -39,7 +39,8 @@ def test_prompt_logprobs_request_reads_nothing_counts_nothing_and_writes_its_blo
 
     b = Request("b", PROMPT, 2, seq_id=1, block_hasher=hasher, sampling=SamplingParams(prompt_logprobs=0))
     assert b.skip_reading_prefix_cache
-    assert kv.get_computed_blocks(b) == ([], 0)
+    hits, n = kv.get_computed_blocks(b)
+    assert (hits.blocks, n) == (([],), 0)
     plans = run_alone(s, w, b)
     # b's whole prompt computed from position 0 though a's 2 usable blocks are cached;
     # and the stats did not move (neither its lookup at admission nor the one above).

@@ -24,6 +24,12 @@ sys.meta_path.append(StubFinder())
 RESULTS: dict[str, list[str]] = {}
 
 
+@pytest.fixture
+def caplog_vllm(caplog):
+    """vLLM's conftest fixture: pytest's caplog (the shim's loggers propagate)."""
+    return caplog
+
+
 def first_line(text: str) -> str:
     line = text.strip().splitlines()[0] if text.strip() else ""
     return line if len(line) <= 120 else line[:117] + "..."

@@ -16,11 +16,11 @@ from kvtest.hf_models import load_reference, make_checkpoint, reference_generate
 from kvtest.mini_scheduler import MiniScheduler
 
 from worker.attention.paged_attention import PagedAttention
-from worker.block_table import BlockTable
 from worker.kv.kv_cache import allocate_kv_caches
 from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
+from worker.step.block_table import BlockTable
+from worker.step.runner import ModelRunner
 
 BS, KVH, NH, HD, NUM_BLOCKS = 4, 2, 8, 16, 64
 

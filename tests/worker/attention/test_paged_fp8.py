@@ -16,8 +16,8 @@ import torch
 from worker.attention import block_reader, cache_ops, fp8_gather
 from worker.attention.kv_quant import KVScales, quantize
 from worker.attention.paged_attention import PagedAttention
-from worker.block_table import BlockTable
 from worker.kv.kv_cache import allocate_kv_caches
+from worker.step.block_table import BlockTable
 
 BS, KVH, NH, HD, NUM_BLOCKS = 4, 2, 8, 16, 64
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from worker.attention.paged_attention import PagedAttention
-from worker.block_table import BlockTable
 from worker.kv.kv_cache import allocate_kv_caches
+from worker.step.block_table import BlockTable
 
 BS, KVH, NH, HD, NUM_BLOCKS = 4, 2, 8, 16, 48
 

@@ -19,8 +19,8 @@ from worker.kv.kv_cache import allocate_host_kv_caches
 from worker.load.checkpoint import Checkpoint, CheckpointError
 from worker.load.serving_model import load_serving_model
 from worker.models.kv_scales import read_kv_scales
-from worker.runner import ModelRunner
 from worker.startup import allocate_worker_kv_caches
+from worker.step.runner import ModelRunner
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import worker.runner
+import worker.step.runner
 from worker.attention.paged_attention import PagedAttention
 from worker.kv.kv_cache import allocate_kv_caches
 from worker.kv.profile import dummy_sampling_state, dummy_step, run_serving_step
@@ -50,7 +50,7 @@ def test_the_sampler_pass_builds_the_penalty_tables_and_samples_every_row():
 
 
 def test_the_step_runs_through_the_runners_paged_attention(model, monkeypatch):
-    assert worker.runner.PagedAttention is PagedAttention
+    assert worker.step.runner.PagedAttention is PagedAttention
     calls = []
     forward = PagedAttention.forward
 

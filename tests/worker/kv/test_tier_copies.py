@@ -16,8 +16,8 @@ from worker.kv.kv_cache import allocate_host_kv_caches, allocate_kv_caches
 from worker.kv.tier_copies import TierCopier, runs
 from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
-from worker.plan_check import PlanError
-from worker.runner import ModelRunner
+from worker.step.plan_check import PlanError
+from worker.step.runner import ModelRunner
 
 BS, NUM_BLOCKS, NUM_HOST, MAX_SEQS, MAX_LEN = 4, 32, 8, 3, 32
 PROMPT = [11, 22, 33, 44, 55, 66, 77, 88, 99, 5]  # 10 tokens: 2 full blocks and 2 more tokens

@@ -24,7 +24,7 @@ from worker.kv.kv_cache import allocate_kv_caches
 from worker.load.checkpoint import Checkpoint
 from worker.models.config import DTYPES
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 
 pytestmark = pytest.mark.slow
 

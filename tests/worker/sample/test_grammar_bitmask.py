@@ -20,9 +20,9 @@ from protocol.worker_messages import RequestRow, RowSampling, StepPlan
 from worker.kv.kv_cache import allocate_kv_caches
 from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
 from worker.sample.grammar_bitmask import GrammarRows
 from worker.sample.grammar_compiler import GrammarCompiler, tokenizer_info
+from worker.step.runner import ModelRunner
 
 xgr = pytest.importorskip("xgrammar")
 

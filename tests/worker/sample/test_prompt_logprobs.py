@@ -16,7 +16,7 @@ from protocol.worker_messages import RequestRow, RowSampling, StepPlan
 from worker.kv.kv_cache import allocate_kv_caches
 from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
+from worker.step.runner import ModelRunner
 
 BS, NUM_BLOCKS, MAX_SEQS, MAX_LEN = 4, 32, 3, 32
 PROMPT = [11, 22, 33, 44, 55, 66, 77, 88, 99]  # 9 tokens: 8 scored positions, 3 blocks

@@ -19,10 +19,10 @@ from protocol.sampling_params import SamplingParams
 from worker.kv.kv_cache import allocate_kv_caches
 from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
-from worker.runner import ModelRunner
 from worker.sample import sampler
 from worker.sample.sampler import Penalties, apply_penalties
 from worker.sample.sampling_state import SamplingState
+from worker.step.runner import ModelRunner
 from worker.tiny.generate import write_tiny_checkpoint
 
 V = 64

@@ -3,7 +3,7 @@ window, 0 full attention; one block size; caching on or off; sliding groups' spa
 retention at ``vllm serve``'s default, ``prefix_cache_retention_interval=0``, each
 request's ``shared_prefix_boundary`` set from its lookup as vLLM's scheduler sets it)
 through the operations of
-tests/scheduler/core/test_hybrid_vs_vllm.py, and prints its state after each one.
+tests/scheduler/core/hybrid/test_hybrid_vs_vllm.py, and prints its state after each one.
 Run with the vLLM venv: ``.venv-vllm/bin/python THIS < cases.json``.
 
 The operations (each case: num_blocks, block_size, max_model_len,

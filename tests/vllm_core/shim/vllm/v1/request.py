@@ -22,7 +22,11 @@ class Request:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.all_token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
         self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        # Written by kvpool's managers (their decode fast path).
+        self.alloc_noop_until = 0
         self.sampling_params = sampling_params
         self.mm_features = mm_features or []
         self.lora_request = lora_request
@@ -31,6 +35,8 @@ class Request:
         self.spec_token_ids: list[int] = []
         self.block_hashes: list[bytes] = []
         self.block_hasher = block_hasher
+        # vLLM's: a request for prompt logprobs must compute every prompt position.
+        self.skip_reading_prefix_cache = sampling_params is not None and sampling_params.prompt_logprobs is not None
         self.update_block_hashes()
 
     @property

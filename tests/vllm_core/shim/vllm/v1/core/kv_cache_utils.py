@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from protocol.kv_events import int_block_hash, int_block_hashes_from_env
 from scheduler.core.free_block_queue import FreeKVCacheBlockQueue
 from scheduler.core.kv_cache_block import KVCacheBlock
 from scheduler.core.single_type_kv_cache_manager import group_key
@@ -29,12 +30,22 @@ def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
     return block_hash + group_key(group_id)
 
 
+def is_bare(key: bytes) -> bool:
+    """A key of kvpool's one-group pool: the bare hash (as long as NONE_HASH), group 0's."""
+    return len(key) == len(NONE_HASH)
+
+
 def get_block_hash(key: bytes) -> bytes:
-    return key[:-4]
+    return key if is_bare(key) else key[:-4]
 
 
 def get_group_id(key: bytes) -> int:
-    return int.from_bytes(key[-4:], "big")
+    return 0 if is_bare(key) else int.from_bytes(key[-4:], "big")
+
+
+def maybe_convert_block_hash(block_hash: bytes):
+    """A hash as KV events send it: its low 64 bits, unless VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0."""
+    return int_block_hash(block_hash) if int_block_hashes_from_env(os.environ) else block_hash
 
 
 def algo_of(hash_fn) -> str:
