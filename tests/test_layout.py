@@ -49,7 +49,7 @@ RULES: dict[str, tuple[str, ...]] = {
 ALLOWED: dict[str, tuple[str, ...]] = {
     # The load generator counts tokens with the server's own tokenizer.
     # ... and reads a GGUF model's tokenizer from the folder kvpool serve makes of the file.
-    "loadgen": ("frontend.text.tokenizer", "frontend.gguf_model"),
+    "loadgen": ("frontend.text.tokenizer", "frontend.serve.gguf_model"),
     # A workload is its requests and when they arrive: the simulator replays the load
     # generator's datasets on the load generator's arrival schedule.
     "simulator": ("loadgen.datasets", "loadgen.arrivals"),

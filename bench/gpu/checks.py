@@ -25,7 +25,7 @@ from bench.gpu.serve_check import (
 from bench.gpu.shaped import smollm2_shaped_checkpoint
 from bench.gpu.sizes import Sizes
 from bench.gpu.step_floor import copy_bandwidth, time_decode
-from frontend.gguf_model import GGUFModelError, gguf_model_dir, installed_real_model
+from frontend.serve.gguf_model import GGUFModelError, gguf_model_dir, installed_real_model
 from worker.tiny.generate import default_checkpoint
 from worker.tiny.llama50m import llama50m_checkpoint
 

@@ -10,12 +10,12 @@ import shlex
 import sys
 from pathlib import Path
 
-from frontend.gguf_model import GGUFModelError, gguf_model_dir
 from frontend.serve.config import ServeConfig
 from frontend.serve.flags import GROUPS, all_rules
 from frontend.serve.flags.config_file import ConfigFileError, with_config_file
 from frontend.serve.flags.rules import HANDLED, add_rule, refusal
 from frontend.serve.flags.spelling import normalize_flag_names
+from frontend.serve.gguf_model import GGUFModelError, gguf_model_dir
 from frontend.serve.settle import check_config, settled_values
 from protocol.kv_transfer_config import parse_kv_transfer_config
 from protocol.serve_flags import kvpool

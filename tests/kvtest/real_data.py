@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from frontend.gguf_model import installed_real_model
+from frontend.serve.gguf_model import installed_real_model
 from loadgen.sharegpt import installed_sharegpt
 
 

@@ -15,7 +15,14 @@ from frontend.serve.flags.rules import (
     refused,
     same,
 )
-from protocol.serve_flags.engine import ENABLE_MFU_METRICS, KV_CACHE_METRICS, LOG_LEVEL
+from protocol.serve_flags.engine import (
+    CUSTOM_HISTOGRAM_BUCKETS,
+    ENABLE_LOGGING_ITERATION_DETAILS,
+    ENABLE_MFU_METRICS,
+    KV_CACHE_METRICS,
+    KV_CACHE_METRICS_SAMPLE,
+    LOG_LEVEL,
+)
 
 _MULTIMODAL_BOOLS = ("--enable-mm-embeds", "--interleave-mm-strings", "--mm-encoder-only", "--skip-mm-profiling")
 _MULTIMODAL_VALUES = (
@@ -41,11 +48,6 @@ _LORA = sorted(
     + [refused(f, ONE, why.LORA) for f in _LORA_VALUES]
     + [refused("--lora-target-modules", MANY, why.LORA)],
     key=lambda r: r.name,
-)
-from protocol.serve_flags.engine import (
-    CUSTOM_HISTOGRAM_BUCKETS,
-    ENABLE_LOGGING_ITERATION_DETAILS,
-    KV_CACHE_METRICS_SAMPLE,
 )
 
 _LOGGING = [

@@ -16,7 +16,7 @@ from gguf import MODEL_ARCH_NAMES, GGUFWriter, get_tensor_name_map
 from kvtest.hf_models import make_checkpoint
 from kvtest.real_data import real_model
 
-from frontend.gguf_model import GGUFModelError, check_gguf, gguf_model_dir
+from frontend.serve.gguf_model import GGUFModelError, check_gguf, gguf_model_dir
 from worker.load.checkpoint import Checkpoint, CheckpointError
 from worker.models.config import model_config_from_hf
 from worker.models.loader import expected_shapes, load_model

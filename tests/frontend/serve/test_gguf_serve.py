@@ -18,7 +18,7 @@ from gguf import GGUFWriter
 from kvtest.real_data import real_model
 from kvtest.serve import kvpool_serve
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
