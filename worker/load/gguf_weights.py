@@ -7,7 +7,7 @@ weights less the 1 it added), then cast to the serving dtype.
 Names: ``gguf``'s own map from Hugging Face names to GGUF ones for the file's
 architecture (``llama``, ``qwen2``, ``qwen3``, ``gemma3``; another is refused by name).
 The config comes from the folder ``kvpool serve`` writes beside the file
-(``frontend.gguf_model``); this module reads only tensors.
+(``frontend.serve.gguf_model``); this module reads only tensors.
 """
 
 from __future__ import annotations
