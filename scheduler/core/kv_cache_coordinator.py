@@ -68,20 +68,7 @@ class UnitaryKVCacheCoordinator:
     def allocate_slots(self, request: KVCacheRequest, num_new_tokens: int, num_new_computed_tokens: int = 0, new_computed_blocks: KVCacheBlocks | None = None,
                        num_lookahead_tokens: int = 0, full_sequence_must_fit: bool = False, watermark_blocks: int = 0,
                        delay_cache: bool = False) -> KVCacheBlocks | None:
-        """Make room for ``num_new_tokens`` more tokens of ``request`` (after its
-        computed tokens and the ``new_computed_blocks`` prefix hits).
-
-        Returns the newly allocated blocks (not the hits), or None — with nothing
-        changed — when they do not fit. Then caches the request's full blocks up to
-        min(computed + new, request.num_tokens): only final tokens are hashed.
-
-        ``full_sequence_must_fit`` (vLLM's admission gate, ``scheduler_reserve_full_isl``):
-        None unless the free blocks could also hold every token the request has now
-        (prompt and output so far, up to max_model_len), not only this chunk. Both checks
-        leave ``watermark_blocks`` free (vLLM's watermark: the scheduler's, for admissions).
-
-        ``delay_cache`` (vLLM's ``delay_cache_blocks``): the new tokens are an external load's,
-        not yet written: their blocks are cached by `cache_loaded` once the load is in."""
+        """``KVCacheManager.allocate_slots`` for one group (its docstring is the contract)."""
         if num_new_tokens < 0 or num_new_computed_tokens < 0 or num_lookahead_tokens < 0:
             raise ValueError("token counts must be >= 0")
         new_computed_blocks = () if new_computed_blocks is None else new_computed_blocks.blocks[0]
