@@ -53,10 +53,12 @@ class KVCacheManager:
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True, event_sink: KVEventSink | None = None,
                  pool_factory: PoolFactory = BlockPool, host_tier: HostTier | None = None, offload_store: str = "eviction",
                  max_pinned_fraction: float = 0.5, external_tier: ExternalTier | None = None, *, group_windows: Sequence[int] = (),
-                 max_num_batched_tokens: int | None = None):
+                 max_num_batched_tokens: int | None = None, log_stats: bool = True):
         """``group_windows``: each KV-cache group's window (0: full attention), in group order;
         () or (0,): one full-attention group. ``max_num_batched_tokens`` caps a sliding group's
-        admission blocks (None: max_model_len)."""
+        admission blocks (None: max_model_len). ``log_stats`` (vLLM's): False leaves
+        ``prefix_cache_stats`` None and counts nothing; the scheduler keeps it on, since
+        /metrics reads the counters whatever --disable-log-stats says."""
         if offload_store not in OFFLOAD_STORE_MODES:
             raise ValueError(f"offload_store must be one of {OFFLOAD_STORE_MODES}, got {offload_store!r}")
         if host_tier is not None and host_tier.block_size != block_size:
@@ -93,7 +95,7 @@ class KVCacheManager:
         self.num_groups = self.coordinator.num_groups
         # request_id -> its table of group 0 (every group's tables hold the same requests).
         self.req_to_blocks = self.coordinator.req_to_blocks
-        self.prefix_cache_stats = PrefixCacheStats()
+        self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         # vLLM's connector_prefix_cache_stats: tokens asked of the host tier (what the device did
         # not hold) and found there (vllm:external_prefix_cache_*).
         self.external_prefix_cache_stats = PrefixCacheStats()
@@ -155,7 +157,7 @@ class KVCacheManager:
         As vLLM counts them: prefix_cache_stats gets the device's hits only, and
         external_prefix_cache_stats the tokens the device did not hold, with the
         host tier's hits."""
-        if not self.enable_caching:
+        if not self.enable_caching or self.prefix_cache_stats is None:
             return
         num_local = num_hit_tokens - num_host_hit_tokens
         self.prefix_cache_stats.record(num_tokens, num_local, preempted)

@@ -204,6 +204,15 @@ def test_prefix_cache_stats_count_tokens():
     assert s.hit_rate == 12 / 28
 
 
+def test_without_log_stats_there_are_no_prefix_cache_stats_and_hits_still_happen():
+    # vLLM's KVCacheManager(log_stats=False): prefix_cache_stats is None; the cache works the same.
+    m = manager(log_stats=False)
+    assert m.prefix_cache_stats is None
+    admit(m, req("r0", A10))
+    hits, _ = admit(m, req("r1", A10))
+    assert len(hits) * BS == 8 and m.prefix_cache_stats is None
+
+
 def test_prefix_cache_stats_count_resumed_requests_apart():
     m = manager()
     admit(m, req("r0", A10))

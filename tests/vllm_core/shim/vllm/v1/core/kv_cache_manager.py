@@ -81,7 +81,7 @@ class KVCacheManager:
         self.events = KVEventRecorder() if enable_kv_cache_events else None
         self.manager = KvpoolKVCacheManager(kv_cache_config.num_blocks, block_size, max_model_len, enable_caching, self.events,
                                             BlockPool.factory(block_size), group_windows=windows,
-                                            max_num_batched_tokens=max_in_flight_tokens)
+                                            max_num_batched_tokens=max_in_flight_tokens, log_stats=log_stats)
         self.block_pool.group_keyed = is_hybrid(windows)
 
     @property
