@@ -206,8 +206,8 @@ class UnitaryKVCacheCoordinator:
                     self.offloading_connector.forget_written(uncached)
                 if self.external is not None:
                     self.external.forget_written(uncached)
-            blocks.reverse()
-            self.block_pool.free_blocks(blocks)
+            # NOTE: last first, without reordering the table a caller may still hold (vLLM's).
+            self.block_pool.free_blocks(reversed(blocks))
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return ([b.block_id for b in self.req_to_blocks.get(request_id, ())],)

@@ -161,8 +161,7 @@ class SingleTypeKVCacheManager:
         self.num_cached_block.pop(request_id, None)
         blocks = self.req_to_blocks.pop(request_id, None)
         if blocks:
-            blocks.reverse()
-            self.block_pool.free_blocks(blocks)
+            self.block_pool.free_blocks(reversed(blocks))
 
     @classmethod
     def find_longest_cache_hit(cls, block_hashes: Sequence[BlockHash], max_length: int, group_ids: list[int], block_pool: BlockPool,
