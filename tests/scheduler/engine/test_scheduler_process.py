@@ -106,9 +106,17 @@ def test_one_frame_per_client_per_step_carries_all_its_requests(served):
         assert tokens_of(outs[rid]) == expected_tokens(prompt, 20)
     assert all(len(ids) == len(set(ids)) for ids in frames), frames
     assert sum(map(len, frames)) == 80
-    # Sent at once, all four run side by side for most of their 20 steps (17 when
-    # admitted in 4 successive steps; 10 leaves room for a loaded machine).
-    assert sum(len(ids) == 4 for ids in frames) >= 10, frames
+    # Once the last of the four has its first token and until the first finishes, every
+    # step's frame carries all four. How early that is depends on when each send arrives
+    # (a loaded machine delays the later ones), so only a non-empty stretch is asked for.
+    counts = {rid: 0 for rid in prompts}
+    together = []
+    for ids in frames:
+        for rid in ids:
+            counts[rid] += 1
+        if all(counts.values()) and max(counts.values()) < 20:
+            together.append(ids)
+    assert together and all(len(ids) == 4 for ids in together), frames
     served.wait_idle()
 
 
