@@ -72,31 +72,26 @@ class FreeKVCacheBlockQueue:
         """Put blocks at the back, in the given order (the last given is reused last)."""
         if not blocks:
             return
-        tail = self.fake_free_list_tail
-        last = tail.prev_free_block
+        last = self.fake_free_list_tail.prev_free_block
         assert last is not None, "prev_free_block of fake_free_list_tail should always exist"
-        for block in blocks:
-            block.prev_free_block = last
-            last.next_free_block = block
-            last = block
-        last.next_free_block = tail
-        tail.prev_free_block = last
-        self.num_free_blocks += len(blocks)
+        self._insert_after(last, blocks)
 
     def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Put blocks at the front, in the given order (the first given is reused first)."""
+        self._insert_after(self.fake_free_list_head, blocks)
+
+    def _insert_after(self, prev: KVCacheBlock, blocks: Sequence[KVCacheBlock]) -> None:
+        """Link ``blocks``, in order, between ``prev`` and its successor."""
         if not blocks:
             return
-        head = self.fake_free_list_head
-        first = head.next_free_block
-        assert first is not None, "next_free_block of fake_free_list_head should always exist"
-        last = head
+        nxt = prev.next_free_block
+        assert nxt is not None, "a linked block in the free queue always has a successor"
         for block in blocks:
-            block.prev_free_block = last
-            last.next_free_block = block
-            last = block
-        last.next_free_block = first
-        first.prev_free_block = last
+            block.prev_free_block = prev
+            prev.next_free_block = block
+            prev = block
+        prev.next_free_block = nxt
+        nxt.prev_free_block = prev
         self.num_free_blocks += len(blocks)
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
