@@ -22,6 +22,7 @@ from frontend.openai.serving import (
     send_error_event,
     send_event,
     start_sse,
+    stream_chunk,
     stream_usage,
 )
 from frontend.sampling.params import EngineParams
@@ -65,15 +66,7 @@ class ChatStream:
         self.tools = [StreamedToolCalls(ctx.tool_parser, ctx.tokenizer, req, not strict) for _ in range(n)] if ctx.tool_parser else None
 
     def chunk(self, choices: list[dict], use: dict | None = None) -> dict:
-        ctx = self.ctx
-        c = {"id": self.request_id, "object": "chat.completion.chunk", "created": self.created,
-             "model": ctx.config.served_model_name, "choices": choices}
-        if use is not None:
-            c["usage"] = use
-        # NOTE: as vLLM, the fingerprint rides on the last message: the usage chunk, else each finishing chunk
-        if ctx.system_fingerprint and (not choices or (not self.include_usage and any(x.get("finish_reason") for x in choices))):
-            c["system_fingerprint"] = ctx.system_fingerprint
-        return c
+        return stream_chunk(self.ctx, "chat.completion.chunk", self.request_id, self.created, self.include_usage, choices, use)
 
     def usage_so_far(self) -> dict | None:
         """With continuous_usage_stats, every chunk's usage."""

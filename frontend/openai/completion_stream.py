@@ -23,6 +23,7 @@ from frontend.openai.serving import (
     send_error_event,
     send_event,
     start_sse,
+    stream_chunk,
     stream_usage,
 )
 from frontend.sampling.params import EngineParams
@@ -66,15 +67,7 @@ class CompletionStream:
         self.text_chunk = TextChunk(lambda c: self.chunk([c]), stream_choice)
 
     def chunk(self, choices: list[dict], use: dict | None = None) -> dict:
-        ctx = self.ctx
-        c = {"id": self.request_id, "object": "text_completion", "created": self.created,
-             "model": ctx.config.served_model_name, "choices": choices}
-        if use is not None:
-            c["usage"] = use
-        # NOTE: as vLLM, the fingerprint rides on the last message: the usage chunk, else each finishing chunk
-        if ctx.system_fingerprint and (not choices or (not self.include_usage and any(x.get("finish_reason") for x in choices))):
-            c["system_fingerprint"] = ctx.system_fingerprint
-        return c
+        return stream_chunk(self.ctx, "text_completion", self.request_id, self.created, self.include_usage, choices, use)
 
     def logprobs(self, d, i: int, text: str) -> tuple[str, dict | None]:
         """The delta's text and logprobs; the first under echo carries the prompt's."""

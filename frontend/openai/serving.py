@@ -125,6 +125,18 @@ def final_stream_usage(prompt_tokens: int, completion_tokens: int, cached_tokens
     return {k: v for k, v in usage(prompt_tokens, completion_tokens, cached_tokens).items() if v is not None}
 
 
+def stream_chunk(ctx: ServingContext, obj: str, request_id: str, created: int, include_usage: bool, choices: list[dict],
+                 use: dict | None = None) -> dict:
+    """One streamed chunk (``obj``: "chat.completion.chunk" or "text_completion")."""
+    c = {"id": request_id, "object": obj, "created": created, "model": ctx.config.served_model_name, "choices": choices}
+    if use is not None:
+        c["usage"] = use
+    # NOTE: as vLLM, the fingerprint rides on the last message: the usage chunk, else each finishing chunk
+    if ctx.system_fingerprint and (not choices or (not include_usage and any(x.get("finish_reason") for x in choices))):
+        c["system_fingerprint"] = ctx.system_fingerprint
+    return c
+
+
 def choice_requests(request_id: str, prompts: list[list[int]], params: EngineParams) -> list[tuple[str, int, list[int], EngineParams]]:
     """n engine requests per prompt, as (engine request id, choice index, prompt,
     params): choice i * n + j is prompt i's j-th sample (seeded samples get seed + j,
