@@ -212,6 +212,17 @@ class UnitaryKVCacheCoordinator:
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return ([b.block_id for b in self.req_to_blocks.get(request_id, ())],)
 
+    def load_targets(self, request_id: str, first_block: int, num_blocks: int) -> list[tuple[int, int, KVCacheBlock]]:
+        """(group 0, position, block) for table positions ``first_block`` .. + ``num_blocks``:
+        where a load from outside writes (`HybridKVCacheCoordinator.load_targets`)."""
+        blocks = self.req_to_blocks[request_id]
+        return [(0, i, blocks[i]) for i in range(first_block, min(first_block + num_blocks, len(blocks)))]
+
+    @staticmethod
+    def keyed_hash(block_hash: BlockHash, group: int) -> BlockHash:
+        """The key a tier holds group ``group``'s block of ``block_hash`` under: the hash itself."""
+        return block_hash
+
     def take_nulled(self) -> tuple[()]:
         """No sliding window: no table entry is ever nulled."""
         return ()

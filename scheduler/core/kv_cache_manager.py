@@ -32,6 +32,7 @@ from protocol.kv_cache_spec import is_hybrid
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.hybrid.group_events import GroupKeyedEventSink
 from scheduler.core.hybrid.hybrid_kv_cache_coordinator import HybridKVCacheCoordinator
+from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
 from scheduler.core.kv_cache_blocks import KVCacheBlocks
 from scheduler.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
 from scheduler.core.kv_cache_request import KVCacheRequest
@@ -230,6 +231,16 @@ class KVCacheManager:
         """An external load ended: the request's first ``num_computed_tokens`` tokens are in
         its blocks; cache (hash) those full blocks, as if just computed."""
         self.coordinator.cache_loaded(request, num_computed_tokens)
+
+    def load_targets(self, request_id: str, first_block: int, num_blocks: int) -> list[tuple[int, int, KVCacheBlock]]:
+        """(group, position, block) for the request's table entries at positions ``first_block``
+        .. + ``num_blocks`` that a load from outside (the external tier, a prefill engine) writes:
+        every group's, null entries left out; position by position, groups in order within one."""
+        return self.coordinator.load_targets(request_id, first_block, num_blocks)
+
+    def keyed_hash(self, block_hash: BlockHash, group: int) -> BlockHash:
+        """The key a tier holds group ``group``'s block of ``block_hash`` under (one group: the hash)."""
+        return self.coordinator.keyed_hash(block_hash, group)
 
     def take_external_ops(self) -> ExternalOps | None:
         """The step's external saves and loads for its plan (None: none, or no tier)."""

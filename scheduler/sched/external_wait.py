@@ -66,14 +66,14 @@ class ExternalKVWait:
                                        watermark_blocks=self.watermark_blocks if self.running else 0, delay_cache=True)
         if new_blocks is None:
             return False
-        num_host_blocks = num_hit_tokens // block_size - len(hits)
         num_load = -(-num_external_tokens // block_size)
         first = num_hit_tokens // block_size
-        blocks = new_blocks.blocks[0][num_host_blocks : num_host_blocks + num_load]
+        targets = kv.load_targets(request.request_id, first, num_load)
         if pull:
-            self.kv_transfer.add_pull(request.seq_id, request, first, blocks, num_external_tokens)
+            self.kv_transfer.add_pull(request.seq_id, request, targets, num_external_tokens)
         else:
-            kv.external.add_load(request.seq_id, request.block_hashes[first : first + num_load], blocks)
+            hashes = request.block_hashes
+            kv.external.add_load(request.seq_id, [kv.keyed_hash(hashes[i], g) for g, i, _ in targets], [b for _, _, b in targets])
         num_cached = num_hit_tokens + num_external_tokens
         num_outside = num_cached - len(hits) * block_size
         if kv.prefix_cache_lookup_enabled(request):

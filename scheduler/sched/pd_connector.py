@@ -23,7 +23,7 @@ it moves no byte (the workers do: worker/transfer/).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,14 +89,18 @@ class PDConnector:
             num_remote = min(num_remote, params.remote_num_tokens)
         return max(0, min(num_remote, request.num_prompt_tokens) - num_computed_tokens)
 
-    def add_pull(self, pull_id: int, request: Request, first_block: int, blocks: list[KVCacheBlock], num_tokens: int) -> None:
-        """Read the prefill engine's blocks of ``request`` from its ``first_block``-th on
-        into ``blocks`` (new, uncached), ``num_tokens`` tokens, in this step's plan. A request pulls once: a
-        preempted one computes what it lost (its prefill engine freed the blocks)."""
+    def add_pull(self, pull_id: int, request: Request, targets: Sequence[tuple[int, int, KVCacheBlock]], num_tokens: int) -> None:
+        """Read the prefill engine's blocks of ``request`` into ``targets`` ((group, table
+        position, new uncached block), `KVCacheManager.load_targets`), ``num_tokens`` tokens, in
+        this step's plan. A request pulls once: a preempted one computes what it lost (its
+        prefill engine freed the blocks)."""
         params = request.kv_transfer_params
-        remote = params.remote_block_ids[first_block : first_block + len(blocks)]
-        if len(remote) != len(blocks):
-            raise ValueError(f"{len(blocks)} blocks to pull, the prefill engine lent {len(remote)} from block {first_block}")
+        if any(g for g, _, _ in targets):
+            raise ValueError("a pull names a KV-cache group beyond the first; the prefill engine lent one")
+        remote = [params.remote_block_ids[i] for _, i, _ in targets if i < len(params.remote_block_ids)]
+        if len(remote) != len(targets):
+            raise ValueError(f"{len(targets)} blocks to pull, the prefill engine lent {len(params.remote_block_ids)}")
+        blocks = [b for _, _, b in targets]
         ops = self._ops
         ops.pull_ids.append(pull_id)
         ops.pull_addresses.append(f"{params.remote_host}:{params.remote_port}")

@@ -197,11 +197,12 @@ class KVServer:
             return
         n = len(request.block_ids)
         reply = PullReply(ok=True, num_blocks=n, block_bytes=self.block_bytes)
-        # NOTE: zero-copy: ZMQ holds the array until the frame is on the wire.
-        self._sock.send_multipart([peer, ENCODER.encode(reply), payload], copy=False)
+        # NOTE: counted before the send: a reader that has its blocks finds them counted.
         c = self.counters
         c.served_blocks += n
         c.served_bytes += n * self.block_bytes
+        # NOTE: zero-copy: ZMQ holds the array until the frame is on the wire.
+        self._sock.send_multipart([peer, ENCODER.encode(reply), payload], copy=False)
         c.serve_seconds += time.perf_counter() - t0
 
     def _refuse(self, peer: bytes, error: str, detail: str) -> None:

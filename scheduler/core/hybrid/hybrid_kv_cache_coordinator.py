@@ -30,6 +30,7 @@ from scheduler.core.single_type_kv_cache_manager import (
     SingleTypeKVCacheManager,
     SlidingWindowManager,
     cdiv,
+    group_key,
 )
 
 
@@ -216,6 +217,19 @@ class HybridKVCacheCoordinator:
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """The request's table in every group (the null block is 0)."""
         return tuple([b.block_id for b in m.req_to_blocks.get(request_id, ())] for m in self.single_type_managers)
+
+    def load_targets(self, request_id: str, first_block: int, num_blocks: int) -> list[tuple[int, int, KVCacheBlock]]:
+        """(group, position, block) for every group's table entries at positions ``first_block``
+        .. + ``num_blocks`` that are not null (a sliding group holds only its window's): where a
+        load from outside writes. Position by position, groups in order within one."""
+        tables = [m.req_to_blocks[request_id] for m in self.single_type_managers]
+        return [(g, i, table[i]) for i in range(first_block, first_block + num_blocks)
+                for g, table in enumerate(tables) if i < len(table) and not table[i].is_null]
+
+    @staticmethod
+    def keyed_hash(block_hash: BlockHash, group: int) -> BlockHash:
+        """The key a tier holds group ``group``'s block of ``block_hash`` under (the pool's own)."""
+        return block_hash + group_key(group)
 
     def take_nulled(self) -> list[tuple[str, int, int]]:
         """(request_id, group, leading null entries) for every live request and group
