@@ -16,7 +16,7 @@ from scheduler.engine.kv_event_endpoints import (
     check_local_endpoint,
     is_bind_endpoint,
 )
-from scheduler.engine.perf_metrics import ModelShape
+from scheduler.engine.model_shape import ModelShape
 
 
 def is_loopback(host: str) -> bool:
@@ -28,14 +28,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_mfu_flags(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    if a.enable_mfu_metrics and a.model is None:
+def check_mfu_flags(p: argparse.ArgumentParser, a: argparse.Namespace) -> ModelShape | None:
+    """The checkpoint's shape for --enable-mfu-metrics (None without it); read here, once."""
+    if not a.enable_mfu_metrics:
+        return None
+    if a.model is None:
         p.error("--enable-mfu-metrics needs --model DIR (the checkpoint the worker serves)")
-    if a.enable_mfu_metrics:
-        try:
-            ModelShape.from_checkpoint(a.model)
-        except ValueError as e:
-            p.error(str(e))
+    try:
+        return ModelShape.from_checkpoint(a.model)
+    except ValueError as e:
+        p.error(str(e))
 
 
 def check_external_tier(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:

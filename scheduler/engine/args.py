@@ -179,5 +179,5 @@ def config_from_args(argv: list[str] | None = None) -> SchedulerConfig:
         p.error("--kv-offloading-size needs the prefix cache: blocks are offloaded and found by hash (drop --no-enable-prefix-caching)")
     check_external_tier(p, a)
     check_kv_transfer(p, a)
-    check_mfu_flags(p, a)
-    return SchedulerConfig(**vars(a))
+    model_shape = check_mfu_flags(p, a)
+    return SchedulerConfig(**vars(a), model_shape=model_shape)

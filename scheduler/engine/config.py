@@ -41,6 +41,7 @@ from protocol.serve_flags.scheduling import (
     SCHEDULING_POLICY,
     WATERMARK,
 )
+from scheduler.engine.model_shape import ModelShape
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +135,8 @@ class SchedulerConfig:
     # checkpoint's config.json (--model) in the worker's --dtype (scheduler/engine/perf_metrics.py).
     enable_mfu_metrics: bool = ENABLE_MFU_METRICS.default
     model: str | None = None
+    # The checkpoint's shape, read by the flag check (scheduler/engine/model_shape.py); None without MFU metrics.
+    model_shape: ModelShape | None = None
     dtype: str = DTYPE.default
     # vLLM's --speculative-config JSON (protocol/speculative_config.py); None: no speculation.
     speculative_config: str | None = None

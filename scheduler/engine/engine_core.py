@@ -39,7 +39,6 @@ from scheduler.engine.engine_state import EngineState
 from scheduler.engine.http_server import HttpSide
 from scheduler.engine.kv_event_publisher import make_kv_event_sink
 from scheduler.engine.metrics import SchedulerMetrics
-from scheduler.engine.perf_metrics import ModelShape
 from scheduler.engine.sockets import open_ports
 from scheduler.engine.stats_logger import IterationDetailsLogger, log_stats_every, stats_snapshot
 from scheduler.engine.step_loop import StepLoop
@@ -69,7 +68,6 @@ class EngineCore:
             max_model_len=config.max_model_len, custom_buckets=config.custom_histogram_buckets,
             speculative=parse_speculative_config(config.speculative_config),
         )
-        model_shape = ModelShape.from_checkpoint(config.model) if config.enable_mfu_metrics else None
         self.state = EngineState()
         self.worker_side = WorkerSide(self.state, config, workers, self.metrics, self.kv_event_sink, self._publish_kv_events)
         self.worker = self.worker_side.link
@@ -88,7 +86,7 @@ class EngineCore:
         iteration_log = IterationDetailsLogger(config.log_stats and config.enable_logging_iteration_details, config.data_parallel_rank)
         self.steps = StepLoop(
             self.state, self.worker, self.client_side, self.metrics, self.kv_event_sink, self.kv_event_publisher,
-            model_shape, iteration_log, config.worker_reconnect_timeout_s,
+            config.model_shape, iteration_log, config.worker_reconnect_timeout_s,
         )
         self._stop = asyncio.Event()
         # An internal error that stopped the process (exit status 1).

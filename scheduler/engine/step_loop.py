@@ -22,7 +22,8 @@ from scheduler.engine.client_side import ClientSide
 from scheduler.engine.engine_state import EngineState
 from scheduler.engine.kv_event_publisher import KVEventPublisher
 from scheduler.engine.metrics import SchedulerMetrics
-from scheduler.engine.perf_metrics import ModelShape, StepContext, estimate_step
+from scheduler.engine.model_shape import ModelShape
+from scheduler.engine.perf_metrics import StepContext, estimate_step
 from scheduler.engine.stats_logger import IterationDetailsLogger
 from scheduler.engine.worker_checks import check_result
 from scheduler.engine.worker_link import HEARTBEAT_INTERVAL_S, WorkerLink, WorkerLost

@@ -15,7 +15,8 @@ from protocol.worker_messages import WorkerHello
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.engine.args import config_from_args
-from scheduler.engine.perf_metrics import ModelShape, StepContext, estimate_step
+from scheduler.engine.model_shape import ModelShape
+from scheduler.engine.perf_metrics import StepContext, estimate_step
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
 
@@ -110,7 +111,9 @@ def test_a_chunk_of_a_running_prompt_is_a_prefill_and_one_token_a_decode():
 def test_the_flags(tiny_dir, tmp_path):
     c = config_from_args(["--enable-mfu-metrics", "--model", str(tiny_dir)])
     assert c.enable_mfu_metrics and c.model == str(tiny_dir)
-    assert not config_from_args([]).enable_mfu_metrics
+    # Read once, by the check: the config carries the checkpoint's shape.
+    assert c.model_shape == ModelShape(2, 8, 2, 1, 4, 16, 32)
+    assert not config_from_args([]).enable_mfu_metrics and config_from_args([]).model_shape is None
 
 
 def test_the_element_sizes_are_the_workers(tiny_dir):
