@@ -1,7 +1,8 @@
 """The host tier of a hybrid model: one host tensor per distinct KV tensor (layers of
 different KV-cache groups share one), a slot the bytes of one block as the hello counts
-them, and a store of block b then a load into block c reproducing b in every distinct
-tensor (so in both groups' layers), nothing else written.
+them, a store of block b then a load into block c reproducing b in every distinct tensor
+(so in both groups' layers), nothing else written; and a prefix loaded back into both
+groups' blocks sampling what a recompute samples (either group's left out: other logits).
 
 The tiny checkpoint's 4 layers as Gemma-style windows [8, 0, 8, 0]: group 0 = layers 0
 and 2 (window 8), group 1 = layers 1 and 3 (full); 2 KV tensors, tensor 0 holding layers
@@ -92,3 +93,48 @@ def test_the_runner_offloads_both_groups_blocks_of_a_prefill(model):
         assert torch.equal(kv[:, 10], old[:, 3]) and torch.equal(kv[:, 11], old[:, 5])
         assert torch.equal(kv[:, :10], old[:, :10]) and torch.equal(kv[:, 12:], old[:, 12:])
     assert r.tier.stored_blocks == r.tier.loaded_blocks == 2 and r.tier.store_bytes == 2 * BLOCK_BYTES
+
+
+PROMPT = [11, 22, 33, 44, 55, 66, 77, 88, 99, 5]  # 10 tokens: 2 full blocks and 2 more tokens
+G0, G1 = [10, 11, 12], [13, 14, 15]  # seq 3's tables: group 0 (layers 0, 2), group 1 (layers 1, 3)
+
+
+def windowed_runner(model) -> ModelRunner:
+    """A hybrid runner with a host tier; layers 0 and 2 attend within 8 tokens."""
+    _, per_layer = hybrid_caches()
+    return ModelRunner(model, per_layer, MAX_SEQS, MAX_LEN, host_caches=allocate_host_kv_caches(per_layer, NUM_HOST),
+                       groups=GROUPS, layer_windows=[8, 0, 8, 0])
+
+
+def greedy(r: ModelRunner, plan: StepPlan) -> tuple[list[int], torch.Tensor]:
+    """The tokens of ``plan`` and the 2 steps after it, and ``plan``'s logits."""
+    out = r.execute(plan)
+    tokens = list(out.sampled_token_ids)
+    for step in range(plan.step_id + 1, plan.step_id + 3):
+        tokens += r.execute(StepPlan(step)).sampled_token_ids
+    return tokens, out.logits
+
+
+def loaded_from_the_host_tier(model, load_host_ids: list[int], load_device_ids: list[int]) -> tuple[list[int], torch.Tensor]:
+    """Seq 1 prefills PROMPT and its 2 full blocks of each group go to host slots 0..3;
+    seq 2 overwrites those device blocks; seq 3 (PROMPT again, 8 tokens computed) loads
+    the slots named into its blocks and computes the 2 last tokens."""
+    r = windowed_runner(model)
+    r.execute(StepPlan(0, {1: len(PROMPT)}, new_rows=[GroupRequestRow(1, PROMPT, [3, 4, 5], group_block_ids=[[6, 7, 8]])]))
+    r.execute(StepPlan(1, {}, finished_seq_ids=[1], tier_copies=TierCopies([3, 4, 6, 7], [0, 1, 2, 3])))
+    r.execute(StepPlan(2, {2: 8}, new_rows=[GroupRequestRow(2, [3] * 8, [3, 4], group_block_ids=[[6, 7]])]))
+    r.execute(StepPlan(3, {}, finished_seq_ids=[2]))
+    row = GroupRequestRow(3, PROMPT, G0, num_computed_tokens=8, group_block_ids=[G1])
+    return greedy(r, StepPlan(4, {3: 2}, new_rows=[row], tier_copies=TierCopies(load_host_ids=load_host_ids, load_device_ids=load_device_ids)))
+
+
+def test_a_prefix_loaded_into_both_groups_samples_what_a_recompute_samples(model):
+    tokens, logits = loaded_from_the_host_tier(model, [0, 1, 2, 3], [G0[0], G0[1], G1[0], G1[1]])
+    recompute = windowed_runner(model)
+    ref, ref_logits = greedy(recompute, StepPlan(0, {1: len(PROMPT)}, new_rows=[GroupRequestRow(1, PROMPT, G0, group_block_ids=[G1])]))
+    assert tokens == ref
+    torch.testing.assert_close(logits, ref_logits[-1:], rtol=1e-5, atol=1e-5)
+    # Either group's blocks left out (its layers read zeros), and the step computes other logits.
+    _, group0_only = loaded_from_the_host_tier(model, [0, 1], G0[:2])
+    _, group1_only = loaded_from_the_host_tier(model, [2, 3], G1[:2])
+    assert not torch.allclose(group0_only, logits) and not torch.allclose(group1_only, logits)
