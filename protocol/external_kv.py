@@ -6,7 +6,8 @@ the store. So nothing about it may depend on a process:
 
 * The **identity** is a digest of what makes a block's bytes meaningful: the model (its
   architecture and the hash of its config and weights' index), the KV dtype, the layout of
-  a block (layers, KV heads, head size) and the block size.
+  a block (KV tensors, KV heads, head size; a hybrid model's KV-cache groups, which say
+  whose layer each tensor holds) and the block size.
 * The **key** of a block is a digest of the identity and the block's prefix-cache hash
   (chained over every token before it, with the request's ``cache_salt`` in the first
   block's: scheduler/core/hashing.py), which is seeded by a constant, never by
@@ -23,6 +24,9 @@ from __future__ import annotations
 import hashlib
 import struct
 import zlib
+from collections.abc import Sequence
+
+from protocol.kv_cache_spec import KVCacheGroupSpec
 
 MAGIC = b"KVPB"
 VERSION = 1
@@ -41,9 +45,16 @@ class BadObject(ValueError):
         self.reason = reason
 
 
-def kv_identity(architecture: str, model_hash: str, kv_dtype: str, block_size: int, num_layers: int, num_kv_heads: int, head_dim: int) -> str:
-    """The identity of a worker's KV objects (32 hex digits)."""
+def kv_identity(architecture: str, model_hash: str, kv_dtype: str, block_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                groups: Sequence[KVCacheGroupSpec] = ()) -> str:
+    """The identity of a worker's KV objects (32 hex digits). ``num_layers``: the KV
+    tensors a block spans (every layer, or a hybrid model's ``num_kv_tensors``);
+    ``groups``: the KV-cache groups, which count only when there are several (one group
+    of every layer, or none, is the layout of every layer's own tensor)."""
     text = f"kvpool-kv/{VERSION}|{architecture}|{model_hash}|{kv_dtype}|bs={block_size}|L={num_layers}|kvh={num_kv_heads}|hd={head_dim}"
+    if len(groups) > 1:
+        # NOTE: only here, so the identity of a one-group layout (and the objects saved under it) stays as it was.
+        text += "|groups=" + ";".join(f"{g.sliding_window}:{','.join(map(str, g.layer_ids))}" for g in groups)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -74,7 +85,7 @@ def decode(data: bytes | memoryview, identity: str, key: str, payload_size: int)
     if version != VERSION:
         raise BadObject("version", f"object format {version}, this kvpool reads {VERSION}")
     if ident.hex() != identity:
-        raise BadObject("foreign", f"made for identity {ident.hex()}, not {identity} (another model, KV dtype or block size)")
+        raise BadObject("foreign", f"made for identity {ident.hex()}, not {identity} (another model, KV dtype, layout or block size)")
     if obj_key.hex() != key:
         raise BadObject("key", f"holds block {obj_key.hex()}, not {key}")
     payload = view[HEADER_SIZE:]

@@ -106,7 +106,6 @@ def _serve(config: WorkerConfig, serving: ServingModel, group: TPGroup | None) -
         kv_caches, per_block = allocate_worker_kv_caches(config, serving, group)
         host_caches = None
         if config.kv_offloading_size > 0:
-            check_host_tier_groups(serving)
             host_caches = _allocate_host_tier(config, group, kv_caches, per_block)
         metrics = _start_metrics(config, group)
         external = open_external_tier(config, serving, kv_caches)
@@ -187,8 +186,9 @@ def allocate_worker_kv_caches(config: WorkerConfig, serving: ServingModel, group
 
 
 def _allocate_host_tier(config: WorkerConfig, group: TPGroup | None, kv_caches: list[torch.Tensor], per_block: int) -> list[torch.Tensor]:
-    """The offload tier: as many blocks as --kv-offloading-size holds, in host memory.
-    Not with hybrid KV-cache groups (``_serve`` refuses it; so does the scheduler)."""
+    """The offload tier: as many blocks as --kv-offloading-size holds, in host memory,
+    one host tensor per distinct KV tensor (a hybrid model's shared tensors once): a slot
+    holds ``per_block`` bytes, a block's whole KV whichever KV-cache group holds it."""
     num_host = int(config.kv_offloading_size * 2**30) // per_block
     if group is not None:
         num_host = group.min_over_ranks("num_host_blocks", num_host)
@@ -202,18 +202,6 @@ def _allocate_host_tier(config: WorkerConfig, group: TPGroup | None, kv_caches: 
     log.info("host KV tier: %d blocks of %d bytes (%g GiB)%s", num_host, per_block, config.kv_offloading_size,
              ", pinned" if host_caches[0].is_pinned() else "")
     return host_caches
-
-
-def check_host_tier_groups(serving: ServingModel) -> None:
-    """StartupError: the host tier copies whole tensors, and a hybrid model's blocks
-    are not yet offloaded per group (the scheduler refuses the tier for them too)."""
-    windows = hello_group_windows(serving.kv_cache_groups) if serving.kv_cache_groups else []
-    if windows:
-        raise StartupError(
-            f"--kv-offloading-size: a host KV tier is not supported with hybrid KV-cache groups (this model's group windows: "
-            f"{windows}); drop --kv-offloading-size, or pass --disable-hybrid-kv-cache-manager (and --disable-sliding-window "
-            "for a model whose every layer has a window)"
-        )
 
 
 def _start_metrics(config: WorkerConfig, group: TPGroup | None) -> WorkerMetrics | None:

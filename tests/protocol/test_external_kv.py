@@ -24,6 +24,7 @@ from protocol.external_kv import (
     kv_identity,
     object_key,
 )
+from protocol.kv_cache_spec import KVCacheGroupSpec
 from scheduler.core.hashing import BlockHasher
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,6 +113,14 @@ def test_a_flipped_crc_in_the_header_is_a_checksum_fault():
 def test_the_identity_changes_with_each_field(change):
     assert identity(**change) != ID
     assert identity(**change) == identity(**change)  # a digest, not a random token
+
+
+def test_several_kv_cache_groups_change_the_identity_and_one_does_not():
+    # 4 KV tensors either way: each its own layer's, or each shared by a layer of each group.
+    hybrid = [KVCacheGroupSpec([0, 2, 4, 6], 8), KVCacheGroupSpec([1, 3, 5, 7], 0)]
+    assert identity(groups=[KVCacheGroupSpec([0, 1, 2, 3], 0)]) == ID
+    assert identity(groups=hybrid) not in (ID, identity(groups=hybrid[::-1]))
+    assert identity(groups=[KVCacheGroupSpec([0, 2, 4, 6], 16), hybrid[1]]) != identity(groups=hybrid)
 
 
 def test_keys_differ_by_identity_and_by_block_hash_and_salt():

@@ -1,6 +1,7 @@
 """A hybrid worker's start-up: the KV cache sized by ``num_kv_tensors`` (worked by hand),
 layers of different groups sharing tensors, the hello's group windows, the runner built
-with the groups, the host tier refused, and the flags."""
+with the groups, the host and external tiers started over the distinct KV tensors (the
+hello's block bytes what a host slot holds), and the flags."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import dataclasses
 
 import pytest
 
+import worker.startup
 from protocol.kv_cache_spec import KVCacheGroupSpec
 from protocol.worker_messages import WorkerReady
 from worker.config import WorkerConfig
 from worker.load.serving_model import load_serving_model
 from worker.process import WorkerProcess
-from worker.startup import StartupError, allocate_worker_kv_caches, check_host_tier_groups
+from worker.startup import allocate_worker_kv_caches
 
 # Gemma-style windows on the tiny checkpoint's 4 layers: two groups of two layers.
 GROUPS = (KVCacheGroupSpec([0, 2], 8), KVCacheGroupSpec([1, 3], 0))
@@ -55,11 +57,44 @@ def test_the_hello_says_the_group_windows_and_the_runner_gets_the_groups(serving
     assert kv[0].shape[1] == 10 and kv[0] is kv[1] and kv[2] is kv[3] and kv[0] is not kv[2]
 
 
-def test_a_host_tier_is_refused_with_hybrid_groups(serving, hybrid):
-    check_host_tier_groups(serving)  # one full group: the tier is fine
-    with pytest.raises(StartupError, match="--kv-offloading-size: a host KV tier is not supported with hybrid KV-cache groups") as e:
-        check_host_tier_groups(hybrid)
-    assert "--disable-hybrid-kv-cache-manager" in str(e.value)
+def started(config: WorkerConfig, serving, monkeypatch) -> dict:
+    """What start-up hands the process loop (kv_caches, host_caches, external), run as
+    ``python -m worker`` runs it after the load; the loop itself returns at once."""
+    handed = {}
+
+    def loop(config, serving, kv_caches, metrics, group, host_caches, external=None, transfer=None):
+        handed.update(kv_caches=kv_caches, host_caches=host_caches, external=external,
+                      hello=WorkerProcess(config, serving, kv_caches, None, host_caches, external).hello())
+        return 0
+
+    monkeypatch.setattr(worker.startup, "_run_process_loop", loop)
+    assert worker.startup._serve(config, serving, None) == 0
+    return handed
+
+
+def test_a_hybrid_worker_starts_with_a_host_tier(hybrid, monkeypatch):
+    # 1/1024 GiB = 1 MiB of host tier; a block is 2 tensors of 2048 bytes: 256 host blocks.
+    config = WorkerConfig(block_size=4, kv_cache_memory=64 * 1024, kv_offloading_size=1 / 1024, http_port=0)
+    got = started(config, hybrid, monkeypatch)
+    kv, host, hello = got["kv_caches"], got["host_caches"], got["hello"]
+    assert len(kv) == 4 and len(host) == 2  # one host tensor per distinct KV tensor, not per layer
+    assert [tuple(h.shape) for h in host] == [(2, 256, 4, 2, 32)] * 2
+    assert hello.kv_block_bytes == 4096 and hello.num_host_blocks == 256 and hello.group_windows == [8, 0]
+    assert sum(h.numel() * h.element_size() for h in host) == hello.num_host_blocks * hello.kv_block_bytes
+
+
+def test_a_hybrid_worker_starts_with_a_disk_tier(hybrid, serving, monkeypatch, tmp_path):
+    config = WorkerConfig(block_size=4, kv_cache_memory=64 * 1024, http_port=0, kv_offloading_backend="disk",
+                          kv_offloading_path=str(tmp_path), kv_offloading_disk_bytes=1 << 20)
+    got = started(config, hybrid, monkeypatch)
+    io, hello = got["external"], got["hello"]
+    kv = got["kv_caches"]
+    assert len(io.kv_caches) == 2 and io.kv_caches[0] is kv[0] and io.kv_caches[1] is kv[2]
+    assert io.block_bytes == hello.kv_block_bytes == 4096
+    assert hello.external_tier == "disk" and hello.external_identity == io.identity
+    # The same checkpoint with one full group keeps its objects apart: another identity, another directory.
+    one = started(config, serving, monkeypatch)["external"]
+    assert one.identity != io.identity and one.store.dir != io.store.dir and one.block_bytes == 4 * 2048
 
 
 def test_the_flags_reach_the_config():

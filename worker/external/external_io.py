@@ -25,8 +25,9 @@ a removed key; saving then pauses for ``pause_s`` (loads go on), so a full disk 
 failure per pause, not one per block. A store whose "full" passes by itself (Mooncake's
 master evicts in the background) names a shorter pause for it: ``full_pause_s``.
 
-Payload of a block: every layer's K then V of that block, in layer order, as the KV
-tensors hold them (worker/kv/kv_block_bytes.py).
+Payload of a block: every distinct KV tensor's K then V of that block, in order (a
+hybrid model's layers of different KV-cache groups share a tensor, moved once), as the
+KV tensors hold them (worker/kv/kv_block_bytes.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from protocol.external_kv import BadObject, decode, encode_header
 from protocol.worker_messages import ExternalKVOps
 from worker.external.store_errors import StoreError
 from worker.kv.kv_block_bytes import block_bytes, gather_blocks, write_blocks
+from worker.kv.kv_cache import distinct_kv_tensors
 
 log = logging.getLogger("kvpool.worker.external")
 
@@ -68,15 +70,16 @@ class IOCounters:
 
 
 class ExternalIO:
-    """Saves and loads between ``kv_caches`` (one per layer, (2, blocks, bs, kvh, hd)) and ``store``."""
+    """Saves and loads between ``kv_caches`` (each (2, blocks, bs, kvh, hd): the distinct
+    KV tensors, or one entry per layer, whose shared tensors are moved once) and ``store``."""
 
     def __init__(self, store, identity: str, kv_caches: list[torch.Tensor], pause_s: float = 30.0,
                  max_pending_save_bytes: int = DEFAULT_MAX_PENDING_SAVE_BYTES):
         self.store = store
         self.identity = identity
-        self.kv_caches = kv_caches
+        self.kv_caches = distinct_kv_tensors(kv_caches)
         self.pause_s = pause_s
-        self.block_bytes = block_bytes(kv_caches)
+        self.block_bytes = block_bytes(self.kv_caches)
         self.max_pending_save_bytes = max_pending_save_bytes
         self.counters = IOCounters()
         # Two queues, loads first (a request waits on each); the thread sleeps on the condition.

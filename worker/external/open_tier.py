@@ -10,21 +10,21 @@ from worker.config import WorkerConfig
 from worker.external.external_io import ExternalIO
 from worker.external.store_errors import StoreError
 from worker.kv.kv_block_bytes import kv_block_identity
+from worker.kv.kv_cache import distinct_kv_tensors
 from worker.load.serving_model import ServingModel
-from worker.step.group_tables import hello_group_windows
 
 log = logging.getLogger("kvpool.worker.external")
 
 
 def open_external_tier(config: WorkerConfig, serving: ServingModel, kv_caches: list[torch.Tensor]) -> ExternalIO | None:
     """The tier of ``config.kv_offloading_backend`` (None without one). Raises ValueError
-    naming the problem: a hybrid model, a directory it cannot use, a store out of reach."""
+    naming the problem: a directory it cannot use, a store out of reach. Its blocks move
+    across the distinct KV tensors (a hybrid model's shared tensors once), and the identity
+    names that layout and the KV-cache groups (worker/kv/kv_block_bytes.py)."""
     backend = config.kv_offloading_backend
     if not backend:
         return None
-    if serving.kv_cache_groups and hello_group_windows(serving.kv_cache_groups):
-        raise ValueError(f"--kv-offloading-backend {backend}: not supported with hybrid KV-cache groups yet; pass "
-                         "--disable-hybrid-kv-cache-manager, or serve without an external tier")
+    kv_caches = distinct_kv_tensors(kv_caches)
     identity = kv_block_identity(serving, kv_caches, config.block_size)
     if backend == "disk":
         from worker.external.disk_store import DiskStore

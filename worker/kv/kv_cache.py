@@ -7,7 +7,8 @@ all layers; block 0 is the scheduler's null block and is counted like any other.
 
 Hybrid models (KV-cache groups, protocol.kv_cache_spec): ``num_kv_tensors(groups)``
 tensors, shared by the layers of different groups as vLLM shares them
-(``layer_kv_caches``), and a block costs that many layers, not every layer.
+(``layer_kv_caches``), and a block costs that many layers, not every layer. What moves
+a block by id (the tiers, P/D) moves it across ``distinct_kv_tensors``.
 """
 
 from __future__ import annotations
@@ -61,11 +62,22 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def distinct_kv_tensors(caches: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The KV tensors of ``caches`` (one entry per layer), each once, in order of first
+    appearance: what moves blocks by id (the host tier, the external tier, P/D) copies
+    these. A block id belongs to one KV-cache group at a time, so block b across them is
+    b's whole KV whichever group holds it. One group of every layer: ``caches`` as it is.
+
+    NOTE: by object identity: ``layer_kv_caches`` and ``first_blocks`` keep the entries
+    of one tensor one object.
+    """
+    return list({id(kv): kv for kv in caches}.values())
+
+
 def block_bytes(caches: list[torch.Tensor]) -> int:
     """Bytes of one block, K and V, across the KV tensors of ``caches`` (one entry per
     layer; a tensor that layers of different groups share is counted once)."""
-    distinct = {id(kv): kv for kv in caches}.values()
-    return sum(kv[:, 0].numel() * kv.element_size() for kv in distinct)  # kv[:, 0]: (2, block_size, kvh, hd)
+    return sum(kv[:, 0].numel() * kv.element_size() for kv in distinct_kv_tensors(caches))  # kv[:, 0]: (2, block_size, kvh, hd)
 
 
 def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -131,9 +143,11 @@ def first_blocks(caches: list[torch.Tensor], num_blocks: int) -> list[torch.Tens
 
 
 def allocate_host_kv_caches(device_caches: list[torch.Tensor], num_host_blocks: int) -> list[torch.Tensor]:
-    """The offload tier's host memory: one zeroed tensor per layer with the layout of
-    that layer's device cache, ``(2, num_host_blocks, block_size, kvh, hd)``, page-locked
+    """The offload tier's host memory: one zeroed tensor per distinct KV tensor of
+    ``device_caches`` (``distinct_kv_tensors``: per layer, less a hybrid model's shared
+    ones) with its layout, ``(2, num_host_blocks, block_size, kvh, hd)``, page-locked
     when the device cache is on CUDA (so copies to and from it can run asynchronously).
+    A host slot thus holds ``block_bytes(device_caches)``, whatever group owns the block.
 
     NOTE: zeroed, so every page is backed now: the hello then promises only memory
     the worker holds, not an overcommitted promise the kernel may break later.
@@ -142,7 +156,7 @@ def allocate_host_kv_caches(device_caches: list[torch.Tensor], num_host_blocks: 
         raise ValueError(f"a host KV tier needs at least 1 block, got {num_host_blocks}")
     lock = device_caches[0].device.type == "cuda"
     return [page_locked_zeros((kv.shape[0], num_host_blocks, *kv.shape[2:]), kv.dtype) if lock else
-            torch.zeros((kv.shape[0], num_host_blocks, *kv.shape[2:]), dtype=kv.dtype) for kv in device_caches]
+            torch.zeros((kv.shape[0], num_host_blocks, *kv.shape[2:]), dtype=kv.dtype) for kv in distinct_kv_tensors(device_caches)]
 
 
 def page_locked_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

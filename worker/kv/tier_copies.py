@@ -6,16 +6,19 @@ first, then every load, so a device block stored and reused in the same step is 
 before it is overwritten, and a host slot stored and loaded in the same step gives
 the load the new content. The ids are checked before (worker/step/plan_check.py).
 
-Both tiers have the same layout per layer, ``(2, blocks, block_size, kvh, hd)``, so a
-block is two contiguous chunks (K and V) of ``block_size * kvh * hd`` elements.
+Both tiers have the same layout per KV tensor, ``(2, blocks, block_size, kvh, hd)``, so a
+block is two contiguous chunks (K and V) of ``block_size * kvh * hd`` elements. The
+copies run over the distinct KV tensors (``distinct_kv_tensors``): a hybrid model's
+layers of different KV-cache groups share one, and a block id belongs to one group at a
+time, so copying block b across them moves b's whole KV whichever group holds it.
 
-* CPU (device and host tiers in the same memory): per layer, one slice copy per run of
+* CPU (device and host tiers in the same memory): per KV tensor, one slice copy per run of
   consecutive (source, target) ids, usually one per block.
-  NOTE: not one fancy-indexed copy per layer: numpy's ``host[:, h] = dev[:, d]`` and
+  NOTE: not one fancy-indexed copy per KV tensor: numpy's ``host[:, h] = dev[:, d]`` and
   torch's ``index_copy_(index_select(...))`` go through a temporary (gather, then
   scatter), so they reach well under ``copy_``'s bandwidth, and the slice loop comes
   closer (``python -m bench offload`` measures it against copy_ every run).
-* CUDA (host tier pinned): per layer one ``index_select`` on the device and one
+* CUDA (host tier pinned): per KV tensor one ``index_select`` on the device and one
   asynchronous device-to-host copy of the gathered blocks (stores), one host
   ``index_select`` into a pinned buffer, one asynchronous host-to-device copy and one
   ``index_copy_`` on the device (loads), all on a side stream. The compute stream
@@ -35,7 +38,7 @@ import numpy as np
 import torch
 
 from protocol.worker_messages import TierCopies
-from worker.kv.kv_cache import SAME_SIZE_INT
+from worker.kv.kv_cache import SAME_SIZE_INT, block_bytes, distinct_kv_tensors
 
 Run = tuple[int, int, int]  # (first source id, first target id, number of blocks)
 
@@ -67,23 +70,28 @@ def _copy_runs(dst: np.ndarray, src: np.ndarray, pairs: list[Run]) -> None:
 
 
 class TierCopier:
-    """Copies between one worker's device caches and its host tier, layer by layer.
+    """Copies between one worker's device caches and its host tier, KV tensor by KV tensor.
+
+    ``device_caches``: one entry per layer (or the distinct tensors already); the copies
+    run over ``distinct_kv_tensors(device_caches)``, one host tensor each (``host_caches``,
+    as ``allocate_host_kv_caches`` makes them).
 
     Counters (running totals, for the process loop to export): blocks, bytes and
     seconds of each direction, and the steps that copied in each direction."""
 
     def __init__(self, device_caches: list[torch.Tensor], host_caches: list[torch.Tensor]):
+        device_caches = distinct_kv_tensors(device_caches)
         if len(device_caches) != len(host_caches):
             raise ValueError(f"{len(device_caches)} device caches but {len(host_caches)} host caches")
         for i, (d, h) in enumerate(zip(device_caches, host_caches, strict=True)):
             if d.shape[0] != h.shape[0] or d.shape[2:] != h.shape[2:] or d.dtype != h.dtype:
-                raise ValueError(f"layer {i}: host tier {tuple(h.shape)} {h.dtype} does not match the device cache {tuple(d.shape)} {d.dtype}")
+                raise ValueError(f"KV tensor {i}: host tier {tuple(h.shape)} {h.dtype} does not match the device cache {tuple(d.shape)} {d.dtype}")
             if h.device.type != "cpu":
-                raise ValueError(f"layer {i}: the host tier must be in host memory, not on {h.device}")
+                raise ValueError(f"KV tensor {i}: the host tier must be in host memory, not on {h.device}")
         self.device_caches = device_caches
         self.host_caches = host_caches
         self.num_host_blocks = host_caches[0].shape[1]
-        self.block_bytes = sum(kv[:, 0].numel() * kv.element_size() for kv in device_caches)
+        self.block_bytes = block_bytes(device_caches)
         self.device = device_caches[0].device
         self.on_cuda = self.device.type == "cuda"
         self.host_np = [_as_numpy(h) for h in host_caches]

@@ -11,6 +11,7 @@ import torch
 from protocol.kv_transfer_config import KVTransferConfig
 from protocol.worker_messages import KVTransferOps
 from worker.kv.kv_block_bytes import kv_block_identity
+from worker.kv.kv_cache import distinct_kv_tensors
 from worker.load.serving_model import ServingModel
 from worker.step.group_tables import hello_group_windows
 from worker.transfer.kv_puller import KVPuller, Pull
@@ -81,6 +82,7 @@ def open_kv_transfer(config: KVTransferConfig | None, serving: ServingModel, kv_
         raise ValueError("--kv-transfer-config: not supported with hybrid KV-cache groups yet; pass "
                          "--disable-hybrid-kv-cache-manager, or serve without P/D disaggregation")
     identity = kv_block_identity(serving, kv_caches, block_size)
+    kv_caches = distinct_kv_tensors(kv_caches)  # NOTE: blocks move by id: each shared tensor once
     server = KVServer(kv_caches, identity, config.side_channel_host, config.side_channel_port) if config.is_producer else None
     puller = KVPuller(kv_caches, identity, config.read_timeout) if config.is_consumer else None
     if server is not None:
