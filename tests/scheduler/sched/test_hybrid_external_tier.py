@@ -187,3 +187,25 @@ def test_a_whole_prompt_loaded_keeps_the_window_of_its_last_token():
     assert [g for g, _, _ in kv.load_targets("r", 0, 4)] == [0, 0, 1, 0, 1, 0, 1]
     kv.cache_loaded(r, 14)
     kv.check_invariants()
+
+
+class UnsureIndex(KnownKeys):
+    """An index that cannot tell (a Mooncake master gone): nothing surely held, nothing surely missing."""
+
+    def count_prefix(self, keys):
+        return 0
+
+    def held(self, keys):
+        return [False] * len(keys)
+
+    def missing(self, keys):
+        return [False] * len(keys)
+
+
+def test_a_key_the_index_cannot_vouch_for_is_no_hit():
+    # The sliding group's blocks are asked with held(), never read off missing(): an index
+    # that does not know (so saves nothing again) finds nothing either.
+    tier = ExternalTier("mooncake", BS, UnsureIndex())
+    tier.attach(IDENTITY, [])
+    kv = KVCacheManager(NUM_BLOCKS, BS, MAX_LEN, external_tier=tier, group_windows=[8])  # no full group to ask first
+    assert kv.get_num_external_hits(Request("r", PROMPT, 1, block_hasher=HASHER), 0) == 0
