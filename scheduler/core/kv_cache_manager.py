@@ -72,6 +72,8 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.group_windows = list(group_windows) if hybrid else [0]
+        # Whether the hybrid coordinator runs (several groups, or one sliding group).
+        self.hybrid = hybrid
         if hybrid and event_sink is not None:
             event_sink = GroupKeyedEventSink(event_sink, self.group_windows)
         if hybrid and host_tier is not None and host_tier.event_sink is not None and not isinstance(host_tier.event_sink, GroupKeyedEventSink):
@@ -229,7 +231,7 @@ class KVCacheManager:
         end = min((request.num_tokens - 1) // self.block_size, len(request.block_hashes))
         if end <= start:
             return 0
-        if self.num_groups > 1:
+        if self.hybrid:
             # Every group's blocks the hit needs, under their keyed hashes (hybrid_tier_hit.py).
             return (find_tier_hit(self.group_windows, request.block_hashes, start, end, self.block_size, self.external) - start) * self.block_size
         return self.external.lookup(request.block_hashes[start:end]) * self.block_size

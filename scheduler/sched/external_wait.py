@@ -113,7 +113,7 @@ class ExternalKVWait:
                     kv.free(orphan)
                 continue
             before, num_load, num_device_tokens, num_tokens, pull = request.external_load
-            if not pull and kv.num_groups > 1:
+            if not pull and kv.hybrid:
                 num_loaded = self._group_load_done(request, before // block_size, num_load, loaded[seq_id])
                 if not num_loaded:
                     back.append(request)
@@ -122,7 +122,7 @@ class ExternalKVWait:
                 num_loaded = max(0, min(loaded[seq_id], num_load))
             if pull:
                 self.kv_transfer.pulled(num_load, num_loaded)
-            elif kv.num_groups == 1:
+            elif not kv.hybrid:
                 kv.external.loaded(num_load, num_loaded)
             request.external_load = None
             if pull and fail and num_loaded < num_load:
