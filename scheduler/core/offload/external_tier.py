@@ -34,6 +34,10 @@ class KeyIndex(Protocol):
         """How many of ``keys``, from the first, the tier holds."""
         ...
 
+    def held(self, keys: Sequence[str]) -> list[bool]:
+        """For each key, True when the tier surely holds it (a lookup's answer, as count_prefix's)."""
+        ...
+
     def missing(self, keys: Sequence[str]) -> list[bool]:
         """For each key, True when the tier does not hold it (it should be saved)."""
         ...
@@ -65,6 +69,10 @@ class KnownKeys:
                 break
             n += 1
         return n
+
+    def held(self, keys: Sequence[str]) -> list[bool]:
+        held = self.keys
+        return [k in held for k in keys]
 
     def missing(self, keys: Sequence[str]) -> list[bool]:
         held = self.keys
@@ -151,6 +159,15 @@ class ExternalTier:
     def lookup(self, block_hashes: Sequence[BlockHash]) -> int:
         """How many of ``block_hashes``, from the first, the tier holds."""
         return self.index.count_prefix(self.keys(block_hashes)) if block_hashes else 0
+
+    def held(self, block_hashes: Sequence[BlockHash]) -> list[bool]:
+        """For each hash, whether the tier holds it (as `lookup` counts: surely held)."""
+        return self.index.held(self.keys(block_hashes)) if block_hashes else []
+
+    def drop(self, block_hashes: Sequence[BlockHash]) -> None:
+        """Forget these hashes' keys: a load of them failed, so no lookup may find them again
+        (whatever the worker reports removed)."""
+        self.index.discard(self.keys(block_hashes))
 
     def add_load(self, load_id: int, block_hashes: Sequence[BlockHash], blocks: Sequence[KVCacheBlock]) -> None:
         """Load the blocks of ``block_hashes`` into ``blocks`` (new, uncached), in this step's plan."""

@@ -91,6 +91,11 @@ class MooncakeKeyIndex:
             n += 1
         return n
 
+    def held(self, keys: Sequence[str]) -> list[bool]:
+        """For each key, True when the store surely holds it (none when the master is gone)."""
+        held = self._held(keys)
+        return [False] * len(keys) if held is None else [h is True for h in held]
+
     def missing(self, keys: Sequence[str]) -> list[bool]:
         """For each key, True when the store surely lacks it (none when the master is gone)."""
         held = self._held(keys)
