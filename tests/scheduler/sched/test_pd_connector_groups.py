@@ -15,12 +15,16 @@ import json
 import logging
 
 import pytest
+from kvtest.fake_worker import FakeWorker
 
 from protocol.kv_transfer_config import parse_kv_transfer_config
 from protocol.kv_transfer_params import parse_kv_transfer_params
+from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_block import KVCacheBlock
+from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.pd_connector import PDConnector
 from scheduler.sched.request import Request
+from scheduler.sched.scheduler import Scheduler
 
 BS = 4
 HYBRID = [0, 2 * BS]
@@ -154,3 +158,32 @@ def test_one_group_reads_the_same_blocks_as_before(remote):
                                                      "remote_host": "h", "remote_port": 1, "remote_block_ids": remote})
     with pytest.raises(ValueError, match="group 0 at position 4 is not lent"):
         pd.add_pull(2, r, targets((0, 3, 21), (0, 4, 22)), 6)
+
+
+# --- a hybrid prefill engine, with its scheduler and KV-cache manager ----------------------
+
+
+def test_a_hybrid_prefill_engine_lends_its_request_s_groups_until_they_are_read():
+    kv = KVCacheManager(40, BS, 64, True, group_windows=HYBRID)
+    pd = connector("kv_producer", kv.group_windows)
+    s = Scheduler(kv, 4, 64, 64, kv_transfer=pd)
+    r = Request("r", PROMPT, 1, seq_id=1, ignore_eos=True, block_hasher=BlockHasher(BS))
+    r.kv_transfer_params = parse_kv_transfer_params({"do_remote_decode": True})
+    s.add_request(r)
+    worker = FakeWorker(40, BS)
+    out = s.schedule()
+    free_before = kv.block_pool.get_num_free_blocks()
+    s.update_from_output(worker.execute(out.plan))
+    # The prompt in one step: 6 blocks in each group, none nulled yet (the window moves on the
+    # next allocation). The sliding group lends its last 3: positions 3..5, the window of
+    # token 21 (tokens 14..21) and one more.
+    full, sliding = kv.get_block_ids("r")
+    assert len(full) == len(sliding) == 6 and 0 not in sliding
+    assert r.kv_transfer_answer["remote_block_ids"] == [full, sliding[3:]]
+    assert r.kv_transfer_answer["remote_num_tokens"] == len(PROMPT)
+    # Held (both groups), and the next plan tells the worker what may be read.
+    assert kv.block_pool.get_num_free_blocks() == free_before and pd.lent.keys() == {"r"}
+    assert s.schedule().plan.kv_transfer.lend_block_ids == [[full, sliding[3:]]]
+    # The read frees every group's blocks.
+    assert s.lends_read(["r"]) == 1 and kv.block_pool.get_num_free_blocks() == 40 - 1
+    kv.check_invariants()
