@@ -17,11 +17,11 @@ and when, is the `OffloadingConnector`'s (`scheduler/core/offload/offloading_con
 The scheduler takes a step's copies with `take_tier_copies` and completes them
 with `complete_tier_copies` once the step's result is in.
 
-Pins (`PinnedBlocks`) are one implementation for one group and many: the coordinator
-names the pool blocks a prompt's hashes pin (with several groups, each group's under
-its group-keyed hash). Kept for one group only, refused here with several (each needs
-per-group data on the wire and in the tiers, not only this class): the host tier and
-the external tier (their copies name one block per hash).
+Pins (`PinnedBlocks`) and both tiers are one implementation for one group and many: the
+coordinator names the pool blocks a prompt's hashes pin, and a tier holds each group's
+block under its group-keyed hash (`keyed_hash`), so a copy by block id serves any group;
+with several groups a tier hit continues the device's in every group the hit needs
+(scheduler/core/hybrid/hybrid_tier_hit.py).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from protocol.kv_cache_spec import is_hybrid
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.hybrid.group_events import GroupKeyedEventSink
 from scheduler.core.hybrid.hybrid_kv_cache_coordinator import HybridKVCacheCoordinator
+from scheduler.core.hybrid.hybrid_tier_hit import find_tier_hit
 from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
 from scheduler.core.kv_cache_blocks import KVCacheBlocks
 from scheduler.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
@@ -67,8 +68,6 @@ class KVCacheManager:
         if any(not isinstance(w, int) or w < 0 for w in group_windows):
             raise ValueError(f"group_windows: one window >= 0 per KV-cache group (0: full attention), got {list(group_windows)}")
         hybrid = is_hybrid(group_windows)
-        if hybrid and (host_tier is not None or external_tier is not None):
-            raise ValueError("the host and external tiers are not supported with hybrid KV-cache groups (their copies name one block per hash)")
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -87,7 +86,7 @@ class KVCacheManager:
         self.external = external_tier if enable_caching else None
         if hybrid:
             self.coordinator = HybridKVCacheCoordinator(self.block_pool, block_size, max_model_len, group_windows, enable_caching,
-                                                        max_num_batched_tokens)
+                                                        max_num_batched_tokens, self.offloading_connector, write_through, self.external)
         else:
             self.coordinator = UnitaryKVCacheCoordinator(self.block_pool, block_size, max_model_len, enable_caching,
                                                          self.offloading_connector, write_through, self.external)
@@ -225,7 +224,12 @@ class KVCacheManager:
             return 0
         start = num_hit_tokens // self.block_size
         end = min((request.num_tokens - 1) // self.block_size, len(request.block_hashes))
-        return self.external.lookup(request.block_hashes[start:end]) * self.block_size if end > start else 0
+        if end <= start:
+            return 0
+        if self.num_groups > 1:
+            # Every group's blocks the hit needs, under their keyed hashes (hybrid_tier_hit.py).
+            return (find_tier_hit(self.group_windows, request.block_hashes, start, end, self.block_size, self.external) - start) * self.block_size
+        return self.external.lookup(request.block_hashes[start:end]) * self.block_size
 
     def cache_loaded(self, request: KVCacheRequest, num_computed_tokens: int) -> None:
         """An external load ended: the request's first ``num_computed_tokens`` tokens are in

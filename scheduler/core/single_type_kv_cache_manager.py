@@ -133,19 +133,20 @@ class SingleTypeKVCacheManager:
         req_blocks.extend(new_blocks)
         return new_blocks
 
-    def cache_blocks(self, request: KVCacheRequest, num_tokens: int, reachable_boundaries: Sequence[int] = ()) -> None:
-        """Cache the table's full blocks within the first ``num_tokens`` tokens (null
-        entries skipped). ``reachable_boundaries``: read by sliding windows only."""
+    def cache_blocks(self, request: KVCacheRequest, num_tokens: int, reachable_boundaries: Sequence[int] = ()) -> list[tuple[int, int]]:
+        """Cache the table's full blocks within the first ``num_tokens`` tokens (null entries
+        skipped); returns the runs [lo, hi) cached. ``reachable_boundaries``: sliding windows'."""
         request_id = request.request_id
         num_cached_blocks = self.num_cached_block.get(request_id, 0)
         num_full_blocks = num_tokens // self.block_size
         if num_cached_blocks >= num_full_blocks:
-            return
+            return []
         self.block_pool.cache_full_blocks(
             self.req_to_blocks[request_id], KeyedHashes(request.block_hashes, self.suffix), num_cached_blocks,
             num_full_blocks, request.all_token_ids, self.block_size,
         )
         self.num_cached_block[request_id] = num_full_blocks
+        return [(num_cached_blocks, num_full_blocks)]
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> int:
         """Free the blocks wholly before the window of token ``num_computed_tokens``, deepest
@@ -213,15 +214,15 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self.num_null.pop(request_id, None)
         super().free(request_id)
 
-    def cache_blocks(self, request: KVCacheRequest, num_tokens: int, reachable_boundaries: Sequence[int] = ()) -> None:
+    def cache_blocks(self, request: KVCacheRequest, num_tokens: int, reachable_boundaries: Sequence[int] = ()) -> list[tuple[int, int]]:
         """Cache only the full blocks within the first ``num_tokens`` tokens that end a
-        hit at a reachable boundary (sliding_window_retention.py); the others stay
-        unhashed for good (the table's cached count passes them)."""
+        hit at a reachable boundary (sliding_window_retention.py), returning their runs;
+        the others stay unhashed for good (the table's cached count passes them)."""
         request_id = request.request_id
         num_cached_blocks = self.num_cached_block.get(request_id, 0)
         num_full_blocks = num_tokens // self.block_size
         if num_cached_blocks >= num_full_blocks:
-            return
+            return []
         # NOTE: a window of one token needs no block for a hit: none is cached (none
         # could serve a hit; vLLM's mask is empty too).
         runs = retained_block_runs(num_cached_blocks, num_full_blocks, self.num_tail_blocks,
@@ -234,6 +235,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
                     blocks, hashes, lo, hi, request.all_token_ids, self.block_size
                 )
         self.num_cached_block[request_id] = num_full_blocks
+        return runs
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         # The next token (position num_computed_tokens) attends to (p - W, p].

@@ -87,22 +87,16 @@ def pool_size_for(
     return num_gpu_blocks_override
 
 
-def check_group_windows(hello: WorkerHello, kv_offloading_size: float, current: list[int] | None) -> list[int]:
-    """The worker's KV-cache groups' windows, or WorkerRefused: what hybrid groups do not
-    support is named by its flag. ``current``: the pool's, for a returning worker."""
+def check_group_windows(hello: WorkerHello, current: list[int] | None) -> list[int]:
+    """The worker's KV-cache groups' windows, or WorkerRefused. ``current``: the pool's, for a
+    returning worker. NOTE: the tiers serve any groups: their copies name whole block ids
+    (a block's every layer), each group's block under its group-keyed hash."""
     windows = list(hello.group_windows)
     if any(w < 0 for w in windows):
         raise WorkerRefused(f"KV-cache group windows {windows}: a window is 0 (full attention) or more")
     # NOTE: [] and [0] are both one full-attention group.
     if current is not None and (windows if is_hybrid(windows) else []) != (current if is_hybrid(current) else []):
         raise WorkerRefused(f"KV-cache groups with windows {windows}, but the pool was built for {current}")
-    # NOTE: the host tier's copies name one device block per hash; a hybrid model's hash has a
-    # block in each group (and none in a sliding group's nulled entries): it needs per-group copies.
-    if is_hybrid(windows) and kv_offloading_size > 0:
-        raise WorkerRefused(
-            f"--kv-offloading-size {kv_offloading_size:g}: the host tier is not supported with hybrid KV-cache groups "
-            f"(windows {windows}); leave it out, or serve with --disable-hybrid-kv-cache-manager"
-        )
     return windows
 
 

@@ -178,7 +178,7 @@ class WorkerSide:
         try:
             num_blocks = pool_size_for(hello, c.block_size, c.num_gpu_blocks_override, current, c.max_model_len)
             num_host_blocks = host_tier_size_for(hello, c.kv_offloading_size, self._host_tier_size())
-            check_group_windows(hello, c.kv_offloading_size, self.pool_group_windows)
+            check_group_windows(hello, self.pool_group_windows)
             check_external_tier(hello, c.kv_offloading_backend)
             check_kv_transfer(hello, c.kv_transfer_config)
         except WorkerRefused as e:
@@ -226,9 +226,8 @@ class WorkerSide:
         num_host_blocks = host_tier_size_for(hello, c.kv_offloading_size, None)
         host_tier = HostTier(num_host_blocks, c.block_size, event_sink=self.kv_event_sink) if num_host_blocks else None
         self.pool_group_windows = list(hello.group_windows)
-        # NOTE: the hello was checked (check_group_windows): hybrid groups come without a host tier.
-        external_tier = None if is_hybrid(hello.group_windows) else make_external_tier(c.kv_offloading_backend, c.block_size, c.mooncake_master,
-                                                                                        c.mooncake_metadata)
+        # NOTE: both tiers serve hybrid groups too: they hold each group's block under its keyed hash.
+        external_tier = make_external_tier(c.kv_offloading_backend, c.block_size, c.mooncake_master, c.mooncake_metadata)
         state.kv = kv_cache_manager_class(c.scheduling_policy)(
             num_blocks, c.block_size, c.max_model_len, c.enable_prefix_caching, event_sink=self.kv_event_sink, pool_factory=pool_factory,
             host_tier=host_tier, offload_store=c.kv_offloading_store, max_pinned_fraction=c.max_pinned_fraction, external_tier=external_tier,

@@ -11,7 +11,9 @@ from the first, it read and checked), those blocks are cached as if computed, th
 goes back to the head of the waiting queue with its computed tokens, and is admitted as
 a request whose prefix is in the cache (its cached tokens, for its usage and vLLM's
 prefill stats, are the ones it got); blocks that failed are computed again (vLLM's
-``kv_load_failure_policy`` ``recompute``).
+``kv_load_failure_policy`` ``recompute``). With hybrid KV-cache groups a load names every
+group's blocks (`load_targets`, each under its keyed hash) and is all or nothing: a short
+one gives the blocks back and drops the failed keys from the index.
 
 A request that ends while it loads (an abort) keeps its blocks until the load is
 reported: the worker is still writing them. A lost worker loses its loads: their
@@ -111,10 +113,16 @@ class ExternalKVWait:
                     kv.free(orphan)
                 continue
             before, num_load, num_device_tokens, num_tokens, pull = request.external_load
-            num_loaded = max(0, min(loaded[seq_id], num_load))
+            if not pull and kv.num_groups > 1:
+                num_loaded = self._group_load_done(request, before // block_size, num_load, loaded[seq_id])
+                if not num_loaded:
+                    back.append(request)
+                    continue
+            else:
+                num_loaded = max(0, min(loaded[seq_id], num_load))
             if pull:
                 self.kv_transfer.pulled(num_load, num_loaded)
-            else:
+            elif kv.num_groups == 1:
                 kv.external.loaded(num_load, num_loaded)
             request.external_load = None
             if pull and fail and num_loaded < num_load:
@@ -139,6 +147,27 @@ class ExternalKVWait:
         for request in reversed(back):
             self.waiting.appendleft(request)
         return back, failed
+
+    def _group_load_done(self, request: Request, first: int, num_load: int, num_read: int) -> int:
+        """An external load of a hybrid model's ``num_load`` positions from ``first`` ended, its
+        first ``num_read`` targets (every group's, `load_targets`) read: all of them, or nothing
+        counts (0). NOTE: a shorter prefix would need blocks where a sliding group's table holds
+        nulls, so a short load gives the blocks back and the request starts over from what the
+        device holds; the keys that failed leave the index, so its next lookup does not loop."""
+        kv = self.kv_cache_manager
+        targets = kv.load_targets(request.request_id, first, num_load)
+        num_read = max(0, min(num_read, len(targets)))
+        kv.external.loaded(len(targets), num_read)
+        if num_read == len(targets):
+            return num_load
+        hashes = request.block_hashes
+        kv.external.drop([kv.keyed_hash(hashes[i], g) for g, i, _ in targets[num_read:]])
+        request.external_load = None
+        kv.free(request)
+        request.num_computed_tokens = 0
+        request.num_external_cached_tokens = 0
+        request.status = RequestStatus.PREEMPTED if request.num_cached_tokens >= 0 else RequestStatus.WAITING
+        return 0
 
     def _holds_loaded_blocks(self, request: Request) -> bool:
         """Whether a waiting request holds blocks from a load (it is admitted without a lookup)."""

@@ -12,6 +12,7 @@ per group. `KVCacheManager` asks it what it asks `UnitaryKVCacheCoordinator`:
 * allocation: first the blocks the window has left behind are freed (a sliding group's
   leading entries become the null block, reported by `take_nulled` for the plan),
   then every group grows to the same length;
+* tiers: a host or external hit continues the device's in every group (hybrid_tier_hit.py);
 * free: group by group, each table last block first.
 """
 
@@ -21,12 +22,15 @@ from collections.abc import Sequence
 
 from scheduler.core.block_pool import BlockPool
 from scheduler.core.hybrid.hybrid_cache_hit import HybridCacheHit
+from scheduler.core.hybrid.hybrid_invariants import check_group_tables
+from scheduler.core.hybrid.hybrid_tier_hit import HostTierSide, HybridTiers, TierSaves
 from scheduler.core.kv_cache_block import BlockHash, KVCacheBlock
 from scheduler.core.kv_cache_blocks import KVCacheBlocks
 from scheduler.core.kv_cache_request import KVCacheRequest
 from scheduler.core.single_type_kv_cache_manager import (
     AttentionSpec,
     FullAttentionManager,
+    KeyedHashes,
     SingleTypeKVCacheManager,
     SlidingWindowManager,
     cdiv,
@@ -36,7 +40,9 @@ from scheduler.core.single_type_kv_cache_manager import (
 
 class HybridKVCacheCoordinator:
     def __init__(self, block_pool: BlockPool, block_size: int, max_model_len: int, group_windows: Sequence[int],
-                 enable_caching: bool, max_num_batched_tokens: int | None = None):
+                 enable_caching: bool, max_num_batched_tokens: int | None = None,
+                 offloading_connector: HostTierSide | None = None, write_through: bool = False,
+                 external: TierSaves | None = None):
         self.block_pool = block_pool
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -62,6 +68,9 @@ class HybridKVCacheCoordinator:
         # request_id -> vLLM's request.shared_prefix_boundary (non-zero only), set by
         # the lookup at admission, read by every caching of the request, dropped by free.
         self.shared_prefix_boundary: dict[str, int] = {}
+        # request_id -> where its tier hit (host or external) ended, a boundary its caching keeps.
+        self.tier_hit_end: dict[str, int] = {}
+        self.tiers = HybridTiers(group_windows, block_size, offloading_connector, write_through, external)
 
     def num_blocks_needed(self, num_tokens: int) -> int:
         """Blocks a new request of ``num_tokens`` tokens needs in every group together, as
@@ -71,15 +80,17 @@ class HybridKVCacheCoordinator:
 
     def find_longest_cache_hit(self, request: KVCacheRequest) -> tuple[KVCacheBlocks, int, int]:
         """The longest prefix cached in every group (a sliding group needs only the blocks
-        in the window of the prefix's end), capped so the last prompt token is computed;
-        its length in tokens; 0 host-tier hits (none with several groups)."""
-        hashes = request.block_hashes
-        max_length = min(request.num_tokens - 1, len(hashes) * self.block_size)
+        in the window of the prefix's end), capped so the last prompt token is computed,
+        then continued in the host tier (`find_tier_hit`); its length in tokens, and how
+        many of those the host tier holds (`allocate_slots` loads them)."""
+        hashes, bs = request.block_hashes, self.block_size
+        max_length = min(request.num_tokens - 1, len(hashes) * bs)
         hits, num_hit_tokens, num_uncached = self.cache_hit.find(hashes, max_length)
         # vLLM's junction: where the longest single group's hit ended (the lagging
         # sliding groups' hit plus the prefix they have not cached), 0 if none lags.
         self.set_shared_prefix_boundary(request.request_id, num_hit_tokens + num_uncached if num_uncached else 0)
-        return hits, num_hit_tokens, 0
+        num_host_hit_tokens = self.tiers.host_hit(hashes, num_hit_tokens // bs, max_length // bs) * bs - num_hit_tokens
+        return hits, num_hit_tokens + num_host_hit_tokens, num_host_hit_tokens
 
     def blocks_to_pin(self, block_hashes: Sequence[BlockHash],
                       num_tokens: int | None) -> tuple[list[tuple[BlockHash, KVCacheBlock]], int]:
@@ -105,12 +116,13 @@ class HybridKVCacheCoordinator:
                        delay_cache: bool = False) -> KVCacheBlocks | None:
         """`UnitaryKVCacheCoordinator.allocate_slots`, group by group, as vLLM's: the blocks the
         window left behind are freed first (even when None is returned: they are
-        freed for good), then every group's new blocks, or None when they do not fit."""
-        if delay_cache:
-            raise ValueError("external loads (delay_cache) are not supported with hybrid KV-cache groups")
+        freed for good), then every group's new blocks, or None when they do not fit.
+        Computed tokens past the device hits are host-tier hits, and ``delay_cache``'s new
+        tokens an external load's: a sliding group's entries outside the window of their end
+        are null, the others get new blocks (host hits a load each, pinned first)."""
         if num_new_tokens < 0 or num_new_computed_tokens < 0 or num_lookahead_tokens < 0:
             raise ValueError("token counts must be >= 0")
-        request_id = request.request_id
+        request_id, bs = request.request_id, self.block_size
         managers = self.single_type_managers
         held = request_id in managers[0].req_to_blocks
         hits = new_computed_blocks.blocks if new_computed_blocks else None
@@ -118,55 +130,80 @@ class HybridKVCacheCoordinator:
             raise ValueError(
                 f"request {request_id!r} already holds blocks; prefix hits only at admission"
             )
-        if num_new_computed_tokens > (len(new_computed_blocks) if hits else 0) * self.block_size:
-            raise ValueError(
-                f"request {request_id!r}: computed tokens beyond its prefix hits (no host tier with hybrid KV-cache groups)"
-            )
-        no_hits: tuple[list[KVCacheBlock], ...] = ((),) * self.num_groups
-        group_hits = hits or no_hits
+        num_hit_blocks = len(new_computed_blocks) if hits else 0
         num_computed_tokens = min(
             request.num_computed_tokens + num_new_computed_tokens, self.max_model_len
         )
-        num_free = self.block_pool.free_block_queue.num_free_blocks
-        if full_sequence_must_fit:
-            num_full = min(request.num_tokens, self.max_model_len)
-            needed = sum(m.get_num_blocks_to_allocate(request_id, num_full, group_hits[g], num_computed_tokens, self.max_admission_blocks[g])
-                         for g, m in enumerate(managers))
-            if needed + watermark_blocks > num_free:
-                return None
+        # NOTE: an external load's tokens are as good as computed for the window: the blocks
+        # behind the window of its end are null, not loaded.
+        num_window_tokens = min(num_computed_tokens + num_new_tokens, self.max_model_len) if delay_cache else num_computed_tokens
+        host_keys = None
+        if num_new_computed_tokens > num_hit_blocks * bs:
+            host_keys = self.tiers.host_load_keys(request, held, num_new_computed_tokens, num_hit_blocks, num_window_tokens)
+        group_hits = hits or ((),) * self.num_groups
         num_tokens_need_slot = min(
             num_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len
         )
-        self._remove_skipped_blocks(request_id, num_computed_tokens)
-        needed = sum(m.get_num_blocks_to_allocate(request_id, num_tokens_need_slot, group_hits[g], num_computed_tokens)
-                     for g, m in enumerate(managers))
-        if needed + watermark_blocks > self.block_pool.free_block_queue.num_free_blocks:
+        if not self._fits(request, group_hits, num_window_tokens, num_tokens_need_slot, full_sequence_must_fit, watermark_blocks):
             return None
-        if hits is not None:
+        host_entries = self.tiers.connector.pin_hits(host_keys) if host_keys else None
+        if not held and (hits is not None or num_window_tokens):
             for g, m in enumerate(managers):
-                m.add_local_computed_blocks(request_id, hits[g], num_computed_tokens)
+                m.add_local_computed_blocks(request_id, group_hits[g], num_window_tokens)
         new_blocks = KVCacheBlocks(
             tuple(m.allocate_new_blocks(request_id, num_tokens_need_slot) for m in managers)
         )
+        if self.block_pool.evicted:
+            self.tiers.store_evicted()
+        if host_entries:
+            num_host_blocks = num_computed_tokens // bs - num_hit_blocks
+            targets = self.load_targets(request_id, num_hit_blocks, num_host_blocks)
+            self.tiers.connector.add_loads(host_entries, [b for _, _, b in targets])
+        if host_keys is not None or delay_cache:
+            # The tail a tier hit resumes at is reachable: its loaded blocks are cached too.
+            self.tier_hit_end[request_id] = num_window_tokens
         if self.enable_caching:
-            num_tokens_to_cache = min(num_computed_tokens + num_new_tokens, request.num_tokens)
-            # vLLM's reachable boundaries: the replay boundary and the junction (0: none,
-            # which retains nothing).
-            boundaries = (
-                request.num_prompt_tokens - 1,
-                self.shared_prefix_boundary.get(request_id, 0),
-            )
-            for m in managers:
-                m.cache_blocks(request, num_tokens_to_cache, boundaries)
+            self._cache(request, min(num_computed_tokens + (0 if delay_cache else num_new_tokens), request.num_tokens))
         num_free = self.block_pool.free_block_queue.num_free_blocks
         if num_free < self.min_num_free_blocks:
             self.min_num_free_blocks = num_free
         self._set_alloc_noop_until(request)
         return new_blocks
 
+    def _fits(self, request: KVCacheRequest, group_hits: Sequence[Sequence[KVCacheBlock]], num_window_tokens: int,
+              num_tokens_need_slot: int, full_sequence_must_fit: bool, watermark_blocks: int) -> bool:
+        """Whether the pool holds the new blocks (and, ``full_sequence_must_fit``, the whole
+        sequence's) with ``watermark_blocks`` left free; frees the blocks the window left
+        behind first (for good, fit or not) unless the whole sequence does not fit."""
+        request_id, managers = request.request_id, self.single_type_managers
+        if full_sequence_must_fit:
+            num_full = min(request.num_tokens, self.max_model_len)
+            needed = sum(m.get_num_blocks_to_allocate(request_id, num_full, group_hits[g], num_window_tokens, self.max_admission_blocks[g])
+                         for g, m in enumerate(managers))
+            if needed + watermark_blocks > self.block_pool.free_block_queue.num_free_blocks:
+                return False
+        self._remove_skipped_blocks(request_id, num_window_tokens)
+        needed = sum(m.get_num_blocks_to_allocate(request_id, num_tokens_need_slot, group_hits[g], num_window_tokens)
+                     for g, m in enumerate(managers))
+        return needed + watermark_blocks <= self.block_pool.free_block_queue.num_free_blocks
+
+    def _cache(self, request: KVCacheRequest, num_tokens: int) -> None:
+        """Cache every group's full blocks within the first ``num_tokens`` tokens (a sliding
+        group's at vLLM's reachable boundaries: the replay boundary, the junction, and here
+        the end of a tier hit; 0: none); what is cached goes to the tiers that save it."""
+        request_id = request.request_id
+        boundaries = (
+            request.num_prompt_tokens - 1,
+            self.shared_prefix_boundary.get(request_id, 0),
+            self.tier_hit_end.get(request_id, 0),
+        )
+        for m in self.single_type_managers:
+            runs = m.cache_blocks(request, num_tokens, boundaries)
+            if runs and self.tiers.saves:
+                self.tiers.add_written(m.req_to_blocks[request_id], KeyedHashes(request.block_hashes, m.suffix), runs)
+
     def allocate_next_slot(self, request: KVCacheRequest) -> KVCacheBlocks | None:
-        """``allocate_slots(request, 1)`` (the scheduler's decode call)."""
-        return self.allocate_slots(request, 1)
+        return self.allocate_slots(request, 1)  # the scheduler's decode call
 
     def _remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         nulled = self._nulled
@@ -203,15 +240,17 @@ class HybridKVCacheCoordinator:
         request_id = request.request_id
         request.alloc_noop_until = 0
         self.shared_prefix_boundary.pop(request_id, None)
+        self.tier_hit_end.pop(request_id, None)
         for m in self.single_type_managers:
             self._nulled.pop((request_id, m.group_id), None)
             if num_computed_tokens is not None:
                 blocks = m.req_to_blocks.get(request_id)
                 num_cached = m.num_cached_block.get(request_id, 0)
                 if blocks and num_cached * self.block_size > num_computed_tokens:
-                    self.block_pool.uncache_blocks(
-                        blocks[num_computed_tokens // self.block_size : num_cached]
-                    )
+                    uncached = blocks[num_computed_tokens // self.block_size : num_cached]
+                    self.block_pool.uncache_blocks(uncached)
+                    if self.tiers.saves:
+                        self.tiers.forget_written(uncached)
             m.free(request_id)
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
@@ -238,7 +277,14 @@ class HybridKVCacheCoordinator:
         return [(request_id, group, n) for (request_id, group), n in nulled.items()]
 
     def cache_loaded(self, request: KVCacheRequest, num_computed_tokens: int) -> None:
-        raise ValueError("external loads are not supported with hybrid KV-cache groups")
+        """An external load ended: the request's first ``num_computed_tokens`` tokens are in
+        its blocks; cache each group's, as if just computed (a sliding group's kept tails)."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        if blocks is None or num_computed_tokens > len(blocks) * self.block_size:
+            raise ValueError(f"request {request.request_id!r}: {num_computed_tokens} loaded tokens, it holds room for fewer")
+        if self.enable_caching:
+            self._cache(request, min(num_computed_tokens, request.num_tokens))
+        self._set_alloc_noop_until(request)
 
     def req_to_blocks_per_group(self) -> list[dict[str, list[KVCacheBlock]]]:
         """Each group's tables (a sliding group's null entries included)."""
@@ -248,23 +294,5 @@ class HybridKVCacheCoordinator:
         return any(m.req_to_blocks for m in self.single_type_managers)
 
     def held_blocks(self) -> list[list[KVCacheBlock]]:
-        """Every table's blocks, null entries left out, after checking that a request's
-        tables are equally long in every group and that a table's null entries are
-        exactly its leading ones (none in a full-attention group)."""
-        held: list[list[KVCacheBlock]] = []
-        lengths: dict[str, int] = {}
-        for m in self.single_type_managers:
-            for request_id, blocks in m.req_to_blocks.items():
-                assert lengths.setdefault(request_id, len(blocks)) == len(blocks), (
-                    f"{request_id}: tables of unequal length"
-                )
-                assert m.num_cached_block.get(request_id, 0) <= len(blocks)
-                num_null = m.num_null_blocks(request_id)
-                assert all(b.is_null for b in blocks[:num_null]), (
-                    f"{request_id}: a leading entry not null (group {m.group_id})"
-                )
-                assert not any(b.is_null for b in blocks[num_null:]), (
-                    f"{request_id}: a null entry after a block (group {m.group_id})"
-                )
-                held.append(blocks[num_null:])
-        return held
+        """Every table's blocks, null entries left out, once checked (`check_group_tables`)."""
+        return check_group_tables(self.single_type_managers)

@@ -152,6 +152,15 @@ class ExternalTier:
         """How many of ``block_hashes``, from the first, the tier holds."""
         return self.index.count_prefix(self.keys(block_hashes)) if block_hashes else 0
 
+    def held(self, block_hashes: Sequence[BlockHash]) -> list[bool]:
+        """For each hash, whether the tier holds it."""
+        return [not m for m in self.index.missing(self.keys(block_hashes))] if block_hashes else []
+
+    def drop(self, block_hashes: Sequence[BlockHash]) -> None:
+        """Forget these hashes' keys: a load of them failed, so no lookup may find them again
+        (whatever the worker reports removed)."""
+        self.index.discard(self.keys(block_hashes))
+
     def add_load(self, load_id: int, block_hashes: Sequence[BlockHash], blocks: Sequence[KVCacheBlock]) -> None:
         """Load the blocks of ``block_hashes`` into ``blocks`` (new, uncached), in this step's plan."""
         if len(block_hashes) != len(blocks):

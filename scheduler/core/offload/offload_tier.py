@@ -129,6 +129,11 @@ class HostTier:
             n += 1
         return n
 
+    def held(self, block_hashes: Sequence[BlockHash]) -> list[bool]:
+        """For each hash, whether the tier holds it (a store pending counts, as in `lookup`)."""
+        blocks = self.blocks
+        return [h in blocks for h in block_hashes]
+
     def pin(self, block_hashes: Sequence[BlockHash]) -> list[HostBlock]:
         """Protect the entries of ``block_hashes`` from eviction before their loads
         are added (the device blocks they go to are allocated in between, and an

@@ -45,6 +45,10 @@ class OffloadingConnector:
         """How many of ``block_hashes``, from the first, the tier holds."""
         return self.host_tier.lookup(block_hashes)
 
+    def held(self, block_hashes: Sequence[BlockHash]) -> list[bool]:
+        """For each hash, whether the tier holds it."""
+        return self.host_tier.held(block_hashes)
+
     def get_num_hits(self, request: KVCacheRequest, num_held: int, num_new_computed_tokens: int, num_device_hits: int) -> int:
         """The number of host-tier hit blocks in an admission's computed tokens (those
         past its ``num_device_hits`` device hits; it holds ``num_held`` blocks), or

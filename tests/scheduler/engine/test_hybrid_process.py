@@ -2,8 +2,8 @@
 group and a sliding window of 32 tokens), over real sockets: the outputs are the
 deterministic ones (kvtest.fake_worker), every plan applies cleanly to a replica of the
 worker's per-group tables (kvtest.group_tables) and nulls sliding entries, a shared
-prefix hits (from its junction on), the pool is empty at the end; a worker offering a host tier is refused
-by flag when the scheduler runs with --kv-offloading-size."""
+prefix hits (from its junction on), the pool is empty at the end; with --kv-offloading-size a prefix
+pushed out of the device comes back from the host tier in every group."""
 
 from __future__ import annotations
 
@@ -74,19 +74,21 @@ def test_hybrid_groups_serve_over_real_sockets(setup):
     assert metric(m, "vllm:prefix_cache_hits_total") == 64
 
 
-def test_a_host_tier_is_refused_by_its_flag():
+def test_a_host_tier_serves_hybrid_groups():
     s = Setup("--kv-offloading-size", "0.01", start_worker=False)
     try:
-        w = HybridWorkerThread(
-            s.ctx, s.sched.worker_address, group_windows=WINDOWS, num_host_blocks=8
-        )
-        s.worker = w
-        assert w.got_shutdown.wait(10) and not w.ready.is_set()
-        s.sched.proc.terminate()
-        s.sched.proc.wait(timeout=10)
-        assert (
-            "--kv-offloading-size 0.01: the host tier is not supported with hybrid KV-cache groups"
-            in s.sched.output()
-        )
+        s.worker = HybridWorkerThread(s.ctx, s.sched.worker_address, group_windows=WINDOWS, num_host_blocks=128)
+        assert s.worker.ready.wait(10), "no WorkerReady"
+        s.sched.wait_health(200)
+        # A's 160 tokens cache 10 full blocks and a 2-block sliding tail; six other prompts
+        # push them out of the 63-block pool into the host tier. A again hits 144 tokens
+        # there (its last token is computed): 9 full blocks and sliding 7, 8 (the window of
+        # 144 reads from 113 on), 11 loads; the fake worker checks group 0's reads.
+        a = prompt_of(5, 160)
+        for i, prompt in enumerate([a, *(prompt_of(20 + i, 160) for i in range(6)), a]):
+            assert tokens_of(s.client.generate(f"r{i}", prompt, 8)) == expected_tokens(prompt, 8)
+        assert s.worker.errors == []
+        m = s.wait_idle()
+        assert metric(m, "kvpool_kv_offload_loaded_blocks_total") == 11
     finally:
         s.close()

@@ -93,20 +93,19 @@ def test_a_worker_without_host_blocks_is_refused_when_the_scheduler_offloads():
         host_tier_size_for(hello(num_host_blocks=200), 1.5, 300)
 
 
-def test_hybrid_groups_refuse_what_they_do_not_support_by_its_flag():
+def test_hybrid_groups_are_accepted_and_a_returning_worker_must_bring_the_pools():
     from protocol.kv_cache_spec import is_hybrid
     from scheduler.engine.worker_checks import check_group_windows
 
     assert not is_hybrid([]) and not is_hybrid([0]) and is_hybrid([0, 512]) and is_hybrid([4096])
     gemma = hello(group_windows=[512] * 5 + [0])
-    assert check_group_windows(gemma, 0.0, None) == [512] * 5 + [0]
-    with pytest.raises(WorkerRefused, match="--kv-offloading-size 2: the host tier is not supported with hybrid"):
-        check_group_windows(gemma, 2.0, None)
-    # One full-attention group: as before, whatever the flags.
-    assert check_group_windows(hello(), 2.0, None) == []
+    assert check_group_windows(gemma, None) == [512] * 5 + [0]
+    # A host tier with hybrid groups is the pool's business now: the windows check says nothing of it.
+    assert host_tier_size_for(hello(group_windows=[512] * 5 + [0], num_host_blocks=64), 2.0, None) == 64
+    assert check_group_windows(hello(), None) == []
     # A returning worker must bring the pool's groups.
     with pytest.raises(WorkerRefused, match=r"windows \[0, 128\], but the pool was built for \[\]"):
-        check_group_windows(hello(group_windows=[0, 128]), 0.0, [])
-    assert check_group_windows(hello(group_windows=[0]), 0.0, []) == [0]  # one full group either way
+        check_group_windows(hello(group_windows=[0, 128]), [])
+    assert check_group_windows(hello(group_windows=[0]), []) == [0]  # one full group either way
     with pytest.raises(WorkerRefused, match="a window is 0"):
-        check_group_windows(hello(group_windows=[0, -1]), 0.0, None)
+        check_group_windows(hello(group_windows=[0, -1]), None)

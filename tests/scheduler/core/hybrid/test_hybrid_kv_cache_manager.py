@@ -225,7 +225,7 @@ def test_bad_input_is_refused_by_name(m):
     with pytest.raises(ValueError, match="group_windows"):
         KVCacheManager(16, BS, 64, group_windows=[0, -1])
     a = req("a", range(6))
-    with pytest.raises(ValueError, match="beyond its prefix hits"):
+    with pytest.raises(ValueError, match="beyond its device hits, but there is no host tier"):
         m.allocate_slots(a, 2, 4)
     admit(m, a)
     hits, _ = m.get_computed_blocks(req("b", range(6)))
