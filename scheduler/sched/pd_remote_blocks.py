@@ -49,14 +49,14 @@ def remote_span(remote: Sequence[Sequence[int]], group_windows: Sequence[int], b
     key = "kv_transfer_params.remote_block_ids"
     if len(remote) != len(group_windows):
         return f"{key} names {len(remote)} KV-cache groups, this engine has {len(group_windows)}"
-    full = {len(r) for r, w in zip(remote, group_windows) if not w}
+    full = {len(r) for r, w in zip(remote, group_windows, strict=True) if not w}
     if len(full) != 1:
         return f"{key}: the full-attention groups' lists differ in length" if full else f"{key}: no full-attention group gives the prompt's length"
     (num_positions,) = full
     num_tokens = min(num_positions * block_size, num_prompt_tokens)
     if remote_num_tokens is not None:
         num_tokens = min(num_tokens, remote_num_tokens)
-    for g, (r, w) in enumerate(zip(remote, group_windows)):
+    for g, (r, w) in enumerate(zip(remote, group_windows, strict=True)):
         # NOTE: the prompt's last token is computed again here: it attends to the W tokens ending with it.
         if w and num_positions - len(r) > max(0, num_tokens - w) // block_size:
             return f"{key}[{g}]: {len(r)} blocks do not cover the window of {w} tokens at the prompt's end ({num_tokens} tokens)"
