@@ -200,7 +200,8 @@ def _check_speculative(p: argparse.ArgumentParser, a: argparse.Namespace) -> Non
 
 def _check_groups(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """Sets ``a.groups`` (the KV-cache groups, or None) and ``a.group_windows``; refuses
-    with hybrid groups what the server refuses with them."""
+    with hybrid groups what the server refuses with them (P/D), and the tiers, which the
+    server serves but whose bytes and hits the simulator counts one block per position."""
     found = group_windows_from_args(p, a)
     a.groups = None if found is None else found[0]
     a.group_windows = () if found is None else tuple(g.sliding_window for g in found[0])

@@ -74,6 +74,9 @@ class KVCacheManager:
         self.group_windows = list(group_windows) if hybrid else [0]
         if hybrid and event_sink is not None:
             event_sink = GroupKeyedEventSink(event_sink, self.group_windows)
+        if hybrid and host_tier is not None and host_tier.event_sink is not None and not isinstance(host_tier.event_sink, GroupKeyedEventSink):
+            # The tier holds keyed hashes too: its CPU events name the hash and the group, as the pool's.
+            host_tier.event_sink = GroupKeyedEventSink(host_tier.event_sink, self.group_windows)
         self.block_pool = pool_factory(num_gpu_blocks, enable_caching, event_sink)
         # The host tier (None: no offloading). Without caching nothing is hashed,
         # so nothing could be stored or found: the tier is left out.

@@ -31,18 +31,25 @@ class GroupKeyedEventSink:
     def block_stored(
         self, block_hashes, parent_block_hash, token_ids, block_size, medium: str = MEDIUM_GPU
     ) -> None:
-        raw, group = split_group_key(block_hashes[0])
-        hashes = [raw, *(h[:-GROUP_KEY_BYTES] for h in block_hashes[1:])]
-        parent = None if parent_block_hash is None else parent_block_hash[:-GROUP_KEY_BYTES]
-        self.sink.block_stored(
-            hashes,
-            parent,
-            token_ids,
-            block_size,
-            medium,
-            group_idx=group,
-            sliding_window=self.group_windows[group],
-        )
+        # NOTE: the pool stores one group's blocks per event; the host tier's completed stores
+        # mix groups (no parent, no tokens): one event per run of one group's hashes.
+        start, n = 0, len(block_hashes)
+        for end in range(1, n + 1):
+            if end < n and block_hashes[end][-GROUP_KEY_BYTES:] == block_hashes[start][-GROUP_KEY_BYTES:]:
+                continue
+            raw, group = split_group_key(block_hashes[start])
+            hashes = [raw, *(h[:-GROUP_KEY_BYTES] for h in block_hashes[start + 1 : end])]
+            parent = None if parent_block_hash is None or start else parent_block_hash[:-GROUP_KEY_BYTES]
+            self.sink.block_stored(
+                hashes,
+                parent,
+                token_ids,
+                block_size,
+                medium,
+                group_idx=group,
+                sliding_window=self.group_windows[group],
+            )
+            start = end
 
     def block_removed(self, block_hash: BlockHash, medium: str = MEDIUM_GPU) -> None:
         raw, group = split_group_key(block_hash)

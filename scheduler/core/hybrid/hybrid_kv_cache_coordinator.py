@@ -134,9 +134,11 @@ class HybridKVCacheCoordinator:
         num_computed_tokens = min(
             request.num_computed_tokens + num_new_computed_tokens, self.max_model_len
         )
-        # NOTE: an external load's tokens are as good as computed for the window: the blocks
-        # behind the window of its end are null, not loaded.
-        num_window_tokens = min(num_computed_tokens + num_new_tokens, self.max_model_len) if delay_cache else num_computed_tokens
+        # NOTE: a load's tokens are as good as computed for the window: the blocks behind the
+        # window of its end are null, not loaded (of the last prompt token's, which a whole
+        # prompt loaded computes again).
+        num_window_tokens = (max(num_computed_tokens, min(num_computed_tokens + num_new_tokens, request.num_tokens - 1, self.max_model_len))
+                             if delay_cache else num_computed_tokens)
         host_keys = None
         if num_new_computed_tokens > num_hit_blocks * bs:
             host_keys = self.tiers.host_load_keys(request, held, num_new_computed_tokens, num_hit_blocks, num_window_tokens)

@@ -174,3 +174,16 @@ def test_a_short_load_gives_the_blocks_back_and_does_not_load_again():
     e.drain()
     assert r.all_token_ids[len(PROMPT) :] == expected_output(PROMPT, 3)
     assert len(e.loads()) == 1 and e.tier.num_load_failures == 3
+
+
+def test_a_whole_prompt_loaded_keeps_the_window_of_its_last_token():
+    kv = KVCacheManager(NUM_BLOCKS, BS, MAX_LEN, group_windows=WINDOWS)
+    r = Request("r", list(range(2, 17)), 1, block_hasher=HASHER)  # 15 tokens
+    # A load of all 15 (a prefill engine's pull): the last token (14) is computed again, and
+    # reads positions 7..14, so the sliding group keeps block 1; only block 0 is null.
+    assert kv.allocate_slots(r, 15, 0, None, delay_cache=True) is not None
+    full, sliding = kv.get_block_ids("r")
+    assert len(full) == len(sliding) == 4 and sliding[0] == 0 and 0 not in sliding[1:]
+    assert [g for g, _, _ in kv.load_targets("r", 0, 4)] == [0, 0, 1, 0, 1, 0, 1]
+    kv.cache_loaded(r, 14)
+    kv.check_invariants()

@@ -196,3 +196,20 @@ def test_a_claim_the_tier_does_not_back_is_refused_and_changes_nothing():
         kv.allocate_slots(a, 1, 8, hits)
     assert kv.get_block_ids("a") == ([], []) and tier.num_pinned_blocks == 0
     kv.check_invariants()
+
+
+def test_the_tiers_cpu_events_name_the_hash_and_the_group_as_the_pools_do():
+    from protocol.kv_events import MEDIUM_CPU
+    from scheduler.core.kv_events import BlockStored, KVEventRecorder
+
+    events = KVEventRecorder()
+    tier = HostTier(16, BS, event_sink=events)
+    kv = KVCacheManager(16, BS, 64, host_tier=tier, offload_store="full", group_windows=[0, 4], event_sink=events)
+    admit(kv, req("a", A))
+    end_step(kv)
+    end_step(kv)  # the write-through stores complete
+    cpu = [(e.block_hashes, e.group_idx, e.sliding_window) for e in events.take_events()
+           if isinstance(e, BlockStored) and e.medium == MEDIUM_CPU]
+    h = HASHER.block_hashes(A)
+    # One event per group's run of the step's stores, each with the request's own hashes.
+    assert sorted(cpu, key=lambda c: c[1]) == [(h[:4], 0, 0), (h[2:4], 1, 4)]
