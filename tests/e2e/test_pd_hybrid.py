@@ -86,11 +86,7 @@ def test_1p1d_of_a_hybrid_model_behind_the_router_answers_as_one_engine(fleet):
 
 
 # NOTE: the last prompt token, computed again on the decode engine, attends to the 16 tokens
-# ending with it: for 47 tokens, token 31, the last of block 1. The decode engine's allocation
-# of the pulled range (the hybrid manager's delay_cache) nulls the blocks behind the window of
-# token 47, not of token 46 (the one computed next), so block 1 is null and the worker refuses
-# the plan ("null entries, reaching into the window").
-@pytest.mark.xfail(reason="delay_cache nulls by the window of the prompt's end, not of its last token (scheduler/core/hybrid)",
-                   strict=True)
+# ending with it: for 47 tokens, token 31, the last of block 1, which the decode engine's
+# allocation must not null (else its worker refuses the plan and is lost).
 def test_a_prompt_whose_last_token_attends_to_the_last_token_of_a_block(fleet):
     read_through_the_router(fleet, prompts([31, 47], seed=29))

@@ -191,11 +191,8 @@ def test_a_hybrid_prefill_engine_lends_its_request_s_groups_until_they_are_read(
 
 # --- a hybrid decode engine, with its scheduler and KV-cache manager -----------------------
 
-EDGE = pytest.mark.xfail(reason="delay_cache nulls by the window of the prompt's end, not of its last token (scheduler/core/hybrid)",
-                         strict=True)
-
-
-@pytest.mark.parametrize("length", [22, pytest.param(23, marks=EDGE)], ids=["22", "23-edge"])
+# 23 tokens: the last (22) attends to tokens 15..22, and 15 is the last of block 3.
+@pytest.mark.parametrize("length", [22, 23], ids=["22", "23-edge"])
 def test_a_hybrid_decode_engine_pulls_every_block_the_window_of_the_last_prompt_token_needs(length):
     # The prefill engine's tables, lent as a hybrid prefill engine lends them.
     prompt = list(range(2, 2 + length))
