@@ -1,9 +1,10 @@
 """The frames between a decode engine's worker and a prefill engine's worker (P/D disaggregation).
 
 The prefill worker binds a ZMQ ROUTER (protocol/kv_transfer_config.py's side channel);
-a decode worker's DEALER sends a `PullRequest` (one frame) and gets one `PullReply`
-frame, then, when the reply is ``ok``, one frame of ``num_blocks * block_bytes`` bytes:
-block by block, in the order asked, each block every layer's K then V, as the KV tensors
+a decode worker's DEALER sends a `PullRequest` (one frame: the blocks it reads, one run
+of the lent blocks per KV-cache group) and gets one `PullReply` frame, then, when the
+reply is ``ok``, one frame of ``num_blocks * block_bytes`` bytes: block by block, in the
+order asked (the groups' runs one after another), each block every layer's K then V, as the KV tensors
 hold them (the external tier's object payload, worker/kv/kv_block_bytes.py). The identity
 is protocol/external_kv.py's digest of model, KV dtype, layout and block size: a worker
 of another model or layout is refused, never given bytes it would misread.
@@ -20,7 +21,7 @@ REFUSALS = ("unknown", "blocks", "identity", "malformed")
 
 class PullRequest(msgspec.Struct, array_like=True, frozen=True):
     request_id: str
-    block_ids: list[int]
+    block_ids: list[list[int]]  # one list per KV-cache group, as lent
     identity: str
 
 

@@ -3,9 +3,11 @@
 To a prefill engine the router sends ``{"do_remote_decode": true, ...}`` (the other keys
 null); its answer carries the params a decode engine needs to read the blocks:
 ``do_remote_prefill`` true, ``remote_engine_id``, ``remote_request_id``, ``remote_host``,
-``remote_port``, ``remote_block_ids`` (the prefill worker's blocks of the prompt, in
-order), ``remote_num_tokens`` (the tokens they hold) and ``tp_size``. The router passes
-them on to a decode engine unchanged.
+``remote_port``, ``remote_block_ids`` (the prefill worker's blocks of the prompt, one
+list per KV-cache group as vLLM 0.32's, in table order: a full-attention group's from the
+prompt's first block, a sliding-window group's only its in-window tail), ``remote_num_tokens``
+(the tokens they hold) and ``tp_size``. The router passes them on to a decode engine
+unchanged. A flat list of block ids (older vLLMs') is one group's.
 
 `parse_kv_transfer_params` checks the keys this contract names (a wrong type is a
 ``ValueError`` naming ``kv_transfer_params.KEY``, the API's 400) and keeps the rest as
@@ -32,13 +34,27 @@ class KVTransferParams(msgspec.Struct, omit_defaults=True, frozen=True):
     remote_request_id: str | None = None
     remote_host: str | None = None
     remote_port: int | None = None
-    remote_block_ids: list[int] | None = None
+    remote_block_ids: list[list[int]] | None = None  # one list per KV-cache group
     remote_num_tokens: int | None = None
     tp_size: int = 1
 
 
 def _fail(key: str, what: str, value: Any) -> ValueError:
     return ValueError(f"kv_transfer_params.{key} must be {what}, got {value!r}")
+
+
+def _is_block_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_BLOCK_ID
+
+
+def _block_id_groups(ids: Any) -> list[list[int]]:
+    """``remote_block_ids`` as one list per KV-cache group: vLLM 0.32's lists of lists, or a
+    flat list (one group, as older vLLMs send)."""
+    if isinstance(ids, list) and all(_is_block_id(i) for i in ids):
+        return [ids]
+    if isinstance(ids, list) and ids and all(isinstance(g, list) and all(_is_block_id(i) for i in g) for g in ids):
+        return ids
+    raise _fail("remote_block_ids", "a list of block ids (integers >= 0), or one such list per KV-cache group", ids)
 
 
 def parse_kv_transfer_params(raw: Any) -> KVTransferParams:
@@ -64,12 +80,7 @@ def parse_kv_transfer_params(raw: Any) -> KVTransferParams:
             out[key] = value
     ids = raw.get("remote_block_ids")
     if ids is not None:
-        # NOTE: vLLM's NixlConnector sends one list per KV-cache group; one group here, so [[...]] is taken as [...].
-        if isinstance(ids, list) and len(ids) == 1 and isinstance(ids[0], list):
-            ids = ids[0]
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_BLOCK_ID for i in ids):
-            raise _fail("remote_block_ids", "a list of block ids (integers >= 0)", raw.get("remote_block_ids"))
-        out["remote_block_ids"] = ids
+        out["remote_block_ids"] = _block_id_groups(ids)
     if out["do_remote_prefill"]:
         for key in REMOTE_KEYS:
             if out.get(key) is None:

@@ -202,23 +202,26 @@ class KVTransferOps(msgspec.Struct, array_like=True, gc=False, frozen=True):
     """A step's work for P/D disaggregation (protocol/kv_transfer_config.py), off the step path.
 
     A prefill engine *lends*: lend_ids[i] (a finished request's id) may now be read by a
-    decode engine's worker, blocks lend_block_ids[i] (the scheduler frees none of them
-    before the worker reports the read, or takes the lend back: ``unlend_ids``, applied
-    before this step's forward, after which a read of them is refused).
+    decode engine's worker, blocks lend_block_ids[i] (one list per KV-cache group, in table
+    order; the scheduler frees none of them before the worker reports the read, or takes the
+    lend back: ``unlend_ids``, applied before this step's forward, after which a read of
+    them is refused).
 
     A decode engine *pulls*: pull i (id pull_ids[i], the request's seq_id) reads blocks
-    pull_remote_block_ids[i] of request pull_request_ids[i] from the worker at
-    pull_addresses[i] ("host:port") into device blocks pull_block_ids[i], in order; the
-    worker says how it went in a ``KVTransferDone``. As with the external tier's loads, the
-    scheduler computes no token of those blocks until then, and frees none of them before."""
+    pull_remote_block_ids[i] (one list per KV-cache group, each a run of that group's lent
+    blocks) of request pull_request_ids[i] from the worker at pull_addresses[i]
+    ("host:port") into device blocks pull_block_ids[i], in the same order (the groups' lists
+    one after another); the worker says how it went in a ``KVTransferDone``. As with the
+    external tier's loads, the scheduler computes no token of those blocks until then, and
+    frees none of them before."""
 
     lend_ids: list[str] = []
-    lend_block_ids: list[list[int]] = []
+    lend_block_ids: list[list[list[int]]] = []
     unlend_ids: list[str] = []
     pull_ids: list[int] = []
     pull_addresses: list[str] = []
     pull_request_ids: list[str] = []
-    pull_remote_block_ids: list[list[int]] = []
+    pull_remote_block_ids: list[list[list[int]]] = []
     pull_block_ids: list[list[int]] = []
 
 

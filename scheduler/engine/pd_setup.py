@@ -4,18 +4,19 @@ the blocks; both must be given the same config)."""
 
 from __future__ import annotations
 
-from protocol.kv_cache_spec import is_hybrid
+from collections.abc import Sequence
+
 from protocol.kv_transfer_config import parse_kv_transfer_config
 from protocol.worker_messages import WorkerHello
 from scheduler.engine.worker_checks import WorkerRefused
 from scheduler.sched.pd_connector import PDConnector
 
 
-def make_pd_connector(kv_transfer_config: str | None, block_size: int) -> PDConnector | None:
-    """The connector of ``--kv-transfer-config`` (None: off)."""
+def make_pd_connector(kv_transfer_config: str | None, block_size: int, group_windows: Sequence[int]) -> PDConnector | None:
+    """The connector of ``--kv-transfer-config`` (None: off), for KV-cache groups of ``group_windows``."""
     if kv_transfer_config is None:
         return None
-    return PDConnector(parse_kv_transfer_config(kv_transfer_config), block_size)
+    return PDConnector(parse_kv_transfer_config(kv_transfer_config), block_size, group_windows=group_windows)
 
 
 def check_kv_transfer(hello: WorkerHello, kv_transfer_config: str | None) -> None:
@@ -30,5 +31,3 @@ def check_kv_transfer(hello: WorkerHello, kv_transfer_config: str | None) -> Non
     if config.is_producer and not hello.kv_transfer_address:
         raise WorkerRefused(f"this scheduler's kv_role is {config.kv_role}, but the worker lends no KV (no side channel): "
                             "give both the same --kv-transfer-config")
-    if is_hybrid(hello.group_windows):
-        raise WorkerRefused("--kv-transfer-config is not supported with hybrid KV-cache groups (sliding-window layers)")

@@ -235,7 +235,8 @@ class WorkerSide:
         )
         state.scheduler = scheduler_class(c.scheduling_policy)(
             state.kv, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.scheduler_reserve_full_isl, **policy_kwargs(c),
-            speculative=parse_speculative_config(c.speculative_config), kv_transfer=make_pd_connector(c.kv_transfer_config, c.block_size),
+            speculative=parse_speculative_config(c.speculative_config), kv_transfer=make_pd_connector(c.kv_transfer_config, c.block_size,
+                                                                                             state.kv.group_windows),
         )
         self.metrics.set_cache_config_info(cache_config_info(c, num_blocks))
         state.limits = RequestLimits(hello.vocab_size, c.max_model_len, c.block_size, num_blocks - 1,

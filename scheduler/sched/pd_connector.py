@@ -22,6 +22,7 @@ it moves no byte (the workers do: worker/transfer/).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,27 +31,33 @@ from typing import Any
 from protocol.kv_transfer_config import KVTransferConfig
 from protocol.worker_messages import KVTransferOps
 from scheduler.core.kv_cache_block import KVCacheBlock
+from scheduler.sched.pd_remote_blocks import RemoteSpan, lent_block_ids, pull_lists, remote_span
 from scheduler.sched.request import Request
+
+log = logging.getLogger("scheduler")
 
 
 @dataclass(slots=True)
 class _Ops:
     lend_ids: list[str] = field(default_factory=list)
-    lend_block_ids: list[list[int]] = field(default_factory=list)
+    lend_block_ids: list[list[list[int]]] = field(default_factory=list)
     unlend_ids: list[str] = field(default_factory=list)
     pull_ids: list[int] = field(default_factory=list)
     pull_addresses: list[str] = field(default_factory=list)
     pull_request_ids: list[str] = field(default_factory=list)
-    pull_remote_block_ids: list[list[int]] = field(default_factory=list)
+    pull_remote_block_ids: list[list[list[int]]] = field(default_factory=list)
     pull_block_ids: list[list[int]] = field(default_factory=list)
 
 
 class PDConnector:
-    """The connector of ``config`` for blocks of ``block_size`` tokens."""
+    """The connector of ``config`` for blocks of ``block_size`` tokens, KV-cache groups of
+    windows ``group_windows`` (0: full attention; (0,): one full-attention group)."""
 
-    def __init__(self, config: KVTransferConfig, block_size: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: KVTransferConfig, block_size: int, clock: Callable[[], float] = time.monotonic,
+                 group_windows: Sequence[int] = (0,)):
         self.config = config
         self.block_size = block_size
+        self.group_windows = list(group_windows)
         # What a lease is timed by (a simulator passes its virtual clock; `expired` takes a time of that clock).
         self.clock = clock
         # The worker's side channel ("host:port"), where decode engines read what this one lends.
@@ -64,6 +71,7 @@ class PDConnector:
         self.num_pull_tokens = 0  # the external tokens the pulls' requests were admitted with
         self.num_pull_blocks = 0
         self.num_pull_failed_blocks = 0
+        self.num_refused_pulls = 0  # requests whose params named blocks this engine cannot read (computed here)
         self.num_lent = 0
         self.num_sent = 0
         self.num_expired = 0
@@ -80,37 +88,45 @@ class PDConnector:
     def num_remote_tokens(self, request: Request, num_computed_tokens: int) -> int:
         """Tokens of ``request``'s prompt after its ``num_computed_tokens`` that a prefill
         engine holds for it (0: none, or read already). As vLLM's, the whole prompt: its
-        last token is then computed again here, for the first sample."""
+        last token is then computed again here, for the first sample. Params whose blocks
+        this engine cannot read (pd_remote_blocks.py `remote_span`) are dropped, logged by
+        the key: the prompt is computed here."""
+        span = self._span(request)
+        return 0 if span is None else max(0, span.num_tokens - num_computed_tokens)
+
+    def _span(self, request: Request) -> RemoteSpan | None:
         params = request.kv_transfer_params
         if params is None or not params.do_remote_prefill or not self.config.is_consumer:
-            return 0
-        num_remote = len(params.remote_block_ids) * self.block_size
-        if params.remote_num_tokens is not None:
-            num_remote = min(num_remote, params.remote_num_tokens)
-        return max(0, min(num_remote, request.num_prompt_tokens) - num_computed_tokens)
+            return None
+        span = remote_span(params.remote_block_ids, self.group_windows, self.block_size, params.remote_num_tokens, request.num_prompt_tokens)
+        if isinstance(span, str):
+            log.warning("request %s: %s; its prompt is computed here", request.request_id, span)
+            request.kv_transfer_params = None  # NOTE: refused once; the prefill engine's lease frees its blocks
+            self.num_refused_pulls += 1
+            return None
+        return span
 
     def add_pull(self, pull_id: int, request: Request, targets: Sequence[tuple[int, int, KVCacheBlock]], num_tokens: int) -> None:
         """Read the prefill engine's blocks of ``request`` into ``targets`` ((group, table
         position, new uncached block), `KVCacheManager.load_targets`), ``num_tokens`` tokens, in
-        this step's plan. A request pulls once: a preempted one computes what it lost (its
-        prefill engine freed the blocks)."""
+        this step's plan: each target from the prefill's block at its position in its group
+        (pd_remote_blocks.py; ValueError for one not lent). A request pulls once: a preempted
+        one computes what it lost (its prefill engine freed the blocks)."""
         params = request.kv_transfer_params
-        if any(g for g, _, _ in targets):
-            raise ValueError("a pull names a KV-cache group beyond the first; the prefill engine lent one")
-        remote = [params.remote_block_ids[i] for _, i, _ in targets if i < len(params.remote_block_ids)]
-        if len(remote) != len(targets):
-            raise ValueError(f"{len(targets)} blocks to pull, the prefill engine lent {len(params.remote_block_ids)}")
-        blocks = [b for _, _, b in targets]
+        span = self._span(request)
+        if span is None:
+            raise ValueError(f"request {request.request_id} has no blocks to pull")
+        remote, local = pull_lists(params.remote_block_ids, span, targets)
         ops = self._ops
         ops.pull_ids.append(pull_id)
         ops.pull_addresses.append(f"{params.remote_host}:{params.remote_port}")
         ops.pull_request_ids.append(params.remote_request_id)
-        ops.pull_remote_block_ids.append(list(remote))
-        ops.pull_block_ids.append([b.block_id for b in blocks])
+        ops.pull_remote_block_ids.append(remote)
+        ops.pull_block_ids.append(local)
         request.kv_transfer_params = None  # pulled (or tried): never again
         self.num_pulls += 1
         self.num_pull_tokens += num_tokens
-        self.num_pull_blocks += len(blocks)
+        self.num_pull_blocks += len(local)
 
     def pulled(self, num_requested: int, num_pulled: int) -> None:
         """A pull ended: ``num_pulled`` of its ``num_requested`` blocks were read."""
@@ -122,15 +138,18 @@ class PDConnector:
         params = request.kv_transfer_params
         return params is not None and params.do_remote_decode and self.config.is_producer
 
-    def lend(self, request: Request, block_ids: list[int]) -> dict[str, Any]:
-        """Keep ``request``'s blocks (``block_ids``, its table) for a decode engine until
-        it reads them or the lease passes; the answer's ``kv_transfer_params``."""
+    def lend(self, request: Request, tables: Sequence[Sequence[int]]) -> dict[str, Any]:
+        """Keep ``request``'s blocks (``tables``: its table in every group, 0 for a null entry,
+        `KVCacheManager.get_block_ids`) for a decode engine until it reads them or the lease
+        passes; the answer's ``kv_transfer_params`` (``remote_block_ids``: what is lent, one
+        list per group, pd_remote_blocks.py `lent_block_ids`)."""
         host, _, port = self.address.rpartition(":")
+        lent = lent_block_ids(tables, self.group_windows, self.block_size)
         self.lent[request.request_id] = (request, self.clock() + self.config.kv_lease_duration)
         self._ops.lend_ids.append(request.request_id)
-        self._ops.lend_block_ids.append(list(block_ids))
+        self._ops.lend_block_ids.append(lent)
         self.num_lent += 1
-        return {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": list(block_ids),
+        return {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [list(g) for g in lent],
                 "remote_engine_id": self.config.engine_id, "remote_request_id": request.request_id,
                 "remote_host": host, "remote_port": int(port), "remote_num_tokens": request.num_computed_tokens,
                 "tp_size": 1}

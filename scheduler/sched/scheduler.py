@@ -138,10 +138,8 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
         request.status = status
         request.append_only_below = 0
         if status in _LENDS and self.kv_transfer is not None and self.kv_transfer.wants_lend(request):
-            # A prefill engine's request: its blocks wait for a decode engine (pd_connector.py).
-            # NOTE: one KV-cache group (P/D is refused for hybrid models: pd_setup.py).
-            (block_ids,) = self.kv_cache_manager.get_block_ids(request.request_id)
-            request.kv_transfer_answer = self.kv_transfer.lend(request, block_ids)
+            # A prefill engine's request: its blocks, in every KV-cache group, wait for a decode engine (pd_connector.py).
+            request.kv_transfer_answer = self.kv_transfer.lend(request, self.kv_cache_manager.get_block_ids(request.request_id))
         else:
             self.kv_cache_manager.free(request)
         del self.requests[request.request_id]

@@ -56,8 +56,9 @@ def answering(connected):
     ({"do_remote_prefill": True, "remote_engine_id": "e"}, "kv_transfer_params.remote_request_id"),
     ({"do_remote_decode": "yes"}, "kv_transfer_params.do_remote_decode"),
     ({"remote_block_ids": [1, -2]}, "kv_transfer_params.remote_block_ids"),
+    ({"remote_block_ids": [[1], 2]}, "kv_transfer_params.remote_block_ids"),
     ({**ANSWER, "tp_size": 2}, "kv_transfer_params.tp_size"),
-], ids=["port", "missing-key", "bool", "block-ids", "tp"])
+], ids=["port", "missing-key", "bool", "block-ids", "block-id-groups", "tp"])
 def test_with_a_connector_bad_params_are_a_400_naming_the_key_and_reach_nothing(connected, endpoint, params, key):
     path, body = BODIES[endpoint]
     before = len(connected.engine.generated)
@@ -89,10 +90,12 @@ def test_a_prefill_request_carries_its_checked_params_to_the_engine(connected, e
 @pytest.mark.parametrize("endpoint", ["completion", "chat"])
 def test_a_decode_request_carries_the_prefills_answer_to_the_engine(connected, endpoint):
     path, body = BODIES[endpoint]
-    # NOTE: vLLM's NixlConnector gives one list of block ids per KV-cache group.
-    status, answer = post(connected, path, {**body, "kv_transfer_params": {**ANSWER, "remote_block_ids": [[4, 7, 8]]}})
-    assert status == 200, answer
-    assert connected.engine.generated[-1].kv_transfer_params == KVTransferParams(**ANSWER)
+    # NOTE: vLLM 0.32 gives one list of block ids per KV-cache group; older vLLMs a flat list (one group's).
+    for ids in ([[4, 7, 8]], [4, 7, 8], [[4, 7, 8], [6]]):
+        status, answer = post(connected, path, {**body, "kv_transfer_params": {**ANSWER, "remote_block_ids": ids}})
+        assert status == 200, answer
+        groups = ids if isinstance(ids[0], list) else [ids]
+        assert connected.engine.generated[-1].kv_transfer_params == KVTransferParams(**{**ANSWER, "remote_block_ids": groups})
 
 
 def test_empty_params_are_none_as_vllm_passes_on_only_a_nonempty_dict(connected):

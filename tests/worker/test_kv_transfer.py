@@ -3,7 +3,7 @@ ports and real KV tensors: a KVServer lends blocks, a KVPuller reads them into o
 ids bit for bit; every refusal (unknown after a bounded wait, taken back, another identity,
 blocks not lent, a malformed frame, the wrong size) and a server gone (a timeout) writes
 nothing and reports 0; a lend that comes just after the read is served; a read is reported
-sent once; `open_kv_transfer` opens the parts of the role. Every thread is stopped in teardown, every wait bounded."""
+sent once; `open_kv_transfer` opens the parts of the role (a hybrid model's too). Every thread is stopped in teardown, every wait bounded."""
 
 from __future__ import annotations
 
@@ -67,8 +67,8 @@ def make():
 
 
 def pull(puller: KVPuller, server_address: str, request_id: str, remote: list[int], local: list[int], pull_id: int = 1) -> dict[int, int]:
-    """One pull, waited for (bounded); the puller's news."""
-    puller.submit([Pull(pull_id, server_address, request_id, remote, local)])
+    """One pull of one KV-cache group's blocks, waited for (bounded); the puller's news."""
+    puller.submit([Pull(pull_id, server_address, request_id, [remote], local)])
     assert puller.has_pending
     assert puller.drain(BOUND_S)
     assert not puller.has_pending
@@ -90,7 +90,7 @@ def test_pulled_blocks_equal_the_lent_ones_bit_for_bit(make, dtype):
     src, dst = kv_caches(1, dtype), kv_caches(2, dtype)
     server, puller = make.server(src), make.puller(dst)
     before = [t.clone() for t in dst]
-    server.lend("req-1", [3, 5, 7])
+    server.lend("req-1", [[3, 5, 7]])
     assert pull(puller, server.address, "req-1", [3, 5, 7], [8, 2, 10], pull_id=41) == {41: 3}
     assert same_blocks(src, [3, 5, 7], dst, [8, 2, 10])
     others = [b for b in range(NUM_BLOCKS) if b not in (8, 2, 10)]
@@ -107,7 +107,7 @@ def test_pulled_blocks_equal_the_lent_ones_bit_for_bit(make, dtype):
 
 def test_a_pull_of_some_of_the_lent_blocks_is_served(make):
     server, puller = make.server(), make.puller()
-    server.lend("req-1", [3, 5, 7])
+    server.lend("req-1", [[3, 5, 7]])
     assert pull(puller, server.address, "req-1", [5, 7], [1, 2]) == {1: 2}
     assert same_blocks(server.kv_caches, [5, 7], puller.kv_caches, [1, 2])
     assert server.take_sent() == ["req-1"]
@@ -125,10 +125,10 @@ def test_a_read_of_a_request_never_lent_is_refused_after_the_bounded_wait(make):
 
 def test_a_lend_that_comes_just_after_the_read_is_served(make):
     server, puller = make.server(lend_wait_s=BOUND_S), make.puller()
-    puller.submit([Pull(7, server.address, "late", [2, 6], [9, 11])])
+    puller.submit([Pull(7, server.address, "late", [[2, 6]], [9, 11])])
     time.sleep(0.2)  # the read is parked on the server by now
     assert puller.has_pending
-    server.lend("late", [2, 6])
+    server.lend("late", [[2, 6]])
     assert puller.drain(BOUND_S)
     assert puller.take_pulled() == {7: 2}
     assert same_blocks(server.kv_caches, [2, 6], puller.kv_caches, [9, 11])
@@ -137,8 +137,8 @@ def test_a_lend_that_comes_just_after_the_read_is_served(make):
 
 def test_a_lend_taken_back_is_refused(make):
     server, puller = make.server(), make.puller()
-    server.lend("req-1", [3])
-    server.lend("req-2", [4])
+    server.lend("req-1", [[3]])
+    server.lend("req-2", [[4]])
     server.unlend(["req-1", "never-lent"])
     assert pull(puller, server.address, "req-1", [3], [5]) == {1: 0}
     assert pull(puller, server.address, "req-2", [4], [5], pull_id=2) == {2: 1}
@@ -148,7 +148,7 @@ def test_a_lend_taken_back_is_refused(make):
 def test_another_identity_is_refused_and_the_lend_kept(make):
     server = make.server()
     stranger, reader = make.puller(identity="cd" * 16), make.puller()
-    server.lend("req-1", [3])
+    server.lend("req-1", [[3]])
     assert pull(stranger, server.address, "req-1", [3], [5]) == {1: 0}
     assert stranger.counters.failures == {"identity": 1} and server.counters.refusals == {"identity": 1}
     assert pull(reader, server.address, "req-1", [3], [5]) == {1: 1}
@@ -156,7 +156,7 @@ def test_another_identity_is_refused_and_the_lend_kept(make):
 
 def test_blocks_not_lent_are_refused_and_the_lend_kept(make):
     server, puller = make.server(), make.puller()
-    server.lend("req-1", [3, 5])
+    server.lend("req-1", [[3, 5]])
     assert pull(puller, server.address, "req-1", [3, 6], [1, 2]) == {1: 0}
     assert server.counters.refusals == {"blocks": 1} and server.take_sent() == []
     assert pull(puller, server.address, "req-1", [3, 5], [1, 2], pull_id=2) == {2: 2}
@@ -167,7 +167,7 @@ def test_lent_blocks_out_of_order_or_twice_are_refused(make, asked):
     # Each block lands at its position in the reader's table: any list but a run of the lent
     # ones, in order, would put one block's KV where another's belongs.
     server, puller = make.server(), make.puller()
-    server.lend("req-1", [3, 5, 7])
+    server.lend("req-1", [[3, 5, 7]])
     assert pull(puller, server.address, "req-1", asked, list(range(1, len(asked) + 1))) == {1: 0}
     assert server.counters.refusals == {"blocks": 1}
 
@@ -176,7 +176,7 @@ def test_a_reader_of_another_block_size_writes_nothing(make):
     server = make.server()
     puller = make.puller(kv_caches(2, head_dim=HD * 2))  # the same identity claimed, other bytes per block
     before = [t.clone() for t in puller.kv_caches]
-    server.lend("req-1", [3])
+    server.lend("req-1", [[3]])
     assert pull(puller, server.address, "req-1", [3], [5]) == {1: 0}
     assert puller.counters.failures == {"size": 1}
     assert all(torch.equal(a, b) for a, b in zip(before, puller.kv_caches, strict=True))
@@ -198,14 +198,14 @@ def test_a_server_gone_times_out_within_read_timeout(make):
 
 def test_malformed_frames_are_refused_and_the_server_goes_on(make):
     server = make.server()
-    server.lend("req-1", [3])
+    server.lend("req-1", [[3]])
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(f"tcp://{server.address}")
         decoder = msgspec.msgpack.Decoder(PullReply)
-        good = msgspec.msgpack.encode(PullRequest("req-1", [3], IDENTITY))
+        good = msgspec.msgpack.encode(PullRequest("req-1", [[3]], IDENTITY))
         for frames in ([b"garbage"], [b"\x93\x01\x02"], [good, b"more"]):
             sock.send_multipart(frames)
             assert sock.poll(BOUND_S * 1000)
@@ -222,16 +222,15 @@ def test_malformed_frames_are_refused_and_the_server_goes_on(make):
     assert server.counters.refusals == {"malformed": 3} and server.take_sent() == ["req-1"]
 
 
-def test_open_kv_transfer_opens_the_parts_of_the_role_and_refuses_hybrid_groups():
+def test_open_kv_transfer_opens_the_parts_of_the_role_for_one_group_or_hybrid_groups():
     config = parse_kv_transfer_config('{"kv_connector": "KVPoolConnector", "kv_role": "kv_both"}')
     serving = SimpleNamespace(kv_cache_groups=[], config=SimpleNamespace(architecture="LlamaForCausalLM"), identity="m" * 16)
     assert open_kv_transfer(None, serving, kv_caches(1), BS) is None
-    transfer = open_kv_transfer(config, serving, kv_caches(1), BS)
-    try:
-        assert transfer.server is not None and transfer.puller is not None
-        assert transfer.identity == kv_block_identity(serving, kv_caches(1), BS) and len(transfer.identity) == 32
-    finally:
-        transfer.close()
-    serving.kv_cache_groups = [KVCacheGroupSpec([0, 2], 0), KVCacheGroupSpec([1], 8)]
-    with pytest.raises(ValueError, match="--kv-transfer-config: not supported with hybrid KV-cache groups"):
-        open_kv_transfer(config, serving, kv_caches(1), BS)
+    for groups in ([], [KVCacheGroupSpec([0, 2], 0), KVCacheGroupSpec([1], 8)]):
+        serving.kv_cache_groups = groups
+        transfer = open_kv_transfer(config, serving, kv_caches(1), BS)
+        try:
+            assert transfer.server is not None and transfer.puller is not None
+            assert transfer.identity == kv_block_identity(serving, kv_caches(1), BS) and len(transfer.identity) == 32
+        finally:
+            transfer.close()

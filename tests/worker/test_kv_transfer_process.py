@@ -61,11 +61,11 @@ def test_blocks_a_prefill_worker_lends_are_pulled_and_decoded_from(tiny_referenc
             # Prefill: seq 7's prompt, 2 full blocks (9, 2) and 1 token; then lent as it finishes.
             sp.send(StepPlan(0, {7: 9}, new_rows=[RequestRow(7, PROMPT, [9, 2, 30])]))
             assert sp.recv(10).sampled_token_ids == expected[:1]
-            sp.send(StepPlan(1, {}, finished_seq_ids=[7], kv_transfer=KVTransferOps(lend_ids=["req-7"], lend_block_ids=[[9, 2]])))
+            sp.send(StepPlan(1, {}, finished_seq_ids=[7], kv_transfer=KVTransferOps(lend_ids=["req-7"], lend_block_ids=[[[9, 2]]])))
             assert isinstance(sp.recv(10), StepResult)
             # Decode: the 2 blocks pulled into 40 and 41, beside an empty step.
             ops = KVTransferOps(pull_ids=[9], pull_addresses=[hp.kv_transfer_address], pull_request_ids=["req-7"],
-                                pull_remote_block_ids=[[9, 2]], pull_block_ids=[[40, 41]])
+                                pull_remote_block_ids=[[[9, 2]]], pull_block_ids=[[40, 41]])
             sd.send(StepPlan(0, {}, kv_transfer=ops))
             done, _ = recv_both(sd, 15)
             assert done == KVTransferDone(pulled={9: 2})

@@ -41,12 +41,13 @@ POLL_SLICE_S = 0.1
 
 @dataclass(frozen=True, slots=True)
 class Pull:
-    """One pull of a plan (KVTransferOps): remote blocks of ``request_id`` at ``address`` into ``block_ids``."""
+    """One pull of a plan (KVTransferOps): remote blocks of ``request_id`` at ``address`` (one
+    list per KV-cache group) into ``block_ids`` (the groups' lists one after another)."""
 
     pull_id: int
     address: str
     request_id: str
-    remote_block_ids: list[int]
+    remote_block_ids: list[list[int]]
     block_ids: list[int]
 
 

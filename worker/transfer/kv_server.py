@@ -17,6 +17,12 @@ scheduler's next plan): it is parked, not refused, and tried again at each poll 
 up to ``lend_wait_s``; other reads go on meanwhile. Refusals (protocol/kv_pull_wire.py
 REFUSALS) are replies, never a crash: a malformed frame, another identity, a request not
 lent, blocks not among those lent.
+
+A request is lent one list of blocks per KV-cache group (a hybrid model's: every group's
+table, a sliding group's in-window tail); a read names one list per group too, each a
+consecutive run of that group's lent list in its order (`is_lent_run`), and gets their
+bytes group after group. A block id means the same memory in every group (each KV tensor
+is shared by one layer of each group), so a block is read alike whatever group lent it.
 """
 
 from __future__ import annotations
@@ -84,7 +90,7 @@ class KVServer:
         # What decode engines' workers connect to (WorkerHello.kv_transfer_address).
         self.address = host_port(host, bound_port)
         self._lock = threading.Lock()
-        self._lends: dict[str, list[int]] = {}  # request id -> its lent block ids
+        self._lends: dict[str, list[list[int]]] = {}  # request id -> its lent block ids, one list per KV-cache group
         self._sent: list[str] = []
         self._parked: list[_ParkedRead] = []  # the server thread's own
         self._stopping = threading.Event()
@@ -93,10 +99,10 @@ class KVServer:
 
     # --- the process loop's side ---------------------------------------------------
 
-    def lend(self, request_id: str, block_ids: list[int]) -> None:
-        """Blocks ``block_ids`` of ``request_id`` may be read (once) from now on."""
+    def lend(self, request_id: str, block_ids: list[list[int]]) -> None:
+        """Blocks ``block_ids`` (one list per KV-cache group) of ``request_id`` may be read (once) from now on."""
         with self._lock:
-            self._lends[request_id] = list(block_ids)
+            self._lends[request_id] = [list(g) for g in block_ids]
 
     def unlend(self, request_ids: list[str]) -> None:
         """Take lends back; on return no read of their blocks is under way, and none will be served."""
@@ -181,21 +187,23 @@ class KVServer:
         t0 = time.perf_counter()
         with self._lock:
             lent = self._lends.get(request.request_id)
-            if lent is not None and _is_run_of(request.block_ids, lent):
-                payload = gather_blocks(self.kv_caches, request.block_ids).numpy()  # (n, block_bytes), host memory
+            if lent is not None and is_lent_run(request.block_ids, lent):
+                flat = [b for group in request.block_ids for b in group]
+                payload = gather_blocks(self.kv_caches, flat).numpy()  # (n, block_bytes), host memory
                 del self._lends[request.request_id]
                 self._sent.append(request.request_id)
             else:
                 payload = None
         if payload is None:
             if lent is not None:
-                self._refuse(peer, "blocks", f"{request.request_id}: blocks {request.block_ids} are not a run of those lent, in order")
+                self._refuse(peer, "blocks", f"{request.request_id}: blocks {request.block_ids} are not a run of those lent "
+                                             f"in each KV-cache group, in order")
             elif time.monotonic() < until:
                 self._parked.append(_ParkedRead(peer, request, until))
             else:
                 self._refuse(peer, "unknown", f"{request.request_id} is not lent (never, read already, or taken back)")
             return
-        n = len(request.block_ids)
+        n = len(payload)  # (n, block_bytes): every group's blocks
         reply = PullReply(ok=True, num_blocks=n, block_bytes=self.block_bytes)
         # NOTE: counted before the send: a reader that has its blocks finds them counted.
         c = self.counters
@@ -211,11 +219,18 @@ class KVServer:
         self._sock.send_multipart([peer, ENCODER.encode(PullReply(ok=False, error=error, detail=detail))])
 
 
+def is_lent_run(block_ids: list[list[int]], lent: list[list[int]]) -> bool:
+    """Whether ``block_ids`` name, for each KV-cache group of ``lent``, a consecutive run of
+    that group's lent blocks in the table's order (or none of them), and at least one block
+    in all: a decode engine reads the blocks after its own hits, a sliding group's within
+    its window. Any other list would put one block's KV at another's positions."""
+    if len(block_ids) != len(lent) or not any(block_ids):
+        return False
+    return all(_is_run_of(asked, given) for asked, given in zip(block_ids, lent, strict=True) if asked)
+
+
 def _is_run_of(block_ids: list[int], lent: list[int]) -> bool:
-    """Whether ``block_ids`` are lent blocks, consecutive and in the table's order (a decode
-    engine reads the blocks after its own hits): any other list would put one block's KV at
-    another's positions."""
-    if not block_ids or block_ids[0] not in lent:
+    if block_ids[0] not in lent:
         return False
     start = lent.index(block_ids[0])
     return lent[start : start + len(block_ids)] == block_ids

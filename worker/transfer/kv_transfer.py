@@ -13,7 +13,6 @@ from protocol.worker_messages import KVTransferOps
 from worker.kv.kv_block_bytes import kv_block_identity
 from worker.kv.kv_cache import distinct_kv_tensors
 from worker.load.serving_model import ServingModel
-from worker.step.group_tables import hello_group_windows
 from worker.transfer.kv_puller import KVPuller, Pull
 from worker.transfer.kv_server import KVServer
 
@@ -75,12 +74,10 @@ class KVTransfer:
 def open_kv_transfer(config: KVTransferConfig | None, serving: ServingModel, kv_caches: list[torch.Tensor],
                      block_size: int) -> KVTransfer | None:
     """The KV transfer of ``config`` (None without one). Raises ValueError naming the problem:
-    a hybrid model, a side channel it cannot bind."""
+    a side channel it cannot bind. A hybrid model's blocks move alike in every KV-cache group
+    (each of ``kv_caches`` is shared by one layer of each group: a block id is the same memory)."""
     if config is None:
         return None
-    if serving.kv_cache_groups and hello_group_windows(serving.kv_cache_groups):
-        raise ValueError("--kv-transfer-config: not supported with hybrid KV-cache groups yet; pass "
-                         "--disable-hybrid-kv-cache-manager, or serve without P/D disaggregation")
     identity = kv_block_identity(serving, kv_caches, block_size)
     kv_caches = distinct_kv_tensors(kv_caches)  # NOTE: blocks move by id: each shared tensor once
     server = KVServer(kv_caches, identity, config.side_channel_host, config.side_channel_port) if config.is_producer else None

@@ -12,7 +12,8 @@ def check_transfer_ops(ops: KVTransferOps, transfer: KVTransfer | None, num_bloc
     """PlanError unless this worker's role allows the ops (lends: a producer; pulls: a
     consumer) and every list is well formed: parallel lists of equal length, unique ids,
     local block ids of the pool (1..num_blocks-1, never the null block), no device block
-    pulled into twice, as many remote blocks as local ones, addresses ``host:port``."""
+    pulled into twice, as many remote blocks (over every KV-cache group's list) as local
+    ones, addresses ``host:port``."""
     if transfer is None:
         raise PlanError("the plan lends or pulls KV blocks, but this worker has no --kv-transfer-config")
     lends = bool(ops.lend_ids or ops.lend_block_ids or ops.unlend_ids)
@@ -32,10 +33,11 @@ def _check_lends(ops: KVTransferOps, num_blocks: int) -> None:
         raise PlanError(f"KV lends: {len(ops.lend_ids)} ids for {len(ops.lend_block_ids)} block lists")
     if len(set(ops.lend_ids)) != len(ops.lend_ids):
         raise PlanError(f"KV lends: an id repeats in {ops.lend_ids}")
-    for request_id, block_ids in zip(ops.lend_ids, ops.lend_block_ids, strict=True):
-        if not block_ids:
+    for request_id, groups in zip(ops.lend_ids, ops.lend_block_ids, strict=True):
+        if not any(groups):
             raise PlanError(f"KV lend {request_id!r}: no blocks")
-        _check_ids(block_ids, num_blocks, f"KV lend {request_id!r}")
+        for block_ids in groups:
+            _check_ids(block_ids, num_blocks, f"KV lend {request_id!r}")
 
 
 def _check_pulls(ops: KVTransferOps, num_blocks: int) -> None:
@@ -45,7 +47,9 @@ def _check_pulls(ops: KVTransferOps, num_blocks: int) -> None:
     if len(set(ops.pull_ids)) != len(ops.pull_ids):
         raise PlanError(f"KV pulls: an id repeats in {ops.pull_ids}")
     targets: set[int] = set()
-    for pull_id, address, remote, local in zip(ops.pull_ids, ops.pull_addresses, ops.pull_remote_block_ids, ops.pull_block_ids, strict=True):
+    for pull_id, address, remote_groups, local in zip(ops.pull_ids, ops.pull_addresses, ops.pull_remote_block_ids, ops.pull_block_ids,
+                                                      strict=True):
+        remote = [b for group in remote_groups for b in group]
         if len(remote) != len(local) or not local:
             raise PlanError(f"KV pull {pull_id}: {len(remote)} remote blocks for {len(local)} local ones")
         if any(b < 1 for b in remote):

@@ -47,7 +47,7 @@ class Engine:
         self.pd.attach(ADDRESS if self.pd.config.is_producer else "")
         self.s = Scheduler(self.kv, 4, 64, MAX_LEN, kv_transfer=self.pd)
         self.w = FakeWorker(num_blocks, BS, VOCAB)
-        self.lent: dict[str, list[int]] = {}  # the worker's lends
+        self.lent: dict[str, list[list[int]]] = {}  # the worker's lends, one list per KV-cache group
         self.pulled: dict[int, int] = {}
         self.sent: list[str] = []
         self.plans: list[StepPlan] = []
@@ -83,9 +83,10 @@ class Engine:
         self.kv.check_invariants()
         return out
 
-    def _pull(self, peer: Engine | None, pull_id: int, rid: str, remote: list[int], local: list[int]) -> None:
+    def _pull(self, peer: Engine | None, pull_id: int, rid: str, remote_groups: list[list[int]], local: list[int]) -> None:
         request = self.s.loading[pull_id]
-        if peer is None or rid not in peer.lent or not set(remote) <= set(peer.lent[rid]):
+        (remote,) = remote_groups  # one KV-cache group
+        if peer is None or rid not in peer.lent or not set(remote) <= set(peer.lent[rid][0]):
             self.pulled[pull_id] = 0
             return
         last = request.num_prompt_tokens - 1  # computed again here (module docstring)
@@ -144,13 +145,13 @@ def test_prefill_engine_lends_its_blocks_and_answers_where_they_are():
     assert p.pd.lent.keys() == {"r"}
     # ... and the answer names them, the worker's side channel and the tokens they hold.
     table = p.kv.get_block_ids("r")[0]
-    assert answer["remote_block_ids"] == table and len(table) == 4
+    assert answer["remote_block_ids"] == [table] and len(table) == 4  # one list per KV-cache group
     assert (answer["remote_host"], answer["remote_port"]) == ("127.0.0.1", 7001)
     assert answer["do_remote_prefill"] is True and answer["remote_num_tokens"] == len(PROMPT)
     assert answer["remote_engine_id"] == "e-kv_producer" and answer["remote_request_id"] == "r"
     # The lend goes to the worker in a plan of its own (nothing else to run).
     p.step()
-    assert p.lent == {"r": table}
+    assert p.lent == {"r": [table]}
     # A read frees them; the full blocks stay cached.
     assert p.s.lends_read(["r"]) == 1 and free(p) == before
     assert p.kv.block_pool.get_cached_block(HASHER.block_hashes(PROMPT)[2]) is not None
@@ -208,7 +209,7 @@ def test_local_hits_shrink_the_pull():
     d.add("r", 2, params=params)
     out = d.step(p)
     # Blocks 0 and 1 are the decode engine's own hits: only the prefill engine's blocks 2 and 3 are read.
-    assert out.plan.kv_transfer.pull_remote_block_ids == [params.remote_block_ids[2:]]
+    assert out.plan.kv_transfer.pull_remote_block_ids == [[params.remote_block_ids[0][2:]]]
     d.deliver()
     d.drain(p)
     assert d.outputs["r"] == expected_output(PROMPT, 3)
@@ -300,7 +301,7 @@ def test_kv_both_lends_and_pulls_by_each_request_s_params():
     both.add("lent", 2, PROMPT[:6], max_tokens=1, params=parse_kv_transfer_params({"do_remote_decode": True}))
     both.drain(p)
     assert both.outputs["pulled"] == expected_output(PROMPT, 3) and both.pd.num_pulls == 1
-    assert both.pd.lent.keys() == {"lent"} and both.answers["lent"]["remote_block_ids"] == both.kv.get_block_ids("lent")[0]
+    assert both.pd.lent.keys() == {"lent"} and both.answers["lent"]["remote_block_ids"] == [both.kv.get_block_ids("lent")[0]]
 
 
 def test_a_decode_only_engine_ignores_a_prefill_request_s_params():
