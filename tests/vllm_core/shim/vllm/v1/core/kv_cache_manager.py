@@ -34,8 +34,6 @@ __getattr__ = module_getattr(__name__)
 class KVCacheBlocks(kv_cache_blocks.KVCacheBlocks):
     """kvpool's KVCacheBlocks, with vLLM's choice of groups in get_block_ids."""
 
-    __slots__ = ()
-
     def get_block_ids(self, group_ids=None):
         blocks = self.blocks if group_ids is None else [self.blocks[g] for g in group_ids]
         return tuple([b.block_id for b in group] for group in blocks)
