@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"a step accepts its drafts in order until the first rejection (seeded by --seed; default {d.spec_acceptance_rate})")
     g = p.add_argument_group("host tier (offloading)")
     g.add_argument("--kv-offloading-blocks", type=int_list, default=[0], metavar="N",
-                   help="host-tier KV blocks (the scheduler's HostTier); a comma list runs each; 0: none (default 0)")
+                   help="host-tier KV blocks (the scheduler's HostTier; with hybrid groups, one group's blocks); a comma list runs each; "
+                        "0: none (default 0)")
     g.add_argument("--kv-offloading-store", choices=OFFLOAD_STORE_MODES, default=d.offload_store,
                    help="when blocks go to the host tier: on eviction, or write-through when full (default %(default)s)")
     g.add_argument("--offload-bandwidth-gbps", type=float, default=d.offload_bandwidth_gbps,
