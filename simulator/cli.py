@@ -37,7 +37,13 @@ Hybrid KV-cache groups (sliding-window layers, simulator/layer_windows.py):
 ``--layer-windows 512x5,0 --num-layers 26`` (or ``--sliding-window 512
 --sliding-window-pattern 6``) runs the server's KVCacheManager over the groups
 the server would make; --num-blocks counts blocks of that model (a block spans
-fewer layers' KV than an all-full model's: same bytes, more blocks).
+fewer layers' KV than an all-full model's: same bytes, more blocks). The host and
+external tiers and --replicas run with them as the server does: a tier hit extends
+the device's in every group (a full group's blocks after it, a sliding group's within
+the window at its end), and a block stored, loaded or saved is one group's, counted
+at ``--kv-bytes-per-token`` x block size x the share of the layers a block spans
+(--external-tier-blocks and the table's block counts are such blocks too); hit tokens
+are the hits' tokens. Not with --pd or --router kv_aware (the error says why).
 
 Speculative decoding: ``--num-speculative-tokens K --spec-acceptance-rate A`` runs the
 scheduler's own speculative decoding with a drafter that drafts K tokens for every
@@ -127,14 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
                         f"a step accepts its drafts in order until the first rejection (seeded by --seed; default {d.spec_acceptance_rate})")
     g = p.add_argument_group("host tier (offloading)")
     g.add_argument("--kv-offloading-blocks", type=int_list, default=[0], metavar="N",
-                   help="host-tier KV blocks (the scheduler's HostTier); a comma list runs each; 0: none (default 0)")
+                   help="host-tier KV blocks (the scheduler's HostTier; with hybrid groups, one group's blocks); a comma list runs each; "
+                        "0: none (default 0)")
     g.add_argument("--kv-offloading-store", choices=OFFLOAD_STORE_MODES, default=d.offload_store,
                    help="when blocks go to the host tier: on eviction, or write-through when full (default %(default)s)")
     g.add_argument("--offload-bandwidth-gbps", type=float, default=d.offload_bandwidth_gbps,
                    help="host-to-device bandwidth a load is charged at, GB/s (default %(default)s)")
     g.add_argument("--kv-bytes-per-token", type=int, default=d.kv_bytes_per_token,
                    help="KV bytes of one token over all layers, for bytes moved (default %(default)s: Llama-3-8B, bfloat16; "
-                        "an fp8 --kv-cache-dtype stores half: 65536)")
+                        "an fp8 --kv-cache-dtype stores half: 65536); with hybrid groups a block moved is one group's, "
+                        "its layers' share of these bytes")
     add_external_tier_args(p)
     add_layer_window_args(p)
     add_fleet_args(p)
@@ -200,15 +208,19 @@ def _check_speculative(p: argparse.ArgumentParser, a: argparse.Namespace) -> Non
 
 def _check_groups(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """Sets ``a.groups`` (the KV-cache groups, or None) and ``a.group_windows``; refuses
-    with hybrid groups what the server refuses with them (P/D), and the tiers, which the
-    server serves but whose bytes and hits the simulator counts one block per position."""
+    with hybrid groups what the simulator does not model with them (P/D, kv_aware)."""
     found = group_windows_from_args(p, a)
     a.groups = None if found is None else found[0]
     a.group_windows = () if found is None else tuple(g.sliding_window for g in found[0])
-    if is_hybrid(a.group_windows):
-        if any(a.kv_offloading_blocks) or a.policy != ["vllm"] or a.replicas or a.pd or a.external_tier != "none":
-            p.error("hybrid KV-cache groups run with --policy vllm, no --kv-offloading-blocks, "
-                    "no --external-tier and no --replicas or --pd")
+    if not is_hybrid(a.group_windows):
+        return
+    if a.pd:
+        # NOTE: its transfer link charges one block per position, and its engines' connector pulls one group's.
+        p.error("hybrid KV-cache groups run without --pd: the P/D fleet moves one KV-cache group's blocks, "
+                "a position's, not every group's")
+    if "kv_aware" in (a.router or ()):
+        p.error("hybrid KV-cache groups run without --router kv_aware: its index holds a block hash per replica, "
+                "not per group, so a sliding group's block leaving its window would take the full group's prefix out")
 
 
 def _check_output_path(p: argparse.ArgumentParser, flag: str, path: Path) -> None:

@@ -25,8 +25,8 @@ class SimConfig:
     fast_forward: bool = True
     # The host tier (scheduler/core/offload/offload_tier.py): slots, when blocks go there
     # ("eviction" or write-through "full"), the bandwidth a load is charged at, and
-    # the KV bytes of one token over all layers (bytes moved; the default is a
-    # Llama-3-8B in bfloat16: 2 x 32 layers x 8 KV heads x 128 dims x 2 bytes).
+    # the KV bytes of one token over all layers (bytes moved, `block_bytes`; the default is
+    # a Llama-3-8B in bfloat16: 2 x 32 layers x 8 KV heads x 128 dims x 2 bytes).
     num_host_blocks: int = 0
     offload_store: str = "eviction"
     offload_bandwidth_gbps: float = 25.0
@@ -63,6 +63,18 @@ class SimConfig:
     external_write_gbps: float | None = None
     external_latency_ms: float | None = None
     external_warm: bool = False
+    # Hybrid groups' layers: the model's, and those one block spans (protocol.kv_cache_spec's
+    # num_kv_tensors); 0: every layer (one group). A tier moves one group's block at a time,
+    # so a block's bytes are kv_bytes_per_token's share of those layers (`block_bytes`).
+    num_layers: int = 0
+    num_block_layers: int = 0
+
+    def block_bytes(self) -> int:
+        """The KV bytes of one block of one KV-cache group: ``block_size`` tokens of the
+        ``num_block_layers`` layers it spans, ``kv_bytes_per_token`` being every layer's."""
+        if not self.num_layers:
+            return self.kv_bytes_per_token * self.block_size
+        return round(self.kv_bytes_per_token * self.block_size * self.num_block_layers / self.num_layers)
 
     def external_speeds(self) -> TierSpeeds:
         """The external tier's speeds: those given, the tier's defaults for the others."""

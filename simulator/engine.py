@@ -78,7 +78,7 @@ class EngineRun:
         self.order = sorted(range(n), key=lambda i: self.specs[i].arrival_ns)
         self.token_base = workload.output_token_base
         self.tier = HostTier(cfg.num_host_blocks, bs) if cfg.num_host_blocks else None
-        self.block_bytes = cfg.kv_bytes_per_token * bs
+        self.block_bytes = cfg.block_bytes()  # one group's block: a tier's unit
         self.external = None
         if cfg.external_tier != "none":
             store = SimulatedStore(cfg.external_tier_blocks) if store is None else store

@@ -28,8 +28,8 @@ def add_external_tier_args(p: argparse.ArgumentParser) -> None:
                         f"{_STORE.read_gbps:g} GB/s each way, a 10 GbE link's line rate (1.25 GB/s: Mooncake's "
                         "transfer engine over TCP; RDMA is several times faster). Default: none")
     g.add_argument("--external-tier-blocks", type=int_list, default=[0], metavar="N",
-                   help="the tier's capacity in blocks, least recently used evicted beyond it; 0: unbounded; a comma "
-                        "list runs each (default 0)")
+                   help="the tier's capacity in blocks (with hybrid groups, one group's blocks), least recently used "
+                        "evicted beyond it; 0: unbounded; a comma list runs each (default 0)")
     g.add_argument("--external-read-gbps", type=float, default=None, metavar="GBPS",
                    help=f"read bandwidth of a load, GB/s (default: disk {_DISK.read_gbps:g}, store {_STORE.read_gbps:g})")
     g.add_argument("--external-write-gbps", type=float, default=None, metavar="GBPS",

@@ -59,13 +59,15 @@ class SimExternalWorker:
 
     def ran(self, sched: Scheduler, ops: ExternalOps, end_ns: int) -> None:
         """The plan carrying ``ops`` (``plan.external``) ended at ``end_ns``: count its loads' hits, queue its I/O."""
-        for load_id, keys in zip(ops.load_ids, ops.load_keys, strict=True):
+        for load_id in ops.load_ids:
             request = sched.loading[load_id]
+            # NOTE: the tokens the manager found, not the keys: with hybrid groups a position has a key per group it loads.
+            _, _, _, num_tokens, _ = request.external_load  # (hits before, blocks, device tokens, tokens, pull)
             # NOTE: as _park_for_load counts it: a request scheduled before is a re-admission.
             if request.num_cached_tokens >= 0:
-                self.num_preempted_hit_tokens += len(keys) * self.block_size
+                self.num_preempted_hit_tokens += num_tokens
             else:
-                self.num_hit_tokens += len(keys) * self.block_size
+                self.num_hit_tokens += num_tokens
         self.io.submit(ops, end_ns)
 
     def next_event_ns(self) -> int | None:

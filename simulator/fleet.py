@@ -32,6 +32,7 @@ import dataclasses
 import math
 import time
 
+from protocol.kv_cache_spec import is_hybrid
 from scheduler.core.kv_events import KVEventRecorder
 from simulator.config import SimConfig
 from simulator.engine import EngineRun
@@ -50,8 +51,9 @@ class Fleet:
     def __init__(self, workload: Workload, cfg: SimConfig, replicas: int, router: str,
                  max_concurrency: int | None = None, seed: int = 0, stream: bool = True,
                  paths: RequestPaths | None = None):
-        if cfg.external_tier != "none":
-            raise ValueError("a fleet's replicas have no external tier (one engine only)")
+        if cfg.external_tier != "none" or (router == "kv_aware" and is_hybrid(cfg.group_windows)):
+            # NOTE: kv_aware's index holds a hash per replica, not per KV-cache group.
+            raise ValueError("a fleet's replicas have no external tier (one engine only), nor kv_aware with hybrid groups")
         workload.reset()
         self.workload = workload
         self.prepared = PreparedWorkload(workload)

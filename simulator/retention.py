@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from protocol.kv_cache_spec import is_hybrid
 from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.core.retention.eviction_policies import (
@@ -36,10 +35,6 @@ def retention_manager(num_blocks: int, block_size: int, max_model_len: int, free
     if factory is not base and free_policy != "vllm":
         # NOTE: the what-if free policies move blocks in the free queue's list themselves.
         raise ValueError(f"free policy {free_policy!r} orders the LRU queue only: use it with eviction policy lru and fcfs scheduling")
-    if is_hybrid(group_windows):
-        # As the server refuses them (scheduler/engine/worker_checks.py).
-        if free_policy != "vllm" or kwargs.get("host_tier") is not None or kwargs.get("external_tier") is not None:
-            raise ValueError("hybrid KV-cache groups run with --policy vllm and no host or external tier only")
     return kv_cache_manager_class(scheduling_policy)(num_blocks, block_size, max_model_len, pool_factory=factory,
                                                      max_pinned_fraction=max_pinned_fraction, group_windows=group_windows,
                                                      max_num_batched_tokens=max_num_batched_tokens, **kwargs)

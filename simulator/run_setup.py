@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import random
 
+from protocol.kv_cache_spec import num_kv_tensors
 from simulator.config import SimConfig
 from simulator.spec_decode import DEFAULT_ACCEPTANCE_RATE
 from simulator.workload import SampleWorkload, TraceWorkload, Workload
@@ -54,6 +55,14 @@ def _spec_rate(a: argparse.Namespace) -> float:
     return DEFAULT_ACCEPTANCE_RATE if rate is None else rate
 
 
+def _group_layers(a: argparse.Namespace) -> dict:
+    """The model's layers and those one block spans, with KV-cache groups from the flags (none: {})."""
+    groups = getattr(a, "groups", None)
+    if not groups:
+        return {}
+    return {"num_layers": sum(len(g.layer_ids) for g in groups), "num_block_layers": num_kv_tensors(groups)}
+
+
 def sim_config(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, policy: str, eviction: str = "lru",
                num_external_blocks: int = 0) -> SimConfig:
     """One engine's configuration from the flags (the fleet's replicas share it)."""
@@ -64,7 +73,7 @@ def sim_config(a: argparse.Namespace, num_blocks: int, num_host_blocks: int, pol
         a.scheduler_reserve_full_isl, a.scheduling_policy, a.long_prefill_token_threshold,
         a.long_prefill_token_threshold_adaptive, a.enable_chunked_prefill, a.watermark, a.max_num_scheduled_tokens,
         a.max_num_active_seqs, eviction, a.pin_prefix_tokens, a.max_pinned_fraction, getattr(a, "group_windows", ()),
-        getattr(a, "num_speculative_tokens", 0), _spec_rate(a), a.seed,
+        getattr(a, "num_speculative_tokens", 0), _spec_rate(a), a.seed, **_group_layers(a),
     )
     tier = getattr(a, "external_tier", "none")
     if tier == "none":

@@ -165,7 +165,6 @@ def test_cli_replays_a_mooncake_trace_with_the_store_tier(tmp_path: Path, capsys
     (["--external-tier", "disk", "--external-write-gbps", "0"], "--external-write-gbps must be a positive number"),
     (["--external-tier", "store", "--external-latency-ms", "-1"], "--external-latency-ms must be >= 0"),
     (["--external-tier", "disk", "--replicas", "2"], "--external-tier runs with one engine"),
-    (["--external-tier", "disk", "--layer-windows", "8,0", "--num-layers", "2"], "no --external-tier"),
 ])
 def test_cli_refuses_what_the_external_tier_cannot_take(argv: list[str], message: str, capsys):
     with pytest.raises(SystemExit):

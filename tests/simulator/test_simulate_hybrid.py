@@ -3,7 +3,8 @@ give the server's groups; with a pool large enough to evict nothing the hits are
 one-group engine's but for the sliding groups' sparse retention (vLLM serve's
 default: only the tails at replay boundaries and shared-prefix junctions); at equal
 bytes the hybrid pool runs more requests at once than --disable-hybrid-kv-cache-manager;
-and what the server refuses with hybrid groups is refused by flag."""
+and what the simulator does not model with hybrid groups (P/D, kv_aware) is refused by flag
+(the tiers and replicas: tests/simulator/test_hybrid_tiers_sim.py)."""
 
 from __future__ import annotations
 
@@ -66,12 +67,12 @@ def test_a_checkpoints_config_gives_its_groups(tmp_path):
     "flags,message",
     [
         (
-            ["--layer-windows", "8,0", "--policy", "tail"],
-            "hybrid KV-cache groups run with",
+            ["--layer-windows", "8,0", "--pd", "1:1"],
+            "hybrid KV-cache groups run without --pd: the P/D fleet moves one KV-cache group's blocks",
         ),
         (
-            ["--layer-windows", "8,0", "--kv-offloading-blocks", "10"],
-            "hybrid KV-cache groups run with",
+            ["--layer-windows", "8,0", "--replicas", "2", "--router", "kv_aware"],
+            "hybrid KV-cache groups run without --router kv_aware: its index holds a block hash per replica",
         ),
         (
             ["--layer-windows", "8,0,16", "--disable-hybrid-kv-cache-manager"],
