@@ -8,6 +8,7 @@ import bisect
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from protocol.kv_transfer_config import parse_kv_transfer_config
@@ -17,10 +18,12 @@ from simulator.pd_transfer import PDTransferLink
 from simulator.workload import Workload
 
 
-def pd_connector(role: str, engine_id: str, block_size: int) -> PDConnector:
-    """The scheduler's connector of a ``kv_producer`` or ``kv_consumer`` engine, as ``--kv-transfer-config`` gives it."""
+def pd_connector(role: str, engine_id: str, block_size: int, group_windows: Sequence[int] = ()) -> PDConnector:
+    """The scheduler's connector of a ``kv_producer`` or ``kv_consumer`` engine, as ``--kv-transfer-config`` gives it,
+    for KV-cache groups of ``group_windows`` (SimConfig's: (): one full-attention group), as the server's
+    (scheduler/engine/pd_setup.py): a producer lends every group's blocks, a consumer pulls every group's."""
     config = {"kv_connector": "KVPoolConnector", "kv_role": role, "engine_id": engine_id, "kv_load_failure_policy": "recompute"}
-    return PDConnector(parse_kv_transfer_config(json.dumps(config)), block_size)
+    return PDConnector(parse_kv_transfer_config(json.dumps(config)), block_size, group_windows=tuple(group_windows) or (0,))
 
 
 class PoolWorkload(Workload):

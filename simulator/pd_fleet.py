@@ -10,7 +10,9 @@ prompt and samples one token (discarded), and ends; its scheduler lends its bloc
 answers with ``kv_transfer_params``. The router hands it, with those params, to a decode
 engine (the same policy over the D pool, at that time), whose scheduler parks it: its own
 prefix-cache hits, then a pull of the rest of the prompt's blocks, the last partial one
-too, timed by the link (simulator/pd_transfer.py: ``transfer_gbps`` plus
+too, in every KV-cache group (hybrid groups: the prefill engine lends each sliding group's
+in-window tail, the decode engine fills each of its non-null blocks from the block at the
+same position of that group, scheduler/sched/pd_remote_blocks.py), timed by the link (simulator/pd_transfer.py: ``transfer_gbps`` plus
 ``transfer_latency_ms`` a pull); once read it computes the prompt's last token and
 decodes the whole output. The prefill engine frees the blocks when the read ends
 (``lends_read``). TTFT is the decode engine's first token less the send: the client
@@ -53,8 +55,10 @@ class PDFleet:
 
     def __init__(self, workload: Workload, cfg: SimConfig, num_prefill: int, num_decode: int, router: str = "round_robin",
                  transfer_gbps: float = 2.0, transfer_latency_ms: float = 1.0, max_concurrency: int | None = None, seed: int = 0):
-        if cfg.external_tier != "none" or cfg.group_windows or cfg.num_speculative_tokens or router == "kv_aware":
-            raise ValueError("a P/D fleet runs without an external tier, hybrid groups, speculative decoding or kv_aware")
+        if cfg.external_tier != "none" or cfg.num_speculative_tokens or router == "kv_aware":
+            raise ValueError("a P/D fleet runs without an external tier, speculative decoding or kv_aware")
+        if cfg.group_windows and all(cfg.group_windows):
+            raise ValueError("a P/D fleet needs a full-attention KV-cache group: it gives the decode engine the prompt's length")
         if num_prefill < 1 or num_decode < 1 or not 0 < transfer_gbps < math.inf or transfer_latency_ms < 0:
             raise ValueError("a P/D fleet needs P, D >= 1, a positive bandwidth and a latency >= 0")
         workload.reset()
@@ -80,11 +84,12 @@ class PDFleet:
     def _engine(self, view: PoolWorkload, index: int, pool: str) -> Engine:
         cfg = self.cfg
         if pool == "prefill":
-            connector, link = pd_connector("kv_producer", f"sim-prefill-{index}", cfg.block_size), None
+            connector, link = pd_connector("kv_producer", f"sim-prefill-{index}", cfg.block_size, cfg.group_windows), None
             connector.attach(f"sim-prefill-{index}:1")  # NOTE: a fake side channel, the key of the fleet's reads
         else:
-            connector = pd_connector("kv_consumer", f"sim-decode-{index}", cfg.block_size)
-            link = PDTransferLink(cfg.kv_bytes_per_token * cfg.block_size, *self.transfer)
+            connector = pd_connector("kv_consumer", f"sim-decode-{index}", cfg.block_size, cfg.group_windows)
+            # NOTE: a pull reads one block per (group, position) it fills, each one group's bytes.
+            link = PDTransferLink(cfg.block_bytes(), *self.transfer)
         run = EngineRun(view, cfg, index if pool == "prefill" else len(self.prefill) + index, kv_transfer=connector)
         run.specs, run.order = view.specs, []
         return Engine(run, pool, index, link)

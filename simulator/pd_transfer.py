@@ -6,8 +6,9 @@ it admits a ``do_remote_prefill`` request as vLLM's NixlConnector does (its own
 prefix-cache hits, then the rest of the prompt, its last partial block too, parked while
 it is read) and its plan carries the pulls (``KVTransferOps.pull_*``). `PDTransferLink`
 stands where the worker stands: it reads them one after another, first in first out,
-each ``latency + blocks x block bytes / bandwidth`` (1 GB/s = 1 byte/ns) from the end of
-the step that planned it, and reports each whole to the scheduler (``kv_pulls_done``) at
+each ``latency + blocks x block bytes / bandwidth`` (1 GB/s = 1 byte/ns; with hybrid
+KV-cache groups a block is one group's at one position, `SimConfig.block_bytes`, and a
+pull reads every group's) from the end of the step that planned it, and reports each whole to the scheduler (``kv_pulls_done``) at
 its end. The fleet frees the prefill engine's lent blocks at that time too.
 """
 

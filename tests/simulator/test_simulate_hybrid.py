@@ -67,8 +67,8 @@ def test_a_checkpoints_config_gives_its_groups(tmp_path):
     "flags,message",
     [
         (
-            ["--layer-windows", "8,0", "--pd", "1:1"],
-            "hybrid KV-cache groups run without --pd: the P/D fleet moves one KV-cache group's blocks",
+            ["--layer-windows", "8", "--pd", "1:1"],
+            "--pd needs a full-attention layer: a decode engine takes the prompt's length from a full-attention",
         ),
         (
             ["--layer-windows", "8,0", "--replicas", "2", "--router", "kv_aware"],
