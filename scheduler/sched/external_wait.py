@@ -113,17 +113,17 @@ class ExternalKVWait:
                     kv.free(orphan)
                 continue
             before, num_load, num_device_tokens, num_tokens, pull = request.external_load
-            if not pull and kv.hybrid:
-                num_loaded = self._group_load_done(request, before // block_size, num_load, loaded[seq_id])
-                if not num_loaded:
+            if kv.hybrid:
+                num_loaded = self._group_load_done(request, before // block_size, num_load, loaded[seq_id], pull, fail)
+                if num_loaded is None:
                     back.append(request)
                     continue
             else:
                 num_loaded = max(0, min(loaded[seq_id], num_load))
-            if pull:
-                self.kv_transfer.pulled(num_load, num_loaded)
-            elif not kv.hybrid:
-                kv.external.loaded(num_load, num_loaded)
+                if pull:
+                    self.kv_transfer.pulled(num_load, num_loaded)
+                else:
+                    kv.external.loaded(num_load, num_loaded)
             request.external_load = None
             if pull and fail and num_loaded < num_load:
                 # NOTE: back in the waiting queue's maps as a waiting request, for the caller to end.
@@ -148,26 +148,34 @@ class ExternalKVWait:
             self.waiting.appendleft(request)
         return back, failed
 
-    def _group_load_done(self, request: Request, first: int, num_load: int, num_read: int) -> int:
-        """An external load of a hybrid model's ``num_load`` positions from ``first`` ended, its
-        first ``num_read`` targets (every group's, `load_targets`) read: all of them, or nothing
-        counts (0). NOTE: a shorter prefix would need blocks where a sliding group's table holds
-        nulls, so a short load gives the blocks back and the request starts over from what the
-        device holds; the keys that failed leave the index, so its next lookup does not loop."""
+    def _group_load_done(self, request: Request, first: int, num_load: int, num_read: int, pull: bool, fail: bool) -> int | None:
+        """A load of a hybrid model's ``num_load`` positions from ``first`` ended (external, or a
+        ``pull`` from a prefill engine), its first ``num_read`` targets (every group's,
+        `load_targets`) read: ``num_load`` when all were, else 0 for a pull the caller fails
+        (``fail``: its blocks stay held until it ends), else None: the request gave its blocks
+        back and starts over from what the device holds. NOTE: a shorter prefix would need blocks
+        where a sliding group's table holds nulls. The external keys that failed leave the index,
+        so its next lookup does not loop; a pull is never tried again (its params are spent)."""
         kv = self.kv_cache_manager
         targets = kv.load_targets(request.request_id, first, num_load)
         num_read = max(0, min(num_read, len(targets)))
-        kv.external.loaded(len(targets), num_read)
+        if pull:
+            self.kv_transfer.pulled(len(targets), num_read)
+        else:
+            kv.external.loaded(len(targets), num_read)
         if num_read == len(targets):
             return num_load
-        hashes = request.block_hashes
-        kv.external.drop([kv.keyed_hash(hashes[i], g) for g, i, _ in targets[num_read:]])
+        if pull and fail:
+            return 0
+        if not pull:
+            hashes = request.block_hashes
+            kv.external.drop([kv.keyed_hash(hashes[i], g) for g, i, _ in targets[num_read:]])
         request.external_load = None
         kv.free(request)
         request.num_computed_tokens = 0
         request.num_external_cached_tokens = 0
         request.status = RequestStatus.PREEMPTED if request.num_cached_tokens >= 0 else RequestStatus.WAITING
-        return 0
+        return None
 
     def _holds_loaded_blocks(self, request: Request) -> bool:
         """Whether a waiting request holds blocks from a load (it is admitted without a lookup)."""

@@ -15,7 +15,7 @@ import json
 import logging
 
 import pytest
-from kvtest.fake_worker import FakeWorker
+from kvtest.fake_worker import FakeWorker, fake_sample
 
 from protocol.kv_transfer_config import parse_kv_transfer_config
 from protocol.kv_transfer_params import parse_kv_transfer_params
@@ -219,3 +219,40 @@ def test_a_hybrid_decode_engine_pulls_every_block_the_window_of_the_last_prompt_
 
 def pd_lend(full: list[int], sliding: list[int]) -> list[list[int]]:
     return connector("kv_producer", HYBRID).lend(Request("q", PROMPT, 1, seq_id=9), (full, sliding))["remote_block_ids"]
+
+
+def test_a_hybrid_pull_that_fails_under_recompute_gives_its_blocks_back_and_computes_the_prompt():
+    # A sliding group's table holds nulls behind the window of the prompt's end: a failed pull
+    # cannot resume from the device's hits with that table, so the request starts over.
+    config = parse_kv_transfer_config(json.dumps({"kv_connector": "KVPoolConnector", "kv_role": "kv_consumer", "engine_id": "e",
+                                                  "kv_load_failure_policy": "recompute"}))
+    kv = KVCacheManager(40, BS, 64, True, group_windows=HYBRID)
+    pd = PDConnector(config, BS, group_windows=kv.group_windows)
+    pd.attach("127.0.0.1:7001")
+    s = Scheduler(kv, 4, 64, 64, kv_transfer=pd)
+    r = Request("r", PROMPT, 3, seq_id=1, ignore_eos=True, block_hasher=BlockHasher(BS))
+    r.kv_transfer_params = decode_request(pd_lend(list(range(1, 7)), list(range(21, 27)))).kv_transfer_params
+    s.add_request(r)
+    worker = FakeWorker(40, BS)
+    out = s.schedule()
+    assert out.plan.kv_transfer.pull_ids == [1] and 0 in kv.get_block_ids("r")[1]  # parked, nulls behind the window
+    s.update_from_output(worker.execute(out.plan))
+    assert s.kv_pulls_done({1: 0}) == (1, [])
+    # Back at the head of the queue with nothing: no block held, no token computed, the pull spent.
+    assert kv.get_block_ids("r") == ([], []) and r.num_computed_tokens == 0 and r.kv_transfer_params is None
+    assert pd.num_pull_failed_blocks == 6 + 3  # every target: the full group's 6, the window's 3
+    kv.check_invariants()
+    for _ in range(20):
+        if not s.has_unfinished_requests():
+            break
+        out = s.schedule()
+        # Whatever it computes has a block in every group: no null entry at a scheduled position.
+        tables = kv.get_block_ids("r")
+        assert all(t[i] for t in tables for i in range(r.num_computed_tokens // BS, len(t)))
+        s.update_from_output(worker.execute(out.plan))
+        kv.check_invariants()
+    assert r.status.is_finished
+    tokens = list(PROMPT)
+    for _ in range(3):
+        tokens.append(fake_sample(tokens, 512))
+    assert r.output_token_ids == tokens[len(PROMPT):]
