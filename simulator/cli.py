@@ -45,8 +45,7 @@ at ``--kv-bytes-per-token`` x block size x the share of the layers a block spans
 (--external-tier-blocks and the table's block counts are such blocks too); hit tokens
 are the hits' tokens. --pd runs with them as the server's P/D does: a prefill engine lends
 every group's blocks (a sliding group's in-window tail), a decode engine pulls one block per
-(group, position) it fills, each one group's bytes (a model of sliding layers only has no
-full group to give the prompt's length: refused). Not with --router kv_aware (the error
+(group, position) it fills, each one group's bytes. Not with --router kv_aware (the error
 says why).
 
 Speculative decoding: ``--num-speculative-tokens K --spec-acceptance-rate A`` runs the
@@ -218,10 +217,6 @@ def _check_groups(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     a.group_windows = () if found is None else tuple(g.sliding_window for g in found[0])
     if not is_hybrid(a.group_windows):
         return
-    if a.pd and all(a.group_windows):
-        # NOTE: the server's decode engine refuses such params and computes the prompt; the lend waits for its lease.
-        p.error("--pd needs a full-attention layer: a decode engine takes the prompt's length from a full-attention "
-                "group's remote_block_ids, and a model of sliding-window layers only has none")
     if "kv_aware" in (a.router or ()):
         p.error("hybrid KV-cache groups run without --router kv_aware: its index holds a block hash per replica, "
                 "not per group, so a sliding group's block leaving its window would take the full group's prefix out")

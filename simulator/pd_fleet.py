@@ -57,8 +57,6 @@ class PDFleet:
                  transfer_gbps: float = 2.0, transfer_latency_ms: float = 1.0, max_concurrency: int | None = None, seed: int = 0):
         if cfg.external_tier != "none" or cfg.num_speculative_tokens or router == "kv_aware":
             raise ValueError("a P/D fleet runs without an external tier, speculative decoding or kv_aware")
-        if cfg.group_windows and all(cfg.group_windows):
-            raise ValueError("a P/D fleet needs a full-attention KV-cache group: it gives the decode engine the prompt's length")
         if num_prefill < 1 or num_decode < 1 or not 0 < transfer_gbps < math.inf or transfer_latency_ms < 0:
             raise ValueError("a P/D fleet needs P, D >= 1, a positive bandwidth and a latency >= 0")
         workload.reset()

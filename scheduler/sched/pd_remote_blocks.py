@@ -5,7 +5,8 @@ A prefill engine lends every group's blocks of the prompt, a sliding-window grou
 its in-window tail (`lent_block_ids`). A decode engine reads them right-aligned on the
 prompt's blocks: group g's list holds the prefill's blocks of the *last* ``len`` table
 positions (a full-attention group's: every position from 0, whose count gives the
-prompt's length; a sliding group's: its tail), as vLLM's MooncakeConnector aligns them
+prompt's length; a sliding group's: its tail; with sliding groups only, ``remote_num_tokens``
+gives the length), as vLLM's MooncakeConnector aligns them
 (``local_group[-n_remote:]``). `remote_span` checks the lists before anything is
 allocated; `pull_lists` maps each block to fill to the prefill's block at its position.
 """
@@ -44,15 +45,22 @@ def remote_span(remote: Sequence[Sequence[int]], group_windows: Sequence[int], b
                 num_prompt_tokens: int) -> RemoteSpan | str:
     """The span of ``remote`` (``kv_transfer_params.remote_block_ids``) for a prompt of
     ``num_prompt_tokens`` on an engine of ``group_windows``, or why it cannot be read (a
-    group count not this engine's, full-attention lists of different lengths or none, a
-    sliding group's tail short of the window of the prompt's last token)."""
+    group count not this engine's, full-attention lists of different lengths, a
+    sliding group's tail short of the window of the prompt's last token, sliding groups only
+    without ``remote_num_tokens``)."""
     key = "kv_transfer_params.remote_block_ids"
     if len(remote) != len(group_windows):
         return f"{key} names {len(remote)} KV-cache groups, this engine has {len(group_windows)}"
     full = {len(r) for r, w in zip(remote, group_windows, strict=True) if not w}
-    if len(full) != 1:
-        return f"{key}: the full-attention groups' lists differ in length" if full else f"{key}: no full-attention group gives the prompt's length"
-    (num_positions,) = full
+    if len(full) > 1:
+        return f"{key}: the full-attention groups' lists differ in length"
+    if full:
+        (num_positions,) = full
+    elif remote_num_tokens is None:
+        return f"{key}: sliding-window groups only, and no kv_transfer_params.remote_num_tokens to give the prompt's length"
+    else:
+        # NOTE: sliding groups only: the prefill's table ends at the block of its last computed token.
+        num_positions = cdiv(remote_num_tokens, block_size)
     num_tokens = min(num_positions * block_size, num_prompt_tokens)
     if remote_num_tokens is not None:
         num_tokens = min(num_tokens, remote_num_tokens)

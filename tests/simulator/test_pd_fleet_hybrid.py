@@ -91,9 +91,21 @@ def test_a_revisit_hits_on_the_decode_engine_in_every_group_and_pulls_the_last_p
     check_engines(fleet)
 
 
-def test_a_model_of_sliding_layers_only_is_refused():
-    with pytest.raises(ValueError, match="full-attention"):
-        PDFleet(workload([P]), dataclasses.replace(HYBRID, group_windows=(8,)), 1, 1)
+def test_a_model_of_sliding_layers_only_pulls_the_window_of_the_last_prompt_token():
+    # One sliding group of the three layers (window 8): a block is 12000 bytes. No full group
+    # gives the prompt's length: remote_num_tokens (22) does, 6 positions; the decode engine
+    # fills positions 3-5 (the window of token 21, computed again), 3 blocks: 36000 bytes,
+    # read in 1 ms + 36000 / 2 ns = 1.018 ms.
+    sliding = dataclasses.replace(HYBRID, group_windows=(8,), num_layers=3, num_block_layers=3)
+    fleet = PDFleet(workload([P]), sliding, 1, 1)
+    got = fleet.run()
+    x = got.pd_pools["transfer"]
+    assert (x["transfers"], x["blocks"], x["bytes"]) == (1, 3, 3 * 12000)
+    consumer = fleet.decode[0].run.sched.kv_transfer
+    assert (consumer.num_pulls, consumer.num_pull_blocks, consumer.num_pull_tokens, consumer.num_refused_pulls) == (1, 3, 22, 0)
+    assert fleet.tokens.num_tokens == [5] and got.num_finished == 1
+    assert fleet.tokens.first_ns == [PREFILL_NS + 1_018_000 + DECODE_FIRST_NS]
+    check_engines(fleet)
 
 
 CLI = ["--dataset", "random", "--num-requests", "6", "--input-len", "22", "--range-ratio", "0", "--output-len", "5",

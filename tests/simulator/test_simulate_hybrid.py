@@ -67,10 +67,6 @@ def test_a_checkpoints_config_gives_its_groups(tmp_path):
     "flags,message",
     [
         (
-            ["--layer-windows", "8", "--pd", "1:1"],
-            "--pd needs a full-attention layer: a decode engine takes the prompt's length from a full-attention",
-        ),
-        (
             ["--layer-windows", "8,0", "--replicas", "2", "--router", "kv_aware"],
             "hybrid KV-cache groups run without --router kv_aware: its index holds a block hash per replica",
         ),

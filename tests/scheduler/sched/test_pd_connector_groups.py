@@ -256,3 +256,39 @@ def test_a_hybrid_pull_that_fails_under_recompute_gives_its_blocks_back_and_comp
     for _ in range(3):
         tokens.append(fake_sample(tokens, 512))
     assert r.output_token_ids == tokens[len(PROMPT):]
+
+
+# --- a model of sliding-window layers only (one sliding group, window 8) -------------------
+
+
+def test_sliding_groups_only_take_the_prompts_length_from_remote_num_tokens(caplog):
+    pd = connector("kv_consumer", [2 * BS])
+    # 22 tokens: 6 positions; the tail of 3 is positions 3..5, the window of token 21 (14..21) and one more.
+    assert pd.num_remote_tokens(decode_request([TAIL]), 0) == 22
+    # Without it, nothing gives the length: refused by the key, computed here.
+    r = decode_request([TAIL], remote_num_tokens=None)
+    with caplog.at_level(logging.WARNING, logger="scheduler"):
+        assert pd.num_remote_tokens(r, 0) == 0
+    assert "sliding-window groups only, and no kv_transfer_params.remote_num_tokens" in caplog.text
+    assert r.kv_transfer_params is None and pd.num_refused_pulls == 1
+
+
+def test_a_sliding_only_decode_engine_pulls_the_window_of_the_last_prompt_token():
+    kv = KVCacheManager(40, BS, 64, True, group_windows=[2 * BS])
+    pd = connector("kv_consumer", kv.group_windows)
+    s = Scheduler(kv, 4, 64, 64, kv_transfer=pd)
+    r = Request("r", PROMPT, 3, seq_id=1, ignore_eos=True, block_hasher=BlockHasher(BS))
+    # The prefill's sliding group lent positions 3..5 as blocks 24, 25, 26.
+    r.kv_transfer_params = decode_request([[24, 25, 26]]).kv_transfer_params
+    s.add_request(r)
+    worker = FakeWorker(40, BS)
+    out = s.schedule()
+    ops = out.plan.kv_transfer
+    # Token 21, computed again here, attends to tokens 14..21: positions 3..5, all three read.
+    (table,) = kv.get_block_ids("r")
+    assert ops.pull_remote_block_ids == [[[24, 25, 26]]] and ops.pull_block_ids == [table[3:]]
+    assert table[:3] == [0, 0, 0] and 0 not in table[3:]
+    s.update_from_output(worker.execute(out.plan))
+    assert s.kv_pulls_done({1: 3}) == (1, [])
+    assert r.num_computed_tokens == 21  # the whole prompt but its last token, computed again
+    kv.check_invariants()
