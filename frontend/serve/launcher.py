@@ -2,7 +2,9 @@
 processes, supervised (vLLM's ``vllm serve``, with the engine core split out).
 
 * Internal sockets bind loopback ports chosen free at start, so two ``kvpool serve``
-  on one host never collide; only ``--host``/``--port`` is the operator's.
+  on one host never collide; only ``--host``/``--port`` is the operator's. One taken by
+  another process before its child bound it: the children start again on others
+  (``frontend/serve/child_ports.py``).
 * One line when ready: the model, the URL, the KV pool (blocks × block size, and the
   bytes the scheduler exports from its worker's report).
 * SIGINT/SIGTERM stop every child (SIGTERM, then SIGKILL after ``--stop-timeout``);
@@ -37,14 +39,15 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from frontend.http.listen import bind_listener, remove_unix_socket
 from frontend.serve import child_argv
+from frontend.serve.child_ports import free_ports, taken_ports
 from frontend.serve.config import ServeConfig
 from frontend.serve.model_dir import checkpoint_problem
+from frontend.serve.ready_line import ready_line
 from frontend.serve.ready_probe import FrontendProbe, requires_client_certificates
 from frontend.serve.restart_policy import RestartPolicy
 
@@ -52,22 +55,10 @@ PR_SET_PDEATHSIG = 1
 # NOTE: what the kernel queues while no frontend accepts (a restart: 40 requests/s for a
 # few seconds); Linux caps it at net.core.somaxconn (4096).
 LISTEN_BACKLOG = 1024
+# Starts on fresh ports when one chosen for a child was taken before the child bound it.
+START_ATTEMPTS = 3
 CHILDREN = ("scheduler", "worker", "frontend")
 POLL_S = 0.2
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """n distinct free ports (every socket held open until all are chosen)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -77,17 +68,6 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
-def scrape_gauge(url: str, name: str) -> float | None:
-    try:
-        text = urllib.request.urlopen(url, timeout=2).read().decode()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return None
-
-
 def _last_line(log_path: Path | None) -> str:
     """": LINE", the last line of a child's log (its error), or "" without one."""
     try:
@@ -95,14 +75,6 @@ def _last_line(log_path: Path | None) -> str:
     except OSError:
         return ""
     return f": {lines[-1].strip()}" if lines else ""
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 @dataclass
@@ -143,9 +115,10 @@ class Launcher:
 
     def build(self) -> None:
         c = self.config
-        client_port, worker_port, sched_http, worker_http = free_ports(4)
+        client_port, worker_port, sched_http, worker_http = self.chosen_ports = free_ports(4)
         if c.worker_http_port is not None:
             worker_http = c.worker_http_port
+            self.chosen_ports = self.chosen_ports[:3]
         self.scheduler_http = f"http://127.0.0.1:{sched_http}"
         tls = bool(c.given.get("ssl_certfile"))
         self.url = f"{'https' if tls else 'http'}://{c.host}:{c.port}"
@@ -163,14 +136,20 @@ class Launcher:
         }
         for name, argv in argvs.items():
             self.children[name] = Child(name, argv, logs / f"{name}.log" if logs else None)
+        if self.listener is not None:
+            self._hand_listener()
 
     def listen(self) -> None:
         """Bind the API's socket here and hand it to the frontend (``--listen-fd``), so that
         connections made while a frontend restarts wait in the backlog for the next one
         instead of being refused."""
-        c, frontend = self.config, self.children["frontend"]
+        c = self.config
         self.listener = bind_listener(c.host, c.port, self.uds, LISTEN_BACKLOG)
         self.uds_inode = os.stat(self.uds).st_ino if self.uds is not None else None
+        self._hand_listener()
+
+    def _hand_listener(self) -> None:
+        frontend = self.children["frontend"]
         frontend.argv = [*frontend.argv, "--listen-fd", str(self.listener.fileno())]
         frontend.pass_fds = (self.listener.fileno(),)
 
@@ -184,14 +163,30 @@ class Launcher:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
         try:
-            for c in self.children.values():
-                c.start()
-            rc = self._wait_ready()
+            rc = self._start()
             if rc is None:
                 rc = self._supervise()
         finally:
             self.stop_all()
         return rc
+
+    def _start(self) -> int | None:
+        """Start the children and wait until they are ready (None), or why not (1, 0 when
+        stopped). NOTE: a port chosen free for a child may be taken (an outgoing connection's
+        ephemeral port) before the child binds it: then all start again on other ports."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            for c in self.children.values():
+                c.start()
+            rc = self._wait_ready()
+            if rc != 1 or attempt == START_ATTEMPTS:
+                return rc
+            self.stop_children()
+            taken = taken_ports(self.chosen_ports)
+            if not taken:
+                return rc
+            self.log(f"kvpool serve: port {taken[0]}, chosen for its processes, was taken by another; starting them on others")
+            self.build()
+        return 1
 
     def _on_signal(self, signum, _frame) -> None:
         self.stopping = True
@@ -218,20 +213,8 @@ class Launcher:
         return 0
 
     def _print_ready(self) -> None:
-        # NOTE: the sizes are the scheduler's, as its worker reported them (WorkerHello);
-        # a scheduler that does not export the block's bytes gets no size printed.
-        metrics = self.scheduler_http + "/metrics"
-        blocks = scrape_gauge(metrics, "kvpool_num_gpu_blocks")
-        c = self.config
-        pool = "KV cache: unknown"
-        if blocks is not None:
-            per_block = scrape_gauge(metrics, "kvpool_kv_block_bytes")
-            tp = c.tensor_parallel_size
-            size = f", {human_bytes(blocks * per_block)}" if per_block else ""
-            size += f" on each of {tp} ranks" if size and tp > 1 else ""
-            pool = f"KV cache: {int(blocks)} blocks × {c.block_size} tokens{size}"
         where = f"unix:{self.uds} /v1" if self.uds is not None else f"{self.url}/v1"
-        print(f"kvpool serve: {c.served_model_name} ready at {where} ({pool})", flush=True)
+        print(ready_line(self.config, self.scheduler_http, where), flush=True)
 
     def _supervise(self) -> int:
         """Restart whichever child exits, after its back-off, until one gives up (1) or a
@@ -260,6 +243,12 @@ class Launcher:
         return 0
 
     def stop_all(self) -> None:
+        self.stop_children()
+        if self.listener is not None:
+            self.listener.close()
+            remove_unix_socket(self.uds, self.uds_inode)
+
+    def stop_children(self) -> None:
         # NOTE: the frontend first (no new requests), the scheduler last (it tells
         # its clients their requests ended).
         order = [self.children[n] for n in ("frontend", "worker", "scheduler") if n in self.children]
@@ -281,9 +270,6 @@ class Launcher:
                     self.log(f"kvpool serve: the {c.name} exited with status {c.proc.returncode} on SIGTERM")
             if c._log is not None:
                 c._log.close()
-        if self.listener is not None:
-            self.listener.close()
-            remove_unix_socket(self.uds, self.uds_inode)
 
 
 def main_serve(config: ServeConfig) -> int:
