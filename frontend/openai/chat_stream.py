@@ -8,25 +8,20 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
-from frontend.engine.outputs import EngineError
-from frontend.engine.streaming import ClientGone, StreamedChoices, TextChunk
+from frontend.engine.streaming import StreamedChoices, TextChunk
 from frontend.http.metrics import ChoiceGroups
 from frontend.openai.logprobs import chat_logprobs
 from frontend.openai.serving import (
     ServingContext,
     choice_requests,
-    end_sse,
-    engine_error,
     final_stream_usage,
     now,
-    send_error_event,
     send_event,
-    start_sse,
+    serve_sse,
     stream_chunk,
     stream_usage,
 )
 from frontend.sampling.params import EngineParams
-from frontend.schema.errors import APIError
 from frontend.schema.requests import ChatCompletionRequest
 from frontend.tools.calls import StreamedToolCalls, logged_delta
 
@@ -126,20 +121,13 @@ class ChatStream:
                 await send_event(resp, self.chunk([echoed], stream_usage(len(self.ids), 0, chat=True) if self.continuous else None))
 
     async def run(self, request: web.Request, role: str, echo: str) -> web.StreamResponse:
+        return await serve_sse(request, lambda resp: self.send(request, resp, role, echo))
+
+    async def send(self, request: web.Request, resp: web.StreamResponse, role: str, echo: str) -> None:
         ctx, ids = self.ctx, self.ids
-        resp = await start_sse(request)
-        try:
-            await self.send_heads(resp, role, echo)
-            await StreamedChoices(ctx, request, resp, self.render).run(choice_requests(self.request_id, [ids], self.params))
-            if self.include_usage:
-                await send_event(resp, self.chunk([], final_stream_usage(len(ids), sum(self.generated), ctx.cached(self.cached[0]))))
-            if self.texts is not None:
-                ctx.output_log.stream_end(self.request_id, self.texts)
-        except ClientGone:
-            return resp
-        except EngineError as e:
-            await send_error_event(resp, engine_error(e))
-        except APIError as e:
-            await send_error_event(resp, e)
-        await end_sse(resp)
-        return resp
+        await self.send_heads(resp, role, echo)
+        await StreamedChoices(ctx, request, resp, self.render).run(choice_requests(self.request_id, [ids], self.params))
+        if self.include_usage:
+            await send_event(resp, self.chunk([], final_stream_usage(len(ids), sum(self.generated), ctx.cached(self.cached[0]))))
+        if self.texts is not None:
+            ctx.output_log.stream_end(self.request_id, self.texts)

@@ -8,26 +8,21 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
-from frontend.engine.outputs import EngineError
-from frontend.engine.streaming import ClientGone, StreamedChoices, TextChunk
+from frontend.engine.streaming import StreamedChoices, TextChunk
 from frontend.http.metrics import ChoiceGroups
 from frontend.openai.logprobs import completion_logprobs
 from frontend.openai.prompt_logprobs import echoed_completion_logprobs
 from frontend.openai.serving import (
     ServingContext,
     choice_requests,
-    end_sse,
-    engine_error,
     final_stream_usage,
     now,
-    send_error_event,
     send_event,
-    start_sse,
+    serve_sse,
     stream_chunk,
     stream_usage,
 )
 from frontend.sampling.params import EngineParams
-from frontend.schema.errors import APIError
 from frontend.schema.requests import CompletionRequest
 
 _encode = msgspec.json.encode
@@ -109,18 +104,11 @@ class CompletionStream:
         return _encode(self.chunk([stream_choice(i, text, lp, d.finish_reason, d.stop_reason, prompt_ids, token_ids)], use))
 
     async def run(self, request: web.Request) -> web.StreamResponse:
+        return await serve_sse(request, lambda resp: self.send(request, resp))
+
+    async def send(self, request: web.Request, resp: web.StreamResponse) -> None:
         ctx = self.ctx
-        resp = await start_sse(request)
-        try:
-            await StreamedChoices(ctx, request, resp, self.render).run(choice_requests(self.request_id, self.prompts, self.params))
-            if self.include_usage:
-                cached = ctx.cached(sum(self.cached[::self.n]))
-                await send_event(resp, self.chunk([], final_stream_usage(self.num_prompt, sum(self.generated), cached)))
-        except ClientGone:
-            return resp
-        except EngineError as e:
-            await send_error_event(resp, engine_error(e))
-        except APIError as e:
-            await send_error_event(resp, e)
-        await end_sse(resp)
-        return resp
+        await StreamedChoices(ctx, request, resp, self.render).run(choice_requests(self.request_id, self.prompts, self.params))
+        if self.include_usage:
+            cached = ctx.cached(sum(self.cached[::self.n]))
+            await send_event(resp, self.chunk([], final_stream_usage(self.num_prompt, sum(self.generated), cached)))

@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -17,7 +17,7 @@ from frontend.config import FrontendConfig
 from frontend.engine.client import EngineClient
 from frontend.engine.generation import Choice, ChoiceDelta, merge, run_choice
 from frontend.engine.outputs import EngineError
-from frontend.engine.streaming import WriteBatch
+from frontend.engine.streaming import ClientGone, WriteBatch
 from frontend.http.metrics import ChoiceGroups, FrontendMetrics
 from frontend.openai.output_log import OutputLog
 from frontend.sampling.params import EngineParams
@@ -226,6 +226,22 @@ async def send_error_event(resp: web.StreamResponse, error: APIError) -> None:
 async def end_sse(resp: web.StreamResponse) -> None:
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
+
+
+async def serve_sse(request: web.Request, send: Callable[[web.StreamResponse], Awaitable[None]]) -> web.StreamResponse:
+    """A streamed answer: ``send`` writes its events; an engine or API error is the last event
+    before ``[DONE]``, and a client gone ends it without one (nothing is listening)."""
+    resp = await start_sse(request)
+    try:
+        await send(resp)
+    except ClientGone:
+        return resp
+    except EngineError as e:
+        await send_error_event(resp, engine_error(e))
+    except APIError as e:
+        await send_error_event(resp, e)
+    await end_sse(resp)
+    return resp
 
 
 def json_response(data: dict) -> web.Response:
