@@ -15,10 +15,11 @@ TEST_STAMP := $(VENV)/.installed-test
 # the build says so and torch runs instead. The fused fp8 KV read
 # (worker/attention/fp8_gather.py); decode attention reading the blocks in place
 # (worker/attention/paged_decode.py); prefill attention alike (worker/attention/paged_prefill.py);
-# the projections over packed weights (worker/models/packed_gemm.py); RMSNorm and SiLU-and-multiply (worker/models/norm_act.py).
+# the projections over packed weights (worker/models/packed_gemm.py); RMSNorm and SiLU-and-multiply (worker/models/norm_act.py);
+# a decode step's layers in one call over those (worker/step/fused_decode.py).
 KERNELS := worker/attention/csrc/fp8_gather.so worker/attention/csrc/paged_decode.so \
            worker/attention/csrc/paged_prefill.so \
-           worker/models/csrc/packed_gemm.so worker/models/csrc/norm_act.so
+           worker/models/csrc/packed_gemm.so worker/models/csrc/norm_act.so worker/step/csrc/fused_decode.so
 
 .PHONY: install kernels test run bench compare compare-speed compare-real compare-spec compare-hybrid lint clean
 
@@ -30,12 +31,16 @@ worker/attention/csrc/%.so: worker/attention/csrc/%.c worker/csrc/exp512.h $(STA
 worker/models/csrc/%.so: worker/models/csrc/%.c worker/csrc/exp512.h $(STAMP)
 	$(PY) -m worker.models.$*
 
+worker/step/csrc/%.so: worker/step/csrc/%.c $(STAMP)
+	$(PY) -m worker.step.$*
+
 kernels: $(STAMP)
 	$(PY) -m worker.attention.fp8_gather
 	$(PY) -m worker.attention.paged_decode
 	$(PY) -m worker.attention.paged_prefill
 	$(PY) -m worker.models.packed_gemm
 	$(PY) -m worker.models.norm_act
+	$(PY) -m worker.step.fused_decode
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

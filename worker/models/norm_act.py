@@ -48,6 +48,12 @@ class NormAct:
         self._rope.restype = ctypes.c_int
         self._rope.argtypes = [_P, _I64, _I64, _I64, _I64, _P, _P, _P, ctypes.c_int]
 
+    @property
+    def addresses(self) -> tuple[int, int, int]:
+        """The entry points of rms_norm, silu_mul and rope_bf16, for native callers
+        (``worker.step.fused_decode``)."""
+        return tuple(ctypes.cast(f, ctypes.c_void_p).value for f in (self._norm, self._silu, self._rope))
+
     @staticmethod
     def supports(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
         """x (..., D) float32 or bfloat16 on the CPU with contiguous rows (and ``weight``

@@ -45,6 +45,11 @@ class PackedGemm:
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, ctypes.c_int]
 
+    @property
+    def address(self) -> int:
+        """The entry point's address, for native callers (``worker.step.fused_decode``)."""
+        return ctypes.cast(self._fn, ctypes.c_void_p).value
+
     @staticmethod
     def supports(weight: torch.Tensor) -> bool:
         """Whether ``weight`` (out, in) can be packed: float32 or bfloat16 on the CPU, its

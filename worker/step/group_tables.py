@@ -23,6 +23,7 @@ import torch
 
 from protocol.kv_cache_spec import KVCacheGroupSpec
 from protocol.worker_messages import NulledBlocks, StepPlan
+from worker.attention.metadata import AttentionMetadata
 from worker.attention.paged_attention import PagedAttention
 from worker.step.block_table import BlockTable
 from worker.step.step_inputs import StepInputs
@@ -98,9 +99,11 @@ class GroupTables:
         for t in tables:
             t.commit()
 
-    def attention_fn(self, attention: PagedAttention, rows: torch.Tensor, positions: torch.Tensor, inputs: StepInputs):
-        """The step's AttentionFn: each group's slot mapping from its table, one metadata
-        per (group, window) pair, and each layer bound to its pair's. Call after commit."""
+    def step_metadata(
+        self, attention: PagedAttention, rows: torch.Tensor, positions: torch.Tensor, inputs: StepInputs
+    ) -> AttentionMetadata | list[AttentionMetadata]:
+        """Each group's slot mapping from its table and one metadata per (group, window)
+        pair: the one, or each layer's pair's. Call after commit."""
         slots = [t.compute_slot_mapping(rows, positions) for t in self.tables]  # per group, (T,)
         metadata = []
         for g, window in self.pairs:
@@ -108,5 +111,5 @@ class GroupTables:
             # NOTE: the window only when there is one, so window-0 calls keep build_metadata's signature.
             metadata.append(attention.build_metadata(*args, sliding_window=window) if window else attention.build_metadata(*args))
         if len(metadata) == 1:
-            return attention.for_step(metadata[0])
-        return attention.for_step([metadata[i] for i in self.layer_pair])
+            return metadata[0]
+        return [metadata[i] for i in self.layer_pair]

@@ -42,6 +42,7 @@ from worker.sample.grammar_bitmask import GrammarRows
 from worker.sample.grammar_compiler import GrammarCompiler
 from worker.sample.prompt_logprobs import PromptChunk, PromptLogprobsState
 from worker.sample.sampling_state import RowLogprobs, SamplingState
+from worker.step import fused_decode
 from worker.step.block_table import BlockTable
 from worker.step.group_tables import GroupTables, hello_group_windows
 from worker.step.plan_check import check_plan
@@ -124,6 +125,8 @@ class ModelRunner:
         self.groups = GroupTables(groups, windows, self.block_table)
         self.attention = PagedAttention(kv_caches, model.num_heads, max_blocks_per_seq, workspace_bytes,
                                         compute_dtype=model.dtype, kv_scales=kv_scales, scale=model.config.attention_scale)
+        # A decode step's layers in one native call, where this model and cache allow it.
+        self.fused = fused_decode.for_model(model, self.attention)
         self.sampling = SamplingState(max_num_seqs, model.config.vocab_size, self.device, seed)
         # Structured outputs, where tokens are sampled (None on other TP ranks: they ignore grammars).
         self.grammars = None if grammar_compiler is None else GrammarRows(grammar_compiler, max_num_seqs, model.config.vocab_size)
@@ -228,9 +231,11 @@ class ModelRunner:
         token_ids = torch.tensor(inputs.token_ids, dtype=torch.long, device=dev)  # (T,)
         positions = torch.tensor(inputs.positions, dtype=torch.long, device=dev)  # (T,)
         rows = torch.tensor(inputs.rows, dtype=torch.long, device=dev)  # (T,)
-        attention = self.groups.attention_fn(self.attention, rows, positions, inputs)
+        metadata = self.groups.step_metadata(self.attention, rows, positions, inputs)
         with self.step_threads.step(num_tokens):
-            hidden = self.model.forward(token_ids, positions, attention)  # (T, H)
+            hidden = None if self.fused is None else self.fused.forward(token_ids, positions, metadata)  # None: not a step it runs
+            if hidden is None:
+                hidden = self.model.forward(token_ids, positions, self.attention.for_step(metadata))  # (T, H)
         # NOTE: only rank 0 samples, so only it scores prompts (tensor parallelism).
         scored = self._prompt_logprobs(hidden, inputs) if self.prompt_logprobs.pending and self.samples else None
         sample_seq, sample_idx, spec = self._advance(inputs)
