@@ -16,10 +16,10 @@ TEST_STAMP := $(VENV)/.installed-test
 # (worker/attention/fp8_gather.py); decode attention reading the blocks in place
 # (worker/attention/paged_decode.py); prefill attention alike (worker/attention/paged_prefill.py);
 # the projections over packed weights (worker/models/packed_gemm.py); RMSNorm and SiLU-and-multiply (worker/models/norm_act.py);
-# a decode step's layers in one call over those (worker/step/fused_decode.py).
+# a decode step's layers in one call over those (worker/step/fused_step.py).
 KERNELS := worker/attention/csrc/fp8_gather.so worker/attention/csrc/paged_decode.so \
            worker/attention/csrc/paged_prefill.so \
-           worker/models/csrc/packed_gemm.so worker/models/csrc/norm_act.so worker/step/csrc/fused_decode.so
+           worker/models/csrc/packed_gemm.so worker/models/csrc/norm_act.so worker/step/csrc/fused_step.so
 
 .PHONY: install kernels test run bench compare compare-speed compare-real compare-spec compare-hybrid lint clean
 
@@ -40,7 +40,7 @@ kernels: $(STAMP)
 	$(PY) -m worker.attention.paged_prefill
 	$(PY) -m worker.models.packed_gemm
 	$(PY) -m worker.models.norm_act
-	$(PY) -m worker.step.fused_decode
+	$(PY) -m worker.step.fused_step
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -49,7 +49,7 @@ class PagedDecode:
         self._fn.argtypes = [_P, _I64, _P, _P, _I, ctypes.c_float, ctypes.c_float, _I64, _I, _I, _I, _I, _P, _I64, _I64,
                              _P, _P, _P, _P, _I64, ctypes.c_float, _I, _P, _P, _I]
         self.max_head_dim = lib.paged_decode_max_head_dim()
-        # The entry point's address, for native callers (``worker.step.fused_decode``).
+        # The entry point's address, for native callers (``worker.step.fused_step``).
         self.address: int = ctypes.cast(self._fn, ctypes.c_void_p).value
         self.max_group = lib.paged_decode_max_group()
 

@@ -51,7 +51,7 @@ class NormAct:
     @property
     def addresses(self) -> tuple[int, int, int]:
         """The entry points of rms_norm, silu_mul and rope_bf16, for native callers
-        (``worker.step.fused_decode``)."""
+        (``worker.step.fused_step``)."""
         return tuple(ctypes.cast(f, ctypes.c_void_p).value for f in (self._norm, self._silu, self._rope))
 
     @staticmethod

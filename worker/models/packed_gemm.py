@@ -47,7 +47,7 @@ class PackedGemm:
 
     @property
     def address(self) -> int:
-        """The entry point's address, for native callers (``worker.step.fused_decode``)."""
+        """The entry point's address, for native callers (``worker.step.fused_step``)."""
         return ctypes.cast(self._fn, ctypes.c_void_p).value
 
     @staticmethod

@@ -42,7 +42,7 @@ from worker.sample.grammar_bitmask import GrammarRows
 from worker.sample.grammar_compiler import GrammarCompiler
 from worker.sample.prompt_logprobs import PromptChunk, PromptLogprobsState
 from worker.sample.sampling_state import RowLogprobs, SamplingState
-from worker.step import fused_decode
+from worker.step import fused_step
 from worker.step.block_table import BlockTable
 from worker.step.group_tables import GroupTables, hello_group_windows
 from worker.step.plan_check import check_plan
@@ -126,7 +126,7 @@ class ModelRunner:
         self.attention = PagedAttention(kv_caches, model.num_heads, max_blocks_per_seq, workspace_bytes,
                                         compute_dtype=model.dtype, kv_scales=kv_scales, scale=model.config.attention_scale)
         # A decode step's layers in one native call, where this model and cache allow it.
-        self.fused = fused_decode.for_model(model, self.attention)
+        self.fused = fused_step.for_model(model, self.attention)
         self.sampling = SamplingState(max_num_seqs, model.config.vocab_size, self.device, seed)
         # Structured outputs, where tokens are sampled (None on other TP ranks: they ignore grammars).
         self.grammars = None if grammar_compiler is None else GrammarRows(grammar_compiler, max_num_seqs, model.config.vocab_size)
