@@ -115,7 +115,7 @@ class FusedStep:
         kv = self.attention.kv_caches[0]
         dims = np.asarray([T, c.hidden_size, m.num_heads, m.num_kv_heads, c.head_dim, self.inter, kv.shape[1], kv.shape[2]],
                           dtype=np.int64)
-        slots = metadata.slot_mapping.contiguous()
+        slots = metadata.slot_mapping.to(torch.int64).contiguous()
         where = ctypes.c_int64(-1)
         rc = self._fn(self.kernels.ctypes.data, self.layers.ctypes.data, len(m.layers), dims.ctypes.data, c.rms_norm_eps,
                       self.attention.kernel_scale, x.data_ptr(), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),

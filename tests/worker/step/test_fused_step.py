@@ -13,7 +13,7 @@ import random
 
 import pytest
 import torch
-from kvtest.hf_models import VOCAB, make_checkpoint
+from kvtest.hf_models import VOCAB, WINDOW, make_checkpoint
 from kvtest.mini_scheduler import MiniScheduler
 
 from protocol.worker_messages import RequestRow, StepPlan
@@ -37,15 +37,17 @@ pytestmark = pytest.mark.skipif(
 def checkpoints(tmp_path_factory, tiny_checkpoint):
     """transformers' random checkpoints (head size 16: their chunks gather, as the prefill
     kernel takes heads of 32 and more) and the tiny default one (head size 32)."""
-    kinds = ("llama", "llama-bias", "qwen2", "qwen3")
+    kinds = ("llama", "llama-bias", "qwen2", "qwen3", "mistral-sliding")
     return {"tiny": tiny_checkpoint} | {kind: make_checkpoint(kind, tmp_path_factory.mktemp(kind)) for kind in kinds}
 
 
 def runner_for(path, dtype=torch.bfloat16, kv_dtype=None, fused=True) -> ModelRunner:
+    """A runner of the checkpoint; a model with a sliding window attends within it in every layer."""
     model = load_model(Checkpoint(path), dtype, "cpu")
     c = model.config
     caches = allocate_kv_caches(c.num_layers, NUM_BLOCKS, BLOCK_SIZE, c.num_kv_heads, c.head_dim, kv_dtype or dtype, "cpu")
-    runner = ModelRunner(model, caches, 16, 256)
+    windows = [WINDOW] * c.num_layers if "sliding" in str(path) else None
+    runner = ModelRunner(model, caches, 16, 256, layer_windows=windows)
     if not fused:
         runner.fused = None
     return runner
@@ -75,7 +77,7 @@ def drive(runner: ModelRunner, seed: int) -> MiniScheduler:
     return sched
 
 
-@pytest.mark.parametrize("kind", ["tiny", "llama", "llama-bias", "qwen2"])
+@pytest.mark.parametrize("kind", ["tiny", "llama", "llama-bias", "qwen2", "mistral-sliding"])
 def test_fused_steps_equal_the_layer_by_layer_forward(checkpoints, kind):
     fused = runner_for(checkpoints[kind])
     assert fused.fused is not None
