@@ -1,4 +1,4 @@
-"""Speculative decoding end to end in one process: the real Scheduler (n-gram drafts, the
+"""Speculative decoding end to end in one process: the real Scheduler (n-gram or suffix drafts, the
 manager's slots for them, rollback) and the real ModelRunner (one forward over each row's
 last token and drafts, verification by sampling at each position) on the tiny checkpoint.
 
@@ -58,6 +58,12 @@ class Oracle:
         self.expected_accepted.append(min(bad, len(drafts)))
         return drafts
 
+    def stop(self, request) -> None:
+        pass
+
+    def finish(self, request) -> None:
+        pass
+
 
 def run(model, prompts, max_tokens, *, spec=None, oracle=None, num_blocks=256, max_num_seqs=8, budget=64, sampling=None, check=None):
     """Every prompt through the scheduler and the runner to the end: the outputs by request id
@@ -109,6 +115,22 @@ def test_greedy_outputs_are_identical_with_and_without_ngram_drafts_for_64_promp
     stats = sched.spec_stats
     assert stats.num_drafts > 0 and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
     assert sched.num_generation_tokens == 64 * 20
+
+
+@pytest.mark.parametrize("num_blocks", [256, 40])
+def test_greedy_outputs_are_identical_with_and_without_suffix_drafts(model, num_blocks):
+    # Each prompt twice, apart: the later request drafts from the earlier one's response in the
+    # global tree (the tiny model seldom repeats its own prompt). 40 blocks: preemptions, after
+    # which a request drafts from a fresh tree of its prompt.
+    prompts = prompts_of(8)
+    prompts = [*prompts, *prompts]
+    plain, _, _ = run(model, prompts, 24, num_blocks=num_blocks, max_num_seqs=4)
+    spec = SpeculativeConfig(6, method="suffix", suffix_decoding_max_tree_depth=12)
+    got, sched, _ = run(model, prompts, 24, spec=spec, num_blocks=num_blocks, max_num_seqs=4)
+    assert got == plain
+    stats = sched.spec_stats
+    assert 0 < stats.num_accepted_tokens <= stats.num_draft_tokens
+    assert num_blocks == 256 or sched.num_preemptions > 0
 
 
 @pytest.mark.parametrize("k", [1, 5])
