@@ -39,13 +39,14 @@ class Drafting(Protocol):
 
 
 class SuffixDrafting:
-    """One request's side of the cache: its own tree (None: stopped) and how many of its tokens went in."""
+    """One request's side of the cache: its own tree (None: stopped), how many of its tokens went
+    in, and where its last start began feeding them (its tree: the prompt, then the tokens from there)."""
 
-    __slots__ = ("tree", "num_fed")
+    __slots__ = ("tree", "num_fed", "start")
 
     def __init__(self, num_fed: int):
         self.tree: SuffixTree | None = None
-        self.num_fed = num_fed
+        self.num_fed = self.start = num_fed
 
 
 class SuffixProposer:
@@ -75,8 +76,15 @@ class SuffixProposer:
         self.extend(request)
         context = tokens[max(0, num_tokens - self.max_depth):]
         max_spec_tokens = min(self.k, self.max_model_len - num_tokens - 1)
-        own, own_score = request.draft_index.tree.speculate(context, max_spec_tokens, self.max_tokens_by_match, self.min_token_prob)
-        cached, cached_score = self.global_tree.speculate(context, max_spec_tokens, self.max_tokens_by_match, self.min_token_prob)
+        state = request.draft_index
+        # NOTE: the trees hold the tokens fed since the start as the context's tail (the own tree, after
+        # the prompt: all of it unless the request started again): their suffixes' nodes are known.
+        num_tail = num_tokens - state.start
+        own_tail = num_tokens if state.start == request.num_prompt_tokens else num_tail
+        own, own_score = state.tree.speculate(context, max_spec_tokens, self.max_tokens_by_match, self.min_token_prob, 0, own_tail)
+        seq_id = self.cached.get(request.request_id)
+        cached, cached_score = self.global_tree.speculate(context, max_spec_tokens, self.max_tokens_by_match, self.min_token_prob,
+                                                          seq_id, 0 if seq_id is None else num_tail)
         return own if own_score >= cached_score else cached
 
     def start(self, request: Drafting) -> None:
@@ -84,6 +92,7 @@ class SuffixProposer:
         state = request.draft_index
         if state is None:
             state = request.draft_index = SuffixDrafting(request.num_prompt_tokens)
+        state.start = state.num_fed
         state.tree = SuffixTree(self.max_depth)
         state.tree.extend(0, request.all_token_ids[:request.num_prompt_tokens])
         if self.max_cached_requests == 0:

@@ -54,17 +54,17 @@ class SuffixTree:
                 active.popleft()
             seq.append(token)
             for i, node in enumerate(active):
-                active[i] = self._extend_suffix(node, token, seq_id, seq)
+                if node.count == 1 and node is not root:  # NOTE: the common case, inline: a leaf of this suffix alone grows
+                    node.length += 1
+                    node.endpoints[seq_id] += 1
+                else:
+                    active[i] = self._extend_suffix(node, token, seq_id, seq)
 
     def _extend_suffix(self, node: Node, token: int, seq_id: int, seq: list[int]) -> Node:
         """One suffix of ``seq``, ending at ``node``, grows by its new last ``token``: where it ends now."""
         seq_len = len(seq)
         child = node.children.get(token)
-        if child is None:
-            if node.count == 1 and node is not self.root:  # a leaf of this suffix alone: it grows
-                node.length += 1
-                node.endpoints[seq_id] += 1
-                return node
+        if child is None:  # NOTE: node is the root or holds other suffixes (a leaf of this one alone grew in extend)
             new = Node(1, token, 1, seq, seq_len - 1, node)
             new.endpoints[seq_id] = seq_len
             node.children[token] = new
@@ -196,16 +196,25 @@ class SuffixTree:
         return node, idx
 
     def speculate(self, context: list[int], max_spec_tokens: int, max_tokens_by_match: list[int],
-                  min_token_prob: float) -> tuple[list[int], float]:
+                  min_token_prob: float, seq_id: int | None = None, num_tail: int = 0) -> tuple[list[int], float]:
         """The best draft for ``context`` (its last tokens, at most max_depth), and its score.
-        ``max_tokens_by_match[m]``: the most tokens a match of m tokens may draft."""
+        ``max_tokens_by_match[m]``: the most tokens a match of m tokens may draft. ``num_tail``:
+        the context's last tokens that are sequence ``seq_id``'s last, whose suffixes' nodes are
+        its active nodes (no walk from the root for those)."""
         best, best_score = [], 0.0
         num = len(context)
+        active = self.active[seq_id] if num_tail else None
         for match_len in range(1, num):  # NOTE: as Arctic, never the whole context
-            node, idx = self.match(context, num - match_len)
-            if node is None:
-                break  # a longer suffix is not in the tree either
-            max_tokens = min(max_spec_tokens, max_tokens_by_match[match_len])
+            max_tokens = min(max_spec_tokens, max_tokens_by_match[match_len], self.max_depth - match_len)
+            if max_tokens < best_score:
+                continue  # NOTE: each token's probability is <= 1; a longer match may still do better
+            if match_len <= num_tail:
+                node = active[-match_len]
+                idx = node.length
+            else:
+                node, idx = self.match(context, num - match_len)
+                if node is None:
+                    break  # a longer suffix is not in the tree either
             draft, score = speculate_path(node, idx, max_tokens, min_token_prob)
             if score >= best_score:
                 best, best_score = draft, score
@@ -217,17 +226,24 @@ def speculate_path(node: Node, idx: int, max_tokens: int, min_token_prob: float)
     probabilities (float32), at most ``max_tokens``, while the probability is >= min_token_prob."""
     draft: list[int] = []
     prob, score = 1.0, 0.0
-    ref, base = node.ref, node.ref_idx
-    while len(draft) < max_tokens and prob >= min_token_prob:
-        if idx < node.length:
-            draft.append(ref[base + idx])
-            score = f32(score + prob)
-            idx += 1
+    while prob >= min_token_prob:
+        room = max_tokens - len(draft)
+        if room <= 0:
+            break
+        if idx < node.length:  # the node's tokens, all at the same probability
+            take = min(room, node.length - idx)
+            base = node.ref_idx + idx
+            draft += node.ref[base : base + take]
+            idx += take
+            if prob == 1.0:
+                score += take  # NOTE: exact: below 1 once, prob never comes back, so score is a whole number
+            else:
+                for _ in range(take):
+                    score = f32(score + prob)
             continue
         child = node.head_child
         if child is None:
             break
         prob = f32(prob * f32(child.count / node.count))
         node, idx = child, 0
-        ref, base = node.ref, node.ref_idx
     return draft, score
