@@ -4,7 +4,7 @@ runs (tests/scheduler/spec/make_suffix_drafts.py: steps of batches, requests lef
 ended, their ids reused, global caches of 0 to 10000 responses).
 
 The default suite checks the drafts Arctic 0.3.0 gave, saved as JSON; ``-m compare`` runs Arctic
-itself on other seeds, from a python that has it (skipped without one).
+itself on 200 other seeds, from .venv-vllm's python or $ARCTIC_PYTHON (skipped where neither has it).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ import pytest
 from scheduler.spec.suffix_proposer import SuffixProposer
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
 FIXTURE = HERE / "data" / "arctic_suffix_drafts.json"
 
 
@@ -80,28 +78,15 @@ def test_drafts_equal_arctics_saved_drafts():
     assert num_drafted > 1000  # NOTE: the runs must draft often for equality to mean anything
 
 
-def _arctic_python() -> str:
-    """A python with arctic_inference: $ARCTIC_PYTHON, else .venv-vllm's (where vLLM's suffix decoding needs it)."""
-    python = os.environ.get("ARCTIC_PYTHON") or str(ROOT / ".venv-vllm/bin/python")
-    if not Path(python).exists():
-        pytest.skip(f"no {python}")
+@pytest.mark.compare
+def test_drafts_equal_arctics_on_fresh_seeds(real_vllm):
+    # NOTE: vLLM's suffix decoding imports Arctic in .venv-vllm, so it is looked for there (as the
+    # other compare tests find vLLM), or in the python $ARCTIC_PYTHON names.
+    python = os.environ.get("ARCTIC_PYTHON") or str(real_vllm / ".venv-vllm/bin/python")
     probe = subprocess.run([python, "-c", "import arctic_inference.suffix_decoding"], capture_output=True)
     if probe.returncode != 0:
-        pytest.skip(f"no arctic_inference in {python} (set ARCTIC_PYTHON)")
-    return python
-
-
-@pytest.mark.compare
-def test_drafts_equal_arctics_on_fresh_seeds(request):
-    if "compare" not in (request.config.getoption("-m") or ""):
-        pytest.skip("runs Arctic Inference: select it with -m compare")
-    python = _arctic_python()
-    script = HERE / "make_suffix_drafts.py"
-    done = subprocess.run([python, str(script), "1000", "200"], capture_output=True, text=True, check=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+        pytest.skip(f"no arctic_inference in {python} (pip install arctic-inference==0.3.0, or set ARCTIC_PYTHON)")
+    done = subprocess.run([python, str(HERE / "make_suffix_drafts.py"), "1000", "200"], capture_output=True, text=True,
+                          check=True, cwd=real_vllm)
     runs = json.loads(done.stdout)["runs"]
     assert check_runs(runs) > 5000
-
-
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
