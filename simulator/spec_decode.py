@@ -62,6 +62,12 @@ class AcceptanceDrafter:
         first = self.output_token_base[request.seq_id] + request.num_output_tokens
         return [*range(first, first + m), *[REJECTED_DRAFT] * (k - m)]
 
+    def stop(self, request) -> None:
+        """Keeps nothing across steps (scheduler/spec/proposer.py)."""
+
+    def finish(self, request) -> None:
+        """Keeps nothing across requests."""
+
 
 def num_accepted(drafts: list[int], first_token: int) -> int:
     """How many of ``drafts`` the stand-in worker accepts: the leading ones equal to the

@@ -42,8 +42,9 @@ CUSTOM_HISTOGRAM_BUCKETS = flag("--custom-histogram-buckets", SCHEDULER, default
 KV_CACHE_METRICS_SAMPLE = flag("--kv-cache-metrics-sample", SCHEDULER, type=float, default=1.0, metavar="FRACTION",
                                help="fraction of block allocations watched, in (0, 1] (default %(default)s: every block; vLLM's is 0.01)")
 SPECULATIVE_CONFIG = flag("--speculative-config -sc", SCHEDULER, default=None, metavar="JSON",
-                          help="vLLM's SpeculativeConfig as JSON: method ngram, num_speculative_tokens, "
-                               "prompt_lookup_min/max (default 5)")
+                          help="vLLM's SpeculativeConfig as JSON: method ngram (num_speculative_tokens, "
+                               "prompt_lookup_min/max, default 5) or suffix (suffix_decoding_max_tree_depth, "
+                               "_max_cached_requests, _max_spec_factor, _min_token_prob)")
 KV_TRANSFER_CONFIG = flag("--kv-transfer-config", SCHEDULER, WORKER, FRONTEND, default=None, metavar="JSON",
                           help="vLLM's KVTransferConfig as JSON: kv_connector KVPoolConnector (or NixlConnector, its "
                                "contract), kv_role kv_producer, kv_consumer or kv_both, engine_id, kv_load_failure_policy, "

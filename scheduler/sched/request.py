@@ -120,7 +120,8 @@ class Request:
         # not its first: it is only appended (update_from_output's fast path). 0: not yet.
         self.append_only_below = 0
         # Speculative decoding (scheduler/spec/): the draft tokens to verify in its next
-        # step (never in all_token_ids, never hashed), and the proposer's index of its tokens.
+        # step (never in all_token_ids, never hashed), and the proposer's state for it (its
+        # n-gram index, or its suffix tree).
         self.spec_token_ids: list[int] = []
         self.draft_index = None
 

@@ -8,7 +8,8 @@ recompute (priority: scheduler/sched/priority_scheduler.py). Finish on max_token
 a stop token (EOS unless ignore_eos, and stop_token_ids) once min_tokens are out.
 
 Speculative decoding (``speculative``, vLLM's --speculative-config): after each step the
-requests that sampled get n-gram drafts (scheduler/spec/ngram_proposer.py); a decoding
+requests that sampled get drafts, n-gram or suffix decoding's (scheduler/spec/proposer.py:
+the drafter hears too of requests that leave the batch or end); a decoding
 request is then scheduled 1 + its drafts, their slots allocated with its tokens (only
 verified tokens are ever cached); the worker's result says how many were accepted, and
 the rejected ones come off its computed tokens (scheduler/sched/sampled_tokens.py).
@@ -37,7 +38,7 @@ from scheduler.sched.request import Request, RequestStatus
 from scheduler.sched.request_queue import create_request_queue
 from scheduler.sched.sampled_tokens import append_sampled_tokens
 from scheduler.sched.worker_loss import WorkerLossRecovery
-from scheduler.spec.ngram_proposer import NgramProposer
+from scheduler.spec.proposer import make_proposer
 from scheduler.spec.spec_stats import SpecDecodingStats
 
 # How a request ends when a prefill engine lends its blocks: normally (vLLM's connector frees an aborted one's).
@@ -85,8 +86,7 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
         self.num_generation_tokens = 0
         # Speculative decoding: the drafter and vLLM's spec-decode counters (None: off).
         self.speculative = speculative
-        self.proposer = None if speculative is None else NgramProposer(
-            speculative.num_speculative_tokens, speculative.prompt_lookup_min, speculative.prompt_lookup_max, max_model_len)
+        self.proposer = None if speculative is None else make_proposer(speculative, max_model_len)
         self.spec_stats = None if speculative is None else SpecDecodingStats(speculative.num_speculative_tokens)
         # P/D disaggregation's connector (scheduler/sched/pd_connector.py; None: off).
         self.kv_transfer = kv_transfer
@@ -142,6 +142,8 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
             request.kv_transfer_answer = self.kv_transfer.lend(request, self.kv_cache_manager.get_block_ids(request.request_id))
         else:
             self.kv_cache_manager.free(request)
+        if self.proposer is not None:
+            self.proposer.finish(request)
         del self.requests[request.request_id]
         del self.seq_id_to_request[request.seq_id]
         if was_on_worker:
@@ -268,6 +270,8 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
             # Running rows left out of this step (budget spent) must say so: default is 1.
             for request in running[num_scheduled_running:]:
                 num_scheduled_tokens[request.seq_id] = 0
+                if self.proposer is not None:
+                    self.proposer.stop(request)  # NOTE: as vLLM's runner, out of its batch
         sampling = scheduled.copy() if all_sampling else [r for r in scheduled if r.num_computed_tokens >= len(r.all_token_ids)]
         return token_budget, scheduled, sampling, preempted
 
@@ -358,6 +362,8 @@ class Scheduler(WorkerLossRecovery, GrammarWait, ExternalKVWait):
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.spec_token_ids.clear()  # as vLLM: drafts go with the blocks; a resumed request drafts afresh
+        if self.proposer is not None:
+            self.proposer.stop(request)
         request.prompt_logprobs = None  # NOTE: the worker scores its prompt afresh, from position 0
         self.waiting.appendleft(request)
 

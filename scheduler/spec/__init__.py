@@ -1,1 +1,1 @@
-"""Speculative decoding's scheduler side: drafting (n-gram prompt lookup) and its counters."""
+"""Speculative decoding's scheduler side: drafting (n-gram prompt lookup, suffix decoding) and its counters."""

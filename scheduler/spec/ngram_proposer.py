@@ -72,3 +72,9 @@ class NgramProposer:
                 begin = start + n
                 return tokens[begin : begin + min(k, total - begin)]
         return []
+
+    def stop(self, request: Drafting) -> None:
+        """Nothing to drop: a request's index lives on the request (it grows from where it was)."""
+
+    def finish(self, request: Drafting) -> None:
+        """Nothing to keep: n-gram drafts read no other request's tokens."""

@@ -1,8 +1,9 @@
-"""A live ``kvpool serve --speculative-config`` (n-gram drafts) against the same server without
+"""A live ``kvpool serve --speculative-config`` (n-gram or suffix drafts) against the same server without
 it: greedy answers, their logprobs and a stop string's cut are the same, streamed answers join
 to the same text, and /metrics counts the drafts as vLLM's vllm:spec_decode_* families. The
 prompts repeat a passage (the tiny checkpoint's answers are what its random weights make of it;
-the n-gram drafts come from the prompt and the answer so far)."""
+the n-gram drafts come from the prompt and the answer so far, suffix drafts from those and from
+the earlier answers to the same prompt)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from kvtest.serve import kvpool_serve
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
-SPEC = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}'
+NGRAM = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}'
+SUFFIX = '{"method": "suffix", "num_speculative_tokens": 4}'
 PROMPTS = [PROMPT * 2, "one two three four one two three four one two", PROMPT[:40] * 3, "a b a b a b a b"]
 
 
@@ -35,11 +37,12 @@ def answers(served) -> tuple[list, list, list]:
     return plain, streamed, stopped
 
 
-def test_speculative_serve_answers_as_without_and_counts_its_drafts(tiny_checkpoint, tmp_path):
+@pytest.mark.parametrize("spec", [NGRAM, SUFFIX], ids=["ngram", "suffix"])
+def test_speculative_serve_answers_as_without_and_counts_its_drafts(tiny_checkpoint, tmp_path, spec):
     with kvpool_serve(tiny_checkpoint, tmp_path / "plain", "--dtype", "float32") as s:
         want = answers(s)
         assert "vllm:spec_decode_num_drafts" not in get_metrics(s)
-    with kvpool_serve(tiny_checkpoint, tmp_path / "spec", "--dtype", "float32", "--speculative-config", SPEC) as s:
+    with kvpool_serve(tiny_checkpoint, tmp_path / "spec", "--dtype", "float32", "--speculative-config", spec) as s:
         got = answers(s)
         text = get_metrics(s)
     # NOTE: the logprobs of a verified token come from a forward over several positions at once,

@@ -1,4 +1,4 @@
-"""Speculative decoding end to end in one process: the real Scheduler (n-gram drafts, the
+"""Speculative decoding end to end in one process: the real Scheduler (n-gram or suffix drafts, the
 manager's slots for them, rollback) and the real ModelRunner (one forward over each row's
 last token and drafts, verification by sampling at each position) on the tiny checkpoint.
 
@@ -22,6 +22,7 @@ from scheduler.core.hashing import BlockHasher
 from scheduler.core.kv_cache_manager import KVCacheManager
 from scheduler.sched.request import Request
 from scheduler.sched.scheduler import Scheduler
+from scheduler.spec.suffix_proposer import SuffixProposer
 from worker.kv.kv_cache import allocate_kv_caches
 from worker.load.checkpoint import Checkpoint
 from worker.models.loader import load_model
@@ -57,6 +58,12 @@ class Oracle:
             drafts[bad] = (drafts[bad] + 1) % 500 + 2  # any other token
         self.expected_accepted.append(min(bad, len(drafts)))
         return drafts
+
+    def stop(self, request) -> None:
+        pass
+
+    def finish(self, request) -> None:
+        pass
 
 
 def run(model, prompts, max_tokens, *, spec=None, oracle=None, num_blocks=256, max_num_seqs=8, budget=64, sampling=None, check=None):
@@ -109,6 +116,54 @@ def test_greedy_outputs_are_identical_with_and_without_ngram_drafts_for_64_promp
     stats = sched.spec_stats
     assert stats.num_drafts > 0 and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
     assert sched.num_generation_tokens == 64 * 20
+
+
+@pytest.mark.parametrize("num_blocks", [256, 40])
+def test_greedy_outputs_are_identical_with_and_without_suffix_drafts(model, num_blocks):
+    # Each prompt twice, apart: the later request drafts from the earlier one's response in the
+    # global tree (the tiny model seldom repeats its own prompt). 40 blocks: preemptions, after
+    # which a request drafts from a fresh tree of its prompt.
+    prompts = prompts_of(8)
+    prompts = [*prompts, *prompts]
+    plain, _, _ = run(model, prompts, 24, num_blocks=num_blocks, max_num_seqs=4)
+    spec = SpeculativeConfig(6, method="suffix", suffix_decoding_max_tree_depth=12)
+    got, sched, _ = run(model, prompts, 24, spec=spec, num_blocks=num_blocks, max_num_seqs=4)
+    assert got == plain
+    stats = sched.spec_stats
+    assert 0 < stats.num_accepted_tokens <= stats.num_draft_tokens
+    assert num_blocks == 256 or sched.num_preemptions > 0
+
+
+class SuffixSpy(SuffixProposer):
+    """Suffix drafts, counting what the scheduler tells the drafter."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.stopped: Counter[str] = Counter()
+        self.finished: list[str] = []
+
+    def stop(self, request) -> None:
+        self.stopped[request.request_id] += 1
+        super().stop(request)
+
+    def finish(self, request) -> None:
+        self.finished.append(request.request_id)
+        super().finish(request)
+
+
+def test_suffix_drafts_hear_of_requests_leaving_the_batch_and_ending(model):
+    # A budget of 20 tokens for up to 8 rows of 1 + 6 drafts: rows left out of steps; 24 blocks: preemptions.
+    prompts = prompts_of(4)
+    prompts = [*prompts, *prompts]
+    plain, _, _ = run(model, prompts, 16, num_blocks=24, budget=20)
+    spy = SuffixSpy(6, 12, 10000, 1.0, 0.1, MAX_LEN)
+    got, sched, _ = run(model, prompts, 16, spec=SpeculativeConfig(6, method="suffix"), oracle=spy, num_blocks=24, budget=20)
+    assert got == plain
+    assert sched.num_preemptions > 0 and sum(spy.stopped.values()) > sched.num_preemptions
+    assert sorted(spy.finished) == sorted(plain)
+    # Every response is cached, each once (a request back after a stop replaced its own).
+    assert sorted(spy.cached) == sorted(plain) and len(spy.global_tree.seqs) == len(plain)
+    assert sched.spec_stats.num_accepted_tokens > 0
 
 
 @pytest.mark.parametrize("k", [1, 5])

@@ -30,7 +30,7 @@ _RULES = [
     handled("--spec-method", ONE, "scheduler: --speculative-config's method", default=None, metavar="METHOD"),
     handled("--spec-model", ONE, "scheduler: --speculative-config's model (refused: no draft model)", default=None, metavar="MODEL"),
     handled("--spec-tokens", ONE, "scheduler: --speculative-config's num_speculative_tokens", type=int, default=None, metavar="N"),
-    declared(SPECULATIVE_CONFIG, ONE, "scheduler: n-gram drafting, its proposer and vLLM's spec-decode metrics"),
+    declared(SPECULATIVE_CONFIG, ONE, "scheduler: n-gram or suffix drafting, its proposer and vLLM's spec-decode metrics"),
     refused("--structured-outputs-config", ONE, "structured outputs are xgrammar with vLLM's default settings (no other backend, no disable_any_whitespace): not configurable"),
     refused("--watermark-config", ONE, why.NOT_YET),
     refused("--weight-transfer-config", ONE, why.NOT_YET),

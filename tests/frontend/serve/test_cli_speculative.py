@@ -38,6 +38,14 @@ def scheduler_spec(argv: list[str]) -> dict | None:
         (["--spec-tokens", "4", "--speculative-config", '{"method": "ngram", "prompt-lookup-min": 2}'],
          {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 2}),
         (["--speculative-config", "{}"], None),
+        (["--spec-method", "suffix"],
+         {"method": "suffix", "num_speculative_tokens": 24, "suffix_decoding_max_tree_depth": 24,
+          "suffix_decoding_max_cached_requests": 10000, "suffix_decoding_max_spec_factor": 1.0,
+          "suffix_decoding_min_token_prob": 0.1}),
+        (["--spec-method", "suffix", "--spec-tokens", "3", "-sc", '{"suffix-decoding-min-token-prob": 0.2}'],
+         {"method": "suffix", "num_speculative_tokens": 3, "suffix_decoding_max_tree_depth": 24,
+          "suffix_decoding_max_cached_requests": 10000, "suffix_decoding_max_spec_factor": 1.0,
+          "suffix_decoding_min_token_prob": 0.2}),
     ],
 )
 def test_the_scheduler_gets_the_settled_config(fixed_ports, argv, expected):
@@ -57,6 +65,8 @@ def test_the_scheduler_gets_the_settled_config(fixed_ports, argv, expected):
         (["-sc", '{"method": "eagle", "num_speculative_tokens": 2}'], "method 'eagle' is not supported"),
         (["-sc", '{"method": "ngram", "num_speculative_tokens": 2, "model": "draft"}'], "field 'model' is not supported"),
         (["-sc", "{nope"], "not valid JSON"),
+        (["--spec-method", "suffix", "-sc", '{"suffix_decoding_max_spec_factor": -1}'],
+         "suffix_decoding_max_spec_factor=-1.0 must be >= 0"),
     ],
 )
 def test_a_bad_config_is_refused_naming_the_problem(tiny_checkpoint, monkeypatch, capsys, argv, words):
