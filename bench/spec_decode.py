@@ -1,5 +1,5 @@
-"""Speculative decoding's speed row (issue #46): n-gram drafts on the real model, against
-kvpool without them and vLLM with the same --speculative-config.
+"""Speculative decoding's speed row (issue #46): n-gram (or suffix decoding) drafts on the
+real model, against kvpool without them and vLLM with the same --speculative-config.
 
 The workload answers by copying its prompt: ShareGPT first turns of 60..220 words, each sent
 as a proofreading request through the chat template ("Correct the spelling and grammar of
@@ -36,6 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 NAME = "smollm2"
 INSTRUCTION = "Correct the spelling and grammar of the following text. Reply with the corrected text only.\n\n"
 SPEC = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
+SUFFIX_SPEC = '{"method": "suffix"}'  # vLLM's defaults: trees 24 deep, drafts up to the match's length
+# An engine's name: the server, then what it drafts with ("kvpool": none, "kvpool-spec": n-gram).
+SPECS = {"spec": SPEC, "suffix": SUFFIX_SPEC}
 
 
 def copy_dataset(sharegpt: Path, out: Path, n: int, tokenizer) -> Path:
@@ -69,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="1,8")
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--num-prompts", type=int, default=16)
-    p.add_argument("--engines", default="kvpool,kvpool-spec,vllm-spec,vllm")
+    p.add_argument("--engines", default="kvpool,kvpool-spec,vllm-spec,vllm",
+                   help="comma-separated of kvpool, vllm, each alone or with -spec (n-gram drafts) or -suffix (suffix decoding)")
     p.add_argument("--out", type=Path, default=ROOT / "out" / "spec-decode")
     a = p.parse_args(argv)
     a.out = a.out.resolve()
@@ -81,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = ServerConfig(dtype="bfloat16")
     results: dict = {}
     for engine in a.engines.split(","):
-        base = engine.split("-")[0]
+        base, _, drafts = engine.partition("-")
         port = free_port()
-        cmd = server_command(base, model, port, cfg, ROOT, NAME) + (["--speculative-config", SPEC] if engine.endswith("-spec") else [])
+        cmd = server_command(base, model, port, cfg, ROOT, NAME) + (["--speculative-config", SPECS[drafts]] if drafts else [])
         env = vllm_env(a.out / "cache", cfg, model, None) if base == "vllm" else {}
         with Server(base, cmd, env, a.out / f"{engine}.log", port) as s:
             s.wait_ready(900)

@@ -36,7 +36,7 @@ from worker.attention.metadata import AttentionMetadata
 from worker.attention.paged_attention import PagedAttention
 from worker.cpu import native
 from worker.models import norm_act, packed_gemm
-from worker.models.decoder import DecoderModel
+from worker.models.decoder import DecoderLayer, DecoderModel
 from worker.models.layers import Linear, rms_norm
 
 SOURCE = Path(__file__).parent / "csrc" / "fused_step.c"
@@ -121,11 +121,10 @@ class FusedStep:
                       self.attention.kernel_scale, x.data_ptr(), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
                       ctypes.byref(rows[0]), scratch.data_ptr(), torch.get_num_threads(), ctypes.byref(where))
         if rc == -1:
-            raise IndexError(f"fused decode: layer {where.value}: a block or slot outside the cache's {kv.shape[1]} blocks")
+            raise IndexError(f"fused step: layer {where.value}: a block or slot outside the cache's {kv.shape[1]} blocks")
         if rc != 0:
-            raise ValueError(f"fused decode: layer {where.value}: a kernel refused its arguments (rc {rc})")
+            raise ValueError(f"fused step: layer {where.value}: a kernel refused its arguments (rc {rc})")
         return m.rms_norm(x, m.norm, c.rms_norm_eps)
-
 
     def _step_rows(self, md: AttentionMetadata | list[AttentionMetadata], T: int) -> tuple[StepRows, list] | None:
         """The step's rows for the kernels (with the arrays they point into, kept alive
@@ -135,24 +134,23 @@ class FusedStep:
         d, p = md.decode_rows, md.prefill_rows
         if (d is None) != (md.num_decode_tokens == 0) or (p is not None and self.attention.prefill_kernel is None):
             return None
-        table = (d or p).table
-        arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in ((d.table_row, d.first_col, d.num_keys, d.lead) if d else ())]
-        arrays += [np.ascontiguousarray(a, dtype=np.int64) for a in ((p.table_row, p.first, p.num_queries, p.offset) if p else ())]
-        ptrs = [a.ctypes.data for a in arrays]
-        dec, pre = (ptrs[:4], ptrs[4:]) if d else ([None] * 4, ptrs)
-        num_chunks = 0 if p is None else len(p.table_row)
-        if md.num_decode_tokens + (0 if p is None else int(p.num_queries.sum())) != T:
+        num_chunk_tokens = 0 if p is None else int(p.num_queries.sum())
+        if md.num_decode_tokens + num_chunk_tokens != T or (d is None and p is None):
             return None
-        rows = StepRows(table.data_ptr(), table.shape[0], table.shape[1], md.num_decode_tokens, *dec, num_chunks,
-                        *(pre or [None] * 4), md.sliding_window)
-        return rows, arrays
+        dec = [] if d is None else [np.ascontiguousarray(a, dtype=np.int64) for a in (d.table_row, d.first_col, d.num_keys, d.lead)]
+        pre = [] if p is None else [np.ascontiguousarray(a, dtype=np.int64) for a in (p.table_row, p.first, p.num_queries, p.offset)]
+        table = d.table if d is not None else p.table
+        rows = StepRows(table.data_ptr(), table.shape[0], table.shape[1], md.num_decode_tokens,
+                        *([a.ctypes.data for a in dec] or [None] * 4), 0 if p is None else len(p.table_row),
+                        *([a.ctypes.data for a in pre] or [None] * 4), md.sliding_window)
+        return rows, dec + pre
 
 
 def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-def _plain_layer(layer, hidden: int) -> bool:
+def _plain_layer(layer: DecoderLayer, hidden: int) -> bool:
     """A pre-norm Llama layer whose projections are all bfloat16 on the packed GEMM."""
     if layer.q_norm is not None or layer.pre_feedforward_norm is not None or layer.post_feedforward_norm is not None:
         return False
