@@ -7,7 +7,9 @@ the following text. Reply with the corrected text only."), as ``vllm bench serve
 --dataset-name custom`` sends them; each answer's length is its passage's token count (so
 the answer could be the passage, corrected), ignore_eos, the client's default sampling (the
 server's generation config). Every server is up alone, warmed by one untimed run; each
-figure is the median of --repeat runs.
+repeat starts every engine's server again, in the other order on odd repeats (alternating
+runs: a slow spell of the shared machine falls on every engine); each figure is the median of
+--repeat runs.
 
     python -m bench.spec_decode --concurrency 1,8 --out out/spec-decode
 """
@@ -67,6 +69,32 @@ def spec_counters(url: str) -> dict[str, float]:
     return out
 
 
+def run_engine(engine: str, rep: int, model: Path, cfg: ServerConfig, data: Path, a: argparse.Namespace, runs: dict) -> None:
+    """One repeat of one engine: its server started and warmed, then a run at each concurrency
+    (its figures, the spec-decode and prefix-cache counters' growth included, into runs[c])."""
+    base, _, drafts = engine.partition("-")
+    port = free_port()
+    cmd = server_command(base, model, port, cfg, ROOT, NAME) + (["--speculative-config", SPECS[drafts]] if drafts else [])
+    env = vllm_env(a.out / "cache", cfg, model, None) if base == "vllm" else {}
+    with Server(base, cmd, env, a.out / f"{engine}-r{rep}.log", port) as s:
+        s.wait_ready(900)
+        warm = Workload("warmup", "main", ("--dataset-name", "custom", "--dataset-path", str(data), "--custom-output-len", "-1",
+                                           "--num-prompts", "4", "--max-concurrency", "4", "--ignore-eos", "--seed", "99"))
+        run_bench(ROOT, s.url, model, NAME, warm, a.out / engine, 1800, None)
+        for c in runs:
+            w = replace(warm, name=f"c{c}-r{rep}", args=("--dataset-name", "custom", "--dataset-path", str(data),
+                        "--custom-output-len", "-1", "--num-prompts", str(a.num_prompts if c > 1 else a.num_prompts // 2),
+                        "--max-concurrency", str(c), "--ignore-eos", "--seed", str(1 + rep)))
+            before = spec_counters(s.url)
+            fig = run_bench(ROOT, s.url, model, NAME, w, a.out / engine, 1800, None)
+            after = spec_counters(s.url)
+            fig |= {k.split(":")[1]: after[k] - before[k] for k in after}
+            runs[c].append(fig)
+            print(f"spec_decode: {engine} c{c} rep {rep}: {fig['output_throughput']:.1f} tok/s, TPOT p50 {fig['median_tpot_ms']:.1f} ms, "
+                  f"drafts {fig['spec_decode_num_drafts_total']:.0f}, accepted {fig['spec_decode_num_accepted_tokens_total']:.0f} "
+                  f"of {fig['spec_decode_num_draft_tokens_total']:.0f}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.spec_decode", description=__doc__.split("\n\n")[0])
     p.add_argument("--concurrency", default="1,8")
@@ -83,32 +111,11 @@ def main(argv: list[str] | None = None) -> int:
 
     data = copy_dataset(sharegpt_json(a.out / "sharegpt.json"), a.out / "copy.jsonl", 64, AutoTokenizer.from_pretrained(model))
     cfg = ServerConfig(dtype="bfloat16")
-    results: dict = {}
-    for engine in a.engines.split(","):
-        base, _, drafts = engine.partition("-")
-        port = free_port()
-        cmd = server_command(base, model, port, cfg, ROOT, NAME) + (["--speculative-config", SPECS[drafts]] if drafts else [])
-        env = vllm_env(a.out / "cache", cfg, model, None) if base == "vllm" else {}
-        with Server(base, cmd, env, a.out / f"{engine}.log", port) as s:
-            s.wait_ready(900)
-            warm = Workload("warmup", "main", ("--dataset-name", "custom", "--dataset-path", str(data), "--custom-output-len", "-1",
-                                               "--num-prompts", "4", "--max-concurrency", "4", "--ignore-eos", "--seed", "99"))
-            run_bench(ROOT, s.url, model, NAME, warm, a.out / engine, 1800, None)
-            for c in (int(x) for x in a.concurrency.split(",")):
-                runs = []
-                for rep in range(a.repeat):
-                    w = replace(warm, name=f"c{c}-r{rep}", args=("--dataset-name", "custom", "--dataset-path", str(data),
-                                "--custom-output-len", "-1", "--num-prompts", str(a.num_prompts if c > 1 else a.num_prompts // 2),
-                                "--max-concurrency", str(c), "--ignore-eos", "--seed", str(1 + rep)))
-                    before = spec_counters(s.url)
-                    fig = run_bench(ROOT, s.url, model, NAME, w, a.out / engine, 1800, None)
-                    after = spec_counters(s.url)
-                    fig |= {k.split(":")[1]: after[k] - before[k] for k in after}
-                    runs.append(fig)
-                    print(f"spec_decode: {engine} c{c} rep {rep}: {fig['output_throughput']:.1f} tok/s, TPOT p50 {fig['median_tpot_ms']:.1f} ms, "
-                          f"drafts {fig['spec_decode_num_drafts_total']:.0f}, accepted {fig['spec_decode_num_accepted_tokens_total']:.0f} "
-                          f"of {fig['spec_decode_num_draft_tokens_total']:.0f}", flush=True)
-                results.setdefault(engine, {})[c] = runs
+    engines = a.engines.split(",")
+    results: dict = {e: {int(c): [] for c in a.concurrency.split(",")} for e in engines}
+    for rep in range(a.repeat):
+        for engine in engines if rep % 2 == 0 else reversed(engines):
+            run_engine(engine, rep, model, cfg, data, a, results[engine])
     (a.out / "result.json").write_text(json.dumps(results, indent=1))
     print("\n| engine | conc | tok/s (median) | TPOT p50 ms | acceptance rate | mean acceptance length | prefix queries / hits |")
     print("|---|---|---|---|---|---|---|")
