@@ -10,24 +10,17 @@ of probabilities wins (the longer match on a tie).
 from __future__ import annotations
 
 import pytest
+from kvtest.draft_request import DraftRequest
 
 from scheduler.spec.suffix_proposer import SuffixProposer
 from scheduler.spec.suffix_tree import SuffixTree
-
-
-class Req:
-    def __init__(self, request_id: str, prompt: list[int]):
-        self.request_id = request_id
-        self.all_token_ids = list(prompt)
-        self.num_prompt_tokens = len(prompt)
-        self.draft_index = None
 
 
 def proposer(k=5, depth=8, cached=0, factor=1.0, min_prob=0.1, max_model_len=100) -> SuffixProposer:
     return SuffixProposer(k, depth, cached, factor, min_prob, max_model_len)
 
 
-def sample(p: SuffixProposer, request: Req, *tokens: int) -> list[int]:
+def sample(p: SuffixProposer, request: DraftRequest, *tokens: int) -> list[int]:
     request.all_token_ids += tokens
     return p.propose(request)
 
@@ -39,13 +32,13 @@ def test_a_prompt_match_drafts_what_followed_it_at_most_factor_times_the_match(f
     # factor 4: m=1 drafts 4 tokens (score 2), m=2 and m=3 five (k; 2.5 each) -> 4 5 6 1 2.
     # factor 1: m tokens for a match of m: best m=3, 4 5 6 (1.5). factor 0.5: int(0.5 m): m=2,3 -> one token.
     p = proposer(factor=factor)
-    assert sample(p, Req("a", [1, 2, 3, 4, 5, 6, 1, 2]), 3) == expected
+    assert sample(p, DraftRequest("a", [1, 2, 3, 4, 5, 6, 1, 2]), 3) == expected
 
 
 def test_the_tree_depth_bounds_match_plus_draft():
     # depth 4: no path past 4 tokens. "3" (m=1) goes 3 deeper: 4 5 6 (1.5); "23" 4 5 (1.0); "123" 4 (0.5).
     p = proposer(depth=4, factor=4.0)
-    assert sample(p, Req("a", [1, 2, 3, 4, 5, 6, 1, 2]), 3) == [4, 5, 6]
+    assert sample(p, DraftRequest("a", [1, 2, 3, 4, 5, 6, 1, 2]), 3) == [4, 5, 6]
 
 
 @pytest.mark.parametrize(("min_prob", "expected"), [(0.3, []), (0.25, [1])])
@@ -53,7 +46,7 @@ def test_min_token_prob_cuts_a_rare_continuation(min_prob, expected):
     # tokens 5 1 5 2 5 3 | 5: "5" four times, followed by 1, 2, 3 once each: the first-inserted, 1,
     # at p = 1/4. "35" once, nothing after it.
     p = proposer(min_prob=min_prob)
-    assert sample(p, Req("a", [5, 1, 5, 2, 5, 3]), 5) == expected
+    assert sample(p, DraftRequest("a", [5, 1, 5, 2, 5, 3]), 5) == expected
 
 
 def test_a_later_request_drafts_from_an_earlier_ones_response():
@@ -61,22 +54,22 @@ def test_a_later_request_drafts_from_an_earlier_ones_response():
     # A's 1 2 3 4 5 and B's 3: "3" twice (p 1/2 for 4), "23" and "123" once each, then 4 5 (p 1).
     # m=2: 4 5 (score 2); m=3: 4 5 too (A ends there), the longer match on the tie.
     p = proposer(cached=10)
-    a = Req("a", [9, 9])
+    a = DraftRequest("a", [9, 9])
     sample(p, a, 1)
     a.all_token_ids += [2, 3, 4, 5]
     p.finish(a)  # the tokens of its last steps go in as it ends
-    assert sample(p, Req("b", [8, 1, 2]), 3) == [4, 5]
+    assert sample(p, DraftRequest("b", [8, 1, 2]), 3) == [4, 5]
     # No global tree: B's own prompt has nothing after "3".
     p = proposer(cached=0)
-    a = Req("a", [9, 9])
+    a = DraftRequest("a", [9, 9])
     sample(p, a, 1, 2, 3, 4, 5)
     p.finish(a)
-    assert sample(p, Req("b", [8, 1, 2]), 3) == []
+    assert sample(p, DraftRequest("b", [8, 1, 2]), 3) == []
 
 
 def test_running_requests_draft_from_each_others_tokens_so_far():
     p = proposer(cached=10)
-    a, b = Req("a", [9]), Req("b", [8, 1, 2])
+    a, b = DraftRequest("a", [9]), DraftRequest("b", [8, 1, 2])
     sample(p, a, 1, 2, 3, 4)  # A runs on: its response so far is in the global tree already
     assert sample(p, b, 3) == [4]  # "123" then 4, where A stopped so far (p 1: score 1 beats "3"'s 1/2)
 
@@ -86,12 +79,12 @@ def test_the_global_tree_evicts_the_oldest_started_response(first, kept):
     # Two cached responses at most. A (… 1 2 3 4 5) and C (7 7) start in the order given, then B
     # starts: the first started goes. B drafts 4 5 from A's response only while it is kept.
     p = proposer(cached=2)
-    reqs = {"a": Req("a", [9, 9]), "c": Req("c", [6])}
+    reqs = {"a": DraftRequest("a", [9, 9]), "c": DraftRequest("c", [6])}
     tokens = {"a": [1, 2, 3, 4, 5], "c": [7, 7]}
     for rid in (first, "c" if first == "a" else "a"):
         sample(p, reqs[rid], *tokens[rid])
         p.finish(reqs[rid])
-    assert sample(p, Req("b", [8, 1, 2]), 3) == ([4, 5] if kept else [])
+    assert sample(p, DraftRequest("b", [8, 1, 2]), 3) == ([4, 5] if kept else [])
     assert list(p.cached) == (["a", "b"] if first == "c" else ["c", "b"])
 
 
@@ -99,7 +92,7 @@ def test_a_request_back_after_a_stop_starts_again_from_its_prompt():
     # As vLLM's runner: a request out of the batch (preempted) stops; back, it starts afresh with its
     # prompt and the tokens from then on, and its own cached response is replaced.
     p = proposer(cached=10)
-    a = Req("a", [4, 4])
+    a = DraftRequest("a", [4, 4])
     assert sample(p, a, 1, 2, 3, 1) == [2]  # "1" twice, then 2 at 1/2, one token for a match of one; "31": once
     p.stop(a)
     assert sample(p, a, 2) == []  # its tree: 4 4 | 2; its cached response: just 2
@@ -108,7 +101,7 @@ def test_a_request_back_after_a_stop_starts_again_from_its_prompt():
 
 def test_drafts_stop_short_of_max_model_len():
     p = proposer(factor=4.0, max_model_len=11)
-    request = Req("a", [1, 2, 3, 4, 5, 6, 1, 2])
+    request = DraftRequest("a", [1, 2, 3, 4, 5, 6, 1, 2])
     assert sample(p, request, 3) == [4]  # 9 tokens: at most 11 - 9 - 1 drafts
     assert sample(p, request, 4, 5) == []  # at max_model_len: no draft, nothing fed
 

@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from kvtest.draft_request import DraftRequest
 
 from scheduler.spec.suffix_proposer import SuffixProposer
 
@@ -22,12 +23,6 @@ HERE = Path(__file__).resolve().parent
 FIXTURE = HERE / "data" / "arctic_suffix_drafts.json"
 
 
-class Req:
-    def __init__(self, request_id: str, prompt: list[int]):
-        self.request_id = request_id
-        self.all_token_ids = list(prompt)
-        self.num_prompt_tokens = len(prompt)
-        self.draft_index = None
 
 
 def replay(run: dict) -> list[list[list[int] | None]]:
@@ -35,13 +30,13 @@ def replay(run: dict) -> list[list[list[int] | None]]:
     c = run["config"]
     proposer = SuffixProposer(c["num_speculative_tokens"], c["max_tree_depth"], c["max_cached_requests"],
                               c["max_spec_factor"], c["min_token_prob"], c["max_model_len"])
-    running: dict[str, Req] = {}
+    running: dict[str, DraftRequest] = {}
     out = []
     for batch in run["steps"]:
         drafts = []
         for request_id, prompt, sampled, last in batch:
             if prompt is not None:
-                running[request_id] = Req(request_id, prompt)
+                running[request_id] = DraftRequest(request_id, prompt)
             request = running[request_id]
             request.all_token_ids += sampled
             if last:
