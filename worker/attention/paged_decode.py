@@ -49,9 +49,9 @@ class PagedDecode:
         self._fn.argtypes = [_P, _I64, _P, _P, _I, ctypes.c_float, ctypes.c_float, _I64, _I, _I, _I, _I, _P, _I64, _I64,
                              _P, _P, _P, _P, _I64, ctypes.c_float, _I, _P, _P, _I]
         self.max_head_dim = lib.paged_decode_max_head_dim()
+        self.max_group = lib.paged_decode_max_group()
         # The entry point's address, for native callers (``worker.step.fused_step``).
         self.address: int = ctypes.cast(self._fn, ctypes.c_void_p).value
-        self.max_group = lib.paged_decode_max_group()
 
     def supports(self, cache_dtype: torch.dtype, dtype: torch.dtype, device: torch.device, head_dim: int, group: int) -> bool:
         """Whether a cache of this dtype, read in this compute dtype, on this device, with

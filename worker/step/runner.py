@@ -125,7 +125,7 @@ class ModelRunner:
         self.groups = GroupTables(groups, windows, self.block_table)
         self.attention = PagedAttention(kv_caches, model.num_heads, max_blocks_per_seq, workspace_bytes,
                                         compute_dtype=model.dtype, kv_scales=kv_scales, scale=model.config.attention_scale)
-        # A decode step's layers in one native call, where this model and cache allow it.
+        # A step's layers in one native call, where this model and cache allow it (worker/step/fused_step.py).
         self.fused = fused_step.for_model(model, self.attention)
         self.sampling = SamplingState(max_num_seqs, model.config.vocab_size, self.device, seed)
         # Structured outputs, where tokens are sampled (None on other TP ranks: they ignore grammars).
