@@ -2,7 +2,9 @@
 
 The floor of a step is the larger of what it must read over the memory's pace (the weights
 once, the vocabulary's included, plus the K/V its rows attend) and its FLOPs over the bf16
-GEMM rate at its row count. The pace: a 1 GiB copy, bytes read plus bytes written a second.
+GEMM rate at its row count (the bytes and FLOPs as the GPU host's floor and ``make bench``'s
+model rows count them: bench/gpu/step_floor.py, bench/model_bench.py). The pace: a 1 GiB
+copy, bytes read plus bytes written a second (the best of 5).
 The GEMM rate: the faster of torch's bf16 ``F.linear`` and kvpool's packed kernel
 (worker/models/packed_gemm.py) on two threads over one layer's four projection shapes, each
 weight resident in cache (timed over repeats of the same product): a rate the step's own
@@ -25,6 +27,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from bench.gpu.step_floor import copy_bandwidth, kv_bytes_attended, weight_bytes
+from bench.model_bench import flops_per_decode_token
 from bench.real_model import smollm2_checkpoint
 from protocol.worker_messages import RequestRow, StepPlan
 from worker.kv.kv_cache import allocate_kv_caches
@@ -34,14 +38,6 @@ from worker.models.loader import load_model
 from worker.step.runner import ModelRunner
 
 BLOCK_SIZE, PROMPT, STEPS = 32, 256, 16
-
-
-def copy_bandwidth() -> float:
-    """Bytes read plus written a second by a 1 GiB copy (best of 5)."""
-    a = torch.ones(1 << 28, dtype=torch.float32)
-    b = torch.empty_like(a)
-    best = min(_timed(lambda: b.copy_(a)) for _ in range(5))
-    return 2 * a.numel() * 4 / best
 
 
 def gemm_rate(rows: int, shapes: list[tuple[int, int]], packed: bool) -> float:
@@ -88,17 +84,11 @@ def step_ms(model, rows: int, fused: bool) -> float:
 
 
 def floor_ms(model, rows: int, bandwidth: float, rate: float) -> float:
-    c = model.config
-    ctx = PROMPT + STEPS // 2
-    weights = sum(p.numel() for p in _matmul_weights(model)) * 2
-    kv = rows * ctx * c.num_layers * 2 * model.num_kv_heads * c.head_dim * 2
-    flops = 2.0 * rows * sum(p.numel() for p in _matmul_weights(model)) + 4.0 * rows * c.num_layers * model.num_heads * c.head_dim * ctx
-    return 1e3 * max((weights + kv) / bandwidth, flops / rate)
-
-
-def _matmul_weights(model) -> list[torch.Tensor]:
-    lins = [lin for layer in model.layers for lin in (layer.qkv, layer.o, layer.mlp.gate_up, layer.mlp.down)]
-    return [lin.dense_weight() for lin in lins] + [model.lm_head]
+    """The step's floor (ms): its reads over ``bandwidth`` or its FLOPs over ``rate``, the larger."""
+    ctx = PROMPT + STEPS // 2  # the median step's
+    reads = weight_bytes(model) + kv_bytes_attended(model, rows, ctx, model.dtype)
+    flops = rows * flops_per_decode_token(model.config, ctx)
+    return 1e3 * max(reads / bandwidth, flops / rate)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
           " layer-by-layer / floor |")
     print("|---|---|---|---|---|---|---|---|")
     for rows in (int(r) for r in a.rows.split(",")):
-        bandwidth, torch_rate, packed_rate = copy_bandwidth(), gemm_rate(rows, shapes, False), gemm_rate(rows, shapes, True)
+        bandwidth, torch_rate, packed_rate = copy_bandwidth(torch.device("cpu"), 1 << 30, 5, min), gemm_rate(rows, shapes, False), gemm_rate(rows, shapes, True)
         rate = max(torch_rate, packed_rate)
         best = {True: float("inf"), False: float("inf")}
         for r in range(a.rounds):

@@ -41,9 +41,9 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def copy_bandwidth(device: torch.device, nbytes: int, repeats: int = 10) -> float:
+def copy_bandwidth(device: torch.device, nbytes: int, repeats: int = 10, summary=statistics.median) -> float:
     """Bytes per second of a large copy on ``device``, counting bytes read and written
-    (the median of ``repeats`` copies after a warm-up)."""
+    (``summary``, the median unless given, of ``repeats`` copies' times after a warm-up)."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()  # never time zeros
     dst = torch.empty_like(src)
     dst.copy_(src)
@@ -54,7 +54,7 @@ def copy_bandwidth(device: torch.device, nbytes: int, repeats: int = 10) -> floa
         dst.copy_(src)
         synchronize(device)
         times.append(time.perf_counter() - t0)
-    return 2 * nbytes / statistics.median(times)
+    return 2 * nbytes / summary(times)
 
 
 def weight_bytes(model) -> int:
