@@ -80,6 +80,9 @@ class FusedStep:
         self.layers = np.asarray(ptrs, dtype=np.uint64)  # NOTE: the tensors live as long as the model and cache
         self.inter = model.layers[0].mlp.gate_up.out_features // 2
         hd, nh, kvh = c.head_dim, model.num_heads, model.num_kv_heads
+        _, num_blocks, block_size, _, _ = attention.kv_caches[0].shape
+        # The source's DIMS; the first, the step's tokens, is set each step.
+        self.dims = np.asarray([0, c.hidden_size, nh, kvh, hd, self.inter, num_blocks, block_size], dtype=np.int64)
         # Scratch elements per row (the source's h, qkv, qk, att, y and act), and gu's chunk.
         self.scratch_per_row = 2 * c.hidden_size + (nh + 2 * kvh) * hd + (nh + kvh) * hd + nh * hd + self.inter
         self.chunk_scratch = 2 * self.inter
@@ -112,16 +115,14 @@ class FusedStep:
         cos, sin = m.rotary.cos_sin(positions, m.dtype)  # (T, 1, hd/2) each, contiguous
         x = m.embed[token_ids]  # (T, H), a new tensor: the layers add into it
         scratch = torch.empty(T * self.scratch_per_row + min(T, MLP_CHUNK_ROWS) * self.chunk_scratch, dtype=torch.bfloat16)
-        kv = self.attention.kv_caches[0]
-        dims = np.asarray([T, c.hidden_size, m.num_heads, m.num_kv_heads, c.head_dim, self.inter, kv.shape[1], kv.shape[2]],
-                          dtype=np.int64)
+        self.dims[0] = T
         slots = metadata.slot_mapping.to(torch.int64).contiguous()
         where = ctypes.c_int64(-1)
-        rc = self._fn(self.kernels.ctypes.data, self.layers.ctypes.data, len(m.layers), dims.ctypes.data, c.rms_norm_eps,
+        rc = self._fn(self.kernels.ctypes.data, self.layers.ctypes.data, len(m.layers), self.dims.ctypes.data, c.rms_norm_eps,
                       self.attention.kernel_scale, x.data_ptr(), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
                       ctypes.byref(rows[0]), scratch.data_ptr(), torch.get_num_threads(), ctypes.byref(where))
         if rc == -1:
-            raise IndexError(f"fused step: layer {where.value}: a block or slot outside the cache's {kv.shape[1]} blocks")
+            raise IndexError(f"fused step: layer {where.value}: a block or slot outside the cache's {self.dims[6]} blocks")
         if rc != 0:
             raise ValueError(f"fused step: layer {where.value}: a kernel refused its arguments (rc {rc})")
         return m.rms_norm(x, m.norm, c.rms_norm_eps)
